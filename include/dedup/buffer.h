@@ -1,0 +1,187 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Buffer is what a worker calls before doing the work of a message. It claims the
+// message's key in a Store and hands back a ClaimGuard that
+//   * extends the lease in the background every lease/3 while the work runs
+//     (work may take longer than the lease without a second owner starting it),
+//   * releases the claim if it is dropped without an outcome (the work threw, or
+//     returned early), so a redelivery can run it again at once,
+//   * records the outcome with Complete() before the broker is told to ack, so a
+//     redelivery within the retention gets DUPLICATE and the cached result.
+//
+// ProcessOnce() does all of it in one call and says what to tell the broker, per
+// the table "What a worker does with each result" of SPEC.md:
+//
+//   claim / handler                       action
+//   ACQUIRED, handler done, complete OK   kAck
+//   ACQUIRED, handler Retry or throws     kRetry (claim released first)
+//   ACQUIRED, handler Fail                kDeadLetter (completed as failed first)
+//   DUPLICATE                             kAck (handler not run; cached result)
+//   BUSY                                  kRetry after the lease left (never acked)
+//   MISMATCH, EXHAUSTED                   kDeadLetter
+//   store unavailable, or complete LOST   kRetry (fail closed: never acked)
+//
+// Guarantee and its limit: the handler runs at most once per key while its
+// completion is retained, except when a worker dies (or loses its lease) after the
+// handler's side effect and before Complete() returns; then the next delivery runs
+// the handler again with a higher fence. Pass the fence to the downstream system,
+// or commit the effect in the same transaction as Complete(), for exactly-once
+// effects.
+//
+// A Buffer is safe for concurrent use by many threads; it must outlive its guards.
+
+#ifndef DEDUP_BUFFER_H_
+#define DEDUP_BUFFER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "dedup/record.h"
+#include "dedup/status.h"
+#include "dedup/store.h"
+
+namespace dedup {
+
+struct BufferOptions {
+  // How long a claim is valid without a heartbeat. Default: 30 s.
+  Millis lease{30'000};
+  // How long a completed record answers DUPLICATE; also how long attempts and the
+  // fence are kept after a release or a lease that ran out. Default: 24 h.
+  Millis retention{24LL * 3600 * 1000};
+  // Claims beyond this many attempts get EXHAUSTED. Default: 0 (unlimited).
+  uint32_t max_attempts = 0;
+  // ProcessOnce fingerprints the payload (SHA-256, first 16 bytes) so that the
+  // same key with a different payload gets MISMATCH. Default: false.
+  bool fingerprint_payloads = false;
+  // Time between heartbeat extends. Default: 0 = lease / 3.
+  Millis heartbeat_interval{0};
+  // Delay suggested to the broker after a release or a store error. Default: 1 s.
+  Millis retry_delay{1'000};
+  // Complete() is tried this many times when the store is unavailable before the
+  // outcome is given up (and the message left to be redelivered). Default: 3.
+  int complete_tries = 3;
+};
+
+// The first 16 bytes of SHA-256(payload).
+std::string PayloadFingerprint(std::string_view payload);
+
+enum class BrokerAction : uint8_t {
+  kAck = 0,         // acknowledge: done, or a duplicate of done work
+  kRetry = 1,       // do not ack: requeue / leave pending, deliver again after retry_after
+  kDeadLetter = 2,  // move to the dead-letter queue with `reason`, then ack
+};
+std::string_view BrokerActionName(BrokerAction a);  // "ack", "retry", "dead_letter"
+
+class Buffer;
+namespace internal { struct HeldClaim; }
+
+// Owns one claim while the work runs. Movable, not copyable. Only an ACQUIRED
+// claim holds anything; for the other outcomes the guard just carries the result.
+class ClaimGuard {
+ public:
+  ClaimGuard() = default;
+  ClaimGuard(ClaimGuard&&) noexcept;
+  ClaimGuard& operator=(ClaimGuard&&) noexcept;
+  ~ClaimGuard();  // releases an ACQUIRED claim that has no outcome yet
+
+  const ClaimResult& result() const { return result_; }
+  ClaimOutcome outcome() const { return result_.outcome; }
+  bool acquired() const { return result_.acquired(); }
+  const std::string& key() const { return key_; }
+  uint64_t fence() const { return result_.fence; }
+  uint32_t attempt() const { return result_.attempt; }
+  Token token() const { return result_.token; }
+
+  // True once a heartbeat was answered LOST: another owner has taken over; the
+  // work should stop and its outcome will not be recorded.
+  bool lost() const;
+  // True while an ACQUIRED claim has no outcome recorded or given up yet.
+  bool active() const { return held_ != nullptr; }
+
+  // Records the outcome (COMPLETED, `status`, `result`). kOk or kLost; on kLost
+  // the record was not changed. Ends the guard's ownership either way.
+  [[nodiscard]] StatusOr<WriteResult> Complete(std::string_view result = {},
+                                               CompletionStatus status = CompletionStatus::kOk);
+  // Gives the claim back: the key is claimable again at once.
+  [[nodiscard]] StatusOr<WriteResult> Release();
+
+ private:
+  friend class Buffer;
+  void Finish();
+
+  Buffer* buffer_ = nullptr;
+  std::string key_;
+  ClaimResult result_;
+  std::shared_ptr<internal::HeldClaim> held_;
+};
+
+// What a handler reports to ProcessOnce.
+struct HandlerResult {
+  enum class Kind : uint8_t { kDone, kRetry, kFail };
+  Kind kind = Kind::kDone;
+  std::string result;  // kDone: bytes later duplicates get back; else the reason
+
+  static HandlerResult Done(std::string result = {}) { return {Kind::kDone, std::move(result)}; }
+  static HandlerResult Retry(std::string reason) { return {Kind::kRetry, std::move(reason)}; }
+  static HandlerResult Fail(std::string reason) { return {Kind::kFail, std::move(reason)}; }
+};
+
+// What ProcessOnce did and what the broker should do with the message.
+struct Processed {
+  Status status;             // not OK: the store could not be reached (action kRetry)
+  ClaimResult claim;         // the store's answer to the claim (when status is OK)
+  bool ran = false;          // the handler was called
+  BrokerAction action = BrokerAction::kRetry;
+  Millis retry_after{0};     // kRetry: deliver again no earlier than this
+  std::string result;        // handler's result, or the cached one on DUPLICATE
+  std::string reason;        // kRetry / kDeadLetter: why, in words
+  WriteResult completion = WriteResult::kOk;  // when the handler ran: complete/release answer
+};
+
+class Buffer {
+ public:
+  using Handler = std::function<HandlerResult(ClaimGuard&)>;
+
+  // `store` is not owned and must outlive the Buffer.
+  explicit Buffer(Store* store, BufferOptions options = {});
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  // Claims `key`. An ACQUIRED guard is heartbeated until it completes, releases or
+  // is destroyed. A non-OK status means the store could not decide: fail closed.
+  [[nodiscard]] StatusOr<ClaimGuard> Claim(std::string_view key,
+                                           std::string_view fingerprint = {});
+
+  // Claims, runs `handler` only if ACQUIRED, records its outcome, and says what to
+  // tell the broker. Never throws: an exception from the handler is a kRetry.
+  Processed ProcessOnce(std::string_view key, std::string_view payload, const Handler& handler);
+
+  const BufferOptions& options() const { return options_; }
+  Store* store() const { return store_; }
+
+  // Counters since the Buffer was made.
+  struct Stats {
+    uint64_t heartbeats = 0;       // extends sent
+    uint64_t heartbeat_lost = 0;   // extends answered LOST
+    uint64_t heartbeat_errors = 0; // extends that failed with a status
+  };
+  Stats stats() const;
+
+ private:
+  friend class ClaimGuard;
+  class Heartbeat;
+
+  Store* const store_;
+  const BufferOptions options_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+};
+
+}  // namespace dedup
+
+#endif  // DEDUP_BUFFER_H_

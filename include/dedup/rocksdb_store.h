@@ -1,0 +1,85 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The RocksDB store: the embedded, durable default. Records live in their own
+// column family ("dedup") of a RocksDB database in a local directory; the default
+// column family is left to the application, so that state the application keeps
+// in the same database can commit in the same WriteBatch as Complete()
+// (CompleteWithBatch): exactly-once effects for embedded state.
+//
+// What survives what:
+//   * Every operation is written to RocksDB's write-ahead log before it returns,
+//     so nothing acknowledged is lost when the process is killed (SIGKILL, crash),
+//     whatever the sync mode.
+//   * A power loss or kernel crash can lose operations that were not yet synced:
+//     none with SyncMode::kAlways, those of the last `sync_interval` with
+//     kInterval, an unbounded recent window with kNone.
+//   * Records past their retention are dropped by a compaction filter as RocksDB
+//     compacts; until then they answer as absent.
+//
+// One process at a time: a second process opening the same directory gets
+// FailedPrecondition naming the directory. A directory written by an unknown
+// format version is refused, never misread.
+
+#ifndef DEDUP_ROCKSDB_STORE_H_
+#define DEDUP_ROCKSDB_STORE_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "dedup/clock.h"
+#include "dedup/store.h"
+
+namespace rocksdb {
+class DB;
+class WriteBatch;
+}  // namespace rocksdb
+
+namespace dedup {
+
+enum class SyncMode : uint8_t {
+  kNone = 0,      // WAL written to the OS on every operation, synced when the OS likes
+  kInterval = 1,  // WAL synced by a background thread every sync_interval
+  kAlways = 2,    // WAL synced before every operation returns (concurrent
+                  // operations share one sync: RocksDB's group commit)
+};
+
+struct RocksDBStoreOptions {
+  // Directory of the database. Created when missing. Required.
+  std::string path;
+  // When the write-ahead log reaches the disk. Default: kNone (survives a process
+  // crash, not a power loss).
+  SyncMode sync = SyncMode::kNone;
+  // kInterval: time between two syncs. Default: 100 ms.
+  Millis sync_interval{100};
+  // RocksDB block cache for records. Default: 64 MiB.
+  size_t block_cache_bytes = 64u << 20;
+  // Decides leases and retention (and what the compaction filter drops). Not
+  // owned. Default: Clock::System().
+  Clock* clock = nullptr;
+};
+
+class RocksDBStore : public Store {
+ public:
+  [[nodiscard]] static StatusOr<std::unique_ptr<RocksDBStore>> Open(
+      const RocksDBStoreOptions& options);
+
+  // The database, for the application's own state in the default column family.
+  // Do not write to the "dedup" column family directly.
+  virtual rocksdb::DB* db() = 0;
+
+  // Complete() whose record write is appended to `batch` and committed with it in
+  // one atomic RocksDB write. On kLost nothing in `batch` is written. On kOk the
+  // batch is consumed (written); the caller may reuse it after Clear().
+  [[nodiscard]] virtual StatusOr<WriteResult> CompleteWithBatch(
+      std::string_view key, Token token, Millis retention, CompletionStatus status,
+      std::string_view result, rocksdb::WriteBatch* batch) = 0;
+
+  // Forces a flush of memtables and a full compaction (drops expired records now).
+  // For tests and admin tools.
+  [[nodiscard]] virtual Status CompactNow() = 0;
+};
+
+}  // namespace dedup
+
+#endif  // DEDUP_ROCKSDB_STORE_H_

@@ -1,0 +1,174 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Store is where claims live: one abstract interface, opened from a URI, that every
+// backend (memory, RocksDB, Redis, PostgreSQL) implements and one conformance suite
+// checks (tests/store_conformance_test.cc). The contract is ../SPEC.md; in short:
+//
+//   * Every operation is atomic per key and linearizable per store.
+//   * Per key, at any instant of the store's clock, at most one token holds a valid
+//     lease. An IN_PROGRESS record whose lease has ended is claimable: the next
+//     claim takes over with a new token, fence + 1 and attempt + 1, and the old
+//     token's later extend / complete / release returns LOST and changes nothing.
+//   * Once Complete() returns kOk, every claim of the key gets DUPLICATE for at
+//     least `retention` of the store's clock, for as long as the store keeps its
+//     data (see each backend's header for what survives a crash).
+//   * The fence of a key strictly increases with every successful claim and is
+//     never reused while any trace of the key is kept.
+//   * Deadlines are decided by the store's clock, never the caller's.
+//
+// Records are kept after their lease: an IN_PROGRESS record is kept for its lease
+// plus the retention given at claim time (so that attempts are counted across
+// worker crashes), a RELEASED or COMPLETED record for the retention given to
+// release or complete. After that the store may forget the key; a later claim then
+// starts again at attempt 1.
+//
+// A Store is safe for concurrent access from multiple threads without any external
+// synchronization. Expected outcomes (BUSY, DUPLICATE, LOST ...) are values; a
+// Status that is not OK means the operation could not be decided, and nothing about
+// the record may be assumed (retry it: every operation is safe to retry).
+
+#ifndef DEDUP_STORE_H_
+#define DEDUP_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dedup/clock.h"
+#include "dedup/record.h"
+#include "dedup/status.h"
+
+namespace dedup {
+
+// Limits every store enforces with InvalidArgument, before anything is written.
+inline constexpr size_t kMaxKeyBytes = 1024;             // keys are 1 to 1024 bytes
+inline constexpr size_t kMaxFingerprintBytes = 64;       // e.g. a SHA-256 digest
+inline constexpr size_t kMaxResultBytes = 1024 * 1024;   // cached outcome bytes
+inline constexpr Millis kMaxDuration{Millis(3650LL * 24 * 3600 * 1000)};  // 10 years
+
+struct ClaimRequest {
+  std::string_view key;          // 1 to kMaxKeyBytes arbitrary bytes
+  Millis lease{30'000};          // > 0: how long the claim is valid without extend
+  Millis retention{86'400'000};  // > 0: how long to keep the record once the lease
+                                 // ends, and the COMPLETED/exhausted record when
+                                 // this claim is EXHAUSTED
+  std::string_view fingerprint;  // optional payload fingerprint; empty = none
+  uint32_t max_attempts = 0;     // 0 = unlimited
+};
+
+class Store {
+ public:
+  Store() = default;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+  virtual ~Store() = default;
+
+  // ACQUIRED / BUSY / DUPLICATE / MISMATCH / EXHAUSTED, see record.h.
+  [[nodiscard]] virtual StatusOr<ClaimResult> Claim(const ClaimRequest& req) = 0;
+
+  // Claims many keys in one call, answering each as Claim would, in order (a key
+  // repeated in the batch is BUSY the second time). Every request is validated
+  // before anything is written: one bad request fails the whole batch unchanged.
+  // The default runs Claim in a loop; stores override it to save round trips.
+  [[nodiscard]] virtual StatusOr<std::vector<ClaimResult>> ClaimBatch(
+      std::span<const ClaimRequest> reqs);
+
+  // Moves the lease deadline of the token's claim to now + lease.
+  [[nodiscard]] virtual StatusOr<WriteResult> Extend(std::string_view key, Token token,
+                                                     Millis lease) = 0;
+
+  // Records the outcome: DUPLICATE for `retention` from now, with `result` handed
+  // to every later claim. result is at most kMaxResultBytes.
+  [[nodiscard]] virtual StatusOr<WriteResult> Complete(std::string_view key, Token token,
+                                                       Millis retention,
+                                                       CompletionStatus status,
+                                                       std::string_view result) = 0;
+
+  // Gives the claim up: the key is claimable at once; fence and attempts are kept
+  // for `retention` from now.
+  [[nodiscard]] virtual StatusOr<WriteResult> Release(std::string_view key, Token token,
+                                                      Millis retention) = 0;
+
+  // Admin: the record of one key as stored, or nullopt when none is kept (a record
+  // past its retention is reported as absent even if not yet reclaimed).
+  [[nodiscard]] virtual StatusOr<std::optional<Record>> Inspect(std::string_view key) = 0;
+
+  // Admin: removes the record of one key, whatever its state. Returns whether one
+  // was there. The key's fence starts again from 1 afterwards.
+  [[nodiscard]] virtual StatusOr<bool> Forget(std::string_view key) = 0;
+
+  // Admin: up to `limit` live records whose key starts with `prefix`, in no
+  // promised order.
+  [[nodiscard]] virtual StatusOr<std::vector<Record>> Scan(std::string_view prefix,
+                                                           size_t limit) = 0;
+
+  // "memory:", "rocksdb:/var/lib/dedup", "redis://127.0.0.1:6379" (no password).
+  virtual std::string Describe() const = 0;
+};
+
+// Forwards every call to another store. Derive from it to wrap a store with fault
+// injection, metrics or logging and override only what you need.
+class StoreWrapper : public Store {
+ public:
+  explicit StoreWrapper(Store* target) : target_(target) {}
+  Store* target() const { return target_; }
+
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override { return target_->Claim(req); }
+  StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
+    return target_->ClaimBatch(reqs);
+  }
+  StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
+    return target_->Extend(key, token, lease);
+  }
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    return target_->Complete(key, token, retention, status, result);
+  }
+  StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
+    return target_->Release(key, token, retention);
+  }
+  StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
+    return target_->Inspect(key);
+  }
+  StatusOr<bool> Forget(std::string_view key) override { return target_->Forget(key); }
+  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
+    return target_->Scan(prefix, limit);
+  }
+  std::string Describe() const override { return target_->Describe(); }
+
+ private:
+  Store* target_;
+};
+
+// Argument checks shared by every store, so that every backend rejects the same
+// input with the same words. Each returns InvalidArgument naming the problem.
+Status ValidateKey(std::string_view key);
+Status ValidateClaim(const ClaimRequest& req);
+Status ValidateLease(Millis lease);
+Status ValidateRetention(Millis retention);
+Status ValidateToken(Token token);
+Status ValidateResult(std::string_view result);
+
+struct OpenOptions {
+  // The clock of embedded stores (memory, RocksDB). Not owned; must outlive the
+  // store. Default: Clock::System(). Ignored by server stores, which use the
+  // server's clock.
+  Clock* clock = nullptr;
+};
+
+// Opens a store from a URI:
+//   memory:                          a process-local store (lost on exit)
+//   rocksdb:PATH[?sync=always|interval:MS|none]   the embedded durable store
+// Backends compiled out or URIs that cannot be parsed give InvalidArgument naming
+// the part that is wrong.
+[[nodiscard]] StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
+                                                         const OpenOptions& options = {});
+
+}  // namespace dedup
+
+#endif  // DEDUP_STORE_H_

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package dedup needs to build, test and benchmark.
+# Idempotent: packages already present are left alone. Run as root (or with sudo).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  librocksdb-dev          # the embedded, durable default store
+  libhiredis-dev          # the Redis / Redis Cluster store
+  libpq-dev               # the PostgreSQL store
+  libabsl-dev             # flat_hash_map, Hash, Time for the memory store
+  libssl-dev              # SHA-256 for payload fingerprints and content-hash keys
+  libcli11-dev            # the dedup command line
+  libfmt-dev libspdlog-dev # formatting and logs
+  nlohmann-json3-dev      # --json output
+  libgtest-dev libgmock-dev googletest # tests
+  libbenchmark-dev        # microbenchmarks in bench/
+  redis-server redis-tools # real servers for store and worker tests
+  postgresql              # real server for the PostgreSQL store tests
+  gnuplot-nox             # plots in docs/
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

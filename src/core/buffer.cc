@@ -1,0 +1,320 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "dedup/buffer.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace dedup {
+
+namespace internal {
+
+// The state a guard shares with the heartbeat thread, so that moving a guard does
+// not disturb the heartbeat.
+struct HeldClaim {
+  std::string key;
+  Token token;
+  Millis lease{0};
+  std::atomic<bool> lost{false};
+  std::atomic<bool> finished{false};
+  std::chrono::steady_clock::time_point next_beat;
+};
+
+}  // namespace internal
+
+using internal::HeldClaim;
+
+std::string PayloadFingerprint(std::string_view payload) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(payload.data(), payload.size(), digest, &len, EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<const char*>(digest), 16);
+}
+
+std::string_view BrokerActionName(BrokerAction a) {
+  switch (a) {
+    case BrokerAction::kAck: return "ack";
+    case BrokerAction::kRetry: return "retry";
+    case BrokerAction::kDeadLetter: return "dead_letter";
+  }
+  return "unknown";
+}
+
+// One thread per Buffer extends every held claim each heartbeat interval. It
+// sleeps until the earliest beat is due, and without a deadline while no claim is held.
+class Buffer::Heartbeat {
+ public:
+  Heartbeat(Store* store, Millis interval) : store_(store), interval_(interval) {}
+
+  ~Heartbeat() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Add(std::shared_ptr<HeldClaim> held) {
+    held->next_beat = std::chrono::steady_clock::now() + interval_;
+    std::lock_guard lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    const bool was_idle = claims_.empty();
+    claims_.push_back(std::move(held));
+    // A new claim's beat is never earlier than the ones already scheduled, so the
+    // thread needs waking only when it sleeps with nothing to do.
+    if (was_idle) cv_.notify_one();
+  }
+
+  Buffer::Stats stats() const {
+    return {beats_.load(), lost_.load(), errors_.load()};
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      auto now = std::chrono::steady_clock::now();
+      auto next = now + interval_;
+      std::vector<std::shared_ptr<HeldClaim>> due;
+      std::erase_if(claims_, [](const auto& h) { return h->finished.load(); });
+      for (auto& h : claims_) {
+        if (h->next_beat <= now) {
+          due.push_back(h);
+          h->next_beat = now + interval_;
+        }
+        next = std::min(next, h->next_beat);
+      }
+      if (!due.empty()) {
+        lock.unlock();
+        for (auto& h : due) Beat(*h);
+        lock.lock();
+        continue;
+      }
+      if (claims_.empty()) {
+        cv_.wait(lock, [this] { return stop_ || !claims_.empty(); });
+      } else {
+        cv_.wait_until(lock, next, [this] { return stop_; });
+      }
+    }
+  }
+
+  void Beat(HeldClaim& h) {
+    if (h.finished.load()) return;
+    beats_.fetch_add(1, std::memory_order_relaxed);
+    StatusOr<WriteResult> r = store_->Extend(h.key, h.token, h.lease);
+    if (!r.ok()) {
+      // The store is unreachable: try again next beat. If it stays away past the
+      // lease, another worker may take over and Complete will answer LOST.
+      errors_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    if (*r == WriteResult::kLost && !h.finished.load()) {
+      lost_.fetch_add(1, std::memory_order_relaxed);
+      h.lost.store(true);
+      h.finished.store(true);  // nothing more to extend
+    }
+  }
+
+  Store* const store_;
+  const Millis interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::shared_ptr<HeldClaim>> claims_;
+  std::thread thread_;
+  std::atomic<uint64_t> beats_{0}, lost_{0}, errors_{0};
+};
+
+// ---- ClaimGuard ------------------------------------------------------------
+
+ClaimGuard::ClaimGuard(ClaimGuard&& o) noexcept
+    : buffer_(o.buffer_), key_(std::move(o.key_)), result_(std::move(o.result_)),
+      held_(std::move(o.held_)) {}
+
+ClaimGuard& ClaimGuard::operator=(ClaimGuard&& o) noexcept {
+  if (this != &o) {
+    if (held_ != nullptr) (void)Release();
+    buffer_ = o.buffer_;
+    key_ = std::move(o.key_);
+    result_ = std::move(o.result_);
+    held_ = std::move(o.held_);
+  }
+  return *this;
+}
+
+ClaimGuard::~ClaimGuard() {
+  if (held_ != nullptr) (void)Release();
+}
+
+bool ClaimGuard::lost() const { return held_ != nullptr && held_->lost.load(); }
+
+void ClaimGuard::Finish() {
+  if (held_ != nullptr) {
+    held_->finished.store(true);
+    held_.reset();
+  }
+}
+
+StatusOr<WriteResult> ClaimGuard::Complete(std::string_view result, CompletionStatus status) {
+  if (held_ == nullptr) {
+    return Status::FailedPrecondition("complete on a claim of '" + key_ +
+                                      "' that is not held (not acquired, or already ended)");
+  }
+  if (held_->lost.load()) {
+    Finish();
+    return WriteResult::kLost;
+  }
+  DEDUP_RETURN_IF_ERROR(ValidateResult(result));
+  const BufferOptions& o = buffer_->options_;
+  StatusOr<WriteResult> r = Status::Unavailable("not tried");
+  for (int i = 0; i < std::max(1, o.complete_tries); ++i) {
+    r = buffer_->store_->Complete(key_, result_.token, o.retention, status, result);
+    if (r.ok() || !r.status().retryable()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(i, 5)));
+  }
+  // Ends ownership whatever the answer: on a lasting error the lease will run out
+  // and the message be redelivered, which is the fail-closed outcome.
+  Finish();
+  return r;
+}
+
+StatusOr<WriteResult> ClaimGuard::Release() {
+  if (held_ == nullptr) {
+    return Status::FailedPrecondition("release on a claim of '" + key_ +
+                                      "' that is not held (not acquired, or already ended)");
+  }
+  const bool lost = held_->lost.load();
+  Finish();
+  if (lost) return WriteResult::kLost;
+  return buffer_->store_->Release(key_, result_.token, buffer_->options_.retention);
+}
+
+// ---- Buffer ----------------------------------------------------------------
+
+Buffer::Buffer(Store* store, BufferOptions options)
+    : store_(store), options_(options),
+      heartbeat_(std::make_unique<Heartbeat>(
+          store, options.heartbeat_interval.count() > 0
+                     ? options.heartbeat_interval
+                     : std::max(Millis(1), options.lease / 3))) {}
+
+Buffer::~Buffer() = default;
+
+Buffer::Stats Buffer::stats() const { return heartbeat_->stats(); }
+
+StatusOr<ClaimGuard> Buffer::Claim(std::string_view key, std::string_view fingerprint) {
+  ClaimRequest req;
+  req.key = key;
+  req.lease = options_.lease;
+  req.retention = options_.retention;
+  req.fingerprint = fingerprint;
+  req.max_attempts = options_.max_attempts;
+  StatusOr<ClaimResult> r = store_->Claim(req);
+  if (!r.ok()) return r.status();
+  ClaimGuard g;
+  g.buffer_ = this;
+  g.key_.assign(key);
+  g.result_ = std::move(r).value();
+  if (g.result_.acquired()) {
+    auto held = std::make_shared<HeldClaim>();
+    held->key.assign(key);
+    held->token = g.result_.token;
+    held->lease = options_.lease;
+    g.held_ = held;
+    heartbeat_->Add(std::move(held));
+  }
+  return g;
+}
+
+Processed Buffer::ProcessOnce(std::string_view key, std::string_view payload,
+                              const Handler& handler) {
+  Processed p;
+  std::string fingerprint;
+  if (options_.fingerprint_payloads) fingerprint = PayloadFingerprint(payload);
+  StatusOr<ClaimGuard> c = Claim(key, fingerprint);
+  if (!c.ok()) {
+    p.status = c.status();
+    p.action = BrokerAction::kRetry;
+    p.retry_after = options_.retry_delay;
+    p.reason = "store error on claim: " + c.status().ToString();
+    return p;
+  }
+  ClaimGuard& g = *c;
+  p.claim = g.result();
+  switch (g.outcome()) {
+    case ClaimOutcome::kDuplicate:
+      p.action = BrokerAction::kAck;
+      p.result = g.result().result;
+      return p;
+    case ClaimOutcome::kBusy:
+      p.action = BrokerAction::kRetry;
+      p.retry_after = std::max(Millis(1), g.result().lease_left);
+      p.reason = "in progress elsewhere";
+      return p;
+    case ClaimOutcome::kMismatch:
+      p.action = BrokerAction::kDeadLetter;
+      p.reason = "same key, different payload (fingerprint mismatch)";
+      return p;
+    case ClaimOutcome::kExhausted:
+      p.action = BrokerAction::kDeadLetter;
+      p.reason = "attempts exhausted after " + std::to_string(g.attempt());
+      return p;
+    case ClaimOutcome::kAcquired:
+      break;
+  }
+
+  HandlerResult hr;
+  p.ran = true;
+  try {
+    hr = handler(g);
+  } catch (const std::exception& e) {
+    hr = HandlerResult::Retry(std::string("handler threw: ") + e.what());
+  } catch (...) {
+    hr = HandlerResult::Retry("handler threw a non-standard exception");
+  }
+
+  StatusOr<WriteResult> w = Status::Internal("unset");
+  switch (hr.kind) {
+    case HandlerResult::Kind::kDone:
+      w = g.Complete(hr.result, CompletionStatus::kOk);
+      p.result = hr.result;
+      p.action = BrokerAction::kAck;
+      break;
+    case HandlerResult::Kind::kFail:
+      w = g.Complete(hr.result, CompletionStatus::kFailed);
+      p.reason = hr.result;
+      p.action = BrokerAction::kDeadLetter;
+      break;
+    case HandlerResult::Kind::kRetry:
+      w = g.Release();
+      p.reason = hr.result;
+      p.action = BrokerAction::kRetry;
+      p.retry_after = options_.retry_delay;
+      break;
+  }
+  if (!w.ok()) {
+    p.status = w.status();
+    p.action = BrokerAction::kRetry;
+    p.retry_after = options_.retry_delay;
+    p.reason = "store error recording the outcome: " + w.status().ToString();
+    return p;
+  }
+  p.completion = *w;
+  if (*w == WriteResult::kLost && hr.kind != HandlerResult::Kind::kRetry) {
+    // Another owner took over while the handler ran: it decides the outcome. Do
+    // not ack this delivery; the next one sees DUPLICATE or BUSY.
+    p.action = BrokerAction::kRetry;
+    p.retry_after = options_.retry_delay;
+    p.reason = "lease lost to another owner before the outcome was recorded";
+  }
+  return p;
+}
+
+}  // namespace dedup

@@ -1,0 +1,123 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "core/state_machine.h"
+
+namespace dedup::internal {
+namespace {
+
+bool Owns(const Record* rec, Token token, int64_t now) {
+  return rec != nullptr && !rec->ExpiredAt(now) && rec->state == RecordState::kInProgress &&
+         rec->token == token;
+}
+
+void StartLease(Record* r, Token token, const ClaimRequest& req, int64_t now) {
+  r->state = RecordState::kInProgress;
+  r->token = token;
+  r->lease_deadline = now + req.lease.count();
+  r->retention_deadline = r->lease_deadline + req.retention.count();
+  r->status = CompletionStatus::kOk;
+  r->result.clear();
+  if (r->fingerprint.empty()) r->fingerprint.assign(req.fingerprint);
+}
+
+}  // namespace
+
+ClaimResult DecideClaim(const Record* cur, const ClaimRequest& req, int64_t now,
+                        Token fresh_token, Record* next, bool* write) {
+  ClaimResult res;
+  *write = false;
+  if (cur != nullptr && cur->ExpiredAt(now)) {
+    // Retention is over: the key is ABSENT again, but the fence goes on.
+    next->fence = cur->fence + 1;
+    next->attempt = 1;
+    next->fingerprint.clear();
+    StartLease(next, fresh_token, req, now);
+    *write = true;
+    res.outcome = ClaimOutcome::kAcquired;
+    res.token = fresh_token;
+    res.fence = next->fence;
+    res.attempt = 1;
+    return res;
+  }
+  if (cur == nullptr) {
+    *next = Record{};
+    next->fence = 1;
+    next->attempt = 1;
+    StartLease(next, fresh_token, req, now);
+    *write = true;
+    res.outcome = ClaimOutcome::kAcquired;
+    res.token = fresh_token;
+    res.fence = 1;
+    res.attempt = 1;
+    return res;
+  }
+
+  res.fence = cur->fence;
+  res.attempt = cur->attempt;
+  if (!req.fingerprint.empty() && !cur->fingerprint.empty() &&
+      req.fingerprint != cur->fingerprint) {
+    res.outcome = ClaimOutcome::kMismatch;
+    return res;
+  }
+  if (cur->state == RecordState::kCompleted) {
+    res.outcome = ClaimOutcome::kDuplicate;
+    res.status = cur->status;
+    res.result = cur->result;
+    return res;
+  }
+  if (cur->LeaseValidAt(now)) {
+    res.outcome = ClaimOutcome::kBusy;
+    res.lease_left = Millis(cur->lease_deadline - now);
+    return res;
+  }
+  // RELEASED, or IN_PROGRESS with its lease over: a new attempt, if one is left.
+  *next = *cur;
+  if (req.max_attempts != 0 && cur->attempt >= req.max_attempts) {
+    next->state = RecordState::kCompleted;
+    next->status = CompletionStatus::kExhausted;
+    next->result.clear();
+    next->lease_deadline = now;
+    next->retention_deadline = now + req.retention.count();
+    *write = true;
+    res.outcome = ClaimOutcome::kExhausted;
+    return res;
+  }
+  next->fence = cur->fence + 1;
+  next->attempt = cur->attempt + 1;
+  StartLease(next, fresh_token, req, now);
+  *write = true;
+  res.outcome = ClaimOutcome::kAcquired;
+  res.token = fresh_token;
+  res.fence = next->fence;
+  res.attempt = next->attempt;
+  return res;
+}
+
+WriteResult DecideExtend(Record* rec, Token token, Millis lease, int64_t now) {
+  if (!Owns(rec, token, now)) return WriteResult::kLost;
+  const int64_t keep_after_lease = rec->retention_deadline - rec->lease_deadline;
+  rec->lease_deadline = now + lease.count();
+  rec->retention_deadline = rec->lease_deadline + keep_after_lease;
+  return WriteResult::kOk;
+}
+
+WriteResult DecideComplete(Record* rec, Token token, Millis retention,
+                           CompletionStatus status, std::string_view result, int64_t now) {
+  if (!Owns(rec, token, now)) return WriteResult::kLost;
+  rec->state = RecordState::kCompleted;
+  rec->status = status;
+  rec->result.assign(result);
+  rec->lease_deadline = now;
+  rec->retention_deadline = now + retention.count();
+  return WriteResult::kOk;
+}
+
+WriteResult DecideRelease(Record* rec, Token token, Millis retention, int64_t now) {
+  if (!Owns(rec, token, now)) return WriteResult::kLost;
+  rec->state = RecordState::kReleased;
+  rec->lease_deadline = now;
+  rec->retention_deadline = now + retention.count();
+  return WriteResult::kOk;
+}
+
+}  // namespace dedup::internal

@@ -1,0 +1,81 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "dedup/store.h"
+
+#include <string>
+
+namespace dedup {
+namespace {
+
+std::string Ms(Millis d) { return std::to_string(d.count()) + " ms"; }
+
+}  // namespace
+
+Status ValidateKey(std::string_view key) {
+  if (key.empty()) return Status::InvalidArgument("key is empty (keys are 1 to 1024 bytes)");
+  if (key.size() > kMaxKeyBytes) {
+    return Status::InvalidArgument("key is " + std::to_string(key.size()) +
+                                   " bytes, more than the limit of 1024");
+  }
+  return Status::Ok();
+}
+
+Status ValidateLease(Millis lease) {
+  if (lease.count() <= 0) {
+    return Status::InvalidArgument("lease must be positive, got " + Ms(lease));
+  }
+  if (lease > kMaxDuration) return Status::InvalidArgument("lease " + Ms(lease) + " exceeds 10 years");
+  return Status::Ok();
+}
+
+Status ValidateRetention(Millis retention) {
+  if (retention.count() <= 0) {
+    return Status::InvalidArgument("retention must be positive, got " + Ms(retention));
+  }
+  if (retention > kMaxDuration) {
+    return Status::InvalidArgument("retention " + Ms(retention) + " exceeds 10 years");
+  }
+  return Status::Ok();
+}
+
+Status ValidateToken(Token token) {
+  if (!token.valid()) return Status::InvalidArgument("token is 0 (not a token from a claim)");
+  return Status::Ok();
+}
+
+Status ValidateResult(std::string_view result) {
+  if (result.size() > kMaxResultBytes) {
+    return Status::InvalidArgument("result is " + std::to_string(result.size()) +
+                                   " bytes, more than the limit of " +
+                                   std::to_string(kMaxResultBytes));
+  }
+  return Status::Ok();
+}
+
+Status ValidateClaim(const ClaimRequest& req) {
+  DEDUP_RETURN_IF_ERROR(ValidateKey(req.key));
+  DEDUP_RETURN_IF_ERROR(ValidateLease(req.lease));
+  DEDUP_RETURN_IF_ERROR(ValidateRetention(req.retention));
+  if (req.fingerprint.size() > kMaxFingerprintBytes) {
+    return Status::InvalidArgument("fingerprint is " + std::to_string(req.fingerprint.size()) +
+                                   " bytes, more than the limit of 64");
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<ClaimResult>> Store::ClaimBatch(std::span<const ClaimRequest> reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Status s = ValidateClaim(reqs[i]);
+    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+  }
+  std::vector<ClaimResult> out;
+  out.reserve(reqs.size());
+  for (const ClaimRequest& r : reqs) {
+    StatusOr<ClaimResult> res = Claim(r);
+    if (!res.ok()) return res.status();
+    out.push_back(std::move(res).value());
+  }
+  return out;
+}
+
+}  // namespace dedup

@@ -1,0 +1,185 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "core/uri.h"
+
+#include <cctype>
+#include <charconv>
+
+#include "dedup/store.h"
+
+namespace dedup::internal {
+namespace {
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out.push_back(s[i]);
+      continue;
+    }
+    const int hi = i + 1 < s.size() ? HexValue(s[i + 1]) : -1;
+    const int lo = i + 2 < s.size() ? HexValue(s[i + 2]) : -1;
+    if (hi < 0 || lo < 0) {
+      return Status::InvalidArgument("bad percent-escape in URI " + std::string(part));
+    }
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> Uri::Param(std::string_view name) const {
+  for (const auto& [k, v] : params) {
+    if (k == name) return v;
+  }
+  return std::nullopt;
+}
+
+Status Uri::CheckParams(std::initializer_list<std::string_view> known) const {
+  for (const auto& [k, v] : params) {
+    bool ok = false;
+    for (std::string_view n : known) ok = ok || k == n;
+    if (!ok) {
+      std::string list;
+      for (std::string_view n : known) {
+        if (!list.empty()) list += ", ";
+        list += n;
+      }
+      return Status::InvalidArgument("unknown parameter '" + k + "' in " + scheme +
+                                     " URI (known: " + (list.empty() ? "none" : list) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+std::string Uri::Redacted() const {
+  std::string s = scheme + ":";
+  if (has_authority) {
+    s += "//";
+    if (!user.empty() || has_password) {
+      s += user;
+      if (has_password) s += ":***";
+      s += "@";
+    }
+    s += hosts;
+  }
+  s += path;
+  for (size_t i = 0; i < params.size(); ++i) {
+    s += i == 0 ? "?" : "&";
+    s += params[i].first + "=" + params[i].second;
+  }
+  return s;
+}
+
+StatusOr<Uri> ParseUri(std::string_view text) {
+  Uri u;
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return Status::InvalidArgument("store URI '" + std::string(text) +
+                                   "' has no scheme (expected e.g. memory:, rocksdb:PATH, "
+                                   "redis://HOST:PORT)");
+  }
+  u.scheme.assign(text.substr(0, colon));
+  for (char c : u.scheme) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
+      return Status::InvalidArgument("URI scheme '" + u.scheme + "' has a bad character");
+    }
+  }
+  std::string_view rest = text.substr(colon + 1);
+  std::string_view query;
+  if (size_t q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  if (rest.starts_with("//")) {
+    u.has_authority = true;
+    rest.remove_prefix(2);
+    size_t slash = rest.find('/');
+    std::string_view authority = rest.substr(0, slash);
+    rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
+    if (size_t at = authority.rfind('@'); at != std::string_view::npos) {
+      std::string_view userinfo = authority.substr(0, at);
+      authority = authority.substr(at + 1);
+      std::string_view user = userinfo, pass;
+      if (size_t c = userinfo.find(':'); c != std::string_view::npos) {
+        user = userinfo.substr(0, c);
+        pass = userinfo.substr(c + 1);
+        u.has_password = true;
+      }
+      auto du = Decode(user, "user");
+      if (!du.ok()) return du.status();
+      auto dp = Decode(pass, "password");
+      if (!dp.ok()) return dp.status();
+      u.user = *du;
+      u.password = *dp;
+    }
+    u.hosts.assign(authority);
+  }
+  auto path = Decode(rest, "path");
+  if (!path.ok()) return path.status();
+  u.path = *path;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view kv = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (kv.empty()) continue;
+    size_t eq = kv.find('=');
+    if (eq == std::string_view::npos || eq == 0) {
+      return Status::InvalidArgument("URI parameter '" + std::string(kv) +
+                                     "' is not of the form name=value");
+    }
+    auto k = Decode(kv.substr(0, eq), "parameter name");
+    if (!k.ok()) return k.status();
+    auto v = Decode(kv.substr(eq + 1), "parameter value");
+    if (!v.ok()) return v.status();
+    u.params.emplace_back(*k, *v);
+  }
+  return u;
+}
+
+StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {
+  long long v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v < 0) {
+    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
+                                   "' is not a non-negative whole number");
+  }
+  return v;
+}
+
+StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  std::string_view unit = text.substr(digits);
+  long long mult = 0;
+  if (unit.empty() || unit == "ms") mult = 1;
+  else if (unit == "s") mult = 1000;
+  else if (unit == "m" || unit == "min") mult = 60'000;
+  else if (unit == "h") mult = 3'600'000;
+  else if (unit == "d") mult = 86'400'000;
+  auto bad = [&] {
+    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
+                                   "' is not a duration (e.g. 500ms, 30s, 5m, 24h, 7d)");
+  };
+  if (digits == 0 || mult == 0) return bad();
+  long long n = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + digits, n);
+  if (ec != std::errc()) return bad();
+  if (n > kMaxDuration.count() / mult) {
+    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
+                                   "' is longer than 10 years");
+  }
+  return n * mult;
+}
+
+}  // namespace dedup::internal

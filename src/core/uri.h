@@ -1,0 +1,46 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The store and broker URIs: scheme:[//[user[:password]@]hosts][path][?k=v&...].
+// Percent-escapes are decoded in the user, password, path and query.
+
+#ifndef DEDUP_SRC_CORE_URI_H_
+#define DEDUP_SRC_CORE_URI_H_
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dedup/status.h"
+
+namespace dedup::internal {
+
+struct Uri {
+  std::string scheme;                 // "rocksdb", "redis", "redis+cluster", ...
+  bool has_authority = false;         // "//" followed the scheme
+  std::string user, password;         // from "user:password@"
+  bool has_password = false;
+  std::string hosts;                  // "h1:p1,h2:p2" as written
+  std::string path;                   // after the hosts, before '?'
+  std::vector<std::pair<std::string, std::string>> params;
+
+  std::optional<std::string> Param(std::string_view name) const;
+  // InvalidArgument naming the first parameter not in `known`.
+  Status CheckParams(std::initializer_list<std::string_view> known) const;
+  // The URI with any password replaced by "***", for messages and logs.
+  std::string Redacted() const;
+};
+
+// InvalidArgument naming what is wrong when `text` is not a URI.
+StatusOr<Uri> ParseUri(std::string_view text);
+
+// "250", "250ms", "2s", "5m", "1h", "7d" -> milliseconds. Plain numbers are
+// milliseconds. InvalidArgument on anything else, negative or overflowing values.
+StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what);
+// A non-negative integer that fits in long long.
+StatusOr<long long> ParseCount(std::string_view text, std::string_view what);
+
+}  // namespace dedup::internal
+
+#endif  // DEDUP_SRC_CORE_URI_H_

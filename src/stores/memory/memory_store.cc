@@ -1,0 +1,202 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "dedup/memory_store.h"
+
+#include <bit>
+#include <mutex>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "core/state_machine.h"
+
+namespace dedup {
+namespace {
+
+using internal::DecideClaim;
+using internal::DecideComplete;
+using internal::DecideExtend;
+using internal::DecideRelease;
+
+// Heterogeneous lookup by string_view. (Debian's abseil has its own string_view,
+// so its default string hasher does not take std::string_view.)
+struct KeyHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
+};
+struct KeyEq {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
+};
+
+// Records of one shard, plus a min-heap of (retention deadline, key) that drives
+// incremental reclamation. Each record is pushed once, when inserted; when its entry
+// comes due and the record has since been given a later deadline, it is pushed
+// again with that deadline. So the heap holds about one entry per live record.
+struct alignas(64) Shard {
+  std::mutex mu;
+  absl::flat_hash_map<std::string, Record, KeyHash, KeyEq> records;
+  using Due = std::pair<int64_t, std::string>;
+  std::priority_queue<Due, std::vector<Due>, std::greater<>> due;
+};
+
+class MemoryStore final : public Store {
+ public:
+  explicit MemoryStore(const MemoryStoreOptions& o)
+      : clock_(o.clock != nullptr ? o.clock : Clock::System()),
+        reclaim_per_op_(o.reclaim_per_operation),
+        shards_(std::bit_ceil(o.shards == 0 ? size_t{1} : o.shards)) {}
+
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
+    DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
+    return ClaimValidated(req);
+  }
+
+  StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Status s = ValidateClaim(reqs[i]);
+      if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+    }
+    std::vector<ClaimResult> out;
+    out.reserve(reqs.size());
+    for (const ClaimRequest& r : reqs) out.push_back(ClaimValidated(r));
+    return out;
+  }
+
+  StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+    DEDUP_RETURN_IF_ERROR(ValidateLease(lease));
+    return Update(key, [&](Record* r, int64_t now) { return DecideExtend(r, token, lease, now); });
+  }
+
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+    DEDUP_RETURN_IF_ERROR(ValidateResult(result));
+    return Update(key, [&](Record* r, int64_t now) {
+      return DecideComplete(r, token, retention, status, result, now);
+    });
+  }
+
+  StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+    return Update(key, [&](Record* r, int64_t now) {
+      return DecideRelease(r, token, retention, now);
+    });
+  }
+
+  StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    Shard& s = ShardFor(key);
+    std::lock_guard lock(s.mu);
+    const int64_t now = clock_->NowMillis();
+    auto it = s.records.find(key);
+    if (it == s.records.end() || it->second.ExpiredAt(now)) return std::optional<Record>();
+    Record r = it->second;
+    r.key.assign(key);
+    return std::optional<Record>(std::move(r));
+  }
+
+  StatusOr<bool> Forget(std::string_view key) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    Shard& s = ShardFor(key);
+    std::lock_guard lock(s.mu);
+    auto it = s.records.find(key);
+    if (it == s.records.end()) return false;
+    const bool live = !it->second.ExpiredAt(clock_->NowMillis());
+    s.records.erase(it);
+    return live;
+  }
+
+  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
+    std::vector<Record> out;
+    const int64_t now = clock_->NowMillis();
+    for (Shard& s : shards_) {
+      std::lock_guard lock(s.mu);
+      for (const auto& [k, r] : s.records) {
+        if (out.size() >= limit) return out;
+        if (r.ExpiredAt(now) || !std::string_view(k).starts_with(prefix)) continue;
+        out.push_back(r);
+        out.back().key = k;
+      }
+    }
+    return out;
+  }
+
+  std::string Describe() const override { return "memory:"; }
+
+ private:
+  Shard& ShardFor(std::string_view key) {
+    // The top bits pick the shard; the map inside uses the low ones.
+    const uint64_t h = std::hash<std::string_view>{}(key) * 0x9E3779B97F4A7C15ull;
+    return shards_[(h >> 40) & (shards_.size() - 1)];
+  }
+
+  // Drops up to reclaim_per_op_ records whose retention has passed. Called with
+  // s.mu held.
+  void Reclaim(Shard& s, int64_t now) {
+    for (size_t n = 0; n < reclaim_per_op_ && !s.due.empty() && s.due.top().first <= now; ++n) {
+      std::string key = std::move(const_cast<Shard::Due&>(s.due.top()).second);
+      s.due.pop();
+      auto it = s.records.find(key);
+      if (it == s.records.end()) continue;  // forgotten meanwhile
+      if (it->second.ExpiredAt(now)) {
+        s.records.erase(it);
+      } else {
+        s.due.emplace(it->second.retention_deadline, std::move(key));
+      }
+    }
+  }
+
+  ClaimResult ClaimValidated(const ClaimRequest& req) {
+    Shard& s = ShardFor(req.key);
+    const Token fresh = Token::Random();
+    std::lock_guard lock(s.mu);
+    const int64_t now = clock_->NowMillis();
+    Reclaim(s, now);
+    auto it = s.records.find(req.key);
+    Record* cur = it == s.records.end() ? nullptr : &it->second;
+    Record next;
+    bool write = false;
+    ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
+    if (write) {
+      if (cur != nullptr) {
+        *cur = std::move(next);
+      } else {
+        const int64_t due = next.retention_deadline;
+        s.records.emplace(std::string(req.key), std::move(next));
+        s.due.emplace(due, std::string(req.key));
+      }
+    }
+    return res;
+  }
+
+  template <typename Fn>
+  WriteResult Update(std::string_view key, Fn&& decide) {
+    Shard& s = ShardFor(key);
+    std::lock_guard lock(s.mu);
+    const int64_t now = clock_->NowMillis();
+    Reclaim(s, now);
+    auto it = s.records.find(key);
+    return decide(it == s.records.end() ? nullptr : &it->second, now);
+  }
+
+  Clock* const clock_;
+  const size_t reclaim_per_op_;
+  std::vector<Shard> shards_;
+};
+
+}  // namespace
+
+std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options) {
+  return std::make_unique<MemoryStore>(options);
+}
+
+}  // namespace dedup
