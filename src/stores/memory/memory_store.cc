@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "core/state_machine.h"
+#include "stores/memory/memory_store_internal.h"
 
 namespace dedup {
 namespace {
@@ -132,6 +133,15 @@ class MemoryStore final : public Store {
 
   std::string Describe() const override { return "memory:"; }
 
+  size_t PhysicalRecords() {
+    size_t n = 0;
+    for (Shard& s : shards_) {
+      std::lock_guard lock(s.mu);
+      n += s.records.size();
+    }
+    return n;
+  }
+
  private:
   Shard& ShardFor(std::string_view key) {
     // The top bits pick the shard; the map inside uses the low ones.
@@ -194,6 +204,13 @@ class MemoryStore final : public Store {
 };
 
 }  // namespace
+
+namespace internal {
+size_t MemoryStorePhysicalRecords(Store* store) {
+  auto* m = dynamic_cast<MemoryStore*>(store);
+  return m == nullptr ? 0 : m->PhysicalRecords();
+}
+}  // namespace internal
 
 std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options) {
   return std::make_unique<MemoryStore>(options);

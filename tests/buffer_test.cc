@@ -1,0 +1,302 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The Buffer and its claim guard: the worker table of SPEC.md, heartbeats, release
+// on failure, fail-closed on store errors.
+
+#include "dedup/buffer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "dedup/memory_store.h"
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Fails chosen operations with UNAVAILABLE: the store is "down".
+class FlakyStore : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  std::atomic<int> fail_claims{0}, fail_completes{0}, fail_extends{0};
+  std::atomic<int> completes{0};
+
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
+    if (fail_claims > 0) {
+      --fail_claims;
+      return Status::Unavailable("flaky: claim");
+    }
+    return StoreWrapper::Claim(req);
+  }
+  StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
+    if (fail_extends > 0) {
+      --fail_extends;
+      return Status::Unavailable("flaky: extend");
+    }
+    return StoreWrapper::Extend(key, token, lease);
+  }
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    ++completes;
+    if (fail_completes > 0) {
+      --fail_completes;
+      return Status::Unavailable("flaky: complete");
+    }
+    return StoreWrapper::Complete(key, token, retention, status, result);
+  }
+};
+
+class BufferTest : public ::testing::Test {
+ protected:
+  BufferTest() {
+    MemoryStoreOptions o;
+    o.clock = &clock_;
+    store_ = NewMemoryStore(o);
+  }
+  SimulatedClock clock_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(BufferTest, RunsOnceAndAcksDuplicatesWithTheResult) {
+  Buffer buffer(store_.get());
+  int runs = 0;
+  auto handler = [&](ClaimGuard& g) {
+    ++runs;
+    EXPECT_EQ(g.attempt(), 1u);
+    EXPECT_GE(g.fence(), 1u);
+    return HandlerResult::Done("receipt-1");
+  };
+  Processed p = buffer.ProcessOnce("pay:1", "{}", handler);
+  EXPECT_TRUE(p.status.ok());
+  EXPECT_TRUE(p.ran);
+  EXPECT_EQ(p.action, BrokerAction::kAck);
+  Processed again = buffer.ProcessOnce("pay:1", "{}", handler);
+  EXPECT_FALSE(again.ran);
+  EXPECT_EQ(again.action, BrokerAction::kAck);
+  EXPECT_EQ(again.claim.outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(again.result, "receipt-1");
+  EXPECT_EQ(runs, 1);
+}
+
+TEST_F(BufferTest, ThrowingHandlerReleasesForRetry) {
+  Buffer buffer(store_.get());
+  Processed p = buffer.ProcessOnce("k", "", [](ClaimGuard&) -> HandlerResult {
+    throw std::runtime_error("db timeout");
+  });
+  EXPECT_TRUE(p.ran);
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_NE(p.reason.find("db timeout"), std::string::npos);
+  auto rec = store_->Inspect("k");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kReleased);
+  Processed second = buffer.ProcessOnce("k", "", [](ClaimGuard& g) {
+    EXPECT_EQ(g.attempt(), 2u);
+    return HandlerResult::Done();
+  });
+  EXPECT_TRUE(second.ran);
+  EXPECT_EQ(second.action, BrokerAction::kAck);
+}
+
+TEST_F(BufferTest, RetryAndPermanentFailure) {
+  Buffer buffer(store_.get());
+  Processed r = buffer.ProcessOnce("a", "", [](ClaimGuard&) { return HandlerResult::Retry("later"); });
+  EXPECT_EQ(r.action, BrokerAction::kRetry);
+  EXPECT_EQ(r.retry_after, buffer.options().retry_delay);
+  Processed f = buffer.ProcessOnce("b", "", [](ClaimGuard&) { return HandlerResult::Fail("bad card"); });
+  EXPECT_EQ(f.action, BrokerAction::kDeadLetter);
+  EXPECT_EQ(f.reason, "bad card");
+  Processed again = buffer.ProcessOnce("b", "", [](ClaimGuard&) {
+    ADD_FAILURE() << "must not run";
+    return HandlerResult::Done();
+  });
+  EXPECT_EQ(again.action, BrokerAction::kAck);
+  EXPECT_EQ(again.claim.status, CompletionStatus::kFailed);
+}
+
+TEST_F(BufferTest, BusyIsNeverAcked) {
+  Buffer buffer(store_.get());
+  auto held = buffer.Claim("k");
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(held->acquired());
+  Processed p = buffer.ProcessOnce("k", "", [](ClaimGuard&) {
+    ADD_FAILURE() << "must not run while another owner holds the lease";
+    return HandlerResult::Done();
+  });
+  EXPECT_FALSE(p.ran);
+  EXPECT_EQ(p.claim.outcome, ClaimOutcome::kBusy);
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_GT(p.retry_after, 0ms);
+  EXPECT_LE(p.retry_after, buffer.options().lease);
+  EXPECT_EQ(*held->Complete(), WriteResult::kOk);
+}
+
+TEST_F(BufferTest, MismatchAndExhaustedAreDeadLettered) {
+  BufferOptions o;
+  o.fingerprint_payloads = true;
+  o.max_attempts = 1;
+  Buffer buffer(store_.get(), o);
+  EXPECT_EQ(buffer.ProcessOnce("m", "amount=10", [](ClaimGuard&) { return HandlerResult::Done(); })
+                .action,
+            BrokerAction::kAck);
+  Processed m = buffer.ProcessOnce("m", "amount=99", [](ClaimGuard&) { return HandlerResult::Done(); });
+  EXPECT_EQ(m.claim.outcome, ClaimOutcome::kMismatch);
+  EXPECT_EQ(m.action, BrokerAction::kDeadLetter);
+
+  EXPECT_EQ(buffer.ProcessOnce("x", "", [](ClaimGuard&) { return HandlerResult::Retry("t"); }).action,
+            BrokerAction::kRetry);
+  Processed e = buffer.ProcessOnce("x", "", [](ClaimGuard&) { return HandlerResult::Done(); });
+  EXPECT_EQ(e.claim.outcome, ClaimOutcome::kExhausted);
+  EXPECT_EQ(e.action, BrokerAction::kDeadLetter);
+  EXPECT_FALSE(e.ran);
+}
+
+TEST_F(BufferTest, StoreDownFailsClosed) {
+  FlakyStore flaky(store_.get());
+  flaky.fail_claims = 1;
+  Buffer buffer(&flaky);
+  Processed p = buffer.ProcessOnce("k", "", [](ClaimGuard&) {
+    ADD_FAILURE() << "no handler runs without a claim";
+    return HandlerResult::Done();
+  });
+  EXPECT_FALSE(p.ran);
+  EXPECT_EQ(p.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+}
+
+TEST_F(BufferTest, CompleteIsRetriedWhileTheStoreBlinks) {
+  FlakyStore flaky(store_.get());
+  flaky.fail_completes = 2;
+  Buffer buffer(&flaky);
+  Processed p = buffer.ProcessOnce("k", "", [](ClaimGuard&) { return HandlerResult::Done("r"); });
+  EXPECT_EQ(p.action, BrokerAction::kAck);
+  EXPECT_EQ(flaky.completes.load(), 3);
+}
+
+TEST_F(BufferTest, CompleteThatNeverLandsIsNotAcked) {
+  FlakyStore flaky(store_.get());
+  flaky.fail_completes = 100;
+  BufferOptions o;
+  o.complete_tries = 2;
+  Buffer buffer(&flaky, o);
+  Processed p = buffer.ProcessOnce("k", "", [](ClaimGuard&) { return HandlerResult::Done("r"); });
+  EXPECT_TRUE(p.ran);
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_EQ(p.status.code(), StatusCode::kUnavailable);
+}
+
+TEST_F(BufferTest, DroppedGuardReleases) {
+  Buffer buffer(store_.get());
+  {
+    auto g = buffer.Claim("k");
+    ASSERT_TRUE(g.ok() && g->acquired());
+  }
+  auto rec = store_->Inspect("k");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kReleased);
+  auto again = buffer.Claim("k");
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->acquired());
+  EXPECT_EQ(again->attempt(), 2u);
+}
+
+TEST_F(BufferTest, GuardMisuseIsAStatus) {
+  Buffer buffer(store_.get());
+  auto g = buffer.Claim("k");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(*g->Complete(), WriteResult::kOk);
+  EXPECT_EQ(g->Complete().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(g->Release().status().code(), StatusCode::kFailedPrecondition);
+  auto busy_dup = buffer.Claim("k");
+  ASSERT_TRUE(busy_dup.ok());
+  EXPECT_EQ(busy_dup->outcome(), ClaimOutcome::kDuplicate);
+  EXPECT_EQ(busy_dup->Complete().status().code(), StatusCode::kFailedPrecondition);
+}
+
+// Real time from here on: the heartbeat runs on a real thread against a store on
+// the system clock, with short leases.
+TEST(BufferHeartbeat, WorkLongerThanTheLeaseKeepsItsClaim) {
+  auto store = NewMemoryStore();
+  BufferOptions o;
+  o.lease = 300ms;
+  Buffer buffer(store.get(), o);
+  std::atomic<bool> started{false}, running{true};
+  std::atomic<int> stolen{0}, busy{0};
+  std::thread rival([&] {
+    Buffer other(store.get(), o);
+    while (!started) std::this_thread::sleep_for(1ms);
+    while (running) {
+      auto c = other.Claim("long");
+      if (c.ok() && c->acquired()) {
+        ++stolen;
+        (void)c->Release();
+      } else if (c.ok() && c->outcome() == ClaimOutcome::kBusy) {
+        ++busy;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  Processed p = buffer.ProcessOnce("long", "", [&](ClaimGuard& g) {
+    started = true;
+    std::this_thread::sleep_for(1200ms);  // four leases
+    EXPECT_FALSE(g.lost());
+    return HandlerResult::Done();
+  });
+  running = false;
+  rival.join();
+  EXPECT_EQ(p.action, BrokerAction::kAck);
+  EXPECT_EQ(p.completion, WriteResult::kOk);
+  EXPECT_EQ(stolen.load(), 0);
+  EXPECT_GT(busy.load(), 10);
+  EXPECT_GE(buffer.stats().heartbeats, 3u);
+}
+
+TEST(BufferHeartbeat, LostLeaseIsReportedAndNotAcked) {
+  auto store = NewMemoryStore();
+  BufferOptions o;
+  o.lease = 300ms;
+  Buffer buffer(store.get(), o);
+  Processed p = buffer.ProcessOnce("k", "", [&](ClaimGuard& g) {
+    // An operator forgets the key and another worker claims it.
+    EXPECT_TRUE(*store->Forget("k"));
+    ClaimRequest r;
+    r.key = "k";
+    EXPECT_TRUE(store->Claim(r)->acquired());
+    for (int i = 0; i < 100 && !g.lost(); ++i) std::this_thread::sleep_for(20ms);
+    EXPECT_TRUE(g.lost());
+    return HandlerResult::Done();
+  });
+  EXPECT_EQ(p.completion, WriteResult::kLost);
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_GE(buffer.stats().heartbeat_lost, 1u);
+}
+
+TEST(BufferHeartbeat, HeartbeatSurvivesStoreBlips) {
+  auto inner = NewMemoryStore();
+  FlakyStore flaky(inner.get());
+  flaky.fail_extends = 1;
+  BufferOptions o;
+  o.lease = 300ms;
+  Buffer buffer(&flaky, o);
+  Processed p = buffer.ProcessOnce("k", "", [&](ClaimGuard& g) {
+    std::this_thread::sleep_for(500ms);
+    EXPECT_FALSE(g.lost());
+    return HandlerResult::Done();
+  });
+  EXPECT_EQ(p.action, BrokerAction::kAck);
+  EXPECT_GE(buffer.stats().heartbeat_errors, 1u);
+}
+
+TEST(PayloadFingerprint, SixteenBytesOfSha256) {
+  std::string f = PayloadFingerprint("abc");
+  ASSERT_EQ(f.size(), 16u);
+  // SHA-256("abc") = ba7816bf 8f01cfea 414140de 5dae2223 ...
+  EXPECT_EQ(static_cast<unsigned char>(f[0]), 0xba);
+  EXPECT_EQ(static_cast<unsigned char>(f[15]), 0x23);
+  EXPECT_NE(PayloadFingerprint("abd"), f);
+}
+
+}  // namespace
+}  // namespace dedup

@@ -1,0 +1,96 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The transition table on its own, without a store around it.
+
+#include "core/state_machine.h"
+
+#include <gtest/gtest.h>
+
+namespace dedup::internal {
+namespace {
+
+ClaimRequest Req(Millis lease = Millis(1000), Millis retention = Millis(5000)) {
+  ClaimRequest r;
+  r.key = "k";
+  r.lease = lease;
+  r.retention = retention;
+  return r;
+}
+
+TEST(StateMachine, AbsentKeyIsAcquiredWithDeadlines) {
+  Record next;
+  bool write = false;
+  ClaimResult r = DecideClaim(nullptr, Req(), 100, Token{7}, &next, &write);
+  EXPECT_TRUE(write);
+  EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(next.state, RecordState::kInProgress);
+  EXPECT_EQ(next.fence, 1u);
+  EXPECT_EQ(next.lease_deadline, 1100);
+  EXPECT_EQ(next.retention_deadline, 6100) << "in-progress records are kept lease + retention";
+}
+
+TEST(StateMachine, ExpiredRecordCarriesItsFence) {
+  Record old;
+  old.state = RecordState::kCompleted;
+  old.fence = 41;
+  old.attempt = 3;
+  old.retention_deadline = 50;
+  Record next;
+  bool write = false;
+  ClaimResult r = DecideClaim(&old, Req(), 100, Token{9}, &next, &write);
+  EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(r.fence, 42u);
+  EXPECT_EQ(r.attempt, 1u);
+}
+
+TEST(StateMachine, LeaseBoundaryIsExclusive) {
+  Record cur;
+  bool write = false;
+  DecideClaim(nullptr, Req(Millis(10)), 0, Token{1}, &cur, &write);
+  Record next;
+  EXPECT_EQ(DecideClaim(&cur, Req(), 9, Token{2}, &next, &write).outcome, ClaimOutcome::kBusy);
+  EXPECT_FALSE(write);
+  EXPECT_EQ(DecideClaim(&cur, Req(), 10, Token{2}, &next, &write).outcome,
+            ClaimOutcome::kAcquired);
+  EXPECT_TRUE(write);
+}
+
+TEST(StateMachine, ExtendKeepsTheRetentionGap) {
+  Record cur;
+  bool write = false;
+  DecideClaim(nullptr, Req(Millis(10), Millis(100)), 0, Token{1}, &cur, &write);
+  EXPECT_EQ(DecideExtend(&cur, Token{1}, Millis(50), 5), WriteResult::kOk);
+  EXPECT_EQ(cur.lease_deadline, 55);
+  EXPECT_EQ(cur.retention_deadline, 155);
+  EXPECT_EQ(DecideExtend(&cur, Token{2}, Millis(50), 5), WriteResult::kLost);
+  EXPECT_EQ(DecideExtend(nullptr, Token{1}, Millis(50), 5), WriteResult::kLost);
+}
+
+TEST(StateMachine, OwnerWritesOnExpiredRecordAreLost) {
+  Record cur;
+  bool write = false;
+  DecideClaim(nullptr, Req(Millis(10), Millis(100)), 0, Token{1}, &cur, &write);
+  Record copy = cur;
+  EXPECT_EQ(DecideComplete(&cur, Token{1}, Millis(5), CompletionStatus::kOk, "", 110),
+            WriteResult::kLost);
+  EXPECT_EQ(cur, copy);
+}
+
+TEST(StateMachine, ExhaustedKeepsFence) {
+  Record cur;
+  bool write = false;
+  ClaimRequest req = Req();
+  req.max_attempts = 1;
+  DecideClaim(nullptr, req, 0, Token{1}, &cur, &write);
+  ASSERT_EQ(DecideRelease(&cur, Token{1}, Millis(100), 1), WriteResult::kOk);
+  Record next;
+  ClaimResult r = DecideClaim(&cur, req, 2, Token{2}, &next, &write);
+  EXPECT_EQ(r.outcome, ClaimOutcome::kExhausted);
+  EXPECT_TRUE(write);
+  EXPECT_EQ(next.fence, cur.fence);
+  EXPECT_EQ(next.state, RecordState::kCompleted);
+  EXPECT_EQ(next.status, CompletionStatus::kExhausted);
+}
+
+}  // namespace
+}  // namespace dedup::internal
