@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Every test from nothing: installs the Debian packages, builds, starts real
+# servers on 127.0.0.1 (own ports, temporary directories, stopped by PID at exit),
+# runs the whole suite, then runs the store and buffer tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer.
+#
+#   scripts/test.sh            everything
+#   DEDUP_SKIP_SANITIZERS=1    only the plain build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+./scripts/install-deps.sh
+./scripts/build.sh
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/dedup-test.XXXXXX")
+export DEDUP_TEST_WORKDIR=$work
+cleanup() {
+  local rc=$?
+  if declare -F servers_stop_all >/dev/null; then servers_stop_all; fi
+  rm -rf "$work"
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+# Real servers for the server-backed stores and brokers.
+if [ -f scripts/lib/servers.sh ]; then
+  # shellcheck source=lib/servers.sh
+  source scripts/lib/servers.sh
+  servers_start_all "$work"
+fi
+
+passed=0
+failed=0
+failures=()
+record() {  # record NAME COMMAND...
+  local name=$1
+  shift
+  echo "== $name"
+  if "$@"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    failures+=("$name")
+  fi
+}
+
+record "ctest (plain build)" ctest --test-dir build -j2 --output-on-failure --timeout 900
+
+# The store and buffer tests once more under the sanitizers. Only the library and
+# these test binaries are built, to stay within CI's time on 2 cores.
+sanitized_tests="store_conformance_test buffer_test memory_store_test state_machine_test"
+if grep -q '^DEDUP_WITH_ROCKSDB:BOOL=ON' build/CMakeCache.txt; then
+  sanitized_tests="$sanitized_tests rocksdb_store_test"
+fi
+run_sanitized() {  # run_sanitized BUILD_DIR CMAKE_FLAGS...
+  local dir=$1
+  shift
+  DEDUP_BUILD_DIR=$dir DEDUP_TARGETS="$sanitized_tests" DEDUP_BUILD_TYPE=RelWithDebInfo \
+    ./scripts/build.sh -DDEDUP_BUILD_CLI=OFF -DDEDUP_BUILD_BENCH=OFF "$@" || return 1
+  local ok=0 t
+  for t in $sanitized_tests; do
+    echo "-- $dir/tests/$t"
+    "$dir/tests/$t" --gtest_brief=1 || ok=1
+  done
+  return $ok
+}
+if [ -z "${DEDUP_SKIP_SANITIZERS:-}" ]; then
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  record "asan+ubsan" run_sanitized build-asan -DDEDUP_WITH_ASAN=ON -DDEDUP_WITH_UBSAN=ON
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp"
+  record "tsan" run_sanitized build-tsan -DDEDUP_WITH_TSAN=ON
+fi
+
+echo
+if [ $failed -gt 0 ]; then
+  echo "failed: ${failures[*]}"
+fi
+echo "test groups: $passed passed, $failed failed"
+[ $failed -eq 0 ]
