@@ -14,11 +14,16 @@
 //     none with SyncMode::kAlways, those of the last `sync_interval` with
 //     kInterval, an unbounded recent window with kNone.
 //   * Records past their retention are dropped by a compaction filter as RocksDB
-//     compacts; until then they answer as absent.
+//     flushes and compacts (every file is compacted at least once a day); until
+//     then they answer as absent. A dropped record leaves a deletion marker, so an
+//     older version of the key never resurfaces.
 //
 // One process at a time: a second process opening the same directory gets
-// FailedPrecondition naming the directory. A directory written by an unknown
-// format version is refused, never misread.
+// FailedPrecondition "rocksdb store at PATH is already open in another process"
+// (a second Open in the same process is refused the same way). A directory
+// written by an unknown format version is refused with FailedPrecondition, never
+// misread. A record that cannot be decoded makes every operation on its key
+// return DataLoss and change nothing; Forget() removes it.
 
 #ifndef DEDUP_ROCKSDB_STORE_H_
 #define DEDUP_ROCKSDB_STORE_H_
@@ -31,6 +36,7 @@
 #include "dedup/store.h"
 
 namespace rocksdb {
+class ColumnFamilyHandle;
 class DB;
 class WriteBatch;
 }  // namespace rocksdb
@@ -52,8 +58,11 @@ struct RocksDBStoreOptions {
   SyncMode sync = SyncMode::kNone;
   // kInterval: time between two syncs. Default: 100 ms.
   Millis sync_interval{100};
-  // RocksDB block cache for records. Default: 64 MiB.
+  // RocksDB block cache for records; 0 = none. Default: 64 MiB.
   size_t block_cache_bytes = 64u << 20;
+  // Size of one memtable of records before it is flushed (up to 4 are kept).
+  // Smaller ones are faster to insert into. Default: 32 MiB.
+  size_t write_buffer_bytes = 32u << 20;
   // Decides leases and retention (and what the compaction filter drops). Not
   // owned. Default: Clock::System().
   Clock* clock = nullptr;
@@ -68,9 +77,15 @@ class RocksDBStore : public Store {
   // Do not write to the "dedup" column family directly.
   virtual rocksdb::DB* db() = 0;
 
+  // The "dedup" column family, for reading records raw (tests, admin tools). Keys
+  // are 'r' + key; values are in src/stores/rocksdb/record_codec.h's format. Never
+  // write to it: the store's per-key locks would not see the write.
+  virtual rocksdb::ColumnFamilyHandle* records_family() = 0;
+
   // Complete() whose record write is appended to `batch` and committed with it in
   // one atomic RocksDB write. On kLost nothing in `batch` is written. On kOk the
-  // batch is consumed (written); the caller may reuse it after Clear().
+  // batch is consumed (written); the caller may reuse it after Clear(). On kLost or
+  // an error `batch` is left as it was given. A null `batch` is plain Complete().
   [[nodiscard]] virtual StatusOr<WriteResult> CompleteWithBatch(
       std::string_view key, Token token, Millis retention, CompletionStatus status,
       std::string_view result, rocksdb::WriteBatch* batch) = 0;

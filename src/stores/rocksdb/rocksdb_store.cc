@@ -1,0 +1,659 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The RocksDB store. Every operation is read-decide-write under one of kStripes
+// mutexes picked by key hash: Get the record, ask core/state_machine what to do,
+// Put the new record (or nothing). Writes go through the WAL, never around it.
+
+#include "dedup/rocksdb_store.h"
+
+#include <algorithm>
+#include <charconv>
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/state_machine.h"
+#include "core/uri.h"
+#include "rocksdb/cache.h"
+#include "rocksdb/compaction_filter.h"
+#include "rocksdb/convenience.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/options.h"
+#include "rocksdb/table.h"
+#include "rocksdb/write_batch.h"
+#include "stores/open_backends.h"
+#include "stores/rocksdb/record_codec.h"
+
+namespace dedup {
+namespace {
+
+using internal::DecideClaim;
+using internal::DecideComplete;
+using internal::DecideExtend;
+using internal::DecideRelease;
+using internal::DecodeRecord;
+using internal::EncodeRecord;
+using internal::EncodeRecordKey;
+using internal::QuoteBytes;
+
+// Enough stripes that unrelated keys rarely share a lock; a power of two.
+constexpr size_t kStripes = 1024;
+
+std::string_view SyncModeName(SyncMode m) {
+  switch (m) {
+    case SyncMode::kNone: return "none";
+    case SyncMode::kInterval: return "interval";
+    case SyncMode::kAlways: return "always";
+  }
+  return "unknown";
+}
+
+// A RocksDB status as ours, prefixed with `context` ("rocksdb PATH: op").
+Status FromRocks(const rocksdb::Status& s, const std::string& context) {
+  std::string m = context + ": " + s.ToString();
+  if (s.IsCorruption()) return Status::DataLoss(std::move(m));
+  if (s.IsInvalidArgument()) return Status::InvalidArgument(std::move(m));
+  if (s.IsNotSupported()) return Status::FailedPrecondition(std::move(m));
+  if (s.IsBusy() || s.IsTimedOut() || s.IsTryAgain() || s.IsIOError() || s.IsAborted() ||
+      s.IsIncomplete() || s.IsShutdownInProgress()) {
+    return Status::Unavailable(std::move(m));
+  }
+  return Status::Internal(std::move(m));
+}
+
+// Drops records whose retention has ended.
+//
+// Why kRemove and nothing cleverer: RocksDB turns a kRemove into a deletion marker
+// at the record's sequence number, so any older version of the key lower in the
+// tree stays shadowed. That matters here, because an older version can outlive a
+// newer one (an IN_PROGRESS record kept lease + 1 day, then completed with a
+// retention of 1 minute): dropping only the newer value would resurface the old
+// IN_PROGRESS record. kRemoveAndSkipUntil is documented to expose older versions in
+// exactly this way, and kPurge (SingleDelete) is undefined for keys Put more than
+// once, so neither is used. Values that do not look like a record are kept: the
+// store reports them as DataLoss instead of deleting evidence.
+class ExpiryFilter final : public rocksdb::CompactionFilter {
+ public:
+  // `now` is read once per compaction: a record expiring during it is kept for the
+  // next one, never dropped early.
+  explicit ExpiryFilter(int64_t now) : now_(now) {}
+
+  Decision FilterV2(int /*level*/, const rocksdb::Slice& key, ValueType type,
+                    const rocksdb::Slice& value, std::string* /*new_value*/,
+                    std::string* /*skip_until*/) const override {
+    if (type != ValueType::kValue || key.empty() || key[0] != internal::kRecordKeyPrefix) {
+      return Decision::kKeep;
+    }
+    const auto deadline = internal::PeekRetentionDeadline(value.ToStringView());
+    return deadline.has_value() && *deadline <= now_ ? Decision::kRemove : Decision::kKeep;
+  }
+  const char* Name() const override { return "dedup.ExpiryFilter"; }
+
+ private:
+  const int64_t now_;
+};
+
+class ExpiryFilterFactory final : public rocksdb::CompactionFilterFactory {
+ public:
+  explicit ExpiryFilterFactory(Clock* clock) : clock_(clock) {}
+  std::unique_ptr<rocksdb::CompactionFilter> CreateCompactionFilter(
+      const rocksdb::CompactionFilter::Context& /*context*/) override {
+    return std::make_unique<ExpiryFilter>(clock_->NowMillis());
+  }
+  // Flushes too: a record that expired while in the memtable never reaches disk.
+  bool ShouldFilterTableFileCreation(rocksdb::TableFileCreationReason reason) const override {
+    return reason == rocksdb::TableFileCreationReason::kCompaction ||
+           reason == rocksdb::TableFileCreationReason::kFlush;
+  }
+  const char* Name() const override { return "dedup.ExpiryFilterFactory"; }
+
+ private:
+  Clock* const clock_;
+};
+
+rocksdb::ColumnFamilyOptions RecordFamilyOptions(const RocksDBStoreOptions& o, Clock* clock) {
+  rocksdb::ColumnFamilyOptions cf;
+  rocksdb::BlockBasedTableOptions t;
+  if (o.block_cache_bytes > 0) {
+    t.block_cache = rocksdb::NewLRUCache(o.block_cache_bytes);
+  } else {
+    t.no_block_cache = true;
+  }
+  // Most claims are of keys never seen: a whole-key bloom filter answers those
+  // without reading a data block.
+  t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  t.whole_key_filtering = true;
+  t.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
+  t.format_version = 5;
+  cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+  // The same for keys still in the memtable.
+  cf.memtable_prefix_bloom_size_ratio = 0.05;
+  cf.memtable_whole_key_filtering = true;
+  cf.write_buffer_size = o.write_buffer_bytes;
+  cf.max_write_buffer_number = 4;
+  cf.level_compaction_dynamic_level_bytes = true;
+  cf.compaction_filter_factory = std::make_shared<ExpiryFilterFactory>(clock);
+  // Every file goes through the filter at least daily, even without new writes.
+  cf.periodic_compaction_seconds = 24 * 3600;
+  for (rocksdb::CompressionType c : rocksdb::GetSupportedCompressions()) {
+    if (c == rocksdb::kLZ4Compression) cf.compression = c;
+  }
+  return cf;
+}
+
+class RocksDBStoreImpl final : public RocksDBStore {
+ public:
+  RocksDBStoreImpl(const RocksDBStoreOptions& o, Clock* clock)
+      : options_(o), clock_(clock), stripes_(new Stripe[kStripes]) {
+    write_options_.sync = o.sync == SyncMode::kAlways;
+    write_options_.disableWAL = false;  // never: the WAL is what survives a crash
+  }
+
+  ~RocksDBStoreImpl() override {
+    if (syncer_.joinable()) {
+      {
+        std::lock_guard l(sync_mu_);
+        stop_ = true;
+      }
+      sync_cv_.notify_all();
+      syncer_.join();
+    }
+    if (db_ != nullptr) {
+      // A clean close leaves the log on disk whatever the sync mode.
+      (void)db_->SyncWAL();
+      for (rocksdb::ColumnFamilyHandle* h : handles_) (void)db_->DestroyColumnFamilyHandle(h);
+      (void)db_->Close();
+      delete db_;
+    }
+  }
+
+  Status OpenDb();
+
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
+    DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
+    thread_local std::string rkey, value;
+    thread_local Record cur;
+    EncodeRecordKey(req.key, &rkey);
+    const Token fresh = Token::Random();
+    std::lock_guard lock(StripeFor(req.key));
+    bool found = false;
+    DEDUP_RETURN_IF_ERROR(Read(rkey, req.key, "claim", &cur, &found));
+    const int64_t now = clock_->NowMillis();
+    Record next;
+    bool write = false;
+    ClaimResult res = DecideClaim(found ? &cur : nullptr, req, now, fresh, &next, &write);
+    if (write) {
+      EncodeRecord(next, &value);
+      rocksdb::Status s = db_->Put(write_options_, cf_, rkey, value);
+      if (!s.ok()) return FromRocks(s, Context("claim"));
+    }
+    return res;
+  }
+
+  StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override;
+
+  StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+    DEDUP_RETURN_IF_ERROR(ValidateLease(lease));
+    return Update(key, "extend", nullptr,
+                  [&](Record* r, int64_t now) { return DecideExtend(r, token, lease, now); });
+  }
+
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    return CompleteWithBatch(key, token, retention, status, result, nullptr);
+  }
+
+  StatusOr<WriteResult> CompleteWithBatch(std::string_view key, Token token, Millis retention,
+                                          CompletionStatus status, std::string_view result,
+                                          rocksdb::WriteBatch* batch) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+    DEDUP_RETURN_IF_ERROR(ValidateResult(result));
+    return Update(key, "complete", batch, [&](Record* r, int64_t now) {
+      return DecideComplete(r, token, retention, status, result, now);
+    });
+  }
+
+  StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+    return Update(key, "release", nullptr, [&](Record* r, int64_t now) {
+      return DecideRelease(r, token, retention, now);
+    });
+  }
+
+  StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    // No lock: a single Get sees one whole record, before or after any write.
+    std::string rkey;
+    EncodeRecordKey(key, &rkey);
+    Record r;
+    bool found = false;
+    DEDUP_RETURN_IF_ERROR(Read(rkey, key, "inspect", &r, &found));
+    if (!found || r.ExpiredAt(clock_->NowMillis())) return std::optional<Record>();
+    r.key.assign(key);
+    return std::optional<Record>(std::move(r));
+  }
+
+  // Removes a record even when it cannot be decoded: that is how an operator gets
+  // rid of a corrupt one.
+  StatusOr<bool> Forget(std::string_view key) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    std::string rkey;
+    EncodeRecordKey(key, &rkey);
+    std::lock_guard lock(StripeFor(key));
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf_, rkey, &value);
+    if (s.IsNotFound()) return false;
+    if (!s.ok()) return FromRocks(s, Context("forget"));
+    Record r;
+    std::string why;
+    const bool live =
+        !DecodeRecord(value.ToStringView(), &r, &why) || !r.ExpiredAt(clock_->NowMillis());
+    s = db_->Delete(write_options_, cf_, rkey);
+    if (!s.ok()) return FromRocks(s, Context("forget"));
+    return live;
+  }
+
+  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
+    std::vector<Record> out;
+    if (limit == 0) return out;
+    std::string start;
+    EncodeRecordKey(prefix, &start);
+    const int64_t now = clock_->NowMillis();
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_));
+    for (it->Seek(start); it->Valid() && out.size() < limit; it->Next()) {
+      const std::string_view k = it->key().ToStringView();
+      if (!k.starts_with(start)) break;
+      Record r;
+      std::string why;
+      if (!DecodeRecord(it->value().ToStringView(), &r, &why)) {
+        return Corrupt("scan", k.substr(1), why);
+      }
+      if (r.ExpiredAt(now)) continue;
+      r.key.assign(k.substr(1));
+      out.push_back(std::move(r));
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), Context("scan"));
+    return out;
+  }
+
+  std::string Describe() const override {
+    std::string d = "rocksdb:" + options_.path;
+    if (options_.sync != SyncMode::kNone) d += "?sync=" + std::string(SyncModeName(options_.sync));
+    if (options_.sync == SyncMode::kInterval) {
+      d += ":" + std::to_string(options_.sync_interval.count()) + "ms";
+    }
+    return d;
+  }
+
+  rocksdb::DB* db() override { return db_; }
+  rocksdb::ColumnFamilyHandle* records_family() override { return cf_; }
+
+  Status CompactNow() override {
+    rocksdb::Status s = db_->Flush(rocksdb::FlushOptions(), cf_);
+    if (!s.ok()) return FromRocks(s, Context("compact: flush"));
+    rocksdb::CompactRangeOptions co;
+    // Rewrite the last level too, so that its expired records meet the filter.
+    co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+    s = db_->CompactRange(co, cf_, nullptr, nullptr);
+    if (!s.ok()) return FromRocks(s, Context("compact"));
+    return Status::Ok();
+  }
+
+ private:
+  struct alignas(64) Stripe {
+    std::mutex mu;
+  };
+
+  size_t StripeIndex(std::string_view key) const {
+    const uint64_t h = std::hash<std::string_view>{}(key) * 0x9E3779B97F4A7C15ull;
+    return (h >> 32) & (kStripes - 1);
+  }
+  std::mutex& StripeFor(std::string_view key) { return stripes_[StripeIndex(key)].mu; }
+
+  std::string Context(std::string_view op) const {
+    return "rocksdb " + options_.path + ": " + std::string(op);
+  }
+
+  Status Corrupt(std::string_view op, std::string_view key, const std::string& why) const {
+    return Status::DataLoss(Context(op) + ": the record of key " + QuoteBytes(key) +
+                            " cannot be decoded (" + why + "); nothing was changed");
+  }
+
+  // Reads and decodes the record at `rkey` ('r' + key). *found false when none.
+  Status Read(const std::string& rkey, std::string_view key, std::string_view op, Record* r,
+              bool* found) {
+    rocksdb::PinnableSlice value;
+    rocksdb::Status s = db_->Get(read_options_, cf_, rkey, &value);
+    if (s.IsNotFound()) {
+      *found = false;
+      return Status::Ok();
+    }
+    if (!s.ok()) return FromRocks(s, Context(op));
+    std::string why;
+    if (!DecodeRecord(value.ToStringView(), r, &why)) return Corrupt(op, key, why);
+    *found = true;
+    return Status::Ok();
+  }
+
+  // An owner-checked write: `decide` changes the record and says kOk, or says
+  // kLost and nothing is written. With `batch`, the record is committed together
+  // with the batch's writes; on kLost or an error, `batch` is left as it was given.
+  template <typename Fn>
+  StatusOr<WriteResult> Update(std::string_view key, std::string_view op,
+                               rocksdb::WriteBatch* batch, Fn&& decide) {
+    thread_local std::string rkey, value;
+    thread_local Record rec;
+    EncodeRecordKey(key, &rkey);
+    std::lock_guard lock(StripeFor(key));
+    bool found = false;
+    DEDUP_RETURN_IF_ERROR(Read(rkey, key, op, &rec, &found));
+    const int64_t now = clock_->NowMillis();
+    if (decide(found ? &rec : nullptr, now) == WriteResult::kLost) return WriteResult::kLost;
+    EncodeRecord(rec, &value);
+    rocksdb::Status s;
+    if (batch == nullptr) {
+      s = db_->Put(write_options_, cf_, rkey, value);
+    } else {
+      batch->SetSavePoint();
+      s = batch->Put(cf_, rkey, value);
+      if (s.ok()) s = db_->Write(write_options_, batch);
+      if (s.ok()) {
+        (void)batch->PopSavePoint();
+      } else {
+        (void)batch->RollbackToSavePoint();
+      }
+    }
+    if (!s.ok()) return FromRocks(s, Context(op));
+    return WriteResult::kOk;
+  }
+
+  void SyncLoop() {
+    std::unique_lock l(sync_mu_);
+    while (!stop_) {
+      sync_cv_.wait_for(l, options_.sync_interval, [this] { return stop_; });
+      if (stop_) break;
+      l.unlock();
+      // A failed sync is retried on the next tick; RocksDB also records the
+      // error and fails later writes if the log can no longer be written.
+      (void)db_->SyncWAL();
+      l.lock();
+    }
+  }
+
+  const RocksDBStoreOptions options_;
+  Clock* const clock_;
+  rocksdb::DB* db_ = nullptr;
+  rocksdb::ColumnFamilyHandle* cf_ = nullptr;  // "dedup", owned through handles_
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  rocksdb::WriteOptions write_options_;
+  rocksdb::ReadOptions read_options_;
+  std::unique_ptr<Stripe[]> stripes_;
+
+  std::thread syncer_;
+  std::mutex sync_mu_;
+  std::condition_variable sync_cv_;
+  bool stop_ = false;  // guarded by sync_mu_
+};
+
+StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
+    std::span<const ClaimRequest> reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Status s = ValidateClaim(reqs[i]);
+    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+  }
+  std::vector<ClaimResult> out;
+  if (reqs.empty()) return out;
+  out.reserve(reqs.size());
+
+  // Distinct keys, in first-seen order; slot[i] is request i's key.
+  std::unordered_map<std::string_view, size_t> index;
+  std::vector<size_t> slot(reqs.size());
+  std::vector<std::string> rkeys;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto [it, inserted] = index.emplace(reqs[i].key, rkeys.size());
+    if (inserted) {
+      rkeys.emplace_back();
+      EncodeRecordKey(reqs[i].key, &rkeys.back());
+    }
+    slot[i] = it->second;
+  }
+  std::vector<Token> fresh(reqs.size());
+  for (Token& t : fresh) t = Token::Random();
+
+  // Stripes in ascending order, each once: two batches never wait on each other
+  // in a cycle, and Claim only ever holds one.
+  std::vector<size_t> stripes;
+  stripes.reserve(rkeys.size());
+  for (const auto& [key, i] : index) stripes.push_back(StripeIndex(key));
+  std::sort(stripes.begin(), stripes.end());
+  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(stripes.size());
+  for (size_t s : stripes) locks.emplace_back(stripes_[s].mu);
+
+  const size_t n = rkeys.size();
+  std::vector<rocksdb::Slice> keys(rkeys.begin(), rkeys.end());
+  std::vector<rocksdb::PinnableSlice> values(n);
+  std::vector<rocksdb::Status> statuses(n);
+  db_->MultiGet(read_options_, cf_, n, keys.data(), values.data(), statuses.data());
+  std::vector<std::optional<Record>> cur(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (statuses[k].IsNotFound()) continue;
+    if (!statuses[k].ok()) return FromRocks(statuses[k], Context("claim batch"));
+    std::string why;
+    cur[k].emplace();
+    if (!DecodeRecord(values[k].ToStringView(), &*cur[k], &why)) {
+      return Corrupt("claim batch", rkeys[k].substr(1), why);
+    }
+  }
+
+  // Decide in order against what the batch has written so far, so that a key
+  // repeated in the batch answers as if claimed one after the other.
+  const int64_t now = clock_->NowMillis();
+  rocksdb::WriteBatch batch;
+  std::string value;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::optional<Record>& c = cur[slot[i]];
+    Record next;
+    bool write = false;
+    out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write));
+    if (write) {
+      EncodeRecord(next, &value);
+      rocksdb::Status s = batch.Put(cf_, rkeys[slot[i]], value);
+      if (!s.ok()) return FromRocks(s, Context("claim batch"));
+      c = std::move(next);
+    }
+  }
+  if (batch.Count() > 0) {
+    rocksdb::Status s = db_->Write(write_options_, &batch);
+    if (!s.ok()) return FromRocks(s, Context("claim batch"));
+  }
+  return out;
+}
+
+Status RocksDBStoreImpl::OpenDb() {
+  const std::string& path = options_.path;
+  const std::string ctx = Context("open");
+
+  // RocksDB's own messages for these are cryptic; say it plainly first.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec)) {
+    return Status::InvalidArgument(ctx + ": path exists and is not a directory");
+  }
+  std::filesystem::create_directories(path, ec);
+  if (ec) {
+    std::string m = ctx + ": cannot create the directory: " + ec.message();
+    if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system) {
+      return Status::PermissionDenied(std::move(m));
+    }
+    return Status::InvalidArgument(std::move(m));
+  }
+
+  rocksdb::DBOptions dbo;
+  dbo.create_if_missing = true;
+  dbo.create_missing_column_families = true;
+  dbo.max_background_jobs = 2;
+  dbo.keep_log_file_num = 4;
+  dbo.max_total_wal_size = 256u << 20;
+  // Concurrent writers share WAL writes and syncs; memtable inserts overlap.
+  dbo.enable_pipelined_write = true;
+
+  // Every column family of the directory must be opened: the application may have
+  // its own beside "dedup".
+  std::vector<std::string> names;
+  if (!rocksdb::DB::ListColumnFamilies(dbo, path, &names).ok() || names.empty()) {
+    names = {rocksdb::kDefaultColumnFamilyName};  // a new database
+  }
+  if (std::find(names.begin(), names.end(), internal::kColumnFamily) == names.end()) {
+    names.emplace_back(internal::kColumnFamily);
+  }
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+  size_t dedup_index = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == internal::kColumnFamily) {
+      dedup_index = i;
+      descs.emplace_back(names[i], RecordFamilyOptions(options_, clock_));
+    } else {
+      descs.emplace_back(names[i], rocksdb::ColumnFamilyOptions());
+    }
+  }
+
+  rocksdb::Status s = rocksdb::DB::Open(dbo, path, descs, &handles_, &db_);
+  if (!s.ok()) {
+    db_ = nullptr;
+    handles_.clear();
+    const std::string m = s.ToString();
+    if (s.IsIOError() && m.find("lock") != std::string::npos) {
+      if (m.find("current process") != std::string::npos) {
+        return Status::FailedPrecondition("rocksdb store at " + path +
+                                          " is already open in this process (" + m + ")");
+      }
+      return Status::FailedPrecondition("rocksdb store at " + path +
+                                        " is already open in another process (" + m + ")");
+    }
+    if (s.IsIOError() && m.find("ermission denied") != std::string::npos) {
+      return Status::PermissionDenied(ctx + ": " + m);
+    }
+    if (s.IsCorruption()) return Status::DataLoss(ctx + ": " + m);
+    return Status::FailedPrecondition(ctx + ": " + m);
+  }
+  cf_ = handles_[dedup_index];
+
+  // The format version: written once into a new directory, checked ever after.
+  rocksdb::PinnableSlice v;
+  s = db_->Get(rocksdb::ReadOptions(), cf_, internal::kMetaFormatKey, &v);
+  if (s.IsNotFound()) {
+    // New, or created but never given a version (a crash right after creating the
+    // column family). Only an empty column family may be adopted.
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_));
+    it->SeekToFirst();
+    if (!it->status().ok()) return FromRocks(it->status(), ctx);
+    if (it->Valid()) {
+      return Status::FailedPrecondition(ctx + ": the \"dedup\" column family has data but no "
+                                        "format version; refusing to guess how to read it");
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    s = db_->Put(wo, cf_, internal::kMetaFormatKey, std::to_string(internal::kFormatVersion));
+    if (!s.ok()) return FromRocks(s, ctx + ": writing the format version");
+  } else if (!s.ok()) {
+    return FromRocks(s, ctx + ": reading the format version");
+  } else {
+    const std::string_view text = v.ToStringView();
+    uint32_t version = 0;
+    auto [p, err] = std::from_chars(text.data(), text.data() + text.size(), version);
+    if (err != std::errc() || p != text.data() + text.size()) {
+      return Status::FailedPrecondition(ctx + ": unreadable format version " + QuoteBytes(text) +
+                                        "; this build reads version " +
+                                        std::to_string(internal::kFormatVersion));
+    }
+    if (version != internal::kFormatVersion) {
+      return Status::FailedPrecondition(
+          ctx + ": the directory has format version " + std::to_string(version) +
+          ", this build reads only version " + std::to_string(internal::kFormatVersion) +
+          " (refusing to misread it)");
+    }
+  }
+
+  if (options_.sync == SyncMode::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RocksDBStore>> RocksDBStore::Open(const RocksDBStoreOptions& options) {
+  if (options.path.empty()) {
+    return Status::InvalidArgument("rocksdb: path is empty (expected a directory)");
+  }
+  if (options.sync == SyncMode::kInterval && options.sync_interval.count() <= 0) {
+    return Status::InvalidArgument("rocksdb " + options.path +
+                                   ": sync_interval must be positive, got " +
+                                   std::to_string(options.sync_interval.count()) + " ms");
+  }
+  Clock* clock = options.clock != nullptr ? options.clock : Clock::System();
+  auto store = std::make_unique<RocksDBStoreImpl>(options, clock);
+  DEDUP_RETURN_IF_ERROR(store->OpenDb());
+  return std::unique_ptr<RocksDBStore>(std::move(store));
+}
+
+namespace internal {
+
+StatusOr<std::unique_ptr<Store>> OpenRocksDBFromUri(const Uri& uri, const OpenOptions& options) {
+  const std::string shown = uri.Redacted();
+  if (uri.has_authority && !uri.hosts.empty()) {
+    return Status::InvalidArgument("rocksdb URI '" + shown +
+                                   "' names a host; the store is a local directory "
+                                   "(rocksdb:/abs/path or rocksdb:./rel/path)");
+  }
+  DEDUP_RETURN_IF_ERROR(uri.CheckParams({"sync"}));
+  if (uri.path.empty()) {
+    return Status::InvalidArgument("rocksdb URI '" + shown +
+                                   "' has an empty path (expected rocksdb:PATH, e.g. "
+                                   "rocksdb:/var/lib/dedup)");
+  }
+  RocksDBStoreOptions o;
+  o.path = uri.path;
+  o.clock = options.clock;
+  if (auto sync = uri.Param("sync")) {
+    const std::string_view v = *sync;
+    if (v == "none") {
+      o.sync = SyncMode::kNone;
+    } else if (v == "always") {
+      o.sync = SyncMode::kAlways;
+    } else if (v == "interval") {
+      o.sync = SyncMode::kInterval;
+    } else if (v.starts_with("interval:")) {
+      o.sync = SyncMode::kInterval;
+      auto ms = ParseDurationMillis(v.substr(9), "rocksdb sync interval");
+      if (!ms.ok()) return ms.status();
+      if (*ms <= 0) {
+        return Status::InvalidArgument("rocksdb sync interval must be positive, got '" +
+                                       std::string(v.substr(9)) + "'");
+      }
+      o.sync_interval = Millis(*ms);
+    } else {
+      return Status::InvalidArgument("rocksdb URI parameter sync='" + *sync +
+                                     "' is not one of none, always, interval, interval:MS");
+    }
+  }
+  auto store = RocksDBStore::Open(o);
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<Store>(std::move(store).value());
+}
+
+}  // namespace internal
+}  // namespace dedup

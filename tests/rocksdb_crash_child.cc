@@ -1,0 +1,138 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The process that rocksdb_crash_test and rocksdb_store_test kill or race:
+//
+//   rocksdb_crash_child work DIR SYNC ROUND
+//       Claims and completes keys "ROUND/..." on the store in DIR (sync = none,
+//       always or interval) from two threads until killed (or 60 s have passed).
+//       After each operation returned, and only then, writes one line to stdout:
+//         A KEY FENCE   Claim/ClaimBatch returned ACQUIRED with FENCE
+//         C KEY         Complete returned OK (result = KEY)
+//         R KEY         Release returned OK
+//       Each line is one write(2) of less than PIPE_BUF bytes, so lines from the
+//       two threads never interleave. Exits 2 on any unexpected answer.
+//
+//   rocksdb_crash_child open DIR
+//       Tries to open the store in DIR and prints "OK" or "CODE message".
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dedup/rocksdb_store.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using dedup::ClaimOutcome;
+using dedup::ClaimRequest;
+using dedup::CompletionStatus;
+using dedup::WriteResult;
+
+void Line(const std::string& s) {
+  const std::string l = s + "\n";
+  if (write(STDOUT_FILENO, l.data(), l.size()) != static_cast<ssize_t>(l.size())) std::_Exit(3);
+}
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "rocksdb_crash_child: %s\n", what.c_str());
+  std::_Exit(2);
+}
+
+ClaimRequest Req(const std::string& key) {
+  ClaimRequest r;
+  r.key = key;
+  r.lease = std::chrono::minutes(10);  // never runs out during the test
+  r.retention = std::chrono::hours(24);
+  return r;
+}
+
+// Claim, sometimes extend, then complete (or, every 7th key, release).
+void SingleKeys(dedup::Store* store, const std::string& round,
+                std::chrono::steady_clock::time_point end) {
+  for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+    const std::string key = round + "/s" + std::to_string(i);
+    auto c = store->Claim(Req(key));
+    if (!c.ok()) Fail("claim: " + c.status().ToString());
+    if (c->outcome != ClaimOutcome::kAcquired) Fail("claim of a new key not ACQUIRED: " + key);
+    Line("A " + key + " " + std::to_string(c->fence));
+    if (i % 3 == 0) {
+      auto e = store->Extend(key, c->token, std::chrono::minutes(10));
+      if (!e.ok() || *e != WriteResult::kOk) Fail("extend " + key);
+    }
+    if (i % 7 == 6) {
+      auto r = store->Release(key, c->token, std::chrono::hours(24));
+      if (!r.ok() || *r != WriteResult::kOk) Fail("release " + key);
+      Line("R " + key);
+      continue;
+    }
+    auto d = store->Complete(key, c->token, std::chrono::hours(24), CompletionStatus::kOk, key);
+    if (!d.ok() || *d != WriteResult::kOk) Fail("complete " + key);
+    Line("C " + key);
+  }
+}
+
+// ClaimBatch of 4 new keys, then complete each.
+void Batches(dedup::Store* store, const std::string& round,
+             std::chrono::steady_clock::time_point end) {
+  for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+    std::vector<std::string> keys;
+    for (int j = 0; j < 4; ++j) keys.push_back(round + "/b" + std::to_string(i) + "." + std::to_string(j));
+    std::vector<ClaimRequest> reqs;
+    for (const auto& k : keys) reqs.push_back(Req(k));
+    auto res = store->ClaimBatch(reqs);
+    if (!res.ok()) Fail("claim batch: " + res.status().ToString());
+    for (size_t j = 0; j < keys.size(); ++j) {
+      if ((*res)[j].outcome != ClaimOutcome::kAcquired) Fail("batch claim not ACQUIRED");
+      Line("A " + keys[j] + " " + std::to_string((*res)[j].fence));
+    }
+    for (size_t j = 0; j < keys.size(); ++j) {
+      auto d = store->Complete(keys[j], (*res)[j].token, std::chrono::hours(24),
+                               CompletionStatus::kOk, keys[j]);
+      if (!d.ok() || *d != WriteResult::kOk) Fail("complete " + keys[j]);
+      Line("C " + keys[j]);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "open") {
+    dedup::RocksDBStoreOptions o;
+    o.path = argv[2];
+    auto s = dedup::RocksDBStore::Open(o);
+    if (s.ok()) {
+      Line("OK");
+    } else {
+      Line(std::string(dedup::StatusCodeName(s.status().code())) + " " + s.status().message());
+    }
+    return 0;
+  }
+  if (argc != 5 || std::string(argv[1]) != "work") {
+    std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR\n", argv[0]);
+    return 1;
+  }
+  dedup::RocksDBStoreOptions o;
+  o.path = argv[2];
+  const std::string sync = argv[3];
+  o.sync = sync == "always"     ? dedup::SyncMode::kAlways
+           : sync == "interval" ? dedup::SyncMode::kInterval
+                                : dedup::SyncMode::kNone;
+  o.sync_interval = 20ms;
+  auto store = dedup::RocksDBStore::Open(o);
+  if (!store.ok()) Fail("open: " + store.status().ToString());
+  Line("READY");
+  // Bounded: the parent kills us long before this.
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  std::thread t1(SingleKeys, store->get(), std::string(argv[4]), end);
+  std::thread t2(Batches, store->get(), std::string(argv[4]), end);
+  t1.join();
+  t2.join();
+  return 0;
+}

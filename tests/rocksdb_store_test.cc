@@ -1,0 +1,528 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// What the RocksDB store promises beyond the conformance suite: records survive a
+// reopen, one process at a time, unknown formats and corrupt records are refused
+// and left alone, expired records are physically dropped by compaction, and
+// CompleteWithBatch commits the application's writes with the completion.
+
+#include "dedup/rocksdb_store.h"
+
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rocksdb/db.h"
+#include "rocksdb/write_batch.h"
+#include "store_envs.h"
+#include "stores/rocksdb/record_codec.h"
+
+extern char** environ;
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+
+class RocksDBStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::MakeTempDir("rocksdb-store"); }
+  void TearDown() override { testing::RemoveDir(dir_); }
+
+  std::unique_ptr<RocksDBStore> Open(SyncMode sync = SyncMode::kNone) {
+    RocksDBStoreOptions o;
+    o.path = dir_;
+    o.clock = &clock_;
+    o.sync = sync;
+    o.sync_interval = 10ms;
+    auto s = RocksDBStore::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  static ClaimRequest Req(std::string_view key, Millis lease = 10min, Millis retention = 24h) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = lease;
+    r.retention = retention;
+    return r;
+  }
+
+  // The raw value of `key`'s record, or nullopt when RocksDB has none at all
+  // (expired-but-not-compacted records are still "there").
+  static std::optional<std::string> Raw(RocksDBStore* s, std::string_view key) {
+    std::string rkey, v;
+    internal::EncodeRecordKey(key, &rkey);
+    rocksdb::Status st = s->db()->Get(rocksdb::ReadOptions(), s->records_family(), rkey, &v);
+    if (st.IsNotFound()) return std::nullopt;
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return v;
+  }
+
+  // Writes straight into the records family, bypassing the store (to plant damage).
+  static void PutRaw(RocksDBStore* s, std::string_view rkey, std::string_view value) {
+    rocksdb::WriteOptions wo;
+    ASSERT_TRUE(s->db()->Put(wo, s->records_family(), rkey, value).ok());
+  }
+
+  std::string dir_;
+  SimulatedClock clock_;
+};
+
+TEST_F(RocksDBStoreTest, ReopenKeepsRecords) {
+  Token in_progress;
+  {
+    auto s = Open();
+    auto a = s->Claim(Req("done"));
+    ASSERT_TRUE(a.ok() && a->acquired());
+    ASSERT_EQ(*s->Complete("done", a->token, 24h, CompletionStatus::kOk, "result-bytes"),
+              WriteResult::kOk);
+    auto b = s->Claim(Req("working"));
+    ASSERT_TRUE(b.ok() && b->acquired());
+    in_progress = b->token;
+    auto c = s->Claim(Req("given-up"));
+    ASSERT_EQ(*s->Release("given-up", c->token, 24h), WriteResult::kOk);
+  }
+  auto s = Open();
+  auto d = s->Claim(Req("done"));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(d->result, "result-bytes");
+  auto w = s->Claim(Req("working"));
+  EXPECT_EQ(w->outcome, ClaimOutcome::kBusy);
+  EXPECT_EQ(*s->Extend("working", in_progress, 1min), WriteResult::kOk);
+  auto g = s->Claim(Req("given-up"));
+  EXPECT_EQ(g->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(g->fence, 2u);
+  EXPECT_EQ(g->attempt, 2u);
+}
+
+TEST_F(RocksDBStoreTest, SecondOpenInSameProcessIsRefused) {
+  auto s = Open();
+  RocksDBStoreOptions o;
+  o.path = dir_;
+  auto again = RocksDBStore::Open(o);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition) << again.status();
+  EXPECT_NE(again.status().message().find("rocksdb store at " + dir_ + " is already open"),
+            std::string::npos)
+      << again.status();
+  // The first store is unharmed.
+  EXPECT_TRUE(s->Claim(Req("k")).ok());
+}
+
+// Runs `rocksdb_crash_child open DIR` and returns the line it printed.
+std::string OpenInAnotherProcess(const std::string& dir) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  posix_spawn_file_actions_addclose(&fa, fds[1]);
+  std::string prog = DEDUP_CRASH_CHILD, mode = "open", d = dir;
+  char* argv[] = {prog.data(), mode.data(), d.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  std::string out;
+  if (rc == 0) {
+    char buf[4096];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
+    int status = 0;
+    waitpid(pid, &status, 0);
+  }
+  close(fds[0]);
+  return rc == 0 ? out : "spawn failed";
+}
+
+TEST_F(RocksDBStoreTest, SecondProcessIsRefused) {
+  {
+    auto s = Open();
+    const std::string line = OpenInAnotherProcess(dir_);
+    EXPECT_EQ(line.rfind("FAILED_PRECONDITION rocksdb store at " + dir_ +
+                             " is already open in another process",
+                         0),
+              0u)
+        << line;
+  }
+  // Closed: the other process may open it now.
+  EXPECT_EQ(OpenInAnotherProcess(dir_), "OK\n");
+}
+
+TEST_F(RocksDBStoreTest, UnknownFormatVersionIsRefused) {
+  {
+    auto s = Open();
+    ASSERT_TRUE(s->Claim(Req("kept")).ok());
+    PutRaw(s.get(), internal::kMetaFormatKey, "2");
+  }
+  RocksDBStoreOptions o;
+  o.path = dir_;
+  auto refused = RocksDBStore::Open(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("format version 2, this build reads only version 1"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find(dir_), std::string::npos);
+
+  // Garbage is refused too, and the refusal is still there on the next try.
+  {
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DB* db = nullptr;
+    std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"dedup", {}}};
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::DBOptions(), dir_, cfs, &handles, &db).ok());
+    ASSERT_TRUE(db->Put({}, handles[1], internal::kMetaFormatKey, "v1?").ok());
+    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+    delete db;
+  }
+  auto garbage = RocksDBStore::Open(o);
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_EQ(garbage.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(garbage.status().message().find("unreadable format version 'v1?'"),
+            std::string::npos)
+      << garbage.status();
+}
+
+TEST_F(RocksDBStoreTest, RecordsWithoutFormatVersionAreRefused) {
+  {
+    auto s = Open();
+    ASSERT_TRUE(s->Claim(Req("kept")).ok());
+    ASSERT_TRUE(s->db()->Delete({}, s->records_family(), internal::kMetaFormatKey).ok());
+  }
+  RocksDBStoreOptions o;
+  o.path = dir_;
+  auto refused = RocksDBStore::Open(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
+}
+
+TEST_F(RocksDBStoreTest, CorruptRecordIsDataLossAndUnchanged) {
+  auto s = Open();
+  ASSERT_TRUE(s->Claim(Req("fine")).ok());
+  std::string rkey;
+  internal::EncodeRecordKey("bad\x01key", &rkey);
+  const std::vector<std::string> damages = {
+      std::string(),                                // empty
+      std::string("\x07rest", 5),                   // unknown format byte
+      std::string("\x01short", 6),                  // truncated
+  };
+  for (const std::string& damage : damages) {
+    SCOPED_TRACE(internal::QuoteBytes(damage));
+    PutRaw(s.get(), rkey, damage);
+    const std::string key = "bad\x01key";
+    auto expect_loss = [&](const Status& st) {
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+      EXPECT_NE(st.message().find("rocksdb " + dir_), std::string::npos) << st;
+      EXPECT_NE(st.message().find("'bad\\x01key'"), std::string::npos) << st;
+    };
+    expect_loss(s->Claim(Req(key)).status());
+    expect_loss(s->Extend(key, Token{42}, 1min).status());
+    expect_loss(s->Complete(key, Token{42}, 1min, CompletionStatus::kOk, "").status());
+    expect_loss(s->Release(key, Token{42}, 1min).status());
+    expect_loss(s->Inspect(key).status());
+    expect_loss(s->Scan("bad", 10).status());
+    // A batch with the damaged key fails whole: "new" is not claimed either.
+    std::vector<ClaimRequest> batch = {Req("new"), Req(key)};
+    expect_loss(s->ClaimBatch(batch).status());
+    EXPECT_FALSE(Raw(s.get(), "new").has_value());
+    EXPECT_EQ(Raw(s.get(), key), damage);
+  }
+  // An operator can forget it; then it is a new key.
+  EXPECT_TRUE(*s->Forget("bad\x01key"));
+  EXPECT_TRUE(s->Claim(Req("bad\x01key"))->acquired());
+  EXPECT_EQ(s->Claim(Req("fine"))->outcome, ClaimOutcome::kBusy);
+}
+
+TEST_F(RocksDBStoreTest, CompactionDropsExpiredRecordsOnly) {
+  auto s = Open();
+  auto a = s->Claim(Req("short"));
+  ASSERT_EQ(*s->Complete("short", a->token, 1min, CompletionStatus::kOk, "x"), WriteResult::kOk);
+  auto b = s->Claim(Req("long"));
+  ASSERT_EQ(*s->Complete("long", b->token, 24h, CompletionStatus::kOk, "y"), WriteResult::kOk);
+  ASSERT_TRUE(s->Claim(Req("working", 10min, 24h)).ok());
+
+  ASSERT_TRUE(s->CompactNow().ok());
+  EXPECT_TRUE(Raw(s.get(), "short").has_value()) << "dropped before its retention ended";
+
+  clock_.Advance(2min);
+  // Expired but not yet compacted: answers as absent, still on disk.
+  EXPECT_FALSE(s->Inspect("short")->has_value());
+  EXPECT_TRUE(Raw(s.get(), "short").has_value());
+
+  ASSERT_TRUE(s->CompactNow().ok());
+  EXPECT_FALSE(Raw(s.get(), "short").has_value()) << "expired record still on disk";
+  EXPECT_TRUE(Raw(s.get(), "long").has_value());
+  EXPECT_TRUE(Raw(s.get(), "working").has_value());
+  EXPECT_EQ(s->Claim(Req("long"))->outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(s->Claim(Req("working"))->outcome, ClaimOutcome::kBusy);
+  // The metadata is not a record: never filtered.
+  std::string v;
+  EXPECT_TRUE(s->db()->Get({}, s->records_family(), internal::kMetaFormatKey, &v).ok());
+  EXPECT_EQ(v, "1");
+  // Forgotten entirely: a new claim starts again at fence 1.
+  EXPECT_EQ(s->Claim(Req("short"))->fence, 1u);
+}
+
+// A newer version expiring before an older one must not bring the older one back:
+// IN_PROGRESS kept ~24h sits in the last level, its COMPLETED successor (kept 1
+// min) expires, and only the newer file is compacted. Had the filter dropped the
+// newer value without a deletion marker, the old IN_PROGRESS record would answer.
+TEST_F(RocksDBStoreTest, CompactionNeverResurfacesAnOlderVersion) {
+  auto s = Open();
+  rocksdb::DB* db = s->db();
+  rocksdb::ColumnFamilyHandle* cf = s->records_family();
+  auto a = s->Claim(Req("k", 10min, 24h));
+  ASSERT_TRUE(s->CompactNow().ok());  // the IN_PROGRESS version goes to the last level
+  ASSERT_EQ(*s->Complete("k", a->token, 1min, CompletionStatus::kOk, "r"), WriteResult::kOk);
+  clock_.Advance(2min);
+  ASSERT_TRUE(db->Flush(rocksdb::FlushOptions(), cf).ok());
+  EXPECT_FALSE(s->Inspect("k")->has_value());
+
+  rocksdb::ColumnFamilyMetaData meta;
+  db->GetColumnFamilyMetaData(cf, &meta);
+  const int last = static_cast<int>(meta.levels.size()) - 1;
+  ASSERT_FALSE(meta.levels[last].files.empty()) << "old version not in the last level";
+  std::vector<std::string> upper;
+  for (int level = 0; level < last; ++level) {
+    for (const auto& f : meta.levels[level].files) upper.push_back(f.db_path + "/" + f.name);
+  }
+  if (!upper.empty()) {  // empty when the flush itself filtered the newer version out
+    ASSERT_TRUE(db->CompactFiles(rocksdb::CompactionOptions(), cf, upper, last - 1).ok());
+  }
+  db->GetColumnFamilyMetaData(cf, &meta);
+  ASSERT_FALSE(meta.levels[last].files.empty()) << "old version must still be below";
+  EXPECT_FALSE(Raw(s.get(), "k").has_value()) << "older version resurfaced";
+  EXPECT_FALSE(s->Inspect("k")->has_value());
+  EXPECT_EQ(s->Claim(Req("k"))->outcome, ClaimOutcome::kAcquired);
+}
+
+TEST_F(RocksDBStoreTest, CompleteWithBatchCommitsTogether) {
+  auto s = Open();
+  rocksdb::DB* db = s->db();
+  auto a = s->Claim(Req("payment-1"));
+  rocksdb::WriteBatch batch;
+  ASSERT_TRUE(batch.Put("balance", "90").ok());
+  ASSERT_TRUE(batch.Put("ledger/1", "-10").ok());
+  ASSERT_EQ(*s->CompleteWithBatch("payment-1", a->token, 24h, CompletionStatus::kOk, "ok", &batch),
+            WriteResult::kOk);
+  std::string v;
+  ASSERT_TRUE(db->Get({}, "balance", &v).ok());
+  EXPECT_EQ(v, "90");
+  EXPECT_EQ(s->Claim(Req("payment-1"))->outcome, ClaimOutcome::kDuplicate);
+
+  // LOST: a stale token writes nothing, neither the record nor the user's writes.
+  auto b = s->Claim(Req("payment-2", 1min));
+  clock_.Advance(2min);
+  auto takeover = s->Claim(Req("payment-2"));
+  ASSERT_TRUE(takeover->acquired());
+  rocksdb::WriteBatch stale;
+  ASSERT_TRUE(stale.Put("balance", "80").ok());
+  ASSERT_EQ(*s->CompleteWithBatch("payment-2", b->token, 24h, CompletionStatus::kOk, "", &stale),
+            WriteResult::kLost);
+  ASSERT_TRUE(db->Get({}, "balance", &v).ok());
+  EXPECT_EQ(v, "90");
+  EXPECT_EQ(stale.Count(), 1u) << "the batch must be left as given";
+  EXPECT_EQ((*s->Inspect("payment-2"))->state, RecordState::kInProgress);
+
+  // Survives a reopen together.
+  s.reset();
+  s = Open();
+  ASSERT_TRUE(s->db()->Get({}, "ledger/1", &v).ok());
+  EXPECT_EQ(v, "-10");
+  EXPECT_EQ(s->Claim(Req("payment-1"))->outcome, ClaimOutcome::kDuplicate);
+}
+
+TEST_F(RocksDBStoreTest, ClaimBatchAnswersInOrder) {
+  auto s = Open();
+  ASSERT_TRUE(s->Claim(Req("taken")).ok());
+  std::vector<ClaimRequest> reqs = {Req("a"), Req("taken"), Req("a"), Req("b")};
+  auto r = s->ClaimBatch(reqs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 4u);
+  EXPECT_EQ((*r)[0].outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ((*r)[1].outcome, ClaimOutcome::kBusy);
+  EXPECT_EQ((*r)[2].outcome, ClaimOutcome::kBusy) << "a repeated key is BUSY the second time";
+  EXPECT_EQ((*r)[2].fence, 1u);
+  EXPECT_EQ((*r)[3].outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(*s->Complete("a", (*r)[0].token, 1h, CompletionStatus::kOk, ""), WriteResult::kOk);
+
+  // One bad request: nothing written.
+  std::vector<ClaimRequest> bad = {Req("c"), Req("")};
+  auto e = s->ClaimBatch(bad);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(Raw(s.get(), "c").has_value());
+}
+
+// Batches and single claims over overlapping keys from many threads: no deadlock,
+// exactly one ACQUIRED per key.
+TEST_F(RocksDBStoreTest, ConcurrentClaimsAcquireEachKeyOnce) {
+  auto s = Open();
+  constexpr int kKeys = 300, kThreads = 6;
+  std::atomic<int> acquired{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kKeys; i += 3) {
+        std::vector<std::string> keys;
+        for (int j = 0; j < 3; ++j) keys.push_back("key" + std::to_string((i + j + t * 7) % kKeys));
+        if (t % 2 == 0) {
+          std::vector<ClaimRequest> reqs;
+          for (int j = 2; j >= 0; --j) reqs.push_back(Req(keys[j]));
+          auto r = s->ClaimBatch(reqs);
+          ASSERT_TRUE(r.ok()) << r.status();
+          for (const auto& c : *r) acquired += c.acquired();
+        } else {
+          for (const auto& k : keys) {
+            auto r = s->Claim(Req(k));
+            ASSERT_TRUE(r.ok()) << r.status();
+            acquired += r->acquired();
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(acquired.load(), kKeys);
+}
+
+TEST_F(RocksDBStoreTest, ScanSkipsExpiredAndStaysInPrefix) {
+  auto s = Open();
+  for (const char* k : {"job/1", "job/2", "job/3", "jobs", "other"}) {
+    ASSERT_TRUE(s->Claim(Req(k)).ok());
+  }
+  auto x = s->Claim(Req("job/x", 1min, 1min));
+  clock_.Advance(3min);
+  auto r = s->Scan("job/", 100);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> keys;
+  for (const Record& rec : *r) keys.push_back(rec.key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"job/1", "job/2", "job/3"}));
+  EXPECT_EQ(s->Scan("job/", 2)->size(), 2u);
+  EXPECT_EQ(s->Scan("", 100)->size(), 5u);
+}
+
+TEST_F(RocksDBStoreTest, SyncModesOpenAndKeepRecords) {
+  for (SyncMode mode : {SyncMode::kNone, SyncMode::kInterval, SyncMode::kAlways}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    const std::string key = "k" + std::to_string(static_cast<int>(mode));
+    {
+      auto s = Open(mode);
+      ASSERT_NE(s, nullptr);
+      auto a = s->Claim(Req(key));
+      ASSERT_TRUE(a.ok() && a->acquired());
+      ASSERT_EQ(*s->Complete(key, a->token, 1h, CompletionStatus::kOk, "r"), WriteResult::kOk);
+      if (mode == SyncMode::kInterval) std::this_thread::sleep_for(50ms);  // a few syncs
+    }
+    auto s = Open(mode);
+    EXPECT_EQ(s->Claim(Req(key))->outcome, ClaimOutcome::kDuplicate);
+  }
+}
+
+TEST_F(RocksDBStoreTest, UriParsing) {
+  auto bad = [](std::string_view uri, std::string_view words) {
+    auto s = OpenStore(uri);
+    ASSERT_FALSE(s.ok()) << uri;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status();
+    EXPECT_NE(s.status().message().find(words), std::string::npos) << s.status();
+  };
+  bad("rocksdb:", "empty path");
+  bad("rocksdb:?sync=always", "empty path");
+  bad("rocksdb:" + dir_ + "?cache=1", "unknown parameter 'cache'");
+  bad("rocksdb:" + dir_ + "?sync=sometimes", "sync='sometimes'");
+  bad("rocksdb:" + dir_ + "?sync=interval:soon", "not a duration");
+  bad("rocksdb:" + dir_ + "?sync=interval:0", "must be positive");
+  bad("rocksdb://somehost/data", "names a host");
+
+  for (const char* q : {"", "?sync=none", "?sync=always", "?sync=interval", "?sync=interval:250ms"}) {
+    auto s = OpenStore("rocksdb:" + dir_ + q);
+    ASSERT_TRUE(s.ok()) << q << ": " << s.status();
+    EXPECT_EQ((*s)->Describe().rfind("rocksdb:" + dir_, 0), 0u) << (*s)->Describe();
+  }
+  auto s = OpenStore("rocksdb:" + dir_ + "?sync=interval:250ms");
+  EXPECT_EQ((*s)->Describe(), "rocksdb:" + dir_ + "?sync=interval:250ms");
+  s = {Status::Internal("closed")};
+  s = OpenStore("rocksdb://" + dir_);  // empty authority: still a local path
+  ASSERT_TRUE(s.ok()) << s.status();
+  s = {Status::Internal("closed")};
+
+  // A relative path is relative to the working directory.
+  const std::string rel =
+      std::filesystem::relative(dir_ + "/sub", std::filesystem::current_path()).string();
+  auto r = OpenStore("rocksdb:" + rel);
+  ASSERT_TRUE(r.ok()) << rel << ": " << r.status();
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/sub/CURRENT"));
+}
+
+TEST_F(RocksDBStoreTest, BadPathsAreClearErrors) {
+  const std::string file = dir_ + "/plain-file";
+  std::ofstream(file) << "x";
+  RocksDBStoreOptions o;
+  o.path = file;
+  auto s = RocksDBStore::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status();
+  EXPECT_NE(s.status().message().find("is not a directory"), std::string::npos) << s.status();
+
+  o.path = file + "/below";
+  s = RocksDBStore::Open(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find(file), std::string::npos) << s.status();
+
+  o.path = "";
+  EXPECT_EQ(RocksDBStore::Open(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The application's own column families are opened and kept.
+TEST_F(RocksDBStoreTest, KeepsTheApplicationsColumnFamilies) {
+  {
+    auto s = Open();
+    rocksdb::ColumnFamilyHandle* h = nullptr;
+    ASSERT_TRUE(s->db()->CreateColumnFamily({}, "app", &h).ok());
+    ASSERT_TRUE(s->db()->Put({}, h, "x", "1").ok());
+    ASSERT_TRUE(s->db()->DestroyColumnFamilyHandle(h).ok());
+  }
+  auto s = Open();
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(s->Claim(Req("k")).ok());
+}
+
+TEST(RecordCodecTest, RoundTripsAndRejectsDamage) {
+  Record r;
+  r.state = RecordState::kCompleted;
+  r.token = Token{0x0123456789abcdefull};
+  r.fence = 1ull << 40;
+  r.attempt = 7;
+  r.lease_deadline = -5;
+  r.retention_deadline = 1'700'000'000'123;
+  r.fingerprint = std::string(64, '\xff');
+  r.status = CompletionStatus::kFailed;
+  r.result = std::string("a\0b", 3);
+  std::string v;
+  internal::EncodeRecord(r, &v);
+  Record back;
+  std::string why;
+  ASSERT_TRUE(internal::DecodeRecord(v, &back, &why)) << why;
+  EXPECT_EQ(back, r);
+  EXPECT_EQ(internal::PeekRetentionDeadline(v), r.retention_deadline);
+  for (size_t n = 0; n < v.size(); ++n) {
+    EXPECT_FALSE(internal::DecodeRecord(v.substr(0, n), &back, &why)) << n;
+  }
+  EXPECT_FALSE(internal::DecodeRecord(v + "x", &back, &why));
+  std::string bad_state = v;
+  bad_state[37] = 9;
+  EXPECT_FALSE(internal::DecodeRecord(bad_state, &back, &why));
+  EXPECT_EQ(why, "bad state 9");
+}
+
+}  // namespace
+}  // namespace dedup
