@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Drives the dedup Lua scripts with redis-cli alone, following nothing but
+# docs/REDIS_PROTOCOL.md: proof that another client (any language) can speak the
+# protocol and share records with the C++ store.
+#
+#   tests/redis_protocol_test.sh [LUA_DIR]     (default: src/stores/redis/lua)
+#
+# Starts its own redis-server on 127.0.0.1:${DEDUP_PROTOCOL_TEST_PORT:-6395} in a
+# temporary directory and stops it by PID on exit.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+lua_dir=${1:-$here/../src/stores/redis/lua}
+port=${DEDUP_PROTOCOL_TEST_PORT:-6395}
+source "$here/../scripts/lib/redis.sh"
+tmp=$(mktemp -d)
+trap 'redis_stop_all; rm -rf "$tmp"' EXIT
+redis_start "$port" "$tmp/redis"
+
+cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
+failures=0
+check() {  # check NAME EXPECTED ACTUAL
+  if [[ "$2" == "$3" ]]; then
+    echo "ok   $1"
+  else
+    echo "FAIL $1"; echo "  expected: $(printf %q "$2")"; echo "  actual:   $(printf %q "$3")"
+    failures=$((failures + 1))
+  fi
+}
+lines() { tr '\n' ' ' | sed 's/ $//'; }
+
+# 1. Load the scripts; the SHA1 is what EVALSHA takes.
+declare -A sha
+for s in claim extend complete release inspect; do
+  sha[$s]=$(cli SCRIPT LOAD "$(cat "$lua_dir/$s.lua")")
+done
+claim()    { cli EVALSHA "${sha[claim]}" 1 "$@" | lines; }
+extend()   { cli EVALSHA "${sha[extend]}" 1 "$@" | lines; }
+complete() { cli EVALSHA "${sha[complete]}" 1 "$@" | lines; }
+release()  { cli EVALSHA "${sha[release]}" 1 "$@" | lines; }
+inspect()  { cli EVALSHA "${sha[inspect]}" 1 "$@" | lines; }
+
+A=00000000000000aa
+B=00000000000000bb
+
+# 2. claim / BUSY / complete / DUPLICATE.
+check "first claim acquires: fence 1, attempt 1" "0 1 1" "$(claim p:k1 $A 60000 600000 '' 0)"
+busy=$(claim p:k1 $B 60000 600000 '' 0)
+check "second claim is BUSY" "1 1 1" "$(cut -d' ' -f1-3 <<<"$busy")"
+left=$(cut -d' ' -f4 <<<"$busy")
+((left > 59000 && left <= 60000)) && echo "ok   lease_left $left ms" || { echo "FAIL lease_left $left"; failures=$((failures + 1)); }
+check "wrong token cannot complete" "0" "$(complete p:k1 $B 600000 0 nope)"
+check "extend by owner" "1" "$(extend p:k1 $A 90000)"
+check "complete by owner" "1" "$(complete p:k1 $A 600000 0 'the result')"
+check "claim after complete is DUPLICATE with the result" "2 1 1 0 0 the result" \
+  "$(claim p:k1 $B 60000 600000 '' 0)"
+check "outcome writes after complete are LOST" "0 0 0" \
+  "$(extend p:k1 $A 1000) $(complete p:k1 $A 1000 0 x) $(release p:k1 $A 1000)"
+
+# 3. The record bytes are the documented layout (format 1).
+hdr=$(cli --raw GET p:k1 | head -c 20 | od -An -tx1 | tr -d ' \n')
+check "header: format 1, COMPLETED/ok, token, fence 1, attempt 1" \
+  "0102${A}00000000000100000001" "$hdr"
+ttl=$(cli PTTL p:k1)
+((ttl > 590000 && ttl <= 600000)) && echo "ok   PEXPIRETIME = retention deadline" || { echo "FAIL pttl $ttl"; failures=$((failures + 1)); }
+ins=$(inspect p:k1)
+check "inspect: state, status, token, fence, attempt" "2 0 $A 1 1" "$(cut -d' ' -f1-5 <<<"$ins")"
+check "inspect: fingerprint (empty) and result" "|the result" "$(cut -d' ' -f8 <<<"$ins")|$(cut -d' ' -f9- <<<"$ins")"
+
+# 4. Release keeps fence and attempts; the next claim is attempt 2, fence 2.
+check "claim k2" "0 1 1" "$(claim p:k2 $A 60000 600000 fp1 0)"
+check "release k2" "1" "$(release p:k2 $A 600000)"
+check "claim after release" "0 2 2" "$(claim p:k2 $B 60000 600000 fp1 0)"
+check "different fingerprint is MISMATCH" "3 2 2" "$(claim p:k2 $A 60000 600000 fp2 0)"
+check "old owner is LOST" "0" "$(release p:k2 $A 600000)"
+
+# 5. The server clock ends a lease: takeover with fence + 1; max_attempts exhausts.
+check "claim k3 with a 200 ms lease" "0 1 1" "$(claim p:k3 $A 200 600000 '' 2)"
+sleep 0.4
+check "takeover after the lease" "0 2 2" "$(claim p:k3 $B 200 600000 '' 2)"
+check "late write of the first owner is LOST" "0" "$(complete p:k3 $A 600000 0 x)"
+sleep 0.4
+check "third attempt with max 2 is EXHAUSTED" "4 2 2" "$(claim p:k3 $A 200 600000 '' 2)"
+check "then DUPLICATE with status exhausted" "2 2 2 0 2" "$(claim p:k3 $A 200 600000 '' 2 | cut -d' ' -f1-5)"
+
+# 6. A record written by hand from the document is read by the scripts:
+#    IN_PROGRESS, token bb, fence 7, attempt 3, lease until 2^47 ms, fingerprint "xy".
+printf '\x01\x01\x00\x00\x00\x00\x00\x00\x00\xbb\x00\x00\x00\x00\x00\x07\x00\x00\x00\x03\x80\x00\x00\x00\x00\x00\x02xy' |
+  cli -x SET p:hand >/dev/null
+cli PEXPIREAT p:hand 140737488355328 >/dev/null
+check "hand-written record is BUSY" "1 7 3" "$(claim p:hand $A 60000 600000 '' 0 | cut -d' ' -f1-3)"
+check "hand-written fingerprint answers MISMATCH" "3 7 3" "$(claim p:hand $A 60000 600000 zz 0)"
+check "its owner completes it" "1" "$(complete p:hand $B 600000 1 failed-reason)"
+check "then DUPLICATE, status failed" "2 7 3 0 1 failed-reason" "$(claim p:hand $A 60000 600000 xy 0)"
+
+# 7. No record: writes are LOST, inspect is nil; forget is DEL.
+check "extend of absent key is LOST" "0" "$(extend p:none $A 1000)"
+check "inspect of absent key is nil" "" "$(inspect p:none)"
+check "forget is DEL" "1" "$(cli DEL p:k2)"
+
+# 8. NOSCRIPT after SCRIPT FLUSH; EVAL of the same body works and reloads it.
+cli SCRIPT FLUSH >/dev/null
+check "EVALSHA after flush is NOSCRIPT" "NOSCRIPT" \
+  "$(cli EVALSHA "${sha[inspect]}" 1 p:k1 2>&1 | cut -c1-8)"
+check "EVAL reloads" "2 0 $A" "$(cli EVAL "$(cat "$lua_dir/inspect.lua")" 1 p:k1 | lines | cut -d' ' -f1-3)"
+check "EVALSHA works again" "2 0 $A" "$(inspect p:k1 | cut -d' ' -f1-3)"
+
+if ((failures)); then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all redis protocol checks passed"

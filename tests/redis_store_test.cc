@@ -1,0 +1,541 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Redis store faults the conformance suite cannot show: bad URIs, wrong passwords,
+// unreachable servers, peers that are not Redis, a server restart (the script
+// cache is empty afterwards: NOSCRIPT must be handled transparently), and a Redis
+// Cluster whose slots move while claims run.
+//
+// Every server here is started by the test itself (redis-server on 127.0.0.1, in a
+// temporary directory, on ports 6391-6394 and 7105-7107) and stopped by its PID.
+// A test whose port is taken is skipped, never run against someone else's server.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dedup/store.h"
+#include "store_envs.h"
+
+extern char** environ;
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock_ = std::chrono::steady_clock;
+
+bool PortFree(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool in_use = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return !in_use;
+}
+
+// Starts a program with its output sent to /dev/null.
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+// One admin command on a plain hiredis connection; returns the reply as text.
+std::string Admin(int port, const std::vector<std::string>& args) {
+  timeval tv{2, 0};
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  if (c == nullptr || c->err) {
+    if (c) redisFree(c);
+    return "(connect failed)";
+  }
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  std::string out;
+  if (r == nullptr) {
+    out = "(io error)";
+  } else if (r->type == REDIS_REPLY_INTEGER) {
+    out = std::to_string(r->integer);
+  } else if (r->type == REDIS_REPLY_ARRAY) {
+    for (size_t i = 0; i < r->elements; ++i) {
+      if (i) out += "\n";
+      out.append(r->element[i]->str ? r->element[i]->str : "", r->element[i]->len);
+    }
+  } else if (r->str != nullptr) {
+    out.assign(r->str, r->len);
+  }
+  if (r) freeReplyObject(r);
+  redisFree(c);
+  return out;
+}
+
+// A redis-server child process on 127.0.0.1:port, stopped by PID.
+class RedisServer {
+ public:
+  RedisServer(int port, std::string dir) : port_(port), dir_(std::move(dir)) {}
+  ~RedisServer() { Stop(); }
+
+  bool Start(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"redis-server", "--port", std::to_string(port_), "--bind",
+                                     "127.0.0.1", "--dir", dir_, "--save", "", "--logfile",
+                                     dir_ + "/redis.log", "--daemonize", "no"};
+    bool aof = false;
+    for (const auto& e : extra) aof = aof || e == "--appendonly";
+    if (!aof) args.insert(args.end(), {"--appendonly", "no"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = Spawn(args);
+    if (pid_ <= 0) return false;
+    for (auto until = Clock_::now() + 10s; Clock_::now() < until; std::this_thread::sleep_for(20ms)) {
+      std::string pong = Admin(port_, {"PING"});
+      if (pong == "PONG" || pong.rfind("NOAUTH", 0) == 0) return true;
+    }
+    return false;
+  }
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int st;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+// A TCP listener on an ephemeral loopback port that answers every connection with
+// `greeting` (or nothing) and closes it after a while.
+class FakePeer {
+ public:
+  explicit FakePeer(std::string greeting) : greeting_(std::move(greeting)) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    listen(fd_, 8);
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        int c = accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        if (!greeting_.empty()) (void)!write(c, greeting_.data(), greeting_.size());
+        std::this_thread::sleep_for(greeting_.empty() ? 1500ms : 50ms);
+        close(c);
+      }
+    });
+  }
+  ~FakePeer() {
+    stop_ = true;
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  std::string greeting_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+ClaimRequest Req(std::string_view key, Millis lease = 120s) {
+  ClaimRequest r;
+  r.key = key;
+  r.lease = lease;
+  r.retention = 600s;
+  return r;
+}
+
+class RedisStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::MakeTempDir("redis"); }
+  void TearDown() override { testing::RemoveDir(dir_); }
+  std::string Dir(const std::string& sub) {
+    std::string d = dir_ + "/" + sub;
+    mkdir(d.c_str(), 0700);
+    return d;
+  }
+  std::string dir_;
+};
+
+// ---- URIs ------------------------------------------------------------------------
+
+TEST_F(RedisStoreTest, BadUrisAreInvalidArgument) {
+  for (const char* uri :
+       {"redis://127.0.0.1:6391?bogus=1", "redis://127.0.0.1:6391?timeout=soon",
+        "redis://127.0.0.1:6391?pool=0", "redis://127.0.0.1:99999", "redis://",
+        "redis://127.0.0.1:6391/notadb", "redis://a:1,b:2", "redis+cluster://a:1/3"}) {
+    auto s = OpenStore(uri);
+    ASSERT_FALSE(s.ok()) << uri;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << uri << ": " << s.status();
+  }
+  auto s = OpenStore("redis://127.0.0.1:6391?bogus=1");
+  EXPECT_NE(s.status().message().find("bogus"), std::string::npos) << s.status();
+}
+
+// ---- unreachable, wrong peer, wrong password ---------------------------------------
+
+TEST_F(RedisStoreTest, UnreachableServerIsUnavailableAndNamed) {
+  if (!PortFree(6393)) GTEST_SKIP() << "port 6393 in use";
+  const auto t0 = Clock_::now();
+  auto s = OpenStore("redis://127.0.0.1:6393");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find("127.0.0.1:6393"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("refused"), std::string::npos) << s.status();
+  EXPECT_LT(Clock_::now() - t0, 1s);
+}
+
+TEST_F(RedisStoreTest, PeerThatIsNotRedisIsFailedPrecondition) {
+  FakePeer http("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+  auto s = OpenStore("redis://127.0.0.1:" + std::to_string(http.port()));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << s.status();
+  EXPECT_NE(s.status().message().find("Redis"), std::string::npos) << s.status();
+}
+
+TEST_F(RedisStoreTest, SilentPeerTimesOutWithinTheTimeout) {
+  FakePeer silent("");
+  const auto t0 = Clock_::now();
+  auto s = OpenStore("redis://127.0.0.1:" + std::to_string(silent.port()) + "?timeout=300ms");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status();
+  EXPECT_LT(Clock_::now() - t0, 1200ms) << s.status();
+}
+
+TEST_F(RedisStoreTest, WrongPasswordIsUnauthenticated) {
+  if (!PortFree(6392)) GTEST_SKIP() << "port 6392 in use";
+  RedisServer server(6392, Dir("auth"));
+  ASSERT_TRUE(server.Start({"--requirepass", "s3cret"}));
+  // An ACL user besides the default one.
+  {
+    redisContext* c = redisConnect("127.0.0.1", 6392);
+    ASSERT_TRUE(c != nullptr && !c->err);
+    freeReplyObject(redisCommand(c, "AUTH s3cret"));
+    auto* r = static_cast<redisReply*>(
+        redisCommand(c, "ACL SETUSER alice on >wonder ~* &* +@all"));
+    ASSERT_TRUE(r != nullptr);
+    ASSERT_EQ(std::string(r->str, r->len), "OK");
+    freeReplyObject(r);
+    redisFree(c);
+  }
+
+  auto wrong = OpenStore("redis://:nope@127.0.0.1:6392");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kUnauthenticated) << wrong.status();
+  EXPECT_EQ(wrong.status().message().find("nope"), std::string::npos) << "password leaked";
+
+  auto none = OpenStore("redis://127.0.0.1:6392");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kUnauthenticated) << none.status();
+
+  auto wrong_user = OpenStore("redis://alice:nope@127.0.0.1:6392");
+  ASSERT_FALSE(wrong_user.ok());
+  EXPECT_EQ(wrong_user.status().code(), StatusCode::kUnauthenticated) << wrong_user.status();
+
+  for (const char* uri : {"redis://:s3cret@127.0.0.1:6392", "redis://alice:wonder@127.0.0.1:6392"}) {
+    auto ok = OpenStore(uri);
+    ASSERT_TRUE(ok.ok()) << uri << ": " << ok.status();
+    EXPECT_EQ((*ok)->Describe().find("s3cret"), std::string::npos);
+    auto c = (*ok)->Claim(Req(uri));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
+  }
+}
+
+// ---- restart: down means Unavailable at once; scripts reload after ----------------
+
+TEST_F(RedisStoreTest, ServerRestartIsUnavailableThenTransparent) {
+  if (!PortFree(6391)) GTEST_SKIP() << "port 6391 in use";
+  RedisServer server(6391, Dir("restart"));
+  // AOF with fsync always: the completed record must survive the restart.
+  const std::vector<std::string> aof = {"--appendonly", "yes", "--appendfsync", "always"};
+  ASSERT_TRUE(server.Start(aof));
+  auto opened = OpenStore("redis://127.0.0.1:6391?prefix=restart:&timeout=500ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+
+  auto c = store.Claim(Req("done"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(*store.Complete("done", c->token, 600s, CompletionStatus::kOk, "r1"), WriteResult::kOk);
+
+  server.Stop();
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = Clock_::now();
+    auto r = store.Claim(Req("k" + std::to_string(i)));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status();
+    EXPECT_NE(r.status().message().find("127.0.0.1:6391"), std::string::npos) << r.status();
+    EXPECT_LT(Clock_::now() - t0, 600ms) << r.status();
+  }
+
+  ASSERT_TRUE(server.Start(aof));  // empty script cache now
+  StatusOr<ClaimResult> again = Status::Unavailable("not tried");
+  for (auto until = Clock_::now() + 5s; Clock_::now() < until; std::this_thread::sleep_for(50ms)) {
+    again = store.Claim(Req("done"));
+    if (again.ok()) break;
+  }
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(again->result, "r1");
+
+  // SCRIPT FLUSH with the store connected: NOSCRIPT is answered by reloading.
+  ASSERT_EQ(Admin(6391, {"SCRIPT", "FLUSH"}), "OK");
+  auto fresh = store.Claim(Req("after-flush"));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->outcome, ClaimOutcome::kAcquired);
+  ASSERT_EQ(Admin(6391, {"SCRIPT", "FLUSH"}), "OK");
+  std::vector<ClaimRequest> batch = {Req("b1"), Req("b2"), Req("after-flush")};
+  auto b = store.ClaimBatch(batch);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)[0].outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ((*b)[1].outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ((*b)[2].outcome, ClaimOutcome::kBusy);
+}
+
+TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
+  if (!PortFree(6394)) GTEST_SKIP() << "port 6394 in use";
+  RedisServer server(6394, Dir("corrupt"));
+  ASSERT_TRUE(server.Start());
+  auto store = OpenStore("redis://127.0.0.1:6394?prefix=c:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_EQ(Admin(6394, {"SET", "c:bad", "not a record"}), "OK");
+  ASSERT_EQ(Admin(6394, {"HSET", "c:hash", "f", "v"}), "1");
+  for (const char* key : {"bad", "hash"}) {
+    auto r = (*store)->Claim(Req(key));
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    auto i = (*store)->Inspect(key);
+    EXPECT_EQ(i.status().code(), StatusCode::kDataLoss) << i.status();
+  }
+  EXPECT_EQ(Admin(6394, {"GET", "c:bad"}), "not a record");
+}
+
+// ---- cluster: slots move while claims run ------------------------------------------
+
+class RedisClusterTest : public RedisStoreTest {
+ protected:
+  static constexpr int kBase = 7105;
+  void SetUp() override {
+    RedisStoreTest::SetUp();
+    for (int i = 0; i < 3; ++i) {
+      if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
+    }
+    std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
+    for (int i = 0; i < 3; ++i) {
+      const int port = kBase + i;
+      const std::string d = Dir(std::to_string(port));
+      servers_.push_back(std::make_unique<RedisServer>(port, d));
+      ASSERT_TRUE(servers_.back()->Start({"--cluster-enabled", "yes", "--cluster-config-file",
+                                          d + "/nodes.conf", "--cluster-node-timeout", "5000"}));
+      create.push_back("127.0.0.1:" + std::to_string(port));
+    }
+    create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
+    pid_t pid = Spawn(create);
+    ASSERT_GT(pid, 0);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
+    for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
+      bool ok = true;
+      for (int i = 0; i < 3; ++i) {
+        ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+      }
+      if (ok) break;
+      ASSERT_LT(Clock_::now(), until) << "cluster did not become ok";
+    }
+  }
+  void TearDown() override {
+    servers_.clear();
+    RedisStoreTest::TearDown();
+  }
+
+  // Moves `slot` from the node on `from` to the node on `to` the way
+  // redis-cli --cluster reshard does: IMPORTING / MIGRATING, MIGRATE the keys in
+  // small steps (so that claims meet ASK redirects), then SETSLOT NODE everywhere.
+  void MoveSlot(int slot, int from, int to) {
+    const std::string s = std::to_string(slot);
+    const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
+    const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
+    ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id}), "OK");
+    ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id}), "OK");
+    for (;;) {
+      std::string keys = Admin(from, {"CLUSTER", "GETKEYSINSLOT", s, "1"});
+      if (keys.empty()) break;
+      std::this_thread::sleep_for(1ms);  // let claims hit the half-moved slot
+      std::string r = Admin(from, {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0", "5000",
+                                   "KEYS", keys});
+      ASSERT_TRUE(r == "OK" || r == "NOKEY") << r;
+    }
+    for (int port : {to, from, kBase, kBase + 1, kBase + 2}) {
+      std::string r = Admin(port, {"CLUSTER", "SETSLOT", s, "NODE", to_id});
+      ASSERT_EQ(r, "OK") << "SETSLOT NODE on " << port;
+    }
+  }
+
+  std::vector<std::unique_ptr<RedisServer>> servers_;
+};
+
+TEST_F(RedisClusterTest, ClaimsStayCorrectWhileSlotsMove) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=rs:&timeout=2s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+
+  // Keys spread over every slot; a few hundred fall in the slots that move.
+  constexpr int kKeys = 600;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back("job-" + std::to_string(i));
+
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<std::string, int> acquired;       // key -> ACQUIRED count
+  std::map<std::string, std::string> owner;  // key -> result written by its owner
+  std::atomic<int> errors{0}, claims{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 4; ++t) {
+    workers.emplace_back([&, t] {
+      for (int round = 0; !stop && round < 50; ++round) {
+        for (const std::string& k : keys) {
+          auto r = store.Claim(Req(k));
+          claims++;
+          if (!r.ok()) {
+            errors++;
+            continue;
+          }
+          if (r->outcome == ClaimOutcome::kAcquired) {
+            const std::string result = "by-" + std::to_string(t);
+            {
+              std::lock_guard lock(mu);
+              acquired[k]++;
+              owner[k] = result;
+            }
+            auto w = store.Complete(k, r->token, 600s, CompletionStatus::kOk, result);
+            if (!w.ok() || *w != WriteResult::kOk) errors++;
+          } else if (r->outcome == ClaimOutcome::kDuplicate) {
+            std::lock_guard lock(mu);
+            if (owner.count(k) && owner[k] != r->result) errors += 1000;  // wrong answer
+          }
+          if (stop) break;
+        }
+      }
+    });
+  }
+
+  // Keys that do not exist yet when their slot is half moved: ASK to the target.
+  std::vector<std::string> fresh;
+  workers.emplace_back([&] {
+    for (int n = 0; !stop && n < 100'000; ++n) {
+      std::string k = "new-" + std::to_string(n);
+      auto r = store.Claim(Req(k));
+      if (!r.ok()) {
+        errors++;
+        continue;
+      }
+      if (r->outcome != ClaimOutcome::kAcquired) errors += 1000;  // wrong answer
+      auto w = store.Complete(k, r->token, 600s, CompletionStatus::kOk, k);
+      if (!w.ok() || *w != WriteResult::kOk) errors++;
+      fresh.push_back(k);
+    }
+  });
+
+  // Move 300 slots of node 1 to node 2 and 100 of node 2 to node 3, one by one.
+  std::this_thread::sleep_for(50ms);
+  const std::string slots_before = Admin(kBase, {"CLUSTER", "SLOTS"});
+  for (int slot = 0; slot < 300; ++slot) MoveSlot(slot, kBase, kBase + 1);
+  for (int slot = 5461; slot < 5561; ++slot) MoveSlot(slot, kBase + 1, kBase + 2);
+  stop = true;
+  for (auto& w : workers) w.join();
+
+  EXPECT_GT(claims.load(), kKeys);
+  // Every claim decided, none wrongly.
+  EXPECT_EQ(errors.load(), 0);
+  for (const std::string& k : keys) {
+    EXPECT_LE(acquired[k], 1) << k << " was acquired twice";
+    auto r = store.Claim(Req(k));
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (acquired[k] == 1) {
+      EXPECT_EQ(r->outcome, ClaimOutcome::kDuplicate) << k;
+      EXPECT_EQ(r->result, owner[k]) << k;
+    }
+  }
+  for (const std::string& k : fresh) {
+    auto r = store.Claim(Req(k));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, ClaimOutcome::kDuplicate) << k;
+    EXPECT_EQ(r->result, k);
+  }
+  EXPECT_GT(fresh.size(), 100u);
+  // The slot map was really changed under the store.
+  EXPECT_NE(Admin(kBase, {"CLUSTER", "SLOTS"}), slots_before);
+  auto scan = store.Scan("job-", 10'000);
+  ASSERT_TRUE(scan.ok()) << scan.status();
+  EXPECT_EQ(scan->size(), static_cast<size_t>(kKeys));
+}
+
+TEST_F(RedisClusterTest, BatchSpansNodesAndHashTagsShareASlot) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7106?prefix=b:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 300; ++i) keys.push_back("k" + std::to_string(i));
+  keys.push_back("k0");  // repeated: BUSY the second time
+  std::vector<ClaimRequest> reqs;
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  auto b = (*opened)->ClaimBatch(reqs);
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    EXPECT_EQ((*b)[i].outcome, ClaimOutcome::kAcquired) << keys[i];
+  }
+  EXPECT_EQ(b->back().outcome, ClaimOutcome::kBusy);
+  // Keys spread over all three primaries.
+  int nodes_with_keys = 0;
+  for (int i = 0; i < 3; ++i) nodes_with_keys += Admin(kBase + i, {"DBSIZE"}) != "0";
+  EXPECT_EQ(nodes_with_keys, 3);
+  // {tag}: the slot is the tag's, whatever the prefix.
+  ASSERT_TRUE((*opened)->Claim(Req("{user1}a")).ok());
+  ASSERT_TRUE((*opened)->Claim(Req("{user1}b")).ok());
+  EXPECT_EQ(Admin(kBase, {"CLUSTER", "KEYSLOT", "b:{user1}a"}),
+            Admin(kBase, {"CLUSTER", "KEYSLOT", "user1"}));
+}
+
+}  // namespace
+}  // namespace dedup
