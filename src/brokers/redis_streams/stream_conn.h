@@ -1,0 +1,67 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// One blocking hiredis connection for the stream side of the worker (XREADGROUP,
+// XACK, XADD, XAUTOCLAIM) and for the textbook guard. Not thread-safe: one per
+// thread. A connection that failed is dropped and reopened on the next command.
+// Errors name the server and the command: "redis 127.0.0.1:6390: XACK: ...".
+
+#ifndef DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAM_CONN_H_
+#define DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAM_CONN_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dedup/clock.h"
+#include "dedup/status.h"
+
+struct redisContext;
+struct redisReply;
+
+namespace dedup::streams {
+
+struct ReplyFree {
+  void operator()(redisReply* r) const;
+};
+using ReplyPtr = std::unique_ptr<redisReply, ReplyFree>;
+
+struct ConnOptions {
+  std::string host = "127.0.0.1";  // Default: 127.0.0.1
+  int port = 6379;                 // Default: 6379
+  std::string password;            // AUTH when has_password
+  bool has_password = false;
+  Millis timeout{2'000};           // connect and each command. Default: 2 s
+};
+
+class StreamConn {
+ public:
+  explicit StreamConn(ConnOptions o) : o_(std::move(o)) {}
+  ~StreamConn();
+  StreamConn(const StreamConn&) = delete;
+  StreamConn& operator=(const StreamConn&) = delete;
+
+  // Sends one command. An error reply is returned as a reply (type
+  // REDIS_REPLY_ERROR); a transport failure is Unavailable (or DeadlineExceeded on a
+  // timeout) and drops the connection. `extra_timeout` is added to the command's
+  // time bound (for BLOCK reads).
+  StatusOr<ReplyPtr> Run(const std::vector<std::string>& args, Millis extra_timeout = Millis(0));
+
+  std::string Name() const { return o_.host + ":" + std::to_string(o_.port); }
+
+ private:
+  Status Connect();
+  void Drop();
+
+  ConnOptions o_;
+  redisContext* ctx_ = nullptr;
+  Millis current_timeout_{-1};
+};
+
+// Reply helpers.
+bool IsError(const redisReply* r);
+std::string ReplyText(const redisReply* r);  // string/status/error text, "" otherwise
+
+}  // namespace dedup::streams
+
+#endif  // DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAM_CONN_H_

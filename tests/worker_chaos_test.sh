@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Chaos test of `dedup worker` on Redis Streams: a real redis-server (own port,
+# temporary directory, AOF on, stopped by PID), CHAOS_MESSAGES messages (10% of
+# them published twice), worker processes killed with SIGKILL at random moments
+# and restarted, and the Redis server restarted once. The handler
+# (worker_ledger_handler) appends one line per completed effect to a ledger.
+#
+#   tests/worker_chaos_test.sh DEDUP_BIN HANDLER_BIN [rocksdb|redis] [dedup|textbook]
+#
+#   rocksdb   buffer in RocksDB: one worker process (the embedded store is
+#             single-process), restarted after each kill
+#   redis     buffer in the same Redis: three worker processes
+#   textbook  the SET NX EX / DEL / exists=ack guard instead of the buffer: the
+#             numbers are reported, and the run does not fail on them
+#
+# Checks (pattern dedup): every message completed and acked (0 lost, nothing
+# pending, nothing dead-lettered); every key whose handler completed more than once
+# is explained by a SIGKILL of the earlier runner after its effect, or by the Redis
+# restart (complete could not be recorded: fail closed, run again); no two runs of
+# one key overlapped in time.
+#
+# Environment: CHAOS_MESSAGES (default 20000), CHAOS_KILLS (default 20),
+# CHAOS_PORT (default 6401; use 6400-6409), CHAOS_TIMEOUT seconds (default 300),
+# CHAOS_KEEP=1 keeps the temporary directory.
+set -euo pipefail
+
+dedup=$(realpath "$1")
+handler=$(realpath "$2")
+store_kind=${3:-rocksdb}
+pattern=${4:-dedup}
+here=$(cd "$(dirname "$0")" && pwd)
+messages=${CHAOS_MESSAGES:-20000}
+kills_wanted=${CHAOS_KILLS:-20}
+port=${CHAOS_PORT:-6401}
+deadline=$((SECONDS + ${CHAOS_TIMEOUT:-300}))
+lease=2s
+textbook_ttl=2s
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/dedup-chaos.XXXXXX")
+redis_pid=""
+declare -a worker_pids=()
+cleanup() {
+  local rc=$?
+  for p in "${worker_pids[@]}"; do
+    [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true
+  done
+  if [ -n "$redis_pid" ]; then
+    kill -TERM "$redis_pid" 2>/dev/null || true
+    wait "$redis_pid" 2>/dev/null || true
+  fi
+  if [ -z "${CHAOS_KEEP:-}" ]; then rm -rf "$work"; else echo "kept $work"; fi
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+now_us() { date +%s%6N; }
+
+start_redis() {
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --appendonly yes \
+    --appendfsync everysec --save '' --maxmemory-policy noeviction \
+    >>"$work/redis.log" 2>&1 &
+  redis_pid=$!
+  local i
+  for i in $(seq 1 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "redis-server did not start on port $port" >&2
+  return 1
+}
+
+stop_redis() {  # by PID, never by name
+  kill -TERM "$redis_pid"
+  wait "$redis_pid" || true
+  redis_pid=""
+}
+
+start_redis
+rcli() { redis-cli -p "$port" "$@"; }
+
+broker="redis://127.0.0.1:$port?stream=jobs&group=workers&reclaim=3s"
+case $store_kind in
+  rocksdb) store="rocksdb:$work/buffer"; nworkers=1 ;;
+  redis) store="redis://127.0.0.1:$port?prefix=dedup:"; nworkers=3 ;;
+  *) echo "store must be rocksdb or redis" >&2; exit 2 ;;
+esac
+if [ "$pattern" = textbook ]; then nworkers=3; fi
+
+"$dedup" publish --broker "$broker" --count "$messages" --id-prefix m- --duplicates 0.1 --seed 7
+published=$(rcli XLEN jobs)
+
+export LEDGER=$work/ledger WORK_MS=2 SLOW_EVERY=500 SLOW_MS=3500
+touch "$LEDGER" "$work/kills" "$work/outage"
+
+start_worker() {  # start_worker I
+  local i=$1
+  "$dedup" worker --broker "$broker&consumer=w$i" --store "$store" --pattern "$pattern" \
+    --textbook-ttl "$textbook_ttl" --exec "$handler" --no-shell --concurrency 4 \
+    --lease "$lease" --retry-delay 200ms --summary-interval 5s \
+    >>"$work/worker$i.log" 2>&1 &
+  worker_pids[$i]=$!
+}
+
+for i in $(seq 0 $((nworkers - 1))); do start_worker "$i"; done
+
+kills=0
+redis_restarted=0
+while [ "$kills" -lt "$kills_wanted" ] && [ $SECONDS -lt "$deadline" ]; do
+  sleep "0.$((RANDOM % 6 + 2))"
+  i=$((RANDOM % nworkers))
+  pid=${worker_pids[$i]}
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  echo "$(now_us) $pid" >>"$work/kills"  # logged once the worker is gone
+  kills=$((kills + 1))
+  start_worker "$i"
+  if [ "$redis_restarted" = 0 ] && [ "$kills" -ge $((kills_wanted / 2)) ]; then
+    echo "$(now_us)" >"$work/outage"
+    stop_redis
+    sleep 0.5
+    start_redis
+    echo "$(now_us)" >>"$work/outage"
+    redis_restarted=1
+    echo "redis restarted after $kills kills"
+  fi
+done
+done_effects=$(wc -l <"$LEDGER")
+echo "$kills kills done; $done_effects effects in the ledger so far"
+
+# Wait until the group has delivered everything and nothing is pending.
+while [ $SECONDS -lt "$deadline" ]; do
+  last=$(rcli XINFO STREAM jobs | awk 'f{print; exit} /^last-generated-id$/{f=1}')
+  delivered=$(rcli XINFO GROUPS jobs | awk 'f{print; exit} /^last-delivered-id$/{f=1}')
+  pending=$(rcli XPENDING jobs workers | head -1)
+  if [ "$last" = "$delivered" ] && [ "$pending" = 0 ]; then break; fi
+  sleep 1
+done
+for i in $(seq 0 $((nworkers - 1))); do
+  kill -TERM "${worker_pids[$i]}" 2>/dev/null || true
+  wait "${worker_pids[$i]}" 2>/dev/null || true
+  worker_pids[$i]=""
+done
+pending=$(rcli XPENDING jobs workers | head -1)
+dead=$(rcli XLEN jobs:dead)
+tail -n 1 "$work"/worker*.log
+
+python3 "$here/worker_chaos_check.py" --ledger "$LEDGER" --kills "$work/kills" \
+  --outage "$work/outage" \
+  --messages "$messages" --published "$published" --pending "$pending" --dead "$dead" \
+  --pattern "$pattern" --store "$store_kind" --workers "$nworkers" \
+  --redis-restarts "$redis_restarted" --elapsed "$SECONDS"
