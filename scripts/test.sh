@@ -15,19 +15,22 @@ root=$(pwd)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/dedup-test.XXXXXX")
 export DEDUP_TEST_WORKDIR=$work
+# Real servers for the server-backed stores: a single Redis and a 3-primary Redis
+# Cluster for the conformance suite (other tests start their own on other ports).
+# shellcheck source=lib/redis.sh
+source scripts/lib/redis.sh
 cleanup() {
   local rc=$?
-  if declare -F servers_stop_all >/dev/null; then servers_stop_all; fi
+  redis_stop_all
   rm -rf "$work"
   exit $rc
 }
 trap cleanup EXIT INT TERM
-
-# Real servers for the server-backed stores and brokers.
-if [ -f scripts/lib/servers.sh ]; then
-  # shellcheck source=lib/servers.sh
-  source scripts/lib/servers.sh
-  servers_start_all "$work"
+if grep -q '^DEDUP_WITH_REDIS:BOOL=ON' build/CMakeCache.txt; then
+  redis_start 6390 "$work/redis-single"
+  redis_cluster_start 7100 "$work/redis-cluster" 3
+  export DEDUP_TEST_REDIS_URI=redis://127.0.0.1:6390
+  export DEDUP_TEST_REDIS_CLUSTER_URI=redis+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102
 fi
 
 passed=0
