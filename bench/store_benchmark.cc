@@ -21,6 +21,9 @@
 #include "dedup/store.h"
 #ifdef DEDUP_WITH_ROCKSDB
 #include "dedup/rocksdb_store.h"
+#include "rocksdb/db.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/table.h"
 #endif
 
 namespace {
@@ -111,6 +114,48 @@ void BM_UnorderedMapMutex(benchmark::State& state) {
   }
 }
 
+#ifdef DEDUP_WITH_ROCKSDB
+// The claim a user would write by hand on RocksDB: Get, then Put if absent, bloom
+// filters on, the WAL on and not synced (as the store's default).
+struct NaiveRocks {
+  std::mutex mu;
+  rocksdb::DB* db = nullptr;
+  std::string dir;
+  int users = 0;
+} g_naive;
+
+void BM_RocksDBNaiveGetPut(benchmark::State& state) {
+  {
+    std::lock_guard lock(g_naive.mu);
+    if (g_naive.users++ == 0) {
+      char tmpl[] = "/tmp/dedup-bench-naive-XXXXXX";
+      g_naive.dir = mkdtemp(tmpl);
+      rocksdb::Options o;
+      o.create_if_missing = true;
+      rocksdb::BlockBasedTableOptions t;
+      t.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+      o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+      if (!rocksdb::DB::Open(o, g_naive.dir, &g_naive.db).ok()) std::abort();
+    }
+  }
+  rocksdb::WriteOptions wo;
+  std::string value;
+  for (auto _ : state) {
+    std::string key = NextKey();
+    rocksdb::Status s = g_naive.db->Get(rocksdb::ReadOptions(), key, &value);
+    if (s.IsNotFound()) s = g_naive.db->Put(wo, key, "processing:0123456789abcdef");
+    if (!s.ok()) state.SkipWithError("rocksdb failed");
+  }
+  state.SetItemsProcessed(state.iterations());
+  std::lock_guard lock(g_naive.mu);
+  if (--g_naive.users == 0) {
+    delete g_naive.db;
+    g_naive.db = nullptr;
+    std::filesystem::remove_all(g_naive.dir);
+  }
+}
+#endif
+
 void BM_MemoryClaim(benchmark::State& s) { Claim(s, "memory", false); }
 void BM_MemoryClaimComplete(benchmark::State& s) { Claim(s, "memory", true); }
 #ifdef DEDUP_WITH_ROCKSDB
@@ -125,6 +170,7 @@ BENCHMARK(BM_UnorderedMapMutex)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_MemoryClaim)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_MemoryClaimComplete)->Threads(1)->Threads(2)->UseRealTime();
 #ifdef DEDUP_WITH_ROCKSDB
+BENCHMARK(BM_RocksDBNaiveGetPut)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_RocksDBClaim)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_RocksDBClaimComplete)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_RocksDBSyncClaimComplete)->Threads(1)->Threads(2)->Threads(8)->UseRealTime();

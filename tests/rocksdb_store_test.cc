@@ -206,9 +206,11 @@ TEST_F(RocksDBStoreTest, RecordsWithoutFormatVersionAreRefused) {
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
 }
 
+// Damage is planted while the store is closed, as the disk would present it:
+// the store's in-memory index is built at open and only sees writes made through
+// the store.
 TEST_F(RocksDBStoreTest, CorruptRecordIsDataLossAndUnchanged) {
-  auto s = Open();
-  ASSERT_TRUE(s->Claim(Req("fine")).ok());
+  ASSERT_TRUE(Open()->Claim(Req("fine")).ok());
   std::string rkey;
   internal::EncodeRecordKey("bad\x01key", &rkey);
   const std::vector<std::string> damages = {
@@ -216,9 +218,12 @@ TEST_F(RocksDBStoreTest, CorruptRecordIsDataLossAndUnchanged) {
       std::string("\x07rest", 5),                   // unknown format byte
       std::string("\x01short", 6),                  // truncated
   };
+  std::unique_ptr<RocksDBStore> s;
   for (const std::string& damage : damages) {
     SCOPED_TRACE(internal::QuoteBytes(damage));
-    PutRaw(s.get(), rkey, damage);
+    s.reset();
+    PutRaw(Open().get(), rkey, damage);
+    s = Open();
     const std::string key = "bad\x01key";
     auto expect_loss = [&](const Status& st) {
       EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
@@ -269,8 +274,12 @@ TEST_F(RocksDBStoreTest, CompactionDropsExpiredRecordsOnly) {
   std::string v;
   EXPECT_TRUE(s->db()->Get({}, s->records_family(), internal::kMetaFormatKey, &v).ok());
   EXPECT_EQ(v, "1");
-  // Forgotten entirely: a new claim starts again at fence 1.
-  EXPECT_EQ(s->Claim(Req("short"))->fence, 1u);
+  // A new life for the key: attempt 1. (Its fence goes on from the copy this
+  // process still remembers; after a reopen it would start again at 1.)
+  auto again = s->Claim(Req("short"));
+  EXPECT_TRUE(again->acquired());
+  EXPECT_EQ(again->attempt, 1u);
+  EXPECT_EQ(again->fence, a->fence + 1);
 }
 
 // A newer version expiring before an older one must not bring the older one back:

@@ -1,8 +1,16 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // The RocksDB store. Every operation is read-decide-write under one of kStripes
-// mutexes picked by key hash: Get the record, ask core/state_machine what to do,
+// mutexes picked by key hash: find the record, ask core/state_machine what to do,
 // Put the new record (or nothing). Writes go through the WAL, never around it.
+//
+// Finding the record usually costs no RocksDB read. Each stripe keeps, under its
+// mutex, (a) 32-bit fingerprints of every key with a record on disk, loaded at
+// open and added to on every write: a claim of a key whose fingerprint is absent
+// (a message seen for the first time, the common case) knows the key is ABSENT;
+// and (b) write-through copies of the records this process wrote last, so that
+// the complete / extend / release that follow a claim, and the claims of
+// redeliveries, find the record in memory. Everything else is a Get.
 
 #include "dedup/rocksdb_store.h"
 
@@ -19,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "core/state_machine.h"
 #include "core/uri.h"
 #include "rocksdb/cache.h"
@@ -46,6 +56,32 @@ using internal::QuoteBytes;
 
 // Enough stripes that unrelated keys rarely share a lock; a power of two.
 constexpr size_t kStripes = 1024;
+// Records remembered per stripe (65,536 in all); results larger than
+// kMaxCachedResult are never remembered.
+constexpr size_t kRecentPerStripe = 64;
+constexpr size_t kMaxCachedResult = 1024;
+
+// Heterogeneous lookup by string_view (Debian's abseil has its own string_view).
+struct KeyHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
+};
+struct KeyEq {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
+};
+
+// Where a key lives in the index: its stripe, and its fingerprint within it.
+struct KeySlot {
+  size_t stripe;
+  uint32_t fingerprint;
+};
+
+KeySlot SlotOf(std::string_view key) {
+  const uint64_t h = std::hash<std::string_view>{}(key);
+  return {static_cast<size_t>(((h * 0x9E3779B97F4A7C15ull) >> 32) & (kStripes - 1)),
+          static_cast<uint32_t>(h)};
+}
 
 std::string_view SyncModeName(SyncMode m) {
   switch (m) {
@@ -180,20 +216,23 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
     thread_local std::string rkey, value;
-    thread_local Record cur;
+    thread_local Record scratch;
     EncodeRecordKey(req.key, &rkey);
     const Token fresh = Token::Random();
-    std::lock_guard lock(StripeFor(req.key));
-    bool found = false;
-    DEDUP_RETURN_IF_ERROR(Read(rkey, req.key, "claim", &cur, &found));
+    const KeySlot slot = SlotOf(req.key);
+    Stripe& st = stripes_[slot.stripe];
+    std::lock_guard lock(st.mu);
+    Record* cur = nullptr;
+    DEDUP_RETURN_IF_ERROR(Find(st, slot, rkey, req.key, "claim", &cur, &scratch));
     const int64_t now = clock_->NowMillis();
     Record next;
     bool write = false;
-    ClaimResult res = DecideClaim(found ? &cur : nullptr, req, now, fresh, &next, &write);
+    ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
     if (write) {
       EncodeRecord(next, &value);
       rocksdb::Status s = db_->Put(write_options_, cf_, rkey, value);
       if (!s.ok()) return FromRocks(s, Context("claim"));
+      Remember(st, slot, req.key, next);
     }
     return res;
   }
@@ -253,7 +292,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
     std::string rkey;
     EncodeRecordKey(key, &rkey);
-    std::lock_guard lock(StripeFor(key));
+    Stripe& st = stripes_[StripeIndex(key)];
+    std::lock_guard lock(st.mu);
+    // The fingerprint stays: other keys may share it, and it only costs a Get.
+    if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
     rocksdb::PinnableSlice value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf_, rkey, &value);
     if (s.IsNotFound()) return false;
@@ -314,15 +356,66 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
  private:
+  // Everything in a stripe is guarded by its mutex.
   struct alignas(64) Stripe {
     std::mutex mu;
+    absl::flat_hash_set<uint32_t> present;  // fingerprints of keys with a record on disk
+    absl::flat_hash_map<std::string, Record, KeyHash, KeyEq> recent;  // write-through copies
   };
 
-  size_t StripeIndex(std::string_view key) const {
-    const uint64_t h = std::hash<std::string_view>{}(key) * 0x9E3779B97F4A7C15ull;
-    return (h >> 32) & (kStripes - 1);
-  }
+  size_t StripeIndex(std::string_view key) const { return SlotOf(key).stripe; }
   std::mutex& StripeFor(std::string_view key) { return stripes_[StripeIndex(key)].mu; }
+
+  // The current record of `key`, with its stripe locked: a remembered copy, known
+  // absence, or a Get. *cur is null when there is no record; `scratch` holds a
+  // record read from disk.
+  Status Find(Stripe& st, KeySlot slot, const std::string& rkey, std::string_view key,
+              std::string_view op, Record** cur, Record* scratch) {
+    if (auto it = st.recent.find(key); it != st.recent.end()) {
+      *cur = &it->second;
+      return Status::Ok();
+    }
+    *cur = nullptr;
+    if (!st.present.contains(slot.fingerprint)) return Status::Ok();
+    bool found = false;
+    DEDUP_RETURN_IF_ERROR(Read(rkey, key, op, scratch, &found));
+    if (found) *cur = scratch;
+    return Status::Ok();
+  }
+
+  // Notes that `r` is now the record of `key` on disk. With its stripe locked.
+  static void Remember(Stripe& st, KeySlot slot, std::string_view key, const Record& r) {
+    st.present.insert(slot.fingerprint);
+    if (r.result.size() > kMaxCachedResult) {
+      if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
+      return;
+    }
+    if (auto it = st.recent.find(key); it != st.recent.end()) {
+      it->second = r;
+      return;
+    }
+    if (st.recent.size() >= kRecentPerStripe) {
+      // Any other entry will do: a forgotten copy only costs a Get later.
+      st.recent.erase(st.recent.begin());
+    }
+    st.recent.emplace(std::string(key), r);
+  }
+
+  // Fills every stripe's fingerprints from the keys on disk.
+  Status LoadIndex() {
+    rocksdb::ReadOptions ro;
+    ro.fill_cache = false;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf_));
+    const std::string first(1, internal::kRecordKeyPrefix);
+    for (it->Seek(first); it->Valid(); it->Next()) {
+      const std::string_view k = it->key().ToStringView();
+      if (k.empty() || k[0] != internal::kRecordKeyPrefix) break;
+      const KeySlot slot = SlotOf(k.substr(1));
+      stripes_[slot.stripe].present.insert(slot.fingerprint);
+    }
+    if (!it->status().ok()) return FromRocks(it->status(), Context("open: loading the key index"));
+    return Status::Ok();
+  }
 
   std::string Context(std::string_view op) const {
     return "rocksdb " + options_.path + ": " + std::string(op);
@@ -356,13 +449,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<WriteResult> Update(std::string_view key, std::string_view op,
                                rocksdb::WriteBatch* batch, Fn&& decide) {
     thread_local std::string rkey, value;
-    thread_local Record rec;
+    thread_local Record scratch, rec;
     EncodeRecordKey(key, &rkey);
-    std::lock_guard lock(StripeFor(key));
-    bool found = false;
-    DEDUP_RETURN_IF_ERROR(Read(rkey, key, op, &rec, &found));
+    const KeySlot slot = SlotOf(key);
+    Stripe& st = stripes_[slot.stripe];
+    std::lock_guard lock(st.mu);
+    Record* cur = nullptr;
+    DEDUP_RETURN_IF_ERROR(Find(st, slot, rkey, key, op, &cur, &scratch));
+    if (cur == nullptr) return WriteResult::kLost;
+    // Decide on a copy: the remembered record changes only once the write landed.
+    rec = *cur;
     const int64_t now = clock_->NowMillis();
-    if (decide(found ? &rec : nullptr, now) == WriteResult::kLost) return WriteResult::kLost;
+    if (decide(&rec, now) == WriteResult::kLost) return WriteResult::kLost;
     EncodeRecord(rec, &value);
     rocksdb::Status s;
     if (batch == nullptr) {
@@ -378,6 +476,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       }
     }
     if (!s.ok()) return FromRocks(s, Context(op));
+    Remember(st, slot, key, rec);
     return WriteResult::kOk;
   }
 
@@ -445,19 +544,38 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   locks.reserve(stripes.size());
   for (size_t s : stripes) locks.emplace_back(stripes_[s].mu);
 
+  // Records from memory where the index has them; one MultiGet for the rest.
   const size_t n = rkeys.size();
-  std::vector<rocksdb::Slice> keys(rkeys.begin(), rkeys.end());
-  std::vector<rocksdb::PinnableSlice> values(n);
-  std::vector<rocksdb::Status> statuses(n);
-  db_->MultiGet(read_options_, cf_, n, keys.data(), values.data(), statuses.data());
   std::vector<std::optional<Record>> cur(n);
+  std::vector<KeySlot> slots(n);
+  std::vector<size_t> to_read;
   for (size_t k = 0; k < n; ++k) {
-    if (statuses[k].IsNotFound()) continue;
-    if (!statuses[k].ok()) return FromRocks(statuses[k], Context("claim batch"));
-    std::string why;
-    cur[k].emplace();
-    if (!DecodeRecord(values[k].ToStringView(), &*cur[k], &why)) {
-      return Corrupt("claim batch", rkeys[k].substr(1), why);
+    const std::string_view key = std::string_view(rkeys[k]).substr(1);
+    slots[k] = SlotOf(key);
+    Stripe& st = stripes_[slots[k].stripe];
+    if (auto it = st.recent.find(key); it != st.recent.end()) {
+      cur[k] = it->second;
+    } else if (st.present.contains(slots[k].fingerprint)) {
+      to_read.push_back(k);
+    }
+  }
+  if (!to_read.empty()) {
+    const size_t m = to_read.size();
+    std::vector<rocksdb::Slice> keys;
+    keys.reserve(m);
+    for (size_t k : to_read) keys.emplace_back(rkeys[k]);
+    std::vector<rocksdb::PinnableSlice> values(m);
+    std::vector<rocksdb::Status> statuses(m);
+    db_->MultiGet(read_options_, cf_, m, keys.data(), values.data(), statuses.data());
+    for (size_t j = 0; j < m; ++j) {
+      const size_t k = to_read[j];
+      if (statuses[j].IsNotFound()) continue;
+      if (!statuses[j].ok()) return FromRocks(statuses[j], Context("claim batch"));
+      std::string why;
+      cur[k].emplace();
+      if (!DecodeRecord(values[j].ToStringView(), &*cur[k], &why)) {
+        return Corrupt("claim batch", rkeys[k].substr(1), why);
+      }
     }
   }
 
@@ -466,6 +584,7 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   const int64_t now = clock_->NowMillis();
   rocksdb::WriteBatch batch;
   std::string value;
+  std::vector<bool> written(n, false);
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::optional<Record>& c = cur[slot[i]];
     Record next;
@@ -476,11 +595,17 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
       rocksdb::Status s = batch.Put(cf_, rkeys[slot[i]], value);
       if (!s.ok()) return FromRocks(s, Context("claim batch"));
       c = std::move(next);
+      written[slot[i]] = true;
     }
   }
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(write_options_, &batch);
     if (!s.ok()) return FromRocks(s, Context("claim batch"));
+    for (size_t k = 0; k < n; ++k) {
+      if (written[k]) {
+        Remember(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1), *cur[k]);
+      }
+    }
   }
   return out;
 }
@@ -589,6 +714,7 @@ Status RocksDBStoreImpl::OpenDb() {
     }
   }
 
+  DEDUP_RETURN_IF_ERROR(LoadIndex());
   if (options_.sync == SyncMode::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   return Status::Ok();
 }
