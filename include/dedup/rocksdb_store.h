@@ -24,6 +24,13 @@
 // written by an unknown format version is refused with FailedPrecondition, never
 // misread. A record that cannot be decoded makes every operation on its key
 // return DataLoss and change nothing; Forget() removes it.
+//
+// Memory: the store keeps a 32-bit fingerprint of every key on disk (about 8 to
+// 16 bytes per record), so that a claim of a key never seen needs no read, and
+// copies of the 65,536 records it wrote last. The fingerprints are loaded when
+// the store opens, by reading every key once (seconds for tens of millions of
+// records). Writes made to the "dedup" column family other than through the
+// store are not seen by this index: never make them while the store is open.
 
 #ifndef DEDUP_ROCKSDB_STORE_H_
 #define DEDUP_ROCKSDB_STORE_H_
