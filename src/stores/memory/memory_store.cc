@@ -3,6 +3,7 @@
 #include "dedup/memory_store.h"
 
 #include <bit>
+#include <memory>
 #include <mutex>
 #include <queue>
 #include <string>
@@ -32,13 +33,67 @@ struct KeyEq {
   bool operator()(std::string_view a, std::string_view b) const { return a == b; }
 };
 
+// A record as the memory store keeps it: the fixed fields inline (48 bytes), the
+// rarely present fingerprint and result behind one pointer. Small entries keep the
+// table's rehashes and cache misses cheap.
+struct Entry {
+  struct Extra {
+    std::string fingerprint;
+    std::string result;
+  };
+  int64_t lease_deadline = 0;
+  int64_t retention_deadline = 0;
+  uint64_t token = 0;
+  uint64_t fence = 0;
+  uint32_t attempt = 0;
+  RecordState state = RecordState::kInProgress;
+  CompletionStatus status = CompletionStatus::kOk;
+  std::unique_ptr<Extra> extra;  // null when both are empty
+
+  bool ExpiredAt(int64_t now) const { return now >= retention_deadline; }
+
+  void ToRecord(Record* r) const {
+    r->state = state;
+    r->token = Token{token};
+    r->fence = fence;
+    r->attempt = attempt;
+    r->lease_deadline = lease_deadline;
+    r->retention_deadline = retention_deadline;
+    r->status = status;
+    if (extra != nullptr) {
+      r->fingerprint = extra->fingerprint;
+      r->result = extra->result;
+    } else {
+      r->fingerprint.clear();
+      r->result.clear();
+    }
+  }
+
+  void FromRecord(Record&& r) {
+    state = r.state;
+    token = r.token.value;
+    fence = r.fence;
+    attempt = r.attempt;
+    lease_deadline = r.lease_deadline;
+    retention_deadline = r.retention_deadline;
+    status = r.status;
+    if (r.fingerprint.empty() && r.result.empty()) {
+      extra.reset();
+    } else {
+      if (extra == nullptr) extra = std::make_unique<Extra>();
+      extra->fingerprint = std::move(r.fingerprint);
+      extra->result = std::move(r.result);
+    }
+  }
+};
+
 // Records of one shard, plus a min-heap of (retention deadline, key) that drives
 // incremental reclamation. Each record is pushed once, when inserted; when its entry
 // comes due and the record has since been given a later deadline, it is pushed
 // again with that deadline. So the heap holds about one entry per live record.
 struct alignas(64) Shard {
   std::mutex mu;
-  absl::flat_hash_map<std::string, Record, KeyHash, KeyEq> records;
+  absl::flat_hash_map<std::string, Entry, KeyHash, KeyEq> records;
   using Due = std::pair<int64_t, std::string>;
   std::priority_queue<Due, std::vector<Due>, std::greater<>> due;
 };
@@ -100,7 +155,8 @@ class MemoryStore final : public Store {
     const int64_t now = clock_->NowMillis();
     auto it = s.records.find(key);
     if (it == s.records.end() || it->second.ExpiredAt(now)) return std::optional<Record>();
-    Record r = it->second;
+    Record r;
+    it->second.ToRecord(&r);
     r.key.assign(key);
     return std::optional<Record>(std::move(r));
   }
@@ -124,7 +180,8 @@ class MemoryStore final : public Store {
       for (const auto& [k, r] : s.records) {
         if (out.size() >= limit) return out;
         if (r.ExpiredAt(now) || !std::string_view(k).starts_with(prefix)) continue;
-        out.push_back(r);
+        out.emplace_back();
+        r.ToRecord(&out.back());
         out.back().key = k;
       }
     }
@@ -172,16 +229,17 @@ class MemoryStore final : public Store {
     const int64_t now = clock_->NowMillis();
     Reclaim(s, now);
     auto it = s.records.find(req.key);
-    Record* cur = it == s.records.end() ? nullptr : &it->second;
-    Record next;
+    thread_local Record cur, next;
+    if (it != s.records.end()) it->second.ToRecord(&cur);
     bool write = false;
-    ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
+    ClaimResult res =
+        DecideClaim(it == s.records.end() ? nullptr : &cur, req, now, fresh, &next, &write);
     if (write) {
-      if (cur != nullptr) {
-        *cur = std::move(next);
+      if (it != s.records.end()) {
+        it->second.FromRecord(std::move(next));
       } else {
         const int64_t due = next.retention_deadline;
-        s.records.emplace(std::string(req.key), std::move(next));
+        s.records.try_emplace(req.key).first->second.FromRecord(std::move(next));
         s.due.emplace(due, std::string(req.key));
       }
     }
@@ -195,7 +253,12 @@ class MemoryStore final : public Store {
     const int64_t now = clock_->NowMillis();
     Reclaim(s, now);
     auto it = s.records.find(key);
-    return decide(it == s.records.end() ? nullptr : &it->second, now);
+    if (it == s.records.end()) return WriteResult::kLost;
+    thread_local Record rec;
+    it->second.ToRecord(&rec);
+    const WriteResult r = decide(&rec, now);
+    if (r == WriteResult::kOk) it->second.FromRecord(std::move(rec));
+    return r;
   }
 
   Clock* const clock_;
