@@ -28,10 +28,11 @@ using namespace dedup;
 
 namespace {
 
+// "task_id:" and 12 zero-padded digits, like redis-benchmark's __rand_int__ key.
 std::string TaskKey(uint64_t n) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "task_id:%012llu", static_cast<unsigned long long>(n));
-  return buf;
+  std::string k = "task_id:000000000000";
+  for (size_t i = k.size(); i-- > 8 && n > 0; n /= 10) k[i] = static_cast<char>('0' + n % 10);
+  return k;
 }
 
 long long UsedMemory(const std::string& uri) {

@@ -56,10 +56,11 @@ check "claim after complete is DUPLICATE with the result" "2 1 1 0 0 the result"
 check "outcome writes after complete are LOST" "0 0 0" \
   "$(extend p:k1 $A 1000) $(complete p:k1 $A 1000 0 x) $(release p:k1 $A 1000)"
 
-# 3. The record bytes are the documented layout (format 1).
-hdr=$(cli --raw GET p:k1 | head -c 20 | od -An -tx1 | tr -d ' \n')
-check "header: format 1, COMPLETED/ok, token, fence 1, attempt 1" \
-  "0102${A}00000000000100000001" "$hdr"
+# 3. The record bytes are the documented layout (format 2): flags 0x42 (format 2,
+#    COMPLETED, status ok, no fingerprint), token, fence 1, attempt 1 (varints), result.
+val=$(cli --raw GET p:k1 | head -c 21 | od -An -tx1 | tr -d ' \n')
+check "value: flags 42, token, fence 1, attempt 1, result" \
+  "42${A}0101$(printf 'the result' | od -An -tx1 | tr -d ' \n')" "$val"
 ttl=$(cli PTTL p:k1)
 ((ttl > 590000 && ttl <= 600000)) && echo "ok   PEXPIRETIME = retention deadline" || { echo "FAIL pttl $ttl"; failures=$((failures + 1)); }
 ins=$(inspect p:k1)
@@ -82,15 +83,56 @@ sleep 0.4
 check "third attempt with max 2 is EXHAUSTED" "4 2 2" "$(claim p:k3 $A 200 600000 '' 2)"
 check "then DUPLICATE with status exhausted" "2 2 2 0 2" "$(claim p:k3 $A 200 600000 '' 2 | cut -d' ' -f1-5)"
 
-# 6. A record written by hand from the document is read by the scripts:
-#    IN_PROGRESS, token bb, fence 7, attempt 3, lease until 2^47 ms, fingerprint "xy".
+# 6. Records written by hand from the document are read by the scripts.
+#    Format 2: IN_PROGRESS with fingerprint (flags 0x51), token bb, fence 300 (ac 02),
+#    attempt 3, keep 600000 (c0 cf 24), fingerprint "xy"; expiry in 660 s, so the
+#    lease ends in 60 s.
+# (redis-cli reads commands from stdin; "\xHH" in double quotes is one byte.)
+echo 'SET p:hand2 "\x51\x00\x00\x00\x00\x00\x00\x00\xbb\xac\x02\x03\xc0\xcf\x24\x02xy" PX 660000' |
+  cli >/dev/null
+ins=$(inspect p:hand2)
+check "format 2 by hand: inspect state, status, token, fence, attempt" "1 0 $B 300 3" \
+  "$(cut -d' ' -f1-5 <<<"$ins")"
+ld=$(cut -d' ' -f6 <<<"$ins"); rd=$(cut -d' ' -f7 <<<"$ins")
+check "format 2 by hand: lease deadline = PEXPIRETIME - keep" "600000" "$((rd - ld))"
+busy=$(claim p:hand2 $A 60000 600000 '' 0)
+check "format 2 by hand is BUSY" "1 300 3" "$(cut -d' ' -f1-3 <<<"$busy")"
+check "format 2 by hand: fingerprint answers MISMATCH" "3 300 3" "$(claim p:hand2 $A 60000 600000 zz 0)"
+check "format 2 by hand: extend keeps keep" "1" "$(extend p:hand2 $B 1000)"
+ttl=$(cli PTTL p:hand2)
+((ttl > 600000 && ttl <= 601000)) && echo "ok   extend: expiry = now + lease + keep" || { echo "FAIL extend pttl $ttl"; failures=$((failures + 1)); }
+check "format 2 by hand: completes" "1" "$(complete p:hand2 $B 600000 0 '')"
+check "completed, fingerprint \"xy\", empty result: 15 bytes" \
+  "5200000000000000bbac0203027879" "$(cli --raw GET p:hand2 | head -c 15 | od -An -tx1 | tr -d ' \n')"
+
+#    Format 1 (still read, rewritten as format 2 by the next write): IN_PROGRESS,
+#    token bb, fence 7, attempt 3, lease until 2^47 ms, fingerprint "xy".
 printf '\x01\x01\x00\x00\x00\x00\x00\x00\x00\xbb\x00\x00\x00\x00\x00\x07\x00\x00\x00\x03\x80\x00\x00\x00\x00\x00\x02xy' |
   cli -x SET p:hand >/dev/null
 cli PEXPIREAT p:hand 140737488355328 >/dev/null
-check "hand-written record is BUSY" "1 7 3" "$(claim p:hand $A 60000 600000 '' 0 | cut -d' ' -f1-3)"
-check "hand-written fingerprint answers MISMATCH" "3 7 3" "$(claim p:hand $A 60000 600000 zz 0)"
+check "format 1 record is BUSY" "1 7 3" "$(claim p:hand $A 60000 600000 '' 0 | cut -d' ' -f1-3)"
+check "format 1 fingerprint answers MISMATCH" "3 7 3" "$(claim p:hand $A 60000 600000 zz 0)"
 check "its owner completes it" "1" "$(complete p:hand $B 600000 1 failed-reason)"
 check "then DUPLICATE, status failed" "2 7 3 0 1 failed-reason" "$(claim p:hand $A 60000 600000 xy 0)"
+check "rewritten as format 2 (flags 0x56: COMPLETED, failed, fingerprint)" "56" \
+  "$(cli --raw GET p:hand | head -c 1 | od -An -tx1 | tr -d ' \n')"
+check "a value that is no record is DEDUPCORRUPT" "DEDUPCORRUPT" \
+  "$(cli SET p:junk processing >/dev/null; claim p:junk $A 1000 1000 '' 0 2>&1 | cut -c1-12)"
+
+# 6b. The claim fast path: SET key <fresh IN_PROGRESS record> NX PX lease+retention GET.
+#     Fresh record: flags 0x41, token aa, fence 1, attempt 1, keep 600000.
+fresh() {  # fresh PX: the SET NX GET command
+  echo "SET p:fast \"\\x41\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\xaa\\x01\\x01\\xc0\\xcf\\x24\" NX PX $1 GET"
+}
+check "fast path on a new key: nil (ACQUIRED, fence 1, attempt 1)" "" \
+  "$(fresh 660000 | cli)"
+check "then the claim script sees it BUSY" "1 1 1" "$(claim p:fast $B 60000 600000 '' 0 | cut -d' ' -f1-3)"
+check "fast path on an existing key returns it, writes nothing" \
+  "4100000000000000aa0101c0cf24" "$(fresh 1 | cli --raw | head -c 14 | od -An -tx1 | tr -d ' \n')"
+check "its owner completes it" "1" "$(complete p:fast $A 600000 0 done)"
+check "fast path on a completed key: the record (flags 0x42) = DUPLICATE" \
+  "4200000000000000aa0101$(printf done | od -An -tx1 | tr -d ' \n')" \
+  "$(fresh 1 | cli --raw | head -c 15 | od -An -tx1 | tr -d ' \n')"
 
 # 7. No record: writes are LOST, inspect is nil; forget is DEL.
 check "extend of absent key is LOST" "0" "$(extend p:none $A 1000)"

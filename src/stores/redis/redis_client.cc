@@ -217,20 +217,31 @@ Status Connection::TransportError(std::string_view op, bool sent) const {
 Status Connection::Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
                             std::string_view op) {
   replies->clear();
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
+  // The whole pipeline is formatted here into one buffer (RESP arrays of bulk
+  // strings) and handed to hiredis in one piece: no per-argument formatting or
+  // allocation in hiredis, one write for every command.
+  thread_local std::string buf;
+  buf.clear();
+  auto append_len = [](std::string& b, char tag, size_t n) {
+    char num[24];
+    num[0] = tag;
+    auto [end, ec] = std::to_chars(num + 1, num + sizeof num, n);
+    (void)ec;
+    b.append(num, end);
+    b.append("\r\n", 2);
+  };
   for (const Command* cmd : cmds) {
-    argv.clear();
-    lens.clear();
+    append_len(buf, '*', cmd->args.size());
     for (const std::string& a : cmd->args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    if (redisAppendCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
-        REDIS_OK) {
-      return TransportError(op, false);
+      append_len(buf, '$', a.size());
+      buf.append(a);
+      buf.append("\r\n", 2);
     }
   }
+  if (redisAppendFormattedCommand(c_, buf.data(), buf.size()) != REDIS_OK) {
+    return TransportError(op, false);
+  }
+  if (buf.capacity() > (1u << 20)) std::string().swap(buf);  // don't keep a huge one
   replies->reserve(cmds.size());
   for (size_t i = 0; i < cmds.size(); ++i) {
     void* r = nullptr;

@@ -132,6 +132,36 @@ std::string GlobEscape(std::string_view s) {
   return out;
 }
 
+// Record format 2, first byte: 010 version tag, has-fingerprint bit, status (2
+// bits), state (2 bits). See docs/REDIS_PROTOCOL.md.
+constexpr uint8_t kFormat2 = 0x40;
+constexpr uint8_t kHasFp2 = 0x10;
+constexpr uint8_t kInProgress2 = 1;
+constexpr uint8_t kCompleted2 = 2;
+
+// Unsigned LEB128: 7 bits per byte, least significant first, high bit = more.
+void AppendVarint(std::string* s, uint64_t n) {
+  while (n >= 128) {
+    s->push_back(static_cast<char>((n & 127) | 128));
+    n >>= 7;
+  }
+  s->push_back(static_cast<char>(n));
+}
+
+bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
+  uint64_t n = 0;
+  for (int shift = 0; shift < 56; shift += 7) {
+    if (*i >= v.size()) return false;
+    const auto b = static_cast<uint8_t>(v[(*i)++]);
+    n |= static_cast<uint64_t>(b & 127) << shift;
+    if (b < 128) {
+      *out = n;
+      return true;
+    }
+  }
+  return false;
+}
+
 class RedisStore final : public Store {
  public:
   RedisStore(const RedisStoreOptions& o, std::vector<redis::Endpoint> seeds)
@@ -145,11 +175,21 @@ class RedisStore final : public Store {
     return Status::Ok();
   }
 
+  // A claim is first tried as a plain SET … NX PX … GET carrying a fresh IN_PROGRESS
+  // record (no Lua on the server: the same work as the textbook SET NX guard). A
+  // nil reply means ACQUIRED; a COMPLETED record in the reply is answered here
+  // (DUPLICATE / MISMATCH); any other record goes to claim.lua, which decides with
+  // the server clock.
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
     const Token token = Token::Random();
     std::string rkey = RedisKey(req.key);
-    StatusOr<Reply> r = Exec("claim", rkey, ClaimCommand(rkey, req, token));
+    StatusOr<Reply> r = Exec("claim", rkey, FastClaimCommand(rkey, req, token));
+    if (!r.ok()) return r.status();
+    ClaimResult res;
+    if (DecodeFastClaim(r->get(), req, token, &res)) return res;
+    if ((*r)->type != REDIS_REPLY_STRING) return BadReply("claim");
+    r = Exec("claim", rkey, ClaimCommand(rkey, req, token));
     if (!r.ok()) return r.status();
     return DecodeClaim("claim", r->get(), token);
   }
@@ -164,19 +204,38 @@ class RedisStore final : public Store {
     std::vector<Token> tokens;
     rkeys.reserve(reqs.size());
     cmds.reserve(reqs.size());
+    tokens.reserve(reqs.size());
     for (const ClaimRequest& req : reqs) {
       tokens.push_back(Token::Random());
       rkeys.push_back(RedisKey(req.key));
-      cmds.push_back(ClaimCommand(rkeys.back(), req, tokens.back()));
+      cmds.push_back(FastClaimCommand(rkeys.back(), req, tokens.back()));
     }
     std::vector<Reply> replies;
     DEDUP_RETURN_IF_ERROR(ExecMany("claim batch", rkeys, cmds, &replies));
-    std::vector<ClaimResult> out;
-    out.reserve(reqs.size());
+    std::vector<ClaimResult> out(reqs.size());
+    std::vector<size_t> slow;
     for (size_t i = 0; i < reqs.size(); ++i) {
-      StatusOr<ClaimResult> c = DecodeClaim("claim batch", replies[i].get(), tokens[i]);
-      if (!c.ok()) return c.status();
-      out.push_back(std::move(c).value());
+      const redisReply* r = replies[i].get();
+      if (DecodeFastClaim(r, reqs[i], tokens[i], &out[i])) continue;
+      if (IsError(r)) {
+        return ErrorReplyStatus("redis " + description_ + ": claim batch: ", ReplyText(r));
+      }
+      if (r->type != REDIS_REPLY_STRING) return BadReply("claim batch");
+      slow.push_back(i);
+    }
+    if (!slow.empty()) {
+      std::vector<std::string> skeys;
+      std::vector<Command> scmds;
+      for (size_t i : slow) {
+        skeys.push_back(rkeys[i]);
+        scmds.push_back(ClaimCommand(rkeys[i], reqs[i], tokens[i]));
+      }
+      DEDUP_RETURN_IF_ERROR(ExecMany("claim batch", skeys, scmds, &replies));
+      for (size_t j = 0; j < slow.size(); ++j) {
+        StatusOr<ClaimResult> c = DecodeClaim("claim batch", replies[j].get(), tokens[slow[j]]);
+        if (!c.ok()) return c.status();
+        out[slow[j]] = std::move(c).value();
+      }
     }
     return out;
   }
@@ -338,6 +397,80 @@ class RedisStore final : public Store {
     return c;
   }
 
+  // The IN_PROGRESS record of a first claim, record format 2: flags, token, fence 1,
+  // attempt 1, keep = retention, fingerprint.
+  static std::string FreshRecord(const ClaimRequest& req, Token token) {
+    std::string v;
+    v.reserve(1 + 8 + 2 + 6 + 1 + req.fingerprint.size());
+    v.push_back(static_cast<char>(kFormat2 | kInProgress2 | (req.fingerprint.empty() ? 0 : kHasFp2)));
+    for (int i = 7; i >= 0; --i) v.push_back(static_cast<char>(token.value >> (8 * i)));
+    v.push_back(1);  // fence
+    v.push_back(1);  // attempt
+    AppendVarint(&v, static_cast<uint64_t>(req.retention.count()));
+    if (!req.fingerprint.empty()) {
+      v.push_back(static_cast<char>(req.fingerprint.size()));
+      v.append(req.fingerprint);
+    }
+    return v;
+  }
+
+  static Command FastClaimCommand(const std::string& rkey, const ClaimRequest& req, Token token) {
+    Command c;
+    c.args.reserve(7);
+    c.args.emplace_back("SET");
+    c.args.push_back(rkey);
+    c.args.push_back(FreshRecord(req, token));
+    c.args.emplace_back("NX");
+    c.args.emplace_back("PX");
+    c.args.push_back(std::to_string(req.lease.count() + req.retention.count()));
+    c.args.emplace_back("GET");
+    return c;
+  }
+
+  // The reply to FastClaimCommand. True when it settles the claim: nil (the record
+  // was written: ACQUIRED) or a format-2 COMPLETED record (DUPLICATE or MISMATCH,
+  // nothing written). False for anything else: error replies, and records that need
+  // the server clock (claim.lua decides).
+  static bool DecodeFastClaim(const redisReply* r, const ClaimRequest& req, Token token,
+                              ClaimResult* out) {
+    if (r->type == REDIS_REPLY_NIL) {
+      *out = ClaimResult{};
+      out->outcome = ClaimOutcome::kAcquired;
+      out->token = token;
+      out->fence = 1;
+      out->attempt = 1;
+      return true;
+    }
+    if (r->type != REDIS_REPLY_STRING) return false;
+    const std::string_view v = ReplyText(r);
+    if (v.size() < 11) return false;
+    const auto flags = static_cast<uint8_t>(v[0]);
+    const unsigned status = (flags >> 2) & 3;
+    if ((flags & 0xe0) != kFormat2 || (flags & 3) != kCompleted2 || status > 2) return false;
+    size_t i = 9;
+    uint64_t fence = 0, attempt = 0;
+    if (!ReadVarint(v, &i, &fence) || !ReadVarint(v, &i, &attempt)) return false;
+    std::string_view fp;
+    if (flags & kHasFp2) {
+      if (i >= v.size()) return false;
+      const size_t n = static_cast<uint8_t>(v[i]);
+      if (n == 0 || v.size() < i + 1 + n) return false;
+      fp = v.substr(i + 1, n);
+      i += 1 + n;
+    }
+    *out = ClaimResult{};
+    out->fence = fence;
+    out->attempt = static_cast<uint32_t>(attempt);
+    if (!req.fingerprint.empty() && !fp.empty() && fp != req.fingerprint) {
+      out->outcome = ClaimOutcome::kMismatch;
+      return true;
+    }
+    out->outcome = ClaimOutcome::kDuplicate;
+    out->status = static_cast<CompletionStatus>(status);
+    out->result.assign(v.substr(i));
+    return true;
+  }
+
   static Command ClaimCommand(const std::string& rkey, const ClaimRequest& req, Token token) {
     return ScriptCommand(kClaim, rkey,
                          {token.ToHex(), std::to_string(req.lease.count()),
@@ -352,13 +485,13 @@ class RedisStore final : public Store {
     Node* node = router_.NodeFor(rkey);
     bool asking = false;
     Status last;
+    static const Command asking_cmd{{"ASKING"}};
+    std::vector<Reply> replies;
     for (int tries = 0; tries < 8; ++tries) {
-      std::vector<Reply> replies;
-      const Command asking_cmd{{"ASKING"}};
-      std::vector<const Command*> cmds;
-      if (asking) cmds.push_back(&asking_cmd);
-      cmds.push_back(&cmd);
-      DEDUP_RETURN_IF_ERROR(node->Pipeline(cmds, &replies, op));
+      const Command* cmds[2] = {&asking_cmd, &cmd};
+      DEDUP_RETURN_IF_ERROR(node->Pipeline(std::span<const Command* const>(cmds + (asking ? 0 : 1),
+                                                                           asking ? 2 : 1),
+                                           &replies, op));
       Reply r = std::move(replies.back());
       asking = false;
       if (!IsError(r.get())) return r;
