@@ -7,7 +7,7 @@ packages=(
   build-essential cmake pkg-config git
   librocksdb-dev          # the embedded, durable default store
   libhiredis-dev          # the Redis / Redis Cluster store
-  libpq-dev               # the PostgreSQL store
+  libpq-dev               # the PostgreSQL store (DEDUP_WITH_POSTGRES, not built yet)
   libabsl-dev             # flat_hash_map, Hash, Time for the memory store
   libssl-dev              # SHA-256 for payload fingerprints and content-hash keys
   libcli11-dev            # the dedup command line
@@ -16,7 +16,6 @@ packages=(
   libgtest-dev libgmock-dev googletest # tests
   libbenchmark-dev        # microbenchmarks in bench/
   redis-server redis-tools # real servers for store and worker tests
-  postgresql              # real server for the PostgreSQL store tests
   gnuplot-nox             # plots in docs/
 )
 
