@@ -7,11 +7,10 @@ packages=(
   build-essential cmake pkg-config git
   librocksdb-dev          # the embedded, durable default store
   libhiredis-dev          # the Redis / Redis Cluster store
-  libpq-dev               # the PostgreSQL store (DEDUP_WITH_POSTGRES, not built yet)
-  libabsl-dev             # flat_hash_map, Hash, Time for the memory store
+  libabsl-dev             # flat_hash_map for the memory store and the RocksDB index
   libssl-dev              # SHA-256 for payload fingerprints and content-hash keys
   libcli11-dev            # the dedup command line
-  libfmt-dev libspdlog-dev # formatting and logs
+  libfmt-dev              # formatting in the CLI
   nlohmann-json3-dev      # --json output
   libgtest-dev libgmock-dev googletest # tests
   libbenchmark-dev        # microbenchmarks in bench/
