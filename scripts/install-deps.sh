@@ -16,6 +16,7 @@ packages=(
   libbenchmark-dev        # microbenchmarks in bench/
   redis-server redis-tools # real servers for store and worker tests
   gnuplot-nox             # plots in docs/
+  python3                 # the worker chaos test's ledger checker
 )
 
 missing=()
