@@ -30,6 +30,7 @@ struct CommandContext {
 using RegisterCommand = void (*)(CLI::App& root, CommandContext& ctx);
 
 void RegisterSimulate(CLI::App& root, CommandContext& ctx);
+void RegisterBench(CLI::App& root, CommandContext& ctx);
 
 }  // namespace dedup::cli
 

@@ -20,6 +20,7 @@ constexpr dedup::cli::RegisterCommand kCommands[] = {
     &dedup::cli::RegisterExec,
     &dedup::cli::RegisterInspect,
     &dedup::cli::RegisterForget,
+    &dedup::cli::RegisterBench,
 };
 
 }  // namespace

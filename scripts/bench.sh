@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Rerun `dedup bench` and regenerate what docs/PERFORMANCE.md shows: the figures
+# (docs/PERFORMANCE.figures.md, spliced into PERFORMANCE.md between its
+# <!-- figures:begin/end --> markers), the raw JSON
+# (docs/PERFORMANCE.json) and the plots (docs/bench_*.png).
+#
+#   scripts/bench.sh [BUILD_DIR=build-bench] [extra dedup bench flags, e.g. --full]
+#
+# Builds dedup_cli in BUILD_DIR first (-j2). Starts its own Redis on a free port in
+# 127.0.0.1:6420-6429 (stopped by PID at the end) unless --redis URI is given.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-bench}
+shift || true
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j2 --target dedup_cli >/dev/null
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+"$build/src/cli/dedup" bench --plots "$root/docs" --markdown "$root/docs/PERFORMANCE.figures.md" \
+  --json "$@" >"$tmp" || rc=$?
+cat "$tmp" >"$root/docs/PERFORMANCE.json"
+# Splice the figures into PERFORMANCE.md between its markers.
+page="$root/docs/PERFORMANCE.md"
+if [[ -f "$page" ]] && grep -q '<!-- figures:begin -->' "$page"; then
+  awk -v figs="$root/docs/PERFORMANCE.figures.md" '
+    /<!-- figures:begin -->/ { print; while ((getline l < figs) > 0) print l; skip = 1; next }
+    /<!-- figures:end -->/ { skip = 0 }
+    !skip { print }' "$page" >"$page.tmp" && mv "$page.tmp" "$page"
+fi
+echo "wrote docs/PERFORMANCE.figures.md, docs/PERFORMANCE.json, docs/bench_*.png (exit ${rc:-0})"
+exit "${rc:-0}"
