@@ -52,28 +52,38 @@ record "ctest (plain build)" ctest --test-dir build -j2 --output-on-failure --ti
 
 # The store and buffer tests once more under the sanitizers. Only the library and
 # these test binaries are built, to stay within CI's time on 2 cores.
-sanitized_tests="store_conformance_test buffer_test memory_store_test state_machine_test"
+asan_tests="store_conformance_test buffer_test memory_store_test state_machine_test"
 if grep -q '^DEDUP_WITH_ROCKSDB:BOOL=ON' build/CMakeCache.txt; then
-  sanitized_tests="$sanitized_tests rocksdb_store_test"
+  asan_tests="$asan_tests rocksdb_store_test"
 fi
-run_sanitized() {  # run_sanitized BUILD_DIR CMAKE_FLAGS...
-  local dir=$1
-  shift
-  DEDUP_BUILD_DIR=$dir DEDUP_TARGETS="$sanitized_tests" DEDUP_BUILD_TYPE=RelWithDebInfo \
+# Under TSan the RocksDB store is left out: Debian's librocksdb is not instrumented,
+# and its write-group handoff (atomics TSan cannot see) is reported as races on the
+# buffers of our Puts, with RocksDB's frames missing from the stacks (it is built
+# without frame pointers), so no suppression can tell them apart. The RocksDB
+# store's locking is covered by the plain and ASan runs of its concurrent tests.
+tsan_tests="store_conformance_test buffer_test memory_store_test state_machine_test"
+tsan_filter="-*/rocksdb"
+run_sanitized() {  # run_sanitized BUILD_DIR "TESTS" GTEST_FILTER CMAKE_FLAGS...
+  local dir=$1 tests=$2 filter=$3
+  shift 3
+  DEDUP_BUILD_DIR=$dir DEDUP_TARGETS="$tests" DEDUP_BUILD_TYPE=RelWithDebInfo \
     ./scripts/build.sh -DDEDUP_BUILD_CLI=OFF -DDEDUP_BUILD_BENCH=OFF "$@" || return 1
   local ok=0 t
-  for t in $sanitized_tests; do
+  for t in $tests; do
     echo "-- $dir/tests/$t"
-    "$dir/tests/$t" --gtest_brief=1 || ok=1
+    "$dir/tests/$t" --gtest_brief=1 --gtest_filter="$filter" || ok=1
   done
   return $ok
 }
 if [ -z "${DEDUP_SKIP_SANITIZERS:-}" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  record "asan+ubsan" run_sanitized build-asan -DDEDUP_WITH_ASAN=ON -DDEDUP_WITH_UBSAN=ON
-  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp"
-  record "tsan" run_sanitized build-tsan -DDEDUP_WITH_TSAN=ON
+  record "asan+ubsan" run_sanitized build-asan "$asan_tests" "*" -DDEDUP_WITH_ASAN=ON -DDEDUP_WITH_UBSAN=ON
+  # detect_deadlocks=0: a batch claim holds up to one lock per stripe at once
+  # (taken in ascending order, so no cycle), beyond the 64 held locks TSan's
+  # deadlock detector can track.
+  export TSAN_OPTIONS="halt_on_error=1 detect_deadlocks=0 suppressions=$root/tests/tsan.supp"
+  record "tsan" run_sanitized build-tsan "$tsan_tests" "$tsan_filter" -DDEDUP_WITH_TSAN=ON
 fi
 
 echo
