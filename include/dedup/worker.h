@@ -6,7 +6,11 @@
 // result":
 //
 //   ProcessOnce action   stream
-//   kAck                 XACK (only after Complete() returned OK, or DUPLICATE of ok)
+//   kAck                 XACK (only after Complete() returned OK, or DUPLICATE of ok);
+//                        when the Buffer's store is a plain Redis store on the
+//                        stream's server (same host:port, database 0), the XACK
+//                        runs inside the complete script, atomically and only if
+//                        the completion is OK: one round trip for both
 //   kRetry               no ack: the entry stays pending; this worker delivers it
 //                        again no earlier than retry_after (XCLAIM of its own entry)
 //   kDeadLetter          XADD <dead stream> with the original fields + reason +
@@ -116,6 +120,9 @@ struct WorkerMetrics {
   uint64_t acked = 0;          // XACKs sent for done or duplicate work
   uint64_t reclaimed = 0;      // entries taken over from other consumers
   uint64_t broker_errors = 0;  // Redis stream commands that failed
+  // Of `acked`: XACKs done by the store's complete in the same round trip
+  // (Buffer on a plain Redis store on the stream's server; docs/WORKER.md).
+  uint64_t acked_with_complete = 0;
 
   // Prometheus text exposition format, one counter per field.
   std::string ToPrometheus() const;

@@ -23,6 +23,7 @@
 #include "brokers/redis_streams/stream_conn.h"
 #include "core/uri.h"
 #include "dedup/worker.h"
+#include "stores/redis/stream_ack.h"
 
 namespace dedup {
 
@@ -89,7 +90,7 @@ std::string WorkerMetrics::ToPrometheus() const {
       {"busy", busy},                 {"takeovers", takeovers}, {"lost_leases", lost_leases},
       {"retries", retries},           {"dead_lettered", dead_lettered},
       {"store_errors", store_errors}, {"acked", acked},         {"reclaimed", reclaimed},
-      {"broker_errors", broker_errors}};
+      {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete}};
   std::string out;
   for (const auto& [name, v] : rows) {
     out += "# TYPE dedup_worker_" + std::string(name) + "_total counter\n";
@@ -106,7 +107,8 @@ std::string WorkerMetrics::Summary() const {
          " dead_lettered=" + std::to_string(dead_lettered) + " store_errors=" +
          std::to_string(store_errors) + " acked=" + std::to_string(acked) +
          " reclaimed=" + std::to_string(reclaimed) + " broker_errors=" +
-         std::to_string(broker_errors);
+         std::to_string(broker_errors) + " acked_with_complete=" +
+         std::to_string(acked_with_complete);
 }
 
 StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
@@ -242,10 +244,14 @@ class Worker::Impl {
     m.acked = acked_.load();
     m.reclaimed = reclaimed_.load();
     m.broker_errors = broker_errors_.load();
+    m.acked_with_complete = acked_with_complete_.load();
     return m;
   }
 
   WorkerOptions o_;
+  // Set by Worker::Run when the Buffer's store can ack this stream in its
+  // complete (a plain Redis store on the stream's server, database 0).
+  bool combine_acks_ = false;
 
  private:
   struct Pending {
@@ -444,7 +450,15 @@ class Worker::Impl {
       DeadLetter(conn, m, "missing key field '" + o_.key_field + "'");
       return;
     }
-    Processed p = (*process_)(m);
+    // With combine_acks_, a Complete(kOk) of this key by the Redis store runs
+    // complete_ack.lua: the XACK goes in the completion's round trip, and only if
+    // the completion is OK (src/stores/redis/stream_ack.h).
+    internal::StreamAck ack{m.key, o_.stream, o_.group, m.id};
+    Processed p;
+    {
+      internal::ScopedStreamAck scope(combine_acks_ ? &ack : nullptr);
+      p = (*process_)(m);
+    }
     if (!p.status.ok()) {
       if (p.status.code() == StatusCode::kInvalidArgument && !p.ran) {
         DeadLetter(conn, m, "bad key: " + p.status.message());
@@ -462,6 +476,13 @@ class Worker::Impl {
         default: break;
       }
       if (p.ran && p.completion == WriteResult::kLost) lost_leases_.fetch_add(1);
+    }
+    if (ack.acked) {
+      // The outcome was recorded OK and the entry acked, atomically.
+      acked_.fetch_add(1);
+      acked_with_complete_.fetch_add(1);
+      Forget(m);
+      return;
     }
     // A duplicate of work that ended failed or exhausted was dead-lettered (maybe
     // not: the worker may have died before XADD): dead-letter it again.
@@ -540,7 +561,7 @@ class Worker::Impl {
 
   std::atomic<uint64_t> messages_{0}, acquired_{0}, duplicates_{0}, busy_{0}, takeovers_{0},
       lost_leases_{0}, retries_{0}, dead_lettered_{0}, store_errors_{0}, acked_{0},
-      reclaimed_{0}, broker_errors_{0};
+      reclaimed_{0}, broker_errors_{0}, acked_with_complete_{0};
 };
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -575,6 +596,9 @@ Status Worker::Run(Buffer* buffer, const Handler& handler) {
   if (impl_->o_.reclaim_min_idle.count() <= 0) {
     impl_->o_.reclaim_min_idle = buffer->options().lease + Millis(5'000);
   }
+  const auto* acker = dynamic_cast<const internal::StreamAckStore*>(buffer->store());
+  impl_->combine_acks_ =
+      acker != nullptr && acker->CanAckStreamOn(impl_->o_.host, impl_->o_.port, 0);
   Processor p = [buffer, &handler](const StreamMessage& m) {
     return buffer->ProcessOnce(m.key, m.CanonicalPayload(),
                                [&](ClaimGuard& g) { return handler(m, g); });

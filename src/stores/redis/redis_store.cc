@@ -19,6 +19,7 @@
 #include "stores/open_backends.h"
 #include "stores/redis/redis_client.h"
 #include "stores/redis/redis_scripts.h"
+#include "stores/redis/stream_ack.h"
 
 namespace dedup {
 namespace {
@@ -45,7 +46,9 @@ std::string Sha1Hex(std::string_view body) {
   return out;
 }
 
-enum ScriptId : size_t { kClaim = 0, kExtend, kComplete, kRelease, kInspect, kNumScripts };
+enum ScriptId : size_t {
+  kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kNumScripts
+};
 
 struct Script {
   std::string_view name;
@@ -54,8 +57,8 @@ struct Script {
 };
 
 std::vector<Script> LoadScripts() {
-  static constexpr std::string_view kOrder[kNumScripts] = {"claim", "extend", "complete",
-                                                           "release", "inspect"};
+  static constexpr std::string_view kOrder[kNumScripts] = {"claim",   "extend",  "complete",
+                                                           "release", "inspect", "complete_ack"};
   std::vector<Script> out;
   for (std::string_view name : kOrder) {
     for (const auto& e : redis::kEmbeddedScripts) {
@@ -162,11 +165,23 @@ bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
   return false;
 }
 
-class RedisStore final : public Store {
+class RedisStore final : public Store, public internal::StreamAckStore {
  public:
   RedisStore(const RedisStoreOptions& o, std::vector<redis::Endpoint> seeds)
-      : prefix_(o.prefix), description_(o.description),
+      : prefix_(o.prefix), description_(o.description), cluster_(o.cluster), db_(o.db),
+        endpoint_(seeds.empty() ? redis::Endpoint{} : seeds.front()),
         router_(std::move(seeds), o.cluster, MakeClientOptions(o)) {}
+
+  // Same server: plain Redis, same database, same host (localhost = 127.0.0.1)
+  // and port. A false "yes" only costs the combined XACK (it acks nothing and the
+  // worker sends its own), never an ack before the completion.
+  bool CanAckStreamOn(std::string_view host, int port, int db) const override {
+    const auto norm = [](std::string_view h) -> std::string_view {
+      return h == "localhost" || h == "::1" || h == "[::1]" ? "127.0.0.1" : h;
+    };
+    return !cluster_ && db == db_ && port == endpoint_.port &&
+           norm(host) == norm(endpoint_.host);
+  }
 
   Status Start() {
     DEDUP_RETURN_IF_ERROR(router_.Start());
@@ -256,6 +271,10 @@ class RedisStore final : public Store {
     DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
     DEDUP_RETURN_IF_ERROR(ValidateResult(result));
     std::string rkey = RedisKey(key);
+    if (internal::StreamAck* ack = internal::ScopedStreamAck::For(key);
+        ack != nullptr && status == CompletionStatus::kOk && !cluster_) {
+      return CompleteAck(rkey, token, retention, result, ack);
+    }
     return Write("complete", rkey,
                  ScriptCommand(kComplete, rkey,
                                {token.ToHex(), std::to_string(retention.count()),
@@ -630,8 +649,38 @@ class RedisStore final : public Store {
     return std::optional<Record>(std::move(rec));
   }
 
+  // complete_ack.lua: complete and, only if OK, XACK the entry in `ack`, in one
+  // round trip. The stream key is on this (single) server; KEYS[2] is it.
+  StatusOr<WriteResult> CompleteAck(const std::string& rkey, Token token, Millis retention,
+                                    std::string_view result, internal::StreamAck* ack) {
+    Command c;
+    c.args = {"EVALSHA",
+              Scripts()[kCompleteAck].sha,
+              "2",
+              rkey,
+              std::string(ack->stream),
+              token.ToHex(),
+              std::to_string(retention.count()),
+              std::to_string(static_cast<int>(CompletionStatus::kOk)),
+              std::string(result),
+              std::string(ack->group),
+              std::string(ack->entry_id)};
+    ack->tried = true;
+    ack->acked = false;
+    StatusOr<Reply> r = Exec("complete", rkey, std::move(c));
+    if (!r.ok()) return r.status();
+    if ((*r)->type != REDIS_REPLY_INTEGER || (*r)->integer < 0 || (*r)->integer > 2) {
+      return BadReply("complete");
+    }
+    ack->acked = (*r)->integer == 2;
+    return (*r)->integer >= 1 ? WriteResult::kOk : WriteResult::kLost;
+  }
+
   const std::string prefix_;
   const std::string description_;
+  const bool cluster_;
+  const int db_;
+  const redis::Endpoint endpoint_;
   Router router_;
 };
 

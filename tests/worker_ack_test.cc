@@ -1,0 +1,376 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The worker's one-round-trip complete + ack (complete_ack.lua) on a real
+// redis-server: started on 127.0.0.1 on a free port in 6440-6449, in a temporary
+// directory, stopped by PID. Round trips are counted on the server with MONITOR,
+// which shows commands a client sent ("[0 127.0.0.1:port]") apart from those a
+// script ran ("[0 lua]").
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dedup/buffer.h"
+#include "dedup/worker.h"
+#include "stores/redis/redis_store.h"
+#include "stores/redis/stream_ack.h"
+
+extern char** environ;
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+using SteadyClock = std::chrono::steady_clock;
+
+bool PortFree(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool in_use = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return !in_use;
+}
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+std::string Cmd(int port, const std::vector<std::string>& args) {
+  timeval tv{2, 0};
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  if (c == nullptr || c->err) {
+    if (c) redisFree(c);
+    return "(connect failed)";
+  }
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  std::string out;
+  if (r == nullptr) {
+    out = "(io error)";
+  } else if (r->type == REDIS_REPLY_INTEGER) {
+    out = std::to_string(r->integer);
+  } else if (r->str != nullptr) {
+    out.assign(r->str, r->len);
+  } else if (r->type == REDIS_REPLY_ARRAY) {
+    out = "array:" + std::to_string(r->elements);
+  }
+  if (r) freeReplyObject(r);
+  redisFree(c);
+  return out;
+}
+
+// redis-server on the first free port in 6440-6449, stopped by PID.
+class Server {
+ public:
+  Server() {
+    char tmpl[] = "/tmp/dedup-worker-ack.XXXXXX";
+    dir_ = mkdtemp(tmpl) ? tmpl : "";
+    for (int p = 6440; p <= 6449 && port_ == 0; ++p) {
+      if (!PortFree(p)) continue;
+      pid_ = Spawn({"redis-server", "--port", std::to_string(p), "--bind", "127.0.0.1", "--dir",
+                    dir_, "--save", "", "--appendonly", "no", "--daemonize", "no"});
+      if (pid_ <= 0) break;
+      for (auto until = SteadyClock::now() + 5s; SteadyClock::now() < until;
+           std::this_thread::sleep_for(20ms)) {
+        if (Cmd(p, {"PING"}) == "PONG") {
+          port_ = p;
+          break;
+        }
+        int st;
+        if (waitpid(pid_, &st, WNOHANG) == pid_) {  // lost the port race
+          pid_ = -1;
+          break;
+        }
+      }
+      if (port_ == 0 && pid_ > 0) Kill();
+    }
+  }
+  ~Server() {
+    Kill();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int st;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+  std::string dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+// MONITOR on its own connection; counts what clients sent and what scripts ran,
+// until it sees ECHO of the stop marker.
+class Monitor {
+ public:
+  explicit Monitor(int port) {
+    timeval tv{5, 0};
+    c_ = redisConnectWithTimeout("127.0.0.1", port, tv);
+    auto* r = static_cast<redisReply*>(redisCommand(c_, "MONITOR"));
+    if (r) freeReplyObject(r);
+    thread_ = std::thread([this] {
+      while (true) {
+        void* v = nullptr;
+        if (redisGetReply(c_, &v) != REDIS_OK || v == nullptr) return;
+        auto* r = static_cast<redisReply*>(v);
+        std::string line(r->str ? r->str : "", r->str ? r->len : 0);
+        freeReplyObject(r);
+        if (line.find("\"dedup-test-stop\"") != std::string::npos) return;
+        std::lock_guard lock(mu_);
+        lines_.push_back(line);
+      }
+    });
+  }
+  // Waits until every command sent before this call was seen.
+  void Finish(int port) {
+    Cmd(port, {"ECHO", "dedup-test-stop"});
+    thread_.join();
+    redisFree(c_);
+  }
+  // Commands named `cmd` (e.g. "\"XACK\""), sent by a client (from_lua = false)
+  // or run by a script (true).
+  int Count(const std::string& cmd, bool from_lua) {
+    std::lock_guard lock(mu_);
+    int n = 0;
+    for (const std::string& l : lines_) {
+      const size_t at = l.find("] ");
+      if (at == std::string::npos || l.compare(at + 2, cmd.size(), cmd) != 0) continue;
+      const bool lua = l.find(" lua]") != std::string::npos && l.find(" lua]") < at + 1;
+      if (lua == from_lua) ++n;
+    }
+    return n;
+  }
+
+  void Dump() {
+    std::lock_guard lock(mu_);
+    for (const std::string& l : lines_) std::printf("%s\n", l.substr(0, 160).c_str());
+  }
+
+ private:
+  redisContext* c_ = nullptr;
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+struct RunResult {
+  WorkerMetrics metrics;
+  int client_xack = 0, lua_xack = 0, client_evalsha = 0, client_set = 0;
+};
+
+// Publishes n messages to `stream` and runs a Worker over them with a Buffer on a
+// Redis store on the same server, database `db`.
+RunResult RunWorker(int port, int db, const std::string& stream, int n) {
+  for (int i = 0; i < n; ++i) {
+    Cmd(port, {"XADD", stream, "*", "id", stream + "-" + std::to_string(i), "v", "x"});
+  }
+  RedisStoreOptions so;
+  so.hosts = {"127.0.0.1:" + std::to_string(port)};
+  so.db = db;
+  auto store = OpenRedisStore(so);
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  Buffer buffer(store->get(), BufferOptions{});
+  WorkerOptions wo;
+  wo.host = "127.0.0.1";
+  wo.port = port;
+  wo.stream = stream;
+  wo.group = "g";
+  wo.consumer = "c1";
+  wo.block = Millis(50);
+  auto w = Worker::Open(wo);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  Monitor mon(port);
+  std::thread run([&] {
+    Status s = (*w)->Run(&buffer, [](const StreamMessage&, ClaimGuard&) {
+      return HandlerResult::Done("ok");
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  for (auto until = SteadyClock::now() + 30s;
+       SteadyClock::now() < until && (*w)->metrics().acked < static_cast<uint64_t>(n);) {
+    std::this_thread::sleep_for(10ms);
+  }
+  (*w)->Stop();
+  run.join();
+  mon.Finish(port);
+  RunResult r;
+  r.metrics = (*w)->metrics();
+  r.client_xack = mon.Count("\"XACK\"", false);
+  r.lua_xack = mon.Count("\"XACK\"", true);
+  // One EVALSHA per script run. The first ones of a script on a fresh server
+  // answer NOSCRIPT and are sent again as EVAL (once per script and server, not
+  // per message): those resends are not counted.
+  r.client_evalsha = mon.Count("\"EVALSHA\"", false);
+  r.client_set = mon.Count("\"SET\"", false);
+  if (std::getenv("WORKER_ACK_TEST_DUMP")) mon.Dump();
+  return r;
+}
+
+TEST(WorkerAck, OneRoundTripForCompleteAndAckOnTheSameRedis) {
+  Server server;
+  if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
+  const int n = 200;
+
+  // Store on database 1: another keyspace, so the two-round-trip path.
+  RunResult two = RunWorker(server.port(), 1, "s-two", n);
+  EXPECT_EQ(two.metrics.acked, static_cast<uint64_t>(n));
+  EXPECT_EQ(two.metrics.acked_with_complete, 0u);
+  EXPECT_EQ(two.client_xack, n);
+  EXPECT_EQ(two.lua_xack, 0);
+  EXPECT_EQ(two.client_evalsha, n);  // complete.lua
+  EXPECT_EQ(two.client_set, n);      // the claim
+
+  // Store on database 0 of the stream's server: complete and ack in one script.
+  RunResult one = RunWorker(server.port(), 0, "s-one", n);
+  EXPECT_EQ(one.metrics.acked, static_cast<uint64_t>(n));
+  EXPECT_EQ(one.metrics.acked_with_complete, static_cast<uint64_t>(n));
+  EXPECT_EQ(one.client_xack, 0);     // no XACK round trip of its own
+  EXPECT_EQ(one.lua_xack, n);        // every XACK ran inside complete_ack.lua
+  EXPECT_EQ(one.client_evalsha, n);  // complete_ack.lua
+  EXPECT_EQ(one.client_set, n);
+  EXPECT_EQ(Cmd(server.port(), {"XLEN", "s-one"}), std::to_string(n));
+  // Nothing pending.
+  EXPECT_EQ(Cmd(server.port(), {"EVAL",
+                                "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s-one"}),
+            "0");
+
+  const double before = double(two.client_evalsha + two.client_xack) / n;
+  const double after = double(one.client_evalsha + one.client_xack) / n;
+  std::printf("round trips per message for complete+ack: before %.2f, after %.2f\n", before,
+              after);
+  std::printf("round trips per message (claim+complete+ack): before %.2f, after %.2f\n",
+              double(two.client_set + two.client_evalsha + two.client_xack) / n,
+              double(one.client_set + one.client_evalsha + one.client_xack) / n);
+  EXPECT_EQ(after, 1.0);
+  EXPECT_EQ(before, 2.0);
+}
+
+// The hook itself: LOST acks nothing (the entry stays pending), a failed
+// completion does not use it, OK acks.
+TEST(WorkerAck, LostDoesNotAck) {
+  Server server;
+  if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
+  const int port = server.port();
+  ASSERT_EQ(Cmd(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
+  const std::string id = Cmd(port, {"XADD", "s", "*", "id", "k"});
+  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "array:1");
+  const auto pending = [&] {
+    return Cmd(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s"});
+  };
+  ASSERT_EQ(pending(), "1");
+
+  RedisStoreOptions so;
+  so.hosts = {"127.0.0.1:" + std::to_string(port)};
+  auto store = OpenRedisStore(so);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const auto* acker = dynamic_cast<const internal::StreamAckStore*>(store->get());
+  ASSERT_NE(acker, nullptr);
+  EXPECT_TRUE(acker->CanAckStreamOn("127.0.0.1", port, 0));
+  EXPECT_TRUE(acker->CanAckStreamOn("localhost", port, 0));
+  EXPECT_FALSE(acker->CanAckStreamOn("127.0.0.1", port, 1));
+  EXPECT_FALSE(acker->CanAckStreamOn("127.0.0.1", port + 1, 0));
+
+  ClaimRequest req;
+  req.key = "k";
+  req.lease = Millis(30'000);
+  req.retention = Millis(60'000);
+  auto c = (*store)->Claim(req);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->acquired());
+
+  internal::StreamAck ack{"k", "s", "g", id};
+  {
+    internal::ScopedStreamAck scope(&ack);
+    // A stale owner (another token): LOST, nothing acked.
+    auto w = (*store)->Complete("k", Token::Random(), req.retention, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(*w, WriteResult::kLost);
+    EXPECT_TRUE(ack.tried);
+    EXPECT_FALSE(ack.acked);
+    EXPECT_EQ(pending(), "1");
+    // Another key is not this entry's: plain complete.
+    ack.tried = false;
+    auto other = (*store)->Complete("other", Token::Random(), req.retention,
+                                    CompletionStatus::kOk, "r");
+    ASSERT_TRUE(other.ok());
+    EXPECT_FALSE(ack.tried);
+    EXPECT_EQ(pending(), "1");
+    // The owner: OK and acked, in one script.
+    w = (*store)->Complete("k", c->token, req.retention, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(*w, WriteResult::kOk);
+    EXPECT_TRUE(ack.acked);
+    EXPECT_EQ(pending(), "0");
+  }
+  // A failed completion never goes through complete_ack (dead-letter comes first).
+  req.key = "f";
+  auto f = (*store)->Claim(req);
+  ASSERT_TRUE(f.ok() && f->acquired());
+  internal::StreamAck ack_f{"f", "s", "g", id};
+  {
+    internal::ScopedStreamAck scope(&ack_f);
+    auto w = (*store)->Complete("f", f->token, req.retention, CompletionStatus::kFailed, "bad");
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(*w, WriteResult::kOk);
+    EXPECT_FALSE(ack_f.tried);
+  }
+  // OK completion, entry no longer pending: completed, reported not acked.
+  req.key = "g2";
+  auto g2 = (*store)->Claim(req);
+  ASSERT_TRUE(g2.ok() && g2->acquired());
+  internal::StreamAck ack_g{"g2", "s", "g", id};
+  {
+    internal::ScopedStreamAck scope(&ack_g);
+    auto w = (*store)->Complete("g2", g2->token, req.retention, CompletionStatus::kOk, "");
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(*w, WriteResult::kOk);
+    EXPECT_TRUE(ack_g.tried);
+    EXPECT_FALSE(ack_g.acked);
+  }
+  // Outside any scope: the plain complete.
+  EXPECT_EQ(internal::ScopedStreamAck::For("k"), nullptr);
+}
+
+}  // namespace
+}  // namespace dedup
