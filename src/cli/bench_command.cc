@@ -1550,7 +1550,8 @@ void Bench::Plots() {
       for (auto& c : cs) {
         if (c->store != store) continue;
         if (!files.count(c->label)) {
-          files[c->label] = tmp + "/w" + std::to_string(files.size()) + ".dat";
+          // Named per store: every store gets its own files, never another's.
+          files[c->label] = tmp + "/w_" + store + "_" + std::to_string(files.size()) + ".dat";
           order.push_back(c->label);
         }
         std::ofstream(files[c->label], std::ios::app) << t << " " << Median(c->rates) << "\n";
