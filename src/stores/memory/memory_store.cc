@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "core/key_hash.h"
 #include "core/state_machine.h"
 #include "stores/memory/memory_store_internal.h"
 
@@ -22,16 +23,8 @@ using internal::DecideComplete;
 using internal::DecideExtend;
 using internal::DecideRelease;
 
-// Heterogeneous lookup by string_view. (Debian's abseil has its own string_view,
-// so its default string hasher does not take std::string_view.)
-struct KeyHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
-};
-struct KeyEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
-};
+using internal::KeyEq;
+using internal::KeyHash;
 
 // A record as the memory store keeps it: the fixed fields inline (48 bytes), the
 // rarely present fingerprint and result behind one pointer. Small entries keep the

@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "core/key_hash.h"
 #include "core/state_machine.h"
 #include "core/uri.h"
 #include "rocksdb/cache.h"
@@ -61,15 +62,8 @@ constexpr size_t kStripes = 1024;
 constexpr size_t kRecentPerStripe = 64;
 constexpr size_t kMaxCachedResult = 1024;
 
-// Heterogeneous lookup by string_view (Debian's abseil has its own string_view).
-struct KeyHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view k) const { return std::hash<std::string_view>{}(k); }
-};
-struct KeyEq {
-  using is_transparent = void;
-  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
-};
+using internal::KeyEq;
+using internal::KeyHash;
 
 // Where a key lives in the index: its stripe, and its fingerprint within it.
 struct KeySlot {
