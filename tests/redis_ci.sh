@@ -23,5 +23,5 @@ export DEDUP_TEST_REDIS_CLUSTER_URI=redis+cluster://127.0.0.1:7100,127.0.0.1:710
 
 "$build/tests/store_conformance_test" --gtest_brief=1 --gtest_filter='*/redis:*/redis_cluster'
 "$build/tests/redis_store_test" --gtest_brief=1
-bash "$here/redis_protocol_test.sh" "$here/../src/stores/redis/lua" | tail -1
+bash "$here/redis_protocol_test.sh" "$build/src/stores/redis/lua" | tail -1
 echo "redis_ci.sh: all Redis tests passed"

@@ -3,13 +3,20 @@
 # docs/REDIS_PROTOCOL.md: proof that another client (any language) can speak the
 # protocol and share records with the C++ store.
 #
-#   tests/redis_protocol_test.sh [LUA_DIR]     (default: src/stores/redis/lua)
+#   tests/redis_protocol_test.sh [LUA_DIR]     (default: build/src/stores/redis/lua)
+#
+# LUA_DIR holds the runnable scripts, as the build writes them (the files in
+# src/stores/redis/lua/ are templates that include record.lua).
 #
 # Starts its own redis-server on 127.0.0.1:${DEDUP_PROTOCOL_TEST_PORT:-6395} in a
 # temporary directory and stops it by PID on exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-lua_dir=${1:-$here/../src/stores/redis/lua}
+lua_dir=${1:-$here/../build/src/stores/redis/lua}
+if grep -q -- '--@dedup-include' "$lua_dir"/*.lua; then
+  echo "redis_protocol_test.sh: $lua_dir holds templates; pass the build's src/stores/redis/lua" >&2
+  exit 2
+fi
 port=${DEDUP_PROTOCOL_TEST_PORT:-6395}
 source "$here/../scripts/lib/redis.sh"
 tmp=$(mktemp -d)
