@@ -3,6 +3,7 @@
 #include "dedup/memory_store.h"
 
 #include <bit>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <queue>
@@ -88,7 +89,8 @@ struct alignas(64) Shard {
   std::mutex mu;
   absl::flat_hash_map<std::string, Entry, KeyHash, KeyEq> records;
   using Due = std::pair<int64_t, std::string>;
-  std::priority_queue<Due, std::vector<Due>, std::greater<>> due;
+  // A deque, not a vector: no single large reallocation as the heap grows.
+  std::priority_queue<Due, std::deque<Due>, std::greater<>> due;
 };
 
 class MemoryStore final : public Store {
