@@ -153,6 +153,11 @@ Status ValidateLease(Millis lease);
 Status ValidateRetention(Millis retention);
 Status ValidateToken(Token token);
 Status ValidateResult(std::string_view result);
+// The whole argument check of each owner-checked write, in the order above.
+Status ValidateExtend(std::string_view key, Token token, Millis lease);
+Status ValidateComplete(std::string_view key, Token token, Millis retention,
+                        std::string_view result);
+Status ValidateRelease(std::string_view key, Token token, Millis retention);
 
 struct OpenOptions {
   // The clock of embedded stores (memory, RocksDB). Not owned; must outlive the

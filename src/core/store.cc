@@ -63,6 +63,26 @@ Status ValidateClaim(const ClaimRequest& req) {
   return Status::Ok();
 }
 
+Status ValidateExtend(std::string_view key, Token token, Millis lease) {
+  DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+  DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+  return ValidateLease(lease);
+}
+
+Status ValidateComplete(std::string_view key, Token token, Millis retention,
+                        std::string_view result) {
+  DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+  DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+  DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+  return ValidateResult(result);
+}
+
+Status ValidateRelease(std::string_view key, Token token, Millis retention) {
+  DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+  DEDUP_RETURN_IF_ERROR(ValidateToken(token));
+  return ValidateRetention(retention);
+}
+
 StatusOr<std::vector<ClaimResult>> Store::ClaimBatch(std::span<const ClaimRequest> reqs) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     Status s = ValidateClaim(reqs[i]);

@@ -117,27 +117,20 @@ class MemoryStore final : public Store {
   }
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateLease(lease));
+    DEDUP_RETURN_IF_ERROR(ValidateExtend(key, token, lease));
     return Update(key, [&](Record* r, int64_t now) { return DecideExtend(r, token, lease, now); });
   }
 
   StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
                                  CompletionStatus status, std::string_view result) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
-    DEDUP_RETURN_IF_ERROR(ValidateResult(result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
     return Update(key, [&](Record* r, int64_t now) {
       return DecideComplete(r, token, retention, status, result, now);
     });
   }
 
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+    DEDUP_RETURN_IF_ERROR(ValidateRelease(key, token, retention));
     return Update(key, [&](Record* r, int64_t now) {
       return DecideRelease(r, token, retention, now);
     });

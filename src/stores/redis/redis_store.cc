@@ -256,9 +256,7 @@ class RedisStore final : public Store, public internal::StreamAckStore {
   }
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateLease(lease));
+    DEDUP_RETURN_IF_ERROR(ValidateExtend(key, token, lease));
     std::string rkey = RedisKey(key);
     return Write("extend", rkey,
                  ScriptCommand(kExtend, rkey, {token.ToHex(), std::to_string(lease.count())}));
@@ -266,10 +264,7 @@ class RedisStore final : public Store, public internal::StreamAckStore {
 
   StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
                                  CompletionStatus status, std::string_view result) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
-    DEDUP_RETURN_IF_ERROR(ValidateResult(result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
     std::string rkey = RedisKey(key);
     if (internal::StreamAck* ack = internal::ScopedStreamAck::For(key);
         ack != nullptr && status == CompletionStatus::kOk && !cluster_) {
@@ -282,9 +277,7 @@ class RedisStore final : public Store, public internal::StreamAckStore {
   }
 
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+    DEDUP_RETURN_IF_ERROR(ValidateRelease(key, token, retention));
     std::string rkey = RedisKey(key);
     return Write("release", rkey,
                  ScriptCommand(kRelease, rkey, {token.ToHex(), std::to_string(retention.count())}));

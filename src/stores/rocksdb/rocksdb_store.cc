@@ -234,9 +234,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override;
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateLease(lease));
+    DEDUP_RETURN_IF_ERROR(ValidateExtend(key, token, lease));
     return Update(key, "extend", nullptr,
                   [&](Record* r, int64_t now) { return DecideExtend(r, token, lease, now); });
   }
@@ -249,19 +247,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<WriteResult> CompleteWithBatch(std::string_view key, Token token, Millis retention,
                                           CompletionStatus status, std::string_view result,
                                           rocksdb::WriteBatch* batch) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
-    DEDUP_RETURN_IF_ERROR(ValidateResult(result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
     return Update(key, "complete", batch, [&](Record* r, int64_t now) {
       return DecideComplete(r, token, retention, status, result, now);
     });
   }
 
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
-    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    DEDUP_RETURN_IF_ERROR(ValidateToken(token));
-    DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+    DEDUP_RETURN_IF_ERROR(ValidateRelease(key, token, retention));
     return Update(key, "release", nullptr, [&](Record* r, int64_t now) {
       return DecideRelease(r, token, retention, now);
     });
