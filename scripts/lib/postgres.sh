@@ -16,8 +16,10 @@
 # so it dies with the shell even when the shell is SIGKILLed; it is stopped by
 # `pg_ctl stop -m fast` and its PID, never by name. Ports are checked free first.
 #
-# Run directly, `scripts/lib/postgres.sh serve PORT` starts one server, prints its
-# URI and waits until killed (for tests that need a server of their own).
+# Run directly, for tests that manage a server of their own:
+#   scripts/lib/postgres.sh init            makes a data directory, prints its path
+#   scripts/lib/postgres.sh run PORT DIR    becomes that server (exec; SIGINT = fast
+#                                           shutdown), e.g. as a test's child process
 
 PG_BIN_DIR=${PG_BIN_DIR:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
 PG_RUN_AS=${PG_RUN_AS:-nobody}
@@ -63,25 +65,23 @@ pg_init() {
   printf '%s\n' "$dir"
 }
 
+# _pg_server_args PORT DIR: the command line of the server of DIR on PORT, in
+# PG_SERVER_ARGS. fsync off: test data need not survive a power loss, and it spares
+# the shared disk. The parent-death signal kills the server with its parent.
+_pg_server_args() {
+  local port=$1 dir=$2
+  PG_SERVER_ARGS=(setpriv --pdeathsig KILL)
+  if [ "$(id -u)" -eq 0 ]; then
+    PG_SERVER_ARGS+=(--reuid="$PG_RUN_AS" --regid="$(id -gn "$PG_RUN_AS")" --clear-groups --reset-env)
+  fi
+  PG_SERVER_ARGS+=("$PG_BIN_DIR/postgres" -D "$dir/data" -p "$port" -c listen_addresses=127.0.0.1
+    -c unix_socket_directories="$dir" -c fsync=off -c max_connections=200)
+}
+
 # _pg_run PORT DIR: starts the server of DIR on PORT in the background.
 _pg_run() {
-  local port=$1 dir=$2
-  # fsync off: test data need not survive a power loss, and it spares the shared disk.
-  # The server is this shell's child and gets SIGTERM... SIGKILL when the shell dies.
-  if [ "$(id -u)" -eq 0 ]; then
-    local group
-    group=$(id -gn "$PG_RUN_AS")
-    setpriv --reuid="$PG_RUN_AS" --regid="$group" --clear-groups --reset-env \
-      --pdeathsig KILL \
-      "$PG_BIN_DIR/postgres" -D "$dir/data" -p "$port" -c listen_addresses=127.0.0.1 \
-      -c unix_socket_directories="$dir" -c fsync=off -c max_connections=200 \
-      >>"$dir/server.log" 2>&1 &
-  else
-    setpriv --pdeathsig KILL \
-      "$PG_BIN_DIR/postgres" -D "$dir/data" -p "$port" -c listen_addresses=127.0.0.1 \
-      -c unix_socket_directories="$dir" -c fsync=off -c max_connections=200 \
-      >>"$dir/server.log" 2>&1 &
-  fi
+  _pg_server_args "$1" "$2"
+  "${PG_SERVER_ARGS[@]}" >>"$2/server.log" 2>&1 &
   PG_LAST_PID=$!
 }
 
@@ -186,9 +186,13 @@ _pg_install_trap() {
   fi
 }
 
-if [[ "${BASH_SOURCE[0]}" == "$0" && "${1:-}" == serve ]]; then
-  pg_start "$2" || exit 1
-  echo "$PG_LAST_URI"
-  trap 'pg_stop_all; exit 0' TERM INT
-  while kill -0 "$PG_LAST_PID" 2>/dev/null; do sleep 0.5; done
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  case "${1:-}" in
+    init) pg_init ;;
+    run)
+      _pg_server_args "$2" "$3"
+      exec "${PG_SERVER_ARGS[@]}" >>"$3/server.log" 2>&1
+      ;;
+    *) echo "usage: $0 init | run PORT DIR" >&2; exit 2 ;;
+  esac
 fi
