@@ -28,6 +28,8 @@ PG_TEST_PASSWORD=${PG_TEST_PASSWORD:-dedup-test-pw}
 PG_PIDS=()
 PG_PORTS=()
 PG_DIRS=()
+# The shell (BASHPID) that started each server: only it can wait for the PID.
+PG_OWNERS=()
 
 _pg_log() { echo "postgres.sh: $*" >&2; }
 
@@ -113,6 +115,7 @@ pg_start() {
   PG_PIDS+=("$PG_LAST_PID")
   PG_PORTS+=("$port")
   PG_DIRS+=("$dir")
+  PG_OWNERS+=("$BASHPID")
   PG_LAST_DIR=$dir
   _pg_install_trap
   pg_wait_ready "$port" || { _pg_log "see $dir/server.log"; return 1; }
@@ -148,7 +151,8 @@ pg_stop() {
     done
     kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
   fi
-  wait "$pid" 2>/dev/null
+  # A subshell must not `wait` for its parent's child: bash would wait forever.
+  [ "${PG_OWNERS[$i]}" = "$BASHPID" ] && wait "$pid" 2>/dev/null
   PG_PIDS[$i]=""
   return 0
 }
@@ -162,6 +166,7 @@ pg_restart() {
   sleep "${2:-0}"
   _pg_run "$port" "$dir"
   PG_PIDS[$i]=$PG_LAST_PID
+  PG_OWNERS[$i]=$BASHPID
   pg_wait_ready "$port"
 }
 
@@ -175,6 +180,7 @@ pg_stop_all() {
   PG_PIDS=()
   PG_PORTS=()
   PG_DIRS=()
+  PG_OWNERS=()
 }
 
 _pg_install_trap() {
