@@ -98,6 +98,7 @@ void RunRetained(BenchContext&);
 void RetainedGoals(BenchContext&);
 void RunStreamsWorker(BenchContext&);
 void StreamsWorkerGoals(BenchContext&);
+void RunPostgres(BenchContext&);  // postgres_phase.cc
 
 }  // namespace dedup::bench
 

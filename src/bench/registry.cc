@@ -24,6 +24,7 @@ const std::vector<PhaseEntry>& Phases() {
       {"throughput", &RunThroughput, &ThroughputGoals},
       {"streams_worker", &RunStreamsWorker, &StreamsWorkerGoals},
       {"retained", &RunRetained, &RetainedGoals},
+      {"postgres", &RunPostgres, nullptr},  // needs DEDUP_BENCH_POSTGRES_URI
   };
   return kPhases;
 }
