@@ -22,6 +22,7 @@
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <thread>
@@ -152,7 +153,7 @@ void RunPostgres(BenchContext& ctx) {
                 }});
 
   const int rounds = std::max(3, std::min(ctx.plan.rounds, 5));
-  const double round_s = std::min(ctx.plan.round_s, 1.5);
+  const double round_s = std::clamp(ctx.plan.round_s, 1.0, 2.0);
   for (auto& c : cs) (void)Measure(c, threads, 0.2);  // warm-up: connections, plans
   for (auto& c : cs) c.errors = 0;
   for (int r = 0; r < rounds && !ctx.Stop(); ++r) {
