@@ -80,7 +80,9 @@ std::string Uri::Redacted() const {
   if (has_authority) {
     s += "//";
     if (!user.empty() || has_password) {
-      s += user;
+      // redis://secret@host: a user without a password is the password there.
+      const bool user_is_password = !has_password && scheme.starts_with("redis");
+      s += user_is_password ? "***" : user;
       if (has_password) s += ":***";
       s += "@";
     }

@@ -246,37 +246,58 @@ class SharedConnection {
   Status Call(std::span<const Command* const> cmds, std::vector<Reply>* replies,
               std::string_view op) {
     load_.fetch_add(1, std::memory_order_relaxed);
-    Request req{cmds, replies, op, Status::Ok(), false};
-    std::unique_lock lock(mu_);
-    queue_.push_back(&req);
-    while (!req.done) {
-      if (busy_) {
-        cv_.wait(lock);
-        continue;
-      }
-      // Lead: take everything queued so far, ours included.
-      busy_ = true;
-      std::vector<Request*> batch;
-      batch.swap(queue_);
-      lock.unlock();
-      RunBatch(batch);
-      lock.lock();
-      for (Request* r : batch) r->done = true;
-      busy_ = false;
-      cv_.notify_all();
+    Request req{cmds, replies, op, Status::Ok(), {kQueued}};
+    bool lead = false;
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(&req);
+      if (!busy_) busy_ = lead = true;
     }
-    lock.unlock();
+    if (!lead) {
+      int state;
+      while ((state = req.state.load(std::memory_order_acquire)) == kQueued) {
+        req.state.wait(kQueued, std::memory_order_acquire);
+      }
+      lead = state == kLead;
+    }
+    if (lead) {
+      // Take everything queued so far, ours included; run it; hand the connection
+      // to the first caller that queued meanwhile (or leave it idle); wake the rest.
+      {
+        std::lock_guard lock(mu_);
+        batch_.clear();
+        batch_.swap(queue_);
+      }
+      RunBatch(batch_);
+      // batch_ is the leader's: wake its callers while we still lead (busy_).
+      for (Request* r : batch_) {
+        if (r == &req) continue;
+        r->state.store(kDone, std::memory_order_release);
+        r->state.notify_one();  // r may be gone already: notify only wakes a futex
+      }
+      Request* next = nullptr;
+      {
+        std::lock_guard lock(mu_);
+        if (queue_.empty()) busy_ = false;
+        else next = queue_.front();
+      }
+      if (next != nullptr) {
+        next->state.store(kLead, std::memory_order_release);
+        next->state.notify_one();
+      }
+    }
     load_.fetch_sub(1, std::memory_order_relaxed);
     return std::move(req.status);
   }
 
  private:
+  enum : int { kQueued = 0, kLead = 1, kDone = 2 };
   struct Request {
     std::span<const Command* const> cmds;
     std::vector<Reply>* replies;
     std::string_view op;
     Status status;
-    bool done = false;
+    std::atomic<int> state;
   };
 
   // Runs by the leader alone (busy_), so conn_ needs no lock.
@@ -327,11 +348,11 @@ class SharedConnection {
 
   Node* const node_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool busy_ = false;
+  bool busy_ = false;  // a leader owns the connection
   std::vector<Request*> queue_;
   std::atomic<uint32_t> load_{0};
   // The leader's.
+  std::vector<Request*> batch_;
   std::unique_ptr<Connection> conn_;
   std::vector<const Command*> cmds_;
   std::vector<Reply> replies_;
