@@ -204,6 +204,14 @@ Status Connection::Write(std::span<const Command* const> cmds, std::string_view 
   return Status::Ok();
 }
 
+Status Connection::Flush(std::string_view op) {
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(c_, &done) != REDIS_OK) return TransportError(op, false);
+  }
+  return Status::Ok();
+}
+
 Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read) {
   for (size_t i = 0; i < n; ++i) {
     void* r = nullptr;
@@ -237,6 +245,12 @@ Status Connection::Pipeline(std::span<const Command* const> cmds, std::vector<Re
 // ---- Node -----------------------------------------------------------------------
 
 // One connection shared by many callers; see "Auto-pipelining" in client.h.
+//
+// At most one batch is on the wire at a time. Its leader reads its replies, takes
+// what was queued meanwhile as the next batch, writes it at once (so the server
+// works on it while we wake callers), and hands the connection to the first caller
+// of that batch, who will read its replies. So the wire is never idle waiting for a
+// thread to be scheduled, and no thread leads twice in a row.
 class SharedConnection {
  public:
   explicit SharedConnection(Node* node) : node_(node) {}
@@ -260,32 +274,7 @@ class SharedConnection {
       }
       lead = state == kLead;
     }
-    if (lead) {
-      // Take everything queued so far, ours included; run it; hand the connection
-      // to the first caller that queued meanwhile (or leave it idle); wake the rest.
-      {
-        std::lock_guard lock(mu_);
-        batch_.clear();
-        batch_.swap(queue_);
-      }
-      RunBatch(batch_);
-      // batch_ is the leader's: wake its callers while we still lead (busy_).
-      for (Request* r : batch_) {
-        if (r == &req) continue;
-        r->state.store(kDone, std::memory_order_release);
-        r->state.notify_one();  // r may be gone already: notify only wakes a futex
-      }
-      Request* next = nullptr;
-      {
-        std::lock_guard lock(mu_);
-        if (queue_.empty()) busy_ = false;
-        else next = queue_.front();
-      }
-      if (next != nullptr) {
-        next->state.store(kLead, std::memory_order_release);
-        next->state.notify_one();
-      }
-    }
+    if (lead) Lead(&req);
     load_.fetch_sub(1, std::memory_order_relaxed);
     return std::move(req.status);
   }
@@ -300,42 +289,111 @@ class SharedConnection {
     std::atomic<int> state;
   };
 
-  // Runs by the leader alone (busy_), so conn_ needs no lock.
-  void RunBatch(const std::vector<Request*>& batch) {
+  // Called with the lead (busy_). On entry inflight_ is the batch written by the
+  // previous leader, with our request first, or empty (we start cold: our request
+  // is queued).
+  void Lead(Request* self) {
+    std::vector<Request*> done;
+    if (inflight_.empty()) {
+      {
+        std::lock_guard lock(mu_);
+        inflight_.swap(queue_);
+      }
+      if (!WriteBatch(inflight_)) done.swap(inflight_);
+    }
+    if (!inflight_.empty()) {
+      ReadBatch(inflight_);
+      done.swap(inflight_);
+    }
+    for (;;) {
+      std::vector<Request*> next;
+      {
+        std::lock_guard lock(mu_);
+        next.swap(queue_);
+        if (next.empty()) {
+          busy_ = false;  // from here on, inflight_ and conn_ are the next leader's
+          break;
+        }
+      }
+      if (WriteBatch(next)) {
+        inflight_.swap(next);
+        Request* heir = inflight_.front();
+        heir->state.store(kLead, std::memory_order_release);
+        heir->state.notify_one();
+        break;
+      }
+      done.insert(done.end(), next.begin(), next.end());  // failed: statuses are set
+    }
+    for (Request* r : done) {
+      if (r == self) continue;
+      r->state.store(kDone, std::memory_order_release);
+      r->state.notify_one();  // r may be gone already: notify only wakes a futex
+    }
+  }
+
+  // Writes every command of `batch`, connecting first if needed. False (and every
+  // request failed) when it could not.
+  bool WriteBatch(const std::vector<Request*>& batch) {
     cmds_.clear();
     for (const Request* r : batch) cmds_.insert(cmds_.end(), r->cmds.begin(), r->cmds.end());
-    for (int attempt = 0;; ++attempt) {
-      const bool reused = conn_ != nullptr;
-      if (!reused) {
-        StatusOr<std::unique_ptr<Connection>> c = node_->Connect();
-        if (!c.ok()) return Fail(batch, c.status());
-        conn_ = std::move(c).value();
+    fresh_ = conn_ == nullptr;
+    if (fresh_) {
+      StatusOr<std::unique_ptr<Connection>> c = node_->Connect();
+      if (!c.ok()) {
+        Fail(batch, c.status());
+        return false;
       }
-      size_t read = 0;
-      replies_.resize(cmds_.size());
-      Status s = conn_->Write(cmds_, "");
-      if (s.ok()) s = conn_->ReadReplies(cmds_.size(), replies_.data(), "", &read);
-      if (s.ok()) {
-        node_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-        node_->commands_.fetch_add(cmds_.size(), std::memory_order_relaxed);
-        size_t at = 0;
-        for (Request* r : batch) {
-          r->replies->clear();
-          r->replies->reserve(r->cmds.size());
-          for (size_t i = 0; i < r->cmds.size(); ++i) r->replies->push_back(std::move(replies_[at++]));
-          r->status = Status::Ok();
-        }
+      conn_ = std::move(c).value();
+    }
+    Status s = conn_->Write(cmds_, "");
+    if (s.ok()) s = conn_->Flush("");
+    if (!s.ok()) {
+      conn_.reset();
+      Fail(batch, s);
+      return false;
+    }
+    node_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+    node_->commands_.fetch_add(cmds_.size(), std::memory_order_relaxed);
+    return true;
+  }
+
+  // Reads the replies of a written batch and hands each caller its own.
+  void ReadBatch(const std::vector<Request*>& batch) {
+    size_t n = 0;
+    for (const Request* r : batch) n += r->cmds.size();
+    replies_.resize(n);
+    size_t read = 0;
+    Status s = conn_->ReadReplies(n, replies_.data(), "", &read);
+    if (!s.ok()) {
+      conn_.reset();
+      // A connection that was open before and died before any reply most likely
+      // met a server restart: send once more on a fresh one.
+      const bool resend = !fresh_ && read == 0 && s.code() == StatusCode::kUnavailable;
+      if (!resend) {
+        Fail(batch, s);
         replies_.clear();
         return;
       }
-      conn_.reset();
-      replies_.clear();
-      // A connection that was open before and died before any reply most likely
-      // met a server restart: send once more on a fresh one.
-      if (!reused || read > 0 || attempt > 0 || s.code() != StatusCode::kUnavailable) {
-        return Fail(batch, s);
+      if (!WriteBatch(batch)) {  // it failed the batch
+        replies_.clear();
+        return;
+      }
+      s = conn_->ReadReplies(n, replies_.data(), "", &read);
+      if (!s.ok()) {
+        conn_.reset();
+        Fail(batch, s);
+        replies_.clear();
+        return;
       }
     }
+    size_t at = 0;
+    for (Request* r : batch) {
+      r->replies->clear();
+      r->replies->reserve(r->cmds.size());
+      for (size_t i = 0; i < r->cmds.size(); ++i) r->replies->push_back(std::move(replies_[at++]));
+      r->status = Status::Ok();
+    }
+    replies_.clear();
   }
 
   void Fail(const std::vector<Request*>& batch, const Status& s) {
@@ -351,8 +409,9 @@ class SharedConnection {
   bool busy_ = false;  // a leader owns the connection
   std::vector<Request*> queue_;
   std::atomic<uint32_t> load_{0};
-  // The leader's.
-  std::vector<Request*> batch_;
+  // The leader's; passed from leader to heir with the lead.
+  std::vector<Request*> inflight_;  // written, replies not read yet
+  bool fresh_ = false;              // conn_ was opened for inflight_
   std::unique_ptr<Connection> conn_;
   std::vector<const Command*> cmds_;
   std::vector<Reply> replies_;

@@ -78,8 +78,10 @@ class Connection {
   // before a failure. `extra_timeout` lengthens the reply wait (BLOCK reads).
   Status Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
                   std::string_view op, size_t* read = nullptr, Millis extra_timeout = Millis(0));
-  // Lower level: queue the commands, then read `n` replies into `out`.
+  // Lower level: queue the commands, send what is queued, read `n` replies into
+  // `out` (reading sends what is still queued first).
   Status Write(std::span<const Command* const> cmds, std::string_view op);
+  Status Flush(std::string_view op);
   Status ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read);
 
   const Endpoint& endpoint() const { return ep_; }
