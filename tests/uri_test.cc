@@ -8,6 +8,9 @@
 #if defined(DEDUP_WITH_REDIS)
 #include "redis/options.h"
 #endif
+#if defined(DEDUP_WITH_REDIS_STREAMS)
+#include "dedup/worker.h"
+#endif
 
 namespace dedup::internal {
 namespace {
@@ -232,6 +235,38 @@ TEST(RedisUri, OpenStoreUsesTheSameParser) {
 }
 
 #endif  // DEDUP_WITH_REDIS
+
+#if defined(DEDUP_WITH_REDIS_STREAMS)
+
+// The broker URI goes through the same parser: IPv6, /db and the ACL user are no
+// longer dropped, and bad forms say what is wrong.
+TEST(BrokerUri, SameParserAsTheStore) {
+  auto o = WorkerOptionsFromUri("redis://app:pw@[::1]:6390/4?stream=jobs&group=g&timeout=3s");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->host, "::1");
+  EXPECT_EQ(o->port, 6390);
+  EXPECT_EQ(o->db, 4);
+  EXPECT_EQ(o->user, "app");
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_TRUE(o->has_password);
+  EXPECT_EQ(o->timeout, Millis(3000));
+  EXPECT_EQ(o->stream, "jobs");
+  for (const auto& [uri, part] : std::vector<std::pair<const char*, const char*>>{
+           {"redis://u:hunter2@h:1/x?stream=s", "database 'x'"},
+           {"redis://u:hunter2@h:1?group=g", "stream=NAME"},
+           {"redis+cluster://u:hunter2@h:1?stream=s", "one server"},
+           {"redis://u:hunter2@h:1?stream=s&pool=2", "'pool'"},
+           {"redis://u:hunter2@h:1?stream=s&bogus=2", "'bogus'"}}) {
+    auto r = WorkerOptionsFromUri(uri);
+    ASSERT_FALSE(r.ok()) << uri;
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << uri << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << r.status();
+  }
+  EXPECT_EQ(WorkerOptionsFromUri("rediss://h:1?stream=s").status().code(),
+            StatusCode::kUnimplemented);
+}
+
+#endif  // DEDUP_WITH_REDIS_STREAMS
 
 }  // namespace
 }  // namespace dedup::internal
