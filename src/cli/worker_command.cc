@@ -171,8 +171,11 @@ int RunWorkerCommand(const WorkerFlags& f) {
     streams::TextbookOptions to;
     to.conn.host = wo->host;
     to.conn.port = wo->port;
+    to.conn.user = wo->user;
     to.conn.password = wo->password;
     to.conn.has_password = wo->has_password;
+    to.conn.db = wo->db;
+    to.conn.timeout = wo->timeout;
     to.ttl = f.textbook_ttl;
     to.retry_delay = f.retry_delay;
     streams::TextbookGuard guard(to);
