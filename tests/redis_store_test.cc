@@ -49,6 +49,7 @@ using Clock_ = std::chrono::steady_clock;
 
 using testing::PortFree;
 using testing::Spawn;
+using testing::FakePeer;
 
 // One admin command on a plain hiredis connection; returns the reply as text.
 std::string Admin(int port, const std::vector<std::string>& args) {
@@ -119,46 +120,6 @@ class RedisServer {
   int port_;
   std::string dir_;
   pid_t pid_ = -1;
-};
-
-// A TCP listener on an ephemeral loopback port that answers every connection with
-// `greeting` (or nothing) and closes it after a while.
-class FakePeer {
- public:
-  explicit FakePeer(std::string greeting) : greeting_(std::move(greeting)) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    listen(fd_, 8);
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        int c = accept(fd_, nullptr, nullptr);
-        if (c < 0) return;
-        if (!greeting_.empty()) (void)!write(c, greeting_.data(), greeting_.size());
-        std::this_thread::sleep_for(greeting_.empty() ? 1500ms : 50ms);
-        close(c);
-      }
-    });
-  }
-  ~FakePeer() {
-    stop_ = true;
-    shutdown(fd_, SHUT_RDWR);
-    close(fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-
- private:
-  std::string greeting_;
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 ClaimRequest Req(std::string_view key, Millis lease = 120s) {
