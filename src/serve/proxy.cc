@@ -240,6 +240,9 @@ void Server::Impl::RegisterProxy() {
                                                              httplib::Response& res) {
     auto count = [&](const char* outcome) { s.Outcome("dedup_proxy_requests_total", help,
                                                       "outcome", outcome)->Inc(); };
+    if (req.path.rfind(s.base + "/", 0) == 0) {  // dedup's own paths never reach the app
+      return s.SendProblem(res, 404, "Not Found", "no such route under " + s.base + "/");
+    }
     if (!req.has_header("Idempotency-Key")) {
       const auto t0 = std::chrono::steady_clock::now();
       auto up = Forward(*s.proxy, req);
