@@ -18,6 +18,16 @@ serve_port_free() {
   ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# Keeps a trap the caller set, and runs ours after it.
+_serve_install_trap() {
+  if [[ -z "${_SERVE_TRAP_SET:-}" ]]; then
+    _SERVE_TRAP_SET=1
+    local prev
+    prev=$(trap -p EXIT | sed -E "s/^trap -- '(.*)' EXIT$/\1/")
+    trap "${prev:+$prev; }serve_stop_all" EXIT
+  fi
+}
+
 # serve_start PORT LOGFILE COMMAND...: starts COMMAND in the background; its PID
 # is in SERVE_LAST_PID. The health check sends $SERVE_HEALTH_HEADER if set.
 serve_start() {
@@ -30,9 +40,7 @@ serve_start() {
   setpriv --pdeathsig KILL -- "$@" >"$log" 2>&1 &
   SERVE_LAST_PID=$!
   SERVE_PIDS+=("$SERVE_LAST_PID")
-  if [ "${#SERVE_PIDS[@]}" -eq 1 ]; then
-    trap 'serve_stop_all' EXIT
-  fi
+  _serve_install_trap
   local deadline=$((SECONDS + 20))
   while ((SECONDS < deadline)); do
     if curl -fsS -o /dev/null "http://127.0.0.1:$port/healthz" 2>/dev/null ||
