@@ -281,6 +281,11 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
                         " bytes");
     } else if (res.status == 404) {
       s.SendProblem(res, 404, "Not Found", "no such route");
+    } else if (res.status == 400) {
+      s.SendProblem(res, 400, "Bad Request",
+                    "the request could not be read (a POST needs a body, or Content-Length: 0)");
+    } else if (res.status >= 400) {
+      s.SendProblem(res, res.status, "Error", "HTTP " + std::to_string(res.status));
     }
   });
 
