@@ -21,13 +21,19 @@
 
 namespace dedup::serve {
 
+class Heartbeats;  // proxy.cc
+
 // Proxy mode: the application behind the proxy (proxy.cc).
 struct ProxyTarget {
+  ProxyTarget();
+  ~ProxyTarget();
   std::string host;
   int port = 80;
   // Idle keep-alive connections to the application, reused across requests.
   std::mutex mu;
   std::vector<std::unique_ptr<httplib::Client>> idle;
+  // Extends the claims of requests in flight.
+  std::unique_ptr<Heartbeats> heartbeats;
 };
 
 class Server::Impl {

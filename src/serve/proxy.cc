@@ -20,6 +20,7 @@
 // and dedup's own Dedup-Token).
 
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -76,6 +77,7 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
   if (!cli) {
     cli = std::make_unique<httplib::Client>(t.host, t.port);
     cli->set_keep_alive(true);
+    cli->set_tcp_nodelay(true);  // headers and body go out in separate writes
     cli->set_url_encode(false);  // the target goes on as the client sent it
     cli->set_decompress(false);  // and the body comes back as the application sent it
     cli->set_connection_timeout(std::chrono::seconds(5));
@@ -159,46 +161,102 @@ std::optional<Upstream> DecodeRecording(const std::string& text) {
   return up;
 }
 
-// Extends a claim every lease/3 until stopped; remembers a LOST answer.
-class Heartbeat {
+}  // namespace
+
+// Extends the claims of every request in flight, each every lease/3, from one
+// thread: a request adds its claim before forwarding and removes it after, and
+// neither waits for another thread to be scheduled (a thread per request made
+// the proxy's p99 hostage to the scheduler on a loaded machine).
+class Heartbeats {
  public:
-  Heartbeat(Store* store, std::string key, Token token, Millis lease)
-      : thread_([this, store, key = std::move(key), token, lease] {
-          std::unique_lock lock(mu_);
-          while (!cv_.wait_for(lock, lease / 3, [this] { return stop_; })) {
-            lock.unlock();
-            auto r = store->Extend(key, token, lease);
-            lock.lock();
-            if (r.ok() && *r == WriteResult::kLost) {
-              lost_ = true;
-              return;
-            }
-          }
-        }) {}
-  ~Heartbeat() { StopNow(); }
-  bool StopNow() {
+  explicit Heartbeats(Store* store) : store_(store), thread_([this] { Loop(); }) {}
+  ~Heartbeats() {
     {
       std::lock_guard lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    return lost_;
+    thread_.join();
+  }
+  uint64_t Add(std::string key, Token token, Millis lease) {
+    std::lock_guard lock(mu_);
+    const uint64_t id = ++next_id_;
+    claims_[id] = Claim{std::move(key), token, lease, Clock::now() + lease / 3, false};
+    cv_.notify_all();
+    return id;
+  }
+  // Stops extending; true when an extend answered LOST meanwhile.
+  bool Remove(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = claims_.find(id);
+    const bool lost = it != claims_.end() && it->second.lost;
+    if (it != claims_.end()) claims_.erase(it);
+    return lost;
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Claim {
+    std::string key;
+    Token token;
+    Millis lease;
+    Clock::time_point due;
+    bool lost;
+  };
+  void Loop() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      auto next = Clock::time_point::max();
+      std::vector<std::pair<uint64_t, Claim>> due;
+      const auto now = Clock::now();
+      for (auto& [id, c] : claims_) {
+        if (c.lost) continue;
+        if (c.due <= now) {
+          due.emplace_back(id, c);
+          c.due = now + c.lease / 3;
+        }
+        next = std::min(next, c.due);
+      }
+      if (!due.empty()) {
+        lock.unlock();
+        std::vector<uint64_t> lost;
+        for (const auto& [id, c] : due) {
+          auto r = store_->Extend(c.key, c.token, c.lease);
+          if (r.ok() && *r == WriteResult::kLost) lost.push_back(id);
+        }
+        lock.lock();
+        for (uint64_t id : lost) {
+          if (auto it = claims_.find(id); it != claims_.end()) it->second.lost = true;
+        }
+        continue;
+      }
+      if (next == Clock::time_point::max()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_until(lock, next);
+      }
+    }
+  }
+
+  Store* store_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool lost_ = false;
+  uint64_t next_id_ = 0;
+  std::map<uint64_t, Claim> claims_;
   std::thread thread_;
 };
+
+namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
+
+ProxyTarget::ProxyTarget() = default;
+ProxyTarget::~ProxyTarget() = default;
 
 Status Server::Impl::SetUpProxy() {
   // http://HOST:PORT[/]
@@ -223,6 +281,7 @@ Status Server::Impl::SetUpProxy() {
     t->port = static_cast<int>(p);
   }
   if (t->host.empty()) return Status::InvalidArgument("--proxy: no host in '" + o.proxy + "'");
+  t->heartbeats = std::make_unique<Heartbeats>(store);
   proxy = std::move(t);
   return Status::Ok();
 }
@@ -319,11 +378,9 @@ void Server::Impl::RegisterProxy() {
     const auto t1 = std::chrono::steady_clock::now();
     StatusOr<Upstream> up = Status::Internal("unreachable");
     bool lost = false;
-    {
-      Heartbeat hb(s.store, key, token, s.o.lease);
-      up = Forward(*s.proxy, req);
-      lost = hb.StopNow();
-    }
+    const uint64_t beat = s.proxy->heartbeats->Add(key, token, s.o.lease);
+    up = Forward(*s.proxy, req);
+    lost = s.proxy->heartbeats->Remove(beat);
     upstream_seconds->Observe(SecondsSince(t1));
     if (!up.ok()) {
       // Not answered: the effect may or may not have happened; give the key back
