@@ -34,9 +34,9 @@ t=$(curl -fsS -H "Authorization: Bearer $token" -X POST "$base/v1/keys/web-compl
 curl -fsS -o /dev/null -H "Authorization: Bearer $token" -X POST "$base/v1/keys/web-completed/complete" \
   -d "{\"token\":\"$t\",\"result\":\"done\"}"
 claim web-stuck '{"lease_ms":300}'
-claim web-forget-me '{}'
-claim 'web-<script>window.pwned=1</script>' '{}'
-claim 'web-<img src=x onerror="window.pwned=2">' '{}'
+claim web-forget-me '{"lease_ms":600000}'
+claim 'web-<script>window.pwned=1</script>' '{"lease_ms":600000}'
+claim 'web-<img src=x onerror="window.pwned=2">' '{"lease_ms":600000}'
 sleep 0.5  # web-stuck's lease runs out
 python3 "$root/tests/serve_page_test.py" "$base" "$token" "$password" ${shot:+"$shot"}
 if grep -q "$password" "$tmp/serve.log"; then

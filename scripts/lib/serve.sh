@@ -43,8 +43,14 @@ serve_start() {
   _serve_install_trap
   local deadline=$((SECONDS + 20))
   while ((SECONDS < deadline)); do
-    if curl -fsS -o /dev/null "http://127.0.0.1:$port/healthz" 2>/dev/null ||
-       curl -fsS -o /dev/null "http://127.0.0.1:$port/_dedup/healthz" 2>/dev/null; then
+    # /healthz first; /_dedup/healthz (proxy mode with a token) only once
+    # something answered, so that an application never sees it.
+    local code
+    code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/healthz" 2>/dev/null || true)
+    if [ "$code" = 200 ]; then
+      return 0
+    elif [ "$code" != 000 ] && [ -n "$code" ] &&
+         curl -fsS -o /dev/null "http://127.0.0.1:$port/_dedup/healthz" 2>/dev/null; then
       return 0
     fi
     if ! kill -0 "$SERVE_LAST_PID" 2>/dev/null; then

@@ -138,9 +138,11 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
   app->add_option("--key-prefix", f->o.key_prefix, "Proxy mode: store key prefix")
       ->capture_default_str();
   AddDurationOption(*app, "--lease", &f->o.lease,
-                    "Proxy mode: lease of a forwarded request (heartbeated every lease/3)");
+                    "Proxy mode: lease of a forwarded request (heartbeated every lease/3)",
+                    DurationBound::kPositive);
   AddDurationOption(*app, "--retention", &f->o.retention,
-                    "Proxy mode: how long recorded responses are replayed");
+                    "Proxy mode: how long recorded responses are replayed",
+                    DurationBound::kPositive);
   app->add_option("--max-response-bytes", f->o.max_response_bytes,
                   "Proxy mode: record response bodies up to this size")
       ->capture_default_str();

@@ -120,7 +120,14 @@ void Registry::AddGauge(const std::string& name, const std::string& help,
                         const std::vector<std::pair<std::string, std::string>>& labels,
                         std::function<double()> value) {
   std::lock_guard lock(mu_);
-  FamilyFor(name, "gauge", help).gauges[RenderLabels(labels)] = std::move(value);
+  FamilyFor(name, "gauge", help).funcs[RenderLabels(labels)] = std::move(value);
+}
+
+void Registry::AddCounterFunc(const std::string& name, const std::string& help,
+                              const std::vector<std::pair<std::string, std::string>>& labels,
+                              std::function<double()> value) {
+  std::lock_guard lock(mu_);
+  FamilyFor(name, "counter", help).funcs[RenderLabels(labels)] = std::move(value);
 }
 
 void Registry::AddBuildInfo(const std::string& version) {
@@ -137,7 +144,7 @@ std::string Registry::Render() const {
     for (const auto& [labels, c] : f.counters) {
       out += name + labels + " " + std::to_string(c->value()) + "\n";
     }
-    for (const auto& [labels, g] : f.gauges) {
+    for (const auto& [labels, g] : f.funcs) {
       out += name + labels + " " + FormatDouble(g()) + "\n";
     }
     for (const auto& [labels, h] : f.histograms) {

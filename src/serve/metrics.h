@@ -63,6 +63,11 @@ class Registry {
   Histogram* GetHistogram(const std::string& name, const std::string& help,
                           const std::vector<std::pair<std::string, std::string>>& labels = {},
                           const std::vector<double>& bounds = LatencyBuckets());
+  // A counter whose value is read when rendering, for counts another part keeps
+  // (e.g. the Consumer's). `value` must never decrease.
+  void AddCounterFunc(const std::string& name, const std::string& help,
+                      const std::vector<std::pair<std::string, std::string>>& labels,
+                      std::function<double()> value);
   // A gauge whose value is read when rendering.
   void AddGauge(const std::string& name, const std::string& help,
                 const std::vector<std::pair<std::string, std::string>>& labels,
@@ -80,7 +85,7 @@ class Registry {
     std::vector<double> bounds;
     std::map<std::string, std::unique_ptr<Counter>> counters;      // by rendered labels
     std::map<std::string, std::unique_ptr<Histogram>> histograms;  // by rendered labels
-    std::map<std::string, std::function<double()>> gauges;         // by rendered labels
+    std::map<std::string, std::function<double()>> funcs;          // by rendered labels
   };
   Family& FamilyFor(const std::string& name, const std::string& type, const std::string& help);
 

@@ -12,7 +12,7 @@
 // Contenders are interleaved round by round; ratios are medians of per-round
 // ratios. The machine is shared: read medians and ratios, not single figures.
 //
-//   dedup_http_bench DEDUP_BINARY [--seconds S] [--rounds R] [--threads 1,8] [--port 8085]
+//   build/src/serve/dedup_http_bench build/src/cli/dedup [--seconds S] [--rounds R] [--threads 1,8] [--port 8085]
 
 #include <httplib.h>
 #include <signal.h>
