@@ -14,12 +14,6 @@ base="http://127.0.0.1:$port"
 serve_start $port "$tmp/serve.log" "$dedup" serve --store "rocksdb:$tmp/db" \
   --listen 127.0.0.1:$port --max-body-bytes 100000
 
-fails=0
-check() {  # check WHAT CONDITION...
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
-}
 # call METHOD PATH [JSON]: sets $code, $body and $headers.
 call() {
   local args=(-s -o "$tmp/body" -D "$tmp/headers" -w '%{http_code}' -X "$1" "$base$2")
@@ -140,8 +134,8 @@ check "every counter ends in _total" bash -c "! grep '^# TYPE' '$tmp/metrics' | 
 # ---- the second client language
 check "the Python client's run" python3 "$root/tests/serve_api_client.py" "$base"
 
-if [ $fails -gt 0 ]; then
-  echo "serve_api_test: $fails check(s) failed; server log:"
+if [ $FAILS -gt 0 ]; then
+  echo "serve_api_test: $FAILS check(s) failed; server log:"
   tail -20 "$tmp/serve.log"
   exit 1
 fi

@@ -19,12 +19,6 @@ app_pid=$SERVE_LAST_PID
 serve_start $port "$tmp/serve.log" "$dedup" serve --store "rocksdb:$tmp/db" \
   --listen 127.0.0.1:$port --proxy "$app" --lease 3s --max-response-bytes 1000
 
-fails=0
-check() {
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
-}
 calls() { curl -s "$app/count"; }
 # post PATH KEY BODY [curl args...]: sets $code, $body, $headers.
 post() {
@@ -117,8 +111,8 @@ check "no Idempotency-Key appears in /metrics" bash -c "! grep -q 'k-1' '$tmp/me
 code=$(curl -s -o /dev/null -w '%{http_code}' "$base/_dedup/nothing-here")
 check "unknown /_dedup/ paths are not sent to the app" [ "$code" = 404 ]
 
-if [ $fails -gt 0 ]; then
-  echo "serve_proxy_test: $fails check(s) failed; server log:"
+if [ $FAILS -gt 0 ]; then
+  echo "serve_proxy_test: $FAILS check(s) failed; server log:"
   tail -30 "$tmp/serve.log"
   exit 1
 fi

@@ -13,12 +13,6 @@ source "$root/scripts/lib/serve.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-sec.XXXXXX")
 trap 'serve_stop_all; redis_stop_all; rm -rf "$tmp"' EXIT
 
-fails=0
-check() {
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
-}
 status() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
 token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 echo "$token" >"$tmp/token"
@@ -111,8 +105,8 @@ check "/metrics counts the errors" grep -q 'dedup_serve_claims_total{outcome="er
 check "/metrics does not show the password" bash -c "! grep -q '$pw' '$tmp/metrics'"
 check "serve's log does not show the password" bash -c "! grep -q '$pw' '$tmp/pw.log'"
 
-if [ $fails -gt 0 ]; then
-  echo "serve_security_test: $fails check(s) failed"
+if [ $FAILS -gt 0 ]; then
+  echo "serve_security_test: $FAILS check(s) failed"
   exit 1
 fi
 echo "serve_security_test: all checks passed"

@@ -7,6 +7,8 @@ dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../scripts/lib/redis.sh
 source "$root/scripts/lib/redis.sh"
+# shellcheck source=../scripts/lib/serve.sh
+source "$root/scripts/lib/serve.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-wm.XXXXXX")
 worker=""
 stop_worker() {
@@ -27,12 +29,6 @@ for _ in $(seq 200); do
   sleep 0.1
 done
 curl -s 127.0.0.1:8083/metrics >"$tmp/m"
-fails=0
-check() {
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
-}
 check "the worker's counters: 5 acked" grep -q '^dedup_worker_acked_total 5$' "$tmp/m"
 check "claims by outcome label" grep -q '^dedup_worker_claims_total{outcome="acquired"} 5$' "$tmp/m"
 check "claim latency histogram in seconds" grep -q '^dedup_worker_claim_duration_seconds_count [1-9]' "$tmp/m"
@@ -41,7 +37,7 @@ check "dedup_build_info" grep -q '^dedup_build_info{version="[^"]*"} 1$' "$tmp/m
 check "HELP and TYPE lines" grep -q '^# TYPE dedup_worker_acked_total counter$' "$tmp/m"
 check "no message key in /metrics" bash -c "! grep -q 'm-' '$tmp/m'"
 check "anything else is 404" [ "$(curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8083/)" = 404 ]
-if [ $fails -gt 0 ]; then
+if [ $FAILS -gt 0 ]; then
   cat "$tmp/m" "$tmp/worker.log" | tail -40
   exit 1
 fi

@@ -4,6 +4,7 @@
 #   source scripts/lib/serve.sh
 #   serve_start 8070 "$log" ./build/src/cli/dedup serve --store memory: --listen 127.0.0.1:8070
 #   serve_start 8080 "$log" python3 tests/serve_app.py 8080 "$tmp/calls"
+#   check "the answer is 200" [ "$code" = 200 ]   # counted in $FAILS
 #   ...                                      # every process stops at exit (trap)
 #
 # Each process gets SIGKILL if this shell dies (setpriv --pdeathsig), is stopped
@@ -11,6 +12,16 @@
 # within 20 s. Ports are checked free before starting.
 
 SERVE_PIDS=()
+# Checks that failed so far (see check).
+FAILS=0
+
+# check WHAT COMMAND...: runs COMMAND; prints "ok   WHAT" or "FAIL WHAT" and
+# counts failures in FAILS, so that a test reports every check, not the first.
+check() {
+  local what=$1
+  shift
+  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; FAILS=$((FAILS + 1)); fi
+}
 
 _serve_log() { echo "serve.sh: $*" >&2; }
 
