@@ -5,14 +5,14 @@
 // a message, on every embedded store; the textbook guard, under the same faults,
 // does both.
 
-#include "cli/simulate.h"
+#include "sim/simulation.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <string>
 
-namespace dedup::cli {
+namespace dedup::sim {
 namespace {
 
 // Faults well above the CLI defaults, so that a few thousand messages meet every
@@ -201,4 +201,4 @@ TEST(SimulateTest, BadOptionsAreRefused) {
 }
 
 }  // namespace
-}  // namespace dedup::cli
+}  // namespace dedup::sim

@@ -171,6 +171,9 @@ struct ConsumerOptions {
   bool batch_claims = true;
   // Prefixed to every log line on stderr. Default: "dedup consumer".
   std::string log_name = "dedup consumer";
+  // Where log lines go instead of stderr (dead letters, failed settlements and
+  // fetches). Called from any of the Consumer's threads. Default: empty = stderr.
+  std::function<void(const std::string& line)> log;
 };
 
 // Runs deliveries from a MessageSource through a guard with `concurrency`

@@ -1,13 +1,15 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// `dedup worker`: consumes a Redis stream and runs a command once per message key.
+// `dedup worker`: consumes a broker (any scheme of OpenSource: redis:// today)
+// through the Consumer and runs a command once per message key.
 //
 //   dedup worker --broker 'redis://127.0.0.1:6390?stream=jobs&group=g'
 //                --store rocksdb:/var/lib/dedup --exec './handle.sh'
 //
 // The command runs under /bin/sh -c (or directly with --no-shell) with the
-// message's fields as a JSON object on stdin and DEDUP_KEY, DEDUP_FENCE,
-// DEDUP_ATTEMPT, DEDUP_ENTRY_ID and DEDUP_WORKER_PID in its environment.
+// message's attributes (stream fields, headers) as a JSON object on stdin and
+// DEDUP_KEY, DEDUP_FENCE, DEDUP_ATTEMPT, DEDUP_ENTRY_ID (the broker's delivery
+// id) and DEDUP_WORKER_PID in its environment.
 //   exit 0            done: the outcome is recorded, then the entry is acked
 //   exit 75           retry later (EX_TEMPFAIL): claim released, entry left pending
 //   killed by signal  retry later, as 75
@@ -26,21 +28,26 @@
 #include <memory>
 #include <sstream>
 
-#include "brokers/redis_streams/textbook_guard.h"
+#include "brokers/redis_streams/stream_conn.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "dedup/buffer.h"
+#include "dedup/consumer.h"
 #include "dedup/store.h"
 #include "dedup/worker.h"
+#include "sim/redis_textbook_keys.h"
+#include "sim/textbook_guard.h"
 
 namespace dedup::cli {
 namespace {
 
-std::atomic<Worker*> g_worker{nullptr};
+std::atomic<Consumer*> g_consumer{nullptr};
+std::atomic<bool> g_stop{false};
 
 void StopWorker(int) {
-  if (Worker* w = g_worker.load()) w->Stop();
+  g_stop.store(true);
+  if (Consumer* c = g_consumer.load()) c->Stop();
 }
 
 struct WorkerFlags {
@@ -69,15 +76,15 @@ std::vector<std::string> SplitWords(const std::string& s) {
 }
 
 // Runs the handler command for one message.
-HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence,
                          uint32_t attempt) {
   nlohmann::json payload = nlohmann::json::object();
-  for (const auto& [k, v] : m.fields) payload[k] = v;
+  for (const auto& [k, v] : m.attributes()) payload[k] = v;
   ChildOptions c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
   c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  c.env = {"DEDUP_KEY=" + m.key, "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id,
+  c.env = {"DEDUP_KEY=" + m.key(), "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id(),
            "DEDUP_WORKER_PID=" + std::to_string(getpid())};
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
@@ -92,30 +99,78 @@ HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t 
 }
 
 int RunWorkerCommand(const WorkerFlags& f) {
-  auto wo = WorkerOptionsFromUri(f.broker);
-  if (!wo.ok()) {
+  // The textbook guard keeps its keys in the broker's Redis.
+  StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(f.broker);
+  if (f.pattern == "textbook" && !wo.ok()) {
     std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
     return kExitUsage;
   }
-  if (wo->group.empty()) wo->group = "dedup";
-  wo->concurrency = f.concurrency;
-  auto worker = Worker::Open(*wo);
-  if (!worker.ok()) {
-    std::fprintf(stderr, "dedup worker: %s\n", worker.status().ToString().c_str());
-    return worker.status().retryable() ? kExitTempFail : kExitUsage;
+  std::unique_ptr<Store> store;
+  BufferOptions bo;
+  bo.lease = f.lease;
+  bo.retention = f.retention;
+  bo.max_attempts = f.max_attempts;
+  bo.retry_delay = f.retry_delay;
+  bo.fingerprint_payloads = f.fingerprint;
+  if (f.pattern == "dedup") {
+    auto opened = OpenStore(f.store);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    store = std::move(opened).value();
   }
-  Worker& w = **worker;
+  SourceOptions so;
+  so.lease = f.lease;
+  auto source = OpenSource(f.broker, so);
+  if (!source.ok()) {
+    std::fprintf(stderr, "dedup worker: --broker: %s\n", source.status().ToString().c_str());
+    return source.status().retryable() ? kExitTempFail : kExitUsage;
+  }
+  const std::string name = (*source)->Describe();
+
+  ConsumerOptions co;
+  co.concurrency = f.concurrency;
+  co.log_name = "dedup worker";
+  std::unique_ptr<Buffer> buffer;
+  std::unique_ptr<TextbookKeys> textbook_keys;
+  std::unique_ptr<TextbookGuard> textbook;
+  StatusOr<std::unique_ptr<Consumer>> made = Status::Internal("unset");
+  if (f.pattern == "textbook") {
+    streams::ConnOptions conn;
+    conn.host = wo->host;
+    conn.port = wo->port;
+    conn.password = wo->password;
+    conn.has_password = wo->has_password;
+    textbook_keys = std::make_unique<streams::RedisTextbookKeys>(conn);
+    textbook = std::make_unique<TextbookGuard>(
+        textbook_keys.get(), TextbookOptions{f.textbook_ttl, "task_id:", f.retry_delay});
+    made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
+      return textbook->Process(d.key(), [&] { return RunHandler(f, d, 0, 0); });
+    }, co);
+  } else {
+    buffer = std::make_unique<Buffer>(store.get(), bo);
+    made = Consumer::Make(source->get(), buffer.get(), [&](const Delivery& d, ClaimGuard& g) {
+      return RunHandler(f, d, g.fence(), g.attempt());
+    }, co);
+  }
+  if (!made.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", made.status().ToString().c_str());
+    return kExitUsage;
+  }
+  Consumer& c = **made;
 
   MetricsServer metrics;
   if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&w] { return w.metrics().ToPrometheus(); });
+    Status s = metrics.Start(f.metrics_port, [&c] { return c.metrics().ToPrometheus(); });
     if (!s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
     }
   }
-  g_worker.store(&w);
+  g_consumer.store(&c);
   OnStopSignals(&StopWorker);
+  if (g_stop.load()) c.Stop();
 
   // A summary line every summary_interval while running.
   std::atomic<bool> done{false};
@@ -125,55 +180,18 @@ int RunWorkerCommand(const WorkerFlags& f) {
       std::this_thread::sleep_for(Millis(100));
       if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
         next += f.summary_interval;
-        std::fprintf(stderr, "dedup worker %s: %s\n", w.options().consumer.c_str(),
-                     w.metrics().Summary().c_str());
+        std::fprintf(stderr, "dedup worker: %s\n", c.metrics().Summary().c_str());
       }
     }
   });
 
-  std::fprintf(stderr, "dedup worker %s: stream %s group %s, pattern %s, concurrency %d\n",
-               w.options().consumer.c_str(), w.options().stream.c_str(),
-               w.options().group.c_str(), f.pattern.c_str(), f.concurrency);
-  Status run;
-  std::unique_ptr<Store> store;
-  if (f.pattern == "textbook") {
-    streams::TextbookOptions to;
-    to.conn.host = wo->host;
-    to.conn.port = wo->port;
-    to.conn.password = wo->password;
-    to.conn.has_password = wo->has_password;
-    to.ttl = f.textbook_ttl;
-    to.retry_delay = f.retry_delay;
-    streams::TextbookGuard guard(to);
-    run = w.RunWith([&](const StreamMessage& m) {
-      return guard.Process(m, [&] { return RunHandler(f, m, 0, 0); });
-    });
-  } else {
-    auto opened = OpenStore(f.store);
-    if (!opened.ok()) {
-      done.store(true);
-      summary.join();
-      g_worker.store(nullptr);
-      std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
-      return opened.status().retryable() ? kExitTempFail : kExitUsage;
-    }
-    store = std::move(opened).value();
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    Buffer buffer(store.get(), bo);
-    run = w.Run(&buffer, [&](const StreamMessage& m, ClaimGuard& g) {
-      return RunHandler(f, m, g.fence(), g.attempt());
-    });
-  }
+  std::fprintf(stderr, "dedup worker: %s, pattern %s, concurrency %d\n", name.c_str(),
+               f.pattern.c_str(), f.concurrency);
+  Status run = c.Run();
   done.store(true);
   summary.join();
-  g_worker.store(nullptr);
-  std::fprintf(stderr, "dedup worker %s: stopped: %s\n", w.options().consumer.c_str(),
-               w.metrics().Summary().c_str());
+  g_consumer.store(nullptr);
+  std::fprintf(stderr, "dedup worker: stopped: %s\n", c.metrics().Summary().c_str());
   if (!run.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", run.ToString().c_str());
     return kExitCheckFailed;
@@ -187,8 +205,9 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<WorkerFlags>();
   CLI::App* app = root.add_subcommand(
       "worker",
-      "Consume a Redis stream through a consumer group and run --exec once per message "
-      "key (payload as JSON on stdin; exit 0 done, 75 retry later, else dead-letter).");
+      "Consume a broker (a Redis stream through a consumer group) and run --exec once per "
+      "message key (payload as JSON on stdin; exit 0 done, 75 retry later, else "
+      "dead-letter).");
   app->add_option("--broker", f->broker,
                   "redis://HOST:PORT?stream=S[&group=G&consumer=C&key=id|sha256|FIELD"
                   "&dead=S:dead&prefix=P]")

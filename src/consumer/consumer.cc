@@ -128,6 +128,7 @@ class Consumer::Impl {
   };
 
   void Log(const std::string& line) const {
+    if (o_.log) return o_.log(line);
     std::fprintf(stderr, "%s: %s\n", o_.log_name.c_str(), line.c_str());
   }
 
