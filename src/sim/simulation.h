@@ -19,8 +19,10 @@
 //     heartbeat). A crash makes it stop what it is doing, without a release, a
 //     complete or an ack: the FaultInjectionStore refuses every write of the
 //     crashed claim's token, and the connection's unsettled deliveries are
-//     abandoned (MemorySource::Crash); the worker then "restarts" and takes the
-//     next delivery.
+//     abandoned (MemorySource::Crash), acks waiting to be coalesced included
+//     (the Consumer's max_ack_delay, as in production): those messages come
+//     back and meet DUPLICATE. The worker then "restarts" and takes the next
+//     delivery.
 //   * Faults are decided by a hash of (seed, published message, delivery number),
 //     so the same seed gives the same fault schedule whatever the thread timing,
 //     and the textbook pattern meets exactly the faults dedup met.
