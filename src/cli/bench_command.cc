@@ -49,6 +49,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench/consumer_bench.h"
 #include "cli/command.h"
 #include "cli/flags.h"
 #include "dedup/buffer.h"
@@ -1207,105 +1208,25 @@ void Bench::StreamsWorker() {
     Skip("streams worker: needs Redis");
     return;
   }
-  const int concurrency = 8;
-  auto store = OpenStore(redis_target_.base_uri + "?prefix=bench:dedup:&pool=" + std::to_string(concurrency));
-  if (!store.ok()) {
-    Skip("streams worker: " + store.status().ToString());
-    return;
-  }
-  BufferOptions bo;
-  bo.lease = 60s;
-  bo.retention = 600s;
-  CountingStore counting(store->get());
-  Buffer buffer(&counting, bo);
-  std::vector<double> plain_rates, dedup_rates, ratios, plain_cmds, dedup_cmds, store_calls;
-  uint64_t errors = 0;
-  static std::atomic<uint64_t> stream_no{0};
-  auto round = [&](bool with_dedup) -> std::tuple<double, double, double> {
-    RedisConn c(redis_target_);
-    const std::string stream = "bench:stream:" + std::to_string(getpid()) + ":" + std::to_string(stream_no++);
-    const uint64_t base = NextKeyBlock();
-    for (uint64_t at = 0; at < p_.worker_messages; at += 1000) {
-      std::vector<std::vector<std::string>> cmds;
-      for (uint64_t i = at; i < std::min<uint64_t>(p_.worker_messages, at + 1000); ++i) {
-        cmds.push_back({"XADD", stream, "*", "id", TaskKey(base + i), "body", "x"});
-      }
-      errors += c.Pipeline(cmds);
-    }
-    WorkerOptions o;
-    o.host = redis_target_.host;
-    o.port = redis_target_.port;
-    o.password = redis_target_.password;
-    o.has_password = !redis_target_.password.empty();
-    o.stream = stream;
-    o.group = "bench";
-    o.consumer = "bench";
-    o.concurrency = concurrency;
-    o.block = 50ms;
-    o.reclaim_interval = 60s;
-    auto w = Worker::Open(o);
-    if (!w.ok()) {
-      ++errors;
-      return {NAN, NAN, NAN};
-    }
-    const uint64_t calls0 = counting.calls.load();
-    const long long cmds0 = c.InfoField("stats", "total_commands_processed");
-    Worker* wp = w->get();
-    const auto t0 = Clk::now();
-    std::thread runner([&] {
-      if (with_dedup) {
-        (void)wp->Run(&buffer, [](const StreamMessage&, ClaimGuard&) { return HandlerResult::Done(); });
-      } else {
-        (void)wp->RunWith([](const StreamMessage&) {
-          Processed p;
-          p.ran = true;
-          p.action = BrokerAction::kAck;
-          p.claim.outcome = ClaimOutcome::kAcquired;
-          return p;
-        });
-      }
-    });
-    const auto deadline = t0 + 120s;
-    while (wp->metrics().acked < p_.worker_messages && Clk::now() < deadline && !Stop()) {
-      std::this_thread::sleep_for(1ms);
-    }
-    const double secs = Seconds(Clk::now() - t0);
-    const uint64_t acked = wp->metrics().acked;
-    wp->Stop();
-    runner.join();
-    const long long cmds1 = c.InfoField("stats", "total_commands_processed");
-    c.Command({"DEL", stream, stream + ":dead"});
-    if (acked < p_.worker_messages) ++errors;
-    const double n = static_cast<double>(std::max<uint64_t>(acked, 1));
-    // Minus the INFO call itself. Redis counts the commands a script calls too.
-    return {static_cast<double>(acked) / secs, static_cast<double>(cmds1 - cmds0 - 1) / n,
-            static_cast<double>(counting.calls.load() - calls0) / n};
-  };
-  for (int r = 0; r < p_.worker_rounds && !Stop(); ++r) {
-    progress_.Say("streams worker, round " + std::to_string(r + 1) + "/" + std::to_string(p_.worker_rounds) +
-                  ": without dedup");
-    auto [pr, pc, pn] = round(false);
-    (void)pn;
-    progress_.Say("streams worker, round " + std::to_string(r + 1) + "/" + std::to_string(p_.worker_rounds) +
-                  ": with dedup (redis store)");
-    auto [dr, dc, dn] = round(true);
-    store_calls.push_back(dn);
-    plain_rates.push_back(pr);
-    dedup_rates.push_back(dr);
-    plain_cmds.push_back(pc);
-    dedup_cmds.push_back(dc);
-    ratios.push_back(dr / pr);
-  }
-  const double ratio = Median(ratios);
-  worker_ = {{"concurrency", concurrency}, {"messages_per_round", p_.worker_messages},
-             {"store", "redis (same server as the stream)"},
-             {"without_dedup_msgs_per_s", Num(Median(plain_rates))},
-             {"with_dedup_msgs_per_s", Num(Median(dedup_rates))},
-             {"ratio", Num(ratio)}, {"dedup_cost", Num(1 - ratio)},
-             {"commands_per_msg_without", Num(Median(plain_cmds))},
-             {"commands_per_msg_with", Num(Median(dedup_cmds))},
-             {"store_round_trips_per_msg", Num(Median(store_calls))},
-             {"rounds_without", plain_rates}, {"rounds_with", dedup_rates}, {"errors", errors}};
+  // The Consumer's worker rows live in src/bench/consumer_bench.cc.
+  bench::ConsumerBenchOptions co;
+  co.host = redis_target_.host;
+  co.port = redis_target_.port;
+  co.password = redis_target_.password;
+  co.messages = p_.worker_messages;
+  co.rounds = p_.worker_rounds;
+  co.concurrency = 8;
+#ifdef DEDUP_WITH_ROCKSDB
+  const std::string scratch = MakeTempDir("consumer");
+  co.scratch_dir = scratch;
+#endif
+  co.progress = [this](const std::string& what) { progress_.Say(what); };
+  co.stop = [this] { return Stop(); };
+  worker_ = bench::RunConsumerBench(co);
+#ifdef DEDUP_WITH_ROCKSDB
+  std::error_code ec;
+  std::filesystem::remove_all(scratch, ec);
+#endif
 #else
   Skip("streams worker: not compiled in (DEDUP_WITH_REDIS_STREAMS / DEDUP_WITH_REDIS off)");
 #endif
@@ -1364,19 +1285,16 @@ void Bench::EvaluateGoals() {
           ratio(t, "redis/claim/b" + std::to_string(d), "redis/baseline/b" + std::to_string(d)), 0.9);
     }
   }
-  if (worker_.is_object()) {
-    add("streams worker: dedup costs <= 20 % of its throughput", worker_["dedup_cost"].is_number()
-                                                                     ? worker_["dedup_cost"].get<double>()
-                                                                     : NAN,
-        0.2, true, "", "%");
-    add("streams worker: <= 2 round trips per message for dedup",
-        worker_["store_round_trips_per_msg"].is_number() ? worker_["store_round_trips_per_msg"].get<double>()
-                                                          : NAN,
-        2.0, true, "store calls per message; each is one round trip on the Redis store", "n");
-  } else {
-    add("streams worker: dedup costs <= 20 % of its throughput", NAN, 0.2, true);
-    add("streams worker: <= 2 round trips per message for dedup", NAN, 2.0, true);
-  }
+  auto wnum = [&](const char* k) {
+    return worker_.is_object() && worker_.contains(k) && worker_[k].is_number() ? worker_[k].get<double>()
+                                                                                 : NAN;
+  };
+  add("consumer, Redis store on the stream's server: dedup costs <= 20 % of throughput",
+      wnum("redis_dedup_cost"), 0.2, true, "", "%");
+  add("consumer, RocksDB store: dedup costs <= 10 % of throughput", wnum("rocksdb_dedup_cost"), 0.1, true,
+      "", "%");
+  add("consumer, Redis store: <= 1 store round trip per message", wnum("redis_store_round_trips_per_msg"),
+      1.0, true, "store calls per message; each is one round trip on the Redis store", "n");
   for (const char* store : {"memory", "rocksdb"}) {
     double lo = NAN, hi = NAN;
     uint64_t hi_level = 0;
@@ -1452,19 +1370,7 @@ std::string Bench::Markdown() const {
         << Fmt("%.2f", r["p99_us"].is_number() ? r["p99_us"].get<double>() : NAN) << " |\n";
     }
   }
-  if (worker_.is_object()) {
-    auto g = [&](const char* k) { return worker_[k].is_number() ? worker_[k].get<double>() : NAN; };
-    o << "\n### Redis Streams worker, no-op handler, concurrency " << worker_["concurrency"].get<int>() << ", "
-      << worker_["messages_per_round"].get<uint64_t>() << " messages per round\n\n"
-      << "| | msgs/s | Redis commands per message (incl. those run inside scripts) |\n|---|---:|---:|\n"
-      << "| without dedup (RunWith: ack only) | " << Rate(g("without_dedup_msgs_per_s")) << " | "
-      << Fmt("%.2f", g("commands_per_msg_without")) << " |\n"
-      << "| with dedup (Run + Buffer on the Redis store) | " << Rate(g("with_dedup_msgs_per_s")) << " | "
-      << Fmt("%.2f", g("commands_per_msg_with")) << " |\n\n"
-      << "Ratio with/without (median of rounds): " << Fmt("%.2f", g("ratio")) << "; dedup costs "
-      << Fmt("%.0f %%", g("dedup_cost") * 100) << " of throughput and "
-      << Fmt("%.2f", g("store_round_trips_per_msg")) << " store round trips per message.\n";
-  }
+  o << bench::ConsumerBenchMarkdown(worker_);
   o << "\n### Goals\n\n| goal | measured | status |\n|---|---:|---|\n";
   for (auto& g : goals_) {
     o << "| " << g.what << (g.note.empty() ? "" : " (" + g.note + ")") << " | " << g.measured << " | "
@@ -1509,7 +1415,7 @@ json Bench::ToJson() const {
   }
   j["memory_per_record"] = memory_;
   j["retained"] = retained_;
-  j["streams_worker"] = worker_;
+  j["consumer"] = worker_;
   j["goals"] = json::array();
   for (auto& g : goals_) {
     j["goals"].push_back({{"goal", g.what}, {"value", Num(g.value)}, {"target", g.target},
