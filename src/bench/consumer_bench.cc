@@ -2,7 +2,8 @@
 
 #include "bench/consumer_bench.h"
 
-#include <hiredis/hiredis.h>
+#ifdef DEDUP_WITH_REDIS_STREAMS
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench.h"
 #include "brokers/redis_streams/stream_conn.h"
 #include "brokers/redis_streams/streams_source.h"
 #include "dedup/buffer.h"
@@ -29,7 +31,7 @@ using Clk = std::chrono::steady_clock;
 
 // Counts store calls: each is one round trip on a server store. Forwards the
 // fused-ack capability (StoreWrapper does), so the path measured is users' path.
-class RoundTripCounter : public StoreWrapper {
+class ConsumerRoundTrips : public StoreWrapper {
  public:
   using StoreWrapper::StoreWrapper;
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
@@ -62,20 +64,10 @@ class RoundTripCounter : public StoreWrapper {
   std::atomic<uint64_t> calls{0};
 };
 
-double Median(std::vector<double> v) {
-  std::erase_if(v, [](double x) { return std::isnan(x); });
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-json Num(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
-
-struct Contender {
+struct ConsumerContender {
   std::string id, label;
   std::unique_ptr<Store> store;  // null: no guard
-  std::unique_ptr<RoundTripCounter> counter;
+  std::unique_ptr<ConsumerRoundTrips> counter;
   std::unique_ptr<Buffer> buffer;
   std::vector<double> rates, cmds, trips, ratios;
   uint64_t errors = 0;
@@ -96,14 +88,15 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
   streams::ConnOptions co;
   co.host = o.host;
   co.port = o.port;
+  co.user = o.user;
   co.password = o.password;
   co.has_password = !o.password.empty();
   co.timeout = Millis(10'000);
   streams::StreamConn conn(co);
-  std::string auth = o.password.empty() ? "" : ":" + o.password + "@";
+  std::string auth = o.password.empty() ? "" : o.user + ":" + o.password + "@";
   const std::string redis_uri = "redis://" + auth + o.host + ":" + std::to_string(o.port);
 
-  std::vector<Contender> cs;
+  std::vector<ConsumerContender> cs;
   cs.push_back({"none", "no guard (ack only)", nullptr, nullptr, nullptr, {}, {}, {}, {}, 0});
   {
     auto s = OpenStore(redis_uri + "?prefix=bench:consumer:&pool=" + std::to_string(o.concurrency));
@@ -124,9 +117,9 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
   BufferOptions bo;
   bo.lease = Millis(60'000);
   bo.retention = Millis(600'000);
-  for (Contender& c : cs) {
+  for (ConsumerContender& c : cs) {
     if (c.store == nullptr) continue;
-    c.counter = std::make_unique<RoundTripCounter>(c.store.get());
+    c.counter = std::make_unique<ConsumerRoundTrips>(c.store.get());
     c.buffer = std::make_unique<Buffer>(c.counter.get(), bo);
   }
 
@@ -135,7 +128,7 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
   const char* publish_lua =
       "for i = 1, tonumber(ARGV[2]) do redis.call('XADD', KEYS[1], '*', 'id', ARGV[1] .. i, "
       "'body', 'x') end return 1";
-  auto run = [&](Contender& c, int round) {
+  auto run = [&](ConsumerContender& c, int round) {
     const std::string stream = "bench:consumer:" + std::to_string(getpid()) + ":" +
                                std::to_string(stream_no++);
     const std::string prefix = stream + ":" + c.id + ":" + std::to_string(round) + ":";
@@ -147,6 +140,7 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
     WorkerOptions wo;
     wo.host = o.host;
     wo.port = o.port;
+    wo.user = o.user;
     wo.password = o.password;
     wo.has_password = !o.password.empty();
     wo.stream = stream;
@@ -206,14 +200,14 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
   };
 
   for (int r = 0; r < o.rounds && !(o.stop && o.stop()); ++r) {
-    for (Contender& c : cs) {
+    for (ConsumerContender& c : cs) {
       if (o.progress) {
         o.progress("consumer, round " + std::to_string(r + 1) + "/" + std::to_string(o.rounds) +
                    ": " + c.label);
       }
       run(c, r);
     }
-    for (Contender& c : cs) {
+    for (ConsumerContender& c : cs) {
       if (c.rates.size() == cs[0].rates.size() && !cs[0].rates.empty()) {
         c.ratios.push_back(c.rates.back() / cs[0].rates.back());
       }
@@ -221,7 +215,7 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
   }
   json out = {{"concurrency", o.concurrency}, {"messages_per_round", o.messages},
               {"rows", json::array()}};
-  for (Contender& c : cs) {
+  for (ConsumerContender& c : cs) {
     const double ratio = c.id == "none" ? 1.0 : Median(c.ratios);
     json row = {{"id", c.id},
                 {"label", c.label},
@@ -270,4 +264,68 @@ std::string ConsumerBenchMarkdown(const json& r) {
   return o;
 }
 
+void RunConsumerRows(BenchContext& ctx) {
+  if (ctx.options.no_worker) {
+    ctx.Skip("consumer rows: --no-worker");
+    return;
+  }
+  if (!ctx.redis) {
+    ctx.Skip("consumer rows: need Redis");
+    return;
+  }
+  ConsumerBenchOptions o;
+  o.host = ctx.redis_target.host;
+  o.port = ctx.redis_target.port;
+  o.user = ctx.redis_target.user;
+  o.password = ctx.redis_target.password;
+  o.messages = ctx.plan.worker_messages;
+  o.rounds = ctx.plan.worker_rounds;
+  o.concurrency = 8;
+#ifdef DEDUP_WITH_ROCKSDB
+  const std::string scratch = ctx.options.no_rocksdb ? "" : MakeTempDir("consumer");
+  o.scratch_dir = scratch;
+#endif
+  o.progress = [&ctx](const std::string& what) { ctx.Say(what); };
+  o.stop = [&ctx] { return ctx.Stop(); };
+  json rows = RunConsumerBench(o);
+#ifdef DEDUP_WITH_ROCKSDB
+  if (!scratch.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(scratch, ec);
+  }
+#endif
+  std::string md = ConsumerBenchMarkdown(rows);
+  ctx.results.sections.push_back({"consumer", std::move(rows), std::move(md)});
+}
+
+void ConsumerRowsGoals(BenchContext& ctx) {
+  const Section* s = ctx.results.FindSection("consumer");
+  const json rows = s ? s->data : json(nullptr);
+  auto num = [&](const char* k) {
+    return rows.is_object() && rows.contains(k) && rows[k].is_number() ? rows[k].get<double>() : NAN;
+  };
+  ctx.results.AddGoal("consumer, Redis store on the stream's server: dedup costs <= 20 % of throughput",
+                      num("redis_dedup_cost"), 0.2, true, "", "%");
+  ctx.results.AddGoal("consumer, RocksDB store: dedup costs <= 10 % of throughput",
+                      num("rocksdb_dedup_cost"), 0.1, true, "", "%");
+  ctx.results.AddGoal("consumer, Redis store: <= 1 store round trip per message",
+                      num("redis_store_round_trips_per_msg"), 1.0, true,
+                      "store calls per message; each is one round trip on the Redis store", "n");
+}
+
 }  // namespace dedup::bench
+
+#else  // !DEDUP_WITH_REDIS_STREAMS
+
+#include "bench/bench.h"
+
+namespace dedup::bench {
+
+void RunConsumerRows(BenchContext& ctx) {
+  ctx.Skip("consumer rows: not compiled in (DEDUP_WITH_REDIS_STREAMS off)");
+}
+void ConsumerRowsGoals(BenchContext&) {}
+
+}  // namespace dedup::bench
+
+#endif  // DEDUP_WITH_REDIS_STREAMS

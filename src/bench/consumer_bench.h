@@ -22,7 +22,7 @@ struct ConsumerBenchOptions {
   // The Redis server of the stream (and of the Redis store). Required.
   std::string host = "127.0.0.1";
   int port = 0;
-  std::string password;
+  std::string user, password;
   // Messages per round and contender. Default: 20000.
   uint64_t messages = 20'000;
   // Rounds (each runs every contender once). Default: 3.

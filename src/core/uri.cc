@@ -2,9 +2,11 @@
 
 #include "core/uri.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 
+#include "core/duration.h"
 #include "dedup/store.h"
 
 namespace dedup::internal {
@@ -34,6 +36,17 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
     i += 2;
   }
   return out;
+}
+
+// The text with anything before the authority's last '@' replaced by "***", so
+// that a password never reaches an error message.
+std::string RedactUserinfo(std::string_view text) {
+  size_t start = text.find("//");
+  start = start == std::string_view::npos ? 0 : start + 2;
+  const size_t end = std::min(text.find_first_of("/?", start), text.size());
+  const size_t at = text.substr(0, end).rfind('@');
+  if (at == std::string_view::npos || at < start) return std::string(text);
+  return std::string(text.substr(0, start)) + "***" + std::string(text.substr(at));
 }
 
 }  // namespace
@@ -67,7 +80,9 @@ std::string Uri::Redacted() const {
   if (has_authority) {
     s += "//";
     if (!user.empty() || has_password) {
-      s += user;
+      // redis://secret@host: a user without a password is the password there.
+      const bool user_is_password = !has_password && scheme.starts_with("redis");
+      s += user_is_password ? "***" : user;
       if (has_password) s += ":***";
       s += "@";
     }
@@ -85,7 +100,7 @@ StatusOr<Uri> ParseUri(std::string_view text) {
   Uri u;
   const size_t colon = text.find(':');
   if (colon == std::string_view::npos || colon == 0) {
-    return Status::InvalidArgument("store URI '" + std::string(text) +
+    return Status::InvalidArgument("store URI '" + RedactUserinfo(text) +
                                    "' has no scheme (expected e.g. memory:, rocksdb:PATH, "
                                    "redis://HOST:PORT)");
   }
@@ -158,28 +173,9 @@ StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {
 }
 
 StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  std::string_view unit = text.substr(digits);
-  long long mult = 0;
-  if (unit.empty() || unit == "ms") mult = 1;
-  else if (unit == "s") mult = 1000;
-  else if (unit == "m" || unit == "min") mult = 60'000;
-  else if (unit == "h") mult = 3'600'000;
-  else if (unit == "d") mult = 86'400'000;
-  auto bad = [&] {
-    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
-                                   "' is not a duration (e.g. 500ms, 30s, 5m, 24h, 7d)");
-  };
-  if (digits == 0 || mult == 0) return bad();
-  long long n = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + digits, n);
-  if (ec != std::errc()) return bad();
-  if (n > kMaxDuration.count() / mult) {
-    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
-                                   "' is longer than 10 years");
-  }
-  return n * mult;
+  StatusOr<Millis> d = ParseDuration(text, what);
+  if (!d.ok()) return d.status();
+  return d->count();
 }
 
 std::string RedisServerIdentity(std::string_view host, int port, int db) {
