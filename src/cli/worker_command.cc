@@ -31,7 +31,7 @@
 #include <memory>
 #include <sstream>
 
-#include "brokers/redis_streams/stream_conn.h"
+#include "brokers/redis_streams/streams_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
@@ -179,15 +179,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   std::unique_ptr<TextbookGuard> textbook;
   StatusOr<std::unique_ptr<Consumer>> made = Status::Internal("unset");
   if (f.pattern == "textbook") {
-    streams::ConnOptions conn;
-    conn.host = wo->host;
-    conn.port = wo->port;
-    conn.user = wo->user;
-    conn.password = wo->password;
-    conn.has_password = wo->has_password;
-    conn.db = wo->db;
-    conn.timeout = wo->timeout;
-    textbook_keys = std::make_unique<streams::RedisTextbookKeys>(conn);
+    textbook_keys = std::make_unique<streams::RedisTextbookKeys>(StreamConnOptions(*wo));
     textbook = std::make_unique<TextbookGuard>(
         textbook_keys.get(), TextbookOptions{f.textbook_ttl, "task_id:", f.retry_delay});
     made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
