@@ -44,6 +44,11 @@
 #include "dedup/worker.h"
 #include "sim/redis_textbook_keys.h"
 #include "sim/textbook_guard.h"
+#ifdef DEDUP_WITH_SERVE
+#include "serve/metered_store.h"
+#include "serve/metrics.h"
+#include "serve/metrics_http.h"
+#endif
 
 namespace dedup::cli {
 namespace {
@@ -82,9 +87,83 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
+#ifdef DEDUP_WITH_SERVE
+// --metrics-port: the Consumer's counters, claim and handler latencies and the
+// build, in Prometheus conventions, on serve's HTTP stack.
+metrics::Registry g_metrics;
+const std::string kHandlerHelp = "Time a handler command ran, by outcome (done, retry, fail).";
+
+void ObserveHandler(std::chrono::steady_clock::time_point t0, const HandlerResult& r) {
+  const char* outcome = r.kind == HandlerResult::Kind::kDone    ? "done"
+                        : r.kind == HandlerResult::Kind::kRetry ? "retry"
+                                                                : "fail";
+  g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                         {{"outcome", outcome}})
+      ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void RegisterWorkerMetrics(const Consumer& w) {
+  g_metrics.AddBuildInfo(DEDUP_VERSION);
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> rows[] = {
+      {"messages", &ConsumerMetrics::messages},
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicates", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"takeovers", &ConsumerMetrics::takeovers},
+      {"lost_leases", &ConsumerMetrics::lost_leases},
+      {"retries", &ConsumerMetrics::retries},
+      {"dead_lettered", &ConsumerMetrics::dead_lettered},
+      {"store_errors", &ConsumerMetrics::store_errors},
+      {"acked", &ConsumerMetrics::acked},
+      {"redelivered", &ConsumerMetrics::redelivered},
+      {"held_back", &ConsumerMetrics::held_back},
+      {"broker_errors", &ConsumerMetrics::broker_errors},
+      {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
+      {"claim_batches", &ConsumerMetrics::claim_batches},
+      {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches},
+      {"ack_batches", &ConsumerMetrics::ack_batches},
+      {"acked_in_batches", &ConsumerMetrics::acked_in_batches}};
+  for (const auto& [name, field] : rows) {
+    g_metrics.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
+                             std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  // Claim outcomes once more, as one family with an outcome label.
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> outcomes[] = {
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicate", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"error", &ConsumerMetrics::store_errors}};
+  for (const auto& [outcome, field] : outcomes) {
+    g_metrics.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
+                             {{"outcome", outcome}},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  for (const char* outcome : {"done", "retry", "fail"}) {
+    g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                           {{"outcome", outcome}});
+  }
+}
+#endif
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
+                                uint32_t attempt);
+
 // Runs the handler command for one message.
 HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence,
                          uint32_t attempt) {
+#ifdef DEDUP_WITH_SERVE
+  const auto t0 = std::chrono::steady_clock::now();
+  HandlerResult r = RunHandlerCommand(f, m, fence, attempt);
+  ObserveHandler(t0, r);
+  return r;
+#else
+  return RunHandlerCommand(f, m, fence, attempt);
+#endif
+}
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
+                                uint32_t attempt) {
   nlohmann::json payload = nlohmann::json::object();
   for (const auto& [k, v] : m.attributes()) payload[k] = v;
   ChildOptions c;
@@ -161,6 +240,14 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
+#ifdef DEDUP_WITH_SERVE
+    if (f.metrics_port > 0) {
+      store = std::make_unique<serve::OwningMeteredStore>(
+          std::move(store),
+          g_metrics.GetHistogram("dedup_worker_claim_duration_seconds",
+                                 "Time the store took to answer a claim or a batch of claims."));
+    }
+#endif
   }
   SourceOptions so;
   so.lease = f.lease;
@@ -215,14 +302,22 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   Consumer& c = **made;
 
-  MetricsServer metrics;
+#ifdef DEDUP_WITH_SERVE
+  serve::MetricsEndpoint metrics;
   if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&c] { return c.metrics().ToPrometheus(); });
+    RegisterWorkerMetrics(c);
+    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
     if (!s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
     }
   }
+#else
+  if (f.metrics_port > 0) {
+    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
+    return kExitUsage;
+  }
+#endif
   g_consumer.store(&c);
   OnStopSignals(&StopWorker);
   if (g_stop.load()) c.Stop();
