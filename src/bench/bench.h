@@ -99,6 +99,9 @@ void RetainedGoals(BenchContext&);
 void RunStreamsWorker(BenchContext&);
 void StreamsWorkerGoals(BenchContext&);
 void RunPostgres(BenchContext&);  // postgres_phase.cc
+// The Consumer's worker rows (consumer_bench.cc).
+void RunConsumerRows(BenchContext&);
+void ConsumerRowsGoals(BenchContext&);
 
 }  // namespace dedup::bench
 

@@ -22,7 +22,7 @@ const std::vector<PhaseEntry>& Phases() {
       // Memory first: RSS growth is cleanest before the heap has been used.
       {"memory_per_record", &RunMemoryPerRecord, nullptr},
       {"throughput", &RunThroughput, &ThroughputGoals},
-      {"streams_worker", &RunStreamsWorker, &StreamsWorkerGoals},
+      {"consumer", &RunConsumerRows, &ConsumerRowsGoals},
       {"retained", &RunRetained, &RetainedGoals},
       {"postgres", &RunPostgres, nullptr},  // needs DEDUP_BENCH_POSTGRES_URI
   };
