@@ -74,7 +74,7 @@ nats_stop() {
       sleep 0.05
     done
     kill -0 "$NATS_PID" 2>/dev/null && kill -KILL "$NATS_PID" 2>/dev/null
-    wait "$NATS_PID" 2>/dev/null
+    wait "$NATS_PID" 2>/dev/null || true
   fi
   NATS_PID=""
   return 0

@@ -133,15 +133,15 @@ rabbitmq_stop() {
       sleep 0.05
     done
     kill -0 "$RABBITMQ_PID" 2>/dev/null && kill -KILL "$RABBITMQ_PID" 2>/dev/null
-    wait "$RABBITMQ_PID" 2>/dev/null
+    wait "$RABBITMQ_PID" 2>/dev/null || true
   fi
   if [[ -n "$beam" ]] && kill -0 "$beam" 2>/dev/null; then
-    kill -KILL "$beam" 2>/dev/null
+    kill -KILL "$beam" 2>/dev/null || true
   fi
   RABBITMQ_PID=""
   if [[ -n "$RABBITMQ_EPMD_PID" ]]; then
     kill -TERM "$RABBITMQ_EPMD_PID" 2>/dev/null
-    wait "$RABBITMQ_EPMD_PID" 2>/dev/null
+    wait "$RABBITMQ_EPMD_PID" 2>/dev/null || true
     RABBITMQ_EPMD_PID=""
   fi
   return 0
