@@ -39,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dedup/broker_ack.h"
 #include "dedup/clock.h"
 #include "dedup/record.h"
 #include "dedup/status.h"
@@ -59,6 +60,12 @@ struct ClaimRequest {
                                  // this claim is EXHAUSTED
   std::string_view fingerprint;  // optional payload fingerprint; empty = none
   uint32_t max_attempts = 0;     // 0 = unlimited
+};
+
+// The answer to a completion fused with a broker's ack.
+struct AckedWrite {
+  WriteResult write = WriteResult::kLost;  // as Complete() answers
+  bool acked = false;  // the broker's ack was carried out (only ever with kOk)
 };
 
 class Store {
@@ -88,6 +95,23 @@ class Store {
                                                        Millis retention,
                                                        CompletionStatus status,
                                                        std::string_view result) = 0;
+
+  // Capability: completion fused with a broker's acknowledgement. True when this
+  // store can carry out `ack` in the same atomic step as a completion (e.g. a
+  // Redis store whose server holds the Redis stream). Default: false.
+  virtual bool CanCompleteWithAck(const BrokerAck& ack) const {
+    (void)ack;
+    return false;
+  }
+  // Complete(), and only if it answers kOk, the broker's ack, atomically. `acked`
+  // false with kOk means the completion is recorded but the ack acked nothing
+  // (e.g. the entry was no longer pending): the caller acks the usual way. Only
+  // called when CanCompleteWithAck(ack); default: Unimplemented.
+  [[nodiscard]] virtual StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token,
+                                                             Millis retention,
+                                                             CompletionStatus status,
+                                                             std::string_view result,
+                                                             const BrokerAck& ack);
 
   // Gives the claim up: the key is claimable at once; fence and attempts are kept
   // for `retention` from now.
@@ -128,6 +152,14 @@ class StoreWrapper : public Store {
   StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
                                  CompletionStatus status, std::string_view result) override {
     return target_->Complete(key, token, retention, status, result);
+  }
+  bool CanCompleteWithAck(const BrokerAck& ack) const override {
+    return target_->CanCompleteWithAck(ack);
+  }
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    return target_->CompleteWithAck(key, token, retention, status, result, ack);
   }
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
     return target_->Release(key, token, retention);

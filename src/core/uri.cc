@@ -182,4 +182,10 @@ StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view 
   return n * mult;
 }
 
+std::string RedisServerIdentity(std::string_view host, int port, int db) {
+  std::string_view h = host;
+  if (h == "localhost" || h == "::1" || h == "[::1]") h = "127.0.0.1";
+  return std::string(h) + ":" + std::to_string(port) + "/" + std::to_string(db);
+}
+
 }  // namespace dedup::internal

@@ -41,6 +41,10 @@ StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view 
 // A non-negative integer that fits in long long.
 StatusOr<long long> ParseCount(std::string_view text, std::string_view what);
 
+// The canonical identity of a Redis server, as BrokerAck::server carries it
+// (broker_ack.h): "host:port/db" with localhost and ::1 written 127.0.0.1.
+std::string RedisServerIdentity(std::string_view host, int port, int db);
+
 }  // namespace dedup::internal
 
 #endif  // DEDUP_SRC_CORE_URI_H_
