@@ -13,6 +13,11 @@
 //   killed by signal  retry later, as 75
 //   anything else     permanent failure: completed as failed, dead-lettered
 // --keep-output stores the command's stdout (at most 1 MiB) as the result.
+//
+// Any other broker the scheme table knows (amqp://, nats://; OpenSource in
+// consumer.h) runs on the broker-neutral Consumer: the handler gets the message
+// body itself on stdin and DEDUP_ENTRY_ID is the broker's delivery id. With
+// --pattern textbook, --textbook-redis names the Redis that keeps its keys.
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
@@ -27,6 +32,8 @@
 #include <sstream>
 
 #include "brokers/redis_streams/textbook_guard.h"
+#include "core/uri.h"
+#include "dedup/consumer.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
@@ -38,9 +45,11 @@ namespace dedup::cli {
 namespace {
 
 std::atomic<Worker*> g_worker{nullptr};
+std::atomic<Consumer*> g_consumer{nullptr};
 
 void StopWorker(int) {
   if (Worker* w = g_worker.load()) w->Stop();
+  if (Consumer* c = g_consumer.load()) c->Stop();
 }
 
 struct WorkerFlags {
@@ -59,6 +68,7 @@ struct WorkerFlags {
   Millis summary_interval{10'000};
   std::string pattern = "dedup";
   Millis textbook_ttl{60'000};
+  std::string textbook_redis;  // for brokers other than redis://
 };
 
 std::vector<std::string> SplitWords(const std::string& s) {
@@ -91,7 +101,131 @@ HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t 
   return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
 }
 
+// The handler command for one delivery of a non-Redis broker: the body on stdin.
+HandlerResult RunDeliveryHandler(const WorkerFlags& f, const Delivery& d, uint64_t fence,
+                                 uint32_t attempt) {
+  ChildOptions c;
+  c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
+  c.stdin_data = d.payload();
+  c.env = {"DEDUP_KEY=" + d.key(), "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + d.id(),
+           "DEDUP_WORKER_PID=" + std::to_string(getpid())};
+  c.capture_stdout = f.keep_output;
+  c.max_output = kMaxResultBytes;
+  auto r = RunChild(c);
+  if (!r.ok()) return HandlerResult::Retry("cannot start handler: " + r.status().ToString());
+  if (r->signal != 0) {
+    return HandlerResult::Retry("handler killed by signal " + std::to_string(r->signal));
+  }
+  if (r->exit_code == 0) return HandlerResult::Done(f.keep_output ? r->output : std::string());
+  if (r->exit_code == kExitTempFail) return HandlerResult::Retry("handler exit 75 (retry later)");
+  return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
+}
+
+// `dedup worker` on any broker of the scheme table other than redis://.
+int RunSourceWorker(const WorkerFlags& f) {
+  SourceOptions so;
+  so.lease = f.lease;
+  auto source = OpenSource(f.broker, so);
+  if (!source.ok()) {
+    std::fprintf(stderr, "dedup worker: --broker: %s\n", source.status().ToString().c_str());
+    return source.status().retryable() ? kExitTempFail : kExitUsage;
+  }
+  ConsumerOptions co;
+  co.concurrency = f.concurrency;
+  co.log_name = "dedup worker " + std::to_string(getpid());
+  std::unique_ptr<Store> store;
+  std::unique_ptr<Buffer> buffer;
+  std::unique_ptr<streams::TextbookGuard> textbook;
+  StatusOr<std::unique_ptr<Consumer>> consumer = Status::Internal("not made");
+  if (f.pattern == "textbook") {
+    auto u = internal::ParseUri(f.textbook_redis);
+    if (f.textbook_redis.empty() || !u.ok() || u->scheme != "redis") {
+      std::fprintf(stderr, "dedup worker: --pattern textbook on %s needs --textbook-redis "
+                           "redis://HOST:PORT\n", f.broker.substr(0, f.broker.find(':')).c_str());
+      return kExitUsage;
+    }
+    streams::TextbookOptions to;
+    const size_t colon = u->hosts.rfind(':');
+    to.conn.host = u->hosts.substr(0, colon);
+    to.conn.port = colon == std::string::npos ? 6379 : std::atoi(u->hosts.c_str() + colon + 1);
+    to.conn.password = u->password;
+    to.conn.has_password = u->has_password;
+    to.ttl = f.textbook_ttl;
+    to.retry_delay = f.retry_delay;
+    textbook = std::make_unique<streams::TextbookGuard>(to);
+    consumer = Consumer::MakeWith(
+        source->get(),
+        [&f, &textbook](const Delivery& d) {
+          StreamMessage m;
+          m.id = d.id();
+          m.key = d.key();
+          return textbook->Process(m, [&] { return RunDeliveryHandler(f, d, 0, 0); });
+        },
+        co);
+  } else {
+    auto opened = OpenStore(f.store);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    store = std::move(opened).value();
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    buffer = std::make_unique<Buffer>(store.get(), bo);
+    consumer = Consumer::Make(
+        source->get(), buffer.get(),
+        [&f](const Delivery& d, ClaimGuard& g) {
+          return RunDeliveryHandler(f, d, g.fence(), g.attempt());
+        },
+        co);
+  }
+  if (!consumer.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", consumer.status().ToString().c_str());
+    return kExitUsage;
+  }
+  Consumer& c = **consumer;
+  MetricsServer metrics;
+  if (f.metrics_port > 0) {
+    Status s = metrics.Start(f.metrics_port, [&c] { return c.metrics().ToPrometheus(); });
+    if (!s.ok()) {
+      std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
+      return kExitUsage;
+    }
+  }
+  g_consumer.store(&c);
+  OnStopSignals(&StopWorker);
+  std::atomic<bool> done{false};
+  std::thread summary([&] {
+    auto next = std::chrono::steady_clock::now() + f.summary_interval;
+    while (!done.load()) {
+      std::this_thread::sleep_for(Millis(100));
+      if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
+        next += f.summary_interval;
+        std::fprintf(stderr, "%s: %s\n", co.log_name.c_str(), c.metrics().Summary().c_str());
+      }
+    }
+  });
+  std::fprintf(stderr, "%s: %s, pattern %s, concurrency %d\n", co.log_name.c_str(),
+               (*source)->Describe().c_str(), f.pattern.c_str(), f.concurrency);
+  Status run = c.Run();
+  done.store(true);
+  summary.join();
+  g_consumer.store(nullptr);
+  std::fprintf(stderr, "%s: stopped: %s\n", co.log_name.c_str(), c.metrics().Summary().c_str());
+  if (!run.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", run.ToString().c_str());
+    return kExitCheckFailed;
+  }
+  return kExitOk;
+}
+
 int RunWorkerCommand(const WorkerFlags& f) {
+  if (f.broker.rfind("redis://", 0) != 0) return RunSourceWorker(f);
   auto wo = WorkerOptionsFromUri(f.broker);
   if (!wo.ok()) {
     std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
@@ -191,7 +325,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       "key (payload as JSON on stdin; exit 0 done, 75 retry later, else dead-letter).");
   app->add_option("--broker", f->broker,
                   "redis://HOST:PORT?stream=S[&group=G&consumer=C&key=id|sha256|FIELD"
-                  "&dead=S:dead&prefix=P]")
+                  "&dead=S:dead&prefix=P], amqp://USER:PW@HOST:PORT/VHOST?queue=Q[...] or "
+                  "nats://HOST:PORT?stream=S&consumer=C[...] (docs/WORKER.md)")
       ->required();
   app->add_option("--store", f->store, "Store URI of the buffer (memory:, rocksdb:PATH, "
                                        "redis://...); not used by --pattern textbook");
@@ -226,6 +361,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
                     "--pattern textbook: the key's one TTL");
+  app->add_option("--textbook-redis", f->textbook_redis,
+                  "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys");
   app->callback([f, &ctx] {
     if (f->pattern == "dedup" && f->store.empty()) {
       std::fprintf(stderr, "dedup worker: --store is required\n");

@@ -184,6 +184,7 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     if (!ms.ok()) return ms.status();
     if (*ms < 100) return Status::InvalidArgument("nats ack_wait must be at least 100ms, got " + *a);
     o.ack_wait = Millis(*ms);
+    o.ack_wait_set = true;
   }
   if (auto m = u.Param("max_ack_pending")) {
     auto n = internal::ParseCount(*m, "nats max_ack_pending");
@@ -465,9 +466,11 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   return std::unique_ptr<MessageSource>(std::make_unique<NatsSource>(std::move(s)));
 }
 
-StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri) {
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri,
+                                                        const SourceOptions& options) {
   auto o = ParseNatsUri(uri);
   if (!o.ok()) return o.status();
+  if (!o->ack_wait_set) o->ack_wait = options.lease + Millis(1'000);
   return OpenNatsSource(*o);
 }
 

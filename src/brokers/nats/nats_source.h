@@ -16,7 +16,8 @@
 //   prefix=P           prepended to every key
 //   dead=SUBJ          where dead letters go. Default: dedup.dead.<stream>, held by
 //                      a stream <stream>_DEAD created if no stream holds it
-//   ack_wait=DUR       the consumer's AckWait when it is created. Default: 30s
+//   ack_wait=DUR       the consumer's AckWait when it is created. Default: the
+//                      lease + 1 s through OpenSource, else 30 s
 //   max_ack_pending=N  ... its MaxAckPending. Default: 1000
 //
 // How the consumer seam maps onto JetStream:
@@ -68,6 +69,7 @@ struct NatsOptions {
   std::string key_prefix;
   std::string dead;  // default: dedup.dead.<stream>
   Millis ack_wait{30'000};
+  bool ack_wait_set = false;  // ack_wait= was in the URI
   int max_ack_pending = 1000;
   // Connect timeout and the wait for JetStream API replies and PubAcks. Default: 5 s.
   Millis timeout{5'000};
@@ -102,7 +104,11 @@ class NatsPublisher {
 };
 
 StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o);
-StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri);
+// From a nats:// URI (the broker scheme table's row). Without ack_wait= in the
+// URI, AckWait is the lease + 1 s: a crashed worker's message comes back once its
+// lease has ended, and a live one's +WPI (every lease / 3) keeps it.
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri,
+                                                        const SourceOptions& options = {});
 
 }  // namespace dedup::nats
 

@@ -557,7 +557,8 @@ StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOption
   return std::unique_ptr<MessageSource>(std::move(src));
 }
 
-StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(std::string_view uri) {
+StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(std::string_view uri,
+                                                            const SourceOptions& /*options*/) {
   auto o = ParseRabbitMqUri(uri);
   if (!o.ok()) return o.status();
   return OpenRabbitMqSource(*o);

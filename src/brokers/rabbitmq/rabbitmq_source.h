@@ -121,7 +121,9 @@ class RabbitMqPublisher {
 
 // The source. Fetch from one thread; settle from any.
 StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOptions& o);
-StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(std::string_view uri);
+// From an amqp:// URI (the broker scheme table's row; `options` is not needed).
+StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(std::string_view uri,
+                                                            const SourceOptions& options = {});
 
 }  // namespace dedup::rabbitmq
 
