@@ -308,11 +308,24 @@ class NatsDelivery final : public Delivery {
   }
   ~NatsDelivery() override { natsMsg_Destroy(msg_); }
 
-  Status Ack() override { return Settle(natsMsg_Ack(msg_, nullptr), "ack"); }
+  // +ACK and waits for the server's reply, so that once Ack() returned the
+  // consumer no longer counts the message (AckBatch pipelines instead).
+  Status Ack() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Settle(natsMsg_AckSync(msg_, nullptr, nullptr), "ack");
+  }
+  // +ACK without waiting; AckBatch flushes once for all.
+  Status AckNoWait() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Settle(natsMsg_Ack(msg_, nullptr), "ack");
+  }
   Status Retry(Millis after) override {
     std::lock_guard<std::mutex> lock(mu_);
-    const natsStatus s = after.count() > 0 ? natsMsg_NakWithDelay(msg_, after.count(), nullptr)
-                                           : natsMsg_Nak(msg_, nullptr);
+    natsStatus s = after.count() > 0 ? natsMsg_NakWithDelay(msg_, after.count(), nullptr)
+                                     : natsMsg_Nak(msg_, nullptr);
+    // The server handles a connection's messages in order: after the flush's PONG
+    // it has the NAK.
+    if (s == NATS_OK) s = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
     return FromNats(s, "nats " + s_->o.host_port + ": nak");
   }
   Status DeadLetter(std::string_view reason) override {
@@ -323,7 +336,9 @@ class NatsDelivery final : public Delivery {
       (void)natsMsg_Nak(msg_, nullptr);
       return copied;
     }
-    return FromNats(natsMsg_Term(msg_, nullptr), "nats " + s_->o.host_port + ": term");
+    natsStatus s = natsMsg_Term(msg_, nullptr);
+    if (s == NATS_OK) s = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
+    return FromNats(s, "nats " + s_->o.host_port + ": term");
   }
   Status InProgress() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -374,6 +389,20 @@ class NatsSource final : public MessageSource {
     if (max == 0) return out;
     DEDUP_RETURN_IF_ERROR(Pull(max, std::max(wait, Millis(1)), &out));
     return out;
+  }
+
+  // Every +ACK sent at once, then one flush (PING/PONG): one round trip, and the
+  // server has them all when it answers.
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    Status first;
+    for (Delivery* d : deliveries) {
+      auto* nd = dynamic_cast<NatsDelivery*>(d);
+      Status st = nd != nullptr ? nd->AckNoWait() : d->Ack();
+      if (!st.ok() && first.ok()) first = std::move(st);
+    }
+    const natsStatus f = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
+    if (f != NATS_OK && first.ok()) first = FromNats(f, "nats " + s_->o.host_port + ": flush acks");
+    return first;
   }
 
   std::string Describe() const override { return s_->o.Describe(); }

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <set>
 
 #include "brokers/rabbitmq/amqp_conn.h"
@@ -309,12 +311,16 @@ struct Shared {
   std::mutex conn_mu;  // guards conn and generation
   AmqpConn conn;       // the consuming connection
   uint64_t generation = 0;  // bumped at every (re)connect
+  int64_t unsettled = 0;    // deliveries handed out and not settled yet
+  bool fetching = false;    // a Fetch is under way (it unlocks while it polls)
+  std::chrono::steady_clock::time_point last_fetch = std::chrono::steady_clock::now();
   std::mutex pub_mu;   // guards publisher
   RabbitMqPublisher publisher;
 
   // basic.ack / basic.nack of `tag` if the connection it came from still lives.
   Status Settle(uint64_t gen, uint64_t tag, bool ack, bool requeue) {
     std::lock_guard<std::mutex> lock(conn_mu);
+    --unsettled;
     if (gen != generation || !conn.open()) {
       return Status::Unavailable(conn.Name() +
                                  ": the connection this delivery came on is gone; the broker "
@@ -342,9 +348,22 @@ class RabbitMqDelivery final : public Delivery {
     attributes_ = std::move(attrs);
   }
 
-  Status Ack() override { return s_->Settle(gen_, tag_, true, false); }
+  // A delivery dropped unsettled by the source itself (its connection broke).
+  void Forget() { forgotten_ = true; }
+  ~RabbitMqDelivery() override {
+    if (!settled_ && !forgotten_) {  // dropped without a settle: no longer outstanding here
+      std::lock_guard<std::mutex> lock(s_->conn_mu);
+      --s_->unsettled;
+    }
+  }
+
+  Status Ack() override {
+    settled_ = true;
+    return s_->Settle(gen_, tag_, true, false);
+  }
 
   Status Retry(Millis after) override {
+    settled_ = true;
     if (after.count() <= 0) return s_->Settle(gen_, tag_, false, /*requeue=*/true);
     Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
       std::string q;
@@ -356,6 +375,7 @@ class RabbitMqDelivery final : public Delivery {
   }
 
   Status DeadLetter(std::string_view reason) override {
+    settled_ = true;
     Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
       m.headers.emplace_back("x-dedup-reason", std::string(reason));
       m.headers.emplace_back("x-dedup-queue", s_->o.queue);
@@ -393,15 +413,24 @@ class RabbitMqDelivery final : public Delivery {
   uint64_t gen_;
   uint64_t tag_;
   std::string message_id_;
+  bool settled_ = false;
+  bool forgotten_ = false;
 };
 
 class RabbitMqSource final : public MessageSource {
  public:
-  explicit RabbitMqSource(const RabbitMqOptions& o) : s_(std::make_shared<Shared>(o)) {}
+  explicit RabbitMqSource(const RabbitMqOptions& o)
+      : s_(std::make_shared<Shared>(o)), idle_watch_([this] { WatchIdle(); }) {}
   // Closes the consuming connection even while deliveries (which share its state)
   // live on: the broker requeues what was not settled, and settling them later
   // answers Unavailable.
   ~RabbitMqSource() override {
+    {
+      std::lock_guard<std::mutex> lock(idle_mu_);
+      closing_ = true;
+    }
+    idle_cv_.notify_all();
+    idle_watch_.join();
     std::lock_guard<std::mutex> lock(s_->conn_mu);
     s_->conn.Close();
     ++s_->generation;
@@ -416,6 +445,15 @@ class RabbitMqSource final : public MessageSource {
     std::vector<std::unique_ptr<Delivery>> out;
     const auto deadline = std::chrono::steady_clock::now() + wait;
     std::unique_lock<std::mutex> lock(s_->conn_mu);
+    s_->last_fetch = std::chrono::steady_clock::now();
+    s_->fetching = true;
+    struct Done {
+      Shared* s;
+      ~Done() {  // runs with conn_mu held (declared after `lock`)
+        s->fetching = false;
+        s->last_fetch = std::chrono::steady_clock::now();
+      }
+    } done{s_.get()};
     if (!s_->conn.open()) DEDUP_RETURN_IF_ERROR(ConnectLocked());
     while (out.size() < max) {
       amqp_connection_state_t c = s_->conn.get();
@@ -481,6 +519,27 @@ class RabbitMqSource final : public MessageSource {
   std::string Describe() const override { return s_->o.Describe(); }
 
  private:
+  // The broker pushes up to `prefetch` messages to a consumer whether or not it
+  // fetches. A source nobody fetches from any more (its Consumer stopped, the
+  // process lingers) would sit on them, so that no other worker got them until
+  // this one exited. When nothing it handed out is unsettled and no Fetch came
+  // for kIdleRelease, it closes its connection — the broker requeues what it
+  // pushed — and the next Fetch reconnects.
+  static constexpr Millis kIdleRelease{1'000};
+  void WatchIdle() {
+    std::unique_lock<std::mutex> lk(idle_mu_);
+    while (!closing_) {
+      idle_cv_.wait_for(lk, Millis(200));
+      if (closing_) break;
+      std::lock_guard<std::mutex> lock(s_->conn_mu);
+      if (s_->conn.open() && s_->unsettled <= 0 && !s_->fetching &&
+          std::chrono::steady_clock::now() - s_->last_fetch > kIdleRelease) {
+        s_->conn.Close();
+        ++s_->generation;
+      }
+    }
+  }
+
   Status ConnectLocked() {
     DEDUP_RETURN_IF_ERROR(s_->conn.Open());
     ++s_->generation;
@@ -494,7 +553,9 @@ class RabbitMqSource final : public MessageSource {
 
   // Deliveries already read on a connection that just broke can no longer be
   // acked: drop them (the broker requeues them) and report the failure.
-  static Status Broken(Status s, std::vector<std::unique_ptr<Delivery>>* out) {
+  Status Broken(Status s, std::vector<std::unique_ptr<Delivery>>* out) {
+    s_->unsettled -= static_cast<int64_t>(out->size());
+    for (auto& d : *out) static_cast<RabbitMqDelivery*>(d.get())->Forget();
     out->clear();
     return s;
   }
@@ -537,12 +598,17 @@ class RabbitMqSource final : public MessageSource {
         key = s_->o.key_prefix + HexSha256(body);
         break;
     }
+    ++s_->unsettled;
     auto d = std::make_unique<RabbitMqDelivery>(s_, s_->generation, env.delivery_tag, message_id);
     d->Fill(std::move(key), std::move(key_error), std::move(body), count, std::move(attrs));
     return d;
   }
 
   std::shared_ptr<Shared> s_;
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  bool closing_ = false;
+  std::thread idle_watch_;
 };
 
 }  // namespace
