@@ -60,10 +60,10 @@ namespace dedup {
 
 struct BufferOptions {
   // How long a claim is valid without a heartbeat. Default: 30 s.
-  Millis lease{30'000};
+  Millis lease{kDefaultLease};
   // How long a completed record answers DUPLICATE; also how long attempts and the
   // fence are kept after a release or a lease that ran out. Default: 24 h.
-  Millis retention{24LL * 3600 * 1000};
+  Millis retention{kDefaultRetention};
   // Claims beyond this many attempts get EXHAUSTED. Default: 0 (unlimited).
   uint32_t max_attempts = 0;
   // ProcessOnce fingerprints the payload (SHA-256, first 16 bytes) so that the
@@ -77,6 +77,12 @@ struct BufferOptions {
   // outcome is given up (and the message left to be redelivered). Default: 3.
   int complete_tries = 3;
 };
+
+// OK, or InvalidArgument naming the first bad field in flag spelling ("lease",
+// "retention", "retry-delay", "heartbeat-interval", "complete-tries"): lease,
+// retention and retry delay must be > 0 and at most kMaxDuration; the heartbeat
+// 0 (= lease / 3) or between 1 ms and the lease; complete_tries >= 1.
+[[nodiscard]] Status ValidateBufferOptions(const BufferOptions& options);
 
 // The first 16 bytes of SHA-256(payload).
 std::string PayloadFingerprint(std::string_view payload);
@@ -171,7 +177,13 @@ class Buffer {
  public:
   using Handler = std::function<HandlerResult(ClaimGuard&)>;
 
-  // `store` is not owned and must outlive the Buffer.
+  // `store` is not owned and must outlive the Buffer. InvalidArgument (naming the
+  // option) when `options` fail ValidateBufferOptions, or when `store` is null.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Buffer>> Create(Store* store,
+                                                                BufferOptions options = {});
+
+  // As Create, for options known to be valid (the defaults, or checked with
+  // ValidateBufferOptions); invalid ones make a Buffer that misbehaves.
   explicit Buffer(Store* store, BufferOptions options = {});
   ~Buffer();
   Buffer(const Buffer&) = delete;

@@ -52,10 +52,15 @@ inline constexpr size_t kMaxFingerprintBytes = 64;       // e.g. a SHA-256 diges
 inline constexpr size_t kMaxResultBytes = 1024 * 1024;   // cached outcome bytes
 inline constexpr Millis kMaxDuration{Millis(3650LL * 24 * 3600 * 1000)};  // 10 years
 
+// The defaults of every lease and retention in dedup (requests, BufferOptions, CLI
+// flags), written here once.
+inline constexpr Millis kDefaultLease{30'000};                 // 30 s
+inline constexpr Millis kDefaultRetention{24LL * 3600 * 1000};  // 24 h
+
 struct ClaimRequest {
   std::string_view key;          // 1 to kMaxKeyBytes arbitrary bytes
-  Millis lease{30'000};          // > 0: how long the claim is valid without extend
-  Millis retention{86'400'000};  // > 0: how long to keep the record once the lease
+  Millis lease{kDefaultLease};   // > 0: how long the claim is valid without extend
+  Millis retention{kDefaultRetention};  // > 0: how long to keep the record once the lease
                                  // ends, and the COMPLETED/exhausted record when
                                  // this claim is EXHAUSTED
   std::string_view fingerprint;  // optional payload fingerprint; empty = none

@@ -221,6 +221,40 @@ StatusOr<WriteResult> ClaimGuard::Release() {
 
 // ---- Buffer ----------------------------------------------------------------
 
+Status ValidateBufferOptions(const BufferOptions& o) {
+  const auto positive = [](std::string_view name, Millis d) {
+    if (d.count() <= 0) {
+      return Status::InvalidArgument(std::string(name) + " must be longer than 0, got " +
+                                     std::to_string(d.count()) + "ms");
+    }
+    if (d > kMaxDuration) {
+      return Status::InvalidArgument(std::string(name) + " must be at most 10 years, got " +
+                                     std::to_string(d.count()) + "ms");
+    }
+    return Status::Ok();
+  };
+  DEDUP_RETURN_IF_ERROR(positive("lease", o.lease));
+  DEDUP_RETURN_IF_ERROR(positive("retention", o.retention));
+  DEDUP_RETURN_IF_ERROR(positive("retry-delay", o.retry_delay));
+  if (o.heartbeat_interval.count() < 0 || o.heartbeat_interval >= o.lease) {
+    return Status::InvalidArgument(
+        "heartbeat-interval must be 0 (= lease / 3) or shorter than the lease (" +
+        std::to_string(o.lease.count()) + "ms), got " +
+        std::to_string(o.heartbeat_interval.count()) + "ms");
+  }
+  if (o.complete_tries < 1) {
+    return Status::InvalidArgument("complete-tries must be at least 1, got " +
+                                   std::to_string(o.complete_tries));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Store* store, BufferOptions options) {
+  if (store == nullptr) return Status::InvalidArgument("buffer: no store given");
+  DEDUP_RETURN_IF_ERROR(ValidateBufferOptions(options));
+  return std::make_unique<Buffer>(store, options);
+}
+
 Buffer::Buffer(Store* store, BufferOptions options)
     : store_(store), options_(options),
       heartbeat_(std::make_unique<Heartbeat>(

@@ -35,8 +35,7 @@ struct Uri {
 // InvalidArgument naming what is wrong when `text` is not a URI.
 StatusOr<Uri> ParseUri(std::string_view text);
 
-// "250", "250ms", "2s", "5m", "1h", "7d" -> milliseconds. Plain numbers are
-// milliseconds. InvalidArgument on anything else, negative or overflowing values.
+// ParseDuration (core/duration.h, the one grammar) as a count of milliseconds.
 StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what);
 // A non-negative integer that fits in long long.
 StatusOr<long long> ParseCount(std::string_view text, std::string_view what);
