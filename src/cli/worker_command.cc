@@ -27,7 +27,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <ctime>
+#include <atomic>
+#include <functional>
 #include <map>
+#include <thread>
 #include <memory>
 #include <sstream>
 
@@ -78,16 +81,15 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
-// Runs the handler command for one message.
-HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
-                         uint32_t attempt) {
-  nlohmann::json payload = nlohmann::json::object();
-  for (const auto& [k, v] : m.fields) payload[k] = v;
+// Runs the handler command once: `input` on stdin, the key, fence, attempt and
+// entry id in its environment.
+HandlerResult RunCommand(const WorkerFlags& f, std::string input, const std::string& key,
+                         const std::string& id, uint64_t fence, uint32_t attempt) {
   ChildOptions c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
-  c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  c.env = {"DEDUP_KEY=" + m.key, "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id,
+  c.stdin_data = std::move(input);
+  c.env = {"DEDUP_KEY=" + key, "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + id,
            "DEDUP_WORKER_PID=" + std::to_string(getpid())};
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
@@ -101,26 +103,57 @@ HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t 
   return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
 }
 
+// Runs the handler command for one stream entry: its fields as JSON on stdin.
+HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+                         uint32_t attempt) {
+  nlohmann::json payload = nlohmann::json::object();
+  for (const auto& [k, v] : m.fields) payload[k] = v;
+  return RunCommand(f, payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    m.key, m.id, fence, attempt);
+}
+
 // The handler command for one delivery of a non-Redis broker: the body on stdin.
 HandlerResult RunDeliveryHandler(const WorkerFlags& f, const Delivery& d, uint64_t fence,
                                  uint32_t attempt) {
-  ChildOptions c;
-  c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
-  c.stdin_data = d.payload();
-  c.env = {"DEDUP_KEY=" + d.key(), "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + d.id(),
-           "DEDUP_WORKER_PID=" + std::to_string(getpid())};
-  c.capture_stdout = f.keep_output;
-  c.max_output = kMaxResultBytes;
-  auto r = RunChild(c);
-  if (!r.ok()) return HandlerResult::Retry("cannot start handler: " + r.status().ToString());
-  if (r->signal != 0) {
-    return HandlerResult::Retry("handler killed by signal " + std::to_string(r->signal));
-  }
-  if (r->exit_code == 0) return HandlerResult::Done(f.keep_output ? r->output : std::string());
-  if (r->exit_code == kExitTempFail) return HandlerResult::Retry("handler exit 75 (retry later)");
-  return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
+  return RunCommand(f, d.payload(), d.key(), d.id(), fence, attempt);
 }
+
+// While alive: Prometheus metrics on --metrics-port, and a summary line on stderr
+// every --summary-interval.
+class Reporting {
+ public:
+  Reporting(const WorkerFlags& f, std::string name, std::function<ConsumerMetrics()> metrics)
+      : f_(f), name_(std::move(name)), metrics_(std::move(metrics)) {}
+  ~Reporting() {
+    done_.store(true);
+    if (summary_.joinable()) summary_.join();
+  }
+  Status Start() {
+    if (f_.metrics_port > 0) {
+      DEDUP_RETURN_IF_ERROR(
+          server_.Start(f_.metrics_port, [this] { return metrics_().ToPrometheus(); }));
+    }
+    summary_ = std::thread([this] {
+      auto next = std::chrono::steady_clock::now() + f_.summary_interval;
+      while (!done_.load()) {
+        std::this_thread::sleep_for(Millis(100));
+        if (f_.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
+          next += f_.summary_interval;
+          std::fprintf(stderr, "%s: %s\n", name_.c_str(), metrics_().Summary().c_str());
+        }
+      }
+    });
+    return Status::Ok();
+  }
+
+ private:
+  const WorkerFlags& f_;
+  std::string name_;
+  std::function<ConsumerMetrics()> metrics_;
+  MetricsServer server_;
+  std::atomic<bool> done_{false};
+  std::thread summary_;
+};
 
 // `dedup worker` on any broker of the scheme table other than redis://.
 int RunSourceWorker(const WorkerFlags& f) {
@@ -176,7 +209,12 @@ int RunSourceWorker(const WorkerFlags& f) {
     bo.max_attempts = f.max_attempts;
     bo.retry_delay = f.retry_delay;
     bo.fingerprint_payloads = f.fingerprint;
-    buffer = std::make_unique<Buffer>(store.get(), bo);
+    auto made = Buffer::Create(store.get(), bo);
+    if (!made.ok()) {
+      std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
+      return kExitUsage;
+    }
+    buffer = std::move(made).value();
     consumer = Consumer::Make(
         source->get(), buffer.get(),
         [&f](const Delivery& d, ClaimGuard& g) {
@@ -189,33 +227,20 @@ int RunSourceWorker(const WorkerFlags& f) {
     return kExitUsage;
   }
   Consumer& c = **consumer;
-  MetricsServer metrics;
-  if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&c] { return c.metrics().ToPrometheus(); });
-    if (!s.ok()) {
+  Status run;
+  {
+    Reporting reporting(f, co.log_name, [&c] { return c.metrics(); });
+    if (Status s = reporting.Start(); !s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
     }
+    g_consumer.store(&c);
+    OnStopSignals(&StopWorker);
+    std::fprintf(stderr, "%s: %s, pattern %s, concurrency %d\n", co.log_name.c_str(),
+                 (*source)->Describe().c_str(), f.pattern.c_str(), f.concurrency);
+    run = c.Run();
+    g_consumer.store(nullptr);
   }
-  g_consumer.store(&c);
-  OnStopSignals(&StopWorker);
-  std::atomic<bool> done{false};
-  std::thread summary([&] {
-    auto next = std::chrono::steady_clock::now() + f.summary_interval;
-    while (!done.load()) {
-      std::this_thread::sleep_for(Millis(100));
-      if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
-        next += f.summary_interval;
-        std::fprintf(stderr, "%s: %s\n", co.log_name.c_str(), c.metrics().Summary().c_str());
-      }
-    }
-  });
-  std::fprintf(stderr, "%s: %s, pattern %s, concurrency %d\n", co.log_name.c_str(),
-               (*source)->Describe().c_str(), f.pattern.c_str(), f.concurrency);
-  Status run = c.Run();
-  done.store(true);
-  summary.join();
-  g_consumer.store(nullptr);
   std::fprintf(stderr, "%s: stopped: %s\n", co.log_name.c_str(), c.metrics().Summary().c_str());
   if (!run.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", run.ToString().c_str());
@@ -240,30 +265,13 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   Worker& w = **worker;
 
-  MetricsServer metrics;
-  if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&w] { return w.metrics().ToPrometheus(); });
-    if (!s.ok()) {
-      std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
-      return kExitUsage;
-    }
+  Reporting reporting(f, "dedup worker " + w.options().consumer, [&w] { return w.metrics(); });
+  if (Status s = reporting.Start(); !s.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
+    return kExitUsage;
   }
   g_worker.store(&w);
   OnStopSignals(&StopWorker);
-
-  // A summary line every summary_interval while running.
-  std::atomic<bool> done{false};
-  std::thread summary([&] {
-    auto next = std::chrono::steady_clock::now() + f.summary_interval;
-    while (!done.load()) {
-      std::this_thread::sleep_for(Millis(100));
-      if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
-        next += f.summary_interval;
-        std::fprintf(stderr, "dedup worker %s: %s\n", w.options().consumer.c_str(),
-                     w.metrics().Summary().c_str());
-      }
-    }
-  });
 
   std::fprintf(stderr, "dedup worker %s: stream %s group %s, pattern %s, concurrency %d\n",
                w.options().consumer.c_str(), w.options().stream.c_str(),
@@ -285,8 +293,6 @@ int RunWorkerCommand(const WorkerFlags& f) {
   } else {
     auto opened = OpenStore(f.store);
     if (!opened.ok()) {
-      done.store(true);
-      summary.join();
       g_worker.store(nullptr);
       std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
@@ -300,8 +306,6 @@ int RunWorkerCommand(const WorkerFlags& f) {
     bo.fingerprint_payloads = f.fingerprint;
     auto made = Buffer::Create(store.get(), bo);
     if (!made.ok()) {
-      done.store(true);
-      summary.join();
       g_worker.store(nullptr);
       std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
       return kExitUsage;
@@ -311,8 +315,6 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return RunHandler(f, m, g.fence(), g.attempt());
     });
   }
-  done.store(true);
-  summary.join();
   g_worker.store(nullptr);
   std::fprintf(stderr, "dedup worker %s: stopped: %s\n", w.options().consumer.c_str(),
                w.metrics().Summary().c_str());
