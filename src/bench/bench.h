@@ -98,6 +98,7 @@ void RunRetained(BenchContext&);
 void RetainedGoals(BenchContext&);
 void RunStreamsWorker(BenchContext&);
 void StreamsWorkerGoals(BenchContext&);
+void RunBrokerConsumers(BenchContext&);  // broker_consumers.cc
 
 }  // namespace dedup::bench
 

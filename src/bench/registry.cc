@@ -23,6 +23,7 @@ const std::vector<PhaseEntry>& Phases() {
       {"memory_per_record", &RunMemoryPerRecord, nullptr},
       {"throughput", &RunThroughput, &ThroughputGoals},
       {"streams_worker", &RunStreamsWorker, &StreamsWorkerGoals},
+      {"broker_consumers", &RunBrokerConsumers, nullptr},
       {"retained", &RunRetained, &RetainedGoals},
   };
   return kPhases;
