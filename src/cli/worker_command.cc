@@ -13,6 +13,9 @@
 //   killed by signal  retry later, as 75
 //   anything else     permanent failure: completed as failed, dead-lettered
 // --keep-output stores the command's stdout (at most 1 MiB) as the result.
+// --sql-output (postgres:// stores): the command's stdout is SQL, run in the
+// transaction that records the completion, so its effect happens exactly once
+// (docs/POSTGRES.md).
 //
 // Any other broker the scheme table knows (amqp://, nats://; OpenSource in
 // consumer.h) runs on the broker-neutral Consumer: the handler gets the message
@@ -35,12 +38,15 @@
 #include <sstream>
 
 #include "brokers/redis_streams/textbook_guard.h"
-#include "core/uri.h"
+#include "redis/options.h"
 #include "dedup/consumer.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "dedup/buffer.h"
+#ifdef DEDUP_WITH_POSTGRES
+#include "dedup/postgres_store.h"
+#endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
 
@@ -66,6 +72,7 @@ struct WorkerFlags {
   Millis retry_delay{1'000};
   uint32_t max_attempts = 0;
   bool keep_output = false;
+  bool sql_output = false;
   bool fingerprint = false;
   int metrics_port = 0;
   Millis summary_interval{10'000};
@@ -97,6 +104,10 @@ HandlerResult RunCommand(const WorkerFlags& f, std::string input, const std::str
   if (!r.ok()) return HandlerResult::Retry("cannot start handler: " + r.status().ToString());
   if (r->signal != 0) {
     return HandlerResult::Retry("handler killed by signal " + std::to_string(r->signal));
+  }
+  if (r->exit_code == 0 && f.keep_output && r->truncated) {
+    // Never keep (or, with --sql-output, run) a cut-off output.
+    return HandlerResult::Fail("handler output exceeds " + std::to_string(kMaxResultBytes) + " bytes");
   }
   if (r->exit_code == 0) return HandlerResult::Done(f.keep_output ? r->output : std::string());
   if (r->exit_code == kExitTempFail) return HandlerResult::Retry("handler exit 75 (retry later)");
@@ -172,18 +183,21 @@ int RunSourceWorker(const WorkerFlags& f) {
   std::unique_ptr<streams::TextbookGuard> textbook;
   StatusOr<std::unique_ptr<Consumer>> consumer = Status::Internal("not made");
   if (f.pattern == "textbook") {
-    auto u = internal::ParseUri(f.textbook_redis);
-    if (f.textbook_redis.empty() || !u.ok() || u->scheme != "redis") {
+    auto u = redis::ParseRedisUri(f.textbook_redis);
+    if (f.textbook_redis.empty() || !u.ok() || u->connection.endpoints.size() != 1) {
       std::fprintf(stderr, "dedup worker: --pattern textbook on %s needs --textbook-redis "
-                           "redis://HOST:PORT\n", f.broker.substr(0, f.broker.find(':')).c_str());
+                           "redis://HOST:PORT%s%s\n", f.broker.substr(0, f.broker.find(':')).c_str(),
+                   u.ok() || f.textbook_redis.empty() ? "" : ": ",
+                   u.ok() || f.textbook_redis.empty() ? "" : u.status().ToString().c_str());
       return kExitUsage;
     }
     streams::TextbookOptions to;
-    const size_t colon = u->hosts.rfind(':');
-    to.conn.host = u->hosts.substr(0, colon);
-    to.conn.port = colon == std::string::npos ? 6379 : std::atoi(u->hosts.c_str() + colon + 1);
-    to.conn.password = u->password;
-    to.conn.has_password = u->has_password;
+    to.conn.host = u->connection.endpoints[0].host;
+    to.conn.port = u->connection.endpoints[0].port;
+    to.conn.user = u->connection.user;
+    to.conn.password = u->connection.password;
+    to.conn.has_password = u->connection.has_password;
+    to.conn.db = u->connection.db;
     to.ttl = f.textbook_ttl;
     to.retry_delay = f.retry_delay;
     textbook = std::make_unique<streams::TextbookGuard>(to);
@@ -249,6 +263,26 @@ int RunSourceWorker(const WorkerFlags& f) {
   return kExitOk;
 }
 
+
+#ifdef DEDUP_WITH_POSTGRES
+// --sql-output: runs the handler, then its stdout as SQL in the completion's
+// transaction, with dedup.key, dedup.fence and dedup.attempt set for that
+// transaction (current_setting('dedup.fence')::bigint).
+HandlerResult RunSqlHandler(const WorkerFlags& f, const StreamMessage& m, PostgresTransaction& tx) {
+  WorkerFlags g = f;
+  g.keep_output = true;
+  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt());
+  if (hr.kind != HandlerResult::Kind::kDone) return hr;
+  auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
+                     "set_config('dedup.attempt', $3, true)",
+                     {m.key, std::to_string(tx.fence()), std::to_string(tx.attempt())});
+  if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
+  Status run = tx.ExecScript(hr.result);
+  if (!run.ok()) return HandlerResult::Retry("handler SQL: " + run.ToString());
+  return HandlerResult::Done();
+}
+#endif
+
 int RunWorkerCommand(const WorkerFlags& f) {
   if (f.broker.rfind("redis://", 0) != 0) return RunSourceWorker(f);
   auto wo = WorkerOptionsFromUri(f.broker);
@@ -258,6 +292,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   if (wo->group.empty()) wo->group = "dedup";
   wo->concurrency = f.concurrency;
+  if (f.sql_output && wo->reclaim_min_idle.count() <= 0) wo->reclaim_min_idle = f.lease + Millis(5'000);
   auto worker = Worker::Open(*wo);
   if (!worker.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", worker.status().ToString().c_str());
@@ -265,13 +300,30 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   Worker& w = **worker;
 
-  Reporting reporting(f, "dedup worker " + w.options().consumer, [&w] { return w.metrics(); });
-  if (Status s = reporting.Start(); !s.ok()) {
-    std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
-    return kExitUsage;
+  MetricsServer metrics;
+  if (f.metrics_port > 0) {
+    Status s = metrics.Start(f.metrics_port, [&w] { return w.metrics().ToPrometheus(); });
+    if (!s.ok()) {
+      std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
+      return kExitUsage;
+    }
   }
   g_worker.store(&w);
   OnStopSignals(&StopWorker);
+
+  // A summary line every summary_interval while running.
+  std::atomic<bool> done{false};
+  std::thread summary([&] {
+    auto next = std::chrono::steady_clock::now() + f.summary_interval;
+    while (!done.load()) {
+      std::this_thread::sleep_for(Millis(100));
+      if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
+        next += f.summary_interval;
+        std::fprintf(stderr, "dedup worker %s: %s\n", w.options().consumer.c_str(),
+                     w.metrics().Summary().c_str());
+      }
+    }
+  });
 
   std::fprintf(stderr, "dedup worker %s: stream %s group %s, pattern %s, concurrency %d\n",
                w.options().consumer.c_str(), w.options().stream.c_str(),
@@ -282,17 +334,46 @@ int RunWorkerCommand(const WorkerFlags& f) {
     streams::TextbookOptions to;
     to.conn.host = wo->host;
     to.conn.port = wo->port;
+    to.conn.user = wo->user;
     to.conn.password = wo->password;
     to.conn.has_password = wo->has_password;
+    to.conn.db = wo->db;
+    to.conn.timeout = wo->timeout;
     to.ttl = f.textbook_ttl;
     to.retry_delay = f.retry_delay;
     streams::TextbookGuard guard(to);
     run = w.RunWith([&](const StreamMessage& m) {
       return guard.Process(m, [&] { return RunHandler(f, m, 0, 0); });
     });
+  } else if (f.sql_output) {
+#ifdef DEDUP_WITH_POSTGRES
+    auto opened = OpenPostgresStore(f.store);
+    if (!opened.ok()) {
+      done.store(true);
+      summary.join();
+      g_worker.store(nullptr);
+      std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
+                   opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    std::unique_ptr<PostgresStore> pg = std::move(opened).value();
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    Buffer buffer(pg.get(), bo);
+    run = w.RunWith([&](const StreamMessage& m) {
+      return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
+                                      [&](PostgresTransaction& tx) { return RunSqlHandler(f, m, tx); });
+    });
+#endif
   } else {
     auto opened = OpenStore(f.store);
     if (!opened.ok()) {
+      done.store(true);
+      summary.join();
       g_worker.store(nullptr);
       std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
@@ -306,6 +387,8 @@ int RunWorkerCommand(const WorkerFlags& f) {
     bo.fingerprint_payloads = f.fingerprint;
     auto made = Buffer::Create(store.get(), bo);
     if (!made.ok()) {
+      done.store(true);
+      summary.join();
       g_worker.store(nullptr);
       std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
       return kExitUsage;
@@ -315,6 +398,8 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return RunHandler(f, m, g.fence(), g.attempt());
     });
   }
+  done.store(true);
+  summary.join();
   g_worker.store(nullptr);
   std::fprintf(stderr, "dedup worker %s: stopped: %s\n", w.options().consumer.c_str(),
                w.metrics().Summary().c_str());
@@ -357,6 +442,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_flag("--keep-output", f->keep_output,
                 "Store the command's stdout (at most 1 MiB) as the result");
+#ifdef DEDUP_WITH_POSTGRES
+  app->add_flag("--sql-output", f->sql_output,
+                "The command prints SQL; it runs in the transaction that records the "
+                "completion (postgres:// --store only): its effect happens exactly once");
+#endif
   app->add_flag("--fingerprint", f->fingerprint,
                 "Same key with a different payload is dead-lettered (MISMATCH)");
   app->add_option("--metrics-port", f->metrics_port,
@@ -376,6 +466,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   app->add_option("--textbook-redis", f->textbook_redis,
                   "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys");
   app->callback([f, &ctx] {
+    if (f->sql_output && f->pattern != "dedup") {
+      std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");
+      ctx.exit_code = kExitUsage;
+      return;
+    }
     if (f->pattern == "dedup" && f->store.empty()) {
       std::fprintf(stderr, "dedup worker: --store is required\n");
       ctx.exit_code = kExitUsage;
