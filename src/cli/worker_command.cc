@@ -88,6 +88,17 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
+// The buffer's options from the flags.
+BufferOptions BufferOptionsFrom(const WorkerFlags& f) {
+  BufferOptions bo;
+  bo.lease = f.lease;
+  bo.retention = f.retention;
+  bo.max_attempts = f.max_attempts;
+  bo.retry_delay = f.retry_delay;
+  bo.fingerprint_payloads = f.fingerprint;
+  return bo;
+}
+
 // Runs the handler command once: `input` on stdin, the key, fence, attempt and
 // entry id in its environment.
 HandlerResult RunCommand(const WorkerFlags& f, std::string input, const std::string& key,
@@ -217,13 +228,7 @@ int RunSourceWorker(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    auto made = Buffer::Create(store.get(), bo);
+    auto made = Buffer::Create(store.get(), BufferOptionsFrom(f));
     if (!made.ok()) {
       std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
       return kExitUsage;
@@ -357,13 +362,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     std::unique_ptr<PostgresStore> pg = std::move(opened).value();
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    Buffer buffer(pg.get(), bo);
+    Buffer buffer(pg.get(), BufferOptionsFrom(f));
     run = w.RunWith([&](const StreamMessage& m) {
       return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
                                       [&](PostgresTransaction& tx) { return RunSqlHandler(f, m, tx); });
@@ -379,13 +378,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    auto made = Buffer::Create(store.get(), bo);
+    auto made = Buffer::Create(store.get(), BufferOptionsFrom(f));
     if (!made.ok()) {
       done.store(true);
       summary.join();
