@@ -38,8 +38,8 @@
 #include <sstream>
 
 #include "brokers/redis_streams/textbook_guard.h"
-#include "redis/options.h"
 #include "dedup/consumer.h"
+#include "redis/options.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
@@ -49,6 +49,11 @@
 #endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
+#ifdef DEDUP_WITH_SERVE
+#include "serve/metered_store.h"
+#include "serve/metrics.h"
+#include "serve/metrics_http.h"
+#endif
 
 namespace dedup::cli {
 namespace {
@@ -88,27 +93,96 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
-// The buffer's options from the flags.
-BufferOptions BufferOptionsFrom(const WorkerFlags& f) {
-  BufferOptions bo;
-  bo.lease = f.lease;
-  bo.retention = f.retention;
-  bo.max_attempts = f.max_attempts;
-  bo.retry_delay = f.retry_delay;
-  bo.fingerprint_payloads = f.fingerprint;
-  return bo;
+#ifdef DEDUP_WITH_SERVE
+// --metrics-port: the Consumer's counters, claim and handler latencies and the
+// build, in Prometheus conventions, on serve's HTTP stack.
+metrics::Registry g_metrics;
+const std::string kHandlerHelp = "Time a handler command ran, by outcome (done, retry, fail).";
+
+void ObserveHandler(std::chrono::steady_clock::time_point t0, const HandlerResult& r) {
+  const char* outcome = r.kind == HandlerResult::Kind::kDone    ? "done"
+                        : r.kind == HandlerResult::Kind::kRetry ? "retry"
+                                                                : "fail";
+  g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                         {{"outcome", outcome}})
+      ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
-// Runs the handler command once: `input` on stdin, the key, fence, attempt and
-// entry id in its environment.
-HandlerResult RunCommand(const WorkerFlags& f, std::string input, const std::string& key,
-                         const std::string& id, uint64_t fence, uint32_t attempt) {
+void RegisterWorkerMetrics(const Worker& w) {
+  g_metrics.AddBuildInfo(DEDUP_VERSION);
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> rows[] = {
+      {"messages", &ConsumerMetrics::messages},
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicates", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"takeovers", &ConsumerMetrics::takeovers},
+      {"lost_leases", &ConsumerMetrics::lost_leases},
+      {"retries", &ConsumerMetrics::retries},
+      {"dead_lettered", &ConsumerMetrics::dead_lettered},
+      {"store_errors", &ConsumerMetrics::store_errors},
+      {"acked", &ConsumerMetrics::acked},
+      {"redelivered", &ConsumerMetrics::redelivered},
+      {"held_back", &ConsumerMetrics::held_back},
+      {"broker_errors", &ConsumerMetrics::broker_errors},
+      {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
+      {"claim_batches", &ConsumerMetrics::claim_batches},
+      {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches}};
+  for (const auto& [name, field] : rows) {
+    g_metrics.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
+                             std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  // Claim outcomes once more, as one family with an outcome label.
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> outcomes[] = {
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicate", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"error", &ConsumerMetrics::store_errors}};
+  for (const auto& [outcome, field] : outcomes) {
+    g_metrics.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
+                             {{"outcome", outcome}},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  for (const char* outcome : {"done", "retry", "fail"}) {
+    g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                           {{"outcome", outcome}});
+  }
+}
+#endif
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+                                uint32_t attempt);
+
+// Runs the handler command for one message.
+HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+                         uint32_t attempt) {
+#ifdef DEDUP_WITH_SERVE
+  const auto t0 = std::chrono::steady_clock::now();
+  HandlerResult r = RunHandlerCommand(f, m, fence, attempt);
+  ObserveHandler(t0, r);
+  return r;
+#else
+  return RunHandlerCommand(f, m, fence, attempt);
+#endif
+}
+
+HandlerResult ChildResultToHandler(const WorkerFlags& f, ChildOptions& c);
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+                                uint32_t attempt) {
+  nlohmann::json payload = nlohmann::json::object();
+  for (const auto& [k, v] : m.fields) payload[k] = v;
   ChildOptions c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
-  c.stdin_data = std::move(input);
-  c.env = {"DEDUP_KEY=" + key, "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + id,
+  c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  c.env = {"DEDUP_KEY=" + m.key, "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id,
            "DEDUP_WORKER_PID=" + std::to_string(getpid())};
+  return ChildResultToHandler(f, c);
+}
+
+// Runs the prepared command; its exit says done / retry / fail.
+HandlerResult ChildResultToHandler(const WorkerFlags& f, ChildOptions& c) {
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
   auto r = RunChild(c);
@@ -125,23 +199,39 @@ HandlerResult RunCommand(const WorkerFlags& f, std::string input, const std::str
   return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
 }
 
-// Runs the handler command for one stream entry: its fields as JSON on stdin.
-HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
-                         uint32_t attempt) {
-  nlohmann::json payload = nlohmann::json::object();
-  for (const auto& [k, v] : m.fields) payload[k] = v;
-  return RunCommand(f, payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                    m.key, m.id, fence, attempt);
+#ifdef DEDUP_WITH_POSTGRES
+// --sql-output: runs the handler, then its stdout as SQL in the completion's
+// transaction, with dedup.key, dedup.fence and dedup.attempt set for that
+// transaction (current_setting('dedup.fence')::bigint).
+HandlerResult RunSqlHandler(const WorkerFlags& f, const StreamMessage& m, PostgresTransaction& tx) {
+  WorkerFlags g = f;
+  g.keep_output = true;
+  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt());
+  if (hr.kind != HandlerResult::Kind::kDone) return hr;
+  auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
+                     "set_config('dedup.attempt', $3, true)",
+                     {m.key, std::to_string(tx.fence()), std::to_string(tx.attempt())});
+  if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
+  Status run = tx.ExecScript(hr.result);
+  if (!run.ok()) return HandlerResult::Retry("handler SQL: " + run.ToString());
+  return HandlerResult::Done();
 }
+#endif
 
 // The handler command for one delivery of a non-Redis broker: the body on stdin.
 HandlerResult RunDeliveryHandler(const WorkerFlags& f, const Delivery& d, uint64_t fence,
                                  uint32_t attempt) {
-  return RunCommand(f, d.payload(), d.key(), d.id(), fence, attempt);
+  // The same command as for a stream entry, with the body itself on stdin.
+  ChildOptions c;
+  c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
+  c.stdin_data = d.payload();
+  c.env = {"DEDUP_KEY=" + d.key(), "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + d.id(),
+           "DEDUP_WORKER_PID=" + std::to_string(getpid())};
+  return ChildResultToHandler(f, c);
 }
 
-// While alive: Prometheus metrics on --metrics-port, and a summary line on stderr
-// every --summary-interval.
+// While alive: a summary line on stderr every --summary-interval.
 class Reporting {
  public:
   Reporting(const WorkerFlags& f, std::string name, std::function<ConsumerMetrics()> metrics)
@@ -152,8 +242,8 @@ class Reporting {
   }
   Status Start() {
     if (f_.metrics_port > 0) {
-      DEDUP_RETURN_IF_ERROR(
-          server_.Start(f_.metrics_port, [this] { return metrics_().ToPrometheus(); }));
+      return Status::InvalidArgument(
+          "--metrics-port is served for redis:// brokers only in this build");
     }
     summary_ = std::thread([this] {
       auto next = std::chrono::steady_clock::now() + f_.summary_interval;
@@ -172,7 +262,6 @@ class Reporting {
   const WorkerFlags& f_;
   std::string name_;
   std::function<ConsumerMetrics()> metrics_;
-  MetricsServer server_;
   std::atomic<bool> done_{false};
   std::thread summary_;
 };
@@ -228,7 +317,13 @@ int RunSourceWorker(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
-    auto made = Buffer::Create(store.get(), BufferOptionsFrom(f));
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    auto made = Buffer::Create(store.get(), bo);
     if (!made.ok()) {
       std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
       return kExitUsage;
@@ -305,14 +400,22 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   Worker& w = **worker;
 
-  MetricsServer metrics;
+#ifdef DEDUP_WITH_SERVE
+  serve::MetricsEndpoint metrics;
   if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&w] { return w.metrics().ToPrometheus(); });
+    RegisterWorkerMetrics(w);
+    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
     if (!s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
     }
   }
+#else
+  if (f.metrics_port > 0) {
+    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
+    return kExitUsage;
+  }
+#endif
   g_worker.store(&w);
   OnStopSignals(&StopWorker);
 
@@ -362,7 +465,13 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     std::unique_ptr<PostgresStore> pg = std::move(opened).value();
-    Buffer buffer(pg.get(), BufferOptionsFrom(f));
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    Buffer buffer(pg.get(), bo);
     run = w.RunWith([&](const StreamMessage& m) {
       return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
                                       [&](PostgresTransaction& tx) { return RunSqlHandler(f, m, tx); });
@@ -378,7 +487,21 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
-    auto made = Buffer::Create(store.get(), BufferOptionsFrom(f));
+#ifdef DEDUP_WITH_SERVE
+    if (f.metrics_port > 0) {
+      store = std::make_unique<serve::OwningMeteredStore>(
+          std::move(store),
+          g_metrics.GetHistogram("dedup_worker_claim_duration_seconds",
+                                 "Time the store took to answer a claim or a batch of claims."));
+    }
+#endif
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    auto made = Buffer::Create(store.get(), bo);
     if (!made.ok()) {
       done.store(true);
       summary.join();
