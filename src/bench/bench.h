@@ -102,6 +102,7 @@ void RunPostgres(BenchContext&);  // postgres_phase.cc
 // The Consumer's worker rows (consumer_bench.cc).
 void RunConsumerRows(BenchContext&);
 void ConsumerRowsGoals(BenchContext&);
+void RunBrokerConsumers(BenchContext&);  // broker_consumers.cc
 
 }  // namespace dedup::bench
 

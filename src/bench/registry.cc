@@ -23,6 +23,7 @@ const std::vector<PhaseEntry>& Phases() {
       {"memory_per_record", &RunMemoryPerRecord, nullptr},
       {"throughput", &RunThroughput, &ThroughputGoals},
       {"consumer", &RunConsumerRows, &ConsumerRowsGoals},
+      {"broker_consumers", &RunBrokerConsumers, nullptr},  // needs DEDUP_BENCH_AMQP_URI / _NATS_URI
       {"retained", &RunRetained, &RetainedGoals},
       {"postgres", &RunPostgres, nullptr},  // needs DEDUP_BENCH_POSTGRES_URI
   };

@@ -1,13 +1,14 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// `dedup worker`: consumes a broker (any scheme of OpenSource: redis:// today)
-// through the Consumer and runs a command once per message key.
+// `dedup worker`: consumes a broker (any scheme of OpenSource: redis://, amqp://,
+// nats://) through the Consumer and runs a command once per message key.
 //
 //   dedup worker --broker 'redis://127.0.0.1:6390?stream=jobs&group=g'
 //                --store rocksdb:/var/lib/dedup --exec './handle.sh'
 //
-// The command runs under /bin/sh -c (or directly with --no-shell) with the
-// message's attributes (stream fields, headers) as a JSON object on stdin and
+// The command runs under /bin/sh -c (or directly with --no-shell) with, on stdin,
+// a Redis stream entry's fields as a JSON object, or the message body itself for
+// amqp:// and nats:// (whose bodies are bytes the publisher chose), and
 // DEDUP_KEY, DEDUP_FENCE, DEDUP_ATTEMPT, DEDUP_ENTRY_ID (the broker's delivery
 // id) and DEDUP_WORKER_PID in its environment.
 //   exit 0            done: the outcome is recorded, then the entry is acked
@@ -18,6 +19,8 @@
 // --sql-output (postgres:// stores): the command's stdout is SQL, run in the
 // transaction that records the completion, so its effect happens exactly once
 // (docs/POSTGRES.md).
+// --pattern textbook keeps its keys in the stream's Redis, or, on amqp:// and
+// nats://, in the Redis named by --textbook-redis.
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
@@ -42,6 +45,7 @@
 #endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
+#include "redis/options.h"
 #include "sim/redis_textbook_keys.h"
 #include "sim/textbook_guard.h"
 #ifdef DEDUP_WITH_SERVE
@@ -78,7 +82,10 @@ struct WorkerFlags {
   Millis summary_interval{10'000};
   std::string pattern = "dedup";
   Millis textbook_ttl{60'000};
+  std::string textbook_redis;  // --pattern textbook on brokers other than redis://
 };
+
+bool IsRedisBroker(const std::string& uri) { return uri.rfind("redis://", 0) == 0; }
 
 std::vector<std::string> SplitWords(const std::string& s) {
   std::istringstream in(s);
@@ -164,11 +171,15 @@ HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence
 
 HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
                                 uint32_t attempt) {
-  nlohmann::json payload = nlohmann::json::object();
-  for (const auto& [k, v] : m.attributes()) payload[k] = v;
   ChildOptions c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
-  c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (IsRedisBroker(f.broker)) {
+    nlohmann::json payload = nlohmann::json::object();
+    for (const auto& [k, v] : m.attributes()) payload[k] = v;
+    c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } else {
+    c.stdin_data = m.payload();
+  }
   c.env = {"DEDUP_KEY=" + m.key(), "DEDUP_FENCE=" + std::to_string(fence),
            "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id(),
            "DEDUP_WORKER_PID=" + std::to_string(getpid())};
@@ -208,11 +219,31 @@ HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTra
 #endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
-  // The textbook guard keeps its keys in the broker's Redis.
-  StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(f.broker);
-  if (f.pattern == "textbook" && !wo.ok()) {
-    std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
-    return kExitUsage;
+  // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
+  streams::ConnOptions textbook_conn;
+  if (f.pattern == "textbook" && IsRedisBroker(f.broker)) {
+    StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(f.broker);
+    if (!wo.ok()) {
+      std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
+      return kExitUsage;
+    }
+    textbook_conn = StreamConnOptions(*wo);
+  } else if (f.pattern == "textbook") {
+    auto u = redis::ParseRedisUri(f.textbook_redis);
+    if (f.textbook_redis.empty() || !u.ok() || u->connection.endpoints.size() != 1) {
+      std::fprintf(stderr, "dedup worker: --pattern textbook on %s needs --textbook-redis "
+                           "redis://HOST:PORT%s%s\n",
+                   f.broker.substr(0, f.broker.find(':')).c_str(),
+                   u.ok() || f.textbook_redis.empty() ? "" : ": ",
+                   u.ok() || f.textbook_redis.empty() ? "" : u.status().ToString().c_str());
+      return kExitUsage;
+    }
+    textbook_conn.host = u->connection.endpoints[0].host;
+    textbook_conn.port = u->connection.endpoints[0].port;
+    textbook_conn.user = u->connection.user;
+    textbook_conn.password = u->connection.password;
+    textbook_conn.has_password = u->connection.has_password;
+    textbook_conn.db = u->connection.db;
   }
   std::unique_ptr<Store> store;
   BufferOptions bo;
@@ -266,7 +297,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   std::unique_ptr<TextbookGuard> textbook;
   StatusOr<std::unique_ptr<Consumer>> made = Status::Internal("unset");
   if (f.pattern == "textbook") {
-    textbook_keys = std::make_unique<streams::RedisTextbookKeys>(StreamConnOptions(*wo));
+    textbook_keys = std::make_unique<streams::RedisTextbookKeys>(textbook_conn);
     textbook = std::make_unique<TextbookGuard>(
         textbook_keys.get(), TextbookOptions{f.textbook_ttl, "task_id:", f.retry_delay});
     made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
@@ -355,12 +386,13 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<WorkerFlags>();
   CLI::App* app = root.add_subcommand(
       "worker",
-      "Consume a broker (a Redis stream through a consumer group) and run --exec once per "
-      "message key (payload as JSON on stdin; exit 0 done, 75 retry later, else "
-      "dead-letter).");
+      "Consume a broker (a Redis stream through a consumer group, a RabbitMQ queue, a NATS "
+      "JetStream durable consumer) and run --exec once per message key (stream fields as "
+      "JSON, or the message body, on stdin; exit 0 done, 75 retry later, else dead-letter).");
   app->add_option("--broker", f->broker,
                   "redis://HOST:PORT?stream=S[&group=G&consumer=C&key=id|sha256|FIELD"
-                  "&dead=S:dead&prefix=P]")
+                  "&dead=S:dead&prefix=P], amqp://USER:PW@HOST:PORT/VHOST?queue=Q[...] or "
+                  "nats://HOST:PORT?stream=S&consumer=C[...] (docs/WORKER.md)")
       ->required();
   app->add_option("--store", f->store, "Store URI of the buffer (memory:, rocksdb:PATH, "
                                        "redis://...); not used by --pattern textbook");
@@ -402,6 +434,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
                     "--pattern textbook: the key's one TTL");
+  app->add_option("--textbook-redis", f->textbook_redis,
+                  "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys");
   app->callback([f, &ctx] {
     if (f->sql_output && f->pattern != "dedup") {
       std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");
