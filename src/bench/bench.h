@@ -98,6 +98,8 @@ void RunRetained(BenchContext&);
 void RetainedGoals(BenchContext&);
 void RunStreamsWorker(BenchContext&);
 void StreamsWorkerGoals(BenchContext&);
+void RunMemoryStall(BenchContext&);
+void MemoryStallGoals(BenchContext&);
 
 }  // namespace dedup::bench
 

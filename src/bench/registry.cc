@@ -24,6 +24,8 @@ const std::vector<PhaseEntry>& Phases() {
       {"throughput", &RunThroughput, &ThroughputGoals},
       {"streams_worker", &RunStreamsWorker, &StreamsWorkerGoals},
       {"retained", &RunRetained, &RetainedGoals},
+      // In a process of its own: its heap history is its own.
+      {"memory_stall", &RunMemoryStall, &MemoryStallGoals},
   };
   return kPhases;
 }
