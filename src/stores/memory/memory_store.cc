@@ -1,6 +1,7 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// How the memory store keeps records, and why (docs/DESIGN.md, "memory store"):
+// How the memory store keeps records, and why (docs/DESIGN.md, "Memory store: no
+// allocation per record"):
 //
 // A store that lives as long as its worker must cost the same on its millionth
 // hour as on its first. The first design (absl::flat_hash_map<std::string, ...>
