@@ -85,6 +85,9 @@ constexpr size_t kRecentPerStripe = 64;
 constexpr size_t kMaxCachedResult = 1024;
 // How often the background writer commits pending claims.
 constexpr std::chrono::milliseconds kGroupCommitInterval{1};
+// Claims pending above this many, a claiming thread commits them itself: the
+// writer's backlog (and memory) stays bounded when claims outrun it.
+constexpr int64_t kMaxPending = 65'536;
 // The fence epoch, made durable at every open (decimal text).
 constexpr std::string_view kMetaFenceEpochKey = "mfence_epoch";
 
@@ -242,7 +245,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     const Token fresh = Token::Random();
     const KeySlot slot = SlotOf(req.key);
     Stripe& st = stripes_[slot.stripe];
-    std::lock_guard lock(st.mu);
+    std::unique_lock lock(st.mu);
     Record* cur = nullptr;
     DEDUP_RETURN_IF_ERROR(Find(st, slot, rkey, req.key, "claim", &cur, &scratch));
     const int64_t now = clock_->NowMillis();
@@ -253,6 +256,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
       ApplyFenceFloor(&next, &res);
       if (Deferred(req)) {
         Defer(st, slot, req.key, std::move(next));
+        lock.unlock();
+        DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
         return res;
       }
       WaitInFlight(st, req.key);
@@ -343,7 +348,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       live = !DecodeRecord(value.ToStringView(), &r, &why) || !r.ExpiredAt(clock_->NowMillis());
     }
     s = db_->Delete(write_options_, cf_, rkey);
-    if (s.ok()) st.pending.erase(key);
+    if (s.ok() && st.pending.erase(key) > 0) pending_count_.fetch_sub(1, std::memory_order_relaxed);
     if (!s.ok()) return FromRocks(s, Context("forget"));
     return live;
   }
@@ -433,6 +438,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     auto it = st.pending.find(key);
     if (it == st.pending.end()) {
       st.pending.emplace(std::string(key), Pending{std::move(r), 0});
+      pending_count_.fetch_add(1, std::memory_order_relaxed);
     } else {
       it->second = Pending{std::move(r), 0};
     }
@@ -452,8 +458,17 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   // After a synchronous write of `r` for `key`: it supersedes any pending claim.
   void Settle(Stripe& st, KeySlot slot, std::string_view key, const Record& r) {
-    if (auto it = st.pending.find(key); it != st.pending.end()) st.pending.erase(it);
+    if (auto it = st.pending.find(key); it != st.pending.end()) {
+      st.pending.erase(it);
+      pending_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
     Remember(st, slot, key, r);
+  }
+
+  // With no stripe locked: when the writer has fallen behind, commits here.
+  Status CommitIfBacklogged() {
+    if (pending_count_.load(std::memory_order_relaxed) <= kMaxPending) return Status::Ok();
+    return CommitPending();
   }
 
   // Writes every pending claim in one batch (the background writer, Scan,
@@ -495,6 +510,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
           // Committed: from now on an ordinary remembered record.
           Remember(st, SlotOf(it->first), it->first, it->second.rec);
           st.pending.erase(it++);
+          pending_count_.fetch_sub(1, std::memory_order_relaxed);
         } else {
           it->second.gen = 0;  // retried by the next batch
           st.dirty.store(true, std::memory_order_relaxed);
@@ -713,6 +729,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   std::mutex gen_mu_;
   std::condition_variable gen_cv_;
   uint64_t done_gen_ = 0;  // guarded by gen_mu_: batches up to this one are done
+  std::atomic<int64_t> pending_count_{0};  // records in all pending maps
 
   std::thread syncer_;
   std::mutex sync_mu_;
@@ -817,6 +834,8 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
         Defer(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1), std::move(*cur[k]));
       }
     }
+    locks.clear();
+    DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
     return out;
   }
   rocksdb::WriteBatch batch;
