@@ -13,6 +13,9 @@
 //   killed by signal  retry later, as 75
 //   anything else     permanent failure: completed as failed, dead-lettered
 // --keep-output stores the command's stdout (at most 1 MiB) as the result.
+// --sql-output (postgres:// stores): the command's stdout is SQL, run in the
+// transaction that records the completion, so its effect happens exactly once
+// (docs/POSTGRES.md).
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
@@ -31,8 +34,16 @@
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "dedup/buffer.h"
+#ifdef DEDUP_WITH_POSTGRES
+#include "dedup/postgres_store.h"
+#endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
+#ifdef DEDUP_WITH_SERVE
+#include "serve/metered_store.h"
+#include "serve/metrics.h"
+#include "serve/metrics_http.h"
+#endif
 
 namespace dedup::cli {
 namespace {
@@ -54,6 +65,7 @@ struct WorkerFlags {
   Millis retry_delay{1'000};
   uint32_t max_attempts = 0;
   bool keep_output = false;
+  bool sql_output = false;
   bool fingerprint = false;
   int metrics_port = 0;
   Millis summary_interval{10'000};
@@ -68,9 +80,81 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
+#ifdef DEDUP_WITH_SERVE
+// --metrics-port: the Consumer's counters, claim and handler latencies and the
+// build, in Prometheus conventions, on serve's HTTP stack.
+metrics::Registry g_metrics;
+const std::string kHandlerHelp = "Time a handler command ran, by outcome (done, retry, fail).";
+
+void ObserveHandler(std::chrono::steady_clock::time_point t0, const HandlerResult& r) {
+  const char* outcome = r.kind == HandlerResult::Kind::kDone    ? "done"
+                        : r.kind == HandlerResult::Kind::kRetry ? "retry"
+                                                                : "fail";
+  g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                         {{"outcome", outcome}})
+      ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void RegisterWorkerMetrics(const Worker& w) {
+  g_metrics.AddBuildInfo(DEDUP_VERSION);
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> rows[] = {
+      {"messages", &ConsumerMetrics::messages},
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicates", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"takeovers", &ConsumerMetrics::takeovers},
+      {"lost_leases", &ConsumerMetrics::lost_leases},
+      {"retries", &ConsumerMetrics::retries},
+      {"dead_lettered", &ConsumerMetrics::dead_lettered},
+      {"store_errors", &ConsumerMetrics::store_errors},
+      {"acked", &ConsumerMetrics::acked},
+      {"redelivered", &ConsumerMetrics::redelivered},
+      {"held_back", &ConsumerMetrics::held_back},
+      {"broker_errors", &ConsumerMetrics::broker_errors},
+      {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
+      {"claim_batches", &ConsumerMetrics::claim_batches},
+      {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches}};
+  for (const auto& [name, field] : rows) {
+    g_metrics.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
+                             std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  // Claim outcomes once more, as one family with an outcome label.
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> outcomes[] = {
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicate", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"error", &ConsumerMetrics::store_errors}};
+  for (const auto& [outcome, field] : outcomes) {
+    g_metrics.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
+                             {{"outcome", outcome}},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  for (const char* outcome : {"done", "retry", "fail"}) {
+    g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                           {{"outcome", outcome}});
+  }
+}
+#endif
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+                                uint32_t attempt);
+
 // Runs the handler command for one message.
 HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
                          uint32_t attempt) {
+#ifdef DEDUP_WITH_SERVE
+  const auto t0 = std::chrono::steady_clock::now();
+  HandlerResult r = RunHandlerCommand(f, m, fence, attempt);
+  ObserveHandler(t0, r);
+  return r;
+#else
+  return RunHandlerCommand(f, m, fence, attempt);
+#endif
+}
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+                                uint32_t attempt) {
   nlohmann::json payload = nlohmann::json::object();
   for (const auto& [k, v] : m.fields) payload[k] = v;
   ChildOptions c;
@@ -86,10 +170,33 @@ HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t 
   if (r->signal != 0) {
     return HandlerResult::Retry("handler killed by signal " + std::to_string(r->signal));
   }
+  if (r->exit_code == 0 && f.keep_output && r->truncated) {
+    // Never keep (or, with --sql-output, run) a cut-off output.
+    return HandlerResult::Fail("handler output exceeds " + std::to_string(kMaxResultBytes) + " bytes");
+  }
   if (r->exit_code == 0) return HandlerResult::Done(f.keep_output ? r->output : std::string());
   if (r->exit_code == kExitTempFail) return HandlerResult::Retry("handler exit 75 (retry later)");
   return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
 }
+
+#ifdef DEDUP_WITH_POSTGRES
+// --sql-output: runs the handler, then its stdout as SQL in the completion's
+// transaction, with dedup.key, dedup.fence and dedup.attempt set for that
+// transaction (current_setting('dedup.fence')::bigint).
+HandlerResult RunSqlHandler(const WorkerFlags& f, const StreamMessage& m, PostgresTransaction& tx) {
+  WorkerFlags g = f;
+  g.keep_output = true;
+  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt());
+  if (hr.kind != HandlerResult::Kind::kDone) return hr;
+  auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
+                     "set_config('dedup.attempt', $3, true)",
+                     {m.key, std::to_string(tx.fence()), std::to_string(tx.attempt())});
+  if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
+  Status run = tx.ExecScript(hr.result);
+  if (!run.ok()) return HandlerResult::Retry("handler SQL: " + run.ToString());
+  return HandlerResult::Done();
+}
+#endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
   auto wo = WorkerOptionsFromUri(f.broker);
@@ -99,6 +206,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   if (wo->group.empty()) wo->group = "dedup";
   wo->concurrency = f.concurrency;
+  if (f.sql_output && wo->reclaim_min_idle.count() <= 0) wo->reclaim_min_idle = f.lease + Millis(5'000);
   auto worker = Worker::Open(*wo);
   if (!worker.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", worker.status().ToString().c_str());
@@ -106,14 +214,22 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   Worker& w = **worker;
 
-  MetricsServer metrics;
+#ifdef DEDUP_WITH_SERVE
+  serve::MetricsEndpoint metrics;
   if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&w] { return w.metrics().ToPrometheus(); });
+    RegisterWorkerMetrics(w);
+    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
     if (!s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
     }
   }
+#else
+  if (f.metrics_port > 0) {
+    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
+    return kExitUsage;
+  }
+#endif
   g_worker.store(&w);
   OnStopSignals(&StopWorker);
 
@@ -140,14 +256,41 @@ int RunWorkerCommand(const WorkerFlags& f) {
     streams::TextbookOptions to;
     to.conn.host = wo->host;
     to.conn.port = wo->port;
+    to.conn.user = wo->user;
     to.conn.password = wo->password;
     to.conn.has_password = wo->has_password;
+    to.conn.db = wo->db;
+    to.conn.timeout = wo->timeout;
     to.ttl = f.textbook_ttl;
     to.retry_delay = f.retry_delay;
     streams::TextbookGuard guard(to);
     run = w.RunWith([&](const StreamMessage& m) {
       return guard.Process(m, [&] { return RunHandler(f, m, 0, 0); });
     });
+  } else if (f.sql_output) {
+#ifdef DEDUP_WITH_POSTGRES
+    auto opened = OpenPostgresStore(f.store);
+    if (!opened.ok()) {
+      done.store(true);
+      summary.join();
+      g_worker.store(nullptr);
+      std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
+                   opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    std::unique_ptr<PostgresStore> pg = std::move(opened).value();
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    Buffer buffer(pg.get(), bo);
+    run = w.RunWith([&](const StreamMessage& m) {
+      return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
+                                      [&](PostgresTransaction& tx) { return RunSqlHandler(f, m, tx); });
+    });
+#endif
   } else {
     auto opened = OpenStore(f.store);
     if (!opened.ok()) {
@@ -158,6 +301,14 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
+#ifdef DEDUP_WITH_SERVE
+    if (f.metrics_port > 0) {
+      store = std::make_unique<serve::OwningMeteredStore>(
+          std::move(store),
+          g_metrics.GetHistogram("dedup_worker_claim_duration_seconds",
+                                 "Time the store took to answer a claim or a batch of claims."));
+    }
+#endif
     BufferOptions bo;
     bo.lease = f.lease;
     bo.retention = f.retention;
@@ -220,6 +371,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_flag("--keep-output", f->keep_output,
                 "Store the command's stdout (at most 1 MiB) as the result");
+#ifdef DEDUP_WITH_POSTGRES
+  app->add_flag("--sql-output", f->sql_output,
+                "The command prints SQL; it runs in the transaction that records the "
+                "completion (postgres:// --store only): its effect happens exactly once");
+#endif
   app->add_flag("--fingerprint", f->fingerprint,
                 "Same key with a different payload is dead-lettered (MISMATCH)");
   app->add_option("--metrics-port", f->metrics_port,
@@ -237,6 +393,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
                     "--pattern textbook: the key's one TTL");
   app->callback([f, &ctx] {
+    if (f->sql_output && f->pattern != "dedup") {
+      std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");
+      ctx.exit_code = kExitUsage;
+      return;
+    }
     if (f->pattern == "dedup" && f->store.empty()) {
       std::fprintf(stderr, "dedup worker: --store is required\n");
       ctx.exit_code = kExitUsage;
