@@ -100,6 +100,11 @@ void RunStreamsWorker(BenchContext&);
 void StreamsWorkerGoals(BenchContext&);
 void RunMemoryStall(BenchContext&);
 void MemoryStallGoals(BenchContext&);
+void RunPostgres(BenchContext&);  // postgres_phase.cc
+// The Consumer's worker rows (consumer_bench.cc).
+void RunConsumerRows(BenchContext&);
+void ConsumerRowsGoals(BenchContext&);
+void RunBrokerConsumers(BenchContext&);  // broker_consumers.cc
 
 }  // namespace dedup::bench
 
