@@ -1,10 +1,16 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// What the memory store does beyond the conformance suite: incremental reclaim.
+// What the memory store does beyond the conformance suite: incremental reclaim,
+// its own table (growth, deletion, keys kept inline or out of line) against a
+// plain std::map model.
 
 #include "dedup/memory_store.h"
 
 #include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
 
 #include "stores/memory/memory_store_internal.h"
 
@@ -54,6 +60,82 @@ TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
   auto f = store->Forget("old:0");
   ASSERT_TRUE(f.ok());
   EXPECT_FALSE(*f);
+}
+
+// Keys of every length class (inline up to 24 bytes, out of line beyond),
+// results and fingerprints (which move a short key out of line and back).
+TEST(MemoryStore, KeysOfAnyLengthKeepTheirRecords) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  auto store = NewMemoryStore(o);
+  for (size_t len : {1u, 23u, 24u, 25u, 40u, 1024u}) {
+    const std::string key(len, static_cast<char>('a' + len % 26));
+    ClaimRequest r;
+    r.key = key;
+    r.fingerprint = len % 2 ? "fp" : "";
+    auto c = store->Claim(r);
+    ASSERT_TRUE(c.ok() && c->acquired()) << len;
+    ASSERT_TRUE(store->Complete(key, c->token, 1h, CompletionStatus::kOk, "result-" + key).ok());
+    auto again = store->Claim(r);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->outcome, ClaimOutcome::kDuplicate) << len;
+    EXPECT_EQ(again->result, "result-" + key) << len;
+    auto rec = store->Inspect(key);
+    ASSERT_TRUE(rec.ok() && rec->has_value());
+    EXPECT_EQ((*rec)->key, key);
+    EXPECT_EQ((*rec)->fingerprint, len % 2 ? "fp" : "");
+  }
+}
+
+// Many keys through a few shards: the index doubles many times, and forgets and
+// reclaims delete from the middle of probe clusters. Every key answers as a map
+// of the same operations says it should.
+TEST(MemoryStore, MatchesAModelThroughGrowthAndDeletion) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  o.shards = 2;
+  auto store = NewMemoryStore(o);
+  std::map<std::string, int64_t> model;  // completed key -> retention deadline
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 60'000; ++i) {
+    const std::string key = "k" + std::to_string(rng() % 20'000);
+    const int op = static_cast<int>(rng() % 10);
+    const int64_t now = clock.NowMillis();
+    auto it = model.find(key);
+    const bool live = it != model.end() && now < it->second;
+    if (op < 7) {
+      ClaimRequest r;
+      r.key = key;
+      auto c = store->Claim(r);
+      ASSERT_TRUE(c.ok());
+      ASSERT_EQ(c->acquired(), !live) << key << " at " << i;
+      if (c->acquired()) {
+        const Millis keep(1 + rng() % 3000);
+        ASSERT_TRUE(store->Complete(key, c->token, keep, CompletionStatus::kOk, "").ok());
+        model[key] = now + keep.count();
+      }
+    } else if (op < 9) {
+      auto f = store->Forget(key);
+      ASSERT_TRUE(f.ok());
+      ASSERT_EQ(*f, live) << key << " at " << i;
+      model.erase(key);
+    } else {
+      clock.Advance(std::chrono::milliseconds(rng() % 200));
+    }
+  }
+  size_t live = 0;
+  for (auto& [k, deadline] : model) {
+    auto rec = store->Inspect(k);
+    ASSERT_TRUE(rec.ok());
+    const bool want = clock.NowMillis() < deadline;
+    EXPECT_EQ(rec->has_value(), want) << k;
+    live += want;
+  }
+  auto all = store->Scan("", 1'000'000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), live);
 }
 
 TEST(MemoryStore, ShardCountIsRoundedUp) {

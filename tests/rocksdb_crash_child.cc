@@ -9,6 +9,12 @@
 //         A KEY FENCE   Claim/ClaimBatch returned ACQUIRED with FENCE
 //         C KEY         Complete returned OK (result = KEY)
 //         R KEY         Release returned OK
+//         P KEY FENCE ATTEMPT   a claim with max_attempts (a poison message's)
+//                               returned ACQUIRED: written before it returned
+//         U KEY FENCE   a claim without max_attempts took over a key whose lease
+//                       ran out: committed in the background
+//       The P and U keys ("poison/N", "unlimited/N") are shared by every round;
+//       their leases last 1 ms, so each claim takes over from the last.
 //       Each line is one write(2) of less than PIPE_BUF bytes, so lines from the
 //       two threads never interleave. Exits 2 on any unexpected answer.
 //
@@ -77,6 +83,25 @@ void SingleKeys(dedup::Store* store, const std::string& round,
   }
 }
 
+// Takes over the same few keys again and again, as workers do with a message
+// whose handler keeps crashing.
+void Takeovers(dedup::Store* store, std::chrono::steady_clock::time_point end) {
+  for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+    const bool poison = i % 2 == 0;
+    const std::string key = std::string(poison ? "poison/" : "unlimited/") + std::to_string(i / 2 % 3);
+    ClaimRequest r = Req(key);
+    r.lease = 1ms;
+    if (poison) r.max_attempts = 1'000'000;
+    auto c = store->Claim(r);
+    if (!c.ok()) Fail("takeover claim: " + c.status().ToString());
+    if (c->outcome == ClaimOutcome::kAcquired) {
+      Line((poison ? "P " : "U ") + key + " " + std::to_string(c->fence) +
+           (poison ? " " + std::to_string(c->attempt) : ""));
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
 // ClaimBatch of 4 new keys, then complete each.
 void Batches(dedup::Store* store, const std::string& round,
              std::chrono::steady_clock::time_point end) {
@@ -132,7 +157,9 @@ int main(int argc, char** argv) {
   const auto end = std::chrono::steady_clock::now() + 60s;
   std::thread t1(SingleKeys, store->get(), std::string(argv[4]), end);
   std::thread t2(Batches, store->get(), std::string(argv[4]), end);
+  std::thread t3(Takeovers, store->get(), end);
   t1.join();
   t2.join();
+  t3.join();
   return 0;
 }

@@ -98,6 +98,8 @@ void RunRetained(BenchContext&);
 void RetainedGoals(BenchContext&);
 void RunStreamsWorker(BenchContext&);
 void StreamsWorkerGoals(BenchContext&);
+void RunMemoryStall(BenchContext&);
+void MemoryStallGoals(BenchContext&);
 void RunPostgres(BenchContext&);  // postgres_phase.cc
 // The Consumer's worker rows (consumer_bench.cc).
 void RunConsumerRows(BenchContext&);

@@ -22,6 +22,8 @@ struct BenchOptions {
   // Run only these phases (names from registry.cc); empty: all.
   std::vector<std::string> only;
   std::string command_line;  // as the reader should see it (no password)
+  // Set in the process RunPhaseInChild starts: run the phase here, not in a child.
+  bool isolated_child = false;
 };
 
 struct Plan {

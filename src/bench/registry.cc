@@ -25,6 +25,8 @@ const std::vector<PhaseEntry>& Phases() {
       {"consumer", &RunConsumerRows, &ConsumerRowsGoals},
       {"broker_consumers", &RunBrokerConsumers, nullptr},  // needs DEDUP_BENCH_AMQP_URI / _NATS_URI
       {"retained", &RunRetained, &RetainedGoals},
+      // In a process of its own: its heap history is its own.
+      {"memory_stall", &RunMemoryStall, &MemoryStallGoals},
       {"postgres", &RunPostgres, nullptr},  // needs DEDUP_BENCH_POSTGRES_URI
   };
   return kPhases;

@@ -142,8 +142,10 @@ void RegisterBench(CLI::App& root, CommandContext& ctx) {
       ->type_name("FILE");
   app->add_flag("--no-progress", flags->no_progress, "No progress line, even on a terminal");
   app->add_option("--phase", o.only,
-                  "Run only these phases (memory_per_record, throughput, streams_worker, retained, ...)")
+                  "Run only these phases (memory_per_record, throughput, streams_worker, retained, memory_stall, ...)")
       ->delimiter(',');
+  // Set by bench::RunPhaseInChild in the process it starts; not for users.
+  app->add_flag("--isolated-child", o.isolated_child)->group("");
   app->callback([flags, app, &ctx] {
     std::string line = "dedup bench";
     for (const auto* opt : app->get_options()) {

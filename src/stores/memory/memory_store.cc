@@ -1,18 +1,46 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// How the memory store keeps records, and why (docs/DESIGN.md, "Memory store: no
+// allocation per record"):
+//
+// A store that lives as long as its worker must cost the same on its millionth
+// hour as on its first. The first design (absl::flat_hash_map<std::string, ...>
+// plus a heap of (deadline, key copy) for reclaim) made two small allocations per
+// record — a 20-byte key does not fit libstdc++'s 15-byte inline string — and
+// freed them again on reclaim. Its speed then depended on the history of glibc's
+// heap: in a process that had allocated and freed a gigabyte before, perf showed
+// half the time in _int_malloc / unlink_chunk / malloc_consolidate, windows of
+// 200 ms collapsing to a tenth of the median, and single calls of 230 ms
+// (`dedup bench --phase memory_stall`).
+//
+// So each shard owns its memory outright and makes no allocation per record:
+//
+//  - Records sit in a slab of 64-byte slots (one cache line), in chunks of 4096
+//    mapped straight from the kernel (mmap), never moved. A key of up to 24
+//    bytes is stored in the slot; a longer key, a fingerprint or a result moves
+//    the key out to one heap block (Extra) for that record only.
+//  - An index of 8-byte entries (32 hash bits + slot number), open addressing
+//    with linear probing and backward-shift deletion (no tombstones), also
+//    mmapped. It grows by doubling; since an entry carries its hash bits, a
+//    doubling moves 8-byte entries and never reads a record or a key.
+//  - Reclaim sweeps the slab with a cursor: each operation looks at a few slots
+//    after the cursor and frees the expired ones (their slot goes on a free list
+//    and is reused by the next insert). No heap of deadlines, no key copies.
 
 #include "dedup/memory_store.h"
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <bit>
-#include <deque>
+#include <cstring>
 #include <memory>
 #include <mutex>
-#include <queue>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "core/key_hash.h"
 #include "core/state_machine.h"
 #include "stores/memory/memory_store_internal.h"
 
@@ -24,27 +52,107 @@ using internal::DecideComplete;
 using internal::DecideExtend;
 using internal::DecideRelease;
 
-using internal::KeyEq;
-using internal::KeyHash;
+// ---- hashing ------------------------------------------------------------------
 
-// A record as the memory store keeps it: the fixed fields inline (48 bytes), the
-// rarely present fingerprint and result behind one pointer. Small entries keep the
-// table's rehashes and cache misses cheap.
-struct Entry {
-  struct Extra {
-    std::string fingerprint;
-    std::string result;
+__extension__ typedef unsigned __int128 U128;
+
+inline uint64_t Mix(uint64_t a, uint64_t b) {
+  const U128 r = static_cast<U128>(a) * b;
+  return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
+}
+
+inline uint64_t Load64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+inline uint64_t LoadTail(const char* p, size_t n) {  // 1 to 7 bytes
+  uint64_t v = 0;
+  std::memcpy(&v, p, n);
+  return v;
+}
+
+// A wyhash-style hash: two 64x64->128 multiplies per 16 bytes.
+uint64_t HashKey(std::string_view k) {
+  constexpr uint64_t s0 = 0xa0761d6478bd642full, s1 = 0xe7037ed1a0b428dbull, s2 = 0x8ebc6af09c88c6e3ull;
+  const char* p = k.data();
+  size_t n = k.size();
+  uint64_t h = s0 ^ (n * s2);
+  while (n >= 16) {
+    h = Mix(Load64(p) ^ s1, Load64(p + 8) ^ h);
+    p += 16;
+    n -= 16;
+  }
+  uint64_t a = 0, b = 0;
+  if (n >= 8) {
+    a = Load64(p);
+    b = n > 8 ? LoadTail(p + 8, n - 8) : 0;
+  } else if (n > 0) {
+    a = LoadTail(p, n);
+  }
+  return Mix(Mix(a ^ s1, b ^ h) ^ s2, k.size() ^ s0);
+}
+
+// ---- memory from the kernel ------------------------------------------------------
+
+void* MapBytes(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+
+void UnmapBytes(void* p, size_t bytes) {
+  if (p != nullptr) munmap(p, bytes);
+}
+
+// ---- a record ------------------------------------------------------------------
+
+constexpr size_t kInlineKey = 24;
+constexpr uint8_t kKeyOut = 0xFF;  // key_len: the key is in extra
+
+struct Extra {
+  std::string key;
+  std::string fingerprint;
+  std::string result;
+};
+
+struct Slot {
+  int64_t lease_deadline;
+  int64_t retention_deadline;
+  uint64_t token;
+  uint64_t fence;
+  uint32_t attempt;
+  uint8_t live;  // 1: holds a record; 0: free
+  RecordState state;
+  CompletionStatus status;
+  uint8_t key_len;  // <= kInlineKey: the key is in `key`; kKeyOut: in extra
+  union {
+    char key[kInlineKey];
+    Extra* extra;
   };
-  int64_t lease_deadline = 0;
-  int64_t retention_deadline = 0;
-  uint64_t token = 0;
-  uint64_t fence = 0;
-  uint32_t attempt = 0;
-  RecordState state = RecordState::kInProgress;
-  CompletionStatus status = CompletionStatus::kOk;
-  std::unique_ptr<Extra> extra;  // null when both are empty
 
+  std::string_view Key() const {
+    return key_len == kKeyOut ? std::string_view(extra->key) : std::string_view(key, key_len);
+  }
   bool ExpiredAt(int64_t now) const { return now >= retention_deadline; }
+
+  void SetKey(std::string_view k) {
+    if (k.size() <= kInlineKey) {
+      key_len = static_cast<uint8_t>(k.size());
+      std::memcpy(key, k.data(), k.size());
+    } else {
+      extra = new Extra{std::string(k), {}, {}};
+      key_len = kKeyOut;
+    }
+  }
+
+  void FreeExtra() {
+    if (key_len == kKeyOut) {
+      delete extra;
+      key_len = 0;
+    }
+  }
 
   void ToRecord(Record* r) const {
     r->state = state;
@@ -54,7 +162,7 @@ struct Entry {
     r->lease_deadline = lease_deadline;
     r->retention_deadline = retention_deadline;
     r->status = status;
-    if (extra != nullptr) {
+    if (key_len == kKeyOut) {
       r->fingerprint = extra->fingerprint;
       r->result = extra->result;
     } else {
@@ -63,6 +171,7 @@ struct Entry {
     }
   }
 
+  // Takes the record's fields; the key stays.
   void FromRecord(Record&& r) {
     state = r.state;
     token = r.token.value;
@@ -71,34 +180,231 @@ struct Entry {
     lease_deadline = r.lease_deadline;
     retention_deadline = r.retention_deadline;
     status = r.status;
-    if (r.fingerprint.empty() && r.result.empty()) {
-      extra.reset();
-    } else {
-      if (extra == nullptr) extra = std::make_unique<Extra>();
+    const bool need_extra = !r.fingerprint.empty() || !r.result.empty();
+    if (need_extra && key_len != kKeyOut) {
+      extra = new Extra{std::string(key, key_len), {}, {}};
+      key_len = kKeyOut;
+    }
+    if (key_len == kKeyOut) {
       extra->fingerprint = std::move(r.fingerprint);
       extra->result = std::move(r.result);
+      if (!need_extra && extra->key.size() <= kInlineKey) {  // back inline
+        Extra* e = extra;
+        key_len = static_cast<uint8_t>(e->key.size());
+        std::memcpy(key, e->key.data(), e->key.size());
+        delete e;
+      }
     }
   }
 };
+static_assert(sizeof(Slot) == 64, "a record is one cache line");
 
-// Records of one shard, plus a min-heap of (retention deadline, key) that drives
-// incremental reclamation. Each record is pushed once, when inserted; when its entry
-// comes due and the record has since been given a later deadline, it is pushed
-// again with that deadline. So the heap holds about one entry per live record.
-struct alignas(64) Shard {
-  std::mutex mu;
-  absl::flat_hash_map<std::string, Entry, KeyHash, KeyEq> records;
-  using Due = std::pair<int64_t, std::string>;
-  // A deque, not a vector: no single large reallocation as the heap grows.
-  std::priority_queue<Due, std::deque<Due>, std::greater<>> due;
+// ---- one shard -------------------------------------------------------------------
+
+constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
+
+struct IndexEntry {
+  uint32_t hash;  // the low 32 bits of the key's hash: its home position
+  uint32_t slot;  // kNoSlot: empty
 };
+
+class alignas(64) Shard {
+ public:
+  Shard() = default;
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+  ~Shard() {
+    for (uint32_t i = 0; i < used_; ++i) {
+      if (At(i).live) At(i).FreeExtra();
+    }
+    for (Chunk* c : chunks_) UnmapBytes(c, sizeof(Chunk));
+    UnmapBytes(index_, (mask_ + 1) * sizeof(IndexEntry));
+  }
+
+  std::mutex mu;
+
+  // Called without the lock, before taking it: starts loading the index line a
+  // lookup of hash `h` will read, so the cache miss overlaps the lock. Reads
+  // only the hint below (a stale one is harmless: prefetch never faults).
+  void Prefetch(uint64_t h) const {
+    const uintptr_t base = hint_base_.load(std::memory_order_relaxed);
+    if (base == 0) return;
+    const size_t mask = hint_mask_.load(std::memory_order_relaxed);
+    __builtin_prefetch(reinterpret_cast<const void*>(base + (h & mask) * sizeof(IndexEntry)));
+  }
+
+  // The slot holding `key`, or nullptr. Sets *pos to the index position where
+  // `key` is or would be inserted.
+  Slot* Find(std::string_view key, uint64_t h, size_t* pos) {
+    if (index_ == nullptr) Grow();
+    const uint32_t tag = static_cast<uint32_t>(h);
+    for (size_t i = tag & mask_;; i = (i + 1) & mask_) {
+      const IndexEntry e = index_[i];
+      if (e.slot == kNoSlot) {
+        *pos = i;
+        return nullptr;
+      }
+      if (e.hash == tag) {
+        Slot& s = At(e.slot);
+        if (s.Key() == key) {
+          *pos = i;
+          return &s;
+        }
+      }
+    }
+  }
+
+  // A new slot for `key` at index position `pos` (from a Find that returned null).
+  Slot& Insert(std::string_view key, uint64_t h, size_t pos, uint32_t* number) {
+    if ((count_ + 1) * 4 > (mask_ + 1) * 3) {  // load above 3/4: double, then find the spot again
+      Grow();
+      const uint32_t tag = static_cast<uint32_t>(h);
+      pos = tag & mask_;
+      while (index_[pos].slot != kNoSlot) pos = (pos + 1) & mask_;
+    }
+    uint32_t n;
+    if (!free_.empty()) {
+      n = free_.back();
+      free_.pop_back();
+    } else {
+      if (used_ == chunks_.size() * kChunkSlots) {
+        auto* c = static_cast<Chunk*>(MapBytes(sizeof(Chunk)));
+        for (uint32_t& d : c->due) d = kNeverDue;
+        chunks_.push_back(c);
+      }
+      n = used_++;
+    }
+    index_[pos] = {static_cast<uint32_t>(h), n};
+    ++count_;
+    Slot& s = At(n);
+    s.live = 1;
+    *number = n;
+    s.SetKey(key);
+    return s;
+  }
+
+  // Removes the record at index position `pos`.
+  void Erase(size_t pos) {
+    const uint32_t n = index_[pos].slot;
+    Slot& s = At(n);
+    s.FreeExtra();
+    s.live = 0;
+    chunks_[n >> kChunkShift]->due[n & (kChunkSlots - 1)] = kNeverDue;
+    free_.push_back(n);
+    --count_;
+    // Backward-shift deletion: pull later entries of the cluster into the hole.
+    size_t hole = pos;
+    for (size_t j = (pos + 1) & mask_;; j = (j + 1) & mask_) {
+      const IndexEntry e = index_[j];
+      if (e.slot == kNoSlot) break;
+      const size_t home = e.hash & mask_;
+      // The entry may move to the hole if the hole lies cyclically in [home, j).
+      const bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
+      if (movable) {
+        index_[hole] = e;
+        hole = j;
+      }
+    }
+    index_[hole] = {0, kNoSlot};
+  }
+
+  // Looks at up to 4 * `most` slots after the sweep cursor and removes up to
+  // `most` expired records among them. It reads the chunks' compact deadline
+  // arrays (16 slots per cache line), and a slot itself only when it is due.
+  void Sweep(int64_t now, size_t most) {
+    if (used_ == 0) return;
+    const uint32_t now_s = static_cast<uint32_t>(now / 1000);
+    size_t removed = 0;
+    for (size_t k = 0; k < 4 * most && removed < most; ++k) {
+      if (cursor_ >= used_) cursor_ = 0;
+      const uint32_t n = cursor_++;
+      if (Due(n) > now_s) continue;  // not due yet, or a free slot
+      Slot& s = At(n);
+      if (!s.live || !s.ExpiredAt(now)) continue;
+      const std::string_view key = s.Key();
+      size_t pos;
+      Find(key, HashKey(key), &pos);
+      Erase(pos);
+      ++removed;
+    }
+  }
+
+  // The slot number of the record Find found at index position `pos`.
+  uint32_t NumberAt(size_t pos) const { return index_[pos].slot; }
+  // After the retention deadline of slot `n` was written.
+  void Touched(uint32_t n) { SetDue(n, At(n).retention_deadline); }
+
+  size_t size() const { return count_; }
+
+  template <typename Fn>
+  void ForEach(Fn&& fn) {
+    for (uint32_t i = 0; i < used_; ++i) {
+      if (At(i).live && !fn(At(i))) return;
+    }
+  }
+
+ private:
+  static constexpr uint32_t kChunkShift = 12;
+  static constexpr uint32_t kChunkSlots = 1u << kChunkShift;  // 256 KiB of slots
+  static constexpr uint32_t kNeverDue = 0xFFFFFFFFu;
+
+  // Slots, and beside them each slot's retention deadline in whole seconds
+  // (rounded down; kNeverDue when free) for the sweep.
+  struct Chunk {
+    Slot slots[kChunkSlots];
+    uint32_t due[kChunkSlots];
+  };
+
+  Slot& At(uint32_t n) { return chunks_[n >> kChunkShift]->slots[n & (kChunkSlots - 1)]; }
+  uint32_t Due(uint32_t n) const { return chunks_[n >> kChunkShift]->due[n & (kChunkSlots - 1)]; }
+  void SetDue(uint32_t n, int64_t retention_deadline) {
+    const int64_t sec = retention_deadline / 1000;
+    chunks_[n >> kChunkShift]->due[n & (kChunkSlots - 1)] =
+        sec < 0 ? 0 : sec >= kNeverDue ? kNeverDue - 1 : static_cast<uint32_t>(sec);
+  }
+
+  // Doubles the index (or makes the first one). Entries carry their hash bits,
+  // so no record is read.
+  void Grow() {
+    const size_t old_size = index_ == nullptr ? 0 : mask_ + 1;
+    const size_t size = old_size == 0 ? 64 : old_size * 2;
+    auto* fresh = static_cast<IndexEntry*>(MapBytes(size * sizeof(IndexEntry)));
+    for (size_t i = 0; i < size; ++i) fresh[i] = {0, kNoSlot};
+    const size_t mask = size - 1;
+    for (size_t i = 0; i < old_size; ++i) {
+      const IndexEntry e = index_[i];
+      if (e.slot == kNoSlot) continue;
+      size_t p = e.hash & mask;
+      while (fresh[p].slot != kNoSlot) p = (p + 1) & mask;
+      fresh[p] = e;
+    }
+    UnmapBytes(index_, old_size * sizeof(IndexEntry));
+    index_ = fresh;
+    mask_ = mask;
+    hint_base_.store(reinterpret_cast<uintptr_t>(fresh), std::memory_order_relaxed);
+    hint_mask_.store(mask, std::memory_order_relaxed);
+  }
+
+  IndexEntry* index_ = nullptr;
+  size_t mask_ = 0;
+  std::atomic<uintptr_t> hint_base_{0};  // index_ and mask_ for Prefetch
+  std::atomic<size_t> hint_mask_{0};
+  size_t count_ = 0;
+  std::vector<Chunk*> chunks_;
+  uint32_t used_ = 0;  // slots ever handed out (the slab's high-water mark)
+  std::vector<uint32_t> free_;
+  uint32_t cursor_ = 0;
+};
+
+// ---- the store --------------------------------------------------------------------
 
 class MemoryStore final : public Store {
  public:
   explicit MemoryStore(const MemoryStoreOptions& o)
       : clock_(o.clock != nullptr ? o.clock : Clock::System()),
-        reclaim_per_op_(o.reclaim_per_operation),
-        shards_(std::bit_ceil(o.shards == 0 ? size_t{1} : o.shards)) {}
+        sweep_(o.reclaim_per_operation),
+        shard_bits_(std::countr_zero(std::bit_ceil(o.shards == 0 ? size_t{1} : o.shards))),
+        shards_(size_t{1} << shard_bits_) {}
 
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
@@ -138,25 +444,29 @@ class MemoryStore final : public Store {
 
   StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    Shard& s = ShardFor(key);
+    const uint64_t h = HashKey(key);
+    Shard& s = ShardFor(h);
     std::lock_guard lock(s.mu);
     const int64_t now = clock_->NowMillis();
-    auto it = s.records.find(key);
-    if (it == s.records.end() || it->second.ExpiredAt(now)) return std::optional<Record>();
+    size_t pos;
+    Slot* slot = s.Find(key, h, &pos);
+    if (slot == nullptr || slot->ExpiredAt(now)) return std::optional<Record>();
     Record r;
-    it->second.ToRecord(&r);
+    slot->ToRecord(&r);
     r.key.assign(key);
     return std::optional<Record>(std::move(r));
   }
 
   StatusOr<bool> Forget(std::string_view key) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
-    Shard& s = ShardFor(key);
+    const uint64_t h = HashKey(key);
+    Shard& s = ShardFor(h);
     std::lock_guard lock(s.mu);
-    auto it = s.records.find(key);
-    if (it == s.records.end()) return false;
-    const bool live = !it->second.ExpiredAt(clock_->NowMillis());
-    s.records.erase(it);
+    size_t pos;
+    Slot* slot = s.Find(key, h, &pos);
+    if (slot == nullptr) return false;
+    const bool live = !slot->ExpiredAt(clock_->NowMillis());
+    s.Erase(pos);
     return live;
   }
 
@@ -165,13 +475,16 @@ class MemoryStore final : public Store {
     const int64_t now = clock_->NowMillis();
     for (Shard& s : shards_) {
       std::lock_guard lock(s.mu);
-      for (const auto& [k, r] : s.records) {
-        if (out.size() >= limit) return out;
-        if (r.ExpiredAt(now) || !std::string_view(k).starts_with(prefix)) continue;
+      s.ForEach([&](const Slot& r) {
+        if (out.size() >= limit) return false;
+        const std::string_view k = r.Key();
+        if (r.ExpiredAt(now) || !k.starts_with(prefix)) return true;
         out.emplace_back();
         r.ToRecord(&out.back());
         out.back().key = k;
-      }
+        return true;
+      });
+      if (out.size() >= limit) return out;
     }
     return out;
   }
@@ -182,75 +495,66 @@ class MemoryStore final : public Store {
     size_t n = 0;
     for (Shard& s : shards_) {
       std::lock_guard lock(s.mu);
-      n += s.records.size();
+      n += s.size();
     }
     return n;
   }
 
  private:
-  Shard& ShardFor(std::string_view key) {
-    // The top bits pick the shard; the map inside uses the low ones.
-    const uint64_t h = std::hash<std::string_view>{}(key) * 0x9E3779B97F4A7C15ull;
-    return shards_[(h >> 40) & (shards_.size() - 1)];
-  }
-
-  // Drops up to reclaim_per_op_ records whose retention has passed. Called with
-  // s.mu held.
-  void Reclaim(Shard& s, int64_t now) {
-    for (size_t n = 0; n < reclaim_per_op_ && !s.due.empty() && s.due.top().first <= now; ++n) {
-      std::string key = std::move(const_cast<Shard::Due&>(s.due.top()).second);
-      s.due.pop();
-      auto it = s.records.find(key);
-      if (it == s.records.end()) continue;  // forgotten meanwhile
-      if (it->second.ExpiredAt(now)) {
-        s.records.erase(it);
-      } else {
-        s.due.emplace(it->second.retention_deadline, std::move(key));
-      }
-    }
-  }
+  // The top bits pick the shard; the index inside uses the low ones.
+  Shard& ShardFor(uint64_t h) { return shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)]; }
 
   ClaimResult ClaimValidated(const ClaimRequest& req) {
-    Shard& s = ShardFor(req.key);
+    const uint64_t h = HashKey(req.key);
+    Shard& s = ShardFor(h);
+    s.Prefetch(h);
     const Token fresh = Token::Random();
     std::lock_guard lock(s.mu);
     const int64_t now = clock_->NowMillis();
-    Reclaim(s, now);
-    auto it = s.records.find(req.key);
+    s.Sweep(now, sweep_);
+    size_t pos;
+    Slot* slot = s.Find(req.key, h, &pos);
     thread_local Record cur, next;
-    if (it != s.records.end()) it->second.ToRecord(&cur);
+    if (slot != nullptr) slot->ToRecord(&cur);
     bool write = false;
-    ClaimResult res =
-        DecideClaim(it == s.records.end() ? nullptr : &cur, req, now, fresh, &next, &write);
+    ClaimResult res = DecideClaim(slot == nullptr ? nullptr : &cur, req, now, fresh, &next, &write);
     if (write) {
-      if (it != s.records.end()) {
-        it->second.FromRecord(std::move(next));
+      uint32_t n;
+      if (slot == nullptr) {
+        slot = &s.Insert(req.key, h, pos, &n);
       } else {
-        const int64_t due = next.retention_deadline;
-        s.records.try_emplace(req.key).first->second.FromRecord(std::move(next));
-        s.due.emplace(due, std::string(req.key));
+        n = s.NumberAt(pos);
       }
+      slot->FromRecord(std::move(next));
+      s.Touched(n);
     }
     return res;
   }
 
   template <typename Fn>
   WriteResult Update(std::string_view key, Fn&& decide) {
-    Shard& s = ShardFor(key);
+    const uint64_t h = HashKey(key);
+    Shard& s = ShardFor(h);
+    s.Prefetch(h);
     std::lock_guard lock(s.mu);
     const int64_t now = clock_->NowMillis();
-    Reclaim(s, now);
-    auto it = s.records.find(key);
-    if (it == s.records.end()) return WriteResult::kLost;
+    s.Sweep(now, sweep_);
+    size_t pos;
+    Slot* slot = s.Find(key, h, &pos);
+    if (slot == nullptr) return WriteResult::kLost;
     thread_local Record rec;
-    it->second.ToRecord(&rec);
+    slot->ToRecord(&rec);
     const WriteResult r = decide(&rec, now);
-    if (r == WriteResult::kOk) it->second.FromRecord(std::move(rec));
+    if (r == WriteResult::kOk) {
+      slot->FromRecord(std::move(rec));
+      s.Touched(s.NumberAt(pos));
+    }
     return r;
   }
 
   Clock* const clock_;
-  const size_t reclaim_per_op_;
+  const size_t sweep_;
+  const int shard_bits_;
   std::vector<Shard> shards_;
 };
 

@@ -11,10 +11,32 @@
 // and (b) write-through copies of the records this process wrote last, so that
 // the complete / extend / release that follow a claim, and the claims of
 // redeliveries, find the record in memory. Everything else is a Get.
+//
+// Claims are written by group commit, off the caller's path (SyncMode kNone and
+// kInterval): a claim puts its record in its stripe's `pending` map and returns;
+// a background writer collects every stripe's pending records about once a
+// millisecond and writes them in one WriteBatch. An IN_PROGRESS record has to
+// outlive this process for two things only, and both hold without a write per
+// claim:
+//   * fences keep increasing across a restart: every open makes a new fence
+//     epoch durable before it serves, and every fence handed out in this
+//     process is at least (epoch << 32) + 1, above any fence of an earlier
+//     process, written or not;
+//   * attempts are counted across crashes where they decide something: a claim
+//     with max_attempts (what stops a poison message that kills its worker) is
+//     written before it returns, as is every claim with SyncMode::kAlways.
+// A claim without max_attempts that a crash catches before its group commit
+// (within about a millisecond) is forgotten: the key is claimable again with a
+// higher fence, the same attempt number. Complete, extend and release are
+// written before they return, as before; a pending claim of the same key that a
+// writer batch is carrying is waited for first, so the newer record always lands
+// last.
 
 #include "dedup/rocksdb_store.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <charconv>
 #include <condition_variable>
 #include <filesystem>
@@ -61,6 +83,13 @@ constexpr size_t kStripes = 1024;
 // kMaxCachedResult are never remembered.
 constexpr size_t kRecentPerStripe = 64;
 constexpr size_t kMaxCachedResult = 1024;
+// How often the background writer commits pending claims.
+constexpr std::chrono::milliseconds kGroupCommitInterval{1};
+// Claims pending above this many, a claiming thread commits them itself: the
+// writer's backlog (and memory) stays bounded when claims outrun it.
+constexpr int64_t kMaxPending = 65'536;
+// The fence epoch, made durable at every open (decimal text).
+constexpr std::string_view kMetaFenceEpochKey = "mfence_epoch";
 
 using internal::KeyEq;
 using internal::KeyHash;
@@ -188,6 +217,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   ~RocksDBStoreImpl() override {
+    StopGroupCommit();
     if (syncer_.joinable()) {
       {
         std::lock_guard l(sync_mu_);
@@ -215,7 +245,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     const Token fresh = Token::Random();
     const KeySlot slot = SlotOf(req.key);
     Stripe& st = stripes_[slot.stripe];
-    std::lock_guard lock(st.mu);
+    std::unique_lock lock(st.mu);
     Record* cur = nullptr;
     DEDUP_RETURN_IF_ERROR(Find(st, slot, rkey, req.key, "claim", &cur, &scratch));
     const int64_t now = clock_->NowMillis();
@@ -223,10 +253,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
     bool write = false;
     ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
     if (write) {
+      ApplyFenceFloor(&next, &res);
+      if (Deferred(req)) {
+        Defer(st, slot, req.key, std::move(next));
+        lock.unlock();
+        DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
+        return res;
+      }
+      WaitInFlight(st, req.key);
       EncodeRecord(next, &value);
       rocksdb::Status s = db_->Put(write_options_, cf_, rkey, value);
       if (!s.ok()) return FromRocks(s, Context("claim"));
-      Remember(st, slot, req.key, next);
+      Settle(st, slot, req.key, next);
     }
     return res;
   }
@@ -262,6 +300,17 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    // A claim not yet committed is only in memory.
+    {
+      Stripe& st = stripes_[StripeIndex(key)];
+      std::lock_guard lock(st.mu);
+      if (auto it = st.pending.find(key); it != st.pending.end()) {
+        if (it->second.rec.ExpiredAt(clock_->NowMillis())) return std::optional<Record>();
+        Record r = it->second.rec;
+        r.key.assign(key);
+        return std::optional<Record>(std::move(r));
+      }
+    }
     // No lock: a single Get sees one whole record, before or after any write.
     std::string rkey;
     EncodeRecordKey(key, &rkey);
@@ -283,15 +332,23 @@ class RocksDBStoreImpl final : public RocksDBStore {
     std::lock_guard lock(st.mu);
     // The fingerprint stays: other keys may share it, and it only costs a Get.
     if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
+    WaitInFlight(st, key);
+    bool live = false, found = false;
+    if (auto it = st.pending.find(key); it != st.pending.end()) {
+      found = true;
+      live = !it->second.rec.ExpiredAt(clock_->NowMillis());
+    }
     rocksdb::PinnableSlice value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf_, rkey, &value);
-    if (s.IsNotFound()) return false;
-    if (!s.ok()) return FromRocks(s, Context("forget"));
-    Record r;
-    std::string why;
-    const bool live =
-        !DecodeRecord(value.ToStringView(), &r, &why) || !r.ExpiredAt(clock_->NowMillis());
+    if (s.IsNotFound() && !found) return false;
+    if (!s.ok() && !s.IsNotFound()) return FromRocks(s, Context("forget"));
+    if (s.ok() && !found) {
+      Record r;
+      std::string why;
+      live = !DecodeRecord(value.ToStringView(), &r, &why) || !r.ExpiredAt(clock_->NowMillis());
+    }
     s = db_->Delete(write_options_, cf_, rkey);
+    if (s.ok() && st.pending.erase(key) > 0) pending_count_.fetch_sub(1, std::memory_order_relaxed);
     if (!s.ok()) return FromRocks(s, Context("forget"));
     return live;
   }
@@ -299,6 +356,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
     std::vector<Record> out;
     if (limit == 0) return out;
+    DEDUP_RETURN_IF_ERROR(CommitPending());  // claims not yet committed, too
     std::string start;
     EncodeRecordKey(prefix, &start);
     const int64_t now = clock_->NowMillis();
@@ -332,6 +390,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   rocksdb::ColumnFamilyHandle* records_family() override { return cf_; }
 
   Status CompactNow() override {
+    DEDUP_RETURN_IF_ERROR(CommitPending());
     rocksdb::Status s = db_->Flush(rocksdb::FlushOptions(), cf_);
     if (!s.ok()) return FromRocks(s, Context("compact: flush"));
     rocksdb::CompactRangeOptions co;
@@ -344,11 +403,176 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
  private:
   // Everything in a stripe is guarded by its mutex.
+  // A claim's record waiting for the group commit. gen 0: not yet taken by a
+  // writer batch; otherwise the batch carrying it.
+  struct Pending {
+    Record rec;
+    uint64_t gen = 0;
+  };
+
   struct alignas(64) Stripe {
     std::mutex mu;
     absl::flat_hash_set<uint32_t> present;  // fingerprints of keys with a record on disk
     absl::flat_hash_map<std::string, Record, KeyHash, KeyEq> recent;  // write-through copies
+    absl::flat_hash_map<std::string, Pending, KeyHash, KeyEq> pending;  // claims to commit
+    std::atomic<bool> dirty{false};  // pending holds records with gen 0
   };
+
+  // ---- group commit of claims ---------------------------------------------------
+
+  bool Deferred(const ClaimRequest& req) const {
+    return options_.sync != SyncMode::kAlways && req.max_attempts == 0;
+  }
+
+  // Every fence this process hands out is above every fence of earlier processes.
+  void ApplyFenceFloor(Record* next, ClaimResult* res) const {
+    if (res->outcome == ClaimOutcome::kAcquired && next->fence < fence_floor_) {
+      next->fence = fence_floor_;
+      res->fence = fence_floor_;
+    }
+  }
+
+  // A claim's record, to be committed by the background writer. Stripe locked.
+  void Defer(Stripe& st, KeySlot slot, std::string_view key, Record&& r) {
+    st.present.insert(slot.fingerprint);
+    auto it = st.pending.find(key);
+    if (it == st.pending.end()) {
+      st.pending.emplace(std::string(key), Pending{std::move(r), 0});
+      pending_count_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      it->second = Pending{std::move(r), 0};
+    }
+    st.dirty.store(true, std::memory_order_relaxed);
+  }
+
+  // Before a synchronous write of `key`, with its stripe locked: if a writer batch
+  // is carrying an older record of the key, waits until that batch is done, so
+  // the newer record is written after it.
+  void WaitInFlight(Stripe& st, std::string_view key) {
+    auto it = st.pending.find(key);
+    if (it == st.pending.end() || it->second.gen == 0) return;
+    const uint64_t g = it->second.gen;
+    std::unique_lock l(gen_mu_);
+    gen_cv_.wait(l, [&] { return done_gen_ >= g; });
+  }
+
+  // After a synchronous write of `r` for `key`: it supersedes any pending claim.
+  void Settle(Stripe& st, KeySlot slot, std::string_view key, const Record& r) {
+    if (auto it = st.pending.find(key); it != st.pending.end()) {
+      st.pending.erase(it);
+      pending_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    Remember(st, slot, key, r);
+  }
+
+  // With no stripe locked: when the writer has fallen behind, commits here.
+  Status CommitIfBacklogged() {
+    if (pending_count_.load(std::memory_order_relaxed) <= kMaxPending) return Status::Ok();
+    return CommitPending();
+  }
+
+  // Writes every pending claim in one batch (the background writer, Scan,
+  // CompactNow, close). One at a time.
+  Status CommitPending() {
+    std::lock_guard run(commit_mu_);
+    const uint64_t g = ++last_gen_;
+    rocksdb::WriteBatch batch;
+    std::vector<size_t> touched;
+    std::string rkey, value;
+    for (size_t i = 0; i < kStripes; ++i) {
+      Stripe& st = stripes_[i];
+      if (!st.dirty.load(std::memory_order_relaxed)) continue;
+      std::lock_guard lock(st.mu);
+      st.dirty.store(false, std::memory_order_relaxed);
+      for (auto& [key, p] : st.pending) {
+        if (p.gen != 0) continue;
+        p.gen = g;
+        EncodeRecordKey(key, &rkey);
+        EncodeRecord(p.rec, &value);
+        (void)batch.Put(cf_, rkey, value);
+      }
+      touched.push_back(i);
+    }
+    rocksdb::Status s;
+    if (batch.Count() > 0) s = db_->Write(write_options_, &batch);
+    {
+      std::lock_guard l(gen_mu_);
+      done_gen_ = g;
+    }
+    gen_cv_.notify_all();
+    for (size_t i : touched) {
+      Stripe& st = stripes_[i];
+      std::lock_guard lock(st.mu);
+      for (auto it = st.pending.begin(); it != st.pending.end();) {
+        if (it->second.gen != g) {
+          ++it;
+        } else if (s.ok()) {
+          // Committed: from now on an ordinary remembered record.
+          Remember(st, SlotOf(it->first), it->first, it->second.rec);
+          st.pending.erase(it++);
+          pending_count_.fetch_sub(1, std::memory_order_relaxed);
+        } else {
+          it->second.gen = 0;  // retried by the next batch
+          st.dirty.store(true, std::memory_order_relaxed);
+          ++it;
+        }
+      }
+    }
+    if (!s.ok()) return FromRocks(s, Context("commit of claims"));
+    return Status::Ok();
+  }
+
+  void GroupCommitLoop() {
+    std::unique_lock l(commit_loop_mu_);
+    while (!stop_commit_) {
+      commit_cv_.wait_for(l, kGroupCommitInterval, [this] { return stop_commit_; });
+      if (stop_commit_) break;
+      l.unlock();
+      // A failed commit is retried with the next batch; RocksDB also records the
+      // error and fails later writes, and so the operations that return it.
+      (void)CommitPending();
+      l.lock();
+    }
+  }
+
+  void StopGroupCommit() {
+    if (committer_.joinable()) {
+      {
+        std::lock_guard l(commit_loop_mu_);
+        stop_commit_ = true;
+      }
+      commit_cv_.notify_all();
+      committer_.join();
+    }
+    if (db_ != nullptr) (void)CommitPending();
+  }
+
+  // Makes epoch + 1 durable and takes it for this process's fences.
+  Status AdvanceFenceEpoch() {
+    rocksdb::PinnableSlice v;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf_, kMetaFenceEpochKey, &v);
+    uint64_t epoch = 0;
+    if (s.ok()) {
+      const std::string_view text = v.ToStringView();
+      auto [p, err] = std::from_chars(text.data(), text.data() + text.size(), epoch);
+      if (err != std::errc() || p != text.data() + text.size()) {
+        return Status::DataLoss(Context("open") + ": unreadable fence epoch " + QuoteBytes(text));
+      }
+    } else if (!s.IsNotFound()) {
+      return FromRocks(s, Context("open: reading the fence epoch"));
+    }
+    ++epoch;
+    if (epoch >= (uint64_t{1} << 31)) {
+      return Status::FailedPrecondition(Context("open") + ": fence epoch exhausted");
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    s = db_->Put(wo, cf_, kMetaFenceEpochKey, std::to_string(epoch));
+    if (!s.ok()) return FromRocks(s, Context("open: writing the fence epoch"));
+    fence_floor_ = (epoch << 32) + 1;
+    committer_ = std::thread([this] { GroupCommitLoop(); });
+    return Status::Ok();
+  }
 
   size_t StripeIndex(std::string_view key) const { return SlotOf(key).stripe; }
   std::mutex& StripeFor(std::string_view key) { return stripes_[StripeIndex(key)].mu; }
@@ -358,6 +582,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // record read from disk.
   Status Find(Stripe& st, KeySlot slot, const std::string& rkey, std::string_view key,
               std::string_view op, Record** cur, Record* scratch) {
+    if (auto it = st.pending.find(key); it != st.pending.end()) {
+      *cur = &it->second.rec;
+      return Status::Ok();
+    }
     if (auto it = st.recent.find(key); it != st.recent.end()) {
       *cur = &it->second;
       return Status::Ok();
@@ -448,6 +676,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     rec = *cur;
     const int64_t now = clock_->NowMillis();
     if (decide(&rec, now) == WriteResult::kLost) return WriteResult::kLost;
+    WaitInFlight(st, key);
     EncodeRecord(rec, &value);
     rocksdb::Status s;
     if (batch == nullptr) {
@@ -463,7 +692,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       }
     }
     if (!s.ok()) return FromRocks(s, Context(op));
-    Remember(st, slot, key, rec);
+    Settle(st, slot, key, rec);
     return WriteResult::kOk;
   }
 
@@ -488,6 +717,19 @@ class RocksDBStoreImpl final : public RocksDBStore {
   rocksdb::WriteOptions write_options_;
   rocksdb::ReadOptions read_options_;
   std::unique_ptr<Stripe[]> stripes_;
+
+  // Group commit of claims (see the top of this file).
+  uint64_t fence_floor_ = 1;  // (epoch << 32) + 1, set at open
+  std::thread committer_;
+  std::mutex commit_loop_mu_;
+  std::condition_variable commit_cv_;
+  bool stop_commit_ = false;  // guarded by commit_loop_mu_
+  std::mutex commit_mu_;      // one CommitPending at a time
+  uint64_t last_gen_ = 0;     // guarded by commit_mu_
+  std::mutex gen_mu_;
+  std::condition_variable gen_cv_;
+  uint64_t done_gen_ = 0;  // guarded by gen_mu_: batches up to this one are done
+  std::atomic<int64_t> pending_count_{0};  // records in all pending maps
 
   std::thread syncer_;
   std::mutex sync_mu_;
@@ -540,7 +782,9 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     const std::string_view key = std::string_view(rkeys[k]).substr(1);
     slots[k] = SlotOf(key);
     Stripe& st = stripes_[slots[k].stripe];
-    if (auto it = st.recent.find(key); it != st.recent.end()) {
+    if (auto it = st.pending.find(key); it != st.pending.end()) {
+      cur[k] = it->second.rec;
+    } else if (auto it = st.recent.find(key); it != st.recent.end()) {
       cur[k] = it->second;
     } else if (st.present.contains(slots[k].fingerprint)) {
       to_read.push_back(k);
@@ -569,8 +813,9 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   // Decide in order against what the batch has written so far, so that a key
   // repeated in the batch answers as if claimed one after the other.
   const int64_t now = clock_->NowMillis();
-  rocksdb::WriteBatch batch;
-  std::string value;
+  // Committed in the background unless a request needs its attempt durable.
+  bool deferred = true;
+  for (const ClaimRequest& r : reqs) deferred = deferred && Deferred(r);
   std::vector<bool> written(n, false);
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::optional<Record>& c = cur[slot[i]];
@@ -578,19 +823,36 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     bool write = false;
     out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write));
     if (write) {
-      EncodeRecord(next, &value);
-      rocksdb::Status s = batch.Put(cf_, rkeys[slot[i]], value);
-      if (!s.ok()) return FromRocks(s, Context("claim batch"));
+      ApplyFenceFloor(&next, &out.back());
       c = std::move(next);
       written[slot[i]] = true;
     }
+  }
+  if (deferred) {
+    for (size_t k = 0; k < n; ++k) {
+      if (written[k]) {
+        Defer(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1), std::move(*cur[k]));
+      }
+    }
+    locks.clear();
+    DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
+    return out;
+  }
+  rocksdb::WriteBatch batch;
+  std::string value;
+  for (size_t k = 0; k < n; ++k) {
+    if (!written[k]) continue;
+    WaitInFlight(stripes_[slots[k].stripe], std::string_view(rkeys[k]).substr(1));
+    EncodeRecord(*cur[k], &value);
+    rocksdb::Status s = batch.Put(cf_, rkeys[k], value);
+    if (!s.ok()) return FromRocks(s, Context("claim batch"));
   }
   if (batch.Count() > 0) {
     rocksdb::Status s = db_->Write(write_options_, &batch);
     if (!s.ok()) return FromRocks(s, Context("claim batch"));
     for (size_t k = 0; k < n; ++k) {
       if (written[k]) {
-        Remember(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1), *cur[k]);
+        Settle(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1), *cur[k]);
       }
     }
   }
@@ -702,6 +964,7 @@ Status RocksDBStoreImpl::OpenDb() {
   }
 
   DEDUP_RETURN_IF_ERROR(LoadIndex());
+  DEDUP_RETURN_IF_ERROR(AdvanceFenceEpoch());  // and starts the group commit of claims
   if (options_.sync == SyncMode::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   return Status::Ok();
 }
