@@ -10,8 +10,12 @@
 // DEDUP_ATTEMPT, DEDUP_ENTRY_ID and DEDUP_WORKER_PID in its environment.
 //   exit 0            done: the outcome is recorded, then the entry is acked
 //   exit 75           retry later (EX_TEMPFAIL): claim released, entry left pending
+//   exit 126, 127     could not be started (the shell's codes): as 75, nothing recorded
 //   killed by signal  retry later, as 75
+//   lease lost        the handler is stopped (SIGTERM, SIGKILL after 5 s at most): as 75
 //   anything else     permanent failure: completed as failed, dead-lettered
+// Handlers and their children die with the worker, SIGKILL included
+// (src/consumer/handler_process.h).
 // --keep-output stores the command's stdout (at most 1 MiB) as the result.
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
@@ -30,6 +34,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "consumer/handler_process.h"
 #include "dedup/buffer.h"
 #include "dedup/store.h"
 #include "dedup/worker.h"
@@ -68,30 +73,40 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
-// Runs the handler command for one message.
-HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
-                         uint32_t attempt) {
+// Runs the handler command for one message (src/consumer/handler_process.h).
+HandlerResult RunHandler(HandlerSupervisor& sup, const WorkerFlags& f, const StreamMessage& m,
+                         const ClaimGuard* g) {
   nlohmann::json payload = nlohmann::json::object();
   for (const auto& [k, v] : m.fields) payload[k] = v;
-  ChildOptions c;
+  HandlerCommand c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
   c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  c.env = {"DEDUP_KEY=" + m.key, "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id,
-           "DEDUP_WORKER_PID=" + std::to_string(getpid())};
+  c.env = {"DEDUP_KEY=" + m.key,
+           "DEDUP_FENCE=" + std::to_string(g != nullptr ? g->fence() : 0),
+           "DEDUP_ATTEMPT=" + std::to_string(g != nullptr ? g->attempt() : 0),
+           "DEDUP_ENTRY_ID=" + m.id, "DEDUP_WORKER_PID=" + std::to_string(getpid())};
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
-  auto r = RunChild(c);
-  if (!r.ok()) return HandlerResult::Retry("cannot start handler: " + r.status().ToString());
-  if (r->signal != 0) {
-    return HandlerResult::Retry("handler killed by signal " + std::to_string(r->signal));
-  }
-  if (r->exit_code == 0) return HandlerResult::Done(f.keep_output ? r->output : std::string());
-  if (r->exit_code == kExitTempFail) return HandlerResult::Retry("handler exit 75 (retry later)");
-  return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
+  return ToHandlerResult(sup.Run(c, g), f.keep_output);
 }
 
 int RunWorkerCommand(const WorkerFlags& f) {
+  if (f.no_shell) {
+    const std::vector<std::string> words = SplitWords(f.exec);
+    auto found = words.empty() ? StatusOr<std::string>(Status::InvalidArgument("empty command"))
+                               : ResolveCommand(words[0]);
+    if (!found.ok()) {
+      std::fprintf(stderr, "dedup worker: --exec: %s\n", found.status().ToString().c_str());
+      return kExitUsage;
+    }
+  }
+  // First, while this process is small: the watchdog is a fork of it.
+  auto supervisor = HandlerSupervisor::Start();
+  if (!supervisor.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", supervisor.status().ToString().c_str());
+    return kExitTempFail;
+  }
+  HandlerSupervisor& sup = **supervisor;
   auto wo = WorkerOptionsFromUri(f.broker);
   if (!wo.ok()) {
     std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
@@ -146,7 +161,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     to.retry_delay = f.retry_delay;
     streams::TextbookGuard guard(to);
     run = w.RunWith([&](const StreamMessage& m) {
-      return guard.Process(m, [&] { return RunHandler(f, m, 0, 0); });
+      return guard.Process(m, [&] { return RunHandler(sup, f, m, nullptr); });
     });
   } else {
     auto opened = OpenStore(f.store);
@@ -166,7 +181,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     bo.fingerprint_payloads = f.fingerprint;
     Buffer buffer(store.get(), bo);
     run = w.Run(&buffer, [&](const StreamMessage& m, ClaimGuard& g) {
-      return RunHandler(f, m, g.fence(), g.attempt());
+      return RunHandler(sup, f, m, &g);
     });
   }
   done.store(true);
