@@ -552,7 +552,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     kill(-pid, sig);
     kill_at = Steady::now() + grace;
   };
-  bool exited = false, watch_restart_failed = false;
+  bool exited = false, watch_restart_failed = false, reaped_elsewhere = false;
   siginfo_t info{};
   while (!exited) {
     const auto now = Steady::now();
@@ -609,15 +609,22 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     }
     if (pidfd < 0 || (pr > 0 && i_exit >= 0 && fds[i_exit].revents != 0)) {
       info = {};
-      if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-          info.si_pid == pid) {
+      const int w = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if (w == 0 && info.si_pid == pid) {
         exited = true;
+      } else if (w != 0 && errno == ECHILD) {
+        // Reaped by someone else (a waitpid(-1) elsewhere in this process): its
+        // status is gone, and its pid may name another group by now; count it as
+        // killed, which retries.
+        info.si_code = CLD_KILLED;
+        info.si_status = SIGKILL;
+        exited = reaped_elsewhere = true;
       }
     }
   }
   // The leader has exited but is not reaped, so its pid still names its group:
   // kill whatever it left running, then let the watchdog forget the group.
-  kill(-pid, SIGKILL);
+  if (!reaped_elsewhere) kill(-pid, SIGKILL);
   CloseFd(in_fd);
   if (out_fd >= 0) {
     const auto until = Steady::now() + kDrainLimit;
