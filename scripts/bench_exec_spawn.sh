@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `dedup worker --exec /bin/true` against a plain loop that spawns the same command
 # once per message (bench/spawn_loop.cc: posix_spawn + waitpid, no broker, no
-# store, no supervision), side by side, alternating, ROUNDS times; prints each
-# run and the median ratio worker / loop (docs/PERFORMANCE.md, "Handler spawn").
+# store, no supervision), side by side, alternating, ROUNDS times; also the same
+# loop through HandlerSupervisor (spawn_loop --supervised: supervision, stdin, no
+# broker or store). Prints medians and the ratios worker / loop and supervised /
+# loop (docs/PERFORMANCE.md, "Handler spawn").
 #
 #   unshare -n bash -c 'ip link set lo up; scripts/bench_exec_spawn.sh [BUILD_DIR=build]'
 #
@@ -49,33 +51,37 @@ worker_run() {
   grep -q "acked=$messages " "$tmp/worker.err" || { echo "worker did not ack all:" >&2; tail -2 "$tmp/worker.err" >&2; }
   echo "$t1 - $t0" | bc -l
 }
-loop_run() {  # loop_run CONCURRENCY SHELL
+loop_run() {  # loop_run CONCURRENCY SHELL [--supervised]
   local t0 t1
   t0=$(now)
-  if (($2)); then "$loop" "$messages" "$1" /bin/sh -c /bin/true >/dev/null
-  else "$loop" "$messages" "$1" /bin/true >/dev/null; fi
+  if (($2)); then "$loop" ${3:-} "$messages" "$1" /bin/sh -c /bin/true >/dev/null
+  else "$loop" ${3:-} "$messages" "$1" /bin/true >/dev/null; fi
   t1=$(now)
   echo "$t1 - $t0" | bc -l
 }
 median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 echo "messages=$messages rounds=$rounds store=$store ($(nproc) cores; $(uptime | sed 's/.*load/load/'))"
-printf '%-28s %5s %12s %12s %8s\n' command conc "worker msg/s" "loop msg/s" ratio
+printf '%-28s %5s %10s %10s %10s %8s %8s\n' command conc "worker/s" "superv./s" "loop/s" "w/loop" "s/loop"
 n=0
 for shell in 1 0; do
   for c in $concurrency; do
-    ratios=() wrates=() lrates=()
+    wr=() sr=() lr=() wratio=() sratio=()
     for ((r = 0; r < rounds; r++)); do
       n=$((n + 1))
       w=$(worker_run "s$n" "$c" "$shell")
       l=$(loop_run "$c" "$shell")
-      wrates+=("$(echo "$messages / $w" | bc -l)")
-      lrates+=("$(echo "$messages / $l" | bc -l)")
-      ratios+=("$(echo "$l / $w" | bc -l)")
+      v=$(loop_run "$c" "$shell" --supervised)
+      wr+=("$(echo "$messages / $w" | bc -l)")
+      sr+=("$(echo "$messages / $v" | bc -l)")
+      lr+=("$(echo "$messages / $l" | bc -l)")
+      wratio+=("$(echo "$l / $w" | bc -l)")
+      sratio+=("$(echo "$l / $v" | bc -l)")
     done
     label=$( ((shell)) && echo "--exec /bin/true (sh -c)" || echo "--exec /bin/true --no-shell")
-    printf '%-28s %5s %12.0f %12.0f %8.2f   (ratios: %s)\n' "$label" "$c" \
-      "$(printf '%s\n' "${wrates[@]}" | median)" "$(printf '%s\n' "${lrates[@]}" | median)" \
-      "$(printf '%s\n' "${ratios[@]}" | median)" "$(printf '%.2f ' "${ratios[@]}")"
+    printf '%-28s %5s %10.0f %10.0f %10.0f %8.2f %8.2f   (w/loop: %s)\n' "$label" "$c" \
+      "$(printf '%s\n' "${wr[@]}" | median)" "$(printf '%s\n' "${sr[@]}" | median)" \
+      "$(printf '%s\n' "${lr[@]}" | median)" "$(printf '%s\n' "${wratio[@]}" | median)" \
+      "$(printf '%s\n' "${sratio[@]}" | median)" "$(printf '%.2f ' "${wratio[@]}")"
   done
 done
