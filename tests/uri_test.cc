@@ -58,20 +58,6 @@ TEST(Uri, Malformed) {
   EXPECT_EQ(ParseUri("ro cks:/x").status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(Duration, Units) {
-  EXPECT_EQ(*ParseDurationMillis("250", "lease"), 250);
-  EXPECT_EQ(*ParseDurationMillis("250ms", "lease"), 250);
-  EXPECT_EQ(*ParseDurationMillis("2s", "lease"), 2000);
-  EXPECT_EQ(*ParseDurationMillis("5m", "lease"), 300000);
-  EXPECT_EQ(*ParseDurationMillis("24h", "lease"), 86400000);
-  EXPECT_EQ(*ParseDurationMillis("7d", "lease"), 604800000);
-  for (const char* bad : {"", "s", "-1s", "1.5s", "10 s", "3w", "99999999999999d"}) {
-    auto r = ParseDurationMillis(bad, "lease");
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(r.status().message().find("lease"), std::string::npos);
-  }
-}
-
 TEST(OpenStore, NamesWhatIsWrong) {
   auto bad_scheme = OpenStore("mongo://x");
   EXPECT_EQ(bad_scheme.status().code(), StatusCode::kInvalidArgument);

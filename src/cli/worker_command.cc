@@ -54,8 +54,8 @@ struct WorkerFlags {
   std::string exec;
   bool no_shell = false;
   int concurrency = 4;
-  Millis lease{30'000};
-  Millis retention{24LL * 3600 * 1000};
+  Millis lease{kDefaultLease};
+  Millis retention{kDefaultRetention};
   Millis retry_delay{1'000};
   uint32_t max_attempts = 0;
   bool keep_output = false;
@@ -179,7 +179,15 @@ int RunWorkerCommand(const WorkerFlags& f) {
     bo.max_attempts = f.max_attempts;
     bo.retry_delay = f.retry_delay;
     bo.fingerprint_payloads = f.fingerprint;
-    Buffer buffer(store.get(), bo);
+    auto made = Buffer::Create(store.get(), bo);
+    if (!made.ok()) {
+      done.store(true);
+      summary.join();
+      g_worker.store(nullptr);
+      std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
+      return kExitUsage;
+    }
+    Buffer& buffer = **made;
     run = w.Run(&buffer, [&](const StreamMessage& m, ClaimGuard& g) {
       return RunHandler(sup, f, m, &g);
     });
@@ -216,10 +224,12 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   app->add_option("--concurrency", f->concurrency, "Handlers at once")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)");
-  AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept");
+  AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
+                    DurationBound::kPositive);
+  AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept",
+                    DurationBound::kPositive);
   AddDurationOption(*app, "--retry-delay", &f->retry_delay,
-                    "Delay before a retried message is delivered again");
+                    "Delay before a retried message is delivered again", DurationBound::kPositive);
   app->add_option("--max-attempts", f->max_attempts, "Dead-letter after this many attempts "
                                                      "(0 = unlimited)")
       ->capture_default_str();

@@ -19,7 +19,6 @@
 #include "stores/open_backends.h"
 #include "stores/redis/redis_client.h"
 #include "stores/redis/redis_scripts.h"
-#include "stores/redis/stream_ack.h"
 
 namespace dedup {
 namespace {
@@ -165,7 +164,7 @@ bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
   return false;
 }
 
-class RedisStore final : public Store, public internal::StreamAckStore {
+class RedisStore final : public Store {
  public:
   RedisStore(const RedisStoreOptions& o, std::vector<redis::Endpoint> seeds)
       : prefix_(o.prefix), description_(o.description), cluster_(o.cluster), db_(o.db),
@@ -173,14 +172,47 @@ class RedisStore final : public Store, public internal::StreamAckStore {
         router_(std::move(seeds), o.cluster, MakeClientOptions(o)) {}
 
   // Same server: plain Redis, same database, same host (localhost = 127.0.0.1)
-  // and port. A false "yes" only costs the combined XACK (it acks nothing and the
-  // worker sends its own), never an ack before the completion.
-  bool CanAckStreamOn(std::string_view host, int port, int db) const override {
-    const auto norm = [](std::string_view h) -> std::string_view {
-      return h == "localhost" || h == "::1" || h == "[::1]" ? "127.0.0.1" : h;
-    };
-    return !cluster_ && db == db_ && port == endpoint_.port &&
-           norm(host) == norm(endpoint_.host);
+  // and port, and a Redis stream. A false "yes" only costs the combined XACK (it
+  // acks nothing, and the caller acks the usual way), never an ack before the
+  // completion.
+  bool CanCompleteWithAck(const BrokerAck& ack) const override {
+    return !cluster_ && ack.kind == "redis-stream" &&
+           ack.server == internal::RedisServerIdentity(endpoint_.host, endpoint_.port, db_);
+  }
+
+  // complete_ack.lua: complete and, only if OK, XACK the entry, in one round
+  // trip. The stream key is on this (single) server; KEYS[2] is it. Other
+  // statuses are plain completions (a failed one is dead-lettered first).
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    if (!CanCompleteWithAck(ack)) return Store::CompleteWithAck(key, token, retention, status, result, ack);
+    std::string rkey = RedisKey(key);
+    if (status != CompletionStatus::kOk) {
+      StatusOr<WriteResult> w = Complete(key, token, retention, status, result);
+      if (!w.ok()) return w.status();
+      return AckedWrite{*w, false};
+    }
+    Command c;
+    c.args = {"EVALSHA",
+              Scripts()[kCompleteAck].sha,
+              "2",
+              rkey,
+              std::string(ack.target),
+              token.ToHex(),
+              std::to_string(retention.count()),
+              std::to_string(static_cast<int>(CompletionStatus::kOk)),
+              std::string(result),
+              std::string(ack.group),
+              std::string(ack.id)};
+    StatusOr<Reply> r = Exec("complete", rkey, std::move(c));
+    if (!r.ok()) return r.status();
+    if ((*r)->type != REDIS_REPLY_INTEGER || (*r)->integer < 0 || (*r)->integer > 2) {
+      return BadReply("complete");
+    }
+    return AckedWrite{(*r)->integer >= 1 ? WriteResult::kOk : WriteResult::kLost,
+                      (*r)->integer == 2};
   }
 
   Status Start() {
@@ -266,10 +298,6 @@ class RedisStore final : public Store, public internal::StreamAckStore {
                                  CompletionStatus status, std::string_view result) override {
     DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
     std::string rkey = RedisKey(key);
-    if (internal::StreamAck* ack = internal::ScopedStreamAck::For(key);
-        ack != nullptr && status == CompletionStatus::kOk && !cluster_) {
-      return CompleteAck(rkey, token, retention, result, ack);
-    }
     return Write("complete", rkey,
                  ScriptCommand(kComplete, rkey,
                                {token.ToHex(), std::to_string(retention.count()),
@@ -640,33 +668,6 @@ class RedisStore final : public Store, public internal::StreamAckStore {
     rec.status = static_cast<CompletionStatus>(status);
     rec.result = StrAt(r, 8);
     return std::optional<Record>(std::move(rec));
-  }
-
-  // complete_ack.lua: complete and, only if OK, XACK the entry in `ack`, in one
-  // round trip. The stream key is on this (single) server; KEYS[2] is it.
-  StatusOr<WriteResult> CompleteAck(const std::string& rkey, Token token, Millis retention,
-                                    std::string_view result, internal::StreamAck* ack) {
-    Command c;
-    c.args = {"EVALSHA",
-              Scripts()[kCompleteAck].sha,
-              "2",
-              rkey,
-              std::string(ack->stream),
-              token.ToHex(),
-              std::to_string(retention.count()),
-              std::to_string(static_cast<int>(CompletionStatus::kOk)),
-              std::string(result),
-              std::string(ack->group),
-              std::string(ack->entry_id)};
-    ack->tried = true;
-    ack->acked = false;
-    StatusOr<Reply> r = Exec("complete", rkey, std::move(c));
-    if (!r.ok()) return r.status();
-    if ((*r)->type != REDIS_REPLY_INTEGER || (*r)->integer < 0 || (*r)->integer > 2) {
-      return BadReply("complete");
-    }
-    ack->acked = (*r)->integer == 2;
-    return (*r)->integer >= 1 ? WriteResult::kOk : WriteResult::kLost;
   }
 
   const std::string prefix_;
