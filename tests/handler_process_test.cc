@@ -367,6 +367,21 @@ TEST(HandlerProcess, RequestStopStopsRunningHandlersAndStartsNoNewOnes) {
   EXPECT_EQ(later.status().code(), StatusCode::kAborted);
 }
 
+// The watchdog is killed while no handler runs: the next handler's registration
+// is refused, a new watchdog starts, and the handler runs.
+TEST(HandlerProcess, ADeadWatchdogIsReplacedAtTheNextStart) {
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  const pid_t first = (*sup)->watchdog_pid();
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  for (int i = 0; i < 200 && !Dead(first); ++i) std::this_thread::sleep_for(5ms);
+  auto r = (*sup)->Run(Shell("exit 0"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->code, 0);
+  EXPECT_NE((*sup)->watchdog_pid(), first);
+  EXPECT_FALSE(Dead((*sup)->watchdog_pid()));
+}
+
 TEST(HandlerProcess, InvalidOptionsAreRefused) {
   SupervisorOptions so;
   so.grace = 0ms;

@@ -338,15 +338,18 @@ Status HandlerSupervisor::StartWatchdog() {
   return Status::Ok();
 }
 
-Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation) {
+Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation, bool socket_refused) {
   std::lock_guard lock(mu_);
   if (generation_.load() != seen_generation) return Status::Ok();  // done by another thread
   const pid_t old = watchdog_pid_.load();
   siginfo_t info{};
-  if (old > 0 && waitid(P_PID, static_cast<id_t>(old), &info, WEXITED | WNOHANG) == 0 &&
-      info.si_pid == 0) {
-    return Status::Ok();  // still alive: nothing to do
+  // Its socket refused us: it is exiting (descriptors close just before it turns
+  // into a zombie), so wait for it; else only reap it if it is already dead.
+  const int flags = socket_refused ? WEXITED : WEXITED | WNOHANG;
+  int w;
+  while ((w = waitid(P_PID, static_cast<id_t>(old), &info, flags)) < 0 && errno == EINTR) {
   }
+  if (old > 0 && w == 0 && info.si_pid == 0) return Status::Ok();  // alive: nothing to do
   return StartWatchdog();
 }
 
@@ -506,11 +509,13 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     if (a.register_errno == 0 || tries >= 2) {
       close_all();
       if (a.exec_errno != 0) return StartError(cmd.argv[0], a.exec_errno);
+      if (a.register_errno == 0) return Status::Unavailable("cannot start handler: setup failed");
       return Status::Unavailable("cannot start handler: the handler watchdog is gone (" +
                                  Err(a.register_errno) + ")");
     }
     // The watchdog died: start a new one and try again.
-    DEDUP_RETURN_IF_ERROR(RestartWatchdog(generation));
+    DEDUP_RETURN_IF_ERROR(RestartWatchdog(
+        generation, a.register_errno == EPIPE || a.register_errno == ECONNRESET));
   }
   CloseFd(in_pipe[0]);
   CloseFd(out_pipe[1]);
@@ -605,7 +610,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     if (i_watch >= 0 && fds[i_watch].revents != 0) {
       // The watchdog died; running handlers need one. If none can be started,
       // stop looking (the next Run() tries again).
-      if (!RestartWatchdog(generation).ok()) watch_restart_failed = true;
+      if (!RestartWatchdog(generation, /*socket_refused=*/false).ok()) watch_restart_failed = true;
     }
     if (pidfd < 0 || (pr > 0 && i_exit >= 0 && fds[i_exit].revents != 0)) {
       info = {};

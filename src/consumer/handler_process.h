@@ -155,7 +155,7 @@ class HandlerSupervisor {
  private:
   explicit HandlerSupervisor(SupervisorOptions options);
   Status StartWatchdog();            // mu_ held
-  Status RestartWatchdog(uint64_t seen_generation);
+  Status RestartWatchdog(uint64_t seen_generation, bool socket_refused);
   void Register(pid_t pgid, uint64_t generation_before);
   void Unregister(pid_t pgid);
 
