@@ -11,10 +11,14 @@ packages=(
   libssl-dev              # SHA-256 for payload fingerprints and content-hash keys
   libcli11-dev            # the dedup command line
   libfmt-dev              # formatting in the CLI
-  nlohmann-json3-dev      # --json output
+  nlohmann-json3-dev      # --json output, the serve API
+  libcpp-httplib-dev      # dedup serve: HTTP API, proxy, web view, /metrics (src/serve/)
+  curl chromium           # serve tests: a shell client, and the page in a headless browser
   libgtest-dev libgmock-dev googletest # tests
   libbenchmark-dev        # microbenchmarks in bench/
   redis-server redis-tools # real servers for store and worker tests
+  libpq-dev               # the PostgreSQL store (libpq: the client library PostgreSQL ships)
+  postgresql              # a real PostgreSQL server for its store and chaos tests
   gnuplot-nox             # plots in docs/
   python3                 # the worker chaos test's ledger checker
 )

@@ -63,6 +63,10 @@ struct WorkerOptions {
   // AUTH password, when has_password. Default: none.
   std::string password;
   bool has_password = false;
+  // ACL user for AUTH; empty = the default user. Default: "".
+  std::string user;
+  // Logical database of the stream (SELECT). Default: 0.
+  int db = 0;
   // The stream and consumer group. Required. The group is created at the start
   // of the stream (XGROUP CREATE ... 0 MKSTREAM) if missing.
   std::string stream;

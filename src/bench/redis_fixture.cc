@@ -24,103 +24,79 @@ namespace dedup::bench {
 using namespace std::chrono_literals;
 
 std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* error) {
+#if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
+  auto parsed = redis::ParseRedisUri(uri);
+  if (!parsed.ok()) {
+    *error = "--redis: " + parsed.status().message();
+    return std::nullopt;
+  }
+  const redis::ConnectionOptions& c = parsed->connection;
+  if (c.cluster || c.db != 0) {
+    *error = "--redis must be one server, database 0: redis://[user:password@]host:port";
+    return std::nullopt;
+  }
   RedisTarget t;
-  std::string rest = uri;
-  if (rest.rfind("redis://", 0) != 0) {
-    *error = "--redis must be redis://[user:password@]host:port, got '" + uri + "'";
-    return std::nullopt;
-  }
-  rest = rest.substr(8);
-  if (auto q = rest.find_first_of("?/"); q != std::string::npos) rest = rest.substr(0, q);
-  if (auto at = rest.rfind('@'); at != std::string::npos) {
-    const std::string auth = rest.substr(0, at);
-    rest = rest.substr(at + 1);
-    if (auto c = auth.find(':'); c != std::string::npos) {
-      t.user = auth.substr(0, c);
-      t.password = auth.substr(c + 1);
-    } else {
-      t.password = auth;
-    }
-  }
-  const auto colon = rest.rfind(':');
-  t.host = colon == std::string::npos ? rest : rest.substr(0, colon);
-  t.port = colon == std::string::npos ? 6379 : std::atoi(rest.c_str() + colon + 1);
-  if (t.host.empty() || t.port <= 0 || t.port > 65535 ||
-      t.host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:") !=
-          std::string::npos) {
-    *error = "--redis: cannot read host:port of '" + uri + "'";
-    return std::nullopt;
-  }
+  t.host = c.endpoints.front().host;
+  t.port = c.endpoints.front().port;
+  t.user = c.user;
+  if (c.has_password) t.password = c.password;
   t.base_uri = uri.substr(0, uri.find('?'));
   return t;
+#else
+  *error = "--redis '" + uri.substr(0, uri.find('@')) + "...': Redis is not compiled in";
+  return std::nullopt;
+#endif
 }
 
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
 RedisConn::RedisConn(const RedisTarget& t) {
-  timeval tv{5, 0};
-  c = redisConnectWithTimeout(t.host.c_str(), t.port, tv);
-  if (c != nullptr && c->err == 0) {
-    redisSetTimeout(c, tv);
-    if (!t.password.empty()) {
-      redisReply* r =
-          t.user.empty()
-              ? static_cast<redisReply*>(redisCommand(c, "AUTH %s", t.password.c_str()))
-              : static_cast<redisReply*>(redisCommand(c, "AUTH %s %s", t.user.c_str(), t.password.c_str()));
-      if (r) freeReplyObject(r);
-    }
-  }
+  redis::ConnectionOptions o;
+  o.endpoints = {{t.host, t.port}};
+  o.user = t.user;
+  o.password = t.password;
+  o.has_password = !t.password.empty();
+  o.timeout = 5s;
+  auto c = redis::Connection::Open(o.endpoints.front(), o);
+  if (c.ok()) conn = std::move(c).value();
 }
-RedisConn::~RedisConn() {
-  if (c) redisFree(c);
-}
-bool RedisConn::ok() const { return c != nullptr && c->err == 0; }
+
 std::string RedisConn::Command(const std::vector<std::string>& args) {
-  if (!ok()) return "";
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (auto& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
+  const redis::Command cmd{args};
+  const redis::Command* one[] = {&cmd};
+  std::vector<redis::Reply> replies;
+  if (!ok() || !conn->Pipeline(one, &replies, "bench").ok()) {
+    conn.reset();
+    return "";
   }
-  auto* r =
-      static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(args.size()), argv.data(), lens.data()));
-  if (!r) return "";
-  std::string out;
+  const redisReply* r = replies[0].get();
+  if (r->type == REDIS_REPLY_INTEGER) return std::to_string(r->integer);
   if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS) {
-    out.assign(r->str, r->len);
-  } else if (r->type == REDIS_REPLY_INTEGER) {
-    out = std::to_string(r->integer);
+    return std::string(redis::ReplyText(r));
   }
-  freeReplyObject(r);
-  return out;
+  return "";
 }
+
 long long RedisConn::InfoField(const std::string& section, const std::string& field) {
   const std::string text = Command({"INFO", section});
   const auto at = text.find(field + ":");
   if (at == std::string::npos) return -1;
   return std::atoll(text.c_str() + at + field.size() + 1);
 }
+
 size_t RedisConn::Pipeline(const std::vector<std::vector<std::string>>& cmds) {
   if (!ok()) return cmds.size();
-  for (auto& args : cmds) {
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (auto& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    redisAppendCommandArgv(c, static_cast<int>(args.size()), argv.data(), lens.data());
+  std::vector<redis::Command> cs;
+  cs.reserve(cmds.size());
+  for (const auto& args : cmds) cs.push_back({args});
+  std::vector<const redis::Command*> ptrs;
+  for (const auto& c : cs) ptrs.push_back(&c);
+  std::vector<redis::Reply> replies;
+  if (!conn->Pipeline(ptrs, &replies, "bench").ok()) {
+    conn.reset();
+    return cmds.size();
   }
   size_t bad = 0;
-  for (size_t i = 0; i < cmds.size(); ++i) {
-    void* r = nullptr;
-    if (redisGetReply(c, &r) != REDIS_OK || r == nullptr) {
-      bad += cmds.size() - i;
-      break;
-    }
-    if (static_cast<redisReply*>(r)->type == REDIS_REPLY_ERROR) ++bad;
-    freeReplyObject(r);
-  }
+  for (const auto& r : replies) bad += redis::IsError(r.get()) ? 1 : 0;
   return bad;
 }
 

@@ -1,8 +1,9 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // The Redis the bench measures: a target parsed from --redis, or a redis-server
-// of our own on 127.0.0.1:6420-6429 (stopped by PID, dies with us), a small
-// hiredis connection for setup and INFO, and the redis-benchmark baseline.
+// of our own on 127.0.0.1:6420-6429 (stopped by PID, dies with us), a connection
+// of the Redis client layer (src/redis) for setup and INFO, and the
+// redis-benchmark baseline.
 
 #ifndef DEDUP_BENCH_REDIS_FIXTURE_H_
 #define DEDUP_BENCH_REDIS_FIXTURE_H_
@@ -10,13 +11,15 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/contender.h"
-
-struct redisContext;
+#if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
+#include "redis/client.h"
+#endif
 
 namespace dedup::bench {
 
@@ -28,16 +31,14 @@ struct RedisTarget {
   bool own = false;      // started by this command: free to FLUSHALL
 };
 
+// --redis, read by the one Redis URI parser (src/redis/options.h): one server.
 std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* error);
 
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
 struct RedisConn {
-  redisContext* c = nullptr;
+  std::unique_ptr<redis::Connection> conn;  // null once a command failed
   explicit RedisConn(const RedisTarget& t);
-  ~RedisConn();
-  RedisConn(const RedisConn&) = delete;
-  RedisConn& operator=(const RedisConn&) = delete;
-  bool ok() const;
+  bool ok() const { return conn != nullptr; }
   // The reply as text (status, string, integer), or "" on failure.
   std::string Command(const std::vector<std::string>& args);
   long long InfoField(const std::string& section, const std::string& field);

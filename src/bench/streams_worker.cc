@@ -82,6 +82,7 @@ json MeasureStreamsWorker(BenchContext& ctx) {
     }
     WorkerOptions o;
     o.host = ctx.redis_target.host;
+    o.user = ctx.redis_target.user;
     o.port = ctx.redis_target.port;
     o.password = ctx.redis_target.password;
     o.has_password = !ctx.redis_target.password.empty();

@@ -1,8 +1,8 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // Helpers shared by the worker, publish, exec, inspect and forget subcommands:
-// a loopback /metrics responder, stop signals, and times for people. Handler
-// processes are run by src/consumer/handler_process.h.
+// stop signals and times for people. Handler processes: src/consumer/handler_process.h.
+// (The worker's /metrics is served by src/serve/metrics_http.h.)
 
 #ifndef DEDUP_CLI_COMMON_H_
 #define DEDUP_CLI_COMMON_H_
@@ -36,22 +36,6 @@ void RegisterForget(CLI::App& root, CommandContext& ctx);
 // Exit code for "not now, try again later" (sysexits.h EX_TEMPFAIL): a handler
 // asking for a retry, or `dedup exec` finding the key in progress elsewhere.
 inline constexpr int kExitTempFail = 75;
-
-// A tiny blocking HTTP responder on 127.0.0.1:port answering GET /metrics with
-// body(). Runs on its own thread until destroyed.
-class MetricsServer {
- public:
-  MetricsServer() = default;
-  ~MetricsServer();
-  Status Start(int port, std::function<std::string()> body);
-
- private:
-  void Serve();
-  int fd_ = -1;
-  std::atomic<bool> stop_{false};
-  std::function<std::string()> body_;
-  std::thread thread_;
-};
 
 // SIGTERM / SIGINT call `on_stop` from a signal handler: it must be
 // async-signal-safe (e.g. store an atomic). Later signals call it again.

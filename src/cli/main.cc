@@ -21,6 +21,9 @@ constexpr dedup::cli::RegisterCommand kCommands[] = {
     &dedup::cli::RegisterInspect,
     &dedup::cli::RegisterForget,
     &dedup::cli::RegisterBench,
+#ifdef DEDUP_WITH_SERVE
+    &dedup::cli::RegisterServe,
+#endif
 };
 
 }  // namespace

@@ -17,6 +17,9 @@
 // Handlers and their children die with the worker, SIGKILL included
 // (src/consumer/handler_process.h).
 // --keep-output stores the command's stdout (at most 1 MiB) as the result.
+// --sql-output (postgres:// stores): the command's stdout is SQL, run in the
+// transaction that records the completion, so its effect happens exactly once
+// (docs/POSTGRES.md).
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
@@ -36,8 +39,16 @@
 #include "cli/flags.h"
 #include "consumer/handler_process.h"
 #include "dedup/buffer.h"
+#ifdef DEDUP_WITH_POSTGRES
+#include "dedup/postgres_store.h"
+#endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
+#ifdef DEDUP_WITH_SERVE
+#include "serve/metered_store.h"
+#include "serve/metrics.h"
+#include "serve/metrics_http.h"
+#endif
 
 namespace dedup::cli {
 namespace {
@@ -59,6 +70,7 @@ struct WorkerFlags {
   Millis retry_delay{1'000};
   uint32_t max_attempts = 0;
   bool keep_output = false;
+  bool sql_output = false;
   bool fingerprint = false;
   int metrics_port = 0;
   Millis summary_interval{10'000};
@@ -73,22 +85,121 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
-// Runs the handler command for one message (src/consumer/handler_process.h).
+#ifdef DEDUP_WITH_SERVE
+// --metrics-port: the Consumer's counters, claim and handler latencies and the
+// build, in Prometheus conventions, on serve's HTTP stack.
+metrics::Registry g_metrics;
+const std::string kHandlerHelp = "Time a handler command ran, by outcome (done, retry, fail).";
+
+void ObserveHandler(std::chrono::steady_clock::time_point t0, const HandlerResult& r) {
+  const char* outcome = r.kind == HandlerResult::Kind::kDone    ? "done"
+                        : r.kind == HandlerResult::Kind::kRetry ? "retry"
+                                                                : "fail";
+  g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                         {{"outcome", outcome}})
+      ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void RegisterWorkerMetrics(const Worker& w) {
+  g_metrics.AddBuildInfo(DEDUP_VERSION);
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> rows[] = {
+      {"messages", &ConsumerMetrics::messages},
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicates", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"takeovers", &ConsumerMetrics::takeovers},
+      {"lost_leases", &ConsumerMetrics::lost_leases},
+      {"retries", &ConsumerMetrics::retries},
+      {"dead_lettered", &ConsumerMetrics::dead_lettered},
+      {"store_errors", &ConsumerMetrics::store_errors},
+      {"acked", &ConsumerMetrics::acked},
+      {"redelivered", &ConsumerMetrics::redelivered},
+      {"held_back", &ConsumerMetrics::held_back},
+      {"broker_errors", &ConsumerMetrics::broker_errors},
+      {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
+      {"claim_batches", &ConsumerMetrics::claim_batches},
+      {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches}};
+  for (const auto& [name, field] : rows) {
+    g_metrics.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
+                             std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  // Claim outcomes once more, as one family with an outcome label.
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> outcomes[] = {
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicate", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"error", &ConsumerMetrics::store_errors}};
+  for (const auto& [outcome, field] : outcomes) {
+    g_metrics.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
+                             {{"outcome", outcome}},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  for (const char* outcome : {"done", "retry", "fail"}) {
+    g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                           {{"outcome", outcome}});
+  }
+}
+#endif
+
+HandlerResult RunHandlerCommand(HandlerSupervisor& sup, const WorkerFlags& f,
+                                const StreamMessage& m, uint64_t fence, uint32_t attempt,
+                                const ClaimGuard* g);
+
+// Runs the handler command for one message, supervised (src/consumer/
+// handler_process.h); with `g` it is stopped when the claim's lease is lost.
 HandlerResult RunHandler(HandlerSupervisor& sup, const WorkerFlags& f, const StreamMessage& m,
-                         const ClaimGuard* g) {
+                         uint64_t fence, uint32_t attempt, const ClaimGuard* g = nullptr) {
+#ifdef DEDUP_WITH_SERVE
+  const auto t0 = std::chrono::steady_clock::now();
+  HandlerResult r = RunHandlerCommand(sup, f, m, fence, attempt, g);
+  ObserveHandler(t0, r);
+  return r;
+#else
+  return RunHandlerCommand(sup, f, m, fence, attempt, g);
+#endif
+}
+
+HandlerResult RunHandlerCommand(HandlerSupervisor& sup, const WorkerFlags& f,
+                                const StreamMessage& m, uint64_t fence, uint32_t attempt,
+                                const ClaimGuard* g) {
   nlohmann::json payload = nlohmann::json::object();
   for (const auto& [k, v] : m.fields) payload[k] = v;
   HandlerCommand c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
   c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  c.env = {"DEDUP_KEY=" + m.key,
-           "DEDUP_FENCE=" + std::to_string(g != nullptr ? g->fence() : 0),
-           "DEDUP_ATTEMPT=" + std::to_string(g != nullptr ? g->attempt() : 0),
-           "DEDUP_ENTRY_ID=" + m.id, "DEDUP_WORKER_PID=" + std::to_string(getpid())};
+  c.env = {"DEDUP_KEY=" + m.key, "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id,
+           "DEDUP_WORKER_PID=" + std::to_string(getpid())};
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
-  return ToHandlerResult(sup.Run(c, g), f.keep_output);
+  auto r = sup.Run(c, g);
+  if (r.ok() && Judge(*r) == HandlerVerdict::kDone && f.keep_output && r->truncated) {
+    // Never keep (or, with --sql-output, run) a cut-off output.
+    return HandlerResult::Fail("handler output exceeds " + std::to_string(kMaxResultBytes) + " bytes");
+  }
+  return ToHandlerResult(r, f.keep_output);
 }
+
+#ifdef DEDUP_WITH_POSTGRES
+// --sql-output: runs the handler, then its stdout as SQL in the completion's
+// transaction, with dedup.key, dedup.fence and dedup.attempt set for that
+// transaction (current_setting('dedup.fence')::bigint).
+HandlerResult RunSqlHandler(HandlerSupervisor& sup, const WorkerFlags& f, const StreamMessage& m,
+                            PostgresTransaction& tx) {
+  WorkerFlags g = f;
+  g.keep_output = true;
+  HandlerResult hr = RunHandler(sup, g, m, tx.fence(), tx.attempt());
+  if (hr.kind != HandlerResult::Kind::kDone) return hr;
+  auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
+                     "set_config('dedup.attempt', $3, true)",
+                     {m.key, std::to_string(tx.fence()), std::to_string(tx.attempt())});
+  if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
+  Status run = tx.ExecScript(hr.result);
+  if (!run.ok()) return HandlerResult::Retry("handler SQL: " + run.ToString());
+  return HandlerResult::Done();
+}
+#endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
   if (f.no_shell) {
@@ -114,6 +225,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   if (wo->group.empty()) wo->group = "dedup";
   wo->concurrency = f.concurrency;
+  if (f.sql_output && wo->reclaim_min_idle.count() <= 0) wo->reclaim_min_idle = f.lease + Millis(5'000);
   auto worker = Worker::Open(*wo);
   if (!worker.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", worker.status().ToString().c_str());
@@ -121,14 +233,22 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   Worker& w = **worker;
 
-  MetricsServer metrics;
+#ifdef DEDUP_WITH_SERVE
+  serve::MetricsEndpoint metrics;
   if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&w] { return w.metrics().ToPrometheus(); });
+    RegisterWorkerMetrics(w);
+    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
     if (!s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
     }
   }
+#else
+  if (f.metrics_port > 0) {
+    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
+    return kExitUsage;
+  }
+#endif
   g_worker.store(&w);
   OnStopSignals(&StopWorker);
 
@@ -155,14 +275,41 @@ int RunWorkerCommand(const WorkerFlags& f) {
     streams::TextbookOptions to;
     to.conn.host = wo->host;
     to.conn.port = wo->port;
+    to.conn.user = wo->user;
     to.conn.password = wo->password;
     to.conn.has_password = wo->has_password;
+    to.conn.db = wo->db;
+    to.conn.timeout = wo->timeout;
     to.ttl = f.textbook_ttl;
     to.retry_delay = f.retry_delay;
     streams::TextbookGuard guard(to);
     run = w.RunWith([&](const StreamMessage& m) {
-      return guard.Process(m, [&] { return RunHandler(sup, f, m, nullptr); });
+      return guard.Process(m, [&] { return RunHandler(sup, f, m, 0, 0); });
     });
+  } else if (f.sql_output) {
+#ifdef DEDUP_WITH_POSTGRES
+    auto opened = OpenPostgresStore(f.store);
+    if (!opened.ok()) {
+      done.store(true);
+      summary.join();
+      g_worker.store(nullptr);
+      std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
+                   opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    std::unique_ptr<PostgresStore> pg = std::move(opened).value();
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    Buffer buffer(pg.get(), bo);
+    run = w.RunWith([&](const StreamMessage& m) {
+      return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
+                                      [&](PostgresTransaction& tx) { return RunSqlHandler(sup, f, m, tx); });
+    });
+#endif
   } else {
     auto opened = OpenStore(f.store);
     if (!opened.ok()) {
@@ -173,6 +320,14 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
+#ifdef DEDUP_WITH_SERVE
+    if (f.metrics_port > 0) {
+      store = std::make_unique<serve::OwningMeteredStore>(
+          std::move(store),
+          g_metrics.GetHistogram("dedup_worker_claim_duration_seconds",
+                                 "Time the store took to answer a claim or a batch of claims."));
+    }
+#endif
     BufferOptions bo;
     bo.lease = f.lease;
     bo.retention = f.retention;
@@ -189,7 +344,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     }
     Buffer& buffer = **made;
     run = w.Run(&buffer, [&](const StreamMessage& m, ClaimGuard& g) {
-      return RunHandler(sup, f, m, &g);
+      return RunHandler(sup, f, m, g.fence(), g.attempt(), &g);
     });
   }
   done.store(true);
@@ -235,6 +390,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_flag("--keep-output", f->keep_output,
                 "Store the command's stdout (at most 1 MiB) as the result");
+#ifdef DEDUP_WITH_POSTGRES
+  app->add_flag("--sql-output", f->sql_output,
+                "The command prints SQL; it runs in the transaction that records the "
+                "completion (postgres:// --store only): its effect happens exactly once");
+#endif
   app->add_flag("--fingerprint", f->fingerprint,
                 "Same key with a different payload is dead-lettered (MISMATCH)");
   app->add_option("--metrics-port", f->metrics_port,
@@ -252,6 +412,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
                     "--pattern textbook: the key's one TTL");
   app->callback([f, &ctx] {
+    if (f->sql_output && f->pattern != "dedup") {
+      std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");
+      ctx.exit_code = kExitUsage;
+      return;
+    }
     if (f->pattern == "dedup" && f->store.empty()) {
       std::fprintf(stderr, "dedup worker: --store is required\n");
       ctx.exit_code = kExitUsage;

@@ -2,6 +2,7 @@
 
 #include "core/uri.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 
@@ -37,6 +38,17 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
   return out;
 }
 
+// The text with anything before the authority's last '@' replaced by "***", so
+// that a password never reaches an error message.
+std::string RedactUserinfo(std::string_view text) {
+  size_t start = text.find("//");
+  start = start == std::string_view::npos ? 0 : start + 2;
+  const size_t end = std::min(text.find_first_of("/?", start), text.size());
+  const size_t at = text.substr(0, end).rfind('@');
+  if (at == std::string_view::npos || at < start) return std::string(text);
+  return std::string(text.substr(0, start)) + "***" + std::string(text.substr(at));
+}
+
 }  // namespace
 
 std::optional<std::string> Uri::Param(std::string_view name) const {
@@ -68,7 +80,9 @@ std::string Uri::Redacted() const {
   if (has_authority) {
     s += "//";
     if (!user.empty() || has_password) {
-      s += user;
+      // redis://secret@host: a user without a password is the password there.
+      const bool user_is_password = !has_password && scheme.starts_with("redis");
+      s += user_is_password ? "***" : user;
       if (has_password) s += ":***";
       s += "@";
     }
@@ -86,7 +100,7 @@ StatusOr<Uri> ParseUri(std::string_view text) {
   Uri u;
   const size_t colon = text.find(':');
   if (colon == std::string_view::npos || colon == 0) {
-    return Status::InvalidArgument("store URI '" + std::string(text) +
+    return Status::InvalidArgument("store URI '" + RedactUserinfo(text) +
                                    "' has no scheme (expected e.g. memory:, rocksdb:PATH, "
                                    "redis://HOST:PORT)");
   }

@@ -75,14 +75,16 @@ class StreamDelivery final : public Delivery {
 class StreamsSource final : public MessageSource {
  public:
   explicit StreamsSource(WorkerOptions o)
-      : o_(std::move(o)), server_(internal::RedisServerIdentity(o_.host, o_.port, 0)), fetch_conn_(Conn()) {}
+      : o_(std::move(o)), server_(internal::RedisServerIdentity(o_.host, o_.port, o_.db)), fetch_conn_(Conn()) {}
 
   ConnOptions Conn() const {
     ConnOptions c;
     c.host = o_.host;
     c.port = o_.port;
+    c.user = o_.user;
     c.password = o_.password;
     c.has_password = o_.has_password;
+    c.db = o_.db;
     c.timeout = o_.timeout;
     return c;
   }

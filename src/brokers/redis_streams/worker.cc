@@ -9,6 +9,7 @@
 
 #include "brokers/redis_streams/streams_source.h"
 #include "core/uri.h"
+#include "redis/options.h"
 #include "dedup/worker.h"
 
 namespace dedup {
@@ -34,30 +35,33 @@ std::string StreamMessage::CanonicalPayload() const {
 }
 
 StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
-  auto parsed = internal::ParseUri(text);
+  // The one Redis URI parser (src/redis/options.h): IPv6, /db, user and password.
+  auto parsed = redis::ParseRedisUri(
+      text, {"stream", "group", "consumer", "key", "dead", "prefix", "block", "reclaim"});
   if (!parsed.ok()) return parsed.status();
-  const internal::Uri& u = *parsed;
-  if (u.scheme != "redis") {
-    return Status::InvalidArgument("broker URI '" + u.Redacted() +
-                                   "': only redis:// (Redis Streams) is supported");
+  const internal::Uri& u = parsed->uri;
+  const redis::ConnectionOptions& c = parsed->connection;
+  if (c.cluster) {
+    return Status::InvalidArgument("broker URI '" + c.Describe() +
+                                   "': a stream lives on one server; use redis://");
   }
-  DEDUP_RETURN_IF_ERROR(u.CheckParams(
-      {"stream", "group", "consumer", "key", "dead", "prefix", "block", "reclaim"}));
+  for (const char* unused : {"pool", "pipeline"}) {
+    if (u.Param(unused)) {
+      return Status::InvalidArgument(std::string("broker URI: '") + unused +
+                                     "' is not an option of the Redis Streams source");
+    }
+  }
   WorkerOptions o;
-  std::string hosts = u.hosts.empty() ? "127.0.0.1:6379" : u.hosts;
-  if (size_t c = hosts.rfind(':'); c != std::string::npos) {
-    auto port = internal::ParseCount(hosts.substr(c + 1), "broker port");
-    if (!port.ok()) return port.status();
-    if (*port < 1 || *port > 65535) return Status::InvalidArgument("broker port out of range");
-    o.port = static_cast<int>(*port);
-    hosts.resize(c);
-  }
-  o.host = hosts;
-  o.password = u.password;
-  o.has_password = u.has_password;
+  o.host = c.endpoints.front().host;
+  o.port = c.endpoints.front().port;
+  o.user = c.user;
+  o.password = c.password;
+  o.has_password = c.has_password;
+  o.db = c.db;
+  o.timeout = c.timeout;
   o.stream = u.Param("stream").value_or("");
   if (o.stream.empty()) {
-    return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs stream=NAME");
+    return Status::InvalidArgument("broker URI '" + c.Describe() + "' needs stream=NAME");
   }
   o.group = u.Param("group").value_or("");
   o.consumer = u.Param("consumer").value_or("");
