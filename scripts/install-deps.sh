@@ -21,6 +21,10 @@ packages=(
   postgresql              # a real PostgreSQL server for its store and chaos tests
   gnuplot-nox             # plots in docs/
   python3                 # the worker chaos test's ledger checker
+  librabbitmq-dev         # the RabbitMQ source (rabbitmq-c), src/brokers/rabbitmq
+  rabbitmq-server         # a real RabbitMQ node for its source test and chaos test
+  libnats-dev             # the NATS JetStream source (nats.c), src/brokers/nats
+  nats-server             # a real NATS server with JetStream for its tests
 )
 
 missing=()

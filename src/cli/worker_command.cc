@@ -1,18 +1,21 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// `dedup worker`: consumes a Redis stream and runs a command once per message key.
+// `dedup worker`: consumes a broker (any scheme of OpenSource: redis://, amqp://,
+// nats://) through the Consumer and runs a command once per message key.
 //
 //   dedup worker --broker 'redis://127.0.0.1:6390?stream=jobs&group=g'
 //                --store rocksdb:/var/lib/dedup --exec './handle.sh'
 //
-// The command runs under /bin/sh -c (or directly with --no-shell) with the
-// message's fields as a JSON object on stdin and DEDUP_KEY, DEDUP_FENCE,
-// DEDUP_ATTEMPT, DEDUP_ENTRY_ID and DEDUP_WORKER_PID in its environment.
+// The command runs under /bin/sh -c (or directly with --no-shell) with, on stdin,
+// a Redis stream entry's fields as a JSON object, or the message body itself for
+// amqp:// and nats:// (whose bodies are bytes the publisher chose), and
+// DEDUP_KEY, DEDUP_FENCE, DEDUP_ATTEMPT, DEDUP_ENTRY_ID (the broker's delivery
+// id) and DEDUP_WORKER_PID in its environment.
 //   exit 0            done: the outcome is recorded, then the entry is acked
 //   exit 75           retry later (EX_TEMPFAIL): claim released, entry left pending
 //   exit 126, 127     could not be started (the shell's codes): as 75, nothing recorded
 //   killed by signal  retry later, as 75
-//   lease lost        the handler is stopped (SIGTERM, SIGKILL after 5 s at most): as 75
+//   lease lost        the handler is stopped (SIGTERM, SIGKILL by the lease's end): as 75
 //   anything else     permanent failure: completed as failed, dead-lettered
 // Handlers and their children die with the worker, SIGKILL included
 // (src/consumer/handler_process.h).
@@ -20,6 +23,8 @@
 // --sql-output (postgres:// stores): the command's stdout is SQL, run in the
 // transaction that records the completion, so its effect happens exactly once
 // (docs/POSTGRES.md).
+// --pattern textbook keeps its keys in the stream's Redis, or, on amqp:// and
+// nats://, in the Redis named by --textbook-redis.
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
@@ -33,17 +38,21 @@
 #include <memory>
 #include <sstream>
 
-#include "brokers/redis_streams/textbook_guard.h"
+#include "brokers/redis_streams/streams_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "consumer/handler_process.h"
 #include "dedup/buffer.h"
+#include "dedup/consumer.h"
 #ifdef DEDUP_WITH_POSTGRES
 #include "dedup/postgres_store.h"
 #endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
+#include "redis/options.h"
+#include "sim/redis_textbook_keys.h"
+#include "sim/textbook_guard.h"
 #ifdef DEDUP_WITH_SERVE
 #include "serve/metered_store.h"
 #include "serve/metrics.h"
@@ -53,10 +62,12 @@
 namespace dedup::cli {
 namespace {
 
-std::atomic<Worker*> g_worker{nullptr};
+std::atomic<Consumer*> g_consumer{nullptr};
+std::atomic<bool> g_stop{false};
 
 void StopWorker(int) {
-  if (Worker* w = g_worker.load()) w->Stop();
+  g_stop.store(true);
+  if (Consumer* c = g_consumer.load()) c->Stop();
 }
 
 struct WorkerFlags {
@@ -76,7 +87,10 @@ struct WorkerFlags {
   Millis summary_interval{10'000};
   std::string pattern = "dedup";
   Millis textbook_ttl{60'000};
+  std::string textbook_redis;  // --pattern textbook on brokers other than redis://
 };
+
+bool IsRedisBroker(const std::string& uri) { return uri.rfind("redis://", 0) == 0; }
 
 std::vector<std::string> SplitWords(const std::string& s) {
   std::istringstream in(s);
@@ -100,7 +114,7 @@ void ObserveHandler(std::chrono::steady_clock::time_point t0, const HandlerResul
       ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
-void RegisterWorkerMetrics(const Worker& w) {
+void RegisterWorkerMetrics(const Consumer& w) {
   g_metrics.AddBuildInfo(DEDUP_VERSION);
   const std::pair<const char*, uint64_t ConsumerMetrics::*> rows[] = {
       {"messages", &ConsumerMetrics::messages},
@@ -118,7 +132,9 @@ void RegisterWorkerMetrics(const Worker& w) {
       {"broker_errors", &ConsumerMetrics::broker_errors},
       {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
       {"claim_batches", &ConsumerMetrics::claim_batches},
-      {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches}};
+      {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches},
+      {"ack_batches", &ConsumerMetrics::ack_batches},
+      {"acked_in_batches", &ConsumerMetrics::acked_in_batches}};
   for (const auto& [name, field] : rows) {
     g_metrics.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
                              std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
@@ -142,38 +158,44 @@ void RegisterWorkerMetrics(const Worker& w) {
 }
 #endif
 
-HandlerResult RunHandlerCommand(HandlerSupervisor& sup, const WorkerFlags& f,
-                                const StreamMessage& m, uint64_t fence, uint32_t attempt,
-                                const ClaimGuard* g);
+// The supervisor of every handler process of this worker (src/consumer/
+// handler_process.h), started first in RunWorkerCommand.
+HandlerSupervisor* g_handlers = nullptr;
 
-// Runs the handler command for one message, supervised (src/consumer/
-// handler_process.h); with `g` it is stopped when the claim's lease is lost.
-HandlerResult RunHandler(HandlerSupervisor& sup, const WorkerFlags& f, const StreamMessage& m,
-                         uint64_t fence, uint32_t attempt, const ClaimGuard* g = nullptr) {
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
+                                uint32_t attempt, const ClaimGuard* g);
+
+// Runs the handler command for one message.
+// With `g`, the handler is stopped when the claim's lease is lost.
+HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence,
+                         uint32_t attempt, const ClaimGuard* g = nullptr) {
 #ifdef DEDUP_WITH_SERVE
   const auto t0 = std::chrono::steady_clock::now();
-  HandlerResult r = RunHandlerCommand(sup, f, m, fence, attempt, g);
+  HandlerResult r = RunHandlerCommand(f, m, fence, attempt, g);
   ObserveHandler(t0, r);
   return r;
 #else
-  return RunHandlerCommand(sup, f, m, fence, attempt, g);
+  return RunHandlerCommand(f, m, fence, attempt, g);
 #endif
 }
 
-HandlerResult RunHandlerCommand(HandlerSupervisor& sup, const WorkerFlags& f,
-                                const StreamMessage& m, uint64_t fence, uint32_t attempt,
-                                const ClaimGuard* g) {
-  nlohmann::json payload = nlohmann::json::object();
-  for (const auto& [k, v] : m.fields) payload[k] = v;
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
+                                uint32_t attempt, const ClaimGuard* g) {
   HandlerCommand c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
-  c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  c.env = {"DEDUP_KEY=" + m.key, "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id,
+  if (IsRedisBroker(f.broker)) {
+    nlohmann::json payload = nlohmann::json::object();
+    for (const auto& [k, v] : m.attributes()) payload[k] = v;
+    c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } else {
+    c.stdin_data = m.payload();
+  }
+  c.env = {"DEDUP_KEY=" + m.key(), "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id(),
            "DEDUP_WORKER_PID=" + std::to_string(getpid())};
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
-  auto r = sup.Run(c, g);
+  auto r = g_handlers->Run(c, g);
   if (r.ok() && Judge(*r) == HandlerVerdict::kDone && f.keep_output && r->truncated) {
     // Never keep (or, with --sql-output, run) a cut-off output.
     return HandlerResult::Fail("handler output exceeds " + std::to_string(kMaxResultBytes) + " bytes");
@@ -185,15 +207,14 @@ HandlerResult RunHandlerCommand(HandlerSupervisor& sup, const WorkerFlags& f,
 // --sql-output: runs the handler, then its stdout as SQL in the completion's
 // transaction, with dedup.key, dedup.fence and dedup.attempt set for that
 // transaction (current_setting('dedup.fence')::bigint).
-HandlerResult RunSqlHandler(HandlerSupervisor& sup, const WorkerFlags& f, const StreamMessage& m,
-                            PostgresTransaction& tx) {
+HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTransaction& tx) {
   WorkerFlags g = f;
   g.keep_output = true;
-  HandlerResult hr = RunHandler(sup, g, m, tx.fence(), tx.attempt());
+  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt());
   if (hr.kind != HandlerResult::Kind::kDone) return hr;
   auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
                      "set_config('dedup.attempt', $3, true)",
-                     {m.key, std::to_string(tx.fence()), std::to_string(tx.attempt())});
+                     {m.key(), std::to_string(tx.fence()), std::to_string(tx.attempt())});
   if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
   Status run = tx.ExecScript(hr.result);
   if (!run.ok()) return HandlerResult::Retry("handler SQL: " + run.ToString());
@@ -217,105 +238,55 @@ int RunWorkerCommand(const WorkerFlags& f) {
     std::fprintf(stderr, "dedup worker: %s\n", supervisor.status().ToString().c_str());
     return kExitTempFail;
   }
-  HandlerSupervisor& sup = **supervisor;
-  auto wo = WorkerOptionsFromUri(f.broker);
-  if (!wo.ok()) {
-    std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
-    return kExitUsage;
-  }
-  if (wo->group.empty()) wo->group = "dedup";
-  wo->concurrency = f.concurrency;
-  if (f.sql_output && wo->reclaim_min_idle.count() <= 0) wo->reclaim_min_idle = f.lease + Millis(5'000);
-  auto worker = Worker::Open(*wo);
-  if (!worker.ok()) {
-    std::fprintf(stderr, "dedup worker: %s\n", worker.status().ToString().c_str());
-    return worker.status().retryable() ? kExitTempFail : kExitUsage;
-  }
-  Worker& w = **worker;
-
-#ifdef DEDUP_WITH_SERVE
-  serve::MetricsEndpoint metrics;
-  if (f.metrics_port > 0) {
-    RegisterWorkerMetrics(w);
-    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
-    if (!s.ok()) {
-      std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
+  g_handlers = supervisor->get();
+  // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
+  streams::ConnOptions textbook_conn;
+  if (f.pattern == "textbook" && IsRedisBroker(f.broker)) {
+    StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(f.broker);
+    if (!wo.ok()) {
+      std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
       return kExitUsage;
     }
-  }
-#else
-  if (f.metrics_port > 0) {
-    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
-    return kExitUsage;
-  }
-#endif
-  g_worker.store(&w);
-  OnStopSignals(&StopWorker);
-
-  // A summary line every summary_interval while running.
-  std::atomic<bool> done{false};
-  std::thread summary([&] {
-    auto next = std::chrono::steady_clock::now() + f.summary_interval;
-    while (!done.load()) {
-      std::this_thread::sleep_for(Millis(100));
-      if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
-        next += f.summary_interval;
-        std::fprintf(stderr, "dedup worker %s: %s\n", w.options().consumer.c_str(),
-                     w.metrics().Summary().c_str());
-      }
+    textbook_conn = StreamConnOptions(*wo);
+  } else if (f.pattern == "textbook") {
+    auto u = redis::ParseRedisUri(f.textbook_redis);
+    if (f.textbook_redis.empty() || !u.ok() || u->connection.endpoints.size() != 1) {
+      std::fprintf(stderr, "dedup worker: --pattern textbook on %s needs --textbook-redis "
+                           "redis://HOST:PORT%s%s\n",
+                   f.broker.substr(0, f.broker.find(':')).c_str(),
+                   u.ok() || f.textbook_redis.empty() ? "" : ": ",
+                   u.ok() || f.textbook_redis.empty() ? "" : u.status().ToString().c_str());
+      return kExitUsage;
     }
-  });
-
-  std::fprintf(stderr, "dedup worker %s: stream %s group %s, pattern %s, concurrency %d\n",
-               w.options().consumer.c_str(), w.options().stream.c_str(),
-               w.options().group.c_str(), f.pattern.c_str(), f.concurrency);
-  Status run;
+    textbook_conn.host = u->connection.endpoints[0].host;
+    textbook_conn.port = u->connection.endpoints[0].port;
+    textbook_conn.user = u->connection.user;
+    textbook_conn.password = u->connection.password;
+    textbook_conn.has_password = u->connection.has_password;
+    textbook_conn.db = u->connection.db;
+  }
   std::unique_ptr<Store> store;
-  if (f.pattern == "textbook") {
-    streams::TextbookOptions to;
-    to.conn.host = wo->host;
-    to.conn.port = wo->port;
-    to.conn.user = wo->user;
-    to.conn.password = wo->password;
-    to.conn.has_password = wo->has_password;
-    to.conn.db = wo->db;
-    to.conn.timeout = wo->timeout;
-    to.ttl = f.textbook_ttl;
-    to.retry_delay = f.retry_delay;
-    streams::TextbookGuard guard(to);
-    run = w.RunWith([&](const StreamMessage& m) {
-      return guard.Process(m, [&] { return RunHandler(sup, f, m, 0, 0); });
-    });
-  } else if (f.sql_output) {
+  BufferOptions bo;
+  bo.lease = f.lease;
+  bo.retention = f.retention;
+  bo.max_attempts = f.max_attempts;
+  bo.retry_delay = f.retry_delay;
+  bo.fingerprint_payloads = f.fingerprint;
 #ifdef DEDUP_WITH_POSTGRES
+  std::unique_ptr<PostgresStore> pg;
+  if (f.pattern == "dedup" && f.sql_output) {
     auto opened = OpenPostgresStore(f.store);
     if (!opened.ok()) {
-      done.store(true);
-      summary.join();
-      g_worker.store(nullptr);
       std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
                    opened.status().ToString().c_str());
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
-    std::unique_ptr<PostgresStore> pg = std::move(opened).value();
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    Buffer buffer(pg.get(), bo);
-    run = w.RunWith([&](const StreamMessage& m) {
-      return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
-                                      [&](PostgresTransaction& tx) { return RunSqlHandler(sup, f, m, tx); });
-    });
+    pg = std::move(opened).value();
+  }
 #endif
-  } else {
+  if (f.pattern == "dedup" && !f.sql_output) {
     auto opened = OpenStore(f.store);
     if (!opened.ok()) {
-      done.store(true);
-      summary.join();
-      g_worker.store(nullptr);
       std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
@@ -328,30 +299,100 @@ int RunWorkerCommand(const WorkerFlags& f) {
                                  "Time the store took to answer a claim or a batch of claims."));
     }
 #endif
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    auto made = Buffer::Create(store.get(), bo);
-    if (!made.ok()) {
-      done.store(true);
-      summary.join();
-      g_worker.store(nullptr);
-      std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
+  }
+  SourceOptions so;
+  so.lease = f.lease;
+  auto source = OpenSource(f.broker, so);
+  if (!source.ok()) {
+    std::fprintf(stderr, "dedup worker: --broker: %s\n", source.status().ToString().c_str());
+    return source.status().retryable() ? kExitTempFail : kExitUsage;
+  }
+  const std::string name = (*source)->Describe();
+
+  ConsumerOptions co;
+  co.concurrency = f.concurrency;
+  co.log_name = "dedup worker";
+  std::unique_ptr<Buffer> buffer;
+  std::unique_ptr<TextbookKeys> textbook_keys;
+  std::unique_ptr<TextbookGuard> textbook;
+  StatusOr<std::unique_ptr<Consumer>> made = Status::Internal("unset");
+  if (f.pattern == "textbook") {
+    textbook_keys = std::make_unique<streams::RedisTextbookKeys>(textbook_conn);
+    textbook = std::make_unique<TextbookGuard>(
+        textbook_keys.get(), TextbookOptions{f.textbook_ttl, "task_id:", f.retry_delay});
+    made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
+      return textbook->Process(d.key(), [&] { return RunHandler(f, d, 0, 0); });
+    }, co);
+  } else {
+    Store* target = store.get();
+#ifdef DEDUP_WITH_POSTGRES
+    if (pg != nullptr) target = pg.get();
+#endif
+    auto created = Buffer::Create(target, bo);
+    if (!created.ok()) {
+      std::fprintf(stderr, "dedup worker: --%s\n", created.status().message().c_str());
       return kExitUsage;
     }
-    Buffer& buffer = **made;
-    run = w.Run(&buffer, [&](const StreamMessage& m, ClaimGuard& g) {
-      return RunHandler(sup, f, m, g.fence(), g.attempt(), &g);
-    });
+    buffer = std::move(created).value();
+    if (f.sql_output) {
+#ifdef DEDUP_WITH_POSTGRES
+      made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
+        return ProcessOnceInTransaction(*buffer, *pg, d.key(), d.payload(),
+                                        [&](PostgresTransaction& tx) { return RunSqlHandler(f, d, tx); });
+      }, co);
+#endif
+    } else {
+      made = Consumer::Make(source->get(), buffer.get(), [&](const Delivery& d, ClaimGuard& g) {
+        return RunHandler(f, d, g.fence(), g.attempt(), &g);
+      }, co);
+    }
   }
+  if (!made.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", made.status().ToString().c_str());
+    return kExitUsage;
+  }
+  Consumer& c = **made;
+
+#ifdef DEDUP_WITH_SERVE
+  serve::MetricsEndpoint metrics;
+  if (f.metrics_port > 0) {
+    RegisterWorkerMetrics(c);
+    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
+    if (!s.ok()) {
+      std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
+      return kExitUsage;
+    }
+  }
+#else
+  if (f.metrics_port > 0) {
+    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
+    return kExitUsage;
+  }
+#endif
+  g_consumer.store(&c);
+  OnStopSignals(&StopWorker);
+  if (g_stop.load()) c.Stop();
+
+  // A summary line every summary_interval while running.
+  std::atomic<bool> done{false};
+  std::thread summary([&] {
+    auto next = std::chrono::steady_clock::now() + f.summary_interval;
+    while (!done.load()) {
+      std::this_thread::sleep_for(Millis(100));
+      if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
+        next += f.summary_interval;
+        std::fprintf(stderr, "dedup worker: %s\n", c.metrics().Summary().c_str());
+      }
+    }
+  });
+
+  std::fprintf(stderr, "dedup worker: %s, pattern %s, concurrency %d\n", name.c_str(),
+               f.pattern.c_str(), f.concurrency);
+  Status run = c.Run();
   done.store(true);
   summary.join();
-  g_worker.store(nullptr);
-  std::fprintf(stderr, "dedup worker %s: stopped: %s\n", w.options().consumer.c_str(),
-               w.metrics().Summary().c_str());
+  g_consumer.store(nullptr);
+  std::fprintf(stderr, "dedup worker: stopped: %s\n", c.metrics().Summary().c_str());
   if (!run.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", run.ToString().c_str());
     return kExitCheckFailed;
@@ -365,11 +406,13 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<WorkerFlags>();
   CLI::App* app = root.add_subcommand(
       "worker",
-      "Consume a Redis stream through a consumer group and run --exec once per message "
-      "key (payload as JSON on stdin; exit 0 done, 75 retry later, else dead-letter).");
+      "Consume a broker (a Redis stream through a consumer group, a RabbitMQ queue, a NATS "
+      "JetStream durable consumer) and run --exec once per message key (stream fields as "
+      "JSON, or the message body, on stdin; exit 0 done, 75 retry later, else dead-letter).");
   app->add_option("--broker", f->broker,
                   "redis://HOST:PORT?stream=S[&group=G&consumer=C&key=id|sha256|FIELD"
-                  "&dead=S:dead&prefix=P]")
+                  "&dead=S:dead&prefix=P], amqp://USER:PW@HOST:PORT/VHOST?queue=Q[...] or "
+                  "nats://HOST:PORT?stream=S&consumer=C[...] (docs/WORKER.md)")
       ->required();
   app->add_option("--store", f->store, "Store URI of the buffer (memory:, rocksdb:PATH, "
                                        "redis://...); not used by --pattern textbook");
@@ -411,6 +454,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
                     "--pattern textbook: the key's one TTL");
+  app->add_option("--textbook-redis", f->textbook_redis,
+                  "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys");
   app->callback([f, &ctx] {
     if (f->sql_output && f->pattern != "dedup") {
       std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");
