@@ -114,9 +114,19 @@ class ClaimGuard {
   uint32_t attempt() const { return result_.attempt; }
   Token token() const { return result_.token; }
 
-  // True once a heartbeat was answered LOST: another owner has taken over; the
-  // work should stop and its outcome will not be recorded.
+  // True once the claim can no longer be shown to be held: a heartbeat was
+  // answered LOST (another owner has taken over; the outcome will not be
+  // recorded), or no claim or extend has succeeded for a whole lease
+  // (lease_deadline() has passed: another owner may take over at any moment).
+  // Either way the work should stop. Once true, stays true.
   bool lost() const;
+  // This host's steady-clock time until which the lease is known to be held: the
+  // moment the last claim or extend that answered OK was sent, plus the lease. The
+  // store starts a lease when the request arrives, so its deadline is never
+  // earlier (clock drift aside). time_point::min() when nothing is held.
+  std::chrono::steady_clock::time_point lease_deadline() const;
+  // The lease this claim is extended by (BufferOptions::lease).
+  Millis lease() const;
   // True while an ACQUIRED claim has no outcome recorded or given up yet.
   bool active() const { return held_ != nullptr; }
 
@@ -224,7 +234,9 @@ class Buffer {
   friend class ClaimGuard;
   class Heartbeat;
   ClaimRequest Request(std::string_view key, std::string_view fingerprint) const;
-  ClaimGuard Guard(std::string_view key, ClaimResult result);
+  // `sent`: when the claim was sent (the lease is known held until sent + lease).
+  ClaimGuard Guard(std::string_view key, ClaimResult result,
+                   std::chrono::steady_clock::time_point sent);
 
   Store* const store_;
   const BufferOptions options_;

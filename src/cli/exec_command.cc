@@ -4,17 +4,31 @@
 //
 //   dedup exec --store rocksdb:/var/lib/dedup --key nightly-2024-05-01 -- ./report.sh
 //
-//   first run          the command runs (stdin inherited, stdout passed through and
-//                      kept, at most 1 MiB); its exit code and output are recorded;
-//                      dedup exits with the command's code
-//   later runs         the command does not run; the recorded output is printed and
-//                      dedup exits with the recorded code
-//   running elsewhere  message on stderr, exit 75 (EX_TEMPFAIL: try again later)
-//   store unreachable  message on stderr, exit 75
-//   command exits 75   the claim is released (the next run may try again), exit 75
-//   command killed     the claim is released, exit 128 + signal
-// The lease is extended every lease/3 while the command runs. SIGTERM / SIGINT are
-// passed on to the command.
+// The command runs in a process group of its own, supervised
+// (src/consumer/handler_process.h): it and its children die with `dedup exec`,
+// SIGKILL included; it is stopped (SIGTERM, SIGKILL after --stop-grace, never
+// later than the lease's end) when the lease is lost or cannot be renewed; a
+// SIGTERM / SIGINT / SIGHUP of `dedup exec` is passed to its group and the claim
+// released. Its stdin is inherited (/dev/null in place of a terminal); its stdout
+// passed through and kept (at most 1 MiB). The lease is extended every lease/3.
+//
+// Exit codes (docs/EXEC.md; sysexits.h where one fits):
+//   N        the command ran now and exited N; recorded (0: ok, else failed),
+//            except 75, 126, 127 (below)
+//   75       EX_TEMPFAIL, nothing recorded, try again later: running elsewhere
+//            (BUSY), store unreachable, the lease was lost (command stopped), or
+//            the command itself exited 75 (claim released)
+//   126/127  the command is not executable / not found (or exited so): nothing
+//            recorded, claim released
+//   128+n    the command was killed by signal n, or `dedup exec` was stopped by
+//            signal n (TERM 143, INT 130, HUP 129): claim released
+//   79       replayed: the command ran before and succeeded (recorded ok); its
+//            recorded output is printed, nothing runs
+//   80       replayed: the command ran before and failed (recorded failed)
+//   69       EX_UNAVAILABLE, exhausted: --max-attempts used up (now, and on every
+//            later run while the record is kept)
+//   65       EX_DATAERR, fingerprint mismatch
+//   2        bad usage (flags, store URI)
 //
 // The recorded result is "dedup-exec/1 exit=<code>\n" followed by the output.
 
@@ -22,12 +36,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <memory>
 
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "consumer/handler_process.h"
 #include "dedup/buffer.h"
 #include "dedup/store.h"
 
@@ -35,11 +51,21 @@ namespace dedup::cli {
 namespace {
 
 constexpr std::string_view kHeader = "dedup-exec/1 exit=";
-std::atomic<int> g_child{0};
 
-void ForwardSignal(int sig) {
-  const int pid = g_child.load();
-  if (pid > 0) kill(pid, sig);
+// Exit codes of `dedup exec` that are its own (see the table above).
+constexpr int kExitDataErr = 65;         // EX_DATAERR
+constexpr int kExitExhausted = 69;       // EX_UNAVAILABLE
+constexpr int kExitReplayedOk = 79;
+constexpr int kExitReplayedFailed = 80;
+constexpr int kExitSignalBase = 128;
+
+std::atomic<HandlerSupervisor*> g_supervisor{nullptr};
+std::atomic<int> g_stop_signal{0};
+
+void OnStop(int sig) {
+  int expected = 0;
+  g_stop_signal.compare_exchange_strong(expected, sig);
+  if (HandlerSupervisor* s = g_supervisor.load()) s->RequestStop(sig);
 }
 
 struct ExecFlags {
@@ -47,6 +73,7 @@ struct ExecFlags {
   std::string key;
   Millis lease{kDefaultLease};
   Millis retention{kDefaultRetention};
+  Millis stop_grace{5'000};
   uint32_t max_attempts = 0;
   std::vector<std::string> command;
 };
@@ -64,7 +91,52 @@ std::pair<int, std::string_view> ParseRecorded(std::string_view r) {
   return {code, r.substr(nl + 1)};
 }
 
+int StartFailureExit(const Status& s) {
+  if (s.code() == StatusCode::kNotFound) return kHandlerExitNotFound;
+  if (s.code() == StatusCode::kPermissionDenied || s.code() == StatusCode::kFailedPrecondition) {
+    return kHandlerExitCannotExec;
+  }
+  return kExitTempFail;
+}
+
+// Gives the claim back and says so if the store did not take it.
+void ReleaseClaim(ClaimGuard& g, const ExecFlags& f) {
+  auto r = g.Release();
+  if (!r.ok()) {
+    std::fprintf(stderr, "dedup exec: '%s': the claim could not be released (%s); the key "
+                         "is claimable again when its lease ends\n",
+                 f.key.c_str(), r.status().ToString().c_str());
+  }
+}
+
 int RunExec(const ExecFlags& f) {
+  struct sigaction sa {};
+  sa.sa_handler = OnStop;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // Before anything else: the watchdog is a fork of this process.
+  SupervisorOptions so;
+  so.grace = f.stop_grace;
+  auto started = HandlerSupervisor::Start(so);
+  if (!started.ok()) {
+    std::fprintf(stderr, "dedup exec: %s\n", started.status().ToString().c_str());
+    return started.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitTempFail;
+  }
+  std::unique_ptr<HandlerSupervisor> sup = std::move(started).value();
+  g_supervisor.store(sup.get());
+  struct Unpublish {
+    ~Unpublish() { g_supervisor.store(nullptr); }
+  } unpublish;
+  if (g_stop_signal.load() != 0) sup->RequestStop(g_stop_signal.load());
+
+  // A command that cannot start is refused before anything is claimed.
+  auto resolved = ResolveCommand(f.command.front());
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "dedup exec: %s; nothing claimed or recorded\n",
+                 resolved.status().ToString().c_str());
+    return StartFailureExit(resolved.status());
+  }
+
   auto opened = OpenStore(f.store);
   if (!opened.ok()) {
     std::fprintf(stderr, "dedup exec: --store: %s\n", opened.status().ToString().c_str());
@@ -89,49 +161,91 @@ int RunExec(const ExecFlags& f) {
   ClaimGuard& g = *claimed;
   switch (g.outcome()) {
     case ClaimOutcome::kDuplicate: {
+      const CompletionStatus st = g.result().status;
+      if (st == CompletionStatus::kExhausted) {
+        std::fprintf(stderr, "dedup exec: '%s': attempts exhausted (recorded, fence %llu); "
+                             "exit %d\n",
+                     f.key.c_str(), static_cast<unsigned long long>(g.fence()), kExitExhausted);
+        return kExitExhausted;
+      }
       auto [code, out] = ParseRecorded(g.result().result);
       std::fwrite(out.data(), 1, out.size(), stdout);
-      std::fprintf(stderr, "dedup exec: '%s' already ran (fence %llu, %s); exit %d as recorded\n",
+      const int rc = st == CompletionStatus::kOk ? kExitReplayedOk : kExitReplayedFailed;
+      std::fprintf(stderr, "dedup exec: '%s' already ran (fence %llu, %s, exit %d); not run "
+                           "again; exit %d (replayed)\n",
                    f.key.c_str(), static_cast<unsigned long long>(g.fence()),
-                   std::string(CompletionStatusName(g.result().status)).c_str(), code);
-      return code;
+                   std::string(CompletionStatusName(st)).c_str(), code, rc);
+      return rc;
     }
     case ClaimOutcome::kBusy:
       std::fprintf(stderr, "dedup exec: '%s' is running elsewhere (lease left %lld ms); exit 75\n",
                    f.key.c_str(), static_cast<long long>(g.result().lease_left.count()));
       return kExitTempFail;
     case ClaimOutcome::kExhausted:
-      std::fprintf(stderr, "dedup exec: '%s': attempts exhausted after %u\n", f.key.c_str(),
-                   g.attempt());
-      return kExitCheckFailed;
+      std::fprintf(stderr, "dedup exec: '%s': attempts exhausted after %u; exit %d\n",
+                   f.key.c_str(), g.attempt(), kExitExhausted);
+      return kExitExhausted;
     case ClaimOutcome::kMismatch:
-      std::fprintf(stderr, "dedup exec: '%s': fingerprint mismatch\n", f.key.c_str());
-      return kExitCheckFailed;
+      std::fprintf(stderr, "dedup exec: '%s': fingerprint mismatch; exit %d\n", f.key.c_str(),
+                   kExitDataErr);
+      return kExitDataErr;
     case ClaimOutcome::kAcquired:
       break;
   }
-  ChildOptions c;
+  HandlerCommand c;
   c.argv = f.command;
   c.env = {"DEDUP_KEY=" + f.key, "DEDUP_FENCE=" + std::to_string(g.fence()),
            "DEDUP_ATTEMPT=" + std::to_string(g.attempt())};
   c.capture_stdout = true;
   c.max_output = kMaxResultBytes - 64;
   c.tee_fd = STDOUT_FILENO;
-  OnStopSignals(&ForwardSignal);
-  auto r = RunChild(c, [](int pid) { g_child.store(pid); });
-  g_child.store(0);
+  auto r = sup->Run(c, &g);
   if (!r.ok()) {
-    (void)g.Release();
-    std::fprintf(stderr, "dedup exec: %s\n", r.status().ToString().c_str());
-    return kExitTempFail;
+    ReleaseClaim(g, f);
+    if (r.status().code() == StatusCode::kAborted) {
+      const int sig = g_stop_signal.load();
+      std::fprintf(stderr, "dedup exec: stopped by signal %d before the command started; "
+                           "claim released\n", sig);
+      return kExitSignalBase + sig;
+    }
+    std::fprintf(stderr, "dedup exec: %s; claim released, nothing recorded\n",
+                 r.status().ToString().c_str());
+    return StartFailureExit(r.status());
   }
-  if (r->signal != 0 || r->exit_code == kExitTempFail) {
-    auto rel = g.Release();
-    (void)rel;
-    return r->signal != 0 ? 128 + r->signal : kExitTempFail;
+  const HandlerExit& e = *r;
+  switch (Judge(e)) {
+    case HandlerVerdict::kDone:
+    case HandlerVerdict::kFail:
+      break;
+    case HandlerVerdict::kNotStarted:
+      ReleaseClaim(g, f);
+      std::fprintf(stderr, "dedup exec: command %s (not executable / not found); claim "
+                           "released, nothing recorded\n", e.Describe().c_str());
+      return e.code;
+    case HandlerVerdict::kRetry:
+      ReleaseClaim(g, f);
+      if (e.how == HandlerExit::How::kStopped && e.reason == HandlerExit::StopReason::kLeaseLost) {
+        std::fprintf(stderr, "dedup exec: '%s': the lease was lost or could not be renewed; "
+                             "command %s; nothing recorded; exit 75\n",
+                     f.key.c_str(), e.Describe().c_str());
+        return kExitTempFail;
+      }
+      if (e.how == HandlerExit::How::kStopped) {
+        const int sig = g_stop_signal.load();
+        std::fprintf(stderr, "dedup exec: stopped by signal %d: command %s; claim released, "
+                             "nothing recorded\n", sig, e.Describe().c_str());
+        return kExitSignalBase + sig;
+      }
+      if (e.how == HandlerExit::How::kSignaled) {
+        std::fprintf(stderr, "dedup exec: command %s; claim released, nothing recorded\n",
+                     e.Describe().c_str());
+        return kExitSignalBase + e.signal;
+      }
+      std::fprintf(stderr, "dedup exec: command exit 75 (retry later); claim released\n");
+      return kExitTempFail;
   }
-  std::string result = std::string(kHeader) + std::to_string(r->exit_code) + "\n" + r->output;
-  auto w = g.Complete(result, r->exit_code == 0 ? CompletionStatus::kOk : CompletionStatus::kFailed);
+  std::string result = std::string(kHeader) + std::to_string(e.code) + "\n" + e.output;
+  auto w = g.Complete(result, e.code == 0 ? CompletionStatus::kOk : CompletionStatus::kFailed);
   if (!w.ok()) {
     std::fprintf(stderr, "dedup exec: ran, but the outcome was not recorded: %s\n",
                  w.status().ToString().c_str());
@@ -139,10 +253,10 @@ int RunExec(const ExecFlags& f) {
     std::fprintf(stderr, "dedup exec: ran, but the lease was lost to another owner; the "
                          "outcome was not recorded\n");
   }
-  if (r->truncated) {
+  if (e.truncated) {
     std::fprintf(stderr, "dedup exec: output longer than 1 MiB; the recorded copy is cut\n");
   }
-  return r->exit_code;
+  return e.code;
 }
 
 }  // namespace
@@ -150,13 +264,23 @@ int RunExec(const ExecFlags& f) {
 void RegisterExec(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<ExecFlags>();
   CLI::App* app = root.add_subcommand(
-      "exec", "Run a command at most once per key; a repeat prints the recorded output and "
-              "exits with the recorded code (75: running elsewhere, try later)");
+      "exec",
+      "Run a command at most once per key; a repeat prints the recorded output.\n"
+      "Exit codes: N the command ran now and exited N (recorded, except 75/126/127);\n"
+      "  75 not run or not recorded, try later (running elsewhere, store unreachable,\n"
+      "     lease lost, or the command exited 75); 126/127 command not executable / not\n"
+      "  found (nothing recorded); 128+n killed by signal n, or dedup exec stopped by\n"
+      "  signal n (claim released); 79 replayed, recorded ok; 80 replayed, recorded\n"
+      "  failed; 69 attempts exhausted; 65 fingerprint mismatch; 2 bad usage.");
   app->add_option("--store", f->store, "Store URI")->required();
   app->add_option("--key", f->key, "The key (1 to 1024 bytes)")->required();
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
                     DurationBound::kPositive);
   AddDurationOption(*app, "--retention", &f->retention, "How long the outcome is kept",
+                    DurationBound::kPositive);
+  AddDurationOption(*app, "--stop-grace", &f->stop_grace,
+                    "SIGTERM to SIGKILL when the command is stopped (at most lease/4 on a "
+                    "lost lease)",
                     DurationBound::kPositive);
   app->add_option("--max-attempts", f->max_attempts, "0 = unlimited")->capture_default_str();
   app->add_option("command", f->command, "-- CMD ARGS...")->required();

@@ -13,8 +13,12 @@
 // id) and DEDUP_WORKER_PID in its environment.
 //   exit 0            done: the outcome is recorded, then the entry is acked
 //   exit 75           retry later (EX_TEMPFAIL): claim released, entry left pending
+//   exit 126, 127     could not be started (the shell's codes): as 75, nothing recorded
 //   killed by signal  retry later, as 75
+//   lease lost        the handler is stopped (SIGTERM, SIGKILL by the lease's end): as 75
 //   anything else     permanent failure: completed as failed, dead-lettered
+// Handlers and their children die with the worker, SIGKILL included
+// (src/consumer/handler_process.h).
 // --keep-output stores the command's stdout (at most 1 MiB) as the result.
 // --sql-output (postgres:// stores): the command's stdout is SQL, run in the
 // transaction that records the completion, so its effect happens exactly once
@@ -38,6 +42,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "consumer/handler_process.h"
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
 #ifdef DEDUP_WITH_POSTGRES
@@ -153,25 +158,30 @@ void RegisterWorkerMetrics(const Consumer& w) {
 }
 #endif
 
+// The supervisor of every handler process of this worker (src/consumer/
+// handler_process.h), started first in RunWorkerCommand.
+HandlerSupervisor* g_handlers = nullptr;
+
 HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
-                                uint32_t attempt);
+                                uint32_t attempt, const ClaimGuard* g);
 
 // Runs the handler command for one message.
+// With `g`, the handler is stopped when the claim's lease is lost.
 HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence,
-                         uint32_t attempt) {
+                         uint32_t attempt, const ClaimGuard* g = nullptr) {
 #ifdef DEDUP_WITH_SERVE
   const auto t0 = std::chrono::steady_clock::now();
-  HandlerResult r = RunHandlerCommand(f, m, fence, attempt);
+  HandlerResult r = RunHandlerCommand(f, m, fence, attempt, g);
   ObserveHandler(t0, r);
   return r;
 #else
-  return RunHandlerCommand(f, m, fence, attempt);
+  return RunHandlerCommand(f, m, fence, attempt, g);
 #endif
 }
 
 HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
-                                uint32_t attempt) {
-  ChildOptions c;
+                                uint32_t attempt, const ClaimGuard* g) {
+  HandlerCommand c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
   if (IsRedisBroker(f.broker)) {
     nlohmann::json payload = nlohmann::json::object();
@@ -185,18 +195,12 @@ HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_
            "DEDUP_WORKER_PID=" + std::to_string(getpid())};
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
-  auto r = RunChild(c);
-  if (!r.ok()) return HandlerResult::Retry("cannot start handler: " + r.status().ToString());
-  if (r->signal != 0) {
-    return HandlerResult::Retry("handler killed by signal " + std::to_string(r->signal));
-  }
-  if (r->exit_code == 0 && f.keep_output && r->truncated) {
+  auto r = g_handlers->Run(c, g);
+  if (r.ok() && Judge(*r) == HandlerVerdict::kDone && f.keep_output && r->truncated) {
     // Never keep (or, with --sql-output, run) a cut-off output.
     return HandlerResult::Fail("handler output exceeds " + std::to_string(kMaxResultBytes) + " bytes");
   }
-  if (r->exit_code == 0) return HandlerResult::Done(f.keep_output ? r->output : std::string());
-  if (r->exit_code == kExitTempFail) return HandlerResult::Retry("handler exit 75 (retry later)");
-  return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
+  return ToHandlerResult(r, f.keep_output);
 }
 
 #ifdef DEDUP_WITH_POSTGRES
@@ -219,6 +223,22 @@ HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTra
 #endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
+  if (f.no_shell) {
+    const std::vector<std::string> words = SplitWords(f.exec);
+    auto found = words.empty() ? StatusOr<std::string>(Status::InvalidArgument("empty command"))
+                               : ResolveCommand(words[0]);
+    if (!found.ok()) {
+      std::fprintf(stderr, "dedup worker: --exec: %s\n", found.status().ToString().c_str());
+      return kExitUsage;
+    }
+  }
+  // First, while this process is small: the watchdog is a fork of it.
+  auto supervisor = HandlerSupervisor::Start();
+  if (!supervisor.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", supervisor.status().ToString().c_str());
+    return kExitTempFail;
+  }
+  g_handlers = supervisor->get();
   // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
   streams::ConnOptions textbook_conn;
   if (f.pattern == "textbook" && IsRedisBroker(f.broker)) {
@@ -323,7 +343,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
 #endif
     } else {
       made = Consumer::Make(source->get(), buffer.get(), [&](const Delivery& d, ClaimGuard& g) {
-        return RunHandler(f, d, g.fence(), g.attempt());
+        return RunHandler(f, d, g.fence(), g.attempt(), &g);
       }, co);
     }
   }

@@ -23,12 +23,25 @@ struct HeldClaim {
   Millis lease{0};
   std::atomic<bool> lost{false};
   std::atomic<bool> finished{false};
+  // Steady-clock nanoseconds until which the lease is known to be held (send time
+  // of the last claim or extend answered OK, plus the lease), and whether a
+  // reader saw that time pass (then it is never moved again: lost() stays true).
+  std::atomic<int64_t> valid_until{0};
+  mutable std::atomic<bool> expired{false};
   std::chrono::steady_clock::time_point next_beat;
 };
 
 }  // namespace internal
 
 using internal::HeldClaim;
+
+namespace {
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
 
 std::string PayloadFingerprint(std::string_view payload) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -108,6 +121,7 @@ class Buffer::Heartbeat {
   void Beat(HeldClaim& h) {
     if (h.finished.load()) return;
     beats_.fetch_add(1, std::memory_order_relaxed);
+    const int64_t sent = SteadyNanos();
     StatusOr<WriteResult> r = store_->Extend(h.key, h.token, h.lease);
     if (!r.ok()) {
       // The store is unreachable: try again next beat. If it stays away past the
@@ -119,6 +133,11 @@ class Buffer::Heartbeat {
       lost_.fetch_add(1, std::memory_order_relaxed);
       h.lost.store(true);
       h.finished.store(true);  // nothing more to extend
+    } else if (*r == WriteResult::kOk && !h.expired.load()) {
+      const int64_t until = sent + std::chrono::nanoseconds(h.lease).count();
+      int64_t cur = h.valid_until.load();
+      while (cur < until && !h.valid_until.compare_exchange_weak(cur, until)) {
+      }
     }
   }
 
@@ -153,7 +172,20 @@ ClaimGuard::~ClaimGuard() {
   if (held_ != nullptr) (void)Release();
 }
 
-bool ClaimGuard::lost() const { return held_ != nullptr && held_->lost.load(); }
+bool ClaimGuard::lost() const {
+  if (held_ == nullptr) return false;
+  if (held_->lost.load() || held_->expired.load()) return true;
+  if (SteadyNanos() < held_->valid_until.load()) return false;
+  held_->expired.store(true);
+  return true;
+}
+
+std::chrono::steady_clock::time_point ClaimGuard::lease_deadline() const {
+  if (held_ == nullptr) return std::chrono::steady_clock::time_point::min();
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(held_->valid_until.load()));
+}
+
+Millis ClaimGuard::lease() const { return buffer_ != nullptr ? buffer_->options_.lease : Millis(0); }
 
 void ClaimGuard::Finish() {
   if (held_ != nullptr) {
@@ -276,7 +308,8 @@ ClaimRequest Buffer::Request(std::string_view key, std::string_view fingerprint)
   return req;
 }
 
-ClaimGuard Buffer::Guard(std::string_view key, ClaimResult result) {
+ClaimGuard Buffer::Guard(std::string_view key, ClaimResult result,
+                         std::chrono::steady_clock::time_point sent) {
   ClaimGuard g;
   g.buffer_ = this;
   g.key_.assign(key);
@@ -286,6 +319,10 @@ ClaimGuard Buffer::Guard(std::string_view key, ClaimResult result) {
     held->key.assign(key);
     held->token = g.result_.token;
     held->lease = options_.lease;
+    held->valid_until.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(sent.time_since_epoch() +
+                                                             options_.lease)
+            .count());
     g.held_ = held;
     heartbeat_->Add(std::move(held));
   }
@@ -293,9 +330,10 @@ ClaimGuard Buffer::Guard(std::string_view key, ClaimResult result) {
 }
 
 StatusOr<ClaimGuard> Buffer::Claim(std::string_view key, std::string_view fingerprint) {
+  const auto sent = std::chrono::steady_clock::now();
   StatusOr<ClaimResult> r = store_->Claim(Request(key, fingerprint));
   if (!r.ok()) return r.status();
-  return Guard(key, std::move(r).value());
+  return Guard(key, std::move(r).value(), sent);
 }
 
 std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> items) {
@@ -320,6 +358,7 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
     reqs.push_back(Request(items[where[j]].key, fingerprints[j]));
   }
   if (reqs.empty()) return out;
+  const auto sent = std::chrono::steady_clock::now();
   StatusOr<std::vector<ClaimResult>> r =
       reqs.size() == 1 ? [&]() -> StatusOr<std::vector<ClaimResult>> {
         StatusOr<ClaimResult> one = store_->Claim(reqs[0]);
@@ -331,7 +370,7 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
     if (!r.ok()) {
       out[where[j]] = r.status();
     } else {
-      out[where[j]] = Guard(items[where[j]].key, std::move((*r)[j]));
+      out[where[j]] = Guard(items[where[j]].key, std::move((*r)[j]), sent);
     }
   }
   return out;

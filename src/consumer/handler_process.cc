@@ -1,0 +1,664 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "consumer/handler_process.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+extern char** environ;
+
+namespace dedup {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+// One record on the watchdog socket (SOCK_SEQPACKET: one send, one record).
+struct WatchMsg {
+  int32_t op;
+  int32_t pgid;
+};
+constexpr int32_t kAdd = 1;
+constexpr int32_t kRemove = 2;
+
+constexpr size_t kSpawnStack = 64 * 1024;
+constexpr Millis kLeasePollInterval{50};
+// After a handler exited and its group was killed, how long its stdout may stay
+// open (held by a descendant that left the group) before we stop reading.
+constexpr Millis kDrainLimit{1'000};
+
+std::string Err(int e) { return std::strerror(e); }
+
+// pidfd_open(2) (Linux 5.3): a descriptor that polls readable when `pid` exits.
+// Called directly: glibc 2.36's <sys/pidfd.h> lacks C++ linkage. -1 when absent.
+int PidfdOpen(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
+[[noreturn]] void WatchdogMain(int fd, pid_t* slots, size_t cap) {
+  setpgid(0, 0);  // out of the owner's group: `kill -9 -<owner group>` spares it
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  for (int s : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGTSTP,
+                SIGTTIN, SIGTTOU, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGWINCH, SIGURG, SIGIO,
+                SIGPWR}) {
+    sigaction(s, &ign, nullptr);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  prctl(PR_SET_NAME, "dedup-watchdog", 0, 0, 0);
+  // Keep nothing of the owner's but our socket: an inherited pipe end (a
+  // handler's stdout, the caller's $(...)) must not stay open because of us.
+  const int sock = fcntl(fd, F_DUPFD, 64);
+  const int devnull = open("/dev/null", O_RDWR);
+  if (sock < 0 || devnull < 0) _exit(1);
+  dup2(devnull, 0);
+  dup2(devnull, 1);
+  dup2(devnull, 2);
+  dup2(sock, 3);
+  close_range(4, ~0U, 0);
+  size_t n = 0;
+  for (;;) {
+    WatchMsg m{};
+    const ssize_t r = recv(3, &m, sizeof(m), 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;  // end of file: the owner is gone, however it went
+    if (r != static_cast<ssize_t>(sizeof(m)) || m.pgid <= 1) continue;
+    size_t i = 0;
+    while (i < n && slots[i] != m.pgid) ++i;
+    if (m.op == kAdd && i == n && n < cap) {
+      slots[n++] = m.pgid;
+    } else if (m.op == kRemove && i < n) {
+      slots[i] = slots[--n];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) kill(-slots[i], SIGKILL);
+  _exit(0);
+}
+
+// What the spawned child needs; built before clone, since the child may only
+// make system calls (it shares our memory and runs while this thread waits).
+struct SpawnArgs {
+  const char* path = nullptr;
+  char* const* argv = nullptr;
+  char* const* sh_argv = nullptr;  // "/bin/sh path args...", for ENOEXEC, as execvp
+  char* const* envp = nullptr;
+  int stdin_fd = -1;
+  int stdout_fd = -1;
+  int watch_fd = -1;
+  pid_t parent = 0;
+  bool registered = false;
+  int register_errno = 0;
+  int exec_errno = 0;
+};
+
+int SpawnChild(void* p) {
+  auto* a = static_cast<SpawnArgs*>(p);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int s = 1; s < NSIG; ++s) {
+    if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, nullptr);
+  }
+  if (setpgid(0, 0) != 0) {
+    a->exec_errno = errno;
+    _exit(127);
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() != a->parent) _exit(127);  // the owner died before prctl
+  // Register our group with the watchdog while we still hold a copy of the
+  // owner's end of its socket (closed at exec): the watchdog cannot see that end
+  // close before it knows us.
+  const WatchMsg m{kAdd, static_cast<int32_t>(getpid())};
+  if (send(a->watch_fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
+    a->register_errno = errno != 0 ? errno : EPIPE;
+    _exit(127);
+  }
+  a->registered = true;
+  if (a->stdin_fd >= 0) {
+    if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
+    else dup2(a->stdin_fd, 0);
+  }
+  if (a->stdout_fd >= 0) {
+    if (a->stdout_fd == 1) fcntl(1, F_SETFD, 0);
+    else dup2(a->stdout_fd, 1);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  execve(a->path, a->argv, a->envp);
+  if (errno == ENOEXEC) execve("/bin/sh", a->sh_argv, a->envp);
+  a->exec_errno = errno;
+  _exit(127);
+}
+
+char* SpawnStack() {
+  thread_local std::unique_ptr<char[]> stack;
+  if (!stack) stack = std::make_unique<char[]>(kSpawnStack);
+  auto top = reinterpret_cast<uintptr_t>(stack.get() + kSpawnStack);
+  return reinterpret_cast<char*>(top & ~uintptr_t{15});
+}
+
+void CloseFd(int& fd) {
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+bool WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+Status StartError(const std::string& name, int e) {
+  if (e == ENOENT || e == ENOTDIR) return Status::NotFound("command '" + name + "' not found");
+  if (e == EACCES || e == EPERM || e == EISDIR) {
+    return Status::PermissionDenied("command '" + name + "' is not executable: " + Err(e));
+  }
+  if (e == ENOEXEC) {
+    return Status::FailedPrecondition("command '" + name + "' is not an executable file");
+  }
+  return Status::Unavailable("cannot start '" + name + "': " + Err(e));
+}
+
+const char* SignalName(int sig) {
+  const char* d = strsignal(sig);
+  return d != nullptr ? d : "unknown";
+}
+
+}  // namespace
+
+// ---- policy ------------------------------------------------------------------
+
+std::string HandlerExit::Describe() const {
+  std::string how_it_ended =
+      signal != 0 ? "killed by signal " + std::to_string(signal) + " (" + SignalName(signal) + ")"
+                  : "exit " + std::to_string(code);
+  switch (how) {
+    case How::kExited:
+    case How::kSignaled:
+      return how_it_ended;
+    case How::kStopped:
+      return std::string("stopped: ") +
+             (reason == StopReason::kLeaseLost ? "lease lost" : "stop requested") + " (" +
+             how_it_ended + ")";
+  }
+  return how_it_ended;
+}
+
+HandlerVerdict Judge(const HandlerExit& e) {
+  if (e.how != HandlerExit::How::kExited) return HandlerVerdict::kRetry;
+  if (e.code == 0) return HandlerVerdict::kDone;
+  if (e.code == kHandlerExitRetry) return HandlerVerdict::kRetry;
+  if (e.code == kHandlerExitCannotExec || e.code == kHandlerExitNotFound) {
+    return HandlerVerdict::kNotStarted;
+  }
+  return HandlerVerdict::kFail;
+}
+
+HandlerResult ToHandlerResult(const StatusOr<HandlerExit>& run, bool keep_output) {
+  if (!run.ok()) return HandlerResult::Retry("cannot start handler: " + run.status().ToString());
+  switch (Judge(*run)) {
+    case HandlerVerdict::kDone:
+      return HandlerResult::Done(keep_output ? run->output : std::string());
+    case HandlerVerdict::kFail:
+      return HandlerResult::Fail("handler " + run->Describe());
+    case HandlerVerdict::kNotStarted:
+      return HandlerResult::Retry("handler could not be started (" + run->Describe() +
+                                  ": the shell's code for not executable / not found)");
+    case HandlerVerdict::kRetry:
+      break;
+  }
+  return HandlerResult::Retry("handler " + run->Describe() +
+                              (run->how == HandlerExit::How::kExited ? " (retry later)" : ""));
+}
+
+StatusOr<std::string> ResolveCommand(std::string_view name) {
+  if (name.empty()) return Status::InvalidArgument("empty command");
+  auto check = [](const std::string& p) -> int {
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0) return errno;
+    if (S_ISDIR(st.st_mode)) return EISDIR;
+    return access(p.c_str(), X_OK) == 0 ? 0 : errno;
+  };
+  const std::string n(name);
+  if (n.find('/') != std::string::npos) {
+    const int e = check(n);
+    if (e == 0) return n;
+    return StartError(n, e);
+  }
+  const char* env_path = std::getenv("PATH");
+  const std::string path = env_path != nullptr ? env_path : "/usr/local/bin:/bin:/usr/bin";
+  int seen = ENOENT;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + n;
+    const int e = check(candidate);
+    if (e == 0) return candidate;
+    if (e != ENOENT && e != ENOTDIR) seen = e;
+    start = end + 1;
+  }
+  if (seen == ENOENT) return Status::NotFound("command '" + n + "' not found in PATH");
+  return StartError(n, seen);
+}
+
+// ---- the supervisor ------------------------------------------------------------
+
+HandlerSupervisor::HandlerSupervisor(SupervisorOptions options) : options_(options) {}
+
+StatusOr<std::unique_ptr<HandlerSupervisor>> HandlerSupervisor::Start(SupervisorOptions options) {
+  if (options.grace.count() <= 0) {
+    return Status::InvalidArgument("handler stop grace must be positive, got " +
+                                   std::to_string(options.grace.count()) + " ms");
+  }
+  if (options.max_handlers == 0) return Status::InvalidArgument("max_handlers must be positive");
+  std::unique_ptr<HandlerSupervisor> s(new HandlerSupervisor(options));
+  s->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s->stop_fd_ < 0) return Status::Unavailable("eventfd: " + Err(errno));
+  std::lock_guard lock(s->mu_);
+  DEDUP_RETURN_IF_ERROR(s->StartWatchdog());
+  return s;
+}
+
+Status HandlerSupervisor::StartWatchdog() {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    return Status::Unavailable("watchdog socket: " + Err(errno));
+  }
+  std::vector<pid_t> slots(options_.max_handlers);  // the child's copy is its table
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    close(sv[0]);
+    close(sv[1]);
+    return Status::Unavailable("watchdog fork: " + Err(e));
+  }
+  if (pid == 0) {
+    close(sv[0]);
+    WatchdogMain(sv[1], slots.data(), slots.size());
+  }
+  close(sv[1]);
+  int pidfd = PidfdOpen(pid);  // -1 on kernels before 5.3: no early restart then
+  // Keep the fd numbers across restarts (dup3 replaces atomically), so that a
+  // spawn racing with a restart never writes to an unrelated, reused number.
+  if (watch_fd_ < 0) {
+    watch_fd_ = sv[0];
+  } else {
+    dup3(sv[0], watch_fd_, O_CLOEXEC);
+    close(sv[0]);
+  }
+  if (pidfd >= 0) {
+    if (watch_pidfd_ < 0) {
+      watch_pidfd_ = pidfd;
+    } else {
+      dup3(pidfd, watch_pidfd_, O_CLOEXEC);
+      close(pidfd);
+    }
+  }
+  watchdog_pid_.store(pid);
+  generation_.fetch_add(1);
+  for (pid_t g : live_) {
+    const WatchMsg m{kAdd, static_cast<int32_t>(g)};
+    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  }
+  return Status::Ok();
+}
+
+Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation, bool socket_refused) {
+  std::lock_guard lock(mu_);
+  if (generation_.load() != seen_generation) return Status::Ok();  // done by another thread
+  const pid_t old = watchdog_pid_.load();
+  siginfo_t info{};
+  // Its socket refused us: it is exiting (descriptors close just before it turns
+  // into a zombie), so wait for it; else only reap it if it is already dead.
+  const int flags = socket_refused ? WEXITED : WEXITED | WNOHANG;
+  int w;
+  while ((w = waitid(P_PID, static_cast<id_t>(old), &info, flags)) < 0 && errno == EINTR) {
+  }
+  if (old > 0 && w == 0 && info.si_pid == 0) return Status::Ok();  // alive: nothing to do
+  return StartWatchdog();
+}
+
+void HandlerSupervisor::Register(pid_t pgid, uint64_t generation_before) {
+  std::lock_guard lock(mu_);
+  live_.push_back(pgid);
+  if (generation_.load() != generation_before) {
+    // A new watchdog started since the child registered with the old one.
+    const WatchMsg m{kAdd, static_cast<int32_t>(pgid)};
+    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  }
+}
+
+void HandlerSupervisor::Unregister(pid_t pgid) {
+  std::lock_guard lock(mu_);
+  auto it = std::find(live_.begin(), live_.end(), pgid);
+  if (it != live_.end()) live_.erase(it);
+  const WatchMsg m{kRemove, static_cast<int32_t>(pgid)};
+  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+}
+
+HandlerSupervisor::~HandlerSupervisor() {
+  {
+    std::lock_guard lock(mu_);
+    for (pid_t g : live_) kill(-g, SIGKILL);
+  }
+  if (watch_fd_ >= 0) close(watch_fd_);  // the watchdog sees end of file and exits
+  const pid_t w = watchdog_pid_.load();
+  if (w > 0) {
+    while (waitpid(w, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (watch_pidfd_ >= 0) close(watch_pidfd_);
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+void HandlerSupervisor::RequestStop(int sig) {
+  int expected = 0;
+  stop_signal_.compare_exchange_strong(expected, sig > 0 ? sig : SIGTERM);
+  const uint64_t one = 1;
+  (void)!write(stop_fd_, &one, sizeof(one));
+}
+
+size_t HandlerSupervisor::running() const { return running_.load(); }
+
+StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const ClaimGuard* claim) {
+  if (cmd.argv.empty()) return Status::InvalidArgument("no command to run");
+  if (stop_requested()) return Status(StatusCode::kAborted, "stopping: no new handler is started");
+  StatusOr<std::string> resolved = ResolveCommand(cmd.argv[0]);
+  if (!resolved.ok()) return resolved.status();
+  const std::string path = *resolved;
+  if (claim != nullptr && !claim->active()) claim = nullptr;  // nothing held to watch
+  if (running_.fetch_add(1) >= options_.max_handlers) {
+    running_.fetch_sub(1);
+    return Status::ResourceExhausted("more than " + std::to_string(options_.max_handlers) +
+                                     " handlers at once");
+  }
+  struct Running {
+    std::atomic<size_t>& n;
+    ~Running() { n.fetch_sub(1); }
+  } running_guard{running_};
+
+  // Everything the child needs, built before it exists.
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    bool overridden = false;
+    for (const auto& x : cmd.env) {
+      if (std::string_view(x).substr(0, x.find('=')) == name) overridden = true;
+    }
+    if (!overridden) env_store.emplace_back(kv);
+  }
+  for (const auto& x : cmd.env) env_store.push_back(x);
+  std::vector<char*> envp, argv, sh_argv;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_store = cmd.argv;
+  std::string sh = "/bin/sh", path_copy = path;
+  sh_argv.push_back(sh.data());
+  sh_argv.push_back(path_copy.data());
+  for (size_t i = 0; i < argv_store.size(); ++i) {
+    argv.push_back(argv_store[i].data());
+    if (i > 0) sh_argv.push_back(argv_store[i].data());
+  }
+  argv.push_back(nullptr);
+  sh_argv.push_back(nullptr);
+
+  int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1}, devnull = -1;
+  auto close_all = [&] {
+    CloseFd(in_pipe[0]), CloseFd(in_pipe[1]), CloseFd(out_pipe[0]), CloseFd(out_pipe[1]);
+    CloseFd(devnull);
+  };
+  if (cmd.stdin_data && pipe2(in_pipe, O_CLOEXEC) != 0) {
+    return Status::Unavailable("pipe: " + Err(errno));
+  }
+  if (!cmd.stdin_data && isatty(STDIN_FILENO)) {
+    // A handler runs in a background process group: reading a terminal would
+    // stop it (SIGTTIN) for good.
+    devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  if ((cmd.capture_stdout || cmd.tee_fd >= 0) && pipe2(out_pipe, O_CLOEXEC) != 0) {
+    const int e = errno;
+    close_all();
+    return Status::Unavailable("pipe: " + Err(e));
+  }
+
+  // SIGPIPE from writing the stdin of a handler that exited early must not kill
+  // us: blocked on this thread while it runs, and a pending one dropped at the end.
+  sigset_t pipe_set, saved_mask;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &saved_mask);
+  struct RestoreMask {
+    const sigset_t& pipe_set;
+    const sigset_t& saved;
+    ~RestoreMask() {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) && !sigismember(&saved, SIGPIPE)) {
+        const timespec zero{0, 0};
+        sigtimedwait(&pipe_set, nullptr, &zero);
+      }
+      pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    }
+  } restore_mask{pipe_set, saved_mask};
+
+  SpawnArgs a;
+  pid_t pid = -1;
+  for (int tries = 0;; ++tries) {
+    a = SpawnArgs{};
+    a.path = path.c_str();
+    a.argv = argv.data();
+    a.sh_argv = sh_argv.data();
+    a.envp = envp.data();
+    a.stdin_fd = in_pipe[0] >= 0 ? in_pipe[0] : devnull;
+    a.stdout_fd = out_pipe[1];
+    a.watch_fd = watch_fd_;
+    a.parent = getpid();
+    const uint64_t generation = generation_.load();
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid = clone(SpawnChild, SpawnStack(), CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+    const int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (pid < 0) {
+      close_all();
+      return Status::Unavailable("cannot start handler: clone: " + Err(clone_errno));
+    }
+    if (a.registered) {
+      Register(pid, generation);
+      break;
+    }
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    if (a.register_errno == 0 || tries >= 2) {
+      close_all();
+      if (a.exec_errno != 0) return StartError(cmd.argv[0], a.exec_errno);
+      if (a.register_errno == 0) return Status::Unavailable("cannot start handler: setup failed");
+      return Status::Unavailable("cannot start handler: the handler watchdog is gone (" +
+                                 Err(a.register_errno) + ")");
+    }
+    // The watchdog died: start a new one and try again.
+    DEDUP_RETURN_IF_ERROR(RestartWatchdog(
+        generation, a.register_errno == EPIPE || a.register_errno == ECONNRESET));
+  }
+  CloseFd(in_pipe[0]);
+  CloseFd(out_pipe[1]);
+  CloseFd(devnull);
+  if (a.exec_errno != 0) {
+    kill(-pid, SIGKILL);
+    Unregister(pid);
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    close_all();
+    return StartError(cmd.argv[0], a.exec_errno);
+  }
+  const int pidfd = PidfdOpen(pid);
+
+  HandlerExit res;
+  size_t written = 0;
+  int in_fd = in_pipe[1], out_fd = out_pipe[0];
+  in_pipe[1] = out_pipe[0] = -1;
+  if (in_fd >= 0) fcntl(in_fd, F_SETFL, O_NONBLOCK);
+  if (in_fd >= 0 && cmd.stdin_data->empty()) CloseFd(in_fd);
+  char buf[65536];
+  auto consume = [&](ssize_t r) {
+    if (cmd.tee_fd >= 0) (void)WriteAll(cmd.tee_fd, buf, static_cast<size_t>(r));
+    if (cmd.capture_stdout) {
+      const size_t room = cmd.max_output - std::min(cmd.max_output, res.output.size());
+      res.output.append(buf, std::min(room, static_cast<size_t>(r)));
+      if (static_cast<size_t>(r) > room) res.truncated = true;
+    }
+  };
+
+  // Stopping: the signal sent, when SIGKILL follows.
+  bool stopping = false, killed = false;
+  Steady::time_point kill_at = Steady::time_point::max();
+  const Millis lease = claim != nullptr ? claim->lease() : Millis(0);
+  const Millis lease_margin = std::min<Millis>(options_.grace, lease / 4);
+  auto begin_stop = [&](HandlerExit::StopReason why, int sig, Millis grace) {
+    stopping = true;
+    res.reason = why;
+    kill(-pid, sig);
+    kill_at = Steady::now() + grace;
+  };
+  bool exited = false, watch_restart_failed = false, reaped_elsewhere = false;
+  siginfo_t info{};
+  while (!exited) {
+    const auto now = Steady::now();
+    if (!stopping) {
+      if (const int sig = stop_signal_.load(); sig != 0) {
+        begin_stop(HandlerExit::StopReason::kStopRequested, sig, options_.grace);
+      } else if (claim != nullptr &&
+                 (claim->lost() || now + lease_margin >= claim->lease_deadline())) {
+        begin_stop(HandlerExit::StopReason::kLeaseLost, SIGTERM, lease_margin);
+      }
+    }
+    if (stopping && !killed &&
+        (Steady::now() >= kill_at || (claim != nullptr && Steady::now() >= claim->lease_deadline()))) {
+      kill(-pid, SIGKILL);  // the leader is not reaped yet: the group id is still ours
+      killed = true;
+    }
+    // How long to sleep: until SIGKILL is due, or the next look at the lease.
+    int timeout_ms = -1;
+    auto wake = Steady::time_point::max();
+    if (stopping && !killed) wake = kill_at;
+    if (claim != nullptr && !killed) wake = std::min(wake, Steady::now() + kLeasePollInterval);
+    if (pidfd < 0) wake = std::min(wake, Steady::now() + Millis(10));
+    if (wake != Steady::time_point::max()) {
+      const auto left = std::chrono::duration_cast<Millis>(wake - Steady::now()).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1'000));
+    }
+    pollfd fds[5];
+    int n = 0, i_in = -1, i_out = -1, i_exit = -1, i_watch = -1;
+    if (in_fd >= 0) i_in = n, fds[n++] = {in_fd, POLLOUT, 0};
+    if (out_fd >= 0) i_out = n, fds[n++] = {out_fd, POLLIN, 0};
+    if (pidfd >= 0) i_exit = n, fds[n++] = {pidfd, POLLIN, 0};
+    if (!stopping) fds[n++] = {stop_fd_, POLLIN, 0};  // RequestStop() wakes us
+    if (watch_pidfd_ >= 0 && !watch_restart_failed) i_watch = n, fds[n++] = {watch_pidfd_, POLLIN, 0};
+    const uint64_t generation = generation_.load();
+    const int pr = poll(fds, static_cast<nfds_t>(n), timeout_ms);
+    if (pr < 0) continue;  // EINTR, or a transient ENOMEM: look again
+    if (pr > 0 && i_in >= 0 && fds[i_in].revents != 0) {
+      const ssize_t w = write(in_fd, cmd.stdin_data->data() + written,
+                              cmd.stdin_data->size() - written);
+      if (w > 0) written += static_cast<size_t>(w);
+      if ((w < 0 && errno != EAGAIN && errno != EINTR) || written == cmd.stdin_data->size()) {
+        CloseFd(in_fd);  // all written, or the handler closed its stdin
+      }
+    }
+    if (pr > 0 && i_out >= 0 && fds[i_out].revents != 0) {
+      const ssize_t r = read(out_fd, buf, sizeof(buf));
+      if (r > 0) consume(r);
+      else if (r == 0 || (errno != EAGAIN && errno != EINTR)) CloseFd(out_fd);
+    }
+    if (i_watch >= 0 && fds[i_watch].revents != 0) {
+      // The watchdog died; running handlers need one. If none can be started,
+      // stop looking (the next Run() tries again).
+      if (!RestartWatchdog(generation, /*socket_refused=*/false).ok()) watch_restart_failed = true;
+    }
+    if (pidfd < 0 || (pr > 0 && i_exit >= 0 && fds[i_exit].revents != 0)) {
+      info = {};
+      const int w = waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if (w == 0 && info.si_pid == pid) {
+        exited = true;
+      } else if (w != 0 && errno == ECHILD) {
+        // Reaped by someone else (a waitpid(-1) elsewhere in this process): its
+        // status is gone, and its pid may name another group by now; count it as
+        // killed, which retries.
+        info.si_code = CLD_KILLED;
+        info.si_status = SIGKILL;
+        exited = reaped_elsewhere = true;
+      }
+    }
+  }
+  // The leader has exited but is not reaped, so its pid still names its group:
+  // kill whatever it left running, then let the watchdog forget the group.
+  if (!reaped_elsewhere) kill(-pid, SIGKILL);
+  CloseFd(in_fd);
+  if (out_fd >= 0) {
+    const auto until = Steady::now() + kDrainLimit;
+    while (Steady::now() < until) {
+      pollfd p{out_fd, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<Millis>(until - Steady::now()).count();
+      if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 1))) <= 0) continue;
+      const ssize_t r = read(out_fd, buf, sizeof(buf));
+      if (r > 0) consume(r);
+      else if (r == 0 || (errno != EAGAIN && errno != EINTR)) break;
+    }
+    CloseFd(out_fd);
+  }
+  Unregister(pid);
+  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  if (pidfd >= 0) close(pidfd);
+
+  if (info.si_code == CLD_EXITED) {
+    res.code = info.si_status;
+  } else {
+    res.signal = info.si_status;
+  }
+  if (stopping) {
+    res.how = HandlerExit::How::kStopped;
+  } else {
+    res.how = res.signal != 0 ? HandlerExit::How::kSignaled : HandlerExit::How::kExited;
+  }
+  return res;
+}
+
+}  // namespace dedup

@@ -1,0 +1,176 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Runs handler commands (`dedup worker --exec`, `dedup exec`) as supervised
+// processes. A HandlerSupervisor belongs to one owner process and guarantees:
+//
+//   * Every handler runs in a process group of its own (its pid is the group id).
+//     When the handler exits, whatever it left running in that group is killed
+//     (SIGKILL) before Run() returns: no effect of a handler outlives its outcome.
+//   * Handlers, and everything in their groups, die with the owner however the
+//     owner dies, SIGKILL included. A small watchdog process (a fork of the owner,
+//     in a process group of its own, deaf to every catchable signal) holds one
+//     end of a socket whose other end only the owner holds. The handler registers
+//     its group with the watchdog itself, between fork and exec, while it still
+//     holds a copy of the owner's end; so the watchdog cannot see the owner's end
+//     close before it knows the group. On end-of-file (the owner is gone, however
+//     it went) the watchdog SIGKILLs every registered group and exits. The
+//     handler also gets PR_SET_PDEATHSIG = SIGKILL. If the watchdog itself dies,
+//     the next Run() (or any running one, woken by its pidfd) starts a new one and
+//     registers every live group with it.
+//   * A handler whose claim is lost is stopped: SIGTERM to its group once the
+//     ClaimGuard says lost() (an extend answered LOST), or once the lease has gone
+//     unrenewed so long that less than the stop margin (the grace, at most a
+//     quarter of the lease) is left; SIGKILL after the grace period, and never
+//     later than the unrenewed lease's end, so that the handler is dead before
+//     another owner can take the key over.
+//   * RequestStop() (SIGTERM of `dedup exec`) stops every handler the same way.
+//
+// Limits: a descendant that leaves the handler's process group (setsid(),
+// setpgid(); daemons do) is not followed — that needs a cgroup (run the worker as
+// a systemd service: KillMode=control-group kills the whole unit). A handler
+// runs in the background as far as a terminal is concerned (it must not read
+// from one). Spawning uses clone(CLONE_VM | CLONE_VFORK) like glibc's
+// posix_spawn, which cannot set a parent-death signal or register the group.
+//
+// A HandlerSupervisor is safe for concurrent Run() calls from many threads.
+
+#ifndef DEDUP_CONSUMER_HANDLER_PROCESS_H_
+#define DEDUP_CONSUMER_HANDLER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dedup/buffer.h"
+#include "dedup/clock.h"
+#include "dedup/status.h"
+
+namespace dedup {
+
+struct HandlerCommand {
+  // argv; argv[0] is looked up in PATH when it holds no '/'.
+  std::vector<std::string> argv;
+  // Written to the handler's stdin, then closed. nullopt: the handler inherits
+  // stdin, or gets /dev/null in place of a terminal.
+  std::optional<std::string> stdin_data;
+  // NAME=VALUE entries added to (or replacing those of) the environment.
+  std::vector<std::string> env;
+  // Keep the handler's stdout, at most max_output bytes (the rest is read and
+  // dropped). Default: not kept.
+  bool capture_stdout = false;
+  size_t max_output = 1 << 20;
+  // Also copy the handler's stdout to this fd as it arrives. Default: -1 (no).
+  int tee_fd = -1;
+};
+
+struct HandlerExit {
+  enum class How : uint8_t {
+    kExited,    // exited by itself with `code`
+    kSignaled,  // killed by `signal`, not sent by the supervisor
+    kStopped,   // stopped by the supervisor (`reason`); `code`/`signal` as it ended
+  };
+  enum class StopReason : uint8_t { kNone, kLeaseLost, kStopRequested };
+  How how = How::kExited;
+  StopReason reason = StopReason::kNone;
+  int code = 0;    // exit code when it exited
+  int signal = 0;  // signal that ended it, or 0
+  std::string output;  // captured stdout (bounded)
+  bool truncated = false;
+
+  // "exit 3", "killed by signal 9 (Killed)", "stopped: lease lost (signal 15)".
+  std::string Describe() const;
+};
+
+// What a handler's end means for its claim: one policy for `dedup worker --exec`
+// and `dedup exec`.
+//
+//   handler                                   verdict      claim
+//   exit 0                                    kDone        completed ok
+//   exit 75 (EX_TEMPFAIL)                     kRetry       released
+//   exit 126 / 127 (cannot execute / not      kNotStarted  released (the shell's
+//     found), or the command could not start               codes for "did not run")
+//   killed by a signal                        kRetry       released
+//   stopped (lease lost, stop requested)      kRetry       released (nothing recorded)
+//   any other exit                            kFail        completed failed
+enum class HandlerVerdict : uint8_t { kDone, kRetry, kNotStarted, kFail };
+HandlerVerdict Judge(const HandlerExit& e);
+inline constexpr int kHandlerExitRetry = 75;        // sysexits.h EX_TEMPFAIL
+inline constexpr int kHandlerExitCannotExec = 126;  // the shell's "not executable"
+inline constexpr int kHandlerExitNotFound = 127;    // the shell's "not found"
+
+// The answer to give Buffer::ProcessOnce for a Run(): kDone → Done (with the
+// output when `keep_output`), kFail → Fail, anything else (including a command
+// that could not be started) → Retry, with the reason in words.
+HandlerResult ToHandlerResult(const StatusOr<HandlerExit>& run, bool keep_output);
+
+// Finds `name` as execvp would (PATH, or as given when it holds a '/') and checks
+// it is an executable file. NotFound or PermissionDenied, naming it.
+[[nodiscard]] StatusOr<std::string> ResolveCommand(std::string_view name);
+
+struct SupervisorOptions {
+  // Time between the stop signal (SIGTERM, or the one given to RequestStop) and
+  // SIGKILL. For a lost lease it is cut to a quarter of the lease. Default: 5 s.
+  Millis grace{5'000};
+  // Handlers running at once, at most. Default: 4096.
+  size_t max_handlers = 4096;
+};
+
+class HandlerSupervisor {
+ public:
+  // Starts the watchdog. Call it early: the watchdog is a fork of this process
+  // and keeps (copy-on-write) the memory mapped at that moment.
+  [[nodiscard]] static StatusOr<std::unique_ptr<HandlerSupervisor>> Start(
+      SupervisorOptions options = {});
+  // SIGKILLs the group of every handler still running, then ends the watchdog.
+  ~HandlerSupervisor();
+  HandlerSupervisor(const HandlerSupervisor&) = delete;
+  HandlerSupervisor& operator=(const HandlerSupervisor&) = delete;
+
+  // Runs `cmd` to its end and says how it ended. With `claim`, the handler is
+  // stopped when the claim is lost (see above). NotFound / PermissionDenied /
+  // FailedPrecondition when the command cannot be started (nothing ran);
+  // ResourceExhausted beyond max_handlers; Unavailable when the system refuses
+  // (fork, pipes). Once RequestStop() was called, nothing new starts
+  // (Aborted).
+  [[nodiscard]] StatusOr<HandlerExit> Run(const HandlerCommand& cmd,
+                                          const ClaimGuard* claim = nullptr);
+
+  // Stops every running handler: `sig` to its group, SIGKILL after the grace;
+  // later Run() calls start nothing. Async-signal-safe.
+  void RequestStop(int sig);
+  bool stop_requested() const { return stop_signal_.load() != 0; }
+
+  pid_t watchdog_pid() const { return watchdog_pid_.load(); }
+  // Handlers running now.
+  size_t running() const;
+
+ private:
+  explicit HandlerSupervisor(SupervisorOptions options);
+  Status StartWatchdog();            // mu_ held
+  Status RestartWatchdog(uint64_t seen_generation, bool socket_refused);
+  void Register(pid_t pgid, uint64_t generation_before);
+  void Unregister(pid_t pgid);
+
+  const SupervisorOptions options_;
+  mutable std::mutex mu_;
+  std::vector<pid_t> live_;          // groups registered with the watchdog
+  int watch_fd_ = -1;                // owner's end of the watchdog socket
+  int watch_pidfd_ = -1;             // the watchdog, for poll()
+  std::atomic<pid_t> watchdog_pid_{0};
+  std::atomic<uint64_t> generation_{0};  // +1 per watchdog start
+  int stop_fd_ = -1;                 // eventfd, readable once RequestStop ran
+  std::atomic<int> stop_signal_{0};
+  std::atomic<size_t> running_{0};
+};
+
+}  // namespace dedup
+
+#endif  // DEDUP_CONSUMER_HANDLER_PROCESS_H_

@@ -1,0 +1,394 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// HandlerSupervisor: real processes, real signals. The owner-death cases fork an
+// owner process, SIGKILL it, and check that no handler, grandchild or watchdog
+// survives; this test process is a child subreaper, so the orphans become its
+// children and a dead one shows as a zombie (or gone) rather than depending on
+// how fast PID 1 reaps.
+
+#include "consumer/handler_process.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dedup/buffer.h"
+#include "dedup/memory_store.h"
+#include "dedup/store.h"
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+using Steady = std::chrono::steady_clock;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/dedup_handler_process_XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<pid_t> ReadPids(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<pid_t> out;
+  for (pid_t p; in >> p;) out.push_back(p);
+  return out;
+}
+
+// Gone, or a zombie (dead, waiting to be reaped).
+bool Dead(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return true;
+  const size_t close_paren = line.rfind(')');
+  return close_paren == std::string::npos || line.substr(close_paren + 2, 1) == "Z";
+}
+
+// Waits until every pid is dead; reaps our own children when `reap`.
+bool AllDeadWithin(const std::vector<pid_t>& pids, std::chrono::milliseconds limit, bool reap) {
+  const auto until = Steady::now() + limit;
+  while (Steady::now() < until) {
+    bool all = true;
+    for (pid_t p : pids) all = all && Dead(p);
+    if (all) return true;
+    if (reap) {
+      while (waitpid(-1, nullptr, WNOHANG) > 0) {
+      }
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+// Live (not zombie) processes whose process group is one of `groups`.
+std::vector<pid_t> LiveMembers(const std::set<pid_t>& groups) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    const size_t close_paren = line.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream rest(line.substr(close_paren + 2));
+    std::string state;
+    pid_t ppid = 0, pgrp = 0;
+    rest >> state >> ppid >> pgrp;
+    if (state != "Z" && groups.count(pgrp) != 0) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+bool WaitForLines(const std::string& file, size_t n, std::chrono::milliseconds limit) {
+  const auto until = Steady::now() + limit;
+  while (Steady::now() < until) {
+    if (ReadPids(file).size() >= n) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+HandlerCommand Shell(const std::string& script) {
+  HandlerCommand c;
+  c.argv = {"/bin/sh", "-c", script};
+  return c;
+}
+
+// Forks an owner that starts `scripts` as handlers (one thread each) and writes
+// its watchdog's pid to `watchdog_file`; with `kill_watchdog_first` it SIGKILLs
+// its first watchdog once the handlers run and waits for the replacement.
+pid_t StartOwner(const std::vector<std::string>& scripts, const std::string& watchdog_file,
+                 bool kill_watchdog_first) {
+  const pid_t owner = fork();
+  if (owner != 0) return owner;
+  auto sup = HandlerSupervisor::Start();
+  if (!sup.ok()) _exit(3);
+  std::vector<std::thread> threads;
+  for (const auto& s : scripts) {
+    threads.emplace_back([&, s] { (void)(*sup)->Run(Shell(s)); });
+  }
+  while ((*sup)->running() < scripts.size()) std::this_thread::sleep_for(5ms);
+  if (kill_watchdog_first) {
+    const pid_t first = (*sup)->watchdog_pid();
+    kill(first, SIGKILL);
+    while ((*sup)->watchdog_pid() == first) std::this_thread::sleep_for(5ms);
+  }
+  std::ofstream(watchdog_file) << (*sup)->watchdog_pid() << "\n";
+  for (;;) pause();
+}
+
+class OwnerDeath : public ::testing::TestWithParam<bool> {
+ protected:
+  static void SetUpTestSuite() { ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0); }
+};
+
+// kill -9 of the owner: the handler, a grandchild that ignores SIGTERM, a command
+// forked (not exec'd) by `sh -c`, a background child, and the watchdog all die.
+TEST_P(OwnerDeath, SigkillOfOwnerLeavesNoSurvivor) {
+  TempDir dir;
+  const std::string pids = dir.File("pids"), wd = dir.File("watchdog");
+  const std::vector<std::string> scripts = {
+      // sh -c forks `sleep` (a command follows it), so sh and sleep are two processes.
+      "echo $$ >> " + pids + "; sleep 300; true",
+      // A grandchild deaf to SIGTERM, and the shell waiting for it.
+      "(trap '' TERM; exec sleep 300) & echo $! >> " + pids + "; echo $$ >> " + pids + "; wait",
+      // The handler itself ignores SIGTERM and execs.
+      "trap '' TERM; echo $$ >> " + pids + "; exec sleep 300",
+  };
+  const pid_t owner = StartOwner(scripts, wd, /*kill_watchdog_first=*/GetParam());
+  ASSERT_TRUE(WaitForLines(pids, 4, 10s)) << "handlers did not start";
+  ASSERT_TRUE(WaitForLines(wd, 1, 10s)) << "owner did not report its watchdog";
+  std::vector<pid_t> all = ReadPids(pids);
+  const pid_t watchdog = ReadPids(wd).at(0);
+  all.push_back(watchdog);
+  for (pid_t p : all) ASSERT_FALSE(Dead(p)) << p;
+  std::set<pid_t> groups;  // every handler's process group
+  for (pid_t p : ReadPids(pids)) groups.insert(getpgid(p));
+  ASSERT_EQ(groups.size(), scripts.size());
+  ASSERT_EQ(kill(owner, SIGKILL), 0);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  EXPECT_TRUE(AllDeadWithin(all, 5s, /*reap=*/true));
+  // Nothing is left in any handler's group either (e.g. the `sleep` that the
+  // first script's shell forked, whose pid nobody wrote down).
+  EXPECT_TRUE(LiveMembers(groups).empty()) << "survivors: " << LiveMembers(groups).size();
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WatchdogRestarted, OwnerDeath, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "AfterWatchdogKilled" : "Plain"; });
+
+TEST(HandlerProcess, ExitCodesAndVerdicts) {
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok()) << sup.status().ToString();
+  struct Case {
+    std::string script;
+    HandlerExit::How how;
+    int code, signal;
+    HandlerVerdict verdict;
+  } cases[] = {
+      {"exit 0", HandlerExit::How::kExited, 0, 0, HandlerVerdict::kDone},
+      {"exit 3", HandlerExit::How::kExited, 3, 0, HandlerVerdict::kFail},
+      {"exit 75", HandlerExit::How::kExited, 75, 0, HandlerVerdict::kRetry},
+      {"exit 126", HandlerExit::How::kExited, 126, 0, HandlerVerdict::kNotStarted},
+      {"no-such-command-for-dedup-test", HandlerExit::How::kExited, 127, 0,
+       HandlerVerdict::kNotStarted},
+      {"kill -9 $$", HandlerExit::How::kSignaled, 0, SIGKILL, HandlerVerdict::kRetry},
+  };
+  for (const auto& c : cases) {
+    auto r = (*sup)->Run(Shell(c.script));
+    ASSERT_TRUE(r.ok()) << c.script << ": " << r.status().ToString();
+    EXPECT_EQ(r->how, c.how) << c.script;
+    EXPECT_EQ(r->code, c.code) << c.script;
+    EXPECT_EQ(r->signal, c.signal) << c.script;
+    EXPECT_EQ(Judge(*r), c.verdict) << c.script;
+  }
+  EXPECT_EQ((*sup)->running(), 0u);
+}
+
+TEST(HandlerProcess, StdinStdoutAndEnvironment) {
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  HandlerCommand c = Shell("cat; printf ' %s' \"$DEDUP_KEY\"");
+  c.stdin_data = std::string(200'000, 'x');  // more than a pipe holds
+  c.env = {"DEDUP_KEY=k1"};
+  c.capture_stdout = true;
+  c.max_output = 1 << 20;
+  auto r = (*sup)->Run(c);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->code, 0);
+  EXPECT_EQ(r->output, std::string(200'000, 'x') + " k1");
+  EXPECT_FALSE(r->truncated);
+
+  c.max_output = 10;
+  r = (*sup)->Run(c);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->output, std::string(10, 'x'));
+  EXPECT_TRUE(r->truncated);
+
+  // A handler that never reads its stdin does not hurt us (no SIGPIPE death).
+  HandlerCommand t;
+  t.argv = {"true"};
+  t.stdin_data = std::string(1 << 20, 'y');
+  for (int i = 0; i < 20; ++i) {
+    auto rt = (*sup)->Run(t);
+    ASSERT_TRUE(rt.ok());
+    EXPECT_EQ(rt->code, 0);
+  }
+}
+
+TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  HandlerCommand c;
+  c.argv = {"no-such-command-for-dedup-test"};
+  auto r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("no-such-command-for-dedup-test"), std::string::npos);
+
+  c.argv = {"/etc/passwd"};
+  r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+
+  c.argv = {"/no/such/dir/cmd"};
+  r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*sup)->running(), 0u);
+  EXPECT_EQ(ToHandlerResult(r, false).kind, HandlerResult::Kind::kRetry);
+}
+
+TEST(HandlerProcess, WhatTheHandlerLeftRunningIsKilledWhenItExits) {
+  TempDir dir;
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  const std::string pids = dir.File("pids");
+  auto r = (*sup)->Run(Shell("(trap '' TERM; exec sleep 300) & echo $! > " + pids));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->code, 0);
+  auto left = ReadPids(pids);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_TRUE(AllDeadWithin(left, 5s, /*reap=*/false));
+}
+
+// The store forgets the key and another owner claims it: the next extend answers
+// LOST and the handler (deaf to SIGTERM) is killed within the lease-cut grace.
+TEST(HandlerProcess, LostLeaseStopsTheHandler) {
+  auto store = NewMemoryStore();
+  BufferOptions o;
+  o.lease = 600ms;
+  Buffer buffer(store.get(), o);
+  SupervisorOptions so;
+  so.grace = 10s;  // cut to lease/4 for a lost lease
+  auto sup = HandlerSupervisor::Start(so);
+  ASSERT_TRUE(sup.ok());
+  auto g = buffer.Claim("k");
+  ASSERT_TRUE(g.ok() && g->acquired());
+  std::thread thief([&] {
+    while ((*sup)->running() == 0) std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(*store->Forget("k"));
+    ClaimRequest req;
+    req.key = "k";
+    EXPECT_TRUE(store->Claim(req)->acquired());
+  });
+  const auto t0 = Steady::now();
+  auto r = (*sup)->Run(Shell("trap '' TERM; sleep 30; true"), &*g);
+  const auto took = Steady::now() - t0;
+  thief.join();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->how, HandlerExit::How::kStopped);
+  EXPECT_EQ(r->reason, HandlerExit::StopReason::kLeaseLost);
+  EXPECT_EQ(r->signal, SIGKILL) << r->Describe();
+  EXPECT_LT(took, 5s);
+  EXPECT_TRUE(g->lost());
+  EXPECT_EQ(Judge(*r), HandlerVerdict::kRetry);
+  // Nothing is recorded: Release answers LOST, the thief's claim stands.
+  EXPECT_EQ(*g->Release(), WriteResult::kLost);
+}
+
+class FailingExtends : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  StatusOr<WriteResult> Extend(std::string_view, Token, Millis) override {
+    return Status::Unavailable("test: store stalled");
+  }
+};
+
+// The store cannot be reached: the lease is not renewed, and the handler is dead
+// before the lease (counted from the claim) ends, so a new owner cannot overlap.
+TEST(HandlerProcess, UnrenewableLeaseStopsTheHandlerBeforeItEnds) {
+  auto inner = NewMemoryStore();
+  FailingExtends store(inner.get());
+  BufferOptions o;
+  o.lease = 800ms;
+  Buffer buffer(&store, o);
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  auto g = buffer.Claim("k");
+  ASSERT_TRUE(g.ok() && g->acquired());
+  const auto deadline = g->lease_deadline();
+  auto r = (*sup)->Run(Shell("sleep 30; true"), &*g);
+  const auto ended = Steady::now();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->how, HandlerExit::How::kStopped);
+  EXPECT_EQ(r->reason, HandlerExit::StopReason::kLeaseLost);
+  EXPECT_EQ(r->signal, SIGTERM) << r->Describe();  // sh and sleep die of SIGTERM
+  // SIGKILL is due at the deadline at the latest; allow scheduling slack.
+  EXPECT_LT(ended, deadline + 300ms);
+  std::this_thread::sleep_until(deadline + 10ms);
+  EXPECT_TRUE(g->lost());  // no extend succeeded for a whole lease
+}
+
+TEST(HandlerProcess, RequestStopStopsRunningHandlersAndStartsNoNewOnes) {
+  SupervisorOptions so;
+  so.grace = 300ms;
+  auto sup = HandlerSupervisor::Start(so);
+  ASSERT_TRUE(sup.ok());
+  std::thread stopper([&] {
+    while ((*sup)->running() < 2) std::this_thread::sleep_for(5ms);
+    (*sup)->RequestStop(SIGTERM);
+  });
+  StatusOr<HandlerExit> deaf = Status::Internal("unset");
+  std::thread t([&] { deaf = (*sup)->Run(Shell("trap '' TERM; sleep 30; true")); });
+  auto polite = (*sup)->Run(Shell("sleep 30; true"));
+  t.join();
+  stopper.join();
+  ASSERT_TRUE(polite.ok() && deaf.ok());
+  EXPECT_EQ(polite->how, HandlerExit::How::kStopped);
+  EXPECT_EQ(polite->reason, HandlerExit::StopReason::kStopRequested);
+  EXPECT_EQ(polite->signal, SIGTERM);
+  EXPECT_EQ(deaf->how, HandlerExit::How::kStopped);
+  EXPECT_EQ(deaf->signal, SIGKILL);  // after the grace
+  auto later = (*sup)->Run(Shell("true"));
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.status().code(), StatusCode::kAborted);
+}
+
+// The watchdog is killed while no handler runs: the next handler's registration
+// is refused, a new watchdog starts, and the handler runs.
+TEST(HandlerProcess, ADeadWatchdogIsReplacedAtTheNextStart) {
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  const pid_t first = (*sup)->watchdog_pid();
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  for (int i = 0; i < 200 && !Dead(first); ++i) std::this_thread::sleep_for(5ms);
+  auto r = (*sup)->Run(Shell("exit 0"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->code, 0);
+  EXPECT_NE((*sup)->watchdog_pid(), first);
+  EXPECT_FALSE(Dead((*sup)->watchdog_pid()));
+}
+
+TEST(HandlerProcess, InvalidOptionsAreRefused) {
+  SupervisorOptions so;
+  so.grace = 0ms;
+  auto s = HandlerSupervisor::Start(so);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dedup
