@@ -60,8 +60,13 @@ void PrintRecord(const Record& r) {
   std::printf("  result     %zu bytes\n", r.result.size());
 }
 
-StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd) {
-  auto s = OpenStore(uri);
+// Admin commands never create a store where there is none (a mistyped path);
+// inspect only reads, so it also works on a read-only copy and beside a worker.
+StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd, bool read_only) {
+  OpenOptions o;
+  o.must_exist = true;
+  o.read_only = read_only;
+  auto s = OpenStore(uri, o);
   if (!s.ok()) std::fprintf(stderr, "dedup %s: --store: %s\n", cmd, s.status().ToString().c_str());
   return s;
 }
@@ -71,7 +76,7 @@ int RunInspect(const InspectFlags& f) {
     std::fprintf(stderr, "dedup inspect: give a KEY or --prefix P (not both)\n");
     return kExitUsage;
   }
-  auto store = Open(f.store, "inspect");
+  auto store = Open(f.store, "inspect", /*read_only=*/true);
   if (!store.ok()) return kExitUsage;
   std::vector<Record> records;
   if (!f.key.empty()) {
@@ -121,7 +126,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
   app->add_option("--store", f->store, "Store URI")->required();
   app->add_option("key", f->key, "The key to forget")->required();
   app->callback([f, &ctx] {
-    auto store = Open(f->store, "forget");
+    auto store = Open(f->store, "forget", /*read_only=*/false);
     if (!store.ok()) {
       ctx.exit_code = kExitUsage;
       return;
