@@ -102,6 +102,7 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
   if (StartsWith(e, "DEDUPCORRUPT") || StartsWith(e, "WRONGTYPE")) {
     return Status::DataLoss(where + "corrupt record: " + std::string(e) + " (nothing changed)");
   }
+  if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
   if (StartsWith(e, "LOADING") || StartsWith(e, "BUSY") || StartsWith(e, "CLUSTERDOWN") ||
       StartsWith(e, "READONLY") || StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||
@@ -158,6 +159,8 @@ bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
     const auto b = static_cast<uint8_t>(v[(*i)++]);
     n |= static_cast<uint64_t>(b & 127) << shift;
     if (b < 128) {
+      // Canonical only, as record.lua: a last byte of 0 after others is padding.
+      if (b == 0 && shift > 0) return false;
       *out = n;
       return true;
     }
@@ -466,7 +469,7 @@ class RedisStore final : public Store, public internal::StreamAckStore {
     if (flags & kHasFp2) {
       if (i >= v.size()) return false;
       const size_t n = static_cast<uint8_t>(v[i]);
-      if (n == 0 || v.size() < i + 1 + n) return false;
+      if (n == 0 || n > kMaxFingerprintBytes || v.size() < i + 1 + n) return false;
       fp = v.substr(i + 1, n);
       i += 1 + n;
     }
