@@ -51,6 +51,7 @@
 
 #include "cli/command.h"
 #include "cli/flags.h"
+#include "core/redact.h"
 #include "dedup/buffer.h"
 #include "dedup/memory_store.h"
 #include "dedup/store.h"
@@ -272,7 +273,10 @@ std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* er
   RedisTarget t;
   std::string rest = uri;
   if (rest.rfind("redis://", 0) != 0) {
-    *error = "--redis must be redis://[user:password@]host:port, got '" + uri + "'";
+    // Echoed only when it looks like a URI: a bare word may be a password.
+    *error = "--redis must be redis://[user:password@]host:port, got " +
+             (uri.find("://") != std::string::npos ? "'" + internal::RedactUri(uri) + "'"
+                                                   : std::string("a value without a scheme"));
     return std::nullopt;
   }
   rest = rest.substr(8);
@@ -293,7 +297,7 @@ std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* er
   if (t.host.empty() || t.port <= 0 || t.port > 65535 ||
       t.host.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:") !=
           std::string::npos) {
-    *error = "--redis: cannot read host:port of '" + uri + "'";
+    *error = "--redis: cannot read host:port of '" + internal::RedactUri(uri) + "'";
     return std::nullopt;
   }
   t.base_uri = uri.substr(0, uri.find('?'));
@@ -303,6 +307,13 @@ std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* er
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
 struct RedisConn {
   redisContext* c = nullptr;
+  std::string auth_error;  // the server's answer to AUTH when it refused it
+  // Why the connection is unusable, for a message ("" when it is fine).
+  std::string Why() const {
+    if (c == nullptr) return "cannot allocate a connection";
+    if (c->err != 0) return c->errstr;
+    return auth_error;
+  }
   explicit RedisConn(const RedisTarget& t) {
     timeval tv{5, 0};
     c = redisConnectWithTimeout(t.host.c_str(), t.port, tv);
@@ -313,6 +324,9 @@ struct RedisConn {
                             ? static_cast<redisReply*>(redisCommand(c, "AUTH %s", t.password.c_str()))
                             : static_cast<redisReply*>(redisCommand(c, "AUTH %s %s", t.user.c_str(),
                                                                     t.password.c_str()));
+        if (r != nullptr && r->type == REDIS_REPLY_ERROR) {
+          auth_error = "AUTH refused: " + std::string(r->str, r->len);  // never echoes it
+        }
         if (r) freeReplyObject(r);
       }
     }
@@ -800,8 +814,14 @@ bool Bench::SetUpRedis() {
   }
   RedisConn c(redis_target_);
   if (!c.ok() || c.Command({"PING"}) != "PONG") {
+    std::string why = c.Why();
+    if (why.empty()) why = "PING was not answered PONG (a password is needed: redis://:PASS@host)";
     Skip("redis store: no answer to PING from " + redis_target_.host + ":" +
-         std::to_string(redis_target_.port));
+         std::to_string(redis_target_.port) + " (" + why + ")");
+    if (!f_.redis_uri.empty()) {
+      std::fprintf(stderr, "dedup bench: --redis %s: %s\n",
+                   internal::RedactUri(f_.redis_uri).c_str(), why.c_str());
+    }
     return false;
   }
   const std::string info = c.Command({"INFO", "server"});

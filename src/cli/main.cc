@@ -5,8 +5,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <sstream>
+
 #include "cli/command.h"
 #include "cli/common.h"  // worker, publish, exec, inspect, forget
+#include "core/redact.h"
 
 namespace {
 
@@ -35,7 +39,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" with exit code 0.
-    const int code = app.exit(e);
+    // CLI11 echoes unexpected arguments (a URI split by a blank): redacted.
+    std::ostringstream out, err;
+    const int code = app.exit(e, out, err);
+    std::fputs(out.str().c_str(), stdout);
+    std::fputs(dedup::internal::RedactWords(err.str()).c_str(), stderr);
     return code == 0 ? dedup::cli::kExitOk : dedup::cli::kExitUsage;
   }
   return ctx.exit_code;

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "brokers/redis_streams/stream_conn.h"
+#include "core/secret.h"
 #include "core/uri.h"
 #include "dedup/worker.h"
 #include "stores/redis/stream_ack.h"
@@ -120,19 +121,33 @@ StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
                                    "': only redis:// (Redis Streams) is supported");
   }
   DEDUP_RETURN_IF_ERROR(u.CheckParams(
-      {"stream", "group", "consumer", "key", "dead", "prefix", "block", "reclaim"}));
+      {"stream", "group", "consumer", "key", "dead", "prefix", "block", "reclaim",
+       internal::kPasswordFileParam}));
+  // The streams live in database 0; a /N would silently be ignored.
+  if (!u.path.empty() && u.path != "/" && u.path != "/0") {
+    return Status::InvalidArgument("broker URI '" + u.Redacted() +
+                                   "' names a database path; the Redis Streams broker uses "
+                                   "database 0 only (drop the path)");
+  }
   WorkerOptions o;
   std::string hosts = u.hosts.empty() ? "127.0.0.1:6379" : u.hosts;
   if (size_t c = hosts.rfind(':'); c != std::string::npos) {
     auto port = internal::ParseCount(hosts.substr(c + 1), "broker port");
-    if (!port.ok()) return port.status();
+    // Not echoed: in "redis://:PASS" (the '@' forgotten) the "port" is the password.
+    if (!port.ok()) {
+      return Status::InvalidArgument("broker URI '" + u.Redacted() +
+                                     "': the port is not a whole number");
+    }
     if (*port < 1 || *port > 65535) return Status::InvalidArgument("broker port out of range");
     o.port = static_cast<int>(*port);
     hosts.resize(c);
   }
   o.host = hosts;
-  o.password = u.password;
-  o.has_password = u.has_password;
+  // Inline, password_file= or $DEDUP_REDIS_PASSWORD (core/secret.h).
+  auto cred = internal::ResolveRedisCredentials(u);
+  if (!cred.ok()) return cred.status();
+  o.password = cred->password;
+  o.has_password = cred->has_password;
   o.stream = u.Param("stream").value_or("");
   if (o.stream.empty()) {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs stream=NAME");

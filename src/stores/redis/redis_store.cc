@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/redact.h"
+#include "core/secret.h"
 #include "core/uri.h"
 #include "stores/open_backends.h"
 #include "stores/redis/redis_client.h"
@@ -712,22 +714,19 @@ namespace internal {
 
 StatusOr<std::unique_ptr<Store>> OpenRedisFromUri(const Uri& uri, const OpenOptions& /*options*/) {
   const bool cluster = uri.scheme == "redis+cluster";
-  DEDUP_RETURN_IF_ERROR(uri.CheckParams({"prefix", "timeout", "pool"}));
+  DEDUP_RETURN_IF_ERROR(uri.CheckParams({"prefix", "timeout", "pool", kPasswordFileParam}));
   if (!uri.has_authority || uri.hosts.empty()) {
     return Status::InvalidArgument("redis URI '" + uri.Redacted() +
                                    "' has no host (expected " + uri.scheme + "://HOST:PORT)");
   }
   RedisStoreOptions o;
   o.cluster = cluster;
-  o.user = uri.user;
-  o.password = uri.password;
-  o.has_password = uri.has_password;
-  if (!uri.has_password && !uri.user.empty()) {
-    // "redis://secret@host": the part before '@' is a password, as redis-cli reads it.
-    o.password = uri.user;
-    o.user.clear();
-    o.has_password = true;
-  }
+  // Inline, password_file= or $DEDUP_REDIS_PASSWORD (core/secret.h).
+  StatusOr<RedisCredentials> cred = ResolveRedisCredentials(uri);
+  if (!cred.ok()) return cred.status();
+  o.user = cred->user;
+  o.password = cred->password;
+  o.has_password = cred->has_password;
   std::string_view hosts = uri.hosts;
   while (!hosts.empty()) {
     const size_t comma = hosts.find(',');
@@ -764,7 +763,11 @@ StatusOr<std::unique_ptr<Store>> OpenRedisFromUri(const Uri& uri, const OpenOpti
     o.pool_size = static_cast<size_t>(*n);
   }
   o.description = uri.Redacted();
-  return OpenRedisStore(o);
+  auto store = OpenRedisStore(o);
+  // Host parsing echoes what it was given: a mistyped "redis://:PASS" makes the
+  // password a host.
+  if (!store.ok()) return Status(store.status().code(), RedactWords(store.status().message()));
+  return store;
 }
 
 }  // namespace internal
