@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/printable.h"
 #include "core/secret.h"
 #include "core/uri.h"
 #include "dedup/store.h"
@@ -76,6 +77,22 @@ TEST(RedactUri, EveryParseAndOpenErrorIsRedacted) {
   auto u = ParseUri(kSecret);
   ASSERT_FALSE(u.ok());
   EXPECT_EQ(u.status().message().find(kSecret), std::string::npos) << u.status();
+}
+
+TEST(Printable, NothingReachesATerminalRaw) {
+  EXPECT_EQ(Printable("m-42"), "m-42");
+  EXPECT_EQ(Printable("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 letters stay
+  EXPECT_EQ(Printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+  EXPECT_EQ(Printable(std::string_view("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(Printable("\xff\xfe"), "\\xff\\xfe");
+  EXPECT_EQ(Printable("x\xe2\x80\xaey"), "x\\xe2\\x80\\xaey");  // right-to-left override
+  EXPECT_EQ(Printable("\xc2\x9b"), "\\xc2\\x9b");                  // C1 CSI
+  EXPECT_EQ(Printable("a\\b"), "a\\\\b");
+  EXPECT_EQ(Printable("\xc0\xaf"), "\\xc0\\xaf");  // overlong '/'
+  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9"));
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));  // a surrogate
+  EXPECT_FALSE(IsValidUtf8("\xff"));
+  EXPECT_EQ(HexBytes("m-\xff"), "6d2dff");
 }
 
 class Credentials : public ::testing::Test {

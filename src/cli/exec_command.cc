@@ -27,6 +27,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/printable.h"
 #include "cli/flags.h"
 #include "dedup/buffer.h"
 #include "dedup/store.h"
@@ -87,20 +88,20 @@ int RunExec(const ExecFlags& f) {
       auto [code, out] = ParseRecorded(g.result().result);
       std::fwrite(out.data(), 1, out.size(), stdout);
       std::fprintf(stderr, "dedup exec: '%s' already ran (fence %llu, %s); exit %d as recorded\n",
-                   f.key.c_str(), static_cast<unsigned long long>(g.fence()),
+                   internal::Printable(f.key).c_str(), static_cast<unsigned long long>(g.fence()),
                    std::string(CompletionStatusName(g.result().status)).c_str(), code);
       return code;
     }
     case ClaimOutcome::kBusy:
       std::fprintf(stderr, "dedup exec: '%s' is running elsewhere (lease left %lld ms); exit 75\n",
-                   f.key.c_str(), static_cast<long long>(g.result().lease_left.count()));
+                   internal::Printable(f.key).c_str(), static_cast<long long>(g.result().lease_left.count()));
       return kExitTempFail;
     case ClaimOutcome::kExhausted:
-      std::fprintf(stderr, "dedup exec: '%s': attempts exhausted after %u\n", f.key.c_str(),
+      std::fprintf(stderr, "dedup exec: '%s': attempts exhausted after %u\n", internal::Printable(f.key).c_str(),
                    g.attempt());
       return kExitCheckFailed;
     case ClaimOutcome::kMismatch:
-      std::fprintf(stderr, "dedup exec: '%s': fingerprint mismatch\n", f.key.c_str());
+      std::fprintf(stderr, "dedup exec: '%s': fingerprint mismatch\n", internal::Printable(f.key).c_str());
       return kExitCheckFailed;
     case ClaimOutcome::kAcquired:
       break;

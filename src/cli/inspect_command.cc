@@ -17,6 +17,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/printable.h"
 #include "dedup/store.h"
 
 namespace dedup::cli {
@@ -31,8 +32,13 @@ struct InspectFlags {
   bool json = false;
 };
 
+// Keys are bytes; JSON strings are Unicode. A key that is valid UTF-8 is "key" as
+// it is. Any other key is "key_hex" (its exact bytes, lower-case hex) and "key"
+// (the same bytes made printable: see core/printable.h), so that every key has a
+// "key" to show and an exact form to act on.
 nlohmann::json ToJson(const Record& r) {
-  nlohmann::json j = {{"key", r.key},
+  const bool utf8 = internal::IsValidUtf8(r.key);
+  nlohmann::json j = {{"key", utf8 ? r.key : internal::Printable(r.key)},
                       {"state", RecordStateName(r.state)},
                       {"token", r.token.ToHex()},
                       {"fence", r.fence},
@@ -42,13 +48,14 @@ nlohmann::json ToJson(const Record& r) {
   if (r.state == RecordState::kInProgress) {
     j["lease_deadline"] = FormatMillisUtc(r.lease_deadline);
   }
+  if (!utf8) j["key_hex"] = internal::HexBytes(r.key);
   if (r.state == RecordState::kCompleted) j["status"] = CompletionStatusName(r.status);
   return j;
 }
 
 void PrintRecord(const Record& r) {
   std::printf("%s\n  state      %s\n  token      %s\n  fence      %llu\n  attempt    %u\n",
-              r.key.c_str(), std::string(RecordStateName(r.state)).c_str(),
+              internal::Printable(r.key).c_str(), std::string(RecordStateName(r.state)).c_str(),
               r.token.ToHex().c_str(), static_cast<unsigned long long>(r.fence), r.attempt);
   if (r.state == RecordState::kInProgress) {
     std::printf("  lease      until %s\n", FormatMillisUtc(r.lease_deadline).c_str());
@@ -97,7 +104,11 @@ int RunInspect(const InspectFlags& f) {
   if (f.json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : records) arr.push_back(ToJson(r));
-    std::printf("%s\n", arr.dump().c_str());
+    // Every string is valid UTF-8 by now; "replace" is a last guard, never an abort.
+    // ASCII only (\uXXXX escapes): nothing in it can act on a terminal.
+    const std::string text =
+        arr.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+    std::printf("%s\n", text.c_str());
   } else {
     for (const auto& r : records) PrintRecord(r);
     if (records.empty()) std::fprintf(stderr, "dedup inspect: no record\n");

@@ -71,6 +71,12 @@ std::vector<std::string> SplitWords(const std::string& s) {
 // Runs the handler command for one message.
 HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
                          uint32_t attempt) {
+  // An environment variable ends at its first NUL: DEDUP_KEY would be cut, and the
+  // handler would act on another key's name. Refused (dead-lettered), never run.
+  if (m.key.find('\0') != std::string::npos) {
+    return HandlerResult::Fail("key contains a NUL byte, which DEDUP_KEY cannot carry; "
+                               "handler not run");
+  }
   nlohmann::json payload = nlohmann::json::object();
   for (const auto& [k, v] : m.fields) payload[k] = v;
   ChildOptions c;

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "brokers/redis_streams/stream_conn.h"
+#include "core/printable.h"
 #include "core/secret.h"
 #include "core/uri.h"
 #include "dedup/worker.h"
@@ -541,7 +542,8 @@ class Worker::Impl {
       return;
     }
     dead_lettered_.fetch_add(1);
-    Log("dead-lettered " + m.id + " (key '" + m.key + "'): " + reason);
+    Log("dead-lettered " + internal::Printable(m.id) + " (key '" + internal::Printable(m.key) +
+        "'): " + internal::Printable(reason));
     Forget(m);
   }
 
