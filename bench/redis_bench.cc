@@ -2,15 +2,18 @@
 //
 // Redis store benchmarks, run by bench/redis_bench.sh next to redis-benchmark:
 //
-//   redis_bench claim URI THREADS DEPTH SECONDS
-//       claims of fresh keys "task_id:<12 digits>" for SECONDS; DEPTH 1 = Claim(),
-//       DEPTH > 1 = ClaimBatch() of DEPTH keys (one pipeline per round trip).
-//       Prints "claims/s N".
+//   redis_bench claim URI CONNECTIONS DEPTH SECONDS [single|batch]
+//       claims of fresh keys "task_id:<12 digits>" for SECONDS on a store with
+//       CONNECTIONS connections (pool=CONNECTIONS), like redis-benchmark -c
+//       CONNECTIONS -P DEPTH:
+//         single (default): CONNECTIONS x DEPTH threads each calling Claim(), so
+//                  that DEPTH claims per connection are in flight at once (they
+//                  share round trips when the URI has pipeline=auto, the default);
+//         batch:   CONNECTIONS threads each calling ClaimBatch() of DEPTH keys.
+//       Prints "claims/s N (...)" with the round trips per claim.
 //   redis_bench memory URI RECORDS THREADS
 //       RECORDS claims + completes (empty result, 1 day retention); prints the
 //       server's used_memory growth per record.
-
-#include <hiredis/hiredis.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,8 +23,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/uri.h"
 #include "dedup/store.h"
+#include "redis/client.h"
+#include "redis/options.h"
 
 using namespace std::chrono;
 using namespace dedup;
@@ -35,21 +39,30 @@ std::string TaskKey(uint64_t n) {
   return k;
 }
 
+// INFO memory's used_memory, or -1 (with a message) when the server cannot say.
 long long UsedMemory(const std::string& uri) {
-  auto u = internal::ParseUri(uri);
-  std::string hosts = u->hosts;
-  const size_t colon = hosts.rfind(':');
-  redisContext* c = redisConnect(hosts.substr(0, colon).c_str(), std::stoi(hosts.substr(colon + 1)));
-  auto* r = static_cast<redisReply*>(redisCommand(c, "INFO memory"));
-  std::string text(r->str, r->len);
-  freeReplyObject(r);
-  redisFree(c);
+  auto parsed = redis::ParseRedisUri(uri, {"prefix"});
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+    return -1;
+  }
+  auto conn = redis::Connection::Open(parsed->connection.endpoints.front(), parsed->connection);
+  if (!conn.ok()) {
+    std::fprintf(stderr, "%s\n", conn.status().ToString().c_str());
+    return -1;
+  }
+  const redis::Command info{{"INFO", "memory"}};
+  const redis::Command* one[] = {&info};
+  std::vector<redis::Reply> replies;
+  if (!(*conn)->Pipeline(one, &replies, "INFO").ok()) return -1;
+  const std::string text(redis::ReplyText(replies[0].get()));
   const size_t at = text.find("used_memory:");
-  return std::stoll(text.substr(at + 12));
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + 12));
 }
 
-int Claim(const std::string& uri, int threads, int depth, int seconds) {
-  auto store = OpenStore(uri + "&pool=" + std::to_string(threads));
+int Claim(const std::string& uri, int conns, int depth, int seconds, bool batch) {
+  auto store = OpenStore(uri + (uri.find('?') == std::string::npos ? "?" : "&") +
+                         "pool=" + std::to_string(conns));
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;
@@ -57,41 +70,54 @@ int Claim(const std::string& uri, int threads, int depth, int seconds) {
   std::atomic<uint64_t> next{static_cast<uint64_t>(
       duration_cast<microseconds>(system_clock::now().time_since_epoch()).count() % 1'000'000'000)};
   std::atomic<uint64_t> done{0}, errors{0};
-  const auto until = steady_clock::now() + std::chrono::seconds(seconds);
+  const int threads = batch ? conns : conns * depth;
+  const int per_call = batch ? depth : 1;
+  std::atomic<bool> go{false};
+  std::atomic<int> ready{0};
   std::vector<std::thread> ts;
-  const auto t0 = steady_clock::now();
+  steady_clock::time_point until;
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&] {
-      std::vector<std::string> keys(depth);
-      std::vector<ClaimRequest> reqs(depth);
+      std::vector<std::string> keys(per_call);
+      std::vector<ClaimRequest> reqs(per_call);
+      uint64_t mine = 0;
+      ready++;
+      while (!go.load()) std::this_thread::yield();
       while (steady_clock::now() < until) {
-        for (int i = 0; i < depth; ++i) {
-          keys[i] = TaskKey(next++);
+        for (int i = 0; i < per_call; ++i) {
+          keys[i] = TaskKey(next.fetch_add(1, std::memory_order_relaxed));
           reqs[i].key = keys[i];
           reqs[i].lease = 60s;
           reqs[i].retention = 60s;
         }
-        if (depth == 1) {
+        if (per_call == 1) {
           auto r = (*store)->Claim(reqs[0]);
           if (!r.ok() && errors++ == 0) std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
         } else {
           auto r = (*store)->ClaimBatch(reqs);
           if (!r.ok() && errors++ == 0) std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
         }
-        done += depth;
+        mine += per_call;
       }
+      done += mine;
     });
   }
+  while (ready.load() < threads) std::this_thread::sleep_for(1ms);
+  const auto t0 = steady_clock::now();
+  until = t0 + std::chrono::seconds(seconds);
+  go.store(true);
   for (auto& t : ts) t.join();
   const double secs = duration<double>(steady_clock::now() - t0).count();
-  std::printf("claims/s %.0f (threads %d, depth %d, %llu claims, %llu errors)\n", done / secs,
-              threads, depth, static_cast<unsigned long long>(done.load()),
+  std::printf("claims/s %.0f (%s, %d connections, depth %d, %d threads, %llu claims, %llu errors)\n",
+              done / secs, batch ? "ClaimBatch" : "Claim", conns, depth, threads,
+              static_cast<unsigned long long>(done.load()),
               static_cast<unsigned long long>(errors.load()));
   return errors == 0 ? 0 : 1;
 }
 
 int Memory(const std::string& uri, uint64_t records, int threads) {
-  auto store = OpenStore(uri + "&pool=" + std::to_string(threads));
+  auto store = OpenStore(uri + (uri.find('?') == std::string::npos ? "?" : "&") +
+                         "pool=" + std::to_string(threads));
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;
@@ -135,14 +161,21 @@ int Memory(const std::string& uri, uint64_t records, int threads) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "claim" && argc == 6) {
-    return Claim(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "claim" && (argc == 6 || argc == 7)) {
+    const std::string shape = argc == 7 ? argv[6] : "single";
+    if (shape != "single" && shape != "batch") {
+      std::fprintf(stderr, "redis_bench claim: shape must be single or batch, got '%s'\n",
+                   shape.c_str());
+      return 2;
+    }
+    return Claim(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
+                 shape == "batch");
   }
   if (mode == "memory" && argc == 5) {
     return Memory(argv[2], std::strtoull(argv[3], nullptr, 10), std::atoi(argv[4]));
   }
   std::fprintf(stderr,
-               "usage: redis_bench claim URI THREADS DEPTH SECONDS\n"
+               "usage: redis_bench claim URI CONNECTIONS DEPTH SECONDS [single|batch]\n"
                "       redis_bench memory URI RECORDS THREADS\n");
   return 2;
 }

@@ -15,6 +15,8 @@ packages=(
   libgtest-dev libgmock-dev googletest # tests
   libbenchmark-dev        # microbenchmarks in bench/
   redis-server redis-tools # real servers for store and worker tests
+  libpq-dev               # the PostgreSQL store (libpq: the client library PostgreSQL ships)
+  postgresql              # a real PostgreSQL server for its store and chaos tests
   gnuplot-nox             # plots in docs/
   python3                 # the worker chaos test's ledger checker
 )

@@ -19,9 +19,12 @@ export DEDUP_TEST_WORKDIR=$work
 # Cluster for the conformance suite (other tests start their own on other ports).
 # shellcheck source=lib/redis.sh
 source scripts/lib/redis.sh
+# shellcheck source=lib/postgres.sh
+source scripts/lib/postgres.sh
 cleanup() {
   local rc=$?
   redis_stop_all
+  pg_stop_all
   rm -rf "$work"
   exit $rc
 }
@@ -31,6 +34,11 @@ if grep -q '^DEDUP_WITH_REDIS:BOOL=ON' build/CMakeCache.txt; then
   redis_cluster_start 7100 "$work/redis-cluster" 3
   export DEDUP_TEST_REDIS_URI=redis://127.0.0.1:6390
   export DEDUP_TEST_REDIS_CLUSTER_URI=redis+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102
+fi
+# PostgreSQL 15 for the conformance suite (docs/PORTS.md: 5440).
+if grep -q '^DEDUP_WITH_POSTGRES:BOOL=ON' build/CMakeCache.txt; then
+  pg_start 5440
+  export DEDUP_TEST_POSTGRES_URI=$PG_LAST_URI
 fi
 
 passed=0

@@ -3,10 +3,13 @@
 // Redis store faults the conformance suite cannot show: bad URIs, wrong passwords,
 // unreachable servers, peers that are not Redis, a server restart (the script
 // cache is empty afterwards: NOSCRIPT must be handled transparently), and a Redis
-// Cluster whose slots move while claims run.
+// Cluster whose slots move while claims run. And the client layer under them
+// (src/redis): auto-pipelined connections shared by many threads must hand every
+// caller its own answers, also across a restart; IPv6 hosts.
 //
 // Every server here is started by the test itself (redis-server on 127.0.0.1, in a
-// temporary directory, on ports 6391-6394 and 7105-7107) and stopped by its PID.
+// temporary directory, on ports 6391-6394, 7105-7107 and 6460-6462) and stopped by
+// its PID.
 // A test whose port is taken is skipped, never run against someone else's server.
 
 #include <arpa/inet.h>
@@ -31,6 +34,8 @@
 #include <vector>
 
 #include "dedup/store.h"
+#include "redis/client.h"
+#include "redis/options.h"
 #include "test_process.h"
 #include "store_envs.h"
 
@@ -44,6 +49,7 @@ using Clock_ = std::chrono::steady_clock;
 
 using testing::PortFree;
 using testing::Spawn;
+using testing::FakePeer;
 
 // One admin command on a plain hiredis connection; returns the reply as text.
 std::string Admin(int port, const std::vector<std::string>& args) {
@@ -114,46 +120,6 @@ class RedisServer {
   int port_;
   std::string dir_;
   pid_t pid_ = -1;
-};
-
-// A TCP listener on an ephemeral loopback port that answers every connection with
-// `greeting` (or nothing) and closes it after a while.
-class FakePeer {
- public:
-  explicit FakePeer(std::string greeting) : greeting_(std::move(greeting)) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    listen(fd_, 8);
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        int c = accept(fd_, nullptr, nullptr);
-        if (c < 0) return;
-        if (!greeting_.empty()) (void)!write(c, greeting_.data(), greeting_.size());
-        std::this_thread::sleep_for(greeting_.empty() ? 1500ms : 50ms);
-        close(c);
-      }
-    });
-  }
-  ~FakePeer() {
-    stop_ = true;
-    shutdown(fd_, SHUT_RDWR);
-    close(fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-
- private:
-  std::string greeting_;
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
 };
 
 ClaimRequest Req(std::string_view key, Millis lease = 120s) {
@@ -327,6 +293,164 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     EXPECT_EQ(i.status().code(), StatusCode::kDataLoss) << i.status();
   }
   EXPECT_EQ(Admin(6394, {"GET", "c:bad"}), "not a record");
+}
+
+// ---- the client layer: auto-pipelining ---------------------------------------------
+
+redis::ConnectionOptions Local(int port, size_t pool) {
+  auto parsed = redis::ParseRedisUri("redis://127.0.0.1:" + std::to_string(port) +
+                                     "?pool=" + std::to_string(pool));
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return parsed->connection;
+}
+
+// 64 threads on 2 shared connections, each sending pipelines of 1 to 3 commands
+// whose answers only it can know: every caller gets exactly its own replies, in
+// its order, and the callers did share round trips.
+TEST_F(RedisStoreTest, SharedConnectionsHandEachCallerItsOwnAnswers) {
+  if (!PortFree(6460)) GTEST_SKIP() << "port 6460 in use";
+  RedisServer server(6460, Dir("pipelined"));
+  ASSERT_TRUE(server.Start());
+  redis::Client client(Local(6460, 2));
+  ASSERT_TRUE(client.Start().ok());
+  redis::Node* node = client.router().NodeFor("x");
+  constexpr int kThreads = 64, kRounds = 300;
+  std::atomic<int> wrong{0}, failed{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        const std::string tag = std::to_string(t) + ":" + std::to_string(i);
+        const std::string key = "k:" + tag;
+        std::vector<redis::Command> cmds;
+        cmds.push_back({{"SET", key, "v-" + tag}});
+        if (i % 3 >= 1) cmds.push_back({{"GET", key}});
+        if (i % 3 == 2) cmds.push_back({{"ECHO", "e-" + tag}});
+        std::vector<const redis::Command*> ptrs;
+        for (const auto& c : cmds) ptrs.push_back(&c);
+        std::vector<redis::Reply> replies;
+        Status st = node->Pipeline(ptrs, &replies, "test");
+        if (!st.ok() || replies.size() != cmds.size()) {
+          failed++;
+          continue;
+        }
+        bool ok = redis::ReplyText(replies[0].get()) == "OK";
+        if (cmds.size() >= 2) ok = ok && redis::ReplyText(replies[1].get()) == "v-" + tag;
+        if (cmds.size() == 3) ok = ok && redis::ReplyText(replies[2].get()) == "e-" + tag;
+        if (!ok) wrong++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  const uint64_t calls = kThreads * kRounds;
+  EXPECT_EQ(node->commands(), calls * 2);  // 1 + 2 + 3 commands per 3 rounds
+  EXPECT_LT(node->round_trips(), calls) << "no two callers ever shared a round trip";
+}
+
+// Many threads claim overlapping keys through one store with 2 shared connections:
+// each key is ACQUIRED by exactly one caller, and that caller's token (which only
+// its own reply carries) completes it.
+TEST_F(RedisStoreTest, ConcurrentClaimsOnSharedConnectionsGetTheirOwnTokens) {
+  if (!PortFree(6461)) GTEST_SKIP() << "port 6461 in use";
+  RedisServer server(6461, Dir("claims"));
+  ASSERT_TRUE(server.Start());
+  auto opened = OpenStore("redis://127.0.0.1:6461?prefix=p:&pool=2");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  constexpr int kThreads = 32, kKeys = 400;
+  std::atomic<int> acquired{0}, lost{0}, errors{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kKeys; ++i) {
+        const std::string key = "key-" + std::to_string((i * 7 + t) % kKeys);
+        auto c = store.Claim(Req(key));
+        if (!c.ok()) {
+          errors++;
+          continue;
+        }
+        if (c->outcome != ClaimOutcome::kAcquired) continue;
+        acquired++;
+        auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, key);
+        if (!w.ok()) errors++;
+        else if (*w != WriteResult::kOk) lost++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(lost.load(), 0) << "a caller got another caller's token";
+  EXPECT_EQ(acquired.load(), kKeys);
+  for (int k = 0; k < kKeys; k += 37) {
+    const std::string key = "key-" + std::to_string(k);
+    auto c = store.Claim(Req(key));
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c->outcome, ClaimOutcome::kDuplicate);
+    EXPECT_EQ(c->result, key);
+  }
+}
+
+// A server that goes away under 16 claiming threads: every call returns (no caller
+// is left waiting behind a dead connection), with Unavailable or DeadlineExceeded;
+// after the restart the same store works again.
+TEST_F(RedisStoreTest, SharedConnectionsSurviveARestartUnderLoad) {
+  if (!PortFree(6462)) GTEST_SKIP() << "port 6462 in use";
+  RedisServer server(6462, Dir("restart-load"));
+  ASSERT_TRUE(server.Start());
+  auto opened = OpenStore("redis://127.0.0.1:6462?prefix=r:&pool=2&timeout=500ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, down{0}, other{0};
+  std::mutex mu;
+  std::string first_other;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 16; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; !stop.load(); ++i) {
+        auto c = store.Claim(Req("t" + std::to_string(t) + "-" + std::to_string(i)));
+        if (c.ok()) {
+          ok++;
+        } else if (c.status().code() == StatusCode::kUnavailable ||
+                   c.status().code() == StatusCode::kDeadlineExceeded) {
+          down++;
+        } else {
+          other++;
+          std::lock_guard lock(mu);
+          if (first_other.empty()) first_other = c.status().ToString();
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);
+  server.Stop();
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(server.Start());
+  const int ok_before = ok.load();
+  for (auto until = Clock_::now() + 5s; Clock_::now() < until && ok.load() < ok_before + 1000;) {
+    std::this_thread::sleep_for(20ms);
+  }
+  stop = true;
+  for (auto& t : ts) t.join();
+  EXPECT_GT(down.load(), 0);
+  EXPECT_EQ(other.load(), 0) << first_other;
+  EXPECT_GE(ok.load(), ok_before + 1000) << "the store did not recover after the restart";
+}
+
+// An IPv6 host in brackets reaches a server bound to ::1.
+TEST_F(RedisStoreTest, Ipv6HostInBrackets) {
+  if (!PortFree(6460)) GTEST_SKIP() << "port 6460 in use";
+  RedisServer server(6460, Dir("ipv6"));
+  if (!server.Start({"--bind", "127.0.0.1 ::1"})) GTEST_SKIP() << "no IPv6 loopback here";
+  auto store = OpenStore("redis://[::1]:6460/1?prefix=v6:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_NE((*store)->Describe().find("[::1]:6460/1"), std::string::npos) << (*store)->Describe();
+  auto c = (*store)->Claim(Req("six"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(6460, {"EXISTS", "v6:six"}), "0");  // database 1, not 0
 }
 
 // ---- cluster: slots move while claims run ------------------------------------------

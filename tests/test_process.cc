@@ -9,6 +9,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+
 extern char** environ;
 
 namespace dedup::testing {
@@ -36,6 +38,35 @@ pid_t Spawn(const std::vector<std::string>& args) {
   const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
+}
+
+FakePeer::FakePeer(std::string greeting) : greeting_(std::move(greeting)) {
+  using namespace std::chrono_literals;
+  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  port_ = ntohs(a.sin_port);
+  listen(fd_, 8);
+  thread_ = std::thread([this] {
+    while (!stop_) {
+      int c = accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      if (!greeting_.empty()) (void)!write(c, greeting_.data(), greeting_.size());
+      std::this_thread::sleep_for(greeting_.empty() ? 1500ms : 50ms);
+      close(c);
+    }
+  });
+}
+
+FakePeer::~FakePeer() {
+  stop_ = true;
+  shutdown(fd_, SHUT_RDWR);
+  close(fd_);
+  thread_.join();
 }
 
 }  // namespace dedup::testing

@@ -5,6 +5,12 @@
 #include <gtest/gtest.h>
 
 #include "dedup/store.h"
+#if defined(DEDUP_WITH_REDIS)
+#include "redis/options.h"
+#endif
+#if defined(DEDUP_WITH_REDIS_STREAMS)
+#include "dedup/worker.h"
+#endif
 
 namespace dedup::internal {
 namespace {
@@ -58,20 +64,6 @@ TEST(Uri, Malformed) {
   EXPECT_EQ(ParseUri("ro cks:/x").status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(Duration, Units) {
-  EXPECT_EQ(*ParseDurationMillis("250", "lease"), 250);
-  EXPECT_EQ(*ParseDurationMillis("250ms", "lease"), 250);
-  EXPECT_EQ(*ParseDurationMillis("2s", "lease"), 2000);
-  EXPECT_EQ(*ParseDurationMillis("5m", "lease"), 300000);
-  EXPECT_EQ(*ParseDurationMillis("24h", "lease"), 86400000);
-  EXPECT_EQ(*ParseDurationMillis("7d", "lease"), 604800000);
-  for (const char* bad : {"", "s", "-1s", "1.5s", "10 s", "3w", "99999999999999d"}) {
-    auto r = ParseDurationMillis(bad, "lease");
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(r.status().message().find("lease"), std::string::npos);
-  }
-}
-
 TEST(OpenStore, NamesWhatIsWrong) {
   auto bad_scheme = OpenStore("mongo://x");
   EXPECT_EQ(bad_scheme.status().code(), StatusCode::kInvalidArgument);
@@ -84,6 +76,197 @@ TEST(OpenStore, NamesWhatIsWrong) {
   EXPECT_TRUE(OpenStore("memory:?shards=8").ok());
   EXPECT_TRUE(OpenStore("memory:").ok());
 }
+
+TEST(Uri, ErrorsNeverCarryThePassword) {
+  // No ':' after the scheme: the whole text would be echoed.
+  auto u = ParseUri("redis//app:hunter2@127.0.0.1:6390");
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().message().find("hunter2"), std::string::npos) << u.status();
+  auto v = ParseUri("localhost//hunter2@host");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().message().find("hunter2"), std::string::npos) << v.status();
+  // redis-cli's "redis://PASSWORD@host": the user part is the password there.
+  EXPECT_EQ(ParseUri("redis://hunter2@h:1")->Redacted(), "redis://***@h:1");
+  auto unknown = OpenStore("nosuch://u:hunter2@h");
+  EXPECT_EQ(unknown.status().message().find("hunter2"), std::string::npos) << unknown.status();
+}
+
+#if defined(DEDUP_WITH_REDIS)
+
+using redis::ParseRedisUri;
+
+TEST(RedisUri, PlainWithEverything) {
+  auto r = ParseRedisUri("redis://app:s%3Acret@db.example:6390/2?timeout=1.5s&pool=3"
+                         "&pipeline=off&prefix=jobs:",
+                         {"prefix"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const redis::ConnectionOptions& c = r->connection;
+  ASSERT_EQ(c.endpoints.size(), 1u);
+  EXPECT_EQ(c.endpoints[0].host, "db.example");
+  EXPECT_EQ(c.endpoints[0].port, 6390);
+  EXPECT_FALSE(c.cluster);
+  EXPECT_EQ(c.user, "app");
+  EXPECT_EQ(c.password, "s:cret");
+  EXPECT_TRUE(c.has_password);
+  EXPECT_EQ(c.db, 2);
+  EXPECT_EQ(c.timeout, Millis(1500));
+  EXPECT_EQ(c.pool_size, 3u);
+  EXPECT_FALSE(c.auto_pipeline);
+  EXPECT_EQ(r->uri.Param("prefix"), "jobs:");
+  EXPECT_EQ(c.Describe(), "redis://app:***@db.example:6390/2");
+}
+
+TEST(RedisUri, Defaults) {
+  auto r = ParseRedisUri("redis://localhost");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const redis::ConnectionOptions& c = r->connection;
+  EXPECT_EQ(c.endpoints[0].Name(), "localhost:6379");
+  EXPECT_EQ(c.db, 0);
+  EXPECT_FALSE(c.has_password);
+  EXPECT_EQ(c.timeout, Millis(2000));
+  EXPECT_EQ(c.pool_size, 8u);
+  EXPECT_TRUE(c.auto_pipeline);
+  EXPECT_EQ(ParseRedisUri("redis://localhost/")->connection.db, 0);
+}
+
+TEST(RedisUri, Ipv6InBrackets) {
+  auto r = ParseRedisUri("redis://[::1]:6390/3");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->connection.endpoints[0].host, "::1");
+  EXPECT_EQ(r->connection.endpoints[0].port, 6390);
+  EXPECT_EQ(r->connection.endpoints[0].Name(), "[::1]:6390");
+  EXPECT_EQ(r->connection.db, 3);
+  auto noport = ParseRedisUri("redis://[fe80::1]");
+  ASSERT_TRUE(noport.ok()) << noport.status();
+  EXPECT_EQ(noport->connection.endpoints[0].port, 6379);
+  auto c = ParseRedisUri("redis+cluster://[::1]:7100,127.0.0.1:7101,[2001:db8::5]:7102");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->connection.endpoints.size(), 3u);
+  EXPECT_TRUE(c->connection.cluster);
+  EXPECT_EQ(c->connection.endpoints[2].Name(), "[2001:db8::5]:7102");
+}
+
+TEST(RedisUri, PasswordForms) {
+  auto only = ParseRedisUri("redis://:pw@h:1");
+  ASSERT_TRUE(only.ok());
+  EXPECT_EQ(only->connection.user, "");
+  EXPECT_EQ(only->connection.password, "pw");
+  // As redis-cli reads it: no ':' before '@' is a password, not a user.
+  auto bare = ParseRedisUri("redis://pw@h:1");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->connection.user, "");
+  EXPECT_EQ(bare->connection.password, "pw");
+  EXPECT_TRUE(bare->connection.has_password);
+  EXPECT_EQ(bare->connection.Describe().find("pw"), std::string::npos);
+  auto at = ParseRedisUri("redis://u:p%40ss@h:1");
+  ASSERT_TRUE(at.ok());
+  EXPECT_EQ(at->connection.password, "p@ss");
+}
+
+// Each bad form is InvalidArgument naming the bad part, and no error carries the
+// password ("hunter2").
+TEST(RedisUri, BadFormsNameTheBadPart) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"redis://u:hunter2@h:0", "port '0'"},
+      {"redis://u:hunter2@h:99999", "port '99999'"},
+      {"redis://u:hunter2@h:6x", "port '6x'"},
+      {"redis://u:hunter2@h:", "empty port"},
+      {"redis://u:hunter2@::1:6379", "brackets"},
+      {"redis://u:hunter2@[::1:6379", "']'"},
+      {"redis://u:hunter2@[::1]6379", "':PORT'"},
+      {"redis://u:hunter2@h:1/x", "database 'x'"},
+      {"redis://u:hunter2@h:1/-1", "database '-1'"},
+      {"redis://u:hunter2@h:1/1/2", "database '1/2'"},
+      {"redis://u:hunter2@a:1,b:2", "one host"},
+      {"redis://u:hunter2@a:1,", "empty host"},
+      {"redis+cluster://u:hunter2@a:1/3", "database 0"},
+      {"redis://u:hunter2@", "no host"},
+      {"redis:u:hunter2@h", "'//'"},
+      {"redis://u:hunter2@h?timeout=soon", "timeout 'soon'"},
+      {"redis://u:hunter2@h?timeout=0", "timeout must be longer than 0"},
+      {"redis://u:hunter2@h?pool=0", "pool"},
+      {"redis://u:hunter2@h?pool=5000", "pool"},
+      {"redis://u:hunter2@h?pipeline=maybe", "pipeline"},
+      {"redis://u:hunter2@h?colour=red", "'colour'"},
+      {"redis://u:hunter2%zz@h", "password"},
+      {"mongodb://u:hunter2@h", "'mongodb'"},
+  };
+  for (const auto& [uri, part] : cases) {
+    auto r = ParseRedisUri(uri);
+    ASSERT_FALSE(r.ok()) << uri;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << uri << ": " << r.status();
+    EXPECT_NE(r.status().message().find(part), std::string::npos)
+        << uri << " should name " << part << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << uri << ": " << r.status();
+  }
+}
+
+TEST(RedisUri, UnknownOptionListsTheKnownOnes) {
+  auto r = ParseRedisUri("redis://h?stream=s&bogus=1", {"stream", "group"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'bogus'"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("stream, group, timeout, pool, pipeline"),
+            std::string::npos)
+      << r.status();
+  EXPECT_TRUE(ParseRedisUri("redis://h?stream=s&group=g", {"stream", "group"}).ok());
+}
+
+TEST(RedisUri, TlsIsNamedAndRefusedNotIgnored) {
+  for (const char* uri : {"rediss://u:hunter2@h:6380", "rediss+cluster://h:1",
+                          "redis://h?tls=true", "redis://h?tls_ca=/etc/ca.pem",
+                          "redis://h?tls_cert=c.pem&tls_key=k.pem", "redis://h?tls_sni=x"}) {
+    auto r = ParseRedisUri(uri);
+    ASSERT_FALSE(r.ok()) << uri;
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << uri;
+    EXPECT_NE(r.status().message().find("TLS is not supported yet"), std::string::npos)
+        << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos);
+  }
+  EXPECT_TRUE(ParseRedisUri("redis://h?tls=false").ok());
+}
+
+TEST(RedisUri, OpenStoreUsesTheSameParser) {
+  auto s = OpenStore("redis://u:hunter2@[::1]:6390/abc");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("database 'abc'"), std::string::npos) << s.status();
+  EXPECT_EQ(s.status().message().find("hunter2"), std::string::npos);
+  auto t = OpenStore("rediss://h:6380");
+  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << t.status();
+}
+
+#endif  // DEDUP_WITH_REDIS
+
+#if defined(DEDUP_WITH_REDIS_STREAMS)
+
+// The broker URI goes through the same parser: IPv6, /db and the ACL user are no
+// longer dropped, and bad forms say what is wrong.
+TEST(BrokerUri, SameParserAsTheStore) {
+  auto o = WorkerOptionsFromUri("redis://app:pw@[::1]:6390/4?stream=jobs&group=g&timeout=3s");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->host, "::1");
+  EXPECT_EQ(o->port, 6390);
+  EXPECT_EQ(o->db, 4);
+  EXPECT_EQ(o->user, "app");
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_TRUE(o->has_password);
+  EXPECT_EQ(o->timeout, Millis(3000));
+  EXPECT_EQ(o->stream, "jobs");
+  for (const auto& [uri, part] : std::vector<std::pair<const char*, const char*>>{
+           {"redis://u:hunter2@h:1/x?stream=s", "database 'x'"},
+           {"redis://u:hunter2@h:1?group=g", "stream=NAME"},
+           {"redis+cluster://u:hunter2@h:1?stream=s", "one server"},
+           {"redis://u:hunter2@h:1?stream=s&pool=2", "'pool'"},
+           {"redis://u:hunter2@h:1?stream=s&bogus=2", "'bogus'"}}) {
+    auto r = WorkerOptionsFromUri(uri);
+    ASSERT_FALSE(r.ok()) << uri;
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << uri << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << r.status();
+  }
+  EXPECT_EQ(WorkerOptionsFromUri("rediss://h:1?stream=s").status().code(),
+            StatusCode::kUnimplemented);
+}
+
+#endif  // DEDUP_WITH_REDIS_STREAMS
 
 }  // namespace
 }  // namespace dedup::internal

@@ -31,7 +31,7 @@
 #include "test_process.h"
 #include "dedup/worker.h"
 #include "stores/redis/redis_store.h"
-#include "stores/redis/stream_ack.h"
+#include "core/uri.h"
 
 extern char** environ;
 
@@ -283,12 +283,21 @@ TEST(WorkerAck, LostDoesNotAck) {
   so.hosts = {"127.0.0.1:" + std::to_string(port)};
   auto store = OpenRedisStore(so);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  const auto* acker = dynamic_cast<const internal::StreamAckStore*>(store->get());
-  ASSERT_NE(acker, nullptr);
-  EXPECT_TRUE(acker->CanAckStreamOn("127.0.0.1", port, 0));
-  EXPECT_TRUE(acker->CanAckStreamOn("localhost", port, 0));
-  EXPECT_FALSE(acker->CanAckStreamOn("127.0.0.1", port, 1));
-  EXPECT_FALSE(acker->CanAckStreamOn("127.0.0.1", port + 1, 0));
+  const std::string here = internal::RedisServerIdentity("127.0.0.1", port, 0);
+  const auto ack_on = [](std::string_view server, std::string_view id) {
+    return BrokerAck{"redis-stream", server, "s", "g", id};
+  };
+  const std::string other_db = internal::RedisServerIdentity("127.0.0.1", port, 1);
+  const std::string other_port = internal::RedisServerIdentity("127.0.0.1", port + 1, 0);
+  const std::string local = internal::RedisServerIdentity("localhost", port, 0);
+  EXPECT_TRUE((*store)->CanCompleteWithAck(ack_on(here, id)));
+  EXPECT_TRUE((*store)->CanCompleteWithAck(ack_on(local, id)));
+  EXPECT_FALSE((*store)->CanCompleteWithAck(ack_on(other_db, id)));
+  EXPECT_FALSE((*store)->CanCompleteWithAck(ack_on(other_port, id)));
+  EXPECT_FALSE((*store)->CanCompleteWithAck(BrokerAck{"amqp", here, "s", "g", id}));
+  // Forwarded by StoreWrapper: a wrapped store keeps the capability.
+  StoreWrapper wrapped(store->get());
+  EXPECT_TRUE(wrapped.CanCompleteWithAck(ack_on(here, id)));
 
   ClaimRequest req;
   req.key = "k";
@@ -298,57 +307,83 @@ TEST(WorkerAck, LostDoesNotAck) {
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c->acquired());
 
-  internal::StreamAck ack{"k", "s", "g", id};
-  {
-    internal::ScopedStreamAck scope(&ack);
-    // A stale owner (another token): LOST, nothing acked.
-    auto w = (*store)->Complete("k", Token::Random(), req.retention, CompletionStatus::kOk, "r");
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
-    EXPECT_EQ(*w, WriteResult::kLost);
-    EXPECT_TRUE(ack.tried);
-    EXPECT_FALSE(ack.acked);
-    EXPECT_EQ(pending(), "1");
-    // Another key is not this entry's: plain complete.
-    ack.tried = false;
-    auto other = (*store)->Complete("other", Token::Random(), req.retention,
-                                    CompletionStatus::kOk, "r");
-    ASSERT_TRUE(other.ok());
-    EXPECT_FALSE(ack.tried);
-    EXPECT_EQ(pending(), "1");
-    // The owner: OK and acked, in one script.
-    w = (*store)->Complete("k", c->token, req.retention, CompletionStatus::kOk, "r");
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
-    EXPECT_EQ(*w, WriteResult::kOk);
-    EXPECT_TRUE(ack.acked);
-    EXPECT_EQ(pending(), "0");
-  }
-  // A failed completion never goes through complete_ack (dead-letter comes first).
+  const BrokerAck ack = ack_on(here, id);
+  // A stale owner (another token): LOST, nothing acked.
+  auto w = wrapped.CompleteWithAck("k", Token::Random(), req.retention, CompletionStatus::kOk,
+                                   "r", ack);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->write, WriteResult::kLost);
+  EXPECT_FALSE(w->acked);
+  EXPECT_EQ(pending(), "1");
+  // The owner: OK and acked, in one script.
+  w = wrapped.CompleteWithAck("k", c->token, req.retention, CompletionStatus::kOk, "r", ack);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->write, WriteResult::kOk);
+  EXPECT_TRUE(w->acked);
+  EXPECT_EQ(pending(), "0");
+
+  // A failed completion is recorded but never acks (dead-letter comes first).
+  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "");
+  const std::string id2 = Cmd(port, {"XADD", "s", "*", "id", "f"});
+  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "array:1");
   req.key = "f";
   auto f = (*store)->Claim(req);
   ASSERT_TRUE(f.ok() && f->acquired());
-  internal::StreamAck ack_f{"f", "s", "g", id};
-  {
-    internal::ScopedStreamAck scope(&ack_f);
-    auto w = (*store)->Complete("f", f->token, req.retention, CompletionStatus::kFailed, "bad");
-    ASSERT_TRUE(w.ok());
-    EXPECT_EQ(*w, WriteResult::kOk);
-    EXPECT_FALSE(ack_f.tried);
-  }
+  auto wf = (*store)->CompleteWithAck("f", f->token, req.retention, CompletionStatus::kFailed,
+                                      "bad", ack_on(here, id2));
+  ASSERT_TRUE(wf.ok());
+  EXPECT_EQ(wf->write, WriteResult::kOk);
+  EXPECT_FALSE(wf->acked);
+  EXPECT_EQ(pending(), "1");
+
   // OK completion, entry no longer pending: completed, reported not acked.
   req.key = "g2";
   auto g2 = (*store)->Claim(req);
   ASSERT_TRUE(g2.ok() && g2->acquired());
-  internal::StreamAck ack_g{"g2", "s", "g", id};
-  {
-    internal::ScopedStreamAck scope(&ack_g);
-    auto w = (*store)->Complete("g2", g2->token, req.retention, CompletionStatus::kOk, "");
-    ASSERT_TRUE(w.ok());
-    EXPECT_EQ(*w, WriteResult::kOk);
-    EXPECT_TRUE(ack_g.tried);
-    EXPECT_FALSE(ack_g.acked);
+  auto wg = (*store)->CompleteWithAck("g2", g2->token, req.retention, CompletionStatus::kOk, "",
+                                      ack_on(here, id));
+  ASSERT_TRUE(wg.ok());
+  EXPECT_EQ(wg->write, WriteResult::kOk);
+  EXPECT_FALSE(wg->acked);
+}
+
+// The fused path is what a wrapped store runs too: a StoreWrapper (e.g. a
+// counting one, as dedup bench uses) keeps one round trip per complete + ack.
+TEST(WorkerAck, WrappedStoreKeepsTheFusedAck) {
+  Server server;
+  if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
+  const int n = 50;
+  for (int i = 0; i < n; ++i) {
+    Cmd(server.port(), {"XADD", "w", "*", "id", "w-" + std::to_string(i)});
   }
-  // Outside any scope: the plain complete.
-  EXPECT_EQ(internal::ScopedStreamAck::For("k"), nullptr);
+  RedisStoreOptions so;
+  so.hosts = {"127.0.0.1:" + std::to_string(server.port())};
+  auto store = OpenRedisStore(so);
+  ASSERT_TRUE(store.ok());
+  StoreWrapper wrapped(store->get());
+  Buffer buffer(&wrapped, BufferOptions{});
+  WorkerOptions wo;
+  wo.port = server.port();
+  wo.stream = "w";
+  wo.group = "g";
+  wo.consumer = "c1";
+  wo.block = Millis(50);
+  auto w = Worker::Open(wo);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  std::thread run([&] {
+    Status s = (*w)->Run(&buffer, [](const StreamMessage&, ClaimGuard&) {
+      return HandlerResult::Done();
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  for (auto until = SteadyClock::now() + 30s;
+       SteadyClock::now() < until && (*w)->metrics().acked < static_cast<uint64_t>(n);) {
+    std::this_thread::sleep_for(10ms);
+  }
+  (*w)->Stop();
+  run.join();
+  EXPECT_EQ((*w)->metrics().acked, static_cast<uint64_t>(n));
+  EXPECT_EQ((*w)->metrics().acked_with_complete, static_cast<uint64_t>(n));
 }
 
 }  // namespace

@@ -16,7 +16,11 @@
 //   ACQUIRED, handler done, complete OK   kAck
 //   ACQUIRED, handler Retry or throws     kRetry (claim released first)
 //   ACQUIRED, handler Fail                kDeadLetter (completed as failed first)
-//   DUPLICATE                             kAck (handler not run; cached result)
+//   DUPLICATE of ok work                  kAck (handler not run; cached result)
+//   DUPLICATE of failed / exhausted work  kDeadLetter (again: the worker that
+//                                         completed it may have died before its
+//                                         dead-letter was written)
+//   bad key (empty, > 1024 bytes)         kDeadLetter (never processed unguarded)
 //   BUSY                                  kRetry after the lease left (never acked)
 //   MISMATCH, EXHAUSTED                   kDeadLetter
 //   store unavailable, or complete LOST   kRetry (fail closed: never acked)
@@ -28,6 +32,11 @@
 // or commit the effect in the same transaction as Complete(), for exactly-once
 // effects.
 //
+// When the caller passes the broker's ack (BrokerAck, broker_ack.h) and the store
+// can fuse it with a completion (Store::CanCompleteWithAck), a kDone outcome is
+// recorded and acked in one atomic step; Processed::acked_with_complete says so
+// and the caller must not ack again.
+//
 // A Buffer is safe for concurrent use by many threads; it must outlive its guards.
 
 #ifndef DEDUP_BUFFER_H_
@@ -38,8 +47,10 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dedup/record.h"
 #include "dedup/status.h"
@@ -49,10 +60,10 @@ namespace dedup {
 
 struct BufferOptions {
   // How long a claim is valid without a heartbeat. Default: 30 s.
-  Millis lease{30'000};
+  Millis lease{kDefaultLease};
   // How long a completed record answers DUPLICATE; also how long attempts and the
   // fence are kept after a release or a lease that ran out. Default: 24 h.
-  Millis retention{24LL * 3600 * 1000};
+  Millis retention{kDefaultRetention};
   // Claims beyond this many attempts get EXHAUSTED. Default: 0 (unlimited).
   uint32_t max_attempts = 0;
   // ProcessOnce fingerprints the payload (SHA-256, first 16 bytes) so that the
@@ -66,6 +77,12 @@ struct BufferOptions {
   // outcome is given up (and the message left to be redelivered). Default: 3.
   int complete_tries = 3;
 };
+
+// OK, or InvalidArgument naming the first bad field in flag spelling ("lease",
+// "retention", "retry-delay", "heartbeat-interval", "complete-tries"): lease,
+// retention and retry delay must be > 0 and at most kMaxDuration; the heartbeat
+// 0 (= lease / 3) or between 1 ms and the lease; complete_tries >= 1.
+[[nodiscard]] Status ValidateBufferOptions(const BufferOptions& options);
 
 // The first 16 bytes of SHA-256(payload).
 std::string PayloadFingerprint(std::string_view payload);
@@ -107,6 +124,10 @@ class ClaimGuard {
   // the record was not changed. Ends the guard's ownership either way.
   [[nodiscard]] StatusOr<WriteResult> Complete(std::string_view result = {},
                                                CompletionStatus status = CompletionStatus::kOk);
+  // Complete(kOk) fused with the broker's ack, when the store can
+  // (Store::CanCompleteWithAck); else a plain Complete() with acked = false.
+  [[nodiscard]] StatusOr<AckedWrite> CompleteWithAck(std::string_view result,
+                                                     const BrokerAck& ack);
   // Gives the claim back: the key is claimable again at once.
   [[nodiscard]] StatusOr<WriteResult> Release();
 
@@ -141,13 +162,28 @@ struct Processed {
   std::string result;        // handler's result, or the cached one on DUPLICATE
   std::string reason;        // kRetry / kDeadLetter: why, in words
   WriteResult completion = WriteResult::kOk;  // when the handler ran: complete/release answer
+  // kAck only: the store carried out the broker's ack with the completion
+  // (CompleteWithAck); do not ack again.
+  bool acked_with_complete = false;
+};
+
+// One message of a batch claim.
+struct ClaimItem {
+  std::string_view key;
+  std::string_view payload;  // fingerprinted when BufferOptions::fingerprint_payloads
 };
 
 class Buffer {
  public:
   using Handler = std::function<HandlerResult(ClaimGuard&)>;
 
-  // `store` is not owned and must outlive the Buffer.
+  // `store` is not owned and must outlive the Buffer. InvalidArgument (naming the
+  // option) when `options` fail ValidateBufferOptions, or when `store` is null.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Buffer>> Create(Store* store,
+                                                                BufferOptions options = {});
+
+  // As Create, for options known to be valid (the defaults, or checked with
+  // ValidateBufferOptions); invalid ones make a Buffer that misbehaves.
   explicit Buffer(Store* store, BufferOptions options = {});
   ~Buffer();
   Buffer(const Buffer&) = delete;
@@ -158,9 +194,20 @@ class Buffer {
   [[nodiscard]] StatusOr<ClaimGuard> Claim(std::string_view key,
                                            std::string_view fingerprint = {});
 
+  // Claims every item in one store call (Store::ClaimBatch: one round trip on
+  // the server stores), answering each as Claim would, in order. An item with a
+  // bad key gets its InvalidArgument alone; a store error is every item's status.
+  std::vector<StatusOr<ClaimGuard>> ClaimBatch(std::span<const ClaimItem> items);
+
   // Claims, runs `handler` only if ACQUIRED, records its outcome, and says what to
-  // tell the broker. Never throws: an exception from the handler is a kRetry.
-  Processed ProcessOnce(std::string_view key, std::string_view payload, const Handler& handler);
+  // tell the broker (the table above). Never throws: an exception from the
+  // handler is a kRetry. `ack`, when given, is fused with a kOk completion where
+  // the store can (see above).
+  Processed ProcessOnce(std::string_view key, std::string_view payload, const Handler& handler,
+                        const BrokerAck* ack = nullptr);
+  // The same, for a claim already made (Claim or ClaimBatch) of `key`.
+  Processed ProcessClaimed(std::string_view key, StatusOr<ClaimGuard> claim,
+                           const Handler& handler, const BrokerAck* ack = nullptr);
 
   const BufferOptions& options() const { return options_; }
   Store* store() const { return store_; }
@@ -176,6 +223,8 @@ class Buffer {
  private:
   friend class ClaimGuard;
   class Heartbeat;
+  ClaimRequest Request(std::string_view key, std::string_view fingerprint) const;
+  ClaimGuard Guard(std::string_view key, ClaimResult result);
 
   Store* const store_;
   const BufferOptions options_;

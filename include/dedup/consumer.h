@@ -28,11 +28,17 @@
 //     crashed worker) is delivered again, to this or another worker.
 //   * Ack/Retry/DeadLetter are called at most once per Delivery, from any thread.
 //   * Fetch is called from one thread at a time.
+//   * A delivery whose id() equals that of one the Consumer still holds (queued
+//     or running: e.g. a stream entry reclaimed from this very consumer) is
+//     dropped by the Consumer without being settled; the held one settles the
+//     message. Sources whose ids are unique per delivery never see this.
 
 #ifndef DEDUP_CONSUMER_H_
 #define DEDUP_CONSUMER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -40,23 +46,13 @@
 #include <utility>
 #include <vector>
 
+#include "dedup/broker_ack.h"
+#include "dedup/buffer.h"
 #include "dedup/clock.h"
 #include "dedup/status.h"
 
 namespace dedup {
 
-// Where a store may carry out a broker's acknowledgement in the same atomic step
-// as a completion (for example a Redis stream entry acked by the completion's
-// script on the same server). Sources describe their ack; stores that can do it
-// say so through Store::CanCompleteWithAck (store.h). Both sides compare
-// `server` (a canonical "host:port/db" or similar) and `kind`.
-struct BrokerAck {
-  std::string_view kind;      // e.g. "redis-stream"
-  std::string_view server;    // canonical server identity, e.g. "127.0.0.1:6379/0"
-  std::string_view target;    // e.g. the stream key
-  std::string_view group;     // e.g. the consumer group
-  std::string_view id;        // e.g. the entry id
-};
 
 // One receipt of a message. Made by a MessageSource; owned by the Consumer.
 class Delivery {
@@ -129,6 +125,112 @@ class MessageSource {
   // "redis-streams 127.0.0.1:6379 stream=jobs group=billing" (never a password).
   virtual std::string Describe() const = 0;
 };
+
+// ---- the Consumer ------------------------------------------------------------
+
+// Counters since the Consumer started. Names match the Prometheus metrics
+// dedup_worker_<name>_total.
+struct ConsumerMetrics {
+  uint64_t messages = 0;       // deliveries handed to the guard
+  uint64_t acquired = 0;       // claims ACQUIRED (handler ran)
+  uint64_t duplicates = 0;     // claims DUPLICATE (acked without running)
+  uint64_t busy = 0;           // claims BUSY (deferred, not acked)
+  uint64_t takeovers = 0;      // ACQUIRED with attempt > 1
+  uint64_t lost_leases = 0;    // outcome not recorded: another owner took over
+  uint64_t retries = 0;        // deliveries given back for a later delivery
+  uint64_t dead_lettered = 0;  // deliveries moved to the dead-letter queue
+  uint64_t store_errors = 0;   // the store could not decide (fail closed)
+  uint64_t acked = 0;          // acks of done or duplicate work
+  uint64_t redelivered = 0;    // deliveries the broker says it made before
+  uint64_t held_back = 0;      // deliveries dropped: the same id is held here
+  uint64_t broker_errors = 0;  // fetches and settlements that failed
+  // Of `acked`: done by the store's completion in the same round trip
+  // (Store::CanCompleteWithAck; docs/WORKER.md).
+  uint64_t acked_with_complete = 0;
+  // Batch claims sent (Buffer::ClaimBatch) and the deliveries they claimed.
+  uint64_t claim_batches = 0;
+  uint64_t claimed_in_batches = 0;
+
+  // Prometheus text exposition format, one counter per field.
+  std::string ToPrometheus() const;
+  // "messages=.. acquired=.. ..." for a log line.
+  std::string Summary() const;
+};
+
+struct ConsumerOptions {
+  // Handlers run at once. 1 to 4096. Default: 4.
+  int concurrency = 4;
+  // Deliveries fetched ahead of the running ones (waiting in the queue, their
+  // keys already claimed when batch_claims). Default: -1 = concurrency.
+  int prefetch = -1;
+  // How long one Fetch waits for a first delivery; also how soon Stop() is seen
+  // by an idle consumer. Default: 250 ms.
+  Millis fetch_wait{250};
+  // Claim the keys of a fetched batch with one Buffer::ClaimBatch (one store
+  // round trip) instead of one claim per delivery. Default: true.
+  bool batch_claims = true;
+  // Prefixed to every log line on stderr. Default: "dedup consumer".
+  std::string log_name = "dedup consumer";
+};
+
+// Runs deliveries from a MessageSource through a guard with `concurrency`
+// handler threads, and settles each with the broker per ProcessOnce's action:
+//   kAck: Ack() (or MarkAcked() when the store acked with the completion)
+//   kRetry: Retry(retry_after)   kDeadLetter: DeadLetter(reason)
+// A delivery without a key is dead-lettered with its key_error().
+//
+// Run() blocks until Stop(); Stop() is async-signal-safe (call it from a SIGTERM
+// handler). On stop the Consumer fetches no more, gives every queued delivery
+// back (its claim released, Retry(0)) and waits for running handlers to finish
+// and be settled (graceful drain).
+class Consumer {
+ public:
+  using Handler = std::function<HandlerResult(const Delivery&, ClaimGuard&)>;
+  // Any guard instead of a Buffer (e.g. the textbook one, for comparison).
+  using Processor = std::function<Processed(const Delivery&)>;
+
+  // `source` and `buffer` are not owned and must outlive the Consumer.
+  // InvalidArgument names a bad option.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Consumer>> Make(MessageSource* source,
+                                                                Buffer* buffer, Handler handler,
+                                                                ConsumerOptions options = {});
+  [[nodiscard]] static StatusOr<std::unique_ptr<Consumer>> MakeWith(MessageSource* source,
+                                                                    Processor process,
+                                                                    ConsumerOptions options = {});
+  ~Consumer();
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  // Runs until Stop(), then drains. Called once, from one thread.
+  Status Run();
+  void Stop() { stop_.store(true, std::memory_order_relaxed); }
+  bool stopping() const { return stop_.load(std::memory_order_relaxed); }
+
+  ConsumerMetrics metrics() const;
+  const ConsumerOptions& options() const;
+
+ private:
+  class Impl;
+  explicit Consumer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> stop_{false};
+  static_assert(std::atomic<bool>::is_always_lock_free);
+};
+
+// ---- the broker scheme table ----------------------------------------------------
+
+struct SourceOptions {
+  // The Buffer's lease: sources derive their redelivery timers from it (e.g.
+  // XAUTOCLAIM min-idle = lease + 5 s). Default: 30 s.
+  Millis lease{30'000};
+};
+
+// Opens a MessageSource from a broker URI, by scheme (src/brokers/open_source.cc):
+//   redis://HOST:PORT?stream=S&group=G[...]    Redis Streams (docs/WORKER.md)
+// InvalidArgument names what is wrong; Unavailable when the broker cannot be
+// reached.
+[[nodiscard]] StatusOr<std::unique_ptr<MessageSource>> OpenSource(std::string_view uri,
+                                                                  const SourceOptions& options = {});
 
 }  // namespace dedup
 

@@ -39,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dedup/broker_ack.h"
 #include "dedup/clock.h"
 #include "dedup/record.h"
 #include "dedup/status.h"
@@ -51,14 +52,25 @@ inline constexpr size_t kMaxFingerprintBytes = 64;       // e.g. a SHA-256 diges
 inline constexpr size_t kMaxResultBytes = 1024 * 1024;   // cached outcome bytes
 inline constexpr Millis kMaxDuration{Millis(3650LL * 24 * 3600 * 1000)};  // 10 years
 
+// The defaults of every lease and retention in dedup (requests, BufferOptions, CLI
+// flags), written here once.
+inline constexpr Millis kDefaultLease{30'000};                 // 30 s
+inline constexpr Millis kDefaultRetention{24LL * 3600 * 1000};  // 24 h
+
 struct ClaimRequest {
   std::string_view key;          // 1 to kMaxKeyBytes arbitrary bytes
-  Millis lease{30'000};          // > 0: how long the claim is valid without extend
-  Millis retention{86'400'000};  // > 0: how long to keep the record once the lease
+  Millis lease{kDefaultLease};   // > 0: how long the claim is valid without extend
+  Millis retention{kDefaultRetention};  // > 0: how long to keep the record once the lease
                                  // ends, and the COMPLETED/exhausted record when
                                  // this claim is EXHAUSTED
   std::string_view fingerprint;  // optional payload fingerprint; empty = none
   uint32_t max_attempts = 0;     // 0 = unlimited
+};
+
+// The answer to a completion fused with a broker's ack.
+struct AckedWrite {
+  WriteResult write = WriteResult::kLost;  // as Complete() answers
+  bool acked = false;  // the broker's ack was carried out (only ever with kOk)
 };
 
 class Store {
@@ -88,6 +100,23 @@ class Store {
                                                        Millis retention,
                                                        CompletionStatus status,
                                                        std::string_view result) = 0;
+
+  // Capability: completion fused with a broker's acknowledgement. True when this
+  // store can carry out `ack` in the same atomic step as a completion (e.g. a
+  // Redis store whose server holds the Redis stream). Default: false.
+  virtual bool CanCompleteWithAck(const BrokerAck& ack) const {
+    (void)ack;
+    return false;
+  }
+  // Complete(), and only if it answers kOk, the broker's ack, atomically. `acked`
+  // false with kOk means the completion is recorded but the ack acked nothing
+  // (e.g. the entry was no longer pending): the caller acks the usual way. Only
+  // called when CanCompleteWithAck(ack); default: Unimplemented.
+  [[nodiscard]] virtual StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token,
+                                                             Millis retention,
+                                                             CompletionStatus status,
+                                                             std::string_view result,
+                                                             const BrokerAck& ack);
 
   // Gives the claim up: the key is claimable at once; fence and attempts are kept
   // for `retention` from now.
@@ -128,6 +157,14 @@ class StoreWrapper : public Store {
   StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
                                  CompletionStatus status, std::string_view result) override {
     return target_->Complete(key, token, retention, status, result);
+  }
+  bool CanCompleteWithAck(const BrokerAck& ack) const override {
+    return target_->CanCompleteWithAck(ack);
+  }
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    return target_->CompleteWithAck(key, token, retention, status, result, ack);
   }
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
     return target_->Release(key, token, retention);

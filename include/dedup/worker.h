@@ -1,16 +1,17 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// Worker consumes a Redis stream through a consumer group and runs a handler once
-// per message key through Buffer::ProcessOnce, on any Store, with N handlers at a
-// time. What it tells the broker follows SPEC.md, "What a worker does with each
-// result":
+// Worker: the broker-neutral Consumer (consumer.h) over the Redis Streams
+// source (src/brokers/redis_streams/streams_source.h), in one object, for
+// programs that consume one stream. What it tells the stream follows SPEC.md,
+// "What a worker does with each result", through Buffer::ProcessOnce:
 //
 //   ProcessOnce action   stream
 //   kAck                 XACK (only after Complete() returned OK, or DUPLICATE of ok);
-//                        when the Buffer's store is a plain Redis store on the
-//                        stream's server (same host:port, database 0), the XACK
-//                        runs inside the complete script, atomically and only if
-//                        the completion is OK: one round trip for both
+//                        when the Buffer's store can fuse the ack with the
+//                        completion (a Redis store on the stream's server,
+//                        database 0: Store::CanCompleteWithAck), the XACK runs
+//                        inside the complete script, atomically and only if the
+//                        completion is OK: one round trip for both
 //   kRetry               no ack: the entry stays pending; this worker delivers it
 //                        again no earlier than retry_after (XCLAIM of its own entry)
 //   kDeadLetter          XADD <dead stream> with the original fields + reason +
@@ -42,12 +43,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "dedup/buffer.h"
+#include "dedup/consumer.h"
 #include "dedup/clock.h"
 #include "dedup/status.h"
 
@@ -60,6 +63,10 @@ struct WorkerOptions {
   // AUTH password, when has_password. Default: none.
   std::string password;
   bool has_password = false;
+  // ACL user for AUTH; empty = the default user. Default: "".
+  std::string user;
+  // Logical database of the stream (SELECT). Default: 0.
+  int db = 0;
   // The stream and consumer group. Required. The group is created at the start
   // of the stream (XGROUP CREATE ... 0 MKSTREAM) if missing.
   std::string stream;
@@ -86,8 +93,6 @@ struct WorkerOptions {
   Millis reclaim_interval{1'000};
   // Bounds connecting and each command (plus `block` for reads). Default: 2 s.
   Millis timeout{2'000};
-  // How long Run() waits for in-flight handlers after Stop(). Default: 0 = forever.
-  Millis drain_timeout{0};
 };
 
 // "redis://[:password@]host:port?stream=S&group=G[&consumer=C&key=id|sha256|FIELD
@@ -105,30 +110,8 @@ struct StreamMessage {
   std::string CanonicalPayload() const;
 };
 
-// Counters since the worker started. Names match the Prometheus metrics
-// dedup_worker_<name>_total.
-struct WorkerMetrics {
-  uint64_t messages = 0;       // deliveries handed to the guard
-  uint64_t acquired = 0;       // claims ACQUIRED (handler ran)
-  uint64_t duplicates = 0;     // claims DUPLICATE (acked without running)
-  uint64_t busy = 0;           // claims BUSY (deferred, not acked)
-  uint64_t takeovers = 0;      // ACQUIRED with attempt > 1
-  uint64_t lost_leases = 0;    // outcome not recorded: another owner took over
-  uint64_t retries = 0;        // deliveries left pending for later
-  uint64_t dead_lettered = 0;  // entries moved to the dead-letter stream
-  uint64_t store_errors = 0;   // the store could not decide (fail closed)
-  uint64_t acked = 0;          // XACKs sent for done or duplicate work
-  uint64_t reclaimed = 0;      // entries taken over from other consumers
-  uint64_t broker_errors = 0;  // Redis stream commands that failed
-  // Of `acked`: XACKs done by the store's complete in the same round trip
-  // (Buffer on a plain Redis store on the stream's server; docs/WORKER.md).
-  uint64_t acked_with_complete = 0;
-
-  // Prometheus text exposition format, one counter per field.
-  std::string ToPrometheus() const;
-  // "messages=.. acquired=.. ..." for a log line.
-  std::string Summary() const;
-};
+// Counters since the worker started (consumer.h).
+using WorkerMetrics = ConsumerMetrics;
 
 class Worker {
  public:
@@ -153,17 +136,28 @@ class Worker {
 
   // Stops reading; Run() returns once in-flight handlers finished. Entries read but
   // not started stay pending (redelivered later). Async-signal-safe.
-  void Stop() { stop_.store(true, std::memory_order_relaxed); }
+  void Stop() {
+    stop_.store(true, std::memory_order_relaxed);
+    if (Consumer* c = consumer_.load()) c->Stop();
+  }
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
 
   WorkerMetrics metrics() const;
-  const WorkerOptions& options() const;
+  const WorkerOptions& options() const { return options_; }
 
  private:
-  class Impl;
-  explicit Worker(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  Worker() = default;
+  Status RunConsumer(StatusOr<std::unique_ptr<Consumer>> consumer);
+  ConsumerOptions ConsumerOptionsFor() const;
+  static StreamMessage ToStreamMessage(const Delivery& d);
+
+  WorkerOptions options_;
+  std::unique_ptr<MessageSource> source_;
+  std::atomic<Consumer*> consumer_{nullptr};
   std::atomic<bool> stop_{false};
+  mutable std::mutex metrics_mu_;  // keeps the consumer alive while metrics() reads it
+  WorkerMetrics last_metrics_;     // of the last Run, once it returned
+  static_assert(std::atomic<Consumer*>::is_always_lock_free);
   static_assert(std::atomic<bool>::is_always_lock_free);
 };
 

@@ -46,8 +46,8 @@ void ForwardSignal(int sig) {
 struct ExecFlags {
   std::string store;
   std::string key;
-  Millis lease{30'000};
-  Millis retention{24LL * 3600 * 1000};
+  Millis lease{kDefaultLease};
+  Millis retention{kDefaultRetention};
   uint32_t max_attempts = 0;
   std::vector<std::string> command;
 };
@@ -76,7 +76,12 @@ int RunExec(const ExecFlags& f) {
   bo.lease = f.lease;
   bo.retention = f.retention;
   bo.max_attempts = f.max_attempts;
-  Buffer buffer(store.get(), bo);
+  auto made = Buffer::Create(store.get(), bo);
+  if (!made.ok()) {
+    std::fprintf(stderr, "dedup exec: --%s\n", made.status().message().c_str());
+    return kExitUsage;
+  }
+  Buffer& buffer = **made;
   auto claimed = buffer.Claim(f.key);
   if (!claimed.ok()) {
     std::fprintf(stderr, "dedup exec: %s\n", claimed.status().ToString().c_str());
@@ -150,8 +155,10 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
               "exits with the recorded code (75: running elsewhere, try later)");
   app->add_option("--store", f->store, "Store URI")->required();
   app->add_option("--key", f->key, "The key (1 to 1024 bytes)")->required();
-  AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)");
-  AddDurationOption(*app, "--retention", &f->retention, "How long the outcome is kept");
+  AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
+                    DurationBound::kPositive);
+  AddDurationOption(*app, "--retention", &f->retention, "How long the outcome is kept",
+                    DurationBound::kPositive);
   app->add_option("--max-attempts", f->max_attempts, "0 = unlimited")->capture_default_str();
   app->add_option("command", f->command, "-- CMD ARGS...")->required();
   app->callback([f, &ctx] { ctx.exit_code = RunExec(*f); });

@@ -15,13 +15,13 @@
 
 namespace dedup::cli {
 
-// "250ms", "2s", "1.5s", "5m", "1h", or a bare number of milliseconds.
-std::optional<Millis> ParseDuration(std::string_view text);
-std::string FormatDuration(Millis d);  // "250ms", "2s", "5m", "1h"
-
-// --name DURATION into *target; the help shows the current value as the default.
+// --name DURATION into *target, in the one duration grammar (core/duration.h:
+// 250ms, 1.5s, 2m, 1h, 1d); the help shows the current value as the default.
+// kPositive refuses 0 at parse time, naming the flag.
+enum class DurationBound { kNonNegative, kPositive };
 CLI::Option* AddDurationOption(CLI::App& app, const std::string& name, Millis* target,
-                               const std::string& description);
+                               const std::string& description,
+                               DurationBound bound = DurationBound::kNonNegative);
 
 // --name FRACTION (0 to 1) into *target.
 CLI::Option* AddFractionOption(CLI::App& app, const std::string& name, double* target,

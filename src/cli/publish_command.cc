@@ -78,8 +78,11 @@ int RunPublish(const PublishFlags& f) {
   streams::ConnOptions co;
   co.host = wo->host;
   co.port = wo->port;
+  co.user = wo->user;
   co.password = wo->password;
   co.has_password = wo->has_password;
+  co.db = wo->db;
+  co.timeout = wo->timeout;
   streams::StreamConn conn(co);
   uint64_t published = 0;
   for (uint64_t n : order) {

@@ -104,9 +104,11 @@ void RegisterSimulate(CLI::App& root, CommandContext& ctx) {
   app->add_flag("--json", flags->json, "Print the report as JSON");
   app->add_flag("--no-progress", flags->no_progress, "No progress line, even on a terminal");
 
-  AddDurationOption(*app, "--lease", &o.lease, "Claim lease (heartbeat every lease/3)")
+  AddDurationOption(*app, "--lease", &o.lease, "Claim lease (heartbeat every lease/3)",
+                    DurationBound::kPositive)
       ->group("Timing");
-  AddDurationOption(*app, "--retention", &o.retention, "How long a completed record is kept")
+  AddDurationOption(*app, "--retention", &o.retention, "How long a completed record is kept",
+                    DurationBound::kPositive)
       ->group("Timing");
   AddDurationOption(*app, "--textbook-ttl", &o.textbook_ttl,
                     "Textbook pattern: the key's one TTL (lease and memory of done)")
@@ -115,7 +117,8 @@ void RegisterSimulate(CLI::App& root, CommandContext& ctx) {
                     "Broker redelivers a message not acked within this")
       ->group("Timing");
   AddDurationOption(*app, "--retry-delay", &o.retry_delay,
-                    "Redelivery delay after a transient failure or a store error")
+                    "Redelivery delay after a transient failure or a store error",
+                    DurationBound::kPositive)
       ->group("Timing");
   AddDurationOption(*app, "--duplicate-delay", &o.duplicate_delay,
                     "A duplicate publish becomes visible up to this much later")

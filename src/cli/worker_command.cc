@@ -13,6 +13,9 @@
 //   killed by signal  retry later, as 75
 //   anything else     permanent failure: completed as failed, dead-lettered
 // --keep-output stores the command's stdout (at most 1 MiB) as the result.
+// --sql-output (postgres:// stores): the command's stdout is SQL, run in the
+// transaction that records the completion, so its effect happens exactly once
+// (docs/POSTGRES.md).
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
@@ -31,6 +34,9 @@
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "dedup/buffer.h"
+#ifdef DEDUP_WITH_POSTGRES
+#include "dedup/postgres_store.h"
+#endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
 
@@ -49,11 +55,12 @@ struct WorkerFlags {
   std::string exec;
   bool no_shell = false;
   int concurrency = 4;
-  Millis lease{30'000};
-  Millis retention{24LL * 3600 * 1000};
+  Millis lease{kDefaultLease};
+  Millis retention{kDefaultRetention};
   Millis retry_delay{1'000};
   uint32_t max_attempts = 0;
   bool keep_output = false;
+  bool sql_output = false;
   bool fingerprint = false;
   int metrics_port = 0;
   Millis summary_interval{10'000};
@@ -92,10 +99,33 @@ HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t 
   if (r->signal != 0) {
     return HandlerResult::Retry("handler killed by signal " + std::to_string(r->signal));
   }
+  if (r->exit_code == 0 && f.keep_output && r->truncated) {
+    // Never keep (or, with --sql-output, run) a cut-off output.
+    return HandlerResult::Fail("handler output exceeds " + std::to_string(kMaxResultBytes) + " bytes");
+  }
   if (r->exit_code == 0) return HandlerResult::Done(f.keep_output ? r->output : std::string());
   if (r->exit_code == kExitTempFail) return HandlerResult::Retry("handler exit 75 (retry later)");
   return HandlerResult::Fail("handler exit " + std::to_string(r->exit_code));
 }
+
+#ifdef DEDUP_WITH_POSTGRES
+// --sql-output: runs the handler, then its stdout as SQL in the completion's
+// transaction, with dedup.key, dedup.fence and dedup.attempt set for that
+// transaction (current_setting('dedup.fence')::bigint).
+HandlerResult RunSqlHandler(const WorkerFlags& f, const StreamMessage& m, PostgresTransaction& tx) {
+  WorkerFlags g = f;
+  g.keep_output = true;
+  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt());
+  if (hr.kind != HandlerResult::Kind::kDone) return hr;
+  auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
+                     "set_config('dedup.attempt', $3, true)",
+                     {m.key, std::to_string(tx.fence()), std::to_string(tx.attempt())});
+  if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
+  Status run = tx.ExecScript(hr.result);
+  if (!run.ok()) return HandlerResult::Retry("handler SQL: " + run.ToString());
+  return HandlerResult::Done();
+}
+#endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
   auto wo = WorkerOptionsFromUri(f.broker);
@@ -105,6 +135,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   if (wo->group.empty()) wo->group = "dedup";
   wo->concurrency = f.concurrency;
+  if (f.sql_output && wo->reclaim_min_idle.count() <= 0) wo->reclaim_min_idle = f.lease + Millis(5'000);
   auto worker = Worker::Open(*wo);
   if (!worker.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", worker.status().ToString().c_str());
@@ -146,14 +177,41 @@ int RunWorkerCommand(const WorkerFlags& f) {
     streams::TextbookOptions to;
     to.conn.host = wo->host;
     to.conn.port = wo->port;
+    to.conn.user = wo->user;
     to.conn.password = wo->password;
     to.conn.has_password = wo->has_password;
+    to.conn.db = wo->db;
+    to.conn.timeout = wo->timeout;
     to.ttl = f.textbook_ttl;
     to.retry_delay = f.retry_delay;
     streams::TextbookGuard guard(to);
     run = w.RunWith([&](const StreamMessage& m) {
       return guard.Process(m, [&] { return RunHandler(f, m, 0, 0); });
     });
+  } else if (f.sql_output) {
+#ifdef DEDUP_WITH_POSTGRES
+    auto opened = OpenPostgresStore(f.store);
+    if (!opened.ok()) {
+      done.store(true);
+      summary.join();
+      g_worker.store(nullptr);
+      std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
+                   opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    std::unique_ptr<PostgresStore> pg = std::move(opened).value();
+    BufferOptions bo;
+    bo.lease = f.lease;
+    bo.retention = f.retention;
+    bo.max_attempts = f.max_attempts;
+    bo.retry_delay = f.retry_delay;
+    bo.fingerprint_payloads = f.fingerprint;
+    Buffer buffer(pg.get(), bo);
+    run = w.RunWith([&](const StreamMessage& m) {
+      return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
+                                      [&](PostgresTransaction& tx) { return RunSqlHandler(f, m, tx); });
+    });
+#endif
   } else {
     auto opened = OpenStore(f.store);
     if (!opened.ok()) {
@@ -170,7 +228,15 @@ int RunWorkerCommand(const WorkerFlags& f) {
     bo.max_attempts = f.max_attempts;
     bo.retry_delay = f.retry_delay;
     bo.fingerprint_payloads = f.fingerprint;
-    Buffer buffer(store.get(), bo);
+    auto made = Buffer::Create(store.get(), bo);
+    if (!made.ok()) {
+      done.store(true);
+      summary.join();
+      g_worker.store(nullptr);
+      std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
+      return kExitUsage;
+    }
+    Buffer& buffer = **made;
     run = w.Run(&buffer, [&](const StreamMessage& m, ClaimGuard& g) {
       return RunHandler(f, m, g.fence(), g.attempt());
     });
@@ -207,15 +273,22 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   app->add_option("--concurrency", f->concurrency, "Handlers at once")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)");
-  AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept");
+  AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
+                    DurationBound::kPositive);
+  AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept",
+                    DurationBound::kPositive);
   AddDurationOption(*app, "--retry-delay", &f->retry_delay,
-                    "Delay before a retried message is delivered again");
+                    "Delay before a retried message is delivered again", DurationBound::kPositive);
   app->add_option("--max-attempts", f->max_attempts, "Dead-letter after this many attempts "
                                                      "(0 = unlimited)")
       ->capture_default_str();
   app->add_flag("--keep-output", f->keep_output,
                 "Store the command's stdout (at most 1 MiB) as the result");
+#ifdef DEDUP_WITH_POSTGRES
+  app->add_flag("--sql-output", f->sql_output,
+                "The command prints SQL; it runs in the transaction that records the "
+                "completion (postgres:// --store only): its effect happens exactly once");
+#endif
   app->add_flag("--fingerprint", f->fingerprint,
                 "Same key with a different payload is dead-lettered (MISMATCH)");
   app->add_option("--metrics-port", f->metrics_port,
@@ -233,6 +306,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
                     "--pattern textbook: the key's one TTL");
   app->callback([f, &ctx] {
+    if (f->sql_output && f->pattern != "dedup") {
+      std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");
+      ctx.exit_code = kExitUsage;
+      return;
+    }
     if (f->pattern == "dedup" && f->store.empty()) {
       std::fprintf(stderr, "dedup worker: --store is required\n");
       ctx.exit_code = kExitUsage;

@@ -185,6 +185,29 @@ StatusOr<WriteResult> ClaimGuard::Complete(std::string_view result, CompletionSt
   return r;
 }
 
+StatusOr<AckedWrite> ClaimGuard::CompleteWithAck(std::string_view result, const BrokerAck& ack) {
+  if (held_ == nullptr || !buffer_->store_->CanCompleteWithAck(ack)) {
+    StatusOr<WriteResult> w = Complete(result, CompletionStatus::kOk);
+    if (!w.ok()) return w.status();
+    return AckedWrite{*w, false};
+  }
+  if (held_->lost.load()) {
+    Finish();
+    return AckedWrite{WriteResult::kLost, false};
+  }
+  DEDUP_RETURN_IF_ERROR(ValidateResult(result));
+  const BufferOptions& o = buffer_->options_;
+  StatusOr<AckedWrite> r = Status::Unavailable("not tried");
+  for (int i = 0; i < std::max(1, o.complete_tries); ++i) {
+    r = buffer_->store_->CompleteWithAck(key_, result_.token, o.retention, CompletionStatus::kOk,
+                                         result, ack);
+    if (r.ok() || !r.status().retryable()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(i, 5)));
+  }
+  Finish();
+  return r;
+}
+
 StatusOr<WriteResult> ClaimGuard::Release() {
   if (held_ == nullptr) {
     return Status::FailedPrecondition("release on a claim of '" + key_ +
@@ -198,6 +221,40 @@ StatusOr<WriteResult> ClaimGuard::Release() {
 
 // ---- Buffer ----------------------------------------------------------------
 
+Status ValidateBufferOptions(const BufferOptions& o) {
+  const auto positive = [](std::string_view name, Millis d) {
+    if (d.count() <= 0) {
+      return Status::InvalidArgument(std::string(name) + " must be longer than 0, got " +
+                                     std::to_string(d.count()) + "ms");
+    }
+    if (d > kMaxDuration) {
+      return Status::InvalidArgument(std::string(name) + " must be at most 10 years, got " +
+                                     std::to_string(d.count()) + "ms");
+    }
+    return Status::Ok();
+  };
+  DEDUP_RETURN_IF_ERROR(positive("lease", o.lease));
+  DEDUP_RETURN_IF_ERROR(positive("retention", o.retention));
+  DEDUP_RETURN_IF_ERROR(positive("retry-delay", o.retry_delay));
+  if (o.heartbeat_interval.count() < 0 || o.heartbeat_interval >= o.lease) {
+    return Status::InvalidArgument(
+        "heartbeat-interval must be 0 (= lease / 3) or shorter than the lease (" +
+        std::to_string(o.lease.count()) + "ms), got " +
+        std::to_string(o.heartbeat_interval.count()) + "ms");
+  }
+  if (o.complete_tries < 1) {
+    return Status::InvalidArgument("complete-tries must be at least 1, got " +
+                                   std::to_string(o.complete_tries));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Store* store, BufferOptions options) {
+  if (store == nullptr) return Status::InvalidArgument("buffer: no store given");
+  DEDUP_RETURN_IF_ERROR(ValidateBufferOptions(options));
+  return std::make_unique<Buffer>(store, options);
+}
+
 Buffer::Buffer(Store* store, BufferOptions options)
     : store_(store), options_(options),
       heartbeat_(std::make_unique<Heartbeat>(
@@ -209,19 +266,21 @@ Buffer::~Buffer() = default;
 
 Buffer::Stats Buffer::stats() const { return heartbeat_->stats(); }
 
-StatusOr<ClaimGuard> Buffer::Claim(std::string_view key, std::string_view fingerprint) {
+ClaimRequest Buffer::Request(std::string_view key, std::string_view fingerprint) const {
   ClaimRequest req;
   req.key = key;
   req.lease = options_.lease;
   req.retention = options_.retention;
   req.fingerprint = fingerprint;
   req.max_attempts = options_.max_attempts;
-  StatusOr<ClaimResult> r = store_->Claim(req);
-  if (!r.ok()) return r.status();
+  return req;
+}
+
+ClaimGuard Buffer::Guard(std::string_view key, ClaimResult result) {
   ClaimGuard g;
   g.buffer_ = this;
   g.key_.assign(key);
-  g.result_ = std::move(r).value();
+  g.result_ = std::move(result);
   if (g.result_.acquired()) {
     auto held = std::make_shared<HeldClaim>();
     held->key.assign(key);
@@ -233,12 +292,69 @@ StatusOr<ClaimGuard> Buffer::Claim(std::string_view key, std::string_view finger
   return g;
 }
 
+StatusOr<ClaimGuard> Buffer::Claim(std::string_view key, std::string_view fingerprint) {
+  StatusOr<ClaimResult> r = store_->Claim(Request(key, fingerprint));
+  if (!r.ok()) return r.status();
+  return Guard(key, std::move(r).value());
+}
+
+std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> items) {
+  std::vector<StatusOr<ClaimGuard>> out;
+  out.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) out.emplace_back(Status::Internal("not claimed"));
+  std::vector<std::string> fingerprints;
+  std::vector<ClaimRequest> reqs;
+  std::vector<size_t> where;  // reqs[j] answers items[where[j]]
+  fingerprints.reserve(items.size());
+  reqs.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (Status s = ValidateKey(items[i].key); !s.ok()) {
+      out[i] = std::move(s);
+      continue;
+    }
+    fingerprints.push_back(options_.fingerprint_payloads ? PayloadFingerprint(items[i].payload)
+                                                         : std::string());
+    where.push_back(i);
+  }
+  for (size_t j = 0; j < where.size(); ++j) {
+    reqs.push_back(Request(items[where[j]].key, fingerprints[j]));
+  }
+  if (reqs.empty()) return out;
+  StatusOr<std::vector<ClaimResult>> r =
+      reqs.size() == 1 ? [&]() -> StatusOr<std::vector<ClaimResult>> {
+        StatusOr<ClaimResult> one = store_->Claim(reqs[0]);
+        if (!one.ok()) return one.status();
+        return std::vector<ClaimResult>{std::move(one).value()};
+      }()
+                       : store_->ClaimBatch(reqs);
+  for (size_t j = 0; j < where.size(); ++j) {
+    if (!r.ok()) {
+      out[where[j]] = r.status();
+    } else {
+      out[where[j]] = Guard(items[where[j]].key, std::move((*r)[j]));
+    }
+  }
+  return out;
+}
+
 Processed Buffer::ProcessOnce(std::string_view key, std::string_view payload,
-                              const Handler& handler) {
-  Processed p;
+                              const Handler& handler, const BrokerAck* ack) {
+  if (Status s = ValidateKey(key); !s.ok()) return ProcessClaimed(key, std::move(s), handler, ack);
   std::string fingerprint;
   if (options_.fingerprint_payloads) fingerprint = PayloadFingerprint(payload);
-  StatusOr<ClaimGuard> c = Claim(key, fingerprint);
+  return ProcessClaimed(key, Claim(key, fingerprint), handler, ack);
+}
+
+Processed Buffer::ProcessClaimed(std::string_view key, StatusOr<ClaimGuard> c,
+                                 const Handler& handler, const BrokerAck* ack) {
+  Processed p;
+  if (Status s = ValidateKey(key); !s.ok()) {
+    // A message that cannot be keyed is never processed unguarded.
+    p.status = std::move(s);
+    p.action = BrokerAction::kDeadLetter;
+    p.reason = "bad key: " + p.status.message();
+    return p;
+  }
   if (!c.ok()) {
     p.status = c.status();
     p.action = BrokerAction::kRetry;
@@ -250,8 +366,16 @@ Processed Buffer::ProcessOnce(std::string_view key, std::string_view payload,
   p.claim = g.result();
   switch (g.outcome()) {
     case ClaimOutcome::kDuplicate:
-      p.action = BrokerAction::kAck;
       p.result = g.result().result;
+      if (g.result().status == CompletionStatus::kOk) {
+        p.action = BrokerAction::kAck;
+      } else {
+        // The worker that recorded the failure may have died before its
+        // dead-letter was written: write it again (a reader may see it twice).
+        p.action = BrokerAction::kDeadLetter;
+        p.reason = std::string("completed earlier as ") +
+                   std::string(CompletionStatusName(g.result().status));
+      }
       return p;
     case ClaimOutcome::kBusy:
       p.action = BrokerAction::kRetry;
@@ -283,7 +407,17 @@ Processed Buffer::ProcessOnce(std::string_view key, std::string_view payload,
   StatusOr<WriteResult> w = Status::Internal("unset");
   switch (hr.kind) {
     case HandlerResult::Kind::kDone:
-      w = g.Complete(hr.result, CompletionStatus::kOk);
+      if (ack != nullptr && store_->CanCompleteWithAck(*ack)) {
+        StatusOr<AckedWrite> a = g.CompleteWithAck(hr.result, *ack);
+        if (a.ok()) {
+          w = a->write;
+          p.acked_with_complete = a->acked;
+        } else {
+          w = a.status();
+        }
+      } else {
+        w = g.Complete(hr.result, CompletionStatus::kOk);
+      }
       p.result = hr.result;
       p.action = BrokerAction::kAck;
       break;
@@ -313,6 +447,7 @@ Processed Buffer::ProcessOnce(std::string_view key, std::string_view payload,
     p.action = BrokerAction::kRetry;
     p.retry_after = options_.retry_delay;
     p.reason = "lease lost to another owner before the outcome was recorded";
+    p.acked_with_complete = false;
   }
   return p;
 }

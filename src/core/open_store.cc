@@ -56,7 +56,8 @@ StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri, const OpenOptio
   if (u.scheme == "rocksdb") return internal::OpenRocksDBFromUri(u, options);
 #endif
 #ifdef DEDUP_WITH_REDIS
-  if (u.scheme == "redis" || u.scheme == "redis+cluster") {
+  if (u.scheme == "redis" || u.scheme == "redis+cluster" || u.scheme == "rediss" ||
+      u.scheme == "rediss+cluster") {  // rediss: refused by name (TLS not yet)
     return internal::OpenRedisFromUri(u, options);
   }
 #endif

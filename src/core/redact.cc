@@ -83,8 +83,9 @@ std::string RedactWords(std::string_view message) {
   while (i < message.size()) {
     const size_t j = message.find_first_of(" \t\n'\"", i);
     const std::string_view word = message.substr(i, j - i);
-    out.append(word.find_first_of("@:") == std::string_view::npos ? std::string(word)
-                                                                     : RedactUri(word));
+    // Only words that look like a URI: "':PORT'" in a message stays as it is.
+    const bool uri_like = word.find('@') != std::string_view::npos || BodyStart(word) > 0;
+    out.append(uri_like ? RedactUri(word) : std::string(word));
     if (j == std::string_view::npos) break;
     out.push_back(message[j]);
     i = j + 1;

@@ -25,8 +25,9 @@ namespace dedup::internal {
 // Text without any of these comes back unchanged.
 std::string RedactUri(std::string_view text);
 
-// RedactUri applied to each blank-separated word of a free-text message (for
-// messages of libraries that echo command-line arguments, e.g. CLI11's).
+// RedactUri applied to each word of a free-text message (words split at blanks
+// and quotes) that looks like a URI: it has an '@' or starts with "scheme:".
+// For messages of code that echoes what it was given (CLI11, host parsers).
 std::string RedactWords(std::string_view message);
 
 }  // namespace dedup::internal

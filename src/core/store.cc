@@ -98,4 +98,10 @@ StatusOr<std::vector<ClaimResult>> Store::ClaimBatch(std::span<const ClaimReques
   return out;
 }
 
+StatusOr<AckedWrite> Store::CompleteWithAck(std::string_view, Token, Millis, CompletionStatus,
+                                            std::string_view, const BrokerAck& ack) {
+  return Status::Unimplemented(Describe() + " cannot complete with a " + std::string(ack.kind) +
+                               " ack (CanCompleteWithAck is false)");
+}
+
 }  // namespace dedup

@@ -2,9 +2,11 @@
 
 #include "core/uri.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 
+#include "core/duration.h"
 #include "core/redact.h"
 #include "dedup/store.h"
 
@@ -162,28 +164,15 @@ StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {
 }
 
 StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  std::string_view unit = text.substr(digits);
-  long long mult = 0;
-  if (unit.empty() || unit == "ms") mult = 1;
-  else if (unit == "s") mult = 1000;
-  else if (unit == "m" || unit == "min") mult = 60'000;
-  else if (unit == "h") mult = 3'600'000;
-  else if (unit == "d") mult = 86'400'000;
-  auto bad = [&] {
-    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
-                                   "' is not a duration (e.g. 500ms, 30s, 5m, 24h, 7d)");
-  };
-  if (digits == 0 || mult == 0) return bad();
-  long long n = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + digits, n);
-  if (ec != std::errc()) return bad();
-  if (n > kMaxDuration.count() / mult) {
-    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
-                                   "' is longer than 10 years");
-  }
-  return n * mult;
+  StatusOr<Millis> d = ParseDuration(text, what);
+  if (!d.ok()) return d.status();
+  return d->count();
+}
+
+std::string RedisServerIdentity(std::string_view host, int port, int db) {
+  std::string_view h = host;
+  if (h == "localhost" || h == "::1" || h == "[::1]") h = "127.0.0.1";
+  return std::string(h) + ":" + std::to_string(port) + "/" + std::to_string(db);
 }
 
 }  // namespace dedup::internal

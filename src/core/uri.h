@@ -35,11 +35,14 @@ struct Uri {
 // InvalidArgument naming what is wrong when `text` is not a URI.
 StatusOr<Uri> ParseUri(std::string_view text);
 
-// "250", "250ms", "2s", "5m", "1h", "7d" -> milliseconds. Plain numbers are
-// milliseconds. InvalidArgument on anything else, negative or overflowing values.
+// ParseDuration (core/duration.h, the one grammar) as a count of milliseconds.
 StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what);
 // A non-negative integer that fits in long long.
 StatusOr<long long> ParseCount(std::string_view text, std::string_view what);
+
+// The canonical identity of a Redis server, as BrokerAck::server carries it
+// (broker_ack.h): "host:port/db" with localhost and ::1 written 127.0.0.1.
+std::string RedisServerIdentity(std::string_view host, int port, int db);
 
 }  // namespace dedup::internal
 

@@ -1,9 +1,11 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// One blocking hiredis connection for the stream side of the worker (XREADGROUP,
-// XACK, XADD, XAUTOCLAIM) and for the textbook guard. Not thread-safe: one per
-// thread. A connection that failed is dropped and reopened on the next command.
-// Errors name the server and the command: "redis 127.0.0.1:6390: XACK: ...".
+// One blocking connection for the stream side of the worker (XREADGROUP, XACK,
+// XADD, XAUTOCLAIM) and for the textbook guard, on the Redis client layer
+// (src/redis): the same handshake (AUTH with user, SELECT db, PING), timeouts and
+// error codes as the store's. Not thread-safe: one per thread. A connection that
+// failed is dropped and reopened on the next command. Errors name the server and
+// the command: "redis 127.0.0.1:6390: XACK: ...".
 
 #ifndef DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAM_CONN_H_
 #define DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAM_CONN_H_
@@ -15,29 +17,25 @@
 
 #include "dedup/clock.h"
 #include "dedup/status.h"
-
-struct redisContext;
-struct redisReply;
+#include "redis/client.h"
 
 namespace dedup::streams {
 
-struct ReplyFree {
-  void operator()(redisReply* r) const;
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyFree>;
+using ReplyPtr = redis::Reply;
 
 struct ConnOptions {
   std::string host = "127.0.0.1";  // Default: 127.0.0.1
   int port = 6379;                 // Default: 6379
+  std::string user;                // ACL user; empty = the default user
   std::string password;            // AUTH when has_password
   bool has_password = false;
+  int db = 0;                      // SELECT after connecting. Default: 0
   Millis timeout{2'000};           // connect and each command. Default: 2 s
 };
 
 class StreamConn {
  public:
-  explicit StreamConn(ConnOptions o) : o_(std::move(o)) {}
-  ~StreamConn();
+  explicit StreamConn(ConnOptions o);
   StreamConn(const StreamConn&) = delete;
   StreamConn& operator=(const StreamConn&) = delete;
 
@@ -47,20 +45,17 @@ class StreamConn {
   // time bound (for BLOCK reads).
   StatusOr<ReplyPtr> Run(const std::vector<std::string>& args, Millis extra_timeout = Millis(0));
 
-  std::string Name() const { return o_.host + ":" + std::to_string(o_.port); }
+  std::string Name() const { return options_.endpoints.front().Name(); }
 
  private:
-  Status Connect();
-  void Drop();
-
-  ConnOptions o_;
-  redisContext* ctx_ = nullptr;
-  Millis current_timeout_{-1};
+  redis::ConnectionOptions options_;
+  std::unique_ptr<redis::Connection> conn_;
 };
 
 // Reply helpers.
-bool IsError(const redisReply* r);
-std::string ReplyText(const redisReply* r);  // string/status/error text, "" otherwise
+inline bool IsError(const redisReply* r) { return redis::IsError(r); }
+// string/status/error text, "" otherwise.
+inline std::string ReplyText(const redisReply* r) { return std::string(redis::ReplyText(r)); }
 
 }  // namespace dedup::streams
 

@@ -3,7 +3,6 @@
 #include "stores/redis/redis_store.h"
 
 #include <hiredis/hiredis.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <charconv>
@@ -15,104 +14,44 @@
 #include <utility>
 #include <vector>
 
-#include "core/redact.h"
-#include "core/secret.h"
 #include "core/uri.h"
 #include "stores/open_backends.h"
-#include "stores/redis/redis_client.h"
+#include "redis/client.h"
+#include "redis/options.h"
+#include "redis/scripts.h"
 #include "stores/redis/redis_scripts.h"
-#include "stores/redis/stream_ack.h"
 
 namespace dedup {
 namespace {
 
 using redis::Command;
+using redis::ErrorReplyStatus;
 using redis::IsError;
 using redis::Node;
 using redis::Reply;
 using redis::ReplyText;
-using redis::Router;
-
-bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-
-std::string Sha1Hex(std::string_view body) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(body.data(), body.size(), md, &n, EVP_sha1(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < n; ++i) {
-    out.push_back(kHex[md[i] >> 4]);
-    out.push_back(kHex[md[i] & 15]);
-  }
-  return out;
-}
 
 enum ScriptId : size_t {
   kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kNumScripts
 };
 
-struct Script {
-  std::string_view name;
-  std::string_view body;
-  std::string sha;
-};
-
-std::vector<Script> LoadScripts() {
-  static constexpr std::string_view kOrder[kNumScripts] = {"claim",   "extend",  "complete",
-                                                           "release", "inspect", "complete_ack"};
-  std::vector<Script> out;
-  for (std::string_view name : kOrder) {
-    for (const auto& e : redis::kEmbeddedScripts) {
-      if (e.name == name) out.push_back({e.name, e.body, Sha1Hex(e.body)});
+// The embedded scripts, in ScriptId order.
+const redis::ScriptSet& Scripts() {
+  static const redis::ScriptSet scripts = [] {
+    static constexpr std::string_view kOrder[kNumScripts] = {
+        "claim", "extend", "complete", "release", "inspect", "complete_ack"};
+    std::vector<std::pair<std::string_view, std::string_view>> list;
+    for (std::string_view name : kOrder) {
+      for (const auto& e : redis::kEmbeddedScripts) {
+        if (e.name == name) list.emplace_back(e.name, e.body);
+      }
     }
-  }
-  return out;
-}
-
-const std::vector<Script>& Scripts() {
-  static const std::vector<Script> scripts = LoadScripts();
+    return redis::ScriptSet(list);
+  }();
   return scripts;
 }
 
-// A redirect or a reload: the command was not run and should be sent again.
-bool NeedsResend(const redisReply* r) {
-  if (!IsError(r)) return false;
-  std::string_view e = ReplyText(r);
-  return StartsWith(e, "NOSCRIPT") || StartsWith(e, "MOVED ") || StartsWith(e, "ASK ") ||
-         StartsWith(e, "TRYAGAIN");
-}
-
-// "MOVED 3999 127.0.0.1:6381" → slot and address.
-bool ParseRedirect(std::string_view e, uint16_t* slot, std::string* address) {
-  const size_t a = e.find(' ');
-  const size_t b = a == std::string_view::npos ? a : e.find(' ', a + 1);
-  if (b == std::string_view::npos) return false;
-  unsigned v = 0;
-  auto [p, ec] = std::from_chars(e.data() + a + 1, e.data() + b, v);
-  if (ec != std::errc() || v > 16383) return false;
-  *slot = static_cast<uint16_t>(v);
-  address->assign(e.substr(b + 1));
-  return true;
-}
-
-// The canonical code for an error reply that is not a redirect.
-Status ErrorReplyStatus(const std::string& where, std::string_view e) {
-  const std::string msg = where + std::string(e);
-  if (StartsWith(e, "NOAUTH") || StartsWith(e, "WRONGPASS")) return Status::Unauthenticated(msg);
-  if (StartsWith(e, "NOPERM")) return Status::PermissionDenied(msg);
-  if (StartsWith(e, "DEDUPCORRUPT") || StartsWith(e, "WRONGTYPE")) {
-    return Status::DataLoss(where + "corrupt record: " + std::string(e) + " (nothing changed)");
-  }
-  if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
-  if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
-  if (StartsWith(e, "LOADING") || StartsWith(e, "BUSY") || StartsWith(e, "CLUSTERDOWN") ||
-      StartsWith(e, "READONLY") || StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||
-      StartsWith(e, "MOVED") || StartsWith(e, "ASK")) {
-    return Status::Unavailable(msg);
-  }
-  return Status::Internal(msg);
-}
+const std::string& Sha(ScriptId id) { return Scripts().all()[id].sha; }
 
 bool IntAt(const redisReply* r, size_t i, long long* out) {
   if (r->type != REDIS_REPLY_ARRAY || i >= r->elements ||
@@ -170,28 +109,60 @@ bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
   return false;
 }
 
-class RedisStore final : public Store, public internal::StreamAckStore {
+class RedisStore final : public Store {
  public:
-  RedisStore(const RedisStoreOptions& o, std::vector<redis::Endpoint> seeds)
-      : prefix_(o.prefix), description_(o.description), cluster_(o.cluster), db_(o.db),
-        endpoint_(seeds.empty() ? redis::Endpoint{} : seeds.front()),
-        router_(std::move(seeds), o.cluster, MakeClientOptions(o)) {}
+  RedisStore(redis::ConnectionOptions c, std::string prefix, std::string description)
+      : prefix_(std::move(prefix)), description_(std::move(description)), cluster_(c.cluster),
+        db_(c.db), endpoint_(c.endpoints.front()), client_(std::move(c), &Scripts()) {}
 
   // Same server: plain Redis, same database, same host (localhost = 127.0.0.1)
-  // and port. A false "yes" only costs the combined XACK (it acks nothing and the
-  // worker sends its own), never an ack before the completion.
-  bool CanAckStreamOn(std::string_view host, int port, int db) const override {
-    const auto norm = [](std::string_view h) -> std::string_view {
-      return h == "localhost" || h == "::1" || h == "[::1]" ? "127.0.0.1" : h;
-    };
-    return !cluster_ && db == db_ && port == endpoint_.port &&
-           norm(host) == norm(endpoint_.host);
+  // and port, and a Redis stream. A false "yes" only costs the combined XACK (it
+  // acks nothing, and the caller acks the usual way), never an ack before the
+  // completion.
+  bool CanCompleteWithAck(const BrokerAck& ack) const override {
+    return !cluster_ && ack.kind == "redis-stream" &&
+           ack.server == internal::RedisServerIdentity(endpoint_.host, endpoint_.port, db_);
+  }
+
+  // complete_ack.lua: complete and, only if OK, XACK the entry, in one round
+  // trip. The stream key is on this (single) server; KEYS[2] is it. Other
+  // statuses are plain completions (a failed one is dead-lettered first).
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    if (!CanCompleteWithAck(ack)) return Store::CompleteWithAck(key, token, retention, status, result, ack);
+    std::string rkey = RedisKey(key);
+    if (status != CompletionStatus::kOk) {
+      StatusOr<WriteResult> w = Complete(key, token, retention, status, result);
+      if (!w.ok()) return w.status();
+      return AckedWrite{*w, false};
+    }
+    Command c;
+    c.args = {"EVALSHA",
+              Sha(kCompleteAck),
+              "2",
+              rkey,
+              std::string(ack.target),
+              token.ToHex(),
+              std::to_string(retention.count()),
+              std::to_string(static_cast<int>(CompletionStatus::kOk)),
+              std::string(result),
+              std::string(ack.group),
+              std::string(ack.id)};
+    StatusOr<Reply> r = Exec("complete", rkey, std::move(c));
+    if (!r.ok()) return r.status();
+    if ((*r)->type != REDIS_REPLY_INTEGER || (*r)->integer < 0 || (*r)->integer > 2) {
+      return BadReply("complete");
+    }
+    return AckedWrite{(*r)->integer >= 1 ? WriteResult::kOk : WriteResult::kLost,
+                      (*r)->integer == 2};
   }
 
   Status Start() {
-    DEDUP_RETURN_IF_ERROR(router_.Start());
+    DEDUP_RETURN_IF_ERROR(client_.Start());
     // Every primary must answer (and be Redis 7+) before the store is handed out.
-    for (Node* n : router_.Primaries()) DEDUP_RETURN_IF_ERROR(CheckVersion(n));
+    for (Node* n : client_.router().Primaries()) DEDUP_RETURN_IF_ERROR(CheckVersion(n));
     return Status::Ok();
   }
 
@@ -271,10 +242,6 @@ class RedisStore final : public Store, public internal::StreamAckStore {
                                  CompletionStatus status, std::string_view result) override {
     DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
     std::string rkey = RedisKey(key);
-    if (internal::StreamAck* ack = internal::ScopedStreamAck::For(key);
-        ack != nullptr && status == CompletionStatus::kOk && !cluster_) {
-      return CompleteAck(rkey, token, retention, result, ack);
-    }
     return Write("complete", rkey,
                  ScriptCommand(kComplete, rkey,
                                {token.ToHex(), std::to_string(retention.count()),
@@ -310,7 +277,7 @@ class RedisStore final : public Store, public internal::StreamAckStore {
     if (limit == 0) return out;
     const std::string pattern = GlobEscape(prefix_) + GlobEscape(prefix) + "*";
     std::set<std::string> seen;  // a migrating slot can show a key on two nodes
-    for (Node* node : router_.Primaries()) {
+    for (Node* node : client_.router().Primaries()) {
       std::string cursor = "0";
       do {
         const Command scan{{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}};
@@ -349,17 +316,6 @@ class RedisStore final : public Store, public internal::StreamAckStore {
   std::string Describe() const override { return description_; }
 
  private:
-  static redis::ClientOptions MakeClientOptions(const RedisStoreOptions& o) {
-    redis::ClientOptions c;
-    c.timeout = o.timeout;
-    c.user = o.user;
-    c.password = o.password;
-    c.has_password = o.has_password;
-    c.db = o.cluster ? 0 : o.db;
-    c.pool_size = o.pool_size == 0 ? 1 : o.pool_size;
-    return c;
-  }
-
   std::string RedisKey(std::string_view key) const {
     std::string k;
     k.reserve(prefix_.size() + key.size());
@@ -407,7 +363,7 @@ class RedisStore final : public Store, public internal::StreamAckStore {
     Command c;
     c.args.reserve(4 + args.size());
     c.args.emplace_back("EVALSHA");
-    c.args.push_back(Scripts()[id].sha);
+    c.args.push_back(Sha(id));
     c.args.emplace_back("1");
     c.args.push_back(rkey);
     for (const std::string& a : args) c.args.push_back(a);
@@ -495,83 +451,12 @@ class RedisStore final : public Store, public internal::StreamAckStore {
                           std::to_string(req.max_attempts)});
   }
 
-  // Runs one command on the node owning `rkey`, following MOVED / ASK, and loading
-  // the script (EVAL) when the server answers NOSCRIPT. Other error replies are
-  // returned as a status.
   StatusOr<Reply> Exec(std::string_view op, const std::string& rkey, Command cmd) {
-    Node* node = router_.NodeFor(rkey);
-    bool asking = false;
-    Status last;
-    static const Command asking_cmd{{"ASKING"}};
-    std::vector<Reply> replies;
-    for (int tries = 0; tries < 8; ++tries) {
-      const Command* cmds[2] = {&asking_cmd, &cmd};
-      DEDUP_RETURN_IF_ERROR(node->Pipeline(std::span<const Command* const>(cmds + (asking ? 0 : 1),
-                                                                           asking ? 2 : 1),
-                                           &replies, op));
-      Reply r = std::move(replies.back());
-      asking = false;
-      if (!IsError(r.get())) return r;
-      std::string_view e = ReplyText(r.get());
-      uint16_t slot = 0;
-      std::string address;
-      if (StartsWith(e, "NOSCRIPT") && cmd.args[0] == "EVALSHA") {
-        // The server lost its script cache (restart, failover, SCRIPT FLUSH):
-        // EVAL runs the script and caches it again.
-        for (const Script& s : Scripts()) {
-          if (s.sha == cmd.args[1]) cmd.args[1].assign(s.body);
-        }
-        cmd.args[0] = "EVAL";
-        return Exec(op, rkey, std::move(cmd));
-      }
-      if (StartsWith(e, "MOVED ") && ParseRedirect(e, &slot, &address)) {
-        router_.OnMoved(slot, address);
-        node = router_.NodeAt(address);
-        continue;
-      }
-      if (StartsWith(e, "ASK ") && ParseRedirect(e, &slot, &address)) {
-        node = router_.NodeAt(address);
-        asking = true;
-        continue;
-      }
-      if (StartsWith(e, "TRYAGAIN")) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(tries, 4)));
-        continue;
-      }
-      return ErrorReplyStatus(Where(node, op), e);
-    }
-    return Status::Unavailable("redis " + node->name() + ": " + std::string(op) +
-                               ": too many redirects (cluster resharding?)");
+    return client_.Exec(op, rkey, std::move(cmd));
   }
-
-  // Runs many commands, one pipeline per node, then resends on its own each one
-  // answered with a redirect or NOSCRIPT. Replies are in the order of `cmds`; error
-  // replies other than redirects are left for the caller.
   Status ExecMany(std::string_view op, const std::vector<std::string>& rkeys,
                   std::vector<Command>& cmds, std::vector<Reply>* replies) {
-    replies->clear();
-    replies->resize(cmds.size());
-    std::map<Node*, std::vector<size_t>> groups;
-    for (size_t i = 0; i < cmds.size(); ++i) groups[router_.NodeFor(rkeys[i])].push_back(i);
-    std::vector<size_t> resend;
-    for (auto& [node, idx] : groups) {
-      std::vector<const Command*> ptrs;
-      ptrs.reserve(idx.size());
-      for (size_t i : idx) ptrs.push_back(&cmds[i]);
-      std::vector<Reply> got;
-      DEDUP_RETURN_IF_ERROR(node->Pipeline(ptrs, &got, op));
-      for (size_t j = 0; j < idx.size(); ++j) {
-        if (NeedsResend(got[j].get())) resend.push_back(idx[j]);
-        (*replies)[idx[j]] = std::move(got[j]);
-      }
-    }
-    std::sort(resend.begin(), resend.end());
-    for (size_t i : resend) {
-      StatusOr<Reply> r = Exec(op, rkeys[i], std::move(cmds[i]));
-      if (!r.ok()) return r.status();
-      (*replies)[i] = std::move(r).value();
-    }
-    return Status::Ok();
+    return client_.ExecMany(op, rkeys, cmds, replies);
   }
 
   StatusOr<WriteResult> Write(std::string_view op, const std::string& rkey, Command cmd) {
@@ -647,127 +532,55 @@ class RedisStore final : public Store, public internal::StreamAckStore {
     return std::optional<Record>(std::move(rec));
   }
 
-  // complete_ack.lua: complete and, only if OK, XACK the entry in `ack`, in one
-  // round trip. The stream key is on this (single) server; KEYS[2] is it.
-  StatusOr<WriteResult> CompleteAck(const std::string& rkey, Token token, Millis retention,
-                                    std::string_view result, internal::StreamAck* ack) {
-    Command c;
-    c.args = {"EVALSHA",
-              Scripts()[kCompleteAck].sha,
-              "2",
-              rkey,
-              std::string(ack->stream),
-              token.ToHex(),
-              std::to_string(retention.count()),
-              std::to_string(static_cast<int>(CompletionStatus::kOk)),
-              std::string(result),
-              std::string(ack->group),
-              std::string(ack->entry_id)};
-    ack->tried = true;
-    ack->acked = false;
-    StatusOr<Reply> r = Exec("complete", rkey, std::move(c));
-    if (!r.ok()) return r.status();
-    if ((*r)->type != REDIS_REPLY_INTEGER || (*r)->integer < 0 || (*r)->integer > 2) {
-      return BadReply("complete");
-    }
-    ack->acked = (*r)->integer == 2;
-    return (*r)->integer >= 1 ? WriteResult::kOk : WriteResult::kLost;
-  }
-
   const std::string prefix_;
   const std::string description_;
   const bool cluster_;
   const int db_;
   const redis::Endpoint endpoint_;
-  Router router_;
+  redis::Client client_;
 };
 
-std::string Describe(const RedisStoreOptions& o) {
-  std::string s = o.cluster ? "redis+cluster://" : "redis://";
-  for (size_t i = 0; i < o.hosts.size(); ++i) s += (i ? "," : "") + o.hosts[i];
-  if (!o.cluster && o.db != 0) s += "/" + std::to_string(o.db);
-  s += "?prefix=" + o.prefix;
-  return s;
+std::string Describe(const redis::ConnectionOptions& c, const std::string& prefix) {
+  return c.Describe() + "?prefix=" + prefix;
+}
+
+StatusOr<std::unique_ptr<Store>> Open(redis::ConnectionOptions c, std::string prefix,
+                                      std::string description) {
+  DEDUP_RETURN_IF_ERROR(c.Validate());
+  if (description.empty()) description = Describe(c, prefix);
+  auto store = std::make_unique<RedisStore>(std::move(c), std::move(prefix),
+                                            std::move(description));
+  DEDUP_RETURN_IF_ERROR(store->Start());
+  return std::unique_ptr<Store>(std::move(store));
 }
 
 }  // namespace
 
 StatusOr<std::unique_ptr<Store>> OpenRedisStore(const RedisStoreOptions& options) {
-  if (options.hosts.empty()) return Status::InvalidArgument("redis: no host given");
-  if (options.timeout.count() <= 0) {
-    return Status::InvalidArgument("redis: timeout must be positive");
-  }
-  std::vector<redis::Endpoint> seeds;
+  redis::ConnectionOptions c;
   for (const std::string& h : options.hosts) {
     StatusOr<redis::Endpoint> ep = redis::ParseEndpoint(h);
     if (!ep.ok()) return ep.status();
-    seeds.push_back(*ep);
+    c.endpoints.push_back(*ep);
   }
-  RedisStoreOptions o = options;
-  if (o.description.empty()) o.description = Describe(o);
-  auto store = std::make_unique<RedisStore>(o, std::move(seeds));
-  DEDUP_RETURN_IF_ERROR(store->Start());
-  return std::unique_ptr<Store>(std::move(store));
+  c.cluster = options.cluster;
+  c.user = options.user;
+  c.password = options.password;
+  c.has_password = options.has_password;
+  c.db = options.db;
+  c.timeout = options.timeout;
+  c.pool_size = options.pool_size;
+  c.auto_pipeline = options.auto_pipeline;
+  return Open(std::move(c), options.prefix, options.description);
 }
 
 namespace internal {
 
 StatusOr<std::unique_ptr<Store>> OpenRedisFromUri(const Uri& uri, const OpenOptions& /*options*/) {
-  const bool cluster = uri.scheme == "redis+cluster";
-  DEDUP_RETURN_IF_ERROR(uri.CheckParams({"prefix", "timeout", "pool", kPasswordFileParam}));
-  if (!uri.has_authority || uri.hosts.empty()) {
-    return Status::InvalidArgument("redis URI '" + uri.Redacted() +
-                                   "' has no host (expected " + uri.scheme + "://HOST:PORT)");
-  }
-  RedisStoreOptions o;
-  o.cluster = cluster;
-  // Inline, password_file= or $DEDUP_REDIS_PASSWORD (core/secret.h).
-  StatusOr<RedisCredentials> cred = ResolveRedisCredentials(uri);
-  if (!cred.ok()) return cred.status();
-  o.user = cred->user;
-  o.password = cred->password;
-  o.has_password = cred->has_password;
-  std::string_view hosts = uri.hosts;
-  while (!hosts.empty()) {
-    const size_t comma = hosts.find(',');
-    std::string_view h = hosts.substr(0, comma);
-    if (h.empty()) return Status::InvalidArgument("redis URI has an empty host in '" + uri.hosts + "'");
-    o.hosts.emplace_back(h);
-    hosts = comma == std::string_view::npos ? std::string_view() : hosts.substr(comma + 1);
-  }
-  if (!cluster && o.hosts.size() > 1) {
-    return Status::InvalidArgument("redis:// takes one host; use redis+cluster:// for a cluster, got '" +
-                                   uri.hosts + "'");
-  }
-  if (!uri.path.empty() && uri.path != "/") {
-    if (cluster) {
-      return Status::InvalidArgument("redis+cluster:// takes no database path, got '" + uri.path +
-                                     "'");
-    }
-    auto db = ParseCount(std::string_view(uri.path).substr(1), "redis: database");
-    if (!db.ok()) return db.status();
-    if (*db > 1'000'000) return Status::InvalidArgument("redis: database " + uri.path.substr(1) + " is too large");
-    o.db = static_cast<int>(*db);
-  }
-  if (auto p = uri.Param("prefix")) o.prefix = *p;
-  if (auto t = uri.Param("timeout")) {
-    auto ms = ParseDurationMillis(*t, "redis: timeout");
-    if (!ms.ok()) return ms.status();
-    if (*ms <= 0) return Status::InvalidArgument("redis: timeout must be positive, got '" + *t + "'");
-    o.timeout = Millis(*ms);
-  }
-  if (auto p = uri.Param("pool")) {
-    auto n = ParseCount(*p, "redis: pool");
-    if (!n.ok()) return n.status();
-    if (*n < 1 || *n > 1024) return Status::InvalidArgument("redis: pool must be 1 to 1024, got " + *p);
-    o.pool_size = static_cast<size_t>(*n);
-  }
-  o.description = uri.Redacted();
-  auto store = OpenRedisStore(o);
-  // Host parsing echoes what it was given: a mistyped "redis://:PASS" makes the
-  // password a host.
-  if (!store.ok()) return Status(store.status().code(), RedactWords(store.status().message()));
-  return store;
+  StatusOr<redis::RedisUri> parsed = redis::ParseRedisUri(uri, {"prefix"});
+  if (!parsed.ok()) return parsed.status();
+  std::string prefix = parsed->uri.Param("prefix").value_or("dedup:");
+  return Open(std::move(parsed->connection), std::move(prefix), std::string());
 }
 
 }  // namespace internal

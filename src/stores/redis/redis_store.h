@@ -2,12 +2,14 @@
 //
 // The Redis and Redis Cluster store. Opened from a URI through OpenStore():
 //
-//   redis://[user:password@]host:port[/db][?prefix=P&timeout=T&pool=N]
-//   redis+cluster://[user:password@]host:port[,host:port...][?prefix=P&timeout=T&pool=N]
+//   redis://[user:password@]host:port[/db][?prefix=P&timeout=T&pool=N&pipeline=auto|off]
+//   redis+cluster://[user:password@]host:port[,host:port...][?prefix=P&...]
 //
 //   prefix   put before every key to make the Redis key.        Default: "dedup:"
-//   timeout  bounds each connect and each command round trip.   Default: 2s
-//   pool     connections per Redis server, at most.              Default: 8
+//
+// and the connection options of every Redis URI (src/redis/options.h: timeout,
+// pool, pipeline; IPv6 hosts in brackets; TLS refused as not supported yet).
+// Threads share the store's connections: concurrent claims go out together.
 //
 // One Redis key per dedup key (prefix + key), a packed string (record format 1,
 // docs/REDIS_PROTOCOL.md) whose Redis expiry is the record's retention deadline.
@@ -55,6 +57,8 @@ struct RedisStoreOptions {
   Millis timeout{2'000};
   // Connections per server, at most. Default: 8.
   size_t pool_size = 8;
+  // Threads share connections; concurrent calls share round trips. Default: true.
+  bool auto_pipeline = true;
   // What Describe() returns. Default: built from the fields above.
   std::string description;
 };

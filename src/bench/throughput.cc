@@ -1,0 +1,83 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The throughput matrix. Contenders of one worker count run interleaved in short
+// rounds (A B C ... A B C ...), so that drift of a shared machine hits all of
+// them alike; a ratio to a baseline is taken per round and the median of those
+// ratios is reported.
+
+#include "bench/bench.h"
+
+namespace dedup::bench {
+
+void RunThroughput(BenchContext& ctx) {
+  const Plan& p = ctx.plan;
+  for (int threads : p.workers) {
+    if (ctx.Stop()) return;
+    auto& cs = ctx.results.groups[threads];
+    // Everything a contender needs lives until the end of its worker count.
+    ContenderGroup group(threads, &cs);
+    for (auto& [name, add] : ContenderSources()) add(ctx, group);
+
+    // Interleaved rounds: every contender once per round, in order.
+    for (int round = 0; round < p.rounds && !ctx.Stop(); ++round) {
+      std::map<std::string, double> rate;
+      for (size_t i = 0; i < cs.size() && !ctx.Stop(); ++i) {
+        Contender& c = *cs[i];
+        ctx.Say(std::to_string(threads) + " workers, round " + std::to_string(round + 1) + "/" +
+                std::to_string(p.rounds) + ": " + c.store + " " + c.label);
+        RoundResult r;
+        if (c.external) {
+          r = c.external(p.round_s, Median(c.rates));
+          c.ext_p50.push_back(r.p50_us);
+          c.ext_p99.push_back(r.p99_us);
+        } else {
+          r = RunInProcess(c, threads, p.round_s);
+        }
+        c.rates.push_back(r.rate);
+        c.errors += r.errors;
+        c.messages += r.messages;
+        rate[c.id] = r.rate;
+      }
+      for (auto& c : cs) {
+        for (const std::string& b : c->baselines) {
+          if (rate.count(c->id) && rate.count(b)) {
+            ctx.results.ratios[threads][c->id][b].push_back(rate[c->id] / rate[b]);
+          }
+        }
+      }
+    }
+    // Stores close here, before the next worker count.
+    group.Release();
+#ifdef DEDUP_WITH_REDIS
+    if (ctx.redis && ctx.redis_target.own) RedisConn(ctx.redis_target).Command({"FLUSHALL"});
+#endif
+  }
+}
+
+void ThroughputGoals(BenchContext& ctx) {
+  Results& r = ctx.results;
+  const std::vector<int>& workers = ctx.plan.workers;
+  auto has = [&](int t) { return std::find(workers.begin(), workers.end(), t) != workers.end(); };
+  for (int t : {1, 2}) {
+    r.AddGoal("memory store claim >= " + std::string(t == 1 ? "2" : "3") + "x unordered_map+mutex, " +
+                  std::to_string(t) + " thread" + (t > 1 ? "s" : ""),
+              has(t) ? r.Ratio(t, "memory/claim/b1", "memory/baseline/b1") : NAN, t == 1 ? 2.0 : 3.0);
+  }
+  for (int t : workers) {
+    r.AddGoal("rocksdb store claim (WAL on) >= 3x Get+Put, " + std::to_string(t) + " threads",
+              r.Ratio(t, "rocksdb/claim/b1", "rocksdb/baseline/b1"), 3.0);
+  }
+  for (int t : workers) {
+    r.AddGoal("rocksdb store claim >= 10x SET NX EX (-P 1), " + std::to_string(t) + " threads/connections",
+              r.Ratio(t, "rocksdb/claim/b1", "redis/baseline/b1"), 10.0);
+  }
+  for (int t : workers) {
+    for (int d : {1, 16}) {
+      r.AddGoal("redis store claim >= 0.9x redis-benchmark, " + std::to_string(t) + " connections, depth " +
+                    std::to_string(d),
+                r.Ratio(t, "redis/claim/b" + std::to_string(d), "redis/baseline/b" + std::to_string(d)), 0.9);
+    }
+  }
+}
+
+}  // namespace dedup::bench

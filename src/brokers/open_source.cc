@@ -1,0 +1,58 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The broker scheme table: OpenSource(uri) picks the MessageSource by the URI's
+// scheme. A new broker is one folder under src/brokers/ plus one row here.
+
+#include <string>
+#include <string_view>
+
+#include "core/uri.h"
+#include "dedup/consumer.h"
+#ifdef DEDUP_WITH_REDIS_STREAMS
+#include "brokers/redis_streams/streams_source.h"
+#include "dedup/worker.h"
+#endif
+
+namespace dedup {
+namespace {
+
+#ifdef DEDUP_WITH_REDIS_STREAMS
+StatusOr<std::unique_ptr<MessageSource>> OpenRedisStreams(std::string_view uri,
+                                                          const SourceOptions& o) {
+  StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(uri);
+  if (!wo.ok()) return wo.status();
+  if (wo->group.empty()) wo->group = "dedup";
+  return OpenRedisStreamsSource(*std::move(wo), o.lease);
+}
+#endif
+
+struct SchemeRow {
+  std::string_view scheme;
+  StatusOr<std::unique_ptr<MessageSource>> (*open)(std::string_view uri, const SourceOptions&);
+};
+
+constexpr SchemeRow kSources[] = {
+#ifdef DEDUP_WITH_REDIS_STREAMS
+    {"redis", &OpenRedisStreams},
+#endif
+    {"", nullptr},  // end (keeps the table non-empty when no broker is compiled in)
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MessageSource>> OpenSource(std::string_view uri,
+                                                    const SourceOptions& options) {
+  StatusOr<internal::Uri> parsed = internal::ParseUri(uri);
+  if (!parsed.ok()) return parsed.status();
+  std::string known;
+  for (const SchemeRow& row : kSources) {
+    if (row.open == nullptr) continue;
+    if (row.scheme == parsed->scheme) return row.open(uri, options);
+    known += (known.empty() ? "" : ", ") + std::string(row.scheme) + "://";
+  }
+  return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': scheme '" +
+                                 parsed->scheme + "' is not a broker this build knows (" +
+                                 (known.empty() ? std::string("none") : known) + ")");
+}
+
+}  // namespace dedup

@@ -1,0 +1,420 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "brokers/redis_streams/streams_source.h"
+
+#include <hiredis/hiredis.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "brokers/redis_streams/stream_conn.h"
+#include "core/uri.h"
+
+namespace dedup {
+
+using streams::ConnOptions;
+using streams::IsError;
+using streams::ReplyText;
+using streams::StreamConn;
+using SteadyTime = std::chrono::steady_clock::time_point;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+std::string HexSha256(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 15]);
+  }
+  return out;
+}
+
+// [id, [f1, v1, f2, v2 ...]]. A nil field list (entry deleted from the stream
+// while pending) gives has_body = false.
+bool ParseEntry(const redisReply* e, StreamMessage* m, bool* has_body) {
+  if (e == nullptr || e->type != REDIS_REPLY_ARRAY || e->elements != 2) return false;
+  const redisReply* id = e->element[0];
+  const redisReply* kv = e->element[1];
+  if (id == nullptr || id->type != REDIS_REPLY_STRING) return false;
+  m->id.assign(id->str, id->len);
+  *has_body = kv != nullptr && kv->type == REDIS_REPLY_ARRAY;
+  if (!*has_body) return true;
+  for (size_t i = 0; i + 1 < kv->elements; i += 2) {
+    m->fields.emplace_back(std::string(kv->element[i]->str, kv->element[i]->len),
+                           std::string(kv->element[i + 1]->str, kv->element[i + 1]->len));
+  }
+  return true;
+}
+
+class StreamsSource;
+
+class StreamDelivery final : public Delivery {
+ public:
+  StreamDelivery(StreamsSource* source, StreamMessage m, std::string key, std::string key_error,
+                 uint32_t count);
+  Status Ack() override;
+  Status Retry(Millis after) override;
+  Status DeadLetter(std::string_view reason) override;
+  const BrokerAck* fused_ack() const override { return &ack_; }
+  void MarkAcked() override {}
+
+ private:
+  StreamsSource* source_;
+  BrokerAck ack_;
+};
+
+class StreamsSource final : public MessageSource {
+ public:
+  explicit StreamsSource(WorkerOptions o)
+      : o_(std::move(o)), server_(internal::RedisServerIdentity(o_.host, o_.port, o_.db)), fetch_conn_(Conn()) {}
+
+  ConnOptions Conn() const {
+    ConnOptions c;
+    c.host = o_.host;
+    c.port = o_.port;
+    c.user = o_.user;
+    c.password = o_.password;
+    c.has_password = o_.has_password;
+    c.db = o_.db;
+    c.timeout = o_.timeout;
+    return c;
+  }
+
+  Status CreateGroup(StreamConn* conn) {
+    auto r = conn->Run({"XGROUP", "CREATE", o_.stream, o_.group, "0", "MKSTREAM"});
+    if (!r.ok()) return r.status();
+    if (IsError(r->get()) && ReplyText(r->get()).rfind("BUSYGROUP", 0) != 0) {
+      return Status::FailedPrecondition("redis " + conn->Name() + ": XGROUP CREATE " +
+                                        o_.stream + " " + o_.group + ": " + ReplyText(r->get()));
+    }
+    return Status::Ok();
+  }
+  Status CreateGroup() { return CreateGroup(&fetch_conn_); }
+
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    std::vector<std::unique_ptr<Delivery>> out;
+    const SteadyTime now = SteadyClock::now();
+    const int count = static_cast<int>(std::min<size_t>(max, 10'000));
+    if (count <= 0) return out;
+    Status s;
+    if (!history_done_) {
+      s = ReadGroup(history_from_, count, Millis(0), &out, /*history=*/true);
+    } else if (now >= next_reclaim_) {
+      next_reclaim_ = now + o_.reclaim_interval;
+      s = Reclaim(count, &out);
+    } else {
+      s = ClaimDueRetries(count, &out);
+      if (s.ok() && out.empty()) {
+        const Millis until_next = std::chrono::duration_cast<Millis>(
+            std::min(next_reclaim_, NextRetry()) - now);
+        const Millis block = std::clamp(until_next, Millis(1), std::min(wait, o_.block));
+        s = ReadGroup(">", count, block, &out, false);
+      }
+    }
+    if (!s.ok()) return s;
+    return out;
+  }
+
+  std::string Describe() const override {
+    return "redis-streams " + o_.host + ":" + std::to_string(o_.port) + " stream=" + o_.stream +
+           " group=" + o_.group + " consumer=" + o_.consumer;
+  }
+
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    if (deliveries.empty()) return Status::Ok();
+    std::vector<std::string> args = {"XACK", o_.stream, o_.group};
+    for (Delivery* d : deliveries) args.push_back(d->id());
+    Status s = Send(args, "XACK");
+    if (!s.ok()) {
+      for (Delivery* d : deliveries) LeavePending(d->id(), Millis(500));
+    }
+    return s;
+  }
+
+  // ---- settlement, from any thread ----
+
+  Status Ack(const std::string& id) {
+    Status s = Send({"XACK", o_.stream, o_.group, id}, "XACK");
+    // The outcome is recorded: fetch it again, the next run gets DUPLICATE and acks.
+    if (!s.ok()) LeavePending(id, Millis(500));
+    return s;
+  }
+
+  void LeavePending(const std::string& id, Millis after) {
+    std::lock_guard lock(mu_);
+    retry_[id] = SteadyClock::now() + std::max(after, Millis(1));
+  }
+
+  Status DeadLetter(const StreamDelivery& d, const std::vector<std::pair<std::string, std::string>>& fields,
+                    std::string_view reason) {
+    std::vector<std::string> args = {"XADD", o_.dead_stream, "*"};
+    for (const auto& [k, v] : fields) {
+      args.push_back(k);
+      args.push_back(v);
+    }
+    args.insert(args.end(), {"reason", std::string(reason), "entry_id", d.id()});
+    Status s = Send(args, "XADD");
+    if (s.ok()) s = Send({"XACK", o_.stream, o_.group, d.id()}, "XACK");
+    if (!s.ok()) LeavePending(d.id(), Millis(500));
+    return s;
+  }
+
+  const WorkerOptions& options() const { return o_; }
+  const std::string& server() const { return server_; }
+
+ private:
+  // One command on a pooled connection; an error reply is Unavailable.
+  Status Send(const std::vector<std::string>& args, const char* what) {
+    std::unique_ptr<StreamConn> c;
+    {
+      std::lock_guard lock(pool_mu_);
+      if (!pool_.empty()) {
+        c = std::move(pool_.back());
+        pool_.pop_back();
+      }
+    }
+    if (c == nullptr) c = std::make_unique<StreamConn>(Conn());
+    auto r = c->Run(args);
+    Status s;
+    if (!r.ok()) {
+      s = r.status();
+    } else if (IsError(r->get())) {
+      s = Status::Unavailable("redis " + c->Name() + ": " + what + ": " + ReplyText(r->get()));
+    }
+    {
+      std::lock_guard lock(pool_mu_);
+      pool_.push_back(std::move(c));
+    }
+    return s;
+  }
+
+  SteadyTime NextRetry() {
+    std::lock_guard lock(mu_);
+    SteadyTime t = SteadyTime::max();
+    for (const auto& [id, when] : retry_) t = std::min(t, when);
+    return t;
+  }
+
+  bool WaitingRetry(const std::string& id) {
+    std::lock_guard lock(mu_);
+    return retry_.contains(id);
+  }
+
+  std::string KeyOf(const StreamMessage& m, std::string* error) const {
+    if (o_.key_from_content) return o_.key_prefix + HexSha256(m.CanonicalPayload());
+    for (const auto& [k, v] : m.fields) {
+      if (k == o_.key_field) {
+        if (v.empty()) *error = "empty key field '" + o_.key_field + "'";
+        return v.empty() ? std::string() : o_.key_prefix + v;
+      }
+    }
+    *error = "missing key field '" + o_.key_field + "'";
+    return {};
+  }
+
+  // Entries of a reply -> deliveries; deleted ones are XACKed here.
+  Status Take(const redisReply* entries, bool skip_waiting, uint32_t count,
+              std::vector<std::unique_ptr<Delivery>>* out, std::string* last_id) {
+    std::vector<std::string> gone;
+    for (size_t i = 0; i < entries->elements; ++i) {
+      StreamMessage m;
+      bool has_body = false;
+      if (!ParseEntry(entries->element[i], &m, &has_body)) continue;
+      if (last_id != nullptr) *last_id = m.id;
+      if (!has_body) {
+        gone.push_back(m.id);  // deleted from the stream: nothing left to process
+        std::lock_guard lock(mu_);
+        retry_.erase(m.id);
+        continue;
+      }
+      if (skip_waiting && WaitingRetry(m.id)) continue;  // fetched when its time comes
+      std::string error;
+      std::string key = KeyOf(m, &error);
+      out->push_back(std::make_unique<StreamDelivery>(this, std::move(m), std::move(key),
+                                                      std::move(error), count));
+    }
+    if (!gone.empty()) {
+      std::vector<std::string> args = {"XACK", o_.stream, o_.group};
+      args.insert(args.end(), gone.begin(), gone.end());
+      auto r = fetch_conn_.Run(args);
+      if (!r.ok()) return r.status();
+    }
+    return Status::Ok();
+  }
+
+  Status ReadGroup(const std::string& from, int count, Millis block,
+                   std::vector<std::unique_ptr<Delivery>>* out, bool history) {
+    std::vector<std::string> args = {"XREADGROUP", "GROUP", o_.group, o_.consumer,
+                                     "COUNT", std::to_string(count)};
+    if (from == ">") {
+      args.push_back("BLOCK");
+      args.push_back(std::to_string(block.count()));
+    }
+    args.insert(args.end(), {"STREAMS", o_.stream, from});
+    auto r = fetch_conn_.Run(args, block);
+    if (!r.ok()) return r.status();
+    const redisReply* rep = r->get();
+    if (IsError(rep)) {
+      // NOGROUP after a Redis restart that lost the group: create it again.
+      if (ReplyText(rep).rfind("NOGROUP", 0) == 0) return CreateGroup();
+      return Status::Unavailable("redis " + fetch_conn_.Name() + ": XREADGROUP: " +
+                                 ReplyText(rep));
+    }
+    std::string last;
+    size_t before = out->size();
+    size_t seen = 0;
+    if (rep->type == REDIS_REPLY_ARRAY) {
+      for (size_t i = 0; i < rep->elements; ++i) {
+        const redisReply* s = rep->element[i];
+        if (s->type == REDIS_REPLY_ARRAY && s->elements == 2 &&
+            s->element[1]->type == REDIS_REPLY_ARRAY) {
+          seen += s->element[1]->elements;
+          // History entries were delivered before (count unknown: 0); new ones once.
+          DEDUP_RETURN_IF_ERROR(Take(s->element[1], history, history ? 0 : 1, out, &last));
+        }
+      }
+    }
+    (void)before;
+    if (history) {
+      if (seen == 0) {
+        history_done_ = true;
+      } else {
+        history_from_ = last;
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Reclaim(int count, std::vector<std::unique_ptr<Delivery>>* out) {
+    auto r = fetch_conn_.Run({"XAUTOCLAIM", o_.stream, o_.group, o_.consumer,
+                              std::to_string(o_.reclaim_min_idle.count()), reclaim_cursor_,
+                              "COUNT", std::to_string(count)});
+    if (!r.ok()) return r.status();
+    const redisReply* rep = r->get();
+    if (IsError(rep)) {
+      if (ReplyText(rep).rfind("NOGROUP", 0) == 0) return CreateGroup();
+      return Status::Unavailable("redis " + fetch_conn_.Name() + ": XAUTOCLAIM: " +
+                                 ReplyText(rep));
+    }
+    // Redis 7: [next-cursor, [entries], [deleted ids]].
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 2) {
+      return Status::Internal("XAUTOCLAIM: unexpected reply shape");
+    }
+    reclaim_cursor_ = ReplyText(rep->element[0]);
+    if (reclaim_cursor_.empty()) reclaim_cursor_ = "0-0";
+    if (rep->element[1]->type == REDIS_REPLY_ARRAY) {
+      DEDUP_RETURN_IF_ERROR(Take(rep->element[1], true, 0, out, nullptr));
+    }
+    return Status::Ok();
+  }
+
+  // Own entries whose retry time has come: XCLAIM them (min-idle 0) to reset
+  // their idle time and read their current fields.
+  Status ClaimDueRetries(int count, std::vector<std::unique_ptr<Delivery>>* out) {
+    std::vector<std::string> ids;
+    {
+      std::lock_guard lock(mu_);
+      const SteadyTime now = SteadyClock::now();
+      for (auto it = retry_.begin(); it != retry_.end() && static_cast<int>(ids.size()) < count;) {
+        if (it->second <= now) {
+          ids.push_back(it->first);
+          it = retry_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (ids.empty()) return Status::Ok();
+    std::vector<std::string> args = {"XCLAIM", o_.stream, o_.group, o_.consumer, "0"};
+    args.insert(args.end(), ids.begin(), ids.end());
+    auto r = fetch_conn_.Run(args);
+    if (!r.ok() || IsError(r->get()) || r->get()->type != REDIS_REPLY_ARRAY) {
+      for (const auto& id : ids) LeavePending(id, Millis(500));
+      if (!r.ok()) return r.status();
+      return Status::Unavailable("redis " + fetch_conn_.Name() + ": XCLAIM: " +
+                                 ReplyText(r->get()));
+    }
+    return Take(r->get(), false, 0, out, nullptr);
+  }
+
+  WorkerOptions o_;
+  const std::string server_;
+  // Fetch runs on one thread at a time: its connection and cursors need no lock.
+  StreamConn fetch_conn_;
+  bool history_done_ = false;
+  std::string history_from_ = "0";
+  SteadyTime next_reclaim_ = SteadyClock::now();
+  std::string reclaim_cursor_ = "0-0";
+
+  std::mutex mu_;
+  std::map<std::string, SteadyTime> retry_;  // own entries left pending, by id
+
+  std::mutex pool_mu_;
+  std::vector<std::unique_ptr<StreamConn>> pool_;  // for settlements
+};
+
+StreamDelivery::StreamDelivery(StreamsSource* source, StreamMessage m, std::string key,
+                               std::string key_error, uint32_t count)
+    : source_(source) {
+  id_ = std::move(m.id);
+  key_ = std::move(key);
+  key_error_ = std::move(key_error);
+  payload_ = m.CanonicalPayload();
+  delivery_count_ = count;
+  attributes_ = std::move(m.fields);
+  ack_.kind = "redis-stream";
+  ack_.server = source_->server();
+  ack_.target = source_->options().stream;
+  ack_.group = source_->options().group;
+  ack_.id = id_;
+}
+
+Status StreamDelivery::Ack() { return source_->Ack(id_); }
+
+Status StreamDelivery::Retry(Millis after) {
+  source_->LeavePending(id_, after);
+  return Status::Ok();
+}
+
+Status StreamDelivery::DeadLetter(std::string_view reason) {
+  return source_->DeadLetter(*this, attributes_, reason);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MessageSource>> OpenRedisStreamsSource(WorkerOptions o, Millis lease) {
+  if (o.stream.empty()) return Status::InvalidArgument("redis streams: stream is empty");
+  if (o.group.empty()) return Status::InvalidArgument("redis streams: group is empty");
+  if (o.key_field.empty()) return Status::InvalidArgument("redis streams: key field is empty");
+  if (o.block.count() < 1) o.block = Millis(1);
+  if (o.timeout.count() <= 0) {
+    return Status::InvalidArgument("redis streams: timeout must be positive");
+  }
+  if (o.reclaim_interval.count() <= 0) {
+    return Status::InvalidArgument("redis streams: reclaim interval must be positive");
+  }
+  if (o.reclaim_min_idle.count() < 0) {
+    return Status::InvalidArgument("redis streams: reclaim min-idle must not be negative");
+  }
+  if (o.reclaim_min_idle.count() == 0) o.reclaim_min_idle = lease + Millis(5'000);
+  if (o.consumer.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    o.consumer = std::string(host) + "-" + std::to_string(getpid());
+  }
+  if (o.dead_stream.empty()) o.dead_stream = o.stream + ":dead";
+  auto s = std::make_unique<StreamsSource>(std::move(o));
+  DEDUP_RETURN_IF_ERROR(s->CreateGroup());
+  return std::unique_ptr<MessageSource>(std::move(s));
+}
+
+}  // namespace dedup

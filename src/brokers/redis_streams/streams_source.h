@@ -1,0 +1,50 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Redis Streams as a MessageSource (consumer.h): a consumer group read with
+// XREADGROUP, settled with XACK / XADD to a dead-letter stream. Every behaviour
+// of the stream worker is here:
+//
+//   Delivery     stream
+//   Ack()        XACK (the Consumer calls it only after the outcome is recorded)
+//   Retry(after) no ack: the entry stays pending; this source fetches it again no
+//                earlier than `after` (XCLAIM of its own entry, which also reads
+//                its current fields; an entry acked elsewhere meanwhile is gone)
+//   DeadLetter   XADD <dead stream> with the original fields + reason + entry_id,
+//                then XACK
+//   fused_ack()  {"redis-stream", "host:port/0", stream, group, entry id}: a Redis
+//                store on the same server and database completes and XACKs in one
+//                script (complete_ack.lua)
+//
+// Fetch, in turn: this consumer's own pending entries first (a restart with the
+// same consumer name), entries of any consumer idle for longer than
+// `reclaim_min_idle` (XAUTOCLAIM: a crashed worker's entries), own entries whose
+// retry time has come (XCLAIM), then new entries (XREADGROUP >, BLOCK bounded by
+// the next retry or reclaim). An entry deleted from the stream while pending
+// comes back without fields: it is XACKed and not handed out.
+//
+// The dedup key is the entry's `key_field` (default "id"), or the hex SHA-256 of
+// its fields; never the stream entry id. An entry without the field carries a
+// key_error and is dead-lettered by the Consumer, never processed unguarded.
+// A dead-letter entry may be written twice if the worker dies between XADD and
+// XACK; it carries `entry_id` so readers can tell.
+
+#ifndef DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAMS_SOURCE_H_
+#define DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAMS_SOURCE_H_
+
+#include <memory>
+#include <string>
+
+#include "dedup/consumer.h"
+#include "dedup/worker.h"
+
+namespace dedup {
+
+// Checks the options, fills the defaults (consumer name, dead stream,
+// reclaim_min_idle = lease + 5 s when 0) and creates the group if missing.
+// InvalidArgument for bad options, Unavailable when Redis cannot be reached.
+[[nodiscard]] StatusOr<std::unique_ptr<MessageSource>> OpenRedisStreamsSource(
+    WorkerOptions options, Millis lease);
+
+}  // namespace dedup
+
+#endif  // DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAMS_SOURCE_H_

@@ -1,0 +1,369 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// One fetch thread (the caller of Run) takes batches from the source, drops
+// deliveries whose id this Consumer already holds, claims the rest with one
+// Buffer::ClaimBatch and queues them; `concurrency` handler threads run each
+// through Buffer::ProcessClaimed (or the Processor) and settle it with the broker.
+// The policy (outcome -> broker action) lives in ProcessOnce alone; this file only
+// carries out the action and counts.
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/printable.h"
+#include "dedup/consumer.h"
+
+namespace dedup {
+
+std::string ConsumerMetrics::ToPrometheus() const {
+  const std::pair<const char*, uint64_t> rows[] = {
+      {"messages", messages},         {"acquired", acquired},
+      {"duplicates", duplicates},     {"busy", busy},
+      {"takeovers", takeovers},       {"lost_leases", lost_leases},
+      {"retries", retries},           {"dead_lettered", dead_lettered},
+      {"store_errors", store_errors}, {"acked", acked},
+      {"redelivered", redelivered},   {"held_back", held_back},
+      {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete},
+      {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches}};
+  std::string out;
+  for (const auto& [name, v] : rows) {
+    out += "# TYPE dedup_worker_" + std::string(name) + "_total counter\n";
+    out += "dedup_worker_" + std::string(name) + "_total " + std::to_string(v) + "\n";
+  }
+  return out;
+}
+
+std::string ConsumerMetrics::Summary() const {
+  return "messages=" + std::to_string(messages) + " acquired=" + std::to_string(acquired) +
+         " duplicates=" + std::to_string(duplicates) + " busy=" + std::to_string(busy) +
+         " takeovers=" + std::to_string(takeovers) + " lost_leases=" +
+         std::to_string(lost_leases) + " retries=" + std::to_string(retries) +
+         " dead_lettered=" + std::to_string(dead_lettered) + " store_errors=" +
+         std::to_string(store_errors) + " acked=" + std::to_string(acked) +
+         " redelivered=" + std::to_string(redelivered) + " held_back=" +
+         std::to_string(held_back) + " broker_errors=" + std::to_string(broker_errors) +
+         " acked_with_complete=" + std::to_string(acked_with_complete);
+}
+
+class Consumer::Impl {
+ public:
+  Impl(MessageSource* source, Buffer* buffer, Handler handler, Processor process,
+       ConsumerOptions o, std::atomic<bool>* stop)
+      : source_(source), buffer_(buffer), handler_(std::move(handler)),
+        process_(std::move(process)), o_(std::move(o)), stop_(stop) {
+    if (o_.prefetch < 0) o_.prefetch = o_.concurrency;
+  }
+
+  Status Run() {
+    for (int i = 0; i < o_.concurrency; ++i) threads_.emplace_back([this] { HandlerLoop(); });
+    Millis backoff(50);
+    while (!stop_->load(std::memory_order_relaxed)) {
+      const int free = FreeSlots();
+      if (free <= 0) {
+        std::unique_lock lock(mu_);
+        room_cv_.wait_for(lock, Millis(50), [this] { return Room() > 0; });
+        continue;
+      }
+      StatusOr<std::vector<std::unique_ptr<Delivery>>> batch =
+          source_->Fetch(static_cast<size_t>(free), o_.fetch_wait);
+      if (!batch.ok()) {
+        n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+        Log("fetch: " + batch.status().ToString());
+        // Sleep in short steps so that Stop() is seen.
+        for (auto until = std::chrono::steady_clock::now() + backoff;
+             std::chrono::steady_clock::now() < until && !stop_->load();) {
+          std::this_thread::sleep_for(Millis(10));
+        }
+        backoff = std::min(backoff * 2, Millis(1'000));
+        continue;
+      }
+      backoff = Millis(50);
+      Enqueue(std::move(batch).value());
+    }
+    Drain();
+    return Status::Ok();
+  }
+
+  ConsumerMetrics Metrics() const {
+    ConsumerMetrics m;
+    m.messages = n_.messages.load();
+    m.acquired = n_.acquired.load();
+    m.duplicates = n_.duplicates.load();
+    m.busy = n_.busy.load();
+    m.takeovers = n_.takeovers.load();
+    m.lost_leases = n_.lost_leases.load();
+    m.retries = n_.retries.load();
+    m.dead_lettered = n_.dead_lettered.load();
+    m.store_errors = n_.store_errors.load();
+    m.acked = n_.acked.load();
+    m.redelivered = n_.redelivered.load();
+    m.held_back = n_.held_back.load();
+    m.broker_errors = n_.broker_errors.load();
+    m.acked_with_complete = n_.acked_with_complete.load();
+    m.claim_batches = n_.claim_batches.load();
+    m.claimed_in_batches = n_.claimed_in_batches.load();
+    return m;
+  }
+
+  const ConsumerOptions& options() const { return o_; }
+
+ private:
+  struct Job {
+    std::unique_ptr<Delivery> delivery;
+    std::optional<StatusOr<ClaimGuard>> claim;  // made by a batch claim
+  };
+
+  struct Counters {
+    std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
+        lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, acked{0},
+        redelivered{0}, held_back{0}, broker_errors{0}, acked_with_complete{0},
+        claim_batches{0}, claimed_in_batches{0};
+  };
+
+  void Log(const std::string& line) const {
+    std::fprintf(stderr, "%s: %s\n", o_.log_name.c_str(), line.c_str());
+  }
+
+  int Room() const { return o_.concurrency + o_.prefetch - static_cast<int>(queue_.size()) - running_; }
+  int FreeSlots() {
+    std::lock_guard lock(mu_);
+    return Room();
+  }
+
+  void Enqueue(std::vector<std::unique_ptr<Delivery>> batch) {
+    // Drop what this Consumer already holds (queued or running).
+    std::vector<Job> jobs;
+    jobs.reserve(batch.size());
+    {
+      std::lock_guard lock(mu_);
+      for (auto& d : batch) {
+        if (d == nullptr) continue;
+        if (!held_.insert(d->id()).second) {
+          n_.held_back.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        jobs.push_back(Job{std::move(d), std::nullopt});
+      }
+    }
+    if (jobs.empty()) return;
+    if (buffer_ != nullptr && o_.batch_claims && jobs.size() > 1) ClaimAll(jobs);
+    {
+      std::lock_guard lock(mu_);
+      for (Job& j : jobs) queue_.push_back(std::move(j));
+    }
+    work_cv_.notify_all();
+  }
+
+  // One Buffer::ClaimBatch for the keyed deliveries of the batch.
+  void ClaimAll(std::vector<Job>& jobs) {
+    std::vector<ClaimItem> items;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Delivery& d = *jobs[i].delivery;
+      if (!d.key_error().empty() || d.key().empty()) continue;
+      items.push_back(ClaimItem{d.key(), d.payload()});
+      where.push_back(i);
+    }
+    if (items.size() < 2) return;
+    std::vector<StatusOr<ClaimGuard>> claims = buffer_->ClaimBatch(items);
+    n_.claim_batches.fetch_add(1, std::memory_order_relaxed);
+    n_.claimed_in_batches.fetch_add(items.size(), std::memory_order_relaxed);
+    for (size_t j = 0; j < where.size(); ++j) jobs[where[j]].claim.emplace(std::move(claims[j]));
+  }
+
+  void HandlerLoop() {
+    while (true) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        work_cv_.wait(lock, [this] { return !queue_.empty() || draining_; });
+        if (queue_.empty()) return;  // draining and nothing left
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        ++running_;
+      }
+      Handle(job);
+      {
+        std::lock_guard lock(mu_);
+        held_.erase(job.delivery->id());
+        --running_;
+      }
+      room_cv_.notify_all();
+    }
+  }
+
+  void Handle(Job& job) {
+    Delivery& d = *job.delivery;
+    n_.messages.fetch_add(1, std::memory_order_relaxed);
+    if (d.delivery_count() > 1) n_.redelivered.fetch_add(1, std::memory_order_relaxed);
+    if (!d.key_error().empty()) {
+      Settle(d, BrokerAction::kDeadLetter, Millis(0), d.key_error(), false);
+      return;
+    }
+    Processed p;
+    if (process_) {
+      p = process_(d);
+    } else {
+      auto run = [&](ClaimGuard& g) { return handler_(d, g); };
+      const BrokerAck* ack = d.fused_ack();
+      if (job.claim.has_value()) {
+        p = buffer_->ProcessClaimed(d.key(), std::move(*job.claim), run, ack);
+      } else {
+        p = buffer_->ProcessOnce(d.key(), d.payload(), run, ack);
+      }
+    }
+    Count(p);
+    Settle(d, p.action, p.retry_after, p.reason, p.acked_with_complete);
+  }
+
+  void Count(const Processed& p) {
+    if (!p.status.ok()) {
+      if (p.action != BrokerAction::kDeadLetter) n_.store_errors.fetch_add(1);
+      return;
+    }
+    switch (p.claim.outcome) {
+      case ClaimOutcome::kAcquired:
+        n_.acquired.fetch_add(1, std::memory_order_relaxed);
+        if (p.claim.attempt > 1) n_.takeovers.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case ClaimOutcome::kDuplicate: n_.duplicates.fetch_add(1, std::memory_order_relaxed); break;
+      case ClaimOutcome::kBusy: n_.busy.fetch_add(1, std::memory_order_relaxed); break;
+      default: break;
+    }
+    if (p.ran && p.completion == WriteResult::kLost) n_.lost_leases.fetch_add(1);
+  }
+
+  void Settle(Delivery& d, BrokerAction action, Millis retry_after, const std::string& reason,
+              bool acked_with_complete) {
+    Status s;
+    switch (action) {
+      case BrokerAction::kAck:
+        if (acked_with_complete) {
+          d.MarkAcked();
+          n_.acked_with_complete.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          s = d.Ack();
+        }
+        if (s.ok()) n_.acked.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case BrokerAction::kRetry:
+        s = d.Retry(retry_after);
+        n_.retries.fetch_add(1, std::memory_order_relaxed);
+        break;
+      case BrokerAction::kDeadLetter:
+        s = d.DeadLetter(reason);
+        if (s.ok()) {
+          n_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+          Log("dead-lettered " + internal::Printable(d.id()) + " (key '" +
+              internal::Printable(d.key()) + "'): " + internal::Printable(reason));
+        }
+        break;
+    }
+    if (!s.ok()) {
+      // Not settled: the broker delivers it again (the outcome, if any, is
+      // recorded, so the next delivery gets DUPLICATE).
+      n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      Log(std::string(BrokerActionName(action)) + " of " + d.id() + ": " + s.ToString());
+    }
+  }
+
+  void Drain() {
+    std::deque<Job> unstarted;
+    {
+      std::unique_lock lock(mu_);
+      unstarted.swap(queue_);
+    }
+    // Give back what never started: claims released (guard destroyed), then
+    // the broker may deliver it again at once.
+    for (Job& j : unstarted) {
+      j.claim.reset();
+      Status s = j.delivery->Retry(Millis(0));
+      if (!s.ok()) n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      std::lock_guard lock(mu_);
+      held_.erase(j.delivery->id());
+    }
+    {
+      std::lock_guard lock(mu_);
+      draining_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  MessageSource* const source_;
+  Buffer* const buffer_;
+  const Handler handler_;
+  const Processor process_;
+  ConsumerOptions o_;
+  std::atomic<bool>* const stop_;
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, room_cv_;
+  std::deque<Job> queue_;
+  int running_ = 0;
+  bool draining_ = false;
+  std::unordered_set<std::string> held_;  // ids queued or running
+  Counters n_;
+};
+
+namespace {
+
+Status ValidateConsumerOptions(const ConsumerOptions& o) {
+  if (o.concurrency < 1 || o.concurrency > 4096) {
+    return Status::InvalidArgument("consumer: concurrency must be 1 to 4096, got " +
+                                   std::to_string(o.concurrency));
+  }
+  if (o.prefetch > 65536) {
+    return Status::InvalidArgument("consumer: prefetch must be at most 65536, got " +
+                                   std::to_string(o.prefetch));
+  }
+  if (o.fetch_wait.count() <= 0) {
+    return Status::InvalidArgument("consumer: fetch wait must be positive, got " +
+                                   std::to_string(o.fetch_wait.count()) + " ms");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Consumer::Consumer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Consumer::~Consumer() = default;
+
+StatusOr<std::unique_ptr<Consumer>> Consumer::Make(MessageSource* source, Buffer* buffer,
+                                                   Handler handler, ConsumerOptions options) {
+  if (source == nullptr) return Status::InvalidArgument("consumer: no message source");
+  if (buffer == nullptr) return Status::InvalidArgument("consumer: no buffer");
+  if (!handler) return Status::InvalidArgument("consumer: no handler");
+  DEDUP_RETURN_IF_ERROR(ValidateConsumerOptions(options));
+  std::unique_ptr<Consumer> c(new Consumer(nullptr));
+  c->impl_ = std::make_unique<Impl>(source, buffer, std::move(handler), Processor(),
+                                    std::move(options), &c->stop_);
+  return c;
+}
+
+StatusOr<std::unique_ptr<Consumer>> Consumer::MakeWith(MessageSource* source, Processor process,
+                                                       ConsumerOptions options) {
+  if (source == nullptr) return Status::InvalidArgument("consumer: no message source");
+  if (!process) return Status::InvalidArgument("consumer: no processor");
+  DEDUP_RETURN_IF_ERROR(ValidateConsumerOptions(options));
+  std::unique_ptr<Consumer> c(new Consumer(nullptr));
+  c->impl_ = std::make_unique<Impl>(source, nullptr, Handler(), std::move(process),
+                                    std::move(options), &c->stop_);
+  return c;
+}
+
+Status Consumer::Run() { return impl_->Run(); }
+ConsumerMetrics Consumer::metrics() const { return impl_->Metrics(); }
+const ConsumerOptions& Consumer::options() const { return impl_->options(); }
+
+}  // namespace dedup

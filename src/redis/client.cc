@@ -1,0 +1,830 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "redis/client.h"
+
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cctype>
+#include <chrono>
+#include <charconv>
+#include <set>
+#include <thread>
+#include <utility>
+
+namespace dedup::redis {
+namespace {
+
+int64_t SteadyMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+timeval ToTimeval(Millis d) {
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(d.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((d.count() % 1000) * 1000);
+  return tv;
+}
+
+// hiredis says "Connection refused"; our messages are lower case.
+std::string Lower1(const char* s) {
+  std::string out = s == nullptr ? std::string("unknown error") : std::string(s);
+  if (!out.empty()) out[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(out[0])));
+  return out;
+}
+
+bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+// CRC16-CCITT (XMODEM), the one Redis Cluster uses for key slots.
+constexpr std::array<uint16_t, 256> MakeCrc16Table() {
+  std::array<uint16_t, 256> t{};
+  for (int i = 0; i < 256; ++i) {
+    uint16_t crc = static_cast<uint16_t>(i << 8);
+    for (int b = 0; b < 8; ++b) {
+      crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021)
+                           : static_cast<uint16_t>(crc << 1);
+    }
+    t[i] = crc;
+  }
+  return t;
+}
+constexpr std::array<uint16_t, 256> kCrc16Table = MakeCrc16Table();
+
+uint16_t Crc16(std::string_view s) {
+  uint16_t crc = 0;
+  for (unsigned char c : s) {
+    crc = static_cast<uint16_t>((crc << 8) ^ kCrc16Table[((crc >> 8) ^ c) & 0xff]);
+  }
+  return crc;
+}
+
+}  // namespace
+
+void ReplyDeleter::operator()(redisReply* r) const {
+  if (r != nullptr) freeReplyObject(r);
+}
+
+bool IsError(const redisReply* r) { return r != nullptr && r->type == REDIS_REPLY_ERROR; }
+
+std::string_view ReplyText(const redisReply* r) {
+  if (r == nullptr || r->str == nullptr) return {};
+  return std::string_view(r->str, r->len);
+}
+
+// ---- Connection ---------------------------------------------------------------
+
+Connection::~Connection() {
+  if (c_ != nullptr) redisFree(c_);
+}
+
+StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
+                                                       const ConnectionOptions& o) {
+  const timeval tv = ToTimeval(o.timeout);
+  redisContext* c = redisConnectWithTimeout(ep.host.c_str(), ep.port, tv);
+  if (c == nullptr) return Status::Unavailable("connect: out of memory");
+  if (c->err != 0) {
+    Status s = Status::Unavailable("connect: " + Lower1(c->errstr));
+    redisFree(c);
+    return s;
+  }
+  if (redisSetTimeout(c, tv) != REDIS_OK || redisEnableKeepAlive(c) != REDIS_OK) {
+    Status s = Status::Unavailable("connect: " + Lower1(c->errstr));
+    redisFree(c);
+    return s;
+  }
+  std::unique_ptr<Connection> conn(new Connection(ep, c, o.timeout));
+
+  // The handshake: AUTH, SELECT, PING, in one round trip.
+  std::vector<Command> cmds;
+  if (o.has_password) {
+    if (o.user.empty()) cmds.push_back({{"AUTH", o.password}});
+    else cmds.push_back({{"AUTH", o.user, o.password}});
+  }
+  if (o.db != 0) cmds.push_back({{"SELECT", std::to_string(o.db)}});
+  cmds.push_back({{"PING"}});
+  std::vector<const Command*> ptrs;
+  for (const Command& cmd : cmds) ptrs.push_back(&cmd);
+  std::vector<Reply> replies;
+  Status s = conn->Pipeline(ptrs, &replies, "connect");
+  if (!s.ok()) {
+    // A silent or babbling peer during the handshake: say what we think it is.
+    if (s.code() == StatusCode::kDeadlineExceeded) {
+      return Status::Unavailable("connect: no answer to PING within " +
+                                 std::to_string(o.timeout.count()) +
+                                 " ms (is it a Redis server?)");
+    }
+    return s;
+  }
+  size_t i = 0;
+  if (o.has_password) {
+    const redisReply* r = replies[i++].get();
+    if (IsError(r)) {
+      std::string_view e = ReplyText(r);
+      if (StartsWith(e, "WRONGPASS") || e.find("invalid") != std::string_view::npos ||
+          e.find("password") != std::string_view::npos) {
+        return Status::Unauthenticated("AUTH: " + std::string(e));
+      }
+      return Status::FailedPrecondition("AUTH: " + std::string(e));
+    }
+  }
+  if (o.db != 0) {
+    const redisReply* r = replies[i++].get();
+    if (IsError(r)) {
+      return Status::InvalidArgument("SELECT " + std::to_string(o.db) + ": " +
+                                     std::string(ReplyText(r)));
+    }
+  }
+  const redisReply* pong = replies[i].get();
+  if (IsError(pong)) {
+    std::string_view e = ReplyText(pong);
+    if (StartsWith(e, "NOAUTH")) {
+      return Status::Unauthenticated(
+          "server requires a password (NOAUTH); put it in the URI as redis://[user]:pass@host");
+    }
+    return Status::FailedPrecondition("PING: " + std::string(e));
+  }
+  if (pong->type != REDIS_REPLY_STATUS || ReplyText(pong) != "PONG") {
+    return Status::FailedPrecondition("PING was not answered PONG (is it a Redis server?)");
+  }
+  return conn;
+}
+
+Status Connection::TransportError(std::string_view op, bool sent) const {
+  const int err = c_->err;
+  const std::string what = Lower1(c_->errstr);
+  const std::string prefix = op.empty() ? std::string() : std::string(op) + ": ";
+  if (err == REDIS_ERR_PROTOCOL) {
+    return Status::FailedPrecondition(prefix + "peer does not speak the Redis protocol (" + what +
+                                      "); is it a Redis server?");
+  }
+  if (err == REDIS_ERR_EOF) return Status::Unavailable(prefix + "server closed the connection");
+  const bool timed_out = err == REDIS_ERR_IO &&
+                         (what.find("temporarily unavailable") != std::string::npos ||
+                          what.find("timed out") != std::string::npos);
+  if (timed_out) {
+    if (sent) {
+      return Status::DeadlineExceeded(prefix + "no reply within " +
+                                      std::to_string(timeout_.count()) +
+                                      " ms (effect unknown; safe to retry)");
+    }
+    return Status::Unavailable(prefix + "send timed out");
+  }
+  return Status::Unavailable(prefix + what);
+}
+
+Status Connection::Write(std::span<const Command* const> cmds, std::string_view op) {
+  // The whole pipeline is formatted here into one buffer (RESP arrays of bulk
+  // strings) and handed to hiredis in one piece: no per-argument formatting or
+  // allocation in hiredis, one write for every command.
+  thread_local std::string buf;
+  buf.clear();
+  auto append_len = [](std::string& b, char tag, size_t n) {
+    char num[24];
+    num[0] = tag;
+    auto [end, ec] = std::to_chars(num + 1, num + sizeof num, n);
+    (void)ec;
+    b.append(num, end);
+    b.append("\r\n", 2);
+  };
+  for (const Command* cmd : cmds) {
+    append_len(buf, '*', cmd->args.size());
+    for (const std::string& a : cmd->args) {
+      append_len(buf, '$', a.size());
+      buf.append(a);
+      buf.append("\r\n", 2);
+    }
+  }
+  const int rc = redisAppendFormattedCommand(c_, buf.data(), buf.size());
+  if (buf.capacity() > (1u << 20)) std::string().swap(buf);  // don't keep a huge one
+  if (rc != REDIS_OK) return TransportError(op, false);
+  return Status::Ok();
+}
+
+Status Connection::Flush(std::string_view op) {
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(c_, &done) != REDIS_OK) return TransportError(op, false);
+  }
+  return Status::Ok();
+}
+
+Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read) {
+  for (size_t i = 0; i < n; ++i) {
+    void* r = nullptr;
+    if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {
+      if (r != nullptr) freeReplyObject(r);
+      if (read != nullptr) *read = i;
+      return TransportError(op, true);
+    }
+    out[i].reset(static_cast<redisReply*>(r));
+  }
+  if (read != nullptr) *read = n;
+  return Status::Ok();
+}
+
+Status Connection::Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+                            std::string_view op, size_t* read, Millis extra_timeout) {
+  replies->clear();
+  if (read != nullptr) *read = 0;
+  const Millis want = timeout_ + extra_timeout;
+  if (want != current_timeout_) {
+    if (redisSetTimeout(c_, ToTimeval(want)) != REDIS_OK) return TransportError(op, false);
+    current_timeout_ = want;
+  }
+  DEDUP_RETURN_IF_ERROR(Write(cmds, op));
+  replies->resize(cmds.size());
+  Status s = ReadReplies(cmds.size(), replies->data(), op, read);
+  if (!s.ok()) replies->clear();
+  return s;
+}
+
+// ---- Node -----------------------------------------------------------------------
+
+// One connection shared by many callers; see "Auto-pipelining" in client.h.
+//
+// At most one batch is on the wire at a time. Its leader reads its replies, takes
+// what was queued meanwhile as the next batch, writes it at once (so the server
+// works on it while we wake callers), and hands the connection to the first caller
+// of that batch, who will read its replies. So the wire is never idle waiting for a
+// thread to be scheduled, and no thread leads twice in a row.
+class SharedConnection {
+ public:
+  explicit SharedConnection(Node* node) : node_(node) {}
+
+  uint32_t load() const { return load_.load(std::memory_order_relaxed); }
+
+  Status Call(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+              std::string_view op) {
+    load_.fetch_add(1, std::memory_order_relaxed);
+    Request req{cmds, replies, op, Status::Ok(), {kQueued}};
+    bool lead = false;
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(&req);
+      if (!busy_) busy_ = lead = true;
+    }
+    if (!lead) {
+      int state;
+      while ((state = req.state.load(std::memory_order_acquire)) == kQueued) {
+        req.state.wait(kQueued, std::memory_order_acquire);
+      }
+      lead = state == kLead;
+    }
+    if (lead) Lead(&req);
+    load_.fetch_sub(1, std::memory_order_relaxed);
+    return std::move(req.status);
+  }
+
+ private:
+  enum : int { kQueued = 0, kLead = 1, kDone = 2 };
+  struct Request {
+    std::span<const Command* const> cmds;
+    std::vector<Reply>* replies;
+    std::string_view op;
+    Status status;
+    std::atomic<int> state;
+  };
+
+  // Called with the lead (busy_). On entry inflight_ is the batch written by the
+  // previous leader, with our request first, or empty (we start cold: our request
+  // is queued).
+  void Lead(Request* self) {
+    std::vector<Request*> done;
+    if (inflight_.empty()) {
+      {
+        std::lock_guard lock(mu_);
+        inflight_.swap(queue_);
+      }
+      if (!WriteBatch(inflight_)) done.swap(inflight_);
+    }
+    if (!inflight_.empty()) {
+      ReadBatch(inflight_);
+      done.swap(inflight_);
+    }
+    for (;;) {
+      std::vector<Request*> next;
+      {
+        std::lock_guard lock(mu_);
+        next.swap(queue_);
+        if (next.empty()) {
+          busy_ = false;  // from here on, inflight_ and conn_ are the next leader's
+          break;
+        }
+      }
+      if (WriteBatch(next)) {
+        inflight_.swap(next);
+        Request* heir = inflight_.front();
+        heir->state.store(kLead, std::memory_order_release);
+        heir->state.notify_one();
+        break;
+      }
+      done.insert(done.end(), next.begin(), next.end());  // failed: statuses are set
+    }
+    for (Request* r : done) {
+      if (r == self) continue;
+      r->state.store(kDone, std::memory_order_release);
+      r->state.notify_one();  // r may be gone already: notify only wakes a futex
+    }
+  }
+
+  // Writes every command of `batch`, connecting first if needed. False (and every
+  // request failed) when it could not.
+  bool WriteBatch(const std::vector<Request*>& batch) {
+    cmds_.clear();
+    for (const Request* r : batch) cmds_.insert(cmds_.end(), r->cmds.begin(), r->cmds.end());
+    fresh_ = conn_ == nullptr;
+    if (fresh_) {
+      StatusOr<std::unique_ptr<Connection>> c = node_->Connect();
+      if (!c.ok()) {
+        Fail(batch, c.status());
+        return false;
+      }
+      conn_ = std::move(c).value();
+    }
+    Status s = conn_->Write(cmds_, "");
+    if (s.ok()) s = conn_->Flush("");
+    if (!s.ok()) {
+      conn_.reset();
+      Fail(batch, s);
+      return false;
+    }
+    node_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+    node_->commands_.fetch_add(cmds_.size(), std::memory_order_relaxed);
+    return true;
+  }
+
+  // Reads the replies of a written batch and hands each caller its own.
+  void ReadBatch(const std::vector<Request*>& batch) {
+    size_t n = 0;
+    for (const Request* r : batch) n += r->cmds.size();
+    replies_.resize(n);
+    size_t read = 0;
+    Status s = conn_->ReadReplies(n, replies_.data(), "", &read);
+    if (!s.ok()) {
+      conn_.reset();
+      // A connection that was open before and died before any reply most likely
+      // met a server restart: send once more on a fresh one.
+      const bool resend = !fresh_ && read == 0 && s.code() == StatusCode::kUnavailable;
+      if (!resend) {
+        Fail(batch, s);
+        replies_.clear();
+        return;
+      }
+      if (!WriteBatch(batch)) {  // it failed the batch
+        replies_.clear();
+        return;
+      }
+      s = conn_->ReadReplies(n, replies_.data(), "", &read);
+      if (!s.ok()) {
+        conn_.reset();
+        Fail(batch, s);
+        replies_.clear();
+        return;
+      }
+    }
+    size_t at = 0;
+    for (Request* r : batch) {
+      r->replies->clear();
+      r->replies->reserve(r->cmds.size());
+      for (size_t i = 0; i < r->cmds.size(); ++i) r->replies->push_back(std::move(replies_[at++]));
+      r->status = Status::Ok();
+    }
+    replies_.clear();
+  }
+
+  void Fail(const std::vector<Request*>& batch, const Status& s) {
+    for (Request* r : batch) {
+      r->replies->clear();
+      r->status = Status(s.code(), "redis " + node_->name() + ": " + std::string(r->op) + ": " +
+                                       s.message());
+    }
+  }
+
+  Node* const node_;
+  std::mutex mu_;
+  bool busy_ = false;  // a leader owns the connection
+  std::vector<Request*> queue_;
+  std::atomic<uint32_t> load_{0};
+  // The leader's; passed from leader to heir with the lead.
+  std::vector<Request*> inflight_;  // written, replies not read yet
+  bool fresh_ = false;              // conn_ was opened for inflight_
+  std::unique_ptr<Connection> conn_;
+  std::vector<const Command*> cmds_;
+  std::vector<Reply> replies_;
+};
+
+Node::Node(Endpoint ep, const ConnectionOptions* options)
+    : ep_(std::move(ep)), name_(ep_.Name()), options_(options) {
+  if (options_->auto_pipeline) {
+    for (size_t i = 0; i < std::max<size_t>(1, options_->pool_size); ++i) {
+      shared_.push_back(std::make_unique<SharedConnection>(this));
+    }
+  }
+}
+
+Node::~Node() = default;
+
+StatusOr<std::unique_ptr<Connection>> Node::Connect() {
+  {
+    std::lock_guard lock(connect_mu_);
+    const int64_t now = SteadyMillis();
+    if (now < down_until_) {
+      // Still backing off: fail at once with the cause of the last failed connect.
+      return Status(last_error_.code(), last_error_.message() + " (next reconnect in " +
+                                            std::to_string(down_until_ - now) + " ms)");
+    }
+  }
+  StatusOr<std::unique_ptr<Connection>> c = Connection::Open(ep_, *options_);
+  std::lock_guard lock(connect_mu_);
+  if (!c.ok()) {
+    backoff_ms_ = backoff_ms_ == 0 ? 50 : std::min<int64_t>(backoff_ms_ * 2, 1'000);
+    down_until_ = SteadyMillis() + backoff_ms_;
+    last_error_ = c.status();
+    return c.status();
+  }
+  backoff_ms_ = 0;
+  down_until_ = 0;
+  return c;
+}
+
+StatusOr<std::unique_ptr<Connection>> Node::Dedicated(std::string_view op) {
+  StatusOr<std::unique_ptr<Connection>> c = Connect();
+  if (!c.ok()) {
+    return Status(c.status().code(),
+                  "redis " + name_ + ": " + std::string(op) + ": " + c.status().message());
+  }
+  return c;
+}
+
+Status Node::Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+                      std::string_view op) {
+  if (shared_.empty()) return PooledPipeline(cmds, replies, op);
+  // The least loaded connection, starting the search at a rotating place so that
+  // ties spread; an idle one is taken at once.
+  const size_t n = shared_.size();
+  const size_t start = next_.fetch_add(1, std::memory_order_relaxed) % n;
+  size_t best = start;
+  uint32_t best_load = UINT32_MAX;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t at = (start + i) % n;
+    const uint32_t l = shared_[at]->load();
+    if (l < best_load) {
+      best = at;
+      best_load = l;
+      if (l == 0) break;
+    }
+  }
+  return shared_[best]->Call(cmds, replies, op);
+}
+
+StatusOr<std::unique_ptr<Connection>> Node::Acquire(std::string_view op, bool* reused) {
+  const std::string where = "redis " + name_ + ": " + std::string(op) + ": ";
+  std::unique_lock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + options_->timeout;
+  while (idle_.empty() && open_ >= options_->pool_size) {
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
+        open_ >= options_->pool_size) {
+      return Status::Unavailable(where + "all " + std::to_string(options_->pool_size) +
+                                 " connections stayed busy for " +
+                                 std::to_string(options_->timeout.count()) + " ms");
+    }
+  }
+  if (!idle_.empty()) {
+    std::unique_ptr<Connection> c = std::move(idle_.back());
+    idle_.pop_back();
+    *reused = true;
+    return c;
+  }
+  ++open_;
+  lock.unlock();
+  StatusOr<std::unique_ptr<Connection>> c = Connect();
+  lock.lock();
+  if (!c.ok()) {
+    --open_;
+    cv_.notify_one();
+    return Status(c.status().code(), where + c.status().message());
+  }
+  *reused = false;
+  return c;
+}
+
+void Node::Return(std::unique_ptr<Connection> c) {
+  std::lock_guard lock(mu_);
+  idle_.push_back(std::move(c));
+  cv_.notify_one();
+}
+
+void Node::Discard(bool drop_idle) {
+  std::vector<std::unique_ptr<Connection>> dropped;
+  {
+    std::lock_guard lock(mu_);
+    --open_;
+    if (drop_idle) {
+      open_ -= idle_.size();
+      dropped.swap(idle_);
+    }
+    cv_.notify_all();
+  }
+}
+
+Status Node::PooledPipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+                            std::string_view op) {
+  for (int attempt = 0;; ++attempt) {
+    bool reused = false;
+    StatusOr<std::unique_ptr<Connection>> c = Acquire(op, &reused);
+    if (!c.ok()) return c.status();
+    size_t read = 0;
+    Status s = (*c)->Pipeline(cmds, replies, op, &read);
+    if (s.ok()) {
+      round_trips_.fetch_add(1, std::memory_order_relaxed);
+      commands_.fetch_add(cmds.size(), std::memory_order_relaxed);
+      Return(std::move(c).value());
+      return s;
+    }
+    c.value().reset();
+    // The other idle connections most likely died with this one (restart).
+    Discard(/*drop_idle=*/true);
+    if (!reused || read > 0 || attempt > 0 || s.code() != StatusCode::kUnavailable) {
+      return Status(s.code(), "redis " + name_ + ": " + s.message());
+    }
+  }
+}
+
+// ---- Router ---------------------------------------------------------------------
+
+uint16_t KeySlot(std::string_view key) {
+  // Only the part between the first '{' and the next '}' is hashed, if not empty.
+  if (size_t open = key.find('{'); open != std::string_view::npos) {
+    if (size_t close = key.find('}', open + 1);
+        close != std::string_view::npos && close != open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  return Crc16(key) & 16383;
+}
+
+Router::Router(ConnectionOptions options) : options_(std::move(options)) {}
+
+Node* Router::NodeAt(const std::string& address) {
+  {
+    std::shared_lock lock(mu_);
+    if (auto it = nodes_.find(address); it != nodes_.end()) return it->second.get();
+  }
+  StatusOr<Endpoint> ep = ParseEndpoint(address);
+  Endpoint e = ep.ok() ? *ep : Endpoint{address, 6379};
+  std::unique_lock lock(mu_);
+  auto& slot = nodes_[address];
+  if (slot == nullptr) slot = std::make_unique<Node>(std::move(e), &options_);
+  return slot.get();
+}
+
+Status Router::Start() {
+  for (const Endpoint& ep : options_.endpoints) NodeAt(ep.Name());
+  if (!options_.cluster) return Status::Ok();
+  return Refresh();
+}
+
+Node* Router::NodeFor(std::string_view key) {
+  if (!options_.cluster) {
+    Node* n = single_.load(std::memory_order_acquire);
+    if (n == nullptr) {
+      n = NodeAt(options_.endpoints.front().Name());
+      single_.store(n, std::memory_order_release);
+    }
+    return n;
+  }
+  MaybeRefresh();
+  Node* n;
+  {
+    std::shared_lock lock(mu_);
+    n = slots_[KeySlot(key)];
+  }
+  // A slot nobody serves: ask a seed, which answers MOVED or CLUSTERDOWN.
+  return n != nullptr ? n : NodeAt(options_.endpoints.front().Name());
+}
+
+std::vector<Node*> Router::Primaries() {
+  if (!options_.cluster) return {NodeFor({})};
+  MaybeRefresh();
+  std::shared_lock lock(mu_);
+  std::vector<Node*> out;
+  std::set<Node*> seen;
+  for (Node* n : slots_) {
+    if (n != nullptr && seen.insert(n).second) out.push_back(n);
+  }
+  return out;
+}
+
+void Router::OnMoved(uint16_t slot, const std::string& address) {
+  Node* n = NodeAt(address);
+  {
+    std::unique_lock lock(mu_);
+    slots_[slot] = n;
+  }
+  stale_ = true;
+}
+
+void Router::MaybeRefresh() {
+  if (!stale_.load(std::memory_order_relaxed)) return;
+  const int64_t now = SteadyMillis();
+  if (now - last_refresh_.load() < 100) return;
+  std::unique_lock lock(refresh_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  (void)Refresh();
+}
+
+Status Router::Refresh() {
+  last_refresh_ = SteadyMillis();
+  std::vector<Node*> candidates = [&] {
+    std::shared_lock lock(mu_);
+    std::vector<Node*> v;
+    for (auto& [name, node] : nodes_) v.push_back(node.get());
+    return v;
+  }();
+  Status last = Status::Unavailable("redis cluster: no node to ask for CLUSTER SLOTS");
+  const Command cmd{{"CLUSTER", "SLOTS"}};
+  const Command* cmds[] = {&cmd};
+  for (Node* n : candidates) {
+    std::vector<Reply> replies;
+    Status s = n->Pipeline(cmds, &replies, "CLUSTER SLOTS");
+    if (!s.ok()) {
+      last = s;
+      continue;
+    }
+    const redisReply* r = replies[0].get();
+    if (IsError(r)) {
+      last = Status::FailedPrecondition("redis " + n->name() + ": CLUSTER SLOTS: " +
+                                        std::string(ReplyText(r)) +
+                                        " (use redis:// for a server that is not a cluster)");
+      continue;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+      last = Status::Unavailable("redis " + n->name() + ": CLUSTER SLOTS: no slot is served");
+      continue;
+    }
+    std::array<Node*, 16384> fresh{};
+    for (size_t i = 0; i < r->elements; ++i) {
+      const redisReply* range = r->element[i];
+      if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) continue;
+      const redisReply* master = range->element[2];
+      if (master->type != REDIS_REPLY_ARRAY || master->elements < 2) continue;
+      std::string host(ReplyText(master->element[0]));
+      if (host.empty() || host == "?") host = n->endpoint().host;
+      Endpoint ep{host, static_cast<int>(master->element[1]->integer)};
+      Node* owner = NodeAt(ep.Name());
+      const long long lo = std::max<long long>(0, range->element[0]->integer);
+      const long long hi = std::min<long long>(16383, range->element[1]->integer);
+      for (long long s2 = lo; s2 <= hi; ++s2) fresh[s2] = owner;
+    }
+    {
+      std::unique_lock lock(mu_);
+      slots_ = fresh;
+    }
+    stale_ = false;
+    return Status::Ok();
+  }
+  return last;
+}
+
+// ---- Client ---------------------------------------------------------------------
+
+namespace {
+
+// "MOVED 3999 127.0.0.1:6381" → slot and address.
+bool ParseRedirect(std::string_view e, uint16_t* slot, std::string* address) {
+  const size_t a = e.find(' ');
+  const size_t b = a == std::string_view::npos ? a : e.find(' ', a + 1);
+  if (b == std::string_view::npos) return false;
+  unsigned v = 0;
+  auto [p, ec] = std::from_chars(e.data() + a + 1, e.data() + b, v);
+  if (ec != std::errc() || v > 16383) return false;
+  *slot = static_cast<uint16_t>(v);
+  address->assign(e.substr(b + 1));
+  return true;
+}
+
+std::string Where(const Node* n, std::string_view op) {
+  return "redis " + n->name() + ": " + std::string(op) + ": ";
+}
+
+}  // namespace
+
+bool NeedsResend(const redisReply* r) {
+  if (!IsError(r)) return false;
+  std::string_view e = ReplyText(r);
+  return StartsWith(e, "NOSCRIPT") || StartsWith(e, "MOVED ") || StartsWith(e, "ASK ") ||
+         StartsWith(e, "TRYAGAIN");
+}
+
+Status ErrorReplyStatus(const std::string& where, std::string_view e) {
+  const std::string msg = where + std::string(e);
+  if (StartsWith(e, "NOAUTH") || StartsWith(e, "WRONGPASS")) return Status::Unauthenticated(msg);
+  if (StartsWith(e, "NOPERM")) return Status::PermissionDenied(msg);
+  if (StartsWith(e, "DEDUPCORRUPT") || StartsWith(e, "WRONGTYPE")) {
+    return Status::DataLoss(where + "corrupt record: " + std::string(e) + " (nothing changed)");
+  }
+  if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
+  if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
+  if (StartsWith(e, "LOADING") || StartsWith(e, "BUSY") || StartsWith(e, "CLUSTERDOWN") ||
+      StartsWith(e, "READONLY") || StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||
+      StartsWith(e, "MOVED") || StartsWith(e, "ASK")) {
+    return Status::Unavailable(msg);
+  }
+  return Status::Internal(msg);
+}
+
+Client::Client(ConnectionOptions options, const ScriptSet* scripts)
+    : router_(std::move(options)), scripts_(scripts) {}
+
+Status Client::Start() { return router_.Start(); }
+
+StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd) {
+  Node* node = router_.NodeFor(key);
+  bool asking = false;
+  static const Command asking_cmd{{"ASKING"}};
+  std::vector<Reply> replies;
+  for (int tries = 0; tries < 8; ++tries) {
+    const Command* cmds[2] = {&asking_cmd, &cmd};
+    DEDUP_RETURN_IF_ERROR(node->Pipeline(
+        std::span<const Command* const>(cmds + (asking ? 0 : 1), asking ? 2 : 1), &replies, op));
+    Reply r = std::move(replies.back());
+    asking = false;
+    if (!IsError(r.get())) return r;
+    std::string_view e = ReplyText(r.get());
+    uint16_t slot = 0;
+    std::string address;
+    if (StartsWith(e, "NOSCRIPT") && cmd.args.size() >= 2 && cmd.args[0] == "EVALSHA" &&
+        scripts_ != nullptr) {
+      if (const Script* s = scripts_->FindBySha(cmd.args[1])) {
+        // The server lost its script cache (restart, failover, SCRIPT FLUSH):
+        // EVAL runs the script and caches it again.
+        cmd.args[0] = "EVAL";
+        cmd.args[1] = s->body;
+        --tries;  // not a redirect
+        continue;
+      }
+    }
+    if (StartsWith(e, "MOVED ") && ParseRedirect(e, &slot, &address)) {
+      router_.OnMoved(slot, address);
+      node = router_.NodeAt(address);
+      continue;
+    }
+    if (StartsWith(e, "ASK ") && ParseRedirect(e, &slot, &address)) {
+      node = router_.NodeAt(address);
+      asking = true;
+      continue;
+    }
+    if (StartsWith(e, "TRYAGAIN")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(tries, 4)));
+      continue;
+    }
+    return ErrorReplyStatus(Where(node, op), e);
+  }
+  return Status::Unavailable(Where(node, op) + "too many redirects (cluster resharding?)");
+}
+
+Status Client::ExecMany(std::string_view op, const std::vector<std::string>& keys,
+                        std::vector<Command>& cmds, std::vector<Reply>* replies) {
+  replies->clear();
+  replies->resize(cmds.size());
+  std::vector<size_t> resend;
+  if (!router_.cluster()) {
+    // One node: one pipeline, no grouping.
+    std::vector<const Command*> ptrs;
+    ptrs.reserve(cmds.size());
+    for (const Command& c : cmds) ptrs.push_back(&c);
+    std::vector<Reply> got;
+    DEDUP_RETURN_IF_ERROR(router_.NodeFor({})->Pipeline(ptrs, &got, op));
+    for (size_t i = 0; i < cmds.size(); ++i) {
+      if (NeedsResend(got[i].get())) resend.push_back(i);
+      (*replies)[i] = std::move(got[i]);
+    }
+  } else {
+    std::map<Node*, std::vector<size_t>> groups;
+    for (size_t i = 0; i < cmds.size(); ++i) groups[router_.NodeFor(keys[i])].push_back(i);
+    for (auto& [node, idx] : groups) {
+      std::vector<const Command*> ptrs;
+      ptrs.reserve(idx.size());
+      for (size_t i : idx) ptrs.push_back(&cmds[i]);
+      std::vector<Reply> got;
+      DEDUP_RETURN_IF_ERROR(node->Pipeline(ptrs, &got, op));
+      for (size_t j = 0; j < idx.size(); ++j) {
+        if (NeedsResend(got[j].get())) resend.push_back(idx[j]);
+        (*replies)[idx[j]] = std::move(got[j]);
+      }
+    }
+    std::sort(resend.begin(), resend.end());
+  }
+  for (size_t i : resend) {
+    StatusOr<Reply> r = Exec(op, keys[i], std::move(cmds[i]));
+    if (!r.ok()) return r.status();
+    (*replies)[i] = std::move(r).value();
+  }
+  return Status::Ok();
+}
+
+}  // namespace dedup::redis

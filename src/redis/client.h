@@ -1,0 +1,231 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The one Redis client layer of dedup, on hiredis: connections, a bounded set of
+// connections per server (pooled or auto-pipelined), a router that sends each key
+// to the primary that owns its slot (Redis Cluster) or to the one server, and a
+// Client that follows MOVED / ASK / TRYAGAIN and reloads scripts on NOSCRIPT.
+// Used by the Redis store, `dedup bench` and the tests.
+//
+// Errors always name the server and the operation:
+//   "redis 127.0.0.1:6390: claim: connection refused".
+// Transport failures map to canonical codes: refused / closed / reset →
+// Unavailable, a timeout on a sent command → DeadlineExceeded (effect unknown), a
+// peer that does not speak RESP → FailedPrecondition, bad credentials →
+// Unauthenticated. A failed connection is thrown away; the node reconnects with
+// backoff, and while a server stays down calls fail at once with Unavailable.
+//
+// Auto-pipelining (ConnectionOptions::auto_pipeline, the default): the callers of
+// one node share its connections. A caller queues its commands on the least loaded
+// connection; if nobody is talking on it, it becomes the connection's leader: it
+// takes everything queued so far (its own and other threads'), writes it in one
+// write, reads the replies in order and hands each caller its own, then wakes them.
+// Callers that arrived meanwhile form the next batch. So N threads on one connection
+// cost about one round trip per batch instead of N, and one thread alone costs what
+// a dedicated connection costs. A caller's commands are contiguous on the wire
+// (ASKING + command, MULTI ... EXEC stay together). Blocking commands (BLPOP,
+// XREADGROUP BLOCK) must not be sent on a shared connection: use Connection.
+
+#ifndef DEDUP_SRC_REDIS_CLIENT_H_
+#define DEDUP_SRC_REDIS_CLIENT_H_
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dedup/clock.h"
+#include "dedup/status.h"
+#include "redis/options.h"
+#include "redis/scripts.h"
+
+struct redisContext;
+struct redisReply;
+
+namespace dedup::redis {
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const;
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+// One command: its arguments, binary-safe.
+struct Command {
+  std::vector<std::string> args;
+};
+
+// A connected, authenticated hiredis context. Not thread-safe: one caller at a time.
+class Connection {
+ public:
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Connects, authenticates, selects the db and checks the peer answers PING.
+  static StatusOr<std::unique_ptr<Connection>> Open(const Endpoint& ep,
+                                                    const ConnectionOptions& o);
+
+  // Sends every command and reads every reply, in one round trip. Error replies
+  // are replies (the caller reads them); a non-OK status means the connection is
+  // broken and must be thrown away. `*read` (if given) counts the replies read
+  // before a failure. `extra_timeout` lengthens the reply wait (BLOCK reads).
+  Status Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+                  std::string_view op, size_t* read = nullptr, Millis extra_timeout = Millis(0));
+  // Lower level: queue the commands, send what is queued, read `n` replies into
+  // `out` (reading sends what is still queued first).
+  Status Write(std::span<const Command* const> cmds, std::string_view op);
+  Status Flush(std::string_view op);
+  Status ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read);
+
+  const Endpoint& endpoint() const { return ep_; }
+
+ private:
+  Connection(Endpoint ep, redisContext* c, Millis timeout)
+      : ep_(std::move(ep)), c_(c), timeout_(timeout), current_timeout_(timeout) {}
+  Status TransportError(std::string_view op, bool sent) const;
+
+  Endpoint ep_;
+  redisContext* c_;
+  Millis timeout_;
+  Millis current_timeout_;
+};
+
+class SharedConnection;
+
+// One server: up to pool_size connections, reconnect backoff, and (auto_pipeline)
+// the batching of concurrent callers described above.
+class Node {
+ public:
+  Node(Endpoint ep, const ConnectionOptions* options);
+  ~Node();
+
+  // Runs `cmds` as one pipeline. When a connection that was already open turns out
+  // dead before any reply (the server restarted), it is dropped and the pipeline
+  // sent once more on a fresh connection.
+  Status Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+                  std::string_view op);
+
+  // A fresh connection to this server for the caller alone (e.g. blocking reads).
+  StatusOr<std::unique_ptr<Connection>> Dedicated(std::string_view op);
+
+  const Endpoint& endpoint() const { return ep_; }
+  const std::string& name() const { return name_; }
+
+  // Round trips (writes) and commands sent since the node was made.
+  uint64_t round_trips() const { return round_trips_.load(std::memory_order_relaxed); }
+  uint64_t commands() const { return commands_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class SharedConnection;
+  // Opens a connection, honouring the backoff. Errors are not prefixed.
+  StatusOr<std::unique_ptr<Connection>> Connect();
+  Status PooledPipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+                        std::string_view op);
+  StatusOr<std::unique_ptr<Connection>> Acquire(std::string_view op, bool* reused);
+  void Return(std::unique_ptr<Connection> c);
+  void Discard(bool drop_idle);
+
+  const Endpoint ep_;
+  const std::string name_;
+  const ConnectionOptions* const options_;
+
+  // Backoff: no connect is tried before down_until_ (steady ms).
+  std::mutex connect_mu_;
+  int64_t down_until_ = 0;
+  int64_t backoff_ms_ = 0;
+  Status last_error_;
+
+  // pipeline=off: a bounded pool of connections lent to one caller at a time.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Connection>> idle_;
+  size_t open_ = 0;  // idle + lent out + being connected
+
+  // pipeline=auto: pool_size shared connections, made on first use.
+  std::vector<std::unique_ptr<SharedConnection>> shared_;
+  std::atomic<uint32_t> next_{0};
+
+  std::atomic<uint64_t> round_trips_{0}, commands_{0};
+};
+
+// Cluster slot of a key: CRC16 (XMODEM) of the key, or of its {hash tag}, mod 16384.
+uint16_t KeySlot(std::string_view key);
+
+// Which node serves which key. Plain Redis: always the one node. Cluster: the slot
+// map from CLUSTER SLOTS, patched by MOVED and refreshed after it.
+class Router {
+ public:
+  explicit Router(ConnectionOptions options);
+
+  // Connects to the seeds and (cluster) loads the slot map.
+  Status Start();
+
+  bool cluster() const { return options_.cluster; }
+  Node* NodeFor(std::string_view key);
+  Node* NodeAt(const std::string& address);  // made on first use, kept for life
+  std::vector<Node*> Primaries();            // every node that serves slots
+
+  // A MOVED reply: patches the slot and asks for a full refresh.
+  void OnMoved(uint16_t slot, const std::string& address);
+  // Reloads the slot map if a MOVED asked for it (at most every 100 ms).
+  void MaybeRefresh();
+  Status Refresh();
+
+  const ConnectionOptions& options() const { return options_; }
+
+ private:
+  const ConnectionOptions options_;
+  std::shared_mutex mu_;
+  std::map<std::string, std::unique_ptr<Node>> nodes_;  // never shrinks
+  std::array<Node*, 16384> slots_{};
+  std::atomic<Node*> single_{nullptr};  // plain Redis: the one node
+  std::atomic<bool> stale_{false};
+  std::atomic<int64_t> last_refresh_{0};
+  std::mutex refresh_mu_;
+};
+
+// Commands by key over a Router: follows MOVED / ASK / TRYAGAIN, and answers
+// NOSCRIPT by sending the script's body (EVAL) from `scripts`.
+class Client {
+ public:
+  // `scripts` may be null (no EVALSHA is sent); it must outlive the Client.
+  Client(ConnectionOptions options, const ScriptSet* scripts = nullptr);
+
+  // Connects (every cluster primary) before the client is used.
+  Status Start();
+
+  // One command on the node owning `key`. Error replies other than redirects are
+  // returned as a status (ErrorReplyStatus).
+  StatusOr<Reply> Exec(std::string_view op, const std::string& key, Command cmd);
+  // Many commands, one pipeline per node, then each one answered with a redirect or
+  // NOSCRIPT resent on its own. Replies are in the order of `cmds`; error replies
+  // other than redirects are left for the caller.
+  Status ExecMany(std::string_view op, const std::vector<std::string>& keys,
+                  std::vector<Command>& cmds, std::vector<Reply>* replies);
+
+  Router& router() { return router_; }
+  const ConnectionOptions& options() const { return router_.options(); }
+
+ private:
+  Router router_;
+  const ScriptSet* const scripts_;
+};
+
+// Helpers on replies.
+bool IsError(const redisReply* r);
+std::string_view ReplyText(const redisReply* r);  // string/status/error text, "" otherwise
+// A redirect or a reload: the command was not run and should be sent again.
+bool NeedsResend(const redisReply* r);
+// The canonical code for an error reply that is not a redirect; `where` prefixes it.
+Status ErrorReplyStatus(const std::string& where, std::string_view error);
+
+}  // namespace dedup::redis
+
+#endif  // DEDUP_SRC_REDIS_CLIENT_H_

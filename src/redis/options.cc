@@ -1,0 +1,241 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "redis/options.h"
+
+#include <charconv>
+
+#include "core/duration.h"
+#include "core/redact.h"
+#include "core/secret.h"
+
+namespace dedup::redis {
+namespace {
+
+constexpr std::string_view kConnectionParams[] = {"timeout", "pool", "pipeline",
+                                                   internal::kPasswordFileParam};
+constexpr std::string_view kTlsParams[] = {"tls", "tls_ca", "tls_cert", "tls_key", "tls_sni"};
+
+Status TlsNotSupported(std::string_view what) {
+  return Status::Unimplemented("redis: TLS is not supported yet (" + std::string(what) +
+                               "); use redis:// on a trusted network, or a TLS tunnel "
+                               "such as stunnel in front of Redis");
+}
+
+}  // namespace
+
+std::string Endpoint::Name() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+StatusOr<Endpoint> ParseEndpoint(std::string_view text) {
+  const auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument("redis: host '" + std::string(text) + "': " +
+                                   std::string(why));
+  };
+  Endpoint ep;
+  std::string_view host = text, port;
+  if (text.starts_with("[")) {
+    const size_t close = text.find(']');
+    if (close == std::string_view::npos) return bad("no ']' after an IPv6 address");
+    host = text.substr(1, close - 1);
+    std::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest[0] != ':') return bad("expected ':PORT' after ']'");
+      port = rest.substr(1);
+      if (port.empty()) return bad("empty port");
+    }
+    if (host.find(':') == std::string_view::npos) return bad("brackets hold an IPv6 address");
+  } else if (size_t c = text.find(':'); c != std::string_view::npos) {
+    if (text.find(':', c + 1) != std::string_view::npos) {
+      return bad("an IPv6 address must be in brackets, e.g. [::1]:6379");
+    }
+    host = text.substr(0, c);
+    port = text.substr(c + 1);
+    if (port.empty()) return bad("empty port");
+  }
+  if (host.empty()) return bad("no host name");
+  for (char ch : host) {
+    if (ch == '/' || ch == '?' || ch == '@' || ch == '[' || ch == ']' || ch == ' ') {
+      return bad("bad character in the host name");
+    }
+  }
+  ep.host.assign(host);
+  if (!port.empty()) {
+    int p = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+    if (ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535) {
+      return bad("port '" + std::string(port) + "' is not 1 to 65535");
+    }
+    ep.port = p;
+  }
+  return ep;
+}
+
+Status ConnectionOptions::Validate() const {
+  if (endpoints.empty()) return Status::InvalidArgument("redis: no host given");
+  if (!cluster && endpoints.size() > 1) {
+    return Status::InvalidArgument(
+        "redis: redis:// takes one host; use redis+cluster:// for a cluster");
+  }
+  if (cluster && db != 0) {
+    return Status::InvalidArgument("redis: a cluster has only database 0, got /" +
+                                   std::to_string(db));
+  }
+  if (db < 0) return Status::InvalidArgument("redis: database must be >= 0");
+  if (timeout.count() <= 0) {
+    return Status::InvalidArgument("redis: timeout must be longer than 0, got " +
+                                   internal::FormatDuration(timeout));
+  }
+  if (pool_size < 1 || pool_size > 1024) {
+    return Status::InvalidArgument("redis: pool must be 1 to 1024, got " +
+                                   std::to_string(pool_size));
+  }
+  return Status::Ok();
+}
+
+std::string ConnectionOptions::Describe() const {
+  std::string s = cluster ? "redis+cluster://" : "redis://";
+  // "user:@" is a password typed in the user's place: hidden whole.
+  if (has_password) s += password.empty() ? "***@" : user + ":***@";
+  for (size_t i = 0; i < endpoints.size(); ++i) s += (i ? "," : "") + endpoints[i].Name();
+  if (db != 0) s += "/" + std::to_string(db);
+  return s;
+}
+
+StatusOr<RedisUri> ParseRedisUri(std::string_view text,
+                                 std::initializer_list<std::string_view> caller_params) {
+  StatusOr<internal::Uri> uri = internal::ParseUri(text);
+  if (!uri.ok()) return uri.status();
+  return ParseRedisUri(*uri, caller_params);
+}
+
+namespace {
+StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
+                                           std::initializer_list<std::string_view> caller_params);
+}  // namespace
+
+StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
+                                 std::initializer_list<std::string_view> caller_params) {
+  StatusOr<RedisUri> out = ParseRedisUriUnredacted(uri, caller_params);
+  // Host and port errors echo what they were given, and a mistyped URI
+  // ("redis://:PASS" without '@') makes the password a host: redacted.
+  if (!out.ok()) return Status(out.status().code(), internal::RedactWords(out.status().message()));
+  return out;
+}
+
+namespace {
+StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
+                                           std::initializer_list<std::string_view> caller_params) {
+  RedisUri out;
+  out.uri = uri;
+  ConnectionOptions& o = out.connection;
+  if (uri.scheme == "rediss" || uri.scheme == "rediss+cluster") {
+    return TlsNotSupported(uri.scheme + "://");
+  }
+  if (uri.scheme != "redis" && uri.scheme != "redis+cluster") {
+    return Status::InvalidArgument("redis: scheme '" + uri.scheme +
+                                   "' is not redis:// or redis+cluster://");
+  }
+  o.cluster = uri.scheme == "redis+cluster";
+  const std::string example = uri.scheme + "://HOST:PORT";
+  if (!uri.has_authority) {
+    return Status::InvalidArgument("redis: no '//' after '" + uri.scheme + ":' (expected " +
+                                   example + ")");
+  }
+  if (uri.hosts.empty()) {
+    return Status::InvalidArgument("redis: no host (expected " + example + ")");
+  }
+  // "redis://:PASS" with the '@' forgotten: the password would be read, and
+  // echoed, as a port.
+  if (uri.user.empty() && !uri.has_password && uri.hosts[0] == ':' &&
+      uri.hosts.find_first_not_of("0123456789", 1) != std::string::npos &&
+      uri.hosts.find_first_of("[],") == std::string::npos &&
+      uri.hosts.find(':', 1) == std::string::npos) {
+    return Status::InvalidArgument("redis: no host before the ':' (expected " + example +
+                                   "; a password goes before an at-sign)");
+  }
+
+  // Options: the connection's, TLS (named, refused), then the caller's.
+  for (const auto& [k, v] : uri.params) {
+    bool known = false;
+    for (std::string_view n : kConnectionParams) known = known || k == n;
+    for (std::string_view n : caller_params) known = known || k == n;
+    bool tls = false;
+    for (std::string_view n : kTlsParams) tls = tls || k == n;
+    if (tls) {
+      if (k == "tls" && (v == "false" || v == "0" || v == "no")) continue;
+      return TlsNotSupported("option '" + k + "'");
+    }
+    if (!known) {
+      std::string list;
+      for (std::string_view n : caller_params) list += std::string(n) + ", ";
+      for (std::string_view n : kConnectionParams) list += std::string(n) + ", ";
+      list.resize(list.size() - 2);
+      return Status::InvalidArgument("redis: unknown option '" + k + "' (known: " + list + ")");
+    }
+  }
+
+  // Inline (a lone user-info is the password, as redis-cli reads it), a
+  // password_file= or $DEDUP_REDIS_PASSWORD: core/secret.h.
+  StatusOr<internal::RedisCredentials> cred = internal::ResolveRedisCredentials(uri);
+  if (!cred.ok()) return cred.status();
+  o.user = cred->user;
+  o.password = cred->password;
+  o.has_password = cred->has_password;
+
+  std::string_view hosts = uri.hosts;
+  while (true) {
+    const size_t comma = hosts.find(',');
+    std::string_view h = hosts.substr(0, comma);
+    if (h.empty()) return Status::InvalidArgument("redis: empty host in '" + uri.hosts + "'");
+    StatusOr<Endpoint> ep = ParseEndpoint(h);
+    if (!ep.ok()) return ep.status();
+    o.endpoints.push_back(std::move(ep).value());
+    if (comma == std::string_view::npos) break;
+    hosts.remove_prefix(comma + 1);
+  }
+  if (!o.cluster && o.endpoints.size() > 1) {
+    return Status::InvalidArgument("redis: redis:// takes one host, got '" + uri.hosts +
+                                   "'; use redis+cluster:// for a cluster");
+  }
+
+  if (!uri.path.empty() && uri.path != "/") {
+    const std::string_view db = std::string_view(uri.path).substr(1);
+    int n = -1;
+    auto [end, ec] = std::from_chars(db.data(), db.data() + db.size(), n);
+    if (ec != std::errc() || end != db.data() + db.size() || n < 0) {
+      return Status::InvalidArgument("redis: database '" + std::string(db) +
+                                     "' is not a whole number (expected /0, /1, ...)");
+    }
+    if (o.cluster && n != 0) {
+      return Status::InvalidArgument("redis: redis+cluster:// has only database 0, got '" +
+                                     uri.path + "'");
+    }
+    o.db = n;
+  }
+
+  if (auto t = uri.Param("timeout")) {
+    StatusOr<Millis> d = internal::ParseDuration(*t, "redis: timeout");
+    if (!d.ok()) return d.status();
+    o.timeout = *d;
+  }
+  if (auto p = uri.Param("pool")) {
+    StatusOr<long long> n = internal::ParseCount(*p, "redis: pool");
+    if (!n.ok()) return n.status();
+    if (*n < 1 || *n > 1024) {
+      return Status::InvalidArgument("redis: pool must be 1 to 1024, got '" + *p + "'");
+    }
+    o.pool_size = static_cast<size_t>(*n);
+  }
+  if (auto p = uri.Param("pipeline")) {
+    if (*p == "auto") o.auto_pipeline = true;
+    else if (*p == "off") o.auto_pipeline = false;
+    else return Status::InvalidArgument("redis: pipeline must be auto or off, got '" + *p + "'");
+  }
+  DEDUP_RETURN_IF_ERROR(o.Validate());
+  return out;
+}
+}  // namespace
+
+}  // namespace dedup::redis

@@ -1,0 +1,90 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// How to reach Redis, read once from a URI by the one parser that the Redis store,
+// the Redis Streams source, `dedup bench` and the tests share:
+//
+//   redis://[[user]:password@]host[:port][/db][?option=value&...]
+//   redis+cluster://[[user]:password@]host[:port][,host[:port]...][?option=value&...]
+//
+//   host       a name, an IPv4 address, or an IPv6 address in brackets: [::1]:6379
+//   port       Default: 6379
+//   user       ACL user; "redis://:pw@h" and "redis://pw@h" (as redis-cli reads
+//              it) give the password alone (the default user)
+//   db         logical database, plain Redis only.              Default: 0
+//   timeout    bounds each connect and each command round trip. Default: 2s
+//   pool       connections per Redis server, at most.           Default: 8
+//   pipeline   auto: threads share the pool's connections and their concurrent
+//              commands go out together (one write, one read for many callers);
+//              off: each call has a connection to itself.       Default: auto
+//
+// TLS is named but not supported yet: rediss://, rediss+cluster:// and the options
+// tls, tls_ca, tls_cert, tls_key, tls_sni are refused with Unimplemented ("TLS is
+// not supported yet") rather than ignored (tls=false is accepted).
+//
+// Errors name the bad part and never carry the password.
+
+#ifndef DEDUP_SRC_REDIS_OPTIONS_H_
+#define DEDUP_SRC_REDIS_OPTIONS_H_
+
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/uri.h"
+#include "dedup/clock.h"
+#include "dedup/status.h"
+
+namespace dedup::redis {
+
+struct Endpoint {
+  std::string host;  // without brackets: "::1"
+  int port = 6379;
+  std::string Name() const;  // "127.0.0.1:6390", "[::1]:6390"
+};
+
+// Parses "host:port", "host" (port 6379), "[v6]:port" or "[v6]".
+StatusOr<Endpoint> ParseEndpoint(std::string_view text);
+
+struct ConnectionOptions {
+  // The server, or any nodes of the cluster (seeds). At least one.
+  std::vector<Endpoint> endpoints;
+  // Route by cluster slot (CLUSTER SLOTS, MOVED, ASK). Default: false.
+  bool cluster = false;
+  // AUTH: `user` empty means the password alone (requirepass / default user).
+  std::string user, password;
+  bool has_password = false;
+  // SELECT after connecting; plain Redis only. Default: 0.
+  int db = 0;
+  // Bounds connecting and every command (send + reply). Default: 2 s.
+  Millis timeout{2'000};
+  // Connections per server, at most. Default: 8.
+  size_t pool_size = 8;
+  // Threads share connections; concurrent commands share round trips. Default: true.
+  bool auto_pipeline = true;
+
+  // OK, or InvalidArgument naming the bad field.
+  Status Validate() const;
+  // The URI without the password: "redis://user:***@[::1]:6390/2".
+  std::string Describe() const;
+};
+
+// A parsed redis:// or redis+cluster:// URI: the connection, and the URI itself
+// for the caller's own options (uri.Param("prefix")).
+struct RedisUri {
+  ConnectionOptions connection;
+  internal::Uri uri;
+};
+
+// `caller_params` are the options the caller reads itself (e.g. "prefix", or
+// "stream", "group"); any other option is refused, naming it and listing the known.
+StatusOr<RedisUri> ParseRedisUri(std::string_view text,
+                                 std::initializer_list<std::string_view> caller_params = {});
+// The same, from a URI already split by internal::ParseUri.
+StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
+                                 std::initializer_list<std::string_view> caller_params = {});
+
+}  // namespace dedup::redis
+
+#endif  // DEDUP_SRC_REDIS_OPTIONS_H_

@@ -1,0 +1,223 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "stores/postgres/pg_conn.h"
+
+#include <endian.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace dedup::pg {
+namespace {
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Classifies a connection failure by libpq's words (no SQLSTATE exists before the
+// session is up, and libpq never puts the password into them).
+Status ConnectError(const std::string& where, const std::string& msg, const std::string& db) {
+  const std::string m = Trim(msg);
+  if (m.find("password authentication failed") != std::string::npos ||
+      m.find("no password supplied") != std::string::npos ||
+      m.find("SASL authentication") != std::string::npos) {
+    return Status::Unauthenticated(where + ": wrong password or user (" + m + ")");
+  }
+  if (m.find("does not exist") != std::string::npos && m.find("database") != std::string::npos) {
+    return Status::NotFound(where + ": database '" + db + "' does not exist (" + m + ")");
+  }
+  if (m.find("role") != std::string::npos && m.find("does not exist") != std::string::npos) {
+    return Status::Unauthenticated(where + ": " + m);
+  }
+  if (m.find("expected authentication request") != std::string::npos ||
+      m.find("invalid response to SSL negotiation") != std::string::npos ||
+      m.find("unsupported frontend protocol") != std::string::npos ||
+      m.find("received invalid response") != std::string::npos ||
+      m.find("server closed the connection unexpectedly") != std::string::npos) {
+    return Status::FailedPrecondition(where + " does not speak the PostgreSQL protocol (" + m + ")");
+  }
+  if (m.find("timeout expired") != std::string::npos) {
+    return Status::DeadlineExceeded(where + ": connect timed out (" + m + ")");
+  }
+  if (m.find("starting up") != std::string::npos || m.find("shutting down") != std::string::npos ||
+      m.find("too many") != std::string::npos) {
+    return Status::Unavailable(where + ": " + m);
+  }
+  return Status::Unavailable(where + ": cannot connect (" + m + ")");
+}
+
+}  // namespace
+
+Params& Params::Bytes(std::string_view b) {
+  storage_.emplace_back(b);
+  lengths_.push_back(static_cast<int>(b.size()));
+  formats_.push_back(1);
+  return *this;
+}
+
+Params& Params::Int8(int64_t v) {
+  const uint64_t be = htobe64(static_cast<uint64_t>(v));
+  storage_.emplace_back(reinterpret_cast<const char*>(&be), sizeof(be));
+  lengths_.push_back(8);
+  formats_.push_back(1);
+  return *this;
+}
+
+const char* const* Params::values() {
+  values_.clear();
+  for (const std::string& s : storage_) values_.push_back(s.data());
+  return values_.data();
+}
+
+int64_t GetInt8(const PGresult* r, int row, int col) {
+  uint64_t be = 0;
+  if (PQgetlength(r, row, col) != 8) return 0;
+  std::memcpy(&be, PQgetvalue(r, row, col), 8);
+  return static_cast<int64_t>(be64toh(be));
+}
+
+std::string GetBytes(const PGresult* r, int row, int col) {
+  return std::string(PQgetvalue(r, row, col), static_cast<size_t>(PQgetlength(r, row, col)));
+}
+
+StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
+                                           const std::string& where) {
+  const std::string port = std::to_string(o.port);
+  const std::string timeout =
+      std::to_string(std::max<long long>(2, (o.timeout.count() + 999) / 1000));
+  const std::string options =
+      "-c statement_timeout=" + std::to_string(o.timeout.count()) + " -c client_min_messages=warning";
+  std::vector<const char*> keys = {"host", "port", "dbname", "connect_timeout",
+                                   "application_name", "options", "client_encoding"};
+  std::vector<const char*> values = {o.host.c_str(), port.c_str(), o.database.c_str(),
+                                     timeout.c_str(), "dedup", options.c_str(), "UTF8"};
+  if (!o.user.empty()) {
+    keys.push_back("user");
+    values.push_back(o.user.c_str());
+  }
+  if (!o.password.empty()) {
+    keys.push_back("password");
+    values.push_back(o.password.c_str());
+  }
+  if (!o.sslmode.empty()) {
+    keys.push_back("sslmode");
+    values.push_back(o.sslmode.c_str());
+  }
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  PGconn* c = PQconnectdbParams(keys.data(), values.data(), 0);
+  if (c == nullptr) return Status::ResourceExhausted(where + ": libpq could not allocate a connection");
+  if (PQstatus(c) != CONNECTION_OK) {
+    Status s = ConnectError(where, PQerrorMessage(c), o.database);
+    PQfinish(c);
+    return s;
+  }
+  return std::unique_ptr<Conn>(new Conn(c, where));
+}
+
+Conn::~Conn() { PQfinish(conn_); }
+
+bool Conn::broken() const { return PQstatus(conn_) != CONNECTION_OK; }
+
+Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
+  std::string msg = Trim(r != nullptr ? PQresultErrorMessage(r) : "");
+  if (msg.empty()) msg = Trim(PQerrorMessage(conn_));
+  const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  const std::string code = state != nullptr ? state : "";
+  const std::string text = where_ + ": " + std::string(op) + ": " + msg +
+                           (code.empty() ? "" : " (SQLSTATE " + code + ")");
+  if (broken() || code.rfind("08", 0) == 0 || code == "57P01" || code == "57P02" ||
+      code == "57P03" || code.rfind("53", 0) == 0 || code.rfind("40", 0) == 0) {
+    return Status::Unavailable(text);
+  }
+  if (code == "57014") return Status::DeadlineExceeded(text);
+  if (code == "42P01" || code == "42703" || code == "42883") {
+    return Status::FailedPrecondition(text + "; was the table dropped or changed by hand?");
+  }
+  if (code.rfind("22", 0) == 0 || code.rfind("23", 0) == 0) return Status::InvalidArgument(text);
+  return Status::Internal(text);
+}
+
+StatusOr<Result> Conn::Exec(std::string_view sql, std::string_view op) {
+  Result r(PQexec(conn_, std::string(sql).c_str()));
+  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK && st != PGRES_EMPTY_QUERY) {
+    return ErrorOf(r.get(), op);
+  }
+  return r;
+}
+
+StatusOr<Result> Conn::ExecParams(std::string_view sql, Params& p, int result_format,
+                                  std::string_view op) {
+  Result r(PQexecParams(conn_, std::string(sql).c_str(), p.size(), nullptr, p.values(),
+                        p.lengths(), p.formats(), result_format));
+  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return ErrorOf(r.get(), op);
+  return r;
+}
+
+StatusOr<Result> Conn::ExecPrepared(const char* name, Params& p, std::string_view op) {
+  Result r(PQexecPrepared(conn_, name, p.size(), p.values(), p.lengths(), p.formats(), 1));
+  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return ErrorOf(r.get(), op);
+  return r;
+}
+
+Status Conn::Prepare(const char* name, const std::string& sql, const std::vector<unsigned>& types) {
+  std::vector<Oid> oids(types.begin(), types.end());
+  Result r(PQprepare(conn_, name, sql.c_str(), static_cast<int>(oids.size()), oids.data()));
+  if (!r || PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
+    return ErrorOf(r.get(), std::string("prepare ") + name);
+  }
+  return Status::Ok();
+}
+
+StatusOr<Pool::Handle> Pool::Get() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !idle_.empty() || live_ < size_; });
+    if (!idle_.empty()) {
+      std::unique_ptr<Conn> c = std::move(idle_.back());
+      idle_.pop_back();
+      return Handle(this, std::move(c));
+    }
+    ++live_;
+  }
+  auto c = open_();
+  std::lock_guard lock(mu_);
+  if (!c.ok()) {
+    --live_;
+    cv_.notify_one();
+    return c.status();
+  }
+  ++opened_;
+  return Handle(this, std::move(c).value());
+}
+
+void Pool::Put(std::unique_ptr<Conn> c) {
+  std::lock_guard lock(mu_);
+  if (c->broken() || PQtransactionStatus(c->raw()) != PQTRANS_IDLE) {
+    --live_;  // closed below, outside nothing: PQfinish does not block
+    c.reset();
+  } else {
+    idle_.push_back(std::move(c));
+  }
+  cv_.notify_one();
+}
+
+uint64_t Pool::opened() const {
+  std::lock_guard lock(mu_);
+  return opened_;
+}
+
+bool ValidIdentifier(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  if (!alpha(s[0])) return false;
+  return std::all_of(s.begin(), s.end(), [&](char c) { return alpha(c) || (c >= '0' && c <= '9'); });
+}
+
+std::string Quote(std::string_view ident) { return "\"" + std::string(ident) + "\""; }
+
+}  // namespace dedup::pg

@@ -1,0 +1,126 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The thin layer over libpq the PostgreSQL store uses: a connection that turns
+// libpq's errors into Status (naming the server and the operation, never the
+// password), binary parameters, binary result readers, and a pool.
+
+#ifndef DEDUP_SRC_STORES_POSTGRES_PG_CONN_H_
+#define DEDUP_SRC_STORES_POSTGRES_PG_CONN_H_
+
+#include <libpq-fe.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dedup/postgres_store.h"
+#include "dedup/status.h"
+
+namespace dedup::pg {
+
+// PostgreSQL type OIDs of the parameters the store sends.
+inline constexpr unsigned kInt8Oid = 20;
+inline constexpr unsigned kByteaOid = 17;
+inline constexpr unsigned kTextOid = 25;
+
+// Binary parameters for PQexecPrepared / PQexecParams.
+class Params {
+ public:
+  Params& Bytes(std::string_view b);
+  Params& Int8(int64_t v);
+  int size() const { return static_cast<int>(values_.size()); }
+  const char* const* values();
+  const int* lengths() const { return lengths_.data(); }
+  const int* formats() const { return formats_.data(); }
+
+ private:
+  std::vector<std::string> storage_;
+  std::vector<const char*> values_;
+  std::vector<int> lengths_, formats_;
+};
+
+// Owns a PGresult.
+struct ResultDeleter {
+  void operator()(PGresult* r) const { PQclear(r); }
+};
+using Result = std::unique_ptr<PGresult, ResultDeleter>;
+
+// Binary result readers (the store asks for binary results of bigint and bytea).
+int64_t GetInt8(const PGresult* r, int row, int col);
+std::string GetBytes(const PGresult* r, int row, int col);
+
+// One connection. Not thread-safe; the pool hands it to one thread at a time.
+class Conn {
+ public:
+  // `where` names the server in messages, e.g. "postgres 127.0.0.1:5432".
+  static StatusOr<std::unique_ptr<Conn>> Open(const PostgresStoreOptions& o,
+                                              const std::string& where);
+  ~Conn();
+  PGconn* raw() { return conn_; }
+  bool broken() const;
+
+  // Runs a statement; an error status unless it returned tuples or a command OK.
+  StatusOr<Result> Exec(std::string_view sql, std::string_view op);
+  StatusOr<Result> ExecParams(std::string_view sql, Params& p, int result_format,
+                              std::string_view op);
+  StatusOr<Result> ExecPrepared(const char* name, Params& p, std::string_view op);
+  Status Prepare(const char* name, const std::string& sql, const std::vector<unsigned>& types);
+
+  // The status for a failed result (or a null one) of operation `op`.
+  Status ErrorOf(const PGresult* r, std::string_view op);
+
+ private:
+  Conn(PGconn* c, std::string where) : conn_(c), where_(std::move(where)) {}
+  PGconn* conn_;
+  std::string where_;
+};
+
+// A fixed-size pool. Get() waits for a free connection, opening one when fewer
+// than `size` exist. A connection that broke is closed when handed back.
+class Pool {
+ public:
+  using Opener = std::function<StatusOr<std::unique_ptr<Conn>>()>;
+  Pool(size_t size, Opener open) : size_(size), open_(std::move(open)) {}
+
+  class Handle {
+   public:
+    Handle(Pool* p, std::unique_ptr<Conn> c) : pool_(p), conn_(std::move(c)) {}
+    Handle(Handle&&) = default;
+    ~Handle() {
+      if (pool_ != nullptr && conn_ != nullptr) pool_->Put(std::move(conn_));
+    }
+    Conn* operator->() { return conn_.get(); }
+    Conn& operator*() { return *conn_; }
+
+   private:
+    Pool* pool_;
+    std::unique_ptr<Conn> conn_;
+  };
+
+  StatusOr<Handle> Get();
+  uint64_t opened() const;
+
+ private:
+  void Put(std::unique_ptr<Conn> c);
+
+  const size_t size_;
+  Opener open_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Conn>> idle_;
+  size_t live_ = 0;  // idle + handed out + being opened
+  uint64_t opened_ = 0;
+};
+
+// "\"name\"" for a plain identifier already checked by ValidIdentifier.
+std::string Quote(std::string_view ident);
+bool ValidIdentifier(std::string_view ident);
+
+}  // namespace dedup::pg
+
+#endif  // DEDUP_SRC_STORES_POSTGRES_PG_CONN_H_

@@ -1,0 +1,827 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The PostgreSQL store. Each SPEC operation is one prepared statement; the claim
+// statement writes only when the state machine says a claim writes (ACQUIRED or
+// EXHAUSTED) and otherwise reads the row, and the answer is decided from the row
+// with core/state_machine's DecideClaim, so the server and the embedded stores
+// speak the same table.
+
+#include "dedup/postgres_store.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "core/state_machine.h"
+#include "core/uri.h"
+#include "stores/open_backends.h"
+#include "stores/postgres/pg_conn.h"
+
+namespace dedup {
+namespace {
+
+using pg::kByteaOid;
+using pg::kInt8Oid;
+using pg::Params;
+
+// The record format this build writes, in the table's comment.
+constexpr int kFormat = 1;
+constexpr std::string_view kFormatComment = "dedup store records, format ";
+// One advisory lock for every dedup migration, so that first opens never race.
+constexpr int64_t kMigrationLock = 0x6465647570000001;  // "dedup" ...
+
+// The server clock in milliseconds since the epoch.
+constexpr std::string_view kNowMs = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+// The columns of a record, in the order ReadRecord expects.
+constexpr std::string_view kCols =
+    "r.key, r.state::bigint, r.token, r.fence, r.attempt::bigint, r.lease_deadline, "
+    "r.retention_deadline, r.fingerprint, r.status::bigint, r.result";
+
+Record ReadRecord(const PGresult* r, int row, size_t prefix_len) {
+  Record rec;
+  rec.key = pg::GetBytes(r, row, 0).substr(prefix_len);
+  rec.state = static_cast<RecordState>(pg::GetInt8(r, row, 1));
+  rec.token = Token{static_cast<uint64_t>(pg::GetInt8(r, row, 2))};
+  rec.fence = static_cast<uint64_t>(pg::GetInt8(r, row, 3));
+  rec.attempt = static_cast<uint32_t>(pg::GetInt8(r, row, 4));
+  rec.lease_deadline = pg::GetInt8(r, row, 5);
+  rec.retention_deadline = pg::GetInt8(r, row, 6);
+  rec.fingerprint = pg::GetBytes(r, row, 7);
+  rec.status = static_cast<CompletionStatus>(pg::GetInt8(r, row, 8));
+  rec.result = pg::GetBytes(r, row, 9);
+  return rec;
+}
+
+bool ValidRecord(const Record& r) {
+  return (r.state == RecordState::kInProgress || r.state == RecordState::kCompleted ||
+          r.state == RecordState::kReleased) &&
+         static_cast<uint8_t>(r.status) <= 2 && r.token.valid() && r.fence > 0;
+}
+
+
+
+class PgTransaction;
+
+class PgStore final : public PostgresStore {
+ public:
+  explicit PgStore(PostgresStoreOptions o)
+      : o_(std::move(o)),
+        where_("postgres " + o_.host + ":" + std::to_string(o_.port)),
+        table_(pg::Quote(o_.schema) + "." + pg::Quote(o_.table)),
+        pool_(o_.pool_size, [this] { return OpenConn(); }) {}
+
+  ~PgStore() override {
+    {
+      std::lock_guard lock(expire_mu_);
+      stopping_ = true;
+    }
+    expire_cv_.notify_all();
+    if (expirer_.joinable()) expirer_.join();
+  }
+
+  Status Start() {
+    auto first = pg::Conn::Open(o_, where_);
+    if (!first.ok()) return first.status();
+    DEDUP_RETURN_IF_ERROR(CheckServer(**first));
+    DEDUP_RETURN_IF_ERROR(Migrate(**first));
+    // Statements are prepared per connection, so the first one goes through the
+    // pool's opener too; this one only checked and migrated.
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    if (o_.expire_interval.count() > 0) expirer_ = std::thread([this] { ExpireLoop(); });
+    return Status::Ok();
+  }
+
+  // ---- SPEC operations -------------------------------------------------------
+
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
+    DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    return ClaimOn(**h, req);
+  }
+
+  StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Status s = ValidateClaim(reqs[i]);
+      if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+    }
+    std::vector<ClaimResult> out;
+    out.reserve(reqs.size());
+    if (reqs.empty()) return out;
+    auto h = pool_.Get();  // one connection for the whole batch
+    if (!h.ok()) return h.status();
+    for (const ClaimRequest& r : reqs) {
+      auto res = ClaimOn(**h, r);
+      if (!res.ok()) return res.status();
+      out.push_back(std::move(res).value());
+    }
+    return out;
+  }
+
+  StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
+    DEDUP_RETURN_IF_ERROR(ValidateExtend(key, token, lease));
+    Params p;
+    p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(lease.count());
+    return OwnerWrite("extend", p);
+  }
+
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    Params p;
+    p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(retention.count());
+    p.Int8(static_cast<int64_t>(status)).Bytes(result);
+    return OwnerWrite("complete", p);
+  }
+
+  StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
+    DEDUP_RETURN_IF_ERROR(ValidateRelease(key, token, retention));
+    Params p;
+    p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(retention.count());
+    return OwnerWrite("release", p);
+  }
+
+  StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    Params p;
+    p.Bytes(Key(key));
+    auto r = (*h)->ExecPrepared("inspect", p, "inspect");
+    if (!r.ok()) return r.status();
+    if (PQntuples(r->get()) == 0) return std::optional<Record>();
+    Record rec = ReadRecord(r->get(), 0, o_.prefix.size());
+    if (!ValidRecord(rec)) return Corrupt(key);
+    return std::optional<Record>(std::move(rec));
+  }
+
+  StatusOr<bool> Forget(std::string_view key) override {
+    DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    Params p;
+    p.Bytes(Key(key));
+    auto r = (*h)->ExecPrepared("forget", p, "forget");
+    if (!r.ok()) return r.status();
+    return PQntuples(r->get()) > 0;
+  }
+
+  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    Params p;
+    p.Bytes(Key(prefix)).Int8(static_cast<int64_t>(std::min<size_t>(limit, INT64_MAX)));
+    auto r = (*h)->ExecPrepared("scan", p, "scan");
+    if (!r.ok()) return r.status();
+    std::vector<Record> out;
+    for (int i = 0; i < PQntuples(r->get()); ++i) {
+      Record rec = ReadRecord(r->get(), i, o_.prefix.size());
+      if (ValidRecord(rec)) out.push_back(std::move(rec));
+    }
+    return out;
+  }
+
+  std::string Describe() const override {
+    if (!o_.description.empty()) return o_.description;
+    std::string s = "postgres://";
+    if (!o_.user.empty()) s += o_.user + "@";
+    s += o_.host + ":" + std::to_string(o_.port) + "/" + o_.database + "?schema=" + o_.schema +
+         "&table=" + o_.table;
+    if (!o_.prefix.empty()) s += "&prefix=" + o_.prefix;
+    return s;
+  }
+
+  // ---- transactions -----------------------------------------------------------
+
+  StatusOr<WriteResult> RunInTransaction(std::string_view key, Token token, uint64_t fence,
+                                         uint32_t attempt, Millis retention,
+                                         const TransactionalHandler& handler,
+                                         HandlerResult* handler_result) override;
+
+  // ---- expiry --------------------------------------------------------------------
+
+  StatusOr<uint64_t> ExpireNow(size_t batch, size_t max_batches) override {
+    if (batch == 0) return Status::InvalidArgument("postgres: expire batch must be positive");
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    uint64_t total = 0;
+    for (size_t i = 0; i < max_batches; ++i) {
+      Params p;
+      p.Int8(static_cast<int64_t>(batch));
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = (*h)->ExecPrepared("expire", p, "expire");
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - t0).count();
+      if (!r.ok()) return r.status();
+      const uint64_t n = std::strtoull(PQcmdTuples(r->get()), nullptr, 10);
+      total += n;
+      expired_rows_ += n;
+      expire_statements_ += 1;
+      expire_micros_ += static_cast<uint64_t>(us);
+      if (n < batch) break;
+    }
+    return total;
+  }
+
+  Stats stats() const override {
+    Stats s;
+    s.expired_rows = expired_rows_.load();
+    s.expire_statements = expire_statements_.load();
+    s.expire_micros = expire_micros_.load();
+    const uint64_t opened = pool_.opened();
+    s.reconnects = opened > o_.pool_size ? opened - o_.pool_size : 0;
+    return s;
+  }
+
+  std::string QualifiedTable() const override { return table_; }
+  std::string FenceFunction() const override {
+    return pg::Quote(o_.schema) + ".\"dedup_apply_fence\"";
+  }
+
+  const PostgresStoreOptions& options() const { return o_; }
+  pg::Pool& pool() { return pool_; }
+  std::string Key(std::string_view key) const { return o_.prefix + std::string(key); }
+  StatusOr<WriteResult> OwnerWriteOn(pg::Conn& c, const char* name, Params& p) {
+    auto r = c.ExecPrepared(name, p, name);
+    if (!r.ok()) return r.status();
+    return PQntuples(r->get()) > 0 ? WriteResult::kOk : WriteResult::kLost;
+  }
+
+ private:
+  Status Corrupt(std::string_view key) const {
+    return Status::DataLoss(where_ + ": the record of key '" + std::string(key) +
+                            "' in " + table_ + " cannot be decoded; nothing was changed");
+  }
+
+  StatusOr<WriteResult> OwnerWrite(const char* name, Params& p) {
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    return OwnerWriteOn(**h, name, p);
+  }
+
+  StatusOr<ClaimResult> ClaimOn(pg::Conn& c, const ClaimRequest& req) {
+    // The statement's read of the row, when it did not write, comes from the
+    // statement's snapshot, which may predate a claim that committed while this
+    // one waited for the row: the state machine then says "would write", and the
+    // statement runs again with a fresh snapshot.
+    for (int tries = 0; tries < 100; ++tries) {
+      const Token fresh = Token::Random();
+      Params p;
+      p.Bytes(Key(req.key)).Int8(static_cast<int64_t>(fresh.value)).Int8(req.lease.count());
+      p.Int8(req.retention.count()).Bytes(req.fingerprint).Int8(req.max_attempts);
+      auto r = c.ExecPrepared("claim", p, "claim");
+      if (!r.ok()) return r.status();
+      if (PQntuples(r->get()) == 0) continue;  // inserted by another after our snapshot
+      Record cur = ReadRecord(r->get(), 0, 0);
+      const bool wrote = pg::GetInt8(r->get(), 0, 10) != 0;
+      const int64_t now = pg::GetInt8(r->get(), 0, 11);
+      if (!ValidRecord(cur)) return Corrupt(req.key);
+      ClaimResult res;
+      res.fence = cur.fence;
+      res.attempt = cur.attempt;
+      if (wrote) {
+        if (cur.state == RecordState::kInProgress && cur.token == fresh) {
+          res.outcome = ClaimOutcome::kAcquired;
+          res.token = fresh;
+        } else {
+          res.outcome = ClaimOutcome::kExhausted;
+        }
+        return res;
+      }
+      Record next;
+      bool write = false;
+      res = internal::DecideClaim(&cur, req, now, fresh, &next, &write);
+      if (!write) return res;
+    }
+    return Status::Unavailable(where_ + ": claim: the row kept changing under the claim; retry");
+  }
+
+  StatusOr<std::unique_ptr<pg::Conn>> OpenConn() {
+    auto c = pg::Conn::Open(o_, where_);
+    if (!c.ok()) return c.status();
+    DEDUP_RETURN_IF_ERROR(Prepare(**c));
+    return c;
+  }
+
+  Status CheckServer(pg::Conn& c) {
+    auto r = c.Exec("SELECT current_setting('server_version_num'), version()", "version check");
+    if (!r.ok()) return r.status();
+    const long num = std::strtol(PQgetvalue(r->get(), 0, 0), nullptr, 10);
+    const std::string version = PQgetvalue(r->get(), 0, 1);
+    if (version.rfind("PostgreSQL", 0) != 0) {
+      return Status::FailedPrecondition(where_ + " is not PostgreSQL (it says '" + version + "')");
+    }
+    if (num < 120000) {
+      return Status::FailedPrecondition(where_ + " runs " + version +
+                                        "; the store needs PostgreSQL 12 or later");
+    }
+    return Status::Ok();
+  }
+
+  Status Migrate(pg::Conn& c) {
+    const std::string regclass = "'" + table_ + "'";
+    DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN", "migration").status());
+    auto fail = [&](Status s) {
+      (void)c.Exec("ROLLBACK", "migration");
+      return s;
+    };
+    auto lock = c.Exec("SELECT pg_advisory_xact_lock(" + std::to_string(kMigrationLock) + ")",
+                       "migration lock");
+    if (!lock.ok()) return fail(lock.status());
+    auto found = c.Exec("SELECT to_regclass(" + regclass + ") IS NOT NULL, "
+                        "coalesce(obj_description(to_regclass(" + regclass + "), 'pg_class'), '')",
+                        "migration check");
+    if (!found.ok()) return fail(found.status());
+    const bool exists = std::string(PQgetvalue(found->get(), 0, 0)) == "t";
+    const std::string comment = PQgetvalue(found->get(), 0, 1);
+    const std::string name = o_.schema + "." + o_.table;
+    if (exists) {
+      (void)c.Exec("ROLLBACK", "migration");
+      if (comment.rfind(kFormatComment, 0) != 0) {
+        return Status::FailedPrecondition(
+            where_ + ": table " + name + " exists and is not a dedup table (its comment is '" +
+            comment + "'); choose another ?table= or ?schema=");
+      }
+      const std::string format = comment.substr(kFormatComment.size());
+      if (format != std::to_string(kFormat)) {
+        return Status::FailedPrecondition(where_ + ": table " + name + " holds record format " +
+                                          format + "; this build reads format " +
+                                          std::to_string(kFormat) + " only");
+      }
+      return Status::Ok();
+    }
+    const std::string ddl =
+        "CREATE SCHEMA IF NOT EXISTS " + pg::Quote(o_.schema) + ";\n"
+        "CREATE TABLE " + table_ + " (\n"
+        "  key bytea PRIMARY KEY,\n"
+        "  state smallint NOT NULL,\n"            // 1 in_progress, 2 completed, 3 released
+        "  token bigint NOT NULL,\n"              // the owner's token (64 bits, as signed)
+        "  fence bigint NOT NULL,\n"
+        "  attempt integer NOT NULL,\n"
+        "  lease_deadline bigint NOT NULL,\n"     // server clock, ms since the epoch
+        "  retention_deadline bigint NOT NULL,\n"
+        "  fingerprint bytea NOT NULL,\n"
+        "  status smallint NOT NULL,\n"           // 0 ok, 1 failed, 2 exhausted
+        "  result bytea NOT NULL);\n"
+        "CREATE INDEX " + pg::Quote(o_.table + "_retention") + " ON " + table_ +
+        " (retention_deadline);\n"
+        "COMMENT ON TABLE " + table_ + " IS '" + std::string(kFormatComment) +
+        std::to_string(kFormat) + "';\n" + FenceHelperSql(o_.schema);
+    auto made = c.Exec(ddl, "migration to format " + std::to_string(kFormat));
+    if (!made.ok()) return fail(made.status());
+    auto done = c.Exec("COMMIT", "migration commit");
+    if (!done.ok()) return done.status();
+    return Status::Ok();
+  }
+
+  Status Prepare(pg::Conn& c) {
+    const std::string T = table_;
+    const std::string now = std::string(kNowMs);
+    const std::string cols = std::string(kCols);
+    // Claim. $1 key, $2 fresh token, $3 lease, $4 retention, $5 fingerprint,
+    // $6 max_attempts. N = the statement's now (from the inserted row), r = the row.
+    const std::string N = "(EXCLUDED.lease_deadline - $3)";
+    const std::string expired = "(" + N + " >= r.retention_deadline)";
+    const std::string exhaust = "(NOT " + expired + " AND $6 <> 0 AND r.attempt >= $6)";
+    const std::string writes =
+        expired + " OR (NOT ($5 <> ''::bytea AND r.fingerprint <> ''::bytea AND "
+        "r.fingerprint <> $5) AND r.state <> 2 AND NOT (r.state = 1 AND " + N +
+        " < r.lease_deadline))";
+    const std::string claim =
+        "WITH n AS MATERIALIZED (SELECT " + now + " AS ms), w AS (\n"
+        "INSERT INTO " + T + " AS r (key, state, token, fence, attempt, lease_deadline,"
+        " retention_deadline, fingerprint, status, result)\n"
+        "SELECT $1, 1, $2, 1, 1, n.ms + $3, n.ms + $3 + $4, $5, 0, ''::bytea FROM n\n"
+        "ON CONFLICT (key) DO UPDATE SET\n"
+        " state = CASE WHEN " + exhaust + " THEN 2 ELSE 1 END,\n"
+        " token = CASE WHEN " + exhaust + " THEN r.token ELSE $2 END,\n"
+        " fence = CASE WHEN " + exhaust + " THEN r.fence ELSE r.fence + 1 END,\n"
+        " attempt = CASE WHEN " + expired + " THEN 1 WHEN " + exhaust +
+        " THEN r.attempt ELSE r.attempt + 1 END,\n"
+        " lease_deadline = CASE WHEN " + exhaust + " THEN " + N +
+        " ELSE EXCLUDED.lease_deadline END,\n"
+        " retention_deadline = CASE WHEN " + exhaust + " THEN " + N +
+        " + $4 ELSE EXCLUDED.retention_deadline END,\n"
+        " fingerprint = CASE WHEN " + exhaust + " THEN r.fingerprint WHEN " + expired +
+        " OR r.fingerprint = ''::bytea THEN $5 ELSE r.fingerprint END,\n"
+        " status = CASE WHEN " + exhaust + " THEN 2 ELSE 0 END,\n"
+        " result = ''::bytea\n"
+        "WHERE " + writes + "\n"
+        "RETURNING " + cols + ", 1::bigint AS wrote)\n"
+        "SELECT *, (SELECT ms FROM n) FROM w\n"
+        "UNION ALL\n"
+        "SELECT " + cols + ", 0::bigint, (SELECT ms FROM n) FROM " + T +
+        " r WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM w)";
+    DEDUP_RETURN_IF_ERROR(c.Prepare("claim", claim, {kByteaOid, kInt8Oid, kInt8Oid, kInt8Oid,
+                                                     kByteaOid, kInt8Oid}));
+    const std::string owned = "r.key = $1 AND r.token = $2 AND r.state = 1 AND "
+                              "r.retention_deadline > n.ms";
+    DEDUP_RETURN_IF_ERROR(c.Prepare(
+        "extend",
+        "WITH n AS MATERIALIZED (SELECT " + now + " AS ms) UPDATE " + T +
+            " r SET lease_deadline = n.ms + $3, retention_deadline = n.ms + $3 + "
+            "(r.retention_deadline - r.lease_deadline) FROM n WHERE " + owned + " RETURNING 1",
+        {kByteaOid, kInt8Oid, kInt8Oid}));
+    DEDUP_RETURN_IF_ERROR(c.Prepare(
+        "complete",
+        "WITH n AS MATERIALIZED (SELECT " + now + " AS ms) UPDATE " + T +
+            " r SET state = 2, status = $4, result = $5, lease_deadline = n.ms, "
+            "retention_deadline = n.ms + $3 FROM n WHERE " + owned + " RETURNING 1",
+        {kByteaOid, kInt8Oid, kInt8Oid, kInt8Oid, kByteaOid}));
+    DEDUP_RETURN_IF_ERROR(c.Prepare(
+        "release",
+        "WITH n AS MATERIALIZED (SELECT " + now + " AS ms) UPDATE " + T +
+            " r SET state = 3, lease_deadline = n.ms, retention_deadline = n.ms + $3 "
+            "FROM n WHERE " + owned + " RETURNING 1",
+        {kByteaOid, kInt8Oid, kInt8Oid}));
+    DEDUP_RETURN_IF_ERROR(c.Prepare(
+        "inspect",
+        "SELECT " + cols + " FROM " + T + " r WHERE r.key = $1 AND r.retention_deadline > " + now,
+        {kByteaOid}));
+    DEDUP_RETURN_IF_ERROR(c.Prepare("forget", "DELETE FROM " + T + " r WHERE r.key = $1 RETURNING 1",
+                                    {kByteaOid}));
+    DEDUP_RETURN_IF_ERROR(c.Prepare(
+        "scan",
+        "SELECT " + cols + " FROM " + T + " r WHERE r.key >= $1 AND "
+        "substring(r.key FROM 1 FOR length($1)) = $1 AND r.retention_deadline > " + now +
+        " LIMIT $2",
+        {kByteaOid, kInt8Oid}));
+    // Expiry: at most $1 rows, skipping rows other sessions hold (a claim taking
+    // one over), found through the retention index; a TID scan deletes them.
+    DEDUP_RETURN_IF_ERROR(c.Prepare(
+        "expire",
+        "DELETE FROM " + T + " WHERE ctid = ANY(ARRAY(SELECT ctid FROM " + T +
+            " WHERE retention_deadline <= " + now + " LIMIT $1 FOR UPDATE SKIP LOCKED))",
+        {kInt8Oid}));
+    return Status::Ok();
+  }
+
+  void ExpireLoop() {
+    std::unique_lock lock(expire_mu_);
+    while (!stopping_) {
+      expire_cv_.wait_for(lock, o_.expire_interval, [&] { return stopping_; });
+      if (stopping_) break;
+      lock.unlock();
+      (void)ExpireNow(o_.expire_batch, o_.expire_max_batches);  // retried next round
+      lock.lock();
+    }
+  }
+
+  const PostgresStoreOptions o_;
+  const std::string where_;
+  const std::string table_;
+  pg::Pool pool_;
+  std::atomic<uint64_t> expired_rows_{0}, expire_statements_{0}, expire_micros_{0};
+  std::mutex expire_mu_;
+  std::condition_variable expire_cv_;
+  bool stopping_ = false;
+  std::thread expirer_;
+};
+
+class PgTransaction final : public PostgresTransaction {
+ public:
+  PgTransaction(pg::Conn& c, std::string_view key, Token token, uint64_t fence, uint32_t attempt)
+      : c_(c), key_(key), token_(token), fence_(fence), attempt_(attempt) {}
+  PGconn* connection() override { return c_.raw(); }
+  std::string_view key() const override { return key_; }
+  Token token() const override { return token_; }
+  uint64_t fence() const override { return fence_; }
+  uint32_t attempt() const override { return attempt_; }
+  bool failed() const { return failed_; }
+  const Status& failure() const { return failure_; }
+
+  StatusOr<std::vector<Row>> Exec(std::string_view sql,
+                                  const std::vector<std::optional<std::string>>& params) override {
+    std::vector<const char*> values;
+    for (const auto& v : params) values.push_back(v ? v->c_str() : nullptr);
+    pg::Result r(PQexecParams(c_.raw(), std::string(sql).c_str(), static_cast<int>(values.size()),
+                              nullptr, values.data(), nullptr, nullptr, 0));
+    const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.ErrorOf(r.get(), "handler statement"));
+    std::vector<Row> rows;
+    for (int i = 0; i < PQntuples(r.get()); ++i) {
+      Row row;
+      for (int j = 0; j < PQnfields(r.get()); ++j) {
+        if (PQgetisnull(r.get(), i, j)) {
+          row.emplace_back(std::nullopt);
+        } else {
+          row.emplace_back(std::string(PQgetvalue(r.get(), i, j),
+                                       static_cast<size_t>(PQgetlength(r.get(), i, j))));
+        }
+      }
+      rows.push_back(std::move(row));
+    }
+    return rows;
+  }
+
+  Status ExecScript(std::string_view sql) override {
+    auto r = c_.Exec(sql, "handler SQL");
+    if (!r.ok()) return Fail(r.status());
+    return Status::Ok();
+  }
+
+ private:
+  Status Fail(Status s) {
+    if (!failed_) failure_ = s;
+    failed_ = true;
+    return s;
+  }
+  pg::Conn& c_;
+  std::string key_;
+  Token token_;
+  uint64_t fence_;
+  uint32_t attempt_;
+  bool failed_ = false;
+  Status failure_;
+};
+
+StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token token,
+                                                uint64_t fence, uint32_t attempt,
+                                                Millis retention,
+                                                const TransactionalHandler& handler,
+                                                HandlerResult* handler_result) {
+  DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, {}));
+  HandlerResult hr;
+  {
+    auto h = pool_.Get();
+    if (!h.ok()) return h.status();
+    pg::Conn& c = **h;
+    DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN", "begin").status());
+    PgTransaction tx(c, key, token, fence, attempt);
+    try {
+      hr = handler(tx);
+    } catch (const std::exception& e) {
+      hr = HandlerResult::Retry(std::string("handler threw: ") + e.what());
+    } catch (...) {
+      hr = HandlerResult::Retry("handler threw a non-standard exception");
+    }
+    if (tx.failed() && hr.kind == HandlerResult::Kind::kDone) {
+      hr = HandlerResult::Retry("a statement of the handler failed: " + tx.failure().ToString());
+    }
+    if (hr.kind == HandlerResult::Kind::kDone) {
+      Status rs = ValidateResult(hr.result);
+      if (!rs.ok()) hr = HandlerResult::Retry(rs.ToString());
+    }
+    if (handler_result != nullptr) *handler_result = hr;
+    if (hr.kind == HandlerResult::Kind::kDone) {
+      Params p;
+      p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(retention.count());
+      p.Int8(static_cast<int64_t>(CompletionStatus::kOk)).Bytes(hr.result);
+      auto w = OwnerWriteOn(c, "complete", p);
+      if (!w.ok() || *w == WriteResult::kLost) {
+        (void)c.Exec("ROLLBACK", "rollback");
+        return w;
+      }
+      auto commit = c.Exec("COMMIT", "commit");
+      if (!commit.ok()) return commit.status();
+      // COMMIT of an aborted transaction answers ROLLBACK instead of failing.
+      if (std::string_view(PQcmdStatus(commit->get())) != "COMMIT") {
+        return Status::Unavailable(where_ + ": commit: the transaction was rolled back");
+      }
+      return WriteResult::kOk;
+    }
+    (void)c.Exec("ROLLBACK", "rollback");
+  }
+  if (hr.kind == HandlerResult::Kind::kFail) {
+    return Complete(key, token, retention, CompletionStatus::kFailed, hr.result);
+  }
+  return Release(key, token, retention);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(const PostgresStoreOptions& options) {
+  const PostgresStoreOptions& o = options;
+  if (o.database.empty()) return Status::InvalidArgument("postgres: no database given");
+  if (o.host.empty()) return Status::InvalidArgument("postgres: no host given");
+  if (o.port <= 0 || o.port > 65535) {
+    return Status::InvalidArgument("postgres: port must be 1 to 65535, got " + std::to_string(o.port));
+  }
+  if (!pg::ValidIdentifier(o.schema)) {
+    return Status::InvalidArgument("postgres: schema '" + o.schema +
+                                   "' is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)");
+  }
+  if (!pg::ValidIdentifier(o.table) || o.table.size() > 53) {
+    return Status::InvalidArgument("postgres: table '" + o.table +
+                                   "' is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 53 bytes)");
+  }
+  if (o.pool_size < 1 || o.pool_size > 1024) {
+    return Status::InvalidArgument("postgres: pool must be 1 to 1024, got " + std::to_string(o.pool_size));
+  }
+  if (o.timeout.count() <= 0) return Status::InvalidArgument("postgres: timeout must be positive");
+  if (o.expire_interval.count() < 0) {
+    return Status::InvalidArgument("postgres: expire_interval must not be negative");
+  }
+  if (o.expire_batch < 1 || o.expire_batch > 1'000'000) {
+    return Status::InvalidArgument("postgres: expire_batch must be 1 to 1000000, got " +
+                                   std::to_string(o.expire_batch));
+  }
+  if (o.prefix.size() >= kMaxKeyBytes) {
+    return Status::InvalidArgument("postgres: prefix is longer than a key may be");
+  }
+  auto s = std::make_unique<PgStore>(o);
+  DEDUP_RETURN_IF_ERROR(s->Start());
+  return std::unique_ptr<PostgresStore>(std::move(s));
+}
+
+namespace internal {
+
+StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
+  DEDUP_RETURN_IF_ERROR(uri.CheckParams({"table", "schema", "pool", "prefix", "timeout",
+                                         "expire_interval", "expire_batch", "sslmode"}));
+  if (!uri.has_authority || uri.hosts.empty()) {
+    return Status::InvalidArgument("postgres URI '" + uri.Redacted() +
+                                   "' has no host (expected postgres://USER:PASSWORD@HOST:PORT/DB)");
+  }
+  PostgresStoreOptions o;
+  o.user = uri.user;
+  o.password = uri.password;
+  std::string_view host = uri.hosts;
+  if (host.find(',') != std::string_view::npos) {
+    return Status::InvalidArgument("postgres URI takes one host, got '" + uri.hosts + "'");
+  }
+  const size_t colon = host.rfind(':');
+  if (colon != std::string_view::npos && host.front() != '[') {
+    auto port = ParseCount(host.substr(colon + 1), "postgres: port");
+    if (!port.ok()) return port.status();
+    if (*port < 1 || *port > 65535) {
+      return Status::InvalidArgument("postgres: port must be 1 to 65535, got " +
+                                     std::string(host.substr(colon + 1)));
+    }
+    o.port = static_cast<int>(*port);
+    host = host.substr(0, colon);
+  }
+  o.host = std::string(host);
+  if (uri.path.size() <= 1) {
+    return Status::InvalidArgument("postgres URI '" + uri.Redacted() +
+                                   "' names no database (expected postgres://HOST:PORT/DB)");
+  }
+  o.database = uri.path.substr(1);
+  if (auto t = uri.Param("table")) o.table = *t;
+  if (auto s = uri.Param("schema")) o.schema = *s;
+  if (auto p = uri.Param("prefix")) o.prefix = *p;
+  if (auto m = uri.Param("sslmode")) o.sslmode = *m;
+  if (auto p = uri.Param("pool")) {
+    auto n = ParseCount(*p, "postgres: pool");
+    if (!n.ok()) return n.status();
+    if (*n < 1 || *n > 1024) return Status::InvalidArgument("postgres: pool must be 1 to 1024, got " + *p);
+    o.pool_size = static_cast<size_t>(*n);
+  }
+  if (auto t = uri.Param("timeout")) {
+    auto ms = ParseDurationMillis(*t, "postgres: timeout");
+    if (!ms.ok()) return ms.status();
+    if (*ms <= 0) return Status::InvalidArgument("postgres: timeout must be positive, got '" + *t + "'");
+    o.timeout = Millis(*ms);
+  }
+  if (auto t = uri.Param("expire_interval")) {
+    auto ms = ParseDurationMillis(*t, "postgres: expire_interval");
+    if (!ms.ok()) return ms.status();
+    o.expire_interval = Millis(*ms);
+  }
+  if (auto b = uri.Param("expire_batch")) {
+    auto n = ParseCount(*b, "postgres: expire_batch");
+    if (!n.ok()) return n.status();
+    o.expire_batch = static_cast<size_t>(*n);
+  }
+  o.description = uri.Redacted();
+  // Redacted() masks the password; say nothing of whether one was given either.
+  if (uri.has_password) {
+    const std::string masked = ":***@";
+    const size_t at = o.description.find(masked);
+    if (at != std::string::npos) o.description.erase(at, masked.size() - 1);
+  }
+  return o;
+}
+
+StatusOr<std::unique_ptr<Store>> OpenPostgresFromUri(const Uri& uri, std::string_view /*raw*/,
+                                                     const OpenOptions& /*options*/) {
+  auto o = PostgresOptionsFromUri(uri);
+  if (!o.ok()) return o.status();
+  auto s = OpenPostgresStore(*o);
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<Store>(std::move(s).value());
+}
+
+}  // namespace internal
+
+StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(std::string_view uri) {
+  auto parsed = internal::ParseUri(uri);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->scheme != "postgres" && parsed->scheme != "postgresql") {
+    return Status::InvalidArgument("not a postgres:// URI: '" + parsed->Redacted() + "'");
+  }
+  auto o = internal::PostgresOptionsFromUri(*parsed);
+  if (!o.ok()) return o.status();
+  return OpenPostgresStore(*o);
+}
+
+Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::string_view key,
+                                   std::string_view payload,
+                                   const TransactionalHandler& handler) {
+  Processed p;
+  std::string fingerprint;
+  if (buffer.options().fingerprint_payloads) fingerprint = PayloadFingerprint(payload);
+  StatusOr<ClaimGuard> c = buffer.Claim(key, fingerprint);
+  if (!c.ok()) {
+    p.status = c.status();
+    p.retry_after = buffer.options().retry_delay;
+    p.reason = "store error on claim: " + c.status().ToString();
+    return p;
+  }
+  ClaimGuard& g = *c;
+  p.claim = g.result();
+  switch (g.outcome()) {
+    case ClaimOutcome::kDuplicate:
+      p.action = BrokerAction::kAck;
+      p.result = g.result().result;
+      return p;
+    case ClaimOutcome::kBusy:
+      p.retry_after = std::max(Millis(1), g.result().lease_left);
+      p.reason = "in progress elsewhere";
+      return p;
+    case ClaimOutcome::kMismatch:
+      p.action = BrokerAction::kDeadLetter;
+      p.reason = "same key, different payload (fingerprint mismatch)";
+      return p;
+    case ClaimOutcome::kExhausted:
+      p.action = BrokerAction::kDeadLetter;
+      p.reason = "attempts exhausted after " + std::to_string(g.attempt());
+      return p;
+    case ClaimOutcome::kAcquired:
+      break;
+  }
+  p.ran = true;
+  HandlerResult hr;
+  auto w = store.RunInTransaction(key, g.token(), g.fence(), g.attempt(),
+                                  buffer.options().retention, handler, &hr);
+  // The guard's own release when it goes out of scope answers LOST (the record is
+  // already completed or released) and changes nothing.
+  if (!w.ok()) {
+    p.status = w.status();
+    p.retry_after = buffer.options().retry_delay;
+    p.reason = "store error recording the outcome: " + w.status().ToString();
+    return p;
+  }
+  p.completion = *w;
+  switch (hr.kind) {
+    case HandlerResult::Kind::kDone:
+      p.action = BrokerAction::kAck;
+      p.result = hr.result;
+      break;
+    case HandlerResult::Kind::kFail:
+      p.action = BrokerAction::kDeadLetter;
+      p.reason = hr.result;
+      break;
+    case HandlerResult::Kind::kRetry:
+      p.action = BrokerAction::kRetry;
+      p.retry_after = buffer.options().retry_delay;
+      p.reason = hr.result;
+      break;
+  }
+  if (*w == WriteResult::kLost && hr.kind != HandlerResult::Kind::kRetry) {
+    p.action = BrokerAction::kRetry;
+    p.retry_after = buffer.options().retry_delay;
+    p.reason = "lease lost to another owner before the outcome was recorded (nothing committed)";
+  }
+  return p;
+}
+
+std::string FenceHelperSql(std::string_view schema) {
+  const std::string s = pg::Quote(schema);
+  return "CREATE SCHEMA IF NOT EXISTS " + s + ";\n"
+         "CREATE TABLE IF NOT EXISTS " + s + ".dedup_fences (\n"
+         "  scope text NOT NULL, key text NOT NULL, fence bigint NOT NULL,\n"
+         "  applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),\n"
+         "  PRIMARY KEY (scope, key));\n"
+         "CREATE OR REPLACE FUNCTION " + s + ".dedup_apply_fence(p_scope text, p_key text, "
+         "p_fence bigint)\n"
+         "RETURNS bigint LANGUAGE plpgsql AS $dedup$\n"
+         "DECLARE applied bigint;\n"
+         "BEGIN\n"
+         "  INSERT INTO " + s + ".dedup_fences AS f (scope, key, fence) VALUES (p_scope, p_key, p_fence)\n"
+         "  ON CONFLICT (scope, key) DO UPDATE SET fence = EXCLUDED.fence, applied_at = clock_timestamp()\n"
+         "    WHERE f.fence <= EXCLUDED.fence\n"
+         "  RETURNING f.fence INTO applied;\n"
+         "  IF applied IS NULL THEN\n"
+         "    SELECT f.fence INTO applied FROM " + s + ".dedup_fences f\n"
+         "      WHERE f.scope = p_scope AND f.key = p_key;\n"
+         "    RAISE EXCEPTION 'dedup: stale fence % for %/%: fence % was already applied',\n"
+         "      p_fence, p_scope, p_key, applied USING ERRCODE = 'DF001';\n"
+         "  END IF;\n"
+         "  RETURN applied;\n"
+         "END $dedup$;\n"
+         "CREATE OR REPLACE FUNCTION " + s + ".dedup_refuse_stale_fence()\n"
+         "RETURNS trigger LANGUAGE plpgsql AS $dedup$\n"
+         "BEGIN\n"
+         "  IF NEW.fence < OLD.fence THEN\n"
+         "    RAISE EXCEPTION 'dedup: stale fence % on %: fence % was already applied',\n"
+         "      NEW.fence, TG_TABLE_NAME, OLD.fence USING ERRCODE = 'DF001';\n"
+         "  END IF;\n"
+         "  RETURN NEW;\n"
+         "END $dedup$;\n";
+}
+
+}  // namespace dedup

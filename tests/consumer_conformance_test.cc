@@ -1,0 +1,496 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The consumer conformance suite: every MessageSource (tests/source_envs.h) under
+// the one Consumer, checked against SPEC.md's "What a worker does with each
+// result". The Buffer keeps its claims in a memory store; the broker is real.
+// Cases wait for conditions with deadlines, never for fixed windows alone.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dedup/buffer.h"
+#include "dedup/consumer.h"
+#include "dedup/store.h"
+#include "source_envs.h"
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+using SteadyClock = std::chrono::steady_clock;
+using testing::MakeSourceEnv;
+using testing::SourceEnv;
+using testing::SourceEnvOptions;
+
+// What happened, in order, to settle the question "complete before ack".
+class EventLog {
+ public:
+  void Add(std::string e) {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  std::vector<std::string> events() const {
+    std::lock_guard lock(mu_);
+    return events_;
+  }
+  // Position of the first event equal to `e`, or -1.
+  int Find(const std::string& e) const {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < events_.size(); ++i) {
+      if (events_[i] == e) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> events_;
+};
+
+// Logs "complete <key>" when a completion answers OK.
+class LoggingStore : public StoreWrapper {
+ public:
+  LoggingStore(Store* target, EventLog* log) : StoreWrapper(target), log_(log) {}
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    auto r = StoreWrapper::Complete(key, token, retention, status, result);
+    if (r.ok() && *r == WriteResult::kOk) log_->Add("complete " + std::string(key));
+    return r;
+  }
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    auto r = StoreWrapper::CompleteWithAck(key, token, retention, status, result, ack);
+    if (r.ok() && r->write == WriteResult::kOk) log_->Add("complete " + std::string(key));
+    if (r.ok() && r->acked) log_->Add("ack " + std::string(key));
+    return r;
+  }
+
+ private:
+  EventLog* log_;
+};
+
+// Wraps every delivery so that its Ack is logged as "ack <key>" once it succeeded.
+class LoggingDelivery final : public Delivery {
+ public:
+  LoggingDelivery(std::unique_ptr<Delivery> d, EventLog* log) : d_(std::move(d)), log_(log) {
+    key_ = d_->key();
+    key_error_ = d_->key_error();
+    payload_ = d_->payload();
+    id_ = d_->id();
+    delivery_count_ = d_->delivery_count();
+    attributes_ = d_->attributes();
+  }
+  Status Ack() override {
+    Status s = d_->Ack();
+    if (s.ok()) log_->Add("ack " + key_);
+    return s;
+  }
+  Status Retry(Millis after) override { return d_->Retry(after); }
+  Status DeadLetter(std::string_view reason) override { return d_->DeadLetter(reason); }
+  Status InProgress() override { return d_->InProgress(); }
+  const BrokerAck* fused_ack() const override { return d_->fused_ack(); }
+  void MarkAcked() override { d_->MarkAcked(); }
+
+ private:
+  std::unique_ptr<Delivery> d_;
+  EventLog* log_;
+};
+
+class LoggingSource final : public MessageSource {
+ public:
+  LoggingSource(std::unique_ptr<MessageSource> s, EventLog* log) : s_(std::move(s)), log_(log) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    auto r = s_->Fetch(max, wait);
+    if (!r.ok()) return r;
+    std::vector<std::unique_ptr<Delivery>> out;
+    for (auto& d : *r) out.push_back(std::make_unique<LoggingDelivery>(std::move(d), log_));
+    return out;
+  }
+  std::string Describe() const override { return s_->Describe(); }
+
+ private:
+  std::unique_ptr<MessageSource> s_;
+  EventLog* log_;
+};
+
+// A Consumer running on its own thread until Stop().
+class Running {
+ public:
+  Running(MessageSource* source, Buffer* buffer, Consumer::Handler handler,
+          ConsumerOptions o = {}) {
+    o.fetch_wait = 50ms;
+    auto c = Consumer::Make(source, buffer, std::move(handler), o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    consumer_ = std::move(c).value();
+    thread_ = std::thread([this] { run_status_ = consumer_->Run(); });
+  }
+  ~Running() { Stop(); }
+  void Stop() {
+    consumer_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  Consumer* operator->() { return consumer_.get(); }
+  Consumer* get() { return consumer_.get(); }
+  const Status& run_status() const { return run_status_; }
+
+ private:
+  std::unique_ptr<Consumer> consumer_;
+  std::thread thread_;
+  Status run_status_;
+};
+
+bool WaitFor(const std::function<bool()>& cond, Millis limit = 10'000ms) {
+  for (auto until = SteadyClock::now() + limit; SteadyClock::now() < until;
+       std::this_thread::sleep_for(10ms)) {
+    if (cond()) return true;
+  }
+  return cond();
+}
+
+class ConsumerConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    env_ = MakeSourceEnv(GetParam());
+    ASSERT_NE(env_, nullptr);
+    Status s = env_->Reset(env_options_);
+    if (s.code() == StatusCode::kUnavailable) GTEST_SKIP() << s;
+    ASSERT_TRUE(s.ok()) << s;
+    auto store = OpenStore("memory:");
+    ASSERT_TRUE(store.ok());
+    store_ = std::move(store).value();
+  }
+
+  std::unique_ptr<MessageSource> Source() {
+    auto s = env_->OpenSource();
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  void Publish(const std::string& key, const std::string& payload = "p") {
+    ASSERT_TRUE(env_->Publish(key, payload).ok());
+  }
+  size_t Outstanding() {
+    auto n = env_->Outstanding();
+    EXPECT_TRUE(n.ok()) << n.status();
+    return n.ok() ? *n : 999999;
+  }
+  std::vector<std::string> DeadReasons() {
+    auto r = env_->DeadLetterReasons();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : std::vector<std::string>{};
+  }
+  std::unique_ptr<Buffer> MakeBuffer(BufferOptions o = {}) {
+    return std::make_unique<Buffer>(store_.get(), o);
+  }
+
+  SourceEnvOptions env_options_;
+  std::unique_ptr<SourceEnv> env_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_P(ConsumerConformance, AcksOnlyAfterTheOutcomeIsRecorded) {
+  EventLog log;
+  LoggingStore logging(store_.get(), &log);
+  Buffer buffer(&logging);
+  LoggingSource source(Source(), &log);
+  const int n = 20;
+  for (int i = 0; i < n; ++i) Publish("k" + std::to_string(i));
+  std::atomic<bool> acked_while_running{false};
+  std::atomic<int> runs{0};
+  {
+    Running c(&source, &buffer, [&](const Delivery& d, ClaimGuard&) {
+      if (log.Find("ack " + d.key()) >= 0) acked_while_running = true;
+      ++runs;
+      return HandlerResult::Done("r");
+    });
+    ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  }
+  EXPECT_FALSE(acked_while_running.load());
+  EXPECT_EQ(runs.load(), n);
+  for (int i = 0; i < n; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    const int complete = log.Find("complete " + k);
+    const int ack = log.Find("ack " + k);
+    ASSERT_GE(complete, 0) << k;
+    ASSERT_GE(ack, 0) << k;
+    EXPECT_LT(complete, ack) << k << ": acked before its completion was recorded";
+    auto rec = store_->Inspect(k);
+    ASSERT_TRUE(rec.ok() && rec->has_value());
+    EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  }
+}
+
+TEST_P(ConsumerConformance, DuplicatesAreAckedWithoutRunning) {
+  // A copy met while the first runs is BUSY and comes back after the lease left.
+  BufferOptions bo;
+  bo.lease = 1'000ms;
+  auto buffer = MakeBuffer(bo);
+  auto source = Source();
+  Publish("dup");
+  Publish("dup");
+  Publish("dup");
+  std::atomic<int> runs{0};
+  Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    std::this_thread::sleep_for(20ms);
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+TEST_P(ConsumerConformance, BusyIsNeverAckedAndRedeliveredAfterTheLease) {
+  // Another owner holds the key's lease for 800 ms.
+  ClaimRequest req;
+  req.key = "busy";
+  req.lease = 800ms;
+  req.retention = 60'000ms;
+  auto other = store_->Claim(req);
+  ASSERT_TRUE(other.ok() && other->acquired());
+  const auto lease_ends = SteadyClock::now() + 800ms;
+
+  auto buffer = MakeBuffer();
+  auto source = Source();
+  Publish("busy");
+  std::atomic<int> runs{0};
+  SteadyClock::time_point ran_at{};
+  Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ran_at = SteadyClock::now();
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return c->metrics().busy >= 1; }));
+  EXPECT_EQ(c->metrics().acked, 0u);
+  EXPECT_EQ(Outstanding(), 1u) << "BUSY must leave the message with the broker";
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_GE(ran_at, lease_ends - 50ms) << "ran before the other owner's lease ended";
+}
+
+TEST_P(ConsumerConformance, RetryComesBackAfterTheDelay) {
+  BufferOptions bo;
+  bo.retry_delay = 300ms;
+  auto buffer = MakeBuffer(bo);
+  auto source = Source();
+  Publish("again");
+  std::mutex mu;
+  std::vector<SteadyClock::time_point> runs;
+  Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    std::lock_guard lock(mu);
+    runs.push_back(SteadyClock::now());
+    return runs.size() == 1 ? HandlerResult::Retry("not yet") : HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_GE(runs[1] - runs[0], 280ms);
+  EXPECT_EQ(c->metrics().retries, 1u);
+}
+
+TEST_P(ConsumerConformance, DeadLettersPermanentFailureMismatchExhaustedAndMissingKey) {
+  BufferOptions bo;
+  bo.fingerprint_payloads = true;
+  bo.max_attempts = 1;
+  bo.retry_delay = 50ms;
+  auto buffer = MakeBuffer(bo);
+  // "mm" completed earlier with another payload: MISMATCH.
+  ASSERT_EQ(buffer->ProcessOnce("mm", "first", [](ClaimGuard&) { return HandlerResult::Done(); })
+                .action,
+            BrokerAction::kAck);
+  auto source = Source();
+  Publish("fail", "p");
+  Publish("mm", "second");
+  Publish("once", "p");  // retried once, then EXHAUSTED (max_attempts 1)
+  Publish("", "no key at all");
+  std::set<std::string> ran;
+  std::mutex mu;
+  Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    std::lock_guard lock(mu);
+    ran.insert(d.key());
+    if (d.key() == "fail") return HandlerResult::Fail("card declined");
+    return HandlerResult::Retry("try later");
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  c.Stop();
+  std::vector<std::string> reasons = DeadReasons();
+  ASSERT_EQ(reasons.size(), 4u);
+  auto has = [&](const std::string& part) {
+    for (const auto& r : reasons) {
+      if (r.find(part) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("card declined"));
+  EXPECT_TRUE(has("fingerprint mismatch"));
+  EXPECT_TRUE(has("attempts exhausted"));
+  EXPECT_TRUE(has("key")) << "the missing key is named";
+  std::lock_guard lock(mu);
+  EXPECT_EQ(ran, (std::set<std::string>{"fail", "once"}));
+  EXPECT_EQ(c->metrics().dead_lettered, 4u);
+}
+
+TEST_P(ConsumerConformance, RedeliveredAfterAWorkerCrash) {
+  Publish("crash");
+  // Worker 1 fetches the message, claims it, and dies: no complete, no ack.
+  auto first = Source();
+  std::vector<std::unique_ptr<Delivery>> got;
+  for (auto until = SteadyClock::now() + 5s; got.empty() && SteadyClock::now() < until;) {
+    auto r = first->Fetch(1, 100ms);
+    ASSERT_TRUE(r.ok()) << r.status();
+    got = std::move(r).value();
+  }
+  ASSERT_EQ(got.size(), 1u);
+  BufferOptions short_lease;
+  short_lease.lease = 500ms;
+  ClaimRequest req;
+  req.key = "crash";
+  req.lease = short_lease.lease;
+  req.retention = 60'000ms;
+  ASSERT_TRUE(store_->Claim(req)->acquired());
+  env_->Crash(std::move(first));
+  got.clear();
+
+  // Worker 2 gets it again once the broker notices, and runs it once the dead
+  // worker's lease has ended.
+  auto buffer = MakeBuffer(short_lease);
+  auto second = Source();
+  std::atomic<int> runs{0};
+  std::atomic<uint32_t> attempt{0};
+  Running c(second.get(), buffer.get(), [&](const Delivery&, ClaimGuard& g) {
+    attempt = g.attempt();
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 15'000ms)) << Outstanding();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(attempt.load(), 2u) << "a takeover of the crashed worker's claim";
+}
+
+std::atomic<Consumer*> g_signalled{nullptr};
+extern "C" void StopOnSignal(int) {
+  if (Consumer* c = g_signalled.load()) c->Stop();
+}
+
+TEST_P(ConsumerConformance, DrainsOnSigterm) {
+  auto buffer = MakeBuffer();
+  auto source = Source();
+  for (int i = 0; i < 6; ++i) Publish("d" + std::to_string(i));
+  std::atomic<int> started{0}, finished{0};
+  std::atomic<bool> release{false};
+  ConsumerOptions o;
+  o.concurrency = 2;
+  o.prefetch = 2;
+  Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++started;
+    while (!release.load()) std::this_thread::sleep_for(5ms);
+    ++finished;
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return started.load() == 2; }));
+  struct sigaction sa = {}, old = {};
+  sa.sa_handler = StopOnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &old);
+  g_signalled.store(c.get());
+  raise(SIGTERM);
+  g_signalled.store(nullptr);
+  sigaction(SIGTERM, &old, nullptr);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(finished.load(), 0) << "the running handlers are not cut off";
+  release = true;
+  c.Stop();  // returns once the two running handlers are done and settled
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  EXPECT_EQ(started.load(), 2) << "nothing new starts after the stop";
+  EXPECT_EQ(finished.load(), 2);
+  EXPECT_EQ(c->metrics().acked, 2u);
+  // The four never started are still with the broker, their claims released,
+  // and a new worker finishes them.
+  EXPECT_EQ(Outstanding(), 4u);
+  auto next = Source();
+  std::atomic<int> later{0};
+  Running c2(next.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++later;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 15'000ms)) << Outstanding();
+  EXPECT_EQ(later.load(), 4);
+}
+
+// The same messages through batch claims and through one claim each get the same
+// answers.
+TEST_P(ConsumerConformance, BatchClaimsGiveTheSameAnswersAsSingleClaims) {
+  std::map<std::string, std::string> answers[2];
+  for (int batch = 0; batch < 2; ++batch) {
+    if (batch == 1) {
+      ASSERT_TRUE(env_->Reset(env_options_).ok());
+      auto fresh = OpenStore("memory:");
+      ASSERT_TRUE(fresh.ok());
+      store_ = std::move(fresh).value();
+    }
+    BufferOptions bo;
+    bo.fingerprint_payloads = true;
+    auto buffer = MakeBuffer(bo);
+    // Earlier outcomes, through the consumer (so that payloads are the broker's):
+    // a done key, a failed key, a key that later comes with another payload.
+    Publish("done", "p");
+    Publish("failed", "p");
+    Publish("other", "p1");
+    {
+      auto first = Source();
+      Running c(first.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+        return d.key() == "failed" ? HandlerResult::Fail("x") : HandlerResult::Done("cached");
+      });
+      ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+    }
+    const size_t dead_before = DeadReasons().size();
+    ASSERT_EQ(dead_before, 1u);
+    std::vector<std::pair<std::string, std::string>> msgs = {
+        {"new1", "p"}, {"done", "p"}, {"new2", "p"}, {"failed", "p"},
+        {"other", "p2"}, {"new3", "p"}, {"", "keyless"}, {"new4", "p"}};
+    for (const auto& [k, p] : msgs) Publish(k, p);
+    auto source = Source();
+    std::mutex mu;
+    std::set<std::string> ran;
+    ConsumerOptions o;
+    o.batch_claims = batch == 1;
+    o.concurrency = 1;
+    o.prefetch = 16;
+    {
+      Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+        std::lock_guard lock(mu);
+        ran.insert(d.key());
+        return HandlerResult::Done();
+      }, o);
+      ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+      c.Stop();
+      if (batch == 1) EXPECT_GE(c->metrics().claim_batches, 1u);
+      const ConsumerMetrics m = c->metrics();
+      answers[batch]["acked"] = std::to_string(m.acked);
+      answers[batch]["duplicates"] = std::to_string(m.duplicates);
+      answers[batch]["acquired"] = std::to_string(m.acquired);
+      answers[batch]["dead_lettered"] = std::to_string(m.dead_lettered);
+    }
+    for (const auto& k : ran) answers[batch]["ran " + k] = "yes";
+    for (const auto& r : DeadReasons()) answers[batch]["dead: " + r.substr(0, 20)] += "+";
+  }
+  EXPECT_EQ(answers[0], answers[1]);
+  EXPECT_EQ(answers[1]["acquired"], "4");
+  EXPECT_EQ(answers[1]["dead_lettered"], "3");
+}
+
+INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
+                         ::testing::ValuesIn(testing::AvailableSourceNames()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace dedup

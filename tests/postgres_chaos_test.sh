@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The exactly-once-effects chaos test. Three worker processes (postgres_chaos_worker)
+# process CHAOS_MESSAGES messages whose effect is one row in a PostgreSQL table; they
+# are SIGKILLed at random moments and restarted, and the PostgreSQL server is
+# restarted once (fast shutdown) half-way. The same schedule (same seed) runs twice:
+#
+#   tx     claim -> business INSERT -> complete in one PostgreSQL transaction
+#   redis  the buffer in Redis beside it: INSERT commits alone, complete in Redis
+#
+# Checks: with tx, every message's row exists exactly once (0 duplicates, 0
+# missing). With redis, 0 missing, and the duplicate rows (re-runs of the effect
+# after a kill between INSERT and complete) are counted and reported: they are what
+# the transaction removes. The run fails if tx has any duplicate or missing row, or
+# if redis has a missing one.
+#
+#   tests/postgres_chaos_test.sh WORKER_BIN [tx|redis|both]
+#
+# Environment: CHAOS_MESSAGES (default 3000), CHAOS_KILLS (default 16), CHAOS_SEED
+# (default 10), CHAOS_PG_PORT (default 5442), CHAOS_REDIS_PORT (default 6403),
+# CHAOS_TIMEOUT seconds per run (default 150).
+set -euo pipefail
+
+worker=$(realpath "$1")
+which=${2:-both}
+here=$(cd "$(dirname "$0")" && pwd)
+messages=${CHAOS_MESSAGES:-3000}
+kills_wanted=${CHAOS_KILLS:-16}
+seed=${CHAOS_SEED:-10}
+pg_port=${CHAOS_PG_PORT:-5442}
+redis_port=${CHAOS_REDIS_PORT:-6403}
+timeout_s=${CHAOS_TIMEOUT:-150}
+nworkers=3
+
+# shellcheck source=../scripts/lib/postgres.sh
+source "$here/../scripts/lib/postgres.sh"
+# shellcheck source=../scripts/lib/redis.sh
+source "$here/../scripts/lib/redis.sh"
+declare -a worker_pids=()
+kill_workers() {
+  local p
+  for p in "${worker_pids[@]}"; do
+    [ -n "$p" ] && kill -KILL "$p" 2>/dev/null && wait "$p" 2>/dev/null
+  done
+  worker_pids=()
+  return 0
+}
+trap 'kill_workers; redis_stop_all; pg_stop_all' EXIT
+
+pg_start "$pg_port"
+business=$PG_LAST_URI
+psql_q() { PGPASSWORD=$PG_TEST_PASSWORD "$PG_BIN_DIR/psql" -h 127.0.0.1 -p "$pg_port" -U dedup -d dedup -qtAX -c "$1"; }
+logs=$(mktemp -d "${TMPDIR:-/tmp}/dedup-pgchaos.XXXXXX")
+trap 'kill_workers; redis_stop_all; pg_stop_all; rm -rf "$logs"' EXIT
+
+run() {  # run MODE: sets dups, missing, kills, failed (in this shell: it owns the servers)
+  local mode=$1 store i pid restarted=0 deadline
+  kills=0
+  psql_q "DROP TABLE IF EXISTS chaos_effects; CREATE TABLE chaos_effects (msg text NOT NULL, fence bigint, pid int, at timestamptz DEFAULT clock_timestamp())"
+  if [ "$mode" = tx ]; then
+    store="$business?table=chaos_$RANDOM&pool=2"
+  else
+    redis_start "$redis_port" "$logs/redis" >/dev/null
+    store="redis://127.0.0.1:$redis_port?prefix=chaos$RANDOM:"
+  fi
+  RANDOM=$seed  # the same kill schedule for both modes
+  start_worker() {
+    WORK_MS=3 "$worker" "$mode" "$store" "$business" "$messages" >>"$logs/$mode.$1.log" 2>&1 &
+    worker_pids[$1]=$!
+  }
+  for i in $(seq 0 $((nworkers - 1))); do start_worker "$i"; done
+  deadline=$((SECONDS + timeout_s))
+  while [ "$kills" -lt "$kills_wanted" ] && [ $SECONDS -lt "$deadline" ]; do
+    sleep "0.$((RANDOM % 5 + 1))"
+    i=$((RANDOM % nworkers))
+    pid=${worker_pids[$i]}
+    if ! kill -0 "$pid" 2>/dev/null; then break; fi  # all work done already: nothing to cut
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    kills=$((kills + 1))
+    start_worker "$i"
+    if [ "$restarted" = 0 ] && [ "$kills" -ge $((kills_wanted / 2)) ]; then
+      pg_restart "$pg_port" 0.5 >/dev/null
+      restarted=1
+    fi
+  done
+  if [ "$restarted" = 0 ]; then pg_restart "$pg_port" 0.5 >/dev/null; fi
+  failed=0
+  for i in $(seq 0 $((nworkers - 1))); do
+    pid=${worker_pids[$i]}
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt "$deadline" ]; do sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "$mode: worker $i did not finish in ${timeout_s}s" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+      failed=1
+    fi
+    wait "$pid" 2>/dev/null || { echo "$mode: worker $i failed, see its log:" >&2; tail -3 "$logs/$mode.$i.log" >&2; failed=1; }
+    worker_pids[$i]=""
+  done
+  [ "$mode" = redis ] && redis_stop_all
+  local rows distinct
+  rows=$(psql_q "SELECT count(*) FROM chaos_effects")
+  distinct=$(psql_q "SELECT count(DISTINCT msg) FROM chaos_effects")
+  dups=$((rows - distinct))
+  missing=$((messages - distinct))
+}
+
+status=0
+for mode in tx redis; do
+  [ "$which" = both ] || [ "$which" = "$mode" ] || continue
+  run "$mode"
+  echo "$mode: $messages messages, $kills SIGKILLs, 1 PostgreSQL restart: $dups duplicate effects (re-runs), $missing missing"
+  if [ "$failed" != 0 ] || [ "$missing" != 0 ]; then status=1; fi
+  if [ "$mode" = tx ] && [ "$dups" != 0 ]; then status=1; fi
+done
+echo "elapsed ${SECONDS}s"
+[ $status = 0 ] && echo "PASS" || echo "FAIL"
+exit $status

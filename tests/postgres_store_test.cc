@@ -1,0 +1,488 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The PostgreSQL store beyond the conformance suite: opening and its errors, the
+// transactional API (writes and completion commit together or not at all), the
+// fence helper, expiry in bounded batches, the pool under many threads, and a
+// server restart while a Buffer works. Starts its own PostgreSQL 15 on 127.0.0.1
+// (port 5441, docs/PORTS.md) through scripts/lib/postgres.sh, as a child process
+// stopped by PID; skips when no PostgreSQL server binaries are installed.
+
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dedup/buffer.h"
+#include "dedup/postgres_store.h"
+#include "dedup/store.h"
+#include "test_process.h"
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakePeer;
+using testing::PortFree;
+using testing::Spawn;
+
+constexpr int kPort = 5441;
+constexpr const char* kPassword = "dedup-test-pw";
+
+std::string Uri(const std::string& extra = "") {
+  return "postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" + std::to_string(kPort) +
+         "/dedup?" + (extra.find("expire_interval") == std::string::npos ? "expire_interval=0" : "") +
+         extra;
+}
+
+// A PostgreSQL server, child of this process (scripts/lib/postgres.sh run).
+class PgServer {
+ public:
+  bool Init() {
+    FILE* f = popen((std::string("bash ") + DEDUP_PG_SCRIPT + " init").c_str(), "r");
+    if (f == nullptr) return false;
+    char buf[512] = {0};
+    if (fgets(buf, sizeof buf, f) != nullptr) dir_ = buf;
+    if (pclose(f) != 0 || dir_.empty()) return false;
+    while (!dir_.empty() && dir_.back() == '\n') dir_.pop_back();
+    if (!Start()) return false;
+    return Sql("postgres", "CREATE DATABASE dedup");
+  }
+  bool Start() {
+    pid_ = Spawn({"bash", DEDUP_PG_SCRIPT, "run", std::to_string(kPort), dir_});
+    if (pid_ <= 0) return false;
+    const std::string conninfo = "host=127.0.0.1 port=" + std::to_string(kPort) + " dbname=postgres";
+    for (auto until = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < until;
+         std::this_thread::sleep_for(50ms)) {
+      if (PQping(conninfo.c_str()) == PQPING_OK) return true;
+    }
+    return false;
+  }
+  void Stop() {  // fast shutdown (SIGINT), waited for by PID
+    if (pid_ <= 0) return;
+    kill(pid_, SIGINT);
+    int st;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+  ~PgServer() {
+    Stop();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  // Runs SQL as the superuser; true when it succeeded.
+  static bool Sql(const std::string& db, const std::string& sql, std::string* first = nullptr) {
+    const std::string conninfo = "host=127.0.0.1 port=" + std::to_string(kPort) + " dbname=" + db +
+                                 " user=dedup password=" + kPassword;
+    PGconn* c = PQconnectdb(conninfo.c_str());
+    bool ok = PQstatus(c) == CONNECTION_OK;
+    if (ok) {
+      PGresult* r = PQexec(c, sql.c_str());
+      const ExecStatusType st = PQresultStatus(r);
+      ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+      if (!ok) std::fprintf(stderr, "sql: %s", PQresultErrorMessage(r));
+      if (ok && first != nullptr && PQntuples(r) > 0) *first = PQgetvalue(r, 0, 0);
+      PQclear(r);
+    }
+    PQfinish(c);
+    return ok;
+  }
+  static std::string Value(const std::string& sql) {
+    std::string v;
+    EXPECT_TRUE(Sql("dedup", sql, &v)) << sql;
+    return v;
+  }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+PgServer* g_server = nullptr;
+
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(DEDUP_PG_SCRIPT) || !PortFree(kPort)) return;
+    g_server = new PgServer();
+    if (!g_server->Init()) {
+      delete g_server;
+      g_server = nullptr;
+    }
+  }
+  static void TearDownTestSuite() {
+    delete g_server;
+    g_server = nullptr;
+  }
+  void SetUp() override {
+    if (g_server == nullptr) GTEST_SKIP() << "no PostgreSQL server could be started on " << kPort;
+  }
+
+  std::unique_ptr<PostgresStore> Open(const std::string& extra = "") {
+    auto s = OpenPostgresStore(Uri(extra));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  ClaimResult MustClaim(Store& s, std::string_view key, Millis lease = 120s) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = lease;
+    r.retention = 600s;
+    auto c = s.Claim(r);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : ClaimResult{};
+  }
+};
+
+// ---- opening and its errors ------------------------------------------------------
+
+TEST_F(PostgresStoreTest, ConcurrentFirstOpensMigrateOnce) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      auto s = OpenPostgresStore(Uri("&table=race"));
+      if (s.ok()) ++ok;
+      else ADD_FAILURE() << s.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_EQ(PgServer::Value("SELECT obj_description('public.race'::regclass, 'pg_class')"),
+            "dedup store records, format 1");
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM pg_indexes WHERE tablename = 'race' AND "
+                            "indexdef LIKE '%retention_deadline%'"),
+            "1");
+}
+
+TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
+  const std::string secret = "s3cret-Pa55";
+  auto wrong = OpenStore("postgres://dedup:" + secret + "@127.0.0.1:" + std::to_string(kPort) + "/dedup");
+  EXPECT_EQ(wrong.status().code(), StatusCode::kUnauthenticated) << wrong.status();
+  EXPECT_NE(wrong.status().message().find("password"), std::string::npos);
+  EXPECT_EQ(wrong.status().ToString().find(secret), std::string::npos);
+
+  auto nodb = OpenStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
+                        std::to_string(kPort) + "/no_such_db");
+  EXPECT_EQ(nodb.status().code(), StatusCode::kNotFound) << nodb.status();
+  EXPECT_NE(nodb.status().message().find("no_such_db"), std::string::npos);
+  EXPECT_EQ(nodb.status().ToString().find(kPassword), std::string::npos);
+
+  int closed = 5449;
+  while (!PortFree(closed)) --closed;
+  auto down = OpenStore("postgres://dedup:" + secret + "@127.0.0.1:" + std::to_string(closed) + "/dedup");
+  EXPECT_EQ(down.status().code(), StatusCode::kUnavailable) << down.status();
+  EXPECT_EQ(down.status().ToString().find(secret), std::string::npos);
+
+  FakePeer http("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+  auto other = OpenStore("postgres://dedup:" + secret + "@127.0.0.1:" + std::to_string(http.port()) +
+                         "/dedup?sslmode=disable");
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition) << other.status();
+  EXPECT_NE(other.status().message().find("PostgreSQL"), std::string::npos) << other.status();
+
+  ASSERT_TRUE(PgServer::Sql("dedup", "CREATE TABLE future (key bytea primary key); "
+                                     "COMMENT ON TABLE future IS 'dedup store records, format 99'; "
+                                     "CREATE TABLE someone_elses (id int)"));
+  auto future = OpenStore(Uri("&table=future"));
+  EXPECT_EQ(future.status().code(), StatusCode::kFailedPrecondition) << future.status();
+  EXPECT_NE(future.status().message().find("format 99"), std::string::npos) << future.status();
+  auto foreign = OpenStore(Uri("&table=someone_elses"));
+  EXPECT_EQ(foreign.status().code(), StatusCode::kFailedPrecondition) << foreign.status();
+  EXPECT_NE(foreign.status().message().find("not a dedup table"), std::string::npos);
+
+  for (const std::string bad : {"&table=x;drop", "&pool=0", "&schema=", "&timeout=-1", "&nope=1"}) {
+    auto s = OpenStore(Uri(bad));
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad << ": " << s.status();
+  }
+  EXPECT_EQ(OpenStore("postgres://127.0.0.1:5441").status().code(), StatusCode::kInvalidArgument);
+
+  auto good = OpenStore(Uri());
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ((*good)->Describe().find(kPassword), std::string::npos) << (*good)->Describe();
+  EXPECT_NE((*good)->Describe().find("127.0.0.1:5441/dedup"), std::string::npos);
+}
+
+// ---- the transactional API ----------------------------------------------------------
+
+class PostgresTxTest : public PostgresStoreTest {
+ protected:
+  void SetUp() override {
+    PostgresStoreTest::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_TRUE(PgServer::Sql("dedup", "DROP TABLE IF EXISTS orders; "
+                                       "CREATE TABLE orders (msg text, fence bigint)"));
+    store_ = Open("&table=tx");
+    ASSERT_NE(store_, nullptr);
+  }
+  static std::string Orders(const std::string& msg) {
+    return PgServer::Value("SELECT count(*) FROM orders WHERE msg = '" + msg + "'");
+  }
+  TransactionalHandler InsertThen(const std::string& msg, std::function<HandlerResult()> then) {
+    return [msg, then](PostgresTransaction& tx) {
+      auto r = tx.Exec("INSERT INTO orders (msg, fence) VALUES ($1, $2)",
+                       {msg, std::to_string(tx.fence())});
+      if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+      return then();
+    };
+  }
+  std::unique_ptr<PostgresStore> store_;
+};
+
+TEST_F(PostgresTxTest, WritesAndCompletionCommitTogether) {
+  ClaimResult c = MustClaim(*store_, "m1");
+  ASSERT_TRUE(c.acquired());
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("m1", c.token, c.fence, c.attempt, 600s,
+                                    InsertThen("m1", [] { return HandlerResult::Done("receipt"); }), &hr);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(Orders("m1"), "1");
+  ClaimResult d = MustClaim(*store_, "m1");
+  EXPECT_EQ(d.outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(d.result, "receipt");
+}
+
+TEST_F(PostgresTxTest, HandlerThrowsLeavesNothingAndReleases) {
+  ClaimResult c = MustClaim(*store_, "m2");
+  HandlerResult hr;
+  auto w = store_->RunInTransaction(
+      "m2", c.token, c.fence, c.attempt, 600s,
+      InsertThen("m2", []() -> HandlerResult { throw std::runtime_error("card service down"); }), &hr);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_NE(hr.result.find("card service down"), std::string::npos);
+  EXPECT_EQ(Orders("m2"), "0") << "the business write must be rolled back";
+  auto rec = store_->Inspect("m2");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kReleased);
+  ClaimResult again = MustClaim(*store_, "m2");
+  EXPECT_TRUE(again.acquired());
+  EXPECT_EQ(again.attempt, 2u);
+}
+
+TEST_F(PostgresTxTest, FailingStatementRollsBackEvenIfHandlerSaysDone) {
+  ClaimResult c = MustClaim(*store_, "m3");
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("m3", c.token, c.fence, c.attempt, 600s,
+                                    [](PostgresTransaction& tx) {
+                                      (void)tx.Exec("INSERT INTO orders (msg) VALUES ('m3')");
+                                      (void)tx.Exec("INSERT INTO no_such_table VALUES (1)");
+                                      return HandlerResult::Done();
+                                    },
+                                    &hr);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_NE(hr.result.find("no_such_table"), std::string::npos) << hr.result;
+  EXPECT_EQ(Orders("m3"), "0");
+  EXPECT_EQ((*store_->Inspect("m3"))->state, RecordState::kReleased);
+}
+
+TEST_F(PostgresTxTest, TakeoverMeanwhileRefusesTheCommit) {
+  ClaimResult c = MustClaim(*store_, "m4", 250ms);
+  ClaimResult taker;
+  auto w = store_->RunInTransaction("m4", c.token, c.fence, c.attempt, 600s,
+                                    InsertThen("m4", [&] {
+                                      // The lease ran out while the work ran; another
+                                      // worker took the key over.
+                                      std::this_thread::sleep_for(700ms);
+                                      taker = MustClaim(*store_, "m4");
+                                      return HandlerResult::Done();
+                                    }));
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE(taker.acquired());
+  EXPECT_EQ(*w, WriteResult::kLost);
+  EXPECT_EQ(Orders("m4"), "0") << "a refused completion must take the business write with it";
+  auto rec = store_->Inspect("m4");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->token, taker.token) << "the new owner's claim is untouched";
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress);
+}
+
+TEST_F(PostgresTxTest, FailRollsBackWritesAndCompletesAsFailed) {
+  ClaimResult c = MustClaim(*store_, "m5");
+  auto w = store_->RunInTransaction("m5", c.token, c.fence, c.attempt, 600s,
+                                    InsertThen("m5", [] { return HandlerResult::Fail("bad card"); }));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(Orders("m5"), "0");
+  ClaimResult d = MustClaim(*store_, "m5");
+  EXPECT_EQ(d.outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(d.status, CompletionStatus::kFailed);
+  EXPECT_EQ(d.result, "bad card");
+}
+
+TEST_F(PostgresTxTest, ProcessOnceInTransactionAcksOnceAndNeverRunsTwice) {
+  BufferOptions bo;
+  bo.lease = 5s;
+  Buffer buffer(store_.get(), bo);
+  int runs = 0;
+  auto handler = InsertThen("m6", [&] {
+    ++runs;
+    return HandlerResult::Done("ok");
+  });
+  Processed a = ProcessOnceInTransaction(buffer, *store_, "m6", "payload", handler);
+  EXPECT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.action, BrokerAction::kAck);
+  EXPECT_TRUE(a.ran);
+  Processed b = ProcessOnceInTransaction(buffer, *store_, "m6", "payload", handler);
+  EXPECT_EQ(b.action, BrokerAction::kAck);
+  EXPECT_FALSE(b.ran);
+  EXPECT_EQ(b.result, "ok");
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(Orders("m6"), "1");
+}
+
+// ---- fences where the effect lands ------------------------------------------------
+
+TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
+  auto store = Open("&table=fences");
+  ASSERT_NE(store, nullptr);
+  const std::string f = store->FenceFunction();
+  EXPECT_EQ(PgServer::Value("SELECT " + f + "('payments', 'order-7', 5)"), "5");
+  EXPECT_EQ(PgServer::Value("SELECT " + f + "('payments', 'order-7', 5)"), "5")
+      << "the same owner may write twice";
+  EXPECT_FALSE(PgServer::Sql("dedup", "SELECT " + f + "('payments', 'order-7', 4)"))
+      << "a superseded owner's write must be refused";
+  EXPECT_EQ(PgServer::Value("SELECT " + f + "('payments', 'order-7', 6)"), "6");
+  EXPECT_EQ(PgServer::Value("SELECT " + f + "('other', 'order-7', 1)"), "1") << "scopes are apart";
+
+  // The refusal is SQLSTATE DF001 and rolls back the effect written beside it.
+  ASSERT_TRUE(PgServer::Sql("dedup", "DROP TABLE IF EXISTS ledger; CREATE TABLE ledger (k text)"));
+  EXPECT_FALSE(PgServer::Sql("dedup", "BEGIN; INSERT INTO ledger VALUES ('order-7'); SELECT " + f +
+                                          "('payments', 'order-7', 3); COMMIT;"));
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM ledger"), "0");
+
+  // The trigger form, for a table that keeps one row per key with its fence.
+  ASSERT_TRUE(PgServer::Sql(
+      "dedup",
+      "DROP TABLE IF EXISTS accounts; CREATE TABLE accounts (id text PRIMARY KEY, balance int, fence bigint);"
+      "CREATE TRIGGER accounts_fence BEFORE UPDATE ON accounts FOR EACH ROW "
+      "EXECUTE FUNCTION public.dedup_refuse_stale_fence();"
+      "INSERT INTO accounts VALUES ('a', 10, 7)"));
+  EXPECT_TRUE(PgServer::Sql("dedup", "UPDATE accounts SET balance = 20, fence = 8 WHERE id = 'a'"));
+  EXPECT_FALSE(PgServer::Sql("dedup", "UPDATE accounts SET balance = 99, fence = 7 WHERE id = 'a'"));
+  EXPECT_EQ(PgServer::Value("SELECT balance FROM accounts WHERE id = 'a'"), "20");
+  std::string state;
+  PGconn* c = PQconnectdb(("host=127.0.0.1 port=" + std::to_string(kPort) +
+                           " dbname=dedup user=dedup password=" + kPassword).c_str());
+  PGresult* r = PQexec(c, ("SELECT " + f + "('payments', 'order-7', 1)").c_str());
+  const char* code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+  EXPECT_STREQ(code, "DF001");
+  PQclear(r);
+  PQfinish(c);
+}
+
+// ---- expiry -----------------------------------------------------------------------
+
+TEST_F(PostgresStoreTest, ExpiryDeletesInBoundedBatchesAndSparesLiveRecords) {
+  auto store = Open("&table=expiry");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE expiry"));
+  for (int i = 0; i < 1200; ++i) {
+    ClaimResult c = MustClaim(*store, "old:" + std::to_string(i));
+    ASSERT_TRUE(store->Complete("old:" + std::to_string(i), c.token, 1ms, CompletionStatus::kOk, "").ok());
+  }
+  for (int i = 0; i < 10; ++i) (void)MustClaim(*store, "live:" + std::to_string(i));
+  std::this_thread::sleep_for(20ms);
+  auto one = store->ExpireNow(500, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(*one, 500u) << "one statement deletes at most one batch";
+  auto rest = store->ExpireNow(500, 100);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(*rest, 700u);
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM expiry"), "10");
+  EXPECT_GE(store->stats().expire_statements, 3u);
+
+  // The background expiry does the same by itself.
+  auto bg = Open("&table=expiry&expire_interval=100ms&expire_batch=50");
+  ASSERT_NE(bg, nullptr);
+  for (int i = 0; i < 120; ++i) {
+    ClaimResult c = MustClaim(*bg, "bg:" + std::to_string(i));
+    ASSERT_TRUE(bg->Release("bg:" + std::to_string(i), c.token, 1ms).ok());
+  }
+  for (int i = 0; i < 50 && PgServer::Value("SELECT count(*) FROM expiry") != "10"; ++i) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM expiry"), "10");
+  EXPECT_EQ(bg->stats().expired_rows, 120u);
+}
+
+// ---- the pool ----------------------------------------------------------------------
+
+TEST_F(PostgresStoreTest, SmallPoolServesManyThreads) {
+  auto store = Open("&table=pool&pool=3");
+  ASSERT_NE(store, nullptr);
+  std::atomic<int> acquired{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 24; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 40; ++i) {
+        std::string key = "p:" + std::to_string(t) + ":" + std::to_string(i);
+        ClaimRequest r;
+        r.key = key;
+        auto c = store->Claim(r);
+        if (!c.ok() || !c->acquired()) {
+          ++errors;
+          continue;
+        }
+        ++acquired;
+        auto w = store->Complete(key, c->token, 60s, CompletionStatus::kOk, "");
+        if (!w.ok() || *w != WriteResult::kOk) ++errors;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(acquired.load(), 24 * 40);
+  EXPECT_LE(std::stoi(PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE "
+                                      "application_name = 'dedup' AND state IS NOT NULL")),
+            3 + 1) << "at most pool connections (plus none left over by other cases)";
+}
+
+// ---- a server restart during work ----------------------------------------------------
+
+TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
+  auto store = Open("&table=restart&pool=2&timeout=2s");
+  ASSERT_NE(store, nullptr);
+  BufferOptions bo;
+  bo.lease = 3s;
+  bo.retry_delay = 50ms;
+  Buffer buffer(store.get(), bo);
+  int runs = 0;
+  auto handler = [&](ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done();
+  };
+  EXPECT_EQ(buffer.ProcessOnce("before", "", handler).action, BrokerAction::kAck);
+
+  g_server->Stop();
+  auto c = store->Claim(ClaimRequest{.key = "during"});
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status();
+  Processed p = buffer.ProcessOnce("during", "", handler);
+  EXPECT_EQ(p.action, BrokerAction::kRetry) << "fail closed: never ack without the store";
+  EXPECT_FALSE(p.ran);
+  EXPECT_EQ(p.status.code(), StatusCode::kUnavailable) << p.status;
+
+  ASSERT_TRUE(g_server->Start());
+  Processed after;
+  for (int i = 0; i < 100; ++i) {
+    after = buffer.ProcessOnce("during", "", handler);
+    if (after.action == BrokerAction::kAck) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(after.action, BrokerAction::kAck) << after.reason;
+  EXPECT_EQ(buffer.ProcessOnce("before", "", handler).action, BrokerAction::kAck);
+  EXPECT_EQ(runs, 2) << "'before' is a duplicate after the restart, 'during' ran once";
+  EXPECT_EQ(buffer.ProcessOnce("during", "", handler).claim.outcome, ClaimOutcome::kDuplicate);
+}
+
+}  // namespace
+}  // namespace dedup
