@@ -27,9 +27,8 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-failures=0
+source "$here/../scripts/lib/check.sh"
 ok() { echo "ok   $*"; }
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 # expect_rc NAME RC CMD...: runs CMD, checks its exit code; output in $out.
 expect_rc() {
   local name=$1 want=$2; shift 2
@@ -92,7 +91,7 @@ for _ in $(seq 100); do
   [[ "$(rcli XLEN jobs:dead)" -ge 1 && -s "$tmp/ran" ]] && break
   sleep 0.1
 done
-kill -0 "$worker_pid" 2>/dev/null || echo "worker exited early: $(cat "$tmp/worker.log")"
+kill -0 "$worker_pid" 2>/dev/null || echo "worker exited early ($(wait "$worker_pid"; echo rc $?)): $(cat "$tmp/worker.log")"
 { kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null || true
 worker_pid=
 [[ "$(cat "$tmp/ran" 2>/dev/null)" == "a|" ]] && ok "the handler ran for 'a' only, never for a cut 'a\\0b'" ||
@@ -118,8 +117,4 @@ done
 expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
 [[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
 
-if ((failures)); then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all cli hardening checks passed"
+check_done "cli hardening"

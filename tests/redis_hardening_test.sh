@@ -21,16 +21,7 @@ trap 'redis_stop_all; rm -rf "$tmp"' EXIT
 redis_start "$port" "$tmp/redis"
 
 cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
-failures=0
-check() {  # check NAME EXPECTED ACTUAL
-  if [[ "$2" == "$3" ]]; then
-    echo "ok   $1"
-  else
-    echo "FAIL $1"; echo "  expected: $(printf %q "$2")"; echo "  actual:   $(printf %q "$3")"
-    failures=$((failures + 1))
-  fi
-}
-lines() { tr '\n' ' ' | sed 's/ *$//'; }
+source "$here/../scripts/lib/check.sh"
 declare -A sha
 for s in claim extend complete release inspect complete_ack; do
   sha[$s]=$(cli SCRIPT LOAD "$(cat "$lua_dir/$s.lua")")
@@ -124,8 +115,4 @@ for key in nc fp65 f45; do
 done
 check "and left it as it was" "4200000000000000aa810001646f6e65" "$(raw p:nc)"
 
-if ((failures)); then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all redis hardening checks passed"
+check_done "redis hardening"

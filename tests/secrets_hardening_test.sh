@@ -16,8 +16,7 @@ source "$here/../scripts/lib/redis.sh"
 tmp=$(mktemp -d)
 trap 'redis_stop_all; rm -rf "$tmp"' EXIT
 P=S3cr3tPW
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+source "$here/../scripts/lib/check.sh"
 
 # 1. Every command, every typo: the password is never printed.
 uris=(
@@ -92,8 +91,4 @@ n3=$(redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning -n 3 XLEN db3)
 n0=$(redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning -n 0 XLEN db3)
 [[ "$n3" == 1 && "$n0" == 0 ]] && echo "ok   a /db in the broker URI is honoured" || fail "broker /3: db3=$n3 db0=$n0"
 
-if ((failures)); then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all secrets checks passed"
+check_done "secrets"
