@@ -16,6 +16,13 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j2 --target dedup_cli >/dev/null
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
+# The PostgreSQL phase's server (scripts/lib/postgres.sh, 127.0.0.1:5444), unless given.
+if [[ -z "${DEDUP_BENCH_POSTGRES_URI:-}" ]] && grep -q '^DEDUP_WITH_POSTGRES:BOOL=ON' "$build/CMakeCache.txt"; then
+  # shellcheck source=lib/postgres.sh
+  source "$root/scripts/lib/postgres.sh"
+  trap 'rm -f "$tmp"; pg_stop_all' EXIT
+  pg_start 5444 >/dev/null && export DEDUP_BENCH_POSTGRES_URI=$PG_LAST_URI
+fi
 "$build/src/cli/dedup" bench --plots "$root/docs" --markdown "$root/docs/PERFORMANCE.figures.md" \
   --json "$@" >"$tmp" || rc=$?
 cat "$tmp" >"$root/docs/PERFORMANCE.json"

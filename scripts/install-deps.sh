@@ -11,7 +11,9 @@ packages=(
   libssl-dev              # SHA-256 for payload fingerprints and content-hash keys
   libcli11-dev            # the dedup command line
   libfmt-dev              # formatting in the CLI
-  nlohmann-json3-dev      # --json output
+  nlohmann-json3-dev      # --json output, the serve API
+  libcpp-httplib-dev      # dedup serve: HTTP API, proxy, web view, /metrics (src/serve/)
+  curl chromium           # serve tests: a shell client, and the page in a headless browser
   libgtest-dev libgmock-dev googletest # tests
   libbenchmark-dev        # microbenchmarks in bench/
   redis-server redis-tools # real servers for store and worker tests
@@ -19,6 +21,10 @@ packages=(
   postgresql              # a real PostgreSQL server for its store and chaos tests
   gnuplot-nox             # plots in docs/
   python3                 # the worker chaos test's ledger checker
+  librabbitmq-dev         # the RabbitMQ source (rabbitmq-c), src/brokers/rabbitmq
+  rabbitmq-server         # a real RabbitMQ node for its source test and chaos test
+  libnats-dev             # the NATS JetStream source (nats.c), src/brokers/nats
+  nats-server             # a real NATS server with JetStream for its tests
 )
 
 missing=()

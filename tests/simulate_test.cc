@@ -5,14 +5,14 @@
 // a message, on every embedded store; the textbook guard, under the same faults,
 // does both.
 
-#include "cli/simulate.h"
+#include "sim/simulation.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <string>
 
-namespace dedup::cli {
+namespace dedup::sim {
 namespace {
 
 // Faults well above the CLI defaults, so that a few thousand messages meet every
@@ -131,8 +131,10 @@ TEST(SimulateTest, NoFaultsMeansExactlyOnceForBothPatterns) {
 }
 
 // The fault schedule is a function of the seed, not of thread timing. Without
-// duplicates or slow handlers no delivery meets BUSY, so the deliveries each
-// message gets, and the faults they meet, are the same on every run.
+// duplicates or slow handlers no delivery meets BUSY, so the deliveries that reach
+// a handler, and the faults they meet, are the same on every run. (How many
+// deliveries meet DUPLICATE is not: a crash also loses the acks that were
+// waiting to be coalesced, and how many that is depends on timing.)
 TEST(SimulateTest, SameSeedSameFaults) {
   auto run = [](uint64_t seed) {
     SimulateOptions o = Faulty(seed);
@@ -147,7 +149,7 @@ TEST(SimulateTest, SameSeedSameFaults) {
     return std::to_string(r.crashed_before_work) + "/" + std::to_string(r.crashed_after_effect) +
            "/" + std::to_string(r.crashed_after_complete) + "/" +
            std::to_string(r.transient_failures) + "/" + std::to_string(r.poison_messages) + "/" +
-           std::to_string(r.deliveries);
+           std::to_string(r.deliveries - r.duplicates_suppressed);
   };
   const SimulateReport a = run(11), b = run(11), c = run(12);
   EXPECT_EQ(faults(a), faults(b));
@@ -201,4 +203,4 @@ TEST(SimulateTest, BadOptionsAreRefused) {
 }
 
 }  // namespace
-}  // namespace dedup::cli
+}  // namespace dedup::sim

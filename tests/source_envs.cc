@@ -277,10 +277,25 @@ class RedisStreamsEnv final : public SourceEnv {
 
 }  // namespace
 
+#ifdef DEDUP_WITH_RABBITMQ
+bool RabbitMqEnvAvailable();  // tests/source_envs_rabbitmq.cc
+std::unique_ptr<SourceEnv> MakeRabbitMqEnv();
+#endif
+#ifdef DEDUP_WITH_NATS
+bool NatsEnvAvailable();  // tests/source_envs_nats.cc
+std::unique_ptr<SourceEnv> MakeNatsEnv();
+#endif
+
 std::vector<std::string> AvailableSourceNames() {
   std::vector<std::string> names = {"memory"};
 #ifdef DEDUP_WITH_REDIS_STREAMS
   if (StreamsServer::Get()->ok()) names.push_back("redis_streams");
+#endif
+#ifdef DEDUP_WITH_RABBITMQ
+  if (RabbitMqEnvAvailable()) names.push_back("rabbitmq");
+#endif
+#ifdef DEDUP_WITH_NATS
+  if (NatsEnvAvailable()) names.push_back("nats");
 #endif
   return names;
 }
@@ -289,6 +304,12 @@ std::unique_ptr<SourceEnv> MakeSourceEnv(const std::string& name) {
   if (name == "memory") return std::make_unique<MemoryEnv>();
 #ifdef DEDUP_WITH_REDIS_STREAMS
   if (name == "redis_streams") return std::make_unique<RedisStreamsEnv>();
+#endif
+#ifdef DEDUP_WITH_RABBITMQ
+  if (name == "rabbitmq") return MakeRabbitMqEnv();
+#endif
+#ifdef DEDUP_WITH_NATS
+  if (name == "nats") return MakeNatsEnv();
 #endif
   return nullptr;
 }

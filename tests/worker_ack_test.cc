@@ -235,10 +235,14 @@ TEST(WorkerAck, OneRoundTripForCompleteAndAckOnTheSameRedis) {
   RunResult two = RunWorker(server.port(), 1, "s-two", n);
   EXPECT_EQ(two.metrics.acked, static_cast<uint64_t>(n));
   EXPECT_EQ(two.metrics.acked_with_complete, 0u);
-  EXPECT_EQ(two.client_xack, n);
+  // Acks of finished messages are coalesced (Consumer max_ack_delay): fewer XACKs
+  // than messages, each acking several entries.
+  EXPECT_GE(two.client_xack, 1);
+  EXPECT_LT(two.client_xack, n);
+  EXPECT_EQ(two.metrics.acked_in_batches, static_cast<uint64_t>(n));
   EXPECT_EQ(two.lua_xack, 0);
   EXPECT_EQ(two.client_evalsha, n);  // complete.lua
-  EXPECT_EQ(two.client_set, n);      // the claim
+  EXPECT_EQ(two.client_set, n);      // the claim (pipelined by batch claims)
 
   // Store on database 0 of the stream's server: complete and ack in one script.
   RunResult one = RunWorker(server.port(), 0, "s-one", n);
@@ -262,7 +266,8 @@ TEST(WorkerAck, OneRoundTripForCompleteAndAckOnTheSameRedis) {
               double(two.client_set + two.client_evalsha + two.client_xack) / n,
               double(one.client_set + one.client_evalsha + one.client_xack) / n);
   EXPECT_EQ(after, 1.0);
-  EXPECT_EQ(before, 2.0);
+  EXPECT_GT(before, 1.0);
+  EXPECT_LT(before, 2.0);
 }
 
 // The hook itself: LOST acks nothing (the entry stays pending), a failed

@@ -150,6 +150,9 @@ struct ConsumerMetrics {
   // Batch claims sent (Buffer::ClaimBatch) and the deliveries they claimed.
   uint64_t claim_batches = 0;
   uint64_t claimed_in_batches = 0;
+  // AckBatch calls and the acks they carried.
+  uint64_t ack_batches = 0;
+  uint64_t acked_in_batches = 0;
 
   // Prometheus text exposition format, one counter per field.
   std::string ToPrometheus() const;
@@ -169,8 +172,18 @@ struct ConsumerOptions {
   // Claim the keys of a fetched batch with one Buffer::ClaimBatch (one store
   // round trip) instead of one claim per delivery. Default: true.
   bool batch_claims = true;
+  // Acks of finished messages are coalesced into one MessageSource::AckBatch
+  // (one XACK for several entries): an ack waits at most this long after its
+  // handler ended, less when max_ack_batch are waiting. 0 = every ack is sent by
+  // its handler's thread at once. Default: 2 ms.
+  Millis max_ack_delay{2};
+  // At most this many deliveries per AckBatch. Default: 64.
+  int max_ack_batch = 64;
   // Prefixed to every log line on stderr. Default: "dedup consumer".
   std::string log_name = "dedup consumer";
+  // Where log lines go instead of stderr (dead letters, failed settlements and
+  // fetches). Called from any of the Consumer's threads. Default: empty = stderr.
+  std::function<void(const std::string& line)> log;
 };
 
 // Runs deliveries from a MessageSource through a guard with `concurrency`

@@ -98,6 +98,11 @@ void RunRetained(BenchContext&);
 void RetainedGoals(BenchContext&);
 void RunStreamsWorker(BenchContext&);
 void StreamsWorkerGoals(BenchContext&);
+void RunPostgres(BenchContext&);  // postgres_phase.cc
+// The Consumer's worker rows (consumer_bench.cc).
+void RunConsumerRows(BenchContext&);
+void ConsumerRowsGoals(BenchContext&);
+void RunBrokerConsumers(BenchContext&);  // broker_consumers.cc
 
 }  // namespace dedup::bench
 

@@ -22,8 +22,10 @@ const std::vector<PhaseEntry>& Phases() {
       // Memory first: RSS growth is cleanest before the heap has been used.
       {"memory_per_record", &RunMemoryPerRecord, nullptr},
       {"throughput", &RunThroughput, &ThroughputGoals},
-      {"streams_worker", &RunStreamsWorker, &StreamsWorkerGoals},
+      {"consumer", &RunConsumerRows, &ConsumerRowsGoals},
+      {"broker_consumers", &RunBrokerConsumers, nullptr},  // needs DEDUP_BENCH_AMQP_URI / _NATS_URI
       {"retained", &RunRetained, &RetainedGoals},
+      {"postgres", &RunPostgres, nullptr},  // needs DEDUP_BENCH_POSTGRES_URI
   };
   return kPhases;
 }

@@ -12,6 +12,12 @@
 #include "brokers/redis_streams/streams_source.h"
 #include "dedup/worker.h"
 #endif
+#ifdef DEDUP_WITH_RABBITMQ
+#include "brokers/rabbitmq/rabbitmq_source.h"
+#endif
+#ifdef DEDUP_WITH_NATS
+#include "brokers/nats/nats_source.h"
+#endif
 
 namespace dedup {
 namespace {
@@ -34,6 +40,12 @@ struct SchemeRow {
 constexpr SchemeRow kSources[] = {
 #ifdef DEDUP_WITH_REDIS_STREAMS
     {"redis", &OpenRedisStreams},
+#endif
+#ifdef DEDUP_WITH_RABBITMQ
+    {"amqp", &rabbitmq::OpenRabbitMqSource},
+#endif
+#ifdef DEDUP_WITH_NATS
+    {"nats", &nats::OpenNatsSource},
 #endif
     {"", nullptr},  // end (keeps the table non-empty when no broker is compiled in)
 };

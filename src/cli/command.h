@@ -31,6 +31,7 @@ using RegisterCommand = void (*)(CLI::App& root, CommandContext& ctx);
 
 void RegisterSimulate(CLI::App& root, CommandContext& ctx);
 void RegisterBench(CLI::App& root, CommandContext& ctx);
+void RegisterServe(CLI::App& root, CommandContext& ctx);  // serve_command.cc
 
 }  // namespace dedup::cli
 

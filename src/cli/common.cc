@@ -2,13 +2,10 @@
 
 #include "cli/common.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -121,55 +118,6 @@ StatusOr<ChildResult> RunChild(const ChildOptions& o, const std::function<void(i
     res.exit_code = WEXITSTATUS(status);
   }
   return res;
-}
-
-MetricsServer::~MetricsServer() {
-  stop_.store(true);
-  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
-  if (thread_.joinable()) thread_.join();
-  if (fd_ >= 0) close(fd_);
-}
-
-Status MetricsServer::Start(int port, std::function<std::string()> body) {
-  body_ = std::move(body);
-  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) return Status::Unavailable(std::string("metrics socket: ") + std::strerror(errno));
-  int one = 1;
-  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd_, 16) != 0) {
-    return Status::Unavailable("metrics: cannot listen on 127.0.0.1:" + std::to_string(port) +
-                               ": " + std::strerror(errno));
-  }
-  thread_ = std::thread([this] { Serve(); });
-  return Status::Ok();
-}
-
-void MetricsServer::Serve() {
-  while (!stop_.load()) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    timeval tv{1, 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    char req[2048];
-    const ssize_t n = recv(c, req, sizeof(req) - 1, 0);
-    std::string head(req, n > 0 ? static_cast<size_t>(n) : 0);
-    std::string resp;
-    if (head.rfind("GET /metrics", 0) == 0) {
-      const std::string body = body_();
-      resp = "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-    } else {
-      resp = "HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-    }
-    (void)!send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
-    close(c);
-  }
 }
 
 void OnStopSignals(void (*on_stop)(int)) {

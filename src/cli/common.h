@@ -1,8 +1,8 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // Helpers shared by the worker, publish, exec, inspect and forget subcommands:
-// running a child command with a payload, a loopback /metrics responder, stop
-// signals, and times for people.
+// running a child command with a payload, stop signals, and times for people.
+// (The worker's /metrics is served by src/serve/metrics_http.h.)
 
 #ifndef DEDUP_CLI_COMMON_H_
 #define DEDUP_CLI_COMMON_H_
@@ -64,22 +64,6 @@ struct ChildResult {
 // it cannot be started.
 StatusOr<ChildResult> RunChild(const ChildOptions& o,
                                const std::function<void(int pid)>& on_start = nullptr);
-
-// A tiny blocking HTTP responder on 127.0.0.1:port answering GET /metrics with
-// body(). Runs on its own thread until destroyed.
-class MetricsServer {
- public:
-  MetricsServer() = default;
-  ~MetricsServer();
-  Status Start(int port, std::function<std::string()> body);
-
- private:
-  void Serve();
-  int fd_ = -1;
-  std::atomic<bool> stop_{false};
-  std::function<std::string()> body_;
-  std::thread thread_;
-};
 
 // SIGTERM / SIGINT call `on_stop` from a signal handler: it must be
 // async-signal-safe (e.g. store an atomic). Later signals call it again.

@@ -28,6 +28,9 @@ constexpr dedup::cli::RegisterCommand kCommands[] = {
     &dedup::cli::RegisterInspect,
     &dedup::cli::RegisterForget,
     &dedup::cli::RegisterBench,
+#ifdef DEDUP_WITH_SERVE
+    &dedup::cli::RegisterServe,
+#endif
 };
 
 // CLI11 reads "-1" into an unsigned option as 2^64 - 1 (publish --count -1 never

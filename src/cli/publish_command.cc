@@ -1,9 +1,19 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// `dedup publish`: adds messages to a Redis stream, for tests and demos.
+// `dedup publish`: adds messages to a Redis stream, a RabbitMQ queue or a NATS
+// JetStream stream, for tests and demos.
 //
 //   dedup publish --broker 'redis://127.0.0.1:6390?stream=jobs' --field id=42 --field amount=7
 //   dedup publish --broker ... --count 20000 --id-prefix m- --duplicates 0.1
+//   dedup publish --broker 'amqp://guest:guest@127.0.0.1:5672/?queue=jobs' --id-prefix m- ...
+//   dedup publish --broker 'nats://127.0.0.1:4222?stream=JOBS' --id-prefix m- ...
+//
+// RabbitMQ: message n gets message_id <prefix><n> (or the header key=header:NAME
+// names), its body is the --field list as NAME=VALUE lines (or "<prefix><n>"), and
+// every message is persistent and confirmed by the broker (publisher confirms,
+// up to 256 in flight). NATS: the key goes to Nats-Msg-Id (or the header
+// key=header:NAME names), each publish waits for its PubAck, and repeats the
+// stream dropped inside its duplicate window are counted.
 //
 // With --id-prefix every message gets id=<prefix><n>, n from --start. With
 // --duplicates F a fraction F of them is published a second time, a little later
@@ -17,6 +27,12 @@
 #include <random>
 
 #include "brokers/redis_streams/stream_conn.h"
+#ifdef DEDUP_WITH_RABBITMQ
+#include "brokers/rabbitmq/rabbitmq_source.h"
+#endif
+#ifdef DEDUP_WITH_NATS
+#include "brokers/nats/nats_source.h"
+#endif
 #include "cli/command.h"
 #include "cli/common.h"
 #include "dedup/worker.h"
@@ -35,27 +51,8 @@ struct PublishFlags {
   bool quiet = false;
 };
 
-int RunPublish(const PublishFlags& f) {
-  auto wo = WorkerOptionsFromUri(f.broker);
-  if (!wo.ok()) {
-    std::fprintf(stderr, "dedup publish: --broker: %s\n", wo.status().ToString().c_str());
-    return kExitUsage;
-  }
-  std::vector<std::pair<std::string, std::string>> fields;
-  for (const auto& kv : f.fields) {
-    auto p = SplitField(kv);
-    if (!p) {
-      std::fprintf(stderr, "dedup publish: --field '%s' is not NAME=VALUE\n", kv.c_str());
-      return kExitUsage;
-    }
-    fields.push_back(*p);
-  }
-  if (fields.empty() && f.id_prefix.empty()) {
-    std::fprintf(stderr, "dedup publish: give --field NAME=VALUE or --id-prefix\n");
-    return kExitUsage;
-  }
-  // The order of publishes: every n once, and the duplicates again up to ~50
-  // messages later.
+// Every n once, and the duplicates again up to ~50 messages later.
+std::vector<uint64_t> PublishOrder(const PublishFlags& f) {
   std::vector<uint64_t> order;
   std::mt19937_64 rng(f.seed);
   std::bernoulli_distribution dup(f.duplicates);
@@ -74,6 +71,121 @@ int RunPublish(const PublishFlags& f) {
     }
   }
   for (const auto& [at, n] : later) order.push_back(n);
+  return order;
+}
+
+// The message body for brokers without fields: the --field list as NAME=VALUE
+// lines, or the id when there are none.
+std::string Body(const std::vector<std::pair<std::string, std::string>>& fields,
+                 const std::string& id) {
+  if (fields.empty()) return id;
+  std::string b;
+  for (const auto& [k, v] : fields) b += k + "=" + v + "\n";
+  return b;
+}
+
+#ifdef DEDUP_WITH_RABBITMQ
+int PublishAmqp(const PublishFlags& f, const std::vector<std::pair<std::string, std::string>>& fields) {
+  auto o = rabbitmq::ParseRabbitMqUri(f.broker);
+  if (!o.ok()) {
+    std::fprintf(stderr, "dedup publish: --broker: %s\n", o.status().ToString().c_str());
+    return kExitUsage;
+  }
+  rabbitmq::RabbitMqPublisher p(*o);
+  Status st = p.DeclareTopology();
+  const std::vector<uint64_t> order = PublishOrder(f);
+  uint64_t confirmed = 0, sent = 0;
+  for (size_t i = 0; st.ok() && i < order.size(); ++i) {
+    const std::string id = f.id_prefix.empty() ? "" : f.id_prefix + std::to_string(order[i]);
+    rabbitmq::AmqpMessage m;
+    m.body = Body(fields, id);
+    if (o->key_from == rabbitmq::KeyFrom::kHeader) {
+      if (!id.empty()) m.headers.emplace_back(o->key_header, id);
+    } else {
+      m.message_id = id;
+    }
+    st = p.Send("", o->queue, m);
+    if (st.ok()) ++sent;
+    if (st.ok() && (sent % 256 == 0 || i + 1 == order.size())) {
+      st = p.WaitConfirms();
+      if (st.ok()) confirmed = sent;
+    }
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "dedup publish: after %llu confirmed messages: %s\n",
+                 static_cast<unsigned long long>(confirmed), st.ToString().c_str());
+    return kExitTempFail;
+  }
+  if (!f.quiet) {
+    std::printf("published %llu messages (%llu distinct) to %s, all confirmed\n",
+                static_cast<unsigned long long>(confirmed), static_cast<unsigned long long>(f.count),
+                o->Describe().c_str());
+  }
+  return kExitOk;
+}
+#endif
+
+#ifdef DEDUP_WITH_NATS
+int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, std::string>>& fields) {
+  auto o = nats::ParseNatsUri(f.broker, /*need_consumer=*/false);
+  if (!o.ok()) {
+    std::fprintf(stderr, "dedup publish: --broker: %s\n", o.status().ToString().c_str());
+    return kExitUsage;
+  }
+  auto p = nats::NatsPublisher::Open(*o);
+  if (!p.ok()) {
+    std::fprintf(stderr, "dedup publish: %s\n", p.status().ToString().c_str());
+    return kExitTempFail;
+  }
+  uint64_t stored = 0, dropped = 0;
+  for (uint64_t n : PublishOrder(f)) {
+    const std::string id = f.id_prefix.empty() ? "" : f.id_prefix + std::to_string(n);
+    bool duplicate = false;
+    Status st = (*p)->Publish(id, Body(fields, id), &duplicate);
+    if (!st.ok()) {
+      std::fprintf(stderr, "dedup publish: after %llu messages: %s\n",
+                   static_cast<unsigned long long>(stored + dropped), st.ToString().c_str());
+      return kExitTempFail;
+    }
+    ++(duplicate ? dropped : stored);
+  }
+  if (!f.quiet) {
+    std::printf("published %llu messages (%llu distinct) to %s: %llu stored, %llu dropped by the "
+                "stream's duplicate window\n",
+                static_cast<unsigned long long>(stored + dropped),
+                static_cast<unsigned long long>(f.count), o->Describe().c_str(),
+                static_cast<unsigned long long>(stored), static_cast<unsigned long long>(dropped));
+  }
+  return kExitOk;
+}
+#endif
+
+int RunPublish(const PublishFlags& f) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const auto& kv : f.fields) {
+    auto p = SplitField(kv);
+    if (!p) {
+      std::fprintf(stderr, "dedup publish: --field '%s' is not NAME=VALUE\n", kv.c_str());
+      return kExitUsage;
+    }
+    fields.push_back(*p);
+  }
+  if (fields.empty() && f.id_prefix.empty()) {
+    std::fprintf(stderr, "dedup publish: give --field NAME=VALUE or --id-prefix\n");
+    return kExitUsage;
+  }
+#ifdef DEDUP_WITH_RABBITMQ
+  if (f.broker.rfind("amqp://", 0) == 0) return PublishAmqp(f, fields);
+#endif
+#ifdef DEDUP_WITH_NATS
+  if (f.broker.rfind("nats://", 0) == 0) return PublishNats(f, fields);
+#endif
+  auto wo = WorkerOptionsFromUri(f.broker);
+  if (!wo.ok()) {
+    std::fprintf(stderr, "dedup publish: --broker: %s\n", wo.status().ToString().c_str());
+    return kExitUsage;
+  }
+  const std::vector<uint64_t> order = PublishOrder(f);
 
   streams::ConnOptions co;
   co.host = wo->host;
@@ -117,8 +229,8 @@ int RunPublish(const PublishFlags& f) {
 
 void RegisterPublish(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<PublishFlags>();
-  CLI::App* app = root.add_subcommand("publish", "Add messages to a Redis stream (tests, demos)");
-  app->add_option("--broker", f->broker, "redis://HOST:PORT?stream=S")->required();
+  CLI::App* app = root.add_subcommand("publish", "Add messages to a Redis stream, RabbitMQ queue or NATS stream (tests, demos)");
+  app->add_option("--broker", f->broker, "redis://HOST:PORT?stream=S, amqp://...?queue=Q or nats://...?stream=S")->required();
   app->add_option("--field", f->fields, "NAME=VALUE, repeatable: a field of every message");
   app->add_option("--count", f->count, "Messages to publish")->capture_default_str();
   app->add_option("--id-prefix", f->id_prefix, "Give message n the field id=<prefix><n>");

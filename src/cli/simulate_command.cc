@@ -13,9 +13,15 @@
 
 #include "cli/command.h"
 #include "cli/flags.h"
-#include "cli/simulate.h"
+#include "sim/simulation.h"
 
 namespace dedup::cli {
+
+using sim::Pattern;
+using sim::RunSimulation;
+using sim::SimulateOptions;
+using sim::SimulateProgress;
+using sim::SimulateReport;
 
 namespace {
 
@@ -56,9 +62,9 @@ int RunSimulateCommand(const SimulateFlags& flags) {
     return kExitUsage;
   }
   if (flags.json) {
-    std::fputs((ReportToJson(*report) + "\n").c_str(), stdout);
+    std::fputs((sim::ReportToJson(*report) + "\n").c_str(), stdout);
   } else {
-    std::fputs(FormatReport(*report).c_str(), stdout);
+    std::fputs(sim::FormatReport(*report).c_str(), stdout);
   }
   return report->passed() ? kExitOk : kExitCheckFailed;
 }
@@ -96,7 +102,7 @@ void RegisterSimulate(CLI::App& root, CommandContext& ctx) {
   app->add_option("--messages", o.messages, "Distinct messages (keys) to publish")
       ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))
       ->capture_default_str();
-  app->add_option("--workers", o.workers, "Worker threads")
+  app->add_option("--workers", o.workers, "Workers (one Consumer each, concurrency 1)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app->add_option("--seed", o.seed, "Seeds duplicate publishes and the fault schedule")

@@ -1,13 +1,16 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// `dedup worker`: consumes a Redis stream and runs a command once per message key.
+// `dedup worker`: consumes a broker (any scheme of OpenSource: redis://, amqp://,
+// nats://) through the Consumer and runs a command once per message key.
 //
 //   dedup worker --broker 'redis://127.0.0.1:6390?stream=jobs&group=g'
 //                --store rocksdb:/var/lib/dedup --exec './handle.sh'
 //
-// The command runs under /bin/sh -c (or directly with --no-shell) with the
-// message's fields as a JSON object on stdin and DEDUP_KEY, DEDUP_FENCE,
-// DEDUP_ATTEMPT, DEDUP_ENTRY_ID and DEDUP_WORKER_PID in its environment.
+// The command runs under /bin/sh -c (or directly with --no-shell) with, on stdin,
+// a Redis stream entry's fields as a JSON object, or the message body itself for
+// amqp:// and nats:// (whose bodies are bytes the publisher chose), and
+// DEDUP_KEY, DEDUP_FENCE, DEDUP_ATTEMPT, DEDUP_ENTRY_ID (the broker's delivery
+// id) and DEDUP_WORKER_PID in its environment.
 //   exit 0            done: the outcome is recorded, then the entry is acked
 //   exit 75           retry later (EX_TEMPFAIL): claim released, entry left pending
 //   killed by signal  retry later, as 75
@@ -16,6 +19,8 @@
 // --sql-output (postgres:// stores): the command's stdout is SQL, run in the
 // transaction that records the completion, so its effect happens exactly once
 // (docs/POSTGRES.md).
+// --pattern textbook keeps its keys in the stream's Redis, or, on amqp:// and
+// nats://, in the Redis named by --textbook-redis.
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
@@ -29,24 +34,35 @@
 #include <memory>
 #include <sstream>
 
-#include "brokers/redis_streams/textbook_guard.h"
+#include "brokers/redis_streams/streams_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
 #include "dedup/buffer.h"
+#include "dedup/consumer.h"
 #ifdef DEDUP_WITH_POSTGRES
 #include "dedup/postgres_store.h"
 #endif
 #include "dedup/store.h"
 #include "dedup/worker.h"
+#include "redis/options.h"
+#include "sim/redis_textbook_keys.h"
+#include "sim/textbook_guard.h"
+#ifdef DEDUP_WITH_SERVE
+#include "serve/metered_store.h"
+#include "serve/metrics.h"
+#include "serve/metrics_http.h"
+#endif
 
 namespace dedup::cli {
 namespace {
 
-std::atomic<Worker*> g_worker{nullptr};
+std::atomic<Consumer*> g_consumer{nullptr};
+std::atomic<bool> g_stop{false};
 
 void StopWorker(int) {
-  if (Worker* w = g_worker.load()) w->Stop();
+  g_stop.store(true);
+  if (Consumer* c = g_consumer.load()) c->Stop();
 }
 
 struct WorkerFlags {
@@ -66,7 +82,10 @@ struct WorkerFlags {
   Millis summary_interval{10'000};
   std::string pattern = "dedup";
   Millis textbook_ttl{60'000};
+  std::string textbook_redis;  // --pattern textbook on brokers other than redis://
 };
+
+bool IsRedisBroker(const std::string& uri) { return uri.rfind("redis://", 0) == 0; }
 
 std::vector<std::string> SplitWords(const std::string& s) {
   std::istringstream in(s);
@@ -75,22 +94,100 @@ std::vector<std::string> SplitWords(const std::string& s) {
   return out;
 }
 
+#ifdef DEDUP_WITH_SERVE
+// --metrics-port: the Consumer's counters, claim and handler latencies and the
+// build, in Prometheus conventions, on serve's HTTP stack.
+metrics::Registry g_metrics;
+const std::string kHandlerHelp = "Time a handler command ran, by outcome (done, retry, fail).";
+
+void ObserveHandler(std::chrono::steady_clock::time_point t0, const HandlerResult& r) {
+  const char* outcome = r.kind == HandlerResult::Kind::kDone    ? "done"
+                        : r.kind == HandlerResult::Kind::kRetry ? "retry"
+                                                                : "fail";
+  g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                         {{"outcome", outcome}})
+      ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void RegisterWorkerMetrics(const Consumer& w) {
+  g_metrics.AddBuildInfo(DEDUP_VERSION);
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> rows[] = {
+      {"messages", &ConsumerMetrics::messages},
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicates", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"takeovers", &ConsumerMetrics::takeovers},
+      {"lost_leases", &ConsumerMetrics::lost_leases},
+      {"retries", &ConsumerMetrics::retries},
+      {"dead_lettered", &ConsumerMetrics::dead_lettered},
+      {"store_errors", &ConsumerMetrics::store_errors},
+      {"acked", &ConsumerMetrics::acked},
+      {"redelivered", &ConsumerMetrics::redelivered},
+      {"held_back", &ConsumerMetrics::held_back},
+      {"broker_errors", &ConsumerMetrics::broker_errors},
+      {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
+      {"claim_batches", &ConsumerMetrics::claim_batches},
+      {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches},
+      {"ack_batches", &ConsumerMetrics::ack_batches},
+      {"acked_in_batches", &ConsumerMetrics::acked_in_batches}};
+  for (const auto& [name, field] : rows) {
+    g_metrics.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
+                             std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  // Claim outcomes once more, as one family with an outcome label.
+  const std::pair<const char*, uint64_t ConsumerMetrics::*> outcomes[] = {
+      {"acquired", &ConsumerMetrics::acquired},
+      {"duplicate", &ConsumerMetrics::duplicates},
+      {"busy", &ConsumerMetrics::busy},
+      {"error", &ConsumerMetrics::store_errors}};
+  for (const auto& [outcome, field] : outcomes) {
+    g_metrics.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
+                             {{"outcome", outcome}},
+                             [&w, field = field] { return double(w.metrics().*field); });
+  }
+  for (const char* outcome : {"done", "retry", "fail"}) {
+    g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                           {{"outcome", outcome}});
+  }
+}
+#endif
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
+                                uint32_t attempt);
+
 // Runs the handler command for one message.
-HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t fence,
+HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence,
                          uint32_t attempt) {
+#ifdef DEDUP_WITH_SERVE
+  const auto t0 = std::chrono::steady_clock::now();
+  HandlerResult r = RunHandlerCommand(f, m, fence, attempt);
+  ObserveHandler(t0, r);
+  return r;
+#else
+  return RunHandlerCommand(f, m, fence, attempt);
+#endif
+}
+
+HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
+                                uint32_t attempt) {
   // An environment variable ends at its first NUL: DEDUP_KEY would be cut, and the
   // handler would act on another key's name. Refused (dead-lettered), never run.
-  if (m.key.find('\0') != std::string::npos) {
+  if (m.key().find('\0') != std::string::npos) {
     return HandlerResult::Fail("key contains a NUL byte, which DEDUP_KEY cannot carry; "
                                "handler not run");
   }
-  nlohmann::json payload = nlohmann::json::object();
-  for (const auto& [k, v] : m.fields) payload[k] = v;
   ChildOptions c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
-  c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  c.env = {"DEDUP_KEY=" + m.key, "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id,
+  if (IsRedisBroker(f.broker)) {
+    nlohmann::json payload = nlohmann::json::object();
+    for (const auto& [k, v] : m.attributes()) payload[k] = v;
+    c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } else {
+    c.stdin_data = m.payload();
+  }
+  c.env = {"DEDUP_KEY=" + m.key(), "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id(),
            "DEDUP_WORKER_PID=" + std::to_string(getpid())};
   c.capture_stdout = f.keep_output;
   c.max_output = kMaxResultBytes;
@@ -112,14 +209,14 @@ HandlerResult RunHandler(const WorkerFlags& f, const StreamMessage& m, uint64_t 
 // --sql-output: runs the handler, then its stdout as SQL in the completion's
 // transaction, with dedup.key, dedup.fence and dedup.attempt set for that
 // transaction (current_setting('dedup.fence')::bigint).
-HandlerResult RunSqlHandler(const WorkerFlags& f, const StreamMessage& m, PostgresTransaction& tx) {
+HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTransaction& tx) {
   WorkerFlags g = f;
   g.keep_output = true;
   HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt());
   if (hr.kind != HandlerResult::Kind::kDone) return hr;
   auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
                      "set_config('dedup.attempt', $3, true)",
-                     {m.key, std::to_string(tx.fence()), std::to_string(tx.attempt())});
+                     {m.key(), std::to_string(tx.fence()), std::to_string(tx.attempt())});
   if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
   Status run = tx.ExecScript(hr.result);
   if (!run.ok()) return HandlerResult::Retry("handler SQL: " + run.ToString());
@@ -128,31 +225,139 @@ HandlerResult RunSqlHandler(const WorkerFlags& f, const StreamMessage& m, Postgr
 #endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
-  auto wo = WorkerOptionsFromUri(f.broker);
-  if (!wo.ok()) {
-    std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
+  // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
+  streams::ConnOptions textbook_conn;
+  if (f.pattern == "textbook" && IsRedisBroker(f.broker)) {
+    StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(f.broker);
+    if (!wo.ok()) {
+      std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
+      return kExitUsage;
+    }
+    textbook_conn = StreamConnOptions(*wo);
+  } else if (f.pattern == "textbook") {
+    auto u = redis::ParseRedisUri(f.textbook_redis);
+    if (f.textbook_redis.empty() || !u.ok() || u->connection.endpoints.size() != 1) {
+      std::fprintf(stderr, "dedup worker: --pattern textbook on %s needs --textbook-redis "
+                           "redis://HOST:PORT%s%s\n",
+                   f.broker.substr(0, f.broker.find(':')).c_str(),
+                   u.ok() || f.textbook_redis.empty() ? "" : ": ",
+                   u.ok() || f.textbook_redis.empty() ? "" : u.status().ToString().c_str());
+      return kExitUsage;
+    }
+    textbook_conn.host = u->connection.endpoints[0].host;
+    textbook_conn.port = u->connection.endpoints[0].port;
+    textbook_conn.user = u->connection.user;
+    textbook_conn.password = u->connection.password;
+    textbook_conn.has_password = u->connection.has_password;
+    textbook_conn.db = u->connection.db;
+  }
+  std::unique_ptr<Store> store;
+  BufferOptions bo;
+  bo.lease = f.lease;
+  bo.retention = f.retention;
+  bo.max_attempts = f.max_attempts;
+  bo.retry_delay = f.retry_delay;
+  bo.fingerprint_payloads = f.fingerprint;
+#ifdef DEDUP_WITH_POSTGRES
+  std::unique_ptr<PostgresStore> pg;
+  if (f.pattern == "dedup" && f.sql_output) {
+    auto opened = OpenPostgresStore(f.store);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
+                   opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    pg = std::move(opened).value();
+  }
+#endif
+  if (f.pattern == "dedup" && !f.sql_output) {
+    auto opened = OpenStore(f.store);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
+      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    }
+    store = std::move(opened).value();
+#ifdef DEDUP_WITH_SERVE
+    if (f.metrics_port > 0) {
+      store = std::make_unique<serve::OwningMeteredStore>(
+          std::move(store),
+          g_metrics.GetHistogram("dedup_worker_claim_duration_seconds",
+                                 "Time the store took to answer a claim or a batch of claims."));
+    }
+#endif
+  }
+  SourceOptions so;
+  so.lease = f.lease;
+  auto source = OpenSource(f.broker, so);
+  if (!source.ok()) {
+    std::fprintf(stderr, "dedup worker: --broker: %s\n", source.status().ToString().c_str());
+    return source.status().retryable() ? kExitTempFail : kExitUsage;
+  }
+  const std::string name = (*source)->Describe();
+
+  ConsumerOptions co;
+  co.concurrency = f.concurrency;
+  co.log_name = "dedup worker";
+  std::unique_ptr<Buffer> buffer;
+  std::unique_ptr<TextbookKeys> textbook_keys;
+  std::unique_ptr<TextbookGuard> textbook;
+  StatusOr<std::unique_ptr<Consumer>> made = Status::Internal("unset");
+  if (f.pattern == "textbook") {
+    textbook_keys = std::make_unique<streams::RedisTextbookKeys>(textbook_conn);
+    textbook = std::make_unique<TextbookGuard>(
+        textbook_keys.get(), TextbookOptions{f.textbook_ttl, "task_id:", f.retry_delay});
+    made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
+      return textbook->Process(d.key(), [&] { return RunHandler(f, d, 0, 0); });
+    }, co);
+  } else {
+    Store* target = store.get();
+#ifdef DEDUP_WITH_POSTGRES
+    if (pg != nullptr) target = pg.get();
+#endif
+    auto created = Buffer::Create(target, bo);
+    if (!created.ok()) {
+      std::fprintf(stderr, "dedup worker: --%s\n", created.status().message().c_str());
+      return kExitUsage;
+    }
+    buffer = std::move(created).value();
+    if (f.sql_output) {
+#ifdef DEDUP_WITH_POSTGRES
+      made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
+        return ProcessOnceInTransaction(*buffer, *pg, d.key(), d.payload(),
+                                        [&](PostgresTransaction& tx) { return RunSqlHandler(f, d, tx); });
+      }, co);
+#endif
+    } else {
+      made = Consumer::Make(source->get(), buffer.get(), [&](const Delivery& d, ClaimGuard& g) {
+        return RunHandler(f, d, g.fence(), g.attempt());
+      }, co);
+    }
+  }
+  if (!made.ok()) {
+    std::fprintf(stderr, "dedup worker: %s\n", made.status().ToString().c_str());
     return kExitUsage;
   }
-  if (wo->group.empty()) wo->group = "dedup";
-  wo->concurrency = f.concurrency;
-  if (f.sql_output && wo->reclaim_min_idle.count() <= 0) wo->reclaim_min_idle = f.lease + Millis(5'000);
-  auto worker = Worker::Open(*wo);
-  if (!worker.ok()) {
-    std::fprintf(stderr, "dedup worker: %s\n", worker.status().ToString().c_str());
-    return worker.status().retryable() ? kExitTempFail : kExitUsage;
-  }
-  Worker& w = **worker;
+  Consumer& c = **made;
 
-  MetricsServer metrics;
+#ifdef DEDUP_WITH_SERVE
+  serve::MetricsEndpoint metrics;
   if (f.metrics_port > 0) {
-    Status s = metrics.Start(f.metrics_port, [&w] { return w.metrics().ToPrometheus(); });
+    RegisterWorkerMetrics(c);
+    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
     if (!s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
     }
   }
-  g_worker.store(&w);
+#else
+  if (f.metrics_port > 0) {
+    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
+    return kExitUsage;
+  }
+#endif
+  g_consumer.store(&c);
   OnStopSignals(&StopWorker);
+  if (g_stop.load()) c.Stop();
 
   // A summary line every summary_interval while running.
   std::atomic<bool> done{false};
@@ -162,90 +367,18 @@ int RunWorkerCommand(const WorkerFlags& f) {
       std::this_thread::sleep_for(Millis(100));
       if (f.summary_interval.count() > 0 && std::chrono::steady_clock::now() >= next) {
         next += f.summary_interval;
-        std::fprintf(stderr, "dedup worker %s: %s\n", w.options().consumer.c_str(),
-                     w.metrics().Summary().c_str());
+        std::fprintf(stderr, "dedup worker: %s\n", c.metrics().Summary().c_str());
       }
     }
   });
 
-  std::fprintf(stderr, "dedup worker %s: stream %s group %s, pattern %s, concurrency %d\n",
-               w.options().consumer.c_str(), w.options().stream.c_str(),
-               w.options().group.c_str(), f.pattern.c_str(), f.concurrency);
-  Status run;
-  std::unique_ptr<Store> store;
-  if (f.pattern == "textbook") {
-    streams::TextbookOptions to;
-    to.conn.host = wo->host;
-    to.conn.port = wo->port;
-    to.conn.user = wo->user;
-    to.conn.password = wo->password;
-    to.conn.has_password = wo->has_password;
-    to.conn.db = wo->db;
-    to.conn.timeout = wo->timeout;
-    to.ttl = f.textbook_ttl;
-    to.retry_delay = f.retry_delay;
-    streams::TextbookGuard guard(to);
-    run = w.RunWith([&](const StreamMessage& m) {
-      return guard.Process(m, [&] { return RunHandler(f, m, 0, 0); });
-    });
-  } else if (f.sql_output) {
-#ifdef DEDUP_WITH_POSTGRES
-    auto opened = OpenPostgresStore(f.store);
-    if (!opened.ok()) {
-      done.store(true);
-      summary.join();
-      g_worker.store(nullptr);
-      std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
-                   opened.status().ToString().c_str());
-      return opened.status().retryable() ? kExitTempFail : kExitUsage;
-    }
-    std::unique_ptr<PostgresStore> pg = std::move(opened).value();
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    Buffer buffer(pg.get(), bo);
-    run = w.RunWith([&](const StreamMessage& m) {
-      return ProcessOnceInTransaction(buffer, *pg, m.key, m.CanonicalPayload(),
-                                      [&](PostgresTransaction& tx) { return RunSqlHandler(f, m, tx); });
-    });
-#endif
-  } else {
-    auto opened = OpenStore(f.store);
-    if (!opened.ok()) {
-      done.store(true);
-      summary.join();
-      g_worker.store(nullptr);
-      std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
-      return opened.status().retryable() ? kExitTempFail : kExitUsage;
-    }
-    store = std::move(opened).value();
-    BufferOptions bo;
-    bo.lease = f.lease;
-    bo.retention = f.retention;
-    bo.max_attempts = f.max_attempts;
-    bo.retry_delay = f.retry_delay;
-    bo.fingerprint_payloads = f.fingerprint;
-    auto made = Buffer::Create(store.get(), bo);
-    if (!made.ok()) {
-      done.store(true);
-      summary.join();
-      g_worker.store(nullptr);
-      std::fprintf(stderr, "dedup worker: --%s\n", made.status().message().c_str());
-      return kExitUsage;
-    }
-    Buffer& buffer = **made;
-    run = w.Run(&buffer, [&](const StreamMessage& m, ClaimGuard& g) {
-      return RunHandler(f, m, g.fence(), g.attempt());
-    });
-  }
+  std::fprintf(stderr, "dedup worker: %s, pattern %s, concurrency %d\n", name.c_str(),
+               f.pattern.c_str(), f.concurrency);
+  Status run = c.Run();
   done.store(true);
   summary.join();
-  g_worker.store(nullptr);
-  std::fprintf(stderr, "dedup worker %s: stopped: %s\n", w.options().consumer.c_str(),
-               w.metrics().Summary().c_str());
+  g_consumer.store(nullptr);
+  std::fprintf(stderr, "dedup worker: stopped: %s\n", c.metrics().Summary().c_str());
   if (!run.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", run.ToString().c_str());
     return kExitCheckFailed;
@@ -259,11 +392,13 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<WorkerFlags>();
   CLI::App* app = root.add_subcommand(
       "worker",
-      "Consume a Redis stream through a consumer group and run --exec once per message "
-      "key (payload as JSON on stdin; exit 0 done, 75 retry later, else dead-letter).");
+      "Consume a broker (a Redis stream through a consumer group, a RabbitMQ queue, a NATS "
+      "JetStream durable consumer) and run --exec once per message key (stream fields as "
+      "JSON, or the message body, on stdin; exit 0 done, 75 retry later, else dead-letter).");
   app->add_option("--broker", f->broker,
                   "redis://HOST:PORT?stream=S[&group=G&consumer=C&key=id|sha256|FIELD"
-                  "&dead=S:dead&prefix=P]")
+                  "&dead=S:dead&prefix=P], amqp://USER:PW@HOST:PORT/VHOST?queue=Q[...] or "
+                  "nats://HOST:PORT?stream=S&consumer=C[...] (docs/WORKER.md)")
       ->required();
   app->add_option("--store", f->store, "Store URI of the buffer (memory:, rocksdb:PATH, "
                                        "redis://...); not used by --pattern textbook");
@@ -305,6 +440,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
                     "--pattern textbook: the key's one TTL");
+  app->add_option("--textbook-redis", f->textbook_redis,
+                  "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys");
   app->callback([f, &ctx] {
     if (f->sql_output && f->pattern != "dedup") {
       std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");

@@ -32,7 +32,8 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"store_errors", store_errors}, {"acked", acked},
       {"redelivered", redelivered},   {"held_back", held_back},
       {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete},
-      {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches}};
+      {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
+      {"ack_batches", ack_batches}, {"acked_in_batches", acked_in_batches}};
   std::string out;
   for (const auto& [name, v] : rows) {
     out += "# TYPE dedup_worker_" + std::string(name) + "_total counter\n";
@@ -64,6 +65,7 @@ class Consumer::Impl {
 
   Status Run() {
     for (int i = 0; i < o_.concurrency; ++i) threads_.emplace_back([this] { HandlerLoop(); });
+    if (o_.max_ack_delay.count() > 0) acker_ = std::thread([this] { AckLoop(); });
     Millis backoff(50);
     while (!stop_->load(std::memory_order_relaxed)) {
       const int free = FreeSlots();
@@ -110,6 +112,8 @@ class Consumer::Impl {
     m.acked_with_complete = n_.acked_with_complete.load();
     m.claim_batches = n_.claim_batches.load();
     m.claimed_in_batches = n_.claimed_in_batches.load();
+    m.ack_batches = n_.ack_batches.load();
+    m.acked_in_batches = n_.acked_in_batches.load();
     return m;
   }
 
@@ -125,10 +129,11 @@ class Consumer::Impl {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
         lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, acked{0},
         redelivered{0}, held_back{0}, broker_errors{0}, acked_with_complete{0},
-        claim_batches{0}, claimed_in_batches{0};
+        claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0};
   };
 
   void Log(const std::string& line) const {
+    if (o_.log) return o_.log(line);
     std::fprintf(stderr, "%s: %s\n", o_.log_name.c_str(), line.c_str());
   }
 
@@ -190,23 +195,24 @@ class Consumer::Impl {
         queue_.pop_front();
         ++running_;
       }
-      Handle(job);
+      const bool deferred = Handle(job);  // true: the acker owns the delivery now
       {
         std::lock_guard lock(mu_);
-        held_.erase(job.delivery->id());
+        if (!deferred) held_.erase(job.delivery->id());
         --running_;
       }
       room_cv_.notify_all();
     }
   }
 
-  void Handle(Job& job) {
+  // Returns true when the ack was handed to the acker (with the delivery).
+  bool Handle(Job& job) {
     Delivery& d = *job.delivery;
     n_.messages.fetch_add(1, std::memory_order_relaxed);
     if (d.delivery_count() > 1) n_.redelivered.fetch_add(1, std::memory_order_relaxed);
     if (!d.key_error().empty()) {
       Settle(d, BrokerAction::kDeadLetter, Millis(0), d.key_error(), false);
-      return;
+      return false;
     }
     Processed p;
     if (process_) {
@@ -221,7 +227,63 @@ class Consumer::Impl {
       }
     }
     Count(p);
+    if (p.action == BrokerAction::kAck && !p.acked_with_complete && acker_.joinable()) {
+      {
+        std::lock_guard lock(ack_mu_);
+        if (acks_.empty()) oldest_ack_ = std::chrono::steady_clock::now();
+        acks_.push_back(std::move(job.delivery));
+      }
+      ack_cv_.notify_one();
+      return true;
+    }
     Settle(d, p.action, p.retry_after, p.reason, p.acked_with_complete);
+    return false;
+  }
+
+  // Sends the waiting acks in batches: when max_ack_batch wait, or the oldest
+  // has waited max_ack_delay.
+  void AckLoop() {
+    std::unique_lock lock(ack_mu_);
+    while (true) {
+      ack_cv_.wait(lock, [this] { return !acks_.empty() || ack_stop_; });
+      if (acks_.empty()) return;  // stopping and nothing left
+      ack_cv_.wait_until(lock, oldest_ack_ + o_.max_ack_delay, [this] {
+        return static_cast<int>(acks_.size()) >= o_.max_ack_batch || ack_stop_;
+      });
+      std::vector<std::unique_ptr<Delivery>> batch;
+      const size_t n = std::min(acks_.size(), static_cast<size_t>(o_.max_ack_batch));
+      batch.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        batch.push_back(std::move(acks_.front()));
+        acks_.pop_front();
+      }
+      if (!acks_.empty()) oldest_ack_ = std::chrono::steady_clock::now();
+      lock.unlock();
+      FlushAcks(batch);
+      lock.lock();
+    }
+  }
+
+  void FlushAcks(std::vector<std::unique_ptr<Delivery>>& batch) {
+    std::vector<Delivery*> ptrs;
+    ptrs.reserve(batch.size());
+    for (auto& d : batch) ptrs.push_back(d.get());
+    Status s = source_->AckBatch(ptrs);
+    n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
+    if (s.ok()) {
+      n_.acked.fetch_add(batch.size(), std::memory_order_relaxed);
+      n_.acked_in_batches.fetch_add(batch.size(), std::memory_order_relaxed);
+    } else {
+      // Not acked: the broker delivers them again; their outcomes are recorded,
+      // so the next deliveries get DUPLICATE and ack.
+      n_.broker_errors.fetch_add(batch.size(), std::memory_order_relaxed);
+      Log("ack of " + std::to_string(batch.size()) + " deliveries: " + s.ToString());
+    }
+    {
+      std::lock_guard lock(mu_);
+      for (auto& d : batch) held_.erase(d->id());
+    }
+    room_cv_.notify_all();
   }
 
   void Count(const Processed& p) {
@@ -297,6 +359,14 @@ class Consumer::Impl {
     work_cv_.notify_all();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    if (acker_.joinable()) {
+      {
+        std::lock_guard lock(ack_mu_);
+        ack_stop_ = true;
+      }
+      ack_cv_.notify_all();
+      acker_.join();  // sends what is left first
+    }
   }
 
   MessageSource* const source_;
@@ -312,8 +382,15 @@ class Consumer::Impl {
   std::deque<Job> queue_;
   int running_ = 0;
   bool draining_ = false;
-  std::unordered_set<std::string> held_;  // ids queued or running
+  std::unordered_set<std::string> held_;  // ids queued, running or waiting for their ack
   Counters n_;
+
+  std::thread acker_;
+  std::mutex ack_mu_;
+  std::condition_variable ack_cv_;
+  std::deque<std::unique_ptr<Delivery>> acks_;
+  std::chrono::steady_clock::time_point oldest_ack_;
+  bool ack_stop_ = false;
 };
 
 namespace {
@@ -326,6 +403,14 @@ Status ValidateConsumerOptions(const ConsumerOptions& o) {
   if (o.prefetch > 65536) {
     return Status::InvalidArgument("consumer: prefetch must be at most 65536, got " +
                                    std::to_string(o.prefetch));
+  }
+  if (o.max_ack_delay.count() < 0 || o.max_ack_delay > Millis(1'000)) {
+    return Status::InvalidArgument("consumer: max ack delay must be 0 to 1000 ms, got " +
+                                   std::to_string(o.max_ack_delay.count()) + " ms");
+  }
+  if (o.max_ack_batch < 1 || o.max_ack_batch > 100'000) {
+    return Status::InvalidArgument("consumer: max ack batch must be 1 to 100000, got " +
+                                   std::to_string(o.max_ack_batch));
   }
   if (o.fetch_wait.count() <= 0) {
     return Status::InvalidArgument("consumer: fetch wait must be positive, got " +

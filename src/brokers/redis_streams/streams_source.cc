@@ -77,17 +77,7 @@ class StreamsSource final : public MessageSource {
   explicit StreamsSource(WorkerOptions o)
       : o_(std::move(o)), server_(internal::RedisServerIdentity(o_.host, o_.port, o_.db)), fetch_conn_(Conn()) {}
 
-  ConnOptions Conn() const {
-    ConnOptions c;
-    c.host = o_.host;
-    c.port = o_.port;
-    c.user = o_.user;
-    c.password = o_.password;
-    c.has_password = o_.has_password;
-    c.db = o_.db;
-    c.timeout = o_.timeout;
-    return c;
-  }
+  ConnOptions Conn() const { return StreamConnOptions(o_); }
 
   Status CreateGroup(StreamConn* conn) {
     auto r = conn->Run({"XGROUP", "CREATE", o_.stream, o_.group, "0", "MKSTREAM"});
@@ -390,6 +380,18 @@ Status StreamDelivery::DeadLetter(std::string_view reason) {
 }
 
 }  // namespace
+
+streams::ConnOptions StreamConnOptions(const WorkerOptions& o) {
+  ConnOptions c;
+  c.host = o.host;
+  c.port = o.port;
+  c.user = o.user;
+  c.password = o.password;
+  c.has_password = o.has_password;
+  c.db = o.db;
+  c.timeout = o.timeout;
+  return c;
+}
 
 StatusOr<std::unique_ptr<MessageSource>> OpenRedisStreamsSource(WorkerOptions o, Millis lease) {
   if (o.stream.empty()) return Status::InvalidArgument("redis streams: stream is empty");

@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 
+#include "brokers/redis_streams/stream_conn.h"
 #include "dedup/consumer.h"
 #include "dedup/worker.h"
 
@@ -44,6 +45,9 @@ namespace dedup {
 // InvalidArgument for bad options, Unavailable when Redis cannot be reached.
 [[nodiscard]] StatusOr<std::unique_ptr<MessageSource>> OpenRedisStreamsSource(
     WorkerOptions options, Millis lease);
+
+// The connection options of the stream's server.
+streams::ConnOptions StreamConnOptions(const WorkerOptions& o);
 
 }  // namespace dedup
 

@@ -33,8 +33,7 @@ Status ConnectError(const std::string& where, const std::string& msg, const std:
   if (m.find("expected authentication request") != std::string::npos ||
       m.find("invalid response to SSL negotiation") != std::string::npos ||
       m.find("unsupported frontend protocol") != std::string::npos ||
-      m.find("received invalid response") != std::string::npos ||
-      m.find("server closed the connection unexpectedly") != std::string::npos) {
+      m.find("received invalid response") != std::string::npos) {
     return Status::FailedPrecondition(where + " does not speak the PostgreSQL protocol (" + m + ")");
   }
   if (m.find("timeout expired") != std::string::npos) {

@@ -721,38 +721,17 @@ StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(std::string_view uri)
 Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::string_view key,
                                    std::string_view payload,
                                    const TransactionalHandler& handler) {
-  Processed p;
+  // Every answer but ACQUIRED (and a bad key, and a store error on the claim) is
+  // decided as ProcessOnce decides it; the handler is not run for those.
+  const Buffer::Handler not_run = [](ClaimGuard&) { return HandlerResult::Retry("not run"); };
+  if (Status s = ValidateKey(key); !s.ok()) return buffer.ProcessClaimed(key, std::move(s), not_run);
   std::string fingerprint;
   if (buffer.options().fingerprint_payloads) fingerprint = PayloadFingerprint(payload);
   StatusOr<ClaimGuard> c = buffer.Claim(key, fingerprint);
-  if (!c.ok()) {
-    p.status = c.status();
-    p.retry_after = buffer.options().retry_delay;
-    p.reason = "store error on claim: " + c.status().ToString();
-    return p;
-  }
+  if (!c.ok() || !c->acquired()) return buffer.ProcessClaimed(key, std::move(c), not_run);
   ClaimGuard& g = *c;
+  Processed p;
   p.claim = g.result();
-  switch (g.outcome()) {
-    case ClaimOutcome::kDuplicate:
-      p.action = BrokerAction::kAck;
-      p.result = g.result().result;
-      return p;
-    case ClaimOutcome::kBusy:
-      p.retry_after = std::max(Millis(1), g.result().lease_left);
-      p.reason = "in progress elsewhere";
-      return p;
-    case ClaimOutcome::kMismatch:
-      p.action = BrokerAction::kDeadLetter;
-      p.reason = "same key, different payload (fingerprint mismatch)";
-      return p;
-    case ClaimOutcome::kExhausted:
-      p.action = BrokerAction::kDeadLetter;
-      p.reason = "attempts exhausted after " + std::to_string(g.attempt());
-      return p;
-    case ClaimOutcome::kAcquired:
-      break;
-  }
   p.ran = true;
   HandlerResult hr;
   auto w = store.RunInTransaction(key, g.token(), g.fence(), g.attempt(),

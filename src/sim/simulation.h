@@ -1,9 +1,10 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// `dedup simulate`: an in-process at-least-once broker, N worker threads and a
-// seeded fault schedule, run against a real Store through dedup::Buffer (or, for
-// comparison, against an honest emulation of the textbook `SET key NX EX ttl`
-// guard). Every side effect is written to a ledger kept apart from the store, and
+// The simulation behind `dedup simulate`: the in-process at-least-once broker
+// (src/brokers/memory), N workers, each the very Consumer production runs
+// (src/consumer) with its own Buffer, and a seeded fault schedule, run against a
+// real Store (or, for comparison, against an honest emulation of the textbook
+// `SET key NX EX ttl` guard, textbook_guard.h). Every side effect is written to a ledger kept apart from the store, and
 // the report says, per message, how often its effect was applied.
 //
 // What the simulation models:
@@ -13,10 +14,15 @@
 //     to `duplicate_delay`. It honours each BrokerAction: ack, retry after
 //     `retry_after` (never acked), dead-letter. Acks are per message, like Redis
 //     Streams' XACK: an ack from an earlier delivery still removes the message.
-//   * A worker thread stands for a worker process: it has its own Buffer (and so
-//     its own heartbeat). A crash makes it stop what it is doing, without a
-//     release, a complete or an ack; the thread then "restarts" and takes the
-//     next delivery. How a crash is made honest is explained in simulate.cc.
+//   * A worker stands for a worker process: a Consumer (concurrency 1) on its own
+//     broker connection (MemorySource) with its own Buffer (and so its own
+//     heartbeat). A crash makes it stop what it is doing, without a release, a
+//     complete or an ack: the FaultInjectionStore refuses every write of the
+//     crashed claim's token, and the connection's unsettled deliveries are
+//     abandoned (MemorySource::Crash), acks waiting to be coalesced included
+//     (the Consumer's max_ack_delay, as in production): those messages come
+//     back and meet DUPLICATE. The worker then "restarts" and takes the next
+//     delivery.
 //   * Faults are decided by a hash of (seed, published message, delivery number),
 //     so the same seed gives the same fault schedule whatever the thread timing,
 //     and the textbook pattern meets exactly the faults dedup met.
@@ -25,8 +31,8 @@
 // (applied_twice_otherwise, lost, unfinished) must be zero under any timing for
 // the dedup pattern.
 
-#ifndef DEDUP_CLI_SIMULATE_H_
-#define DEDUP_CLI_SIMULATE_H_
+#ifndef DEDUP_SRC_SIM_SIMULATION_H_
+#define DEDUP_SRC_SIM_SIMULATION_H_
 
 #include <atomic>
 #include <chrono>
@@ -37,10 +43,10 @@
 #include "dedup/clock.h"
 #include "dedup/status.h"
 
-namespace dedup::cli {
+namespace dedup::sim {
 
 enum class Pattern : uint8_t {
-  kDedup = 0,     // dedup::Buffer::ProcessOnce on the chosen store
+  kDedup = 0,     // dedup::Consumer + Buffer on the chosen store
   kTextbook = 1,  // SET key processing NX EX ttl; DEL on failure; key exists = done
 };
 std::string_view PatternName(Pattern p);  // "dedup", "textbook"
@@ -62,7 +68,7 @@ struct SimulateOptions {
   std::string store_uri;
   // Distinct messages (keys) published. Default: 10000.
   uint64_t messages = 10'000;
-  // Worker threads. Default: 8.
+  // Workers (one Consumer each, concurrency 1). Default: 8.
   int workers = 8;
   // Seeds the duplicate publishes and the fault schedule. Default: 1.
   uint64_t seed = 1;
@@ -176,6 +182,6 @@ struct SimulateReport {
 std::string FormatReport(const SimulateReport& report);
 std::string ReportToJson(const SimulateReport& report);
 
-}  // namespace dedup::cli
+}  // namespace dedup::sim
 
-#endif  // DEDUP_CLI_SIMULATE_H_
+#endif  // DEDUP_SRC_SIM_SIMULATION_H_

@@ -1,0 +1,506 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "brokers/nats/nats_source.h"
+
+#include <nats/nats.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "core/uri.h"
+
+namespace dedup::nats {
+namespace {
+
+constexpr int64_t kNanosPerMilli = 1'000'000;
+
+std::string HexSha256(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 15]);
+  }
+  return out;
+}
+
+Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_cast<jsErrCode>(0)) {
+  if (s == NATS_OK) return Status::Ok();
+  std::string m = what + ": " + natsStatus_GetText(s);
+  if (jerr != 0) m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  switch (s) {
+    case NATS_TIMEOUT:
+      return Status::DeadlineExceeded(std::move(m));
+    case NATS_CONNECTION_CLOSED:
+    case NATS_CONNECTION_DISCONNECTED:
+    case NATS_NO_SERVER:
+    case NATS_STALE_CONNECTION:
+    case NATS_NO_RESPONDERS:
+    case NATS_IO_ERROR:
+      return Status::Unavailable(std::move(m));
+    case NATS_NOT_PERMITTED:
+    case NATS_CONNECTION_AUTH_FAILED:
+      return Status::PermissionDenied(std::move(m));
+    case NATS_NOT_FOUND:
+      return Status::NotFound(std::move(m));
+    case NATS_INVALID_ARG:
+    case NATS_INVALID_SUBJECT:
+      return Status::InvalidArgument(std::move(m));
+    default:
+      return Status::Unavailable(std::move(m));
+  }
+}
+
+// One connection and its JetStream context; destroyed together.
+struct Conn {
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+  ~Conn() {
+    if (js != nullptr) jsCtx_Destroy(js);
+    if (nc != nullptr) {
+      natsConnection_Close(nc);
+      natsConnection_Destroy(nc);
+    }
+  }
+};
+
+StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o, const internal::Uri& u) {
+  natsOptions* opts = nullptr;
+  natsStatus s = natsOptions_Create(&opts);
+  if (s != NATS_OK) return FromNats(s, "nats: options");
+  std::vector<std::string> urls;
+  std::string hosts = u.hosts.empty() ? "127.0.0.1:4222" : u.hosts;
+  for (size_t b = 0; b <= hosts.size();) {
+    size_t e = hosts.find(',', b);
+    if (e == std::string::npos) e = hosts.size();
+    std::string h = hosts.substr(b, e - b);
+    if (h.find(':') == std::string::npos || (h.front() == '[' && h.back() == ']')) h += ":4222";
+    urls.push_back("nats://" + h);
+    b = e + 1;
+  }
+  std::vector<const char*> ptrs;
+  for (const auto& x : urls) ptrs.push_back(x.c_str());
+  s = natsOptions_SetServers(opts, ptrs.data(), static_cast<int>(ptrs.size()));
+  if (s == NATS_OK && !u.user.empty()) {
+    s = natsOptions_SetUserInfo(opts, u.user.c_str(), u.has_password ? u.password.c_str() : nullptr);
+  }
+  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, o.timeout.count());
+  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
+  if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 250);
+  if (s == NATS_OK) s = natsOptions_SetReconnectBufSize(opts, 8 * 1024 * 1024);
+  auto c = std::make_unique<Conn>();
+  if (s == NATS_OK) s = natsConnection_Connect(&c->nc, opts);
+  natsOptions_Destroy(opts);
+  if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": connect");
+  jsOptions jo;
+  jsOptions_Init(&jo);
+  jo.Wait = o.timeout.count();
+  s = natsConnection_JetStream(&c->js, c->nc, &jo);
+  if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": JetStream context");
+  return c;
+}
+
+// Makes sure a stream holds `subject`: nothing when stream `name` exists,
+// else creates it (file storage).
+Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, const std::string& subject) {
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&si, c.js, name.c_str(), nullptr, &jerr);
+  if (s == NATS_OK) {
+    jsStreamInfo_Destroy(si);
+    return Status::Ok();
+  }
+  if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr) {
+    return FromNats(s, "nats " + o.host_port + ": stream info " + name, jerr);
+  }
+  jsStreamConfig cfg;
+  jsStreamConfig_Init(&cfg);
+  cfg.Name = name.c_str();
+  const char* subjects[] = {subject.c_str()};
+  cfg.Subjects = subjects;
+  cfg.SubjectsLen = 1;
+  cfg.Storage = js_FileStorage;
+  jerr = static_cast<jsErrCode>(0);
+  s = js_AddStream(&si, c.js, &cfg, nullptr, &jerr);
+  if (s == NATS_OK) jsStreamInfo_Destroy(si);
+  return FromNats(s, "nats " + o.host_port + ": add stream " + name + " on " + subject, jerr);
+}
+
+}  // namespace
+
+std::string NatsOptions::Describe() const {
+  return "nats " + host_port + " stream=" + stream + " consumer=" + consumer + " subject=" + Subject();
+}
+
+namespace {
+StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
+  auto parsed = internal::ParseUri(text);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->scheme != "nats") {
+    return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': not nats://");
+  }
+  DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
+                                             "dead", "ack_wait", "max_ack_pending", "timeout"}));
+  return parsed;
+}
+}  // namespace
+
+StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
+  auto parsed = ParseAndCheck(text);
+  if (!parsed.ok()) return parsed.status();
+  const internal::Uri& u = *parsed;
+  NatsOptions o;
+  o.host_port = u.hosts.empty() ? "127.0.0.1:4222" : u.hosts;
+  o.stream = u.Param("stream").value_or("");
+  if (o.stream.empty()) return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs stream=NAME");
+  if (o.stream.find_first_of(" .*>\t") != std::string::npos) {
+    return Status::InvalidArgument("nats stream name '" + o.stream + "' may not contain '.', '*', '>' or spaces");
+  }
+  o.consumer = u.Param("consumer").value_or("");
+  if (need_consumer && o.consumer.empty()) {
+    return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs consumer=NAME");
+  }
+  o.subject = u.Param("subject").value_or("");
+  if (auto k = u.Param("key")) {
+    if (*k == "msgid") {
+      o.key_from = KeyFrom::kMsgId;
+    } else if (*k == "sha256") {
+      o.key_from = KeyFrom::kSha256;
+    } else if (k->rfind("header:", 0) == 0 && k->size() > 7) {
+      o.key_from = KeyFrom::kHeader;
+      o.key_header = k->substr(7);
+    } else {
+      return Status::InvalidArgument("nats key= must be msgid, header:NAME or sha256, got '" + *k + "'");
+    }
+  }
+  o.key_prefix = u.Param("prefix").value_or("");
+  o.dead = u.Param("dead").value_or("");
+  if (auto a = u.Param("ack_wait")) {
+    auto ms = internal::ParseDurationMillis(*a, "nats ack_wait");
+    if (!ms.ok()) return ms.status();
+    if (*ms < 100) return Status::InvalidArgument("nats ack_wait must be at least 100ms, got " + *a);
+    o.ack_wait = Millis(*ms);
+    o.ack_wait_set = true;
+  }
+  if (auto m = u.Param("max_ack_pending")) {
+    auto n = internal::ParseCount(*m, "nats max_ack_pending");
+    if (!n.ok()) return n.status();
+    if (*n < 1 || *n > 1'000'000) return Status::InvalidArgument("nats max_ack_pending must be 1..1000000");
+    o.max_ack_pending = static_cast<int>(*n);
+  }
+  if (auto t = u.Param("timeout")) {
+    auto ms = internal::ParseDurationMillis(*t, "nats timeout");
+    if (!ms.ok()) return ms.status();
+    if (*ms <= 0) return Status::InvalidArgument("nats timeout must be positive");
+    o.timeout = Millis(*ms);
+  }
+  o.url = std::string(text.substr(0, text.find('?')));
+  return o;
+}
+
+// ---- publisher ---------------------------------------------------------------
+
+struct NatsPublisher::Impl {
+  NatsOptions o;
+  std::unique_ptr<Conn> conn;
+};
+
+NatsPublisher::~NatsPublisher() = default;
+
+StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& o) {
+  auto u = ParseAndCheck(o.url);
+  if (!u.ok()) return u.status();
+  auto c = Connect(o, *u);
+  if (!c.ok()) return c.status();
+  DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject()));
+  std::unique_ptr<NatsPublisher> p(new NatsPublisher());
+  p->impl_ = std::make_unique<Impl>();
+  p->impl_->o = o;
+  p->impl_->conn = std::move(*c);
+  return p;
+}
+
+Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool* duplicate) {
+  const NatsOptions& o = impl_->o;
+  const std::string subject = o.Subject();
+  natsMsg* msg = nullptr;
+  natsStatus s = natsMsg_Create(&msg, subject.c_str(), nullptr, data.data(), static_cast<int>(data.size()));
+  if (s != NATS_OK) return FromNats(s, "nats: message");
+  const std::string k(key);
+  jsPubOptions po;
+  jsPubOptions_Init(&po);
+  if (!k.empty()) {
+    if (o.key_from == KeyFrom::kMsgId) po.MsgId = k.c_str();
+    if (o.key_from == KeyFrom::kHeader) s = natsMsgHeader_Set(msg, o.key_header.c_str(), k.c_str());
+  }
+  jsPubAck* pa = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  if (s == NATS_OK) s = js_PublishMsg(&pa, impl_->conn->js, msg, &po, &jerr);
+  natsMsg_Destroy(msg);
+  if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": publish to " + subject, jerr);
+  if (duplicate != nullptr) *duplicate = pa->Duplicate;
+  jsPubAck_Destroy(pa);
+  return Status::Ok();
+}
+
+// ---- source ------------------------------------------------------------------
+
+namespace {
+
+struct Shared {
+  NatsOptions o;
+  std::unique_ptr<Conn> conn;
+  natsSubscription* sub = nullptr;
+  ~Shared() {
+    if (sub != nullptr) natsSubscription_Destroy(sub);
+  }
+};
+
+class NatsDelivery final : public Delivery {
+ public:
+  NatsDelivery(std::shared_ptr<Shared> s, natsMsg* m) : s_(std::move(s)), msg_(m) {
+    jsMsgMetaData* meta = nullptr;
+    if (natsMsg_GetMetaData(&meta, msg_) == NATS_OK) {
+      id_ = std::to_string(meta->Sequence.Stream);
+      delivery_count_ = static_cast<uint32_t>(meta->NumDelivered);
+      jsMsgMetaData_Destroy(meta);
+    }
+    const char* data = natsMsg_GetData(msg_);
+    payload_.assign(data != nullptr ? data : "", static_cast<size_t>(natsMsg_GetDataLength(msg_)));
+    const char** keys = nullptr;
+    int n = 0;
+    if (natsMsgHeader_Keys(msg_, &keys, &n) == NATS_OK) {
+      for (int i = 0; i < n; ++i) {
+        const char* v = nullptr;
+        if (natsMsgHeader_Get(msg_, keys[i], &v) == NATS_OK && v != nullptr) {
+          attributes_.emplace_back(keys[i], v);
+        }
+      }
+      free(keys);
+    }
+    const NatsOptions& o = s_->o;
+    auto header = [&](const std::string& name) -> const std::string* {
+      for (const auto& [k, v] : attributes_) {
+        if (k == name) return &v;
+      }
+      return nullptr;
+    };
+    switch (o.key_from) {
+      case KeyFrom::kMsgId:
+      case KeyFrom::kHeader: {
+        const std::string name = o.key_from == KeyFrom::kMsgId ? "Nats-Msg-Id" : o.key_header;
+        const std::string* v = header(name);
+        if (v == nullptr || v->empty()) {
+          key_error_ = "message has no " + name + " header";
+        } else {
+          key_ = o.key_prefix + *v;
+        }
+        break;
+      }
+      case KeyFrom::kSha256:
+        key_ = o.key_prefix + HexSha256(payload_);
+        break;
+    }
+  }
+  ~NatsDelivery() override { natsMsg_Destroy(msg_); }
+
+  // +ACK and waits for the server's reply, so that once Ack() returned the
+  // consumer no longer counts the message (AckBatch pipelines instead).
+  Status Ack() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Settle(natsMsg_AckSync(msg_, nullptr, nullptr), "ack");
+  }
+  // +ACK without waiting; AckBatch flushes once for all.
+  Status AckNoWait() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Settle(natsMsg_Ack(msg_, nullptr), "ack");
+  }
+  Status Retry(Millis after) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    natsStatus s = after.count() > 0 ? natsMsg_NakWithDelay(msg_, after.count(), nullptr)
+                                     : natsMsg_Nak(msg_, nullptr);
+    // The server handles a connection's messages in order: after the flush's PONG
+    // it has the NAK.
+    if (s == NATS_OK) s = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
+    return FromNats(s, "nats " + s_->o.host_port + ": nak");
+  }
+  Status DeadLetter(std::string_view reason) override {
+    Status copied = PublishDead(reason);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!copied.ok()) {
+      // No copy: give it back rather than lose it; it is redelivered.
+      (void)natsMsg_Nak(msg_, nullptr);
+      return copied;
+    }
+    natsStatus s = natsMsg_Term(msg_, nullptr);
+    if (s == NATS_OK) s = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
+    return FromNats(s, "nats " + s_->o.host_port + ": term");
+  }
+  Status InProgress() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return FromNats(natsMsg_InProgress(msg_, nullptr), "nats " + s_->o.host_port + ": in progress");
+  }
+
+ private:
+  Status Settle(natsStatus s, const char* what) {
+    return FromNats(s, "nats " + s_->o.host_port + ": " + what);
+  }
+
+  Status PublishDead(std::string_view reason) {
+    const NatsOptions& o = s_->o;
+    const std::string subject = o.DeadSubject();
+    natsMsg* m = nullptr;
+    natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, payload_.data(),
+                                  static_cast<int>(payload_.size()));
+    if (s != NATS_OK) return FromNats(s, "nats: dead-letter message");
+    for (const auto& [k, v] : attributes_) {
+      // The original id travels under another name: the dead stream's own
+      // duplicate window must not drop a second dead letter of one key.
+      const std::string name = k == "Nats-Msg-Id" ? "Dedup-Original-Msg-Id" : k;
+      if (s == NATS_OK) s = natsMsgHeader_Add(m, name.c_str(), v.c_str());
+    }
+    const std::string why(reason);
+    if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Reason", why.c_str());
+    if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Stream", o.stream.c_str());
+    if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Sequence", id_.c_str());
+    jsPubAck* pa = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    if (s == NATS_OK) s = js_PublishMsg(&pa, s_->conn->js, m, nullptr, &jerr);
+    natsMsg_Destroy(m);
+    if (pa != nullptr) jsPubAck_Destroy(pa);
+    return FromNats(s, "nats " + o.host_port + ": dead letter to " + subject, jerr);
+  }
+
+  std::shared_ptr<Shared> s_;
+  natsMsg* msg_;
+  std::mutex mu_;  // natsMsg's ack state is not meant for two threads at once
+};
+
+class NatsSource final : public MessageSource {
+ public:
+  explicit NatsSource(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    std::vector<std::unique_ptr<Delivery>> out;
+    if (max == 0) return out;
+    DEDUP_RETURN_IF_ERROR(Pull(max, std::max(wait, Millis(1)), &out));
+    return out;
+  }
+
+  // Every +ACK sent at once, then one flush (PING/PONG): one round trip, and the
+  // server has them all when it answers.
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    Status first;
+    for (Delivery* d : deliveries) {
+      auto* nd = dynamic_cast<NatsDelivery*>(d);
+      Status st = nd != nullptr ? nd->AckNoWait() : d->Ack();
+      if (!st.ok() && first.ok()) first = std::move(st);
+    }
+    const natsStatus f = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
+    if (f != NATS_OK && first.ok()) first = FromNats(f, "nats " + s_->o.host_port + ": flush acks");
+    return first;
+  }
+
+  std::string Describe() const override { return s_->o.Describe(); }
+
+ private:
+  // natsSubscription_Fetch asks for what is there without waiting first, and
+  // only then waits; it returns a partial batch once the server says no more
+  // are available. (A hand-made no-wait request followed by a waiting one is
+  // not safe with nats.c 3.4: the first one's late "404 No Messages" ends the
+  // second.)
+  Status Pull(size_t n, Millis wait, std::vector<std::unique_ptr<Delivery>>* out) {
+    natsMsgList list{};
+    const natsStatus s = natsSubscription_Fetch(&list, s_->sub, static_cast<int>(std::min<size_t>(n, 1'000'000)),
+                                                wait.count(), nullptr);
+    for (int i = 0; i < list.Count; ++i) {
+      out->push_back(std::make_unique<NatsDelivery>(s_, list.Msgs[i]));
+      list.Msgs[i] = nullptr;  // owned by the delivery now
+    }
+    natsMsgList_Destroy(&list);
+    if (s == NATS_OK || s == NATS_TIMEOUT || s == NATS_NOT_FOUND) return Status::Ok();
+    if (!out->empty()) return Status::Ok();  // report the error on the next call
+    return FromNats(s, "nats " + s_->o.host_port + ": fetch from " + s_->o.stream + "/" + s_->o.consumer);
+  }
+
+  std::shared_ptr<Shared> s_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
+  if (o.stream.empty() || o.consumer.empty()) {
+    return Status::InvalidArgument("nats source: stream and consumer are required");
+  }
+  auto u = ParseAndCheck(o.url);
+  if (!u.ok()) return u.status();
+  auto c = Connect(o, *u);
+  if (!c.ok()) return c.status();
+  auto s = std::make_shared<Shared>();
+  s->o = o;
+  s->conn = std::move(*c);
+  Conn& conn = *s->conn;
+  DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
+  // The dead subject needs a stream to store it; make one unless one exists.
+  {
+    const std::string dead_stream = o.stream + "_DEAD";
+    Status ds = EnsureStream(conn, o, dead_stream, o.DeadSubject());
+    if (!ds.ok()) {
+      // Another stream may already hold the subject (JetStream error 10065,
+      // subjects overlap): that one stores the dead letters.
+      if (ds.message().find("10065") == std::string::npos) return ds;
+    }
+  }
+  jsConsumerInfo* ci = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
+  if (st == NATS_OK) {
+    jsConsumerInfo_Destroy(ci);
+  } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = o.consumer.c_str();
+    cc.AckPolicy = js_AckExplicit;
+    cc.DeliverPolicy = js_DeliverAll;
+    cc.AckWait = o.ack_wait.count() * kNanosPerMilli;
+    cc.MaxDeliver = -1;
+    cc.MaxAckPending = o.max_ack_pending;
+    const std::string subject = o.Subject();
+    cc.FilterSubject = subject.c_str();
+    jerr = static_cast<jsErrCode>(0);
+    st = js_AddConsumer(&ci, conn.js, o.stream.c_str(), &cc, nullptr, &jerr);
+    if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
+    // Two workers starting at once may both create it: the second finds it made.
+    if (st != NATS_OK) {
+      jerr = static_cast<jsErrCode>(0);
+      st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
+      if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
+    }
+    DEDUP_RETURN_IF_ERROR(FromNats(st, "nats " + o.host_port + ": add consumer " + o.consumer, jerr));
+  } else {
+    return FromNats(st, "nats " + o.host_port + ": consumer info " + o.consumer, jerr);
+  }
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = o.stream.c_str();
+  so.Consumer = o.consumer.c_str();
+  const std::string subject = o.Subject();
+  jerr = static_cast<jsErrCode>(0);
+  st = js_PullSubscribe(&s->sub, conn.js, subject.c_str(), o.consumer.c_str(), nullptr, &so, &jerr);
+  DEDUP_RETURN_IF_ERROR(FromNats(st, "nats " + o.host_port + ": pull subscribe " + o.consumer, jerr));
+  return std::unique_ptr<MessageSource>(std::make_unique<NatsSource>(std::move(s)));
+}
+
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri,
+                                                        const SourceOptions& options) {
+  auto o = ParseNatsUri(uri);
+  if (!o.ok()) return o.status();
+  if (!o->ack_wait_set) o->ack_wait = options.lease + Millis(1'000);
+  return OpenNatsSource(*o);
+}
+
+}  // namespace dedup::nats

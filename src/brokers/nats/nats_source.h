@@ -1,0 +1,115 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// NATS JetStream as a MessageSource (consumer.h), on nats.c (libnats).
+//
+//   nats://host:4222?stream=JOBS&consumer=workers&subject=jobs.in
+//
+// Parameters:
+//   stream=NAME        the stream (created, file-backed, on `subject` if missing)
+//   consumer=NAME      the durable pull consumer (created if missing: explicit
+//                      acks, unlimited deliveries, filtered on `subject`)
+//   subject=SUBJ       the subject the stream holds and the consumer filters.
+//                      Default: the stream name
+//   key=msgid          the dedup key is the Nats-Msg-Id header (default)
+//   key=header:NAME    ... the value of header NAME
+//   key=sha256         ... the hex SHA-256 of the data
+//   prefix=P           prepended to every key
+//   dead=SUBJ          where dead letters go. Default: dedup.dead.<stream>, held by
+//                      a stream <stream>_DEAD created if no stream holds it
+//   ack_wait=DUR       the consumer's AckWait when it is created. Default: the
+//                      lease + 1 s through OpenSource, else 30 s
+//   max_ack_pending=N  ... its MaxAckPending. Default: 1000
+//
+// How the consumer seam maps onto JetStream:
+//   Ack()            +ACK (after the outcome is recorded)
+//   Retry(after)     -NAK with a delay of `after`: the server redelivers then
+//   DeadLetter(why)  a copy (data, headers, Dedup-Reason: <why>) published to the
+//                    dead subject and stored (PubAck awaited); then +TERM
+//   InProgress()     +WPI: resets AckWait. The Consumer sends it with every lease
+//                    heartbeat, so a message worked on longer than AckWait is not
+//                    redelivered while its lease is alive. AckWait should be longer
+//                    than the heartbeat interval (lease / 3); after a crash the
+//                    message comes back after AckWait (a redelivery that finds the
+//                    lease still held gets BUSY and is NAKed until it ends).
+// nats.c reconnects by itself (forever, every 250 ms); acks sent while the
+// connection is down are buffered and sent after the reconnect, and anything the
+// server did not get an ack for is redelivered after AckWait.
+//
+// `dedup publish` to NATS writes the key where the source reads it: with
+// key=msgid as Nats-Msg-Id, so the stream's duplicate window (2 minutes by
+// default) drops publish-side repeats before any worker sees them; with
+// key=header:NAME in that header only (the broker then keeps repeats, and the
+// buffer's retention decides).
+
+#ifndef DEDUP_SRC_BROKERS_NATS_NATS_SOURCE_H_
+#define DEDUP_SRC_BROKERS_NATS_NATS_SOURCE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dedup/clock.h"
+#include "dedup/consumer.h"
+#include "dedup/status.h"
+
+namespace dedup::nats {
+
+enum class KeyFrom { kMsgId, kHeader, kSha256 };
+
+struct NatsOptions {
+  std::string url = "nats://127.0.0.1:4222";  // without the query, user:pw kept
+  std::string host_port = "127.0.0.1:4222";   // for messages
+  std::string stream;
+  std::string consumer;
+  std::string subject;  // default: stream
+  KeyFrom key_from = KeyFrom::kMsgId;
+  std::string key_header;
+  std::string key_prefix;
+  std::string dead;  // default: dedup.dead.<stream>
+  Millis ack_wait{30'000};
+  bool ack_wait_set = false;  // ack_wait= was in the URI
+  int max_ack_pending = 1000;
+  // Connect timeout and the wait for JetStream API replies and PubAcks. Default: 5 s.
+  Millis timeout{5'000};
+
+  std::string Subject() const { return subject.empty() ? stream : subject; }
+  std::string DeadSubject() const { return dead.empty() ? "dedup.dead." + stream : dead; }
+  std::string Describe() const;
+};
+
+// InvalidArgument naming the problem. `need_consumer`: false for `dedup publish`.
+StatusOr<NatsOptions> ParseNatsUri(std::string_view uri, bool need_consumer = true);
+
+// Publishes to the stream's subject and waits for each PubAck. One caller at a
+// time.
+class NatsPublisher {
+ public:
+  ~NatsPublisher();
+  NatsPublisher(const NatsPublisher&) = delete;
+  NatsPublisher& operator=(const NatsPublisher&) = delete;
+  // Connects and creates the stream when it is missing.
+  static StatusOr<std::unique_ptr<NatsPublisher>> Open(const NatsOptions& o);
+
+  // Publishes `data` with `key` placed as the options say (Nats-Msg-Id or a
+  // header; nothing for sha256). *duplicate: the stream dropped it as a repeat
+  // of a Nats-Msg-Id inside its duplicate window.
+  [[nodiscard]] Status Publish(std::string_view key, std::string_view data, bool* duplicate);
+
+ private:
+  NatsPublisher() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o);
+// From a nats:// URI (the broker scheme table's row). Without ack_wait= in the
+// URI, AckWait is the lease + 1 s: a crashed worker's message comes back once its
+// lease has ended, and a live one's +WPI (every lease / 3) keeps it.
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri,
+                                                        const SourceOptions& options = {});
+
+}  // namespace dedup::nats
+
+#endif  // DEDUP_SRC_BROKERS_NATS_NATS_SOURCE_H_

@@ -1,0 +1,124 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "brokers/rabbitmq/amqp_conn.h"
+
+#include <amqp_tcp_socket.h>
+#include <sys/time.h>
+
+namespace dedup::rabbitmq {
+
+void TableBuilder::AddString(std::string key, std::string value) {
+  entries_.push_back({std::move(key), std::move(value), 0, false});
+}
+void TableBuilder::AddInt(std::string key, int64_t value) {
+  entries_.push_back({std::move(key), {}, value, true});
+}
+amqp_table_t TableBuilder::Table() {
+  built_.clear();
+  for (const Entry& e : entries_) {
+    amqp_table_entry_t t{};
+    t.key = Bytes(e.key);
+    if (e.is_num) {
+      t.value.kind = AMQP_FIELD_KIND_I64;
+      t.value.value.i64 = e.num;
+    } else {
+      t.value.kind = AMQP_FIELD_KIND_UTF8;
+      t.value.value.bytes = Bytes(e.str);
+    }
+    built_.push_back(t);
+  }
+  return amqp_table_t{static_cast<int>(built_.size()), built_.empty() ? nullptr : built_.data()};
+}
+
+std::string AmqpConn::Name() const { return "rabbitmq " + o_.host + ":" + std::to_string(o_.port); }
+
+Status AmqpConn::Open() {
+  Close();
+  state_ = amqp_new_connection();
+  if (state_ == nullptr) return Status::Internal(Name() + ": out of memory");
+  amqp_socket_t* sock = amqp_tcp_socket_new(state_);
+  if (sock == nullptr) {
+    Close();
+    return Status::Internal(Name() + ": cannot create a socket");
+  }
+  timeval tv{};
+  tv.tv_sec = o_.timeout.count() / 1000;
+  tv.tv_usec = (o_.timeout.count() % 1000) * 1000;
+  const int rc = amqp_socket_open_noblock(sock, o_.host.c_str(), o_.port, &tv);
+  if (rc != AMQP_STATUS_OK) {
+    Close();
+    return Status::Unavailable(Name() + ": connect: " + amqp_error_string2(rc));
+  }
+  amqp_set_rpc_timeout(state_, &tv);
+  amqp_set_handshake_timeout(state_, &tv);
+  const int heartbeat_s = static_cast<int>((o_.heartbeat.count() + 999) / 1000);
+  amqp_rpc_reply_t r = amqp_login(state_, o_.vhost.c_str(), 0, 131072, heartbeat_s,
+                                  AMQP_SASL_METHOD_PLAIN, o_.user.c_str(), o_.password.c_str());
+  if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+    Status s = r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+                       r.library_error == AMQP_STATUS_SOCKET_ERROR
+                   ? Status::Unavailable(Name() + ": login: connection closed")
+                   : Status::Unauthenticated(Name() + ": login as '" + o_.user + "' to vhost '" +
+                                             o_.vhost + "' refused");
+    Close();
+    return s;
+  }
+  amqp_channel_open(state_, kChannel);
+  return RpcStatus("channel.open");
+}
+
+void AmqpConn::Close() {
+  if (state_ == nullptr) return;
+  // Best effort: a broken socket makes these fail quickly.
+  amqp_destroy_connection(state_);
+  state_ = nullptr;
+}
+
+Status AmqpConn::LibraryError(int code, std::string_view what) {
+  std::string m = Name() + ": " + std::string(what) + ": " + amqp_error_string2(code);
+  if (code == AMQP_STATUS_TIMEOUT) return Status::DeadlineExceeded(std::move(m));
+  Close();
+  return Status::Unavailable(std::move(m));
+}
+
+Status AmqpConn::RpcStatus(std::string_view what) {
+  if (state_ == nullptr) return Status::Unavailable(Name() + ": " + std::string(what) + ": not connected");
+  amqp_rpc_reply_t r = amqp_get_rpc_reply(state_);
+  switch (r.reply_type) {
+    case AMQP_RESPONSE_NORMAL:
+      return Status::Ok();
+    case AMQP_RESPONSE_NONE:
+      Close();
+      return Status::Unavailable(Name() + ": " + std::string(what) + ": no reply");
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION: {
+      const int code = r.library_error;
+      Status s = Status::Unavailable(Name() + ": " + std::string(what) + ": " +
+                                     amqp_error_string2(code));
+      Close();
+      return s;
+    }
+    case AMQP_RESPONSE_SERVER_EXCEPTION: {
+      std::string text = "server closed the channel";
+      uint16_t code = 0;
+      if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+        auto* m = static_cast<amqp_channel_close_t*>(r.reply.decoded);
+        code = m->reply_code;
+        text = Str(m->reply_text);
+      } else if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+        auto* m = static_cast<amqp_connection_close_t*>(r.reply.decoded);
+        code = m->reply_code;
+        text = Str(m->reply_text);
+      }
+      // The channel (or connection) is gone either way: start over next time.
+      Close();
+      std::string m = Name() + ": " + std::string(what) + ": " + text;
+      if (code == 404) return Status::NotFound(std::move(m));
+      if (code == 403) return Status::PermissionDenied(std::move(m));
+      if (code == 406) return Status::FailedPrecondition(std::move(m));
+      return Status::Unavailable(std::move(m));
+    }
+  }
+  return Status::Internal(Name() + ": unknown reply type");
+}
+
+}  // namespace dedup::rabbitmq

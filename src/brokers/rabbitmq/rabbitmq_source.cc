@@ -1,0 +1,633 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "brokers/rabbitmq/rabbitmq_source.h"
+
+#include <openssl/evp.h>
+#include <poll.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <set>
+
+#include "brokers/rabbitmq/amqp_conn.h"
+#include "core/uri.h"
+
+namespace dedup::rabbitmq {
+namespace {
+
+std::string HexSha256(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
+  std::string out;
+  out.reserve(2 * len);
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 15]);
+  }
+  return out;
+}
+
+// A header value as text; false for kinds that have none (tables, arrays, void).
+bool FieldText(const amqp_field_value_t& v, std::string* out) {
+  switch (v.kind) {
+    case AMQP_FIELD_KIND_UTF8:
+    case AMQP_FIELD_KIND_BYTES:
+      *out = Str(v.value.bytes);
+      return true;
+    case AMQP_FIELD_KIND_BOOLEAN: *out = v.value.boolean ? "true" : "false"; return true;
+    case AMQP_FIELD_KIND_I8: *out = std::to_string(v.value.i8); return true;
+    case AMQP_FIELD_KIND_U8: *out = std::to_string(v.value.u8); return true;
+    case AMQP_FIELD_KIND_I16: *out = std::to_string(v.value.i16); return true;
+    case AMQP_FIELD_KIND_U16: *out = std::to_string(v.value.u16); return true;
+    case AMQP_FIELD_KIND_I32: *out = std::to_string(v.value.i32); return true;
+    case AMQP_FIELD_KIND_U32: *out = std::to_string(v.value.u32); return true;
+    case AMQP_FIELD_KIND_I64: *out = std::to_string(v.value.i64); return true;
+    case AMQP_FIELD_KIND_U64: *out = std::to_string(v.value.u64); return true;
+    case AMQP_FIELD_KIND_TIMESTAMP: *out = std::to_string(v.value.u64); return true;
+    default: return false;
+  }
+}
+
+timeval ToTimeval(Millis d) {
+  timeval tv{};
+  tv.tv_sec = d.count() / 1000;
+  tv.tv_usec = (d.count() % 1000) * 1000;
+  return tv;
+}
+
+}  // namespace
+
+std::string RabbitMqOptions::Describe() const {
+  return "rabbitmq " + host + ":" + std::to_string(port) + vhost + " queue=" + queue +
+         " prefetch=" + std::to_string(prefetch);
+}
+
+StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
+  auto parsed = internal::ParseUri(text);
+  if (!parsed.ok()) return parsed.status();
+  const internal::Uri& u = *parsed;
+  if (u.scheme != "amqp") {
+    return Status::InvalidArgument("broker URI '" + u.Redacted() + "': not amqp://");
+  }
+  DEDUP_RETURN_IF_ERROR(
+      u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout"}));
+  RabbitMqOptions o;
+  std::string hosts = u.hosts;
+  if (hosts.find(',') != std::string::npos) {
+    return Status::InvalidArgument("broker URI '" + u.Redacted() + "': one host only");
+  }
+  if (size_t c = hosts.rfind(':'); c != std::string::npos && hosts.find(']', c) == std::string::npos) {
+    auto port = internal::ParseCount(hosts.substr(c + 1), "amqp port");
+    if (!port.ok()) return port.status();
+    if (*port < 1 || *port > 65535) return Status::InvalidArgument("amqp port out of range");
+    o.port = static_cast<int>(*port);
+    hosts.resize(c);
+  }
+  if (hosts.size() >= 2 && hosts.front() == '[' && hosts.back() == ']') {
+    hosts = hosts.substr(1, hosts.size() - 2);
+  }
+  if (!hosts.empty()) o.host = hosts;
+  if (!u.user.empty()) o.user = u.user;
+  if (u.has_password) o.password = u.password;
+  // "/" or "" is the default vhost "/"; "/name" is vhost "name" ("/%2F" is "/").
+  if (u.path.size() > 1) o.vhost = u.path.substr(1);
+  o.queue = u.Param("queue").value_or("");
+  if (o.queue.empty()) {
+    return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs queue=NAME");
+  }
+  if (auto p = u.Param("prefetch")) {
+    auto n = internal::ParseCount(*p, "amqp prefetch");
+    if (!n.ok()) return n.status();
+    if (*n < 1 || *n > 65535) {
+      return Status::InvalidArgument("amqp prefetch must be 1..65535, got " + *p);
+    }
+    o.prefetch = static_cast<int>(*n);
+  }
+  if (auto k = u.Param("key")) {
+    if (*k == "message_id") {
+      o.key_from = KeyFrom::kMessageId;
+    } else if (*k == "sha256") {
+      o.key_from = KeyFrom::kSha256;
+    } else if (k->rfind("header:", 0) == 0 && k->size() > 7) {
+      o.key_from = KeyFrom::kHeader;
+      o.key_header = k->substr(7);
+    } else {
+      return Status::InvalidArgument("amqp key= must be message_id, header:NAME or sha256, got '" +
+                                     *k + "'");
+    }
+  }
+  o.key_prefix = u.Param("prefix").value_or("");
+  o.dead = u.Param("dead").value_or("");
+  if (auto h = u.Param("heartbeat")) {
+    auto ms = internal::ParseDurationMillis(*h, "amqp heartbeat");
+    if (!ms.ok()) return ms.status();
+    o.heartbeat = Millis(*ms);
+  }
+  if (auto t = u.Param("timeout")) {
+    auto ms = internal::ParseDurationMillis(*t, "amqp timeout");
+    if (!ms.ok()) return ms.status();
+    if (*ms <= 0) return Status::InvalidArgument("amqp timeout must be positive");
+    o.timeout = Millis(*ms);
+  }
+  return o;
+}
+
+Millis RetryStep(Millis after) {
+  static constexpr std::array<long long, 12> kSteps = {
+      100, 250, 500, 1'000, 2'000, 5'000, 10'000, 30'000, 60'000, 300'000, 900'000, 3'600'000};
+  for (long long s : kSteps) {
+    if (after.count() <= s) return Millis(s);
+  }
+  // Beyond an hour: whole minutes, rounded up.
+  return Millis((after.count() + 59'999) / 60'000 * 60'000);
+}
+
+// ---- publisher ---------------------------------------------------------------
+
+class RabbitMqPublisher::Impl {
+ public:
+  explicit Impl(RabbitMqOptions o) : o_(std::move(o)), conn_(o_) {}
+
+  Status Connect() {
+    if (conn_.open()) return Status::Ok();
+    retry_queues_.clear();
+    next_seq_ = 1;
+    acked_ = 0;
+    failed_.clear();
+    DEDUP_RETURN_IF_ERROR(conn_.Open());
+    amqp_confirm_select_t req{};
+    amqp_simple_rpc_decoded(conn_.get(), kChannel, AMQP_CONFIRM_SELECT_METHOD,
+                            AMQP_CONFIRM_SELECT_OK_METHOD, &req);
+    return conn_.RpcStatus("confirm.select");
+  }
+
+  Status DeclareTopology() {
+    DEDUP_RETURN_IF_ERROR(Connect());
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(o_.queue), 0, 1, 0, 0, amqp_empty_table);
+    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("queue.declare " + o_.queue));
+    const std::string dead = o_.DeadName();
+    amqp_exchange_declare(conn_.get(), kChannel, Bytes(dead), amqp_cstring_bytes("fanout"), 0, 1, 0,
+                          0, amqp_empty_table);
+    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("exchange.declare " + dead));
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(dead), 0, 1, 0, 0, amqp_empty_table);
+    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("queue.declare " + dead));
+    amqp_queue_bind(conn_.get(), kChannel, Bytes(dead), Bytes(dead), amqp_empty_bytes,
+                    amqp_empty_table);
+    return conn_.RpcStatus("queue.bind " + dead);
+  }
+
+  Status DeclareRetryQueue(Millis step, std::string* name) {
+    DEDUP_RETURN_IF_ERROR(Connect());
+    *name = o_.queue + ".retry." + std::to_string(step.count());
+    if (retry_queues_.count(*name) != 0) return Status::Ok();
+    TableBuilder args;
+    args.AddInt("x-message-ttl", step.count());
+    args.AddString("x-dead-letter-exchange", "");
+    args.AddString("x-dead-letter-routing-key", o_.queue);
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(*name), 0, 1, 0, 0, args.Table());
+    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("queue.declare " + *name));
+    retry_queues_.insert(*name);
+    return Status::Ok();
+  }
+
+  Status Send(std::string_view exchange, std::string_view routing_key, const AmqpMessage& m) {
+    DEDUP_RETURN_IF_ERROR(Connect());
+    TableBuilder headers;
+    for (const auto& [k, v] : m.headers) headers.AddString(k, v);
+    amqp_basic_properties_t props{};
+    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.delivery_mode = 2;  // persistent
+    if (!m.message_id.empty()) {
+      props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+      props.message_id = Bytes(m.message_id);
+    }
+    if (!m.headers.empty()) {
+      props._flags |= AMQP_BASIC_HEADERS_FLAG;
+      props.headers = headers.Table();
+    }
+    const int rc = amqp_basic_publish(conn_.get(), kChannel, Bytes(exchange), Bytes(routing_key),
+                                      /*mandatory=*/1, /*immediate=*/0, &props, Bytes(m.body));
+    if (rc != AMQP_STATUS_OK) return conn_.LibraryError(rc, "basic.publish");
+    ++next_seq_;
+    return Status::Ok();
+  }
+
+  Status WaitConfirms() {
+    const uint64_t want = next_seq_ - 1;
+    const auto deadline = std::chrono::steady_clock::now() + o_.timeout;
+    while (acked_ < want) {
+      if (!conn_.open()) return Status::Unavailable(conn_.Name() + ": connection lost before confirms");
+      const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        conn_.Close();  // unknown fate: the caller must not count them as sent
+        return Status::DeadlineExceeded(conn_.Name() + ": no publisher confirm within the timeout");
+      }
+      timeval tv = ToTimeval(left);
+      amqp_frame_t frame;
+      amqp_maybe_release_buffers(conn_.get());
+      const int rc = amqp_simple_wait_frame_noblock(conn_.get(), &frame, &tv);
+      if (rc == AMQP_STATUS_TIMEOUT) continue;
+      if (rc != AMQP_STATUS_OK) return conn_.LibraryError(rc, "waiting for publisher confirms");
+      if (frame.frame_type != AMQP_FRAME_METHOD) continue;
+      switch (frame.payload.method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+          auto* a = static_cast<amqp_basic_ack_t*>(frame.payload.method.decoded);
+          acked_ = std::max<uint64_t>(acked_, a->delivery_tag);
+          break;
+        }
+        case AMQP_BASIC_NACK_METHOD: {
+          auto* n = static_cast<amqp_basic_nack_t*>(frame.payload.method.decoded);
+          acked_ = std::max<uint64_t>(acked_, n->delivery_tag);
+          failed_ = "the broker refused (nack) a published message";
+          break;
+        }
+        case AMQP_BASIC_RETURN_METHOD: {
+          auto* r = static_cast<amqp_basic_return_t*>(frame.payload.method.decoded);
+          failed_ = "unroutable (" + Str(r->reply_text) + ")";
+          amqp_message_t msg;
+          amqp_rpc_reply_t rr = amqp_read_message(conn_.get(), kChannel, &msg, 0);
+          if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
+            conn_.Close();
+            return Status::Unavailable(conn_.Name() + ": reading a returned message failed");
+          }
+          amqp_destroy_message(&msg);
+          break;
+        }
+        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CONNECTION_CLOSE_METHOD:
+          conn_.Close();
+          return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel");
+        default:
+          break;
+      }
+    }
+    if (!failed_.empty()) {
+      std::string f = std::move(failed_);
+      failed_.clear();
+      return Status::FailedPrecondition(conn_.Name() + ": publish: " + f);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  RabbitMqOptions o_;
+  AmqpConn conn_;
+  std::set<std::string> retry_queues_;
+  uint64_t next_seq_ = 1;
+  uint64_t acked_ = 0;
+  std::string failed_;
+};
+
+RabbitMqPublisher::RabbitMqPublisher(RabbitMqOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {}
+RabbitMqPublisher::~RabbitMqPublisher() = default;
+Status RabbitMqPublisher::DeclareTopology() { return impl_->DeclareTopology(); }
+Status RabbitMqPublisher::DeclareRetryQueue(Millis step, std::string* name) {
+  return impl_->DeclareRetryQueue(step, name);
+}
+Status RabbitMqPublisher::Send(std::string_view exchange, std::string_view routing_key,
+                               const AmqpMessage& m) {
+  return impl_->Send(exchange, routing_key, m);
+}
+Status RabbitMqPublisher::WaitConfirms() { return impl_->WaitConfirms(); }
+
+// ---- source ------------------------------------------------------------------
+
+namespace {
+
+// State shared by the source and its deliveries (which may be settled from any
+// thread, and after a reconnect).
+struct Shared {
+  explicit Shared(const RabbitMqOptions& o) : o(o), conn(o), publisher(o) {}
+  RabbitMqOptions o;
+  std::mutex conn_mu;  // guards conn and generation
+  AmqpConn conn;       // the consuming connection
+  uint64_t generation = 0;  // bumped at every (re)connect
+  int64_t unsettled = 0;    // deliveries handed out and not settled yet
+  bool fetching = false;    // a Fetch is under way (it unlocks while it polls)
+  std::chrono::steady_clock::time_point last_fetch = std::chrono::steady_clock::now();
+  std::mutex pub_mu;   // guards publisher
+  RabbitMqPublisher publisher;
+
+  // basic.ack / basic.nack of `tag` if the connection it came from still lives.
+  Status Settle(uint64_t gen, uint64_t tag, bool ack, bool requeue) {
+    std::lock_guard<std::mutex> lock(conn_mu);
+    --unsettled;
+    if (gen != generation || !conn.open()) {
+      return Status::Unavailable(conn.Name() +
+                                 ": the connection this delivery came on is gone; the broker "
+                                 "delivers it again");
+    }
+    const int rc = ack ? amqp_basic_ack(conn.get(), kChannel, tag, 0)
+                       : amqp_basic_nack(conn.get(), kChannel, tag, 0, requeue ? 1 : 0);
+    if (rc != AMQP_STATUS_OK) return conn.LibraryError(rc, ack ? "basic.ack" : "basic.nack");
+    return Status::Ok();
+  }
+};
+
+class RabbitMqDelivery final : public Delivery {
+ public:
+  RabbitMqDelivery(std::shared_ptr<Shared> s, uint64_t gen, uint64_t tag, std::string message_id)
+      : s_(std::move(s)), gen_(gen), tag_(tag), message_id_(std::move(message_id)) {}
+
+  void Fill(std::string key, std::string key_error, std::string payload, uint32_t count,
+            std::vector<std::pair<std::string, std::string>> attrs) {
+    key_ = std::move(key);
+    key_error_ = std::move(key_error);
+    payload_ = std::move(payload);
+    id_ = std::to_string(gen_) + ":" + std::to_string(tag_);
+    delivery_count_ = count;
+    attributes_ = std::move(attrs);
+  }
+
+  // A delivery dropped unsettled by the source itself (its connection broke).
+  void Forget() { forgotten_ = true; }
+  ~RabbitMqDelivery() override {
+    if (!settled_ && !forgotten_) {  // dropped without a settle: no longer outstanding here
+      std::lock_guard<std::mutex> lock(s_->conn_mu);
+      --s_->unsettled;
+    }
+  }
+
+  Status Ack() override {
+    settled_ = true;
+    return s_->Settle(gen_, tag_, true, false);
+  }
+
+  Status Retry(Millis after) override {
+    settled_ = true;
+    if (after.count() <= 0) return s_->Settle(gen_, tag_, false, /*requeue=*/true);
+    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
+      std::string q;
+      DEDUP_RETURN_IF_ERROR(p.DeclareRetryQueue(RetryStep(after), &q));
+      return p.Send("", q, m);
+    });
+    if (!sent.ok()) return Requeue(sent);
+    return s_->Settle(gen_, tag_, true, false);
+  }
+
+  Status DeadLetter(std::string_view reason) override {
+    settled_ = true;
+    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
+      m.headers.emplace_back("x-dedup-reason", std::string(reason));
+      m.headers.emplace_back("x-dedup-queue", s_->o.queue);
+      return p.Send(s_->o.DeadName(), "", m);
+    });
+    if (!sent.ok()) return Requeue(sent);
+    return s_->Settle(gen_, tag_, true, false);
+  }
+
+ private:
+  // Publishes a confirmed copy of this message (same body, message_id, headers).
+  template <typename F>
+  Status Copy(F&& send) {
+    AmqpMessage m;
+    m.body = payload_;
+    m.message_id = message_id_;
+    for (const auto& [k, v] : attributes_) {
+      if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue") m.headers.emplace_back(k, v);
+    }
+    std::lock_guard<std::mutex> lock(s_->pub_mu);
+    Status st = send(s_->publisher, m);
+    if (st.ok()) st = s_->publisher.WaitConfirms();
+    return st;
+  }
+
+  // The copy could not be made: give the message back now rather than hold it
+  // unacked (it would occupy a prefetch slot until the connection closes).
+  Status Requeue(const Status& why) {
+    Status n = s_->Settle(gen_, tag_, false, /*requeue=*/true);
+    (void)n;
+    return why;
+  }
+
+  std::shared_ptr<Shared> s_;
+  uint64_t gen_;
+  uint64_t tag_;
+  std::string message_id_;
+  bool settled_ = false;
+  bool forgotten_ = false;
+};
+
+class RabbitMqSource final : public MessageSource {
+ public:
+  explicit RabbitMqSource(const RabbitMqOptions& o)
+      : s_(std::make_shared<Shared>(o)), idle_watch_([this] { WatchIdle(); }) {}
+  // Closes the consuming connection even while deliveries (which share its state)
+  // live on: the broker requeues what was not settled, and settling them later
+  // answers Unavailable.
+  ~RabbitMqSource() override {
+    {
+      std::lock_guard<std::mutex> lock(idle_mu_);
+      closing_ = true;
+    }
+    idle_cv_.notify_all();
+    idle_watch_.join();
+    std::lock_guard<std::mutex> lock(s_->conn_mu);
+    s_->conn.Close();
+    ++s_->generation;
+  }
+
+  Status Setup() {
+    std::lock_guard<std::mutex> lock(s_->pub_mu);
+    return s_->publisher.DeclareTopology();
+  }
+
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    std::vector<std::unique_ptr<Delivery>> out;
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    std::unique_lock<std::mutex> lock(s_->conn_mu);
+    s_->last_fetch = std::chrono::steady_clock::now();
+    s_->fetching = true;
+    struct Done {
+      Shared* s;
+      ~Done() {  // runs with conn_mu held (declared after `lock`)
+        s->fetching = false;
+        s->last_fetch = std::chrono::steady_clock::now();
+      }
+    } done{s_.get()};
+    if (!s_->conn.open()) DEDUP_RETURN_IF_ERROR(ConnectLocked());
+    while (out.size() < max) {
+      amqp_connection_state_t c = s_->conn.get();
+      const bool buffered = amqp_data_in_buffer(c) || amqp_frames_enqueued(c);
+      if (!buffered) {
+        // Nothing read yet: wait for the socket without the lock, so that other
+        // threads can ack meanwhile. Once a batch has begun, return it.
+        if (!out.empty()) break;
+        const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        pollfd p{amqp_get_sockfd(c), POLLIN, 0};
+        const uint64_t gen = s_->generation;
+        lock.unlock();
+        const int pr = poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 100)));
+        lock.lock();
+        if (gen != s_->generation || !s_->conn.open()) {
+          return Status::Unavailable(s_->conn.Name() + ": connection lost");
+        }
+        if (pr <= 0) continue;  // timeout (heartbeats are sent by the read below)
+      }
+      amqp_maybe_release_buffers(c);
+      amqp_envelope_t env;
+      timeval tv{0, 20'000};
+      amqp_rpc_reply_t r = amqp_consume_message(c, &env, &tv, 0);
+      if (r.reply_type == AMQP_RESPONSE_NORMAL) {
+        out.push_back(Make(env));
+        amqp_destroy_envelope(&env);
+        continue;
+      }
+      if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) {
+        continue;
+      }
+      if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
+          r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
+        amqp_frame_t frame;
+        const int rc = amqp_simple_wait_frame(c, &frame);
+        if (rc != AMQP_STATUS_OK) return Broken(s_->conn.LibraryError(rc, "reading a frame"), &out);
+        if (frame.frame_type == AMQP_FRAME_METHOD &&
+            (frame.payload.method.id == AMQP_BASIC_ACK_METHOD)) {
+          continue;
+        }
+        // channel.close, connection.close, basic.cancel (queue deleted) ...
+        s_->conn.Close();
+        return Broken(Status::Unavailable(s_->conn.Name() + ": the server closed the consumer (method " +
+                                          std::to_string(frame.payload.method.id) + ")"),
+                      &out);
+      }
+      s_->conn.Close();
+      return Broken(Status::Unavailable(s_->conn.Name() + ": connection lost while consuming"), &out);
+    }
+    return out;
+  }
+
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    Status first;
+    for (Delivery* d : deliveries) {  // basic.ack needs no round trip: one lock each
+      Status st = d->Ack();
+      if (!st.ok() && first.ok()) first = std::move(st);
+    }
+    return first;
+  }
+
+  std::string Describe() const override { return s_->o.Describe(); }
+
+ private:
+  // The broker pushes up to `prefetch` messages to a consumer whether or not it
+  // fetches. A source nobody fetches from any more (its Consumer stopped, the
+  // process lingers) would sit on them, so that no other worker got them until
+  // this one exited. When nothing it handed out is unsettled and no Fetch came
+  // for kIdleRelease, it closes its connection — the broker requeues what it
+  // pushed — and the next Fetch reconnects.
+  static constexpr Millis kIdleRelease{1'000};
+  void WatchIdle() {
+    std::unique_lock<std::mutex> lk(idle_mu_);
+    while (!closing_) {
+      idle_cv_.wait_for(lk, Millis(200));
+      if (closing_) break;
+      std::lock_guard<std::mutex> lock(s_->conn_mu);
+      if (s_->conn.open() && s_->unsettled <= 0 && !s_->fetching &&
+          std::chrono::steady_clock::now() - s_->last_fetch > kIdleRelease) {
+        s_->conn.Close();
+        ++s_->generation;
+      }
+    }
+  }
+
+  Status ConnectLocked() {
+    DEDUP_RETURN_IF_ERROR(s_->conn.Open());
+    ++s_->generation;
+    amqp_connection_state_t c = s_->conn.get();
+    amqp_basic_qos(c, kChannel, 0, static_cast<uint16_t>(s_->o.prefetch), 0);
+    DEDUP_RETURN_IF_ERROR(s_->conn.RpcStatus("basic.qos"));
+    amqp_basic_consume(c, kChannel, Bytes(s_->o.queue), amqp_empty_bytes, 0, /*no_ack=*/0, 0,
+                       amqp_empty_table);
+    return s_->conn.RpcStatus("basic.consume " + s_->o.queue);
+  }
+
+  // Deliveries already read on a connection that just broke can no longer be
+  // acked: drop them (the broker requeues them) and report the failure.
+  Status Broken(Status s, std::vector<std::unique_ptr<Delivery>>* out) {
+    s_->unsettled -= static_cast<int64_t>(out->size());
+    for (auto& d : *out) static_cast<RabbitMqDelivery*>(d.get())->Forget();
+    out->clear();
+    return s;
+  }
+
+  std::unique_ptr<Delivery> Make(const amqp_envelope_t& env) {
+    const amqp_basic_properties_t& p = env.message.properties;
+    std::string message_id;
+    if ((p._flags & AMQP_BASIC_MESSAGE_ID_FLAG) != 0) message_id = Str(p.message_id);
+    std::vector<std::pair<std::string, std::string>> attrs;
+    if (!message_id.empty()) attrs.emplace_back("message_id", message_id);
+    uint32_t count = 0;
+    if ((p._flags & AMQP_BASIC_HEADERS_FLAG) != 0) {
+      for (int i = 0; i < p.headers.num_entries; ++i) {
+        const amqp_table_entry_t& e = p.headers.entries[i];
+        std::string v;
+        if (!FieldText(e.value, &v)) continue;
+        std::string k = Str(e.key);
+        if (k == "x-delivery-count") count = static_cast<uint32_t>(std::strtoul(v.c_str(), nullptr, 10)) + 1;
+        attrs.emplace_back(std::move(k), std::move(v));
+      }
+    }
+    std::string body = Str(env.message.body);
+    std::string key, key_error;
+    switch (s_->o.key_from) {
+      case KeyFrom::kMessageId:
+        if (message_id.empty()) key_error = "message has no message_id property";
+        else key = s_->o.key_prefix + message_id;
+        break;
+      case KeyFrom::kHeader: {
+        auto it = std::find_if(attrs.begin(), attrs.end(),
+                               [&](const auto& kv) { return kv.first == s_->o.key_header; });
+        if (it == attrs.end() || it->second.empty()) {
+          key_error = "message has no header '" + s_->o.key_header + "'";
+        } else {
+          key = s_->o.key_prefix + it->second;
+        }
+        break;
+      }
+      case KeyFrom::kSha256:
+        key = s_->o.key_prefix + HexSha256(body);
+        break;
+    }
+    ++s_->unsettled;
+    auto d = std::make_unique<RabbitMqDelivery>(s_, s_->generation, env.delivery_tag, message_id);
+    d->Fill(std::move(key), std::move(key_error), std::move(body), count, std::move(attrs));
+    return d;
+  }
+
+  std::shared_ptr<Shared> s_;
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  bool closing_ = false;
+  std::thread idle_watch_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOptions& o) {
+  if (o.queue.empty()) return Status::InvalidArgument("rabbitmq source: queue is empty");
+  if (o.prefetch < 1 || o.prefetch > 65535) {
+    return Status::InvalidArgument("rabbitmq source: prefetch must be 1..65535");
+  }
+  auto src = std::make_unique<RabbitMqSource>(o);
+  DEDUP_RETURN_IF_ERROR(src->Setup());
+  return std::unique_ptr<MessageSource>(std::move(src));
+}
+
+StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(std::string_view uri,
+                                                            const SourceOptions& /*options*/) {
+  auto o = ParseRabbitMqUri(uri);
+  if (!o.ok()) return o.status();
+  return OpenRabbitMqSource(*o);
+}
+
+}  // namespace dedup::rabbitmq

@@ -1,0 +1,158 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// `dedup serve`: the HTTP API, the web view and /metrics over one store, or the
+// Idempotency-Key proxy in front of an HTTP application (docs/SERVE.md).
+//
+//   dedup serve --store rocksdb:/var/lib/dedup                    # 127.0.0.1:8077
+//   dedup serve --store redis://127.0.0.1:6379 --proxy http://127.0.0.1:3000
+//   dedup serve --store ... --listen 0.0.0.0:8077 --auth-token-file /etc/dedup/token
+
+#ifdef DEDUP_WITH_SERVE
+
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/flags.h"
+#include "core/uri.h"
+#include "dedup/store.h"
+#include "serve/server.h"
+
+namespace dedup::cli {
+namespace {
+
+struct ServeFlags {
+  std::string store;
+  std::string listen = "127.0.0.1:8077";
+  std::string auth_token_file;
+  bool quiet = false;
+  serve::ServeOptions o;
+};
+
+int RunServe(ServeFlags& f) {
+  serve::ServeOptions& o = f.o;
+  // SIGTERM / SIGINT stop the listener from a thread of their own (Stop is not
+  // async-signal-safe). Blocked first, so that every thread started later (the
+  // store's, the server's) inherits the mask and none takes the default action.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const size_t colon = f.listen.rfind(':');
+  if (colon == std::string::npos || colon + 1 == f.listen.size()) {
+    std::fprintf(stderr, "dedup serve: --listen: give HOST:PORT, got '%s'\n", f.listen.c_str());
+    return kExitUsage;
+  }
+  o.host = f.listen.substr(0, colon);
+  try {
+    size_t used = 0;
+    o.port = std::stoi(f.listen.substr(colon + 1), &used);
+    if (used != f.listen.size() - colon - 1) throw std::invalid_argument("port");
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "dedup serve: --listen: bad port in '%s'\n", f.listen.c_str());
+    return kExitUsage;
+  }
+  if (!f.auth_token_file.empty()) {
+    std::ifstream in(f.auth_token_file);
+    if (!in) {
+      std::fprintf(stderr, "dedup serve: --auth-token-file: cannot read %s\n",
+                   f.auth_token_file.c_str());
+      return kExitUsage;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string token = ss.str();
+    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' ||
+                              token.back() == ' ')) {
+      token.pop_back();
+    }
+    o.auth_token = token;
+  }
+  // Known before the store is opened, so that no message of serve carries it.
+  if (auto u = internal::ParseUri(f.store); u.ok() && u->has_password) {
+    o.secret_to_redact = u->password;
+  }
+  o.version = DEDUP_VERSION;
+  if (!f.quiet) {
+    o.log = [](const std::string& line) { std::fprintf(stderr, "dedup serve: %s\n", line.c_str()); };
+  }
+  if (Status s = serve::ValidateServeOptions(o); !s.ok()) {
+    std::fprintf(stderr, "dedup serve: %s\n", s.message().c_str());
+    return kExitUsage;
+  }
+  auto store = OpenStore(f.store);
+  if (!store.ok()) {
+    std::fprintf(stderr, "dedup serve: --store: %s\n", store.status().ToString().c_str());
+    return kExitUsage;
+  }
+  auto server = serve::Server::Create(store->get(), o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "dedup serve: %s\n", server.status().ToString().c_str());
+    return kExitUsage;
+  }
+  if (Status s = (*server)->Bind(); !s.ok()) {
+    std::fprintf(stderr, "dedup serve: %s\n", s.ToString().c_str());
+    return kExitUsage;
+  }
+  serve::Server* srv = server->get();
+  std::thread stopper([stop_signals, srv] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig != 0) srv->Stop();
+  });
+  std::fprintf(stderr, "dedup serve: listening on http://%s:%d/ (store %s%s%s)\n",
+               o.host.c_str(), srv->port(), (*store)->Describe().c_str(),
+               o.proxy.empty() ? "" : ", proxy to ", o.proxy.c_str());
+  Status run = srv->Run();
+  // Wake the stopper if the listener ended on its own.
+  pthread_kill(stopper.native_handle(), SIGTERM);
+  stopper.join();
+  if (!run.ok()) {
+    std::fprintf(stderr, "dedup serve: %s\n", run.ToString().c_str());
+    return kExitUsage;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterServe(CLI::App& root, CommandContext& ctx) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* app = root.add_subcommand(
+      "serve", "HTTP API, web view and metrics over a store, or an Idempotency-Key proxy");
+  app->add_option("--store", f->store, "Store URI")->required();
+  app->add_option("--listen", f->listen,
+                  "HOST:PORT to listen on; not loopback needs --auth-token-file")
+      ->capture_default_str();
+  app->add_option("--auth-token-file", f->auth_token_file,
+                  "File holding the token every request must carry (Authorization: Bearer)");
+  app->add_option("--proxy", f->o.proxy,
+                  "Proxy mode: the application's http://HOST:PORT; API and page move to /_dedup/");
+  app->add_option("--key-prefix", f->o.key_prefix, "Proxy mode: store key prefix")
+      ->capture_default_str();
+  AddDurationOption(*app, "--lease", &f->o.lease,
+                    "Proxy mode: lease of a forwarded request (heartbeated every lease/3)",
+                    DurationBound::kPositive);
+  AddDurationOption(*app, "--retention", &f->o.retention,
+                    "Proxy mode: how long recorded responses are replayed",
+                    DurationBound::kPositive);
+  app->add_option("--max-response-bytes", f->o.max_response_bytes,
+                  "Proxy mode: record response bodies up to this size")
+      ->capture_default_str();
+  app->add_option("--max-body-bytes", f->o.max_body_bytes, "Larger request bodies get 413")
+      ->capture_default_str();
+  app->add_option("--threads", f->o.threads, "Threads answering requests")->capture_default_str();
+  app->add_flag("--quiet", f->quiet, "No line per request on stderr");
+  app->callback([f, &ctx] { ctx.exit_code = RunServe(*f); });
+}
+
+}  // namespace dedup::cli
+
+#endif  // DEDUP_WITH_SERVE

@@ -1,0 +1,314 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The JSON API over the SPEC operations (docs/openapi.yaml):
+//
+//   POST   /v1/keys/{key}/claim      201 ACQUIRED · 200 DUPLICATE (Idempotent-Replayed: true)
+//                                    409 BUSY (Retry-After) · 422 MISMATCH · 410 EXHAUSTED
+//   POST   /v1/keys/{key}/extend     200 OK · 412 LOST
+//   POST   /v1/keys/{key}/complete   200 OK · 412 LOST
+//   POST   /v1/keys/{key}/release    200 OK · 412 LOST
+//   GET    /v1/keys/{key}            200 the record · 404
+//   DELETE /v1/keys/{key}            200 forgotten · 404
+//   GET    /v1/keys?prefix=&limit=&after=   one page of records, by key
+//   GET    /v1/info                  the store (no password), version, host time
+//
+// {key} is percent-encoded bytes; JSON carries bytes as described in bytes.h.
+// Store failures are problem+json: 400 bad argument, 503 (Retry-After) store
+// unavailable, 504 deadline, 500 otherwise.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "serve/bytes.h"
+#include "serve/impl.h"
+
+namespace dedup::serve {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kScanCap = 10'000;  // records read per listing, before paging
+constexpr size_t kMaxPage = 1'000;
+
+// Bytes as {"<name>": text when UTF-8, "<name>_b64": base64} into j.
+void PutBytes(Json& j, const std::string& name, const std::string& bytes) {
+  if (IsValidUtf8(bytes)) j[name] = bytes;
+  j[name + "_b64"] = Base64Encode(bytes);
+}
+
+// Reads optional bytes given as "<name>" (text) or "<name>_b64"; not both.
+StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& name) {
+  const bool text = j.contains(name), b64 = j.contains(name + "_b64");
+  if (text && b64) {
+    return Status::InvalidArgument("give " + name + " or " + name + "_b64, not both");
+  }
+  if (text) {
+    if (!j[name].is_string()) return Status::InvalidArgument(name + " must be a string");
+    return std::optional<std::string>(j[name].get<std::string>());
+  }
+  if (b64) {
+    if (!j[name + "_b64"].is_string()) {
+      return Status::InvalidArgument(name + "_b64 must be a string");
+    }
+    auto d = Base64Decode(j[name + "_b64"].get<std::string>());
+    if (!d) return Status::InvalidArgument(name + "_b64 is not base64");
+    return std::optional<std::string>(std::move(*d));
+  }
+  return std::optional<std::string>();
+}
+
+StatusOr<Json> ParseBody(const httplib::Request& req) {
+  if (req.body.empty()) return Json::object();
+  Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument("the request body must be a JSON object");
+  }
+  return j;
+}
+
+// A non-negative integer field, or `def` when absent.
+StatusOr<int64_t> GetInt(const Json& j, const char* name, int64_t def) {
+  if (!j.contains(name)) return def;
+  const Json& v = j[name];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+    return Status::InvalidArgument(std::string(name) + " must be a non-negative integer");
+  }
+  return v.get<int64_t>();
+}
+
+StatusOr<Token> GetToken(const Json& j) {
+  if (!j.contains("token") || !j["token"].is_string()) {
+    return Status::InvalidArgument("token (16 hex digits, from the claim) is required");
+  }
+  auto t = Token::FromHex(j["token"].get<std::string>());
+  if (!t) return Status::InvalidArgument("token must be 16 hex digits");
+  return *t;
+}
+
+Json RecordJson(const Record& r, int64_t now, bool with_result) {
+  Json j = Json::object();
+  PutBytes(j, "key", r.key);
+  j["state"] = RecordStateName(r.state);
+  j["fence"] = r.fence;
+  j["attempt"] = r.attempt;
+  if (r.state == RecordState::kInProgress) {
+    j["lease_deadline_ms"] = r.lease_deadline;
+    j["lease_left_ms"] = std::max<int64_t>(0, r.lease_deadline - now);
+  }
+  j["retention_deadline_ms"] = r.retention_deadline;
+  j["retention_left_ms"] = std::max<int64_t>(0, r.retention_deadline - now);
+  if (r.state == RecordState::kCompleted) j["status"] = CompletionStatusName(r.status);
+  j["has_fingerprint"] = !r.fingerprint.empty();
+  j["result_bytes"] = r.result.size();
+  if (with_result && r.state == RecordState::kCompleted) PutBytes(j, "result", r.result);
+  return j;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void Server::Impl::RegisterApi() {
+  auto& s = *this;
+  const std::string keys = base + "/v1/keys/";
+  const std::string claim_help = "Claims answered through the API, by outcome.";
+  auto* claim_seconds = registry.GetHistogram(
+      "dedup_serve_claim_duration_seconds", "Time the store took to answer a claim.");
+  auto* write_seconds = registry.GetHistogram(
+      "dedup_serve_write_duration_seconds",
+      "Time the store took to answer an extend, complete or release.");
+
+  // Handlers for /v1/keys/{key}/<op>. The key is everything between.
+  auto write_op = [&s, write_seconds](const std::string& op) {
+    return [&s, op, write_seconds](const httplib::Request& req, httplib::Response& res) {
+      const std::string key = req.matches[1];
+      auto body = ParseBody(req);
+      if (!body.ok()) return s.SendStatus(res, body.status());
+      auto token = GetToken(*body);
+      if (!token.ok()) return s.SendStatus(res, token.status());
+      const auto t0 = std::chrono::steady_clock::now();
+      StatusOr<WriteResult> r = Status::Internal("unreachable");
+      if (op == "extend") {
+        auto lease = GetInt(*body, "lease_ms", 30'000);
+        if (!lease.ok()) return s.SendStatus(res, lease.status());
+        r = s.store->Extend(key, *token, Millis(*lease));
+      } else if (op == "complete") {
+        auto retention = GetInt(*body, "retention_ms", 86'400'000);
+        if (!retention.ok()) return s.SendStatus(res, retention.status());
+        CompletionStatus cs = CompletionStatus::kOk;
+        if (body->contains("status")) {
+          const Json& st = (*body)["status"];
+          auto parsed = st.is_string() ? ParseCompletionStatus(st.get<std::string>())
+                                       : std::nullopt;
+          if (!parsed || *parsed == CompletionStatus::kExhausted) {
+            return s.SendStatus(res, Status::InvalidArgument("status must be \"ok\" or \"failed\""));
+          }
+          cs = *parsed;
+        }
+        auto result = GetBytes(*body, "result");
+        if (!result.ok()) return s.SendStatus(res, result.status());
+        r = s.store->Complete(key, *token, Millis(*retention), cs,
+                              result->value_or(std::string()));
+      } else {
+        auto retention = GetInt(*body, "retention_ms", 86'400'000);
+        if (!retention.ok()) return s.SendStatus(res, retention.status());
+        r = s.store->Release(key, *token, Millis(*retention));
+      }
+      write_seconds->Observe(SecondsSince(t0));
+      if (!r.ok()) {
+        s.registry.GetCounter("dedup_serve_writes_total",
+                              "Extend, complete and release calls, by operation and result.",
+                              {{"op", op}, {"result", "error"}})->Inc();
+        return s.SendStatus(res, r.status());
+      }
+      const bool ok = *r == WriteResult::kOk;
+      s.registry.GetCounter("dedup_serve_writes_total",
+                            "Extend, complete and release calls, by operation and result.",
+                            {{"op", op}, {"result", ok ? "ok" : "lost"}})->Inc();
+      s.SendJson(res, ok ? 200 : 412, {{"result", WriteResultName(*r)}});
+    };
+  };
+
+  http.Post(keys + R"(([\s\S]+)/claim)", [&s, claim_seconds, claim_help](
+                                               const httplib::Request& req,
+                                               httplib::Response& res) {
+    auto body = ParseBody(req);
+    if (!body.ok()) return s.SendStatus(res, body.status());
+    ClaimRequest c;
+    const std::string key = req.matches[1];
+    c.key = key;
+    auto lease = GetInt(*body, "lease_ms", 30'000);
+    auto retention = GetInt(*body, "retention_ms", 86'400'000);
+    auto max_attempts = GetInt(*body, "max_attempts", 0);
+    auto fingerprint = GetBytes(*body, "fingerprint");
+    for (const Status& st : {lease.status(), retention.status(), max_attempts.status(),
+                             fingerprint.status()}) {
+      if (!st.ok()) return s.SendStatus(res, st);
+    }
+    if (*max_attempts > UINT32_MAX) {
+      return s.SendStatus(res, Status::InvalidArgument("max_attempts is too large"));
+    }
+    c.lease = Millis(*lease);
+    c.retention = Millis(*retention);
+    c.max_attempts = static_cast<uint32_t>(*max_attempts);
+    const std::string fp = fingerprint->value_or(std::string());
+    c.fingerprint = fp;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = s.store->Claim(c);
+    claim_seconds->Observe(SecondsSince(t0));
+    if (!r.ok()) {
+      s.Outcome("dedup_serve_claims_total", claim_help, "outcome", "error")->Inc();
+      return s.SendStatus(res, r.status());
+    }
+    std::string outcome(ClaimOutcomeName(r->outcome));
+    std::string lower = outcome;
+    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+    s.Outcome("dedup_serve_claims_total", claim_help, "outcome", lower)->Inc();
+    Json j = {{"outcome", outcome}, {"fence", r->fence}};
+    switch (r->outcome) {
+      case ClaimOutcome::kAcquired:
+        j["token"] = r->token.ToHex();
+        j["attempt"] = r->attempt;
+        j["lease_ms"] = c.lease.count();
+        return s.SendJson(res, 201, j);
+      case ClaimOutcome::kBusy: {
+        j["attempt"] = r->attempt;
+        j["lease_left_ms"] = r->lease_left.count();
+        const int64_t secs = std::max<int64_t>(1, (r->lease_left.count() + 999) / 1000);
+        res.set_header("Retry-After", std::to_string(secs));
+        return s.SendJson(res, 409, j);
+      }
+      case ClaimOutcome::kDuplicate:
+        j["attempt"] = r->attempt;
+        j["status"] = CompletionStatusName(r->status);
+        PutBytes(j, "result", r->result);
+        res.set_header("Idempotent-Replayed", "true");
+        return s.SendJson(res, 200, j);
+      case ClaimOutcome::kMismatch:
+        j["detail"] = "the key was claimed with a different fingerprint";
+        return s.SendJson(res, 422, j);
+      case ClaimOutcome::kExhausted:
+        j["attempt"] = r->attempt;
+        return s.SendJson(res, 410, j);
+    }
+  });
+  for (const char* op : {"extend", "complete", "release"}) {
+    http.Post(keys + R"(([\s\S]+)/)" + op, write_op(op));
+  }
+
+  http.Get(keys + R"(([\s\S]+))", [&s](const httplib::Request& req, httplib::Response& res) {
+    auto r = s.store->Inspect(std::string(req.matches[1]));
+    if (!r.ok()) return s.SendStatus(res, r.status());
+    if (!r->has_value()) return s.SendProblem(res, 404, "Not Found", "no record of this key");
+    s.SendJson(res, 200, RecordJson(**r, HostNowMillis(), /*with_result=*/true));
+  });
+
+  http.Delete(keys + R"(([\s\S]+))", [&s](const httplib::Request& req, httplib::Response& res) {
+    auto r = s.store->Forget(std::string(req.matches[1]));
+    if (!r.ok()) return s.SendStatus(res, r.status());
+    s.Outcome("dedup_serve_forgets_total", "Records forgotten through the API or the page.",
+              "result", *r ? "removed" : "absent")->Inc();
+    if (!*r) return s.SendProblem(res, 404, "Not Found", "no record of this key");
+    s.SendJson(res, 200, {{"forgotten", true}});
+  });
+
+  http.Get(base + "/v1/keys", [&s](const httplib::Request& req, httplib::Response& res) {
+    const std::string prefix = req.get_param_value("prefix");
+    size_t limit = 100;
+    if (req.has_param("limit")) {
+      const std::string l = req.get_param_value("limit");
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(l.c_str(), &end, 10);
+      if (l.empty() || *end != '\0' || v < 1 || v > kMaxPage) {
+        return s.SendStatus(res, Status::InvalidArgument("limit must be 1 to 1000"));
+      }
+      limit = v;
+    }
+    std::string after;
+    bool has_after = false;
+    if (req.has_param("after") && !req.get_param_value("after").empty()) {
+      auto a = Base64Decode(req.get_param_value("after"));
+      if (!a) return s.SendStatus(res, Status::InvalidArgument("after is not a cursor"));
+      after = std::move(*a);
+      has_after = true;
+    }
+    auto r = s.store->Scan(prefix, kScanCap);
+    if (!r.ok()) return s.SendStatus(res, r.status());
+    std::vector<Record>& all = *r;
+    std::sort(all.begin(), all.end(),
+              [](const Record& a, const Record& b) { return a.key < b.key; });
+    auto it = all.begin();
+    if (has_after) {
+      it = std::upper_bound(all.begin(), all.end(), after,
+                            [](const std::string& k, const Record& rec) { return k < rec.key; });
+    }
+    const int64_t now = HostNowMillis();
+    Json records = Json::array();
+    for (; it != all.end() && records.size() < limit; ++it) {
+      records.push_back(RecordJson(*it, now, /*with_result=*/false));
+    }
+    Json j = {{"records", records},
+              {"now_ms", now},
+              {"truncated", all.size() >= kScanCap}};
+    j["next"] = it != all.end() ? Json(Base64Encode(std::prev(it)->key, /*url=*/true)) : Json();
+    s.SendJson(res, 200, j);
+  });
+
+  http.Get(base + "/v1/info", [&s](const httplib::Request&, httplib::Response& res) {
+    Json j = {{"store", s.store->Describe()},
+              {"version", s.o.version},
+              {"now_ms", HostNowMillis()},
+              {"proxy", !s.o.proxy.empty()},
+              {"auth", !s.o.auth_token.empty()}};
+    if (!s.o.proxy.empty()) {
+      j["lease_ms"] = s.o.lease.count();
+      j["retention_ms"] = s.o.retention.count();
+    }
+    s.SendJson(res, 200, j);
+  });
+}
+
+}  // namespace dedup::serve

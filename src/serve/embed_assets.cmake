@@ -1,0 +1,23 @@
+# Writes the web page's files into one C++ source (no build step for the page
+# itself: the files under assets/ are served as they are).
+#   cmake -DOUT=assets.cc -DASSETS=index.html,app.js,style.css -DDIR=... -P embed_assets.cmake
+set(body "// Generated from src/serve/assets/ by embed_assets.cmake. Do not edit.\n#include \"serve/assets.h\"\nnamespace dedup::serve {\nconst Asset kAssets[] = {\n")
+string(REPLACE "," ";" ASSETS "${ASSETS}")
+foreach(name ${ASSETS})
+  file(READ ${DIR}/${name} content)
+  string(FIND "${content}" ")dedup_asset\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${name} contains the raw-string delimiter")
+  endif()
+  if(name MATCHES "\\.html$")
+    set(type "text/html; charset=utf-8")
+  elseif(name MATCHES "\\.js$")
+    set(type "text/javascript; charset=utf-8")
+  else()
+    set(type "text/css; charset=utf-8")
+  endif()
+  string(APPEND body "  {\"${name}\", \"${type}\", R\"dedup_asset(${content})dedup_asset\"},\n")
+endforeach()
+string(APPEND body "  {nullptr, nullptr, nullptr},\n};\n}  // namespace dedup::serve\n")
+file(WRITE ${OUT}.tmp "${body}")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)

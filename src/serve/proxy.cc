@@ -1,0 +1,417 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Proxy mode: Stripe's idempotency keys for any HTTP application, on dedup's
+// claims. A request with an Idempotency-Key header is
+//
+//   claimed      key = key_prefix + the header's value; the fingerprint is the
+//                SHA-256 of method, target and body;
+//   ACQUIRED  -> forwarded once, the claim heartbeated (extend every lease/3)
+//                while the application works; its response (status, headers
+//                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
+//                body up to max_response_bytes) is recorded with complete, then
+//                sent. No answer from the application: the claim is released
+//                (a retry forwards again) and the client gets 502 / 504.
+//   DUPLICATE -> the recorded response, with `Idempotent-Replayed: true`;
+//   BUSY      -> 409 with Retry-After (the first request is still in flight);
+//   MISMATCH  -> 422 (same key, different request);
+//   store error -> 503 with Retry-After, nothing forwarded (fail closed).
+//
+// Requests without the header pass through untouched (but for hop-by-hop headers
+// and dedup's own Dedup-Token).
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "serve/bytes.h"
+#include "serve/impl.h"
+
+namespace dedup::serve {
+
+
+namespace {
+
+using Json = nlohmann::json;
+
+bool IsHopByHop(const std::string& name) {
+  static const char* kHop[] = {"connection", "keep-alive", "proxy-connection", "transfer-encoding",
+                               "te", "trailer", "upgrade", "proxy-authorization",
+                               "proxy-authenticate", "content-length"};
+  std::string lower = name;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* h : kHop) {
+    if (lower == h) return true;
+  }
+  return false;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Headers cpp-httplib adds to a server-side request for the handler's use.
+bool IsLocalPseudoHeader(const std::string& name) {
+  return name == "REMOTE_ADDR" || name == "REMOTE_PORT" || name == "LOCAL_ADDR" ||
+         name == "LOCAL_PORT";
+}
+
+struct Upstream {
+  int status = 0;
+  httplib::Headers headers;
+  std::string body;
+};
+
+// Sends the request on to the application. Unavailable when no response came.
+StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
+  std::unique_ptr<httplib::Client> cli;
+  {
+    std::lock_guard lock(t.mu);
+    if (!t.idle.empty()) {
+      cli = std::move(t.idle.back());
+      t.idle.pop_back();
+    }
+  }
+  if (!cli) {
+    cli = std::make_unique<httplib::Client>(t.host, t.port);
+    cli->set_keep_alive(true);
+    cli->set_tcp_nodelay(true);  // headers and body go out in separate writes
+    cli->set_url_encode(false);  // the target goes on as the client sent it
+    cli->set_decompress(false);  // and the body comes back as the application sent it
+    cli->set_connection_timeout(std::chrono::seconds(5));
+    cli->set_read_timeout(std::chrono::seconds(60));
+    cli->set_write_timeout(std::chrono::seconds(60));
+  }
+  httplib::Request fwd;
+  fwd.method = req.method;
+  fwd.path = req.target;
+  for (const auto& [k, v] : req.headers) {
+    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token") continue;
+    fwd.headers.emplace(k, v);
+  }
+  fwd.body = req.body;
+  auto res = cli->send(fwd);
+  if (!res) {
+    return Status::Unavailable("the application did not answer: " +
+                               httplib::to_string(res.error()));
+  }
+  Upstream up{res->status, res->headers, std::move(res->body)};
+  {
+    std::lock_guard lock(t.mu);
+    if (t.idle.size() < 64) t.idle.push_back(std::move(cli));
+  }
+  return up;
+}
+
+// Copies an application response (live or recorded) into ours.
+void SendUpstream(const Upstream& up, httplib::Response& res) {
+  res.status = up.status;
+  std::string content_type;
+  for (const auto& [k, v] : up.headers) {
+    if (IsHopByHop(k)) continue;
+    if (Lower(k) == "content-type") {
+      content_type = v;
+      continue;
+    }
+    res.headers.emplace(k, v);
+  }
+  if (!content_type.empty()) {
+    res.set_content(up.body, content_type);
+  } else {
+    res.body = up.body;
+  }
+}
+
+// The recorded form of a response, kept as the claim's result.
+std::string EncodeRecording(const Upstream& up, size_t max_body) {
+  Json headers = Json::array();
+  for (const auto& [k, v] : up.headers) {
+    const std::string l = Lower(k);
+    if (IsHopByHop(k) || l == "set-cookie" || l == "date") continue;
+    headers.push_back({k, v});
+  }
+  Json j = {{"v", 1}, {"status", up.status}, {"headers", headers}};
+  if (up.body.size() <= max_body) {
+    j["body_b64"] = Base64Encode(up.body);
+  } else {
+    j["body_omitted_bytes"] = up.body.size();
+  }
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::optional<Upstream> DecodeRecording(const std::string& text) {
+  Json j = Json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("v", 0) != 1 || !j.contains("status")) {
+    return std::nullopt;
+  }
+  Upstream up;
+  up.status = j["status"].get<int>();
+  for (const auto& h : j["headers"]) up.headers.emplace(h[0].get<std::string>(), h[1].get<std::string>());
+  if (j.contains("body_b64")) {
+    auto b = Base64Decode(j["body_b64"].get<std::string>());
+    if (!b) return std::nullopt;
+    up.body = std::move(*b);
+  } else {
+    up.headers.emplace("Dedup-Replay-Body",
+                       "omitted: " + std::to_string(j.value("body_omitted_bytes", 0)) +
+                           " bytes, over the recording bound");
+  }
+  return up;
+}
+
+}  // namespace
+
+// Extends the claims of every request in flight, each every lease/3, from one
+// thread: a request adds its claim before forwarding and removes it after, and
+// neither waits for another thread to be scheduled (a thread per request made
+// the proxy's p99 hostage to the scheduler on a loaded machine).
+class Heartbeats {
+ public:
+  explicit Heartbeats(Store* store) : store_(store), thread_([this] { Loop(); }) {}
+  ~Heartbeats() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  uint64_t Add(std::string key, Token token, Millis lease) {
+    std::lock_guard lock(mu_);
+    const uint64_t id = ++next_id_;
+    claims_[id] = Claim{std::move(key), token, lease, Clock::now() + lease / 3, false};
+    cv_.notify_all();
+    return id;
+  }
+  // Stops extending; true when an extend answered LOST meanwhile.
+  bool Remove(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = claims_.find(id);
+    const bool lost = it != claims_.end() && it->second.lost;
+    if (it != claims_.end()) claims_.erase(it);
+    return lost;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Claim {
+    std::string key;
+    Token token;
+    Millis lease;
+    Clock::time_point due;
+    bool lost;
+  };
+  void Loop() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      auto next = Clock::time_point::max();
+      std::vector<std::pair<uint64_t, Claim>> due;
+      const auto now = Clock::now();
+      for (auto& [id, c] : claims_) {
+        if (c.lost) continue;
+        if (c.due <= now) {
+          due.emplace_back(id, c);
+          c.due = now + c.lease / 3;
+        }
+        next = std::min(next, c.due);
+      }
+      if (!due.empty()) {
+        lock.unlock();
+        std::vector<uint64_t> lost;
+        for (const auto& [id, c] : due) {
+          auto r = store_->Extend(c.key, c.token, c.lease);
+          if (r.ok() && *r == WriteResult::kLost) lost.push_back(id);
+        }
+        lock.lock();
+        for (uint64_t id : lost) {
+          if (auto it = claims_.find(id); it != claims_.end()) it->second.lost = true;
+        }
+        continue;
+      }
+      if (next == Clock::time_point::max()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_until(lock, next);
+      }
+    }
+  }
+
+  Store* store_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  uint64_t next_id_ = 0;
+  std::map<uint64_t, Claim> claims_;
+  std::thread thread_;
+};
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+ProxyTarget::ProxyTarget() = default;
+ProxyTarget::~ProxyTarget() = default;
+
+Status Server::Impl::SetUpProxy() {
+  // http://HOST:PORT[/]
+  std::string rest = o.proxy.substr(7);
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  const size_t colon = rest.rfind(':');
+  auto t = std::make_unique<ProxyTarget>();
+  if (rest.empty() || rest.find('/') != std::string::npos || rest.find('@') != std::string::npos) {
+    return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT, got '" +
+                                   o.proxy + "'");
+  }
+  if (colon == std::string::npos) {
+    t->host = rest;
+  } else {
+    t->host = rest.substr(0, colon);
+    const std::string port = rest.substr(colon + 1);
+    char* end = nullptr;
+    const long p = std::strtol(port.c_str(), &end, 10);
+    if (port.empty() || *end != '\0' || p < 1 || p > 65535) {
+      return Status::InvalidArgument("--proxy: bad port in '" + o.proxy + "'");
+    }
+    t->port = static_cast<int>(p);
+  }
+  if (t->host.empty()) return Status::InvalidArgument("--proxy: no host in '" + o.proxy + "'");
+  t->heartbeats = std::make_unique<Heartbeats>(store);
+  proxy = std::move(t);
+  return Status::Ok();
+}
+
+void Server::Impl::RegisterProxy() {
+  auto& s = *this;
+  const std::string help = "Requests through the idempotency proxy, by outcome.";
+  auto* upstream_seconds = registry.GetHistogram(
+      "dedup_proxy_upstream_duration_seconds",
+      "Time the application took to answer a forwarded request.");
+  auto* claim_seconds = registry.GetHistogram(
+      "dedup_proxy_claim_duration_seconds", "Time the store took to answer the proxy's claim.");
+
+  auto handler = [&s, help, upstream_seconds, claim_seconds](const httplib::Request& req,
+                                                             httplib::Response& res) {
+    auto count = [&](const char* outcome) { s.Outcome("dedup_proxy_requests_total", help,
+                                                      "outcome", outcome)->Inc(); };
+    if (req.path.rfind(s.base + "/", 0) == 0) {  // dedup's own paths never reach the app
+      return s.SendProblem(res, 404, "Not Found", "no such route under " + s.base + "/");
+    }
+    if (!req.has_header("Idempotency-Key")) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto up = Forward(*s.proxy, req);
+      upstream_seconds->Observe(SecondsSince(t0));
+      if (!up.ok()) {
+        count("upstream_error");
+        return s.SendProblem(res, 502, "Bad Gateway", up.status().message());
+      }
+      count("pass_through");
+      return SendUpstream(*up, res);
+    }
+    // The draft's header is a Structured Field string ("..."); a bare token, as
+    // Stripe takes it, is accepted too.
+    std::string idem = req.get_header_value("Idempotency-Key");
+    if (idem.size() >= 2 && idem.front() == '"' && idem.back() == '"') {
+      idem = idem.substr(1, idem.size() - 2);
+    }
+    if (idem.empty() || s.o.key_prefix.size() + idem.size() > kMaxKeyBytes) {
+      count("bad_key");
+      return s.SendProblem(res, 400, "Bad Request",
+                           "Idempotency-Key must be 1 to " +
+                               std::to_string(kMaxKeyBytes - s.o.key_prefix.size()) +
+                               " bytes");
+    }
+    const std::string key = s.o.key_prefix + idem;
+    const std::string fingerprint =
+        Sha256(req.method + '\n' + req.target + '\n' + req.body);
+    ClaimRequest c;
+    c.key = key;
+    c.lease = s.o.lease;
+    c.retention = s.o.retention;
+    c.fingerprint = fingerprint;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto claim = s.store->Claim(c);
+    claim_seconds->Observe(SecondsSince(t0));
+    if (!claim.ok()) {
+      count("store_error");
+      res.set_header("Retry-After", "1");
+      return s.SendProblem(res, 503, "Service Unavailable",
+                           "the idempotency store could not decide: " + claim.status().ToString());
+    }
+    switch (claim->outcome) {
+      case ClaimOutcome::kBusy: {
+        count("busy");
+        const int64_t secs = std::max<int64_t>(1, (claim->lease_left.count() + 999) / 1000);
+        res.set_header("Retry-After", std::to_string(secs));
+        return s.SendProblem(res, 409, "Conflict",
+                             "a request with this Idempotency-Key is still being processed");
+      }
+      case ClaimOutcome::kMismatch:
+        count("mismatch");
+        return s.SendProblem(res, 422, "Unprocessable Content",
+                             "this Idempotency-Key was used with a different request "
+                             "(method, target or body)");
+      case ClaimOutcome::kExhausted:
+        count("exhausted");
+        return s.SendProblem(res, 410, "Gone", "this Idempotency-Key ran out of attempts");
+      case ClaimOutcome::kDuplicate: {
+        auto up = DecodeRecording(claim->result);
+        if (!up) {
+          count("store_error");
+          return s.SendProblem(res, 500, "Internal Server Error",
+                               "the recorded response of this key cannot be read");
+        }
+        count("replayed");
+        SendUpstream(*up, res);
+        res.set_header("Idempotent-Replayed", "true");
+        return;
+      }
+      case ClaimOutcome::kAcquired:
+        break;
+    }
+    const Token token = claim->token;
+    const auto t1 = std::chrono::steady_clock::now();
+    StatusOr<Upstream> up = Status::Internal("unreachable");
+    bool lost = false;
+    const uint64_t beat = s.proxy->heartbeats->Add(key, token, s.o.lease);
+    up = Forward(*s.proxy, req);
+    lost = s.proxy->heartbeats->Remove(beat);
+    upstream_seconds->Observe(SecondsSince(t1));
+    if (!up.ok()) {
+      // Not answered: the effect may or may not have happened; give the key back
+      // so that the client's retry forwards again (as a worker crash would).
+      (void)s.store->Release(key, token, s.o.retention);
+      count("upstream_error");
+      return s.SendProblem(res, 502, "Bad Gateway", up.status().message());
+    }
+    auto done = lost ? StatusOr<WriteResult>(WriteResult::kLost)
+                     : s.store->Complete(key, token, s.o.retention, CompletionStatus::kOk,
+                                         EncodeRecording(*up, s.o.max_response_bytes));
+    if (!done.ok() || *done != WriteResult::kOk) {
+      // The application answered but the answer could not be recorded (lease
+      // lost to a takeover, or the store failed): the client still gets it.
+      count("unrecorded");
+      if (s.o.log) {
+        s.o.log("proxy: response not recorded: " +
+                s.Redact(done.ok() ? std::string("lease lost") : done.status().ToString()));
+      }
+    } else {
+      count("forwarded");
+    }
+    SendUpstream(*up, res);
+  };
+  const std::string any = R"([\s\S]*)";
+  http.Get(any, handler);
+  http.Post(any, handler);
+  http.Put(any, handler);
+  http.Patch(any, handler);
+  http.Delete(any, handler);
+  http.Options(any, handler);
+}
+
+}  // namespace dedup::serve

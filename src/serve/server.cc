@@ -1,0 +1,343 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "serve/server.h"
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <thread>
+
+#include "serve/bytes.h"
+#include "serve/impl.h"
+
+namespace dedup::serve {
+namespace {
+
+bool IsLoopback(const std::string& host) {
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  in_addr a{};
+  if (inet_pton(AF_INET, host.c_str(), &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
+  return false;
+}
+
+// The route a request took, as a metrics label and a log word: a fixed set,
+// never the key or anything else a client chooses.
+std::string RouteOf(const std::string& base, const httplib::Request& req, bool proxy) {
+  const std::string& p = req.path;
+  if (proxy && p.rfind(base + "/", 0) != 0) return "proxy";
+  const std::string rest = p.substr(base.size());
+  if (rest == "/" || rest.empty()) return "page";
+  if (rest.rfind("/assets/", 0) == 0) return "asset";
+  if (rest == "/metrics") return "metrics";
+  if (rest == "/healthz") return "healthz";
+  if (rest == "/v1/info") return "info";
+  if (rest == "/v1/keys") return "scan";
+  if (rest.rfind("/v1/keys/", 0) == 0) {
+    for (const char* op : {"claim", "extend", "complete", "release"}) {
+      const std::string suffix = std::string("/") + op;
+      if (rest.size() > suffix.size() &&
+          rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+          req.method == "POST") {
+        return op;
+      }
+    }
+    return req.method == "DELETE" ? "forget" : "inspect";
+  }
+  return "other";
+}
+
+// When the request being answered on this thread started (cpp-httplib answers a
+// request on one thread from routing to the logger).
+thread_local std::chrono::steady_clock::time_point t_request_start;
+
+}  // namespace
+
+int64_t HostNowMillis() { return Clock::System()->NowMillis(); }
+
+Status ValidateServeOptions(const ServeOptions& o) {
+  if (o.host.empty()) return Status::InvalidArgument("--listen: no address");
+  if (o.port < 0 || o.port > 65535) {
+    return Status::InvalidArgument("--listen: port must be 0 to 65535, got " +
+                                   std::to_string(o.port));
+  }
+  if (!o.auth_token.empty() && o.auth_token.size() < 16) {
+    return Status::InvalidArgument("--auth-token-file: the token must be at least 16 characters");
+  }
+  for (char c : o.auth_token) {
+    if (c <= ' ' || c == 0x7f || c == ';' || c == ',') {
+      return Status::InvalidArgument(
+          "--auth-token-file: the token must be printable ASCII without spaces, ';' or ','");
+    }
+  }
+  if (!IsLoopback(o.host) && o.auth_token.empty()) {
+    return Status::InvalidArgument("--listen " + o.host +
+                                   " is not a loopback address: give --auth-token-file too");
+  }
+  if (!o.proxy.empty() && o.proxy.rfind("http://", 0) != 0) {
+    return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT, got '" +
+                                   o.proxy + "'");
+  }
+  if (o.lease <= Millis(0) || o.lease > kMaxDuration) {
+    return Status::InvalidArgument("--lease must be > 0 and at most 10 years");
+  }
+  if (o.retention <= Millis(0) || o.retention > kMaxDuration) {
+    return Status::InvalidArgument("--retention must be > 0 and at most 10 years");
+  }
+  if (o.max_response_bytes > kMaxResultBytes / 4 * 3 - 16 * 1024) {
+    return Status::InvalidArgument("--max-response-bytes: at most " +
+                                   std::to_string(kMaxResultBytes / 4 * 3 - 16 * 1024) +
+                                   " (a recorded response is stored base64-encoded in a result)");
+  }
+  if (o.max_body_bytes < 1024) return Status::InvalidArgument("--max-body-bytes: at least 1024");
+  if (o.threads < 1 || o.threads > 1024) {
+    return Status::InvalidArgument("--threads must be 1 to 1024");
+  }
+  if (o.key_prefix.size() >= kMaxKeyBytes) {
+    return Status::InvalidArgument("--key-prefix is longer than a key may be");
+  }
+  return Status::Ok();
+}
+
+Server::Impl::Impl(Store* s, ServeOptions options) : store(s), o(std::move(options)) {
+  base = o.proxy.empty() ? "" : "/_dedup";
+}
+
+Server::Impl::~Impl() = default;
+
+std::string Server::Impl::Redact(std::string text) const {
+  if (o.secret_to_redact.empty()) return text;
+  for (const std::string& secret : {o.secret_to_redact, PercentEncode(o.secret_to_redact)}) {
+    for (size_t at = text.find(secret); at != std::string::npos; at = text.find(secret, at)) {
+      text.replace(at, secret.size(), "***");
+      at += 3;
+    }
+  }
+  return text;
+}
+
+void Server::Impl::SendJson(httplib::Response& res, int status,
+                            const nlohmann::json& body) const {
+  res.status = status;
+  res.set_content(Redact(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
+                  "application/json");
+}
+
+void Server::Impl::SendProblem(httplib::Response& res, int status, const std::string& title,
+                               const std::string& detail) const {
+  res.status = status;
+  nlohmann::json j = {{"type", "about:blank"}, {"title", title}, {"status", status},
+                      {"detail", detail}};
+  res.set_content(Redact(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
+                  "application/problem+json");
+}
+
+void Server::Impl::SendStatus(httplib::Response& res, const Status& s) const {
+  int http = 500;
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument: http = 400; break;
+    case StatusCode::kNotFound: http = 404; break;
+    case StatusCode::kUnavailable: http = 503; break;
+    case StatusCode::kDeadlineExceeded: http = 504; break;
+    case StatusCode::kUnauthenticated: http = 401; break;
+    case StatusCode::kPermissionDenied: http = 403; break;
+    case StatusCode::kResourceExhausted: http = 429; break;
+    case StatusCode::kFailedPrecondition: http = 503; break;
+    default: http = 500;
+  }
+  if (s.retryable()) res.set_header("Retry-After", "1");
+  SendProblem(res, http, std::string(StatusCodeName(s.code())), s.message());
+}
+
+bool Server::Impl::HasToken(const httplib::Request& req, bool allow_cookie) const {
+  if (o.auth_token.empty()) return true;
+  const std::string bearer = req.get_header_value("Authorization");
+  if (bearer.rfind("Bearer ", 0) == 0 && ConstantTimeEquals(bearer.substr(7), o.auth_token)) {
+    return true;
+  }
+  if (req.has_header("Dedup-Token") &&
+      ConstantTimeEquals(req.get_header_value("Dedup-Token"), o.auth_token)) {
+    return true;
+  }
+  if (!allow_cookie) return false;
+  // The page's cookie; state-changing calls must also carry the page's header,
+  // which a cross-site form cannot send (SameSite=Strict already keeps the cookie
+  // from cross-site requests in current browsers).
+  if (req.method != "GET" && req.method != "HEAD" &&
+      req.get_header_value("X-Requested-With") != "dedup-page") {
+    return false;
+  }
+  const std::string cookies = req.get_header_value("Cookie");
+  size_t at = 0;
+  while (at < cookies.size()) {
+    size_t end = cookies.find(';', at);
+    if (end == std::string::npos) end = cookies.size();
+    std::string part = cookies.substr(at, end - at);
+    while (!part.empty() && part.front() == ' ') part.erase(0, 1);
+    if (part.rfind("dedup_token=", 0) == 0 && ConstantTimeEquals(part.substr(12), o.auth_token)) {
+      return true;
+    }
+    at = end + 1;
+  }
+  return false;
+}
+
+metrics::Counter* Server::Impl::Outcome(const std::string& name, const std::string& help,
+                                        const std::string& label, const std::string& value) {
+  return registry.GetCounter(name, help, {{label, value}});
+}
+
+StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions options) {
+  if (store == nullptr) return Status::InvalidArgument("serve: no store");
+  DEDUP_RETURN_IF_ERROR(ValidateServeOptions(options));
+  auto impl = std::make_unique<Impl>(store, std::move(options));
+  Impl& s = *impl;
+  s.registry.AddBuildInfo(s.o.version);
+
+  s.http.new_task_queue = [n = s.o.threads] { return new httplib::ThreadPool(n); };
+  s.http.set_payload_max_length(s.o.max_body_bytes);
+  s.http.set_read_timeout(std::chrono::seconds(10));
+  s.http.set_write_timeout(std::chrono::seconds(10));
+  s.http.set_keep_alive_max_count(1000);
+  s.http.set_tcp_nodelay(true);
+
+  // Before the body is read: header bounds, then the token.
+  s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
+    t_request_start = std::chrono::steady_clock::now();
+    size_t bytes = req.target.size();
+    for (const auto& [k, v] : req.headers) bytes += k.size() + v.size() + 4;
+    if (req.headers.size() > s.o.max_header_count || bytes > s.o.max_header_bytes) {
+      s.SendProblem(res, 431, "Request Header Fields Too Large",
+                    "at most " + std::to_string(s.o.max_header_count) + " header fields and " +
+                        std::to_string(s.o.max_header_bytes) + " bytes of headers");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool proxied = s.proxy && req.path.rfind(s.base + "/", 0) != 0;
+    if (proxied) {
+      // The application's own Authorization header passes through; dedup's token
+      // travels in Dedup-Token.
+      if (!s.o.auth_token.empty() && !(req.has_header("Dedup-Token") &&
+                                       ConstantTimeEquals(req.get_header_value("Dedup-Token"),
+                                                          s.o.auth_token))) {
+        s.SendProblem(res, 401, "Unauthorized", "this proxy needs its token in Dedup-Token");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    // The page can be opened once as /?token=T: the token moves into an HttpOnly
+    // cookie and the browser is sent to / without it.
+    if (!s.o.auth_token.empty() && req.method == "GET" && req.has_param("token") &&
+        (req.path == s.base + "/" || req.path == s.base)) {
+      if (ConstantTimeEquals(req.get_param_value("token"), s.o.auth_token)) {
+        res.set_header("Set-Cookie", "dedup_token=" + s.o.auth_token +
+                                         "; HttpOnly; SameSite=Strict; Path=/");
+        res.set_redirect(s.base + "/", 303);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (req.path == s.base + "/healthz") return httplib::Server::HandlerResponse::Unhandled;
+    if (!s.HasToken(req, /*allow_cookie=*/true)) {
+      res.set_header("WWW-Authenticate", "Bearer realm=\"dedup\"");
+      s.SendProblem(res, 401, "Unauthorized",
+                    "give the token as 'Authorization: Bearer T' (or open the page as /?token=T)");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // Per request: a count by route and status class, a latency histogram by route,
+  // and a log line. Neither carries the key.
+  s.http.set_logger([&s](const httplib::Request& req, const httplib::Response& res) {
+    const std::string route = RouteOf(s.base, req, s.proxy != nullptr);
+    s.registry
+        .GetCounter("dedup_serve_requests_total", "HTTP requests answered, by route and status.",
+                    {{"route", route}, {"code", std::to_string(res.status)}})
+        ->Inc();
+    if (t_request_start.time_since_epoch().count() == 0) return;  // never routed
+    s.registry
+        .GetHistogram("dedup_serve_request_duration_seconds",
+                      "Time from routing a request to its response, by route.", {{"route", route}})
+        ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                t_request_start)
+                      .count());
+    t_request_start = {};
+    if (s.o.log) s.o.log(req.method + " " + route + " " + std::to_string(res.status));
+  });
+  s.http.set_exception_handler(
+      [&s](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        s.SendProblem(res, 500, "Internal Server Error", what);
+      });
+  s.http.set_error_handler([&s](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler's own answer
+    if (res.status == 413) {
+      s.SendProblem(res, 413, "Payload Too Large",
+                    "request bodies are limited to " + std::to_string(s.o.max_body_bytes) +
+                        " bytes");
+    } else if (res.status == 404) {
+      s.SendProblem(res, 404, "Not Found", "no such route");
+    } else if (res.status == 400) {
+      s.SendProblem(res, 400, "Bad Request",
+                    "the request could not be read (a POST needs a body, or Content-Length: 0)");
+    } else if (res.status >= 400) {
+      s.SendProblem(res, res.status, "Error", "HTTP " + std::to_string(res.status));
+    }
+  });
+
+  s.http.Get(s.base + "/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  s.http.Get(s.base + "/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(s.Redact(s.RenderMetrics()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.RegisterApi();
+  s.RegisterPage();
+  if (!s.o.proxy.empty()) {
+    DEDUP_RETURN_IF_ERROR(s.SetUpProxy());
+    s.RegisterProxy();
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() { Stop(); }
+
+Status Server::Bind() {
+  std::string host = impl_->o.host;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (impl_->o.port == 0) {
+    impl_->bound_port = impl_->http.bind_to_any_port(host);
+    if (impl_->bound_port <= 0) {
+      return Status::Unavailable("serve: cannot listen on " + impl_->o.host + ":0");
+    }
+  } else if (!impl_->http.bind_to_port(host, impl_->o.port)) {
+    return Status::Unavailable("serve: cannot listen on " + impl_->o.host + ":" +
+                               std::to_string(impl_->o.port) +
+                               " (address in use, or not an address of this host)");
+  } else {
+    impl_->bound_port = impl_->o.port;
+  }
+  return Status::Ok();
+}
+
+int Server::port() const { return impl_->bound_port; }
+
+Status Server::Run() {
+  if (!impl_->http.listen_after_bind()) {
+    return Status::Unavailable("serve: the listener stopped with an error");
+  }
+  return Status::Ok();
+}
+
+void Server::Stop() { impl_->http.stop(); }
+
+std::string Server::RenderMetrics() const { return impl_->RenderMetrics(); }
+
+}  // namespace dedup::serve

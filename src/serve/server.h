@@ -1,0 +1,108 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// `dedup serve`: one HTTP listener (cpp-httplib) in front of one Store, serving
+//   * the JSON API over the SPEC operations under /v1 (api.cc),
+//   * the web view of the records at / (page.cc),
+//   * Prometheus metrics at /metrics,
+// and, in proxy mode, the Idempotency-Key proxy in front of an HTTP application
+// (proxy.cc): then every path goes to the application except those under
+// /_dedup/, where the API, the page and the metrics move.
+//
+// Security: the listener binds to loopback unless told otherwise, and any other
+// address needs an auth token, which every API call, the page, the metrics and the
+// proxy then check (`Authorization: Bearer T`, the `Dedup-Token: T` header, or the
+// page's cookie). Request bodies and header sizes are bounded. Nothing served,
+// logged or measured carries the store URI's password.
+//
+// docs/SERVE.md is the user's guide; docs/openapi.yaml the API's contract.
+
+#ifndef DEDUP_SRC_SERVE_SERVER_H_
+#define DEDUP_SRC_SERVE_SERVER_H_
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dedup/clock.h"
+#include "dedup/status.h"
+#include "dedup/store.h"
+
+namespace dedup::serve {
+
+struct ServeOptions {
+  // Address to listen on. Default: 127.0.0.1. Anything that is not loopback
+  // (127.0.0.0/8, ::1, localhost) requires auth_token.
+  std::string host = "127.0.0.1";
+  // Port; 0 picks a free one (see Server::port()). Default: 8077.
+  int port = 8077;
+  // Clients must present this token; empty = no check (loopback only). At least
+  // 16 characters.
+  std::string auth_token;
+  // Proxy mode: the application's base URL, "http://HOST:PORT". Empty = API only.
+  std::string proxy;
+  // Proxy mode: store keys are key_prefix + the Idempotency-Key header.
+  std::string key_prefix = "idem:";
+  // Proxy mode: how long a forwarded request holds its claim without a heartbeat
+  // (extended every lease/3 while the application works), and how long a recorded
+  // response is replayed. Defaults: 30 s, 24 h.
+  Millis lease{30'000};
+  Millis retention{24LL * 3600 * 1000};
+  // Proxy mode: responses whose body is larger are forwarded but their body is
+  // not recorded (a replay says so). Default: 512 KiB; at most what fits in a
+  // stored result (kMaxResultBytes) once encoded.
+  size_t max_response_bytes = 512 * 1024;
+  // Request bodies larger than this get 413. Default: 2 MiB (a 1 MiB result in
+  // base64 plus the JSON around it).
+  size_t max_body_bytes = 2 * 1024 * 1024;
+  // Requests with more header fields, or more header bytes, get 431. Each
+  // header line is also bounded to 8 KiB by cpp-httplib itself.
+  size_t max_header_count = 100;
+  size_t max_header_bytes = 64 * 1024;
+  // Worker threads answering requests. Default: 16.
+  int threads = 16;
+  // The store URI's password, replaced by "***" in anything sent or logged, in
+  // case a store's message ever carries it. Empty = none.
+  std::string secret_to_redact;
+  // "0.1.0", for dedup_build_info and /v1/info.
+  std::string version = "dev";
+  // One line per request to this sink (method, route, status, µs); null = quiet.
+  std::function<void(const std::string&)> log;
+};
+
+// Checks the options alone (addresses, token, proxy URL, bounds): InvalidArgument
+// naming the problem.
+Status ValidateServeOptions(const ServeOptions& options);
+
+class Server {
+ public:
+  // The store is not owned and must outlive the server.
+  [[nodiscard]] static StatusOr<std::unique_ptr<Server>> Create(Store* store,
+                                                                ServeOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the port: Unavailable when it cannot be bound.
+  Status Bind();
+  // The bound port (after Bind()).
+  int port() const;
+  // Serves until Stop(); returns when the listener closed.
+  Status Run();
+  // Async-signal-unsafe; call from another thread.
+  void Stop();
+
+  // The Prometheus exposition of this server's metrics.
+  std::string RenderMetrics() const;
+
+  class Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dedup::serve
+
+#endif  // DEDUP_SRC_SERVE_SERVER_H_

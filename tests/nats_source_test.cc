@@ -1,0 +1,267 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The NATS JetStream source against a real server (tests/with_nats.sh starts it
+// and sets DEDUP_TEST_NATS_URI and DEDUP_TEST_NATS_RESTART). Every case uses a
+// stream of its own.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "brokers/nats/nats_source.h"
+
+namespace dedup::nats {
+namespace {
+
+using std::chrono::steady_clock;
+
+std::string BaseUri() {
+  const char* u = std::getenv("DEDUP_TEST_NATS_URI");
+  return u != nullptr ? u : "";
+}
+
+class NatsSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(BaseUri().empty()) << "run me through tests/with_nats.sh";
+    stream_ = std::string("T") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
+  std::string Uri(const std::string& extra = "") const {
+    return BaseUri() + "?stream=" + stream_ + "&consumer=c&subject=" + stream_ + ".in" + extra;
+  }
+  void Publish(const std::string& key, const std::string& data, const std::string& extra = "",
+               bool* dup = nullptr) {
+    auto o = ParseNatsUri(Uri(extra), false);
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    auto p = NatsPublisher::Open(*o);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    bool d = false;
+    Status s = (*p)->Publish(key, data, &d);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    if (dup != nullptr) *dup = d;
+  }
+  std::vector<std::unique_ptr<Delivery>> FetchAll(MessageSource& s, size_t want, Millis within) {
+    std::vector<std::unique_ptr<Delivery>> got;
+    const auto end = steady_clock::now() + within;
+    while (got.size() < want && steady_clock::now() < end) {
+      auto b = s.Fetch(want - got.size(), Millis(200));
+      if (!b.ok()) {
+        std::fprintf(stderr, "fetch: %s\n", b.status().ToString().c_str());
+        std::this_thread::sleep_for(Millis(50));
+        continue;
+      }
+      for (auto& d : *b) got.push_back(std::move(d));
+    }
+    return got;
+  }
+  std::string stream_;
+};
+
+TEST(NatsUriTest, ParsesEveryPart) {
+  auto o = ParseNatsUri(
+      "nats://u:pw@10.0.0.1:4999?stream=JOBS&consumer=w&subject=jobs.in&key=header:Idem&prefix=n:"
+      "&dead=jobs.dead&ack_wait=5s&max_ack_pending=64");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->host_port, "10.0.0.1:4999");
+  EXPECT_EQ(o->stream, "JOBS");
+  EXPECT_EQ(o->consumer, "w");
+  EXPECT_EQ(o->Subject(), "jobs.in");
+  EXPECT_EQ(o->key_from, KeyFrom::kHeader);
+  EXPECT_EQ(o->key_header, "Idem");
+  EXPECT_EQ(o->key_prefix, "n:");
+  EXPECT_EQ(o->DeadSubject(), "jobs.dead");
+  EXPECT_EQ(o->ack_wait, Millis(5000));
+  EXPECT_EQ(o->max_ack_pending, 64);
+  EXPECT_EQ(o->Describe().find("pw"), std::string::npos);
+  auto d = ParseNatsUri("nats://h?stream=S&consumer=c");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->Subject(), "S");
+  EXPECT_EQ(d->DeadSubject(), "dedup.dead.S");
+  EXPECT_TRUE(ParseNatsUri("nats://h?stream=S", /*need_consumer=*/false).ok());
+}
+
+TEST(NatsUriTest, RejectsBadInputNamingIt) {
+  struct Case {
+    const char* uri;
+    const char* says;
+  } cases[] = {
+      {"nats://h?consumer=c", "stream="},
+      {"nats://h?stream=S", "consumer="},
+      {"nats://h?stream=a.b&consumer=c", "stream name"},
+      {"nats://h?stream=S&consumer=c&key=x", "key="},
+      {"nats://h?stream=S&consumer=c&ack_wait=10ms", "ack_wait"},
+      {"nats://h?stream=S&consumer=c&max_ack_pending=0", "max_ack_pending"},
+      {"nats://h?stream=S&consumer=c&what=1", "what"},
+      {"amqp://h?stream=S&consumer=c", "nats"},
+  };
+  for (const Case& c : cases) {
+    auto o = ParseNatsUri(c.uri);
+    ASSERT_FALSE(o.ok()) << c.uri;
+    EXPECT_NE(o.status().message().find(c.says), std::string::npos)
+        << c.uri << ": " << o.status().ToString();
+  }
+}
+
+TEST_F(NatsSourceTest, DeliversWithKeyAndCountAndAckRemovesIt) {
+  auto src = OpenNatsSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("m-1", "one");
+  Publish("m-2", "two");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0]->key(), "m-1");
+  EXPECT_EQ(got[0]->payload(), "one");
+  EXPECT_EQ(got[0]->delivery_count(), 1u);
+  EXPECT_EQ(got[1]->key(), "m-2");
+  std::vector<Delivery*> all = {got[0].get(), got[1].get()};
+  ASSERT_TRUE((*src)->AckBatch(all).ok());
+  auto later = FetchAll(**src, 1, Millis(700));
+  EXPECT_TRUE(later.empty());
+}
+
+TEST_F(NatsSourceTest, ATrickleIsNotHeldBackToFillABatch) {
+  auto src = OpenNatsSource(Uri());
+  ASSERT_TRUE(src.ok());
+  std::thread pub([&] {
+    std::this_thread::sleep_for(Millis(300));
+    Publish("m-1", "x");
+  });
+  const auto t0 = steady_clock::now();
+  auto b = (*src)->Fetch(32, Millis(3000));
+  pub.join();
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_LT(steady_clock::now() - t0, Millis(2000));
+  ASSERT_TRUE((*b)[0]->Ack().ok());
+}
+
+TEST_F(NatsSourceTest, PublishSetsNatsMsgIdAndTheStreamDropsARepeatInItsWindow) {
+  bool dup = true;
+  Publish("k-1", "a", "", &dup);
+  EXPECT_FALSE(dup);
+  Publish("k-1", "a", "", &dup);
+  EXPECT_TRUE(dup);
+  // With the key in a header instead, the stream keeps the repeat.
+  Publish("k-2", "b", "&key=header:Dedup-Key", &dup);
+  Publish("k-2", "b", "&key=header:Dedup-Key", &dup);
+  EXPECT_FALSE(dup);
+  auto src = OpenNatsSource(Uri("&key=header:Dedup-Key"));
+  ASSERT_TRUE(src.ok());
+  auto got = FetchAll(**src, 3, Millis(5000));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(got[0]->key().empty());  // k-1 carries no Dedup-Key header
+  EXPECT_NE(got[0]->key_error().find("Dedup-Key"), std::string::npos);
+  EXPECT_EQ(got[1]->key(), "k-2");
+  EXPECT_EQ(got[2]->key(), "k-2");
+  for (auto& d : got) ASSERT_TRUE(d->Ack().ok());
+}
+
+TEST_F(NatsSourceTest, RetryNaksWithTheDelay) {
+  auto src = OpenNatsSource(Uri());
+  ASSERT_TRUE(src.ok());
+  Publish("slow", "a");
+  auto first = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(first.size(), 1u);
+  const auto t0 = steady_clock::now();
+  ASSERT_TRUE(first[0]->Retry(Millis(600)).ok());
+  Publish("next", "b");
+  auto second = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0]->key(), "next");
+  ASSERT_TRUE(second[0]->Ack().ok());
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0]->key(), "slow");
+  EXPECT_EQ(back[0]->delivery_count(), 2u);
+  EXPECT_GE(steady_clock::now() - t0, Millis(550));
+  ASSERT_TRUE(back[0]->Ack().ok());
+}
+
+TEST_F(NatsSourceTest, InProgressKeepsItFromRedeliveryPastAckWait) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok());
+  Publish("long", "a");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  // 2.5 AckWaits of work, with +WPI every 300 ms: no redelivery meanwhile.
+  const auto end = steady_clock::now() + Millis(2500);
+  while (steady_clock::now() < end) {
+    ASSERT_TRUE(got[0]->InProgress().ok());
+    auto b = (*src)->Fetch(1, Millis(300));
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE(b->empty()) << "redelivered while in progress";
+  }
+  // Without it, AckWait redelivers.
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]->key(), "long");
+  EXPECT_EQ(again[0]->delivery_count(), 2u);
+  ASSERT_TRUE(again[0]->Ack().ok());
+}
+
+TEST_F(NatsSourceTest, DeadLetterTermsAndCopiesWithTheReason) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok());
+  Publish("bad", "payload");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->DeadLetter("EXHAUSTED: 5 attempts").ok());
+  // Terminated: not redelivered after AckWait.
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty());
+  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
+                             stream_ + "&key=header:Dedup-Original-Msg-Id");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  auto d = FetchAll(**dead, 1, Millis(5000));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "bad");
+  EXPECT_EQ(d[0]->payload(), "payload");
+  std::string reason;
+  for (const auto& [k, v] : d[0]->attributes()) {
+    if (k == "Dedup-Reason") reason = v;
+  }
+  EXPECT_EQ(reason, "EXHAUSTED: 5 attempts");
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+TEST_F(NatsSourceTest, ServerRestartKeepsTheStreamAndRedeliversUnacked) {
+  const char* restart = std::getenv("DEDUP_TEST_NATS_RESTART");
+  ASSERT_NE(restart, nullptr);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok());
+  Publish("m-1", "x");
+  Publish("m-2", "y");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  { std::ofstream(restart) << "restart\n"; }
+  for (int i = 0; i < 200; ++i) {  // wait until the script has restarted it
+    std::this_thread::sleep_for(Millis(50));
+    std::ifstream f(restart);
+    if (f.peek() == std::ifstream::traits_type::eof()) break;
+  }
+  // Both come back (m-1 was never acked), from the file-backed stream.
+  auto after = FetchAll(**src, 2, Millis(15000));
+  ASSERT_EQ(after.size(), 2u);
+  std::set<std::string> keys;
+  for (auto& d : after) {
+    keys.insert(d->key());
+    ASSERT_TRUE(d->Ack().ok());
+  }
+  EXPECT_EQ(keys, (std::set<std::string>{"m-1", "m-2"}));
+}
+
+TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
+  auto src = OpenNatsSource("nats://u:topsecret@127.0.0.1:1?stream=S&consumer=c&timeout=500ms");
+  ASSERT_FALSE(src.ok());
+  EXPECT_EQ(src.status().code(), StatusCode::kUnavailable) << src.status().ToString();
+  EXPECT_EQ(src.status().ToString().find("topsecret"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dedup::nats

@@ -1,0 +1,260 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The RabbitMQ source against a real node (tests/with_rabbitmq.sh starts it and
+// sets DEDUP_TEST_AMQP_URI and DEDUP_TEST_RABBITMQCTL). Every case uses queues of
+// its own.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "brokers/rabbitmq/rabbitmq_source.h"
+
+namespace dedup::rabbitmq {
+namespace {
+
+using std::chrono::steady_clock;
+
+std::string BaseUri() {
+  const char* u = std::getenv("DEDUP_TEST_AMQP_URI");
+  return u != nullptr ? u : "";
+}
+
+std::string QueueName() {
+  return std::string("t.") + ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+         "." + std::to_string(getpid());
+}
+
+class RabbitMqSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(BaseUri().empty()) << "run me through tests/with_rabbitmq.sh";
+    queue_ = QueueName();
+  }
+  std::string Uri(const std::string& extra = "") const {
+    return BaseUri() + "?queue=" + queue_ + "&prefetch=8" + extra;
+  }
+  RabbitMqOptions Options(const std::string& extra = "") const {
+    auto o = ParseRabbitMqUri(Uri(extra));
+    EXPECT_TRUE(o.ok()) << o.status().ToString();
+    return *o;
+  }
+  void Publish(const std::string& id, const std::string& body,
+               std::vector<std::pair<std::string, std::string>> headers = {}) {
+    RabbitMqPublisher p(Options());
+    ASSERT_TRUE(p.DeclareTopology().ok());
+    AmqpMessage m{body, id, std::move(headers)};
+    ASSERT_TRUE(p.Send("", queue_, m).ok());
+    Status s = p.WaitConfirms();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  std::vector<std::unique_ptr<Delivery>> FetchAll(MessageSource& s, size_t want, Millis within) {
+    std::vector<std::unique_ptr<Delivery>> got;
+    const auto end = steady_clock::now() + within;
+    while (got.size() < want && steady_clock::now() < end) {
+      auto b = s.Fetch(want - got.size(), Millis(200));
+      if (!b.ok()) {  // reconnecting
+        std::fprintf(stderr, "fetch: %s\n", b.status().ToString().c_str());
+        continue;
+      }
+      for (auto& d : *b) got.push_back(std::move(d));
+    }
+    return got;
+  }
+  std::string queue_;
+};
+
+TEST(RabbitMqUriTest, ParsesEveryPart) {
+  auto o = ParseRabbitMqUri(
+      "amqp://u:p%40ss@10.0.0.1:5999/v1?queue=jobs&prefetch=7&key=header:idem&prefix=ns:&dead=dl");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->host, "10.0.0.1");
+  EXPECT_EQ(o->port, 5999);
+  EXPECT_EQ(o->user, "u");
+  EXPECT_EQ(o->password, "p@ss");
+  EXPECT_EQ(o->vhost, "v1");
+  EXPECT_EQ(o->queue, "jobs");
+  EXPECT_EQ(o->prefetch, 7);
+  EXPECT_EQ(o->key_from, KeyFrom::kHeader);
+  EXPECT_EQ(o->key_header, "idem");
+  EXPECT_EQ(o->key_prefix, "ns:");
+  EXPECT_EQ(o->DeadName(), "dl");
+  EXPECT_EQ(o->Describe().find("p@ss"), std::string::npos);
+  auto d = ParseRabbitMqUri("amqp://h?queue=q");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->port, 5672);
+  EXPECT_EQ(d->vhost, "/");
+  EXPECT_EQ(d->DeadName(), "q.dead");
+}
+
+TEST(RabbitMqUriTest, RejectsBadInputNamingIt) {
+  struct Case {
+    const char* uri;
+    const char* says;
+  } cases[] = {
+      {"amqp://h", "queue="},
+      {"amqp://h?queue=q&prefetch=0", "prefetch"},
+      {"amqp://h?queue=q&prefetch=70000", "prefetch"},
+      {"amqp://h?queue=q&key=nope", "key="},
+      {"amqp://h?queue=q&bogus=1", "bogus"},
+      {"amqp://h:99999?queue=q", "port"},
+      {"redis://h?queue=q", "amqp"},
+  };
+  for (const Case& c : cases) {
+    auto o = ParseRabbitMqUri(c.uri);
+    ASSERT_FALSE(o.ok()) << c.uri;
+    EXPECT_NE(o.status().message().find(c.says), std::string::npos)
+        << c.uri << ": " << o.status().ToString();
+  }
+  auto pw = ParseRabbitMqUri("amqp://u:secret@h?queue=q&bogus=1");
+  ASSERT_FALSE(pw.ok());
+  EXPECT_EQ(pw.status().message().find("secret"), std::string::npos);
+}
+
+TEST(RabbitMqUriTest, RetryStepsAreNeverEarly) {
+  for (long long ms : {1LL, 99LL, 100LL, 101LL, 999LL, 1000LL, 4'000LL, 59'000LL, 3'600'000LL,
+                       3'600'001LL, 7'200'000LL}) {
+    EXPECT_GE(RetryStep(Millis(ms)).count(), ms);
+  }
+  EXPECT_EQ(RetryStep(Millis(300)).count(), 500);
+}
+
+TEST_F(RabbitMqSourceTest, DeliversWithKeyPayloadAndHeadersAndAckRemovesIt) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("m-1", "body one", {{"tenant", "acme"}});
+  Publish("m-2", "body two");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0]->key(), "m-1");
+  EXPECT_EQ(got[0]->payload(), "body one");
+  bool tenant = false;
+  for (const auto& [k, v] : got[0]->attributes()) tenant |= k == "tenant" && v == "acme";
+  EXPECT_TRUE(tenant);
+  std::vector<Delivery*> all = {got[0].get(), got[1].get()};
+  ASSERT_TRUE((*src)->AckBatch(all).ok());
+  src->reset();
+  auto again = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(FetchAll(**again, 1, Millis(800)).empty()) << "acked messages came back";
+}
+
+TEST_F(RabbitMqSourceTest, UnackedComeBackWhenTheConsumerGoes) {
+  Publish("m-1", "x");
+  {
+    auto src = OpenRabbitMqSource(Uri());
+    ASSERT_TRUE(src.ok());
+    ASSERT_EQ(FetchAll(**src, 1, Millis(5000)).size(), 1u);
+    // Destroyed without an ack, as a crashed worker's connection would close.
+  }
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok());
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0]->key(), "m-1");
+  EXPECT_TRUE(got[0]->Ack().ok());
+}
+
+TEST_F(RabbitMqSourceTest, RetryComesBackAfterTheDelayWithoutBlockingTheQueue) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok());
+  Publish("slow", "a");
+  auto first = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(first.size(), 1u);
+  const auto t0 = steady_clock::now();
+  ASSERT_TRUE(first[0]->Retry(Millis(300)).ok());
+  Publish("next", "b");  // published after the retry: must not wait behind it
+  auto second = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0]->key(), "next");
+  EXPECT_LT(steady_clock::now() - t0, Millis(300));
+  ASSERT_TRUE(second[0]->Ack().ok());
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0]->key(), "slow");
+  EXPECT_EQ(back[0]->payload(), "a");
+  EXPECT_GE(steady_clock::now() - t0, Millis(300));
+  ASSERT_TRUE(back[0]->Ack().ok());
+}
+
+TEST_F(RabbitMqSourceTest, DeadLetterCarriesTheReasonAndLeavesTheQueue) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok());
+  Publish("bad", "payload", {{"h", "v"}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->DeadLetter("MISMATCH: same key, different payload").ok());
+  auto dead = OpenRabbitMqSource(BaseUri() + "?queue=" + queue_ + ".dead");
+  ASSERT_TRUE(dead.ok());
+  auto d = FetchAll(**dead, 1, Millis(5000));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "bad");
+  EXPECT_EQ(d[0]->payload(), "payload");
+  std::string reason, h;
+  for (const auto& [k, v] : d[0]->attributes()) {
+    if (k == "x-dedup-reason") reason = v;
+    if (k == "h") h = v;
+  }
+  EXPECT_EQ(reason, "MISMATCH: same key, different payload");
+  EXPECT_EQ(h, "v");
+  ASSERT_TRUE(d[0]->Ack().ok());
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty());
+}
+
+TEST_F(RabbitMqSourceTest, KeyFromHeaderOrBodyHashOrMissing) {
+  Publish("", "hello", {{"idem", "k-7"}});
+  auto by_header = OpenRabbitMqSource(Uri("&key=header:idem&prefix=ns:"));
+  ASSERT_TRUE(by_header.ok());
+  auto a = FetchAll(**by_header, 1, Millis(5000));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0]->key(), "ns:k-7");
+  ASSERT_TRUE(a[0]->Retry(Millis(0)).ok());  // straight back
+  by_header->reset();
+  auto by_body = OpenRabbitMqSource(Uri("&key=sha256"));
+  ASSERT_TRUE(by_body.ok());
+  auto b = FetchAll(**by_body, 1, Millis(5000));
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0]->key(), "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+  ASSERT_TRUE(b[0]->Retry(Millis(0)).ok());
+  by_body->reset();
+  auto by_id = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(by_id.ok());
+  auto c = FetchAll(**by_id, 1, Millis(5000));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0]->key().empty());
+  EXPECT_NE(c[0]->key_error().find("message_id"), std::string::npos);
+  ASSERT_TRUE(c[0]->Ack().ok());
+}
+
+TEST_F(RabbitMqSourceTest, ConnectionLossFailsClosedAndRedelivers) {
+  const char* ctl = std::getenv("DEDUP_TEST_RABBITMQCTL");
+  ASSERT_NE(ctl, nullptr);
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok());
+  Publish("m-1", "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(std::system((std::string(ctl) + " -q close_all_connections test >/dev/null 2>&1").c_str()), 0);
+  // The source notices on its next read and reconnects; the old delivery cannot
+  // be acked any more, and the broker delivers the message again.
+  auto again = FetchAll(**src, 1, Millis(10000));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]->key(), "m-1");
+  Status stale = got[0]->Ack();
+  EXPECT_EQ(stale.code(), StatusCode::kUnavailable) << stale.ToString();
+  EXPECT_TRUE(again[0]->Ack().ok());
+}
+
+TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
+  auto src = OpenRabbitMqSource("amqp://guest:topsecret@127.0.0.1:1/?queue=q&timeout=500ms");
+  ASSERT_FALSE(src.ok());
+  EXPECT_EQ(src.status().code(), StatusCode::kUnavailable) << src.status().ToString();
+  EXPECT_EQ(src.status().ToString().find("topsecret"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dedup::rabbitmq

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The Idempotency-Key proxy of `dedup serve` in front of a real application
+# (tests/serve_app.py, which counts every call it serves in a file).
+#   serve_proxy_test.sh DEDUP_BINARY      (ports 8080-8081, docs/PORTS.md)
+set -euo pipefail
+dedup=$(realpath "$1")
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib/serve.sh
+source "$root/scripts/lib/serve.sh"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-proxy.XXXXXX")
+trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+app_port=8080
+port=8081
+app="http://127.0.0.1:$app_port"
+base="http://127.0.0.1:$port"
+serve_start $app_port "$tmp/app.log" python3 "$root/tests/serve_app.py" $app_port "$tmp/calls"
+app_pid=$SERVE_LAST_PID
+# A 3 s lease: the slow request below (5 s) lives on heartbeats.
+serve_start $port "$tmp/serve.log" "$dedup" serve --store "rocksdb:$tmp/db" \
+  --listen 127.0.0.1:$port --proxy "$app" --lease 3s --max-response-bytes 1000
+
+calls() { curl -s "$app/count"; }
+# post PATH KEY BODY [curl args...]: sets $code, $body, $headers.
+post() {
+  local path=$1 key=$2 data=$3
+  shift 3
+  local args=(-s -o "$tmp/body" -D "$tmp/headers" -w '%{http_code}' -X POST "$base$path"
+              -H 'Content-Type: application/json' --data-binary "$data")
+  [ -n "$key" ] && args+=(-H "Idempotency-Key: $key")
+  code=$(curl "${args[@]}" "$@")
+  body=$(cat "$tmp/body")
+  headers=$(tr -d '\r' <"$tmp/headers")
+}
+header() { grep -i "^$1:" <<<"$headers" | head -1 | cut -d' ' -f2-; }
+
+# ---- forwarded once, replayed after
+post /charge k-1 '{"amount":7}'
+check "first request is forwarded: the app's 201" [ "$code" = 201 -a "$(calls)" = 1 ]
+first_body=$body
+check "the live response is not marked as a replay" [ -z "$(header Idempotent-Replayed)" ]
+check "the live response carries the app's Set-Cookie" [ -n "$(header Set-Cookie)" ]
+post /charge k-1 '{"amount":7}'
+check "a repeat is not forwarded" [ "$(calls)" = 1 ]
+check "the repeat gets the recorded status and body" [ "$code" = 201 -a "$body" = "$first_body" ]
+check "... with Idempotent-Replayed: true" [ "$(header Idempotent-Replayed)" = true ]
+check "... and the app's headers (X-App-Call, Location, Content-Type)" \
+  [ "$(header X-App-Call)" = 1 -a "$(header Location)" = /charges/1 -a "$(header Content-Type)" = application/json ]
+check "... but never its Set-Cookie" [ -z "$(header Set-Cookie)" ]
+
+# ---- a different request under the same key
+post /charge k-1 '{"amount":8}'
+check "same key, different body: 422, not forwarded" [ "$code" = 422 -a "$(calls)" = 1 ]
+check "the 422 is a problem+json" [ "$(header Content-Type)" = application/problem+json ]
+post /refund k-1 '{"amount":7}'
+check "same key, different path: 422" [ "$code" = 422 -a "$(calls)" = 1 ]
+
+# ---- a concurrent repeat while the first is in flight (longer than the lease)
+post '/charge?sleep_ms=5000' k-2 '{"amount":9}' &
+slow=$!
+sleep 1
+post '/charge?sleep_ms=5000' k-2 '{"amount":9}'
+check "a concurrent repeat: 409 with Retry-After" [ "$code" = 409 -a -n "$(header Retry-After)" ]
+sleep 3  # now past the 3 s lease: only heartbeats keep the claim
+post '/charge?sleep_ms=5000' k-2 '{"amount":9}'
+check "a repeat after the first lease would have ended: still 409 (heartbeat)" [ "$code" = 409 ]
+wait $slow
+check "the slow request ran once" [ "$(calls)" = 2 ]
+post '/charge?sleep_ms=5000' k-2 '{"amount":9}'
+check "its repeat afterwards is replayed at once" [ "$code" = 201 -a "$(header Idempotent-Replayed)" = true -a "$(calls)" = 2 ]
+
+# ---- no Idempotency-Key: untouched pass-through
+post /echo '' 'plain' -H 'X-Test: 1' -H 'Authorization: Bearer app-token'
+post /echo '' 'plain' -H 'X-Test: 1' -H 'Authorization: Bearer app-token'
+check "requests without the header are forwarded every time" [ "$code" = 200 -a "$(calls)" = 4 ]
+check "... with their headers as sent" python3 -c '
+import json,sys; b=json.loads(sys.argv[1]); h={k.lower():v for k,v in b["headers"].items()}
+assert b["method"]=="POST" and b["path"]=="/echo" and b["body"]=="plain"
+assert h["x-test"]=="1" and h["authorization"]=="Bearer app-token", h
+assert "remote_addr" not in h' "$body"
+code=$(curl -s -o "$tmp/body" -w '%{http_code}' "$base/echo/a%2Fb?q=1%202")
+check "a GET's target (escapes and query) reaches the app as sent" \
+  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["path"]=="/echo/a%2Fb?q=1%202"' "$tmp/body"
+
+# ---- responses too large to record
+post '/big?bytes=5000' k-3 ''
+check "a large response is forwarded whole" [ "$code" = 200 -a ${#body} = 5000 ]
+post '/big?bytes=5000' k-3 ''
+check "its repeat is not forwarded and says the body was not kept" \
+  [ "$code" = 200 -a -z "$body" -a -n "$(header Dedup-Replay-Body)" -a "$(header Idempotent-Replayed)" = true ]
+
+# ---- the application down: nothing recorded, the key can be retried
+serve_stop $app_pid
+post /charge k-4 '{"amount":1}'
+check "the app down: 502" [ "$code" = 502 ]
+serve_start $app_port "$tmp/app2.log" python3 "$root/tests/serve_app.py" $app_port "$tmp/calls"
+before=$(calls)
+post /charge k-4 '{"amount":1}'
+check "the retry after the app is back is forwarded (the claim was released)" \
+  [ "$code" = 201 -a "$(calls)" = $((before + 1)) -a -z "$(header Idempotent-Replayed)" ]
+
+# ---- the API, page and metrics move under /_dedup/
+code=$(curl -s -o "$tmp/body" -w '%{http_code}' "$base/_dedup/v1/keys/idem:k-1")
+check "/_dedup/v1/keys/idem:k-1 shows the completed record" \
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["state"]=="completed", r' "$tmp/body"
+curl -s "$base/_dedup/metrics" >"$tmp/metrics"
+for o in forwarded replayed busy mismatch pass_through upstream_error; do
+  check "dedup_proxy_requests_total{outcome=\"$o\"} counted" grep -q "^dedup_proxy_requests_total{outcome=\"$o\"} [1-9]" "$tmp/metrics"
+done
+check "upstream latency is a histogram in seconds" grep -q '^dedup_proxy_upstream_duration_seconds_count [1-9]' "$tmp/metrics"
+check "no Idempotency-Key appears in /metrics" bash -c "! grep -q 'k-1' '$tmp/metrics'"
+code=$(curl -s -o /dev/null -w '%{http_code}' "$base/_dedup/nothing-here")
+check "unknown /_dedup/ paths are not sent to the app" [ "$code" = 404 ]
+
+if [ $FAILS -gt 0 ]; then
+  echo "serve_proxy_test: $FAILS check(s) failed; server log:"
+  tail -30 "$tmp/serve.log"
+  exit 1
+fi
+echo "serve_proxy_test: all checks passed"

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Security of `dedup serve`: loopback unless a token is given; the token checked
+# by the API, /metrics, the page and the proxy; the store URI's password in no
+# answer, error, log line or metric.
+#   serve_security_test.sh DEDUP_BINARY     (ports 8074-8079, docs/PORTS.md)
+set -euo pipefail
+dedup=$(realpath "$1")
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib/redis.sh
+source "$root/scripts/lib/redis.sh"
+# shellcheck source=../scripts/lib/serve.sh
+source "$root/scripts/lib/serve.sh"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-sec.XXXXXX")
+trap 'serve_stop_all; redis_stop_all; rm -rf "$tmp"' EXIT
+
+status() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
+token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+echo "$token" >"$tmp/token"
+
+# ---- loopback by default; any other address needs a token
+set +e
+"$dedup" serve --store memory: --listen 0.0.0.0:8074 >"$tmp/out" 2>&1
+rc=$?
+set -e
+check "0.0.0.0 without a token: exit 2" [ $rc = 2 ]
+check "... saying --auth-token-file is needed" grep -q -- "--auth-token-file" "$tmp/out"
+echo short >"$tmp/short"
+set +e
+"$dedup" serve --store memory: --listen 127.0.0.1:8074 --auth-token-file "$tmp/short" >"$tmp/out" 2>&1
+rc=$?
+set -e
+check "a token under 16 characters: exit 2" [ $rc = 2 ]
+
+serve_start 8074 "$tmp/serve.log" "$dedup" serve --store memory: --listen 0.0.0.0:8074 \
+  --auth-token-file "$tmp/token"
+base=http://127.0.0.1:8074
+check "API without the token: 401" [ "$(status -X POST "$base/v1/keys/k/claim")" = 401 ]
+check "API with a wrong token: 401" [ "$(status -H "Authorization: Bearer ${token}x" "$base/v1/info")" = 401 ]
+check "API with the token: 201" [ "$(status -H "Authorization: Bearer $token" -X POST -d "{}" "$base/v1/keys/k/claim")" = 201 ]
+check "API with the token in Dedup-Token: 200" [ "$(status -H "Dedup-Token: $token" "$base/v1/keys/k")" = 200 ]
+check "/metrics without the token: 401" [ "$(status "$base/metrics")" = 401 ]
+check "/metrics with the token: 200" [ "$(status -H "Authorization: Bearer $token" "$base/metrics")" = 200 ]
+check "the page without the token: 401" [ "$(status "$base/")" = 401 ]
+check "the page's script without the token: 401" [ "$(status "$base/assets/app.js")" = 401 ]
+check "/healthz needs no token" [ "$(status "$base/healthz")" = 200 ]
+code=$(curl -s -o /dev/null -D "$tmp/h" -w '%{http_code}' "$base/?token=$token")
+check "/?token=T: 303 to / with an HttpOnly, SameSite=Strict cookie" \
+  eval '[ "$code" = 303 ] && grep -qi "^Set-Cookie: dedup_token=.*HttpOnly; SameSite=Strict" "$tmp/h"'
+cookie="dedup_token=$token"
+check "the cookie opens the page" [ "$(status -H "Cookie: $cookie" "$base/")" = 200 ]
+check "a wrong ?token= gets no cookie" [ "$(status "$base/?token=nope-nope-nope-nope")" = 401 ]
+check "DELETE with the cookie alone (a cross-site form could): 401" \
+  [ "$(status -X DELETE -H "Cookie: $cookie" "$base/v1/keys/k")" = 401 ]
+check "DELETE with the cookie and the page's header: 200" \
+  [ "$(status -X DELETE -H "Cookie: $cookie" -H 'X-Requested-With: dedup-page' "$base/v1/keys/k")" = 200 ]
+
+# ---- the proxy checks the token too (in Dedup-Token; Authorization is the app's)
+serve_start 8076 "$tmp/app.log" python3 "$root/tests/serve_app.py" 8076 "$tmp/calls"
+serve_start 8077 "$tmp/proxy.log" "$dedup" serve --store memory: --listen 127.0.0.1:8077 \
+  --proxy http://127.0.0.1:8076 --auth-token-file "$tmp/token"
+check "proxy without the token: 401" \
+  [ "$(status -X POST -d '{}' -H 'Idempotency-Key: a' http://127.0.0.1:8077/charge)" = 401 ]
+check "... a pass-through request too" [ "$(status http://127.0.0.1:8077/echo)" = 401 ]
+n=$(curl -s http://127.0.0.1:8076/count)
+check "... and the app was not called ($n calls)" [ "$n" = 0 ]
+check "proxy with Dedup-Token: forwarded" \
+  [ "$(status -X POST -d '{}' -H "Dedup-Token: $token" -H 'Idempotency-Key: a' http://127.0.0.1:8077/charge)" = 201 ]
+status -H "Dedup-Token: $token" -H 'Authorization: Bearer app' http://127.0.0.1:8077/echo >/dev/null
+check "the app gets its Authorization but never dedup's token" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.load(open(sys.argv[1]))["headers"].items()}
+assert h.get("authorization")=="Bearer app" and "dedup-token" not in h, h' "$tmp/body"
+
+# ---- the store URI's password: never in answers, errors, logs or /metrics
+pw="secret-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+REDIS_CLI_AUTH="-a $pw --no-auth-warning" redis_start 8078 "$tmp/redis" --requirepass "$pw"
+redis_pid=$REDIS_LAST_PID
+set +e
+"$dedup" serve --store "redis://:wrong-$pw@127.0.0.1:8078" --listen 127.0.0.1:8079 >"$tmp/wrong" 2>&1 &
+wrong=$!
+sleep 2
+kill $wrong 2>/dev/null
+wait $wrong
+set -e
+check "a wrong password: an error naming AUTH" grep -q "AUTH" "$tmp/wrong"
+check "... that does not show the password" bash -c "! grep -q '$pw' '$tmp/wrong'"
+serve_start 8079 "$tmp/pw.log" "$dedup" serve --store "redis://:$pw@127.0.0.1:8078" \
+  --listen 127.0.0.1:8079
+b=http://127.0.0.1:8079
+status -X POST -d "{}" "$b/v1/keys/p/claim" >/dev/null
+curl -s "$b/v1/info" >"$tmp/info"
+check "/v1/info names the store without the password" \
+  eval 'grep -q "redis://" "$tmp/info" && ! grep -q "$pw" "$tmp/info"'
+kill -STOP "$redis_pid"  # the store stops answering
+code=$(status -m 8 -X POST -d "{}" "$b/v1/keys/q/claim")
+kill -CONT "$redis_pid"
+check "a store that does not answer: 503 or 504" eval '[ "$code" = 503 -o "$code" = 504 ]'
+check "... whose error does not show the password" bash -c "! grep -q '$pw' '$tmp/body'"
+serve_stop "$redis_pid"
+code=$(status -m 20 -X POST -d "{}" "$b/v1/keys/r/claim")
+check "the store down: 503 with Retry-After" [ "$code" = 503 ]
+check "... whose error does not show the password" bash -c "! grep -q '$pw' '$tmp/body'"
+check "... and names the problem" grep -qi "redis" "$tmp/body"
+curl -s "$b/metrics" >"$tmp/metrics"
+check "/metrics counts the errors" grep -q 'dedup_serve_claims_total{outcome="error"} [1-9]' "$tmp/metrics"
+check "/metrics does not show the password" bash -c "! grep -q '$pw' '$tmp/metrics'"
+check "serve's log does not show the password" bash -c "! grep -q '$pw' '$tmp/pw.log'"
+
+if [ $FAILS -gt 0 ]; then
+  echo "serve_security_test: $FAILS check(s) failed"
+  exit 1
+fi
+echo "serve_security_test: all checks passed"
