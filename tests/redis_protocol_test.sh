@@ -24,16 +24,7 @@ trap 'redis_stop_all; rm -rf "$tmp"' EXIT
 redis_start "$port" "$tmp/redis"
 
 cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
-failures=0
-check() {  # check NAME EXPECTED ACTUAL
-  if [[ "$2" == "$3" ]]; then
-    echo "ok   $1"
-  else
-    echo "FAIL $1"; echo "  expected: $(printf %q "$2")"; echo "  actual:   $(printf %q "$3")"
-    failures=$((failures + 1))
-  fi
-}
-lines() { tr '\n' ' ' | sed 's/ $//'; }
+source "$here/../scripts/lib/check.sh"
 
 # 1. Load the scripts; the SHA1 is what EVALSHA takes.
 declare -A sha
@@ -153,8 +144,4 @@ check "EVALSHA after flush is NOSCRIPT" "NOSCRIPT" \
 check "EVAL reloads" "2 0 $A" "$(cli EVAL "$(cat "$lua_dir/inspect.lua")" 1 p:k1 | lines | cut -d' ' -f1-3)"
 check "EVALSHA works again" "2 0 $A" "$(inspect p:k1 | cut -d' ' -f1-3)"
 
-if ((failures)); then
-  echo "$failures check(s) failed"
-  exit 1
-fi
-echo "all redis protocol checks passed"
+check_done "redis protocol"

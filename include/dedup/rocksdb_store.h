@@ -18,6 +18,11 @@
 //     then they answer as absent. A dropped record leaves a deletion marker, so an
 //     older version of the key never resurfaces.
 //
+// A full disk is ResourceExhausted (never an abort): the write that hit it
+// changed nothing, and RocksDB keeps refusing writes until it is reopened.
+// RocksDB's info log goes to PATH/LOG through a writer that ignores its own I/O
+// errors.
+//
 // One process at a time: a second process opening the same directory gets
 // FailedPrecondition "rocksdb store at PATH is already open in another process"
 // (a second Open in the same process is refused the same way). A directory
@@ -57,9 +62,35 @@ enum class SyncMode : uint8_t {
                   // operations share one sync: RocksDB's group commit)
 };
 
+// How a write-ahead log that cannot be read to its end is handled at open.
+enum class WalRecovery : uint8_t {
+  // A torn last record (a crash in the middle of a write) is dropped; a corrupt
+  // record anywhere before the end refuses the open with DataLoss naming the log
+  // file. Nothing acknowledged is ever dropped silently.
+  kStrict = 0,
+  // Salvage: replay the log up to the first corrupt record and drop everything
+  // after it (a consistent earlier state; records written after the damage are
+  // gone, so their messages may run again). For an operator who has read the
+  // kStrict error and chosen to lose the tail. URI: rocksdb:PATH?recovery=salvage
+  kSalvage = 1,
+};
+
 struct RocksDBStoreOptions {
-  // Directory of the database. Created when missing. Required.
+  // Directory of the database. Created when missing (unless create_if_missing is
+  // false). Required. A directory that holds RocksDB files but no CURRENT, or
+  // whose MANIFEST no longer lists the "dedup" column family while table or log
+  // files remain, is refused with DataLoss: it is never re-initialised (which
+  // would delete the old files).
   std::string path;
+  // False: a missing directory, or one without a store, is NotFound instead of
+  // a new empty store (admin tools: a mistyped path must not create one).
+  bool create_if_missing = true;
+  // Open for reading only: nothing in the directory is written or created (works
+  // on a read-only copy and beside a running writer, seeing the state at open);
+  // every write answers FailedPrecondition. Implies create_if_missing = false.
+  bool read_only = false;
+  // See WalRecovery. Default: kStrict.
+  WalRecovery wal_recovery = WalRecovery::kStrict;
   // When the write-ahead log reaches the disk. Default: kNone (survives a process
   // crash, not a power loss).
   SyncMode sync = SyncMode::kNone;

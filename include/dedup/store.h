@@ -201,11 +201,18 @@ struct OpenOptions {
   // store. Default: Clock::System(). Ignored by server stores, which use the
   // server's clock.
   Clock* clock = nullptr;
+  // Embedded stores: a missing store is NotFound instead of being created (admin
+  // tools such as inspect and forget, where a mistyped path must not create one).
+  bool must_exist = false;
+  // Embedded stores: open for reading only (nothing written, works on a read-only
+  // copy); writes answer FailedPrecondition. Implies must_exist.
+  bool read_only = false;
 };
 
 // Opens a store from a URI:
 //   memory:                          a process-local store (lost on exit)
-//   rocksdb:PATH[?sync=always|interval:MS|none]   the embedded durable store
+//   rocksdb:PATH[?sync=always|interval:MS|none][&recovery=strict|salvage]
+//                                    the embedded durable store
 // Backends compiled out or URIs that cannot be parsed give InvalidArgument naming
 // the part that is wrong.
 [[nodiscard]] StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,

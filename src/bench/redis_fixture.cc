@@ -57,7 +57,11 @@ RedisConn::RedisConn(const RedisTarget& t) {
   o.has_password = !t.password.empty();
   o.timeout = 5s;
   auto c = redis::Connection::Open(o.endpoints.front(), o);
-  if (c.ok()) conn = std::move(c).value();
+  if (c.ok()) {
+    conn = std::move(c).value();
+  } else {
+    open_error = c.status().ToString();
+  }
 }
 
 std::string RedisConn::Command(const std::vector<std::string>& args) {

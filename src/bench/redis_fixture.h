@@ -37,6 +37,7 @@ std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* er
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
 struct RedisConn {
   std::unique_ptr<redis::Connection> conn;  // null once a command failed
+  std::string open_error;  // why the connection could not be opened (no password in it)
   explicit RedisConn(const RedisTarget& t);
   bool ok() const { return conn != nullptr; }
   // The reply as text (status, string, integer), or "" on failure.

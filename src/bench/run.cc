@@ -44,8 +44,10 @@ bool SetUpRedis(BenchContext& ctx, std::unique_ptr<OwnRedis>* own_redis) {
   }
   RedisConn c(ctx.redis_target);
   if (!c.ok() || c.Command({"PING"}) != "PONG") {
+    // Say why: refused, WRONGPASS, NOAUTH (never the password).
+    const std::string why = !c.open_error.empty() ? c.open_error : "PING was not answered PONG";
     ctx.Skip("redis store: no answer to PING from " + ctx.redis_target.host + ":" +
-             std::to_string(ctx.redis_target.port));
+             std::to_string(ctx.redis_target.port) + " (" + why + ")");
     return false;
   }
   const std::string info = c.Command({"INFO", "server"});

@@ -42,6 +42,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/printable.h"
 #include "cli/flags.h"
 #include "consumer/handler_process.h"
 #include "dedup/buffer.h"
@@ -173,20 +174,20 @@ int RunExec(const ExecFlags& f) {
       const int rc = st == CompletionStatus::kOk ? kExitReplayedOk : kExitReplayedFailed;
       std::fprintf(stderr, "dedup exec: '%s' already ran (fence %llu, %s, exit %d); not run "
                            "again; exit %d (replayed)\n",
-                   f.key.c_str(), static_cast<unsigned long long>(g.fence()),
+                   internal::Printable(f.key).c_str(), static_cast<unsigned long long>(g.fence()),
                    std::string(CompletionStatusName(st)).c_str(), code, rc);
       return rc;
     }
     case ClaimOutcome::kBusy:
       std::fprintf(stderr, "dedup exec: '%s' is running elsewhere (lease left %lld ms); exit 75\n",
-                   f.key.c_str(), static_cast<long long>(g.result().lease_left.count()));
+                   internal::Printable(f.key).c_str(), static_cast<long long>(g.result().lease_left.count()));
       return kExitTempFail;
     case ClaimOutcome::kExhausted:
       std::fprintf(stderr, "dedup exec: '%s': attempts exhausted after %u; exit %d\n",
-                   f.key.c_str(), g.attempt(), kExitExhausted);
+                   internal::Printable(f.key).c_str(), g.attempt(), kExitExhausted);
       return kExitExhausted;
     case ClaimOutcome::kMismatch:
-      std::fprintf(stderr, "dedup exec: '%s': fingerprint mismatch; exit %d\n", f.key.c_str(),
+      std::fprintf(stderr, "dedup exec: '%s': fingerprint mismatch; exit %d\n", internal::Printable(f.key).c_str(),
                    kExitDataErr);
       return kExitDataErr;
     case ClaimOutcome::kAcquired:

@@ -17,6 +17,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/printable.h"
 #include "dedup/store.h"
 
 namespace dedup::cli {
@@ -31,8 +32,13 @@ struct InspectFlags {
   bool json = false;
 };
 
+// Keys are bytes; JSON strings are Unicode. A key that is valid UTF-8 is "key" as
+// it is. Any other key is "key_hex" (its exact bytes, lower-case hex) and "key"
+// (the same bytes made printable: see core/printable.h), so that every key has a
+// "key" to show and an exact form to act on.
 nlohmann::json ToJson(const Record& r) {
-  nlohmann::json j = {{"key", r.key},
+  const bool utf8 = internal::IsValidUtf8(r.key);
+  nlohmann::json j = {{"key", utf8 ? r.key : internal::Printable(r.key)},
                       {"state", RecordStateName(r.state)},
                       {"token", r.token.ToHex()},
                       {"fence", r.fence},
@@ -42,13 +48,14 @@ nlohmann::json ToJson(const Record& r) {
   if (r.state == RecordState::kInProgress) {
     j["lease_deadline"] = FormatMillisUtc(r.lease_deadline);
   }
+  if (!utf8) j["key_hex"] = internal::HexBytes(r.key);
   if (r.state == RecordState::kCompleted) j["status"] = CompletionStatusName(r.status);
   return j;
 }
 
 void PrintRecord(const Record& r) {
   std::printf("%s\n  state      %s\n  token      %s\n  fence      %llu\n  attempt    %u\n",
-              r.key.c_str(), std::string(RecordStateName(r.state)).c_str(),
+              internal::Printable(r.key).c_str(), std::string(RecordStateName(r.state)).c_str(),
               r.token.ToHex().c_str(), static_cast<unsigned long long>(r.fence), r.attempt);
   if (r.state == RecordState::kInProgress) {
     std::printf("  lease      until %s\n", FormatMillisUtc(r.lease_deadline).c_str());
@@ -60,8 +67,13 @@ void PrintRecord(const Record& r) {
   std::printf("  result     %zu bytes\n", r.result.size());
 }
 
-StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd) {
-  auto s = OpenStore(uri);
+// Admin commands never create a store where there is none (a mistyped path);
+// inspect only reads, so it also works on a read-only copy and beside a worker.
+StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd, bool read_only) {
+  OpenOptions o;
+  o.must_exist = true;
+  o.read_only = read_only;
+  auto s = OpenStore(uri, o);
   if (!s.ok()) std::fprintf(stderr, "dedup %s: --store: %s\n", cmd, s.status().ToString().c_str());
   return s;
 }
@@ -71,7 +83,7 @@ int RunInspect(const InspectFlags& f) {
     std::fprintf(stderr, "dedup inspect: give a KEY or --prefix P (not both)\n");
     return kExitUsage;
   }
-  auto store = Open(f.store, "inspect");
+  auto store = Open(f.store, "inspect", /*read_only=*/true);
   if (!store.ok()) return kExitUsage;
   std::vector<Record> records;
   if (!f.key.empty()) {
@@ -92,7 +104,11 @@ int RunInspect(const InspectFlags& f) {
   if (f.json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : records) arr.push_back(ToJson(r));
-    std::printf("%s\n", arr.dump().c_str());
+    // Every string is valid UTF-8 by now; "replace" is a last guard, never an abort.
+    // ASCII only (\uXXXX escapes): nothing in it can act on a terminal.
+    const std::string text =
+        arr.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+    std::printf("%s\n", text.c_str());
   } else {
     for (const auto& r : records) PrintRecord(r);
     if (records.empty()) std::fprintf(stderr, "dedup inspect: no record\n");
@@ -121,7 +137,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
   app->add_option("--store", f->store, "Store URI")->required();
   app->add_option("key", f->key, "The key to forget")->required();
   app->callback([f, &ctx] {
-    auto store = Open(f->store, "forget");
+    auto store = Open(f->store, "forget", /*read_only=*/false);
     if (!store.ok()) {
       ctx.exit_code = kExitUsage;
       return;

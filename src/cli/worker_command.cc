@@ -181,6 +181,12 @@ HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence
 
 HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
                                 uint32_t attempt, const ClaimGuard* g) {
+  // An environment variable ends at its first NUL: DEDUP_KEY would be cut, and the
+  // handler would act on another key's name. Refused (dead-lettered), never run.
+  if (m.key().find('\0') != std::string::npos) {
+    return HandlerResult::Fail("key contains a NUL byte, which DEDUP_KEY cannot carry; "
+                               "handler not run");
+  }
   HandlerCommand c;
   c.argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
   if (IsRedisBroker(f.broker)) {

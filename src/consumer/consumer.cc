@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/printable.h"
 #include "dedup/consumer.h"
 
 namespace dedup {
@@ -323,7 +324,8 @@ class Consumer::Impl {
         s = d.DeadLetter(reason);
         if (s.ok()) {
           n_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
-          Log("dead-lettered " + d.id() + " (key '" + d.key() + "'): " + reason);
+          Log("dead-lettered " + internal::Printable(d.id()) + " (key '" +
+              internal::Printable(d.key()) + "'): " + internal::Printable(reason));
         }
         break;
     }

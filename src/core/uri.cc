@@ -7,6 +7,7 @@
 #include <charconv>
 
 #include "core/duration.h"
+#include "core/redact.h"
 #include "dedup/store.h"
 
 namespace dedup::internal {
@@ -36,17 +37,6 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
     i += 2;
   }
   return out;
-}
-
-// The text with anything before the authority's last '@' replaced by "***", so
-// that a password never reaches an error message.
-std::string RedactUserinfo(std::string_view text) {
-  size_t start = text.find("//");
-  start = start == std::string_view::npos ? 0 : start + 2;
-  const size_t end = std::min(text.find_first_of("/?", start), text.size());
-  const size_t at = text.substr(0, end).rfind('@');
-  if (at == std::string_view::npos || at < start) return std::string(text);
-  return std::string(text.substr(0, start)) + "***" + std::string(text.substr(at));
 }
 
 }  // namespace
@@ -80,11 +70,8 @@ std::string Uri::Redacted() const {
   if (has_authority) {
     s += "//";
     if (!user.empty() || has_password) {
-      // redis://secret@host: a user without a password is the password there.
-      const bool user_is_password = !has_password && scheme.starts_with("redis");
-      s += user_is_password ? "***" : user;
-      if (has_password) s += ":***";
-      s += "@";
+      // "user:@" is a password typed in the user's place: hidden whole.
+      s += has_password && !password.empty() ? user + ":***@" : "***@";
     }
     s += hosts;
   }
@@ -93,21 +80,25 @@ std::string Uri::Redacted() const {
     s += i == 0 ? "?" : "&";
     s += params[i].first + "=" + params[i].second;
   }
-  return s;
+  // Also hides a lone user-info (Redis reads it as the password) and whatever a
+  // typo left in the path ("redis:///:pass@host").
+  return RedactUri(s);
 }
 
 StatusOr<Uri> ParseUri(std::string_view text) {
   Uri u;
   const size_t colon = text.find(':');
   if (colon == std::string_view::npos || colon == 0) {
-    return Status::InvalidArgument("store URI '" + RedactUserinfo(text) +
-                                   "' has no scheme (expected e.g. memory:, rocksdb:PATH, "
-                                   "redis://HOST:PORT)");
+    // Not echoed: without a scheme nothing tells a password from a host.
+    return Status::InvalidArgument("store URI has no scheme (expected e.g. memory:, "
+                                   "rocksdb:PATH, redis://HOST:PORT)");
   }
   u.scheme.assign(text.substr(0, colon));
   for (char c : u.scheme) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
-      return Status::InvalidArgument("URI scheme '" + u.scheme + "' has a bad character");
+      return Status::InvalidArgument(
+          "URI does not start with a scheme (letters, digits, '+', '-', '.' before the first "
+          "':'), e.g. redis://HOST:PORT");
     }
   }
   std::string_view rest = text.substr(colon + 1);
@@ -150,7 +141,7 @@ StatusOr<Uri> ParseUri(std::string_view text) {
     if (kv.empty()) continue;
     size_t eq = kv.find('=');
     if (eq == std::string_view::npos || eq == 0) {
-      return Status::InvalidArgument("URI parameter '" + std::string(kv) +
+      return Status::InvalidArgument("URI parameter '" + RedactUri(kv) +
                                      "' is not of the form name=value");
     }
     auto k = Decode(kv.substr(0, eq), "parameter name");

@@ -727,6 +727,7 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
   if (StartsWith(e, "DEDUPCORRUPT") || StartsWith(e, "WRONGTYPE")) {
     return Status::DataLoss(where + "corrupt record: " + std::string(e) + " (nothing changed)");
   }
+  if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
   if (StartsWith(e, "LOADING") || StartsWith(e, "BUSY") || StartsWith(e, "CLUSTERDOWN") ||
       StartsWith(e, "READONLY") || StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||

@@ -5,11 +5,14 @@
 #include <charconv>
 
 #include "core/duration.h"
+#include "core/redact.h"
+#include "core/secret.h"
 
 namespace dedup::redis {
 namespace {
 
-constexpr std::string_view kConnectionParams[] = {"timeout", "pool", "pipeline"};
+constexpr std::string_view kConnectionParams[] = {"timeout", "pool", "pipeline",
+                                                   internal::kPasswordFileParam};
 constexpr std::string_view kTlsParams[] = {"tls", "tls_ca", "tls_cert", "tls_key", "tls_sni"};
 
 Status TlsNotSupported(std::string_view what) {
@@ -93,7 +96,8 @@ Status ConnectionOptions::Validate() const {
 
 std::string ConnectionOptions::Describe() const {
   std::string s = cluster ? "redis+cluster://" : "redis://";
-  if (has_password) s += user + ":***@";
+  // "user:@" is a password typed in the user's place: hidden whole.
+  if (has_password) s += password.empty() ? "***@" : user + ":***@";
   for (size_t i = 0; i < endpoints.size(); ++i) s += (i ? "," : "") + endpoints[i].Name();
   if (db != 0) s += "/" + std::to_string(db);
   return s;
@@ -106,8 +110,23 @@ StatusOr<RedisUri> ParseRedisUri(std::string_view text,
   return ParseRedisUri(*uri, caller_params);
 }
 
+namespace {
+StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
+                                           std::initializer_list<std::string_view> caller_params);
+}  // namespace
+
 StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
                                  std::initializer_list<std::string_view> caller_params) {
+  StatusOr<RedisUri> out = ParseRedisUriUnredacted(uri, caller_params);
+  // Host and port errors echo what they were given, and a mistyped URI
+  // ("redis://:PASS" without '@') makes the password a host: redacted.
+  if (!out.ok()) return Status(out.status().code(), internal::RedactWords(out.status().message()));
+  return out;
+}
+
+namespace {
+StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
+                                           std::initializer_list<std::string_view> caller_params) {
   RedisUri out;
   out.uri = uri;
   ConnectionOptions& o = out.connection;
@@ -126,6 +145,15 @@ StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
   }
   if (uri.hosts.empty()) {
     return Status::InvalidArgument("redis: no host (expected " + example + ")");
+  }
+  // "redis://:PASS" with the '@' forgotten: the password would be read, and
+  // echoed, as a port.
+  if (uri.user.empty() && !uri.has_password && uri.hosts[0] == ':' &&
+      uri.hosts.find_first_not_of("0123456789", 1) != std::string::npos &&
+      uri.hosts.find_first_of("[],") == std::string::npos &&
+      uri.hosts.find(':', 1) == std::string::npos) {
+    return Status::InvalidArgument("redis: no host before the ':' (expected " + example +
+                                   "; a password goes before an at-sign)");
   }
 
   // Options: the connection's, TLS (named, refused), then the caller's.
@@ -148,15 +176,13 @@ StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
     }
   }
 
-  o.user = uri.user;
-  o.password = uri.password;
-  o.has_password = uri.has_password;
-  if (!uri.has_password && !uri.user.empty()) {
-    // "redis://secret@host": the part before '@' is a password, as redis-cli reads it.
-    o.password = uri.user;
-    o.user.clear();
-    o.has_password = true;
-  }
+  // Inline (a lone user-info is the password, as redis-cli reads it), a
+  // password_file= or $DEDUP_REDIS_PASSWORD: core/secret.h.
+  StatusOr<internal::RedisCredentials> cred = internal::ResolveRedisCredentials(uri);
+  if (!cred.ok()) return cred.status();
+  o.user = cred->user;
+  o.password = cred->password;
+  o.has_password = cred->has_password;
 
   std::string_view hosts = uri.hosts;
   while (true) {
@@ -210,5 +236,6 @@ StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
   DEDUP_RETURN_IF_ERROR(o.Validate());
   return out;
 }
+}  // namespace
 
 }  // namespace dedup::redis

@@ -100,6 +100,8 @@ bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
     const auto b = static_cast<uint8_t>(v[(*i)++]);
     n |= static_cast<uint64_t>(b & 127) << shift;
     if (b < 128) {
+      // Canonical only, as record.lua: a last byte of 0 after others is padding.
+      if (b == 0 && shift > 0) return false;
       *out = n;
       return true;
     }
@@ -425,7 +427,7 @@ class RedisStore final : public Store {
     if (flags & kHasFp2) {
       if (i >= v.size()) return false;
       const size_t n = static_cast<uint8_t>(v[i]);
-      if (n == 0 || v.size() < i + 1 + n) return false;
+      if (n == 0 || n > kMaxFingerprintBytes || v.size() < i + 1 + n) return false;
       fp = v.substr(i + 1, n);
       i += 1 + n;
     }

@@ -39,6 +39,8 @@
 #include <chrono>
 #include <charconv>
 #include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -58,7 +60,9 @@
 #include "rocksdb/compaction_filter.h"
 #include "rocksdb/convenience.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/filter_policy.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/options.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
@@ -118,6 +122,12 @@ std::string_view SyncModeName(SyncMode m) {
 // A RocksDB status as ours, prefixed with `context` ("rocksdb PATH: op").
 Status FromRocks(const rocksdb::Status& s, const std::string& context) {
   std::string m = context + ": " + s.ToString();
+  if (s.IsNoSpace()) {
+    // Fails closed: the write that hit it did not happen, and RocksDB refuses
+    // every later write until the store is reopened with space to spare.
+    return Status::ResourceExhausted(std::move(m) + " (the disk is full: free space and reopen "
+                                                    "the store; this operation did not happen)");
+  }
   if (s.IsCorruption()) return Status::DataLoss(std::move(m));
   if (s.IsInvalidArgument()) return Status::InvalidArgument(std::move(m));
   if (s.IsNotSupported()) return Status::FailedPrecondition(std::move(m));
@@ -178,6 +188,105 @@ class ExpiryFilterFactory final : public rocksdb::CompactionFilterFactory {
   Clock* const clock_;
 };
 
+// RocksDB's info log, written by us instead of by RocksDB's own logger, which
+// aborts the process when a write to PATH/LOG fails (a full disk made every
+// command die with SIGABRT inside DB::Open). This one stops writing at the
+// first error and never fails: the log is for operators, nothing depends on it.
+// Without a file (read-only opens) it drops everything.
+class InfoLog final : public rocksdb::Logger {
+ public:
+  // Appends to `file` (PATH/LOG), first moving a LOG past 4 MiB to LOG.old.
+  static std::shared_ptr<InfoLog> ForDirectory(const std::string& dir) {
+    const std::string file = dir + "/LOG";
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(file, ec);
+    if (!ec && size > (4u << 20)) std::filesystem::rename(file, dir + "/LOG.old", ec);
+    return std::make_shared<InfoLog>(std::fopen(file.c_str(), "ae"));
+  }
+  static std::shared_ptr<InfoLog> Discard() { return std::make_shared<InfoLog>(nullptr); }
+
+  explicit InfoLog(FILE* f) : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), f_(f) {}
+  ~InfoLog() override {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    std::lock_guard l(mu_);
+    if (f_ == nullptr) return;
+    if (std::vfprintf(f_, format, ap) < 0 || std::fputc('\n', f_) == EOF ||
+        std::fflush(f_) != 0) {
+      std::fclose(f_);  // full disk or I/O error: stop logging, keep running
+      f_ = nullptr;
+    }
+  }
+
+ private:
+  rocksdb::Status CloseImpl() override { return rocksdb::Status::OK(); }
+
+  std::mutex mu_;
+  FILE* f_;  // guarded by mu_
+};
+
+// Notes that RocksDB stopped writing after an I/O error (a full disk), and keeps
+// it stopped: no automatic resume, so writes fail closed until a reopen. Once
+// stopped, the WAL must not be synced again (librocksdb then aborts on an
+// assertion in its log writer).
+class WriteErrorListener final : public rocksdb::EventListener {
+ public:
+  void OnBackgroundError(rocksdb::BackgroundErrorReason /*reason*/,
+                         rocksdb::Status* bg_error) override {
+    if (bg_error != nullptr && !bg_error->ok()) failed_.store(true);
+  }
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/,
+                            rocksdb::Status /*bg_error*/, bool* auto_recovery) override {
+    failed_.store(true);
+    if (auto_recovery != nullptr) *auto_recovery = false;
+  }
+  bool failed() const { return failed_.load(); }
+
+ private:
+  std::atomic<bool> failed_{false};
+};
+
+// What a directory holds, looked at before RocksDB touches it.
+struct DirectoryFacts {
+  bool exists = false;
+  bool has_current = false;
+  std::vector<std::string> data_files;  // tables, logs, manifests, blobs
+  std::vector<std::string> live_logs;   // non-empty write-ahead logs
+};
+
+DirectoryFacts LookAt(const std::string& path) {
+  DirectoryFacts f;
+  std::error_code ec;
+  f.exists = std::filesystem::is_directory(path, ec);
+  if (!f.exists) return f;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "CURRENT") f.has_current = true;
+    const bool log = name.ends_with(".log");
+    if (log || name.ends_with(".sst") || name.ends_with(".blob") ||
+        name.starts_with("MANIFEST-")) {
+      f.data_files.push_back(name);
+    }
+    std::error_code size_ec;
+    if (log && std::filesystem::file_size(e.path(), size_ec) > 0 && !size_ec) {
+      f.live_logs.push_back(path + "/" + name);
+    }
+  }
+  std::sort(f.data_files.begin(), f.data_files.end());
+  std::sort(f.live_logs.begin(), f.live_logs.end());
+  return f;
+}
+
+std::string FewNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 4) out += ", ... (" + std::to_string(names.size()) + " files)";
+  return out;
+}
+
 rocksdb::ColumnFamilyOptions RecordFamilyOptions(const RocksDBStoreOptions& o, Clock* clock) {
   rocksdb::ColumnFamilyOptions cf;
   rocksdb::BlockBasedTableOptions t;
@@ -227,8 +336,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
       syncer_.join();
     }
     if (db_ != nullptr) {
-      // A clean close leaves the log on disk whatever the sync mode.
-      (void)db_->SyncWAL();
+      // A clean close leaves the log on disk whatever the sync mode (unless a
+      // write error stopped the database: then nothing more can be written).
+      if (!write_errors_->failed() && !options_.read_only) (void)db_->SyncWAL();
       for (rocksdb::ColumnFamilyHandle* h : handles_) (void)db_->DestroyColumnFamilyHandle(h);
       (void)db_->Close();
       delete db_;
@@ -239,6 +349,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
+    DEDUP_RETURN_IF_ERROR(CheckWritable("claim"));
     thread_local std::string rkey, value;
     thread_local Record scratch;
     EncodeRecordKey(req.key, &rkey);
@@ -273,6 +384,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
     DEDUP_RETURN_IF_ERROR(ValidateExtend(key, token, lease));
+    DEDUP_RETURN_IF_ERROR(CheckWritable("extend"));
     return Update(key, "extend", nullptr,
                   [&](Record* r, int64_t now) { return DecideExtend(r, token, lease, now); });
   }
@@ -286,6 +398,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
                                           CompletionStatus status, std::string_view result,
                                           rocksdb::WriteBatch* batch) override {
     DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    DEDUP_RETURN_IF_ERROR(CheckWritable("complete"));
     return Update(key, "complete", batch, [&](Record* r, int64_t now) {
       return DecideComplete(r, token, retention, status, result, now);
     });
@@ -293,6 +406,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
     DEDUP_RETURN_IF_ERROR(ValidateRelease(key, token, retention));
+    DEDUP_RETURN_IF_ERROR(CheckWritable("release"));
     return Update(key, "release", nullptr, [&](Record* r, int64_t now) {
       return DecideRelease(r, token, retention, now);
     });
@@ -326,6 +440,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // rid of a corrupt one.
   StatusOr<bool> Forget(std::string_view key) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
+    DEDUP_RETURN_IF_ERROR(CheckWritable("forget"));
     std::string rkey;
     EncodeRecordKey(key, &rkey);
     Stripe& st = stripes_[StripeIndex(key)];
@@ -375,6 +490,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
     }
     if (!it->status().ok()) return FromRocks(it->status(), Context("scan"));
     return out;
+  }
+
+  // A store opened read-only (dedup inspect) refuses every write before it starts:
+  // no group-commit writer runs there to persist a claim.
+  Status CheckWritable(std::string_view op) const {
+    if (!options_.read_only) return Status::Ok();
+    return Status::FailedPrecondition("rocksdb " + options_.path + ": " + std::string(op) +
+                                      ": the store was opened read-only");
   }
 
   std::string Describe() const override {
@@ -704,7 +827,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       l.unlock();
       // A failed sync is retried on the next tick; RocksDB also records the
       // error and fails later writes if the log can no longer be written.
-      (void)db_->SyncWAL();
+      if (!write_errors_->failed()) (void)db_->SyncWAL();
       l.lock();
     }
   }
@@ -717,6 +840,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   rocksdb::WriteOptions write_options_;
   rocksdb::ReadOptions read_options_;
   std::unique_ptr<Stripe[]> stripes_;
+  std::shared_ptr<WriteErrorListener> write_errors_ = std::make_shared<WriteErrorListener>();
 
   // Group commit of claims (see the top of this file).
   uint64_t fence_floor_ = 1;  // (epoch << 32) + 1, set at open
@@ -743,6 +867,7 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     Status s = ValidateClaim(reqs[i]);
     if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
   }
+  DEDUP_RETURN_IF_ERROR(CheckWritable("claim batch"));
   std::vector<ClaimResult> out;
   if (reqs.empty()) return out;
   out.reserve(reqs.size());
@@ -862,37 +987,93 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
 Status RocksDBStoreImpl::OpenDb() {
   const std::string& path = options_.path;
   const std::string ctx = Context("open");
+  const bool read_only = options_.read_only;
+  const bool may_create = options_.create_if_missing && !read_only;
 
   // RocksDB's own messages for these are cryptic; say it plainly first.
   std::error_code ec;
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec)) {
     return Status::InvalidArgument(ctx + ": path exists and is not a directory");
   }
-  std::filesystem::create_directories(path, ec);
-  if (ec) {
-    std::string m = ctx + ": cannot create the directory: " + ec.message();
-    if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system) {
-      return Status::PermissionDenied(std::move(m));
+  DirectoryFacts facts = LookAt(path);
+  if (!facts.has_current && !may_create && facts.data_files.empty()) {
+    return Status::NotFound(ctx + ": no store here (" +
+                            (facts.exists ? "the directory has no RocksDB database"
+                                          : "no such directory") +
+                            "); nothing was created");
+  }
+  // RocksDB starts a new, empty database wherever CURRENT is missing, and later
+  // deletes the files it does not know: refuse instead, every time.
+  if (!facts.has_current && !facts.data_files.empty()) {
+    return Status::DataLoss(ctx + ": the directory holds RocksDB files (" +
+                            FewNames(facts.data_files) +
+                            ") but no CURRENT file; refusing to open it, which would start an "
+                            "empty store and delete them. Restore CURRENT (it names the newest "
+                            "MANIFEST-NNNNNN file, followed by a newline) or the whole directory "
+                            "from a backup");
+  }
+  if (!facts.exists) {
+    std::filesystem::create_directories(path, ec);
+    if (ec) {
+      std::string m = ctx + ": cannot create the directory: " + ec.message();
+      if (ec == std::errc::permission_denied || ec == std::errc::read_only_file_system) {
+        return Status::PermissionDenied(std::move(m));
+      }
+      if (ec == std::errc::no_space_on_device) return Status::ResourceExhausted(std::move(m));
+      return Status::InvalidArgument(std::move(m));
     }
-    return Status::InvalidArgument(std::move(m));
   }
 
   rocksdb::DBOptions dbo;
-  dbo.create_if_missing = true;
-  dbo.create_missing_column_families = true;
+  dbo.create_if_missing = !facts.has_current;
+  dbo.create_missing_column_families = !read_only;
   dbo.max_background_jobs = 2;
   dbo.keep_log_file_num = 4;
   dbo.max_total_wal_size = 256u << 20;
   // Concurrent writers share WAL writes and syncs; memtable inserts overlap.
   dbo.enable_pipelined_write = true;
+  dbo.listeners.push_back(write_errors_);
+  dbo.info_log = read_only ? InfoLog::Discard() : InfoLog::ForDirectory(path);
+  // A torn tail is what a crash leaves; damage before the end is refused (below
+  // it is named), unless the operator asked to salvage.
+  dbo.wal_recovery_mode = options_.wal_recovery == WalRecovery::kSalvage
+                              ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
+                              : rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
 
   // Every column family of the directory must be opened: the application may have
   // its own beside "dedup".
   std::vector<std::string> names;
-  if (!rocksdb::DB::ListColumnFamilies(dbo, path, &names).ok() || names.empty()) {
-    names = {rocksdb::kDefaultColumnFamilyName};  // a new database
+  if (facts.has_current) {
+    rocksdb::Status ls = rocksdb::DB::ListColumnFamilies(dbo, path, &names);
+    if (!ls.ok()) {
+      if (ls.IsNoSpace()) return FromRocks(ls, ctx);
+      return Status::DataLoss(ctx + ": CURRENT names a MANIFEST that cannot be read (" +
+                              ls.ToString() + "); refusing to open the directory. Restore it "
+                              "from a backup");
+    }
   }
+  if (names.empty()) names = {rocksdb::kDefaultColumnFamilyName};  // a new database
   if (std::find(names.begin(), names.end(), internal::kColumnFamily) == names.end()) {
+    if (read_only || !options_.create_if_missing) {
+      return Status::NotFound(ctx + ": the RocksDB database has no \"dedup\" column family "
+                              "(no store here); nothing was created");
+    }
+    // A MANIFEST without "dedup" while tables or logs remain is one that does not
+    // match the files (rewritten, or from another database): opening it would
+    // delete them as obsolete.
+    if (facts.has_current) {
+      std::vector<std::string> tables;
+      for (const std::string& n : facts.data_files) {
+        if (n.ends_with(".sst") || n.ends_with(".blob")) tables.push_back(n);
+      }
+      if (!tables.empty() || !facts.live_logs.empty()) {
+        return Status::DataLoss(
+            ctx + ": the MANIFEST has no \"dedup\" column family but the directory holds " +
+            FewNames(!tables.empty() ? tables : facts.live_logs) +
+            "; refusing to open it (the MANIFEST does not match the files, and opening would "
+            "delete them). Restore the directory from a backup");
+      }
+    }
     names.emplace_back(internal::kColumnFamily);
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> descs;
@@ -906,11 +1087,15 @@ Status RocksDBStoreImpl::OpenDb() {
     }
   }
 
-  rocksdb::Status s = rocksdb::DB::Open(dbo, path, descs, &handles_, &db_);
+  rocksdb::Status s = read_only ? rocksdb::DB::OpenForReadOnly(dbo, path, descs, &handles_, &db_)
+                                : rocksdb::DB::Open(dbo, path, descs, &handles_, &db_);
   if (!s.ok()) {
     db_ = nullptr;
     handles_.clear();
     const std::string m = s.ToString();
+    if (s.IsIOError() && m.find("ead-only file system") != std::string::npos) {
+      return Status::PermissionDenied(ctx + ": " + m + " (only inspect opens a read-only copy)");
+    }
     if (s.IsIOError() && m.find("lock") != std::string::npos) {
       if (m.find("current process") != std::string::npos) {
         return Status::FailedPrecondition("rocksdb store at " + path +
@@ -922,7 +1107,18 @@ Status RocksDBStoreImpl::OpenDb() {
     if (s.IsIOError() && m.find("ermission denied") != std::string::npos) {
       return Status::PermissionDenied(ctx + ": " + m);
     }
-    if (s.IsCorruption()) return Status::DataLoss(ctx + ": " + m);
+    if (s.IsNoSpace()) return FromRocks(s, ctx);
+    if (s.IsCorruption()) {
+      std::string where = facts.live_logs.empty()
+                              ? std::string()
+                              : "; write-ahead log(s): " + FewNames(facts.live_logs);
+      return Status::DataLoss(
+          ctx + ": " + m + where +
+          ". Nothing was changed. If a write-ahead log has a corrupt record before its end, "
+          "the records after it cannot be replayed: to open the store anyway and lose them "
+          "(their messages may then run again), open rocksdb:" + path +
+          "?recovery=salvage once, after copying the directory aside");
+    }
     return Status::FailedPrecondition(ctx + ": " + m);
   }
   cf_ = handles_[dedup_index];
@@ -940,6 +1136,7 @@ Status RocksDBStoreImpl::OpenDb() {
       return Status::FailedPrecondition(ctx + ": the \"dedup\" column family has data but no "
                                         "format version; refusing to guess how to read it");
     }
+    if (read_only) return Status::NotFound(ctx + ": the store is empty and was never used");
     rocksdb::WriteOptions wo;
     wo.sync = true;
     s = db_->Put(wo, cf_, internal::kMetaFormatKey, std::to_string(internal::kFormatVersion));
@@ -964,6 +1161,7 @@ Status RocksDBStoreImpl::OpenDb() {
   }
 
   DEDUP_RETURN_IF_ERROR(LoadIndex());
+  if (read_only) return Status::Ok();  // nothing is written: no epoch, no writer threads
   DEDUP_RETURN_IF_ERROR(AdvanceFenceEpoch());  // and starts the group commit of claims
   if (options_.sync == SyncMode::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   return Status::Ok();
@@ -995,7 +1193,7 @@ StatusOr<std::unique_ptr<Store>> OpenRocksDBFromUri(const Uri& uri, const OpenOp
                                    "' names a host; the store is a local directory "
                                    "(rocksdb:/abs/path or rocksdb:./rel/path)");
   }
-  DEDUP_RETURN_IF_ERROR(uri.CheckParams({"sync"}));
+  DEDUP_RETURN_IF_ERROR(uri.CheckParams({"sync", "recovery"}));
   if (uri.path.empty()) {
     return Status::InvalidArgument("rocksdb URI '" + shown +
                                    "' has an empty path (expected rocksdb:PATH, e.g. "
@@ -1004,6 +1202,18 @@ StatusOr<std::unique_ptr<Store>> OpenRocksDBFromUri(const Uri& uri, const OpenOp
   RocksDBStoreOptions o;
   o.path = uri.path;
   o.clock = options.clock;
+  o.create_if_missing = !options.must_exist;
+  o.read_only = options.read_only;
+  if (auto rec = uri.Param("recovery")) {
+    if (*rec == "strict") {
+      o.wal_recovery = WalRecovery::kStrict;
+    } else if (*rec == "salvage") {
+      o.wal_recovery = WalRecovery::kSalvage;
+    } else {
+      return Status::InvalidArgument("rocksdb URI parameter recovery='" + *rec +
+                                     "' is not one of strict, salvage");
+    }
+  }
   if (auto sync = uri.Param("sync")) {
     const std::string_view v = *sync;
     if (v == "none") {

@@ -11,17 +11,21 @@
 --          outcome 0 ACQUIRED, 1 BUSY, 2 DUPLICATE, 3 MISMATCH, 4 EXHAUSTED
 --@dedup-include record.lua
 local key = KEYS[1]
-local tok, lease, retention = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local fp, max_attempts = ARGV[4], tonumber(ARGV[5])
-local hi, lo = tonumber(string.sub(tok, 1, 8), 16), tonumber(string.sub(tok, 9, 16), 16)
-if #tok ~= 16 or not hi or not lo or not lease or not retention or not max_attempts
-    or #fp > 64 then
-  return redis.error_reply('DEDUPARGS claim: bad arguments')
+local tok, lease, retention = arg_token(ARGV[1]), arg_ms(ARGV[2]), arg_ms(ARGV[3])
+local fp, max_attempts = ARGV[4], arg_uint(ARGV[5], 4294967295)
+if not tok then return bad_args('claim', 'token must be 16 lower-case hex digits, not all 0') end
+if not lease then return bad_args('claim', 'lease must be an integer of ms, 1 to ' .. MAX_MS) end
+if not retention then
+  return bad_args('claim', 'retention must be an integer of ms, 1 to ' .. MAX_MS)
+end
+if not fp or #fp > 64 then return bad_args('claim', 'fingerprint must be at most 64 bytes') end
+if not max_attempts then
+  return bad_args('claim', 'max_attempts must be an integer, 0 to 4294967295')
 end
 local r, err = load(key, 'claim')
 if err then return err end
 if not r then
-  redis.call('SET', key, encode(1, 0, struct.pack('>I4I4', hi, lo), 1, 1, retention, fp, ''),
+  redis.call('SET', key, encode(1, 0, tok, 1, 1, retention, fp, ''),
              'PX', lease + retention)
   return {0, 1, 1}
 end
@@ -43,6 +47,6 @@ if max_attempts > 0 and r.attempt >= max_attempts then
   return {4, r.fence, r.attempt}
 end
 if r.fp == '' then r.fp = fp end
-redis.call('SET', key, encode(1, 0, struct.pack('>I4I4', hi, lo), r.fence + 1, r.attempt + 1,
+redis.call('SET', key, encode(1, 0, tok, r.fence + 1, r.attempt + 1,
                               retention, r.fp, ''), 'PX', lease + retention)
 return {0, r.fence + 1, r.attempt + 1}

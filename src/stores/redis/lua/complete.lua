@@ -7,15 +7,18 @@
 -- Reply    1 OK (COMPLETED, kept until now + retention), 0 LOST (nothing changed)
 --@dedup-include record.lua
 local key = KEYS[1]
-local tok, retention, status = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local hi, lo = tonumber(string.sub(tok, 1, 8), 16), tonumber(string.sub(tok, 9, 16), 16)
-if #tok ~= 16 or not hi or not lo or not retention or not status or status < 0 or status > 2
-    or status % 1 ~= 0 then
-  return redis.error_reply('DEDUPARGS complete: bad arguments')
+local tok, retention, status = arg_token(ARGV[1]), arg_ms(ARGV[2]), arg_uint(ARGV[3], 2)
+if not tok then return bad_args('complete', 'token must be 16 lower-case hex digits, not all 0') end
+if not retention then
+  return bad_args('complete', 'retention must be an integer of ms, 1 to ' .. MAX_MS)
+end
+if not status then return bad_args('complete', 'status must be 0, 1 or 2') end
+if not ARGV[4] or #ARGV[4] > 1048576 then
+  return bad_args('complete', 'result must be at most 1048576 bytes')
 end
 local r, err = load(key, 'complete')
 if err then return err end
-if not r or r.state ~= 1 or r.tok ~= struct.pack('>I4I4', hi, lo) then return 0 end
+if not r or r.state ~= 1 or r.tok ~= tok then return 0 end
 redis.call('SET', key, encode(2, status, r.tok, r.fence, r.attempt, 0, r.fp, ARGV[4]),
            'PX', retention)
 return 1

@@ -5,14 +5,12 @@
 -- Reply    1 OK (lease now ends at now + lease), 0 LOST (nothing changed)
 --@dedup-include record.lua
 local key = KEYS[1]
-local tok, lease = ARGV[1], tonumber(ARGV[2])
-local hi, lo = tonumber(string.sub(tok, 1, 8), 16), tonumber(string.sub(tok, 9, 16), 16)
-if #tok ~= 16 or not hi or not lo or not lease then
-  return redis.error_reply('DEDUPARGS extend: bad arguments')
-end
+local tok, lease = arg_token(ARGV[1]), arg_ms(ARGV[2])
+if not tok then return bad_args('extend', 'token must be 16 lower-case hex digits, not all 0') end
+if not lease then return bad_args('extend', 'lease must be an integer of ms, 1 to ' .. MAX_MS) end
 local r, err = load(key, 'extend')
 if err then return err end
-if not r or r.state ~= 1 or r.tok ~= struct.pack('>I4I4', hi, lo) then return 0 end
+if not r or r.state ~= 1 or r.tok ~= tok then return 0 end
 -- The lease ends at now + lease; the record is kept `keep` ms after it, as the
 -- claim asked. Format 2 stores keep, so only the key's expiry moves.
 if r.fmt == 2 then

@@ -13,7 +13,11 @@ local function rv(v, i)
     local b = string.byte(v, i)
     if not b then return nil end
     i = i + 1
-    if b < 128 then return n + b * m, i end
+    if b < 128 then
+      -- Canonical only: a last byte of 0 after others is a padded encoding.
+      if b == 0 and m > 1 then return nil end
+      return n + b * m, i
+    end
     n, m = n + (b - 128) * m, m * 128
   end
   return nil
@@ -29,14 +33,15 @@ local function decode(v)
   if b == 1 and #v >= 27 then
     local _, ss, tok, fence, attempt, ld, n = struct.unpack('>BBc8I6I4I6B', v)
     local state, status = ss % 16, math.floor(ss / 16)
-    if state < 1 or state > 3 or status > 2 or #v < 27 + n then return nil end
+    if state < 1 or state > 3 or status > 2 or n > 64 or #v < 27 + n then return nil end
     return {fmt = 1, state = state, status = status, tok = tok, fence = fence,
             attempt = attempt, ld = ld, fp = string.sub(v, 28, 27 + n),
             result = string.sub(v, 28 + n)}
   end
   if not b or b < 64 or b >= 96 or #v < 11 then return nil end
   local state, status = b % 4, math.floor(b / 4) % 4
-  if state == 0 or status == 3 then return nil end
+  -- A status only on COMPLETED (0x45 is not a record).
+  if state == 0 or status == 3 or (state ~= 2 and status ~= 0) then return nil end
   local r = {fmt = 2, state = state, status = status, tok = string.sub(v, 2, 9), fp = ''}
   local i
   r.fence, i = rv(v, 10)
@@ -49,7 +54,7 @@ local function decode(v)
   end
   if b % 32 >= 16 then
     local n = string.byte(v, i)
-    if not n or n == 0 or #v < i + n then return nil end
+    if not n or n == 0 or n > 64 or #v < i + n then return nil end
     r.fp, i = string.sub(v, i + 1, i + n), i + 1 + n
   end
   r.result = string.sub(v, i)
@@ -69,4 +74,36 @@ local function load(key, what)
     return nil, redis.error_reply('DEDUPCORRUPT ' .. what .. ': record is not dedup format 1 or 2 (first byte ' .. tostring(string.byte(v, 1)) .. ', ' .. #v .. ' bytes)')
   end
   return r
+end
+-- Arguments, checked as the C++ API checks them (src/core/store.cc); a bad one is
+-- an error reply 'DEDUPARGS <script>: <what>' and nothing is read or written.
+local MAX_MS = 315360000000  -- 10 years (kMaxDuration)
+local function bad_args(what, why)
+  return redis.error_reply('DEDUPARGS ' .. what .. ': ' .. why)
+end
+-- A duration in ms: decimal digits, no sign or leading zero, 1 to MAX_MS.
+local function arg_ms(s)
+  if type(s) ~= 'string' or #s > 12 or not string.find(s, '^[1-9][0-9]*$') then return nil end
+  local n = tonumber(s)
+  if n > MAX_MS then return nil end
+  return n
+end
+-- A token: exactly 16 lower-case hex digits, not all zero; returned as 8 bytes.
+local function arg_token(s)
+  if type(s) ~= 'string' or #s ~= 16 or not string.find(s, '^[0-9a-f]+$')
+      or s == '0000000000000000' then
+    return nil
+  end
+  return struct.pack('>I4I4', tonumber(string.sub(s, 1, 8), 16),
+                     tonumber(string.sub(s, 9, 16), 16))
+end
+-- A non-negative decimal integer up to `max` (no sign, no leading zero).
+local function arg_uint(s, max)
+  if type(s) ~= 'string' or #s > 10 or not string.find(s, '^[0-9]+$')
+      or (#s > 1 and string.sub(s, 1, 1) == '0') then
+    return nil
+  end
+  local n = tonumber(s)
+  if n > max then return nil end
+  return n
 end

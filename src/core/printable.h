@@ -1,0 +1,31 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Keys and fields are arbitrary bytes chosen by whoever publishes a message. Shown
+// on a terminal or in a log they must not be able to move the cursor, recolour the
+// screen, fake a log line or reorder text: every place that prints one prints
+// Printable(bytes). JSON output uses IsValidUtf8 to choose an encoding.
+
+#ifndef DEDUP_SRC_CORE_PRINTABLE_H_
+#define DEDUP_SRC_CORE_PRINTABLE_H_
+
+#include <string>
+#include <string_view>
+
+namespace dedup::internal {
+
+// `bytes` safe to print: printable ASCII and valid UTF-8 letters as they are;
+// a backslash as "\\"; control characters (C0, DEL, C1), Unicode line and
+// paragraph separators, bidirectional controls, and bytes that are not valid
+// UTF-8 as "\xNN" per byte. Reversible: nothing else produces a backslash.
+std::string Printable(std::string_view bytes);
+
+// True when `bytes` is well-formed UTF-8 (no overlong forms, no surrogates,
+// nothing above U+10FFFF).
+bool IsValidUtf8(std::string_view bytes);
+
+// Lower-case hex of every byte ("6d2dff").
+std::string HexBytes(std::string_view bytes);
+
+}  // namespace dedup::internal
+
+#endif  // DEDUP_SRC_CORE_PRINTABLE_H_

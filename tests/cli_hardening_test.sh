@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The command line under hostile content and bad flags (issue 13, items 1, 7, 9):
+#   * inspect/forget never create a store at a mistyped path;
+#   * inspect --json never aborts on a key that is not UTF-8 (documented encoding:
+#     "key" printable, "key_hex" exact), and is ASCII only;
+#   * keys printed to a terminal or a log are escaped (no ESC byte reaches it);
+#   * a NUL in a message key is refused (dead-lettered with the reason), never cut
+#     into DEDUP_KEY;
+#   * numeric flags reject negative and out-of-range values; an unknown subcommand
+#     is named.
+#
+#   tests/cli_hardening_test.sh DEDUP_CLI
+#
+# Starts its own redis-server on 127.0.0.1:${DEDUP_CLI_HARDENING_REDIS_PORT:-6492}
+# (docs/PORTS.md) in a temporary directory and stops it, and the worker it starts,
+# by PID on exit.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dedup=${1:?usage: cli_hardening_test.sh DEDUP_CLI}
+port=${DEDUP_CLI_HARDENING_REDIS_PORT:-6492}
+source "$here/../scripts/lib/redis.sh"
+tmp=$(mktemp -d)
+worker_pid=
+cleanup() {
+  [[ -n "$worker_pid" ]] && kill -9 "$worker_pid" 2>/dev/null || true
+  redis_stop_all
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+source "$here/../scripts/lib/check.sh"
+ok() { echo "ok   $*"; }
+# expect_rc NAME RC CMD...: runs CMD, checks its exit code; output in $out.
+expect_rc() {
+  local name=$1 want=$2; shift 2
+  set +e; out=$("$@" 2>&1); local rc=$?; set -e
+  [[ $rc -eq $want ]] && ok "$name (rc $rc)" || fail "$name: rc $rc, want $want: $out"
+}
+
+# 1. Admin commands on a mistyped path create nothing.
+expect_rc "inspect of a missing store is an error" 2 "$dedup" inspect --store "rocksdb:$tmp/typo" k
+[[ "$out" == *NOT_FOUND* ]] || fail "inspect missing: $out"
+expect_rc "forget of a missing store is an error" 2 "$dedup" forget --store "rocksdb:$tmp/typo" k
+[[ ! -e "$tmp/typo" ]] && ok "no directory was created" || fail "$tmp/typo was created"
+
+# 2. Keys that are not UTF-8, and keys that carry terminal escapes.
+db="rocksdb:$tmp/db"
+"$dedup" exec --store "$db" --key $'m-\xff\xfe' -- true
+"$dedup" exec --store "$db" --key $'m-\e[2J\e[31mred\a' -- true
+"$dedup" exec --store "$db" --key $'m-\xe2\x80\xaeevil' -- true
+"$dedup" exec --store "$db" --key 'm-plain' -- true
+expect_rc "inspect --json with a non-UTF-8 key" 0 "$dedup" inspect --store "$db" --prefix m- --json
+json=$out
+if python3 - "$json" <<'PY'
+import json, sys
+text = sys.argv[1]
+assert text.isascii(), "output is not ASCII"
+recs = {bytes.fromhex(r["key_hex"]) if "key_hex" in r else r["key"].encode(): r
+        for r in json.loads(text)}
+assert b"m-\xff\xfe" in recs, recs.keys()
+assert recs[b"m-\xff\xfe"]["key"] == "m-\\xff\\xfe", recs[b"m-\xff\xfe"]
+assert "key_hex" not in recs[b"m-plain"]
+assert b"m-\x1b[2J\x1b[31mred\x07" in recs
+assert "m-\u202eevil".encode() in recs
+PY
+then ok "inspect --json: valid JSON, ASCII only, key_hex exact for non-UTF-8 keys"; else fail "inspect --json: $json"; fi
+expect_rc "inspect text output" 0 "$dedup" inspect --store "$db" --prefix m-
+if grep -q $'\e' <<<"$out" || grep -q $'\a' <<<"$out" || grep -q $'\xe2\x80\xae' <<<"$out"; then
+  fail "a terminal control reached the screen: $(printf %q "$out")"
+else
+  ok "inspect escapes keys for the terminal"
+fi
+[[ "$out" == *'m-\x1b[2J\x1b[31mred\x07'* && "$out" == *'m-\xff\xfe'* ]] && ok "escapes are \\xNN" ||
+  fail "escape form: $(printf %q "$out")"
+
+# 3. A NUL in a message key: refused, dead-lettered with the reason, never run.
+redis_start "$port" "$tmp/redis"
+rcli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
+rs="redis://127.0.0.1:$port?prefix=t:"
+"$dedup" exec --store "$rs" --key $'busy-\e[31m' --lease 1h -- sleep 3 &
+busy_pid=$!
+sleep 1
+expect_rc "exec of a running key says so" 75 "$dedup" exec --store "$rs" --key $'busy-\e[31m' -- true
+wait "$busy_pid"
+[[ "$out" != *$'\e'* && "$out" == *'\x1b'* ]] && ok "exec prints the key escaped" || fail "exec: $(printf %q "$out")"
+printf 'XADD jobs * id "a\\x00b"\nXADD jobs * id "a"\n' | rcli >/dev/null
+"$dedup" worker --broker "redis://127.0.0.1:$port?stream=jobs&group=g&dead=jobs:dead" \
+  --store "memory:" --exec "printf '%s|' \"\$DEDUP_KEY\" >>$tmp/ran" --retry-delay 100ms \
+  >"$tmp/worker.log" 2>&1 &
+worker_pid=$!
+for _ in $(seq 100); do
+  [[ "$(rcli XLEN jobs:dead)" -ge 1 && -s "$tmp/ran" ]] && break
+  sleep 0.1
+done
+kill -0 "$worker_pid" 2>/dev/null || echo "worker exited early ($(wait "$worker_pid"; echo rc $?)): $(cat "$tmp/worker.log")"
+{ kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null || true
+worker_pid=
+[[ "$(cat "$tmp/ran" 2>/dev/null)" == "a|" ]] && ok "the handler ran for 'a' only, never for a cut 'a\\0b'" ||
+  fail "handler ran for: $(cat "$tmp/ran" 2>/dev/null | od -c | head -2)"
+[[ "$(rcli XLEN jobs:dead)" == 1 ]] && ok "the NUL key was dead-lettered" || fail "dead: $(rcli XLEN jobs:dead)"
+grep -q 'NUL byte' "$tmp/worker.log" && grep -q "key 'a\\\\x00b'" "$tmp/worker.log" &&
+  ok "the log names the reason and the escaped key" || fail "worker log: $(cat "$tmp/worker.log")"
+
+# 4. Numeric flags: negative and out-of-range values are refused, never wrapped.
+for args in "inspect --store $db --prefix m- --limit -1" \
+            "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --count -1" \
+            "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --seed -1" \
+            "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --start -5" \
+            "exec --store $db --key k --max-attempts -1 -- true" \
+            "exec --store $db --key k --lease -5s -- true" \
+            "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --max-attempts -1" \
+            "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --concurrency 0" \
+            "simulate --seed -1" "simulate --messages -5" "bench --workers -2 --no-redis"; do
+  read -ra argv <<<"$args"
+  set +e; out=$(timeout 20 "$dedup" "${argv[@]}" 2>&1); rc=$?; set -e
+  [[ $rc -eq 2 ]] && ok "refused: dedup $args" || fail "dedup $args: rc $rc: $(head -c 300 <<<"$out")"
+done
+expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
+[[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
+
+check_done "cli hardening"

@@ -1,0 +1,148 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Passwords never reach a message (issue 13, item 6): RedactUri on well-formed
+// and mistyped URIs, Uri::Redacted, the errors of ParseUri and OpenStore, and
+// where a Redis password may come from instead of the command line.
+
+#include "core/redact.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/printable.h"
+#include "core/secret.h"
+#include "core/uri.h"
+#include "dedup/store.h"
+
+namespace dedup::internal {
+namespace {
+
+constexpr std::string_view kSecret = "S3cr3tPW";
+
+// Mistyped and well-formed URIs that hold kSecret as a password.
+std::vector<std::string> Typos() {
+  const std::string p(kSecret);
+  return {"redis://" + p + "@127.0.0.1:1", "redis://:" + p + "@127.0.0.1:1",
+          "redis://u:" + p + "@h", "redis:/" + p + "@h", "redis:/:" + p + "@h",
+          "redis:" + p + "@h", "redis:/u:" + p + "@h", ":" + p + "@h", p + "@h",
+          "redis//:" + p + "@h", "redis:///:" + p + "@h", "redis://:" + p + "@h:badport",
+          "redis://:" + p + "@h?prefx=a", "redis://:" + p + "@h/notanumber", "redis://:" + p + "@",
+          "redis://:" + p + "@h:1/0/extra", "rediss://:" + p + "@h",
+          "redis+cluster://:" + p + "@h1,h2:bad", "redis://:" + p + "@[::1",
+          "redis://:" + p + ":more@h", "redis://:" + p + "@@h", "redis://:" + p + "%@h",
+          "redis://:" + p + "@h:1?prefix", "redis://:" + p + "@h:1?=x", "redis:/:" + p,
+          "redis://:" + p, "postgres://u:" + p + "@h/db", "REDIS://:" + p + "@h",
+          "redis://:pa?ss" + p + "@h", "redis://:" + p + "@h?password=" + p,
+          "redis://h?auth=" + p, "redis://" + p + ":@h", "redis://:" + p + "@h:1?timeout=abc"};
+}
+
+TEST(RedactUri, HidesThePasswordOfEveryTypo) {
+  for (const std::string& t : Typos()) {
+    const std::string r = RedactUri(t);
+    EXPECT_EQ(r.find(kSecret), std::string::npos) << t << " -> " << r;
+    EXPECT_EQ(RedactWords("bad URI '" + t + "' here").find(kSecret), std::string::npos) << t;
+  }
+}
+
+TEST(RedactUri, KeepsWhatIsNotSecret) {
+  EXPECT_EQ(RedactUri("redis://u:pw@host:6379/2?prefix=x:"), "redis://u:***@host:6379/2?prefix=x:");
+  EXPECT_EQ(RedactUri("redis://pw@host:6379"), "redis://***@host:6379");
+  EXPECT_EQ(RedactUri("redis://:pw@host"), "redis://:***@host");
+  EXPECT_EQ(RedactUri("redis://host:6379?prefix=a"), "redis://host:6379?prefix=a");
+  EXPECT_EQ(RedactUri("rocksdb:/var/lib/dedup"), "rocksdb:/var/lib/dedup");
+  EXPECT_EQ(RedactUri("memory:"), "memory:");
+  EXPECT_EQ(RedactWords("rocksdb /tmp/x: open: 12:30"), "rocksdb /tmp/x: open: 12:30");
+}
+
+TEST(RedactUri, EveryParseAndOpenErrorIsRedacted) {
+  for (const std::string& t : Typos()) {
+    auto u = ParseUri(t);
+    if (u.ok()) {
+      EXPECT_EQ(u->Redacted().find(kSecret), std::string::npos) << t << " -> " << u->Redacted();
+    } else {
+      EXPECT_EQ(u.status().message().find(kSecret), std::string::npos) << t << ": " << u.status();
+    }
+    // Nothing listens on port 1; parse errors, unknown schemes, refused connections.
+    auto s = OpenStore(t);
+    if (!s.ok()) {
+      EXPECT_EQ(s.status().message().find(kSecret), std::string::npos) << t << ": " << s.status();
+    } else {
+      EXPECT_EQ((*s)->Describe().find(kSecret), std::string::npos) << t;
+    }
+  }
+  // A bare word might be a password: not echoed.
+  auto u = ParseUri(kSecret);
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().message().find(kSecret), std::string::npos) << u.status();
+}
+
+TEST(Printable, NothingReachesATerminalRaw) {
+  EXPECT_EQ(Printable("m-42"), "m-42");
+  EXPECT_EQ(Printable("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 letters stay
+  EXPECT_EQ(Printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+  EXPECT_EQ(Printable(std::string_view("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(Printable("\xff\xfe"), "\\xff\\xfe");
+  EXPECT_EQ(Printable("x\xe2\x80\xaey"), "x\\xe2\\x80\\xaey");  // right-to-left override
+  EXPECT_EQ(Printable("\xc2\x9b"), "\\xc2\\x9b");                  // C1 CSI
+  EXPECT_EQ(Printable("a\\b"), "a\\\\b");
+  EXPECT_EQ(Printable("\xc0\xaf"), "\\xc0\\xaf");  // overlong '/'
+  EXPECT_TRUE(IsValidUtf8("caf\xc3\xa9"));
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));  // a surrogate
+  EXPECT_FALSE(IsValidUtf8("\xff"));
+  EXPECT_EQ(HexBytes("m-\xff"), "6d2dff");
+}
+
+class Credentials : public ::testing::Test {
+ protected:
+  void SetUp() override { unsetenv(kRedisPasswordEnv); }
+  void TearDown() override { unsetenv(kRedisPasswordEnv); }
+  static RedisCredentials Resolve(const std::string& uri) {
+    auto u = ParseUri(uri);
+    EXPECT_TRUE(u.ok()) << u.status();
+    auto c = ResolveRedisCredentials(*u);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : RedisCredentials{};
+  }
+};
+
+TEST_F(Credentials, InlineLoneAndNone) {
+  RedisCredentials c = Resolve("redis://u:pw@h");
+  EXPECT_EQ(c.user, "u");
+  EXPECT_EQ(c.password, "pw");
+  c = Resolve("redis://pw@h");
+  EXPECT_EQ(c.user, "");
+  EXPECT_EQ(c.password, "pw");
+  EXPECT_TRUE(c.has_password);
+  EXPECT_FALSE(Resolve("redis://h").has_password);
+}
+
+TEST_F(Credentials, FromAFileWithoutTheCommandLine) {
+  const std::string f = ::testing::TempDir() + "/dedup-redis-password";
+  std::ofstream(f) << "from-file\n";
+  RedisCredentials c = Resolve("redis://h?password_file=" + f);
+  EXPECT_TRUE(c.has_password);
+  EXPECT_EQ(c.password, "from-file");
+  c = Resolve("redis://acluser@h?password_file=" + f);
+  EXPECT_EQ(c.user, "acluser");
+  EXPECT_EQ(c.password, "from-file");
+  // Both inline and file: refused. A missing file: named, never its content.
+  auto u = ParseUri("redis://:pw@h?password_file=" + f);
+  EXPECT_EQ(ResolveRedisCredentials(*u).status().code(), StatusCode::kInvalidArgument);
+  u = ParseUri("redis://h?password_file=/nonexistent/x");
+  auto bad = ResolveRedisCredentials(*u);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("/nonexistent/x"), std::string::npos);
+  std::filesystem::remove(f);
+}
+
+TEST_F(Credentials, FromTheEnvironmentWhenTheUriHasNone) {
+  setenv(kRedisPasswordEnv, "from-env", 1);
+  EXPECT_EQ(Resolve("redis://h").password, "from-env");
+  EXPECT_EQ(Resolve("redis://:inline@h").password, "inline");
+}
+
+}  // namespace
+}  // namespace dedup::internal

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The Redis scripts and decoders under hostile input (issue 13, item 2): every
+# script checks its arguments as the C++ API does (src/core/store.cc) and answers
+# 'DEDUPARGS <script>: <what>' with nothing changed; the record decoders, in Lua
+# (record.lua) and in C++ (the store's claim fast path), refuse what
+# docs/REDIS_PROTOCOL.md refuses: a status on a record that is not COMPLETED
+# (flags 0x45), a fingerprint longer than 64 bytes, non-canonical varints.
+#
+#   tests/redis_hardening_test.sh DEDUP_CLI LUA_DIR
+#
+# Starts its own redis-server on 127.0.0.1:${DEDUP_HARDENING_REDIS_PORT:-6490}
+# (docs/PORTS.md) in a temporary directory and stops it by PID on exit.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dedup=${1:?usage: redis_hardening_test.sh DEDUP_CLI LUA_DIR}
+lua_dir=${2:?usage: redis_hardening_test.sh DEDUP_CLI LUA_DIR}
+port=${DEDUP_HARDENING_REDIS_PORT:-6490}
+source "$here/../scripts/lib/redis.sh"
+tmp=$(mktemp -d)
+trap 'redis_stop_all; rm -rf "$tmp"' EXIT
+redis_start "$port" "$tmp/redis"
+
+cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
+source "$here/../scripts/lib/check.sh"
+declare -A sha
+for s in claim extend complete release inspect complete_ack; do
+  sha[$s]=$(cli SCRIPT LOAD "$(cat "$lua_dir/$s.lua")")
+done
+run() { local s=$1; shift; cli EVALSHA "${sha[$s]}" 1 "$@" 2>&1 | lines; }
+# The first word of the reply (the error prefix, or the outcome).
+first() { run "$@" | cut -d' ' -f1; }
+raw() { cli --raw GET "$1" | head -c -1 | od -An -tx1 | tr -d ' \n'; }
+
+A=00000000000000aa
+B=00000000000000bb
+
+# 1. Arguments. A live record, and the same record after every refused call.
+check "claim k" "0 1 1" "$(run claim p:k $A 60000 600000 '' 0)"
+before=$(raw p:k)
+ttl_before=$(cli PTTL p:k)
+for lease in -700000 0 -500 1.5 1e3 0x10 '' ' 5' 5x 315360000001 0100; do
+  check "extend lease '$lease' is DEDUPARGS" "DEDUPARGS" "$(first extend p:k $A "$lease")"
+done
+for tok in 0000000000000000 00000000000000AA 0x000000000000aa 00000000000000a 00000000000000aaa \
+           ' 00000000000000a' ''; do
+  check "extend token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first extend p:k "$tok" 1000)"
+  check "complete token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first complete p:k "$tok" 1000 0 x)"
+  check "release token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first release p:k "$tok" 1000)"
+  check "claim token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first claim p:new "$tok" 1000 1000 '' 0)"
+done
+for ret in 0 -1 1.5 '' 315360000001; do
+  check "complete retention '$ret' is DEDUPARGS" "DEDUPARGS" "$(first complete p:k $A "$ret" 0 x)"
+  check "release retention '$ret' is DEDUPARGS" "DEDUPARGS" "$(first release p:k $A "$ret")"
+  check "claim retention '$ret' is DEDUPARGS" "DEDUPARGS" "$(first claim p:new $A 1000 "$ret" '' 0)"
+done
+for st in 3 -1 1.0 '' 01; do
+  check "complete status '$st' is DEDUPARGS" "DEDUPARGS" "$(first complete p:k $A 1000 "$st" x)"
+done
+for ma in -1 1.5 '' 4294967296; do
+  check "claim max_attempts '$ma' is DEDUPARGS" "DEDUPARGS" "$(first claim p:new $A 1000 1000 '' "$ma")"
+done
+fp65=$(printf 'f%.0s' $(seq 65))
+check "claim fingerprint of 65 bytes is DEDUPARGS" "DEDUPARGS" "$(first claim p:new $A 1000 1000 "$fp65" 0)"
+check "claim lease 0 is DEDUPARGS" "DEDUPARGS" "$(first claim p:new $A 0 1000 '' 0)"
+check "the message names the argument" \
+  "DEDUPARGS extend: lease must be an integer of ms, 1 to 315360000000" \
+  "$(run extend p:k $A -700000)"
+check "nothing was created by refused claims" "0" "$(cli EXISTS p:new)"
+check "the record is unchanged by every refused call" "$before" "$(raw p:k)"
+ttl_after=$(cli PTTL p:k)
+((ttl_after > 0 && ttl_after <= ttl_before)) && echo "ok   its expiry is unchanged" ||
+  { echo "FAIL expiry moved: $ttl_before -> $ttl_after"; failures=$((failures + 1)); }
+check "the lease still runs: a second claim is BUSY with fence 1" "1 1 1" \
+  "$(run claim p:k $B 60000 600000 '' 0 | cut -d' ' -f1-3)"
+check "the limits themselves are accepted" "1" "$(run extend p:k $A 315360000000)"
+check "complete with a 1-byte fingerprint-free result" "1" "$(run complete p:k $A 1 2 r)"
+check "complete_ack refuses bad arguments too" "DEDUPARGS" \
+  "$(cli EVALSHA "${sha[complete_ack]}" 2 p:k2 s $A -5 0 x g 1-1 2>&1 | cut -d' ' -f1)"
+
+# 2. Decoders refuse what the document refuses, with DEDUPCORRUPT, nothing changed.
+#    flags 0x45: IN_PROGRESS with status 1.
+printf '\x45\x00\x00\x00\x00\x00\x00\x00\xaa\x01\x01\x01' | cli -x SET p:f45 >/dev/null
+cli PEXPIRE p:f45 600000 >/dev/null
+check "flags 0x45: claim is DEDUPCORRUPT" "DEDUPCORRUPT" "$(first claim p:f45 $B 1000 1000 '' 0)"
+check "flags 0x45: inspect is DEDUPCORRUPT" "DEDUPCORRUPT" "$(first inspect p:f45)"
+#    A COMPLETED record whose fingerprint is 65 bytes (flags 0x52).
+{ printf '\x52\x00\x00\x00\x00\x00\x00\x00\xaa\x01\x01\x41'; printf '%s' "$fp65"; } |
+  cli -x SET p:fp65 >/dev/null
+cli PEXPIRE p:fp65 600000 >/dev/null
+check "stored fingerprint of 65 bytes: claim is DEDUPCORRUPT" "DEDUPCORRUPT" \
+  "$(first claim p:fp65 $B 1000 1000 '' 0)"
+check "stored fingerprint of 65 bytes: inspect is DEDUPCORRUPT" "DEDUPCORRUPT" "$(first inspect p:fp65)"
+#    A COMPLETED record whose fence is 1 encoded in two bytes (81 00).
+printf '\x42\x00\x00\x00\x00\x00\x00\x00\xaa\x81\x00\x01done' | cli -x SET p:nc >/dev/null
+cli PEXPIRE p:nc 600000 >/dev/null
+check "non-canonical varint: claim is DEDUPCORRUPT" "DEDUPCORRUPT" "$(first claim p:nc $B 1000 1000 '' 0)"
+check "non-canonical varint: inspect is DEDUPCORRUPT" "DEDUPCORRUPT" "$(first inspect p:nc)"
+check "the canonical form of the same record is read" "2 1 1 0 0 done" \
+  "$(printf '\x42\x00\x00\x00\x00\x00\x00\x00\xaa\x01\x01done' | cli -x SET p:c >/dev/null
+     run claim p:c $B 1000 1000 '' 0)"
+
+# 3. The C++ store (its claim fast path decodes COMPLETED records itself) refuses
+#    the same records: an error, never a replay of a record it cannot read.
+store="redis://127.0.0.1:$port?prefix=p:"
+for key in nc fp65 f45; do
+  set +e
+  out=$("$dedup" exec --store "$store" --key "$key" -- echo ran 2>&1)
+  rc=$?
+  set -e
+  if [[ $rc -ne 0 && "$out" == *DATA_LOSS* && "$out" != *ran* ]]; then
+    echo "ok   dedup exec on corrupt record '$key' is DATA_LOSS (rc $rc)"
+  else
+    echo "FAIL dedup exec on corrupt record '$key': rc $rc: $out"; failures=$((failures + 1))
+  fi
+done
+check "and left it as it was" "4200000000000000aa810001646f6e65" "$(raw p:nc)"
+
+check_done "redis hardening"

@@ -1,0 +1,361 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The RocksDB store's open path under damage and faults (issue 13, item 1): a
+// directory whose CURRENT is gone or whose MANIFEST does not match its files is
+// refused on every open and never re-initialised; a corrupt record in the middle
+// of the write-ahead log is an error naming the log (salvage only on request),
+// while a torn tail is tolerated; a full disk is ResourceExhausted, never an
+// abort; admin opens never create a store and work read-only.
+
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dedup/rocksdb_store.h"
+#include "rocksdb/db.h"
+#include "store_envs.h"
+
+namespace dedup {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class RocksDBHardeningTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::MakeTempDir("rocksdb-hardening"); }
+  void TearDown() override { testing::RemoveDir(dir_); }
+
+  StatusOr<std::unique_ptr<RocksDBStore>> TryOpen(
+      const std::string& path, WalRecovery rec = WalRecovery::kStrict, bool read_only = false,
+      bool create = true) {
+    RocksDBStoreOptions o;
+    o.path = path;
+    o.clock = &clock_;
+    o.wal_recovery = rec;
+    o.read_only = read_only;
+    o.create_if_missing = create;
+    return RocksDBStore::Open(o);
+  }
+
+  static ClaimRequest Req(std::string_view key) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = 10min;
+    r.retention = 24h;
+    return r;
+  }
+
+  static std::string Key(int i) { return "key-" + std::to_string(i); }
+
+  // A store at `path` with `n` claimed keys, closed (the records are in the WAL).
+  void Fill(const std::string& path, int n) {
+    auto s = TryOpen(path);
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int i = 0; i < n; ++i) ASSERT_TRUE((*s)->Claim(Req(Key(i))).ok());
+  }
+
+  int CountRecords(Store* s, int n) {
+    int found = 0;
+    for (int i = 0; i < n; ++i) {
+      auto r = s->Inspect(Key(i));
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok() && r->has_value()) ++found;
+    }
+    return found;
+  }
+
+  static std::vector<std::string> Files(const std::string& path, std::string_view suffix) {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path)) {
+      const std::string n = e.path().filename().string();
+      if (n.ends_with(suffix)) out.push_back(n);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  static std::string OnlyLog(const std::string& path) {
+    std::string found;
+    for (const auto& e : fs::directory_iterator(path)) {
+      if (e.path().extension() == ".log" && fs::file_size(e.path()) > 0) {
+        EXPECT_TRUE(found.empty()) << "more than one live WAL";
+        found = e.path().string();
+      }
+    }
+    EXPECT_FALSE(found.empty());
+    return found;
+  }
+
+  std::string dir_;
+  SimulatedClock clock_;
+};
+
+TEST_F(RocksDBHardeningTest, MissingCurrentIsRefusedOnEveryOpenAndNothingIsDeleted) {
+  const std::string db = dir_ + "/db";
+  Fill(db, 200);
+  {  // push some records into a table file too
+    auto s = TryOpen(db);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->CompactNow().ok());
+    for (int i = 200; i < 300; ++i) ASSERT_TRUE((*s)->Claim(Req(Key(i))).ok());
+  }
+  const std::string current = db + "/CURRENT";
+  std::string saved;
+  {
+    std::ifstream in(current);
+    std::getline(in, saved);
+  }
+  fs::remove(current);
+  const auto ssts = Files(db, ".sst");
+  const auto logs = Files(db, ".log");
+  ASSERT_FALSE(ssts.empty());
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto s = TryOpen(db);
+    ASSERT_FALSE(s.ok()) << "open " << attempt << " re-initialised a damaged directory";
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+    EXPECT_NE(s.status().message().find("no CURRENT"), std::string::npos) << s.status();
+    auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false);
+    ASSERT_FALSE(ro.ok());
+    EXPECT_EQ(ro.status().code(), StatusCode::kDataLoss) << ro.status();
+    EXPECT_FALSE(fs::exists(current)) << "an open wrote a new CURRENT";
+  }
+  EXPECT_EQ(Files(db, ".sst"), ssts);
+  EXPECT_EQ(Files(db, ".log"), logs);
+  // Restoring CURRENT gives every record back.
+  std::ofstream(current) << saved << "\n";
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(CountRecords(s->get(), 300), 300);
+}
+
+TEST_F(RocksDBHardeningTest, ManifestThatDoesNotMatchTheFilesIsRefused) {
+  const std::string db = dir_ + "/db";
+  Fill(db, 100);
+  {
+    auto s = TryOpen(db);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->CompactNow().ok());
+  }
+  // Another, empty database's MANIFEST and CURRENT put in place of ours.
+  const std::string other = dir_ + "/other";
+  {
+    rocksdb::Options o;
+    o.create_if_missing = true;
+    rocksdb::DB* raw = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(o, other, &raw).ok());
+    delete raw;
+  }
+  for (const auto& e : fs::directory_iterator(db)) {
+    if (e.path().filename().string().starts_with("MANIFEST-")) fs::remove(e.path());
+  }
+  for (const auto& e : fs::directory_iterator(other)) {
+    const std::string n = e.path().filename().string();
+    if (n == "CURRENT" || n.starts_with("MANIFEST-")) {
+      fs::copy_file(e.path(), db + "/" + n, fs::copy_options::overwrite_existing);
+    }
+  }
+  const auto ssts = Files(db, ".sst");
+  ASSERT_FALSE(ssts.empty());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto s = TryOpen(db);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+  }
+  EXPECT_EQ(Files(db, ".sst"), ssts) << "an open deleted table files";
+
+  // CURRENT naming a MANIFEST that is gone: refused, nothing created.
+  std::ofstream(db + "/CURRENT") << "MANIFEST-999999\n";
+  auto s = TryOpen(db);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+  EXPECT_EQ(Files(db, ".sst"), ssts);
+}
+
+TEST_F(RocksDBHardeningTest, CorruptRecordInTheMiddleOfTheWalIsAnErrorNamingTheLog) {
+  const std::string db = dir_ + "/db";
+  constexpr int kN = 3000;
+  Fill(db, kN);
+  const std::string log = OnlyLog(db);
+  const auto size = fs::file_size(log);
+  {  // flip 8 bytes in the middle
+    std::fstream f(log, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size / 2));
+    char b[8];
+    f.read(b, 8);
+    for (char& c : b) c = static_cast<char>(~c);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.write(b, 8);
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto s = TryOpen(db);
+    ASSERT_FALSE(s.ok()) << "a corrupt WAL record was skipped silently";
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+    EXPECT_NE(s.status().message().find(fs::path(log).filename().string()), std::string::npos)
+        << s.status();
+    EXPECT_NE(s.status().message().find("recovery=salvage"), std::string::npos) << s.status();
+    auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false);
+    ASSERT_FALSE(ro.ok());
+  }
+  EXPECT_EQ(fs::file_size(log), size);
+  // Salvage, asked for explicitly: the records before the damage are there.
+  auto s = TryOpen(db, WalRecovery::kSalvage);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const int found = CountRecords(s->get(), kN);
+  EXPECT_GT(found, kN / 4);
+  EXPECT_LT(found, kN);
+  for (int i = 0; i < 100; ++i) {
+    auto r = (*s)->Inspect(Key(i));
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->has_value()) << Key(i);
+  }
+}
+
+TEST_F(RocksDBHardeningTest, TornTailOfTheWalIsTolerated) {
+  const std::string db = dir_ + "/db";
+  constexpr int kN = 500;
+  Fill(db, kN);
+  const std::string log = OnlyLog(db);
+  fs::resize_file(log, fs::file_size(log) - 7);  // the last record cut in half
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(CountRecords(s->get(), kN), kN - 1);
+}
+
+TEST_F(RocksDBHardeningTest, AdminOpensNeverCreateAStore) {
+  const std::string missing = dir_ + "/typo";
+  auto s = TryOpen(missing, WalRecovery::kStrict, false, /*create=*/false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << s.status();
+  EXPECT_FALSE(fs::exists(missing));
+  s = TryOpen(missing, WalRecovery::kStrict, /*read_only=*/true, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound) << s.status();
+  EXPECT_FALSE(fs::exists(missing));
+  // Through the URI, as inspect and forget open it.
+  OpenOptions oo;
+  oo.must_exist = true;
+  auto u = OpenStore("rocksdb:" + missing, oo);
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().code(), StatusCode::kNotFound) << u.status();
+  EXPECT_FALSE(fs::exists(missing));
+  fs::create_directories(missing);
+  u = OpenStore("rocksdb:" + missing, oo);
+  ASSERT_FALSE(u.ok());
+  EXPECT_TRUE(fs::is_empty(missing));
+}
+
+TEST_F(RocksDBHardeningTest, ReadOnlyOpenReadsBesideAWriterAndRefusesWrites) {
+  const std::string db = dir_ + "/db";
+  auto w = TryOpen(db);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Claim(Req("a")).ok());
+  auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
+  ASSERT_TRUE(ro.ok()) << ro.status();
+  auto r = (*ro)->Inspect("a");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->has_value());
+  auto c = (*ro)->Claim(Req("b"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
+}
+
+TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
+  const std::string db = dir_ + "/db";
+  Fill(db, 1);
+  EXPECT_TRUE(fs::exists(db + "/LOG"));
+  EXPECT_GT(fs::file_size(db + "/LOG"), 0u);
+}
+
+// Runs `fn` in a child process; true when it returned true and did not die.
+template <typename Fn>
+bool InChild(Fn fn, std::string* how) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(fn() ? 0 : 1);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (WIFSIGNALED(st)) {
+    *how = "killed by signal " + std::to_string(WTERMSIG(st));
+    return false;
+  }
+  *how = "exit " + std::to_string(WEXITSTATUS(st));
+  return WEXITSTATUS(st) == 0;
+}
+
+// A 2 MiB tmpfs (needs root or CAP_SYS_ADMIN; skipped otherwise).
+class FullDiskTest : public RocksDBHardeningTest {
+ protected:
+  void SetUp() override {
+    RocksDBHardeningTest::SetUp();
+    mnt_ = dir_ + "/small";
+    fs::create_directories(mnt_);
+    if (mount("tmpfs", mnt_.c_str(), "tmpfs", 0, "size=2m") != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs (" << std::strerror(errno) << "): needs root";
+    }
+    mounted_ = true;
+  }
+  void TearDown() override {
+    if (mounted_) umount2(mnt_.c_str(), MNT_DETACH);
+    RocksDBHardeningTest::TearDown();
+  }
+  void FillDisk(size_t leave) {
+    std::ofstream f(mnt_ + "/ballast", std::ios::binary);
+    std::string chunk(4096, 'x');
+    for (size_t i = 0; i < (2u << 20) / chunk.size(); ++i) f.write(chunk.data(), chunk.size());
+    f.close();
+    // Give back `leave` bytes.
+    fs::resize_file(mnt_ + "/ballast", fs::file_size(mnt_ + "/ballast") - leave);
+  }
+  std::string mnt_;
+  bool mounted_ = false;
+};
+
+TEST_F(FullDiskTest, OpenOnAFullDiskIsAnErrorNotAnAbort) {
+  FillDisk(0);
+  std::string how;
+  const bool ok = InChild(
+      [&] {
+        auto s = TryOpen(mnt_ + "/db");
+        if (s.ok()) return false;
+        std::fprintf(stderr, "open: %s\n", s.status().ToString().c_str());
+        return s.status().code() == StatusCode::kResourceExhausted ||
+               s.status().code() == StatusCode::kUnavailable;
+      },
+      &how);
+  EXPECT_TRUE(ok) << how;
+}
+
+TEST_F(FullDiskTest, WritesOnAFullDiskFailClosed) {
+  std::string how;
+  const bool ok = InChild(
+      [&] {
+        auto s = TryOpen(mnt_ + "/db");
+        if (!s.ok()) return false;
+        const std::string big(900, 'k');
+        for (int i = 0; i < 100000; ++i) {
+          auto r = (*s)->Claim(Req(big.substr(0, 800) + std::to_string(i)));
+          if (!r.ok()) {
+            std::fprintf(stderr, "claim %d: %s\n", i, r.status().ToString().c_str());
+            if (r.status().code() != StatusCode::kResourceExhausted) return false;
+            // And it stays closed.
+            auto again = (*s)->Claim(Req("another"));
+            std::fprintf(stderr, "again: %s\n", again.status().ToString().c_str());
+            return !again.ok();
+          }
+        }
+        return false;  // 2 MiB never filled?
+      },
+      &how);
+  EXPECT_TRUE(ok) << how;
+}
+
+}  // namespace
+}  // namespace dedup

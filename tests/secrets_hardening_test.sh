@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# No password in any message of any command (issue 13, item 6), for well-formed and
+# mistyped URIs; and the ways to give a Redis password without the command line
+# (password_file=, DEDUP_REDIS_PASSWORD), against a real password-protected Redis.
+#
+#   tests/secrets_hardening_test.sh DEDUP_CLI
+#
+# Starts its own redis-server (requirepass) on 127.0.0.1:${DEDUP_SECRETS_REDIS_PORT:-6491}
+# (docs/PORTS.md) in a temporary directory and stops it by PID on exit. Nothing
+# listens on 127.0.0.1:1, where the mistyped URIs point.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dedup=${1:?usage: secrets_hardening_test.sh DEDUP_CLI}
+port=${DEDUP_SECRETS_REDIS_PORT:-6491}
+source "$here/../scripts/lib/redis.sh"
+tmp=$(mktemp -d)
+trap 'redis_stop_all; rm -rf "$tmp"' EXIT
+P=S3cr3tPW
+source "$here/../scripts/lib/check.sh"
+
+# 1. Every command, every typo: the password is never printed.
+uris=(
+  "redis://$P@127.0.0.1:1" "redis://:$P@127.0.0.1:1" "redis://u:$P@127.0.0.1:1"
+  "redis:/$P@127.0.0.1:1" "redis:/:$P@127.0.0.1:1" "redis:$P@127.0.0.1" "redis:/u:$P@h"
+  ":$P@127.0.0.1" "$P" "$P@127.0.0.1:1" "redis//:$P@h" "redis:///:$P@h"
+  "redis://:$P@h:badport" "redis://:$P@127.0.0.1:1?prefx=a" "redis://:$P@127.0.0.1:1/notanumber"
+  "redis://:S3%ZZcr3tPW@h" "redis://:$P@" "redis://:$P@h:1/0/extra" "rediss://:$P@h"
+  "redis+cluster://:$P@h1,h2:bad" "redis+cluster://:$P@127.0.0.1:1" "redis://:$P@127.0.0.1:1?db=x"
+  "redis://:$P@[::1" "redis://:$P:more@127.0.0.1:1" "redis://:$P@@127.0.0.1:1" "redis://:$P%@h"
+  "redis://:$P@h:1?prefix" "redis://:$P@h:1?=x" "redis:/:$P" "redis://:$P"
+  "postgres://u:$P@127.0.0.1:1/db" "redis://:$P@127.0.0.1:99999" "redis://:$P@:6379"
+  "REDIS://:$P@h" "redis://:$P@h:1,h2:2" "redis://$P:@127.0.0.1:1" "redis ://:$P@h"
+  "redis://:$P@h:1?timeout=abc" "redis://:$P@127.0.0.1:1?password_file=/nonexistent"
+)
+checked=0
+for u in "${uris[@]}"; do
+  for cmd in inspect forget exec worker-broker worker-store publish bench; do
+    case $cmd in
+      inspect) args=(inspect --store "$u" k) ;;
+      forget) args=(forget --store "$u" k) ;;
+      exec) args=(exec --store "$u" --key k -- true) ;;
+      worker-broker) args=(worker --broker "$u" --store memory: --exec true) ;;
+      worker-store) args=(worker --broker "redis://127.0.0.1:1?stream=s" --store "$u" --exec true) ;;
+      publish) args=(publish --broker "$u" --count 1) ;;
+      bench) args=(bench --redis "$u" --quick --no-rocksdb) ;;
+    esac
+    # "redis ://..." is a URI split by a blank: CLI11 echoes the stray words.
+    [[ "$u" == *" "* ]] && read -ra args <<<"${args[*]}"
+    out=$(timeout 20 "$dedup" "${args[@]}" 2>&1 </dev/null) || true
+    checked=$((checked + 1))
+    if [[ "$out" == *"$P"* || "$out" == *S3%ZZ* ]]; then
+      fail "dedup ${args[*]} printed the password:"; grep -m2 -E "$P|S3%ZZ" <<<"$out" | sed 's/^/    /'
+    fi
+  done
+done
+echo "ok   $checked command lines with a password checked"
+
+# 2. A password-protected Redis, reached without a password on the command line.
+REDIS_CLI_AUTH="-a $P --no-auth-warning" redis_start "$port" "$tmp/redis" --requirepass "$P"
+store="redis://127.0.0.1:$port?prefix=s:"
+printf '%s\n' "$P" >"$tmp/pw"
+out=$("$dedup" exec --store "$store&password_file=$tmp/pw" --key a -- echo ran 2>&1) &&
+  [[ "$out" == ran ]] && echo "ok   password_file= authenticates" || fail "password_file=: $out"
+out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" inspect --store "$store" a 2>&1) &&
+  [[ "$out" == *completed* && "$out" != *"$P"* ]] && echo "ok   DEDUP_REDIS_PASSWORD authenticates; inspect shows no password" ||
+  fail "DEDUP_REDIS_PASSWORD: $out"
+out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" inspect --store "$store" --prefix '' --json 2>&1) &&
+  [[ "$out" != *"$P"* ]] && echo "ok   inspect --json shows no password" || fail "inspect --json: $out"
+out=$("$dedup" inspect --store "redis://:wrong$P@127.0.0.1:$port" a 2>&1) && fail "wrong password accepted" ||
+  { [[ "$out" == *UNAUTHENTICATED* && "$out" != *"$P"* ]] && echo "ok   a wrong password is UNAUTHENTICATED, not echoed" ||
+    fail "wrong password: $out"; }
+out=$("$dedup" inspect --store "$store" a 2>&1) && fail "no password accepted" ||
+  { [[ "$out" == *UNAUTHENTICATED* ]] && echo "ok   no password is UNAUTHENTICATED" || fail "no password: $out"; }
+# The worker's broker URI takes the same sources.
+out=$("$dedup" publish --broker "redis://127.0.0.1:$port?stream=st&password_file=$tmp/pw" --id-prefix m --count 1 2>&1) &&
+  echo "ok   broker URI with password_file= publishes" || fail "publish with password_file=: $out"
+out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "redis://127.0.0.1:$port?stream=st" --id-prefix m --count 1 2>&1) &&
+  echo "ok   broker URI with DEDUP_REDIS_PASSWORD publishes" || fail "publish with env: $out"
+# bench --redis says why it cannot use a server.
+out=$(timeout 60 "$dedup" bench --redis "redis://:wrong$P@127.0.0.1:$port" --quick 2>&1) || true
+[[ "$out" == *WRONGPASS* && "$out" != *"$P"* ]] && echo "ok   bench --redis with a wrong password says so" ||
+  fail "bench wrong password: $out"
+out=$(timeout 60 "$dedup" bench --redis "redis://127.0.0.1:1" --quick 2>&1) || true
+[[ "$out" == *"onnection refused"* ]] && echo "ok   bench --redis with the server down says so" ||
+  fail "bench server down: $out"
+
+# A /db in the broker URI is honoured, not ignored (issue 13, item 9).
+out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "redis://127.0.0.1:$port/3?stream=db3" \
+        --id-prefix m --count 1 2>&1) || fail "publish to /3: $out"
+n3=$(redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning -n 3 XLEN db3)
+n0=$(redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning -n 0 XLEN db3)
+[[ "$n3" == 1 && "$n0" == 0 ]] && echo "ok   a /db in the broker URI is honoured" || fail "broker /3: db3=$n3 db0=$n0"
+
+check_done "secrets"
