@@ -96,8 +96,6 @@ void RunThroughput(BenchContext&);
 void ThroughputGoals(BenchContext&);
 void RunRetained(BenchContext&);
 void RetainedGoals(BenchContext&);
-void RunStreamsWorker(BenchContext&);
-void StreamsWorkerGoals(BenchContext&);
 void RunMemoryStall(BenchContext&);
 void MemoryStallGoals(BenchContext&);
 void RunPostgres(BenchContext&);  // postgres_phase.cc

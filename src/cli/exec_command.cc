@@ -106,7 +106,7 @@ void ReleaseClaim(ClaimGuard& g, const ExecFlags& f) {
   if (!r.ok()) {
     std::fprintf(stderr, "dedup exec: '%s': the claim could not be released (%s); the key "
                          "is claimable again when its lease ends\n",
-                 f.key.c_str(), r.status().ToString().c_str());
+                 internal::Printable(f.key).c_str(), r.status().ToString().c_str());
   }
 }
 
@@ -166,7 +166,7 @@ int RunExec(const ExecFlags& f) {
       if (st == CompletionStatus::kExhausted) {
         std::fprintf(stderr, "dedup exec: '%s': attempts exhausted (recorded, fence %llu); "
                              "exit %d\n",
-                     f.key.c_str(), static_cast<unsigned long long>(g.fence()), kExitExhausted);
+                     internal::Printable(f.key).c_str(), static_cast<unsigned long long>(g.fence()), kExitExhausted);
         return kExitExhausted;
       }
       auto [code, out] = ParseRecorded(g.result().result);
@@ -228,7 +228,7 @@ int RunExec(const ExecFlags& f) {
       if (e.how == HandlerExit::How::kStopped && e.reason == HandlerExit::StopReason::kLeaseLost) {
         std::fprintf(stderr, "dedup exec: '%s': the lease was lost or could not be renewed; "
                              "command %s; nothing recorded; exit 75\n",
-                     f.key.c_str(), e.Describe().c_str());
+                     internal::Printable(f.key).c_str(), e.Describe().c_str());
         return kExitTempFail;
       }
       if (e.how == HandlerExit::How::kStopped) {
