@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -207,6 +208,10 @@ struct OpenOptions {
   // Embedded stores: open for reading only (nothing written, works on a read-only
   // copy); writes answer FailedPrecondition. Implies must_exist.
   bool read_only = false;
+  // Called once per open, with each warning about a server setting that can make
+  // dedup process a message twice (Redis: an evicting maxmemory-policy, no AOF), or
+  // a note that the settings could not be checked. Null: warnings are dropped.
+  std::function<void(const std::string&)> on_warning;
 };
 
 // Opens a store from a URI:

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -35,6 +36,14 @@ std::optional<std::pair<std::string, std::string>> SplitField(const std::string&
   const size_t eq = kv.find('=');
   if (eq == std::string::npos || eq == 0) return std::nullopt;
   return std::make_pair(kv.substr(0, eq), kv.substr(eq + 1));
+}
+
+OpenOptions WarnOnStderr(std::string who) {
+  OpenOptions o;
+  o.on_warning = [who = std::move(who)](const std::string& message) {
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), message.c_str());
+  };
+  return o;
 }
 
 }  // namespace dedup::cli

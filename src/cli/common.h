@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dedup/status.h"
+#include "dedup/store.h"
 
 namespace CLI {
 class App;
@@ -43,6 +44,10 @@ void OnStopSignals(void (*on_stop)(int sig));
 
 // "2024-05-01T12:00:00.123Z" for store-clock milliseconds.
 std::string FormatMillisUtc(int64_t millis);
+
+// Open options whose on_warning prints each store warning to stderr, once, as
+// "<who>: warning: ..." (e.g. Redis with an evicting maxmemory-policy or no AOF).
+OpenOptions WarnOnStderr(std::string who);
 
 // Parses "name=value".
 std::optional<std::pair<std::string, std::string>> SplitField(const std::string& kv);

@@ -138,7 +138,7 @@ int RunExec(const ExecFlags& f) {
     return StartFailureExit(resolved.status());
   }
 
-  auto opened = OpenStore(f.store);
+  auto opened = OpenStore(f.store, WarnOnStderr("dedup exec"));
   if (!opened.ok()) {
     std::fprintf(stderr, "dedup exec: --store: %s\n", opened.status().ToString().c_str());
     return opened.status().retryable() ? kExitTempFail : kExitUsage;

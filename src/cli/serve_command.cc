@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "cli/flags.h"
 #include "core/uri.h"
 #include "dedup/store.h"
@@ -87,7 +88,7 @@ int RunServe(ServeFlags& f) {
     std::fprintf(stderr, "dedup serve: %s\n", s.message().c_str());
     return kExitUsage;
   }
-  auto store = OpenStore(f.store);
+  auto store = OpenStore(f.store, WarnOnStderr("dedup serve"));
   if (!store.ok()) {
     std::fprintf(stderr, "dedup serve: --store: %s\n", store.status().ToString().c_str());
     return kExitUsage;

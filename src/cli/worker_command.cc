@@ -291,7 +291,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
 #endif
   if (f.pattern == "dedup" && !f.sql_output) {
-    auto opened = OpenStore(f.store);
+    auto opened = OpenStore(f.store, WarnOnStderr("dedup worker"));
     if (!opened.ok()) {
       std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
       return opened.status().retryable() ? kExitTempFail : kExitUsage;

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <map>
 #include <set>
 #include <string>
@@ -111,9 +113,11 @@ bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
 
 class RedisStore final : public Store {
  public:
-  RedisStore(redis::ConnectionOptions c, std::string prefix, std::string description)
+  RedisStore(redis::ConnectionOptions c, std::string prefix, std::string description,
+             std::function<void(const std::string&)> on_warning)
       : prefix_(std::move(prefix)), description_(std::move(description)), cluster_(c.cluster),
-        db_(c.db), endpoint_(c.endpoints.front()), client_(std::move(c), &Scripts()) {}
+        db_(c.db), endpoint_(c.endpoints.front()), on_warning_(std::move(on_warning)),
+        client_(std::move(c), &Scripts()) {}
 
   // Same server: plain Redis, same database, same host (localhost = 127.0.0.1)
   // and port, and a Redis stream. A false "yes" only costs the combined XACK (it
@@ -162,7 +166,15 @@ class RedisStore final : public Store {
   Status Start() {
     DEDUP_RETURN_IF_ERROR(client_.Start());
     // Every primary must answer (and be Redis 7+) before the store is handed out.
-    for (Node* n : client_.router().Primaries()) DEDUP_RETURN_IF_ERROR(CheckVersion(n));
+    // Then the ACL user must be allowed what dedup sends (a clear error now, not
+    // after the first handler ran), and the settings that can double messages are
+    // reported, once per primary.
+    for (Node* n : client_.router().Primaries()) {
+      std::string info;
+      DEDUP_RETURN_IF_ERROR(CheckVersion(n, &info));
+      DEDUP_RETURN_IF_ERROR(CheckPermissions(n));
+      CheckSettings(n, info);
+    }
     return Status::Ok();
   }
 
@@ -333,8 +345,8 @@ class RedisStore final : public Store {
                             ": unexpected reply from the server (is it Redis 7+?)");
   }
 
-  Status CheckVersion(Node* n) {
-    const Command info{{"INFO", "server"}};
+  Status CheckVersion(Node* n, std::string* info_text) {
+    const Command info{{"INFO"}};  // the default sections: server, memory, persistence, ...
     const Command* one[] = {&info};
     std::vector<Reply> replies;
     DEDUP_RETURN_IF_ERROR(n->Pipeline(one, &replies, "open"));
@@ -342,6 +354,7 @@ class RedisStore final : public Store {
       return ErrorReplyStatus(Where(n, "open: INFO"), ReplyText(replies[0].get()));
     }
     std::string_view text = ReplyText(replies[0].get());
+    info_text->assign(text);
     const size_t at = text.find("redis_version:");
     int major = 0;
     std::string version = "unknown";
@@ -356,6 +369,96 @@ class RedisStore final : public Store {
                                         version);
     }
     return Status::Ok();
+  }
+
+  // Runs a probe script (EVAL, no keys) that asks the server, with
+  // redis.acl_check_cmd, whether the connection's user may run each command dedup
+  // sends, on a key under the prefix; nothing is written. EVAL itself being refused
+  // (or renamed away) is answered the same way.
+  Status CheckPermissions(Node* n) {
+    static constexpr std::string_view kProbe = R"(#!lua flags=no-writes
+local k, sha, denied = ARGV[1], ARGV[2], {}
+local checks = {{'EVALSHA', sha, '1', k}, {'EVAL', 'return 1', '1', k}, {'SET', k, 'v'},
+  {'GET', k}, {'PEXPIRE', k, '1'}, {'PEXPIRETIME', k}, {'TIME'}}
+for _, c in ipairs(checks) do
+  if not redis.acl_check_cmd(unpack(c)) then denied[#denied + 1] = c[1] end
+end
+return denied)";
+    const Command probe{{"EVAL", std::string(kProbe), "0", prefix_ + "acl-probe", Sha(kClaim)}};
+    const Command* one[] = {&probe};
+    std::vector<Reply> replies;
+    DEDUP_RETURN_IF_ERROR(n->Pipeline(one, &replies, "open"));
+    const redisReply* r = replies[0].get();
+    const std::string user = client_.options().user.empty() ? "default" : client_.options().user;
+    const std::string needs = "dedup needs EVALSHA, EVAL, SET, GET, PEXPIRE, PEXPIRETIME and TIME "
+                              "on keys '" + prefix_ + "*'";
+    if (IsError(r)) {
+      const std::string_view e = ReplyText(r);
+      if (e.starts_with("NOPERM")) {
+        return Status::PermissionDenied(Where(n, "open") + "the Redis user '" + user +
+                                        "' may not run EVAL; " + needs);
+      }
+      if (e.find("unknown command") != std::string_view::npos) {
+        return Status::FailedPrecondition(Where(n, "open") +
+                                          "EVAL is not available (renamed or disabled); " + needs);
+      }
+      return ErrorReplyStatus(Where(n, "open: permission check"), e);
+    }
+    if (r->type != REDIS_REPLY_ARRAY) return BadReply("open: permission check");
+    if (r->elements == 0) return Status::Ok();
+    std::string missing;
+    for (size_t i = 0; i < r->elements; ++i) {
+      if (i > 0) missing += ", ";
+      missing += ReplyText(r->element[i]);
+    }
+    return Status::PermissionDenied(Where(n, "open") + "the Redis user '" + user +
+                                    "' may not run " + missing + " on keys '" + prefix_ +
+                                    "*'; " + needs + " (e.g. ACL SETUSER " + user + " +" +
+                                    std::string(ReplyText(r->element[0])) + ")");
+  }
+
+  // The value of `field` in an INFO reply, if reported.
+  static std::optional<std::string_view> InfoField(std::string_view info, std::string_view field) {
+    size_t at = 0;
+    while ((at = info.find(field, at)) != std::string_view::npos) {
+      const size_t end = at + field.size();
+      if ((at == 0 || info[at - 1] == '\n') && end < info.size() && info[end] == ':') {
+        std::string_view v = info.substr(end + 1);
+        return v.substr(0, v.find_first_of("\r\n"));
+      }
+      at = end;
+    }
+    return std::nullopt;
+  }
+
+  // The settings that let Redis forget records (warnings, never errors). Read from
+  // INFO, which the version check needs anyway, so a CONFIG command forbidden by
+  // ACL or renamed does not hide them.
+  void CheckSettings(Node* n, std::string_view info) {
+    if (!on_warning_) return;
+    const std::string where = "redis " + n->name() + ": ";
+    const std::optional<std::string_view> policy = InfoField(info, "maxmemory_policy");
+    const std::optional<std::string_view> aof = InfoField(info, "aof_enabled");
+    if (!policy || !aof) {
+      on_warning_("note: " + where +
+                  "could not check maxmemory-policy and appendonly (INFO does not report "
+                  "them); dedup needs maxmemory-policy noeviction and appendonly yes, or "
+                  "messages can be processed twice");
+    }
+    if (policy && *policy != "noeviction") {
+      on_warning_("warning: " + where + "maxmemory-policy is " + std::string(*policy) +
+                  ": when Redis reaches maxmemory it evicts dedup records (every record "
+                  "has a TTL, so volatile-* policies evict them too), and a message whose "
+                  "record was evicted is processed again. Fix: set maxmemory-policy "
+                  "noeviction (CONFIG SET maxmemory-policy noeviction, and in redis.conf)");
+    }
+    if (aof && *aof == "0") {
+      on_warning_("warning: " + where + "appendonly is no: a Redis restart forgets every "
+                  "completion since the last RDB snapshot (all of them without snapshots), "
+                  "and those messages are processed again. Fix: set appendonly yes "
+                  "(CONFIG SET appendonly yes, and in redis.conf; appendfsync always "
+                  "to lose nothing on a crash)");
+    }
   }
 
   static Command ScriptCommand(ScriptId id, const std::string& rkey,
@@ -537,6 +640,7 @@ class RedisStore final : public Store {
   const bool cluster_;
   const int db_;
   const redis::Endpoint endpoint_;
+  const std::function<void(const std::string&)> on_warning_;
   redis::Client client_;
 };
 
@@ -545,11 +649,12 @@ std::string Describe(const redis::ConnectionOptions& c, const std::string& prefi
 }
 
 StatusOr<std::unique_ptr<Store>> Open(redis::ConnectionOptions c, std::string prefix,
-                                      std::string description) {
+                                      std::string description,
+                                      std::function<void(const std::string&)> on_warning) {
   DEDUP_RETURN_IF_ERROR(c.Validate());
   if (description.empty()) description = Describe(c, prefix);
   auto store = std::make_unique<RedisStore>(std::move(c), std::move(prefix),
-                                            std::move(description));
+                                            std::move(description), std::move(on_warning));
   DEDUP_RETURN_IF_ERROR(store->Start());
   return std::unique_ptr<Store>(std::move(store));
 }
@@ -571,16 +676,17 @@ StatusOr<std::unique_ptr<Store>> OpenRedisStore(const RedisStoreOptions& options
   c.timeout = options.timeout;
   c.pool_size = options.pool_size;
   c.auto_pipeline = options.auto_pipeline;
-  return Open(std::move(c), options.prefix, options.description);
+  return Open(std::move(c), options.prefix, options.description, options.on_warning);
 }
 
 namespace internal {
 
-StatusOr<std::unique_ptr<Store>> OpenRedisFromUri(const Uri& uri, const OpenOptions& /*options*/) {
+StatusOr<std::unique_ptr<Store>> OpenRedisFromUri(const Uri& uri, const OpenOptions& options) {
   StatusOr<redis::RedisUri> parsed = redis::ParseRedisUri(uri, {"prefix"});
   if (!parsed.ok()) return parsed.status();
   std::string prefix = parsed->uri.Param("prefix").value_or("dedup:");
-  return Open(std::move(parsed->connection), std::move(prefix), std::string());
+  return Open(std::move(parsed->connection), std::move(prefix), std::string(),
+              options.on_warning);
 }
 
 }  // namespace internal

@@ -30,6 +30,7 @@
 #define DEDUP_SRC_STORES_REDIS_REDIS_STORE_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,11 +62,20 @@ struct RedisStoreOptions {
   bool auto_pipeline = true;
   // What Describe() returns. Default: built from the fields above.
   std::string description;
+  // Receives the start-up warnings (OpenOptions::on_warning). Default: dropped.
+  std::function<void(const std::string&)> on_warning;
 };
 
 // Connects (to every cluster primary, for a cluster) and checks the server
 // version. Unavailable when no server answers, Unauthenticated on a bad password,
 // FailedPrecondition for a peer that is not Redis 7+ (or not a cluster node).
+// On every primary it also checks, once:
+//  - that the ACL user may run what dedup sends (EVALSHA, EVAL, and SET, GET,
+//    PEXPIRE, PEXPIRETIME, TIME on keys under the prefix): PermissionDenied naming
+//    the missing commands, before any message is handled;
+//  - maxmemory-policy and appendonly (from INFO): an evicting policy (allkeys-* or
+//    volatile-*: every record has a TTL) or appendonly no is a warning, with the
+//    fix, through on_warning; settings INFO does not report give a note instead.
 [[nodiscard]] StatusOr<std::unique_ptr<Store>> OpenRedisStore(const RedisStoreOptions& options);
 
 }  // namespace dedup
