@@ -60,7 +60,7 @@ record "ctest (plain build)" ctest --test-dir build -j2 --output-on-failure --ti
 
 # The store and buffer tests once more under the sanitizers. Only the library and
 # these test binaries are built, to stay within CI's time on 2 cores.
-asan_tests="store_conformance_test buffer_test memory_store_test state_machine_test"
+asan_tests="store_conformance_test buffer_test memory_store_test state_machine_test decoder_fuzz_test"
 if grep -q '^DEDUP_WITH_ROCKSDB:BOOL=ON' build/CMakeCache.txt; then
   asan_tests="$asan_tests rocksdb_store_test"
 fi

@@ -11,6 +11,9 @@
 #include <thread>
 
 #include "dedup/memory_store.h"
+#ifdef DEDUP_WITH_REDIS_STREAMS
+#include "dedup/worker.h"
+#endif
 
 namespace dedup {
 namespace {
@@ -299,6 +302,28 @@ TEST(PayloadFingerprint, SixteenBytesOfSha256) {
   EXPECT_EQ(static_cast<unsigned char>(f[15]), 0x23);
   EXPECT_NE(PayloadFingerprint("abd"), f);
 }
+
+#ifdef DEDUP_WITH_REDIS_STREAMS
+// The worked example of docs/REDIS_PROTOCOL.md ("Payload fingerprints"), whose bytes
+// were computed there with python3 hashlib and sha256sum: another language that
+// follows the page must get what the C++ worker gets.
+TEST(PayloadFingerprint, DocumentedStreamExample) {
+  StreamMessage m;
+  m.id = "1700000000000-0";
+  m.fields = {{"order", "42"}, {"amount", "9.99"}};
+  const std::string payload = m.CanonicalPayload();
+  EXPECT_EQ(payload, "5:order2:426:amount4:9.99");
+  const std::string f = PayloadFingerprint(payload);
+  ASSERT_EQ(f.size(), 16u);
+  std::string hex;
+  for (unsigned char c : f) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    hex += kDigits[c >> 4];
+    hex += kDigits[c & 15];
+  }
+  EXPECT_EQ(hex, "5d49bc0a07d52fee92a6dd875917dacb");
+}
+#endif
 
 }  // namespace
 }  // namespace dedup

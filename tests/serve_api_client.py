@@ -60,7 +60,7 @@ runs = []
 key = b"py-\x00\xfe-payment"  # any bytes
 ran1, r1 = run_once(key, lambda fence: runs.append(fence) or b"\x01receipt\xff")
 ran2, r2 = run_once(key, lambda fence: runs.append(fence) or b"other")
-check("the work ran once for two deliveries", ran1 and not ran2 and runs == [1])
+check("the work ran once for two deliveries", ran1 and not ran2 and len(runs) == 1 and runs[0] >= 1)
 check("the repeat got the first result's bytes back", r2 == b"\x01receipt\xff")
 
 status, _, rec = call("GET", key_path(key))

@@ -103,6 +103,8 @@ void RunPostgres(BenchContext&);  // postgres_phase.cc
 void RunConsumerRows(BenchContext&);
 void ConsumerRowsGoals(BenchContext&);
 void RunBrokerConsumers(BenchContext&);  // broker_consumers.cc
+void RunHttp(BenchContext&);             // http_phase.cc, only with DEDUP_BENCH_HTTP (dedup serve)
+void HttpGoals(BenchContext&);
 
 }  // namespace dedup::bench
 

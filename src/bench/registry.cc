@@ -28,6 +28,9 @@ const std::vector<PhaseEntry>& Phases() {
       // In a process of its own: its heap history is its own.
       {"memory_stall", &RunMemoryStall, &MemoryStallGoals},
       {"postgres", &RunPostgres, nullptr},  // needs DEDUP_BENCH_POSTGRES_URI
+#ifdef DEDUP_BENCH_HTTP
+      {"http", &RunHttp, &HttpGoals},  // http_phase.cc, built with `dedup serve`
+#endif
   };
   return kPhases;
 }

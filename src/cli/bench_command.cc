@@ -141,8 +141,12 @@ void RegisterBench(CLI::App& root, CommandContext& ctx) {
   app->add_option("--markdown", flags->markdown, "Also write the figures as Markdown to this file")
       ->type_name("FILE");
   app->add_flag("--no-progress", flags->no_progress, "No progress line, even on a terminal");
-  app->add_option("--phase", o.only,
-                  "Run only these phases (memory_per_record, throughput, streams_worker, retained, memory_stall, ...)")
+  std::string phase_names;
+  for (const bench::PhaseEntry& p : bench::Phases()) {
+    phase_names += phase_names.empty() ? "" : ", ";
+    phase_names += p.name;
+  }
+  app->add_option("--phase", o.only, "Run only these phases (" + phase_names + ")")
       ->delimiter(',');
   // Set by bench::RunPhaseInChild in the process it starts; not for users.
   app->add_flag("--isolated-child", o.isolated_child)->group("");

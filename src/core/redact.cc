@@ -54,8 +54,9 @@ std::string RedactUri(std::string_view text) {
     // A '?' inside it is part of the password, not a query.
     // The user name stays when a password follows it ("user:pass@"); "pass:@"
     // is a password typed in the user's place.
+    // A user name holding an '@' is no user name ("pass@[::1]:6390@host").
     if (const size_t c = info.find(':'); c != std::string_view::npos && c + 1 < info.size() &&
-                                         info.substr(0, c).find_first_of("/?") ==
+                                         info.substr(0, c).find_first_of("/?@") ==
                                              std::string_view::npos) {
       out.append(info.substr(0, c)).append(":***");
     } else {

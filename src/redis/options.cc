@@ -2,6 +2,7 @@
 
 #include "redis/options.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "core/duration.h"
@@ -28,9 +29,27 @@ std::string Endpoint::Name() const {
   return host + ":" + std::to_string(port);
 }
 
+namespace {
+
+// `text` for an error message: what follows the first ':' after the host is shown
+// only when it is a number (a port). "user:pass/0" (a URI whose "@host" was
+// forgotten) reads as host "user", port "pass": the password must not be echoed.
+std::string ShownEndpoint(std::string_view text) {
+  const size_t from = text.starts_with("[") ? text.find(']') : 0;
+  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
+  if (c == std::string_view::npos) return std::string(text);
+  const std::string_view rest = text.substr(c + 1);
+  if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return std::string(text);
+  }
+  return std::string(text.substr(0, c)) + ":***";
+}
+
+}  // namespace
+
 StatusOr<Endpoint> ParseEndpoint(std::string_view text) {
   const auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("redis: host '" + std::string(text) + "': " +
+    return Status::InvalidArgument("redis: host '" + ShownEndpoint(text) + "': " +
                                    std::string(why));
   };
   Endpoint ep;
@@ -65,7 +84,7 @@ StatusOr<Endpoint> ParseEndpoint(std::string_view text) {
     int p = 0;
     auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
     if (ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535) {
-      return bad("port '" + std::string(port) + "' is not 1 to 65535");
+      return bad("the port is not a number from 1 to 65535");
     }
     ep.port = p;
   }

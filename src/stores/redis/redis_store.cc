@@ -21,6 +21,7 @@
 #include "redis/client.h"
 #include "redis/options.h"
 #include "redis/scripts.h"
+#include "stores/redis/record_format.h"
 #include "stores/redis/redis_scripts.h"
 
 namespace dedup {
@@ -79,37 +80,11 @@ std::string GlobEscape(std::string_view s) {
   return out;
 }
 
-// Record format 2, first byte: 010 version tag, has-fingerprint bit, status (2
-// bits), state (2 bits). See docs/REDIS_PROTOCOL.md.
-constexpr uint8_t kFormat2 = 0x40;
-constexpr uint8_t kHasFp2 = 0x10;
-constexpr uint8_t kInProgress2 = 1;
-constexpr uint8_t kCompleted2 = 2;
-
-// Unsigned LEB128: 7 bits per byte, least significant first, high bit = more.
-void AppendVarint(std::string* s, uint64_t n) {
-  while (n >= 128) {
-    s->push_back(static_cast<char>((n & 127) | 128));
-    n >>= 7;
-  }
-  s->push_back(static_cast<char>(n));
-}
-
-bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
-  uint64_t n = 0;
-  for (int shift = 0; shift < 56; shift += 7) {
-    if (*i >= v.size()) return false;
-    const auto b = static_cast<uint8_t>(v[(*i)++]);
-    n |= static_cast<uint64_t>(b & 127) << shift;
-    if (b < 128) {
-      // Canonical only, as record.lua: a last byte of 0 after others is padding.
-      if (b == 0 && shift > 0) return false;
-      *out = n;
-      return true;
-    }
-  }
-  return false;
-}
+using redis::AppendVarint;
+using redis::kCompleted2;
+using redis::kFormat2;
+using redis::kHasFp2;
+using redis::kInProgress2;
 
 class RedisStore final : public Store {
  public:
@@ -518,22 +493,10 @@ return denied)";
       return true;
     }
     if (r->type != REDIS_REPLY_STRING) return false;
-    const std::string_view v = ReplyText(r);
-    if (v.size() < 11) return false;
-    const auto flags = static_cast<uint8_t>(v[0]);
-    const unsigned status = (flags >> 2) & 3;
-    if ((flags & 0xe0) != kFormat2 || (flags & 3) != kCompleted2 || status > 2) return false;
-    size_t i = 9;
-    uint64_t fence = 0, attempt = 0;
-    if (!ReadVarint(v, &i, &fence) || !ReadVarint(v, &i, &attempt)) return false;
-    std::string_view fp;
-    if (flags & kHasFp2) {
-      if (i >= v.size()) return false;
-      const size_t n = static_cast<uint8_t>(v[i]);
-      if (n == 0 || n > kMaxFingerprintBytes || v.size() < i + 1 + n) return false;
-      fp = v.substr(i + 1, n);
-      i += 1 + n;
-    }
+    redis::CompletedRecord2 rec;
+    if (!redis::DecodeCompletedRecord2(ReplyText(r), &rec)) return false;
+    const uint64_t fence = rec.fence, attempt = rec.attempt;
+    const std::string_view fp = rec.fingerprint;
     *out = ClaimResult{};
     out->fence = fence;
     out->attempt = static_cast<uint32_t>(attempt);
@@ -542,8 +505,8 @@ return denied)";
       return true;
     }
     out->outcome = ClaimOutcome::kDuplicate;
-    out->status = static_cast<CompletionStatus>(status);
-    out->result.assign(v.substr(i));
+    out->status = rec.status;
+    out->result.assign(rec.result);
     return true;
   }
 

@@ -1,0 +1,93 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// Record format 2 of the Redis store, as C++ reads it (docs/REDIS_PROTOCOL.md; the
+// Lua side is lua/record.lua). The claim fast path decodes COMPLETED records here;
+// tests/decoder_fuzz_test.cc feeds the same function mutated bytes.
+
+#ifndef DEDUP_SRC_STORES_REDIS_RECORD_FORMAT_H_
+#define DEDUP_SRC_STORES_REDIS_RECORD_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "dedup/record.h"
+#include "dedup/store.h"
+
+namespace dedup::redis {
+
+// First byte: 010 version tag, has-fingerprint bit, status (2 bits), state (2 bits).
+inline constexpr uint8_t kFormat2 = 0x40;
+inline constexpr uint8_t kHasFp2 = 0x10;
+inline constexpr uint8_t kInProgress2 = 1;
+inline constexpr uint8_t kCompleted2 = 2;
+
+// Unsigned LEB128: 7 bits per byte, least significant first, high bit = more.
+inline void AppendVarint(std::string* s, uint64_t n) {
+  while (n >= 128) {
+    s->push_back(static_cast<char>((n & 127) | 128));
+    n >>= 7;
+  }
+  s->push_back(static_cast<char>(n));
+}
+
+// At most 8 bytes; canonical only, as record.lua: a last byte of 0 after others is
+// padding and refused.
+inline bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
+  uint64_t n = 0;
+  for (int shift = 0; shift < 56; shift += 7) {
+    if (*i >= v.size()) return false;
+    const auto b = static_cast<uint8_t>(v[(*i)++]);
+    n |= static_cast<uint64_t>(b & 127) << shift;
+    if (b < 128) {
+      if (b == 0 && shift > 0) return false;
+      *out = n;
+      return true;
+    }
+  }
+  return false;
+}
+
+// A format-2 COMPLETED record; the views point into the decoded value.
+struct CompletedRecord2 {
+  CompletionStatus status = CompletionStatus::kOk;
+  uint64_t token = 0;
+  uint64_t fence = 0;
+  uint64_t attempt = 0;
+  std::string_view fingerprint;  // empty: none stored
+  std::string_view result;
+};
+
+// True when `v` is a format-2 COMPLETED record, filling *out. False for anything
+// else (other states, format 1, corrupt bytes): the caller leaves those to claim.lua.
+inline bool DecodeCompletedRecord2(std::string_view v, CompletedRecord2* out) {
+  if (v.size() < 11) return false;
+  const auto flags = static_cast<uint8_t>(v[0]);
+  const unsigned status = (flags >> 2) & 3;
+  if ((flags & 0xe0) != kFormat2 || (flags & 3) != kCompleted2 || status > 2) return false;
+  uint64_t token = 0;
+  for (size_t k = 1; k <= 8; ++k) token = (token << 8) | static_cast<uint8_t>(v[k]);
+  size_t i = 9;
+  uint64_t fence = 0, attempt = 0;
+  if (!ReadVarint(v, &i, &fence) || !ReadVarint(v, &i, &attempt)) return false;
+  std::string_view fp;
+  if (flags & kHasFp2) {
+    if (i >= v.size()) return false;
+    const size_t n = static_cast<uint8_t>(v[i]);
+    if (n == 0 || n > kMaxFingerprintBytes || v.size() < i + 1 + n) return false;
+    fp = v.substr(i + 1, n);
+    i += 1 + n;
+  }
+  out->status = static_cast<CompletionStatus>(status);
+  out->token = token;
+  out->fence = fence;
+  out->attempt = attempt;
+  out->fingerprint = fp;
+  out->result = v.substr(i);
+  return true;
+}
+
+}  // namespace dedup::redis
+
+#endif  // DEDUP_SRC_STORES_REDIS_RECORD_FORMAT_H_
