@@ -56,7 +56,7 @@ done
 echo "ok   $checked command lines with a password checked"
 
 # 2. A password-protected Redis, reached without a password on the command line.
-REDIS_CLI_AUTH="-a $P --no-auth-warning" redis_start "$port" "$tmp/redis" --requirepass "$P"
+REDIS_CLI_AUTH="-a $P --no-auth-warning" redis_start "$port" "$tmp/redis" --requirepass "$P" --appendonly yes  # no AOF warning in the outputs compared below
 store="redis://127.0.0.1:$port?prefix=s:"
 printf '%s\n' "$P" >"$tmp/pw"
 out=$("$dedup" exec --store "$store&password_file=$tmp/pw" --key a -- echo ran 2>&1) &&
