@@ -57,10 +57,16 @@ class RocksDBHardeningTest : public ::testing::Test {
   static std::string Key(int i) { return "key-" + std::to_string(i); }
 
   // A store at `path` with `n` claimed keys, closed (the records are in the WAL).
+  // The claims carry max_attempts, so each is written before it returns, one WAL
+  // record per claim (claims without it are group-committed, many per record).
   void Fill(const std::string& path, int n) {
     auto s = TryOpen(path);
     ASSERT_TRUE(s.ok()) << s.status();
-    for (int i = 0; i < n; ++i) ASSERT_TRUE((*s)->Claim(Req(Key(i))).ok());
+    for (int i = 0; i < n; ++i) {
+      ClaimRequest r = Req(Key(i));
+      r.max_attempts = 1000;
+      ASSERT_TRUE((*s)->Claim(r).ok());
+    }
   }
 
   int CountRecords(Store* s, int n) {
