@@ -3,30 +3,17 @@
 #include "brokers/nats/nats_source.h"
 
 #include <nats/nats.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <mutex>
 
+#include "core/sha256.h"
 #include "core/uri.h"
 
 namespace dedup::nats {
 namespace {
 
 constexpr int64_t kNanosPerMilli = 1'000'000;
-
-std::string HexSha256(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 15]);
-  }
-  return out;
-}
 
 Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_cast<jsErrCode>(0)) {
   if (s == NATS_OK) return Status::Ok();
@@ -302,7 +289,7 @@ class NatsDelivery final : public Delivery {
         break;
       }
       case KeyFrom::kSha256:
-        key_ = o.key_prefix + HexSha256(payload_);
+        key_ = o.key_prefix + internal::HexSha256(payload_);
         break;
     }
   }

@@ -2,7 +2,6 @@
 
 #include "brokers/rabbitmq/rabbitmq_source.h"
 
-#include <openssl/evp.h>
 #include <poll.h>
 #include <sys/time.h>
 
@@ -17,24 +16,11 @@
 #include <set>
 
 #include "brokers/rabbitmq/amqp_conn.h"
+#include "core/sha256.h"
 #include "core/uri.h"
 
 namespace dedup::rabbitmq {
 namespace {
-
-std::string HexSha256(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
-  std::string out;
-  out.reserve(2 * len);
-  static constexpr char kHex[] = "0123456789abcdef";
-  for (unsigned int i = 0; i < len; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 15]);
-  }
-  return out;
-}
 
 // A header value as text; false for kinds that have none (tables, arrays, void).
 bool FieldText(const amqp_field_value_t& v, std::string* out) {
@@ -595,7 +581,7 @@ class RabbitMqSource final : public MessageSource {
         break;
       }
       case KeyFrom::kSha256:
-        key = s_->o.key_prefix + HexSha256(body);
+        key = s_->o.key_prefix + internal::HexSha256(body);
         break;
     }
     ++s_->unsettled;

@@ -3,7 +3,6 @@
 #include "brokers/redis_streams/streams_source.h"
 
 #include <hiredis/hiredis.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "brokers/redis_streams/stream_conn.h"
+#include "core/sha256.h"
 #include "core/uri.h"
 
 namespace dedup {
@@ -24,19 +24,6 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
-
-std::string HexSha256(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 15]);
-  }
-  return out;
-}
 
 // [id, [f1, v1, f2, v2 ...]]. A nil field list (entry deleted from the stream
 // while pending) gives has_body = false.
@@ -200,7 +187,7 @@ class StreamsSource final : public MessageSource {
   }
 
   std::string KeyOf(const StreamMessage& m, std::string* error) const {
-    if (o_.key_from_content) return o_.key_prefix + HexSha256(m.CanonicalPayload());
+    if (o_.key_from_content) return o_.key_prefix + internal::HexSha256(m.CanonicalPayload());
     for (const auto& [k, v] : m.fields) {
       if (k == o_.key_field) {
         if (v.empty()) *error = "empty key field '" + o_.key_field + "'";
