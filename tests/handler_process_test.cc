@@ -347,12 +347,22 @@ TEST(HandlerProcess, RequestStopStopsRunningHandlersAndStartsNoNewOnes) {
   so.grace = 300ms;
   auto sup = HandlerSupervisor::Start(so);
   ASSERT_TRUE(sup.ok());
+  // The deaf handler says when its trap is set: a stop sent before that would
+  // find a shell that still dies of SIGTERM.
+  const std::string ready =
+      std::filesystem::temp_directory_path() / ("dedup-hp-ready-" + std::to_string(getpid()));
+  std::filesystem::remove(ready);
   std::thread stopper([&] {
-    while ((*sup)->running() < 2) std::this_thread::sleep_for(5ms);
+    const auto give_up = Steady::now() + 10s;
+    while (((*sup)->running() < 2 || !std::filesystem::exists(ready)) && Steady::now() < give_up) {
+      std::this_thread::sleep_for(5ms);
+    }
     (*sup)->RequestStop(SIGTERM);
   });
   StatusOr<HandlerExit> deaf = Status::Internal("unset");
-  std::thread t([&] { deaf = (*sup)->Run(Shell("trap '' TERM; sleep 30; true")); });
+  std::thread t([&] {
+    deaf = (*sup)->Run(Shell("trap '' TERM; : > '" + ready + "'; sleep 30; true"));
+  });
   auto polite = (*sup)->Run(Shell("sleep 30; true"));
   t.join();
   stopper.join();
@@ -362,6 +372,7 @@ TEST(HandlerProcess, RequestStopStopsRunningHandlersAndStartsNoNewOnes) {
   EXPECT_EQ(polite->signal, SIGTERM);
   EXPECT_EQ(deaf->how, HandlerExit::How::kStopped);
   EXPECT_EQ(deaf->signal, SIGKILL);  // after the grace
+  std::filesystem::remove(ready);
   auto later = (*sup)->Run(Shell("true"));
   ASSERT_FALSE(later.ok());
   EXPECT_EQ(later.status().code(), StatusCode::kAborted);
