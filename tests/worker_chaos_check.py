@@ -13,7 +13,10 @@
 #               worker was SIGKILLed after that run started (and, the line being
 #               written, after its effect: a kill between effect and complete),
 #               or explained by the Redis restart when the store is that Redis (the
-#               outcome could not be recorded), "unexplained" otherwise (= doubled)
+#               outcome could not be recorded), or with --faults by a network
+#               fault of tests/fault_proxy.py active between the earlier run's
+#               start and shortly after its end (its heartbeats or its complete
+#               could not reach the store), "unexplained" otherwise (= doubled)
 #   overlaps    two runs of one key that were running at the same time
 #   fence order runs of one key whose fences do not strictly increase (dedup only)
 # Exit 1 when the dedup pattern breaks a check; the textbook pattern only reports.
@@ -26,6 +29,9 @@ ap = argparse.ArgumentParser()
 for name in ("ledger", "kills", "outage", "pattern", "store"):
     ap.add_argument("--" + name, required=True)
 ap.add_argument("--outstanding", help="keys still undelivered or pending, one per line")
+ap.add_argument("--faults", help="fault log of tests/fault_proxy.py: START_US END_US KIND ...")
+ap.add_argument("--fault-slack-ms", type=int, default=1500,
+                help="a fault this long after a run ended may still meet its complete")
 for name in ("messages", "published", "pending", "dead", "workers", "redis-restarts", "elapsed"):
     ap.add_argument("--" + name, type=int, required=True)
 a = ap.parse_args()
@@ -47,6 +53,18 @@ def in_outage(end_us):
     return (a.store == "redis" and len(outage) == 2
             and outage[0] - OUTAGE_SLACK_US <= end_us <= outage[1])
 
+# Network faults between the workers and the store: [start, end] in us.
+faults = []
+if a.faults:
+    for line in open(a.faults):
+        parts = line.split()
+        if len(parts) >= 3:
+            faults.append((int(parts[0]), int(parts[1]), parts[2]))
+
+def fault_during(start_us, end_us):
+    lo, hi = start_us, end_us + a.fault_slack_ms * 1000
+    return any(fs <= hi and fe >= lo for fs, fe, _ in faults)
+
 runs = collections.defaultdict(list)
 for line in open(a.ledger):
     parts = line.split()
@@ -66,7 +84,7 @@ else:
 unfinished = sorted(never_ran & outstanding)
 lost = sorted(never_ran - outstanding)
 extra_keys = sorted(set(runs) - expected)
-explained = outage_reruns = unexplained = overlaps = fence_bad = 0
+explained = outage_reruns = fault_reruns = unexplained = overlaps = fence_bad = 0
 examples = []
 for key, rs in runs.items():
     rs.sort()
@@ -85,6 +103,8 @@ for key, rs in runs.items():
             explained += 1
         elif in_outage(r[1]):
             outage_reruns += 1
+        elif fault_during(r[0], r[1]):
+            fault_reruns += 1
         else:
             unexplained += 1
             examples.append(("unexplained rerun", key, r))
@@ -96,10 +116,14 @@ report = {
     "completed_keys": len(set(runs) & expected), "effects": sum(len(r) for r in runs.values()),
     "lost": len(lost), "unfinished": len(unfinished),
     "outstanding_at_end": len(outstanding), "reruns_explained_by_kill": explained,
-    "reruns_explained_by_store_outage": outage_reruns, "doubled_unexplained": unexplained,
+    "reruns_explained_by_store_outage": outage_reruns,
+    "reruns_explained_by_network_fault": fault_reruns, "doubled_unexplained": unexplained,
     "overlapping_runs": overlaps, "fence_order_violations": fence_bad,
     "pending_at_end": a.pending, "dead_lettered": a.dead,
 }
+if a.faults:
+    kinds = collections.Counter(k for _, _, k in faults)
+    report["faults"] = dict(sorted(kinds.items()))
 print("chaos report: " + json.dumps(report))
 for e in examples[:10]:
     print("  example:", e)

@@ -139,30 +139,8 @@ echo "$kills kills done; $done_effects effects in the ledger so far"
 
 # Outstanding = entries the group has not delivered yet + entries pending.
 # outstanding_keys prints the dedup key (field id) of each, one per line.
-outstanding_lua='
-local g = redis.call("XINFO", "GROUPS", KEYS[1])
-local last = "0-0"
-for _, grp in ipairs(g) do
-  local name, ld
-  for i = 1, #grp, 2 do
-    if grp[i] == "name" then name = grp[i + 1] end
-    if grp[i] == "last-delivered-id" then ld = grp[i + 1] end
-  end
-  if name == ARGV[1] then last = ld end
-end
-local out = {}
-local function key_of(entry)
-  local f = entry[2]
-  for i = 1, #f, 2 do if f[i] == "id" then return f[i + 1] end end
-  return "?" .. entry[1]
-end
-for _, e in ipairs(redis.call("XRANGE", KEYS[1], "(" .. last, "+")) do out[#out + 1] = key_of(e) end
-for _, p in ipairs(redis.call("XPENDING", KEYS[1], ARGV[1], "-", "+", 1000000)) do
-  local e = redis.call("XRANGE", KEYS[1], p[1], p[1])
-  if #e == 1 then out[#out + 1] = key_of(e[1]) end
-end
-return out'
-outstanding_keys() { rcli --raw EVAL "$outstanding_lua" 1 jobs workers 2>/dev/null | grep -v '^$' || true; }
+source "$here/../scripts/lib/stream_outstanding.sh"
+outstanding_keys() { stream_outstanding_keys "$port" jobs workers; }
 outstanding_count() { outstanding_keys | wc -l; }
 
 # Drain: until nothing is outstanding, the count stalls for stall_limit, or the

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# What a Redis Streams consumer group still holds, for the chaos and fault tests
+# (tests/worker_chaos_test.sh, tests/redis_fault_proxy_test.sh). Source it:
+#
+#   source scripts/lib/stream_outstanding.sh
+#   stream_outstanding_keys PORT STREAM GROUP   # one dedup key (field id) per line
+#   stream_outstanding_count PORT STREAM GROUP
+#
+# Outstanding = entries the group has not delivered yet + entries pending (an
+# entry deleted from the stream counts as "?<entry id>"). Read with one EVAL, so
+# that the two parts are taken at one moment.
+
+_stream_outstanding_lua='
+local g = redis.call("XINFO", "GROUPS", KEYS[1])
+local last = "0-0"
+for _, grp in ipairs(g) do
+  local name, ld
+  for i = 1, #grp, 2 do
+    if grp[i] == "name" then name = grp[i + 1] end
+    if grp[i] == "last-delivered-id" then ld = grp[i + 1] end
+  end
+  if name == ARGV[1] then last = ld end
+end
+local out = {}
+local function key_of(entry)
+  local f = entry[2]
+  for i = 1, #f, 2 do if f[i] == "id" then return f[i + 1] end end
+  return "?" .. entry[1]
+end
+for _, e in ipairs(redis.call("XRANGE", KEYS[1], "(" .. last, "+")) do out[#out + 1] = key_of(e) end
+for _, p in ipairs(redis.call("XPENDING", KEYS[1], ARGV[1], "-", "+", 1000000)) do
+  local e = redis.call("XRANGE", KEYS[1], p[1], p[1])
+  if #e == 1 then out[#out + 1] = key_of(e[1]) end
+end
+return out'
+
+stream_outstanding_keys() {  # PORT STREAM GROUP
+  "${REDIS_CLI_BIN:-redis-cli}" -p "$1" --raw EVAL "$_stream_outstanding_lua" 1 "$2" "$3" \
+    2>/dev/null | grep -v '^$' || true
+}
+
+stream_outstanding_count() {  # PORT STREAM GROUP
+  stream_outstanding_keys "$@" | wc -l
+}
