@@ -10,6 +10,7 @@
 #include <atomic>
 #include <thread>
 
+#include "corrupt_store.h"
 #include "dedup/memory_store.h"
 #ifdef DEDUP_WITH_REDIS_STREAMS
 #include "dedup/worker.h"
@@ -190,6 +191,136 @@ TEST_F(BufferTest, CompleteThatNeverLandsIsNotAcked) {
   EXPECT_TRUE(p.ran);
   EXPECT_EQ(p.action, BrokerAction::kRetry);
   EXPECT_EQ(p.status.code(), StatusCode::kUnavailable);
+}
+
+// ---- records no one can read (issue 13, item 5) -----------------------------
+
+using testing::CorruptRecordStore;
+
+HandlerResult MustNotRun(ClaimGuard& g) {
+  ADD_FAILURE() << "the handler ran for '" << g.key() << "' without a readable record";
+  return HandlerResult::Done();
+}
+
+TEST_F(BufferTest, CorruptRecordIsRetriedThenDeadLetteredWithTheReason) {
+  CorruptRecordStore store(store_.get());
+  store.Corrupt("bad");
+  BufferOptions o;
+  o.corrupt_record_tries = 3;
+  o.retry_delay = 250ms;
+  Buffer buffer(&store, o);
+  for (int i = 1; i <= 2; ++i) {
+    Processed p = buffer.ProcessOnce("bad", "", MustNotRun);
+    EXPECT_FALSE(p.ran);
+    EXPECT_EQ(p.status.code(), StatusCode::kDataLoss);
+    EXPECT_EQ(p.action, BrokerAction::kRetry) << "try " << i;
+    EXPECT_EQ(p.retry_after, 250ms);
+    EXPECT_NE(p.reason.find("corrupt record (try " + std::to_string(i) + " of 3)"),
+              std::string::npos) << p.reason;
+  }
+  Processed p = buffer.ProcessOnce("bad", "", MustNotRun);
+  EXPECT_EQ(p.action, BrokerAction::kDeadLetter);
+  EXPECT_NE(p.reason.find("cannot be decoded"), std::string::npos) << "the store's reason: " << p.reason;
+  EXPECT_NE(p.reason.find("unreadable on 3 tries"), std::string::npos) << p.reason;
+  EXPECT_EQ(store.claims("bad"), 3);
+  // Other keys are not disturbed; a redelivery of the dead-lettered message
+  // (its dead-letter write failed) starts a new count.
+  EXPECT_EQ(buffer.ProcessOnce("good", "", [](ClaimGuard&) { return HandlerResult::Done(); }).action,
+            BrokerAction::kAck);
+  EXPECT_EQ(buffer.ProcessOnce("bad", "", MustNotRun).action, BrokerAction::kRetry);
+}
+
+TEST_F(BufferTest, CorruptRecordCountStartsAgainOnceTheKeyIsReadable) {
+  CorruptRecordStore store(store_.get());
+  BufferOptions o;
+  o.corrupt_record_tries = 2;
+  Buffer buffer(&store, o);
+  store.Corrupt("k");
+  EXPECT_EQ(buffer.ProcessOnce("k", "", MustNotRun).action, BrokerAction::kRetry);
+  store.Mend("k");  // e.g. an operator forgot the record
+  EXPECT_EQ(buffer.ProcessOnce("k", "", [](ClaimGuard&) { return HandlerResult::Retry("later"); })
+                .action,
+            BrokerAction::kRetry);
+  store.Corrupt("k");
+  EXPECT_EQ(buffer.ProcessOnce("k", "", MustNotRun).action, BrokerAction::kRetry)
+      << "one DataLoss since the key was last answered is not two";
+  EXPECT_EQ(buffer.ProcessOnce("k", "", MustNotRun).action, BrokerAction::kDeadLetter);
+}
+
+TEST_F(BufferTest, TransientStoreErrorsRetryForeverAndNeverDeadLetter) {
+  CorruptRecordStore store(store_.get());
+  BufferOptions o;
+  o.corrupt_record_tries = 1;  // the strictest bound: still never for these
+  Buffer buffer(&store, o);
+  store.FailNext("slow", 50, StatusCode::kDeadlineExceeded);
+  store.FailNext("down", 50, StatusCode::kUnavailable);
+  for (int i = 0; i < 50; ++i) {
+    for (const char* key : {"slow", "down"}) {
+      Processed p = buffer.ProcessOnce(key, "", MustNotRun);
+      ASSERT_EQ(p.action, BrokerAction::kRetry) << key << " try " << i << ": " << p.reason;
+      EXPECT_EQ(p.reason.find("corrupt"), std::string::npos) << p.reason;
+    }
+  }
+  EXPECT_EQ(buffer.ProcessOnce("down", "", [](ClaimGuard&) { return HandlerResult::Done(); }).action,
+            BrokerAction::kAck);
+}
+
+TEST_F(BufferTest, BatchClaimPutsDataLossOnTheCorruptKeyOnly) {
+  CorruptRecordStore store(store_.get());
+  store.Corrupt("bad");
+  Buffer buffer(&store);
+  const std::vector<ClaimItem> items = {{"a", ""}, {"bad", ""}, {"b", ""}};
+  std::vector<StatusOr<ClaimGuard>> claims = buffer.ClaimBatch(items);
+  ASSERT_EQ(claims.size(), 3u);
+  ASSERT_TRUE(claims[0].ok()) << claims[0].status();
+  EXPECT_TRUE(claims[0]->acquired());
+  EXPECT_EQ(claims[1].status().code(), StatusCode::kDataLoss);
+  ASSERT_TRUE(claims[2].ok()) << claims[2].status();
+  EXPECT_TRUE(claims[2]->acquired());
+  Processed p = buffer.ProcessClaimed("bad", std::move(claims[1]), MustNotRun);
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_NE(p.reason.find("try 1 of 3"), std::string::npos) << "default bound 3: " << p.reason;
+  EXPECT_EQ(store.failed_batches.load(), 1);
+  // While it is counted, the corrupt key is claimed alone: the batch of the
+  // others goes through.
+  const std::vector<ClaimItem> next = {{"c", ""}, {"bad", ""}, {"d", ""}};
+  claims = buffer.ClaimBatch(next);
+  EXPECT_EQ(store.failed_batches.load(), 1);
+  EXPECT_TRUE(claims[0].ok() && claims[0]->acquired());
+  EXPECT_EQ(claims[1].status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(claims[2].ok() && claims[2]->acquired());
+}
+
+TEST_F(BufferTest, TooManyCorruptKeysAtOnceAreDeadLetteredAtTheFirstTry) {
+  CorruptRecordStore store(store_.get());
+  BufferOptions o;
+  o.corrupt_record_tries = 2;
+  Buffer buffer(&store, o);
+  for (size_t i = 0; i <= kMaxCorruptKeys; ++i) store.Corrupt("c" + std::to_string(i));
+  for (size_t i = 0; i < kMaxCorruptKeys; ++i) {
+    ASSERT_EQ(buffer.ProcessOnce("c" + std::to_string(i), "", MustNotRun).action,
+              BrokerAction::kRetry);
+  }
+  Processed p = buffer.ProcessOnce("c" + std::to_string(kMaxCorruptKeys), "", MustNotRun);
+  EXPECT_EQ(p.action, BrokerAction::kDeadLetter);
+  EXPECT_NE(p.reason.find("too many corrupt keys"), std::string::npos) << p.reason;
+  // The counted ones still reach their bound.
+  EXPECT_EQ(buffer.ProcessOnce("c0", "", MustNotRun).action, BrokerAction::kDeadLetter);
+}
+
+TEST_F(BufferTest, CorruptRecordTriesIsValidated) {
+  for (int bad : {0, -1, 1001}) {
+    BufferOptions o;
+    o.corrupt_record_tries = bad;
+    auto b = Buffer::Create(store_.get(), o);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find("corrupt-record-tries"), std::string::npos)
+        << b.status();
+  }
+  BufferOptions o;
+  o.corrupt_record_tries = 1000;
+  EXPECT_TRUE(Buffer::Create(store_.get(), o).ok());
 }
 
 TEST_F(BufferTest, DroppedGuardReleases) {

@@ -20,6 +20,7 @@
 
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
+#include "corrupt_store.h"
 #include "dedup/store.h"
 #include "source_envs.h"
 
@@ -337,6 +338,58 @@ TEST_P(ConsumerConformance, DeadLettersPermanentFailureMismatchExhaustedAndMissi
   std::lock_guard lock(mu);
   EXPECT_EQ(ran, (std::set<std::string>{"fail", "once"}));
   EXPECT_EQ(c->metrics().dead_lettered, 4u);
+}
+
+// A record no one can read (the store answers DataLoss) is retried a bounded
+// number of times, then dead-lettered with the store's reason and logged with its
+// key; a store that only times out is retried until it answers; the others run.
+TEST_P(ConsumerConformance, CorruptRecordIsDeadLetteredAfterBoundedTries) {
+  testing::CorruptRecordStore store(store_.get());
+  store.Corrupt("corrupt");
+  store.FailNext("slow", 6, StatusCode::kDeadlineExceeded);
+  BufferOptions bo;
+  bo.corrupt_record_tries = 3;
+  bo.retry_delay = 50ms;
+  Buffer buffer(&store, bo);
+  auto source = Source();
+  Publish("before");
+  Publish("corrupt");
+  Publish("slow");
+  Publish("after");
+  std::mutex mu;
+  std::set<std::string> ran;
+  std::vector<std::string> lines;
+  ConsumerOptions co;
+  co.log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    lines.push_back(line);
+  };
+  Running c(source.get(), &buffer, [&](const Delivery& d, ClaimGuard&) {
+    std::lock_guard lock(mu);
+    ran.insert(d.key());
+    return HandlerResult::Done();
+  }, co);
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 30'000ms)) << Outstanding();
+  c.Stop();
+  std::vector<std::string> reasons = DeadReasons();
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_NE(reasons[0].find("corrupt record"), std::string::npos) << reasons[0];
+  EXPECT_NE(reasons[0].find("cannot be decoded"), std::string::npos) << reasons[0];
+  EXPECT_NE(reasons[0].find("unreadable on 3 tries"), std::string::npos) << reasons[0];
+  // 3 tries, plus the batch claim it failed (if it came in a batch).
+  EXPECT_GE(store.claims("corrupt"), 3);
+  EXPECT_LE(store.claims("corrupt"), 4);
+  EXPECT_GE(store.claims("slow"), 7) << "a transient error is retried, never dead-lettered";
+  std::lock_guard lock(mu);
+  EXPECT_EQ(ran, (std::set<std::string>{"before", "slow", "after"}));
+  int logged = 0;
+  for (const auto& l : lines) {
+    if (l.find("key 'corrupt'") != std::string::npos && l.find("corrupt record") != std::string::npos) {
+      ++logged;
+    }
+  }
+  EXPECT_EQ(logged, 1) << "one log line names the key and the reason";
+  EXPECT_EQ(c->metrics().dead_lettered, 1u);
 }
 
 TEST_P(ConsumerConformance, RedeliveredAfterAWorkerCrash) {

@@ -24,6 +24,10 @@
 //   BUSY                                  kRetry after the lease left (never acked)
 //   MISMATCH, EXHAUSTED                   kDeadLetter
 //   store unavailable, or complete LOST   kRetry (fail closed: never acked)
+//   record cannot be decoded (DataLoss)   kRetry; kDeadLetter with the store's
+//                                         reason once this Buffer has had
+//                                         corrupt_record_tries of them in a row
+//                                         for the key (see BufferOptions)
 //
 // Guarantee and its limit: the handler runs at most once per key while its
 // completion is retained, except when a worker dies (or loses its lease) after the
@@ -76,12 +80,29 @@ struct BufferOptions {
   // Complete() is tried this many times when the store is unavailable before the
   // outcome is given up (and the message left to be redelivered). Default: 3.
   int complete_tries = 3;
+  // A claim the store answers DataLoss (the key's record cannot be decoded:
+  // corrupt, written by something else, or by a newer format) is retried after
+  // retry_delay, and the message dead-lettered with the store's reason at the
+  // corrupt_record_tries-th such answer in a row for the key. The count is this
+  // Buffer's own (every broker, whether or not it counts deliveries): it starts
+  // again when a claim of the key is answered, and is kept for at most
+  // kMaxCorruptKeys keys (when that many are being counted, a new one is
+  // dead-lettered at its first answer). Several workers each count their own, so
+  // a message is tried at most workers x corrupt_record_tries times. Transient
+  // errors (Unavailable, DeadlineExceeded, ...) never count: they retry forever.
+  // 1 to 1000. Default: 3.
+  int corrupt_record_tries = 3;
 };
 
+// How many keys a Buffer counts DataLoss answers for at once (see
+// BufferOptions::corrupt_record_tries).
+inline constexpr size_t kMaxCorruptKeys = 4096;
+
 // OK, or InvalidArgument naming the first bad field in flag spelling ("lease",
-// "retention", "retry-delay", "heartbeat-interval", "complete-tries"): lease,
-// retention and retry delay must be > 0 and at most kMaxDuration; the heartbeat
-// 0 (= lease / 3) or between 1 ms and the lease; complete_tries >= 1.
+// "retention", "retry-delay", "heartbeat-interval", "complete-tries",
+// "corrupt-record-tries"): lease, retention and retry delay must be > 0 and at
+// most kMaxDuration; the heartbeat 0 (= lease / 3) or between 1 ms and the lease;
+// complete_tries >= 1; corrupt_record_tries 1 to 1000.
 [[nodiscard]] Status ValidateBufferOptions(const BufferOptions& options);
 
 // The first 16 bytes of SHA-256(payload).
@@ -206,7 +227,12 @@ class Buffer {
 
   // Claims every item in one store call (Store::ClaimBatch: one round trip on
   // the server stores), answering each as Claim would, in order. An item with a
-  // bad key gets its InvalidArgument alone; a store error is every item's status.
+  // bad key gets its InvalidArgument alone; a store error is every item's status,
+  // except DataLoss (one record cannot be decoded): then each item is claimed
+  // alone, so that only the key whose record is corrupt gets it, and that key
+  // is claimed alone while it is being counted (corrupt_record_tries). (The
+  // server stores cannot say which item failed: an item the failed batch had
+  // already acquired answers BUSY until its lease ends, once per corrupt key.)
   std::vector<StatusOr<ClaimGuard>> ClaimBatch(std::span<const ClaimItem> items);
 
   // Claims, runs `handler` only if ACQUIRED, records its outcome, and says what to
@@ -233,6 +259,9 @@ class Buffer {
  private:
   friend class ClaimGuard;
   class Heartbeat;
+  class CorruptCounts;
+  // The action for a claim the store could not answer (`error` not OK).
+  void OnClaimError(std::string_view key, const Status& error, Processed* p);
   ClaimRequest Request(std::string_view key, std::string_view fingerprint) const;
   // `sent`: when the claim was sent (the lease is known held until sent + lease).
   ClaimGuard Guard(std::string_view key, ClaimResult result,
@@ -241,6 +270,7 @@ class Buffer {
   Store* const store_;
   const BufferOptions options_;
   std::unique_ptr<Heartbeat> heartbeat_;
+  std::unique_ptr<CorruptCounts> corrupt_;
 };
 
 }  // namespace dedup

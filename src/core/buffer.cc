@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace dedup {
@@ -151,6 +152,57 @@ class Buffer::Heartbeat {
   std::atomic<uint64_t> beats_{0}, lost_{0}, errors_{0};
 };
 
+// Per key, how many DataLoss answers to its claims came in a row (the policy of
+// BufferOptions::corrupt_record_tries). Off the hot path: a claim that was
+// answered takes the lock only while some key is being counted.
+class Buffer::CorruptCounts {
+ public:
+  explicit CorruptCounts(Millis stale_after) : stale_after_(stale_after) {}
+
+  // Counts one more DataLoss answer for `key` and returns the count, or 0 when
+  // kMaxCorruptKeys other keys are being counted (and none of them went stale).
+  uint32_t Add(std::string_view key) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(mu_);
+    auto it = counts_.find(std::string(key));
+    if (it == counts_.end()) {
+      if (counts_.size() >= kMaxCorruptKeys) {
+        // Keys not seen for a long time were settled elsewhere (another worker
+        // dead-lettered them, or their record was mended and claimed there).
+        std::erase_if(counts_, [&](const auto& e) { return now - e.second.last > stale_after_; });
+        if (counts_.size() >= kMaxCorruptKeys) return 0;
+      }
+      it = counts_.emplace(std::string(key), Seen{}).first;
+      size_.store(counts_.size(), std::memory_order_relaxed);
+    }
+    it->second.last = now;
+    return ++it->second.count;
+  }
+
+  bool Contains(std::string_view key) {
+    if (size_.load(std::memory_order_relaxed) == 0) return false;
+    std::lock_guard lock(mu_);
+    return counts_.contains(std::string(key));
+  }
+
+  // The key's claim was answered (or it was dead-lettered): start again.
+  void Forget(std::string_view key) {
+    if (size_.load(std::memory_order_relaxed) == 0) return;
+    std::lock_guard lock(mu_);
+    if (counts_.erase(std::string(key)) > 0) size_.store(counts_.size(), std::memory_order_relaxed);
+  }
+
+ private:
+  struct Seen {
+    uint32_t count = 0;
+    std::chrono::steady_clock::time_point last;
+  };
+  const Millis stale_after_;
+  std::mutex mu_;
+  std::unordered_map<std::string, Seen> counts_;
+  std::atomic<size_t> size_{0};
+};
+
 // ---- ClaimGuard ------------------------------------------------------------
 
 ClaimGuard::ClaimGuard(ClaimGuard&& o) noexcept
@@ -278,6 +330,10 @@ Status ValidateBufferOptions(const BufferOptions& o) {
     return Status::InvalidArgument("complete-tries must be at least 1, got " +
                                    std::to_string(o.complete_tries));
   }
+  if (o.corrupt_record_tries < 1 || o.corrupt_record_tries > 1000) {
+    return Status::InvalidArgument("corrupt-record-tries must be 1 to 1000, got " +
+                                   std::to_string(o.corrupt_record_tries));
+  }
   return Status::Ok();
 }
 
@@ -292,7 +348,11 @@ Buffer::Buffer(Store* store, BufferOptions options)
       heartbeat_(std::make_unique<Heartbeat>(
           store, options.heartbeat_interval.count() > 0
                      ? options.heartbeat_interval
-                     : std::max(Millis(1), options.lease / 3))) {}
+                     : std::max(Millis(1), options.lease / 3))),
+      // A counted key not seen for this long was settled elsewhere; its next
+      // delivery comes within a retry delay or a lease (a reclaim) otherwise.
+      corrupt_(std::make_unique<CorruptCounts>(
+          std::max(Millis(600'000), 4 * (options.retry_delay + options.lease)))) {}
 
 Buffer::~Buffer() = default;
 
@@ -350,6 +410,14 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
       out[i] = std::move(s);
       continue;
     }
+    if (corrupt_->Contains(items[i].key)) {
+      // Its record could not be read last time: claimed alone, so that it
+      // does not fail the batch of the others again.
+      out[i] = Claim(items[i].key, options_.fingerprint_payloads
+                                       ? PayloadFingerprint(items[i].payload)
+                                       : std::string());
+      continue;
+    }
     fingerprints.push_back(options_.fingerprint_payloads ? PayloadFingerprint(items[i].payload)
                                                          : std::string());
     where.push_back(i);
@@ -366,6 +434,14 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
         return std::vector<ClaimResult>{std::move(one).value()};
       }()
                        : store_->ClaimBatch(reqs);
+  if (!r.ok() && r.status().code() == StatusCode::kDataLoss && reqs.size() > 1) {
+    // One record of the batch cannot be decoded, and the store cannot say
+    // which: claim each alone, so that the error lands on its own key only.
+    for (size_t j = 0; j < where.size(); ++j) {
+      out[where[j]] = Claim(reqs[j].key, reqs[j].fingerprint);
+    }
+    return out;
+  }
   for (size_t j = 0; j < where.size(); ++j) {
     if (!r.ok()) {
       out[where[j]] = r.status();
@@ -374,6 +450,36 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
     }
   }
   return out;
+}
+
+void Buffer::OnClaimError(std::string_view key, const Status& error, Processed* p) {
+  p->status = error;
+  p->action = BrokerAction::kRetry;
+  p->retry_after = options_.retry_delay;
+  if (error.code() != StatusCode::kDataLoss) {
+    // Unavailable, DeadlineExceeded, ...: the store could not decide. Fail
+    // closed and try again, however long it takes.
+    p->reason = "store error on claim: " + error.ToString();
+    return;
+  }
+  // The key's record cannot be decoded: no claim can be made while it is there,
+  // and the handler must not run unguarded. Retry a few times (a newer worker
+  // may read it; an operator may mend or forget it), then move the message
+  // aside with the reason instead of leaving it pending forever.
+  const uint32_t n = corrupt_->Add(key);
+  const uint32_t limit = static_cast<uint32_t>(options_.corrupt_record_tries);
+  if (n == 0 || n >= limit) {
+    corrupt_->Forget(key);
+    p->action = BrokerAction::kDeadLetter;
+    p->retry_after = Millis(0);
+    p->reason = "corrupt record: " + error.message() + " (" +
+                (n == 0 ? std::string("dead-lettered at the first try: too many corrupt keys at once")
+                        : "unreadable on " + std::to_string(n) + " tries") +
+                ")";
+    return;
+  }
+  p->reason = "corrupt record (try " + std::to_string(n) + " of " + std::to_string(limit) +
+              "): " + error.message();
 }
 
 Processed Buffer::ProcessOnce(std::string_view key, std::string_view payload,
@@ -395,12 +501,10 @@ Processed Buffer::ProcessClaimed(std::string_view key, StatusOr<ClaimGuard> c,
     return p;
   }
   if (!c.ok()) {
-    p.status = c.status();
-    p.action = BrokerAction::kRetry;
-    p.retry_after = options_.retry_delay;
-    p.reason = "store error on claim: " + c.status().ToString();
+    OnClaimError(key, c.status(), &p);
     return p;
   }
+  corrupt_->Forget(key);
   ClaimGuard& g = *c;
   p.claim = g.result();
   switch (g.outcome()) {

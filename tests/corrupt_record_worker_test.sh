@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A record no one can read, end to end (issue 13, item 5): a real Redis (port
+# CORRUPT_REDIS_PORT, default 6500, docs/PORTS.md), a stream of five messages,
+# and the store records of two of their keys overwritten by hand with bytes that
+# are no dedup record (a string, and a hash: WRONGTYPE). One key holds a terminal
+# escape sequence. `dedup worker --exec` must
+#   * dead-letter both messages to jobs:dead with the store's reason, after the
+#     bounded number of tries (3, BufferOptions::corrupt_record_tries), never
+#     running their handler,
+#   * log one line for each naming the key (escaped: no raw ESC reaches the log)
+#     and the reason,
+#   * process the three other messages, and leave nothing pending,
+#   * leave the corrupt records as they were (nothing changed).
+#
+#   tests/corrupt_record_worker_test.sh DEDUP_BIN HANDLER_BIN
+set -euo pipefail
+
+dedup=$(realpath "$1")
+handler=$(realpath "$2")
+here=$(cd "$(dirname "$0")" && pwd)
+port=${CORRUPT_REDIS_PORT:-6500}
+work=$(mktemp -d "${TMPDIR:-/tmp}/dedup-corrupt.XXXXXX")
+worker_pid=""
+cleanup() {
+  [ -n "$worker_pid" ] && kill -KILL "$worker_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+source "$here/../scripts/lib/redis.sh"
+source "$here/../scripts/lib/stream_outstanding.sh"
+redis_start "$port" "$work/redis" --appendonly yes --maxmemory-policy noeviction
+rcli() { redis-cli -p "$port" "$@"; }
+fail() { echo "FAIL: $*"; echo "--- worker log"; cat "$work/worker.log"; exit 1; }
+
+esc_key=$(printf 'bad\033[31m-2')
+rcli XGROUP CREATE jobs workers '$' MKSTREAM >/dev/null
+for key in good-1 bad-1 good-2 "$esc_key" good-3; do
+  rcli XADD jobs '*' id "$key" body "payload of $key" >/dev/null
+done
+rcli SET "dedup:bad-1" "not a record" >/dev/null
+rcli HSET "$(printf 'dedup:bad\033[31m-2')" f v >/dev/null
+
+export LEDGER=$work/ledger WORK_MS=1
+touch "$LEDGER"
+"$dedup" worker --broker "redis://127.0.0.1:$port?stream=jobs&group=workers&consumer=w0" \
+  --store "redis://127.0.0.1:$port?prefix=dedup:" --exec "$handler" --no-shell \
+  --concurrency 2 --lease 3s --retry-delay 200ms >"$work/worker.log" 2>&1 &
+worker_pid=$!
+
+deadline=$((SECONDS + 60))
+until [ "$(rcli XLEN jobs:dead)" = 2 ] && [ "$(stream_outstanding_count "$port" jobs workers)" = 0 ]; do
+  [ $SECONDS -lt $deadline ] || fail "after 60 s: $(rcli XLEN jobs:dead) dead-lettered, \
+$(stream_outstanding_count "$port" jobs workers) outstanding"
+  kill -0 "$worker_pid" 2>/dev/null || fail "the worker exited"
+  sleep 0.2
+done
+kill -TERM "$worker_pid"
+wait "$worker_pid" || true
+worker_pid=""
+
+# Dead letters: the message's fields, the key and the store's reason.
+for key in bad-1 "$esc_key"; do
+  entry=$(rcli --raw XRANGE jobs:dead - + | tr '\n' '\t')
+  case "$entry" in
+    *"id	$key	"*) ;;
+    *) fail "no dead letter for key $(printf %q "$key"): $entry" ;;
+  esac
+done
+reasons=$(rcli --raw XRANGE jobs:dead - + | awk 'prev == "reason" { print } { prev = $0 }')
+[ "$(grep -c 'corrupt record: .*unreadable on 3 tries' <<<"$reasons")" = 2 ] ||
+  fail "reasons: $reasons"
+grep -q 'not dedup format\|DEDUPCORRUPT' <<<"$reasons" || fail "the store's reason is missing: $reasons"
+grep -q 'WRONGTYPE' <<<"$reasons" || fail "the hash's reason is missing: $reasons"
+
+# The log: one line per dead letter naming the key, escaped.
+grep -q "key 'bad-1'.*corrupt record" "$work/worker.log" || fail "no log line for bad-1"
+grep -qF "key 'bad\\x1b[31m-2'" "$work/worker.log" || fail "no escaped log line for the ESC key"
+if grep -q $'\033' "$work/worker.log"; then fail "a raw ESC reached the log"; fi
+
+# The other messages ran once each; the corrupt ones never ran.
+ran=$(awk '{ print $1 }' "$LEDGER" | sort | tr '\n' ' ')
+[ "$ran" = "good-1 good-2 good-3 " ] || fail "handler runs: '$ran'"
+[ "$(rcli XPENDING jobs workers | head -1)" = 0 ] || fail "messages left pending"
+[ "$(rcli GET dedup:bad-1)" = "not a record" ] || fail "the corrupt record was changed"
+grep "dead-lettered" "$work/worker.log"
+echo "PASS: 2 corrupt records dead-lettered with the reason and logged; 3 messages processed"
