@@ -21,7 +21,8 @@
 # the group holds nothing, at most until FAULT_TIMEOUT (default 85) seconds from
 # the start. Ports (docs/PORTS.md): Redis FAULT_REDIS_PORT (6501), proxy
 # FAULT_PROXY_PORT (6502). FAULT_SEED (1); FAULT_KEEP=1 keeps the temporary
-# directory.
+# directory. FAULT_PATTERN=textbook runs the SET NX EX / DEL guard instead (TTL =
+# the lease) under the same faults: the checker then only reports.
 set -euo pipefail
 
 dedup=$(realpath "$1")
@@ -31,6 +32,7 @@ redis_port=${FAULT_REDIS_PORT:-6501}
 proxy_port=${FAULT_PROXY_PORT:-6502}
 fault_seconds=${FAULT_SECONDS:-30}
 seed=${FAULT_SEED:-1}
+pattern=${FAULT_PATTERN:-dedup}
 deadline=$((SECONDS + ${FAULT_TIMEOUT:-85}))
 lease_s=4
 
@@ -76,7 +78,8 @@ export LEDGER=$work/ledger WORK_MS=2 SLOW_EVERY=50 SLOW_MS=5000
 touch "$LEDGER" "$work/kills" "$work/outage"
 nworkers=2
 for i in $(seq 0 $((nworkers - 1))); do
-  "$dedup" worker --broker "$broker&consumer=w$i" --store "$store" --exec "$handler" \
+  "$dedup" worker --broker "$broker&consumer=w$i" --store "$store" --pattern "$pattern" \
+    --textbook-ttl "${lease_s}s" --exec "$handler" \
     --no-shell --concurrency 4 --lease "${lease_s}s" --retry-delay 200ms \
     --summary-interval 10s >>"$work/worker$i.log" 2>&1 &
   worker_pids[$i]=$!
@@ -120,6 +123,6 @@ python3 "$here/worker_chaos_check.py" --ledger "$LEDGER" --kills "$work/kills" \
   --outage "$work/outage" --faults "$work/faults" --fault-slack-ms 3000 \
   --outstanding "$work/outstanding" \
   --messages "$messages" --published "$published" --pending "$pending" --dead "$dead" \
-  --pattern dedup --store redis --workers "$nworkers" --redis-restarts 0 \
+  --pattern "$pattern" --store redis --workers "$nworkers" --redis-restarts 0 \
   --elapsed "$SECONDS" || ok=0
 [ "$ok" = 1 ]
