@@ -98,15 +98,7 @@ while [ $SECONDS -lt "$deadline" ]; do
   sleep 1
 done
 echo "drain ended after ${SECONDS}s with $(stream_outstanding_count "$redis_port" jobs workers) outstanding"
-for i in $(seq 0 $((nworkers - 1))); do
-  kill -TERM "${worker_pids[$i]}" 2>/dev/null || true
-  wait "${worker_pids[$i]}" 2>/dev/null || true
-  worker_pids[$i]=""
-done
-pending=$(rcli XPENDING jobs workers | head -1)
-stream_outstanding_keys "$redis_port" jobs workers >"$work/outstanding"
-dead=$(rcli XLEN jobs:dead)
-tail -n 1 "$work"/worker*.log
+stream_stop_workers "$redis_port" jobs workers "$work"
 
 # The faults must have happened, or the verdict says nothing.
 cuts=$(awk '$3 == "rst" || $3 == "close"' "$work/faults" | wc -l)

@@ -158,15 +158,7 @@ while [ $SECONDS -lt "$deadline" ]; do
   sleep 1
 done
 echo "drain ended after ${SECONDS}s with $(outstanding_count) outstanding"
-for i in $(seq 0 $((nworkers - 1))); do
-  kill -TERM "${worker_pids[$i]}" 2>/dev/null || true
-  wait "${worker_pids[$i]}" 2>/dev/null || true
-  worker_pids[$i]=""
-done
-pending=$(rcli XPENDING jobs workers | head -1)
-outstanding_keys >"$work/outstanding"
-dead=$(rcli XLEN jobs:dead)
-tail -n 1 "$work"/worker*.log
+stream_stop_workers "$port" jobs workers "$work"
 
 python3 "$here/worker_chaos_check.py" --ledger "$LEDGER" --kills "$work/kills" \
   --outage "$work/outage" --outstanding "$work/outstanding" \

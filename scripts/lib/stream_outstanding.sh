@@ -42,3 +42,22 @@ stream_outstanding_keys() {  # PORT STREAM GROUP
 stream_outstanding_count() {  # PORT STREAM GROUP
   stream_outstanding_keys "$@" | wc -l
 }
+
+# stream_stop_workers PORT STREAM GROUP WORK: SIGTERMs the worker processes in the
+# caller's array worker_pids and waits for each (graceful drain), then sets
+# `pending` (the group's pending count) and `dead` (entries in STREAM:dead), writes
+# the outstanding keys to WORK/outstanding and prints each WORK/worker*.log's last
+# line (the workers' final summaries).
+stream_stop_workers() {
+  local port=$1 stream=$2 group=$3 work=$4 i
+  for i in "${!worker_pids[@]}"; do
+    [ -n "${worker_pids[$i]}" ] || continue
+    kill -TERM "${worker_pids[$i]}" 2>/dev/null || true
+    wait "${worker_pids[$i]}" 2>/dev/null || true
+    worker_pids[$i]=""
+  done
+  pending=$("${REDIS_CLI_BIN:-redis-cli}" -p "$port" XPENDING "$stream" "$group" | head -1)
+  dead=$("${REDIS_CLI_BIN:-redis-cli}" -p "$port" XLEN "$stream:dead")
+  stream_outstanding_keys "$port" "$stream" "$group" >"$work/outstanding"
+  tail -n 1 "$work"/worker*.log
+}
