@@ -16,9 +16,11 @@
 # Held bytes are forwarded in order once the hold ends, as a slow network would.
 #
 # Every fault is logged, one line per fault, to --log:
-#   START_US END_US KIND CONNECTION DETAIL
+#   START_US END_US KIND CONNECTION PID DETAIL
 # (END_US = START_US for a cut), so that the checker can tell a rerun that such
-# a fault explains. Faults stop after --duration seconds (the proxy keeps
+# a fault explains. PID is the process, among those listed in --pids, whose
+# socket the connection is (found through /proc/net/tcp and /proc/PID/fd), "*"
+# for a stall (every process), "?" when not found. Faults stop after --duration seconds (the proxy keeps
 # forwarding). Python's standard library only; the proxy exits when its parent
 # dies (it polls getppid), so a killed test leaves nothing behind.
 import argparse
@@ -39,6 +41,7 @@ ap.add_argument("--every", type=float, default=2.0, help="mean seconds between f
 ap.add_argument("--delays", default="2.5,5.5", help="hold times in seconds, comma-separated")
 ap.add_argument("--duration", type=float, default=60.0, help="seconds of faults")
 ap.add_argument("--ready", help="file written once the proxy listens")
+ap.add_argument("--pids", help="file of client process ids, one per line (read at each fault)")
 a = ap.parse_args()
 
 rng = random.Random(a.seed)
@@ -51,6 +54,38 @@ def now_us():
     return time.time_ns() // 1000
 
 
+def owner_pid(conn):
+    """The listed process whose socket is the client side of `conn`, or "?"."""
+    try:
+        port = conn.cw.get_extra_info("peername")[1]
+        want = "0100007F:%04X" % port
+        inode = None
+        with open("/proc/net/tcp") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 9 and fields[1] == want:
+                    inode = fields[9]
+                    break
+        if inode is None or not a.pids:
+            return "?"
+        target = "socket:[%s]" % inode
+        with open(a.pids) as f:
+            pids = [p.strip() for p in f if p.strip()]
+        for pid in pids:
+            try:
+                for fd in os.listdir("/proc/%s/fd" % pid):
+                    try:
+                        if os.readlink("/proc/%s/fd/%s" % (pid, fd)) == target:
+                            return pid
+                    except OSError:
+                        pass
+            except OSError:
+                pass
+    except (OSError, TypeError, IndexError):
+        pass
+    return "?"
+
+
 class Conn:
     next_id = 0
 
@@ -61,6 +96,7 @@ class Conn:
         self.hold_until = 0.0  # loop time
         self.cut = None  # None, or (kind, direction) armed for the next chunk
         self.closed = False
+        self.pid = "?"  # the client process, found when a fault picks this connection
 
     def close(self, reset):
         if self.closed:
@@ -106,8 +142,8 @@ async def pump(conn, reader, writer, direction):
                 except (ConnectionError, OSError):
                     pass
                 t = now_us()
-                log.write("%d %d %s %d %s %d/%d bytes\n" % (t, t, kind, conn.id, direction,
-                                                            len(part), len(data)))
+                log.write("%d %d %s %d %s %s %d/%d bytes\n" % (t, t, kind, conn.id, conn.pid,
+                                                               direction, len(part), len(data)))
                 conn.close(reset=(kind == "rst"))
                 break
             writer.write(data)
@@ -140,6 +176,8 @@ async def faults():
             continue
         kind = rng.choice(["rst", "rst", "close", "delay", "delay", "stall"])
         conn = conns[rng.choice(sorted(conns))]
+        if kind != "stall":
+            conn.pid = owner_pid(conn)
         if kind in ("rst", "close"):
             # Mid-reply mostly; sometimes mid-request (the server sees half a command).
             conn.cut = (kind, "request" if rng.random() < 0.25 else "reply")
@@ -149,17 +187,18 @@ async def faults():
             t = now_us()
             if kind == "delay":
                 conn.hold_until = max(conn.hold_until, loop.time() + hold)
-                log.write("%d %d delay %d %.1fs\n" % (t, t + int(hold * 1e6), conn.id, hold))
+                log.write("%d %d delay %d %s %.1fs\n" % (t, t + int(hold * 1e6), conn.id, conn.pid,
+                                                          hold))
             else:
                 stall_until = max(stall_until, loop.time() + hold)
-                log.write("%d %d stall 0 %.1fs\n" % (t, t + int(hold * 1e6), hold))
+                log.write("%d %d stall 0 * %.1fs\n" % (t, t + int(hold * 1e6), hold))
 
 
 def cut_idle(conn, kind):
     # No traffic came in a second: cut the idle connection as it is.
     if not conn.closed and conn.cut is not None:
         t = now_us()
-        log.write("%d %d %s %d idle\n" % (t, t, kind, conn.id))
+        log.write("%d %d %s %d %s idle\n" % (t, t, kind, conn.id, conn.pid))
         conn.close(reset=(kind == "rst"))
 
 

@@ -14,9 +14,10 @@
 #               written, after its effect: a kill between effect and complete),
 #               or explained by the Redis restart when the store is that Redis (the
 #               outcome could not be recorded), or with --faults by a network
-#               fault of tests/fault_proxy.py active between the earlier run's
-#               start and shortly after its end (its heartbeats or its complete
-#               could not reach the store), "unexplained" otherwise (= doubled)
+#               fault of tests/fault_proxy.py on a connection of the earlier run's
+#               worker (or on all), active between that run's start and shortly
+#               after its end (its heartbeats or its complete could not reach the
+#               store), "unexplained" otherwise (= doubled)
 #   overlaps    two runs of one key that were running at the same time
 #   fence order runs of one key whose fences do not strictly increase (dedup only)
 # Exit 1 when the dedup pattern breaks a check; the textbook pattern only reports.
@@ -29,7 +30,7 @@ ap = argparse.ArgumentParser()
 for name in ("ledger", "kills", "outage", "pattern", "store"):
     ap.add_argument("--" + name, required=True)
 ap.add_argument("--outstanding", help="keys still undelivered or pending, one per line")
-ap.add_argument("--faults", help="fault log of tests/fault_proxy.py: START_US END_US KIND ...")
+ap.add_argument("--faults", help="fault log of tests/fault_proxy.py: START_US END_US KIND CONN PID ...")
 ap.add_argument("--fault-slack-ms", type=int, default=1500,
                 help="a fault this long after a run ended may still meet its complete")
 for name in ("messages", "published", "pending", "dead", "workers", "redis-restarts", "elapsed"):
@@ -53,17 +54,18 @@ def in_outage(end_us):
     return (a.store == "redis" and len(outage) == 2
             and outage[0] - OUTAGE_SLACK_US <= end_us <= outage[1])
 
-# Network faults between the workers and the store: [start, end] in us.
+# Network faults between the workers and the store: [start, end] in us, and the
+# worker process whose connection it hit ("*": all of them; "?": not found).
 faults = []
 if a.faults:
     for line in open(a.faults):
         parts = line.split()
-        if len(parts) >= 3:
-            faults.append((int(parts[0]), int(parts[1]), parts[2]))
+        if len(parts) >= 5:
+            faults.append((int(parts[0]), int(parts[1]), parts[2], parts[4]))
 
-def fault_during(start_us, end_us):
+def fault_during(start_us, end_us, pid):
     lo, hi = start_us, end_us + a.fault_slack_ms * 1000
-    return any(fs <= hi and fe >= lo for fs, fe, _ in faults)
+    return any(fs <= hi and fe >= lo and fpid in ("*", "?", pid) for fs, fe, _, fpid in faults)
 
 runs = collections.defaultdict(list)
 for line in open(a.ledger):
@@ -103,7 +105,7 @@ for key, rs in runs.items():
             explained += 1
         elif in_outage(r[1]):
             outage_reruns += 1
-        elif fault_during(r[0], r[1]):
+        elif fault_during(r[0], r[1], r[4]):
             fault_reruns += 1
         else:
             unexplained += 1
@@ -122,7 +124,7 @@ report = {
     "pending_at_end": a.pending, "dead_lettered": a.dead,
 }
 if a.faults:
-    kinds = collections.Counter(k for _, _, k in faults)
+    kinds = collections.Counter(k for _, _, k, _ in faults)
     report["faults"] = dict(sorted(kinds.items()))
 print("chaos report: " + json.dumps(report))
 for e in examples[:10]:
