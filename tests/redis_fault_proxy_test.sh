@@ -18,7 +18,7 @@
 # least one connection and hold traffic longer than the lease at least once.
 #
 # Time: faults for FAULT_SECONDS (default 30), then a drain without faults until
-# the group holds nothing, at most until FAULT_TIMEOUT (default 85) seconds from
+# the group holds nothing, at most until FAULT_TIMEOUT (default 80) seconds from
 # the start. Ports (docs/PORTS.md): Redis FAULT_REDIS_PORT (6501), proxy
 # FAULT_PROXY_PORT (6502). FAULT_SEED (1); FAULT_KEEP=1 keeps the temporary
 # directory. FAULT_PATTERN=textbook runs the SET NX EX / DEL guard instead (TTL =
@@ -33,7 +33,7 @@ proxy_port=${FAULT_PROXY_PORT:-6502}
 fault_seconds=${FAULT_SECONDS:-30}
 seed=${FAULT_SEED:-1}
 pattern=${FAULT_PATTERN:-dedup}
-deadline=$((SECONDS + ${FAULT_TIMEOUT:-85}))
+deadline=$((SECONDS + ${FAULT_TIMEOUT:-80}))
 lease_s=4
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/dedup-fault-proxy.XXXXXX")
