@@ -11,7 +11,8 @@
 #   stall     every connection's traffic, and new connections', is held for DELAY
 #             seconds (a network hiccup that outlasts timeouts and leases)
 #
-# DELAY is drawn from --delays (seconds; the test gives one longer than the
+# The first four faults are one of each kind (holds at the longest delay), in a
+# seeded order; later ones are drawn at random. DELAY is drawn from --delays (seconds; the test gives one longer than the
 # client's timeout but shorter than the lease, and one longer than the lease).
 # Held bytes are forwarded in order once the hold ends, as a slow network would.
 #
@@ -44,7 +45,8 @@ ap.add_argument("--ready", help="file written once the proxy listens")
 ap.add_argument("--pids", help="file of client process ids, one per line (read at each fault)")
 a = ap.parse_args()
 
-rng = random.Random(a.seed)
+rng = random.Random(a.seed)  # the schedule of faults
+cut_rng = random.Random(a.seed + 1)  # where a cut falls in a chunk
 delays = [float(x) for x in a.delays.split(",")]
 log = open(a.log, "a", buffering=1)
 parent = os.getppid()
@@ -135,7 +137,7 @@ async def pump(conn, reader, writer, direction):
                 break
             if conn.cut is not None and conn.cut[1] == direction:
                 kind = conn.cut[0]
-                part = data[: rng.randint(0, len(data) - 1)] if len(data) > 1 else b""
+                part = data[: cut_rng.randint(0, len(data) - 1)] if len(data) > 1 else b""
                 writer.write(part)
                 try:
                     await writer.drain()
@@ -170,20 +172,27 @@ async def faults():
     global stall_until
     loop = asyncio.get_running_loop()
     end = loop.time() + a.duration
+    # Every kind comes once among the first four faults, holds at the longest:
+    # a run always meets each of them, whatever its luck afterwards.
+    first = [("rst", None), ("close", None), ("delay", max(delays)), ("stall", max(delays))]
+    rng.shuffle(first)
     while loop.time() < end:
         await asyncio.sleep(rng.uniform(0.3, 1.7) * a.every)
         if not conns:
             continue
-        kind = rng.choice(["rst", "rst", "close", "delay", "delay", "stall"])
+        if first:
+            kind, hold = first.pop()
+        else:
+            kind = rng.choice(["rst", "rst", "close", "delay", "delay", "stall"])
+            hold = rng.choice(delays)
         conn = conns[rng.choice(sorted(conns))]
         if kind != "stall":
             conn.pid = owner_pid(conn)
         if kind in ("rst", "close"):
             # Mid-reply mostly; sometimes mid-request (the server sees half a command).
             conn.cut = (kind, "request" if rng.random() < 0.25 else "reply")
-            asyncio.get_running_loop().call_later(1.0, cut_idle, conn, kind)
+            loop.call_later(1.0, cut_idle, conn, kind)
         else:
-            hold = rng.choice(delays)
             t = now_us()
             if kind == "delay":
                 conn.hold_until = max(conn.hold_until, loop.time() + hold)
