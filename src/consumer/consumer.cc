@@ -189,8 +189,15 @@ class Consumer::Impl {
       Job job;
       {
         std::unique_lock lock(mu_);
-        work_cv_.wait(lock, [this] { return !queue_.empty() || draining_; });
-        if (queue_.empty()) return;  // draining and nothing left
+        // Once stopped, nothing new starts: what is queued is handed back by
+        // Drain(), which may still be waiting for the fetch thread's last Fetch.
+        work_cv_.wait(lock, [this] {
+          return (!queue_.empty() && !stop_->load(std::memory_order_relaxed)) || draining_;
+        });
+        if (queue_.empty() || stop_->load(std::memory_order_relaxed)) {
+          if (draining_) return;  // draining: Drain() took what was left
+          continue;
+        }
         job = std::move(queue_.front());
         queue_.pop_front();
         ++running_;
