@@ -77,6 +77,7 @@ struct WorkerFlags {
   std::string exec;
   bool no_shell = false;
   int concurrency = 4;
+  int prefetch = -1;
   Millis lease{kDefaultLease};
   Millis retention{kDefaultRetention};
   Millis retry_delay{1'000};
@@ -321,6 +322,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
 
   ConsumerOptions co;
   co.concurrency = f.concurrency;
+  co.prefetch = f.prefetch;
   co.log_name = "dedup worker";
   co.drain_timeout = f.drain_timeout;
   co.stop_handlers = [] { g_handlers->RequestStop(SIGTERM); };
@@ -435,6 +437,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                 "Run --exec directly, split on spaces (saves a shell per message)");
   app->add_option("--concurrency", f->concurrency, "Handlers at once")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app->add_option("--prefetch", f->prefetch,
+                  "Messages fetched (and claimed) ahead of the running handlers "
+                  "(-1 = --concurrency)")
+      ->check(CLI::Range(-1, 65536))
       ->capture_default_str();
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
                     DurationBound::kPositive);
