@@ -73,6 +73,18 @@ echo "sql-output: $messages messages, 8 SIGKILLs: $rows rows, $distinct distinct
 [ "$distinct" = "$messages" ] || fail "$((messages - distinct)) messages have no row"
 [ "$rows" = "$distinct" ] || fail "$((rows - distinct)) effects ran twice"
 
+# one_sql_job NAME TABLE LEASE: publishes one message on stream NAMEjobs and starts
+# a --sql-output worker (buffer table TABLE) running $work/NAME.sh, logging to
+# $work/NAME.log.
+one_sql_job() {
+  "$dedup" publish --broker "redis://127.0.0.1:$redis_port?stream=$1jobs" --count 1 \
+    --id-prefix "$1-" --quiet
+  "$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=$1jobs&group=g&consumer=$1" \
+    --store "$pg?table=$2" --sql-output --exec "$work/$1.sh" --no-shell --lease "$3" \
+    --retry-delay 200ms --summary-interval 0 >>"$work/$1.log" 2>&1 &
+  worker_pid=$!
+}
+
 # 2. SQL that fails: nothing is written, the entry stays pending (retried later).
 cat >"$work/bad.sh" <<'EOF'
 #!/bin/sh
@@ -80,11 +92,7 @@ cat >/dev/null
 echo "INSERT INTO effects (msg, fence) VALUES ('bad', 1); INSERT INTO no_such_table VALUES (1);"
 EOF
 chmod +x "$work/bad.sh"
-"$dedup" publish --broker "redis://127.0.0.1:$redis_port?stream=badjobs" --count 1 --id-prefix bad- --quiet
-"$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=badjobs&group=g&consumer=b" \
-  --store "$pg?table=worker_buf" --sql-output --exec "$work/bad.sh" --no-shell --lease 1s \
-  --retry-delay 200ms --summary-interval 0 >>"$work/bad.log" 2>&1 &
-worker_pid=$!
+one_sql_job bad worker_buf 1s
 sleep 2
 kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=""
 [ "$(psql_q "SELECT count(*) FROM effects WHERE msg = 'bad'")" = 0 ] || fail "a failed handler's SQL was committed"
@@ -124,11 +132,7 @@ echo "\$\$ \$DEDUP_ATTEMPT" >>"$work/slow.pids"
 echo "INSERT INTO effects (msg, fence) VALUES ('slow', current_setting('dedup.fence')::bigint);"
 EOF
 chmod +x "$work/slow.sh"
-"$dedup" publish --broker "redis://127.0.0.1:$redis_port?stream=slowjobs" --count 1 --id-prefix slow- --quiet
-"$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=slowjobs&group=g&consumer=s" \
-  --store "$pg?table=slow_buf" --sql-output --exec "$work/slow.sh" --no-shell --lease 2s \
-  --retry-delay 200ms --summary-interval 0 >>"$work/slow.log" 2>&1 &
-worker_pid=$!
+one_sql_job slow slow_buf 2s
 for i in $(seq 1 100); do
   [ -s "$work/slow.pids" ] &&
     [ "$(psql_q "SELECT count(*) FROM slow_buf WHERE state = 1" 2>/dev/null)" = 1 ] && break
