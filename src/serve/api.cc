@@ -255,16 +255,18 @@ void Server::Impl::RegisterApi() {
       }
       o.force = f == "true" || f == "1";
     }
+    auto count = [&s](const char* result) {
+      s.Outcome("dedup_serve_forgets_total", "Records forgotten through the API or the page.",
+                "result", result)->Inc();
+    };
     auto r = s.store->Forget(std::string(req.matches[1]), o);
     // The only refusal of a forget: the key's lease is running and force is off.
     if (!r.ok() && r.status().code() == StatusCode::kFailedPrecondition) {
-      s.Outcome("dedup_serve_forgets_total", "Records forgotten through the API or the page.",
-                "result", "refused")->Inc();
+      count("refused");
       return s.SendProblem(res, 409, "Conflict", r.status().message());
     }
     if (!r.ok()) return s.SendStatus(res, r.status());
-    s.Outcome("dedup_serve_forgets_total", "Records forgotten through the API or the page.",
-              "result", *r ? "removed" : "absent")->Inc();
+    count(*r ? "removed" : "absent");
     if (!*r) return s.SendProblem(res, 404, "Not Found", "no record of this key");
     s.SendJson(res, 200, {{"forgotten", true}});
   });
