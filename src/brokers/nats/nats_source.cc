@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "brokers/key_spec.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -153,15 +154,18 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   o.subject = u.Param("subject").value_or("");
   if (auto k = u.Param("key")) {
-    if (*k == "msgid") {
-      o.key_from = KeyFrom::kMsgId;
-    } else if (*k == "sha256") {
-      o.key_from = KeyFrom::kSha256;
-    } else if (k->rfind("header:", 0) == 0 && k->size() > 7) {
-      o.key_from = KeyFrom::kHeader;
-      o.key_header = k->substr(7);
-    } else {
-      return Status::InvalidArgument("nats key= must be msgid, header:NAME or sha256, got '" + *k + "'");
+    // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
+    // data's hash.
+    auto spec = brokers::ParseKeySpec(*k, {.broker = "nats", .properties = {"msgid"},
+                                           .headers = true});
+    if (!spec.ok()) return spec.status();
+    switch (spec->kind) {
+      case brokers::KeyKind::kHeader:
+        o.key_from = KeyFrom::kHeader;
+        o.key_header = spec->name;
+        break;
+      case brokers::KeyKind::kContentSha256: o.key_from = KeyFrom::kSha256; break;
+      default: o.key_from = KeyFrom::kMsgId; break;
     }
   }
   o.key_prefix = u.Param("prefix").value_or("");

@@ -13,6 +13,7 @@
 //   key=msgid          the dedup key is the Nats-Msg-Id header (default)
 //   key=header:NAME    ... the value of header NAME
 //   key=sha256         ... the hex SHA-256 of the data
+//                      (the key= grammar every source shares: brokers/key_spec.h)
 //   prefix=P           prepended to every key
 //   dead=SUBJ          where dead letters go. Default: dedup.dead.<stream>, held by
 //                      a stream <stream>_DEAD created if no stream holds it

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "brokers/rabbitmq/amqp_conn.h"
+#include "brokers/key_spec.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -99,16 +100,18 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     o.prefetch = static_cast<int>(*n);
   }
   if (auto k = u.Param("key")) {
-    if (*k == "message_id") {
-      o.key_from = KeyFrom::kMessageId;
-    } else if (*k == "sha256") {
-      o.key_from = KeyFrom::kSha256;
-    } else if (k->rfind("header:", 0) == 0 && k->size() > 7) {
-      o.key_from = KeyFrom::kHeader;
-      o.key_header = k->substr(7);
-    } else {
-      return Status::InvalidArgument("amqp key= must be message_id, header:NAME or sha256, got '" +
-                                     *k + "'");
+    // The one key= grammar (brokers/key_spec.h): the message_id property, a header
+    // or the body's hash.
+    auto spec = brokers::ParseKeySpec(*k, {.broker = "amqp", .properties = {"message_id"},
+                                           .headers = true});
+    if (!spec.ok()) return spec.status();
+    switch (spec->kind) {
+      case brokers::KeyKind::kHeader:
+        o.key_from = KeyFrom::kHeader;
+        o.key_header = spec->name;
+        break;
+      case brokers::KeyKind::kContentSha256: o.key_from = KeyFrom::kSha256; break;
+      default: o.key_from = KeyFrom::kMessageId; break;
     }
   }
   o.key_prefix = u.Param("prefix").value_or("");

@@ -11,6 +11,7 @@
 //   key=message_id   the dedup key is the message_id property (default)
 //   key=header:NAME  ... the value of header NAME
 //   key=sha256       ... the hex SHA-256 of the body
+//                    (the key= grammar every source shares: brokers/key_spec.h)
 //   prefix=P         prepended to every key (a namespace)
 //   dead=NAME        the dead-letter exchange and queue. Default: <queue>.dead
 //   heartbeat=DUR    AMQP heartbeat. Default: 30s
