@@ -140,13 +140,16 @@ json RenderJson(const Results& r) {
 }
 
 std::string GnuplotQuote(const std::string& s) {
+  // Inside a single-quoted gnuplot string, '' is one quote.
   std::string q = "'";
-  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  for (char ch : s) q += ch == '\'' ? std::string("''") : std::string(1, ch);
   return q + "'";
 }
 
 bool RunGnuplot(const std::string& path) {
-  return std::system(("gnuplot " + GnuplotQuote(path) + " 2>/dev/null").c_str()) == 0;
+  std::string arg = "'";  // a single-quoted shell word
+  for (char ch : path) arg += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return std::system(("gnuplot " + arg + "' 2>/dev/null").c_str()) == 0;
 }
 
 std::vector<std::string> RenderPlots(const Results& r, const std::string& dir) {
