@@ -159,14 +159,7 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     auto spec = brokers::ParseKeySpec(*k, {.broker = "nats", .properties = {"msgid"},
                                            .headers = true});
     if (!spec.ok()) return spec.status();
-    switch (spec->kind) {
-      case brokers::KeyKind::kHeader:
-        o.key_from = KeyFrom::kHeader;
-        o.key_header = spec->name;
-        break;
-      case brokers::KeyKind::kContentSha256: o.key_from = KeyFrom::kSha256; break;
-      default: o.key_from = KeyFrom::kMsgId; break;
-    }
+    o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
@@ -225,8 +218,8 @@ Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool*
   jsPubOptions po;
   jsPubOptions_Init(&po);
   if (!k.empty()) {
-    if (o.key_from == KeyFrom::kMsgId) po.MsgId = k.c_str();
-    if (o.key_from == KeyFrom::kHeader) s = natsMsgHeader_Set(msg, o.key_header.c_str(), k.c_str());
+    if (o.key.kind == brokers::KeyKind::kProperty) po.MsgId = k.c_str();
+    if (o.key.kind == brokers::KeyKind::kHeader) s = natsMsgHeader_Set(msg, o.key.name.c_str(), k.c_str());
   }
   jsPubAck* pa = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
@@ -280,10 +273,12 @@ class NatsDelivery final : public Delivery {
       }
       return nullptr;
     };
-    switch (o.key_from) {
-      case KeyFrom::kMsgId:
-      case KeyFrom::kHeader: {
-        const std::string name = o.key_from == KeyFrom::kMsgId ? "Nats-Msg-Id" : o.key_header;
+    switch (o.key.kind) {
+      case brokers::KeyKind::kContentSha256:
+        key_ = o.key_prefix + internal::HexSha256(payload_);
+        break;
+      default: {  // msgid (the only property NATS's grammar names) reads Nats-Msg-Id
+        const std::string name = o.key.kind == brokers::KeyKind::kHeader ? o.key.name : "Nats-Msg-Id";
         const std::string* v = header(name);
         if (v == nullptr || v->empty()) {
           key_error_ = "message has no " + name + " header";
@@ -292,9 +287,6 @@ class NatsDelivery final : public Delivery {
         }
         break;
       }
-      case KeyFrom::kSha256:
-        key_ = o.key_prefix + internal::HexSha256(payload_);
-        break;
     }
   }
   ~NatsDelivery() override { natsMsg_Destroy(msg_); }

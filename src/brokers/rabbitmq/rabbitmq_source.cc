@@ -105,14 +105,7 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     auto spec = brokers::ParseKeySpec(*k, {.broker = "amqp", .properties = {"message_id"},
                                            .headers = true});
     if (!spec.ok()) return spec.status();
-    switch (spec->kind) {
-      case brokers::KeyKind::kHeader:
-        o.key_from = KeyFrom::kHeader;
-        o.key_header = spec->name;
-        break;
-      case brokers::KeyKind::kContentSha256: o.key_from = KeyFrom::kSha256; break;
-      default: o.key_from = KeyFrom::kMessageId; break;
-    }
+    o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
@@ -568,23 +561,23 @@ class RabbitMqSource final : public MessageSource {
     }
     std::string body = Str(env.message.body);
     std::string key, key_error;
-    switch (s_->o.key_from) {
-      case KeyFrom::kMessageId:
-        if (message_id.empty()) key_error = "message has no message_id property";
-        else key = s_->o.key_prefix + message_id;
-        break;
-      case KeyFrom::kHeader: {
+    switch (s_->o.key.kind) {
+      case brokers::KeyKind::kHeader: {
         auto it = std::find_if(attrs.begin(), attrs.end(),
-                               [&](const auto& kv) { return kv.first == s_->o.key_header; });
+                               [&](const auto& kv) { return kv.first == s_->o.key.name; });
         if (it == attrs.end() || it->second.empty()) {
-          key_error = "message has no header '" + s_->o.key_header + "'";
+          key_error = "message has no header '" + s_->o.key.name + "'";
         } else {
           key = s_->o.key_prefix + it->second;
         }
         break;
       }
-      case KeyFrom::kSha256:
+      case brokers::KeyKind::kContentSha256:
         key = s_->o.key_prefix + internal::HexSha256(body);
+        break;
+      default:  // the message_id property, the only one AMQP's grammar names
+        if (message_id.empty()) key_error = "message has no message_id property";
+        else key = s_->o.key_prefix + message_id;
         break;
     }
     ++s_->unsettled;
