@@ -271,7 +271,7 @@ std::vector<std::string> PlotBrokerConsumers(const json& d, const std::string& d
         const double without = num(row, "without_dedup_msgs_per_s");
         const double with = num(row, "with_dedup_msgs_per_s");
         if (std::isnan(without) || std::isnan(with)) continue;
-        f << "\"" << b << ", " << store << " buffer\" " << without << " " << with << "\n";
+        f << "\"" << b << " / " << store << "\" " << without << " " << with << "\n";
         ++rows;
       }
     }
@@ -283,8 +283,7 @@ std::vector<std::string> PlotBrokerConsumers(const json& d, const std::string& d
     const double with = num(p, "with_msg_id_msgs_per_s");
     const double without = num(p, "without_msg_id_msgs_per_s");
     if (!std::isnan(with) && !std::isnan(without)) {
-      std::ofstream(tmp + "/publish.dat") << "\"nats publish, 10 % repeats\" " << without << " "
-                                          << with << "\n";
+      std::ofstream(tmp + "/publish.dat") << "\"10 % repeats\" " << without << " " << with << "\n";
       publish = true;
     }
   }
@@ -298,7 +297,7 @@ std::vector<std::string> PlotBrokerConsumers(const json& d, const std::string& d
   std::ofstream gp(tmp + "/b.gp");
   gp << "set terminal pngcairo size 1100,560 font 'sans,10'\nset output " << GnuplotQuote(png) << "\n"
      << "set termoption noenhanced\n"
-     << "set multiplot layout 1," << (rows > 0 && publish ? 2 : 1) << " title "
+     << "set multiplot title "
      << GnuplotQuote("RabbitMQ and NATS JetStream: no-op handler, concurrency 8, " +
                      std::to_string(d.value("messages_per_round", uint64_t{0})) +
                      " messages a round, medians of rounds (" + mode + " run)")
@@ -306,17 +305,22 @@ std::vector<std::string> PlotBrokerConsumers(const json& d, const std::string& d
      << "set style data histogram\nset style histogram cluster gap 1\n"
      << "set style fill solid 0.85 border -1\nset boxwidth 0.9\nset grid ytics\nset yrange [0:*]\n"
      << "set key below\nset ylabel 'messages per second'\nset format y '%.0s%c'\n";
+  // Side by side, the consume panel (up to four clusters) wider than the publish one.
+  const double split = rows > 0 && publish ? 0.68 : 1.0;
   if (rows > 0) {
-    gp << "set title 'consume: the Consumer with dedup against acking without a guard'\n"
+    gp << "set origin 0,0\nset size " << split << ",0.95\nset xlabel 'broker / buffer'\n"
+       << "set title 'consume: the Consumer with dedup against acking without a guard'\n"
        << "plot " << GnuplotQuote(tmp + "/consume.dat")
        << " using 2:xtic(1) title 'Consumer acking without a guard', '' using 3 title "
           "'Consumer with dedup'\n";
   }
   if (publish) {
-    gp << "set title " << GnuplotQuote("publish: the stream's own dedup (Nats-Msg-Id) against none")
+    gp << "set origin " << (rows > 0 ? split : 0.0) << ",0\nset size " << (rows > 0 ? 1 - split : 1.0)
+       << ",0.95\nset xlabel ' '\n"
+       << "set title " << GnuplotQuote("NATS publish: the stream's Nats-Msg-Id dedup")
        << "\nplot " << GnuplotQuote(tmp + "/publish.dat")
        << " using 2:xtic(1) title 'without Nats-Msg-Id', '' using 3 title "
-          "'with Nats-Msg-Id (the stream drops repeats)'\n";
+          "'with (the stream drops repeats)'\n";
   }
   gp << "unset multiplot\n";
   gp.close();
