@@ -293,6 +293,18 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     EXPECT_EQ(i.status().code(), StatusCode::kDataLoss) << i.status();
   }
   EXPECT_EQ(Admin(6394, {"GET", "c:bad"}), "not a record");
+
+  // A batch that fails on a corrupt record does not keep the claims it made on
+  // the way: nobody holds their tokens, so they would answer BUSY for a lease.
+  std::vector<ClaimRequest> batch = {Req("fresh-1"), Req("bad"), Req("fresh-2"), Req("hash")};
+  auto b = (*store)->ClaimBatch(batch);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kDataLoss) << b.status();
+  for (const char* key : {"fresh-1", "fresh-2"}) {
+    auto again = (*store)->Claim(Req(key));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->outcome, ClaimOutcome::kAcquired) << key;
+  }
 }
 
 // ---- the client layer: auto-pipelining ---------------------------------------------

@@ -197,9 +197,13 @@ class RedisStore final : public Store {
       const redisReply* r = replies[i].get();
       if (DecodeFastClaim(r, reqs[i], tokens[i], &out[i])) continue;
       if (IsError(r)) {
+        ReleaseAcquired(reqs, rkeys, tokens, out);
         return ErrorReplyStatus("redis " + description_ + ": claim batch: ", ReplyText(r));
       }
-      if (r->type != REDIS_REPLY_STRING) return BadReply("claim batch");
+      if (r->type != REDIS_REPLY_STRING) {
+        ReleaseAcquired(reqs, rkeys, tokens, out);
+        return BadReply("claim batch");
+      }
       slow.push_back(i);
     }
     if (!slow.empty()) {
@@ -209,14 +213,45 @@ class RedisStore final : public Store {
         skeys.push_back(rkeys[i]);
         scmds.push_back(ClaimCommand(rkeys[i], reqs[i], tokens[i]));
       }
-      DEDUP_RETURN_IF_ERROR(ExecMany("claim batch", skeys, scmds, &replies));
+      Status sent = ExecMany("claim batch", skeys, scmds, &replies);
+      if (!sent.ok()) {
+        ReleaseAcquired(reqs, rkeys, tokens, out);
+        return sent;
+      }
+      std::optional<Status> failed;
       for (size_t j = 0; j < slow.size(); ++j) {
         StatusOr<ClaimResult> c = DecodeClaim("claim batch", replies[j].get(), tokens[slow[j]]);
-        if (!c.ok()) return c.status();
+        if (!c.ok()) {
+          if (!failed) failed = c.status();
+          continue;  // the others may have acquired: they are released below
+        }
         out[slow[j]] = std::move(c).value();
+      }
+      if (failed) {
+        ReleaseAcquired(reqs, rkeys, tokens, out);
+        return *failed;
       }
     }
     return out;
+  }
+
+  // A batch that fails as a whole must not keep the claims it made on the way:
+  // nobody holds their tokens, so those keys would answer BUSY until the lease
+  // ends. Best effort, one round trip; what cannot be released expires with its
+  // lease as a crashed owner's would.
+  void ReleaseAcquired(std::span<const ClaimRequest> reqs, const std::vector<std::string>& rkeys,
+                       const std::vector<Token>& tokens, const std::vector<ClaimResult>& out) {
+    std::vector<std::string> keys;
+    std::vector<Command> cmds;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].outcome != ClaimOutcome::kAcquired || out[i].token != tokens[i]) continue;
+      keys.push_back(rkeys[i]);
+      cmds.push_back(ScriptCommand(kRelease, rkeys[i],
+                                   {tokens[i].ToHex(), std::to_string(reqs[i].retention.count())}));
+    }
+    if (cmds.empty()) return;
+    std::vector<Reply> ignored;
+    (void)ExecMany("claim batch release", keys, cmds, &ignored);
   }
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
