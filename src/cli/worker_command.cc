@@ -82,6 +82,7 @@ struct WorkerFlags {
   Millis retention{kDefaultRetention};
   Millis retry_delay{1'000};
   uint32_t max_attempts = 0;
+  int corrupt_record_tries = BufferOptions{}.corrupt_record_tries;
   bool keep_output = false;
   bool sql_output = false;
   bool fingerprint = false;
@@ -281,6 +282,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   bo.lease = f.lease;
   bo.retention = f.retention;
   bo.max_attempts = f.max_attempts;
+  bo.corrupt_record_tries = f.corrupt_record_tries;
   bo.retry_delay = f.retry_delay;
   bo.fingerprint_payloads = f.fingerprint;
 #ifdef DEDUP_WITH_POSTGRES
@@ -451,6 +453,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                     "Delay before a retried message is delivered again", DurationBound::kPositive);
   app->add_option("--max-attempts", f->max_attempts, "Dead-letter after this many attempts "
                                                      "(0 = unlimited)")
+      ->capture_default_str();
+  app->add_option("--corrupt-record-tries", f->corrupt_record_tries,
+                  "Dead-letter a message whose record the store cannot read after this many "
+                  "such answers in a row")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   app->add_flag("--keep-output", f->keep_output,
                 "Store the command's stdout (at most 1 MiB) as the result");
