@@ -431,7 +431,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     bool write = false;
     ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
     if (write) {
-      ApplyFenceFloor(&next, &res);
+      ApplyFenceFloor(st, &next, &res);
       if (Deferred(req)) {
         Defer(st, slot, req.key, std::move(next));
         lock.unlock();
@@ -606,6 +606,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     RecentCopies recent;  // write-through copies
     absl::flat_hash_map<std::string, Pending, StripeHash, StripeEq> pending;  // claims to commit
     std::atomic<bool> dirty{false};  // pending holds records with gen 0
+    uint64_t fence_next = 0;  // above every fence handed out in this stripe
   };
 
   // ---- group commit of claims ---------------------------------------------------
@@ -614,12 +615,19 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return options_.sync != SyncMode::kAlways && req.max_attempts == 0;
   }
 
-  // Every fence this process hands out is above every fence of earlier processes.
-  void ApplyFenceFloor(Record* next, ClaimResult* res) const {
-    if (res->outcome == ClaimOutcome::kAcquired && next->fence < fence_floor_) {
-      next->fence = fence_floor_;
-      res->fence = fence_floor_;
+  // Every fence this process hands out is above every fence of earlier
+  // processes (the epoch), and above every fence it handed out before in the
+  // key's stripe: a key whose record is gone (expired and compacted away, and
+  // not in the write-through copies) starts again above its last fence, not at
+  // the epoch's first. With the stripe locked.
+  void ApplyFenceFloor(Stripe& st, Record* next, ClaimResult* res) const {
+    if (res->outcome != ClaimOutcome::kAcquired) return;
+    const uint64_t floor = std::max(fence_floor_, st.fence_next);
+    if (next->fence < floor) {
+      next->fence = floor;
+      res->fence = floor;
     }
+    st.fence_next = next->fence + 1;
   }
 
   // A claim's record, to be committed by the background writer. Stripe locked.
@@ -656,13 +664,23 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   // After a synchronous write of `r` for `key`: it supersedes any pending claim.
+  // A completed record is not copied: nothing follows a completion but the
+  // claims of duplicates, which its fingerprint sends to a Get; copying it cost
+  // an eighth of a claim+complete (perf: three cache lines written per
+  // completion into an entry rarely read again).
   void Settle(Stripe& st, KeySlot slot, std::string_view key, const Record& r) {
+    const HashedKey hk{key, slot.hash};
     if (st.pending.empty()) {
-    } else if (auto it = st.pending.find(HashedKey{key, slot.hash}); it != st.pending.end()) {
+    } else if (auto it = st.pending.find(hk); it != st.pending.end()) {
       st.pending.erase(it);
       pending_count_.fetch_sub(1, std::memory_order_relaxed);
     }
-    Remember(st, slot, key, r);
+    if (r.state != RecordState::kCompleted) {
+      Remember(st, slot, key, r);
+      return;
+    }
+    st.present.insert(slot.fingerprint);
+    if (auto* e = st.recent.find(hk); e != nullptr) st.recent.erase(e);
   }
 
   // With no stripe locked: when the writer has fallen behind, commits here.
@@ -1062,7 +1080,7 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     bool write = false;
     out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write));
     if (write) {
-      ApplyFenceFloor(&next, &out.back());
+      ApplyFenceFloor(stripes_[slots[slot[i]].stripe], &next, &out.back());
       c = std::move(next);
       written[slot[i]] = true;
     }
