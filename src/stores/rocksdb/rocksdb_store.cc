@@ -14,8 +14,9 @@
 //
 // Claims are written by group commit, off the caller's path (SyncMode kNone and
 // kInterval): a claim puts its record in its stripe's `pending` map and returns;
-// a background writer collects every stripe's pending records about once a
-// millisecond and writes them in one WriteBatch. An IN_PROGRESS record has to
+// a background writer collects, about once a millisecond, the pending records
+// at least one such interval old (a claim completed sooner is never written)
+// and writes them in one WriteBatch, in key order. An IN_PROGRESS record has to
 // outlive this process for two things only, and both hold without a write per
 // claim:
 //   * fences keep increasing across a restart: every open makes a new fence
@@ -26,7 +27,7 @@
 //     with max_attempts (what stops a poison message that kills its worker) is
 //     written before it returns, as is every claim with SyncMode::kAlways.
 // A claim without max_attempts that a crash catches before its group commit
-// (within about a millisecond) is forgotten: the key is claimable again with a
+// (within about two milliseconds) is forgotten: the key is claimable again with a
 // higher fence, the same attempt number. Complete, extend and release are
 // written before they return, as before; a pending claim of the same key that a
 // writer batch is carrying is waited for first, so the newer record always lands
@@ -598,6 +599,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   struct Pending {
     Record rec;
     uint64_t gen = 0;
+    uint64_t round = 0;  // the writer's round when the claim was made
   };
 
   struct alignas(64) Stripe {
@@ -634,16 +636,17 @@ class RocksDBStoreImpl final : public RocksDBStore {
   void Defer(Stripe& st, KeySlot slot, std::string_view key, Record&& r) {
     st.present.insert(slot.fingerprint);
     // One lookup, with the hash already computed, that inserts when absent.
+    const uint64_t round = commit_round_.load(std::memory_order_relaxed);
     bool inserted = false;
     auto it = st.pending.lazy_emplace(HashedKey{key, slot.hash}, [&](const auto& make) {
       inserted = true;
       make(std::piecewise_construct, std::forward_as_tuple(key),
-           std::forward_as_tuple(Pending{std::move(r), 0}));
+           std::forward_as_tuple(Pending{std::move(r), 0, round}));
     });
     if (inserted) {
       pending_count_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      it->second = Pending{std::move(r), 0};
+      it->second = Pending{std::move(r), 0, round};
     }
     st.dirty.store(true, std::memory_order_relaxed);
   }
@@ -689,11 +692,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return CommitPending();
   }
 
-  // Writes every pending claim in one batch (the background writer, Scan,
-  // CompactNow, close). One at a time.
-  Status CommitPending() {
+  // Writes pending claims in one batch: every one (Scan, CompactNow, close, a
+  // backlog), or, for the background writer (`all` false), those made before
+  // its previous round began, at least one interval ago. A claim completed
+  // sooner than that is never written: its completion supersedes it. (Taken
+  // the moment it was made, it made its completion wait for the writer's batch:
+  // perf and the bench's claim+complete tail showed those waits.) One at a time.
+  Status CommitPending(bool all = true) {
     std::lock_guard run(commit_mu_);
     const uint64_t g = ++last_gen_;
+    const uint64_t round = commit_round_.load(std::memory_order_relaxed);
     std::vector<size_t> touched;
     // Encoded into one buffer, then put in key order: the memtable's skip list
     // inserts a sorted run next to the previous key instead of searching from
@@ -705,9 +713,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
       Stripe& st = stripes_[i];
       if (!st.dirty.load(std::memory_order_relaxed)) continue;
       std::lock_guard lock(st.mu);
-      st.dirty.store(false, std::memory_order_relaxed);
+      bool young = false;
       for (auto& [key, p] : st.pending) {
         if (p.gen != 0) continue;
+        if (!all && p.round + 1 >= round) {
+          young = true;
+          continue;
+        }
         p.gen = g;
         EncodeRecordKey(key, &rkey);
         EncodeRecord(p.rec, &value);
@@ -715,6 +727,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
         commit_buf_ += rkey;
         commit_buf_ += value;
       }
+      st.dirty.store(young, std::memory_order_relaxed);
       touched.push_back(i);
     }
     const char* buf = commit_buf_.data();
@@ -764,7 +777,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
       l.unlock();
       // A failed commit is retried with the next batch; RocksDB also records the
       // error and fails later writes, and so the operations that return it.
-      (void)CommitPending();
+      commit_round_.fetch_add(1, std::memory_order_relaxed);
+      (void)CommitPending(/*all=*/false);
       l.lock();
     }
   }
@@ -978,6 +992,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   std::condition_variable gen_cv_;
   uint64_t done_gen_ = 0;  // guarded by gen_mu_: batches up to this one are done
   std::atomic<int64_t> pending_count_{0};  // records in all pending maps
+  std::atomic<uint64_t> commit_round_{0};  // the background writer's rounds
   // CommitPending's scratch (guarded by commit_mu_): the batch's keys and values
   // back to back, and where each one starts.
   struct CommitEntry {
