@@ -19,13 +19,18 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
-  SimulatedClock clock;
+// One shard, reclaiming at most 4 expired records per operation, on `clock`.
+auto OneShardStore(SimulatedClock* clock) {
   MemoryStoreOptions o;
-  o.clock = &clock;
+  o.clock = clock;
   o.shards = 1;
   o.reclaim_per_operation = 4;
-  auto store = NewMemoryStore(o);
+  return NewMemoryStore(o);
+}
+
+TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
   for (int i = 0; i < 100; ++i) {
     ClaimRequest r;
     std::string key = "old:" + std::to_string(i);
@@ -69,11 +74,7 @@ TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
 // reclaim waves).
 TEST(MemoryStore, LongLivedRecordsDoNotDelayReclaim) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 1;
-  o.reclaim_per_operation = 4;
-  auto store = NewMemoryStore(o);
+  auto store = OneShardStore(&clock);
   auto claim = [&](const std::string& key, std::chrono::milliseconds lease,
                    std::chrono::milliseconds retention) {
     ClaimRequest r;
