@@ -19,13 +19,18 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
-  SimulatedClock clock;
+// One shard, reclaiming at most 4 expired records per operation, on `clock`.
+auto OneShardStore(SimulatedClock* clock) {
   MemoryStoreOptions o;
-  o.clock = &clock;
+  o.clock = clock;
   o.shards = 1;
   o.reclaim_per_operation = 4;
-  auto store = NewMemoryStore(o);
+  return NewMemoryStore(o);
+}
+
+TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
   for (int i = 0; i < 100; ++i) {
     ClaimRequest r;
     std::string key = "old:" + std::to_string(i);
@@ -60,6 +65,31 @@ TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
   auto f = store->Forget("old:0");
   ASSERT_TRUE(f.ok());
   EXPECT_FALSE(*f);
+}
+
+// Records kept for hours do not hold reclaim up: short-lived records behind a
+// whole chunk (4096 slots) of long-lived ones are reclaimed by the next few
+// operations, `reclaim_per_operation` each, not after the sweep has crawled
+// through the long-lived chunk 16 slots a call (the memory_stall bench phase's
+// reclaim waves).
+TEST(MemoryStore, LongLivedRecordsDoNotDelayReclaim) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  auto claim = [&](const std::string& key, std::chrono::milliseconds lease,
+                   std::chrono::milliseconds retention) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = lease;
+    r.retention = retention;
+    ASSERT_TRUE(store->Claim(r).ok()) << key;
+  };
+  for (int i = 0; i < 4096; ++i) claim("keep:" + std::to_string(i), 1h, 1h);
+  for (int i = 0; i < 40; ++i) claim("short:" + std::to_string(i), 1s, 1s);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 4096u + 40u);
+  clock.Advance(10s);
+  for (int i = 0; i < 10; ++i) claim("new:" + std::to_string(i), 1h, 1h);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 4096u + 10u)
+      << "10 operations, 4 each: every expired record reclaimed";
 }
 
 // Keys of every length class (inline up to 24 bytes, out of line beyond),

@@ -14,8 +14,9 @@
 //
 // Claims are written by group commit, off the caller's path (SyncMode kNone and
 // kInterval): a claim puts its record in its stripe's `pending` map and returns;
-// a background writer collects every stripe's pending records about once a
-// millisecond and writes them in one WriteBatch. An IN_PROGRESS record has to
+// a background writer collects, about once a millisecond, the pending records
+// at least one such interval old (a claim completed sooner is never written)
+// and writes them in one WriteBatch, in key order. An IN_PROGRESS record has to
 // outlive this process for two things only, and both hold without a write per
 // claim:
 //   * fences keep increasing across a restart: every open makes a new fence
@@ -26,7 +27,7 @@
 //     with max_attempts (what stops a poison message that kills its worker) is
 //     written before it returns, as is every claim with SyncMode::kAlways.
 // A claim without max_attempts that a crash catches before its group commit
-// (within about a millisecond) is forgotten: the key is claimable again with a
+// (within about two milliseconds) is forgotten: the key is claimable again with a
 // higher fence, the same attempt number. Complete, extend and release are
 // written before they return, as before; a pending claim of the same key that a
 // writer batch is carrying is waited for first, so the newer record always lands
@@ -87,8 +88,8 @@ using internal::QuoteBytes;
 
 // Enough stripes that unrelated keys rarely share a lock; a power of two.
 constexpr size_t kStripes = 1024;
-// Records remembered per stripe (65,536 in all); results larger than
-// kMaxCachedResult are never remembered.
+// Records remembered per stripe (65,536 in all, direct-mapped by key hash);
+// results larger than kMaxCachedResult are never remembered.
 constexpr size_t kRecentPerStripe = 64;
 constexpr size_t kMaxCachedResult = 1024;
 // How often the background writer commits pending claims.
@@ -102,17 +103,84 @@ constexpr std::string_view kMetaFenceEpochKey = "mfence_epoch";
 using internal::KeyEq;
 using internal::KeyHash;
 
-// Where a key lives in the index: its stripe, and its fingerprint within it.
+// Where a key lives in the index: its stripe, and its fingerprint within it;
+// `hash` is the key's hash, computed once per operation and handed to the
+// stripe's tables (HashedKey) instead of hashing the key again in each.
 struct KeySlot {
   size_t stripe;
   uint32_t fingerprint;
+  uint64_t hash;
 };
 
 KeySlot SlotOf(std::string_view key) {
-  const uint64_t h = std::hash<std::string_view>{}(key);
+  const uint64_t h = KeyHash{}(key);
   return {static_cast<size_t>(((h * 0x9E3779B97F4A7C15ull) >> 32) & (kStripes - 1)),
-          static_cast<uint32_t>(h)};
+          static_cast<uint32_t>(h), h};
 }
+
+// A key with its hash already computed (KeyHash's), for lookups in the
+// stripes' tables.
+struct HashedKey {
+  std::string_view key;
+  uint64_t hash;
+};
+
+struct StripeHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view k) const { return KeyHash{}(k); }
+  size_t operator()(const HashedKey& k) const { return k.hash; }
+};
+
+struct StripeEq {
+  using is_transparent = void;
+  bool operator()(std::string_view a, std::string_view b) const { return a == b; }
+  bool operator()(const HashedKey& a, std::string_view b) const { return a.key == b; }
+  bool operator()(std::string_view a, const HashedKey& b) const { return a == b.key; }
+};
+
+// A stripe's write-through copies: kRecentPerStripe entries, each key in the
+// one entry its hash picks, a newer key replacing an older one there. A lookup
+// compares one key; a replacement reuses the entry's buffers. (It was an
+// absl map evicting begin(): its lookups and erases were a tenth of a
+// claim+complete's time in perf.) Allocated at the stripe's first write; a
+// one-byte tag per entry, kept in the stripe, answers most misses (the claim of
+// a new key) without reading the entries, which are rarely in the cache.
+class RecentCopies {
+ public:
+  struct Entry {
+    std::string first;  // the key; empty when the entry is unused
+    Record second;
+  };
+
+  Entry* find(std::string_view key) { return find(HashedKey{key, KeyHash{}(key)}); }
+  Entry* find(const HashedKey& k) {
+    const size_t i = Index(k.hash);
+    if (tags_[i] != Tag(k.hash)) return nullptr;
+    Entry& e = entries_[i];
+    return e.first == k.key ? &e : nullptr;
+  }
+  Entry* end() const { return nullptr; }
+  void erase(Entry* e) {
+    tags_[static_cast<size_t>(e - entries_.get())] = 0;
+    e->first.clear();
+    e->second.result.clear();
+    e->second.fingerprint.clear();
+  }
+  // The entry `k` goes in; its key is set by the caller.
+  Entry& Place(const HashedKey& k) {
+    if (entries_ == nullptr) entries_ = std::make_unique<Entry[]>(kRecentPerStripe);
+    const size_t i = Index(k.hash);
+    tags_[i] = Tag(k.hash);
+    return entries_[i];
+  }
+
+ private:
+  static size_t Index(uint64_t h) { return (h >> 40) & (kRecentPerStripe - 1); }
+  static uint8_t Tag(uint64_t h) { return static_cast<uint8_t>((h >> 56) | 1); }  // never 0
+  uint8_t tags_[kRecentPerStripe] = {};  // 0: the entry is unused
+  std::unique_ptr<Entry[]> entries_;
+};
+static_assert((kRecentPerStripe & (kRecentPerStripe - 1)) == 0, "a power of two");
 
 std::string_view SyncModeName(SyncMode m) {
   switch (m) {
@@ -368,7 +436,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     bool write = false;
     ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
     if (write) {
-      ApplyFenceFloor(&next, &res);
+      ApplyFenceFloor(st, &next, &res);
       if (Deferred(req)) {
         Defer(st, slot, req.key, std::move(next));
         lock.unlock();
@@ -557,14 +625,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
   struct Pending {
     Record rec;
     uint64_t gen = 0;
+    uint64_t round = 0;  // the writer's round when the claim was made
   };
 
   struct alignas(64) Stripe {
     std::mutex mu;
     absl::flat_hash_set<uint32_t> present;  // fingerprints of keys with a record on disk
-    absl::flat_hash_map<std::string, Record, KeyHash, KeyEq> recent;  // write-through copies
-    absl::flat_hash_map<std::string, Pending, KeyHash, KeyEq> pending;  // claims to commit
+    RecentCopies recent;  // write-through copies
+    absl::flat_hash_map<std::string, Pending, StripeHash, StripeEq> pending;  // claims to commit
     std::atomic<bool> dirty{false};  // pending holds records with gen 0
+    uint64_t fence_next = 0;  // above every fence handed out in this stripe
   };
 
   // ---- group commit of claims ---------------------------------------------------
@@ -573,23 +643,36 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return options_.sync != SyncMode::kAlways && req.max_attempts == 0;
   }
 
-  // Every fence this process hands out is above every fence of earlier processes.
-  void ApplyFenceFloor(Record* next, ClaimResult* res) const {
-    if (res->outcome == ClaimOutcome::kAcquired && next->fence < fence_floor_) {
-      next->fence = fence_floor_;
-      res->fence = fence_floor_;
+  // Every fence this process hands out is above every fence of earlier
+  // processes (the epoch), and above every fence it handed out before in the
+  // key's stripe: a key whose record is gone (expired and compacted away, and
+  // not in the write-through copies) starts again above its last fence, not at
+  // the epoch's first. With the stripe locked.
+  void ApplyFenceFloor(Stripe& st, Record* next, ClaimResult* res) const {
+    if (res->outcome != ClaimOutcome::kAcquired) return;
+    const uint64_t floor = std::max(fence_floor_, st.fence_next);
+    if (next->fence < floor) {
+      next->fence = floor;
+      res->fence = floor;
     }
+    st.fence_next = next->fence + 1;
   }
 
   // A claim's record, to be committed by the background writer. Stripe locked.
   void Defer(Stripe& st, KeySlot slot, std::string_view key, Record&& r) {
     st.present.insert(slot.fingerprint);
-    auto it = st.pending.find(key);
-    if (it == st.pending.end()) {
-      st.pending.emplace(std::string(key), Pending{std::move(r), 0});
+    // One lookup, with the hash already computed, that inserts when absent.
+    const uint64_t round = commit_round_.load(std::memory_order_relaxed);
+    bool inserted = false;
+    auto it = st.pending.lazy_emplace(HashedKey{key, slot.hash}, [&](const auto& make) {
+      inserted = true;
+      make(std::piecewise_construct, std::forward_as_tuple(key),
+           std::forward_as_tuple(Pending{std::move(r), 0, round}));
+    });
+    if (inserted) {
       pending_count_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      it->second = Pending{std::move(r), 0};
+      it->second = Pending{std::move(r), 0, round};
     }
     st.dirty.store(true, std::memory_order_relaxed);
   }
@@ -598,6 +681,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // is carrying an older record of the key, waits until that batch is done, so
   // the newer record is written after it.
   void WaitInFlight(Stripe& st, std::string_view key) {
+    WaitInFlight(st, HashedKey{key, KeyHash{}(key)});
+  }
+  void WaitInFlight(Stripe& st, const HashedKey& key) {
+    if (st.pending.empty()) return;
     auto it = st.pending.find(key);
     if (it == st.pending.end() || it->second.gen == 0) return;
     const uint64_t g = it->second.gen;
@@ -606,12 +693,23 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   // After a synchronous write of `r` for `key`: it supersedes any pending claim.
+  // A completed record is not copied: nothing follows a completion but the
+  // claims of duplicates, which its fingerprint sends to a Get; copying it cost
+  // an eighth of a claim+complete (perf: three cache lines written per
+  // completion into an entry rarely read again).
   void Settle(Stripe& st, KeySlot slot, std::string_view key, const Record& r) {
-    if (auto it = st.pending.find(key); it != st.pending.end()) {
+    const HashedKey hk{key, slot.hash};
+    if (st.pending.empty()) {
+    } else if (auto it = st.pending.find(hk); it != st.pending.end()) {
       st.pending.erase(it);
       pending_count_.fetch_sub(1, std::memory_order_relaxed);
     }
-    Remember(st, slot, key, r);
+    if (r.state != RecordState::kCompleted) {
+      Remember(st, slot, key, r);
+      return;
+    }
+    st.present.insert(slot.fingerprint);
+    if (auto* e = st.recent.find(hk); e != nullptr) st.recent.erase(e);
   }
 
   // With no stripe locked: when the writer has fallen behind, commits here.
@@ -620,27 +718,52 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return CommitPending();
   }
 
-  // Writes every pending claim in one batch (the background writer, Scan,
-  // CompactNow, close). One at a time.
-  Status CommitPending() {
+  // Writes pending claims in one batch: every one (Scan, CompactNow, close, a
+  // backlog), or, for the background writer (`all` false), those made before
+  // its previous round began, at least one interval ago. A claim completed
+  // sooner than that is never written: its completion supersedes it. (Taken
+  // the moment it was made, it made its completion wait for the writer's batch:
+  // perf and the bench's claim+complete tail showed those waits.) One at a time.
+  Status CommitPending(bool all = true) {
     std::lock_guard run(commit_mu_);
     const uint64_t g = ++last_gen_;
-    rocksdb::WriteBatch batch;
+    const uint64_t round = commit_round_.load(std::memory_order_relaxed);
     std::vector<size_t> touched;
+    // Encoded into one buffer, then put in key order: the memtable's skip list
+    // inserts a sorted run next to the previous key instead of searching from
+    // the top for every key (perf: most of the writer's time was that search).
+    commit_buf_.clear();
+    commit_entries_.clear();
     std::string rkey, value;
     for (size_t i = 0; i < kStripes; ++i) {
       Stripe& st = stripes_[i];
       if (!st.dirty.load(std::memory_order_relaxed)) continue;
       std::lock_guard lock(st.mu);
-      st.dirty.store(false, std::memory_order_relaxed);
+      bool young = false;
       for (auto& [key, p] : st.pending) {
         if (p.gen != 0) continue;
+        if (!all && p.round + 1 >= round) {
+          young = true;
+          continue;
+        }
         p.gen = g;
         EncodeRecordKey(key, &rkey);
         EncodeRecord(p.rec, &value);
-        (void)batch.Put(cf_, rkey, value);
+        commit_entries_.push_back({commit_buf_.size(), rkey.size(), value.size()});
+        commit_buf_ += rkey;
+        commit_buf_ += value;
       }
+      st.dirty.store(young, std::memory_order_relaxed);
       touched.push_back(i);
+    }
+    const char* buf = commit_buf_.data();
+    auto key_of = [buf](const CommitEntry& e) { return std::string_view(buf + e.at, e.key_len); };
+    std::sort(commit_entries_.begin(), commit_entries_.end(),
+              [&](const CommitEntry& a, const CommitEntry& b) { return key_of(a) < key_of(b); });
+    rocksdb::WriteBatch batch;
+    for (const CommitEntry& e : commit_entries_) {
+      (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
+                      rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
     }
     rocksdb::Status s;
     if (batch.Count() > 0) s = db_->Write(write_options_, &batch);
@@ -656,8 +779,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
         if (it->second.gen != g) {
           ++it;
         } else if (s.ok()) {
-          // Committed: from now on an ordinary remembered record.
-          Remember(st, SlotOf(it->first), it->first, it->second.rec);
+          // Committed: from now on an ordinary remembered record (moved, not
+          // copied: the pending entry is dropped).
+          RememberMoved(st, it->first, std::move(it->second.rec));
           st.pending.erase(it++);
           pending_count_.fetch_sub(1, std::memory_order_relaxed);
         } else {
@@ -679,7 +803,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
       l.unlock();
       // A failed commit is retried with the next batch; RocksDB also records the
       // error and fails later writes, and so the operations that return it.
-      (void)CommitPending();
+      commit_round_.fetch_add(1, std::memory_order_relaxed);
+      (void)CommitPending(/*all=*/false);
       l.lock();
     }
   }
@@ -731,11 +856,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // record read from disk.
   Status Find(Stripe& st, KeySlot slot, const std::string& rkey, std::string_view key,
               std::string_view op, Record** cur, Record* scratch) {
-    if (auto it = st.pending.find(key); it != st.pending.end()) {
+    const HashedKey hk{key, slot.hash};
+    // (empty() reads the stripe, find() the table's own memory: a cache miss.)
+    if (auto it = st.pending.empty() ? st.pending.end() : st.pending.find(hk);
+        it != st.pending.end()) {
       *cur = &it->second.rec;
       return Status::Ok();
     }
-    if (auto it = st.recent.find(key); it != st.recent.end()) {
+    if (auto it = st.recent.find(hk); it != st.recent.end()) {
       *cur = &it->second;
       return Status::Ok();
     }
@@ -748,21 +876,31 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   // Notes that `r` is now the record of `key` on disk. With its stripe locked.
+  // Whatever key held its entry before is forgotten: a forgotten copy only
+  // costs a Get later.
   static void Remember(Stripe& st, KeySlot slot, std::string_view key, const Record& r) {
     st.present.insert(slot.fingerprint);
+    const HashedKey hk{key, slot.hash};
     if (r.result.size() > kMaxCachedResult) {
-      if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
+      if (auto* e = st.recent.find(hk); e != nullptr) st.recent.erase(e);
       return;
     }
-    if (auto it = st.recent.find(key); it != st.recent.end()) {
-      it->second = r;
+    RecentCopies::Entry& e = st.recent.Place(hk);
+    if (e.first != key) e.first.assign(key);
+    e.second = r;
+  }
+
+  // Remember for a record whose own copy is no longer needed (a committed
+  // claim), with its fingerprint already present.
+  static void RememberMoved(Stripe& st, std::string_view key, Record&& r) {
+    const HashedKey hk{key, KeyHash{}(key)};
+    if (r.result.size() > kMaxCachedResult) {
+      if (auto* e = st.recent.find(hk); e != nullptr) st.recent.erase(e);
       return;
     }
-    if (st.recent.size() >= kRecentPerStripe) {
-      // Any other entry will do: a forgotten copy only costs a Get later.
-      st.recent.erase(st.recent.begin());
-    }
-    st.recent.emplace(std::string(key), r);
+    RecentCopies::Entry& e = st.recent.Place(hk);
+    if (e.first != key) e.first.assign(key);
+    e.second = std::move(r);
   }
 
   // Fills every stripe's fingerprints from the keys on disk.
@@ -825,7 +963,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     rec = *cur;
     const int64_t now = clock_->NowMillis();
     if (decide(&rec, now) == WriteResult::kLost) return WriteResult::kLost;
-    WaitInFlight(st, key);
+    WaitInFlight(st, HashedKey{key, slot.hash});
     EncodeRecord(rec, &value);
     rocksdb::Status s;
     if (batch == nullptr) {
@@ -880,6 +1018,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
   std::condition_variable gen_cv_;
   uint64_t done_gen_ = 0;  // guarded by gen_mu_: batches up to this one are done
   std::atomic<int64_t> pending_count_{0};  // records in all pending maps
+  std::atomic<uint64_t> commit_round_{0};  // the background writer's rounds
+  // CommitPending's scratch (guarded by commit_mu_): the batch's keys and values
+  // back to back, and where each one starts.
+  struct CommitEntry {
+    size_t at, key_len, value_len;
+  };
+  std::string commit_buf_;
+  std::vector<CommitEntry> commit_entries_;
 
   std::thread syncer_;
   std::mutex sync_mu_;
@@ -933,9 +1079,10 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     const std::string_view key = std::string_view(rkeys[k]).substr(1);
     slots[k] = SlotOf(key);
     Stripe& st = stripes_[slots[k].stripe];
-    if (auto it = st.pending.find(key); it != st.pending.end()) {
+    const HashedKey hk{key, slots[k].hash};
+    if (auto it = st.pending.find(hk); it != st.pending.end()) {
       cur[k] = it->second.rec;
-    } else if (auto it = st.recent.find(key); it != st.recent.end()) {
+    } else if (auto it = st.recent.find(hk); it != st.recent.end()) {
       cur[k] = it->second;
     } else if (st.present.contains(slots[k].fingerprint)) {
       to_read.push_back(k);
@@ -974,7 +1121,7 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     bool write = false;
     out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write));
     if (write) {
-      ApplyFenceFloor(&next, &out.back());
+      ApplyFenceFloor(stripes_[slots[slot[i]].stripe], &next, &out.back());
       c = std::move(next);
       written[slot[i]] = true;
     }
