@@ -670,7 +670,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
            std::forward_as_tuple(Pending{std::move(r), 0, round}));
     });
     if (inserted) {
-      pending_count_.fetch_add(1, std::memory_order_relaxed);
+      if (pending_count_.fetch_add(1) == 0 && writer_idle_.load()) WakeWriter();
     } else {
       it->second = Pending{std::move(r), 0, round};
     }
@@ -795,9 +795,23 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return Status::Ok();
   }
 
+  // The writer sleeps without a timeout while nothing is pending, so an idle store
+  // costs no wake-ups; the claim that makes the pending set non-empty wakes it
+  // (Defer). writer_idle_ is set before pending_count_ is read and the claim reads
+  // it after its increment (both sequentially consistent), so one of the two sees
+  // the other: no claim is left waiting for a writer that sleeps.
+  void WakeWriter() {
+    { std::lock_guard l(commit_loop_mu_); }
+    commit_cv_.notify_all();
+  }
+
   void GroupCommitLoop() {
     std::unique_lock l(commit_loop_mu_);
     while (!stop_commit_) {
+      writer_idle_.store(true);
+      commit_cv_.wait(l, [this] { return stop_commit_ || pending_count_.load() > 0; });
+      writer_idle_.store(false);
+      if (stop_commit_) break;
       commit_cv_.wait_for(l, kGroupCommitInterval, [this] { return stop_commit_; });
       if (stop_commit_) break;
       l.unlock();
@@ -1019,6 +1033,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   uint64_t done_gen_ = 0;  // guarded by gen_mu_: batches up to this one are done
   std::atomic<int64_t> pending_count_{0};  // records in all pending maps
   std::atomic<uint64_t> commit_round_{0};  // the background writer's rounds
+  std::atomic<bool> writer_idle_{false};   // the writer sleeps until a claim wakes it
   // CommitPending's scratch (guarded by commit_mu_): the batch's keys and values
   // back to back, and where each one starts.
   struct CommitEntry {
