@@ -153,6 +153,9 @@ struct ConsumerMetrics {
   // AckBatch calls and the acks they carried.
   uint64_t ack_batches = 0;
   uint64_t acked_in_batches = 0;
+  // Buffer::CompleteBatch calls of the completer and the outcomes they recorded.
+  uint64_t complete_batches = 0;
+  uint64_t completed_in_batches = 0;
 
   // Prometheus text exposition format, one counter per field.
   std::string ToPrometheus() const;
@@ -179,6 +182,14 @@ struct ConsumerOptions {
   Millis max_ack_delay{2};
   // At most this many deliveries per AckBatch. Default: 64.
   int max_ack_batch = 64;
+  // Outcomes of finished handlers (done, failed) are recorded by one completer
+  // thread with one Buffer::CompleteBatch for several (one store round trip or
+  // write; fused with the acks where the store can), then acked with one
+  // AckBatch. An outcome waits at most max_ack_delay after its handler ended
+  // (not at all when no other handler is running), and for one batch write; its
+  // claim stays heartbeated until written. At most max_ack_batch per batch.
+  // false: each handler's thread records its own outcome. Default: true.
+  bool batch_completions = true;
   // Prefixed to every log line on stderr. Default: "dedup consumer".
   std::string log_name = "dedup consumer";
   // Where log lines go instead of stderr (dead letters, failed settlements and
