@@ -515,7 +515,7 @@ TEST_P(StoreConformance, BatchCompleteAnswersAsSingleCompletes) {
   ASSERT_EQ(MustComplete("c:done", done.token, "first"), WriteResult::kOk);
   const ClaimResult other = MustClaim("c:other");
   const ClaimResult stale = MustClaim("c:stale", kShort);
-  std::this_thread::sleep_for(kPastShort);
+  env_->Sleep(kPastShort);
   const ClaimResult taken = MustClaim("c:stale");
   ASSERT_EQ(taken.outcome, ClaimOutcome::kAcquired);
   // An ack no store can fuse: ignored, the completion made as without it.

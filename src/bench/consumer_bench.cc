@@ -74,8 +74,9 @@ struct ConsumerContender {
   std::unique_ptr<Store> store;  // null: no guard
   std::unique_ptr<ConsumerRoundTrips> counter;
   std::unique_ptr<Buffer> buffer;
-  std::vector<double> rates, cmds, trips, ratios, batch_sizes;
+  std::vector<double> rates, cmds, trips, ratios;
   uint64_t errors = 0;
+  std::vector<double> batch_sizes;  // outcomes per completer batch, per round
 };
 
 long long TotalCommands(streams::StreamConn& c) {
