@@ -273,15 +273,21 @@ class Consumer::Impl {
   // Hands a handler's outcome to the completer. Waits while the completer is a
   // few batches behind, so that outcomes never pile up without bound.
   void Defer(std::unique_ptr<Delivery> d, PendingOutcome pending) {
+    bool wake = false;
     {
       std::unique_lock lock(done_mu_);
       space_cv_.wait(lock, [this] {
         return static_cast<int>(done_.size()) < 4 * o_.max_ack_batch || done_stop_;
       });
-      if (done_.empty()) oldest_done_ = std::chrono::steady_clock::now();
+      wake = done_.empty();
+      if (wake) oldest_done_ = std::chrono::steady_clock::now();
       done_.push_back(Done{std::move(d), std::move(pending)});
+      wake = wake || static_cast<int>(done_.size()) == o_.max_ack_batch;
     }
-    done_cv_.notify_one();
+    // Only what changes the completer's mind wakes it (a first outcome starts its
+    // clock; a full batch ends the wait; HandlerLoop wakes it when none is left
+    // running): a wakeup per outcome would cost a context switch each.
+    if (wake) done_cv_.notify_one();
   }
 
   // The completer: takes the waiting outcomes when max_ack_batch wait, the oldest

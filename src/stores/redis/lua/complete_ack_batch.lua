@@ -8,7 +8,7 @@
 -- ARGV[6i-5..6i] completion i: token, retention, completion status, result (as
 --                complete.lua), the consumer group, the stream entry ID
 -- Reply          an array of n integers, each as complete_ack.lua: 2 OK and acked,
---                1 OK not acked, 0 LOST (not acked)
+--                1 OK not known to be acked (ack it yourself), 0 LOST (not acked)
 --@dedup-include record.lua
 local n = #KEYS / 2
 if n < 1 or n ~= math.floor(n) or #ARGV ~= 6 * n then
@@ -34,15 +34,35 @@ for i = 1, n do
     recs[KEYS[i]] = r or false
   end
 end
-local out = {}
+-- Complete in order; then one XACK per (stream, group) for the entries of the
+-- completions that answered OK. When it acks as many entries as it was given,
+-- each of them is 2 (acked); when fewer (some were no longer pending), each stays
+-- 1: the caller acks those itself, which is harmless for the ones acked here.
+local out, acks, order = {}, {}, {}
 for i = 1, n do
   local key, c = KEYS[i], items[i]
-  local done = complete_record(key, recs[key] or nil, c)
-  if done == 1 then
+  out[i] = complete_record(key, recs[key] or nil, c)
+  if out[i] == 1 then
     recs[key] = false
-    local ok, acked = pcall(redis.call, 'XACK', KEYS[n + i], c.group, c.id)
-    if ok and acked == 1 then done = 2 end
+    local by_group = acks[KEYS[n + i]]
+    if not by_group then
+      by_group = {}
+      acks[KEYS[n + i]] = by_group
+    end
+    local a = by_group[c.group]
+    if not a then
+      a = {stream = KEYS[n + i], group = c.group, ids = {}, at = {}}
+      by_group[c.group] = a
+      order[#order + 1] = a
+    end
+    a.ids[#a.ids + 1] = c.id
+    a.at[#a.at + 1] = i
   end
-  out[i] = done
+end
+for _, a in ipairs(order) do
+  local ok, acked = pcall(redis.call, 'XACK', a.stream, a.group, unpack(a.ids))
+  if ok and acked == #a.ids then
+    for _, i in ipairs(a.at) do out[i] = 2 end
+  end
 end
 return out
