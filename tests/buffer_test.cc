@@ -376,14 +376,21 @@ TEST_F(BufferTest, BatchCompleteAnswersAsProcessClaimedWould) {
   EXPECT_TRUE(buffer.CompleteBatch({}).empty());
 }
 
+// Handlers that all report Done, their outcomes not written yet.
+std::vector<PendingOutcome> DeferDone(Buffer& buffer, std::initializer_list<const char*> keys) {
+  std::vector<PendingOutcome> pending;
+  for (const char* key : keys) {
+    auto r = buffer.ProcessOnceDeferred(key, "", [](ClaimGuard&) { return HandlerResult::Done(); });
+    EXPECT_TRUE(std::holds_alternative<PendingOutcome>(r)) << key;
+    if (auto* p = std::get_if<PendingOutcome>(&r)) pending.push_back(std::move(*p));
+  }
+  return pending;
+}
+
 TEST_F(BufferTest, BatchCompleteIsRetriedWhileTheStoreBlinks) {
   FlakyStore flaky(store_.get());
   Buffer buffer(&flaky);
-  std::vector<PendingOutcome> pending;
-  for (const char* key : {"a", "b"}) {
-    auto r = buffer.ProcessOnceDeferred(key, "", [](ClaimGuard&) { return HandlerResult::Done(); });
-    pending.push_back(std::move(std::get<PendingOutcome>(r)));
-  }
+  std::vector<PendingOutcome> pending = DeferDone(buffer, {"a", "b"});
   flaky.fail_complete_batches = 2;
   std::vector<Processed> ps = buffer.CompleteBatch(pending);
   for (const Processed& p : ps) EXPECT_EQ(p.action, BrokerAction::kAck) << p.reason;
@@ -393,11 +400,7 @@ TEST_F(BufferTest, BatchCompleteIsRetriedWhileTheStoreBlinks) {
 TEST_F(BufferTest, BatchCompleteThatNeverLandsIsNotAcked) {
   FlakyStore flaky(store_.get());
   Buffer buffer(&flaky);
-  std::vector<PendingOutcome> pending;
-  for (const char* key : {"a", "b"}) {
-    auto r = buffer.ProcessOnceDeferred(key, "", [](ClaimGuard&) { return HandlerResult::Done(); });
-    pending.push_back(std::move(std::get<PendingOutcome>(r)));
-  }
+  std::vector<PendingOutcome> pending = DeferDone(buffer, {"a", "b"});
   flaky.fail_complete_batches = 100;
   std::vector<Processed> ps = buffer.CompleteBatch(pending);
   for (const Processed& p : ps) {
@@ -433,11 +436,7 @@ TEST(BufferHeartbeat, PendingOutcomeWhoseLeaseWasLostIsNotWritten) {
   BufferOptions o;
   o.lease = 300ms;
   Buffer buffer(store.get(), o);
-  std::vector<PendingOutcome> pending;
-  for (const char* key : {"lost", "kept"}) {
-    auto r = buffer.ProcessOnceDeferred(key, "", [](ClaimGuard&) { return HandlerResult::Done(); });
-    pending.push_back(std::move(std::get<PendingOutcome>(r)));
-  }
+  std::vector<PendingOutcome> pending = DeferDone(buffer, {"lost", "kept"});
   EXPECT_TRUE(*store->Forget("lost"));
   ClaimRequest c;
   c.key = "lost";

@@ -335,19 +335,7 @@ class Consumer::Impl {
         Settle(*batch[i].delivery, p.action, p.retry_after, p.reason, p.acked_with_complete);
       }
     }
-    if (!acks.empty()) {
-      Status s = source_->AckBatch(acks);
-      n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
-      if (s.ok()) {
-        n_.acked.fetch_add(acks.size(), std::memory_order_relaxed);
-        n_.acked_in_batches.fetch_add(acks.size(), std::memory_order_relaxed);
-      } else {
-        // Not acked: the broker delivers them again; their outcomes are recorded,
-        // so the next deliveries get DUPLICATE and ack.
-        n_.broker_errors.fetch_add(acks.size(), std::memory_order_relaxed);
-        Log("ack of " + std::to_string(acks.size()) + " deliveries: " + s.ToString());
-      }
-    }
+    if (!acks.empty()) AckAll(acks);
     {
       std::lock_guard lock(mu_);
       for (Done& d : batch) held_.erase(d.delivery->id());
@@ -379,21 +367,26 @@ class Consumer::Impl {
     }
   }
 
+  // One MessageSource::AckBatch, counted.
+  void AckAll(std::span<Delivery* const> deliveries) {
+    Status s = source_->AckBatch(deliveries);
+    n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
+    if (s.ok()) {
+      n_.acked.fetch_add(deliveries.size(), std::memory_order_relaxed);
+      n_.acked_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
+    } else {
+      // Not acked: the broker delivers them again; their outcomes are recorded,
+      // so the next deliveries get DUPLICATE and ack.
+      n_.broker_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
+      Log("ack of " + std::to_string(deliveries.size()) + " deliveries: " + s.ToString());
+    }
+  }
+
   void FlushAcks(std::vector<std::unique_ptr<Delivery>>& batch) {
     std::vector<Delivery*> ptrs;
     ptrs.reserve(batch.size());
     for (auto& d : batch) ptrs.push_back(d.get());
-    Status s = source_->AckBatch(ptrs);
-    n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
-    if (s.ok()) {
-      n_.acked.fetch_add(batch.size(), std::memory_order_relaxed);
-      n_.acked_in_batches.fetch_add(batch.size(), std::memory_order_relaxed);
-    } else {
-      // Not acked: the broker delivers them again; their outcomes are recorded,
-      // so the next deliveries get DUPLICATE and ack.
-      n_.broker_errors.fetch_add(batch.size(), std::memory_order_relaxed);
-      Log("ack of " + std::to_string(batch.size()) + " deliveries: " + s.ToString());
-    }
+    AckAll(ptrs);
     {
       std::lock_guard lock(mu_);
       for (auto& d : batch) held_.erase(d->id());

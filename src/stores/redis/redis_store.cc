@@ -535,14 +535,7 @@ return denied)";
 
   static Command ScriptCommand(ScriptId id, const std::string& rkey,
                                std::initializer_list<std::string> args) {
-    Command c;
-    c.args.reserve(4 + args.size());
-    c.args.emplace_back("EVALSHA");
-    c.args.push_back(Sha(id));
-    c.args.emplace_back("1");
-    c.args.push_back(rkey);
-    for (const std::string& a : args) c.args.push_back(a);
-    return c;
+    return ScriptCommandOf(id, rkey, std::vector<std::string>(args));
   }
 
   // The IN_PROGRESS record of a first claim, record format 2: flags, token, fence 1,

@@ -863,6 +863,26 @@ class RocksDBStoreImpl final : public RocksDBStore {
   bool stop_ = false;  // guarded by sync_mu_
 };
 
+// The distinct keys of a batch's requests, in first-seen order, as record keys
+// ('r' + key); (*slot)[i] is the index of request i's key. `index` (if given)
+// keeps the key -> index map.
+template <typename Req>
+void DistinctKeys(std::span<const Req> reqs, std::vector<size_t>* slot,
+                  std::vector<std::string>* rkeys,
+                  std::unordered_map<std::string_view, size_t>* index = nullptr) {
+  std::unordered_map<std::string_view, size_t> local;
+  if (index == nullptr) index = &local;
+  slot->resize(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto [it, inserted] = index->emplace(reqs[i].key, rkeys->size());
+    if (inserted) {
+      rkeys->emplace_back();
+      EncodeRecordKey(reqs[i].key, &rkeys->back());
+    }
+    (*slot)[i] = it->second;
+  }
+}
+
 StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     std::span<const ClaimRequest> reqs) {
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -876,16 +896,9 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
 
   // Distinct keys, in first-seen order; slot[i] is request i's key.
   std::unordered_map<std::string_view, size_t> index;
-  std::vector<size_t> slot(reqs.size());
+  std::vector<size_t> slot;
   std::vector<std::string> rkeys;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto [it, inserted] = index.emplace(reqs[i].key, rkeys.size());
-    if (inserted) {
-      rkeys.emplace_back();
-      EncodeRecordKey(reqs[i].key, &rkeys.back());
-    }
-    slot[i] = it->second;
-  }
+  DistinctKeys(reqs, &slot, &rkeys, &index);
   std::vector<Token> fresh(reqs.size());
   for (Token& t : fresh) t = Token::Random();
 
@@ -998,17 +1011,9 @@ StatusOr<std::vector<AckedWrite>> RocksDBStoreImpl::CompleteBatch(
   if (reqs.empty()) return out;
 
   // Distinct keys, in first-seen order; slot[i] is request i's key.
-  std::unordered_map<std::string_view, size_t> index;
-  std::vector<size_t> slot(reqs.size());
+  std::vector<size_t> slot;
   std::vector<std::string> rkeys;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto [it, inserted] = index.emplace(reqs[i].key, rkeys.size());
-    if (inserted) {
-      rkeys.emplace_back();
-      EncodeRecordKey(reqs[i].key, &rkeys.back());
-    }
-    slot[i] = it->second;
-  }
+  DistinctKeys(reqs, &slot, &rkeys);
   const size_t n = rkeys.size();
   std::vector<KeySlot> slots(n);
   std::vector<size_t> stripes;
