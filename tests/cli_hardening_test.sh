@@ -109,6 +109,9 @@ for args in "inspect --store $db --prefix m- --limit -1" \
             "exec --store $db --key k --lease -5s -- true" \
             "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --max-attempts -1" \
             "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --concurrency 0" \
+            "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --drain-timeout -1s" \
+            "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --drain-timeout 2d" \
+            "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --prefetch -2" \
             "simulate --seed -1" "simulate --messages -5" "bench --workers -2 --no-redis"; do
   read -ra argv <<<"$args"
   set +e; out=$(timeout 20 "$dedup" "${argv[@]}" 2>&1); rc=$?; set -e

@@ -6,7 +6,8 @@
 #      again and again while handlers run (the kill lands before COMMIT: nothing);
 #   2. a handler whose SQL fails leaves nothing and its message is not acked;
 #   3. plain `dedup worker --store postgres://` (no --sql-output) works too;
-#   4. `dedup simulate --store postgres://...` runs.
+#   4. `dedup simulate --store postgres://...` runs;
+#   5. with --sql-output, a handler whose lease is lost is stopped, its SQL never run.
 #
 #   tests/postgres_worker_test.sh DEDUP_BIN
 set -euo pipefail
@@ -72,6 +73,18 @@ echo "sql-output: $messages messages, 8 SIGKILLs: $rows rows, $distinct distinct
 [ "$distinct" = "$messages" ] || fail "$((messages - distinct)) messages have no row"
 [ "$rows" = "$distinct" ] || fail "$((rows - distinct)) effects ran twice"
 
+# one_sql_job NAME TABLE LEASE: publishes one message on stream NAMEjobs and starts
+# a --sql-output worker (buffer table TABLE) running $work/NAME.sh, logging to
+# $work/NAME.log.
+one_sql_job() {
+  "$dedup" publish --broker "redis://127.0.0.1:$redis_port?stream=$1jobs" --count 1 \
+    --id-prefix "$1-" --quiet
+  "$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=$1jobs&group=g&consumer=$1" \
+    --store "$pg?table=$2" --sql-output --exec "$work/$1.sh" --no-shell --lease "$3" \
+    --retry-delay 200ms --summary-interval 0 >>"$work/$1.log" 2>&1 &
+  worker_pid=$!
+}
+
 # 2. SQL that fails: nothing is written, the entry stays pending (retried later).
 cat >"$work/bad.sh" <<'EOF'
 #!/bin/sh
@@ -79,11 +92,7 @@ cat >/dev/null
 echo "INSERT INTO effects (msg, fence) VALUES ('bad', 1); INSERT INTO no_such_table VALUES (1);"
 EOF
 chmod +x "$work/bad.sh"
-"$dedup" publish --broker "redis://127.0.0.1:$redis_port?stream=badjobs" --count 1 --id-prefix bad- --quiet
-"$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=badjobs&group=g&consumer=b" \
-  --store "$pg?table=worker_buf" --sql-output --exec "$work/bad.sh" --no-shell --lease 1s \
-  --retry-delay 200ms --summary-interval 0 >>"$work/bad.log" 2>&1 &
-worker_pid=$!
+one_sql_job bad worker_buf 1s
 sleep 2
 kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=""
 [ "$(psql_q "SELECT count(*) FROM effects WHERE msg = 'bad'")" = 0 ] || fail "a failed handler's SQL was committed"
@@ -110,6 +119,43 @@ done
 kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=""
 [ "$(psql_q "SELECT count(*) FROM plain_buf WHERE state = 2")" = 50 ] || fail "plain worker did not complete 50 keys"
 echo "worker --store postgres://: 50 keys completed"
+
+# 5. --sql-output with a lost lease: the handler is stopped (SIGTERM to its group),
+# its SQL never runs, and a later attempt does the work once. The lease is taken
+# from under the worker by changing the owner's token in the table, so that the
+# next extend answers LOST.
+cat >"$work/slow.sh" <<EOF
+#!/bin/sh
+cat >/dev/null
+echo "\$\$ \$DEDUP_ATTEMPT" >>"$work/slow.pids"
+[ "\$DEDUP_ATTEMPT" = 1 ] && sleep 30
+echo "INSERT INTO effects (msg, fence) VALUES ('slow', current_setting('dedup.fence')::bigint);"
+EOF
+chmod +x "$work/slow.sh"
+one_sql_job slow slow_buf 2s
+for i in $(seq 1 100); do
+  [ -s "$work/slow.pids" ] &&
+    [ "$(psql_q "SELECT count(*) FROM slow_buf WHERE state = 1" 2>/dev/null)" = 1 ] && break
+  sleep 0.1
+done
+[ -s "$work/slow.pids" ] || fail "the slow handler did not start"
+slow_pid=$(head -1 "$work/slow.pids" | cut -d' ' -f1)
+psql_q "UPDATE slow_buf SET token = token + 1 WHERE state = 1" >/dev/null
+t0=$SECONDS
+while kill -0 "$slow_pid" 2>/dev/null && [ $((SECONDS - t0)) -lt 10 ]; do sleep 0.1; done
+kill -0 "$slow_pid" 2>/dev/null && fail "the handler of a lost lease still runs after 10 s"
+stopped_after=$((SECONDS - t0))
+for i in $(seq 1 100); do
+  [ "$(psql_q "SELECT count(*) FROM effects WHERE msg = 'slow'")" = 1 ] && break
+  sleep 0.1
+done
+kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=""
+[ "$(psql_q "SELECT count(*) FROM effects WHERE msg = 'slow'")" = 1 ] ||
+  fail "the message was not done exactly once after the lost lease"
+[ "$(psql_q "SELECT fence > 1 FROM effects WHERE msg = 'slow'")" = t ] ||
+  fail "the stopped attempt's SQL ran"
+grep -q "lost_leases=1 " "$work/slow.log" || { cat "$work/slow.log"; fail "no lost lease counted"; }
+echo "sql-output: a lost lease stopped the handler within ${stopped_after}s; the next attempt did the work once"
 
 # 4. The simulation on PostgreSQL.
 "$dedup" simulate --store "$pg?table=sim_buf" --messages 200 >"$work/sim.log" 2>&1 \

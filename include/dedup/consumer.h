@@ -91,6 +91,14 @@ class Delivery {
   virtual const BrokerAck* fused_ack() const { return nullptr; }
   virtual void MarkAcked() {}
 
+  // True once the Consumer running this delivery asks its handler to stop: a
+  // graceful drain whose ConsumerOptions::drain_timeout has passed. A handler that
+  // sees it should return without completing (HandlerResult::Retry): its claim is
+  // released, nothing is recorded, and the delivery goes back to the broker at once.
+  bool stop_requested() const {
+    return stop_ != nullptr && stop_->load(std::memory_order_relaxed);
+  }
+
  protected:
   std::string key_;
   std::string key_error_;
@@ -98,6 +106,10 @@ class Delivery {
   std::string id_;
   uint32_t delivery_count_ = 0;
   std::vector<std::pair<std::string, std::string>> attributes_;
+
+ private:
+  friend class Consumer;
+  const std::atomic<bool>* stop_ = nullptr;  // the Consumer's "handlers stop" flag
 };
 
 // A broker's side of the seam: fetches batches of deliveries.
@@ -190,6 +202,16 @@ struct ConsumerOptions {
   // claim stays heartbeated until written. At most max_ack_batch per batch.
   // false: each handler's thread records its own outcome. Default: true.
   bool batch_completions = true;
+  // Graceful drain: how long handlers still running at Stop() may go on. After
+  // it, Delivery::stop_requested() turns true and stop_handlers is called; what
+  // then ends without completing is released and handed back to the broker at
+  // once (Retry(0)). 0 = at once; 0 to 24 h. Default: 5 s.
+  Millis drain_timeout{5'000};
+  // Called once, from Run()'s thread, when drain_timeout has passed with handlers
+  // still running: stops what the handlers run (the worker passes
+  // HandlerSupervisor::RequestStop: SIGTERM, then SIGKILL after its grace).
+  // Default: empty (in-process handlers watch Delivery::stop_requested()).
+  std::function<void()> stop_handlers;
   // Prefixed to every log line on stderr. Default: "dedup consumer".
   std::string log_name = "dedup consumer";
   // Where log lines go instead of stderr (dead letters, failed settlements and
@@ -205,8 +227,12 @@ struct ConsumerOptions {
 //
 // Run() blocks until Stop(); Stop() is async-signal-safe (call it from a SIGTERM
 // handler). On stop the Consumer fetches no more, gives every queued delivery
-// back (its claim released, Retry(0)) and waits for running handlers to finish
-// and be settled (graceful drain).
+// back (its claim released, Retry(0)) and lets running handlers finish and be
+// settled for up to drain_timeout (graceful drain). Handlers still running then
+// are asked to stop (Delivery::stop_requested(), stop_handlers); one that ends
+// without completing has its claim released (nothing recorded) and its delivery
+// handed back with Retry(0). Run() returns once every handler has ended: an
+// in-process handler that ignores the request is waited for.
 class Consumer {
  public:
   using Handler = std::function<HandlerResult(const Delivery&, ClaimGuard&)>;
@@ -235,6 +261,7 @@ class Consumer {
 
  private:
   class Impl;
+  static void WatchStop(Delivery& d, const std::atomic<bool>* stop) { d.stop_ = stop; }
   explicit Consumer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   std::atomic<bool> stop_{false};

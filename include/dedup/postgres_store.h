@@ -178,6 +178,14 @@ class PostgresStore : public Store {
 Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::string_view key,
                                    std::string_view payload,
                                    const TransactionalHandler& handler);
+// The same, with the claim's guard given to the handler, which should stop once
+// guard.lost() (e.g. HandlerSupervisor::Run(cmd, &guard), as `dedup worker
+// --sql-output` does): its writes would be rolled back anyway.
+using GuardedTransactionalHandler =
+    std::function<HandlerResult(PostgresTransaction&, const ClaimGuard&)>;
+Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::string_view key,
+                                   std::string_view payload,
+                                   const GuardedTransactionalHandler& handler);
 
 // The SQL of the fence helper (a table and a function), for a downstream database
 // that is not the store's: run it there once. `schema` as in the options.

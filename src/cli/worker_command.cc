@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <map>
@@ -76,6 +77,7 @@ struct WorkerFlags {
   std::string exec;
   bool no_shell = false;
   int concurrency = 4;
+  int prefetch = -1;
   Millis lease{kDefaultLease};
   Millis retention{kDefaultRetention};
   Millis retry_delay{1'000};
@@ -85,6 +87,7 @@ struct WorkerFlags {
   bool fingerprint = false;
   int metrics_port = 0;
   Millis summary_interval{10'000};
+  Millis drain_timeout = ConsumerOptions().drain_timeout;
   std::string pattern = "dedup";
   Millis textbook_ttl{60'000};
   std::string textbook_redis;  // --pattern textbook on brokers other than redis://
@@ -213,10 +216,12 @@ HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_
 // --sql-output: runs the handler, then its stdout as SQL in the completion's
 // transaction, with dedup.key, dedup.fence and dedup.attempt set for that
 // transaction (current_setting('dedup.fence')::bigint).
-HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTransaction& tx) {
+// The handler is stopped when the claim's lease is lost, as without --sql-output.
+HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTransaction& tx,
+                            const ClaimGuard& claim) {
   WorkerFlags g = f;
   g.keep_output = true;
-  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt());
+  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt(), &claim);
   if (hr.kind != HandlerResult::Kind::kDone) return hr;
   auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
                      "set_config('dedup.attempt', $3, true)",
@@ -317,7 +322,10 @@ int RunWorkerCommand(const WorkerFlags& f) {
 
   ConsumerOptions co;
   co.concurrency = f.concurrency;
+  co.prefetch = f.prefetch;
   co.log_name = "dedup worker";
+  co.drain_timeout = f.drain_timeout;
+  co.stop_handlers = [] { g_handlers->RequestStop(SIGTERM); };
   std::unique_ptr<Buffer> buffer;
   std::unique_ptr<TextbookKeys> textbook_keys;
   std::unique_ptr<TextbookGuard> textbook;
@@ -344,7 +352,9 @@ int RunWorkerCommand(const WorkerFlags& f) {
 #ifdef DEDUP_WITH_POSTGRES
       made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
         return ProcessOnceInTransaction(*buffer, *pg, d.key(), d.payload(),
-                                        [&](PostgresTransaction& tx) { return RunSqlHandler(f, d, tx); });
+                                        [&](PostgresTransaction& tx, const ClaimGuard& g) {
+                                          return RunSqlHandler(f, d, tx, g);
+                                        });
       }, co);
 #endif
     } else {
@@ -428,6 +438,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   app->add_option("--concurrency", f->concurrency, "Handlers at once")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app->add_option("--prefetch", f->prefetch,
+                  "Messages fetched (and claimed) ahead of the running handlers "
+                  "(-1 = --concurrency)")
+      ->check(CLI::Range(-1, 65536))
+      ->capture_default_str();
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
                     DurationBound::kPositive);
   AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept",
@@ -449,6 +464,10 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   app->add_option("--metrics-port", f->metrics_port,
                   "Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
       ->check(CLI::Range(0, 65535));
+  AddDurationOption(*app, "--drain-timeout", &f->drain_timeout,
+                    "On SIGTERM/SIGINT, how long running handlers may finish; then they are "
+                    "stopped (SIGTERM, SIGKILL 5 s later), their claims released and their "
+                    "messages handed back (0 = at once)");
   AddDurationOption(*app, "--summary-interval", &f->summary_interval,
                     "A summary log line this often (0 = only at exit)");
   const std::map<std::string, std::string> patterns = {{"dedup", "dedup"},

@@ -204,8 +204,15 @@ class Consumer::Impl {
       Job job;
       {
         std::unique_lock lock(mu_);
-        work_cv_.wait(lock, [this] { return !queue_.empty() || draining_; });
-        if (queue_.empty()) return;  // draining and nothing left
+        // Once stopped, nothing new starts: what is queued is handed back by
+        // Drain(), which may still be waiting for the fetch thread's last Fetch.
+        work_cv_.wait(lock, [this] {
+          return (!queue_.empty() && !stop_->load(std::memory_order_relaxed)) || draining_;
+        });
+        if (queue_.empty() || stop_->load(std::memory_order_relaxed)) {
+          if (draining_) return;  // draining: Drain() took what was left
+          continue;
+        }
         job = std::move(queue_.front());
         queue_.pop_front();
         ++running_;
@@ -226,7 +233,7 @@ class Consumer::Impl {
     }
   }
 
-  // Returns true when the ack was handed to the acker (with the delivery).
+  // Returns true when the delivery was handed to the acker or the completer.
   bool Handle(Job& job) {
     Delivery& d = *job.delivery;
     n_.messages.fetch_add(1, std::memory_order_relaxed);
@@ -235,6 +242,7 @@ class Consumer::Impl {
       Settle(d, BrokerAction::kDeadLetter, Millis(0), d.key_error(), false);
       return false;
     }
+    Consumer::WatchStop(d, &handlers_stop_);
     Processed p;
     if (process_) {
       p = process_(d);
@@ -257,6 +265,11 @@ class Consumer::Impl {
       }
     }
     Count(p);
+    // Stopped by the drain without an outcome (its claim is released): back to
+    // the broker at once, not after the retry delay.
+    if (p.ran && p.action == BrokerAction::kRetry && handlers_stop_.load()) {
+      p.retry_after = Millis(0);
+    }
     if (p.action == BrokerAction::kAck && !p.acked_with_complete && acker_.joinable()) {
       {
         std::lock_guard lock(ack_mu_);
@@ -466,6 +479,7 @@ class Consumer::Impl {
       draining_ = true;
     }
     work_cv_.notify_all();
+    StopLateHandlers();
     for (auto& t : threads_) t.join();
     threads_.clear();
     if (completer_.joinable()) {
@@ -486,6 +500,23 @@ class Consumer::Impl {
     }
   }
 
+  // Waits up to drain_timeout for the running handlers to end; then asks those
+  // left to stop (Delivery::stop_requested(), stop_handlers).
+  void StopLateHandlers() {
+    int left = 0;
+    {
+      std::unique_lock lock(mu_);
+      room_cv_.wait_for(lock, o_.drain_timeout, [this] { return running_ == 0; });
+      left = running_;
+    }
+    if (left == 0) return;
+    handlers_stop_.store(true);
+    Log("drain: " + std::to_string(left) + " handler(s) still running after " +
+        std::to_string(o_.drain_timeout.count()) + " ms: stopping them (claims released, "
+        "deliveries handed back)");
+    if (o_.stop_handlers) o_.stop_handlers();
+  }
+
   MessageSource* const source_;
   Buffer* const buffer_;
   const Handler handler_;
@@ -499,6 +530,7 @@ class Consumer::Impl {
   std::deque<Job> queue_;
   int running_ = 0;
   bool draining_ = false;
+  std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
   std::unordered_set<std::string> held_;  // ids queued, running or waiting for their ack
   Counters n_;
 
@@ -538,6 +570,10 @@ Status ValidateConsumerOptions(const ConsumerOptions& o) {
   if (o.max_ack_batch < 1 || o.max_ack_batch > 100'000) {
     return Status::InvalidArgument("consumer: max ack batch must be 1 to 100000, got " +
                                    std::to_string(o.max_ack_batch));
+  }
+  if (o.drain_timeout.count() < 0 || o.drain_timeout > Millis(86'400'000)) {
+    return Status::InvalidArgument("consumer: drain timeout must be 0 to 24h, got " +
+                                   std::to_string(o.drain_timeout.count()) + " ms");
   }
   if (o.fetch_wait.count() <= 0) {
     return Status::InvalidArgument("consumer: fetch wait must be positive, got " +

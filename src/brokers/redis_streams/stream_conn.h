@@ -11,6 +11,7 @@
 #define DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAM_CONN_H_
 
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,10 +45,15 @@ class StreamConn {
   // timeout) and drops the connection. `extra_timeout` is added to the command's
   // time bound (for BLOCK reads).
   StatusOr<ReplyPtr> Run(const std::vector<std::string>& args, Millis extra_timeout = Millis(0));
+  // Sends several commands in one round trip; one reply each, in order (error
+  // replies included). A transport failure drops the connection, as Run's.
+  StatusOr<std::vector<ReplyPtr>> RunAll(const std::vector<std::vector<std::string>>& commands);
 
   std::string Name() const { return options_.endpoints.front().Name(); }
 
  private:
+  StatusOr<std::vector<ReplyPtr>> Pipeline(std::span<const redis::Command* const> cmds,
+                                           Millis extra_timeout);
   redis::ConnectionOptions options_;
   std::unique_ptr<redis::Connection> conn_;
 };

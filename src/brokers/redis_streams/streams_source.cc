@@ -53,6 +53,7 @@ class StreamDelivery final : public Delivery {
   Status DeadLetter(std::string_view reason) override;
   const BrokerAck* fused_ack() const override { return &ack_; }
   void MarkAcked() override {}
+  void set_delivery_count(uint32_t n) { delivery_count_ = n; }
 
  private:
   StreamsSource* source_;
@@ -255,12 +256,14 @@ class StreamsSource final : public MessageSource {
         if (s->type == REDIS_REPLY_ARRAY && s->elements == 2 &&
             s->element[1]->type == REDIS_REPLY_ARRAY) {
           seen += s->element[1]->elements;
-          // History entries were delivered before (count unknown: 0); new ones once.
+          // New entries are delivered once; history entries were delivered
+          // before (their count is asked of XPENDING below).
           DEDUP_RETURN_IF_ERROR(Take(s->element[1], history, history ? 0 : 1, out, &last));
         }
       }
     }
-    (void)before;
+    // Redis does not count a re-read of the history as a delivery: + 1.
+    if (history) FillDeliveryCounts(out, before, 1);
     if (history) {
       if (seen == 0) {
         history_done_ = true;
@@ -289,7 +292,9 @@ class StreamsSource final : public MessageSource {
     reclaim_cursor_ = ReplyText(rep->element[0]);
     if (reclaim_cursor_.empty()) reclaim_cursor_ = "0-0";
     if (rep->element[1]->type == REDIS_REPLY_ARRAY) {
+      const size_t before = out->size();
       DEDUP_RETURN_IF_ERROR(Take(rep->element[1], true, 0, out, nullptr));
+      FillDeliveryCounts(out, before, 0);  // XAUTOCLAIM counted itself
     }
     return Status::Ok();
   }
@@ -320,7 +325,40 @@ class StreamsSource final : public MessageSource {
       return Status::Unavailable("redis " + fetch_conn_.Name() + ": XCLAIM: " +
                                  ReplyText(r->get()));
     }
-    return Take(r->get(), false, 0, out, nullptr);
+    const size_t before = out->size();
+    DEDUP_RETURN_IF_ERROR(Take(r->get(), false, 0, out, nullptr));
+    FillDeliveryCounts(out, before, 0);  // XCLAIM counted itself
+    return Status::Ok();
+  }
+
+  // XAUTOCLAIM, XCLAIM and XREADGROUP of the history return entries without
+  // their delivery count: XPENDING tells it, for every id of (*out)[from...], in
+  // one pipelined round trip; `add` is added to Redis's count. Counts stay 0 when
+  // Redis does not answer (the deliveries are good without them).
+  void FillDeliveryCounts(std::vector<std::unique_ptr<Delivery>>* out, size_t from,
+                          uint32_t add) {
+    if (out->size() <= from) return;
+    std::vector<std::vector<std::string>> cmds;
+    cmds.reserve(out->size() - from);
+    for (size_t i = from; i < out->size(); ++i) {
+      const std::string& id = (*out)[i]->id();
+      cmds.push_back({"XPENDING", o_.stream, o_.group, id, id, "1"});
+    }
+    auto r = fetch_conn_.RunAll(cmds);
+    if (!r.ok()) return;
+    for (size_t i = from; i < out->size(); ++i) {
+      // [[id, consumer, idle ms, delivery count]]
+      const redisReply* p = (*r)[i - from].get();
+      if (p == nullptr || p->type != REDIS_REPLY_ARRAY || p->elements != 1) continue;
+      const redisReply* e = p->element[0];
+      if (e == nullptr || e->type != REDIS_REPLY_ARRAY || e->elements < 4 ||
+          e->element[3]->type != REDIS_REPLY_INTEGER || e->element[3]->integer < 0) {
+        continue;
+      }
+      const auto n = static_cast<uint64_t>(e->element[3]->integer) + add;
+      static_cast<StreamDelivery*>((*out)[i].get())
+          ->set_delivery_count(static_cast<uint32_t>(std::min<uint64_t>(n, UINT32_MAX)));
+    }
   }
 
   WorkerOptions o_;

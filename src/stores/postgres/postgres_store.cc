@@ -721,6 +721,15 @@ StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(std::string_view uri)
 Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::string_view key,
                                    std::string_view payload,
                                    const TransactionalHandler& handler) {
+  return ProcessOnceInTransaction(
+      buffer, store, key, payload,
+      GuardedTransactionalHandler(
+          [&](PostgresTransaction& tx, const ClaimGuard&) { return handler(tx); }));
+}
+
+Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::string_view key,
+                                   std::string_view payload,
+                                   const GuardedTransactionalHandler& guarded) {
   // Every answer but ACQUIRED (and a bad key, and a store error on the claim) is
   // decided as ProcessOnce decides it; the handler is not run for those.
   const Buffer::Handler not_run = [](ClaimGuard&) { return HandlerResult::Retry("not run"); };
@@ -734,6 +743,7 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
   p.claim = g.result();
   p.ran = true;
   HandlerResult hr;
+  const TransactionalHandler handler = [&](PostgresTransaction& tx) { return guarded(tx, g); };
   auto w = store.RunInTransaction(key, g.token(), g.fence(), g.attempt(),
                                   buffer.options().retention, handler, &hr);
   // The guard's own release when it goes out of scope answers LOST (the record is
