@@ -412,7 +412,7 @@ TEST_F(BufferTest, BatchCompleteThatNeverLandsIsNotAcked) {
 TEST(BufferHeartbeat, PendingOutcomeKeepsItsLeaseUntilWritten) {
   auto store = NewMemoryStore();
   BufferOptions o;
-  o.lease = 300ms;
+  o.lease = 600ms;  // beats every 200 ms: a loaded machine may delay one a little
   Buffer buffer(store.get(), o);
   auto r = buffer.ProcessOnceDeferred("k", "", [](ClaimGuard&) { return HandlerResult::Done("x"); });
   ASSERT_TRUE(std::holds_alternative<PendingOutcome>(r));
@@ -420,10 +420,10 @@ TEST(BufferHeartbeat, PendingOutcomeKeepsItsLeaseUntilWritten) {
   pending.push_back(std::move(std::get<PendingOutcome>(r)));
   // Waiting for the batch write longer than the lease: the heartbeat holds it.
   for (int i = 0; i < 8; ++i) {
-    std::this_thread::sleep_for(100ms);
+    std::this_thread::sleep_for(200ms);
     ClaimRequest c;
     c.key = "k";
-    EXPECT_EQ(store->Claim(c)->outcome, ClaimOutcome::kBusy) << "after " << (i + 1) * 100 << "ms";
+    EXPECT_EQ(store->Claim(c)->outcome, ClaimOutcome::kBusy) << "after " << (i + 1) * 200 << "ms";
   }
   std::vector<Processed> ps = buffer.CompleteBatch(pending);
   EXPECT_EQ(ps[0].action, BrokerAction::kAck);
