@@ -277,7 +277,7 @@ TEST(BufferHeartbeat, LostLeaseIsReportedAndNotAcked) {
   Buffer buffer(store.get(), o);
   Processed p = buffer.ProcessOnce("k", "", [&](ClaimGuard& g) {
     // An operator forgets the key and another worker claims it.
-    EXPECT_TRUE(*store->Forget("k"));
+    EXPECT_TRUE(*store->Forget("k", ForgetOptions{.force = true}));
     ClaimRequest r;
     r.key = "k";
     EXPECT_TRUE(store->Claim(r)->acquired());

@@ -7,7 +7,9 @@
 #   * a NUL in a message key is refused (dead-lettered with the reason), never cut
 #     into DEDUP_KEY;
 #   * numeric flags reject negative and out-of-range values; an unknown subcommand
-#     is named.
+#     is named;
+#   * forget refuses a key whose lease is running unless --force (item 5), and a
+#     forced forget keeps the key's fences increasing.
 #
 #   tests/cli_hardening_test.sh DEDUP_CLI
 #
@@ -119,5 +121,35 @@ for args in "inspect --store $db --prefix m- --limit -1" \
 done
 expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
 [[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
+
+# 5. forget of a key whose lease is running (issue 13, item 5): refused without
+#    --force (exit 75, the key escaped, the time left named, --force suggested);
+#    forced, the key reads absent and its next run gets a higher fence.
+run_key=$'run-\e[1m'
+"$dedup" exec --store "$rs" --key "$run_key" --lease 1h -- sleep 30 &
+run_pid=$!
+for _ in $(seq 100); do
+  "$dedup" inspect --store "$rs" "$run_key" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+expect_rc "forget of a running lease is refused" 75 "$dedup" forget --store "$rs" "$run_key"
+[[ "$out" == *'run-\x1b[1m'* && "$out" != *$'\e'* && "$out" == *left* && "$out" == *--force* ]] &&
+  ok "the refusal names the escaped key, the time left and --force" || fail "refusal: $(printf %q "$out")"
+expect_rc "the refused forget changed nothing" 0 "$dedup" inspect --store "$rs" "$run_key"
+[[ "$out" == *in_progress* ]] || fail "after the refusal: $out"
+fence_forgotten=$(sed -n 's/^  fence *//p' <<<"$out")
+expect_rc "forget --force removes it" 0 "$dedup" forget --force --store "$rs" "$run_key"
+expect_rc "then the key reads absent" 1 "$dedup" inspect --store "$rs" "$run_key"
+expect_rc "a second run of the key starts" 0 "$dedup" exec --store "$rs" --key "$run_key" -- true
+expect_rc "and completes" 0 "$dedup" inspect --store "$rs" "$run_key"
+fence_next=$(sed -n 's/^  fence *//p' <<<"$out")
+[[ -n "$fence_forgotten" && "$fence_next" -gt "$fence_forgotten" ]] &&
+  ok "its fence $fence_next is above the forgotten run's $fence_forgotten" ||
+  fail "fences: forgotten '$fence_forgotten', next '$fence_next': $out"
+kill -TERM "$run_pid" 2>/dev/null || true
+wait "$run_pid" 2>/dev/null || true
+expect_rc "the forgotten run recorded nothing over the new one" 0 "$dedup" inspect --store "$rs" "$run_key"
+[[ "$(sed -n 's/^  fence *//p' <<<"$out")" == "$fence_next" && "$out" == *completed* ]] &&
+  ok "the new run's record stands" || fail "after the forgotten run stopped: $out"
 
 check_done "cli hardening"

@@ -289,7 +289,7 @@ TEST(HandlerProcess, LostLeaseStopsTheHandler) {
   std::thread thief([&] {
     while ((*sup)->running() == 0) std::this_thread::sleep_for(5ms);
     std::this_thread::sleep_for(100ms);
-    EXPECT_TRUE(*store->Forget("k"));
+    EXPECT_TRUE(*store->Forget("k", ForgetOptions{.force = true}));
     ClaimRequest req;
     req.key = "k";
     EXPECT_TRUE(store->Claim(req)->acquired());

@@ -28,7 +28,7 @@ source "$here/../scripts/lib/check.sh"
 
 # 1. Load the scripts; the SHA1 is what EVALSHA takes.
 declare -A sha
-for s in claim extend complete release inspect; do
+for s in claim extend complete release inspect forget; do
   sha[$s]=$(cli SCRIPT LOAD "$(cat "$lua_dir/$s.lua")")
 done
 claim()    { cli EVALSHA "${sha[claim]}" 1 "$@" | lines; }
@@ -36,6 +36,7 @@ extend()   { cli EVALSHA "${sha[extend]}" 1 "$@" | lines; }
 complete() { cli EVALSHA "${sha[complete]}" 1 "$@" | lines; }
 release()  { cli EVALSHA "${sha[release]}" 1 "$@" | lines; }
 inspect()  { cli EVALSHA "${sha[inspect]}" 1 "$@" | lines; }
+forget()   { cli EVALSHA "${sha[forget]}" 1 "$@" | lines; }
 
 A=00000000000000aa
 B=00000000000000bb
@@ -132,10 +133,22 @@ check "fast path on a completed key: the record (flags 0x42) = DUPLICATE" \
   "4200000000000000aa0101$(printf done | od -An -tx1 | tr -d ' \n')" \
   "$(fresh 1 | cli --raw | head -c 15 | od -An -tx1 | tr -d ' \n')"
 
-# 7. No record: writes are LOST, inspect is nil; forget is DEL.
+# 7. No record: writes are LOST, inspect is nil. forget.lua: a running lease is
+#    refused unless forced; forced, a fence floor keeps the next fence higher.
 check "extend of absent key is LOST" "0" "$(extend p:none $A 1000)"
 check "inspect of absent key is nil" "" "$(inspect p:none)"
-check "forget is DEL" "1" "$(cli DEL p:k2)"
+check "forget of an absent key: 0" "0 0" "$(forget p:none 0)"
+check "forget with a bad force is DEDUPARGS" "DEDUPARGS forget: force must be 0 or 1" \
+  "$(cli EVALSHA "${sha[forget]}" 1 p:k2 yes 2>&1)"
+check "forget of a running lease is refused (2)" "2" "$(forget p:k2 0 | cut -d' ' -f1)"
+check "forced, it becomes a fence floor (3)" "3" "$(forget p:k2 1 | cut -d' ' -f1)"
+check "the floor: RELEASED, attempt 0, fence kept (flags 0x43)" "4300000000000000bb0200" \
+  "$(cli --raw GET p:k2 | head -c 11 | od -An -tx1 | tr -d ' \n')"
+check "a floor is no record to inspect" "" "$(inspect p:k2)"
+check "nor to forget" "0 0" "$(forget p:k2 1)"
+check "the forgotten owner is LOST" "0" "$(complete p:k2 $B 600000 0 late)"
+check "the next claim: fence 3, attempt 1, any fingerprint" "0 3 1" \
+  "$(claim p:k2 $A 60000 600000 fp2 0)"
 
 # 8. NOSCRIPT after SCRIPT FLUSH; EVAL of the same body works and reloads it.
 cli SCRIPT FLUSH >/dev/null

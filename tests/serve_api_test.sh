@@ -81,6 +81,28 @@ check "forget again: 404" [ "$code" = 404 ]
 call POST /v1/keys/order-1/claim '{}'
 check "after forget the key starts again at the first fence" [ "$code" = 201 -a "$(field fence)" = "$fence1" ]
 
+# ---- forget of a running lease: 409 unless force=true; a forced one keeps fences rising
+call POST /v1/keys/busy-1/claim '{"lease_ms":60000}'
+tb=$(field token)
+fb=$(field fence)
+call DELETE /v1/keys/busy-1
+check "forget of a running lease: 409" [ "$code" = 409 ]
+check "as problem+json" has_header 'Content-Type: application/problem+json'
+check "naming the key, the time left and force" grep -q 'busy-1.*left.*force' <<<"$(field detail)"
+call GET /v1/keys/busy-1
+check "the refused forget changed nothing" [ "$code" = 200 -a "$(field state)" = in_progress ]
+call DELETE '/v1/keys/busy-1?force=maybe'
+check "force must be true or false: 400" [ "$code" = 400 ]
+call DELETE '/v1/keys/busy-1?force=true'
+check "forget with force=true: 200" [ "$code" = 200 ]
+call GET /v1/keys/busy-1
+check "then the key reads absent: 404" [ "$code" = 404 ]
+call POST /v1/keys/busy-1/complete "{\"token\":\"$tb\"}"
+check "the forgotten owner's complete: 412 LOST" [ "$code" = 412 ]
+call POST /v1/keys/busy-1/claim '{}'
+check "the next claim: 201 at attempt 1, a fence above the forgotten owner's" \
+  [ "$code" = 201 -a "$(field attempt)" = 1 -a "$(field fence)" -gt "$fb" ]
+
 # ---- keys are bytes: percent-encoded in the path, base64 in JSON when not UTF-8
 call POST '/v1/keys/bin%00%FF%2Fx/claim' '{}'
 check "a key with NUL, 0xFF and '/' can be claimed" [ "$code" = 201 ]

@@ -194,6 +194,8 @@ try:
     check("Forget asks first", click_forget("web-forget-me") is True)
     check("the question names the key",
           b.eval("document.getElementById('confirm-key').textContent") == "web-forget-me")
+    check("it warns that the record is in progress (confirming forces the forget)",
+          b.eval("document.getElementById('confirm-leased').hidden") is False)
     b.eval("document.getElementById('confirm-cancel').click()")
     time.sleep(0.5)
     check("Cancel keeps the record", api("GET", "/v1/keys/web-forget-me") == 200)

@@ -49,10 +49,11 @@ check "/?token=T: 303 to / with an HttpOnly, SameSite=Strict cookie" \
 cookie="dedup_token=$token"
 check "the cookie opens the page" [ "$(status -H "Cookie: $cookie" "$base/")" = 200 ]
 check "a wrong ?token= gets no cookie" [ "$(status "$base/?token=nope-nope-nope-nope")" = 401 ]
+# k's lease is running: the page confirms and sends force=true (docs/SERVE.md).
 check "DELETE with the cookie alone (a cross-site form could): 401" \
-  [ "$(status -X DELETE -H "Cookie: $cookie" "$base/v1/keys/k")" = 401 ]
+  [ "$(status -X DELETE -H "Cookie: $cookie" "$base/v1/keys/k?force=true")" = 401 ]
 check "DELETE with the cookie and the page's header: 200" \
-  [ "$(status -X DELETE -H "Cookie: $cookie" -H 'X-Requested-With: dedup-page' "$base/v1/keys/k")" = 200 ]
+  [ "$(status -X DELETE -H "Cookie: $cookie" -H 'X-Requested-With: dedup-page' "$base/v1/keys/k?force=true")" = 200 ]
 
 # ---- the proxy checks the token too (in Dedup-Token; Authorization is the app's)
 serve_start 8076 "$tmp/app.log" python3 "$root/tests/serve_app.py" 8076 "$tmp/calls"

@@ -92,5 +92,46 @@ TEST(StateMachine, ExhaustedKeepsFence) {
   EXPECT_EQ(next.status, CompletionStatus::kExhausted);
 }
 
+TEST(StateMachine, ForgetRefusesARunningLeaseAndRemovesTheRest) {
+  Record cur;
+  bool write = false;
+  DecideClaim(nullptr, Req(Millis(10)), 0, Token{1}, &cur, &write);
+  Record floor;
+  EXPECT_EQ(DecideForget(nullptr, false, 5, &floor), ForgetAction::kNone);
+  EXPECT_EQ(DecideForget(&cur, false, 9, &floor), ForgetAction::kRefuse);
+  EXPECT_EQ(DecideForget(&cur, false, 10, &floor), ForgetAction::kRemove) << "lease over";
+  EXPECT_EQ(DecideForget(&cur, true, 10, &floor), ForgetAction::kRemove) << "no floor needed";
+  EXPECT_EQ(DecideForget(&cur, false, cur.retention_deadline, &floor), ForgetAction::kNone);
+  ASSERT_EQ(DecideRelease(&cur, Token{1}, Millis(100), 5), WriteResult::kOk);
+  EXPECT_EQ(DecideForget(&cur, false, 6, &floor), ForgetAction::kRemove);
+}
+
+TEST(StateMachine, ForcedForgetLeavesAFloorThatClaimsStepOver) {
+  ClaimRequest fp = Req(Millis(10), Millis(5000));
+  fp.fingerprint = "A";
+  fp.max_attempts = 1;
+  Record cur;
+  bool write = false;
+  DecideClaim(nullptr, fp, 0, Token{1}, &cur, &write);
+  cur.fence = 41;
+  Record floor;
+  ASSERT_EQ(DecideForget(&cur, true, 4, &floor), ForgetAction::kFloor);
+  EXPECT_TRUE(IsFenceFloor(floor));
+  EXPECT_EQ(floor.fence, 41u);
+  EXPECT_EQ(floor.retention_deadline, 10) << "kept until the forgotten lease ends";
+  EXPECT_EQ(DecideForget(&floor, true, 5, &floor), ForgetAction::kNone) << "never removed";
+  Record copy = floor;
+  EXPECT_EQ(DecideComplete(&copy, Token{1}, Millis(100), CompletionStatus::kOk, "", 5),
+            WriteResult::kLost);
+  fp.fingerprint = "B";
+  Record next;
+  ClaimResult r = DecideClaim(&floor, fp, 5, Token{2}, &next, &write);
+  EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(r.fence, 42u);
+  EXPECT_EQ(r.attempt, 1u);
+  EXPECT_EQ(next.fingerprint, "B");
+  EXPECT_FALSE(IsFenceFloor(next));
+}
+
 }  // namespace
 }  // namespace dedup::internal

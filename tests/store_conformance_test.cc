@@ -364,17 +364,108 @@ TEST_P(StoreConformance, CompletedRecordOutlivesItsLease) {
 
 // ---- admin ---------------------------------------------------------------------
 
-TEST_P(StoreConformance, ForgetRemovesAnyRecord) {
+TEST_P(StoreConformance, ForgetRemovesRecordsWithoutARunningLease) {
+  ClaimResult done = MustClaim("done");
+  ASSERT_EQ(MustComplete("done", done.token, "r"), WriteResult::kOk);
+  ClaimResult failed = MustClaim("failed");
+  ASSERT_EQ(MustComplete("failed", failed.token, "", CompletionStatus::kFailed),
+            WriteResult::kOk);
+  ClaimResult released = MustClaim("released");
+  ASSERT_EQ(MustRelease("released", released.token), WriteResult::kOk);
+  ClaimResult crashed = MustClaim("crashed", kShort);
+  env_->Sleep(kPastShort);  // its owner's lease is over: nobody is at work
+  for (const char* k : {"done", "failed", "released", "crashed"}) {
+    auto f = store_->Forget(k);
+    ASSERT_TRUE(f.ok()) << k << ": " << f.status();
+    EXPECT_TRUE(*f) << k;
+    EXPECT_EQ(MustInspect(k), std::nullopt) << k;
+    ClaimResult again = MustClaim(k);
+    EXPECT_EQ(again.outcome, ClaimOutcome::kAcquired) << k;
+    EXPECT_EQ(again.attempt, 1u) << k;
+  }
+  EXPECT_EQ(MustComplete("crashed", crashed.token), WriteResult::kLost);
+  auto absent = store_->Forget("absent");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_FALSE(*absent);
+}
+
+TEST_P(StoreConformance, ForgetRefusesARunningLeaseAndChangesNothing) {
+  const std::string key("job\x1b[2J\n7", 9);  // escaped in the message, never raw
+  ClaimResult a = MustClaim(key);
+  auto before = MustInspect(key);
+  auto f = store_->Forget(key);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kFailedPrecondition) << f.status();
+  const std::string m = f.status().message();
+  EXPECT_NE(m.find("job\\x1b[2J\\x0a7"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+  EXPECT_NE(m.find("lease"), std::string::npos) << m;
+  EXPECT_NE(m.find("left"), std::string::npos) << m;
+  EXPECT_NE(m.find("--force"), std::string::npos) << m;
+  EXPECT_EQ(MustInspect(key), before);
+  EXPECT_EQ(MustClaim(key).outcome, ClaimOutcome::kBusy) << "no second run while leased";
+  EXPECT_EQ(MustExtend(key, a.token), WriteResult::kOk);
+  EXPECT_EQ(MustComplete(key, a.token, "fine"), WriteResult::kOk);
+}
+
+TEST_P(StoreConformance, ForcedForgetKeepsFencesIncreasing) {
   ClaimResult a = MustClaim("k");
-  auto f = store_->Forget("k");
+  ForgetOptions force;
+  force.force = true;
+  auto f = store_->Forget("k", force);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_TRUE(*f);
   EXPECT_EQ(MustInspect("k"), std::nullopt);
-  EXPECT_EQ(MustComplete("k", a.token), WriteResult::kLost);
-  auto g = store_->Forget("k");
-  ASSERT_TRUE(g.ok());
-  EXPECT_FALSE(*g);
-  EXPECT_EQ(MustClaim("k").outcome, ClaimOutcome::kAcquired);
+  auto listed = store_->Scan("k", 10);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty()) << "a fence floor is no record";
+  // What is left keeps the fence: forgetting it again (even forced) changes nothing.
+  auto again = store_->Forget("k");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(*again);
+  auto forced_again = store_->Forget("k", force);
+  ASSERT_TRUE(forced_again.ok()) << forced_again.status();
+  EXPECT_FALSE(*forced_again);
+  // The forgotten owner is still running: every write of its is LOST.
+  EXPECT_EQ(MustExtend("k", a.token), WriteResult::kLost);
+  EXPECT_EQ(MustComplete("k", a.token, "late"), WriteResult::kLost);
+  EXPECT_EQ(MustRelease("k", a.token), WriteResult::kLost);
+  ClaimResult b = MustClaim("k");
+  ASSERT_EQ(b.outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(b.attempt, 1u) << "a forgotten key starts a new life";
+  EXPECT_GT(b.fence, a.fence) << "the next owner's fence is above the forgotten one's";
+  EXPECT_EQ(MustComplete("k", a.token, "late"), WriteResult::kLost);
+  // Once more on the new owner: fences go on increasing.
+  ASSERT_TRUE(*store_->Forget("k", force));
+  ClaimResult c = MustClaim("k");
+  ASSERT_EQ(c.outcome, ClaimOutcome::kAcquired);
+  EXPECT_GT(c.fence, b.fence);
+  EXPECT_EQ(MustComplete("k", b.token), WriteResult::kLost);
+  EXPECT_EQ(MustComplete("k", c.token, "done"), WriteResult::kOk);
+  EXPECT_EQ(MustClaim("k").outcome, ClaimOutcome::kDuplicate);
+}
+
+TEST_P(StoreConformance, ForcedForgetForgetsFingerprintAndAttempts) {
+  ClaimRequest r = Req("k");
+  r.fingerprint = "A";
+  r.max_attempts = 1;
+  ClaimResult a = MustClaim(r);
+  ASSERT_EQ(a.outcome, ClaimOutcome::kAcquired);
+  ForgetOptions force;
+  force.force = true;
+  ASSERT_TRUE(*store_->Forget("k", force));
+  // A new payload and a fresh attempt budget: the key was forgotten.
+  ClaimRequest other = Req("k");
+  other.fingerprint = "B";
+  other.max_attempts = 1;
+  ClaimResult b = MustClaim(other);
+  EXPECT_EQ(b.outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(b.attempt, 1u);
+  EXPECT_GT(b.fence, a.fence);
+  auto rec = MustInspect("k");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->fingerprint, "B");
+  EXPECT_EQ(rec->state, RecordState::kInProgress);
 }
 
 TEST_P(StoreConformance, ScanFindsLiveRecordsByPrefix) {

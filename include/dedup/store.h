@@ -13,7 +13,9 @@
 //     least `retention` of the store's clock, for as long as the store keeps its
 //     data (see each backend's header for what survives a crash).
 //   * The fence of a key strictly increases with every successful claim and is
-//     never reused while any trace of the key is kept.
+//     never reused while any trace of the key is kept. A forced Forget of a leased
+//     key keeps such a trace (a fence floor) until the forgotten lease ends, so
+//     no later claim gets a fence its running owner may still hand on.
 //   * Deadlines are decided by the store's clock, never the caller's.
 //
 // Records are kept after their lease: an IN_PROGRESS record is kept for its lease
@@ -66,6 +68,14 @@ struct ClaimRequest {
                                  // this claim is EXHAUSTED
   std::string_view fingerprint;  // optional payload fingerprint; empty = none
   uint32_t max_attempts = 0;     // 0 = unlimited
+};
+
+// How Forget treats a key whose lease is still running.
+struct ForgetOptions {
+  // Forget it anyway: the running owner loses its claim (its writes answer LOST)
+  // and a second run may start beside it, with a higher fence. Default: false, the
+  // forget is refused with FailedPrecondition.
+  bool force = false;
 };
 
 // The answer to a completion fused with a broker's ack.
@@ -155,9 +165,24 @@ class Store {
   // past its retention is reported as absent even if not yet reclaimed).
   [[nodiscard]] virtual StatusOr<std::optional<Record>> Inspect(std::string_view key) = 0;
 
-  // Admin: removes the record of one key, whatever its state. Returns whether one
-  // was there. The key's fence starts again from 1 afterwards.
-  [[nodiscard]] virtual StatusOr<bool> Forget(std::string_view key) = 0;
+  // Admin: removes the record of one key. Returns whether a record was there (a
+  // record past its retention, or a fence floor, counts as none).
+  //   * A record whose lease is still running (IN_PROGRESS, lease not over: its
+  //     owner may be at work) is refused with FailedPrecondition naming the key and
+  //     the lease time left, and nothing changes, unless options.force.
+  //   * Any other record (COMPLETED, RELEASED, IN_PROGRESS with its lease over, or
+  //     one that cannot be decoded) is removed; the key's fence may start again
+  //     from 1, as no owner is running that could hold an older one.
+  //   * A forced forget of a leased record leaves a fence floor in its place
+  //     until that lease would have ended: the key reads absent (Inspect, Scan),
+  //     its next claim is ACQUIRED at attempt 1 with a fence greater than the
+  //     forgotten owner's, and that owner's extend / complete / release answer
+  //     LOST. Forget never removes a fence floor; it ends by itself.
+  [[nodiscard]] virtual StatusOr<bool> Forget(std::string_view key,
+                                              const ForgetOptions& options) = 0;
+  [[nodiscard]] StatusOr<bool> Forget(std::string_view key) {
+    return Forget(key, ForgetOptions{});
+  }
 
   // Admin: up to `limit` live records whose key starts with `prefix`, in no
   // promised order.
@@ -207,7 +232,10 @@ class StoreWrapper : public Store {
   StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
     return target_->Inspect(key);
   }
-  StatusOr<bool> Forget(std::string_view key) override { return target_->Forget(key); }
+  using Store::Forget;
+  StatusOr<bool> Forget(std::string_view key, const ForgetOptions& options) override {
+    return target_->Forget(key, options);
+  }
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
     return target_->Scan(prefix, limit);
   }

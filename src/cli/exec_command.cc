@@ -107,6 +107,12 @@ void ReleaseClaim(ClaimGuard& g, const ExecFlags& f) {
     std::fprintf(stderr, "dedup exec: '%s': the claim could not be released (%s); the key "
                          "is claimable again when its lease ends\n",
                  internal::Printable(f.key).c_str(), r.status().ToString().c_str());
+  } else if (*r == WriteResult::kLost) {
+    // Forgotten with --force, or taken over: the lines below say "claim released",
+    // but this owner no longer held it.
+    std::fprintf(stderr, "dedup exec: '%s': the claim was no longer ours to release (lease "
+                         "lost, forgotten or taken over)\n",
+                 internal::Printable(f.key).c_str());
   }
 }
 

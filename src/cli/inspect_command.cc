@@ -7,7 +7,8 @@
 //   dedup forget  --store rocksdb:/var/lib/dedup m-42
 //
 // inspect exits 0 when something was shown, 1 when the key (or prefix) has no
-// record. forget exits 0 when a record was removed, 1 when there was none.
+// record. forget exits 0 when a record was removed, 1 when there was none, 75
+// (EX_TEMPFAIL) when the key's lease is still running and --force was not given.
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +31,7 @@ struct InspectFlags {
   bool has_prefix = false;
   size_t limit = 1000;
   bool json = false;
+  bool force = false;  // forget: also a key whose lease is running
 };
 
 // Keys are bytes; JSON strings are Unicode. A key that is valid UTF-8 is "key" as
@@ -136,16 +138,23 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
   CLI::App* app = root.add_subcommand("forget", "Remove the record of one key");
   app->add_option("--store", f->store, "Store URI")->required();
   app->add_option("key", f->key, "The key to forget")->required();
+  app->add_flag("--force", f->force,
+                "Also forget a key whose lease is still running (its worker loses the "
+                "claim; the next claim gets a higher fence)");
   app->callback([f, &ctx] {
     auto store = Open(f->store, "forget", /*read_only=*/false);
     if (!store.ok()) {
       ctx.exit_code = kExitUsage;
       return;
     }
-    auto r = (*store)->Forget(f->key);
+    ForgetOptions o;
+    o.force = f->force;
+    auto r = (*store)->Forget(f->key, o);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup forget: %s\n", r.status().ToString().c_str());
-      ctx.exit_code = kExitUsage;
+      // A running lease: not now (wait for it, or --force).
+      ctx.exit_code = r.status().code() == StatusCode::kFailedPrecondition ? kExitTempFail
+                                                                           : kExitUsage;
       return;
     }
     std::fprintf(stderr, "dedup forget: %s\n", *r ? "removed" : "no record");

@@ -2,6 +2,11 @@
 
 #include "core/state_machine.h"
 
+#include <string>
+
+#include "core/duration.h"
+#include "core/printable.h"
+
 namespace dedup::internal {
 namespace {
 
@@ -118,6 +123,36 @@ WriteResult DecideRelease(Record* rec, Token token, Millis retention, int64_t no
   rec->lease_deadline = now;
   rec->retention_deadline = now + retention.count();
   return WriteResult::kOk;
+}
+
+bool IsFenceFloor(const Record& r) {
+  return r.state == RecordState::kReleased && r.attempt == 0;
+}
+
+ForgetAction DecideForget(const Record* cur, bool force, int64_t now, Record* floor) {
+  if (cur == nullptr || cur->ExpiredAt(now) || IsFenceFloor(*cur)) return ForgetAction::kNone;
+  if (!cur->LeaseValidAt(now)) return ForgetAction::kRemove;
+  if (!force) return ForgetAction::kRefuse;
+  // The running owner's fence stays the key's floor for as long as the owner may
+  // still hand it on: until its lease ends (its extend answers LOST from now on).
+  *floor = *cur;
+  floor->state = RecordState::kReleased;
+  floor->attempt = 0;
+  floor->lease_deadline = now;
+  floor->retention_deadline = cur->lease_deadline;
+  floor->fingerprint.clear();
+  floor->status = CompletionStatus::kOk;
+  floor->result.clear();
+  return ForgetAction::kFloor;
+}
+
+Status LeasedForgetError(std::string_view key, Millis left) {
+  return Status::FailedPrecondition(
+      "forget \"" + Printable(key) + "\": its lease is still running (" + FormatDuration(left) +
+      " left), so a worker may be processing it; forgetting it now lets a second run start "
+      "beside it. Wait for the lease to end, or force it (dedup forget --force, "
+      "DELETE ?force=true): the next claim then gets a higher fence and the running "
+      "owner's writes answer LOST");
 }
 
 }  // namespace dedup::internal

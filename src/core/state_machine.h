@@ -33,6 +33,24 @@ WriteResult DecideComplete(Record* rec, Token token, Millis retention,
                            CompletionStatus status, std::string_view result, int64_t now);
 WriteResult DecideRelease(Record* rec, Token token, Millis retention, int64_t now);
 
+// What Forget does with the stored record `cur` (null: none).
+enum class ForgetAction : uint8_t {
+  kNone,     // no record to forget (none, past its retention, or a fence floor): answer false
+  kRemove,   // delete the record: answer true
+  kRefuse,   // its lease is running and force is off: answer LeasedForgetError
+  kFloor,    // forced on a running lease: store *floor in its place, answer true
+};
+// A fence floor is a RELEASED record with attempt 0 (no claim ever leaves one), no
+// fingerprint, kept until the forgotten lease's end. Claims treat it as a released
+// record (fence + 1, attempt 0 + 1 = 1), so no claim path knows about it; Inspect
+// and Scan report it absent. Server stores write the same record in their own
+// language.
+bool IsFenceFloor(const Record& r);
+ForgetAction DecideForget(const Record* cur, bool force, int64_t now, Record* floor);
+// FailedPrecondition for a forget refused because the lease of `key` is running
+// for `left` more, in the same words from every store.
+Status LeasedForgetError(std::string_view key, Millis left);
+
 }  // namespace dedup::internal
 
 #endif  // DEDUP_SRC_CORE_STATE_MACHINE_H_

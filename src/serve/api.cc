@@ -247,10 +247,26 @@ void Server::Impl::RegisterApi() {
   });
 
   http.Delete(keys + R"(([\s\S]+))", [&s](const httplib::Request& req, httplib::Response& res) {
-    auto r = s.store->Forget(std::string(req.matches[1]));
+    ForgetOptions o;
+    if (req.has_param("force")) {
+      const std::string f = req.get_param_value("force");
+      if (f != "true" && f != "false" && f != "1" && f != "0") {
+        return s.SendStatus(res, Status::InvalidArgument("force must be true or false"));
+      }
+      o.force = f == "true" || f == "1";
+    }
+    auto count = [&s](const char* result) {
+      s.Outcome("dedup_serve_forgets_total", "Records forgotten through the API or the page.",
+                "result", result)->Inc();
+    };
+    auto r = s.store->Forget(std::string(req.matches[1]), o);
+    // The only refusal of a forget: the key's lease is running and force is off.
+    if (!r.ok() && r.status().code() == StatusCode::kFailedPrecondition) {
+      count("refused");
+      return s.SendProblem(res, 409, "Conflict", r.status().message());
+    }
     if (!r.ok()) return s.SendStatus(res, r.status());
-    s.Outcome("dedup_serve_forgets_total", "Records forgotten through the API or the page.",
-              "result", *r ? "removed" : "absent")->Inc();
+    count(*r ? "removed" : "absent");
     if (!*r) return s.SendProblem(res, 404, "Not Found", "no record of this key");
     s.SendJson(res, 200, {{"forgotten", true}});
   });

@@ -168,14 +168,20 @@ async function loadInfo() {
 function askForget(rec) {
   pendingForget = rec;
   document.getElementById('confirm-key').textContent = keyText(rec);
+  // Confirming here is the operator's force (the API refuses a running lease without it).
+  rec.force = rec.state === 'in_progress';
+  document.getElementById('confirm-leased').hidden = !rec.force;
   document.getElementById('confirm').showModal();
 }
 
 async function doForget(rec) {
-  const r = await fetch(url('v1/keys/' + keyPath(rec)), {
+  const r = await fetch(url('v1/keys/' + keyPath(rec) + (rec.force ? '?force=true' : '')), {
     method: 'DELETE', credentials: 'same-origin',
     headers: { 'X-Requested-With': 'dedup-page' } });
-  if (!r.ok && r.status !== 404) throw new Error('forget: HTTP ' + r.status);
+  if (!r.ok && r.status !== 404) {
+    const p = await r.json().catch(() => ({}));
+    throw new Error('forget: HTTP ' + r.status + (p.detail ? ': ' + p.detail : ''));
+  }
   document.body.dataset.forgotten = keyText(rec);
 }
 

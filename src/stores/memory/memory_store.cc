@@ -50,7 +50,11 @@ namespace {
 using internal::DecideClaim;
 using internal::DecideComplete;
 using internal::DecideExtend;
+using internal::DecideForget;
 using internal::DecideRelease;
+using internal::ForgetAction;
+using internal::IsFenceFloor;
+using internal::LeasedForgetError;
 
 // ---- hashing ------------------------------------------------------------------
 
@@ -453,21 +457,36 @@ class MemoryStore final : public Store {
     if (slot == nullptr || slot->ExpiredAt(now)) return std::optional<Record>();
     Record r;
     slot->ToRecord(&r);
+    if (IsFenceFloor(r)) return std::optional<Record>();
     r.key.assign(key);
     return std::optional<Record>(std::move(r));
   }
 
-  StatusOr<bool> Forget(std::string_view key) override {
+  StatusOr<bool> Forget(std::string_view key, const ForgetOptions& options) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
     const uint64_t h = HashKey(key);
     Shard& s = ShardFor(h);
     std::lock_guard lock(s.mu);
+    const int64_t now = clock_->NowMillis();
     size_t pos;
     Slot* slot = s.Find(key, h, &pos);
     if (slot == nullptr) return false;
-    const bool live = !slot->ExpiredAt(clock_->NowMillis());
+    Record cur, floor;
+    slot->ToRecord(&cur);
+    switch (DecideForget(&cur, options.force, now, &floor)) {
+      case ForgetAction::kNone:
+        return false;
+      case ForgetAction::kRefuse:
+        return LeasedForgetError(key, Millis(cur.lease_deadline - now));
+      case ForgetAction::kFloor:
+        slot->FromRecord(std::move(floor));
+        s.Touched(s.NumberAt(pos));
+        return true;
+      case ForgetAction::kRemove:
+        break;
+    }
     s.Erase(pos);
-    return live;
+    return true;
   }
 
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
@@ -481,6 +500,10 @@ class MemoryStore final : public Store {
         if (r.ExpiredAt(now) || !k.starts_with(prefix)) return true;
         out.emplace_back();
         r.ToRecord(&out.back());
+        if (IsFenceFloor(out.back())) {
+          out.pop_back();
+          return true;
+        }
         out.back().key = k;
         return true;
       });

@@ -158,15 +158,20 @@ class PgStore final : public PostgresStore {
     return std::optional<Record>(std::move(rec));
   }
 
-  StatusOr<bool> Forget(std::string_view key) override {
+  StatusOr<bool> Forget(std::string_view key, const ForgetOptions& options) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
     auto h = pool_.Get();
     if (!h.ok()) return h.status();
     Params p;
-    p.Bytes(Key(key));
+    p.Bytes(Key(key)).Int8(options.force ? 1 : 0);
     auto r = (*h)->ExecPrepared("forget", p, "forget");
     if (!r.ok()) return r.status();
-    return PQntuples(r->get()) > 0;
+    if (PQntuples(r->get()) == 0) return false;
+    const int64_t action = pg::GetInt8(r->get(), 0, 0);
+    if (action == 2) {
+      return internal::LeasedForgetError(key, Millis(pg::GetInt8(r->get(), 0, 1)));
+    }
+    return action == 1 || action == 3;
   }
 
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
@@ -439,15 +444,33 @@ class PgStore final : public PostgresStore {
         {kByteaOid, kInt8Oid, kInt8Oid}));
     DEDUP_RETURN_IF_ERROR(c.Prepare(
         "inspect",
-        "SELECT " + cols + " FROM " + T + " r WHERE r.key = $1 AND r.retention_deadline > " + now,
+        "SELECT " + cols + " FROM " + T + " r WHERE r.key = $1 AND r.retention_deadline > " + now +
+            " AND NOT (r.state = 3 AND r.attempt = 0)",  // a fence floor is no record
         {kByteaOid}));
-    DEDUP_RETURN_IF_ERROR(c.Prepare("forget", "DELETE FROM " + T + " r WHERE r.key = $1 RETURNING 1",
-                                    {kByteaOid}));
+    // Forget: $1 key, $2 force (0 or 1). The row is locked, core/state_machine's
+    // DecideForget is taken in SQL (action 0 none or a fence floor, 1 remove,
+    // 2 refused: lease running, 3 forced: becomes a fence floor until the lease's
+    // end), and one row {action, lease_left_ms} comes back (none: no record).
+    DEDUP_RETURN_IF_ERROR(c.Prepare(
+        "forget",
+        "WITH n AS MATERIALIZED (SELECT " + now + " AS ms), c AS MATERIALIZED (\n"
+        "SELECT r.key, r.lease_deadline, CASE"
+        " WHEN r.retention_deadline <= n.ms OR (r.state = 3 AND r.attempt = 0) THEN 0"
+        " WHEN r.state = 1 AND r.lease_deadline > n.ms THEN CASE WHEN $2 <> 0 THEN 3 ELSE 2 END"
+        " ELSE 1 END AS action\n"
+        "FROM " + T + " r, n WHERE r.key = $1 FOR UPDATE OF r),\n"
+        "d AS (DELETE FROM " + T + " r USING c WHERE r.key = c.key AND c.action = 1"
+        " RETURNING 1),\n"
+        "u AS (UPDATE " + T + " r SET state = 3, attempt = 0, lease_deadline = n.ms,"
+        " retention_deadline = c.lease_deadline, fingerprint = ''::bytea, status = 0,"
+        " result = ''::bytea FROM c, n WHERE r.key = c.key AND c.action = 3 RETURNING 1)\n"
+        "SELECT c.action::bigint, c.lease_deadline - n.ms FROM c, n",
+        {kByteaOid, kInt8Oid}));
     DEDUP_RETURN_IF_ERROR(c.Prepare(
         "scan",
         "SELECT " + cols + " FROM " + T + " r WHERE r.key >= $1 AND "
         "substring(r.key FROM 1 FOR length($1)) = $1 AND r.retention_deadline > " + now +
-        " LIMIT $2",
+        " AND NOT (r.state = 3 AND r.attempt = 0) LIMIT $2",
         {kByteaOid, kInt8Oid}));
     // Expiry: at most $1 rows, skipping rows other sessions hold (a claim taking
     // one over), found through the retention index; a TID scan deletes them.

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/state_machine.h"
 #include "core/uri.h"
 #include "stores/open_backends.h"
 #include "redis/client.h"
@@ -35,7 +36,7 @@ using redis::Reply;
 using redis::ReplyText;
 
 enum ScriptId : size_t {
-  kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kCompleteBatch,
+  kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kCompleteBatch,
   kCompleteAckBatch, kNumScripts
 };
 
@@ -43,8 +44,8 @@ enum ScriptId : size_t {
 const redis::ScriptSet& Scripts() {
   static const redis::ScriptSet scripts = [] {
     static constexpr std::string_view kOrder[kNumScripts] = {
-        "claim", "extend", "complete", "release", "inspect", "complete_ack", "complete_batch",
-        "complete_ack_batch"};
+        "claim", "extend", "complete", "release", "inspect", "complete_ack", "forget",
+        "complete_batch", "complete_ack_batch"};
     std::vector<std::pair<std::string_view, std::string_view>> list;
     for (std::string_view name : kOrder) {
       for (const auto& e : redis::kEmbeddedScripts) {
@@ -329,13 +330,25 @@ class RedisStore final : public Store {
     return DecodeRecord("inspect", r->get(), key);
   }
 
-  StatusOr<bool> Forget(std::string_view key) override {
+  StatusOr<bool> Forget(std::string_view key, const ForgetOptions& options) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
     std::string rkey = RedisKey(key);
-    StatusOr<Reply> r = Exec("forget", rkey, Command{{"DEL", rkey}});
+    StatusOr<Reply> r =
+        Exec("forget", rkey, ScriptCommand(kForget, rkey, {options.force ? "1" : "0"}));
     if (!r.ok()) return r.status();
-    if ((*r)->type != REDIS_REPLY_INTEGER) return BadReply("forget");
-    return (*r)->integer > 0;
+    const redisReply* a = r->get();
+    if (IsError(a)) {
+      return ErrorReplyStatus("redis " + description_ + ": forget: ", ReplyText(a));
+    }
+    if (a->type != REDIS_REPLY_ARRAY || a->elements != 2 ||
+        a->element[0]->type != REDIS_REPLY_INTEGER || a->element[1]->type != REDIS_REPLY_INTEGER ||
+        a->element[0]->integer < 0 || a->element[0]->integer > 3) {
+      return BadReply("forget");
+    }
+    if (a->element[0]->integer == 2) {
+      return internal::LeasedForgetError(key, Millis(a->element[1]->integer));
+    }
+    return a->element[0]->integer != 0;
   }
 
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {

@@ -75,7 +75,11 @@ namespace {
 using internal::DecideClaim;
 using internal::DecideComplete;
 using internal::DecideExtend;
+using internal::DecideForget;
 using internal::DecideRelease;
+using internal::ForgetAction;
+using internal::IsFenceFloor;
+using internal::LeasedForgetError;
 using internal::DecodeRecord;
 using internal::EncodeRecord;
 using internal::EncodeRecordKey;
@@ -421,7 +425,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
       Stripe& st = stripes_[StripeIndex(key)];
       std::lock_guard lock(st.mu);
       if (auto it = st.pending.find(key); it != st.pending.end()) {
-        if (it->second.rec.ExpiredAt(clock_->NowMillis())) return std::optional<Record>();
+        if (it->second.rec.ExpiredAt(clock_->NowMillis()) || IsFenceFloor(it->second.rec)) {
+          return std::optional<Record>();
+        }
         Record r = it->second.rec;
         r.key.assign(key);
         return std::optional<Record>(std::move(r));
@@ -433,41 +439,61 @@ class RocksDBStoreImpl final : public RocksDBStore {
     Record r;
     bool found = false;
     DEDUP_RETURN_IF_ERROR(Read(rkey, key, "inspect", &r, &found));
-    if (!found || r.ExpiredAt(clock_->NowMillis())) return std::optional<Record>();
+    if (!found || r.ExpiredAt(clock_->NowMillis()) || IsFenceFloor(r)) {
+      return std::optional<Record>();
+    }
     r.key.assign(key);
     return std::optional<Record>(std::move(r));
   }
 
   // Removes a record even when it cannot be decoded: that is how an operator gets
-  // rid of a corrupt one.
-  StatusOr<bool> Forget(std::string_view key) override {
+  // rid of a corrupt one. A forced forget of a running lease writes a fence floor
+  // instead (core/state_machine.h).
+  StatusOr<bool> Forget(std::string_view key, const ForgetOptions& options) override {
     DEDUP_RETURN_IF_ERROR(ValidateKey(key));
     DEDUP_RETURN_IF_ERROR(CheckWritable("forget"));
     std::string rkey;
     EncodeRecordKey(key, &rkey);
-    Stripe& st = stripes_[StripeIndex(key)];
+    const KeySlot slot = SlotOf(key);
+    Stripe& st = stripes_[slot.stripe];
     std::lock_guard lock(st.mu);
     // The fingerprint stays: other keys may share it, and it only costs a Get.
     if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
     WaitInFlight(st, key);
-    bool live = false, found = false;
+    const int64_t now = clock_->NowMillis();
+    Record cur;
+    bool found = false, decoded = false;
     if (auto it = st.pending.find(key); it != st.pending.end()) {
-      found = true;
-      live = !it->second.rec.ExpiredAt(clock_->NowMillis());
+      found = decoded = true;
+      cur = it->second.rec;
     }
     rocksdb::PinnableSlice value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf_, rkey, &value);
     if (s.IsNotFound() && !found) return false;
     if (!s.ok() && !s.IsNotFound()) return FromRocks(s, Context("forget"));
     if (s.ok() && !found) {
-      Record r;
       std::string why;
-      live = !DecodeRecord(value.ToStringView(), &r, &why) || !r.ExpiredAt(clock_->NowMillis());
+      decoded = DecodeRecord(value.ToStringView(), &cur, &why);
     }
-    s = db_->Delete(write_options_, cf_, rkey);
+    Record floor;
+    const ForgetAction action =
+        decoded ? DecideForget(&cur, options.force, now, &floor) : ForgetAction::kRemove;
+    if (action == ForgetAction::kRefuse) {
+      return LeasedForgetError(key, Millis(cur.lease_deadline - now));
+    }
+    // A fence floor stays until it ends; a record past its retention goes, as before.
+    if (action == ForgetAction::kNone && !cur.ExpiredAt(now)) return false;
+    if (action == ForgetAction::kFloor) {
+      std::string v;
+      EncodeRecord(floor, &v);
+      s = db_->Put(write_options_, cf_, rkey, v);
+    } else {
+      s = db_->Delete(write_options_, cf_, rkey);
+    }
     if (s.ok() && st.pending.erase(key) > 0) pending_count_.fetch_sub(1, std::memory_order_relaxed);
     if (!s.ok()) return FromRocks(s, Context("forget"));
-    return live;
+    if (action == ForgetAction::kFloor) Remember(st, slot, key, floor);
+    return action != ForgetAction::kNone;
   }
 
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
@@ -486,7 +512,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       if (!DecodeRecord(it->value().ToStringView(), &r, &why)) {
         return Corrupt("scan", k.substr(1), why);
       }
-      if (r.ExpiredAt(now)) continue;
+      if (r.ExpiredAt(now) || IsFenceFloor(r)) continue;
       r.key.assign(k.substr(1));
       out.push_back(std::move(r));
     }

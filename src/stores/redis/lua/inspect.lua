@@ -1,6 +1,6 @@
 -- dedup inspect, record format 2 (see docs/REDIS_PROTOCOL.md).
 -- KEYS[1]  the record key
--- Reply    nil when no record is kept, else
+-- Reply    nil when no record is kept (or only a fence floor), else
 --          {state, status, token_hex, fence, attempt, lease_deadline_ms,
 --           retention_deadline_ms, fingerprint, result}
 --          state 1 in_progress, 2 completed, 3 released; status 0 ok, 1 failed, 2 exhausted
@@ -10,6 +10,8 @@ local key = KEYS[1]
 local r, err = load(key, 'inspect')
 if err then return err end
 if not r then return false end
+-- A fence floor left by a forced forget (forget.lua) is no record.
+if r.state == 3 and r.attempt == 0 then return false end
 local ld = 0
 if r.state == 1 then ld = lease_deadline(key, r) elseif r.fmt == 1 then ld = r.ld end
 local hi, lo = struct.unpack('>I4I4', r.tok)
