@@ -314,7 +314,7 @@ TEST_F(BufferTest, BatchCompleteAnswersAsProcessClaimedWould) {
     return buffer.ProcessOnceDeferred(key, "", [&](ClaimGuard&) {
       if (key == "stolen") {
         // Another owner takes over while the handler runs: the write answers LOST.
-        EXPECT_TRUE(*store_->Forget(key));
+        EXPECT_TRUE(*store_->Forget(key, ForgetOptions{.force = true}));
         ClaimRequest r;
         r.key = key;
         EXPECT_TRUE(store_->Claim(r)->acquired());
@@ -354,7 +354,7 @@ TEST_F(BufferTest, BatchCompleteAnswersAsProcessClaimedWould) {
   for (const PendingOutcome& p : pending) EXPECT_FALSE(p.active());
 
   Processed single = buffer.ProcessOnce("stolen2", "", [&](ClaimGuard&) {
-    EXPECT_TRUE(*store_->Forget("stolen2"));
+    EXPECT_TRUE(*store_->Forget("stolen2", ForgetOptions{.force = true}));
     ClaimRequest r;
     r.key = "stolen2";
     EXPECT_TRUE(store_->Claim(r)->acquired());
@@ -437,7 +437,7 @@ TEST(BufferHeartbeat, PendingOutcomeWhoseLeaseWasLostIsNotWritten) {
   o.lease = 300ms;
   Buffer buffer(store.get(), o);
   std::vector<PendingOutcome> pending = DeferDone(buffer, {"lost", "kept"});
-  EXPECT_TRUE(*store->Forget("lost"));
+  EXPECT_TRUE(*store->Forget("lost", ForgetOptions{.force = true}));
   ClaimRequest c;
   c.key = "lost";
   const ClaimResult other = *store->Claim(c);
