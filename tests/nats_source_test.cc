@@ -73,8 +73,7 @@ TEST(NatsUriTest, ParsesEveryPart) {
   EXPECT_EQ(o->stream, "JOBS");
   EXPECT_EQ(o->consumer, "w");
   EXPECT_EQ(o->Subject(), "jobs.in");
-  EXPECT_EQ(o->key_from, KeyFrom::kHeader);
-  EXPECT_EQ(o->key_header, "Idem");
+  EXPECT_EQ(o->key, (brokers::KeySpec{brokers::KeyKind::kHeader, "Idem"}));
   EXPECT_EQ(o->key_prefix, "n:");
   EXPECT_EQ(o->DeadSubject(), "jobs.dead");
   EXPECT_EQ(o->ack_wait, Millis(5000));

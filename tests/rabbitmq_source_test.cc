@@ -79,8 +79,7 @@ TEST(RabbitMqUriTest, ParsesEveryPart) {
   EXPECT_EQ(o->vhost, "v1");
   EXPECT_EQ(o->queue, "jobs");
   EXPECT_EQ(o->prefetch, 7);
-  EXPECT_EQ(o->key_from, KeyFrom::kHeader);
-  EXPECT_EQ(o->key_header, "idem");
+  EXPECT_EQ(o->key, (brokers::KeySpec{brokers::KeyKind::kHeader, "idem"}));
   EXPECT_EQ(o->key_prefix, "ns:");
   EXPECT_EQ(o->DeadName(), "dl");
   EXPECT_EQ(o->Describe().find("p@ss"), std::string::npos);

@@ -8,6 +8,9 @@
 #   DEDUP_TEST_AMQP_URI       amqp://guest:guest@127.0.0.1:PORT/
 #   DEDUP_TEST_RABBITMQCTL    a script that runs rabbitmqctl against this node
 #                             (e.g. `close_all_connections why`, to cut connections)
+#   DEDUP_TEST_RABBITMQ_EVAL  a script that evaluates its one argument, an Erlang
+#                             expression, on this node in milliseconds and prints
+#                             {ok, Result} (scripts/lib/rabbitmq.sh, rabbitmq_eval)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 port=$1
@@ -24,6 +27,14 @@ RABBITMQ_PORT=$port RABBITMQ_DIR="$work/node"
 rabbitmqctl_node "\$@"
 CTL
 chmod +x "$work/ctl"
+cat >"$work/eval" <<EVAL
+#!/usr/bin/env bash
+source "$here/../scripts/lib/rabbitmq.sh"
+RABBITMQ_PORT=$port RABBITMQ_DIR="$work/node"
+rabbitmq_eval "\$1"
+EVAL
+chmod +x "$work/eval"
 export DEDUP_TEST_AMQP_URI="amqp://guest:guest@127.0.0.1:$port/"
 export DEDUP_TEST_RABBITMQCTL="$work/ctl"
+export DEDUP_TEST_RABBITMQ_EVAL="$work/eval"
 "$@"

@@ -103,6 +103,10 @@ void RunPostgres(BenchContext&);  // postgres_phase.cc
 void RunConsumerRows(BenchContext&);
 void ConsumerRowsGoals(BenchContext&);
 void RunBrokerConsumers(BenchContext&);  // broker_consumers.cc
+// Its plot, bench_brokers.png in `dir`, from its section's data; what could not
+// be drawn.
+std::vector<std::string> PlotBrokerConsumers(const json& data, const std::string& dir,
+                                             const std::string& mode);
 void RunHttp(BenchContext&);             // http_phase.cc, only with DEDUP_BENCH_HTTP (dedup serve)
 void HttpGoals(BenchContext&);
 

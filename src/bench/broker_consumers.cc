@@ -11,12 +11,15 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "bench/bench.h"
+#include "bench/render.h"
 #include "dedup/consumer.h"
 #ifdef DEDUP_WITH_RABBITMQ
 #include "brokers/rabbitmq/rabbitmq_source.h"
@@ -249,6 +252,82 @@ std::string BrokersMarkdown(const json& d) {
 }
 
 }  // namespace
+
+std::vector<std::string> PlotBrokerConsumers(const json& d, const std::string& dir,
+                                             const std::string& mode) {
+  std::vector<std::string> problems;
+  if (!d.is_object()) return problems;
+  auto num = [](const json& row, const char* k) {
+    return row.contains(k) && row[k].is_number() ? row[k].get<double>() : NAN;
+  };
+  const std::string tmp = MakeTempDir("broker-plots");
+  // Consume: one cluster per broker and buffer, without a guard beside with dedup.
+  size_t rows = 0;
+  {
+    std::ofstream f(tmp + "/consume.dat");
+    for (const char* b : {"rabbitmq", "nats"}) {
+      if (!d.contains(b) || !d[b].is_object()) continue;
+      for (auto& [store, row] : d[b].items()) {
+        const double without = num(row, "without_dedup_msgs_per_s");
+        const double with = num(row, "with_dedup_msgs_per_s");
+        if (std::isnan(without) || std::isnan(with)) continue;
+        f << "\"" << b << " / " << store << "\" " << without << " " << with << "\n";
+        ++rows;
+      }
+    }
+  }
+  // Publish on NATS: the broker's own dedup (Nats-Msg-Id) beside none.
+  bool publish = false;
+  if (d.contains("nats_publish")) {
+    const json& p = d["nats_publish"];
+    const double with = num(p, "with_msg_id_msgs_per_s");
+    const double without = num(p, "without_msg_id_msgs_per_s");
+    if (!std::isnan(with) && !std::isnan(without)) {
+      std::ofstream(tmp + "/publish.dat") << "\"10 % repeats\" " << without << " " << with << "\n";
+      publish = true;
+    }
+  }
+  std::error_code ec;
+  if (rows == 0 && !publish) {
+    std::filesystem::remove_all(tmp, ec);
+    return problems;
+  }
+  std::filesystem::create_directories(dir, ec);
+  const std::string png = dir + "/bench_brokers.png";
+  std::ofstream gp(tmp + "/b.gp");
+  gp << "set terminal pngcairo size 1100,560 font 'sans,10'\nset output " << GnuplotQuote(png) << "\n"
+     << "set termoption noenhanced\n"
+     << "set multiplot title "
+     << GnuplotQuote("RabbitMQ and NATS JetStream: no-op handler, concurrency 8, " +
+                     std::to_string(d.value("messages_per_round", uint64_t{0})) +
+                     " messages a round, medians of rounds (" + mode + " run)")
+     << "\n"
+     << "set style data histogram\nset style histogram cluster gap 1\n"
+     << "set style fill solid 0.85 border -1\nset boxwidth 0.9\nset grid ytics\nset yrange [0:*]\n"
+     << "set key below\nset ylabel 'messages per second'\nset format y '%.0s%c'\n";
+  // Side by side, the consume panel (up to four clusters) wider than the publish one.
+  const double split = rows > 0 && publish ? 0.68 : 1.0;
+  if (rows > 0) {
+    gp << "set origin 0,0\nset size " << split << ",0.95\nset xlabel 'broker / buffer'\n"
+       << "set title 'consume: the Consumer with dedup against acking without a guard'\n"
+       << "plot " << GnuplotQuote(tmp + "/consume.dat")
+       << " using 2:xtic(1) title 'Consumer acking without a guard', '' using 3 title "
+          "'Consumer with dedup'\n";
+  }
+  if (publish) {
+    gp << "set origin " << (rows > 0 ? split : 0.0) << ",0\nset size " << (rows > 0 ? 1 - split : 1.0)
+       << ",0.95\nset xlabel ' '\n"
+       << "set title " << GnuplotQuote("NATS publish: the stream's Nats-Msg-Id dedup")
+       << "\nplot " << GnuplotQuote(tmp + "/publish.dat")
+       << " using 2:xtic(1) title 'without Nats-Msg-Id', '' using 3 title "
+          "'with (the stream drops repeats)'\n";
+  }
+  gp << "unset multiplot\n";
+  gp.close();
+  if (!RunGnuplot(tmp + "/b.gp")) problems.push_back("plots: gnuplot failed on " + png);
+  std::filesystem::remove_all(tmp, ec);
+  return problems;
+}
 
 void RunBrokerConsumers(BenchContext& ctx) {
   json d = MeasureBrokers(ctx);

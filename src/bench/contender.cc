@@ -8,17 +8,22 @@ namespace dedup::bench {
 
 using namespace std::chrono_literals;
 
-RoundResult RunInProcess(Contender& c, int threads, double seconds) {
+RoundResult RunInProcess(Contender& c, int workers, double seconds) {
+  const int threads = workers * c.callers;
   std::atomic<bool> go{false}, stop{false};
   std::atomic<int> ready{0};
   std::vector<Hist> hists(static_cast<size_t>(threads));
   std::vector<uint64_t> done(static_cast<size_t>(threads)), errs(static_cast<size_t>(threads));
   std::vector<std::thread> ts;
   const int batch = c.batch;
+  // One key block per worker, shared out among its callers.
+  std::vector<uint64_t> blocks(static_cast<size_t>(workers));
+  for (uint64_t& b : blocks) b = NextKeyBlock();
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
       Step step = c.make_step(t);
-      uint64_t key = NextKeyBlock();
+      uint64_t key = blocks[static_cast<size_t>(t / c.callers)] +
+                     static_cast<uint64_t>(t % c.callers) * (100'000'000ULL / static_cast<uint64_t>(c.callers));
       Hist& h = hists[static_cast<size_t>(t)];
       uint64_t n = 0, e = 0;
       ready.fetch_add(1);

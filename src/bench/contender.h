@@ -38,6 +38,9 @@ struct Contender {
   std::string label;  // what a reader sees
   std::string op;     // claim | claim+complete | process_once | baseline
   int batch = 1;
+  // Threads per worker: N workers run N x callers threads (on N connections for
+  // the Redis store, so that `callers` calls share each connection).
+  int callers = 1;
   std::vector<std::string> baselines;  // ids of the contenders it is compared with
   // In-process contenders: a Step per thread, made at the start of each round.
   std::function<Step(int thread)> make_step;
@@ -51,7 +54,7 @@ struct Contender {
   uint64_t errors = 0, messages = 0;
 };
 
-// Runs `c` on `threads` threads for `seconds`; merges latencies into c.hist.
+// Runs `c` on `threads` x c.callers threads for `seconds`; merges latencies into c.hist.
 RoundResult RunInProcess(Contender& c, int threads, double seconds);
 
 // The claim request every store contender makes: lease 60 s, retention 600 s.

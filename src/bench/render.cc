@@ -2,6 +2,8 @@
 
 #include "bench/render.h"
 
+#include "bench/bench.h"
+
 #include <sys/utsname.h>
 
 #include <algorithm>
@@ -137,6 +139,19 @@ json RenderJson(const Results& r) {
   return j;
 }
 
+std::string GnuplotQuote(const std::string& s) {
+  // Inside a single-quoted gnuplot string, '' is one quote.
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("''") : std::string(1, ch);
+  return q + "'";
+}
+
+bool RunGnuplot(const std::string& path) {
+  std::string arg = "'";  // a single-quoted shell word
+  for (char ch : path) arg += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return std::system(("gnuplot " + arg + "' 2>/dev/null").c_str()) == 0;
+}
+
 std::vector<std::string> RenderPlots(const Results& r, const std::string& dir) {
   std::vector<std::string> problems;
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
@@ -152,14 +167,8 @@ std::vector<std::string> RenderPlots(const Results& r, const std::string& dir) {
       if (std::find(stores.begin(), stores.end(), c->store) == stores.end()) stores.push_back(c->store);
     }
   }
-  auto quote = [](const std::string& s) {
-    std::string q = "'";
-    for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return q + "'";
-  };
-  auto run = [&](const std::string& script_path) {
-    return std::system(("gnuplot " + quote(script_path) + " 2>/dev/null").c_str()) == 0;
-  };
+  auto quote = GnuplotQuote;
+  auto run = RunGnuplot;
   for (const std::string& store : stores) {
     // One data file per contender: workers, msgs/s.
     std::map<std::string, std::string> files;  // label -> file
@@ -218,6 +227,9 @@ std::vector<std::string> RenderPlots(const Results& r, const std::string& dir) {
     gp << "\n";
     gp.close();
     if (!run(tmp + "/r.gp")) problems.push_back("plots: gnuplot failed on " + png);
+  }
+  if (const Section* s = r.FindSection("broker_consumers")) {
+    for (auto& p : PlotBrokerConsumers(s->data, dir, r.mode)) problems.push_back(p);
   }
   std::filesystem::remove_all(tmp, ec);
   return problems;

@@ -141,6 +141,16 @@ void AddRedisContenders(BenchContext& ctx, ContenderGroup& g) {
                   return std::move(s).value();
                 },
                 {"redis/baseline/b1"}, {"redis/baseline/b16"});
+  // Depth 16 with single claims: 16 threads per connection calling Claim(), whose
+  // calls share round trips on the auto-pipelined connections, next to -P 16.
+  if (auto s = OpenStore(uri); s.ok()) {
+    std::shared_ptr<Store> store = std::move(s).value();
+    g.Keep(store);
+    Contender& c = g.Add("redis", "dedup claim (16 callers per connection)", "claim", 1, {"redis/baseline/b16"});
+    c.id = "redis/claim/c16";
+    c.callers = 16;
+    c.make_step = StoreStep(store.get(), nullptr, "claim", 1);
+  }
 #else
   (void)ctx;
   (void)g;

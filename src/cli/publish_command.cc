@@ -99,8 +99,8 @@ int PublishAmqp(const PublishFlags& f, const std::vector<std::pair<std::string, 
     const std::string id = f.id_prefix.empty() ? "" : f.id_prefix + std::to_string(order[i]);
     rabbitmq::AmqpMessage m;
     m.body = Body(fields, id);
-    if (o->key_from == rabbitmq::KeyFrom::kHeader) {
-      if (!id.empty()) m.headers.emplace_back(o->key_header, id);
+    if (o->key.kind == brokers::KeyKind::kHeader) {
+      if (!id.empty()) m.headers.emplace_back(o->key.name, id);
     } else {
       m.message_id = id;
     }

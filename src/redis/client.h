@@ -15,13 +15,14 @@
 // backoff, and while a server stays down calls fail at once with Unavailable.
 //
 // Auto-pipelining (ConnectionOptions::auto_pipeline, the default): the callers of
-// one node share its connections. A caller queues its commands on the least loaded
-// connection; if nobody is talking on it, it becomes the connection's leader: it
-// takes everything queued so far (its own and other threads'), writes it in one
-// write, reads the replies in order and hands each caller its own, then wakes them.
-// Callers that arrived meanwhile form the next batch. So N threads on one connection
-// cost about one round trip per batch instead of N, and one thread alone costs what
-// a dedicated connection costs. A caller's commands are contiguous on the wire
+// one node share its connections. A caller queues its commands on the connection
+// it used last if nobody is on it, else on the least loaded one; if nobody is
+// talking on it, it becomes the connection's leader: it takes everything queued
+// so far (its own and other threads'), writes it in one write, reads the replies
+// in order and hands each caller its own, then wakes them. Callers that arrived
+// meanwhile form the next batch. So N threads on one connection cost about one
+// round trip per batch instead of N, and one thread alone costs what a dedicated
+// connection costs. A caller's commands are contiguous on the wire
 // (ASKING + command, MULTI ... EXEC stay together). Blocking commands (BLPOP,
 // XREADGROUP BLOCK) must not be sent on a shared connection: use Connection.
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "brokers/key_spec.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -153,16 +154,12 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   o.subject = u.Param("subject").value_or("");
   if (auto k = u.Param("key")) {
-    if (*k == "msgid") {
-      o.key_from = KeyFrom::kMsgId;
-    } else if (*k == "sha256") {
-      o.key_from = KeyFrom::kSha256;
-    } else if (k->rfind("header:", 0) == 0 && k->size() > 7) {
-      o.key_from = KeyFrom::kHeader;
-      o.key_header = k->substr(7);
-    } else {
-      return Status::InvalidArgument("nats key= must be msgid, header:NAME or sha256, got '" + *k + "'");
-    }
+    // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
+    // data's hash.
+    auto spec = brokers::ParseKeySpec(*k, {.broker = "nats", .properties = {"msgid"},
+                                           .headers = true});
+    if (!spec.ok()) return spec.status();
+    o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
@@ -221,8 +218,8 @@ Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool*
   jsPubOptions po;
   jsPubOptions_Init(&po);
   if (!k.empty()) {
-    if (o.key_from == KeyFrom::kMsgId) po.MsgId = k.c_str();
-    if (o.key_from == KeyFrom::kHeader) s = natsMsgHeader_Set(msg, o.key_header.c_str(), k.c_str());
+    if (o.key.kind == brokers::KeyKind::kProperty) po.MsgId = k.c_str();
+    if (o.key.kind == brokers::KeyKind::kHeader) s = natsMsgHeader_Set(msg, o.key.name.c_str(), k.c_str());
   }
   jsPubAck* pa = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
@@ -276,10 +273,12 @@ class NatsDelivery final : public Delivery {
       }
       return nullptr;
     };
-    switch (o.key_from) {
-      case KeyFrom::kMsgId:
-      case KeyFrom::kHeader: {
-        const std::string name = o.key_from == KeyFrom::kMsgId ? "Nats-Msg-Id" : o.key_header;
+    switch (o.key.kind) {
+      case brokers::KeyKind::kContentSha256:
+        key_ = o.key_prefix + internal::HexSha256(payload_);
+        break;
+      default: {  // msgid (the only property NATS's grammar names) reads Nats-Msg-Id
+        const std::string name = o.key.kind == brokers::KeyKind::kHeader ? o.key.name : "Nats-Msg-Id";
         const std::string* v = header(name);
         if (v == nullptr || v->empty()) {
           key_error_ = "message has no " + name + " header";
@@ -288,9 +287,6 @@ class NatsDelivery final : public Delivery {
         }
         break;
       }
-      case KeyFrom::kSha256:
-        key_ = o.key_prefix + internal::HexSha256(payload_);
-        break;
     }
   }
   ~NatsDelivery() override { natsMsg_Destroy(msg_); }

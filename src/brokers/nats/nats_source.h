@@ -13,6 +13,7 @@
 //   key=msgid          the dedup key is the Nats-Msg-Id header (default)
 //   key=header:NAME    ... the value of header NAME
 //   key=sha256         ... the hex SHA-256 of the data
+//                      (the key= grammar every source shares: brokers/key_spec.h)
 //   prefix=P           prepended to every key
 //   dead=SUBJ          where dead letters go. Default: dedup.dead.<stream>, held by
 //                      a stream <stream>_DEAD created if no stream holds it
@@ -51,12 +52,11 @@
 #include <vector>
 
 #include "dedup/clock.h"
+#include "brokers/key_spec.h"
 #include "dedup/consumer.h"
 #include "dedup/status.h"
 
 namespace dedup::nats {
-
-enum class KeyFrom { kMsgId, kHeader, kSha256 };
 
 struct NatsOptions {
   std::string url = "nats://127.0.0.1:4222";  // without the query, user:pw kept
@@ -64,8 +64,9 @@ struct NatsOptions {
   std::string stream;
   std::string consumer;
   std::string subject;  // default: stream
-  KeyFrom key_from = KeyFrom::kMsgId;
-  std::string key_header;
+  // Where the key is (brokers/key_spec.h): msgid (Nats-Msg-Id, default),
+  // header:NAME or sha256.
+  brokers::KeySpec key{brokers::KeyKind::kProperty, "msgid"};
   std::string key_prefix;
   std::string dead;  // default: dedup.dead.<stream>
   Millis ack_wait{30'000};

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "brokers/rabbitmq/amqp_conn.h"
+#include "brokers/key_spec.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -99,17 +100,12 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     o.prefetch = static_cast<int>(*n);
   }
   if (auto k = u.Param("key")) {
-    if (*k == "message_id") {
-      o.key_from = KeyFrom::kMessageId;
-    } else if (*k == "sha256") {
-      o.key_from = KeyFrom::kSha256;
-    } else if (k->rfind("header:", 0) == 0 && k->size() > 7) {
-      o.key_from = KeyFrom::kHeader;
-      o.key_header = k->substr(7);
-    } else {
-      return Status::InvalidArgument("amqp key= must be message_id, header:NAME or sha256, got '" +
-                                     *k + "'");
-    }
+    // The one key= grammar (brokers/key_spec.h): the message_id property, a header
+    // or the body's hash.
+    auto spec = brokers::ParseKeySpec(*k, {.broker = "amqp", .properties = {"message_id"},
+                                           .headers = true});
+    if (!spec.ok()) return spec.status();
+    o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
@@ -565,23 +561,23 @@ class RabbitMqSource final : public MessageSource {
     }
     std::string body = Str(env.message.body);
     std::string key, key_error;
-    switch (s_->o.key_from) {
-      case KeyFrom::kMessageId:
-        if (message_id.empty()) key_error = "message has no message_id property";
-        else key = s_->o.key_prefix + message_id;
-        break;
-      case KeyFrom::kHeader: {
+    switch (s_->o.key.kind) {
+      case brokers::KeyKind::kHeader: {
         auto it = std::find_if(attrs.begin(), attrs.end(),
-                               [&](const auto& kv) { return kv.first == s_->o.key_header; });
+                               [&](const auto& kv) { return kv.first == s_->o.key.name; });
         if (it == attrs.end() || it->second.empty()) {
-          key_error = "message has no header '" + s_->o.key_header + "'";
+          key_error = "message has no header '" + s_->o.key.name + "'";
         } else {
           key = s_->o.key_prefix + it->second;
         }
         break;
       }
-      case KeyFrom::kSha256:
+      case brokers::KeyKind::kContentSha256:
         key = s_->o.key_prefix + internal::HexSha256(body);
+        break;
+      default:  // the message_id property, the only one AMQP's grammar names
+        if (message_id.empty()) key_error = "message has no message_id property";
+        else key = s_->o.key_prefix + message_id;
         break;
     }
     ++s_->unsettled;

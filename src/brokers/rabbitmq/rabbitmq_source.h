@@ -11,6 +11,7 @@
 //   key=message_id   the dedup key is the message_id property (default)
 //   key=header:NAME  ... the value of header NAME
 //   key=sha256       ... the hex SHA-256 of the body
+//                    (the key= grammar every source shares: brokers/key_spec.h)
 //   prefix=P         prepended to every key (a namespace)
 //   dead=NAME        the dead-letter exchange and queue. Default: <queue>.dead
 //   heartbeat=DUR    AMQP heartbeat. Default: 30s
@@ -45,13 +46,12 @@
 #include <utility>
 #include <vector>
 
+#include "brokers/key_spec.h"
 #include "dedup/clock.h"
 #include "dedup/consumer.h"
 #include "dedup/status.h"
 
 namespace dedup::rabbitmq {
-
-enum class KeyFrom { kMessageId, kHeader, kSha256 };
 
 struct RabbitMqOptions {
   std::string host = "127.0.0.1";
@@ -63,8 +63,8 @@ struct RabbitMqOptions {
   std::string queue;
   // basic.qos prefetch count. Default: 32.
   int prefetch = 32;
-  KeyFrom key_from = KeyFrom::kMessageId;
-  std::string key_header;  // with KeyFrom::kHeader
+  // Where the key is (brokers/key_spec.h): message_id (default), header:NAME or sha256.
+  brokers::KeySpec key{brokers::KeyKind::kProperty, "message_id"};
   std::string key_prefix;
   // Dead-letter exchange and queue. Default: "" = <queue>.dead.
   std::string dead;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "brokers/key_spec.h"
 #include "brokers/redis_streams/streams_source.h"
 #include "core/uri.h"
 #include "redis/options.h"
@@ -66,12 +67,13 @@ StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
   o.group = u.Param("group").value_or("");
   o.consumer = u.Param("consumer").value_or("");
   if (auto k = u.Param("key")) {
-    if (k->empty()) return Status::InvalidArgument("broker URI: key= is empty");
-    if (*k == "sha256") {
-      o.key_from_content = true;
-    } else {
-      o.key_field = *k;
-    }
+    // The one key= grammar (brokers/key_spec.h): a field (key=id as ever, or
+    // key=field:NAME) or the hash of the entry's fields.
+    auto spec = brokers::ParseKeySpec(
+        *k, {.broker = "redis streams", .properties = {}, .fields = true, .bare_word_is_field = true});
+    if (!spec.ok()) return spec.status();
+    o.key_from_content = spec->kind == brokers::KeyKind::kContentSha256;
+    if (spec->kind == brokers::KeyKind::kField) o.key_field = spec->name;
   }
   o.dead_stream = u.Param("dead").value_or("");
   o.key_prefix = u.Param("prefix").value_or("");
