@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <thread>
+#include <variant>
+#include <vector>
 
 #include "corrupt_store.h"
 #include "dedup/memory_store.h"
@@ -50,6 +52,16 @@ class FlakyStore : public StoreWrapper {
       return Status::Unavailable("flaky: complete");
     }
     return StoreWrapper::Complete(key, token, retention, status, result);
+  }
+  std::atomic<int> fail_complete_batches{0}, complete_batches{0};
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs) override {
+    ++complete_batches;
+    if (fail_complete_batches > 0) {
+      --fail_complete_batches;
+      return Status::Unavailable("flaky: complete batch");
+    }
+    return StoreWrapper::CompleteBatch(reqs);
   }
 };
 
@@ -423,6 +435,155 @@ TEST(BufferHeartbeat, HeartbeatSurvivesStoreBlips) {
   });
   EXPECT_EQ(p.action, BrokerAction::kAck);
   EXPECT_GE(buffer.stats().heartbeat_errors, 1u);
+}
+
+// ---- outcomes written later, several at once (Buffer::CompleteBatch) ---------
+
+TEST_F(BufferTest, BatchCompleteAnswersAsProcessClaimedWould) {
+  Buffer buffer(store_.get());
+  auto defer = [&](const std::string& key, HandlerResult hr) {
+    return buffer.ProcessOnceDeferred(key, "", [&](ClaimGuard&) {
+      if (key == "stolen") {
+        // Another owner takes over while the handler runs: the write answers LOST.
+        EXPECT_TRUE(*store_->Forget(key, ForgetOptions{.force = true}));
+        ClaimRequest r;
+        r.key = key;
+        EXPECT_TRUE(store_->Claim(r)->acquired());
+      }
+      return hr;
+    });
+  };
+  std::vector<PendingOutcome> pending;
+  for (auto [key, hr] : {std::pair{"done", HandlerResult::Done("r1")},
+                         std::pair{"failed", HandlerResult::Fail("bad input")},
+                         std::pair{"stolen", HandlerResult::Done("r3")}}) {
+    auto r = defer(key, hr);
+    ASSERT_TRUE(std::holds_alternative<PendingOutcome>(r)) << key;
+    pending.push_back(std::move(std::get<PendingOutcome>(r)));
+    EXPECT_TRUE(pending.back().active());
+  }
+  // A retry is settled at once (the claim released), never deferred.
+  auto retry = defer("retried", HandlerResult::Retry("later"));
+  ASSERT_TRUE(std::holds_alternative<Processed>(retry));
+  EXPECT_EQ(std::get<Processed>(retry).action, BrokerAction::kRetry);
+  EXPECT_EQ(store_->Inspect("retried")->value().state, RecordState::kReleased);
+  // Nothing written before CompleteBatch.
+  EXPECT_EQ(store_->Inspect("done")->value().state, RecordState::kInProgress);
+
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[0].action, BrokerAction::kAck);
+  EXPECT_EQ(ps[0].completion, WriteResult::kOk);
+  EXPECT_EQ(ps[0].result, "r1");
+  EXPECT_TRUE(ps[0].ran);
+  EXPECT_EQ(ps[1].action, BrokerAction::kDeadLetter);
+  EXPECT_EQ(ps[1].reason, "bad input");
+  // LOST from a batch is exactly what a single LOST is.
+  EXPECT_EQ(ps[2].action, BrokerAction::kRetry);
+  EXPECT_EQ(ps[2].completion, WriteResult::kLost);
+  EXPECT_EQ(ps[2].reason, "lease lost to another owner before the outcome was recorded");
+  for (const PendingOutcome& p : pending) EXPECT_FALSE(p.active());
+
+  Processed single = buffer.ProcessOnce("stolen2", "", [&](ClaimGuard&) {
+    EXPECT_TRUE(*store_->Forget("stolen2", ForgetOptions{.force = true}));
+    ClaimRequest r;
+    r.key = "stolen2";
+    EXPECT_TRUE(store_->Claim(r)->acquired());
+    return HandlerResult::Done("r3");
+  });
+  EXPECT_EQ(single.action, ps[2].action);
+  EXPECT_EQ(single.completion, ps[2].completion);
+  EXPECT_EQ(single.reason, ps[2].reason);
+
+  // The records as single completions leave them.
+  Processed again = buffer.ProcessOnce("done", "", [](ClaimGuard&) {
+    ADD_FAILURE() << "ran twice";
+    return HandlerResult::Done();
+  });
+  EXPECT_EQ(again.action, BrokerAction::kAck);
+  EXPECT_EQ(again.result, "r1");
+  EXPECT_EQ(store_->Inspect("failed")->value().status, CompletionStatus::kFailed);
+  // An empty batch does nothing.
+  EXPECT_TRUE(buffer.CompleteBatch({}).empty());
+}
+
+// Handlers that all report Done, their outcomes not written yet.
+std::vector<PendingOutcome> DeferDone(Buffer& buffer, std::initializer_list<const char*> keys) {
+  std::vector<PendingOutcome> pending;
+  for (const char* key : keys) {
+    auto r = buffer.ProcessOnceDeferred(key, "", [](ClaimGuard&) { return HandlerResult::Done(); });
+    EXPECT_TRUE(std::holds_alternative<PendingOutcome>(r)) << key;
+    if (auto* p = std::get_if<PendingOutcome>(&r)) pending.push_back(std::move(*p));
+  }
+  return pending;
+}
+
+TEST_F(BufferTest, BatchCompleteIsRetriedWhileTheStoreBlinks) {
+  FlakyStore flaky(store_.get());
+  Buffer buffer(&flaky);
+  std::vector<PendingOutcome> pending = DeferDone(buffer, {"a", "b"});
+  flaky.fail_complete_batches = 2;
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  for (const Processed& p : ps) EXPECT_EQ(p.action, BrokerAction::kAck) << p.reason;
+  EXPECT_EQ(flaky.complete_batches.load(), 3);
+}
+
+TEST_F(BufferTest, BatchCompleteThatNeverLandsIsNotAcked) {
+  FlakyStore flaky(store_.get());
+  Buffer buffer(&flaky);
+  std::vector<PendingOutcome> pending = DeferDone(buffer, {"a", "b"});
+  flaky.fail_complete_batches = 100;
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  for (const Processed& p : ps) {
+    EXPECT_EQ(p.action, BrokerAction::kRetry);
+    EXPECT_EQ(p.status.code(), StatusCode::kUnavailable);
+  }
+}
+
+TEST(BufferHeartbeat, PendingOutcomeKeepsItsLeaseUntilWritten) {
+  auto store = NewMemoryStore();
+  BufferOptions o;
+  o.lease = 600ms;  // beats every 200 ms: a loaded machine may delay one a little
+  Buffer buffer(store.get(), o);
+  auto r = buffer.ProcessOnceDeferred("k", "", [](ClaimGuard&) { return HandlerResult::Done("x"); });
+  ASSERT_TRUE(std::holds_alternative<PendingOutcome>(r));
+  std::vector<PendingOutcome> pending;
+  pending.push_back(std::move(std::get<PendingOutcome>(r)));
+  // Waiting for the batch write longer than the lease: the heartbeat holds it.
+  for (int i = 0; i < 8; ++i) {
+    std::this_thread::sleep_for(200ms);
+    ClaimRequest c;
+    c.key = "k";
+    EXPECT_EQ(store->Claim(c)->outcome, ClaimOutcome::kBusy) << "after " << (i + 1) * 200 << "ms";
+  }
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  EXPECT_EQ(ps[0].action, BrokerAction::kAck);
+  EXPECT_EQ(ps[0].completion, WriteResult::kOk);
+  EXPECT_GE(buffer.stats().heartbeats, 2u);
+}
+
+TEST(BufferHeartbeat, PendingOutcomeWhoseLeaseWasLostIsNotWritten) {
+  auto store = NewMemoryStore();
+  BufferOptions o;
+  o.lease = 300ms;
+  Buffer buffer(store.get(), o);
+  std::vector<PendingOutcome> pending = DeferDone(buffer, {"lost", "kept"});
+  EXPECT_TRUE(*store->Forget("lost", ForgetOptions{.force = true}));
+  ClaimRequest c;
+  c.key = "lost";
+  const ClaimResult other = *store->Claim(c);
+  ASSERT_TRUE(other.acquired());
+  for (int i = 0; i < 100 && buffer.stats().heartbeat_lost == 0; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GE(buffer.stats().heartbeat_lost, 1u);
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  EXPECT_EQ(ps[0].action, BrokerAction::kRetry);
+  EXPECT_EQ(ps[0].completion, WriteResult::kLost);
+  EXPECT_EQ(ps[1].action, BrokerAction::kAck);
+  auto rec = store->Inspect("lost");
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress);
+  EXPECT_EQ((*rec)->token, other.token);
 }
 
 TEST(PayloadFingerprint, SixteenBytesOfSha256) {

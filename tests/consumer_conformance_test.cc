@@ -76,6 +76,15 @@ class LoggingStore : public StoreWrapper {
     if (r.ok() && r->acked) log_->Add("ack " + std::string(key));
     return r;
   }
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs) override {
+    auto r = StoreWrapper::CompleteBatch(reqs);
+    for (size_t i = 0; r.ok() && i < reqs.size(); ++i) {
+      if ((*r)[i].write == WriteResult::kOk) log_->Add("complete " + std::string(reqs[i].key));
+      if ((*r)[i].acked) log_->Add("ack " + std::string(reqs[i].key));
+    }
+    return r;
+  }
 
  private:
   EventLog* log_;
@@ -607,6 +616,62 @@ TEST_P(ConsumerConformance, BatchClaimsGiveTheSameAnswersAsSingleClaims) {
   EXPECT_EQ(answers[0], answers[1]);
   EXPECT_EQ(answers[1]["acquired"], "4");
   EXPECT_EQ(answers[1]["dead_lettered"], "3");
+}
+
+// Outcomes recorded by the completer (batch_completions, several per store call)
+// get the same answers as outcomes each handler records itself, and several are
+// recorded per call.
+TEST_P(ConsumerConformance, CoalescedCompletionsGiveTheSameAnswersAsSingleOnes) {
+  std::map<std::string, std::string> answers[2];
+  uint64_t batches = 0, completed = 0;
+  for (int coalesce = 0; coalesce < 2; ++coalesce) {
+    if (coalesce == 1) {
+      ASSERT_TRUE(env_->Reset(env_options_).ok());
+      auto fresh = OpenStore("memory:");
+      ASSERT_TRUE(fresh.ok());
+      store_ = std::move(fresh).value();
+    }
+    auto buffer = MakeBuffer();
+    const int n = 40;
+    for (int i = 0; i < n; ++i) {
+      Publish((i % 10 == 3 ? "fail" : "k") + std::to_string(i));
+    }
+    auto source = Source();
+    ConsumerOptions o;
+    o.batch_completions = coalesce == 1;
+    o.concurrency = 4;
+    o.prefetch = 16;
+    {
+      Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+        if (d.key().starts_with("fail")) return HandlerResult::Fail("no");
+        return HandlerResult::Done("r" + d.key());
+      }, o);
+      ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+      c.Stop();
+      const ConsumerMetrics m = c->metrics();
+      answers[coalesce]["acked"] = std::to_string(m.acked);
+      answers[coalesce]["runs+duplicates"] = std::to_string(m.acquired + m.duplicates);
+      answers[coalesce]["dead_lettered"] = std::to_string(m.dead_lettered);
+      answers[coalesce]["lost"] = std::to_string(m.lost_leases);
+      if (coalesce == 1) {
+        batches = m.complete_batches;
+        completed = m.completed_in_batches;
+      } else {
+        EXPECT_EQ(m.complete_batches, 0u);
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      const std::string k = (i % 10 == 3 ? "fail" : "k") + std::to_string(i);
+      auto rec = store_->Inspect(k);
+      ASSERT_TRUE(rec.ok() && rec->has_value()) << k;
+      answers[coalesce][k] = (*rec)->result;
+    }
+  }
+  EXPECT_EQ(answers[0], answers[1]);
+  EXPECT_EQ(answers[1]["dead_lettered"], "4");
+  EXPECT_EQ(answers[1]["lost"], "0");
+  EXPECT_GE(batches, 1u);
+  EXPECT_EQ(completed, 40u) << "every outcome is recorded by the completer";
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,

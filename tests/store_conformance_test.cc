@@ -588,6 +588,108 @@ TEST_P(StoreConformance, LargeBatch) {
   for (const auto& r : *second) EXPECT_EQ(r.outcome, ClaimOutcome::kBusy);
 }
 
+CompleteRequest Completion(std::string_view key, Token t, std::string_view result = {},
+                           CompletionStatus st = CompletionStatus::kOk) {
+  CompleteRequest q;
+  q.key = key;
+  q.token = t;
+  q.retention = kLong;
+  q.status = st;
+  q.result = result;
+  return q;
+}
+
+TEST_P(StoreConformance, BatchCompleteAnswersAsSingleCompletes) {
+  const ClaimResult ok = MustClaim("c:ok");
+  const ClaimResult failed = MustClaim("c:failed");
+  const ClaimResult done = MustClaim("c:done");
+  ASSERT_EQ(MustComplete("c:done", done.token, "first"), WriteResult::kOk);
+  const ClaimResult other = MustClaim("c:other");
+  const ClaimResult stale = MustClaim("c:stale", kShort);
+  env_->Sleep(kPastShort);
+  const ClaimResult taken = MustClaim("c:stale");
+  ASSERT_EQ(taken.outcome, ClaimOutcome::kAcquired);
+  // An ack no store can fuse: ignored, the completion made as without it.
+  const BrokerAck foreign{"no-such-broker", "nowhere", "t", "g", "1-1"};
+  std::vector<CompleteRequest> reqs = {
+      Completion("c:ok", ok.token, std::string("r\0k", 3)),
+      Completion("c:failed", failed.token, "why", CompletionStatus::kFailed),
+      Completion("c:done", done.token, "second"),       // already completed: LOST
+      Completion("c:absent", ok.token),                 // no record: LOST
+      Completion("c:other", ok.token),                  // someone else's token: LOST
+      Completion("c:stale", stale.token, "late"),       // taken over: LOST
+      Completion("c:ok", ok.token, "again"),            // repeated: LOST the second time
+  };
+  reqs[1].ack = &foreign;
+  auto res = store_->CompleteBatch(reqs);
+  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_EQ(res->size(), reqs.size());
+  const WriteResult want[] = {WriteResult::kOk,   WriteResult::kOk,   WriteResult::kLost,
+                              WriteResult::kLost, WriteResult::kLost, WriteResult::kLost,
+                              WriteResult::kLost};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*res)[i].write, want[i]) << "request " << i;
+    EXPECT_FALSE((*res)[i].acked) << "request " << i;
+  }
+  ClaimResult d = MustClaim("c:ok");
+  EXPECT_EQ(d.outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(d.result, std::string("r\0k", 3));
+  d = MustClaim("c:failed");
+  EXPECT_EQ(d.outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(d.status, CompletionStatus::kFailed);
+  EXPECT_EQ(d.result, "why");
+  EXPECT_EQ(MustClaim("c:done").result, "first");
+  EXPECT_EQ(MustInspect("c:absent"), std::nullopt);
+  EXPECT_EQ(MustInspect("c:other")->state, RecordState::kInProgress);
+  // The stale owner changed nothing; the new owner still completes.
+  EXPECT_EQ(MustInspect("c:stale")->token, taken.token);
+  EXPECT_EQ(MustComplete("c:stale", taken.token), WriteResult::kOk);
+  EXPECT_EQ(MustComplete("c:other", other.token), WriteResult::kOk);
+
+  auto empty = store_->CompleteBatch({});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->empty());
+}
+
+TEST_P(StoreConformance, BatchCompleteWithOneBadRequestWritesNothing) {
+  const ClaimResult a = MustClaim("cb:a");
+  const ClaimResult b = MustClaim("cb:b");
+  std::vector<CompleteRequest> reqs = {Completion("cb:a", a.token), Completion("cb:b", Token{}),
+                                       Completion("cb:b", b.token)};
+  auto res = store_->CompleteBatch(reqs);
+  EXPECT_EQ(res.status().code(), StatusCode::kInvalidArgument) << res.status();
+  EXPECT_NE(res.status().message().find("batch request 1"), std::string::npos) << res.status();
+  reqs[1] = Completion("cb:b", b.token, std::string(kMaxResultBytes + 1, 'x'));
+  res = store_->CompleteBatch(reqs);
+  EXPECT_EQ(res.status().code(), StatusCode::kInvalidArgument) << res.status();
+  EXPECT_EQ(MustInspect("cb:a")->state, RecordState::kInProgress);
+  EXPECT_EQ(MustInspect("cb:b")->state, RecordState::kInProgress);
+  EXPECT_EQ(MustComplete("cb:a", a.token), WriteResult::kOk);
+  EXPECT_EQ(MustComplete("cb:b", b.token), WriteResult::kOk);
+}
+
+TEST_P(StoreConformance, LargeBatchComplete) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 300; ++i) keys.push_back("cbulk:" + std::to_string(i));
+  std::vector<ClaimRequest> claims;
+  for (const auto& k : keys) claims.push_back(Req(k));
+  auto claimed = store_->ClaimBatch(claims);
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  std::vector<CompleteRequest> reqs;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    reqs.push_back(Completion(keys[i], (*claimed)[i].token, keys[i]));
+  }
+  auto res = store_->CompleteBatch(reqs);
+  ASSERT_TRUE(res.ok()) << res.status();
+  for (const AckedWrite& w : *res) EXPECT_EQ(w.write, WriteResult::kOk);
+  auto again = store_->ClaimBatch(claims);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ((*again)[i].outcome, ClaimOutcome::kDuplicate);
+    EXPECT_EQ((*again)[i].result, keys[i]);
+  }
+}
+
 // ---- concurrency -------------------------------------------------------------
 
 TEST_P(StoreConformance, ConcurrentClaimsNeverGiveTwoOwners) {

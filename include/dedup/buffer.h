@@ -54,6 +54,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "dedup/record.h"
@@ -198,6 +199,28 @@ struct Processed {
   bool acked_with_complete = false;
 };
 
+// A handler's outcome whose write is still to be made (Buffer::
+// ProcessClaimedDeferred): it holds the claim, which stays heartbeated until
+// Buffer::CompleteBatch has written the outcome. Movable, not copyable. Dropped
+// unwritten, it releases the claim (as a ClaimGuard does).
+class PendingOutcome {
+ public:
+  PendingOutcome() = default;
+  PendingOutcome(PendingOutcome&&) noexcept = default;
+  PendingOutcome& operator=(PendingOutcome&&) noexcept = default;
+
+  const std::string& key() const { return guard_.key(); }
+  // False once CompleteBatch has written (or given up) the outcome.
+  bool active() const { return guard_.active(); }
+
+ private:
+  friend class Buffer;
+  ClaimGuard guard_;
+  HandlerResult handler_result_;
+  Processed processed_;          // what ProcessClaimed had decided before the write
+  const BrokerAck* ack_ = nullptr;  // fused with a kOk completion where the store can
+};
+
 // One message of a batch claim.
 struct ClaimItem {
   std::string_view key;
@@ -245,6 +268,28 @@ class Buffer {
   Processed ProcessClaimed(std::string_view key, StatusOr<ClaimGuard> claim,
                            const Handler& handler, const BrokerAck* ack = nullptr);
 
+  // ProcessOnce / ProcessClaimed with the write of the outcome left for later: when the handler
+  // ran and reported Done or Fail, nothing is written yet and a PendingOutcome is
+  // returned (its claim still held and heartbeated); pass it, with others, to
+  // CompleteBatch. Every other case (not ACQUIRED, a store error, bad key, handler
+  // Retry: the claim is released here) is finished here and answers as
+  // ProcessClaimed.
+  std::variant<Processed, PendingOutcome> ProcessOnceDeferred(std::string_view key,
+                                                              std::string_view payload,
+                                                              const Handler& handler,
+                                                              const BrokerAck* ack = nullptr);
+  std::variant<Processed, PendingOutcome> ProcessClaimedDeferred(
+      std::string_view key, StatusOr<ClaimGuard> claim, const Handler& handler,
+      const BrokerAck* ack = nullptr);
+
+  // Records the pending outcomes with one Store::CompleteBatch (each fused with
+  // its broker ack where the store can; retried as a whole, up to complete_tries,
+  // while the store is unavailable) and answers, in order, exactly what
+  // ProcessClaimed would have answered for each: the policy above decides, only
+  // the write is batched. A claim whose heartbeat saw LOST is not written and
+  // answers LOST (kRetry). Each PendingOutcome is inactive afterwards.
+  std::vector<Processed> CompleteBatch(std::span<PendingOutcome> pending);
+
   const BufferOptions& options() const { return options_; }
   Store* store() const { return store_; }
 
@@ -266,6 +311,11 @@ class Buffer {
   // `sent`: when the claim was sent (the lease is known held until sent + lease).
   ClaimGuard Guard(std::string_view key, ClaimResult result,
                    std::chrono::steady_clock::time_point sent);
+  // The outcome's write made at once (ProcessOnce, ProcessClaimed).
+  Processed WriteNow(std::variant<Processed, PendingOutcome> r);
+  // The broker action for a handler's outcome once its write answered `w`.
+  void Resolve(Processed* p, const HandlerResult& hr, const StatusOr<WriteResult>& w,
+               bool acked) const;
 
   Store* const store_;
   const BufferOptions options_;

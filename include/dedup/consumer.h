@@ -165,6 +165,9 @@ struct ConsumerMetrics {
   // AckBatch calls and the acks they carried.
   uint64_t ack_batches = 0;
   uint64_t acked_in_batches = 0;
+  // Buffer::CompleteBatch calls of the completer and the outcomes they recorded.
+  uint64_t complete_batches = 0;
+  uint64_t completed_in_batches = 0;
 
   // Prometheus text exposition format, one counter per field.
   std::string ToPrometheus() const;
@@ -191,6 +194,14 @@ struct ConsumerOptions {
   Millis max_ack_delay{2};
   // At most this many deliveries per AckBatch. Default: 64.
   int max_ack_batch = 64;
+  // Outcomes of finished handlers (done, failed) are recorded by one completer
+  // thread with one Buffer::CompleteBatch for several (one store round trip or
+  // write; fused with the acks where the store can), then acked with one
+  // AckBatch. An outcome waits at most max_ack_delay after its handler ended
+  // (not at all when no other handler is running), and for one batch write; its
+  // claim stays heartbeated until written. At most max_ack_batch per batch.
+  // false: each handler's thread records its own outcome. Default: true.
+  bool batch_completions = true;
   // Graceful drain: how long handlers still running at Stop() may go on. After
   // it, Delivery::stop_requested() turns true and stop_handlers is called; what
   // then ends without completing is released and handed back to the broker at

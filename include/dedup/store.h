@@ -84,6 +84,19 @@ struct AckedWrite {
   bool acked = false;  // the broker's ack was carried out (only ever with kOk)
 };
 
+// One completion of a batch (Store::CompleteBatch): the arguments of Complete(),
+// and optionally the broker's ack to fuse with it as CompleteWithAck() does.
+struct CompleteRequest {
+  std::string_view key;
+  Token token;
+  Millis retention{kDefaultRetention};
+  CompletionStatus status = CompletionStatus::kOk;
+  std::string_view result;
+  // Carried out with a kOk completion, in the same atomic step, when the store
+  // CanCompleteWithAck(*ack); otherwise ignored (acked = false). Null: none.
+  const BrokerAck* ack = nullptr;
+};
+
 class Store {
  public:
   Store() = default;
@@ -129,6 +142,20 @@ class Store {
                                                              std::string_view result,
                                                              const BrokerAck& ack);
 
+  // Completes many claims in one call, answering each as Complete() would, in
+  // order (with a fusable ack, as CompleteWithAck() would; else acked = false):
+  // a key repeated in the batch answers LOST the second time, its record being
+  // no longer IN_PROGRESS. Every request is validated before anything is written:
+  // one bad request fails the whole batch unchanged (InvalidArgument naming its
+  // index). Each item is as durable when this returns as Complete() makes it.
+  // Any other non-OK status means nothing may be assumed about any item (each
+  // may or may not be recorded; retrying the batch is safe: an item recorded
+  // the first time then answers LOST). An empty batch answers an empty vector.
+  // The default runs Complete / CompleteWithAck in a loop (correct for every
+  // store); stores override it to save round trips and writes.
+  [[nodiscard]] virtual StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs);
+
   // Gives the claim up: the key is claimable at once; fence and attempts are kept
   // for `retention` from now.
   [[nodiscard]] virtual StatusOr<WriteResult> Release(std::string_view key, Token token,
@@ -167,7 +194,10 @@ class Store {
 };
 
 // Forwards every call to another store. Derive from it to wrap a store with fault
-// injection, metrics or logging and override only what you need.
+// injection, metrics or logging and override only what you need. The batch calls
+// (ClaimBatch, CompleteBatch) forward to the target's batch call, not to this
+// wrapper's single ones: a wrapper that must see every completion overrides
+// CompleteBatch too (Store::CompleteBatch loops over the wrapper's own Complete).
 class StoreWrapper : public Store {
  public:
   explicit StoreWrapper(Store* target) : target_(target) {}
@@ -191,6 +221,10 @@ class StoreWrapper : public Store {
                                        CompletionStatus status, std::string_view result,
                                        const BrokerAck& ack) override {
     return target_->CompleteWithAck(key, token, retention, status, result, ack);
+  }
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs) override {
+    return target_->CompleteBatch(reqs);
   }
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
     return target_->Release(key, token, retention);

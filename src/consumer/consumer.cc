@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_set>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "core/printable.h"
@@ -33,7 +34,8 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"redelivered", redelivered},   {"held_back", held_back},
       {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete},
       {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
-      {"ack_batches", ack_batches}, {"acked_in_batches", acked_in_batches}};
+      {"ack_batches", ack_batches}, {"acked_in_batches", acked_in_batches},
+      {"complete_batches", complete_batches}, {"completed_in_batches", completed_in_batches}};
   std::string out;
   for (const auto& [name, v] : rows) {
     out += "# TYPE dedup_worker_" + std::string(name) + "_total counter\n";
@@ -66,6 +68,9 @@ class Consumer::Impl {
   Status Run() {
     for (int i = 0; i < o_.concurrency; ++i) threads_.emplace_back([this] { HandlerLoop(); });
     if (o_.max_ack_delay.count() > 0) acker_ = std::thread([this] { AckLoop(); });
+    if (buffer_ != nullptr && !process_ && o_.batch_completions) {
+      completer_ = std::thread([this] { CompleteLoop(); });
+    }
     Millis backoff(50);
     while (!stop_->load(std::memory_order_relaxed)) {
       const int free = FreeSlots();
@@ -114,12 +119,20 @@ class Consumer::Impl {
     m.claimed_in_batches = n_.claimed_in_batches.load();
     m.ack_batches = n_.ack_batches.load();
     m.acked_in_batches = n_.acked_in_batches.load();
+    m.complete_batches = n_.complete_batches.load();
+    m.completed_in_batches = n_.completed_in_batches.load();
     return m;
   }
 
   const ConsumerOptions& options() const { return o_; }
 
  private:
+  // A handler's outcome waiting for the completer.
+  struct Done {
+    std::unique_ptr<Delivery> delivery;
+    PendingOutcome pending;
+  };
+
   struct Job {
     std::unique_ptr<Delivery> delivery;
     std::optional<StatusOr<ClaimGuard>> claim;  // made by a batch claim
@@ -129,7 +142,8 @@ class Consumer::Impl {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
         lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, acked{0},
         redelivered{0}, held_back{0}, broker_errors{0}, acked_with_complete{0},
-        claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0};
+        claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0},
+        complete_batches{0}, completed_in_batches{0};
   };
 
   void Log(const std::string& line) const {
@@ -159,6 +173,7 @@ class Consumer::Impl {
       }
     }
     if (jobs.empty()) return;
+    unfinished_.fetch_add(static_cast<int>(jobs.size()), std::memory_order_relaxed);
     if (buffer_ != nullptr && o_.batch_claims && jobs.size() > 1) ClaimAll(jobs);
     {
       std::lock_guard lock(mu_);
@@ -202,17 +217,23 @@ class Consumer::Impl {
         queue_.pop_front();
         ++running_;
       }
-      const bool deferred = Handle(job);  // true: the acker owns the delivery now
+      // true: the acker or the completer owns the delivery now
+      const bool deferred = Handle(job);
       {
         std::lock_guard lock(mu_);
         if (!deferred) held_.erase(job.delivery->id());
         --running_;
       }
       room_cv_.notify_all();
+      if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1 && completer_.joinable()) {
+        // No handler is running and none queued: what waits will not grow soon.
+        { std::lock_guard lock(done_mu_); }
+        done_cv_.notify_one();
+      }
     }
   }
 
-  // Returns true when the ack was handed to the acker (with the delivery).
+  // Returns true when the delivery was handed to the acker or the completer.
   bool Handle(Job& job) {
     Delivery& d = *job.delivery;
     n_.messages.fetch_add(1, std::memory_order_relaxed);
@@ -228,10 +249,19 @@ class Consumer::Impl {
     } else {
       auto run = [&](ClaimGuard& g) { return handler_(d, g); };
       const BrokerAck* ack = d.fused_ack();
-      if (job.claim.has_value()) {
-        p = buffer_->ProcessClaimed(d.key(), std::move(*job.claim), run, ack);
+      std::variant<Processed, PendingOutcome> r =
+          job.claim.has_value()
+              ? buffer_->ProcessClaimedDeferred(d.key(), std::move(*job.claim), run, ack)
+              : buffer_->ProcessOnceDeferred(d.key(), d.payload(), run, ack);
+      if (PendingOutcome* pending = std::get_if<PendingOutcome>(&r)) {
+        if (!completer_.joinable()) {
+          p = buffer_->CompleteBatch(std::span<PendingOutcome>(pending, 1))[0];
+        } else {
+          Defer(std::move(job.delivery), std::move(*pending));
+          return true;
+        }
       } else {
-        p = buffer_->ProcessOnce(d.key(), d.payload(), run, ack);
+        p = std::move(std::get<Processed>(r));
       }
     }
     Count(p);
@@ -251,6 +281,79 @@ class Consumer::Impl {
     }
     Settle(d, p.action, p.retry_after, p.reason, p.acked_with_complete);
     return false;
+  }
+
+  // Hands a handler's outcome to the completer. Waits while the completer is a
+  // few batches behind, so that outcomes never pile up without bound.
+  void Defer(std::unique_ptr<Delivery> d, PendingOutcome pending) {
+    bool wake = false;
+    {
+      std::unique_lock lock(done_mu_);
+      space_cv_.wait(lock, [this] {
+        return static_cast<int>(done_.size()) < 4 * o_.max_ack_batch || done_stop_;
+      });
+      wake = done_.empty();
+      if (wake) oldest_done_ = std::chrono::steady_clock::now();
+      done_.push_back(Done{std::move(d), std::move(pending)});
+      wake = wake || static_cast<int>(done_.size()) == o_.max_ack_batch;
+    }
+    // Only what changes the completer's mind wakes it (a first outcome starts its
+    // clock; a full batch ends the wait; HandlerLoop wakes it when none is left
+    // running): a wakeup per outcome would cost a context switch each.
+    if (wake) done_cv_.notify_one();
+  }
+
+  // The completer: takes the waiting outcomes when max_ack_batch wait, the oldest
+  // has waited max_ack_delay, or no handler is running (nothing more is coming
+  // soon), records them with one Buffer::CompleteBatch, then settles them (one
+  // AckBatch for the acks the store did not fuse).
+  void CompleteLoop() {
+    std::unique_lock lock(done_mu_);
+    while (true) {
+      done_cv_.wait(lock, [this] { return !done_.empty() || done_stop_; });
+      if (done_.empty()) return;  // stopping and nothing left
+      done_cv_.wait_until(lock, oldest_done_ + o_.max_ack_delay, [this] {
+        return static_cast<int>(done_.size()) >= o_.max_ack_batch || done_stop_ ||
+               unfinished_.load(std::memory_order_acquire) == 0;
+      });
+      std::vector<Done> batch;
+      const size_t n = std::min(done_.size(), static_cast<size_t>(o_.max_ack_batch));
+      batch.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        batch.push_back(std::move(done_.front()));
+        done_.pop_front();
+      }
+      if (!done_.empty()) oldest_done_ = std::chrono::steady_clock::now();
+      lock.unlock();
+      space_cv_.notify_all();
+      FlushCompletions(batch);
+      lock.lock();
+    }
+  }
+
+  void FlushCompletions(std::vector<Done>& batch) {
+    std::vector<PendingOutcome> pending;
+    pending.reserve(batch.size());
+    for (Done& d : batch) pending.push_back(std::move(d.pending));
+    std::vector<Processed> ps = buffer_->CompleteBatch(pending);
+    n_.complete_batches.fetch_add(1, std::memory_order_relaxed);
+    n_.completed_in_batches.fetch_add(batch.size(), std::memory_order_relaxed);
+    std::vector<Delivery*> acks;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Processed& p = ps[i];
+      Count(p);
+      if (p.action == BrokerAction::kAck && !p.acked_with_complete) {
+        acks.push_back(batch[i].delivery.get());
+      } else {
+        Settle(*batch[i].delivery, p.action, p.retry_after, p.reason, p.acked_with_complete);
+      }
+    }
+    if (!acks.empty()) AckAll(acks);
+    {
+      std::lock_guard lock(mu_);
+      for (Done& d : batch) held_.erase(d.delivery->id());
+    }
+    room_cv_.notify_all();
   }
 
   // Sends the waiting acks in batches: when max_ack_batch wait, or the oldest
@@ -277,21 +380,26 @@ class Consumer::Impl {
     }
   }
 
+  // One MessageSource::AckBatch, counted.
+  void AckAll(std::span<Delivery* const> deliveries) {
+    Status s = source_->AckBatch(deliveries);
+    n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
+    if (s.ok()) {
+      n_.acked.fetch_add(deliveries.size(), std::memory_order_relaxed);
+      n_.acked_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
+    } else {
+      // Not acked: the broker delivers them again; their outcomes are recorded,
+      // so the next deliveries get DUPLICATE and ack.
+      n_.broker_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
+      Log("ack of " + std::to_string(deliveries.size()) + " deliveries: " + s.ToString());
+    }
+  }
+
   void FlushAcks(std::vector<std::unique_ptr<Delivery>>& batch) {
     std::vector<Delivery*> ptrs;
     ptrs.reserve(batch.size());
     for (auto& d : batch) ptrs.push_back(d.get());
-    Status s = source_->AckBatch(ptrs);
-    n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
-    if (s.ok()) {
-      n_.acked.fetch_add(batch.size(), std::memory_order_relaxed);
-      n_.acked_in_batches.fetch_add(batch.size(), std::memory_order_relaxed);
-    } else {
-      // Not acked: the broker delivers them again; their outcomes are recorded,
-      // so the next deliveries get DUPLICATE and ack.
-      n_.broker_errors.fetch_add(batch.size(), std::memory_order_relaxed);
-      Log("ack of " + std::to_string(batch.size()) + " deliveries: " + s.ToString());
-    }
+    AckAll(ptrs);
     {
       std::lock_guard lock(mu_);
       for (auto& d : batch) held_.erase(d->id());
@@ -356,6 +464,7 @@ class Consumer::Impl {
       std::unique_lock lock(mu_);
       unstarted.swap(queue_);
     }
+    unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
     // Give back what never started: claims released (guard destroyed), then
     // the broker may deliver it again at once.
     for (Job& j : unstarted) {
@@ -373,6 +482,14 @@ class Consumer::Impl {
     StopLateHandlers();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    if (completer_.joinable()) {
+      {
+        std::lock_guard lock(done_mu_);
+        done_stop_ = true;
+      }
+      done_cv_.notify_all();
+      completer_.join();  // records and settles what is left first
+    }
     if (acker_.joinable()) {
       {
         std::lock_guard lock(ack_mu_);
@@ -416,6 +533,16 @@ class Consumer::Impl {
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
   std::unordered_set<std::string> held_;  // ids queued, running or waiting for their ack
   Counters n_;
+
+  // Outcomes waiting for the completer.
+  std::thread completer_;
+  std::mutex done_mu_;
+  std::condition_variable done_cv_, space_cv_;
+  std::deque<Done> done_;
+  std::chrono::steady_clock::time_point oldest_done_;
+  bool done_stop_ = false;
+  // Deliveries enqueued whose handler has not finished yet.
+  std::atomic<int> unfinished_{0};
 
   std::thread acker_;
   std::mutex ack_mu_;

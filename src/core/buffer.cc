@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 namespace dedup {
@@ -484,14 +485,33 @@ void Buffer::OnClaimError(std::string_view key, const Status& error, Processed* 
 
 Processed Buffer::ProcessOnce(std::string_view key, std::string_view payload,
                               const Handler& handler, const BrokerAck* ack) {
-  if (Status s = ValidateKey(key); !s.ok()) return ProcessClaimed(key, std::move(s), handler, ack);
-  std::string fingerprint;
-  if (options_.fingerprint_payloads) fingerprint = PayloadFingerprint(payload);
-  return ProcessClaimed(key, Claim(key, fingerprint), handler, ack);
+  return WriteNow(ProcessOnceDeferred(key, payload, handler, ack));
 }
 
 Processed Buffer::ProcessClaimed(std::string_view key, StatusOr<ClaimGuard> c,
                                  const Handler& handler, const BrokerAck* ack) {
+  return WriteNow(ProcessClaimedDeferred(key, std::move(c), handler, ack));
+}
+
+Processed Buffer::WriteNow(std::variant<Processed, PendingOutcome> r) {
+  if (Processed* p = std::get_if<Processed>(&r)) return std::move(*p);
+  return std::move(CompleteBatch(std::span<PendingOutcome>(&std::get<PendingOutcome>(r), 1))[0]);
+}
+
+std::variant<Processed, PendingOutcome> Buffer::ProcessOnceDeferred(std::string_view key,
+                                                                   std::string_view payload,
+                                                                   const Handler& handler,
+                                                                   const BrokerAck* ack) {
+  if (Status s = ValidateKey(key); !s.ok()) {
+    return ProcessClaimedDeferred(key, std::move(s), handler, ack);
+  }
+  std::string fingerprint;
+  if (options_.fingerprint_payloads) fingerprint = PayloadFingerprint(payload);
+  return ProcessClaimedDeferred(key, Claim(key, fingerprint), handler, ack);
+}
+
+std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
+    std::string_view key, StatusOr<ClaimGuard> c, const Handler& handler, const BrokerAck* ack) {
   Processed p;
   if (Status s = ValidateKey(key); !s.ok()) {
     // A message that cannot be keyed is never processed unguarded.
@@ -547,52 +567,144 @@ Processed Buffer::ProcessClaimed(std::string_view key, StatusOr<ClaimGuard> c,
     hr = HandlerResult::Retry("handler threw a non-standard exception");
   }
 
-  StatusOr<WriteResult> w = Status::Internal("unset");
-  switch (hr.kind) {
-    case HandlerResult::Kind::kDone:
-      if (ack != nullptr && store_->CanCompleteWithAck(*ack)) {
-        StatusOr<AckedWrite> a = g.CompleteWithAck(hr.result, *ack);
-        if (a.ok()) {
-          w = a->write;
-          p.acked_with_complete = a->acked;
-        } else {
-          w = a.status();
-        }
-      } else {
-        w = g.Complete(hr.result, CompletionStatus::kOk);
-      }
-      p.result = hr.result;
-      p.action = BrokerAction::kAck;
-      break;
-    case HandlerResult::Kind::kFail:
-      w = g.Complete(hr.result, CompletionStatus::kFailed);
-      p.reason = hr.result;
-      p.action = BrokerAction::kDeadLetter;
-      break;
-    case HandlerResult::Kind::kRetry:
-      w = g.Release();
-      p.reason = hr.result;
-      p.action = BrokerAction::kRetry;
-      p.retry_after = options_.retry_delay;
-      break;
-  }
-  if (!w.ok()) {
-    p.status = w.status();
-    p.action = BrokerAction::kRetry;
-    p.retry_after = options_.retry_delay;
-    p.reason = "store error recording the outcome: " + w.status().ToString();
+  if (hr.kind == HandlerResult::Kind::kRetry) {
+    Resolve(&p, hr, g.Release(), false);
     return p;
   }
-  p.completion = *w;
+  PendingOutcome po;
+  po.guard_ = std::move(g);
+  po.handler_result_ = std::move(hr);
+  po.processed_ = std::move(p);
+  po.ack_ = ack;
+  return po;
+}
+
+std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) {
+  const size_t n = pending.size();
+  std::vector<StatusOr<WriteResult>> w(n, Status::Internal("unset"));
+  std::vector<bool> acked(n, false);
+  std::vector<CompleteRequest> reqs;
+  std::vector<size_t> where;  // reqs[j] writes pending[where[j]]
+  reqs.reserve(n);
+  where.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    ClaimGuard& g = pending[i].guard_;
+    const HandlerResult& hr = pending[i].handler_result_;
+    if (g.held_ == nullptr) {
+      w[i] = Status::FailedPrecondition("complete on a claim of '" + g.key_ +
+                                        "' that is not held (not acquired, or already ended)");
+      continue;
+    }
+    if (g.held_->lost.load()) {  // the heartbeat saw another owner: write nothing
+      g.Finish();
+      w[i] = WriteResult::kLost;
+      continue;
+    }
+    if (Status s = ValidateResult(hr.result); !s.ok()) {
+      w[i] = std::move(s);
+      (void)g.Release();
+      continue;
+    }
+    CompleteRequest q;
+    q.key = g.key_;
+    q.token = g.result_.token;
+    q.retention = options_.retention;
+    const bool done = hr.kind == HandlerResult::Kind::kDone;
+    q.status = done ? CompletionStatus::kOk : CompletionStatus::kFailed;
+    q.result = hr.result;
+    q.ack = done ? pending[i].ack_ : nullptr;
+    reqs.push_back(q);
+    where.push_back(i);
+  }
+  if (!reqs.empty()) {
+    StatusOr<std::vector<AckedWrite>> r = Status::Unavailable("not tried");
+    for (int t = 0; t < std::max(1, options_.complete_tries); ++t) {
+      if (reqs.size() == 1) {
+        // One alone: the single calls, so that a StoreWrapper overriding only
+        // Complete / CompleteWithAck sees every completion ProcessOnce makes.
+        const CompleteRequest& q = reqs[0];
+        if (q.ack != nullptr && store_->CanCompleteWithAck(*q.ack)) {
+          StatusOr<AckedWrite> a =
+              store_->CompleteWithAck(q.key, q.token, q.retention, q.status, q.result, *q.ack);
+          r = a.ok() ? StatusOr<std::vector<AckedWrite>>(std::vector<AckedWrite>{*a})
+                     : StatusOr<std::vector<AckedWrite>>(a.status());
+        } else {
+          StatusOr<WriteResult> one =
+              store_->Complete(q.key, q.token, q.retention, q.status, q.result);
+          r = one.ok() ? StatusOr<std::vector<AckedWrite>>(
+                             std::vector<AckedWrite>{AckedWrite{*one, false}})
+                       : StatusOr<std::vector<AckedWrite>>(one.status());
+        }
+      } else {
+        r = store_->CompleteBatch(reqs);
+      }
+      if (r.ok() || !r.status().retryable()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(t, 5)));
+    }
+    if (r.ok() && r->size() != reqs.size()) {
+      r = Status::Internal("store " + store_->Describe() + ": complete batch answered " +
+                           std::to_string(r->size()) + " results for " +
+                           std::to_string(reqs.size()) + " requests");
+    }
+    for (size_t j = 0; j < where.size(); ++j) {
+      const size_t i = where[j];
+      if (r.ok()) {
+        w[i] = (*r)[j].write;
+        acked[i] = (*r)[j].acked;
+      } else {
+        w[i] = r.status();
+      }
+      // Ends ownership whatever the answer: on a lasting error the lease will run
+      // out and the message be redelivered, which is the fail-closed outcome.
+      pending[i].guard_.Finish();
+    }
+  }
+  std::vector<Processed> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    Processed p = std::move(pending[i].processed_);
+    Resolve(&p, pending[i].handler_result_, w[i], acked[i]);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// The one mapping of a handler's outcome and its write to the broker's action.
+void Buffer::Resolve(Processed* p, const HandlerResult& hr, const StatusOr<WriteResult>& w,
+                     bool acked) const {
+  switch (hr.kind) {
+    case HandlerResult::Kind::kDone:
+      p->result = hr.result;
+      p->action = BrokerAction::kAck;
+      break;
+    case HandlerResult::Kind::kFail:
+      p->reason = hr.result;
+      p->action = BrokerAction::kDeadLetter;
+      break;
+    case HandlerResult::Kind::kRetry:
+      p->reason = hr.result;
+      p->action = BrokerAction::kRetry;
+      p->retry_after = options_.retry_delay;
+      break;
+  }
+  p->acked_with_complete = false;
+  if (!w.ok()) {
+    p->status = w.status();
+    p->action = BrokerAction::kRetry;
+    p->retry_after = options_.retry_delay;
+    p->reason = "store error recording the outcome: " + w.status().ToString();
+    return;
+  }
+  p->completion = *w;
   if (*w == WriteResult::kLost && hr.kind != HandlerResult::Kind::kRetry) {
     // Another owner took over while the handler ran: it decides the outcome. Do
     // not ack this delivery; the next one sees DUPLICATE or BUSY.
-    p.action = BrokerAction::kRetry;
-    p.retry_after = options_.retry_delay;
-    p.reason = "lease lost to another owner before the outcome was recorded";
-    p.acked_with_complete = false;
+    p->action = BrokerAction::kRetry;
+    p->retry_after = options_.retry_delay;
+    p->reason = "lease lost to another owner before the outcome was recorded";
+    return;
   }
-  return p;
+  p->acked_with_complete = acked && *w == WriteResult::kOk && hr.kind == HandlerResult::Kind::kDone;
 }
 
 }  // namespace dedup

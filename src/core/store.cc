@@ -104,4 +104,27 @@ StatusOr<AckedWrite> Store::CompleteWithAck(std::string_view, Token, Millis, Com
                                " ack (CanCompleteWithAck is false)");
 }
 
+StatusOr<std::vector<AckedWrite>> Store::CompleteBatch(std::span<const CompleteRequest> reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const CompleteRequest& r = reqs[i];
+    Status s = ValidateComplete(r.key, r.token, r.retention, r.result);
+    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+  }
+  std::vector<AckedWrite> out;
+  out.reserve(reqs.size());
+  for (const CompleteRequest& r : reqs) {
+    if (r.ack != nullptr && r.status == CompletionStatus::kOk && CanCompleteWithAck(*r.ack)) {
+      StatusOr<AckedWrite> a = CompleteWithAck(r.key, r.token, r.retention, r.status, r.result,
+                                               *r.ack);
+      if (!a.ok()) return a.status();
+      out.push_back(*a);
+    } else {
+      StatusOr<WriteResult> w = Complete(r.key, r.token, r.retention, r.status, r.result);
+      if (!w.ok()) return w.status();
+      out.push_back(AckedWrite{*w, false});
+    }
+  }
+  return out;
+}
+
 }  // namespace dedup

@@ -50,6 +50,11 @@ class FaultInjectionStore : public StoreWrapper {
   StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
                                        CompletionStatus status, std::string_view result,
                                        const BrokerAck& ack) override;
+  // Store's loop over the Complete / CompleteWithAck above, so that every
+  // completion of a batch meets the faults.
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override {
+    return Store::CompleteBatch(reqs);
+  }
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override;
 
  private:

@@ -36,14 +36,16 @@ using redis::Reply;
 using redis::ReplyText;
 
 enum ScriptId : size_t {
-  kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kNumScripts
+  kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kCompleteBatch,
+  kCompleteAckBatch, kNumScripts
 };
 
 // The embedded scripts, in ScriptId order.
 const redis::ScriptSet& Scripts() {
   static const redis::ScriptSet scripts = [] {
     static constexpr std::string_view kOrder[kNumScripts] = {
-        "claim", "extend", "complete", "release", "inspect", "complete_ack", "forget"};
+        "claim", "extend", "complete", "release", "inspect", "complete_ack", "forget",
+        "complete_batch", "complete_ack_batch"};
     std::vector<std::pair<std::string_view, std::string_view>> list;
     for (std::string_view name : kOrder) {
       for (const auto& e : redis::kEmbeddedScripts) {
@@ -271,6 +273,83 @@ class RedisStore final : public Store {
                                 std::to_string(static_cast<int>(status)), std::string(result)}));
   }
 
+  // Plain Redis: one round trip, one script call per run of consecutive requests
+  // of one kind (complete_batch.lua, or complete_ack_batch.lua for those with a
+  // fusable ack), pipelined in order. Cluster: the keys of a batch lie in many
+  // slots, so one complete.lua per key, pipelined per node (one round trip per
+  // node the batch touches); acks are never fused there.
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const CompleteRequest& q = reqs[i];
+      Status s = ValidateComplete(q.key, q.token, q.retention, q.result);
+      if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+    }
+    if (reqs.size() <= 1) return Store::CompleteBatch(reqs);  // the single scripts
+    std::vector<std::string> rkeys;  // one per command: the key that routes it
+    std::vector<Command> cmds;
+    std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) of reqs per command
+    const auto fused = [&](const CompleteRequest& q) {
+      return !cluster_ && q.ack != nullptr && q.status == CompletionStatus::kOk &&
+             CanCompleteWithAck(*q.ack);
+    };
+    if (cluster_) {
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        rkeys.push_back(RedisKey(reqs[i].key));
+        cmds.push_back(ScriptCommandOf(kComplete, rkeys.back(), CompleteArgs(reqs[i])));
+        runs.emplace_back(i, i + 1);
+      }
+    } else {
+      for (size_t b = 0; b < reqs.size();) {
+        const bool f = fused(reqs[b]);
+        size_t e = b + 1;
+        while (e < reqs.size() && fused(reqs[e]) == f) ++e;
+        Command c;
+        c.args = {"EVALSHA", Sha(f ? kCompleteAckBatch : kCompleteBatch),
+                  std::to_string(f ? 2 * (e - b) : e - b)};
+        for (size_t i = b; i < e; ++i) c.args.push_back(RedisKey(reqs[i].key));
+        if (f) {
+          for (size_t i = b; i < e; ++i) c.args.emplace_back(reqs[i].ack->target);
+        }
+        for (size_t i = b; i < e; ++i) {
+          for (std::string& a : CompleteArgs(reqs[i])) c.args.push_back(std::move(a));
+          if (f) {
+            c.args.emplace_back(reqs[i].ack->group);
+            c.args.emplace_back(reqs[i].ack->id);
+          }
+        }
+        rkeys.push_back(c.args[3]);
+        cmds.push_back(std::move(c));
+        runs.emplace_back(b, e);
+        b = e;
+      }
+    }
+    std::vector<Reply> replies;
+    DEDUP_RETURN_IF_ERROR(ExecMany("complete batch", rkeys, cmds, &replies));
+    std::vector<AckedWrite> out(reqs.size());
+    for (size_t k = 0; k < cmds.size(); ++k) {
+      const redisReply* r = replies[k].get();
+      if (IsError(r)) {
+        return ErrorReplyStatus("redis " + description_ + ": complete batch: ", ReplyText(r));
+      }
+      const auto [b, e] = runs[k];
+      if (cluster_) {
+        if (r->type != REDIS_REPLY_INTEGER || r->integer < 0 || r->integer > 1) {
+          return BadReply("complete batch");
+        }
+        out[b] = AckedWrite{r->integer == 1 ? WriteResult::kOk : WriteResult::kLost, false};
+        continue;
+      }
+      const long long max = fused(reqs[b]) ? 2 : 1;
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != e - b) return BadReply("complete batch");
+      for (size_t i = b; i < e; ++i) {
+        long long v = 0;
+        if (!IntAt(r, i - b, &v) || v < 0 || v > max) return BadReply("complete batch");
+        out[i] = AckedWrite{v >= 1 ? WriteResult::kOk : WriteResult::kLost, v == 2};
+      }
+    }
+    return out;
+  }
+
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
     DEDUP_RETURN_IF_ERROR(ValidateRelease(key, token, retention));
     std::string rkey = RedisKey(key);
@@ -484,16 +563,27 @@ return denied)";
     }
   }
 
-  static Command ScriptCommand(ScriptId id, const std::string& rkey,
-                               std::initializer_list<std::string> args) {
+  // complete.lua's ARGV for one request.
+  static std::vector<std::string> CompleteArgs(const CompleteRequest& q) {
+    return {q.token.ToHex(), std::to_string(q.retention.count()),
+            std::to_string(static_cast<int>(q.status)), std::string(q.result)};
+  }
+
+  static Command ScriptCommandOf(ScriptId id, const std::string& rkey,
+                                 std::vector<std::string> args) {
     Command c;
     c.args.reserve(4 + args.size());
     c.args.emplace_back("EVALSHA");
     c.args.push_back(Sha(id));
     c.args.emplace_back("1");
     c.args.push_back(rkey);
-    for (const std::string& a : args) c.args.push_back(a);
+    for (std::string& a : args) c.args.push_back(std::move(a));
     return c;
+  }
+
+  static Command ScriptCommand(ScriptId id, const std::string& rkey,
+                               std::initializer_list<std::string> args) {
+    return ScriptCommandOf(id, rkey, std::vector<std::string>(args));
   }
 
   // The IN_PROGRESS record of a first claim, record format 2: flags, token, fence 1,

@@ -453,6 +453,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override;
+  // One WriteBatch, one write (synced as every write of this store is) for all.
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
     DEDUP_RETURN_IF_ERROR(ValidateExtend(key, token, lease));
@@ -1048,6 +1050,26 @@ class RocksDBStoreImpl final : public RocksDBStore {
   bool stop_ = false;  // guarded by sync_mu_
 };
 
+// The distinct keys of a batch's requests, in first-seen order, as record keys
+// ('r' + key); (*slot)[i] is the index of request i's key. `index` (if given)
+// keeps the key -> index map.
+template <typename Req>
+void DistinctKeys(std::span<const Req> reqs, std::vector<size_t>* slot,
+                  std::vector<std::string>* rkeys,
+                  std::unordered_map<std::string_view, size_t>* index = nullptr) {
+  std::unordered_map<std::string_view, size_t> local;
+  if (index == nullptr) index = &local;
+  slot->resize(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto [it, inserted] = index->emplace(reqs[i].key, rkeys->size());
+    if (inserted) {
+      rkeys->emplace_back();
+      EncodeRecordKey(reqs[i].key, &rkeys->back());
+    }
+    (*slot)[i] = it->second;
+  }
+}
+
 StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     std::span<const ClaimRequest> reqs) {
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -1061,16 +1083,9 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
 
   // Distinct keys, in first-seen order; slot[i] is request i's key.
   std::unordered_map<std::string_view, size_t> index;
-  std::vector<size_t> slot(reqs.size());
+  std::vector<size_t> slot;
   std::vector<std::string> rkeys;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto [it, inserted] = index.emplace(reqs[i].key, rkeys.size());
-    if (inserted) {
-      rkeys.emplace_back();
-      EncodeRecordKey(reqs[i].key, &rkeys.back());
-    }
-    slot[i] = it->second;
-  }
+  DistinctKeys(reqs, &slot, &rkeys, &index);
   std::vector<Token> fresh(reqs.size());
   for (Token& t : fresh) t = Token::Random();
 
@@ -1170,6 +1185,103 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     }
   }
   return out;
+}
+
+StatusOr<std::vector<AckedWrite>> RocksDBStoreImpl::CompleteBatch(
+    std::span<const CompleteRequest> reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const CompleteRequest& q = reqs[i];
+    Status s = ValidateComplete(q.key, q.token, q.retention, q.result);
+    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+  }
+  DEDUP_RETURN_IF_ERROR(CheckWritable("complete batch"));
+  std::vector<AckedWrite> out;
+  if (reqs.empty()) return out;
+
+  // Distinct keys, in first-seen order; slot[i] is request i's key.
+  std::vector<size_t> slot;
+  std::vector<std::string> rkeys;
+  DistinctKeys(reqs, &slot, &rkeys);
+  const size_t n = rkeys.size();
+  std::vector<KeySlot> slots(n);
+  std::vector<size_t> stripes;
+  stripes.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    slots[k] = SlotOf(std::string_view(rkeys[k]).substr(1));
+    stripes.push_back(slots[k].stripe);
+  }
+  std::sort(stripes.begin(), stripes.end());
+  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+
+  while (true) {
+    // Stripes in ascending order, each once (as ClaimBatch).
+    std::vector<std::unique_lock<std::mutex>> locks;
+    locks.reserve(stripes.size());
+    for (size_t s : stripes) locks.emplace_back(stripes_[s].mu);
+    // A claim of one of the keys that a writer batch is carrying must land before
+    // the completion: wait for it with no stripe locked (the writer locks stripes
+    // too, so waiting with several held could wait on ourselves), then start over.
+    uint64_t in_flight = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const Stripe& st = stripes_[slots[k].stripe];
+      auto it = st.pending.find(std::string_view(rkeys[k]).substr(1));
+      if (it != st.pending.end()) in_flight = std::max(in_flight, it->second.gen);
+    }
+    if (in_flight != 0) {
+      locks.clear();
+      std::unique_lock l(gen_mu_);
+      gen_cv_.wait(l, [&] { return done_gen_ >= in_flight; });
+      continue;
+    }
+
+    std::vector<std::optional<Record>> cur(n);
+    Record scratch;
+    for (size_t k = 0; k < n; ++k) {
+      Record* c = nullptr;
+      DEDUP_RETURN_IF_ERROR(Find(stripes_[slots[k].stripe], slots[k], rkeys[k],
+                                 std::string_view(rkeys[k]).substr(1), "complete batch", &c,
+                                 &scratch));
+      if (c != nullptr) cur[k] = *c;
+    }
+    // Decide in order against what the batch has completed so far, so that a key
+    // repeated in the batch answers as if completed one after the other.
+    const int64_t now = clock_->NowMillis();
+    std::vector<bool> written(n, false);
+    out.reserve(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      std::optional<Record>& c = cur[slot[i]];
+      WriteResult w = WriteResult::kLost;
+      if (c) {
+        Record next = *c;
+        const CompleteRequest& q = reqs[i];
+        w = DecideComplete(&next, q.token, q.retention, q.status, q.result, now);
+        if (w == WriteResult::kOk) {
+          c = std::move(next);
+          written[slot[i]] = true;
+        }
+      }
+      out.push_back(AckedWrite{w, false});
+    }
+    rocksdb::WriteBatch batch;
+    std::string value;
+    for (size_t k = 0; k < n; ++k) {
+      if (!written[k]) continue;
+      EncodeRecord(*cur[k], &value);
+      rocksdb::Status s = batch.Put(cf_, rkeys[k], value);
+      if (!s.ok()) return FromRocks(s, Context("complete batch"));
+    }
+    if (batch.Count() > 0) {
+      rocksdb::Status s = db_->Write(write_options_, &batch);
+      if (!s.ok()) return FromRocks(s, Context("complete batch"));
+      for (size_t k = 0; k < n; ++k) {
+        if (written[k]) {
+          Settle(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1),
+                 *cur[k]);
+        }
+      }
+    }
+    return out;
+  }
 }
 
 Status RocksDBStoreImpl::OpenDb() {

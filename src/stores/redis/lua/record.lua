@@ -107,3 +107,26 @@ local function arg_uint(s, max)
   if n > max then return nil end
   return n
 end
+-- The arguments of one completion (complete.lua and the batch scripts): token,
+-- retention, completion status, result. A table, or nil and the error reply.
+local function complete_args(what, tok, retention, status, result)
+  tok, retention, status = arg_token(tok), arg_ms(retention), arg_uint(status, 2)
+  if not tok then return nil, bad_args(what, 'token must be 16 lower-case hex digits, not all 0') end
+  if not retention then
+    return nil, bad_args(what, 'retention must be an integer of ms, 1 to ' .. MAX_MS)
+  end
+  if not status then return nil, bad_args(what, 'status must be 0, 1 or 2') end
+  if type(result) ~= 'string' or #result > 1048576 then
+    return nil, bad_args(what, 'result must be at most 1048576 bytes')
+  end
+  return {tok = tok, retention = retention, status = status, result = result}
+end
+-- Completes record r of `key` (as load() gave it, or nil) for completion c: 1 OK
+-- (COMPLETED, kept until now + retention), 0 LOST (not IN_PROGRESS under c.tok;
+-- nothing changed).
+local function complete_record(key, r, c)
+  if not r or r.state ~= 1 or r.tok ~= c.tok then return 0 end
+  redis.call('SET', key, encode(2, c.status, r.tok, r.fence, r.attempt, 0, r.fp, c.result),
+             'PX', c.retention)
+  return 1
+end

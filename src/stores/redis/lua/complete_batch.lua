@@ -1,0 +1,39 @@
+-- dedup complete_batch: several completions in one script call, each answered as
+-- complete.lua answers it, in order (see docs/REDIS_PROTOCOL.md). Every argument
+-- and every record is checked before anything is written: an error reply means
+-- nothing changed. A key repeated in the batch answers 0 LOST after it completed.
+-- Plain Redis only (the keys of a batch lie in many cluster slots; the cluster
+-- store pipelines complete.lua per node instead).
+-- KEYS[i]        the record key of completion i, i = 1..n, n >= 1
+-- ARGV[4i-3..4i] completion i as complete.lua's ARGV[1..4] (token, retention,
+--                completion status, result)
+-- Reply          an array of n integers: 1 OK, 0 LOST
+--@dedup-include record.lua
+local n = #KEYS
+if n == 0 or #ARGV ~= 4 * n then
+  return bad_args('complete_batch', 'needs 1 or more keys and 4 arguments per key, got ' ..
+                  n .. ' keys and ' .. #ARGV .. ' arguments')
+end
+local items, recs = {}, {}
+for i = 1, n do
+  local a = 4 * i - 4
+  local c, bad = complete_args('complete_batch: completion ' .. i, ARGV[a + 1], ARGV[a + 2],
+                               ARGV[a + 3], ARGV[a + 4])
+  if bad then return bad end
+  items[i] = c
+end
+for i = 1, n do
+  if recs[KEYS[i]] == nil then
+    local r, err = load(KEYS[i], 'complete_batch')
+    if err then return err end
+    recs[KEYS[i]] = r or false
+  end
+end
+local out = {}
+for i = 1, n do
+  local key = KEYS[i]
+  out[i] = complete_record(key, recs[key] or nil, items[i])
+  -- Completed: a repeat of the key in this batch answers LOST, as it would alone.
+  if out[i] == 1 then recs[key] = false end
+end
+return out
