@@ -41,6 +41,11 @@ TEST(Token, HexRoundTrip) {
   EXPECT_EQ(Token::FromHex("zz"), std::nullopt);
   EXPECT_EQ(Token::FromHex("0"), std::nullopt);
   EXPECT_EQ(Token::FromHex("00000000000000001"), std::nullopt);
+  EXPECT_EQ(Token::FromHex("0000000000000000"), std::nullopt);
+  EXPECT_EQ(Token::FromHex("ABCDEF0123456789"), std::nullopt);  // one spelling only
+  EXPECT_EQ(Token::FromHex("abc"), std::nullopt);
+  EXPECT_EQ(Token::FromHex("0x0123456789abcd"), std::nullopt);
+  EXPECT_EQ(Token::FromHex("0123456789abcdef")->value, 0x0123456789abcdefULL);
 }
 
 TEST(Token, RandomTokensDiffer) {

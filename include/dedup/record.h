@@ -25,6 +25,8 @@ struct Token {
   friend bool operator==(Token a, Token b) { return a.value == b.value; }
   // 16 lower-case hex digits, the form used on the wire and in the CLI.
   std::string ToHex() const;
+  // The inverse of ToHex: exactly 16 lower-case hex digits, not all 0; anything
+  // else (upper case, fewer digits, a 0x prefix) is nullopt.
   static std::optional<Token> FromHex(std::string_view hex);
   // A fresh token from a per-thread generator seeded by std::random_device.
   static Token Random();

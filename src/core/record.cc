@@ -14,13 +14,14 @@ std::string Token::ToHex() const {
 }
 
 std::optional<Token> Token::FromHex(std::string_view hex) {
-  if (hex.empty() || hex.size() > 16) return std::nullopt;
+  // Exactly the form ToHex writes (and the Lua scripts accept): one spelling per
+  // token, so a token that is compared as text elsewhere cannot differ from ours.
+  if (hex.size() != 16) return std::nullopt;
   uint64_t v = 0;
   for (char c : hex) {
     int d;
     if (c >= '0' && c <= '9') d = c - '0';
     else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
     else return std::nullopt;
     v = (v << 4) | static_cast<uint64_t>(d);
   }

@@ -82,7 +82,7 @@ StatusOr<Token> GetToken(const Json& j) {
     return Status::InvalidArgument("token (16 hex digits, from the claim) is required");
   }
   auto t = Token::FromHex(j["token"].get<std::string>());
-  if (!t) return Status::InvalidArgument("token must be 16 hex digits");
+  if (!t) return Status::InvalidArgument("token must be 16 lower-case hex digits, not all 0");
   return *t;
 }
 
