@@ -540,6 +540,53 @@ TEST_F(BufferTest, BatchCompleteThatNeverLandsIsNotAcked) {
   }
 }
 
+// One request's own error (here: its owner is gone) fails a whole batch call. The
+// others must still be recorded: left unwritten, their leases would run out and
+// a takeover would run their handlers a second time.
+class RefusesOneOwner : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  std::string refused_key;
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    if (key == refused_key) return Status(StatusCode::kAborted, "this owner's process is gone");
+    return StoreWrapper::Complete(key, token, retention, status, result);
+  }
+  // The generic loop over Complete, as a store without a native batch has.
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs) override {
+    return Store::CompleteBatch(reqs);  // NOLINT(bugprone-parent-virtual-call)
+  }
+};
+
+TEST_F(BufferTest, OneRequestsErrorDoesNotLeaveTheOthersOfItsBatchUnwritten) {
+  RefusesOneOwner store(store_.get());
+  store.refused_key = "b";
+  Buffer buffer(&store);
+  std::vector<PendingOutcome> pending = DeferDone(buffer, {"a", "b", "c"});
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  ASSERT_EQ(ps.size(), 3u);
+  // "a" was written by the failed call (the loop got that far): written again
+  // alone it answers LOST, so it is not acked, and its next delivery is a DUPLICATE.
+  EXPECT_EQ(ps[0].action, BrokerAction::kRetry);
+  EXPECT_EQ(ps[0].completion, WriteResult::kLost);
+  EXPECT_EQ(ps[1].action, BrokerAction::kRetry);
+  EXPECT_EQ(ps[1].status.code(), StatusCode::kAborted);
+  // "c" was never reached by the failed call: recorded by its own write.
+  EXPECT_EQ(ps[2].action, BrokerAction::kAck) << ps[2].reason;
+  for (const char* key : {"a", "c"}) {
+    auto rec = store_->Inspect(key);
+    ASSERT_TRUE(rec.ok() && rec->has_value()) << key;
+    EXPECT_EQ((*rec)->state, RecordState::kCompleted) << key;
+    Processed again = buffer.ProcessOnce(key, "", [](ClaimGuard&) {
+      ADD_FAILURE() << "a recorded outcome's handler ran again";
+      return HandlerResult::Done();
+    });
+    EXPECT_EQ(again.claim.outcome, ClaimOutcome::kDuplicate) << key;
+    EXPECT_EQ(again.action, BrokerAction::kAck) << key;
+  }
+}
+
 TEST(BufferHeartbeat, PendingOutcomeKeepsItsLeaseUntilWritten) {
   auto store = NewMemoryStore();
   BufferOptions o;

@@ -617,42 +617,59 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     where.push_back(i);
   }
   if (!reqs.empty()) {
-    StatusOr<std::vector<AckedWrite>> r = Status::Unavailable("not tried");
-    for (int t = 0; t < std::max(1, options_.complete_tries); ++t) {
-      if (reqs.size() == 1) {
-        // One alone: the single calls, so that a StoreWrapper overriding only
-        // Complete / CompleteWithAck sees every completion ProcessOnce makes.
-        const CompleteRequest& q = reqs[0];
-        if (q.ack != nullptr && store_->CanCompleteWithAck(*q.ack)) {
-          StatusOr<AckedWrite> a =
-              store_->CompleteWithAck(q.key, q.token, q.retention, q.status, q.result, *q.ack);
-          r = a.ok() ? StatusOr<std::vector<AckedWrite>>(std::vector<AckedWrite>{*a})
-                     : StatusOr<std::vector<AckedWrite>>(a.status());
-        } else {
-          StatusOr<WriteResult> one =
-              store_->Complete(q.key, q.token, q.retention, q.status, q.result);
-          r = one.ok() ? StatusOr<std::vector<AckedWrite>>(
-                             std::vector<AckedWrite>{AckedWrite{*one, false}})
-                       : StatusOr<std::vector<AckedWrite>>(one.status());
-        }
-      } else {
-        r = store_->CompleteBatch(reqs);
+    // A store call, tried again while its error is retryable (complete_tries).
+    auto tried = [this](auto call) {
+      auto r = call();
+      for (int t = 1; t < std::max(1, options_.complete_tries) && !r.ok() &&
+                      r.status().retryable();
+           ++t) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(t - 1, 5)));
+        r = call();
       }
-      if (r.ok() || !r.status().retryable()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(t, 5)));
-    }
-    if (r.ok() && r->size() != reqs.size()) {
-      r = Status::Internal("store " + store_->Describe() + ": complete batch answered " +
-                           std::to_string(r->size()) + " results for " +
-                           std::to_string(reqs.size()) + " requests");
+      return r;
+    };
+    // One completion with the single calls, so that a StoreWrapper overriding only
+    // Complete / CompleteWithAck sees every completion ProcessOnce makes.
+    auto one = [this](const CompleteRequest& q) -> StatusOr<AckedWrite> {
+      if (q.ack != nullptr && store_->CanCompleteWithAck(*q.ack)) {
+        return store_->CompleteWithAck(q.key, q.token, q.retention, q.status, q.result, *q.ack);
+      }
+      StatusOr<WriteResult> w = store_->Complete(q.key, q.token, q.retention, q.status, q.result);
+      if (!w.ok()) return w.status();
+      return AckedWrite{*w, false};
+    };
+    std::vector<StatusOr<AckedWrite>> res(reqs.size(), Status::Internal("unset"));
+    if (reqs.size() == 1) {
+      res[0] = tried([&] { return one(reqs[0]); });
+    } else {
+      StatusOr<std::vector<AckedWrite>> b = tried([&] { return store_->CompleteBatch(reqs); });
+      if (b.ok() && b->size() != reqs.size()) {
+        b = Status::Internal("store " + store_->Describe() + ": complete batch answered " +
+                             std::to_string(b->size()) + " results for " +
+                             std::to_string(reqs.size()) + " requests");
+      }
+      if (b.ok()) {
+        for (size_t j = 0; j < reqs.size(); ++j) res[j] = (*b)[j];
+      } else if (!b.status().retryable()) {
+        // The error of one request fails the whole call (Store::CompleteBatch is all
+        // or nothing in its answer, not in what it wrote), so each is written alone:
+        // one the failed call did write answers LOST (its record is no longer in
+        // progress) and is not acked, so its next delivery sees DUPLICATE; one it
+        // did not write is recorded now, instead of being left to a takeover that
+        // would run its handler again. A retryable error (the store unreachable
+        // after every try) is every request's alike, and is theirs as it stands.
+        for (size_t j = 0; j < reqs.size(); ++j) res[j] = tried([&] { return one(reqs[j]); });
+      } else {
+        for (size_t j = 0; j < reqs.size(); ++j) res[j] = b.status();
+      }
     }
     for (size_t j = 0; j < where.size(); ++j) {
       const size_t i = where[j];
-      if (r.ok()) {
-        w[i] = (*r)[j].write;
-        acked[i] = (*r)[j].acked;
+      if (res[j].ok()) {
+        w[i] = res[j]->write;
+        acked[i] = res[j]->acked;
       } else {
-        w[i] = r.status();
+        w[i] = res[j].status();
       }
       // Ends ownership whatever the answer: on a lasting error the lease will run
       // out and the message be redelivered, which is the fail-closed outcome.
