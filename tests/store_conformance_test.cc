@@ -611,8 +611,9 @@ TEST_P(StoreConformance, BatchCompleteAnswersAsSingleCompletes) {
   ASSERT_EQ(taken.outcome, ClaimOutcome::kAcquired);
   // An ack no store can fuse: ignored, the completion made as without it.
   const BrokerAck foreign{"no-such-broker", "nowhere", "t", "g", "1-1"};
+  const std::string with_nul("r\0k", 3);  // outlives the requests that view it
   std::vector<CompleteRequest> reqs = {
-      Completion("c:ok", ok.token, std::string("r\0k", 3)),
+      Completion("c:ok", ok.token, with_nul),
       Completion("c:failed", failed.token, "why", CompletionStatus::kFailed),
       Completion("c:done", done.token, "second"),       // already completed: LOST
       Completion("c:absent", ok.token),                 // no record: LOST
@@ -659,7 +660,8 @@ TEST_P(StoreConformance, BatchCompleteWithOneBadRequestWritesNothing) {
   auto res = store_->CompleteBatch(reqs);
   EXPECT_EQ(res.status().code(), StatusCode::kInvalidArgument) << res.status();
   EXPECT_NE(res.status().message().find("batch request 1"), std::string::npos) << res.status();
-  reqs[1] = Completion("cb:b", b.token, std::string(kMaxResultBytes + 1, 'x'));
+  const std::string too_long(kMaxResultBytes + 1, 'x');  // outlives the request
+  reqs[1] = Completion("cb:b", b.token, too_long);
   res = store_->CompleteBatch(reqs);
   EXPECT_EQ(res.status().code(), StatusCode::kInvalidArgument) << res.status();
   EXPECT_EQ(MustInspect("cb:a")->state, RecordState::kInProgress);
