@@ -283,7 +283,10 @@ TEST(WorkerAck, OneRoundTripForCompleteAndAckOnTheSameRedis) {
   // round trips than messages for complete + ack, fused or not.
   EXPECT_LT(after, 1.0);
   EXPECT_LT(before, 2.0);
-  EXPECT_LE(after, before);
+  // Not compared with each other: the two runs' batch sizes depend on timing (on a
+  // busy machine the fused run may get smaller batches and so more round trips per
+  // message). What fusing saves is asserted per batch above: no XACK round trip of
+  // its own, and one script call per completion batch.
 }
 
 // The hook itself: LOST acks nothing (the entry stays pending), a failed
