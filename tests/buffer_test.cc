@@ -421,6 +421,33 @@ TEST(BufferHeartbeat, LostLeaseIsReportedAndNotAcked) {
   EXPECT_GE(buffer.stats().heartbeat_lost, 1u);
 }
 
+// A claim made ahead (a fetched batch) that waited in a queue while no heartbeat
+// got through for a whole lease: its handler must not start, since another owner
+// may already hold the key. (Found by the fault-proxy test: a 5.5 s stall of every
+// connection, then handlers started on 4 s leases and ran a second time.)
+TEST(BufferHeartbeat, HandlerDoesNotStartOnALeaseThatRanOut) {
+  auto inner = NewMemoryStore();
+  FlakyStore flaky(inner.get());
+  flaky.fail_extends = 1'000'000;
+  BufferOptions o;
+  o.lease = 200ms;
+  Buffer buffer(&flaky, o);
+  const ClaimItem items[] = {{"k", ""}};
+  std::vector<StatusOr<ClaimGuard>> claims = buffer.ClaimBatch(items);
+  ASSERT_EQ(claims.size(), 1u);
+  ASSERT_TRUE(claims[0].ok()) << claims[0].status();
+  std::this_thread::sleep_for(400ms);  // two leases, every heartbeat refused
+  bool ran = false;
+  Processed p = buffer.ProcessClaimed("k", std::move(claims[0]), [&](ClaimGuard&) {
+    ran = true;
+    return HandlerResult::Done();
+  });
+  EXPECT_FALSE(ran);
+  EXPECT_FALSE(p.ran);
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_NE(p.reason.find("lease ran out"), std::string::npos) << p.reason;
+}
+
 TEST(BufferHeartbeat, HeartbeatSurvivesStoreBlips) {
   auto inner = NewMemoryStore();
   FlakyStore flaky(inner.get());

@@ -557,6 +557,14 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
       break;
   }
 
+  if (g.lost()) {
+    // Claimed, then queued while no heartbeat got through for a whole lease (a
+    // stalled store, a starved process): another owner may already hold the key.
+    // Never start the work on a claim that cannot be shown to be held.
+    Resolve(&p, HandlerResult::Retry("the lease ran out before the handler started"),
+            g.Release(), false);
+    return p;
+  }
   HandlerResult hr;
   p.ran = true;
   try {
