@@ -625,13 +625,22 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     where.push_back(i);
   }
   if (!reqs.empty()) {
-    // A store call, tried again while its error is retryable (complete_tries).
-    auto tried = [this](auto call) {
+    // A store call, tried again while its error is retryable: complete_tries times,
+    // and beyond that for as long as these claims are still known to be held, up to
+    // 2 s. A client that lost its connections (a stalled network) refuses requests
+    // for up to a second while it reconnects; an outcome given up within the first
+    // 60 ms of that would be left to a takeover that runs the handler again.
+    auto held_until = std::chrono::steady_clock::time_point::min();
+    for (size_t i : where) held_until = std::max(held_until, pending[i].guard_.lease_deadline());
+    const auto give_up_at =
+        std::min(held_until, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+    auto tried = [this, give_up_at](auto call) {
       auto r = call();
-      for (int t = 1; t < std::max(1, options_.complete_tries) && !r.ok() &&
-                      r.status().retryable();
+      for (int t = 1; !r.ok() && r.status().retryable() &&
+                      (t < std::max(1, options_.complete_tries) ||
+                       std::chrono::steady_clock::now() < give_up_at);
            ++t) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(t - 1, 5)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 << std::min(t - 1, 5), 250)));
         r = call();
       }
       return r;
