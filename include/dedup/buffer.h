@@ -78,8 +78,11 @@ struct BufferOptions {
   Millis heartbeat_interval{0};
   // Delay suggested to the broker after a release or a store error. Default: 1 s.
   Millis retry_delay{1'000};
-  // Complete() is tried this many times when the store is unavailable before the
-  // outcome is given up (and the message left to be redelivered). Default: 3.
+  // Complete() is tried at least this many times when the store is unavailable,
+  // and beyond that for as long as the claim is known to be held (up to 2 s: a
+  // client reconnecting after a network stall refuses requests for up to a
+  // second), before the outcome is given up (and the message left to be
+  // redelivered). Default: 3.
   int complete_tries = 3;
   // A claim the store answers DataLoss (the key's record cannot be decoded:
   // corrupt, written by something else, or by a newer format) is retried after
@@ -283,8 +286,8 @@ class Buffer {
       const BrokerAck* ack = nullptr);
 
   // Records the pending outcomes with one Store::CompleteBatch (each fused with
-  // its broker ack where the store can; retried as a whole, up to complete_tries,
-  // while the store is unavailable) and answers, in order, exactly what
+  // its broker ack where the store can; retried as a whole while the store is
+  // unavailable, as complete_tries says) and answers, in order, exactly what
   // ProcessClaimed would have answered for each: the policy above decides, only
   // the write is batched. A claim whose heartbeat saw LOST is not written and
   // answers LOST (kRetry). Each PendingOutcome is inactive afterwards.
