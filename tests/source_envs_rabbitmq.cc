@@ -119,15 +119,24 @@ class RabbitMqEnv final : public SourceEnv {
         "L = [{N, M} || [{name, {resource, _, queue, N}}, {messages, M}] <- "
         "rabbit_amqqueue:info_all(<<\"" + options_.vhost + "\">>, [name, messages]), "
         "N =:= Q orelse string:prefix(N, P) =/= nomatch], "
-        "case lists:keymember(Q, 1, L) of true -> lists:sum([M || {_, M} <- L]); "
-        "false -> no_queue end.";
+        "case lists:keymember(Q, 1, L) of false -> no_queue; "
+        "true -> case lists:all(fun({_, M}) -> is_integer(M) end, L) of "
+        "true -> lists:sum([M || {_, M} <- L]); false -> not_ready end end.";
     const std::string cmd = std::string(eval) + " '" + expr + "' 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return Status::Internal("cannot run " + std::string(eval));
     std::string out;
-    char buf[512];
-    while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-    const int rc = pclose(p);
+    int rc = 0;
+    // A queue whose process is starting (a retry queue just declared, a queue
+    // taking back what a closed connection held) has no count yet: asked again.
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      FILE* p = popen(cmd.c_str(), "r");
+      if (p == nullptr) return Status::Internal("cannot run " + std::string(eval));
+      out.clear();
+      char buf[512];
+      while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+      rc = pclose(p);
+      if (rc != 0 || out.find("not_ready") == std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     size_t total = 0;
     if (rc != 0 || std::sscanf(out.c_str(), "{ok, %zu}", &total) != 1) {
       return Status::Unavailable("counting the messages of " + queue_ + " on the node: " + out);
