@@ -259,6 +259,12 @@ Status ValidateComplete(std::string_view key, Token token, Millis retention,
                         std::string_view result);
 Status ValidateRelease(std::string_view key, Token token, Millis retention);
 
+// One CompleteRequest with the single calls: Store::CompleteWithAck when the
+// request carries an ack the store can fuse with a kOk completion, else
+// Store::Complete (acked = false). What the default Store::CompleteBatch does per
+// request, and what Buffer does for a completion written alone.
+StatusOr<AckedWrite> CompleteOne(Store& store, const CompleteRequest& req);
+
 struct OpenOptions {
   // The clock of embedded stores (memory, RocksDB). Not owned; must outlive the
   // store. Default: Clock::System(). Ignored by server stores, which use the

@@ -647,14 +647,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     };
     // One completion with the single calls, so that a StoreWrapper overriding only
     // Complete / CompleteWithAck sees every completion ProcessOnce makes.
-    auto one = [this](const CompleteRequest& q) -> StatusOr<AckedWrite> {
-      if (q.ack != nullptr && store_->CanCompleteWithAck(*q.ack)) {
-        return store_->CompleteWithAck(q.key, q.token, q.retention, q.status, q.result, *q.ack);
-      }
-      StatusOr<WriteResult> w = store_->Complete(q.key, q.token, q.retention, q.status, q.result);
-      if (!w.ok()) return w.status();
-      return AckedWrite{*w, false};
-    };
+    auto one = [this](const CompleteRequest& q) { return CompleteOne(*store_, q); };
     std::vector<StatusOr<AckedWrite>> res(reqs.size(), Status::Internal("unset"));
     if (reqs.size() == 1) {
       res[0] = tried([&] { return one(reqs[0]); });

@@ -113,18 +113,20 @@ StatusOr<std::vector<AckedWrite>> Store::CompleteBatch(std::span<const CompleteR
   std::vector<AckedWrite> out;
   out.reserve(reqs.size());
   for (const CompleteRequest& r : reqs) {
-    if (r.ack != nullptr && r.status == CompletionStatus::kOk && CanCompleteWithAck(*r.ack)) {
-      StatusOr<AckedWrite> a = CompleteWithAck(r.key, r.token, r.retention, r.status, r.result,
-                                               *r.ack);
-      if (!a.ok()) return a.status();
-      out.push_back(*a);
-    } else {
-      StatusOr<WriteResult> w = Complete(r.key, r.token, r.retention, r.status, r.result);
-      if (!w.ok()) return w.status();
-      out.push_back(AckedWrite{*w, false});
-    }
+    StatusOr<AckedWrite> a = CompleteOne(*this, r);
+    if (!a.ok()) return a.status();
+    out.push_back(*a);
   }
   return out;
+}
+
+StatusOr<AckedWrite> CompleteOne(Store& store, const CompleteRequest& r) {
+  if (r.ack != nullptr && r.status == CompletionStatus::kOk && store.CanCompleteWithAck(*r.ack)) {
+    return store.CompleteWithAck(r.key, r.token, r.retention, r.status, r.result, *r.ack);
+  }
+  StatusOr<WriteResult> w = store.Complete(r.key, r.token, r.retention, r.status, r.result);
+  if (!w.ok()) return w.status();
+  return AckedWrite{*w, false};
 }
 
 }  // namespace dedup
