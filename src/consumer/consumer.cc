@@ -1,8 +1,9 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // One fetch thread (the caller of Run) takes batches from the source, drops
-// deliveries whose id this Consumer already holds, claims the rest with one
-// Buffer::ClaimBatch and queues them; `concurrency` handler threads run each
+// deliveries whose id this Consumer already holds and stages the rest; a handler
+// thread claims a staged batch with one Buffer::ClaimBatch (while the fetch
+// thread fetches the next) and queues it; `concurrency` handler threads run each
 // through Buffer::ProcessClaimed (or the Processor) and settle it with the broker.
 // The policy (outcome -> broker action) lives in ProcessOnce alone; this file only
 // carries out the action and counts.
