@@ -87,9 +87,9 @@ struct BufferOptions {
   // passed since the first try, but never after the claim's lease_deadline() (the
   // first try is always sent). Then the error is the answer: the outcome is given
   // up and the message left to be redelivered (fail closed). Any other error is
-  // the answer at once. The call blocks for at most about
-  // max(complete_retry_time, the complete_tries backoffs) — the guard's
-  // destructor too, when it releases. Default: 3.
+  // the answer at once. So the call blocks for about max(complete_retry_time,
+  // the complete_tries backoffs) at most, plus the last try's own time (a client
+  // timeout) — the guard's destructor too, when it releases. Default: 3.
   int complete_tries = 3;
   // See complete_tries. 2 s outlasts a client that reconnects after a network
   // stall (it refuses requests for up to a second meanwhile); an outcome given up
