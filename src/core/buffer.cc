@@ -83,6 +83,15 @@ class Buffer::Heartbeat {
     std::lock_guard lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
     const bool was_idle = claims_.empty();
+    // Finished claims are dropped at the next beat, which may be a lease/3 away:
+    // at tens of thousands of claims a second that would keep hundreds of
+    // thousands of them (each with its key) alive. Sweeping whenever the list
+    // doubles since the last sweep keeps it within about twice the claims held,
+    // at an amortized O(1) per claim.
+    if (claims_.size() >= sweep_at_) {
+      std::erase_if(claims_, [](const auto& h) { return h->finished.load(); });
+      sweep_at_ = std::max<size_t>(2 * claims_.size(), kMinSweep);
+    }
     claims_.push_back(std::move(held));
     // A new claim's beat is never earlier than the ones already scheduled, so the
     // thread needs waking only when it sleeps with nothing to do.
@@ -101,6 +110,7 @@ class Buffer::Heartbeat {
       auto next = now + interval_;
       std::vector<std::shared_ptr<HeldClaim>> due;
       std::erase_if(claims_, [](const auto& h) { return h->finished.load(); });
+      sweep_at_ = std::max<size_t>(2 * claims_.size(), kMinSweep);
       for (auto& h : claims_) {
         if (h->next_beat <= now) {
           due.push_back(h);
@@ -151,6 +161,8 @@ class Buffer::Heartbeat {
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<std::shared_ptr<HeldClaim>> claims_;
+  static constexpr size_t kMinSweep = 1024;
+  size_t sweep_at_ = kMinSweep;  // Add() sweeps finished claims at this size
   std::thread thread_;
   std::atomic<uint64_t> beats_{0}, lost_{0}, errors_{0};
 };
