@@ -10,7 +10,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -24,30 +23,24 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <new>
 
 extern char** environ;
 
 namespace dedup {
-
-// One entry of the watchdog's table, in memory shared by the owner, its vfork
-// children and the watchdog (MAP_SHARED): nothing is sent to the watchdog per
-// handler, so it sleeps until its owner is gone instead of waking twice per
-// handler.
-struct HandlerWatchSlot {
-  // The handler's group: written by the child before exec, 0 once the group has
-  // been killed (before its leader is reaped, so the id is never a reused one).
-  std::atomic<int32_t> pgid{0};
-  // Its cgroup's number (HandlerCgroups::Name), set before the cgroup is made,
-  // 0 once it is removed; a cgroup that would not empty keeps its slot.
-  std::atomic<uint64_t> cgroup{0};
-};
-static_assert(std::atomic<int32_t>::is_always_lock_free &&
-              std::atomic<uint64_t>::is_always_lock_free);
-
 namespace {
 
 using Steady = std::chrono::steady_clock;
+
+// One record on the watchdog socket (SOCK_SEQPACKET: one send, one record).
+struct WatchMsg {
+  int32_t op;
+  int32_t pgid;     // kAdd, kRemove
+  uint64_t cgroup;  // kAddCgroup, kRemoveCgroup: the child's number (HandlerCgroups::Name)
+};
+constexpr int32_t kAdd = 1;
+constexpr int32_t kRemove = 2;
+constexpr int32_t kAddCgroup = 3;
+constexpr int32_t kRemoveCgroup = 4;
 
 // How long the supervisor and the watchdog wait for a killed cgroup to empty.
 constexpr Millis kCgroupEmptyLimit{5'000};
@@ -57,6 +50,8 @@ struct WatchCgroups {
   int dir_fd = -1;  // -1: none
   bool has_kill_file = false;
   pid_t owner = 0;
+  uint64_t* slots = nullptr;
+  size_t cap = 0;
 };
 
 constexpr size_t kSpawnStack = 64 * 1024;
@@ -80,7 +75,7 @@ int PidfdOpen(pid_t pid) {
 }
 
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
-[[noreturn]] void WatchdogMain(int fd, HandlerWatchSlot* slots, size_t n, WatchCgroups cg) {
+[[noreturn]] void WatchdogMain(int fd, pid_t* slots, size_t cap, WatchCgroups cg) {
   setpgid(0, 0);  // out of the owner's group: `kill -9 -<owner group>` spares it
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
@@ -106,31 +101,42 @@ int PidfdOpen(pid_t pid) {
   dup2(sock, 3);
   if (cg_dir >= 0) dup2(cg_dir, 4);
   close_range(cg_dir >= 0 ? 5 : 4, ~0U, 0);
-  // Nothing is ever sent: the table is in memory shared with the owner, and
-  // this only waits for the owner's end of the socket to close.
+  size_t n = 0, n_cg = 0;
   for (;;) {
-    char c;
-    const ssize_t r = recv(3, &c, sizeof(c), 0);
+    WatchMsg m{};
+    const ssize_t r = recv(3, &m, sizeof(m), 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;  // end of file: the owner is gone, however it went
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const pid_t g = slots[i].pgid.load(std::memory_order_acquire);
-    if (g > 1) kill(-g, SIGKILL);
-  }
-  if (cg.dir_fd >= 0) {
-    char name[48];
-    for (size_t i = 0; i < n; ++i) {
-      if (const uint64_t id = slots[i].cgroup.load(std::memory_order_acquire); id != 0) {
-        HandlerCgroups::Name(cg.owner, id, name);
-        (void)KillCgroup(4, name, cg.has_kill_file, Millis(1'000));
+    if (r != static_cast<ssize_t>(sizeof(m))) continue;
+    if (m.op == kAddCgroup || m.op == kRemoveCgroup) {
+      size_t i = 0;
+      while (i < n_cg && cg.slots[i] != m.cgroup) ++i;
+      if (m.op == kAddCgroup && i == n_cg && n_cg < cg.cap) {
+        cg.slots[n_cg++] = m.cgroup;
+      } else if (m.op == kRemoveCgroup && i < n_cg) {
+        cg.slots[i] = cg.slots[--n_cg];
       }
+      continue;
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (const uint64_t id = slots[i].cgroup.load(std::memory_order_acquire); id != 0) {
-        HandlerCgroups::Name(cg.owner, id, name);
-        if (WaitCgroupEmpty(4, name, kCgroupEmptyLimit)) (void)RemoveCgroup(4, name);
-      }
+    if (m.pgid <= 1) continue;
+    size_t i = 0;
+    while (i < n && slots[i] != m.pgid) ++i;
+    if (m.op == kAdd && i == n && n < cap) {
+      slots[n++] = m.pgid;
+    } else if (m.op == kRemove && i < n) {
+      slots[i] = slots[--n];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) kill(-slots[i], SIGKILL);
+  if (n_cg > 0 && cg_dir >= 0) {
+    char name[48];
+    for (size_t i = 0; i < n_cg; ++i) {
+      HandlerCgroups::Name(cg.owner, cg.slots[i], name);
+      (void)KillCgroup(4, name, cg.has_kill_file, Millis(1'000));
+    }
+    for (size_t i = 0; i < n_cg; ++i) {
+      HandlerCgroups::Name(cg.owner, cg.slots[i], name);
+      if (WaitCgroupEmpty(4, name, kCgroupEmptyLimit)) (void)RemoveCgroup(4, name);
     }
   }
   _exit(0);
@@ -145,11 +151,12 @@ struct SpawnArgs {
   char* const* envp = nullptr;
   int stdin_fd = -1;
   int stdout_fd = -1;
-  HandlerWatchSlot* slot = nullptr;  // where the child writes its group for the watchdog
-  int cgroup_procs_fd = -1;   // the handler's cgroup's cgroup.procs, or -1
+  int watch_fd = -1;
+  int cgroup_procs_fd = -1;  // the handler's cgroup's cgroup.procs, or -1
   int cgroup_errno = 0;
   pid_t parent = 0;
-  bool exec_started = false;  // past every step before exec
+  bool registered = false;
+  int register_errno = 0;
   int exec_errno = 0;
 };
 
@@ -174,11 +181,15 @@ int SpawnChild(void* p) {
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (getppid() != a->parent) _exit(127);  // the owner died before prctl
-  // Register our group with the watchdog (its table is shared memory) while we
-  // still hold a copy of the owner's end of its socket (closed at exec): the
-  // watchdog cannot see that end close before the entry is there.
-  a->slot->pgid.store(getpid(), std::memory_order_release);
-  a->exec_started = true;
+  // Register our group with the watchdog while we still hold a copy of the
+  // owner's end of its socket (closed at exec): the watchdog cannot see that end
+  // close before it knows us.
+  const WatchMsg m{kAdd, static_cast<int32_t>(getpid()), 0};
+  if (send(a->watch_fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
+    a->register_errno = errno != 0 ? errno : EPIPE;
+    _exit(127);
+  }
+  a->registered = true;
   if (a->stdin_fd >= 0) {
     if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
     else dup2(a->stdin_fd, 0);
@@ -334,18 +345,6 @@ StatusOr<std::unique_ptr<HandlerSupervisor>> HandlerSupervisor::Start(Supervisor
   }
   s->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->stop_fd_ < 0) return Status::Unavailable("eventfd: " + Err(errno));
-  // The watchdog's table: shared with every watchdog this supervisor starts.
-  // A slot per running handler, and as many again for cgroups that could not be
-  // removed (they keep their slot).
-  const size_t n = 2 * options.max_handlers;
-  void* mem = mmap(nullptr, n * sizeof(HandlerWatchSlot), PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) return Status::Unavailable("watchdog table: mmap: " + Err(errno));
-  s->slots_ = static_cast<HandlerWatchSlot*>(mem);
-  s->nslots_ = n;
-  for (size_t i = 0; i < n; ++i) new (&s->slots_[i]) HandlerWatchSlot();
-  s->free_slots_.reserve(n);
-  for (size_t i = n; i > 0; --i) s->free_slots_.push_back(static_cast<uint32_t>(i - 1));
   std::lock_guard lock(s->mu_);
   DEDUP_RETURN_IF_ERROR(s->StartWatchdog());
   return s;
@@ -356,11 +355,16 @@ Status HandlerSupervisor::StartWatchdog() {
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     return Status::Unavailable("watchdog socket: " + Err(errno));
   }
+  std::vector<pid_t> slots(options_.max_handlers);  // the child's copy is its table
+  // Cgroups that could not be removed stay registered: room for as many again.
+  std::vector<uint64_t> cg_slots(cgroups_ ? 2 * options_.max_handlers : 0);
   WatchCgroups cg;
   if (cgroups_) {
     cg.dir_fd = cgroups_->dir_fd();
     cg.has_kill_file = cgroups_->has_kill_file();
     cg.owner = owner_pid_;
+    cg.slots = cg_slots.data();
+    cg.cap = cg_slots.size();
   }
   const pid_t pid = fork();
   if (pid < 0) {
@@ -371,12 +375,12 @@ Status HandlerSupervisor::StartWatchdog() {
   }
   if (pid == 0) {
     close(sv[0]);
-    WatchdogMain(sv[1], slots_, nslots_, cg);
+    WatchdogMain(sv[1], slots.data(), slots.size(), cg);
   }
   close(sv[1]);
   int pidfd = PidfdOpen(pid);  // -1 on kernels before 5.3: no early restart then
   // Keep the fd numbers across restarts (dup3 replaces atomically), so that a
-  // spawn racing with a restart never holds an unrelated, reused number.
+  // spawn racing with a restart never writes to an unrelated, reused number.
   if (watch_fd_ < 0) {
     watch_fd_ = sv[0];
   } else {
@@ -393,68 +397,81 @@ Status HandlerSupervisor::StartWatchdog() {
   }
   watchdog_pid_.store(pid);
   generation_.fetch_add(1);
+  for (pid_t g : live_) {
+    const WatchMsg m{kAdd, static_cast<int32_t>(g), 0};
+    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  }
+  for (uint64_t id : live_cgroups_) {
+    const WatchMsg m{kAddCgroup, 0, id};
+    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  }
   return Status::Ok();
 }
 
-Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation) {
+Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation, bool socket_refused) {
   std::lock_guard lock(mu_);
   if (generation_.load() != seen_generation) return Status::Ok();  // done by another thread
   const pid_t old = watchdog_pid_.load();
   siginfo_t info{};
+  // Its socket refused us: it is exiting (descriptors close just before it turns
+  // into a zombie), so wait for it; else only reap it if it is already dead.
+  const int flags = socket_refused ? WEXITED : WEXITED | WNOHANG;
   int w;
-  while ((w = waitid(P_PID, static_cast<id_t>(old), &info, WEXITED | WNOHANG)) < 0 &&
-         errno == EINTR) {
+  while ((w = waitid(P_PID, static_cast<id_t>(old), &info, flags)) < 0 && errno == EINTR) {
   }
   if (old > 0 && w == 0 && info.si_pid == 0) return Status::Ok();  // alive: nothing to do
   return StartWatchdog();
 }
 
-bool HandlerSupervisor::WatchdogAlive() const {
-  if (watch_pidfd_ >= 0) {
-    pollfd p{watch_pidfd_, POLLIN, 0};
-    return poll(&p, 1, 0) == 0;  // readable once it exited
+void HandlerSupervisor::Register(pid_t pgid, uint64_t generation_before) {
+  std::lock_guard lock(mu_);
+  live_.push_back(pgid);
+  if (generation_.load() != generation_before) {
+    // A new watchdog started since the child registered with the old one.
+    const WatchMsg m{kAdd, static_cast<int32_t>(pgid), 0};
+    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
   }
-  siginfo_t info{};
-  const pid_t w = watchdog_pid_.load();
-  if (waitid(P_PID, static_cast<id_t>(w), &info, WEXITED | WNOHANG | WNOWAIT) != 0) return false;
-  return info.si_pid == 0;
 }
 
-HandlerWatchSlot* HandlerSupervisor::TakeSlot() {
+void HandlerSupervisor::Unregister(pid_t pgid) {
   std::lock_guard lock(mu_);
-  if (free_slots_.empty()) return nullptr;
-  HandlerWatchSlot* slot = &slots_[free_slots_.back()];
-  free_slots_.pop_back();
-  return slot;
+  auto it = std::find(live_.begin(), live_.end(), pgid);
+  if (it != live_.end()) live_.erase(it);
+  const WatchMsg m{kRemove, static_cast<int32_t>(pgid), 0};
+  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
 }
 
-void HandlerSupervisor::FreeSlot(HandlerWatchSlot* slot) {
-  if (slot->cgroup.load(std::memory_order_relaxed) != 0) return;  // kept by a stuck cgroup
-  slot->pgid.store(0, std::memory_order_release);
+// Before the cgroup exists: a watchdog that sees its owner go always knows it.
+// If the send fails (the watchdog is dying), the restart resends live_cgroups_.
+void HandlerSupervisor::RegisterCgroup(uint64_t id) {
   std::lock_guard lock(mu_);
-  free_slots_.push_back(static_cast<uint32_t>(slot - slots_));
+  live_cgroups_.push_back(id);
+  const WatchMsg m{kAddCgroup, 0, id};
+  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+}
+
+void HandlerSupervisor::UnregisterCgroup(uint64_t id) {
+  std::lock_guard lock(mu_);
+  auto it = std::find(live_cgroups_.begin(), live_cgroups_.end(), id);
+  if (it != live_cgroups_.end()) live_cgroups_.erase(it);
+  const WatchMsg m{kRemoveCgroup, 0, id};
+  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
 }
 
 HandlerSupervisor::~HandlerSupervisor() {
-  if (slots_ != nullptr) {
-    for (size_t i = 0; i < nslots_; ++i) {
-      if (const pid_t g = slots_[i].pgid.load(); g > 1) kill(-g, SIGKILL);
-    }
+  {
+    std::lock_guard lock(mu_);
+    for (pid_t g : live_) kill(-g, SIGKILL);
     if (cgroups_) {
       char name[48];
-      for (size_t i = 0; i < nslots_; ++i) {
-        if (const uint64_t id = slots_[i].cgroup.load(); id != 0) {
-          HandlerCgroups::Name(owner_pid_, id, name);
-          (void)KillCgroup(cgroups_->dir_fd(), name, cgroups_->has_kill_file(), Millis(1'000));
-        }
+      for (uint64_t id : live_cgroups_) {
+        HandlerCgroups::Name(owner_pid_, id, name);
+        (void)KillCgroup(cgroups_->dir_fd(), name, cgroups_->has_kill_file(), Millis(1'000));
       }
-      for (size_t i = 0; i < nslots_; ++i) {
-        if (const uint64_t id = slots_[i].cgroup.load(); id != 0) {
-          HandlerCgroups::Name(owner_pid_, id, name);
-          if (WaitCgroupEmpty(cgroups_->dir_fd(), name, kCgroupEmptyLimit) &&
-              RemoveCgroup(cgroups_->dir_fd(), name)) {
-            slots_[i].cgroup.store(0);
-          }
+      for (uint64_t id : live_cgroups_) {
+        HandlerCgroups::Name(owner_pid_, id, name);
+        if (WaitCgroupEmpty(cgroups_->dir_fd(), name, kCgroupEmptyLimit)) {
+          (void)RemoveCgroup(cgroups_->dir_fd(), name);
         }
       }
     }
@@ -467,7 +484,6 @@ HandlerSupervisor::~HandlerSupervisor() {
   }
   if (watch_pidfd_ >= 0) close(watch_pidfd_);
   if (stop_fd_ >= 0) close(stop_fd_);
-  if (slots_ != nullptr) munmap(slots_, nslots_ * sizeof(HandlerWatchSlot));
 }
 
 void HandlerSupervisor::RequestStop(int sig) {
@@ -495,16 +511,6 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     std::atomic<size_t>& n;
     ~Running() { n.fetch_sub(1); }
   } running_guard{running_};
-  HandlerWatchSlot* const slot = TakeSlot();
-  if (slot == nullptr) {
-    return Status::ResourceExhausted("no free entry in the handler watchdog's table (" +
-                                     std::to_string(nslots_) + ")");
-  }
-  struct SlotGuard {
-    HandlerSupervisor& sup;
-    HandlerWatchSlot* slot;
-    ~SlotGuard() { sup.FreeSlot(slot); }
-  } slot_guard{*this, slot};
 
   // Everything the child needs, built before it exists.
   std::vector<std::string> env_store;
@@ -571,43 +577,45 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     }
   } restore_mask{pipe_set, saved_mask};
 
-  // With a handler cgroup: a child cgroup of its own, in the watchdog's table
-  // before it exists. Killed, waited for and removed on every way out.
+  // With a handler cgroup: a child cgroup of its own, registered with the
+  // watchdog before it exists. Killed, waited for and removed on every way out.
   struct HandlerCgroup {
-    HandlerWatchSlot* slot;
+    HandlerSupervisor& sup;
     const HandlerCgroups* dir = nullptr;
+    uint64_t id = 0;
     char name[48] = "";
     int procs_fd = -1;
     void Kill() const {
       if (dir != nullptr) (void)KillCgroup(dir->dir_fd(), name, dir->has_kill_file(), Millis(1'000));
     }
     // Kills it, waits until it is empty and removes it. One that stays
-    // populated (a process stuck in the kernel) stays in the table: the
-    // watchdog and ~HandlerSupervisor kill and remove it later.
+    // populated (a process stuck in the kernel) stays registered: the watchdog
+    // and ~HandlerSupervisor kill and remove it later.
     void Finish() {
       if (dir == nullptr) return;
       CloseFd(procs_fd);
       Kill();
       if (WaitCgroupEmpty(dir->dir_fd(), name, kCgroupEmptyLimit) &&
           RemoveCgroup(dir->dir_fd(), name)) {
-        slot->cgroup.store(0, std::memory_order_release);
+        sup.UnregisterCgroup(id);
       }
       dir = nullptr;
     }
     ~HandlerCgroup() { Finish(); }
-  } cgroup{slot};
+  } cgroup{*this};
   if (cgroups_) {
     for (int tries = 0;; ++tries) {
       const uint64_t id = next_cgroup_.fetch_add(1);
       HandlerCgroups::Name(owner_pid_, id, cgroup.name);
-      slot->cgroup.store(id, std::memory_order_release);
+      RegisterCgroup(id);
       const int fd = cgroups_->Create(cgroup.name);
       if (fd >= 0) {
         cgroup.dir = cgroups_.get();
+        cgroup.id = id;
         cgroup.procs_fd = fd;
         break;
       }
-      slot->cgroup.store(0, std::memory_order_release);
+      UnregisterCgroup(id);
       if (fd != -EEXIST || tries >= 8) {  // EEXIST: left by an earlier owner with our pid
         close_all();
         return Status::Unavailable("cannot start handler: handler cgroup '" + cgroups_->dir() +
@@ -616,55 +624,63 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     }
   }
 
-  // A handler started while no watchdog lives would die with its owner only by
-  // PR_SET_PDEATHSIG: make sure one runs (the child registers in its table).
-  if (!WatchdogAlive()) {
-    const Status restarted = RestartWatchdog(generation_.load());
-    if (!restarted.ok()) {
-      close_all();
-      return Status::Unavailable("cannot start handler: the handler watchdog is gone and "
-                                 "cannot be restarted: " + restarted.ToString());
-    }
-  }
   SpawnArgs a;
-  a.path = path.c_str();
-  a.argv = argv.data();
-  a.sh_argv = sh_argv.data();
-  a.envp = envp.data();
-  a.stdin_fd = in_pipe[0] >= 0 ? in_pipe[0] : devnull;
-  a.stdout_fd = out_pipe[1];
-  a.slot = slot;
-  a.cgroup_procs_fd = cgroup.procs_fd;
-  a.parent = getpid();
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  const pid_t pid = clone(SpawnChild, SpawnStack(), CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
-  const int clone_errno = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    close_all();
-    return Status::Unavailable("cannot start handler: clone: " + Err(clone_errno));
+  pid_t pid = -1;
+  for (int tries = 0;; ++tries) {
+    a = SpawnArgs{};
+    a.path = path.c_str();
+    a.argv = argv.data();
+    a.sh_argv = sh_argv.data();
+    a.envp = envp.data();
+    a.stdin_fd = in_pipe[0] >= 0 ? in_pipe[0] : devnull;
+    a.stdout_fd = out_pipe[1];
+    a.watch_fd = watch_fd_;
+    a.cgroup_procs_fd = cgroup.procs_fd;
+    a.parent = getpid();
+    const uint64_t generation = generation_.load();
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid = clone(SpawnChild, SpawnStack(), CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+    const int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (pid < 0) {
+      close_all();
+      return Status::Unavailable("cannot start handler: clone: " + Err(clone_errno));
+    }
+    if (a.registered) {
+      Register(pid, generation);
+      break;
+    }
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    if (a.register_errno == 0 || tries >= 2) {
+      close_all();
+      if (a.cgroup_errno != 0) {
+        return Status::Unavailable("cannot start handler: cannot move it into handler cgroup '" +
+                                   cgroups_->dir() + "/" + cgroup.name + "': " +
+                                   Err(a.cgroup_errno));
+      }
+      if (a.exec_errno != 0) return StartError(cmd.argv[0], a.exec_errno);
+      if (a.register_errno == 0) return Status::Unavailable("cannot start handler: setup failed");
+      return Status::Unavailable("cannot start handler: the handler watchdog is gone (" +
+                                 Err(a.register_errno) + ")");
+    }
+    // The watchdog died: start a new one and try again.
+    DEDUP_RETURN_IF_ERROR(RestartWatchdog(
+        generation, a.register_errno == EPIPE || a.register_errno == ECONNRESET));
   }
   CloseFd(in_pipe[0]);
   CloseFd(out_pipe[1]);
   CloseFd(devnull);
   CloseFd(cgroup.procs_fd);
-  if (!a.exec_started || a.exec_errno != 0) {
-    // It ended before exec (cgroup, group, or its owner's death seen), or exec
-    // failed: nothing of the command ran.
-    if (a.exec_started) kill(-pid, SIGKILL);
-    slot->pgid.store(0, std::memory_order_release);
+  if (a.exec_errno != 0) {
+    kill(-pid, SIGKILL);
+    Unregister(pid);
     while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
     close_all();
-    if (a.cgroup_errno != 0) {
-      return Status::Unavailable("cannot start handler: cannot move it into handler cgroup '" +
-                                 cgroups_->dir() + "/" + cgroup.name + "': " +
-                                 Err(a.cgroup_errno));
-    }
-    if (a.exec_errno != 0) return StartError(cmd.argv[0], a.exec_errno);
-    return Status::Unavailable("cannot start handler: setup failed");
+    return StartError(cmd.argv[0], a.exec_errno);
   }
   const int pidfd = PidfdOpen(pid);
 
@@ -749,7 +765,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     if (i_watch >= 0 && fds[i_watch].revents != 0) {
       // The watchdog died; running handlers need one. If none can be started,
       // stop looking (the next Run() tries again).
-      if (!RestartWatchdog(generation).ok()) watch_restart_failed = true;
+      if (!RestartWatchdog(generation, /*socket_refused=*/false).ok()) watch_restart_failed = true;
     }
     if (pidfd < 0 || (pr > 0 && i_exit >= 0 && fds[i_exit].revents != 0)) {
       info = {};
@@ -783,7 +799,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     }
     CloseFd(out_fd);
   }
-  slot->pgid.store(0, std::memory_order_release);  // killed; the leader not reaped yet
+  Unregister(pid);
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
   if (pidfd >= 0) close(pidfd);

@@ -69,7 +69,6 @@
 namespace dedup {
 
 class HandlerCgroups;
-struct HandlerWatchSlot;
 
 struct HandlerCommand {
   // argv; argv[0] is looked up in PATH when it holds no '/'.
@@ -176,18 +175,15 @@ class HandlerSupervisor {
  private:
   explicit HandlerSupervisor(SupervisorOptions options);
   Status StartWatchdog();            // mu_ held
-  Status RestartWatchdog(uint64_t seen_generation);
-  bool WatchdogAlive() const;
-  HandlerWatchSlot* TakeSlot();      // nullptr when none is free
-  void FreeSlot(HandlerWatchSlot* slot);
+  Status RestartWatchdog(uint64_t seen_generation, bool socket_refused);
+  void Register(pid_t pgid, uint64_t generation_before);
+  void Unregister(pid_t pgid);
+  void RegisterCgroup(uint64_t id);
+  void UnregisterCgroup(uint64_t id);
 
   const SupervisorOptions options_;
   mutable std::mutex mu_;
-  // The watchdog's table (shared memory, kept across watchdog restarts), and the
-  // free entries (mu_).
-  HandlerWatchSlot* slots_ = nullptr;
-  size_t nslots_ = 0;
-  std::vector<uint32_t> free_slots_;
+  std::vector<pid_t> live_;          // groups registered with the watchdog
   int watch_fd_ = -1;                // owner's end of the watchdog socket
   int watch_pidfd_ = -1;             // the watchdog, for poll()
   std::atomic<pid_t> watchdog_pid_{0};
@@ -195,8 +191,10 @@ class HandlerSupervisor {
   int stop_fd_ = -1;                 // eventfd, readable once RequestStop ran
   std::atomic<int> stop_signal_{0};
   std::atomic<size_t> running_{0};
-  // With options_.cgroup: the directory, and the next child's number.
+  // With options_.cgroup: the directory, and the children registered with the
+  // watchdog (created, or about to be).
   std::unique_ptr<HandlerCgroups> cgroups_;
+  std::vector<uint64_t> live_cgroups_;
   std::atomic<uint64_t> next_cgroup_{1};
   pid_t owner_pid_ = 0;
 };
