@@ -9,7 +9,10 @@
 #   unshare -n bash -c 'ip link set lo up; scripts/bench_exec_spawn.sh [BUILD_DIR=build]'
 #
 # Environment: MESSAGES (default 2000), ROUNDS (3), CONCURRENCY ("1 2"),
-# STORE (memory:), BENCH_REDIS_PORT (6471). Starts its own Redis (stopped by PID).
+# SHELL_MODES ("1 0": via sh -c, then --no-shell), STORE (memory:),
+# BENCH_REDIS_PORT (6471), BASELINE_BUILD (another build dir, e.g. main's: its
+# worker runs in the same rounds, a column base/loop). Starts its own Redis
+# (stopped by PID).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(realpath "${1:-$root/build}")
@@ -18,6 +21,12 @@ loop=$build/bench/spawn_loop
 messages=${MESSAGES:-2000}
 rounds=${ROUNDS:-3}
 concurrency=${CONCURRENCY:-"1 2"}
+shell_modes=${SHELL_MODES:-"1 0"}
+base_dedup=""
+if [[ -n "${BASELINE_BUILD:-}" ]]; then
+  base_dedup=$(realpath "$BASELINE_BUILD")/src/cli/dedup
+  [[ -x "$base_dedup" ]] || { echo "no dedup in BASELINE_BUILD=$BASELINE_BUILD" >&2; exit 2; }
+fi
 store=${STORE:-memory:}
 port=${BENCH_REDIS_PORT:-6471}
 [[ -x "$dedup" && -x "$loop" ]] || { echo "build dedup_cli and spawn_loop in $build first" >&2; exit 2; }
@@ -27,9 +36,9 @@ source "$root/scripts/lib/redis.sh"
 redis_start "$port" "$tmp/redis" >/dev/null
 
 now() { date +%s.%N; }
-# worker_run STREAM CONCURRENCY SHELL(0|1): seconds until every message is acked.
+# worker_run STREAM CONCURRENCY SHELL(0|1) [DEDUP]: seconds until every message is acked.
 worker_run() {
-  local stream=$1 c=$2 shell=$3 t0 t1 wpid info flags=()
+  local stream=$1 c=$2 shell=$3 dedup=${4:-$dedup} t0 t1 wpid info flags=()
   "$dedup" publish --broker "redis://127.0.0.1:$port?stream=$stream" --count "$messages" \
     --id-prefix m --field payload=x --quiet
   ((shell)) || flags=(--no-shell)
@@ -62,13 +71,18 @@ loop_run() {  # loop_run CONCURRENCY SHELL [--supervised]
 median() { sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 echo "messages=$messages rounds=$rounds store=$store ($(nproc) cores; $(uptime | sed 's/.*load/load/'))"
-printf '%-28s %5s %10s %10s %10s %8s %8s\n' command conc "worker/s" "superv./s" "loop/s" "w/loop" "s/loop"
+[[ -n "$base_dedup" ]] && echo "baseline worker: $base_dedup (base/loop)"
+printf '%-28s %5s %10s %10s %10s %8s %8s %9s\n' command conc "worker/s" "superv./s" "loop/s" "w/loop" "s/loop" \
+  "$([[ -n "$base_dedup" ]] && echo base/loop)"
 n=0
-for shell in 1 0; do
+for shell in $shell_modes; do
   for c in $concurrency; do
-    wr=() sr=() lr=() wratio=() sratio=()
+    wr=() sr=() lr=() wratio=() sratio=() bratio=()
     for ((r = 0; r < rounds; r++)); do
       n=$((n + 1))
+      if [[ -n "$base_dedup" ]]; then
+        b=$(worker_run "b$n" "$c" "$shell" "$base_dedup")
+      fi
       w=$(worker_run "s$n" "$c" "$shell")
       l=$(loop_run "$c" "$shell")
       v=$(loop_run "$c" "$shell" --supervised)
@@ -77,11 +91,15 @@ for shell in 1 0; do
       lr+=("$(echo "$messages / $l" | bc -l)")
       wratio+=("$(echo "$l / $w" | bc -l)")
       sratio+=("$(echo "$l / $v" | bc -l)")
+      [[ -n "$base_dedup" ]] && bratio+=("$(echo "$l / $b" | bc -l)")
     done
     label=$( ((shell)) && echo "--exec /bin/true (sh -c)" || echo "--exec /bin/true --no-shell")
-    printf '%-28s %5s %10.0f %10.0f %10.0f %8.2f %8.2f   (w/loop: %s)\n' "$label" "$c" \
+    base_median=""
+    [[ -n "$base_dedup" ]] && base_median=$(printf '%.2f' "$(printf '%s\n' "${bratio[@]}" | median)")
+    printf '%-28s %5s %10.0f %10.0f %10.0f %8.2f %8.2f %9s   (w/loop: %s%s)\n' "$label" "$c" \
       "$(printf '%s\n' "${wr[@]}" | median)" "$(printf '%s\n' "${sr[@]}" | median)" \
       "$(printf '%s\n' "${lr[@]}" | median)" "$(printf '%s\n' "${wratio[@]}" | median)" \
-      "$(printf '%s\n' "${sratio[@]}" | median)" "$(printf '%.2f ' "${wratio[@]}")"
+      "$(printf '%s\n' "${sratio[@]}" | median)" "$base_median" "$(printf '%.2f ' "${wratio[@]}")" \
+      "$([[ -n "$base_dedup" ]] && printf '; base/loop: %s' "$(printf '%.2f ' "${bratio[@]}")")"
   done
 done

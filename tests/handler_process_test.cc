@@ -8,13 +8,19 @@
 
 #include "consumer/handler_process.h"
 
+#include "consumer/handler_cgroup.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -118,10 +124,12 @@ HandlerCommand Shell(const std::string& script) {
 // its watchdog's pid to `watchdog_file`; with `kill_watchdog_first` it SIGKILLs
 // its first watchdog once the handlers run and waits for the replacement.
 pid_t StartOwner(const std::vector<std::string>& scripts, const std::string& watchdog_file,
-                 bool kill_watchdog_first) {
+                 bool kill_watchdog_first, const std::string& cgroup = "") {
   const pid_t owner = fork();
   if (owner != 0) return owner;
-  auto sup = HandlerSupervisor::Start();
+  SupervisorOptions so;
+  so.cgroup = cgroup;
+  auto sup = HandlerSupervisor::Start(so);
   if (!sup.ok()) _exit(3);
   std::vector<std::thread> threads;
   for (const auto& s : scripts) {
@@ -399,6 +407,169 @@ TEST(HandlerProcess, InvalidOptionsAreRefused) {
   auto s = HandlerSupervisor::Start(so);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  so = {};
+  so.cgroup = "/tmp";  // not cgroup2
+  s = HandlerSupervisor::Start(so);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("not a cgroup v2 directory"), std::string::npos)
+      << s.status().ToString();
+}
+
+// ---- handler cgroups (SupervisorOptions::cgroup) ---------------------------------
+
+// A cgroup of this test's own under the cgroup2 mount (from /proc/self/mountinfo),
+// removed at the end; empty path when the machine has no writable cgroup2.
+class TestCgroup {
+ public:
+  TestCgroup() {
+    std::ifstream in("/proc/self/mountinfo");
+    for (std::string line; std::getline(in, line);) {
+      const size_t dash = line.find(" - cgroup2 ");
+      if (dash == std::string::npos) continue;
+      std::istringstream head(line.substr(0, dash));
+      std::string id, parent, devno, root, mount_point;
+      head >> id >> parent >> devno >> root >> mount_point;
+      const std::string dir = mount_point + "/dedup-handler-process-test-" +
+                              std::to_string(getpid()) + "-" + std::to_string(Steady::now().time_since_epoch().count());
+      if (mkdir(dir.c_str(), 0755) == 0) path_ = dir;
+      else why_ = "cannot make a cgroup under " + mount_point + ": " + std::strerror(errno);
+      return;
+    }
+    why_ = "no cgroup2 file system is mounted";
+  }
+  ~TestCgroup() {
+    if (path_.empty()) return;
+    for (int i = 0; i < 100; ++i) {  // children first (deepest first), then ours
+      std::vector<std::string> dirs;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(path_)) {
+        if (e.is_directory()) dirs.push_back(e.path());
+      }
+      std::sort(dirs.rbegin(), dirs.rend());
+      for (const auto& d : dirs) std::ofstream(d + "/cgroup.kill") << "1";
+      for (const auto& d : dirs) rmdir(d.c_str());
+      if (rmdir(path_.c_str()) == 0) return;
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  const std::string& path() const { return path_; }
+  const std::string& why() const { return why_; }
+  std::vector<std::string> Children() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(path_)) {
+      if (e.is_directory()) out.push_back(e.path().filename());
+    }
+    return out;
+  }
+
+ private:
+  std::string path_, why_;
+};
+
+#define SKIP_WITHOUT_CGROUP(cg) \
+  if ((cg).path().empty()) GTEST_SKIP() << (cg).why()
+
+// A grandchild that left the handler's process group (setsid) and ignores
+// SIGTERM: dead when Run() returns, whether the handler exited or was stopped
+// for a lost lease; its cgroup removed.
+TEST(HandlerCgroup, WhatLeftTheGroupDiesWithTheHandler) {
+  TestCgroup cg;
+  SKIP_WITHOUT_CGROUP(cg);
+  TempDir dir;
+  SupervisorOptions so;
+  so.cgroup = cg.path();
+  so.grace = 10s;  // cut to lease/4 for a lost lease
+  auto sup = HandlerSupervisor::Start(so);
+  ASSERT_TRUE(sup.ok()) << sup.status().ToString();
+  const std::string pids = dir.File("pids");
+  const std::string escape = "setsid sh -c \"trap '' TERM; echo \\$\\$ >> " + pids +
+                             "; exec sleep 300\" </dev/null >/dev/null 2>&1 & ";
+  auto r = (*sup)->Run(Shell(escape + "while [ ! -s " + pids + " ]; do sleep 0.01; done"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->code, 0);
+  auto left = ReadPids(pids);
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_NE(getpgid(left[0]), getpgid(getpid()));
+  EXPECT_TRUE(AllDeadWithin(left, 1s, /*reap=*/false));
+  EXPECT_TRUE(cg.Children().empty());
+
+  // The lease is lost while the handler (deaf to SIGTERM) runs.
+  auto store = NewMemoryStore();
+  BufferOptions o;
+  o.lease = 600ms;
+  Buffer buffer(store.get(), o);
+  auto g = buffer.Claim("k");
+  ASSERT_TRUE(g.ok() && g->acquired());
+  std::thread thief([&] {
+    while (ReadPids(pids).size() < 2) std::this_thread::sleep_for(5ms);
+    EXPECT_TRUE(*store->Forget("k", ForgetOptions{.force = true}));
+  });
+  r = (*sup)->Run(Shell(escape + "trap '' TERM; sleep 30; true"), &*g);
+  thief.join();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->how, HandlerExit::How::kStopped);
+  EXPECT_EQ(r->reason, HandlerExit::StopReason::kLeaseLost);
+  left = ReadPids(pids);
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_TRUE(AllDeadWithin({left[1]}, 1s, /*reap=*/false));
+  EXPECT_TRUE(cg.Children().empty());
+}
+
+// kill -9 of the owner: the watchdog kills each handler's cgroup, also what left
+// the group, and removes it.
+TEST(HandlerCgroup, SigkillOfOwnerKillsWhatLeftTheGroup) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  TestCgroup cg;
+  SKIP_WITHOUT_CGROUP(cg);
+  TempDir dir;
+  const std::string pids = dir.File("pids"), wd = dir.File("watchdog");
+  const std::string escape = "setsid sh -c \"trap '' TERM; echo \\$\\$ >> " + pids +
+                             "; exec sleep 300\" </dev/null >/dev/null 2>&1 & sleep 300";
+  const pid_t owner = StartOwner({escape, escape}, wd, /*kill_watchdog_first=*/false, cg.path());
+  ASSERT_TRUE(WaitForLines(pids, 2, 10s)) << "handlers did not start";
+  ASSERT_TRUE(WaitForLines(wd, 1, 10s));
+  EXPECT_EQ(cg.Children().size(), 2u);
+  const auto left = ReadPids(pids);
+  ASSERT_EQ(kill(owner, SIGKILL), 0);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  EXPECT_TRUE(AllDeadWithin(left, 1s, /*reap=*/true));
+  for (int i = 0; i < 100 && !cg.Children().empty(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(cg.Children().empty());
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
+// Kernels before 5.14 have no cgroup.kill: the cgroup is frozen and every pid in
+// cgroup.procs is SIGKILLed until none is left.
+TEST(HandlerCgroup, KilledWithoutTheKillFile) {
+  TestCgroup cg;
+  SKIP_WITHOUT_CGROUP(cg);
+  const std::string child = cg.path() + "/c";
+  ASSERT_EQ(mkdir(child.c_str(), 0755), 0);
+  const int procs = open((child + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(procs, 0);
+  const pid_t p = fork();
+  if (p == 0) {
+    if (JoinCgroup(procs) != 0) _exit(1);
+    execl("/bin/sh", "sh", "-c", "sleep 300 & setsid sleep 300 & trap '' TERM; wait", nullptr);
+    _exit(127);
+  }
+  close(procs);
+  std::vector<pid_t> members;
+  for (int i = 0; i < 500 && members.size() < 3; ++i) {
+    std::this_thread::sleep_for(10ms);
+    members = ReadPids(child + "/cgroup.procs");
+  }
+  ASSERT_EQ(members.size(), 3u);
+  const int dir_fd = open(cg.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  EXPECT_TRUE(KillCgroup(dir_fd, "c", /*use_kill_file=*/false, 2s));
+  EXPECT_TRUE(WaitCgroupEmpty(dir_fd, "c", 2s));
+  EXPECT_TRUE(RemoveCgroup(dir_fd, "c"));
+  close(dir_fd);
+  int status = 0;
+  ASSERT_EQ(waitpid(p, &status, 0), p);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
 }
 
 }  // namespace

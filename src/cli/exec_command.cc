@@ -9,7 +9,9 @@
 // SIGKILL included; it is stopped (SIGTERM, SIGKILL after --stop-grace, never
 // later than the lease's end) when the lease is lost or cannot be renewed; a
 // SIGTERM / SIGINT / SIGHUP of `dedup exec` is passed to its group and the claim
-// released. Its stdin is inherited (/dev/null in place of a terminal); its stdout
+// released. With --handler-cgroup DIR it also runs in a cgroup v2 child of DIR of
+// its own, killed as a whole in each of those cases (what left its group too).
+// Its stdin is inherited (/dev/null in place of a terminal); its stdout
 // passed through and kept (at most 1 MiB). The lease is extended every lease/3.
 //
 // Exit codes (docs/EXEC.md; sysexits.h where one fits):
@@ -75,6 +77,7 @@ struct ExecFlags {
   Millis lease{kDefaultLease};
   Millis retention{kDefaultRetention};
   Millis stop_grace{5'000};
+  std::string handler_cgroup;  // --handler-cgroup DIR
   uint32_t max_attempts = 0;
   std::vector<std::string> command;
 };
@@ -124,7 +127,14 @@ int RunExec(const ExecFlags& f) {
   // Before anything else: the watchdog is a fork of this process.
   SupervisorOptions so;
   so.grace = f.stop_grace;
+  so.cgroup = f.handler_cgroup;
   auto started = HandlerSupervisor::Start(so);
+  if (!started.ok() && !f.handler_cgroup.empty() &&
+      started.status().code() == StatusCode::kInvalidArgument &&
+      started.status().message().rfind("handler cgroup", 0) == 0) {
+    std::fprintf(stderr, "dedup exec: --handler-cgroup: %s\n", started.status().message().c_str());
+    return kExitUsage;
+  }
   if (!started.ok()) {
     std::fprintf(stderr, "dedup exec: %s\n", started.status().ToString().c_str());
     return started.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitTempFail;
@@ -290,6 +300,10 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
                     "lost lease)",
                     DurationBound::kPositive);
   app->add_option("--max-attempts", f->max_attempts, "0 = unlimited")->capture_default_str();
+  app->add_option("--handler-cgroup", f->handler_cgroup,
+                  "A cgroup v2 directory this process may write and is not in: the command "
+                  "runs in a child cgroup of it, killed as a whole when it ends, is stopped "
+                  "or dedup exec dies (also what left its process group)");
   app->add_option("command", f->command, "-- CMD ARGS...")->required();
   app->callback([f, &ctx] { ctx.exit_code = RunExec(*f); });
 }

@@ -76,6 +76,7 @@ struct WorkerFlags {
   std::string store;
   std::string exec;
   bool no_shell = false;
+  std::string handler_cgroup;  // --handler-cgroup DIR: each handler in a child cgroup
   int concurrency = 4;
   int prefetch = -1;
   Millis lease{kDefaultLease};
@@ -246,8 +247,15 @@ int RunWorkerCommand(const WorkerFlags& f) {
     }
   }
   // First, while this process is small: the watchdog is a fork of it.
-  auto supervisor = HandlerSupervisor::Start();
+  SupervisorOptions sup_options;
+  sup_options.cgroup = f.handler_cgroup;
+  auto supervisor = HandlerSupervisor::Start(sup_options);
   if (!supervisor.ok()) {
+    if (supervisor.status().code() == StatusCode::kInvalidArgument) {
+      std::fprintf(stderr, "dedup worker: --handler-cgroup: %s\n",
+                   supervisor.status().message().c_str());
+      return kExitUsage;
+    }
     std::fprintf(stderr, "dedup worker: %s\n", supervisor.status().ToString().c_str());
     return kExitTempFail;
   }
@@ -439,6 +447,10 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   app->add_option("--exec", f->exec, "Command run per message (via /bin/sh -c)")->required();
   app->add_flag("--no-shell", f->no_shell,
                 "Run --exec directly, split on spaces (saves a shell per message)");
+  app->add_option("--handler-cgroup", f->handler_cgroup,
+                  "A cgroup v2 directory the worker may write and is not in: each handler "
+                  "runs in a child cgroup of it, killed as a whole when the handler ends, "
+                  "is stopped or the worker dies (also what left its process group)");
   app->add_option("--concurrency", f->concurrency, "Handlers at once")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();

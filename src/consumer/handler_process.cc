@@ -2,6 +2,8 @@
 
 #include "consumer/handler_process.h"
 
+#include "consumer/handler_cgroup.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <poll.h>
@@ -32,10 +34,25 @@ using Steady = std::chrono::steady_clock;
 // One record on the watchdog socket (SOCK_SEQPACKET: one send, one record).
 struct WatchMsg {
   int32_t op;
-  int32_t pgid;
+  int32_t pgid;     // kAdd, kRemove
+  uint64_t cgroup;  // kAddCgroup, kRemoveCgroup: the child's number (HandlerCgroups::Name)
 };
 constexpr int32_t kAdd = 1;
 constexpr int32_t kRemove = 2;
+constexpr int32_t kAddCgroup = 3;
+constexpr int32_t kRemoveCgroup = 4;
+
+// How long the supervisor and the watchdog wait for a killed cgroup to empty.
+constexpr Millis kCgroupEmptyLimit{5'000};
+
+// What the watchdog knows of the handler cgroups (copied at its fork).
+struct WatchCgroups {
+  int dir_fd = -1;  // -1: none
+  bool has_kill_file = false;
+  pid_t owner = 0;
+  uint64_t* slots = nullptr;
+  size_t cap = 0;
+};
 
 constexpr size_t kSpawnStack = 64 * 1024;
 constexpr Millis kLeasePollInterval{50};
@@ -58,7 +75,7 @@ int PidfdOpen(pid_t pid) {
 }
 
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
-[[noreturn]] void WatchdogMain(int fd, pid_t* slots, size_t cap) {
+[[noreturn]] void WatchdogMain(int fd, pid_t* slots, size_t cap, WatchCgroups cg) {
   setpgid(0, 0);  // out of the owner's group: `kill -9 -<owner group>` spares it
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
@@ -75,20 +92,33 @@ int PidfdOpen(pid_t pid) {
   // Keep nothing of the owner's but our socket: an inherited pipe end (a
   // handler's stdout, the caller's $(...)) must not stay open because of us.
   const int sock = fcntl(fd, F_DUPFD, 64);
+  const int cg_dir = cg.dir_fd >= 0 ? fcntl(cg.dir_fd, F_DUPFD, 64) : -1;
   const int devnull = open("/dev/null", O_RDWR);
-  if (sock < 0 || devnull < 0) _exit(1);
+  if (sock < 0 || devnull < 0 || (cg.dir_fd >= 0 && cg_dir < 0)) _exit(1);
   dup2(devnull, 0);
   dup2(devnull, 1);
   dup2(devnull, 2);
   dup2(sock, 3);
-  close_range(4, ~0U, 0);
-  size_t n = 0;
+  if (cg_dir >= 0) dup2(cg_dir, 4);
+  close_range(cg_dir >= 0 ? 5 : 4, ~0U, 0);
+  size_t n = 0, n_cg = 0;
   for (;;) {
     WatchMsg m{};
     const ssize_t r = recv(3, &m, sizeof(m), 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;  // end of file: the owner is gone, however it went
-    if (r != static_cast<ssize_t>(sizeof(m)) || m.pgid <= 1) continue;
+    if (r != static_cast<ssize_t>(sizeof(m))) continue;
+    if (m.op == kAddCgroup || m.op == kRemoveCgroup) {
+      size_t i = 0;
+      while (i < n_cg && cg.slots[i] != m.cgroup) ++i;
+      if (m.op == kAddCgroup && i == n_cg && n_cg < cg.cap) {
+        cg.slots[n_cg++] = m.cgroup;
+      } else if (m.op == kRemoveCgroup && i < n_cg) {
+        cg.slots[i] = cg.slots[--n_cg];
+      }
+      continue;
+    }
+    if (m.pgid <= 1) continue;
     size_t i = 0;
     while (i < n && slots[i] != m.pgid) ++i;
     if (m.op == kAdd && i == n && n < cap) {
@@ -98,6 +128,17 @@ int PidfdOpen(pid_t pid) {
     }
   }
   for (size_t i = 0; i < n; ++i) kill(-slots[i], SIGKILL);
+  if (n_cg > 0 && cg_dir >= 0) {
+    char name[48];
+    for (size_t i = 0; i < n_cg; ++i) {
+      HandlerCgroups::Name(cg.owner, cg.slots[i], name);
+      (void)KillCgroup(4, name, cg.has_kill_file, Millis(1'000));
+    }
+    for (size_t i = 0; i < n_cg; ++i) {
+      HandlerCgroups::Name(cg.owner, cg.slots[i], name);
+      if (WaitCgroupEmpty(4, name, kCgroupEmptyLimit)) (void)RemoveCgroup(4, name);
+    }
+  }
   _exit(0);
 }
 
@@ -111,6 +152,8 @@ struct SpawnArgs {
   int stdin_fd = -1;
   int stdout_fd = -1;
   int watch_fd = -1;
+  int cgroup_procs_fd = -1;  // the handler's cgroup's cgroup.procs, or -1
+  int cgroup_errno = 0;
   pid_t parent = 0;
   bool registered = false;
   int register_errno = 0;
@@ -125,6 +168,13 @@ int SpawnChild(void* p) {
   for (int s = 1; s < NSIG; ++s) {
     if (s != SIGKILL && s != SIGSTOP) sigaction(s, &dfl, nullptr);
   }
+  // Into the handler's cgroup first: whatever runs from here on is in it.
+  if (a->cgroup_procs_fd >= 0) {
+    if (const int e = JoinCgroup(a->cgroup_procs_fd); e != 0) {
+      a->cgroup_errno = e;
+      _exit(127);
+    }
+  }
   if (setpgid(0, 0) != 0) {
     a->exec_errno = errno;
     _exit(127);
@@ -134,7 +184,7 @@ int SpawnChild(void* p) {
   // Register our group with the watchdog while we still hold a copy of the
   // owner's end of its socket (closed at exec): the watchdog cannot see that end
   // close before it knows us.
-  const WatchMsg m{kAdd, static_cast<int32_t>(getpid())};
+  const WatchMsg m{kAdd, static_cast<int32_t>(getpid()), 0};
   if (send(a->watch_fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
     a->register_errno = errno != 0 ? errno : EPIPE;
     _exit(127);
@@ -287,6 +337,12 @@ StatusOr<std::unique_ptr<HandlerSupervisor>> HandlerSupervisor::Start(Supervisor
   }
   if (options.max_handlers == 0) return Status::InvalidArgument("max_handlers must be positive");
   std::unique_ptr<HandlerSupervisor> s(new HandlerSupervisor(options));
+  s->owner_pid_ = getpid();
+  if (!options.cgroup.empty()) {
+    auto opened = HandlerCgroups::Open(options.cgroup);
+    if (!opened.ok()) return opened.status();
+    s->cgroups_ = std::move(opened).value();
+  }
   s->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->stop_fd_ < 0) return Status::Unavailable("eventfd: " + Err(errno));
   std::lock_guard lock(s->mu_);
@@ -300,6 +356,16 @@ Status HandlerSupervisor::StartWatchdog() {
     return Status::Unavailable("watchdog socket: " + Err(errno));
   }
   std::vector<pid_t> slots(options_.max_handlers);  // the child's copy is its table
+  // Cgroups that could not be removed stay registered: room for as many again.
+  std::vector<uint64_t> cg_slots(cgroups_ ? 2 * options_.max_handlers : 0);
+  WatchCgroups cg;
+  if (cgroups_) {
+    cg.dir_fd = cgroups_->dir_fd();
+    cg.has_kill_file = cgroups_->has_kill_file();
+    cg.owner = owner_pid_;
+    cg.slots = cg_slots.data();
+    cg.cap = cg_slots.size();
+  }
   const pid_t pid = fork();
   if (pid < 0) {
     const int e = errno;
@@ -309,7 +375,7 @@ Status HandlerSupervisor::StartWatchdog() {
   }
   if (pid == 0) {
     close(sv[0]);
-    WatchdogMain(sv[1], slots.data(), slots.size());
+    WatchdogMain(sv[1], slots.data(), slots.size(), cg);
   }
   close(sv[1]);
   int pidfd = PidfdOpen(pid);  // -1 on kernels before 5.3: no early restart then
@@ -332,7 +398,11 @@ Status HandlerSupervisor::StartWatchdog() {
   watchdog_pid_.store(pid);
   generation_.fetch_add(1);
   for (pid_t g : live_) {
-    const WatchMsg m{kAdd, static_cast<int32_t>(g)};
+    const WatchMsg m{kAdd, static_cast<int32_t>(g), 0};
+    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  }
+  for (uint64_t id : live_cgroups_) {
+    const WatchMsg m{kAddCgroup, 0, id};
     (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
   }
   return Status::Ok();
@@ -358,7 +428,7 @@ void HandlerSupervisor::Register(pid_t pgid, uint64_t generation_before) {
   live_.push_back(pgid);
   if (generation_.load() != generation_before) {
     // A new watchdog started since the child registered with the old one.
-    const WatchMsg m{kAdd, static_cast<int32_t>(pgid)};
+    const WatchMsg m{kAdd, static_cast<int32_t>(pgid), 0};
     (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
   }
 }
@@ -367,7 +437,24 @@ void HandlerSupervisor::Unregister(pid_t pgid) {
   std::lock_guard lock(mu_);
   auto it = std::find(live_.begin(), live_.end(), pgid);
   if (it != live_.end()) live_.erase(it);
-  const WatchMsg m{kRemove, static_cast<int32_t>(pgid)};
+  const WatchMsg m{kRemove, static_cast<int32_t>(pgid), 0};
+  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+}
+
+// Before the cgroup exists: a watchdog that sees its owner go always knows it.
+// If the send fails (the watchdog is dying), the restart resends live_cgroups_.
+void HandlerSupervisor::RegisterCgroup(uint64_t id) {
+  std::lock_guard lock(mu_);
+  live_cgroups_.push_back(id);
+  const WatchMsg m{kAddCgroup, 0, id};
+  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+}
+
+void HandlerSupervisor::UnregisterCgroup(uint64_t id) {
+  std::lock_guard lock(mu_);
+  auto it = std::find(live_cgroups_.begin(), live_cgroups_.end(), id);
+  if (it != live_cgroups_.end()) live_cgroups_.erase(it);
+  const WatchMsg m{kRemoveCgroup, 0, id};
   (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
 }
 
@@ -375,6 +462,19 @@ HandlerSupervisor::~HandlerSupervisor() {
   {
     std::lock_guard lock(mu_);
     for (pid_t g : live_) kill(-g, SIGKILL);
+    if (cgroups_) {
+      char name[48];
+      for (uint64_t id : live_cgroups_) {
+        HandlerCgroups::Name(owner_pid_, id, name);
+        (void)KillCgroup(cgroups_->dir_fd(), name, cgroups_->has_kill_file(), Millis(1'000));
+      }
+      for (uint64_t id : live_cgroups_) {
+        HandlerCgroups::Name(owner_pid_, id, name);
+        if (WaitCgroupEmpty(cgroups_->dir_fd(), name, kCgroupEmptyLimit)) {
+          (void)RemoveCgroup(cgroups_->dir_fd(), name);
+        }
+      }
+    }
   }
   if (watch_fd_ >= 0) close(watch_fd_);  // the watchdog sees end of file and exits
   const pid_t w = watchdog_pid_.load();
@@ -477,6 +577,53 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     }
   } restore_mask{pipe_set, saved_mask};
 
+  // With a handler cgroup: a child cgroup of its own, registered with the
+  // watchdog before it exists. Killed, waited for and removed on every way out.
+  struct HandlerCgroup {
+    HandlerSupervisor& sup;
+    const HandlerCgroups* dir = nullptr;
+    uint64_t id = 0;
+    char name[48] = "";
+    int procs_fd = -1;
+    void Kill() const {
+      if (dir != nullptr) (void)KillCgroup(dir->dir_fd(), name, dir->has_kill_file(), Millis(1'000));
+    }
+    // Kills it, waits until it is empty and removes it. One that stays
+    // populated (a process stuck in the kernel) stays registered: the watchdog
+    // and ~HandlerSupervisor kill and remove it later.
+    void Finish() {
+      if (dir == nullptr) return;
+      CloseFd(procs_fd);
+      Kill();
+      if (WaitCgroupEmpty(dir->dir_fd(), name, kCgroupEmptyLimit) &&
+          RemoveCgroup(dir->dir_fd(), name)) {
+        sup.UnregisterCgroup(id);
+      }
+      dir = nullptr;
+    }
+    ~HandlerCgroup() { Finish(); }
+  } cgroup{*this};
+  if (cgroups_) {
+    for (int tries = 0;; ++tries) {
+      const uint64_t id = next_cgroup_.fetch_add(1);
+      HandlerCgroups::Name(owner_pid_, id, cgroup.name);
+      RegisterCgroup(id);
+      const int fd = cgroups_->Create(cgroup.name);
+      if (fd >= 0) {
+        cgroup.dir = cgroups_.get();
+        cgroup.id = id;
+        cgroup.procs_fd = fd;
+        break;
+      }
+      UnregisterCgroup(id);
+      if (fd != -EEXIST || tries >= 8) {  // EEXIST: left by an earlier owner with our pid
+        close_all();
+        return Status::Unavailable("cannot start handler: handler cgroup '" + cgroups_->dir() +
+                                   "/" + cgroup.name + "': " + Err(-fd));
+      }
+    }
+  }
+
   SpawnArgs a;
   pid_t pid = -1;
   for (int tries = 0;; ++tries) {
@@ -488,6 +635,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     a.stdin_fd = in_pipe[0] >= 0 ? in_pipe[0] : devnull;
     a.stdout_fd = out_pipe[1];
     a.watch_fd = watch_fd_;
+    a.cgroup_procs_fd = cgroup.procs_fd;
     a.parent = getpid();
     const uint64_t generation = generation_.load();
     sigset_t all, old;
@@ -508,6 +656,11 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     }
     if (a.register_errno == 0 || tries >= 2) {
       close_all();
+      if (a.cgroup_errno != 0) {
+        return Status::Unavailable("cannot start handler: cannot move it into handler cgroup '" +
+                                   cgroups_->dir() + "/" + cgroup.name + "': " +
+                                   Err(a.cgroup_errno));
+      }
       if (a.exec_errno != 0) return StartError(cmd.argv[0], a.exec_errno);
       if (a.register_errno == 0) return Status::Unavailable("cannot start handler: setup failed");
       return Status::Unavailable("cannot start handler: the handler watchdog is gone (" +
@@ -520,6 +673,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   CloseFd(in_pipe[0]);
   CloseFd(out_pipe[1]);
   CloseFd(devnull);
+  CloseFd(cgroup.procs_fd);
   if (a.exec_errno != 0) {
     kill(-pid, SIGKILL);
     Unregister(pid);
@@ -572,6 +726,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     if (stopping && !killed &&
         (Steady::now() >= kill_at || (claim != nullptr && Steady::now() >= claim->lease_deadline()))) {
       kill(-pid, SIGKILL);  // the leader is not reaped yet: the group id is still ours
+      cgroup.Kill();        // and whatever left the group
       killed = true;
     }
     // How long to sleep: until SIGKILL is due, or the next look at the lease.
@@ -630,6 +785,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   // The leader has exited but is not reaped, so its pid still names its group:
   // kill whatever it left running, then let the watchdog forget the group.
   if (!reaped_elsewhere) kill(-pid, SIGKILL);
+  cgroup.Kill();  // what left the group: its stdout closes now, not at the drain limit
   CloseFd(in_fd);
   if (out_fd >= 0) {
     const auto until = Steady::now() + kDrainLimit;
@@ -647,6 +803,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
   if (pidfd >= 0) close(pidfd);
+  cgroup.Finish();  // every process of the handler is gone before its outcome is told
 
   if (info.si_code == CLD_EXITED) {
     res.code = info.si_status;

@@ -25,12 +25,25 @@
 //     another owner can take the key over.
 //   * RequestStop() (SIGTERM of `dedup exec`) stops every handler the same way.
 //
-// Limits: a descendant that leaves the handler's process group (setsid(),
-// setpgid(); daemons do) is not followed — that needs a cgroup (run the worker as
-// a systemd service: KillMode=control-group kills the whole unit). A handler
+//   * With SupervisorOptions::cgroup (`--handler-cgroup DIR`), every handler
+//     also runs in a cgroup v2 child of DIR of its own, joined before exec
+//     (src/consumer/handler_cgroup.h). A cgroup holds every descendant, also one
+//     that left the group (setsid(), setpgid(); daemons do): when the handler
+//     exits, is stopped (at the SIGKILL), or the owner dies (the watchdog, which
+//     knows each cgroup before it exists), the whole cgroup is killed, and Run()
+//     returns only once it is empty (then it is removed). The stop signal
+//     (SIGTERM) goes to the group only.
+//
+// Limits: without a handler cgroup, a descendant that leaves the handler's
+// process group (setsid(), setpgid(); daemons do) is not followed: it survives
+// the handler, the lease and the owner (run the worker as a systemd service:
+// KillMode=control-group kills the whole unit when it stops, or give it
+// --handler-cgroup). A process that moves itself into another cgroup (it needs
+// write access to that cgroup's cgroup.procs) escapes either way. A handler
 // runs in the background as far as a terminal is concerned (it must not read
 // from one). Spawning uses clone(CLONE_VM | CLONE_VFORK) like glibc's
-// posix_spawn, which cannot set a parent-death signal or register the group.
+// posix_spawn, which cannot set a parent-death signal, register the group or
+// join a cgroup; the child does those itself, making system calls only.
 //
 // A HandlerSupervisor is safe for concurrent Run() calls from many threads.
 
@@ -54,6 +67,8 @@
 #include "dedup/status.h"
 
 namespace dedup {
+
+class HandlerCgroups;
 
 struct HandlerCommand {
   // argv; argv[0] is looked up in PATH when it holds no '/'.
@@ -121,6 +136,11 @@ struct SupervisorOptions {
   Millis grace{5'000};
   // Handlers running at once, at most. Default: 4096.
   size_t max_handlers = 4096;
+  // A cgroup v2 directory this process may write (and is not in itself): every
+  // handler runs in a child cgroup of it, killed as a whole (see above and
+  // src/consumer/handler_cgroup.h). Checked by Start() (InvalidArgument).
+  // Default: empty, none (handlers are followed by process group only).
+  std::string cgroup;
 };
 
 class HandlerSupervisor {
@@ -158,6 +178,8 @@ class HandlerSupervisor {
   Status RestartWatchdog(uint64_t seen_generation, bool socket_refused);
   void Register(pid_t pgid, uint64_t generation_before);
   void Unregister(pid_t pgid);
+  void RegisterCgroup(uint64_t id);
+  void UnregisterCgroup(uint64_t id);
 
   const SupervisorOptions options_;
   mutable std::mutex mu_;
@@ -169,6 +191,12 @@ class HandlerSupervisor {
   int stop_fd_ = -1;                 // eventfd, readable once RequestStop ran
   std::atomic<int> stop_signal_{0};
   std::atomic<size_t> running_{0};
+  // With options_.cgroup: the directory, and the children registered with the
+  // watchdog (created, or about to be).
+  std::unique_ptr<HandlerCgroups> cgroups_;
+  std::vector<uint64_t> live_cgroups_;
+  std::atomic<uint64_t> next_cgroup_{1};
+  pid_t owner_pid_ = 0;
 };
 
 }  // namespace dedup
