@@ -31,7 +31,9 @@
 //
 // Guarantee and its limit: the handler runs at most once per key while its
 // completion is retained, except when a worker dies (or loses its lease) after the
-// handler's side effect and before Complete() returns; then the next delivery runs
+// handler's side effect and before Complete() returns, or the store stays
+// unreachable for longer than the outcome is retried (complete_tries and
+// complete_retry_time, never past the lease); then the next delivery runs
 // the handler again with a higher fence. Pass the fence to the downstream system,
 // or commit the effect in the same transaction as Complete(), for exactly-once
 // effects.
@@ -78,12 +80,22 @@ struct BufferOptions {
   Millis heartbeat_interval{0};
   // Delay suggested to the broker after a release or a store error. Default: 1 s.
   Millis retry_delay{1'000};
-  // Complete() is tried at least this many times when the store is unavailable,
-  // and beyond that for as long as the claim is known to be held (up to 2 s: a
-  // client reconnecting after a network stall refuses requests for up to a
-  // second), before the outcome is given up (and the message left to be
-  // redelivered). Default: 3.
+  // An outcome write (ClaimGuard::Complete, CompleteWithAck, Release, and
+  // Buffer::CompleteBatch) that fails with a retryable error (Status::retryable)
+  // is sent again with backoff (20 ms doubling, at most 250 ms apart): at least
+  // complete_tries tries in all, and beyond that until complete_retry_time has
+  // passed since the first try, but never after the claim's lease_deadline() (the
+  // first try is always sent). Then the error is the answer: the outcome is given
+  // up and the message left to be redelivered (fail closed). Any other error is
+  // the answer at once. So the call blocks for about max(complete_retry_time,
+  // the complete_tries backoffs) at most, plus the last try's own time (a client
+  // timeout) — the guard's destructor too, when it releases. Default: 3.
   int complete_tries = 3;
+  // See complete_tries. 2 s outlasts a client that reconnects after a network
+  // stall (it refuses requests for up to a second meanwhile); an outcome given up
+  // sooner is left to a takeover that runs the handler a second time. 0: only
+  // complete_tries tries. 0 to kMaxDuration. Default: 2 s.
+  Millis complete_retry_time{2'000};
   // A claim the store answers DataLoss (the key's record cannot be decoded:
   // corrupt, written by something else, or by a newer format) is retried after
   // retry_delay, and the message dead-lettered with the store's reason at the
@@ -104,9 +116,10 @@ inline constexpr size_t kMaxCorruptKeys = 4096;
 
 // OK, or InvalidArgument naming the first bad field in flag spelling ("lease",
 // "retention", "retry-delay", "heartbeat-interval", "complete-tries",
-// "corrupt-record-tries"): lease, retention and retry delay must be > 0 and at
-// most kMaxDuration; the heartbeat 0 (= lease / 3) or between 1 ms and the lease;
-// complete_tries >= 1; corrupt_record_tries 1 to 1000.
+// "complete-retry-time", "corrupt-record-tries"): lease, retention and retry delay
+// must be > 0 and at most kMaxDuration; the heartbeat 0 (= lease / 3) or between
+// 1 ms and the lease; complete_tries >= 1; complete_retry_time 0 to kMaxDuration;
+// corrupt_record_tries 1 to 1000.
 [[nodiscard]] Status ValidateBufferOptions(const BufferOptions& options);
 
 // The first 16 bytes of SHA-256(payload).
@@ -156,14 +169,18 @@ class ClaimGuard {
   bool active() const { return held_ != nullptr; }
 
   // Records the outcome (COMPLETED, `status`, `result`). kOk or kLost; on kLost
-  // the record was not changed. Ends the guard's ownership either way.
+  // the record was not changed. Ends the guard's ownership either way. A
+  // retryable store error is tried again as BufferOptions::complete_tries says
+  // (the same for CompleteWithAck and Release); a status returned is the last
+  // try's, and the outcome may or may not be recorded.
   [[nodiscard]] StatusOr<WriteResult> Complete(std::string_view result = {},
                                                CompletionStatus status = CompletionStatus::kOk);
   // Complete(kOk) fused with the broker's ack, when the store can
   // (Store::CanCompleteWithAck); else a plain Complete() with acked = false.
   [[nodiscard]] StatusOr<AckedWrite> CompleteWithAck(std::string_view result,
                                                      const BrokerAck& ack);
-  // Gives the claim back: the key is claimable again at once.
+  // Gives the claim back: the key is claimable again at once (if it never
+  // reaches the store, at the end of the lease).
   [[nodiscard]] StatusOr<WriteResult> Release();
 
  private:
@@ -287,7 +304,8 @@ class Buffer {
 
   // Records the pending outcomes with one Store::CompleteBatch (each fused with
   // its broker ack where the store can; retried as a whole while the store is
-  // unavailable, as complete_tries says) and answers, in order, exactly what
+  // unavailable, as complete_tries says, until the earliest lease deadline among
+  // them) and answers, in order, exactly what
   // ProcessClaimed would have answered for each: the policy above decides, only
   // the write is batched. A claim whose heartbeat saw LOST is not written and
   // answers LOST (kRetry). Each PendingOutcome is inactive afterwards.

@@ -83,6 +83,7 @@ struct WorkerFlags {
   Millis retry_delay{1'000};
   uint32_t max_attempts = 0;
   int corrupt_record_tries = BufferOptions{}.corrupt_record_tries;
+  Millis complete_retry_time = BufferOptions{}.complete_retry_time;
   bool keep_output = false;
   bool sql_output = false;
   bool fingerprint = false;
@@ -283,6 +284,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   bo.retention = f.retention;
   bo.max_attempts = f.max_attempts;
   bo.corrupt_record_tries = f.corrupt_record_tries;
+  bo.complete_retry_time = f.complete_retry_time;
   bo.retry_delay = f.retry_delay;
   bo.fingerprint_payloads = f.fingerprint;
 #ifdef DEDUP_WITH_POSTGRES
@@ -459,6 +461,9 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                   "such answers in a row")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  AddDurationOption(*app, "--complete-retry-time", &f->complete_retry_time,
+                    "How long an outcome (complete, release) the store refuses as unavailable "
+                    "is tried again, never past the claim's lease (0 = 3 tries)");
   app->add_flag("--keep-output", f->keep_output,
                 "Store the command's stdout (at most 1 MiB) as the result");
 #ifdef DEDUP_WITH_POSTGRES

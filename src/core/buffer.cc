@@ -13,6 +13,8 @@
 #include <variant>
 #include <vector>
 
+#include "core/outcome_retry.h"
+
 namespace dedup {
 
 namespace internal {
@@ -258,12 +260,9 @@ StatusOr<WriteResult> ClaimGuard::Complete(std::string_view result, CompletionSt
   }
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
-  StatusOr<WriteResult> r = Status::Unavailable("not tried");
-  for (int i = 0; i < std::max(1, o.complete_tries); ++i) {
-    r = buffer_->store_->Complete(key_, result_.token, o.retention, status, result);
-    if (r.ok() || !r.status().retryable()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(i, 5)));
-  }
+  StatusOr<WriteResult> r = internal::OutcomeRetry(o).Run(
+      [this] { return lease_deadline(); },
+      [&] { return buffer_->store_->Complete(key_, result_.token, o.retention, status, result); });
   // Ends ownership whatever the answer: on a lasting error the lease will run out
   // and the message be redelivered, which is the fail-closed outcome.
   Finish();
@@ -282,13 +281,12 @@ StatusOr<AckedWrite> ClaimGuard::CompleteWithAck(std::string_view result, const 
   }
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
-  StatusOr<AckedWrite> r = Status::Unavailable("not tried");
-  for (int i = 0; i < std::max(1, o.complete_tries); ++i) {
-    r = buffer_->store_->CompleteWithAck(key_, result_.token, o.retention, CompletionStatus::kOk,
-                                         result, ack);
-    if (r.ok() || !r.status().retryable()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(i, 5)));
-  }
+  StatusOr<AckedWrite> r = internal::OutcomeRetry(o).Run(
+      [this] { return lease_deadline(); },
+      [&] {
+        return buffer_->store_->CompleteWithAck(key_, result_.token, o.retention,
+                                                CompletionStatus::kOk, result, ack);
+      });
   Finish();
   return r;
 }
@@ -298,10 +296,16 @@ StatusOr<WriteResult> ClaimGuard::Release() {
     return Status::FailedPrecondition("release on a claim of '" + key_ +
                                       "' that is not held (not acquired, or already ended)");
   }
-  const bool lost = held_->lost.load();
+  if (held_->lost.load()) {
+    Finish();
+    return WriteResult::kLost;
+  }
+  const BufferOptions& o = buffer_->options_;
+  StatusOr<WriteResult> r = internal::OutcomeRetry(o).Run(
+      [this] { return lease_deadline(); },
+      [&] { return buffer_->store_->Release(key_, result_.token, o.retention); });
   Finish();
-  if (lost) return WriteResult::kLost;
-  return buffer_->store_->Release(key_, result_.token, buffer_->options_.retention);
+  return r;
 }
 
 // ---- Buffer ----------------------------------------------------------------
@@ -330,6 +334,10 @@ Status ValidateBufferOptions(const BufferOptions& o) {
   if (o.complete_tries < 1) {
     return Status::InvalidArgument("complete-tries must be at least 1, got " +
                                    std::to_string(o.complete_tries));
+  }
+  if (o.complete_retry_time.count() < 0 || o.complete_retry_time > kMaxDuration) {
+    return Status::InvalidArgument("complete-retry-time must be 0 to 10 years, got " +
+                                   std::to_string(o.complete_retry_time.count()) + "ms");
   }
   if (o.corrupt_record_tries < 1 || o.corrupt_record_tries > 1000) {
     return Status::InvalidArgument("corrupt-record-tries must be 1 to 1000, got " +
@@ -625,34 +633,24 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     where.push_back(i);
   }
   if (!reqs.empty()) {
-    // A store call, tried again while its error is retryable: complete_tries times,
-    // and beyond that for as long as these claims are still known to be held, up to
-    // 2 s. A client that lost its connections (a stalled network) refuses requests
-    // for up to a second while it reconnects; an outcome given up within the first
-    // 60 ms of that would be left to a takeover that runs the handler again.
-    auto held_until = std::chrono::steady_clock::time_point::min();
-    for (size_t i : where) held_until = std::max(held_until, pending[i].guard_.lease_deadline());
-    const auto give_up_at =
-        std::min(held_until, std::chrono::steady_clock::now() + std::chrono::seconds(2));
-    auto tried = [this, give_up_at](auto call) {
-      auto r = call();
-      for (int t = 1; !r.ok() && r.status().retryable() &&
-                      (t < std::max(1, options_.complete_tries) ||
-                       std::chrono::steady_clock::now() < give_up_at);
-           ++t) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(20 << std::min(t - 1, 5), 250)));
-        r = call();
-      }
-      return r;
+    // Retried as OutcomeRetry says: the batch while every claim of it is known to
+    // be held (the earliest deadline), each alone while its own claim is, all
+    // within one time bound.
+    const internal::OutcomeRetry retry(options_);
+    auto held_until = [&] {
+      auto t = std::chrono::steady_clock::time_point::max();
+      for (size_t i : where) t = std::min(t, pending[i].guard_.lease_deadline());
+      return t;
     };
     // One completion with the single calls, so that a StoreWrapper overriding only
     // Complete / CompleteWithAck sees every completion ProcessOnce makes.
     auto one = [this](const CompleteRequest& q) { return CompleteOne(*store_, q); };
     std::vector<StatusOr<AckedWrite>> res(reqs.size(), Status::Internal("unset"));
     if (reqs.size() == 1) {
-      res[0] = tried([&] { return one(reqs[0]); });
+      res[0] = retry.Run(held_until, [&] { return one(reqs[0]); });
     } else {
-      StatusOr<std::vector<AckedWrite>> b = tried([&] { return store_->CompleteBatch(reqs); });
+      StatusOr<std::vector<AckedWrite>> b =
+          retry.Run(held_until, [&] { return store_->CompleteBatch(reqs); });
       if (b.ok() && b->size() != reqs.size()) {
         b = Status::Internal("store " + store_->Describe() + ": complete batch answered " +
                              std::to_string(b->size()) + " results for " +
@@ -668,7 +666,10 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
         // did not write is recorded now, instead of being left to a takeover that
         // would run its handler again. A retryable error (the store unreachable
         // after every try) is every request's alike, and is theirs as it stands.
-        for (size_t j = 0; j < reqs.size(); ++j) res[j] = tried([&] { return one(reqs[j]); });
+        for (size_t j = 0; j < reqs.size(); ++j) {
+          res[j] = retry.Run([&] { return pending[where[j]].guard_.lease_deadline(); },
+                             [&] { return one(reqs[j]); });
+        }
       } else {
         for (size_t j = 0; j < reqs.size(); ++j) res[j] = b.status();
       }
