@@ -179,7 +179,9 @@ struct ConsumerOptions {
   // Handlers run at once. 1 to 4096. Default: 4.
   int concurrency = 4;
   // Deliveries fetched ahead of the running ones (waiting in the queue, their
-  // keys already claimed when batch_claims). Default: -1 = concurrency.
+  // keys already claimed when batch_claims). With batch_claims, one more fetched
+  // batch (at most concurrency + prefetch deliveries) may wait for or be in its
+  // claim, so that the next fetch overlaps the claim. Default: -1 = concurrency.
   int prefetch = -1;
   // How long one Fetch waits for a first delivery; also how soon Stop() is seen
   // by an idle consumer. Default: 250 ms.

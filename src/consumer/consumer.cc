@@ -1,8 +1,9 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // One fetch thread (the caller of Run) takes batches from the source, drops
-// deliveries whose id this Consumer already holds, claims the rest with one
-// Buffer::ClaimBatch and queues them; `concurrency` handler threads run each
+// deliveries whose id this Consumer already holds and stages the rest; a handler
+// thread claims a staged batch with one Buffer::ClaimBatch (while the fetch
+// thread fetches the next) and queues it; `concurrency` handler threads run each
 // through Buffer::ProcessClaimed (or the Processor) and settle it with the broker.
 // The policy (outcome -> broker action) lives in ProcessOnce alone; this file only
 // carries out the action and counts.
@@ -76,7 +77,9 @@ class Consumer::Impl {
       const int free = FreeSlots();
       if (free <= 0) {
         std::unique_lock lock(mu_);
+        fetch_waiting_ = true;
         room_cv_.wait_for(lock, Millis(50), [this] { return Room() > 0; });
+        fetch_waiting_ = false;
         continue;
       }
       StatusOr<std::vector<std::unique_ptr<Delivery>>> batch =
@@ -174,18 +177,56 @@ class Consumer::Impl {
     }
     if (jobs.empty()) return;
     unfinished_.fetch_add(static_cast<int>(jobs.size()), std::memory_order_relaxed);
-    if (buffer_ != nullptr && o_.batch_claims && jobs.size() > 1) ClaimAll(jobs);
+    if (buffer_ != nullptr && o_.batch_claims && ClaimableCount(jobs) > 1) {
+      // The claim stage: a handler thread claims the batch with one ClaimBatch
+      // while this thread fetches the next one. One batch at a time waits there
+      // (beyond the concurrency + prefetch window): the next waits for its turn.
+      std::unique_lock lock(mu_);
+      while (!(staged_.empty() && claiming_ == 0) && !stop_->load(std::memory_order_relaxed)) {
+        room_cv_.wait_for(lock, Millis(50));
+      }
+      // Stopped: no handler takes it any more; Drain() hands it back.
+      for (Job& j : jobs) staged_.push_back(std::move(j));
+      lock.unlock();
+      work_cv_.notify_one();
+      return;
+    }
+    Push(std::move(jobs));
+  }
+
+  // Queues claimed (or unclaimable) jobs and wakes as many idle handlers as there
+  // are jobs, not every handler: each wakeup is a context switch.
+  void Push(std::vector<Job> jobs) {
+    int wake = 0;
     {
       std::lock_guard lock(mu_);
       for (Job& j : jobs) queue_.push_back(std::move(j));
+      wake = std::min(static_cast<int>(jobs.size()), idle_);
     }
-    work_cv_.notify_all();
+    Wake(wake);
+  }
+
+  // Wakes n idle handlers: one signal for one, one broadcast for several (a signal
+  // each would let every woken thread preempt this one in turn).
+  void Wake(int n) {
+    if (n == 1) work_cv_.notify_one();
+    if (n > 1) work_cv_.notify_all();
+  }
+
+  static size_t ClaimableCount(const std::vector<Job>& jobs) {
+    size_t n = 0;
+    for (const Job& j : jobs) {
+      if (j.delivery->key_error().empty() && !j.delivery->key().empty()) ++n;
+    }
+    return n;
   }
 
   // One Buffer::ClaimBatch for the keyed deliveries of the batch.
   void ClaimAll(std::vector<Job>& jobs) {
     std::vector<ClaimItem> items;
     std::vector<size_t> where;
+    items.reserve(jobs.size());
+    where.reserve(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Delivery& d = *jobs[i].delivery;
       if (!d.key_error().empty() || d.key().empty()) continue;
@@ -206,12 +247,37 @@ class Consumer::Impl {
         std::unique_lock lock(mu_);
         // Once stopped, nothing new starts: what is queued is handed back by
         // Drain(), which may still be waiting for the fetch thread's last Fetch.
+        ++idle_;
         work_cv_.wait(lock, [this] {
-          return (!queue_.empty() && !stop_->load(std::memory_order_relaxed)) || draining_;
+          return ((!queue_.empty() || !staged_.empty()) &&
+                  !stop_->load(std::memory_order_relaxed)) ||
+                 draining_;
         });
-        if (queue_.empty() || stop_->load(std::memory_order_relaxed)) {
+        --idle_;
+        if (stop_->load(std::memory_order_relaxed) || (queue_.empty() && staged_.empty())) {
           if (draining_) return;  // draining: Drain() took what was left
           continue;
+        }
+        if (!staged_.empty()) {
+          // The claim stage: this thread claims the staged batch (first, so that
+          // its answers are back when the queue runs dry), queues it and takes
+          // a job itself.
+          std::vector<Job> jobs = std::move(staged_);
+          staged_.clear();
+          claiming_ = static_cast<int>(jobs.size());
+          lock.unlock();
+          room_cv_.notify_all();  // the fetch thread may stage the next batch
+          ClaimAll(jobs);
+          lock.lock();
+          claiming_ = 0;
+          for (Job& j : jobs) queue_.push_back(std::move(j));
+          const int wake = std::min(static_cast<int>(queue_.size()) - 1, idle_);
+          lock.unlock();
+          Wake(wake);
+          room_cv_.notify_all();  // Drain() waits for claims in flight
+          lock.lock();
+          // Stopped: Drain() hands them back. Empty: the woken handlers took them.
+          if (stop_->load(std::memory_order_relaxed) || queue_.empty()) continue;
         }
         job = std::move(queue_.front());
         queue_.pop_front();
@@ -219,12 +285,15 @@ class Consumer::Impl {
       }
       // true: the acker or the completer owns the delivery now
       const bool deferred = Handle(job);
+      bool notify_room = false;
       {
         std::lock_guard lock(mu_);
         if (!deferred) held_.erase(job.delivery->id());
         --running_;
+        // The fetch thread waits for room; Drain() for no handler running.
+        notify_room = fetch_waiting_ || running_ == 0;
       }
-      room_cv_.notify_all();
+      if (notify_room) room_cv_.notify_all();
       if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1 && completer_.joinable()) {
         // No handler is running and none queued: what waits will not grow soon.
         { std::lock_guard lock(done_mu_); }
@@ -353,7 +422,6 @@ class Consumer::Impl {
       std::lock_guard lock(mu_);
       for (Done& d : batch) held_.erase(d.delivery->id());
     }
-    room_cv_.notify_all();
   }
 
   // Sends the waiting acks in batches: when max_ack_batch wait, or the oldest
@@ -404,7 +472,6 @@ class Consumer::Impl {
       std::lock_guard lock(mu_);
       for (auto& d : batch) held_.erase(d->id());
     }
-    room_cv_.notify_all();
   }
 
   void Count(const Processed& p) {
@@ -462,7 +529,11 @@ class Consumer::Impl {
     std::deque<Job> unstarted;
     {
       std::unique_lock lock(mu_);
+      // A claim in flight queues its batch when it returns: wait for it.
+      room_cv_.wait(lock, [this] { return claiming_ == 0; });
       unstarted.swap(queue_);
+      for (Job& j : staged_) unstarted.push_back(std::move(j));
+      staged_.clear();
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
     // Give back what never started: claims released (guard destroyed), then
@@ -528,6 +599,13 @@ class Consumer::Impl {
   std::mutex mu_;
   std::condition_variable work_cv_, room_cv_;
   std::deque<Job> queue_;
+  // The claim stage: a fetched batch waiting for a handler thread to claim it
+  // with one ClaimBatch, and the size of the one being claimed (neither counts
+  // against concurrency + prefetch: the next Fetch overlaps the claim).
+  std::vector<Job> staged_;
+  int claiming_ = 0;
+  int idle_ = 0;                // handler threads waiting for work
+  bool fetch_waiting_ = false;  // the fetch thread waits for room
   int running_ = 0;
   bool draining_ = false;
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop

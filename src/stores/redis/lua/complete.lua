@@ -7,7 +7,7 @@
 -- Reply    1 OK (COMPLETED, kept until now + retention), 0 LOST (nothing changed)
 --@dedup-include record.lua
 local key = KEYS[1]
-local c, bad = complete_args('complete', ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+local c, bad = complete_args('complete', nil, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 if bad then return bad end
 local r, err = load(key, 'complete')
 if err then return err end

@@ -18,11 +18,11 @@ end
 local items, recs = {}, {}
 for i = 1, n do
   local a = 6 * i - 6
-  local what = 'complete_ack_batch: completion ' .. i
-  local c, bad = complete_args(what, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+  local c, bad = complete_args('complete_ack_batch', i, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+                               ARGV[a + 4])
   if bad then return bad end
   if ARGV[a + 5] == '' or ARGV[a + 6] == '' then
-    return bad_args(what, 'group and entry ID must not be empty')
+    return bad_args(nth('complete_ack_batch', i), 'group and entry ID must not be empty')
   end
   c.group, c.id = ARGV[a + 5], ARGV[a + 6]
   items[i] = c

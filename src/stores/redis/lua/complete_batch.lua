@@ -17,7 +17,7 @@ end
 local items, recs = {}, {}
 for i = 1, n do
   local a = 4 * i - 4
-  local c, bad = complete_args('complete_batch: completion ' .. i, ARGV[a + 1], ARGV[a + 2],
+  local c, bad = complete_args('complete_batch', i, ARGV[a + 1], ARGV[a + 2],
                                ARGV[a + 3], ARGV[a + 4])
   if bad then return bad end
   items[i] = c

@@ -107,19 +107,31 @@ local function arg_uint(s, max)
   if n > max then return nil end
   return n
 end
+-- The name a batch script gives completion i in its errors. Built only for an
+-- error: formatting a number is most of what checking a completion costs.
+local function nth(what, i)
+  if i then return what .. ': completion ' .. i end
+  return what
+end
 -- The arguments of one completion (complete.lua and the batch scripts): token,
--- retention, completion status, result. A table, or nil and the error reply.
-local function complete_args(what, tok, retention, status, result)
+-- retention, completion status, result; i: its place in a batch (nil alone). A
+-- table, or nil and the error reply.
+local function complete_args(what, i, tok, retention, status, result)
+  local ms = retention
   tok, retention, status = arg_token(tok), arg_ms(retention), arg_uint(status, 2)
-  if not tok then return nil, bad_args(what, 'token must be 16 lower-case hex digits, not all 0') end
+  if not tok then
+    return nil, bad_args(nth(what, i), 'token must be 16 lower-case hex digits, not all 0')
+  end
   if not retention then
-    return nil, bad_args(what, 'retention must be an integer of ms, 1 to ' .. MAX_MS)
+    return nil, bad_args(nth(what, i), 'retention must be an integer of ms, 1 to ' .. MAX_MS)
   end
-  if not status then return nil, bad_args(what, 'status must be 0, 1 or 2') end
+  if not status then return nil, bad_args(nth(what, i), 'status must be 0, 1 or 2') end
   if type(result) ~= 'string' or #result > 1048576 then
-    return nil, bad_args(what, 'result must be at most 1048576 bytes')
+    return nil, bad_args(nth(what, i), 'result must be at most 1048576 bytes')
   end
-  return {tok = tok, retention = retention, status = status, result = result}
+  -- px: the retention as given (checked canonical above), so that SET gets it
+  -- without a number-to-string conversion.
+  return {tok = tok, retention = retention, px = ms, status = status, result = result}
 end
 -- Completes record r of `key` (as load() gave it, or nil) for completion c: 1 OK
 -- (COMPLETED, kept until now + retention), 0 LOST (not IN_PROGRESS under c.tok;
@@ -127,6 +139,6 @@ end
 local function complete_record(key, r, c)
   if not r or r.state ~= 1 or r.tok ~= c.tok then return 0 end
   redis.call('SET', key, encode(2, c.status, r.tok, r.fence, r.attempt, 0, r.fp, c.result),
-             'PX', c.retention)
+             'PX', c.px)
   return 1
 end
