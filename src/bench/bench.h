@@ -103,6 +103,9 @@ void RunPostgres(BenchContext&);  // postgres_phase.cc
 void RunConsumerRows(BenchContext&);
 void ConsumerRowsGoals(BenchContext&);
 void RunBrokerConsumers(BenchContext&);  // broker_consumers.cc
+// The --exec spawn row (exec_spawn.cc).
+void RunExecSpawn(BenchContext&);
+void ExecSpawnGoals(BenchContext&);
 // Its plot, bench_brokers.png in `dir`, from its section's data; what could not
 // be drawn.
 std::vector<std::string> PlotBrokerConsumers(const json& data, const std::string& dir,

@@ -2,6 +2,7 @@
 
 #include "bench/child.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -11,6 +12,28 @@
 #include <vector>
 
 namespace dedup::bench {
+
+pid_t SpawnSelf(const std::vector<std::string>& args, const std::string& stderr_path) {
+  std::vector<std::string> all = {"dedup"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    if (const int null = open("/dev/null", O_WRONLY); null >= 0) dup2(null, STDOUT_FILENO);
+    if (!stderr_path.empty()) {
+      const int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      if (err >= 0) dup2(err, STDERR_FILENO);
+    }
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  return pid;
+}
 
 std::optional<json> RunPhaseInChild(const BenchContext& ctx, const std::string& phase, std::string* error) {
   std::vector<std::string> args = {"dedup", "bench", "--phase", phase, "--json", "--no-progress",

@@ -7,8 +7,11 @@
 #ifndef DEDUP_BENCH_CHILD_H_
 #define DEDUP_BENCH_CHILD_H_
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "bench/bench.h"
 
@@ -19,6 +22,11 @@ namespace dedup::bench {
 // `phase` it printed, or nullopt (with *error) when the child failed. The child
 // is killed if this process dies.
 std::optional<json> RunPhaseInChild(const BenchContext& ctx, const std::string& phase, std::string* error);
+
+// Starts `dedup ARGS` of this same executable, its stdout on /dev/null (the
+// bench's own stdout may be JSON) and its stderr appended to `stderr_path` (empty:
+// inherited). The child is killed if this process dies. -1 if fork failed.
+pid_t SpawnSelf(const std::vector<std::string>& args, const std::string& stderr_path = "");
 
 }  // namespace dedup::bench
 

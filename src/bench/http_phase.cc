@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "bench/bench.h"
+#include "bench/child.h"
 #include "dedup/store.h"
 
 namespace dedup::bench {
@@ -78,21 +79,9 @@ HttpRun Measure(int threads, double seconds, const std::function<bool(int, uint6
 
 // `dedup serve ARGS` of this same executable, killed if this process dies.
 pid_t SpawnServe(const std::vector<std::string>& args) {
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    if (const int null = open("/dev/null", O_WRONLY); null >= 0) dup2(null, STDOUT_FILENO);  // the bench's JSON
-    std::vector<std::string> all = {"dedup", "serve"};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : all) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv("/proc/self/exe", argv.data());
-    _exit(127);
-  }
-  return pid;
+  std::vector<std::string> all = {"serve"};
+  all.insert(all.end(), args.begin(), args.end());
+  return SpawnSelf(all);
 }
 
 void StopServe(pid_t pid) {

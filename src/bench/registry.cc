@@ -24,6 +24,7 @@ const std::vector<PhaseEntry>& Phases() {
       {"throughput", &RunThroughput, &ThroughputGoals},
       {"consumer", &RunConsumerRows, &ConsumerRowsGoals},
       {"broker_consumers", &RunBrokerConsumers, nullptr},  // needs DEDUP_BENCH_AMQP_URI / _NATS_URI
+      {"exec_spawn", &RunExecSpawn, &ExecSpawnGoals},
       {"retained", &RunRetained, &RetainedGoals},
       // In a process of its own: its heap history is its own.
       {"memory_stall", &RunMemoryStall, &MemoryStallGoals},
