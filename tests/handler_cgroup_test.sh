@@ -8,8 +8,8 @@
 # The grandchild writes its pid, sleeps 2 s and then writes a marker file.
 #   a. the handler exits at once: the grandchild is dead within 1 s, no marker;
 #   b. the owner is SIGKILLed while the handler runs: the same;
-# plus: no child cgroup is left behind, and a bad DIR is refused (exit 2, the
-# flag named). The test makes its own cgroup (a unique directory under the
+# plus: no child cgroup is left behind, a bad or empty DIR is refused (exit 2,
+# the flag named).. The test makes its own cgroup (a unique directory under the
 # cgroup2 mount found in /proc/self/mountinfo, or under this process's own
 # cgroup) and removes it; without a writable cgroup2 it is skipped (exit 77).
 # HANDLER_CGROUP_TEST_FLAG=0 runs the same checks without the flag: they fail
@@ -164,5 +164,20 @@ if [ "$use_flag" = 1 ]; then
   rc=$?
   [ "$rc" = 2 ] && [[ "$out" == *--handler-cgroup* ]] || fail "worker --handler-cgroup $tmp: exit $rc: $out"
   echo "ok: refused: $out"
+
+  # An empty DIR (an unset $VAR) is refused, not read as "no containment".
+  for cmd in exec worker; do
+    if [ "$cmd" = exec ]; then
+      out=$("$dedup" exec --store "rocksdb:$tmp/db" --key empty --handler-cgroup "" -- true 2>&1)
+    else
+      out=$("$dedup" worker --broker "redis://127.0.0.1:1?stream=s" --store memory: --exec true \
+        --handler-cgroup "" 2>&1)
+    fi
+    rc=$?
+    [ "$rc" = 2 ] && [[ "$out" == *--handler-cgroup* ]] ||
+      fail "$cmd --handler-cgroup '': exit $rc, want 2 naming the flag: $out"
+    echo "ok: refused: $out"
+  done
+
 fi
 echo PASS

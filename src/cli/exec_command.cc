@@ -300,7 +300,7 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
                     "lost lease)",
                     DurationBound::kPositive);
   app->add_option("--max-attempts", f->max_attempts, "0 = unlimited")->capture_default_str();
-  app->add_option("--handler-cgroup", f->handler_cgroup,
+  AddHandlerCgroupOption(*app, &f->handler_cgroup,
                   "A cgroup v2 directory this process may write and is not in: the command "
                   "runs in a child cgroup of it, killed as a whole when it ends, is stopped "
                   "or dedup exec dies (also what left its process group)");

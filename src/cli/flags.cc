@@ -31,4 +31,17 @@ CLI::Option* AddFractionOption(CLI::App& app, const std::string& name, double* t
   return opt;
 }
 
+CLI::Option* AddHandlerCgroupOption(CLI::App& app, std::string* target,
+                                    const std::string& description) {
+  CLI::Option* opt = app.add_option("--handler-cgroup", *target, description);
+  opt->type_name("DIR")->check(CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (!v.empty()) return std::string();
+        return "must name a cgroup v2 directory, got an empty value (an unset variable?); "
+               "leave the flag out to run handlers without a cgroup";
+      },
+      "", "DIR"));
+  return opt;
+}
+
 }  // namespace dedup::cli

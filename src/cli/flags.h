@@ -27,6 +27,11 @@ CLI::Option* AddDurationOption(CLI::App& app, const std::string& name, Millis* t
 CLI::Option* AddFractionOption(CLI::App& app, const std::string& name, double* target,
                                const std::string& description);
 
+// --handler-cgroup DIR into *target. An empty DIR (an unset $VAR) is refused at
+// parse time, naming the flag: it would otherwise turn containment off silently.
+CLI::Option* AddHandlerCgroupOption(CLI::App& app, std::string* target,
+                                    const std::string& description);
+
 }  // namespace dedup::cli
 
 #endif  // DEDUP_CLI_FLAGS_H_

@@ -447,7 +447,7 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   app->add_option("--exec", f->exec, "Command run per message (via /bin/sh -c)")->required();
   app->add_flag("--no-shell", f->no_shell,
                 "Run --exec directly, split on spaces (saves a shell per message)");
-  app->add_option("--handler-cgroup", f->handler_cgroup,
+  AddHandlerCgroupOption(*app, &f->handler_cgroup,
                   "A cgroup v2 directory the worker may write and is not in: each handler "
                   "runs in a child cgroup of it, killed as a whole when the handler ends, "
                   "is stopped or the worker dies (also what left its process group)");
