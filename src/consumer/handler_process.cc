@@ -52,6 +52,7 @@ struct WatchCgroups {
   pid_t owner = 0;
   uint64_t* slots = nullptr;
   size_t cap = 0;
+  size_t n = 0;  // slots[0..n) filled before the fork
 };
 
 constexpr size_t kSpawnStack = 64 * 1024;
@@ -75,7 +76,9 @@ int PidfdOpen(pid_t pid) {
 }
 
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
-[[noreturn]] void WatchdogMain(int fd, pid_t* slots, size_t cap, WatchCgroups cg) {
+// `slots[0..n)` and `cg.slots[0..cg.n)` are the live groups and cgroups, filled
+// before the fork: the watchdog knows them from its first instruction.
+[[noreturn]] void WatchdogMain(int fd, pid_t* slots, size_t cap, size_t n, WatchCgroups cg) {
   setpgid(0, 0);  // out of the owner's group: `kill -9 -<owner group>` spares it
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
@@ -101,7 +104,7 @@ int PidfdOpen(pid_t pid) {
   dup2(sock, 3);
   if (cg_dir >= 0) dup2(cg_dir, 4);
   close_range(cg_dir >= 0 ? 5 : 4, ~0U, 0);
-  size_t n = 0, n_cg = 0;
+  size_t n_cg = cg.n;
   for (;;) {
     WatchMsg m{};
     const ssize_t r = recv(3, &m, sizeof(m), 0);
@@ -355,16 +358,23 @@ Status HandlerSupervisor::StartWatchdog() {
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     return Status::Unavailable("watchdog socket: " + Err(errno));
   }
-  std::vector<pid_t> slots(options_.max_handlers);  // the child's copy is its table
+  // The child's copy is its table, filled here (mu_ is held) with every live
+  // group and cgroup: a watchdog restarted just before the owner dies already
+  // knows them all, there is no window in which it has yet to be told.
+  std::vector<pid_t> slots(std::max(options_.max_handlers, live_.size()));
+  std::copy(live_.begin(), live_.end(), slots.begin());
   // Cgroups that could not be removed stay registered: room for as many again.
-  std::vector<uint64_t> cg_slots(cgroups_ ? 2 * options_.max_handlers : 0);
+  std::vector<uint64_t> cg_slots(
+      cgroups_ ? std::max(2 * options_.max_handlers, live_cgroups_.size()) : 0);
   WatchCgroups cg;
   if (cgroups_) {
+    std::copy(live_cgroups_.begin(), live_cgroups_.end(), cg_slots.begin());
     cg.dir_fd = cgroups_->dir_fd();
     cg.has_kill_file = cgroups_->has_kill_file();
     cg.owner = owner_pid_;
     cg.slots = cg_slots.data();
     cg.cap = cg_slots.size();
+    cg.n = live_cgroups_.size();
   }
   const pid_t pid = fork();
   if (pid < 0) {
@@ -375,7 +385,7 @@ Status HandlerSupervisor::StartWatchdog() {
   }
   if (pid == 0) {
     close(sv[0]);
-    WatchdogMain(sv[1], slots.data(), slots.size(), cg);
+    WatchdogMain(sv[1], slots.data(), slots.size(), live_.size(), cg);
   }
   close(sv[1]);
   int pidfd = PidfdOpen(pid);  // -1 on kernels before 5.3: no early restart then
@@ -397,14 +407,6 @@ Status HandlerSupervisor::StartWatchdog() {
   }
   watchdog_pid_.store(pid);
   generation_.fetch_add(1);
-  for (pid_t g : live_) {
-    const WatchMsg m{kAdd, static_cast<int32_t>(g), 0};
-    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
-  }
-  for (uint64_t id : live_cgroups_) {
-    const WatchMsg m{kAddCgroup, 0, id};
-    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
-  }
   return Status::Ok();
 }
 
@@ -442,7 +444,7 @@ void HandlerSupervisor::Unregister(pid_t pgid) {
 }
 
 // Before the cgroup exists: a watchdog that sees its owner go always knows it.
-// If the send fails (the watchdog is dying), the restart resends live_cgroups_.
+// If the send fails (the watchdog is dying), the restarted one has live_cgroups_ in its table.
 void HandlerSupervisor::RegisterCgroup(uint64_t id) {
   std::lock_guard lock(mu_);
   live_cgroups_.push_back(id);
