@@ -9,7 +9,7 @@
 #   a. the handler exits at once: the grandchild is dead within 1 s, no marker;
 #   b. the owner is SIGKILLed while the handler runs: the same;
 # plus: no child cgroup is left behind, a bad or empty DIR is refused (exit 2,
-# the flag named).. The test makes its own cgroup (a unique directory under the
+# the flag named), and empty stale children of gone owners are removed at start. The test makes its own cgroup (a unique directory under the
 # cgroup2 mount found in /proc/self/mountinfo, or under this process's own
 # cgroup) and removes it; without a writable cgroup2 it is skipped (exit 77).
 # HANDLER_CGROUP_TEST_FLAG=0 runs the same checks without the flag: they fail
@@ -179,5 +179,22 @@ if [ "$use_flag" = 1 ]; then
     echo "ok: refused: $out"
   done
 
+  # Stale children of owners that are gone: the empty ones are removed at
+  # start; a populated one is neither killed nor removed (not ours to kill).
+  dead=$(sh -c 'echo $$')  # a pid that has exited
+  mkdir "$cg/dedup-$dead-7" "$cg/dedup-$dead-1-00000000000000ab-3" "$cg/dedup-$dead-9"
+  sleep 30 &
+  sleeper=$!
+  echo "$sleeper" >"$cg/dedup-$dead-9/cgroup.procs" || fail "cannot move a process into $cg/dedup-$dead-9"
+  "$dedup" exec --store "rocksdb:$tmp/db" --key stale --handler-cgroup "$cg/" -- true ||
+    fail "dedup exec with stale cgroups exited $?"
+  for d in "dedup-$dead-7" "dedup-$dead-1-00000000000000ab-3"; do
+    [ -d "$cg/$d" ] && fail "stale empty cgroup $cg/$d was not removed"
+  done
+  alive "$sleeper" || fail "the process in another owner's cgroup was killed"
+  [ -d "$cg/dedup-$dead-9" ] || fail "a populated cgroup of another owner was removed"
+  kill -KILL "$sleeper"; wait "$sleeper" 2>/dev/null
+  for _ in $(seq 1 20); do rmdir "$cg/dedup-$dead-9" 2>/dev/null && break; sleep 0.05; done
+  echo "ok: stale empty cgroups removed, a populated one left alone"
 fi
 echo PASS

@@ -515,6 +515,46 @@ TEST(HandlerCgroup, WhatLeftTheGroupDiesWithTheHandler) {
   EXPECT_TRUE(cg.Children().empty());
 }
 
+// Two owners with one pid (pid 1 in two containers sharing DIR; here two
+// supervisors of one process): their handlers' cgroup names differ beyond the
+// pid, "dedup-<pid>-<start time>-<16 hex>-<n>", so neither can take, register
+// or kill the other's.
+TEST(HandlerCgroup, NamesAreUniqueBeyondThePid) {
+  TestCgroup cg;
+  SKIP_WITHOUT_CGROUP(cg);
+  TempDir dir;
+  SupervisorOptions so;
+  so.cgroup = cg.path();
+  auto a = HandlerSupervisor::Start(so);
+  auto b = HandlerSupervisor::Start(so);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::string where = dir.File("where");
+  const std::string script = "sed -n 's/^0:://p' /proc/self/cgroup >> " + where +
+                             "; while [ \"$(wc -l < " + where + ")\" -lt 2 ]; do sleep 0.01; done";
+  std::thread other([&] { EXPECT_TRUE((*b)->Run(Shell(script)).ok()); });
+  EXPECT_TRUE((*a)->Run(Shell(script)).ok());
+  other.join();
+  std::ifstream in(where);
+  std::vector<std::string> names;
+  for (std::string line; std::getline(in, line);) names.push_back(line.substr(line.rfind('/') + 1));
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_NE(names[0], names[1]);
+  const std::string prefix = "dedup-" + std::to_string(getpid()) + "-";
+  for (const auto& n : names) {
+    ASSERT_EQ(n.rfind(prefix, 0), 0u) << n;
+    std::vector<std::string> parts;
+    std::istringstream rest(n.substr(prefix.size()));
+    for (std::string p; std::getline(rest, p, '-');) parts.push_back(p);
+    ASSERT_EQ(parts.size(), 3u) << n << ": want <start time>-<16 hex>-<n>";
+    EXPECT_EQ(parts[1].size(), 16u) << n;
+  }
+  EXPECT_EQ(names[0].substr(0, names[0].rfind('-')).size(),
+            names[1].substr(0, names[1].rfind('-')).size());
+  EXPECT_NE(names[0].substr(0, names[0].rfind('-')), names[1].substr(0, names[1].rfind('-')))
+      << "two owners of one pid share a name prefix";
+  EXPECT_TRUE(cg.Children().empty());
+}
+
 // kill -9 of the owner: the watchdog kills each handler's cgroup, also what left
 // the group, and removes it.
 TEST(HandlerCgroup, SigkillOfOwnerKillsWhatLeftTheGroup) {

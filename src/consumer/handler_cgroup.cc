@@ -6,6 +6,8 @@
 #include <linux/magic.h>
 #include <poll.h>
 #include <signal.h>
+#include <dirent.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/wait.h>
@@ -13,10 +15,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 namespace dedup {
 namespace {
@@ -109,6 +114,26 @@ int KillListed(int dir_fd, const char* name) {
 }
 
 // ---- validation (ordinary code) -----------------------------------------------------
+
+// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot), or 0
+// when there is no such process.
+uint64_t StartTime(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return 0;
+  const size_t paren = stat.rfind(')');  // the command name may hold blanks
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+bool AllOf(std::string_view s, const char* set) {
+  return !s.empty() && s.find_first_not_of(set) == std::string_view::npos;
+}
 
 std::string Err(int e) { return std::strerror(e); }
 
@@ -219,11 +244,9 @@ bool RemoveCgroup(int dir_fd, const char* name) {
 
 // ---- HandlerCgroups ---------------------------------------------------------------
 
-void HandlerCgroups::Name(pid_t owner, uint64_t n, char (&out)[48]) {
-  static constexpr char kPrefix[] = "dedup-";
+void HandlerCgroups::Name(uint64_t n, char (&out)[kNameSize]) const {
   size_t len = 0;
-  for (const char* p = kPrefix; *p != '\0'; ++p) out[len++] = *p;
-  len += FormatDecimal(static_cast<uint64_t>(owner), out + len);
+  for (const char* p = prefix_; *p != '\0'; ++p) out[len++] = *p;
   out[len++] = '-';
   len += FormatDecimal(n, out + len);
   out[len] = '\0';
@@ -245,13 +268,54 @@ int HandlerCgroups::Create(const char* name) const {
   return fd;
 }
 
+void HandlerCgroups::RemoveStale() const {
+  const int fd = openat(dir_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return;
+  }
+  const std::string own_pid = std::to_string(getpid());
+  while (const dirent* e = readdir(d)) {
+    // "dedup-<pid>-<n>" (before owners had a start time in the name) or
+    // "dedup-<pid>-<start time, hex>-<16 hex>-<n>".
+    const std::string_view name(e->d_name);
+    if (e->d_type != DT_DIR || name.rfind("dedup-", 0) != 0) continue;
+    std::vector<std::string_view> parts;
+    for (size_t at = 6; at <= name.size();) {
+      size_t dash = name.find('-', at);
+      if (dash == std::string_view::npos) dash = name.size();
+      parts.push_back(name.substr(at, dash - at));
+      at = dash + 1;
+    }
+    if (parts.size() < 2 || !AllOf(parts[0], "0123456789")) continue;
+    const std::string pid(parts[0]);
+    const uint64_t now = StartTime(pid);  // 0: no such process here
+    if (parts.size() == 4 && AllOf(parts[1], "0123456789abcdef") && parts[2].size() == 16 &&
+        AllOf(parts[2], "0123456789abcdef")) {
+      // Its owner is alive when a process with that pid started at that time.
+      if (now != 0 && now == std::strtoull(std::string(parts[1]).c_str(), nullptr, 16)) continue;
+    } else if (parts.size() == 2 && AllOf(parts[1], "0123456789")) {
+      if (now != 0 || pid == own_pid) continue;  // cannot tell: only a pid that is gone
+    } else {
+      continue;  // not a name of ours
+    }
+    // rmdir only: it fails on a cgroup that holds a process or a child.
+    (void)unlinkat(dir_fd_, e->d_name, AT_REMOVEDIR);
+  }
+  closedir(d);
+}
+
 HandlerCgroups::~HandlerCgroups() {
   if (dir_fd_ >= 0) close(dir_fd_);
 }
 
-StatusOr<std::unique_ptr<HandlerCgroups>> HandlerCgroups::Open(const std::string& dir) {
+StatusOr<std::unique_ptr<HandlerCgroups>> HandlerCgroups::Open(const std::string& dir_in) {
+  if (dir_in.empty()) return Status::InvalidArgument("handler cgroup: empty directory name");
+  std::string dir = dir_in;  // without trailing slashes: errors name DIR/child
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string what = "handler cgroup '" + dir + "': ";
-  if (dir.empty()) return Status::InvalidArgument("handler cgroup: empty directory name");
   const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     const int e = errno;
@@ -274,16 +338,26 @@ StatusOr<std::unique_ptr<HandlerCgroups>> HandlerCgroups::Open(const std::string
         "child of it (systemd: DelegateSubgroup=) or elsewhere, and give the handlers "
         "the directory");
   }
-  // Make a child, move a process into it, remove it: what every handler needs.
-  char name[48];
-  HandlerCgroups::Name(getpid(), 0, name);
-  memcpy(name + strlen(name) - 1, "probe", 6);  // "dedup-<pid>-probe"
-  int procs = cg->Create(name);
-  if (procs == -EEXIST) {  // left by an earlier process that had our pid
-    (void)KillCgroup(fd, name, false, Millis(1'000));
-    (void)RemoveCgroup(fd, name);
-    procs = cg->Create(name);
+  // Our names: the pid alone repeats across pid namespaces sharing DIR (two
+  // workers that are both pid 1) and after a reboot; with our start time and 64
+  // random bits, a name taken by another owner is a 2^-64 accident, and Create
+  // refuses it (EEXIST) rather than reusing it.
+  uint64_t random = 0;
+  if (getrandom(&random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
+    return Status::Unavailable(what + "getrandom: " + Err(errno));
   }
+  const int plen = snprintf(cg->prefix_, sizeof(cg->prefix_), "dedup-%d-%llx-%016llx",
+                            static_cast<int>(getpid()),
+                            static_cast<unsigned long long>(StartTime("self")),
+                            static_cast<unsigned long long>(random));
+  if (plen < 0 || static_cast<size_t>(plen) >= sizeof(cg->prefix_)) {
+    return Status::Internal(what + "child name too long");
+  }
+  cg->RemoveStale();
+  // Make a child, move a process into it, remove it: what every handler needs.
+  char name[kNameSize];
+  snprintf(name, sizeof(name), "%s-probe", cg->prefix_);
+  const int procs = cg->Create(name);
   if (procs < 0) {
     return Status::InvalidArgument(what + "cannot create a child cgroup in it: " + Err(-procs) +
                                    " (the worker needs write access to it: systemd "

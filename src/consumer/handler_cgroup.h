@@ -5,11 +5,14 @@
 // in it; a cgroup holds every descendant, also one that calls setsid() or
 // setpgid(), unless it is moved out by someone allowed to write another cgroup's
 // cgroup.procs. With it, HandlerSupervisor gives every handler a child cgroup of
-// DIR of its own, named "dedup-<owner pid>-<n>", which the handler joins before
+// DIR of its own, named "dedup-<owner pid>-<owner start time>-<64 random bits>-<n>"
+// (both in hex) (unique across pid namespaces sharing DIR), which the handler joins before
 // exec; when the handler ends, is stopped, or its owner dies, that cgroup is
 // killed (cgroup.kill, Linux 5.14+; else SIGKILL to every pid in cgroup.procs,
 // the cgroup frozen first where cgroup.freeze exists, until it is empty) and
-// removed once empty.
+// removed once empty. Open() also removes empty "dedup-*" children whose owner
+// is gone (rmdir only; what still runs in a cgroup we did not make is never
+// killed).
 //
 // DIR is checked when the supervisor starts: it exists, is a directory of a
 // cgroup2 file system, a child cgroup can be made in it and a process moved into
@@ -51,19 +54,24 @@ class HandlerCgroups {
   // Whether the kernel has cgroup.kill (Linux 5.14+).
   bool has_kill_file() const { return has_kill_file_; }
 
-  // The name of child `n` of this owner: "dedup-<pid>-<n>" (at most 48 bytes
-  // with the NUL). Async-signal-safe.
-  static void Name(pid_t owner, uint64_t n, char (&out)[48]);
+  // The name of child `n` of this owner: "<prefix>-<n>", prefix
+  // "dedup-<pid>-<start time, hex>-<16 hex digits>" drawn once by Open(). Fits
+  // kNameSize with the NUL. Async-signal-safe.
+  static constexpr size_t kNameSize = 72;
+  void Name(uint64_t n, char (&out)[kNameSize]) const;
 
   // Makes child `name` and opens its cgroup.procs for writing (the descriptor a
   // handler writes its pid to before exec, close-on-exec). The descriptor, or
-  // -errno (-EEXIST: a stale child of an earlier owner that had our pid).
+  // -errno; mkdir semantics: -EEXIST when the name is taken, never reused.
   [[nodiscard]] int Create(const char* name) const;
 
  private:
   HandlerCgroups(std::string dir, int fd, bool has_kill_file)
       : dir_(std::move(dir)), dir_fd_(fd), has_kill_file_(has_kill_file) {}
+  // rmdir of every empty "dedup-*" child of DIR whose owner is gone.
+  void RemoveStale() const;
   std::string dir_;
+  char prefix_[48] = "";  // 6 + 7 + 1 + 16 + 1 + 16 + NUL
   int dir_fd_;
   bool has_kill_file_;
 };

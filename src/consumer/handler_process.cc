@@ -49,7 +49,7 @@ constexpr Millis kCgroupEmptyLimit{5'000};
 struct WatchCgroups {
   int dir_fd = -1;  // -1: none
   bool has_kill_file = false;
-  pid_t owner = 0;
+  const HandlerCgroups* names = nullptr;  // the fork's copy: Name() only
   uint64_t* slots = nullptr;
   size_t cap = 0;
   size_t n = 0;  // slots[0..n) filled before the fork
@@ -132,13 +132,13 @@ int PidfdOpen(pid_t pid) {
   }
   for (size_t i = 0; i < n; ++i) kill(-slots[i], SIGKILL);
   if (n_cg > 0 && cg_dir >= 0) {
-    char name[48];
+    char name[HandlerCgroups::kNameSize];
     for (size_t i = 0; i < n_cg; ++i) {
-      HandlerCgroups::Name(cg.owner, cg.slots[i], name);
+      cg.names->Name(cg.slots[i], name);
       (void)KillCgroup(4, name, cg.has_kill_file, Millis(1'000));
     }
     for (size_t i = 0; i < n_cg; ++i) {
-      HandlerCgroups::Name(cg.owner, cg.slots[i], name);
+      cg.names->Name(cg.slots[i], name);
       if (WaitCgroupEmpty(4, name, kCgroupEmptyLimit)) (void)RemoveCgroup(4, name);
     }
   }
@@ -340,7 +340,6 @@ StatusOr<std::unique_ptr<HandlerSupervisor>> HandlerSupervisor::Start(Supervisor
   }
   if (options.max_handlers == 0) return Status::InvalidArgument("max_handlers must be positive");
   std::unique_ptr<HandlerSupervisor> s(new HandlerSupervisor(options));
-  s->owner_pid_ = getpid();
   if (!options.cgroup.empty()) {
     auto opened = HandlerCgroups::Open(options.cgroup);
     if (!opened.ok()) return opened.status();
@@ -371,7 +370,7 @@ Status HandlerSupervisor::StartWatchdog() {
     std::copy(live_cgroups_.begin(), live_cgroups_.end(), cg_slots.begin());
     cg.dir_fd = cgroups_->dir_fd();
     cg.has_kill_file = cgroups_->has_kill_file();
-    cg.owner = owner_pid_;
+    cg.names = cgroups_.get();
     cg.slots = cg_slots.data();
     cg.cap = cg_slots.size();
     cg.n = live_cgroups_.size();
@@ -465,13 +464,13 @@ HandlerSupervisor::~HandlerSupervisor() {
     std::lock_guard lock(mu_);
     for (pid_t g : live_) kill(-g, SIGKILL);
     if (cgroups_) {
-      char name[48];
+      char name[HandlerCgroups::kNameSize];
       for (uint64_t id : live_cgroups_) {
-        HandlerCgroups::Name(owner_pid_, id, name);
+        cgroups_->Name(id, name);
         (void)KillCgroup(cgroups_->dir_fd(), name, cgroups_->has_kill_file(), Millis(1'000));
       }
       for (uint64_t id : live_cgroups_) {
-        HandlerCgroups::Name(owner_pid_, id, name);
+        cgroups_->Name(id, name);
         if (WaitCgroupEmpty(cgroups_->dir_fd(), name, kCgroupEmptyLimit)) {
           (void)RemoveCgroup(cgroups_->dir_fd(), name);
         }
@@ -585,7 +584,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     HandlerSupervisor& sup;
     const HandlerCgroups* dir = nullptr;
     uint64_t id = 0;
-    char name[48] = "";
+    char name[HandlerCgroups::kNameSize] = "";
     int procs_fd = -1;
     void Kill() const {
       if (dir != nullptr) (void)KillCgroup(dir->dir_fd(), name, dir->has_kill_file(), Millis(1'000));
@@ -608,7 +607,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   if (cgroups_) {
     for (int tries = 0;; ++tries) {
       const uint64_t id = next_cgroup_.fetch_add(1);
-      HandlerCgroups::Name(owner_pid_, id, cgroup.name);
+      cgroups_->Name(id, cgroup.name);
       RegisterCgroup(id);
       const int fd = cgroups_->Create(cgroup.name);
       if (fd >= 0) {
@@ -618,7 +617,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
         break;
       }
       UnregisterCgroup(id);
-      if (fd != -EEXIST || tries >= 8) {  // EEXIST: left by an earlier owner with our pid
+      if (fd != -EEXIST || tries >= 8) {  // EEXIST: taken (not ours): a new name
         close_all();
         return Status::Unavailable("cannot start handler: handler cgroup '" + cgroups_->dir() +
                                    "/" + cgroup.name + "': " + Err(-fd));

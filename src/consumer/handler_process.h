@@ -196,7 +196,6 @@ class HandlerSupervisor {
   std::unique_ptr<HandlerCgroups> cgroups_;
   std::vector<uint64_t> live_cgroups_;
   std::atomic<uint64_t> next_cgroup_{1};
-  pid_t owner_pid_ = 0;
 };
 
 }  // namespace dedup
