@@ -186,6 +186,42 @@ TEST_P(OwnerDeath, SigkillOfOwnerLeavesNoSurvivor) {
 INSTANTIATE_TEST_SUITE_P(WatchdogRestarted, OwnerDeath, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "AfterWatchdogKilled" : "Plain"; });
 
+// The owner SIGKILLs its watchdog once its handlers run, and SIGKILLs itself the
+// moment it sees the replacement's pid: the new watchdog must know every live
+// group (and cgroup: the same table) from its first instruction. It fails when
+// the restarted watchdog starts without them; it did not catch the old gap (the
+// live groups sent a few microseconds after the fork) in 15 runs.
+TEST_F(OwnerDeath, SigkillRightAfterWatchdogRestartLeavesNoSurvivor) {
+  for (int round = 0; round < 3; ++round) {
+    TempDir dir;
+    const std::string pids = dir.File("pids");
+    // A grandchild in the handler's group, deaf to SIGTERM: the parent-death
+    // signal kills the handler only; the watchdog must kill the group.
+    const std::string script =
+        "(trap '' TERM; echo $(sh -c 'echo $PPID') >> " + pids + "; exec sleep 300) & wait";
+    const pid_t owner = fork();
+    if (owner == 0) {
+      auto sup = HandlerSupervisor::Start();
+      if (!sup.ok()) _exit(3);
+      std::vector<std::thread> threads;
+      for (int i = 0; i < 2; ++i) threads.emplace_back([&] { (void)(*sup)->Run(Shell(script)); });
+      while (!WaitForLines(pids, 2, 10ms)) {
+      }
+      const pid_t first = (*sup)->watchdog_pid();
+      kill(first, SIGKILL);
+      while ((*sup)->watchdog_pid() == first) {
+      }
+      kill(getpid(), SIGKILL);
+    }
+    ASSERT_TRUE(WaitForLines(pids, 2, 10s)) << "handlers did not start";
+    const std::vector<pid_t> grandchildren = ReadPids(pids);
+    ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+    EXPECT_TRUE(AllDeadWithin(grandchildren, 5s, /*reap=*/true)) << "round " << round;
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+  }
+}
+
 TEST(HandlerProcess, ExitCodesAndVerdicts) {
   auto sup = HandlerSupervisor::Start();
   ASSERT_TRUE(sup.ok()) << sup.status().ToString();
