@@ -39,7 +39,9 @@
 // the handler, the lease and the owner (run the worker as a systemd service:
 // KillMode=control-group kills the whole unit when it stops, or give it
 // --handler-cgroup). A process that moves itself into another cgroup (it needs
-// write access to that cgroup's cgroup.procs) escapes either way. A handler
+// write access to that cgroup's cgroup.procs; root has it) escapes either way:
+// run handlers as an unprivileged user, DIR a delegated subtree it cannot
+// write above (docs/WORKER.md). A handler
 // runs in the background as far as a terminal is concerned (it must not read
 // from one). Spawning uses clone(CLONE_VM | CLONE_VFORK) like glibc's
 // posix_spawn, which cannot set a parent-death signal, register the group or
