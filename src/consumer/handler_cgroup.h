@@ -6,8 +6,8 @@
 // setpgid(), unless it is moved out by someone allowed to write another cgroup's
 // cgroup.procs. With it, HandlerSupervisor gives every handler a child cgroup of
 // DIR of its own, named "dedup-<owner pid>-<owner start time>-<64 random bits>-<n>"
-// (both in hex) (unique across pid namespaces sharing DIR), which the handler joins before
-// exec; when the handler ends, is stopped, or its owner dies, that cgroup is
+// (time and bits in hex; unique across pid namespaces sharing DIR), which the
+// handler joins before exec; when the handler ends, is stopped, or its owner dies, that cgroup is
 // killed (cgroup.kill, Linux 5.14+; else SIGKILL to every pid in cgroup.procs,
 // the cgroup frozen first where cgroup.freeze exists, until it is empty) and
 // removed once empty. Open() also removes empty "dedup-*" children whose owner
