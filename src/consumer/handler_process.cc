@@ -42,6 +42,10 @@ constexpr int32_t kRemove = 2;
 constexpr int32_t kAddCgroup = 3;
 constexpr int32_t kRemoveCgroup = 4;
 
+// The watchdog's cgroup table: max_handlers times this (a cgroup that stays
+// populated stays registered until it can be removed).
+constexpr size_t kCgroupSlotsPerHandler = 2;
+
 // How long the supervisor and the watchdog wait for a killed cgroup to empty.
 constexpr Millis kCgroupEmptyLimit{5'000};
 
@@ -362,9 +366,9 @@ Status HandlerSupervisor::StartWatchdog() {
   // knows them all, there is no window in which it has yet to be told.
   std::vector<pid_t> slots(std::max(options_.max_handlers, live_.size()));
   std::copy(live_.begin(), live_.end(), slots.begin());
-  // Cgroups that could not be removed stay registered: room for as many again.
-  std::vector<uint64_t> cg_slots(
-      cgroups_ ? std::max(2 * options_.max_handlers, live_cgroups_.size()) : 0);
+  // Cgroups that could not be removed stay registered: room for as many again
+  // (RegisterCgroup refuses more, so the watchdog never drops one).
+  std::vector<uint64_t> cg_slots(cgroups_ ? kCgroupSlotsPerHandler * options_.max_handlers : 0);
   WatchCgroups cg;
   if (cgroups_) {
     std::copy(live_cgroups_.begin(), live_cgroups_.end(), cg_slots.begin());
@@ -444,11 +448,13 @@ void HandlerSupervisor::Unregister(pid_t pgid) {
 
 // Before the cgroup exists: a watchdog that sees its owner go always knows it.
 // If the send fails (the watchdog is dying), the restarted one has live_cgroups_ in its table.
-void HandlerSupervisor::RegisterCgroup(uint64_t id) {
+bool HandlerSupervisor::RegisterCgroup(uint64_t id) {
   std::lock_guard lock(mu_);
+  if (live_cgroups_.size() >= kCgroupSlotsPerHandler * options_.max_handlers) return false;
   live_cgroups_.push_back(id);
   const WatchMsg m{kAddCgroup, 0, id};
   (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  return true;
 }
 
 void HandlerSupervisor::UnregisterCgroup(uint64_t id) {
@@ -608,7 +614,14 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     for (int tries = 0;; ++tries) {
       const uint64_t id = next_cgroup_.fetch_add(1);
       cgroups_->Name(id, cgroup.name);
-      RegisterCgroup(id);
+      if (!RegisterCgroup(id)) {
+        close_all();
+        return Status::Unavailable(
+            "cannot start handler: handler cgroup '" + cgroups_->dir() + "': " +
+            std::to_string(kCgroupSlotsPerHandler * options_.max_handlers) +
+            " child cgroups registered, some still populated after their handler ended "
+            "(a process stuck in the kernel?); none more until they are removed");
+      }
       const int fd = cgroups_->Create(cgroup.name);
       if (fd >= 0) {
         cgroup.dir = cgroups_.get();

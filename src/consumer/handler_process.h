@@ -180,7 +180,8 @@ class HandlerSupervisor {
   Status RestartWatchdog(uint64_t seen_generation, bool socket_refused);
   void Register(pid_t pgid, uint64_t generation_before);
   void Unregister(pid_t pgid);
-  void RegisterCgroup(uint64_t id);
+  // False when the watchdog's table is full (cgroups that stay populated).
+  [[nodiscard]] bool RegisterCgroup(uint64_t id);
   void UnregisterCgroup(uint64_t id);
 
   const SupervisorOptions options_;
