@@ -760,7 +760,8 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
         // The error of one request fails the whole call (Store::CompleteBatch is all
         // or nothing in its answer, not in what it wrote), so each is written alone:
         // one the failed call did write answers LOST (its record is no longer in
-        // progress) and is not acked, so its next delivery sees DUPLICATE; one it
+        // progress), and then OK once its record is read and shows this outcome
+        // under its token and fence (below); one it
         // did not write is recorded now, instead of being left to a takeover that
         // would run its handler again. A retryable error (the store unreachable
         // after every try) is every request's alike, and is theirs as it stands.
