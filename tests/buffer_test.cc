@@ -595,7 +595,7 @@ TEST_F(BufferTest, OneRequestsErrorDoesNotLeaveTheOthersOfItsBatchUnwritten) {
   ASSERT_EQ(ps.size(), 3u);
   // "a" was written by the failed call (the loop got that far): written again
   // alone it answers LOST, but its record shows this very outcome under its
-  // token and fence, so it is OK and acked (outcome_retry.h).
+  // token, fence and attempt, so it is OK and acked (outcome_retry.h).
   EXPECT_EQ(ps[0].action, BrokerAction::kAck) << ps[0].reason;
   EXPECT_EQ(ps[0].completion, WriteResult::kOk);
   EXPECT_EQ(ps[1].action, BrokerAction::kRetry);

@@ -116,7 +116,7 @@ struct BufferOptions {
   // A try after the first that answers LOST may be the echo of an earlier try
   // that was applied but whose reply was lost: the record is then read (Inspect)
   // and the answer is OK when it holds this very outcome (COMPLETED with the same
-  // status and result, or RELEASED) under the claim's token and fence.
+  // status and result, or RELEASED) under the claim's token, fence and attempt.
   Millis complete_retry_time{2'000};
   // A claim the store answers DataLoss (the key's record cannot be decoded:
   // corrupt, written by something else, or by a newer format) is retried after

@@ -67,16 +67,20 @@ auto RunOutcomeWrite(const BufferOptions& o, std::atomic<bool>& breaker, HeldUnt
 // A try after the first answered LOST: it may be an earlier try of the same write
 // that the store applied but whose reply was lost. True when the record shows
 // that write: state `want` (COMPLETED with `status` and `result`, or RELEASED)
-// under the claim's token and fence. Every store keeps the token and fence of
-// the last claim in the record after complete and release (state_machine.cc), so
-// no one else's write can match; a record that cannot be read leaves LOST.
+// under the claim's token, fence and attempt. Every store keeps the token, fence
+// and attempt of the last claim in the record after complete and release
+// (state_machine.cc; the Redis scripts and the Postgres statements alike), so no
+// one else's write can match; a record that cannot be read leaves LOST.
 bool RecordShowsOwnWrite(Store& store, std::string_view key, const ClaimResult& claim,
                          RecordState want, CompletionStatus status = CompletionStatus::kOk,
                          std::string_view result = {}) {
   StatusOr<std::optional<Record>> rec = store.Inspect(key);
   if (!rec.ok() || !rec->has_value()) return false;
   const Record& r = **rec;
-  if (r.state != want || r.token != claim.token || r.fence != claim.fence) return false;
+  if (r.state != want || r.token != claim.token || r.fence != claim.fence ||
+      r.attempt != claim.attempt) {
+    return false;  // (a fence floor, RELEASED with attempt 0, never matches)
+  }
   return want != RecordState::kCompleted || (r.status == status && r.result == result);
 }
 }  // namespace
@@ -761,7 +765,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
         // or nothing in its answer, not in what it wrote), so each is written alone:
         // one the failed call did write answers LOST (its record is no longer in
         // progress), and then OK once its record is read and shows this outcome
-        // under its token and fence (below); one it
+        // under its token, fence and attempt (below); one it
         // did not write is recorded now, instead of being left to a takeover that
         // would run its handler again. A retryable error (the store unreachable
         // after every try) is every request's alike, and is theirs as it stands.

@@ -30,8 +30,8 @@
 // A write that failed after the store applied it (a reply lost to a timeout) is
 // safe to send again: the record is no longer IN_PROGRESS under the token, so the
 // store answers LOST. The Buffer then reads the record (only for a try after the
-// first) and answers OK when it holds this very outcome under the claim's token
-// and fence; otherwise LOST stands, which the Buffer never acks.
+// first) and answers OK when it holds this very outcome under the claim's token,
+// fence and attempt; otherwise LOST stands, which the Buffer never acks.
 
 #ifndef DEDUP_SRC_CORE_OUTCOME_RETRY_H_
 #define DEDUP_SRC_CORE_OUTCOME_RETRY_H_
