@@ -594,9 +594,10 @@ TEST_F(BufferTest, OneRequestsErrorDoesNotLeaveTheOthersOfItsBatchUnwritten) {
   std::vector<Processed> ps = buffer.CompleteBatch(pending);
   ASSERT_EQ(ps.size(), 3u);
   // "a" was written by the failed call (the loop got that far): written again
-  // alone it answers LOST, so it is not acked, and its next delivery is a DUPLICATE.
-  EXPECT_EQ(ps[0].action, BrokerAction::kRetry);
-  EXPECT_EQ(ps[0].completion, WriteResult::kLost);
+  // alone it answers LOST, but its record shows this very outcome under its
+  // token, fence and attempt, so it is OK and acked (outcome_retry.h).
+  EXPECT_EQ(ps[0].action, BrokerAction::kAck) << ps[0].reason;
+  EXPECT_EQ(ps[0].completion, WriteResult::kOk);
   EXPECT_EQ(ps[1].action, BrokerAction::kRetry);
   EXPECT_EQ(ps[1].status.code(), StatusCode::kAborted);
   // "c" was never reached by the failed call: recorded by its own write.

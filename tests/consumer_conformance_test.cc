@@ -556,6 +556,71 @@ TEST_P(ConsumerConformance, DrainStopsHandlersThatOutliveTheTimeout) {
   EXPECT_EQ(later.load(), 2);
 }
 
+// Every outcome write and extend answers Unavailable while `down` is set.
+class DownStore : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  std::atomic<bool> down{false};
+  std::atomic<int> releases{0};
+  StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
+    if (down) return Status::Unavailable("down store");
+    return StoreWrapper::Extend(key, token, lease);
+  }
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    if (down) return Status::Unavailable("down store");
+    return StoreWrapper::Complete(key, token, retention, status, result);
+  }
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    if (down) return Status::Unavailable("down store");
+    return StoreWrapper::CompleteWithAck(key, token, retention, status, result, ack);
+  }
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs) override {
+    if (down) return Status::Unavailable("down store");
+    return StoreWrapper::CompleteBatch(reqs);
+  }
+  StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
+    ++releases;
+    if (down) return Status::Unavailable("down store");
+    return StoreWrapper::Release(key, token, retention);
+  }
+};
+
+// A stop while the store is down returns soon after the drain timeout: the claims
+// prefetched but never started are given up with one release try each (their
+// leases bring them back), not retried for complete_retry_time one after another.
+TEST_P(ConsumerConformance, StopDuringAStoreOutageEndsSoonAfterTheDrainTimeout) {
+  DownStore store(store_.get());
+  BufferOptions bo;
+  bo.lease = 10s;  // a release retried to the lease would take this long per claim
+  Buffer buffer(&store, bo);
+  auto source = Source();
+  for (int i = 0; i < 100; ++i) Publish("o" + std::to_string(i));
+  std::atomic<int> started{0};
+  ConsumerOptions o;
+  o.concurrency = 2;
+  o.prefetch = 32;
+  o.drain_timeout = 1s;
+  Running c(source.get(), &buffer, [&](const Delivery&, ClaimGuard&) {
+    if (++started >= 2) store.down = true;
+    std::this_thread::sleep_for(200ms);
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return store.down.load(); }));
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = SteadyClock::now();
+  c.Stop();
+  const auto took = SteadyClock::now() - t0;
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  // The drain timeout (1 s), then one completion batch's complete_retry_time
+  // (2 s) at most; the margin is for a loaded machine.
+  EXPECT_LT(took, 5s) << "releases sent: " << store.releases.load();
+  EXPECT_EQ(c->metrics().acked, 0u) << "nothing was recorded, nothing acked";
+}
+
 // The same messages through batch claims and through one claim each get the same
 // answers.
 TEST_P(ConsumerConformance, BatchClaimsGiveTheSameAnswersAsSingleClaims) {

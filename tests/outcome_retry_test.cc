@@ -343,5 +343,210 @@ TEST_F(OutcomeRetryTest, BatchCompleteOutlastsAHalfSecondOutage) {
   for (const char* key : {"a", "b", "c"}) EXPECT_EQ(State(key), RecordState::kCompleted) << key;
 }
 
+
+// ---- A: a guard dropped without an outcome gives its claim up with one try ----
+
+// Giving up a claim (the guard destroyed or assigned over without an outcome) is
+// not an outcome anyone waits for: one try, so that a drain during an outage does
+// not spend complete_retry_time (or a lease) per dropped claim. A release that
+// fails only means the lease runs out and the message comes back later.
+TEST_F(OutcomeRetryTest, DroppedGuardReleasesWithOneTry) {
+  Buffer buffer(&store_);
+  {
+    ClaimGuard g = Acquire(buffer, "k");
+    store_.DownFor(1h);
+    const Steady::time_point start = Steady::now();
+    { ClaimGuard gone = std::move(g); }
+    EXPECT_LT(Steady::now() - start, 500ms);
+  }
+  EXPECT_EQ(store_.releases.load(), 1);
+  store_.Up();
+  ClaimGuard a = Acquire(buffer, "a");
+  ClaimGuard b = Acquire(buffer, "b");
+  store_.DownFor(1h);
+  const Steady::time_point start = Steady::now();
+  a = std::move(b);  // gives up the claim of "a"
+  EXPECT_LT(Steady::now() - start, 500ms);
+  EXPECT_EQ(store_.releases.load(), 2);
+  store_.Up();
+  EXPECT_EQ(State("a"), RecordState::kInProgress) << "the failed release is left to the lease";
+}
+
+// A dropped guard whose one release gets through does release the key.
+TEST_F(OutcomeRetryTest, DroppedGuardReleasesWhenTheStoreIsUp) {
+  Buffer buffer(&store_);
+  { ClaimGuard g = Acquire(buffer, "k"); }
+  EXPECT_EQ(State("k"), RecordState::kReleased);
+}
+
+// ---- B: a circuit breaker for outcome writes ----------------------------------
+
+TEST(OutcomeRetryPolicy, AnOpenBreakerLeavesOnlyCompleteTries) {
+  OutcomeRetry open(3, 2s, kT0, /*breaker_open=*/true);
+  EXPECT_TRUE(open.Next(1, kForever, kT0).has_value());
+  EXPECT_TRUE(open.Next(2, kForever, kT0 + 20ms).has_value());
+  EXPECT_FALSE(open.Next(3, kForever, kT0 + 60ms).has_value()) << "no extended window";
+  OutcomeRetry closed(3, 2s, kT0, /*breaker_open=*/false);
+  EXPECT_TRUE(closed.Next(3, kForever, kT0 + 60ms).has_value());
+  // Whether a give-up opens the breaker: only past complete_tries and the window,
+  // never because of the lease deadline.
+  EXPECT_TRUE(closed.GaveUpOnTime(3, kForever, kT0 + 2s));
+  EXPECT_FALSE(closed.GaveUpOnTime(3, kT0 + 100ms, kT0 + 100ms)) << "the lease ended it";
+  EXPECT_FALSE(closed.GaveUpOnTime(1, kForever, kT0 + 2s)) << "within complete_tries";
+  EXPECT_TRUE(open.GaveUpOnTime(3, kForever, kT0 + 60ms));
+}
+
+// Once a write has given up after its window, later ones get complete_tries tries
+// only, until a store write succeeds again.
+TEST_F(OutcomeRetryTest, AGivenUpWriteOpensTheBreakerASuccessClosesIt) {
+  BufferOptions o;
+  o.complete_retry_time = 600ms;
+  Buffer buffer(&store_, o);
+  ClaimGuard a = Acquire(buffer, "a");
+  ClaimGuard b = Acquire(buffer, "b");
+  ClaimGuard c = Acquire(buffer, "c");
+  ClaimGuard d = Acquire(buffer, "d");
+  store_.DownFor(1h);
+  Steady::time_point start = Steady::now();
+  EXPECT_EQ(a.Complete("r").status().code(), StatusCode::kUnavailable);
+  EXPECT_GE(Steady::now() - start, 500ms) << "the first write has its window";
+  const int before = store_.completes.load();
+  start = Steady::now();
+  EXPECT_EQ(b.Complete("r").status().code(), StatusCode::kUnavailable);
+  EXPECT_LT(Steady::now() - start, 450ms) << "the breaker is open: complete_tries only";
+  EXPECT_EQ(store_.completes.load() - before, o.complete_tries);
+  store_.Up();
+  EXPECT_EQ(c.Complete("r").value(), WriteResult::kOk);  // closes the breaker
+  store_.DownFor(300ms);  // a short outage, longer than the 3 tries' backoffs (60 ms)
+  EXPECT_EQ(d.Complete("r").value(), WriteResult::kOk) << "the window is back";
+}
+
+// The batch path shares the breaker: a drain does not wait a window per batch.
+TEST_F(OutcomeRetryTest, BatchesAfterAGivenUpBatchGetOnlyCompleteTries) {
+  BufferOptions o;
+  o.complete_retry_time = 600ms;
+  Buffer buffer(&store_, o);
+  auto deferred = [&](const char* key) {
+    auto r = buffer.ProcessOnceDeferred(key, "", [](ClaimGuard&) { return HandlerResult::Done(); });
+    EXPECT_TRUE(std::holds_alternative<PendingOutcome>(r)) << key;
+    return std::move(std::get<PendingOutcome>(r));
+  };
+  std::vector<PendingOutcome> first, second;
+  first.push_back(deferred("a"));
+  first.push_back(deferred("b"));
+  second.push_back(deferred("c"));
+  second.push_back(deferred("d"));
+  store_.DownFor(1h);
+  Steady::time_point start = Steady::now();
+  for (const Processed& p : buffer.CompleteBatch(first)) EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_GE(Steady::now() - start, 500ms);
+  start = Steady::now();
+  for (const Processed& p : buffer.CompleteBatch(second)) EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_LT(Steady::now() - start, 450ms);
+}
+
+// ---- C: a retried write whose first try was applied --------------------------
+
+// Applies the first outcome write (of each kind) and then answers DeadlineExceeded,
+// as a reply lost after the store wrote; every later call goes through. Counts the
+// reads of records.
+class LostReplyStore : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  std::atomic<int> inspects{0};
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    StatusOr<WriteResult> w = StoreWrapper::Complete(key, token, retention, status, result);
+    if (complete_lost_.exchange(false)) return Status(StatusCode::kDeadlineExceeded, "reply lost");
+    return w;
+  }
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override {
+    auto w = StoreWrapper::CompleteBatch(reqs);
+    if (batch_lost_.exchange(false)) return Status(StatusCode::kDeadlineExceeded, "reply lost");
+    return w;
+  }
+  StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override {
+    StatusOr<WriteResult> w = StoreWrapper::Release(key, token, retention);
+    if (release_lost_.exchange(false)) return Status(StatusCode::kDeadlineExceeded, "reply lost");
+    return w;
+  }
+  StatusOr<std::optional<Record>> Inspect(std::string_view key) override {
+    ++inspects;
+    return StoreWrapper::Inspect(key);
+  }
+  std::atomic<bool> complete_lost_{true}, batch_lost_{true}, release_lost_{true};
+};
+
+TEST(OutcomeRetryLostReply, CompleteRecordedByTheFirstTryAnswersOk) {
+  auto inner = NewMemoryStore();
+  LostReplyStore store(inner.get());
+  Buffer buffer(&store);
+  StatusOr<ClaimGuard> g = buffer.Claim("k");
+  ASSERT_TRUE(g.ok() && g->acquired());
+  StatusOr<WriteResult> w = g->Complete("r");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(store.inspects.load(), 1);
+}
+
+TEST(OutcomeRetryLostReply, ReleaseRecordedByTheFirstTryAnswersOk) {
+  auto inner = NewMemoryStore();
+  LostReplyStore store(inner.get());
+  Buffer buffer(&store);
+  StatusOr<ClaimGuard> g = buffer.Claim("k");
+  ASSERT_TRUE(g.ok() && g->acquired());
+  StatusOr<WriteResult> w = g->Release();
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+}
+
+TEST(OutcomeRetryLostReply, ProcessOnceAcksAnOutcomeRecordedByTheFirstTry) {
+  auto inner = NewMemoryStore();
+  LostReplyStore store(inner.get());
+  Buffer buffer(&store);
+  Processed p = buffer.ProcessOnce("k", "", [](ClaimGuard&) { return HandlerResult::Done("r"); });
+  EXPECT_EQ(p.action, BrokerAction::kAck) << p.reason;
+  EXPECT_EQ(p.completion, WriteResult::kOk);
+}
+
+TEST(OutcomeRetryLostReply, BatchRecordedByTheFirstTryAnswersOkPerRequest) {
+  auto inner = NewMemoryStore();
+  LostReplyStore store(inner.get());
+  Buffer buffer(&store);
+  std::vector<PendingOutcome> pending;
+  for (const char* key : {"a", "b", "c"}) {
+    auto r = buffer.ProcessOnceDeferred(key, "", [](ClaimGuard&) { return HandlerResult::Done(); });
+    ASSERT_TRUE(std::holds_alternative<PendingOutcome>(r)) << key;
+    pending.push_back(std::move(std::get<PendingOutcome>(r)));
+  }
+  // "c" is taken over before the batch: its LOST is real and stays LOST.
+  ASSERT_TRUE(inner->Forget("c", ForgetOptions{.force = true}).ok());
+  ClaimRequest cr;
+  cr.key = "c";
+  cr.lease = Millis(30'000);
+  cr.retention = Millis(60'000);
+  ASSERT_TRUE(inner->Claim(cr).ok());
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  EXPECT_EQ(ps[0].action, BrokerAction::kAck) << ps[0].reason;
+  EXPECT_EQ(ps[1].action, BrokerAction::kAck) << ps[1].reason;
+  EXPECT_EQ(ps[2].action, BrokerAction::kRetry) << ps[2].reason;
+  EXPECT_EQ(ps[2].completion, WriteResult::kLost);
+}
+
+// A first try that answers LOST is the answer: no record is read.
+TEST(OutcomeRetryLostReply, AFirstTryLostIsNotChecked) {
+  auto inner = NewMemoryStore();
+  LostReplyStore store(inner.get());
+  Buffer buffer(&store);
+  StatusOr<ClaimGuard> g = buffer.Claim("k");
+  ASSERT_TRUE(g.ok() && g->acquired());
+  ASSERT_TRUE(inner->Forget("k", ForgetOptions{.force = true}).ok());
+  store.complete_lost_ = false;  // the first try's reply gets through: LOST
+  StatusOr<WriteResult> w = g->Complete("r");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kLost);
+  EXPECT_EQ(store.inspects.load(), 0);
+}
+
 }  // namespace
 }  // namespace dedup

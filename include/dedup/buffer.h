@@ -38,6 +38,14 @@
 // or commit the effect in the same transaction as Complete(), for exactly-once
 // effects.
 //
+// A claim given up without an outcome (a guard destroyed or assigned over while
+// ACQUIRED: a drain handing back work never started, a lease run out before the
+// handler started, a result the store refuses) is released with ONE try, never
+// retried: a release that fails only means the key stays BUSY until its lease
+// runs out and the message comes back later (nothing runs twice because of it).
+// An outcome someone asked for (Complete, CompleteWithAck, an explicit Release(),
+// a handler's Retry) is retried as complete_tries says.
+//
 // When the caller passes the broker's ack (BrokerAck, broker_ack.h) and the store
 // can fuse it with a completion (Store::CanCompleteWithAck), a kDone outcome is
 // recorded and acked in one atomic step; Processed::acked_with_complete says so
@@ -48,6 +56,7 @@
 #ifndef DEDUP_BUFFER_H_
 #define DEDUP_BUFFER_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -89,12 +98,25 @@ struct BufferOptions {
   // up and the message left to be redelivered (fail closed). Any other error is
   // the answer at once. So the call blocks for about max(complete_retry_time,
   // the complete_tries backoffs) at most, plus the last try's own time (a client
-  // timeout) — the guard's destructor too, when it releases. Default: 3.
+  // timeout). (A guard destroyed without an outcome releases with one try, not
+  // these.) Default: 3.
   int complete_tries = 3;
   // See complete_tries. 2 s outlasts a client that reconnects after a network
   // stall (it refuses requests for up to a second meanwhile); an outcome given up
   // sooner is left to a takeover that runs the handler a second time. 0: only
   // complete_tries tries. 0 to kMaxDuration. Default: 2 s.
+  //
+  // Circuit breaker: once an outcome write of this Buffer has been given up on a
+  // retryable error because its complete_tries and complete_retry_time were
+  // spent (not because of the lease), every later outcome write gets its
+  // complete_tries tries only, with no complete_retry_time window, until a claim
+  // or an outcome write of this Buffer succeeds again. So while the store stays
+  // down, a drain pays complete_retry_time once, not once per batch.
+  //
+  // A try after the first that answers LOST may be the echo of an earlier try
+  // that was applied but whose reply was lost: the record is then read (Inspect)
+  // and the answer is OK when it holds this very outcome (COMPLETED with the same
+  // status and result, or RELEASED) under the claim's token, fence and attempt.
   Millis complete_retry_time{2'000};
   // A claim the store answers DataLoss (the key's record cannot be decoded:
   // corrupt, written by something else, or by a newer format) is retried after
@@ -142,7 +164,9 @@ class ClaimGuard {
   ClaimGuard() = default;
   ClaimGuard(ClaimGuard&&) noexcept;
   ClaimGuard& operator=(ClaimGuard&&) noexcept;
-  ~ClaimGuard();  // releases an ACQUIRED claim that has no outcome yet
+  // Releases an ACQUIRED claim that has no outcome yet, with one try (see the
+  // guarantee above); so does a move-assignment over one.
+  ~ClaimGuard();
 
   const ClaimResult& result() const { return result_; }
   ClaimOutcome outcome() const { return result_.outcome; }
@@ -180,12 +204,14 @@ class ClaimGuard {
   [[nodiscard]] StatusOr<AckedWrite> CompleteWithAck(std::string_view result,
                                                      const BrokerAck& ack);
   // Gives the claim back: the key is claimable again at once (if it never
-  // reaches the store, at the end of the lease).
+  // reaches the store, at the end of the lease). Retried like Complete.
   [[nodiscard]] StatusOr<WriteResult> Release();
 
  private:
   friend class Buffer;
   void Finish();
+  // Gives the claim up without an outcome: one release try, no retry.
+  StatusOr<WriteResult> ReleaseOnce();
 
   Buffer* buffer_ = nullptr;
   std::string key_;
@@ -342,6 +368,10 @@ class Buffer {
   const BufferOptions options_;
   std::unique_ptr<Heartbeat> heartbeat_;
   std::unique_ptr<CorruptCounts> corrupt_;
+  // The outcome writes' circuit breaker (see complete_retry_time): open while the
+  // last outcome write was given up after its time and no store call has
+  // succeeded since.
+  std::atomic<bool> outcome_breaker_open_{false};
 };
 
 }  // namespace dedup

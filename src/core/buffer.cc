@@ -45,6 +45,44 @@ int64_t SteadyNanos() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// One outcome write run under OutcomeRetry with the Buffer's circuit breaker as
+// its input: opened when the write is given up after its time, closed when it
+// succeeds.
+template <class HeldUntil, class Write>
+auto RunOutcomeWrite(const BufferOptions& o, std::atomic<bool>& breaker, HeldUntil held_until,
+                     Write write) {
+  const internal::OutcomeRetry retry(o, std::chrono::steady_clock::now(),
+                                     breaker.load(std::memory_order_relaxed));
+  bool gave_up_on_time = false;
+  auto r = retry.Run(held_until, write, &gave_up_on_time);
+  if (r.ok()) {
+    breaker.store(false, std::memory_order_relaxed);
+  } else if (gave_up_on_time) {
+    breaker.store(true, std::memory_order_relaxed);
+  }
+  return r;
+}
+
+// A try after the first answered LOST: it may be an earlier try of the same write
+// that the store applied but whose reply was lost. True when the record shows
+// that write: state `want` (COMPLETED with `status` and `result`, or RELEASED)
+// under the claim's token, fence and attempt. Every store keeps the token, fence
+// and attempt of the last claim in the record after complete and release
+// (state_machine.cc; the Redis scripts and the Postgres statements alike), so no
+// one else's write can match; a record that cannot be read leaves LOST.
+bool RecordShowsOwnWrite(Store& store, std::string_view key, const ClaimResult& claim,
+                         RecordState want, CompletionStatus status = CompletionStatus::kOk,
+                         std::string_view result = {}) {
+  StatusOr<std::optional<Record>> rec = store.Inspect(key);
+  if (!rec.ok() || !rec->has_value()) return false;
+  const Record& r = **rec;
+  if (r.state != want || r.token != claim.token || r.fence != claim.fence ||
+      r.attempt != claim.attempt) {
+    return false;  // (a fence floor, RELEASED with attempt 0, never matches)
+  }
+  return want != RecordState::kCompleted || (r.status == status && r.result == result);
+}
 }  // namespace
 
 std::string PayloadFingerprint(std::string_view payload) {
@@ -226,7 +264,7 @@ ClaimGuard::ClaimGuard(ClaimGuard&& o) noexcept
 
 ClaimGuard& ClaimGuard::operator=(ClaimGuard&& o) noexcept {
   if (this != &o) {
-    if (held_ != nullptr) (void)Release();
+    if (held_ != nullptr) (void)ReleaseOnce();
     buffer_ = o.buffer_;
     key_ = std::move(o.key_);
     result_ = std::move(o.result_);
@@ -236,7 +274,7 @@ ClaimGuard& ClaimGuard::operator=(ClaimGuard&& o) noexcept {
 }
 
 ClaimGuard::~ClaimGuard() {
-  if (held_ != nullptr) (void)Release();
+  if (held_ != nullptr) (void)ReleaseOnce();
 }
 
 bool ClaimGuard::lost() const {
@@ -272,9 +310,19 @@ StatusOr<WriteResult> ClaimGuard::Complete(std::string_view result, CompletionSt
   }
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
-  StatusOr<WriteResult> r = internal::OutcomeRetry(o).Run(
-      [this] { return lease_deadline(); },
-      [&] { return buffer_->store_->Complete(key_, result_.token, o.retention, status, result); });
+  int tries = 0;
+  StatusOr<WriteResult> r = RunOutcomeWrite(
+      o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
+      [&]() -> StatusOr<WriteResult> {
+        StatusOr<WriteResult> w =
+            buffer_->store_->Complete(key_, result_.token, o.retention, status, result);
+        if (++tries > 1 && w.ok() && *w == WriteResult::kLost &&
+            RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kCompleted, status,
+                                result)) {
+          return WriteResult::kOk;
+        }
+        return w;
+      });
   // Ends ownership whatever the answer: on a lasting error the lease will run out
   // and the message be redelivered, which is the fail-closed outcome.
   Finish();
@@ -293,11 +341,20 @@ StatusOr<AckedWrite> ClaimGuard::CompleteWithAck(std::string_view result, const 
   }
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
-  StatusOr<AckedWrite> r = internal::OutcomeRetry(o).Run(
-      [this] { return lease_deadline(); },
-      [&] {
-        return buffer_->store_->CompleteWithAck(key_, result_.token, o.retention,
-                                                CompletionStatus::kOk, result, ack);
+  int tries = 0;
+  StatusOr<AckedWrite> r = RunOutcomeWrite(
+      o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
+      [&]() -> StatusOr<AckedWrite> {
+        StatusOr<AckedWrite> w = buffer_->store_->CompleteWithAck(
+            key_, result_.token, o.retention, CompletionStatus::kOk, result, ack);
+        // Recorded by an earlier try: whether that try acked is unknown, so the
+        // caller acks (a second ack of a delivery is harmless).
+        if (++tries > 1 && w.ok() && w->write == WriteResult::kLost &&
+            RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kCompleted,
+                                CompletionStatus::kOk, result)) {
+          return AckedWrite{WriteResult::kOk, false};
+        }
+        return w;
       });
   Finish();
   return r;
@@ -313,9 +370,30 @@ StatusOr<WriteResult> ClaimGuard::Release() {
     return WriteResult::kLost;
   }
   const BufferOptions& o = buffer_->options_;
-  StatusOr<WriteResult> r = internal::OutcomeRetry(o).Run(
-      [this] { return lease_deadline(); },
-      [&] { return buffer_->store_->Release(key_, result_.token, o.retention); });
+  int tries = 0;
+  StatusOr<WriteResult> r = RunOutcomeWrite(
+      o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
+      [&]() -> StatusOr<WriteResult> {
+        StatusOr<WriteResult> w = buffer_->store_->Release(key_, result_.token, o.retention);
+        if (++tries > 1 && w.ok() && *w == WriteResult::kLost &&
+            RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kReleased)) {
+          return WriteResult::kOk;
+        }
+        return w;
+      });
+  Finish();
+  return r;
+}
+
+StatusOr<WriteResult> ClaimGuard::ReleaseOnce() {
+  if (held_ == nullptr) return WriteResult::kLost;
+  if (held_->lost.load()) {
+    Finish();
+    return WriteResult::kLost;
+  }
+  StatusOr<WriteResult> r =
+      buffer_->store_->Release(key_, result_.token, buffer_->options_.retention);
+  if (r.ok()) buffer_->outcome_breaker_open_.store(false, std::memory_order_relaxed);
   Finish();
   return r;
 }
@@ -414,6 +492,7 @@ StatusOr<ClaimGuard> Buffer::Claim(std::string_view key, std::string_view finger
   const auto sent = std::chrono::steady_clock::now();
   StatusOr<ClaimResult> r = store_->Claim(Request(key, fingerprint));
   if (!r.ok()) return r.status();
+  outcome_breaker_open_.store(false, std::memory_order_relaxed);
   return Guard(key, std::move(r).value(), sent);
 }
 
@@ -463,6 +542,7 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
     }
     return out;
   }
+  if (r.ok()) outcome_breaker_open_.store(false, std::memory_order_relaxed);
   for (size_t j = 0; j < where.size(); ++j) {
     if (!r.ok()) {
       out[where[j]] = r.status();
@@ -581,8 +661,10 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     // Claimed, then queued while no heartbeat got through for a whole lease (a
     // stalled store, a starved process): another owner may already hold the key.
     // Never start the work on a claim that cannot be shown to be held.
+    // Giving the claim up, not an outcome: one release try (the lease is over, so
+    // the retry policy would send no more than that either).
     Resolve(&p, HandlerResult::Retry("the lease ran out before the handler started"),
-            g.Release(), false);
+            g.ReleaseOnce(), false);
     return p;
   }
   HandlerResult hr;
@@ -630,7 +712,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     }
     if (Status s = ValidateResult(hr.result); !s.ok()) {
       w[i] = std::move(s);
-      (void)g.Release();
+      (void)g.ReleaseOnce();  // the outcome cannot be written: give the claim up
       continue;
     }
     CompleteRequest q;
@@ -648,7 +730,9 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     // Retried as OutcomeRetry says: the batch while every claim of it is known to
     // be held (the earliest deadline), each alone while its own claim is, all
     // within one time bound.
-    const internal::OutcomeRetry retry(options_);
+    const internal::OutcomeRetry retry(options_, std::chrono::steady_clock::now(),
+                                       outcome_breaker_open_.load(std::memory_order_relaxed));
+    bool gave_up_on_time = false;
     auto held_until = [&] {
       auto t = std::chrono::steady_clock::time_point::max();
       for (size_t i : where) t = std::min(t, pending[i].guard_.lease_deadline());
@@ -658,11 +742,17 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     // Complete / CompleteWithAck sees every completion ProcessOnce makes.
     auto one = [this](const CompleteRequest& q) { return CompleteOne(*store_, q); };
     std::vector<StatusOr<AckedWrite>> res(reqs.size(), Status::Internal("unset"));
+    // Whether a LOST of request j may be an earlier try's echo (see below).
+    std::vector<bool> retried(reqs.size(), false);
     if (reqs.size() == 1) {
-      res[0] = retry.Run(held_until, [&] { return one(reqs[0]); });
+      int tries = 0;
+      res[0] = retry.Run(held_until, [&] { return ++tries, one(reqs[0]); }, &gave_up_on_time);
+      retried[0] = tries > 1;
     } else {
-      StatusOr<std::vector<AckedWrite>> b =
-          retry.Run(held_until, [&] { return store_->CompleteBatch(reqs); });
+      int tries = 0;
+      StatusOr<std::vector<AckedWrite>> b = retry.Run(
+          held_until, [&] { return ++tries, store_->CompleteBatch(reqs); }, &gave_up_on_time);
+      if (tries > 1) retried.assign(reqs.size(), true);
       if (b.ok() && b->size() != reqs.size()) {
         b = Status::Internal("store " + store_->Describe() + ": complete batch answered " +
                              std::to_string(b->size()) + " results for " +
@@ -674,20 +764,34 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
         // The error of one request fails the whole call (Store::CompleteBatch is all
         // or nothing in its answer, not in what it wrote), so each is written alone:
         // one the failed call did write answers LOST (its record is no longer in
-        // progress) and is not acked, so its next delivery sees DUPLICATE; one it
+        // progress), and then OK once its record is read and shows this outcome
+        // under its token, fence and attempt (below); one it
         // did not write is recorded now, instead of being left to a takeover that
         // would run its handler again. A retryable error (the store unreachable
         // after every try) is every request's alike, and is theirs as it stands.
+        // The failed call was each one's first try.
+        retried.assign(reqs.size(), true);
         for (size_t j = 0; j < reqs.size(); ++j) {
+          bool on_time = false;
           res[j] = retry.Run([&] { return pending[where[j]].guard_.lease_deadline(); },
-                             [&] { return one(reqs[j]); });
+                             [&] { return one(reqs[j]); }, &on_time);
+          gave_up_on_time = gave_up_on_time || on_time;
         }
       } else {
         for (size_t j = 0; j < reqs.size(); ++j) res[j] = b.status();
       }
     }
+    bool any_ok = false;
     for (size_t j = 0; j < where.size(); ++j) {
       const size_t i = where[j];
+      if (res[j].ok()) any_ok = true;
+      // A LOST after an earlier try: that try may have recorded it and its reply
+      // been lost. OK (not acked: the caller acks) when the record shows it.
+      if (retried[j] && res[j].ok() && res[j]->write == WriteResult::kLost &&
+          RecordShowsOwnWrite(*store_, reqs[j].key, pending[i].guard_.result_,
+                              RecordState::kCompleted, reqs[j].status, reqs[j].result)) {
+        res[j] = AckedWrite{WriteResult::kOk, false};
+      }
       if (res[j].ok()) {
         w[i] = res[j]->write;
         acked[i] = res[j]->acked;
@@ -697,6 +801,11 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
       // Ends ownership whatever the answer: on a lasting error the lease will run
       // out and the message be redelivered, which is the fail-closed outcome.
       pending[i].guard_.Finish();
+    }
+    if (any_ok) {
+      outcome_breaker_open_.store(false, std::memory_order_relaxed);
+    } else if (gave_up_on_time) {
+      outcome_breaker_open_.store(true, std::memory_order_relaxed);
     }
   }
   std::vector<Processed> out;
