@@ -551,6 +551,27 @@ TEST(HandlerCgroup, WhatLeftTheGroupDiesWithTheHandler) {
   EXPECT_TRUE(cg.Children().empty());
 }
 
+// A handler may make cgroups inside its own (it runs as the owner's user). They
+// are removed with it, deepest first: before, its cgroup stayed registered (rmdir
+// answered EBUSY), and after 2 x max_handlers such handlers every spawn was refused.
+TEST(HandlerCgroup, CgroupsTheHandlerMadeInsideItsOwnGoWithIt) {
+  TestCgroup cg;
+  SKIP_WITHOUT_CGROUP(cg);
+  const std::string mount = cg.path().substr(0, cg.path().rfind('/'));
+  SupervisorOptions so;
+  so.cgroup = cg.path();
+  so.max_handlers = 1;
+  auto sup = HandlerSupervisor::Start(so);
+  ASSERT_TRUE(sup.ok()) << sup.status().ToString();
+  for (int i = 0; i < 4; ++i) {
+    auto r = (*sup)->Run(Shell("d=\"" + mount + "$(sed -n 's/^0:://p' /proc/self/cgroup)\"; "
+                               "mkdir \"$d/sub\" \"$d/sub/deeper\""));
+    ASSERT_TRUE(r.ok()) << "handler " << i << ": " << r.status().ToString();
+    EXPECT_EQ(r->code, 0) << "handler " << i;
+  }
+  EXPECT_TRUE(cg.Children().empty());
+}
+
 // Two owners with one pid (pid 1 in two containers sharing DIR; here two
 // supervisors of one process): their handlers' cgroup names differ beyond the
 // pid, "dedup-<pid>-<start time>-<16 hex>-<n>", so neither can take, register

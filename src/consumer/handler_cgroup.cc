@@ -242,6 +242,35 @@ bool RemoveCgroup(int dir_fd, const char* name) {
   return unlinkat(dir_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT;
 }
 
+namespace {
+bool RemoveChildren(int parent_fd, const char* name, int depth) {
+  const int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return false;
+  }
+  bool ok = true;
+  while (const dirent* e = readdir(d)) {
+    if (e->d_type != DT_DIR || std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) {
+      continue;
+    }
+    if (depth < 32 && RemoveChildren(dirfd(d), e->d_name, depth + 1)) {
+      if (unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) ok = false;
+    } else {
+      ok = false;
+    }
+  }
+  closedir(d);
+  return ok;
+}
+}  // namespace
+
+bool RemoveCgroupTree(int dir_fd, const char* name) {
+  return RemoveChildren(dir_fd, name, 0) && RemoveCgroup(dir_fd, name);
+}
+
 // ---- HandlerCgroups ---------------------------------------------------------------
 
 void HandlerCgroups::Name(uint64_t n, char (&out)[kNameSize]) const {
@@ -291,6 +320,8 @@ void HandlerCgroups::RemoveStale() const {
     }
     if (parts.size() < 2 || !AllOf(parts[0], "0123456789")) continue;
     const std::string pid(parts[0]);
+    // A /proc entry we may not read (hidepid=) is an owner we cannot judge.
+    if (access(("/proc/" + pid).c_str(), F_OK) != 0 && errno != ENOENT) continue;
     const uint64_t now = StartTime(pid);  // 0: no such process here
     if (parts.size() == 4 && AllOf(parts[1], "0123456789abcdef") && parts[2].size() == 16 &&
         AllOf(parts[2], "0123456789abcdef")) {

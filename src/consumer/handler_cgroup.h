@@ -97,6 +97,10 @@ bool WaitCgroupEmpty(int dir_fd, const char* name, Millis limit);
 // Async-signal-safe.
 bool RemoveCgroup(int dir_fd, const char* name);
 
+// RemoveCgroup, after removing the (empty) child cgroups a handler may have made
+// inside `name`, deepest first. Allocates: for the owner, never for the watchdog.
+bool RemoveCgroupTree(int dir_fd, const char* name);
+
 }  // namespace dedup
 
 #endif  // DEDUP_CONSUMER_HANDLER_CGROUP_H_

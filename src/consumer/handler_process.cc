@@ -450,11 +450,39 @@ void HandlerSupervisor::Unregister(pid_t pgid) {
 // If the send fails (the watchdog is dying), the restarted one has live_cgroups_ in its table.
 bool HandlerSupervisor::RegisterCgroup(uint64_t id) {
   std::lock_guard lock(mu_);
+  if (live_cgroups_.size() >= kCgroupSlotsPerHandler * options_.max_handlers) ReapLeftoverCgroups();
   if (live_cgroups_.size() >= kCgroupSlotsPerHandler * options_.max_handlers) return false;
   live_cgroups_.push_back(id);
   const WatchMsg m{kAddCgroup, 0, id};
   (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
   return true;
+}
+
+void HandlerSupervisor::KeepLeftoverCgroup(uint64_t id) {
+  std::lock_guard lock(mu_);
+  leftover_cgroups_.push_back(id);
+}
+
+// Kills each leftover again, gives it a moment to empty, and removes it with the
+// child cgroups a handler may have made inside it; what goes is unregistered. A
+// process stuck in the kernel keeps its cgroup, and its slot, until it ends.
+void HandlerSupervisor::ReapLeftoverCgroups() {
+  for (auto it = leftover_cgroups_.begin(); it != leftover_cgroups_.end();) {
+    char name[HandlerCgroups::kNameSize];
+    cgroups_->Name(*it, name);
+    (void)KillCgroup(cgroups_->dir_fd(), name, cgroups_->has_kill_file(), Millis(100));
+    if (!WaitCgroupEmpty(cgroups_->dir_fd(), name, Millis(100)) ||
+        !RemoveCgroupTree(cgroups_->dir_fd(), name)) {
+      ++it;
+      continue;
+    }
+    if (auto live = std::find(live_cgroups_.begin(), live_cgroups_.end(), *it); live != live_cgroups_.end()) {
+      live_cgroups_.erase(live);
+    }
+    const WatchMsg m{kRemoveCgroup, 0, *it};
+    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+    it = leftover_cgroups_.erase(it);
+  }
 }
 
 void HandlerSupervisor::UnregisterCgroup(uint64_t id) {
@@ -478,7 +506,7 @@ HandlerSupervisor::~HandlerSupervisor() {
       for (uint64_t id : live_cgroups_) {
         cgroups_->Name(id, name);
         if (WaitCgroupEmpty(cgroups_->dir_fd(), name, kCgroupEmptyLimit)) {
-          (void)RemoveCgroup(cgroups_->dir_fd(), name);
+          (void)RemoveCgroupTree(cgroups_->dir_fd(), name);
         }
       }
     }
@@ -603,8 +631,10 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
       CloseFd(procs_fd);
       Kill();
       if (WaitCgroupEmpty(dir->dir_fd(), name, kCgroupEmptyLimit) &&
-          RemoveCgroup(dir->dir_fd(), name)) {
+          RemoveCgroupTree(dir->dir_fd(), name)) {
         sup.UnregisterCgroup(id);
+      } else {
+        sup.KeepLeftoverCgroup(id);
       }
       dir = nullptr;
     }

@@ -180,9 +180,14 @@ class HandlerSupervisor {
   Status RestartWatchdog(uint64_t seen_generation, bool socket_refused);
   void Register(pid_t pgid, uint64_t generation_before);
   void Unregister(pid_t pgid);
-  // False when the watchdog's table is full (cgroups that stay populated).
+  // False when the watchdog's table is full (cgroups that stay populated) even
+  // after the leftovers were tried again.
   [[nodiscard]] bool RegisterCgroup(uint64_t id);
   void UnregisterCgroup(uint64_t id);
+  // A cgroup whose handler ended but that could not be emptied or removed: it
+  // stays registered, and RegisterCgroup tries it again when the table is full.
+  void KeepLeftoverCgroup(uint64_t id);
+  void ReapLeftoverCgroups();  // mu_ held
 
   const SupervisorOptions options_;
   mutable std::mutex mu_;
@@ -198,6 +203,7 @@ class HandlerSupervisor {
   // watchdog (created, or about to be).
   std::unique_ptr<HandlerCgroups> cgroups_;
   std::vector<uint64_t> live_cgroups_;
+  std::vector<uint64_t> leftover_cgroups_;  // in live_cgroups_, no handler running
   std::atomic<uint64_t> next_cgroup_{1};
 };
 
