@@ -83,6 +83,27 @@ bool RecordShowsOwnWrite(Store& store, std::string_view key, const ClaimResult& 
   }
   return want != RecordState::kCompleted || (r.status == status && r.result == result);
 }
+
+WriteResult WriteOf(WriteResult w) { return w; }
+WriteResult WriteOf(const AckedWrite& w) { return w.write; }
+// Recorded by an earlier try: whether that try acked is unknown, so the caller
+// acks (a second ack of a delivery is harmless).
+WriteResult Recovered(WriteResult) { return WriteResult::kOk; }
+AckedWrite Recovered(const AckedWrite&) { return AckedWrite{WriteResult::kOk, false}; }
+
+// `write` for RunOutcomeWrite, answering OK instead of a LOST on a try after the
+// first when `shows_own_write()` (RecordShowsOwnWrite) finds that an earlier try
+// of it was applied.
+template <class Write, class ShowsOwnWrite>
+auto EchoChecked(Write write, ShowsOwnWrite shows_own_write) {
+  return [write, shows_own_write, tries = 0]() mutable {
+    auto w = write();
+    if (++tries > 1 && w.ok() && WriteOf(*w) == WriteResult::kLost && shows_own_write()) {
+      return decltype(w)(Recovered(*w));
+    }
+    return w;
+  };
+}
 }  // namespace
 
 std::string PayloadFingerprint(std::string_view payload) {
@@ -310,19 +331,14 @@ StatusOr<WriteResult> ClaimGuard::Complete(std::string_view result, CompletionSt
   }
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
-  int tries = 0;
   StatusOr<WriteResult> r = RunOutcomeWrite(
       o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
-      [&]() -> StatusOr<WriteResult> {
-        StatusOr<WriteResult> w =
-            buffer_->store_->Complete(key_, result_.token, o.retention, status, result);
-        if (++tries > 1 && w.ok() && *w == WriteResult::kLost &&
-            RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kCompleted, status,
-                                result)) {
-          return WriteResult::kOk;
-        }
-        return w;
-      });
+      EchoChecked(
+          [&] { return buffer_->store_->Complete(key_, result_.token, o.retention, status, result); },
+          [&] {
+            return RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kCompleted,
+                                       status, result);
+          }));
   // Ends ownership whatever the answer: on a lasting error the lease will run out
   // and the message be redelivered, which is the fail-closed outcome.
   Finish();
@@ -341,21 +357,17 @@ StatusOr<AckedWrite> ClaimGuard::CompleteWithAck(std::string_view result, const 
   }
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
-  int tries = 0;
   StatusOr<AckedWrite> r = RunOutcomeWrite(
       o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
-      [&]() -> StatusOr<AckedWrite> {
-        StatusOr<AckedWrite> w = buffer_->store_->CompleteWithAck(
-            key_, result_.token, o.retention, CompletionStatus::kOk, result, ack);
-        // Recorded by an earlier try: whether that try acked is unknown, so the
-        // caller acks (a second ack of a delivery is harmless).
-        if (++tries > 1 && w.ok() && w->write == WriteResult::kLost &&
-            RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kCompleted,
-                                CompletionStatus::kOk, result)) {
-          return AckedWrite{WriteResult::kOk, false};
-        }
-        return w;
-      });
+      EchoChecked(
+          [&] {
+            return buffer_->store_->CompleteWithAck(key_, result_.token, o.retention,
+                                                    CompletionStatus::kOk, result, ack);
+          },
+          [&] {
+            return RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kCompleted,
+                                       CompletionStatus::kOk, result);
+          }));
   Finish();
   return r;
 }
@@ -370,17 +382,13 @@ StatusOr<WriteResult> ClaimGuard::Release() {
     return WriteResult::kLost;
   }
   const BufferOptions& o = buffer_->options_;
-  int tries = 0;
   StatusOr<WriteResult> r = RunOutcomeWrite(
       o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
-      [&]() -> StatusOr<WriteResult> {
-        StatusOr<WriteResult> w = buffer_->store_->Release(key_, result_.token, o.retention);
-        if (++tries > 1 && w.ok() && *w == WriteResult::kLost &&
-            RecordShowsOwnWrite(*buffer_->store_, key_, result_, RecordState::kReleased)) {
-          return WriteResult::kOk;
-        }
-        return w;
-      });
+      EchoChecked([&] { return buffer_->store_->Release(key_, result_.token, o.retention); },
+                  [&] {
+                    return RecordShowsOwnWrite(*buffer_->store_, key_, result_,
+                                               RecordState::kReleased);
+                  }));
   Finish();
   return r;
 }
