@@ -792,7 +792,13 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   int in_fd = in_pipe[1], out_fd = out_pipe[0];
   in_pipe[1] = out_pipe[0] = -1;
   if (in_fd >= 0) fcntl(in_fd, F_SETFL, O_NONBLOCK);
-  if (in_fd >= 0 && cmd.stdin_data->empty()) CloseFd(in_fd);
+  if (in_fd >= 0 && !cmd.stdin_data->empty()) {
+    // A message fits in the pipe: written now, not after a first poll() says so.
+    const ssize_t w = write(in_fd, cmd.stdin_data->data(), cmd.stdin_data->size());
+    if (w > 0) written = static_cast<size_t>(w);
+    if (w < 0 && errno != EAGAIN && errno != EINTR) CloseFd(in_fd);  // stdin closed already
+  }
+  if (in_fd >= 0 && written == cmd.stdin_data->size()) CloseFd(in_fd);
   char buf[65536];
   auto consume = [&](ssize_t r) {
     if (cmd.tee_fd >= 0) (void)WriteAll(cmd.tee_fd, buf, static_cast<size_t>(r));
