@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -508,6 +511,69 @@ TEST_F(RocksDBStoreTest, KeepsTheApplicationsColumnFamilies) {
   auto s = Open();
   ASSERT_NE(s, nullptr);
   EXPECT_TRUE(s->Claim(Req("k")).ok());
+}
+
+// A ClaimBatch that must be durable before it returns (max_attempts) takes over
+// keys whose earlier, deferred claims the background writer may be carrying. It
+// locks every stripe of the batch; the writer gathers its batch stripe by stripe.
+// Waiting for the writer's batch with the stripes held hung both: the writer had
+// marked a key of one stripe and then waited for another stripe the batch held.
+// Two threads race takeovers against the writer's rounds; any hang fails the
+// test (the process exits: a deadlocked thread cannot be joined).
+TEST_F(RocksDBStoreTest, DurableBatchTakeoverOfKeysTheWriterCarriesDoesNotHang) {
+  auto s = Open();
+  std::atomic<uint64_t> progress{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0}, exited{0};
+  auto run = [&](int t) {
+    std::mt19937 rng(static_cast<unsigned>(t));
+    for (int round = 0; !stop.load(); ++round) {
+      std::vector<std::string> keys;
+      for (int j = 0; j < 48; ++j) {
+        keys.push_back("t" + std::to_string(t) + "-" + std::to_string(round) + "-" + std::to_string(j));
+      }
+      for (const std::string& k : keys) {
+        if (!s->Claim(Req(k, 1min)).ok()) ++failures;  // deferred: the writer commits it
+      }
+      // Let the writer take them (it takes claims at least a round old), at a
+      // random point of its round.
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2500));
+      clock_.Advance(2min);  // their leases are over: the batch takes every one over
+      std::vector<ClaimRequest> reqs;
+      for (const std::string& k : keys) {
+        reqs.push_back(Req(k, 1min));
+        reqs.back().max_attempts = 100;  // written before ClaimBatch returns
+      }
+      auto r = s->ClaimBatch(reqs);
+      if (!r.ok()) {
+        ++failures;
+      } else {
+        for (const ClaimResult& c : *r) {
+          if (c.outcome != ClaimOutcome::kAcquired || c.attempt != 2) ++failures;
+        }
+      }
+      progress.fetch_add(1);
+    }
+    exited.fetch_add(1);
+  };
+  std::thread a(run, 1), b(run, 2);
+  const auto end = std::chrono::steady_clock::now() + 3s;
+  while (std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(50ms);
+  stop.store(true);
+  // Rounds finish within milliseconds; 30 s without both threads done is a hang.
+  const auto hang = std::chrono::steady_clock::now() + 30s;
+  while (exited.load() < 2 && std::chrono::steady_clock::now() < hang) {
+    std::this_thread::sleep_for(10ms);
+  }
+  if (exited.load() < 2) {
+    std::fprintf(stderr, "a ClaimBatch did not return within 30 s (after %llu rounds): deadlock\n",
+                 static_cast<unsigned long long>(progress.load()));
+    std::_Exit(1);
+  }
+  a.join();
+  b.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(progress.load(), 100u);
 }
 
 TEST(RecordCodecTest, RoundTripsAndRejectsDamage) {

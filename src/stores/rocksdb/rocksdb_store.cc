@@ -1156,9 +1156,31 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   for (const auto& [key, i] : index) stripes.push_back(StripeIndex(key));
   std::sort(stripes.begin(), stripes.end());
   stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  // Committed in the background unless a request needs its attempt durable.
+  bool deferred = true;
+  for (const ClaimRequest& r : reqs) deferred = deferred && Deferred(r);
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(stripes.size());
-  for (size_t s : stripes) locks.emplace_back(stripes_[s].mu);
+  while (true) {
+    for (size_t s : stripes) locks.emplace_back(stripes_[s].mu);
+    if (deferred) break;
+    // Written before it returns: a claim of one of the keys that a writer batch
+    // is carrying must land first. Wait for it with no stripe locked, then start
+    // over (as CompleteBatch): the writer locks stripes one by one while it
+    // gathers a batch, so waiting with several held could wait on a writer that
+    // waits on us.
+    uint64_t in_flight = 0;
+    for (const auto& [key, i] : index) {
+      const Stripe& st = stripes_[StripeIndex(key)];
+      if (st.pending.empty()) continue;
+      auto it = st.pending.find(key);
+      if (it != st.pending.end()) in_flight = std::max(in_flight, it->second.gen);
+    }
+    if (in_flight == 0) break;
+    locks.clear();
+    std::unique_lock l(gen_mu_);
+    gen_cv_.wait(l, [&] { return done_gen_ >= in_flight; });
+  }
 
   // Records from memory where the index has them; one MultiGet for the rest.
   const size_t n = rkeys.size();
@@ -1201,9 +1223,6 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   // Decide in order against what the batch has written so far, so that a key
   // repeated in the batch answers as if claimed one after the other.
   const int64_t now = clock_->NowMillis();
-  // Committed in the background unless a request needs its attempt durable.
-  bool deferred = true;
-  for (const ClaimRequest& r : reqs) deferred = deferred && Deferred(r);
   std::vector<bool> written(n, false);
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::optional<Record>& c = cur[slot[i]];
@@ -1230,7 +1249,6 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   std::string value;
   for (size_t k = 0; k < n; ++k) {
     if (!written[k]) continue;
-    WaitInFlight(stripes_[slots[k].stripe], std::string_view(rkeys[k]).substr(1));
     EncodeRecord(*cur[k], &value);
     rocksdb::Status s = batch.Put(cf_, rkeys[k], value);
     if (!s.ok()) return FromRocks(s, Context("claim batch"));
