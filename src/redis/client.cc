@@ -3,6 +3,8 @@
 #include "redis/client.h"
 
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -345,6 +347,20 @@ Status Connection::Queue(std::string_view resp, std::string_view op) {
   return Status::Ok();
 }
 
+Status Connection::Send(std::string_view resp, std::string_view op) {
+  if (sdslen(c_->obuf) == 0) {
+    // Nothing queued before: write the caller's bytes as they are, sparing the
+    // copy into hiredis's output buffer (and its free and malloc per write). What
+    // is not written (a full socket buffer, an error) goes the hiredis way, which
+    // retries it and reports the error.
+    const ssize_t n = ::send(c_->fd, resp.data(), resp.size(), MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(resp.size())) return Status::Ok();
+    if (n > 0) resp.remove_prefix(static_cast<size_t>(n));
+  }
+  DEDUP_RETURN_IF_ERROR(Queue(resp, op));
+  return Flush(op);
+}
+
 Status Connection::Flush(std::string_view op) {
   int done = 0;
   while (!done) {
@@ -383,7 +399,7 @@ Status Connection::Pipeline(const CommandBuffer& cmds, std::vector<Reply>* repli
     if (redisSetTimeout(c_, ToTimeval(want)) != REDIS_OK) return TransportError(op, false);
     current_timeout_ = want;
   }
-  DEDUP_RETURN_IF_ERROR(Queue(cmds.bytes(), op));
+  DEDUP_RETURN_IF_ERROR(Send(cmds.bytes(), op));
   replies->resize(cmds.size());
   Status s = ReadReplies(cmds.size(), replies->data(), op, read);
   if (!s.ok()) replies->clear();
@@ -502,11 +518,16 @@ class SharedConnection {
     // Each caller's bytes go to the socket buffer as they are, then one write.
     size_t n = 0;
     Status s;
-    for (const Request* r : batch) {
-      n += r->cmds->size();
-      if (s.ok()) s = conn_->Queue(r->cmds->bytes(), "");
+    if (batch.size() == 1) {
+      n = batch[0]->cmds->size();
+      s = conn_->Send(batch[0]->cmds->bytes(), "");
+    } else {
+      for (const Request* r : batch) {
+        n += r->cmds->size();
+        if (s.ok()) s = conn_->Queue(r->cmds->bytes(), "");
+      }
+      if (s.ok()) s = conn_->Flush("");
     }
-    if (s.ok()) s = conn_->Flush("");
     if (!s.ok()) {
       conn_.reset();
       Fail(batch, s);

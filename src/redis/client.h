@@ -140,6 +140,8 @@ class Connection {
   // read `n` replies into `out` (reading sends what is still queued first).
   Status Queue(std::string_view resp, std::string_view op);
   Status Flush(std::string_view op);
+  // Queue + Flush, writing straight from `resp` when nothing is queued.
+  Status Send(std::string_view resp, std::string_view op);
   Status ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read);
 
   const Endpoint& endpoint() const { return ep_; }
