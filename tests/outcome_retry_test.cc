@@ -421,6 +421,33 @@ TEST_F(OutcomeRetryTest, AGivenUpWriteOpensTheBreakerASuccessClosesIt) {
   EXPECT_EQ(d.Complete("r").value(), WriteResult::kOk) << "the window is back";
 }
 
+// A heartbeat's extend that the store answers closes the breaker too: a worker that
+// only holds claims (a drain, long handlers) gets its outcome writes' window back
+// as soon as the store is reachable again, not only after a claim or write.
+TEST_F(OutcomeRetryTest, AnAnsweredHeartbeatClosesTheBreaker) {
+  BufferOptions o;
+  o.complete_retry_time = 600ms;
+  o.heartbeat_interval = 50ms;
+  Buffer buffer(&store_, o);
+  ClaimGuard a = Acquire(buffer, "a");
+  ClaimGuard held = Acquire(buffer, "held");  // kept: the heartbeat extends it
+  ClaimGuard d = Acquire(buffer, "d");
+  store_.DownFor(1h);
+  EXPECT_EQ(a.Complete("r").status().code(), StatusCode::kUnavailable);  // opens it
+  store_.Up();
+  const uint64_t beats = buffer.stats().heartbeats - buffer.stats().heartbeat_errors;
+  const Steady::time_point until = Steady::now() + 5s;
+  while (buffer.stats().heartbeats - buffer.stats().heartbeat_errors < beats + 2 &&
+         Steady::now() < until) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(buffer.stats().heartbeats - buffer.stats().heartbeat_errors, beats + 2)
+      << "the heartbeat extended nothing";
+  store_.DownFor(300ms);  // longer than complete_tries' backoffs (60 ms)
+  EXPECT_EQ(d.Complete("r").value(), WriteResult::kOk) << "the window is back";
+  EXPECT_EQ(held.Complete("r").value(), WriteResult::kOk);
+}
+
 // The batch path shares the breaker: a drain does not wait a window per batch.
 TEST_F(OutcomeRetryTest, BatchesAfterAGivenUpBatchGetOnlyCompleteTries) {
   BufferOptions o;

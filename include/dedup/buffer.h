@@ -109,8 +109,9 @@ struct BufferOptions {
   // Circuit breaker: once an outcome write of this Buffer has been given up on a
   // retryable error because its complete_tries and complete_retry_time were
   // spent (not because of the lease), every later outcome write gets its
-  // complete_tries tries only, with no complete_retry_time window, until a claim
-  // or an outcome write of this Buffer succeeds again. So while the store stays
+  // complete_tries tries only, with no complete_retry_time window, until the
+  // store answers a call of this Buffer again (a claim, an outcome write, or a
+  // heartbeat's extend, whatever it answered). So while the store stays
   // down, a drain pays complete_retry_time once, not once per batch.
   //
   // A try after the first that answers LOST may be the echo of an earlier try
@@ -155,7 +156,10 @@ enum class BrokerAction : uint8_t {
 std::string_view BrokerActionName(BrokerAction a);  // "ack", "retry", "dead_letter"
 
 class Buffer;
-namespace internal { struct HeldClaim; }
+namespace internal {
+struct HeldClaim;
+class OutcomeBreaker;
+}  // namespace internal
 
 // Owns one claim while the work runs. Movable, not copyable. Only an ACQUIRED
 // claim holds anything; for the other outcomes the guard just carries the result.
@@ -366,12 +370,13 @@ class Buffer {
 
   Store* const store_;
   const BufferOptions options_;
+  // The outcome writes' circuit breaker (see complete_retry_time): open while the
+  // last outcome write was given up after its time and no store call has been
+  // answered since. Declared before the heartbeat, whose thread closes it.
+  std::atomic<bool> outcome_breaker_open_{false};
+  internal::OutcomeBreaker breaker();
   std::unique_ptr<Heartbeat> heartbeat_;
   std::unique_ptr<CorruptCounts> corrupt_;
-  // The outcome writes' circuit breaker (see complete_retry_time): open while the
-  // last outcome write was given up after its time and no store call has
-  // succeeded since.
-  std::atomic<bool> outcome_breaker_open_{false};
 };
 
 }  // namespace dedup

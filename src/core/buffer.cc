@@ -50,17 +50,12 @@ int64_t SteadyNanos() {
 // its input: opened when the write is given up after its time, closed when it
 // succeeds.
 template <class HeldUntil, class Write>
-auto RunOutcomeWrite(const BufferOptions& o, std::atomic<bool>& breaker, HeldUntil held_until,
-                     Write write) {
-  const internal::OutcomeRetry retry(o, std::chrono::steady_clock::now(),
-                                     breaker.load(std::memory_order_relaxed));
+auto RunOutcomeWrite(const BufferOptions& o, internal::OutcomeBreaker breaker,
+                     HeldUntil held_until, Write write) {
+  const internal::OutcomeRetry retry(o, std::chrono::steady_clock::now(), breaker.open());
   bool gave_up_on_time = false;
   auto r = retry.Run(held_until, write, &gave_up_on_time);
-  if (r.ok()) {
-    breaker.store(false, std::memory_order_relaxed);
-  } else if (gave_up_on_time) {
-    breaker.store(true, std::memory_order_relaxed);
-  }
+  breaker.Settle(r.ok(), gave_up_on_time);
   return r;
 }
 
@@ -126,7 +121,8 @@ std::string_view BrokerActionName(BrokerAction a) {
 // sleeps until the earliest beat is due, and without a deadline while no claim is held.
 class Buffer::Heartbeat {
  public:
-  Heartbeat(Store* store, Millis interval) : store_(store), interval_(interval) {}
+  Heartbeat(Store* store, Millis interval, internal::OutcomeBreaker breaker)
+      : store_(store), interval_(interval), breaker_(breaker) {}
 
   ~Heartbeat() {
     {
@@ -202,6 +198,8 @@ class Buffer::Heartbeat {
       errors_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    // The store answered: outcome writes get their full retry window again.
+    breaker_.Answered();
     if (*r == WriteResult::kLost && !h.finished.load()) {
       lost_.fetch_add(1, std::memory_order_relaxed);
       h.lost.store(true);
@@ -216,6 +214,7 @@ class Buffer::Heartbeat {
 
   Store* const store_;
   const Millis interval_;
+  internal::OutcomeBreaker breaker_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -332,7 +331,7 @@ StatusOr<WriteResult> ClaimGuard::Complete(std::string_view result, CompletionSt
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
   StatusOr<WriteResult> r = RunOutcomeWrite(
-      o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
+      o, buffer_->breaker(), [this] { return lease_deadline(); },
       EchoChecked(
           [&] { return buffer_->store_->Complete(key_, result_.token, o.retention, status, result); },
           [&] {
@@ -358,7 +357,7 @@ StatusOr<AckedWrite> ClaimGuard::CompleteWithAck(std::string_view result, const 
   DEDUP_RETURN_IF_ERROR(ValidateResult(result));
   const BufferOptions& o = buffer_->options_;
   StatusOr<AckedWrite> r = RunOutcomeWrite(
-      o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
+      o, buffer_->breaker(), [this] { return lease_deadline(); },
       EchoChecked(
           [&] {
             return buffer_->store_->CompleteWithAck(key_, result_.token, o.retention,
@@ -383,7 +382,7 @@ StatusOr<WriteResult> ClaimGuard::Release() {
   }
   const BufferOptions& o = buffer_->options_;
   StatusOr<WriteResult> r = RunOutcomeWrite(
-      o, buffer_->outcome_breaker_open_, [this] { return lease_deadline(); },
+      o, buffer_->breaker(), [this] { return lease_deadline(); },
       EchoChecked([&] { return buffer_->store_->Release(key_, result_.token, o.retention); },
                   [&] {
                     return RecordShowsOwnWrite(*buffer_->store_, key_, result_,
@@ -401,7 +400,7 @@ StatusOr<WriteResult> ClaimGuard::ReleaseOnce() {
   }
   StatusOr<WriteResult> r =
       buffer_->store_->Release(key_, result_.token, buffer_->options_.retention);
-  if (r.ok()) buffer_->outcome_breaker_open_.store(false, std::memory_order_relaxed);
+  if (r.ok()) buffer_->breaker().Answered();
   Finish();
   return r;
 }
@@ -455,13 +454,18 @@ Buffer::Buffer(Store* store, BufferOptions options)
       heartbeat_(std::make_unique<Heartbeat>(
           store, options.heartbeat_interval.count() > 0
                      ? options.heartbeat_interval
-                     : std::max(Millis(1), options.lease / 3))),
+                     : std::max(Millis(1), options.lease / 3),
+          breaker())),
       // A counted key not seen for this long was settled elsewhere; its next
       // delivery comes within a retry delay or a lease (a reclaim) otherwise.
       corrupt_(std::make_unique<CorruptCounts>(
           std::max(Millis(600'000), 4 * (options.retry_delay + options.lease)))) {}
 
 Buffer::~Buffer() = default;
+
+internal::OutcomeBreaker Buffer::breaker() {
+  return internal::OutcomeBreaker(outcome_breaker_open_);
+}
 
 Buffer::Stats Buffer::stats() const { return heartbeat_->stats(); }
 
@@ -500,7 +504,7 @@ StatusOr<ClaimGuard> Buffer::Claim(std::string_view key, std::string_view finger
   const auto sent = std::chrono::steady_clock::now();
   StatusOr<ClaimResult> r = store_->Claim(Request(key, fingerprint));
   if (!r.ok()) return r.status();
-  outcome_breaker_open_.store(false, std::memory_order_relaxed);
+  breaker().Answered();
   return Guard(key, std::move(r).value(), sent);
 }
 
@@ -550,7 +554,7 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
     }
     return out;
   }
-  if (r.ok()) outcome_breaker_open_.store(false, std::memory_order_relaxed);
+  if (r.ok()) breaker().Answered();
   for (size_t j = 0; j < where.size(); ++j) {
     if (!r.ok()) {
       out[where[j]] = r.status();
@@ -739,7 +743,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
     // be held (the earliest deadline), each alone while its own claim is, all
     // within one time bound.
     const internal::OutcomeRetry retry(options_, std::chrono::steady_clock::now(),
-                                       outcome_breaker_open_.load(std::memory_order_relaxed));
+                                       breaker().open());
     bool gave_up_on_time = false;
     auto held_until = [&] {
       auto t = std::chrono::steady_clock::time_point::max();
@@ -810,11 +814,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
       // out and the message be redelivered, which is the fail-closed outcome.
       pending[i].guard_.Finish();
     }
-    if (any_ok) {
-      outcome_breaker_open_.store(false, std::memory_order_relaxed);
-    } else if (gave_up_on_time) {
-      outcome_breaker_open_.store(true, std::memory_order_relaxed);
-    }
+    breaker().Settle(any_ok, gave_up_on_time);
   }
   std::vector<Processed> out;
   out.reserve(n);

@@ -24,8 +24,8 @@
 //     has been given up on a retryable error because its tries and its time were
 //     spent (GaveUpOnTime), the Buffer opens it, and a write that starts while it
 //     is open gets its complete_tries tries only, no complete_retry_time window;
-//     the first store call that succeeds closes it. So while the store is down
-//     a drain pays the window once, not once per write.
+//     the first call the store answers closes it (OutcomeBreaker below). So
+//     while the store is down a drain pays the window once, not once per write.
 //
 // A write that failed after the store applied it (a reply lost to a timeout) is
 // safe to send again: the record is no longer IN_PROGRESS under the token, so the
@@ -37,6 +37,7 @@
 #define DEDUP_SRC_CORE_OUTCOME_RETRY_H_
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -45,6 +46,33 @@
 #include "dedup/status.h"
 
 namespace dedup::internal {
+
+// The Buffer's circuit breaker, as the policy above uses it: a view of the one
+// flag the Buffer keeps (an atomic, so that ClaimGuards, the completer and the
+// heartbeat thread may all touch it). Opened when an outcome write was given up
+// because its tries and its time were spent; closed by any store call that was
+// answered (an outcome write, a claim, a heartbeat's extend, whatever the answer
+// said): the store is reachable again.
+class OutcomeBreaker {
+ public:
+  explicit OutcomeBreaker(std::atomic<bool>& open) : open_(open) {}
+
+  bool open() const { return open_.load(std::memory_order_relaxed); }
+  // The store answered a call.
+  void Answered() { open_.store(false, std::memory_order_relaxed); }
+  // The end of one outcome write (or of a batch of them): `answered` when the
+  // store answered any of it, `gave_up_on_time` as OutcomeRetry::Run says.
+  void Settle(bool answered, bool gave_up_on_time) {
+    if (answered) {
+      Answered();
+    } else if (gave_up_on_time) {
+      open_.store(true, std::memory_order_relaxed);
+    }
+  }
+
+ private:
+  std::atomic<bool>& open_;
+};
 
 class OutcomeRetry {
  public:
