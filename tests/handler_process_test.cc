@@ -122,9 +122,11 @@ HandlerCommand Shell(const std::string& script) {
 
 // Forks an owner that starts `scripts` as handlers (one thread each) and writes
 // its watchdog's pid to `watchdog_file`; with `kill_watchdog_first` it SIGKILLs
-// its first watchdog once the handlers run and waits for the replacement.
+// its first watchdog once the handlers run and waits for the replacement. Each
+// thread first runs /bin/true `true_runs_first` times (exit 4 if one fails).
 pid_t StartOwner(const std::vector<std::string>& scripts, const std::string& watchdog_file,
-                 bool kill_watchdog_first, const std::string& cgroup = "") {
+                 bool kill_watchdog_first, const std::string& cgroup = "",
+                 int true_runs_first = 0) {
   const pid_t owner = fork();
   if (owner != 0) return owner;
   SupervisorOptions so;
@@ -133,7 +135,15 @@ pid_t StartOwner(const std::vector<std::string>& scripts, const std::string& wat
   if (!sup.ok()) _exit(3);
   std::vector<std::thread> threads;
   for (const auto& s : scripts) {
-    threads.emplace_back([&, s] { (void)(*sup)->Run(Shell(s)); });
+    threads.emplace_back([&, s] {
+      HandlerCommand t;
+      t.argv = {"/bin/true"};
+      for (int k = 0; k < true_runs_first; ++k) {
+        auto r = (*sup)->Run(t);
+        if (!r.ok() || r->code != 0) _exit(4);
+      }
+      (void)(*sup)->Run(Shell(s));
+    });
   }
   while ((*sup)->running() < scripts.size()) std::this_thread::sleep_for(5ms);
   if (kill_watchdog_first) {
@@ -143,6 +153,13 @@ pid_t StartOwner(const std::vector<std::string>& scripts, const std::string& wat
   }
   std::ofstream(watchdog_file) << (*sup)->watchdog_pid() << "\n";
   for (;;) pause();
+}
+
+// A handler script whose grandchild stays in the handler's group, deaf to
+// SIGTERM, and writes its pid to `pids`: the parent-death signal kills the
+// handler only; the watchdog must kill the group.
+std::string GrandchildInTheGroup(const std::string& pids) {
+  return "(trap '' TERM; echo $(sh -c 'echo $PPID') >> " + pids + "; exec sleep 300) & wait";
 }
 
 class OwnerDeath : public ::testing::TestWithParam<bool> {
@@ -177,7 +194,14 @@ TEST_P(OwnerDeath, SigkillOfOwnerLeavesNoSurvivor) {
   ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
   EXPECT_TRUE(AllDeadWithin(all, 5s, /*reap=*/true));
   // Nothing is left in any handler's group either (e.g. the `sleep` that the
-  // first script's shell forked, whose pid nobody wrote down).
+  // first script's shell forked, whose pid nobody wrote down). The watchdog
+  // kills the groups one after the other, and a killed process is not gone at
+  // once: give them the same 5 s (a survivor sleeps 300 s).
+  for (const auto until = Steady::now() + 5s; !LiveMembers(groups).empty() && Steady::now() < until;) {
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    std::this_thread::sleep_for(10ms);
+  }
   EXPECT_TRUE(LiveMembers(groups).empty()) << "survivors: " << LiveMembers(groups).size();
   while (waitpid(-1, nullptr, WNOHANG) > 0) {
   }
@@ -195,10 +219,7 @@ TEST_F(OwnerDeath, SigkillRightAfterWatchdogRestartLeavesNoSurvivor) {
   for (int round = 0; round < 3; ++round) {
     TempDir dir;
     const std::string pids = dir.File("pids");
-    // A grandchild in the handler's group, deaf to SIGTERM: the parent-death
-    // signal kills the handler only; the watchdog must kill the group.
-    const std::string script =
-        "(trap '' TERM; echo $(sh -c 'echo $PPID') >> " + pids + "; exec sleep 300) & wait";
+    const std::string script = GrandchildInTheGroup(pids);
     const pid_t owner = fork();
     if (owner == 0) {
       auto sup = HandlerSupervisor::Start();
@@ -219,6 +240,25 @@ TEST_F(OwnerDeath, SigkillRightAfterWatchdogRestartLeavesNoSurvivor) {
     EXPECT_TRUE(AllDeadWithin(grandchildren, 5s, /*reap=*/true)) << "round " << round;
     while (waitpid(-1, nullptr, WNOHANG) > 0) {
     }
+  }
+}
+
+// The watchdog reads its log (registrations and removals) only when asked to,
+// every few dozen records, and at the owner's end: after hundreds of handlers
+// came and went (the log read several times, and unread records left in it), a
+// SIGKILL of the owner still kills the handlers that run.
+TEST_F(OwnerDeath, SigkillAfterManyHandlersLeavesNoSurvivor) {
+  TempDir dir;
+  const std::string pids = dir.File("pids"), wd = dir.File("watchdog");
+  const std::string script = GrandchildInTheGroup(pids);
+  const pid_t owner = StartOwner({script, script}, wd, /*kill_watchdog_first=*/false, "",
+                                 /*true_runs_first=*/150);
+  ASSERT_TRUE(WaitForLines(pids, 2, 30s)) << "handlers did not start";
+  const std::vector<pid_t> grandchildren = ReadPids(pids);
+  ASSERT_EQ(kill(owner, SIGKILL), 0);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  EXPECT_TRUE(AllDeadWithin(grandchildren, 5s, /*reap=*/true));
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
   }
 }
 

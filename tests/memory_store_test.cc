@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "stores/memory/memory_store_internal.h"
 
@@ -166,6 +167,53 @@ TEST(MemoryStore, MatchesAModelThroughGrowthAndDeletion) {
   auto all = store->Scan("", 1'000'000);
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), live);
+}
+
+// A shard past 2 MiB of slots takes its slots 8 chunks at a time from huge-page
+// regions, and its index (2 MiB and more) from a huge-page mapping too: records
+// on both sides of that line keep their keys, expire, are reclaimed, and their
+// slots are reused.
+TEST(MemoryStore, LargeShardKeepsEveryRecordAcrossHugePageRegions) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  constexpr int kRecords = 300'000;  // 73 chunks of 4096: 8 small, then 9 regions; index 4 MiB
+  auto key = [](int i) { return "large:" + std::to_string(i); };
+  std::vector<std::string> keys;
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < kRecords; ++i) keys.push_back(key(i));
+  for (int i = 0; i < kRecords; ++i) {
+    ClaimRequest r;
+    r.key = keys[i];
+    r.lease = 1s;
+    r.retention = i % 2 ? 1h : 1s;  // odd keys stay, even keys expire
+    reqs.push_back(r);
+  }
+  auto claimed = store->ClaimBatch(reqs);
+  ASSERT_TRUE(claimed.ok());
+  for (const ClaimResult& c : *claimed) ASSERT_TRUE(c.acquired());
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), size_t{kRecords});
+  for (int i = 0; i < kRecords; i += 997) {
+    auto rec = store->Inspect(keys[i]);
+    ASSERT_TRUE(rec.ok() && rec->has_value()) << keys[i];
+    EXPECT_EQ((*rec)->key, keys[i]);
+  }
+  clock.Advance(10s);
+  // Each claim reclaims at most 4: 40,000 claims reclaim all 150,000 expired.
+  for (int i = 0; i < 40'000; ++i) {
+    ClaimRequest r;
+    const std::string k = "after:" + std::to_string(i);
+    r.key = k;
+    ASSERT_TRUE(store->Claim(r).ok());
+  }
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), size_t{kRecords / 2 + 40'000});
+  for (int i = 0; i < kRecords; i += 499) {
+    auto rec = store->Inspect(keys[i]);
+    ASSERT_TRUE(rec.ok());
+    EXPECT_EQ(rec->has_value(), i % 2 == 1) << keys[i];
+  }
+  auto all = store->Scan("", 1'000'000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), size_t{kRecords / 2 + 40'000});
 }
 
 TEST(MemoryStore, ShardCountIsRoundedUp) {

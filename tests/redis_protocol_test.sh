@@ -117,6 +117,15 @@ check "rewritten as format 2 (flags 0x56: COMPLETED, failed, fingerprint)" "56" 
   "$(cli --raw GET p:hand | head -c 1 | od -An -tx1 | tr -d ' \n')"
 check "a value that is no record is DEDUPCORRUPT" "DEDUPCORRUPT" \
   "$(cli SET p:junk processing >/dev/null; claim p:junk $A 1000 1000 '' 0 2>&1 | cut -c1-12)"
+check "an empty value is DEDUPCORRUPT too (complete)" "DEDUPCORRUPT" \
+  "$(cli SET p:empty '' >/dev/null; complete p:empty $A 1000 0 x 2>&1 | cut -c1-12)"
+#    A completion's status goes into the flags: IN_PROGRESS 0x41, fence 128 (80 01),
+#    attempt 2, keep 1 (01), completed as failed: 0x46, token, 80 01, 02, result.
+echo 'SET p:st "\x41\x00\x00\x00\x00\x00\x00\x00\xbb\x80\x01\x02\x01" PX 60000' | cli >/dev/null
+check "multi-byte fence: completes as failed" "1" "$(complete p:st $B 600000 1 why)"
+check "flags 0x46, token, fence, attempt, result" \
+  "4600000000000000bb800102$(printf why | od -An -tx1 | tr -d ' \n')" \
+  "$(cli --raw GET p:st | head -c 15 | od -An -tx1 | tr -d ' \n')"
 
 # 6b. The claim fast path: SET key <fresh IN_PROGRESS record> NX PX lease+retention GET.
 #     Fresh record: flags 0x41, token aa, fence 1, attempt 1, keep 600000.

@@ -181,7 +181,9 @@ struct ConsumerOptions {
   // Deliveries fetched ahead of the running ones (waiting in the queue, their
   // keys already claimed when batch_claims). With batch_claims, one more fetched
   // batch (at most concurrency + prefetch deliveries) may wait for or be in its
-  // claim, so that the next fetch overlaps the claim. Default: -1 = concurrency.
+  // claim, so that the next fetch overlaps the claim. A fetch starts once half of
+  // concurrency + prefetch is free, or as soon as a handler would be idle.
+  // Default: -1 = concurrency.
   int prefetch = -1;
   // How long one Fetch waits for a first delivery; also how soon Stop() is seen
   // by an idle consumer. Default: 250 ms.

@@ -19,6 +19,7 @@
 // so that the store also reclaims while it serves and stays near `records`.
 
 #include <malloc.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -124,7 +125,7 @@ json Measure(BenchContext& ctx) {
   const size_t windows = static_cast<size_t>(sp.run_s / kWindow);
   std::vector<uint64_t> per_window(windows, 0);
   Hist hist;
-  uint64_t errors = 0, slow = 0;
+  uint64_t errors = 0, slow = 0, over_50us = 0;
   const uint64_t base = NextKeyBlock();
   const auto start = Clk::now();
   const auto window_ns = static_cast<int64_t>(kWindow * 1e9);
@@ -133,6 +134,11 @@ json Measure(BenchContext& ctx) {
   std::vector<double> cpu_rates;
   double cpu_mark = ThreadCpuSeconds();
   uint64_t cpu_calls = 0;
+  // What the kernel did to this thread during the run: a call that lost the
+  // core to another process (an involuntary context switch) or took a page
+  // fault is slow for a reason the histogram alone does not tell.
+  rusage ru0{}, ru1{};
+  getrusage(RUSAGE_THREAD, &ru0);
   for (;;) {
     if ((k & 255) == 0) {
       const double c = ThreadCpuSeconds();
@@ -154,10 +160,12 @@ json Measure(BenchContext& ctx) {
     const auto b = Clk::now();
     const uint64_t ns = static_cast<uint64_t>((b - a).count());
     hist.Add(ns);
+    if (ns > 50'000) ++over_50us;
     if (ns > 1'000'000) ++slow;
     if (!r.ok() || !r->acquired()) ++errors;
     ++per_window[w];
   }
+  getrusage(RUSAGE_THREAD, &ru1);
   std::vector<double> rates;
   for (uint64_t n : per_window) rates.push_back(static_cast<double>(n) / kWindow);
   const double median = Median(rates);
@@ -182,7 +190,10 @@ json Measure(BenchContext& ctx) {
           {"p99_us", Num(hist.QuantileUs(0.99))},
           {"p999_us", Num(hist.QuantileUs(0.999))},
           {"max_us", Num(hist.MaxUs())},
+          {"calls_over_50us", over_50us},
           {"calls_over_1ms", slow},
+          {"involuntary_context_switches", ru1.ru_nivcsw - ru0.ru_nivcsw},
+          {"minor_page_faults", ru1.ru_minflt - ru0.ru_minflt},
           {"calls", hist.n},
           {"errors", errors},
           {"rss_bytes", RssBytes()}};
@@ -196,12 +207,14 @@ std::string StallMarkdown(const json& s) {
        " GiB; claims kept 2 s, so the store reclaims as it serves (3 s of warm-up to that steady state, not "
        "counted).\n\n";
   o += "| claims/s (median wall window) | worst wall window / median | claims per CPU-second (median "
-       "CPU window) | worst CPU window / median | p50 µs | p99 µs | p99.9 µs | max µs | calls > 1 ms "
-       "| RSS |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+       "CPU window) | worst CPU window / median | p50 µs | p99 µs | p99.9 µs | max µs | calls > 50 µs "
+       "| calls > 1 ms | involuntary context switches | page faults | RSS "
+       "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   o += "| " + Rate(g("median_claims_per_s")) + " | " + Fmt("%.2f", g("worst_window_ratio")) + " | " +
        Rate(g("cpu_median_claims_per_s")) + " | " + Fmt("%.2f", g("cpu_worst_window_ratio")) + " | " +
        Fmt("%.2f", g("p50_us")) + " | " + Fmt("%.2f", g("p99_us")) + " | " + Fmt("%.2f", g("p999_us")) + " | " +
-       Fmt("%.0f", g("max_us")) + " | " + Rate(g("calls_over_1ms")) + " | " +
+       Fmt("%.0f", g("max_us")) + " | " + Rate(g("calls_over_50us")) + " | " + Rate(g("calls_over_1ms")) +
+       " | " + Rate(g("involuntary_context_switches")) + " | " + Rate(g("minor_page_faults")) + " | " +
        Fmt("%.0f MiB", g("rss_bytes") / (1 << 20)) + " |\n\nWall windows (claims/s):";
   if (s.contains("windows")) {
     for (auto& w : s["windows"]) o += " " + Rate(w.get<double>());

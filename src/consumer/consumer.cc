@@ -74,13 +74,16 @@ class Consumer::Impl {
     }
     Millis backoff(50);
     while (!stop_->load(std::memory_order_relaxed)) {
-      const int free = FreeSlots();
-      if (free <= 0) {
+      int free = 0;
+      {
         std::unique_lock lock(mu_);
-        fetch_waiting_ = true;
-        room_cv_.wait_for(lock, Millis(50), [this] { return Room() > 0; });
-        fetch_waiting_ = false;
-        continue;
+        if (!FetchWanted()) {
+          fetch_waiting_ = true;
+          room_cv_.wait_for(lock, Millis(50), [this] { return FetchWanted(); });
+          fetch_waiting_ = false;
+          continue;
+        }
+        free = Room();
       }
       StatusOr<std::vector<std::unique_ptr<Delivery>>> batch =
           source_->Fetch(static_cast<size_t>(free), o_.fetch_wait);
@@ -155,9 +158,16 @@ class Consumer::Impl {
   }
 
   int Room() const { return o_.concurrency + o_.prefetch - static_cast<int>(queue_.size()) - running_; }
-  int FreeSlots() {
-    std::lock_guard lock(mu_);
-    return Room();
+  // Whether the fetch thread fetches now (mu_ held): once half the window
+  // (concurrency + prefetch) is free, or as soon as a handler thread would have
+  // nothing to do. Not at every freed slot: with slow handlers (processes) that
+  // was one broker round trip and two wake-ups per message, for a batch of one.
+  bool FetchWanted() const {
+    const int room = Room();
+    if (room <= 0) return false;
+    const int window = o_.concurrency + o_.prefetch;
+    const int waiting = static_cast<int>(queue_.size() + staged_.size()) + claiming_;
+    return room >= std::max(1, window / 2) || running_ + waiting < o_.concurrency;
   }
 
   void Enqueue(std::vector<std::unique_ptr<Delivery>> batch) {
@@ -290,8 +300,9 @@ class Consumer::Impl {
         std::lock_guard lock(mu_);
         if (!deferred) held_.erase(job.delivery->id());
         --running_;
-        // The fetch thread waits for room; Drain() for no handler running.
-        notify_room = fetch_waiting_ || running_ == 0;
+        // The fetch thread waits for room (woken only when it will fetch: each
+        // wake-up is a context switch); Drain() for no handler running.
+        notify_room = (fetch_waiting_ && FetchWanted()) || running_ == 0;
       }
       if (notify_room) room_cv_.notify_all();
       if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1 && completer_.joinable()) {

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -31,16 +32,25 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 
-// One record on the watchdog socket (SOCK_SEQPACKET: one send, one record).
+// One record of the watchdog's log, a pipe it reads only when asked to and once
+// the owner is gone: writing a record wakes nobody. 16 bytes, below PIPE_BUF, so
+// every write() is one whole record, never interleaved with another.
 struct WatchMsg {
   int32_t op;
   int32_t pgid;     // kAdd, kRemove
   uint64_t cgroup;  // kAddCgroup, kRemoveCgroup: the child's number (HandlerCgroups::Name)
 };
+static_assert(sizeof(WatchMsg) == 16 && sizeof(WatchMsg) <= PIPE_BUF);
 constexpr int32_t kAdd = 1;
 constexpr int32_t kRemove = 2;
 constexpr int32_t kAddCgroup = 3;
 constexpr int32_t kRemoveCgroup = 4;
+// On the socket (the only thing sent there): "read your log now". Every
+// kDrainEvery records one is sent, so that the log (a pipe holds at least 4096
+// records) never fills; if it did, writers would wait for the watchdog, which
+// reads it whole on every request it finds.
+constexpr int32_t kDrain = 5;
+constexpr uint64_t kDrainEvery = 64;
 
 // The watchdog's cgroup table: max_handlers times this (a cgroup that stays
 // populated stays registered until it can be removed).
@@ -82,7 +92,8 @@ int PidfdOpen(pid_t pid) {
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
 // `slots[0..n)` and `cg.slots[0..cg.n)` are the live groups and cgroups, filled
 // before the fork: the watchdog knows them from its first instruction.
-[[noreturn]] void WatchdogMain(int fd, pid_t* slots, size_t cap, size_t n, WatchCgroups cg) {
+[[noreturn]] void WatchdogMain(int fd, int log_fd, pid_t* slots, size_t cap, size_t n,
+                               WatchCgroups cg) {
   setpgid(0, 0);  // out of the owner's group: `kill -9 -<owner group>` spares it
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
@@ -96,25 +107,23 @@ int PidfdOpen(pid_t pid) {
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   prctl(PR_SET_NAME, "dedup-watchdog", 0, 0, 0);
-  // Keep nothing of the owner's but our socket: an inherited pipe end (a
+  // Keep nothing of the owner's but our socket and log: an inherited pipe end (a
   // handler's stdout, the caller's $(...)) must not stay open because of us.
   const int sock = fcntl(fd, F_DUPFD, 64);
+  const int log = fcntl(log_fd, F_DUPFD, 64);
   const int cg_dir = cg.dir_fd >= 0 ? fcntl(cg.dir_fd, F_DUPFD, 64) : -1;
   const int devnull = open("/dev/null", O_RDWR);
-  if (sock < 0 || devnull < 0 || (cg.dir_fd >= 0 && cg_dir < 0)) _exit(1);
+  if (sock < 0 || log < 0 || devnull < 0 || (cg.dir_fd >= 0 && cg_dir < 0)) _exit(1);
   dup2(devnull, 0);
   dup2(devnull, 1);
   dup2(devnull, 2);
   dup2(sock, 3);
-  if (cg_dir >= 0) dup2(cg_dir, 4);
-  close_range(cg_dir >= 0 ? 5 : 4, ~0U, 0);
+  dup2(log, 4);
+  if (cg_dir >= 0) dup2(cg_dir, 5);
+  close_range(cg_dir >= 0 ? 6 : 5, ~0U, 0);
+  fcntl(4, F_SETFL, O_NONBLOCK);
   size_t n_cg = cg.n;
-  for (;;) {
-    WatchMsg m{};
-    const ssize_t r = recv(3, &m, sizeof(m), 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;  // end of file: the owner is gone, however it went
-    if (r != static_cast<ssize_t>(sizeof(m))) continue;
+  auto apply = [&](const WatchMsg& m) {
     if (m.op == kAddCgroup || m.op == kRemoveCgroup) {
       size_t i = 0;
       while (i < n_cg && cg.slots[i] != m.cgroup) ++i;
@@ -123,9 +132,9 @@ int PidfdOpen(pid_t pid) {
       } else if (m.op == kRemoveCgroup && i < n_cg) {
         cg.slots[i] = cg.slots[--n_cg];
       }
-      continue;
+      return;
     }
-    if (m.pgid <= 1) continue;
+    if (m.pgid <= 1) return;
     size_t i = 0;
     while (i < n && slots[i] != m.pgid) ++i;
     if (m.op == kAdd && i == n && n < cap) {
@@ -133,17 +142,38 @@ int PidfdOpen(pid_t pid) {
     } else if (m.op == kRemove && i < n) {
       slots[i] = slots[--n];
     }
+  };
+  // Applies every record in the log, in the order written (one pipe: a group's
+  // removal never overtakes its registration).
+  auto drain = [&] {
+    WatchMsg batch[256];
+    for (;;) {
+      const ssize_t r = read(4, batch, sizeof(batch));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return;  // empty (EAGAIN), or every writer is gone
+      for (size_t k = 0; k < static_cast<size_t>(r) / sizeof(WatchMsg); ++k) apply(batch[k]);
+    }
+  };
+  for (;;) {
+    WatchMsg m{};
+    const ssize_t r = recv(3, &m, sizeof(m), 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;  // end of file: the owner is gone, however it went
+    drain();            // kDrain: the log is filling up
   }
+  // Every record is in the log by now: a handler writes its own before exec,
+  // while it still holds a copy of the owner's end of the socket.
+  drain();
   for (size_t i = 0; i < n; ++i) kill(-slots[i], SIGKILL);
   if (n_cg > 0 && cg_dir >= 0) {
     char name[HandlerCgroups::kNameSize];
     for (size_t i = 0; i < n_cg; ++i) {
       cg.names->Name(cg.slots[i], name);
-      (void)KillCgroup(4, name, cg.has_kill_file, Millis(1'000));
+      (void)KillCgroup(5, name, cg.has_kill_file, Millis(1'000));
     }
     for (size_t i = 0; i < n_cg; ++i) {
       cg.names->Name(cg.slots[i], name);
-      if (WaitCgroupEmpty(4, name, kCgroupEmptyLimit)) (void)RemoveCgroup(4, name);
+      if (WaitCgroupEmpty(5, name, kCgroupEmptyLimit)) (void)RemoveCgroup(5, name);
     }
   }
   _exit(0);
@@ -159,6 +189,8 @@ struct SpawnArgs {
   int stdin_fd = -1;
   int stdout_fd = -1;
   int watch_fd = -1;
+  int log_fd = -1;                           // the watchdog's log (a pipe)
+  std::atomic<uint64_t>* logged = nullptr;   // records written to it, for kDrain
   int cgroup_procs_fd = -1;  // the handler's cgroup's cgroup.procs, or -1
   int cgroup_errno = 0;
   pid_t parent = 0;
@@ -188,15 +220,22 @@ int SpawnChild(void* p) {
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   if (getppid() != a->parent) _exit(127);  // the owner died before prctl
-  // Register our group with the watchdog while we still hold a copy of the
+  // Register our group in the watchdog's log while we still hold a copy of the
   // owner's end of its socket (closed at exec): the watchdog cannot see that end
-  // close before it knows us.
+  // close before our record is in the log, which it reads whole at that moment.
+  // Nobody is woken (but every kDrainEvery-th record asks the watchdog to read).
+  // A log without reader (the watchdog died) answers EPIPE; SIGPIPE stays
+  // blocked and dies with us.
   const WatchMsg m{kAdd, static_cast<int32_t>(getpid()), 0};
-  if (send(a->watch_fd, &m, sizeof(m), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(m))) {
+  if (write(a->log_fd, &m, sizeof(m)) != static_cast<ssize_t>(sizeof(m))) {
     a->register_errno = errno != 0 ? errno : EPIPE;
     _exit(127);
   }
   a->registered = true;
+  if (a->logged->fetch_add(1, std::memory_order_relaxed) % kDrainEvery == kDrainEvery - 1) {
+    const WatchMsg drain{kDrain, 0, 0};
+    (void)send(a->watch_fd, &drain, sizeof(drain), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
   if (a->stdin_fd >= 0) {
     if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
     else dup2(a->stdin_fd, 0);
@@ -361,6 +400,13 @@ Status HandlerSupervisor::StartWatchdog() {
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     return Status::Unavailable("watchdog socket: " + Err(errno));
   }
+  int lp[2];
+  if (pipe2(lp, O_CLOEXEC) != 0) {
+    const int e = errno;
+    close(sv[0]);
+    close(sv[1]);
+    return Status::Unavailable("watchdog log: " + Err(e));
+  }
   // The child's copy is its table, filled here (mu_ is held) with every live
   // group and cgroup: a watchdog restarted just before the owner dies already
   // knows them all, there is no window in which it has yet to be told.
@@ -382,23 +428,27 @@ Status HandlerSupervisor::StartWatchdog() {
   const pid_t pid = fork();
   if (pid < 0) {
     const int e = errno;
-    close(sv[0]);
-    close(sv[1]);
+    for (int fd : {sv[0], sv[1], lp[0], lp[1]}) close(fd);
     return Status::Unavailable("watchdog fork: " + Err(e));
   }
   if (pid == 0) {
     close(sv[0]);
-    WatchdogMain(sv[1], slots.data(), slots.size(), live_.size(), cg);
+    close(lp[1]);
+    WatchdogMain(sv[1], lp[0], slots.data(), slots.size(), live_.size(), cg);
   }
   close(sv[1]);
+  close(lp[0]);  // the watchdog holds the only reader: a write after its death is EPIPE
   int pidfd = PidfdOpen(pid);  // -1 on kernels before 5.3: no early restart then
   // Keep the fd numbers across restarts (dup3 replaces atomically), so that a
   // spawn racing with a restart never writes to an unrelated, reused number.
   if (watch_fd_ < 0) {
     watch_fd_ = sv[0];
+    log_fd_ = lp[1];
   } else {
     dup3(sv[0], watch_fd_, O_CLOEXEC);
     close(sv[0]);
+    dup3(lp[1], log_fd_, O_CLOEXEC);
+    close(lp[1]);
   }
   if (pidfd >= 0) {
     if (watch_pidfd_ < 0) {
@@ -418,8 +468,9 @@ Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation, bool socket_
   if (generation_.load() != seen_generation) return Status::Ok();  // done by another thread
   const pid_t old = watchdog_pid_.load();
   siginfo_t info{};
-  // Its socket refused us: it is exiting (descriptors close just before it turns
-  // into a zombie), so wait for it; else only reap it if it is already dead.
+  // Its log refused us (no reader): it is exiting (descriptors close just
+  // before it turns into a zombie), so wait for it; else only reap it if it is
+  // already dead.
   const int flags = socket_refused ? WEXITED : WEXITED | WNOHANG;
   int w;
   while ((w = waitid(P_PID, static_cast<id_t>(old), &info, flags)) < 0 && errno == EINTR) {
@@ -428,22 +479,30 @@ Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation, bool socket_
   return StartWatchdog();
 }
 
+// Appends a record to the watchdog's log (mu_ held, SIGPIPE blocked on this
+// thread: Run() blocks it). A failure means the watchdog is gone; the next one
+// starts with live_ and live_cgroups_ in its table.
+void HandlerSupervisor::Log(int32_t op, pid_t pgid, uint64_t cgroup) {
+  const WatchMsg m{op, static_cast<int32_t>(pgid), cgroup};
+  if (write(log_fd_, &m, sizeof(m)) != static_cast<ssize_t>(sizeof(m))) return;
+  if (logged_.fetch_add(1, std::memory_order_relaxed) % kDrainEvery == kDrainEvery - 1) {
+    const WatchMsg drain{kDrain, 0, 0};
+    (void)send(watch_fd_, &drain, sizeof(drain), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+}
+
 void HandlerSupervisor::Register(pid_t pgid, uint64_t generation_before) {
   std::lock_guard lock(mu_);
   live_.push_back(pgid);
-  if (generation_.load() != generation_before) {
-    // A new watchdog started since the child registered with the old one.
-    const WatchMsg m{kAdd, static_cast<int32_t>(pgid), 0};
-    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
-  }
+  // A new watchdog started since the child registered with the old one.
+  if (generation_.load() != generation_before) Log(kAdd, pgid, 0);
 }
 
 void HandlerSupervisor::Unregister(pid_t pgid) {
   std::lock_guard lock(mu_);
   auto it = std::find(live_.begin(), live_.end(), pgid);
   if (it != live_.end()) live_.erase(it);
-  const WatchMsg m{kRemove, static_cast<int32_t>(pgid), 0};
-  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  Log(kRemove, pgid, 0);
 }
 
 // Before the cgroup exists: a watchdog that sees its owner go always knows it.
@@ -453,8 +512,7 @@ bool HandlerSupervisor::RegisterCgroup(uint64_t id) {
   if (live_cgroups_.size() >= kCgroupSlotsPerHandler * options_.max_handlers) ReapLeftoverCgroups();
   if (live_cgroups_.size() >= kCgroupSlotsPerHandler * options_.max_handlers) return false;
   live_cgroups_.push_back(id);
-  const WatchMsg m{kAddCgroup, 0, id};
-  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  Log(kAddCgroup, 0, id);
   return true;
 }
 
@@ -479,8 +537,7 @@ void HandlerSupervisor::ReapLeftoverCgroups() {
     if (auto live = std::find(live_cgroups_.begin(), live_cgroups_.end(), *it); live != live_cgroups_.end()) {
       live_cgroups_.erase(live);
     }
-    const WatchMsg m{kRemoveCgroup, 0, *it};
-    (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+    Log(kRemoveCgroup, 0, *it);
     it = leftover_cgroups_.erase(it);
   }
 }
@@ -489,8 +546,7 @@ void HandlerSupervisor::UnregisterCgroup(uint64_t id) {
   std::lock_guard lock(mu_);
   auto it = std::find(live_cgroups_.begin(), live_cgroups_.end(), id);
   if (it != live_cgroups_.end()) live_cgroups_.erase(it);
-  const WatchMsg m{kRemoveCgroup, 0, id};
-  (void)send(watch_fd_, &m, sizeof(m), MSG_NOSIGNAL);
+  Log(kRemoveCgroup, 0, id);
 }
 
 HandlerSupervisor::~HandlerSupervisor() {
@@ -511,6 +567,7 @@ HandlerSupervisor::~HandlerSupervisor() {
       }
     }
   }
+  if (log_fd_ >= 0) close(log_fd_);
   if (watch_fd_ >= 0) close(watch_fd_);  // the watchdog sees end of file and exits
   const pid_t w = watchdog_pid_.load();
   if (w > 0) {
@@ -679,6 +736,8 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     a.stdin_fd = in_pipe[0] >= 0 ? in_pipe[0] : devnull;
     a.stdout_fd = out_pipe[1];
     a.watch_fd = watch_fd_;
+    a.log_fd = log_fd_;
+    a.logged = &logged_;
     a.cgroup_procs_fd = cgroup.procs_fd;
     a.parent = getpid();
     const uint64_t generation = generation_.load();
@@ -733,7 +792,13 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   int in_fd = in_pipe[1], out_fd = out_pipe[0];
   in_pipe[1] = out_pipe[0] = -1;
   if (in_fd >= 0) fcntl(in_fd, F_SETFL, O_NONBLOCK);
-  if (in_fd >= 0 && cmd.stdin_data->empty()) CloseFd(in_fd);
+  if (in_fd >= 0 && !cmd.stdin_data->empty()) {
+    // A message fits in the pipe: written now, not after a first poll() says so.
+    const ssize_t w = write(in_fd, cmd.stdin_data->data(), cmd.stdin_data->size());
+    if (w > 0) written = static_cast<size_t>(w);
+    if (w < 0 && errno != EAGAIN && errno != EINTR) CloseFd(in_fd);  // stdin closed already
+  }
+  if (in_fd >= 0 && written == cmd.stdin_data->size()) CloseFd(in_fd);
   char buf[65536];
   auto consume = [&](ssize_t r) {
     if (cmd.tee_fd >= 0) (void)WriteAll(cmd.tee_fd, buf, static_cast<size_t>(r));

@@ -9,11 +9,14 @@
 //   * Handlers, and everything in their groups, die with the owner however the
 //     owner dies, SIGKILL included. A small watchdog process (a fork of the owner,
 //     in a process group of its own, deaf to every catchable signal) holds one
-//     end of a socket whose other end only the owner holds. The handler registers
-//     its group with the watchdog itself, between fork and exec, while it still
-//     holds a copy of the owner's end; so the watchdog cannot see the owner's end
-//     close before it knows the group. On end-of-file (the owner is gone, however
-//     it went) the watchdog SIGKILLs every registered group and exits. The
+//     end of a socket whose other end only the owner holds, and the reading end
+//     of a pipe, its log. The handler writes its group into the log itself,
+//     between fork and exec, while it still holds a copy of the owner's end of
+//     the socket; so the watchdog cannot see the owner's end close before the
+//     record is in the log. The owner logs a group's removal before reaping its
+//     leader. The watchdog reads the log only when asked to (every 64 records)
+//     and at end-of-file (the owner is gone, however it went): then it SIGKILLs
+//     every group still registered and exits. A record wakes nobody. The
 //     handler also gets PR_SET_PDEATHSIG = SIGKILL. If the watchdog itself dies,
 //     the next Run() (or any running one, woken by its pidfd) starts a new one and
 //     registers every live group with it.
@@ -178,6 +181,7 @@ class HandlerSupervisor {
   explicit HandlerSupervisor(SupervisorOptions options);
   Status StartWatchdog();            // mu_ held
   Status RestartWatchdog(uint64_t seen_generation, bool socket_refused);
+  void Log(int32_t op, pid_t pgid, uint64_t cgroup);  // mu_ held
   void Register(pid_t pgid, uint64_t generation_before);
   void Unregister(pid_t pgid);
   // False when the watchdog's table is full (cgroups that stay populated) even
@@ -193,6 +197,8 @@ class HandlerSupervisor {
   mutable std::mutex mu_;
   std::vector<pid_t> live_;          // groups registered with the watchdog
   int watch_fd_ = -1;                // owner's end of the watchdog socket
+  int log_fd_ = -1;                  // write end of the watchdog's log (a pipe)
+  std::atomic<uint64_t> logged_{0};  // records written to the log
   int watch_pidfd_ = -1;             // the watchdog, for poll()
   std::atomic<pid_t> watchdog_pid_{0};
   std::atomic<uint64_t> generation_{0};  // +1 per watchdog start

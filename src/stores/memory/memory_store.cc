@@ -26,6 +26,9 @@
 //  - Reclaim sweeps the slab with a cursor: each operation looks at a few slots
 //    after the cursor and frees the expired ones (their slot goes on a free list
 //    and is reused by the next insert). No heap of deadlines, no key copies.
+//  - A large shard (index of 2 MiB or more; slots past its first 8 chunks)
+//    lives on transparent huge pages: random reads over 4 KiB pages were the
+//    long run's p99.9 (MapHuge, AddChunk; docs/DESIGN.md).
 
 #include "dedup/memory_store.h"
 
@@ -109,6 +112,32 @@ void* MapBytes(size_t bytes) {
 
 void UnmapBytes(void* p, size_t bytes) {
   if (p != nullptr) munmap(p, bytes);
+}
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Like MapBytes, but a region of at least 2 MiB is aligned to 2 MiB and asks for
+// transparent huge pages (MADV_HUGEPAGE; the kernel's default here is
+// "madvise", so without it every page is 4 KiB). A lookup in a large index
+// lands on a random entry: with 4 KiB pages each one is a TLB miss, and on a
+// virtual machine a few in ten thousand of those took 50 us to 1 ms (the
+// p99.9 of `dedup bench --phase memory_stall --full`; docs/DESIGN.md). Smaller
+// regions stay on 4 KiB pages: a huge page would make an almost empty shard
+// cost 2 MiB of RSS. Without THP the advice is ignored and nothing changes.
+// Free with UnmapBytes(p, bytes).
+void* MapHuge(size_t bytes) {
+  if (bytes < kHugePage) return MapBytes(bytes);
+  const size_t span = bytes + kHugePage;
+  auto* raw = static_cast<char*>(MapBytes(span));
+  const uintptr_t at = (reinterpret_cast<uintptr_t>(raw) + kHugePage - 1) & ~(kHugePage - 1);
+  char* p = reinterpret_cast<char*>(at);
+  if (p > raw) munmap(raw, static_cast<size_t>(p - raw));
+  char* end = p + bytes;
+  if (end < raw + span) munmap(end, static_cast<size_t>(raw + span - end));
+#ifdef MADV_HUGEPAGE
+  madvise(p, bytes, MADV_HUGEPAGE);  // advice: failure leaves 4 KiB pages
+#endif
+  return p;
 }
 
 // ---- a record ------------------------------------------------------------------
@@ -222,7 +251,8 @@ class alignas(64) Shard {
     for (uint32_t i = 0; i < used_; ++i) {
       if (At(i).live) At(i).FreeExtra();
     }
-    for (Chunk* c : chunks_) UnmapBytes(c, sizeof(Chunk));
+    for (Chunk* c : chunks_) delete c;
+    for (const auto& [p, bytes] : maps_) UnmapBytes(p, bytes);
     UnmapBytes(index_, (mask_ + 1) * sizeof(IndexEntry));
   }
 
@@ -272,12 +302,7 @@ class alignas(64) Shard {
       n = free_.back();
       free_.pop_back();
     } else {
-      if (used_ == chunks_.size() * kChunkSlots) {
-        auto* c = static_cast<Chunk*>(MapBytes(sizeof(Chunk)));
-        for (uint32_t& d : c->due) d = kNeverDue;
-        c->min_due = c->scan_min = kNeverDue;
-        chunks_.push_back(c);
-      }
+      if (used_ == chunks_.size() * kChunkSlots) AddChunk();
       n = used_++;
     }
     index_[pos] = {static_cast<uint32_t>(h), n};
@@ -376,20 +401,44 @@ class alignas(64) Shard {
  private:
   static constexpr uint32_t kChunkShift = 12;
   static constexpr uint32_t kChunkSlots = 1u << kChunkShift;  // 256 KiB of slots
+  static constexpr size_t kChunkBytes = kChunkSlots * sizeof(Slot);
+  static constexpr size_t kChunksPerHuge = kHugePage / kChunkBytes;  // 8
   static constexpr uint32_t kNeverDue = 0xFFFFFFFFu;
 
-  // Slots, and beside them each slot's retention deadline in whole seconds
-  // (rounded down; kNeverDue when free) for the sweep. min_due is at most every
-  // due[] of the chunk (lowered by SetDue, made exact again each time the sweep
-  // has seen the whole chunk); scan_min is the sweep's running minimum.
+  // Beside each chunk of slots (slots_), each slot's retention deadline in whole
+  // seconds (rounded down; kNeverDue when free) for the sweep. min_due is at
+  // most every due[] of the chunk (lowered by SetDue, made exact again each time
+  // the sweep has seen the whole chunk); scan_min is the sweep's running minimum.
   struct Chunk {
-    Slot slots[kChunkSlots];
     uint32_t due[kChunkSlots];
     uint32_t min_due;
     uint32_t scan_min;
   };
 
-  Slot& At(uint32_t n) { return chunks_[n >> kChunkShift]->slots[n & (kChunkSlots - 1)]; }
+  Slot& At(uint32_t n) { return slots_[n >> kChunkShift][n & (kChunkSlots - 1)]; }
+
+  // Adds a chunk of kChunkSlots slots. A shard's first kChunksPerHuge chunks
+  // are mapped one by one on 4 KiB pages (a small store stays small); after
+  // that, slots come kChunksPerHuge chunks at a time from one 2 MiB-aligned
+  // region on a transparent huge page (MapHuge), so that the slots a long-lived
+  // store touches at random cost one TLB entry per 2 MiB, not per 4 KiB.
+  void AddChunk() {
+    if (spare_chunks_ == 0) {
+      const bool huge = chunks_.size() >= kChunksPerHuge;
+      const size_t count = huge ? kChunksPerHuge : 1;
+      const size_t bytes = count * kChunkBytes;
+      spare_ = static_cast<Slot*>(huge ? MapHuge(bytes) : MapBytes(bytes));
+      maps_.emplace_back(spare_, bytes);
+      spare_chunks_ = count;
+    }
+    auto* c = new Chunk;
+    for (uint32_t& d : c->due) d = kNeverDue;
+    c->min_due = c->scan_min = kNeverDue;
+    chunks_.push_back(c);
+    slots_.push_back(spare_);
+    spare_ += kChunkSlots;
+    --spare_chunks_;
+  }
   void SetDue(uint32_t n, int64_t retention_deadline) {
     const int64_t sec = retention_deadline / 1000;
     const uint32_t d = sec < 0 ? 0 : sec >= kNeverDue ? kNeverDue - 1 : static_cast<uint32_t>(sec);
@@ -404,7 +453,7 @@ class alignas(64) Shard {
   void Grow() {
     const size_t old_size = index_ == nullptr ? 0 : mask_ + 1;
     const size_t size = old_size == 0 ? 64 : old_size * 2;
-    auto* fresh = static_cast<IndexEntry*>(MapBytes(size * sizeof(IndexEntry)));
+    auto* fresh = static_cast<IndexEntry*>(MapHuge(size * sizeof(IndexEntry)));
     for (size_t i = 0; i < size; ++i) fresh[i] = {0, kNoSlot};
     const size_t mask = size - 1;
     for (size_t i = 0; i < old_size; ++i) {
@@ -427,6 +476,10 @@ class alignas(64) Shard {
   std::atomic<size_t> hint_mask_{0};
   size_t count_ = 0;
   std::vector<Chunk*> chunks_;
+  std::vector<Slot*> slots_;                      // chunk k's slots: slots_[k][0 .. kChunkSlots)
+  std::vector<std::pair<void*, size_t>> maps_;    // the mappings slots_ point into
+  Slot* spare_ = nullptr;                         // the next chunk's slots in the last mapping
+  size_t spare_chunks_ = 0;                       // chunks left there
   uint32_t used_ = 0;  // slots ever handed out (the slab's high-water mark)
   std::vector<uint32_t> free_;
   uint32_t cursor_ = 0;

@@ -319,6 +319,7 @@ class RedisStore final : public Store {
         size_t e = b + 1;
         while (e < reqs.size() && fused(reqs[e]) == f) ++e;
         Command c;
+        c.args.reserve(3 + (e - b) * (f ? 8 : 5));  // keys and arguments: no regrowth
         c.args = {"EVALSHA", Sha(f ? kCompleteAckBatch : kCompleteBatch),
                   std::to_string(f ? 2 * (e - b) : e - b)};
         for (size_t i = b; i < e; ++i) c.args.push_back(RedisKey(reqs[i].key));
@@ -326,7 +327,7 @@ class RedisStore final : public Store {
           for (size_t i = b; i < e; ++i) c.args.emplace_back(reqs[i].ack->target);
         }
         for (size_t i = b; i < e; ++i) {
-          for (std::string& a : CompleteArgs(reqs[i])) c.args.push_back(std::move(a));
+          AppendCompleteArgs(reqs[i], &c.args);
           if (f) {
             c.args.emplace_back(reqs[i].ack->group);
             c.args.emplace_back(reqs[i].ack->id);
@@ -578,10 +579,18 @@ return denied)";
     }
   }
 
-  // complete.lua's ARGV for one request.
+  // complete.lua's ARGV for one request, appended (no vector per request).
+  static void AppendCompleteArgs(const CompleteRequest& q, std::vector<std::string>* args) {
+    args->push_back(q.token.ToHex());
+    args->push_back(std::to_string(q.retention.count()));
+    args->push_back(std::to_string(static_cast<int>(q.status)));
+    args->emplace_back(q.result);
+  }
   static std::vector<std::string> CompleteArgs(const CompleteRequest& q) {
-    return {q.token.ToHex(), std::to_string(q.retention.count()),
-            std::to_string(static_cast<int>(q.status)), std::string(q.result)};
+    std::vector<std::string> args;
+    args.reserve(4);
+    AppendCompleteArgs(q, &args);
+    return args;
   }
 
   static Command ScriptCommandOf(ScriptId id, const std::string& rkey,

@@ -6,9 +6,6 @@
 -- ARGV[4]  result bytes, may be empty
 -- Reply    1 OK (COMPLETED, kept until now + retention), 0 LOST (nothing changed)
 --@dedup-include record.lua
-local key = KEYS[1]
-local c, bad = complete_args('complete', nil, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-if bad then return bad end
-local r, err = load(key, 'complete')
+local m, err = complete_many_read('complete', 1, 4, false, false)
 if err then return err end
-return complete_record(key, r, c)
+return complete_many_write(m, 1, 4)

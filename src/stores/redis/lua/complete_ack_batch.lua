@@ -15,47 +15,29 @@ if n < 1 or n ~= math.floor(n) or #ARGV ~= 6 * n then
   return bad_args('complete_ack_batch', 'needs 2 keys (record, stream) and 6 arguments per ' ..
                   'completion, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
-local items, recs = {}, {}
-for i = 1, n do
-  local a = 6 * i - 6
-  local c, bad = complete_args('complete_ack_batch', i, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
-                               ARGV[a + 4])
-  if bad then return bad end
-  if ARGV[a + 5] == '' or ARGV[a + 6] == '' then
-    return bad_args(nth('complete_ack_batch', i), 'group and entry ID must not be empty')
-  end
-  c.group, c.id = ARGV[a + 5], ARGV[a + 6]
-  items[i] = c
-end
-for i = 1, n do
-  if recs[KEYS[i]] == nil then
-    local r, err = load(KEYS[i], 'complete_ack_batch')
-    if err then return err end
-    recs[KEYS[i]] = r or false
-  end
-end
+local m, err = complete_many_read('complete_ack_batch', n, 6, true, true)
+if err then return err end
 -- Complete in order; then one XACK per (stream, group) for the entries of the
 -- completions that answered OK. When it acks as many entries as it was given,
 -- each of them is 2 (acked); when fewer (some were no longer pending), each stays
 -- 1: the caller acks those itself, which is harmless for the ones acked here.
 local out, acks, order = {}, {}, {}
 for i = 1, n do
-  local key, c = KEYS[i], items[i]
-  out[i] = complete_record(key, recs[key] or nil, c)
+  out[i] = complete_many_write(m, i, 6)
   if out[i] == 1 then
-    recs[key] = false
+    local group, id = ARGV[6 * i - 1], ARGV[6 * i]
     local by_group = acks[KEYS[n + i]]
     if not by_group then
       by_group = {}
       acks[KEYS[n + i]] = by_group
     end
-    local a = by_group[c.group]
+    local a = by_group[group]
     if not a then
-      a = {stream = KEYS[n + i], group = c.group, ids = {}, at = {}}
-      by_group[c.group] = a
+      a = {stream = KEYS[n + i], group = group, ids = {}, at = {}}
+      by_group[group] = a
       order[#order + 1] = a
     end
-    a.ids[#a.ids + 1] = c.id
+    a.ids[#a.ids + 1] = id
     a.at[#a.at + 1] = i
   end
 end

@@ -14,26 +14,8 @@ if n == 0 or #ARGV ~= 4 * n then
   return bad_args('complete_batch', 'needs 1 or more keys and 4 arguments per key, got ' ..
                   n .. ' keys and ' .. #ARGV .. ' arguments')
 end
-local items, recs = {}, {}
-for i = 1, n do
-  local a = 4 * i - 4
-  local c, bad = complete_args('complete_batch', i, ARGV[a + 1], ARGV[a + 2],
-                               ARGV[a + 3], ARGV[a + 4])
-  if bad then return bad end
-  items[i] = c
-end
-for i = 1, n do
-  if recs[KEYS[i]] == nil then
-    local r, err = load(KEYS[i], 'complete_batch')
-    if err then return err end
-    recs[KEYS[i]] = r or false
-  end
-end
+local m, err = complete_many_read('complete_batch', n, 4, true, false)
+if err then return err end
 local out = {}
-for i = 1, n do
-  local key = KEYS[i]
-  out[i] = complete_record(key, recs[key] or nil, items[i])
-  -- Completed: a repeat of the key in this batch answers LOST, as it would alone.
-  if out[i] == 1 then recs[key] = false end
-end
+for i = 1, n do out[i] = complete_many_write(m, i, 4) end
 return out

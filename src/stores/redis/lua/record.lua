@@ -1,4 +1,9 @@
 -- Record format 2 (docs/REDIS_PROTOCOL.md); format 1 is still read, never written.
+-- The library functions of the per-completion path as locals: each call then
+-- skips a global and a table lookup.
+local str_find, str_sub, str_byte, str_char, str_match =
+  string.find, string.sub, string.byte, string.char, string.match
+local pack, call = struct.pack, redis.call
 local function uv(n)
   local s = ''
   while n >= 128 do
@@ -71,7 +76,7 @@ local function load(key, what)
   if not v then return nil end
   local r = decode(v)
   if not r then
-    return nil, redis.error_reply('DEDUPCORRUPT ' .. what .. ': record is not dedup format 1 or 2 (first byte ' .. tostring(string.byte(v, 1)) .. ', ' .. #v .. ' bytes)')
+    return nil, redis.error_reply('DEDUPCORRUPT ' .. what .. ': record is not dedup format 1 or 2 (first byte ' .. tostring((string.byte(v, 1))) .. ', ' .. #v .. ' bytes)')
   end
   return r
 end
@@ -83,19 +88,18 @@ local function bad_args(what, why)
 end
 -- A duration in ms: decimal digits, no sign or leading zero, 1 to MAX_MS.
 local function arg_ms(s)
-  if type(s) ~= 'string' or #s > 12 or not string.find(s, '^[1-9][0-9]*$') then return nil end
+  if type(s) ~= 'string' or #s > 12 or not str_find(s, '^[1-9][0-9]*$') then return nil end
   local n = tonumber(s)
   if n > MAX_MS then return nil end
   return n
 end
 -- A token: exactly 16 lower-case hex digits, not all zero; returned as 8 bytes.
 local function arg_token(s)
-  if type(s) ~= 'string' or #s ~= 16 or not string.find(s, '^[0-9a-f]+$')
+  if type(s) ~= 'string' or #s ~= 16 or not str_find(s, '^[0-9a-f]+$')
       or s == '0000000000000000' then
     return nil
   end
-  return struct.pack('>I4I4', tonumber(string.sub(s, 1, 8), 16),
-                     tonumber(string.sub(s, 9, 16), 16))
+  return pack('>I4I4', tonumber(str_sub(s, 1, 8), 16), tonumber(str_sub(s, 9, 16), 16))
 end
 -- A non-negative decimal integer up to `max` (no sign, no leading zero).
 local function arg_uint(s, max)
@@ -113,32 +117,105 @@ local function nth(what, i)
   if i then return what .. ': completion ' .. i end
   return what
 end
--- The arguments of one completion (complete.lua and the batch scripts): token,
--- retention, completion status, result; i: its place in a batch (nil alone). A
--- table, or nil and the error reply.
-local function complete_args(what, i, tok, retention, status, result)
-  local ms = retention
-  tok, retention, status = arg_token(tok), arg_ms(retention), arg_uint(status, 2)
-  if not tok then
-    return nil, bad_args(nth(what, i), 'token must be 16 lower-case hex digits, not all 0')
+-- The completion scripts' read of a record, without decode()'s table: an
+-- IN_PROGRESS format-2 record in one pattern match (flags 0x41 or 0x51, token,
+-- fence, attempt, keep, then the fingerprint). It takes exactly the IN_PROGRESS
+-- records decode() takes whose fence, attempt and keep are >= 1 (every record a
+-- claim writes); anything else (other states, format 1, 0 in a field, corrupt
+-- bytes) goes to load(), so the answers are decode()'s.
+local IN_PROGRESS2 = '^([AQ])(........)([\128-\255]*[\1-\127])([\128-\255]*[\1-\127])' ..
+                     '([\128-\255]*[\1-\127])(.*)$'
+-- For a record value v: its token and the COMPLETED record's bytes between the
+-- flags and the result (token, fence, attempt, fingerprint), and the flags byte
+-- of COMPLETED/ok; nil when v is not such a record (load() decides).
+local function quick_in_progress(v)
+  local fl, tok, fence, attempt, keep, rest = str_match(v, IN_PROGRESS2)
+  if not fl or #fence > 8 or #attempt > 8 or #keep > 8 then return nil end
+  if fl == 'A' then
+    if rest ~= '' then return nil end
+    return tok, tok .. fence .. attempt, 0x42
   end
-  if not retention then
-    return nil, bad_args(nth(what, i), 'retention must be an integer of ms, 1 to ' .. MAX_MS)
-  end
-  if not status then return nil, bad_args(nth(what, i), 'status must be 0, 1 or 2') end
-  if type(result) ~= 'string' or #result > 1048576 then
-    return nil, bad_args(nth(what, i), 'result must be at most 1048576 bytes')
-  end
-  -- px: the retention as given (checked canonical above), so that SET gets it
-  -- without a number-to-string conversion.
-  return {tok = tok, retention = retention, px = ms, status = status, result = result}
+  local n = str_byte(rest, 1)
+  if not n or n == 0 or n > 64 or #rest ~= n + 1 then return nil end
+  return tok, tok .. fence .. attempt .. rest, 0x52
 end
--- Completes record r of `key` (as load() gave it, or nil) for completion c: 1 OK
--- (COMPLETED, kept until now + retention), 0 LOST (not IN_PROGRESS under c.tok;
--- nothing changed).
-local function complete_record(key, r, c)
-  if not r or r.state ~= 1 or r.tok ~= c.tok then return 0 end
-  redis.call('SET', key, encode(2, c.status, r.tok, r.fence, r.attempt, 0, r.fp, c.result),
-             'PX', c.px)
+-- Completion status as given -> its number (what arg_uint(s, 2) accepts).
+local STATUS = {['0'] = 0, ['1'] = 1, ['2'] = 2}
+-- Completions of a batch (the batch scripts and complete.lua), without a table
+-- per completion. ARGV[a+1..a+4] of completion i are token, retention, status,
+-- result (and with `acked`, ARGV[a+5..a+6] group and entry ID, not empty);
+-- `stride` apart. Checks every completion's arguments as complete_args() does,
+-- in the same order and with the same errors (a retention equal to the one
+-- before was checked already), then reads every record; an error reply (nothing
+-- written) or the state for complete_many_write().
+local function complete_many_read(what, n, stride, name_each, acked)
+  local toks, px, st = {}, {}, {}
+  local last_px, ok_px = nil, false
+  for i = 1, n do
+    local a = (i - 1) * stride
+    local nm = name_each and i or nil
+    local tok = arg_token(ARGV[a + 1])
+    if not tok then
+      return nil, bad_args(nth(what, nm), 'token must be 16 lower-case hex digits, not all 0')
+    end
+    local p = ARGV[a + 2]
+    if p ~= last_px then
+      if not arg_ms(p) then
+        return nil, bad_args(nth(what, nm), 'retention must be an integer of ms, 1 to ' .. MAX_MS)
+      end
+      last_px = p
+    end
+    local s = STATUS[ARGV[a + 3]]
+    if not s then return nil, bad_args(nth(what, nm), 'status must be 0, 1 or 2') end
+    if #ARGV[a + 4] > 1048576 then
+      return nil, bad_args(nth(what, nm), 'result must be at most 1048576 bytes')
+    end
+    if acked and (ARGV[a + 5] == '' or ARGV[a + 6] == '') then
+      return nil, bad_args(nth(what, nm), 'group and entry ID must not be empty')
+    end
+    toks[i], px[i], st[i] = tok, p, s
+  end
+  -- Per key: its token, body and flags (quick read), or false and the decoded
+  -- record in full[key] (load()), or false alone (no record).
+  local rtok, body, flags, full = {}, {}, {}, {}
+  for i = 1, n do
+    local key = KEYS[i]
+    if rtok[key] == nil then
+      local v = call('GET', key)
+      local t, b, f
+      if v then t, b, f = quick_in_progress(v) end
+      if t then
+        rtok[key], body[key], flags[key] = t, b, f
+      else
+        rtok[key] = false
+        if v then
+          local r, err = load(key, what)
+          if err then return nil, err end
+          full[key] = r
+        end
+      end
+    end
+  end
+  return {toks = toks, px = px, st = st, rtok = rtok, body = body, flags = flags, full = full}
+end
+-- Completion i of a batch read by complete_many_read(): 1 OK (COMPLETED, kept
+-- until now + retention), 0 LOST (nothing changed). A key completed here
+-- answers LOST to a later completion of it in the batch.
+local function complete_many_write(m, i, stride)
+  local key = KEYS[i]
+  local t = m.rtok[key]
+  if t then
+    if t ~= m.toks[i] then return 0 end
+    local result = ARGV[(i - 1) * stride + 4]
+    call('SET', key, str_char(m.flags[key] + 4 * m.st[i]) .. m.body[key] .. result,
+               'PX', m.px[i])
+    m.rtok[key] = nil
+    return 1
+  end
+  local r = m.full[key]
+  if not r or r.state ~= 1 or r.tok ~= m.toks[i] then return 0 end
+  m.full[key] = nil
+  call('SET', key, encode(2, m.st[i], r.tok, r.fence, r.attempt, 0, r.fp,
+                                ARGV[(i - 1) * stride + 4]), 'PX', m.px[i])
   return 1
 end
