@@ -307,6 +307,57 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
   }
 }
 
+// The claim's SET is sent without GET while claims meet no records, and with GET
+// for a second after one did (docs/REDIS_PROTOCOL.md, "Claim fast path"): the
+// answers are the same; only where they are decided differs (claim.lua after a
+// GET-less SET found the key taken, the client after a GET returned the record).
+long long EvalshaCalls(int port) {
+  const std::string stats = Admin(port, {"INFO", "commandstats"});
+  const size_t at = stats.find("cmdstat_evalsha:calls=");
+  return at == std::string::npos ? 0 : std::stoll(stats.substr(at + 22));
+}
+
+TEST_F(RedisStoreTest, ClaimsAnswerAlikeWithAndWithoutGet) {
+  if (!PortFree(6394)) GTEST_SKIP() << "port 6394 in use";
+  RedisServer server(6394, Dir("get"));
+  ASSERT_TRUE(server.Start());
+  auto store = OpenStore("redis://127.0.0.1:6394?prefix=g:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto first = (*store)->Claim(Req("a"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->outcome, ClaimOutcome::kAcquired);
+  auto done = (*store)->Complete("a", first->token, 600s, CompletionStatus::kOk, "r1");
+  ASSERT_TRUE(done.ok() && *done == WriteResult::kOk);
+  const auto expect_duplicate = [](const StatusOr<ClaimResult>& r) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, ClaimOutcome::kDuplicate);
+    EXPECT_EQ(r->result, "r1");
+    EXPECT_EQ(r->fence, 1u);
+    EXPECT_EQ(r->attempt, 1u);
+  };
+  ASSERT_EQ(Admin(6394, {"CONFIG", "RESETSTAT"}), "OK");
+  // No claim met a record yet: SET without GET, then claim.lua decides.
+  expect_duplicate((*store)->Claim(Req("a")));
+  EXPECT_EQ(EvalshaCalls(6394), 1);
+  // Right after: SET … GET returns the completed record, answered without a script.
+  expect_duplicate((*store)->Claim(Req("a")));
+  std::vector<ClaimRequest> batch = {Req("a"), Req("b")};
+  auto b = (*store)->ClaimBatch(batch);
+  ASSERT_TRUE(b.ok()) << b.status();
+  expect_duplicate((*b)[0]);
+  EXPECT_EQ((*b)[1].outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(EvalshaCalls(6394), 1);
+  // A running lease needs the server clock either way: BUSY from claim.lua.
+  auto busy = (*store)->Claim(Req("b"));
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(busy->outcome, ClaimOutcome::kBusy);
+  EXPECT_GT(busy->lease_left.count(), 0);
+  // A second without meeting a record: back to the shorter SET, same answer.
+  std::this_thread::sleep_for(1100ms);
+  expect_duplicate((*store)->Claim(Req("a")));
+  EXPECT_EQ(EvalshaCalls(6394), 3);
+}
+
 // ---- the client layer: auto-pipelining ---------------------------------------------
 
 redis::ConnectionOptions Local(int port, size_t pool) {

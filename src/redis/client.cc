@@ -3,6 +3,8 @@
 #include "redis/client.h"
 
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -10,6 +12,8 @@
 #include <cctype>
 #include <chrono>
 #include <charconv>
+#include <cstring>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <utility>
@@ -64,8 +68,53 @@ uint16_t Crc16(std::string_view s) {
 
 }  // namespace
 
+// The two replies a claim gets most (a nil, and +OK), when they are a whole
+// reply and not an element of an array, are not allocated: the reader hands out
+// one shared, never written object for each, and the deleter leaves them alone.
+// Everything else is hiredis's own reply object.
+namespace {
+redisReply shared_nil{REDIS_REPLY_NIL, 0, 0, nullptr, 0, nullptr};
+char ok_text[] = "OK";
+redisReply shared_ok{REDIS_REPLY_STATUS, 0, 2, ok_text, 0, nullptr};
+
+bool IsShared(const void* r) { return r == &shared_nil || r == &shared_ok; }
+
+// hiredis's own functions, taken from the first reader made (they are the same
+// static table for every context).
+const redisReplyObjectFunctions* hiredis_fn = nullptr;
+
+void* CreateString(const redisReadTask* task, char* str, size_t len) {
+  if (task->parent == nullptr && task->type == REDIS_REPLY_STATUS && len == 2 && str[0] == 'O' &&
+      str[1] == 'K') {
+    return &shared_ok;
+  }
+  return hiredis_fn->createString(task, str, len);
+}
+void* CreateArray(const redisReadTask* task, int elements) {
+  return hiredis_fn->createArray(task, elements);
+}
+void* CreateInteger(const redisReadTask* task, long long value) {
+  return hiredis_fn->createInteger(task, value);
+}
+void* CreateNil(const redisReadTask* task) {
+  if (task->parent == nullptr) return &shared_nil;
+  return hiredis_fn->createNil(task);
+}
+void FreeObject(void* r) {
+  if (!IsShared(r)) hiredis_fn->freeObject(r);
+}
+redisReplyObjectFunctions reply_functions{CreateString, CreateArray, CreateInteger, CreateNil,
+                                          FreeObject};
+
+void UseSharedReplies(redisContext* c) {
+  static std::once_flag once;
+  std::call_once(once, [c] { hiredis_fn = c->reader->fn; });
+  if (c->reader->fn == hiredis_fn) c->reader->fn = &reply_functions;
+}
+}  // namespace
+
 void ReplyDeleter::operator()(redisReply* r) const {
-  if (r != nullptr) freeReplyObject(r);
+  if (r != nullptr && !IsShared(r)) freeReplyObject(r);
 }
 
 bool IsError(const redisReply* r) { return r != nullptr && r->type == REDIS_REPLY_ERROR; }
@@ -73,6 +122,119 @@ bool IsError(const redisReply* r) { return r != nullptr && r->type == REDIS_REPL
 std::string_view ReplyText(const redisReply* r) {
   if (r == nullptr || r->str == nullptr) return {};
   return std::string_view(r->str, r->len);
+}
+
+// ---- CommandBuffer ------------------------------------------------------------
+
+void CommandBuffer::Clear() {
+  len_ = 0;
+  cmds_.clear();
+  side_keys_.clear();
+  if (cap_ > (1u << 20)) {  // don't keep a huge one
+    buf_.reset();
+    cap_ = 0;
+  }
+}
+
+void CommandBuffer::Grow(size_t n) {
+  const size_t cap = std::max<size_t>({len_ + n, 2 * cap_, 256});
+  std::unique_ptr<char[]> b(new char[cap]);
+  if (len_ > 0) std::memcpy(b.get(), buf_.get(), len_);
+  buf_ = std::move(b);
+  cap_ = cap;
+}
+
+namespace {
+// "<tag><n>\r\n" at p; returns the end. p must have room for 23 bytes.
+char* Header(char* p, char tag, size_t n) {
+  *p++ = tag;
+  if (n < 10) *p++ = static_cast<char>('0' + n);  // most arguments
+  else p = std::to_chars(p, p + 20, n).ptr;
+  *p++ = '\r';
+  *p++ = '\n';
+  return p;
+}
+}  // namespace
+
+void CommandBuffer::Begin(size_t nargs) {
+  cmds_.push_back(Span{len_, 0, 0, false});
+  len_ = static_cast<size_t>(Header(Room(23), '*', nargs) - buf_.get());
+}
+
+char* CommandBuffer::Bulk(std::string_view a, std::string_view b) {
+  char* p = Header(Room(a.size() + b.size() + 25), '$', a.size() + b.size());
+  char* const at = p;
+  if (!a.empty()) std::memcpy(p, a.data(), a.size());
+  p += a.size();
+  if (!b.empty()) std::memcpy(p, b.data(), b.size());
+  p += b.size();
+  *p++ = '\r';
+  *p++ = '\n';
+  len_ = static_cast<size_t>(p - buf_.get());
+  return at;
+}
+
+void CommandBuffer::Arg(std::string_view a, std::string_view b) { (void)Bulk(a, b); }
+
+void CommandBuffer::Number(uint64_t n) {
+  char num[20];
+  const char* end = std::to_chars(num, num + sizeof num, n).ptr;
+  (void)Bulk(std::string_view(num, static_cast<size_t>(end - num)), {});
+}
+
+void CommandBuffer::Key(std::string_view a, std::string_view b) {
+  const char* at = Bulk(a, b);
+  Span& s = cmds_.back();
+  s.key_at = static_cast<size_t>(at - buf_.get());
+  s.key_len = a.size() + b.size();
+  s.side = false;
+}
+
+void CommandBuffer::Append(const Command& cmd, std::string_view key) {
+  Begin(cmd.args.size());
+  bool found = key.empty();
+  for (const std::string& a : cmd.args) {
+    if (!found && a == key) {
+      Key(a);
+      found = true;
+    } else {
+      Arg(a);
+    }
+  }
+  if (!found) {  // routed by a key that is not one of its arguments
+    Span& s = cmds_.back();
+    s.key_at = side_keys_.size();
+    s.key_len = key.size();
+    s.side = true;
+    side_keys_.append(key);
+  }
+}
+
+void CommandBuffer::AppendFrom(const CommandBuffer& from, size_t i) {
+  const std::string_view c = from.command(i);
+  const Span& f = from.cmds_[i];
+  Span s{len_, 0, f.key_len, f.side};
+  if (f.side) {
+    s.key_at = side_keys_.size();
+    side_keys_.append(from.key(i));
+  } else if (f.key_len > 0) {
+    s.key_at = len_ + (f.key_at - f.begin);
+  }
+  std::memcpy(Room(c.size()), c.data(), c.size());
+  len_ += c.size();
+  cmds_.push_back(s);
+}
+
+std::string_view CommandBuffer::command(size_t i) const {
+  const size_t end = i + 1 < cmds_.size() ? cmds_[i + 1].begin : len_;
+  return std::string_view(buf_.get() + cmds_[i].begin, end - cmds_[i].begin);
+}
+
+std::string_view CommandBuffer::key(size_t i) const {
+  const Span& s = cmds_[i];
+  if (s.key_len == 0) return {};
+  if (s.side) return std::string_view(side_keys_).substr(s.key_at, s.key_len);
+  return std::string_view(buf_.get() + s.key_at, s.key_len);
 }
 
 // ---- Connection ---------------------------------------------------------------
@@ -96,6 +258,7 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
     redisFree(c);
     return s;
   }
+  UseSharedReplies(c);
   std::unique_ptr<Connection> conn(new Connection(ep, c, o.timeout));
 
   // The handshake: AUTH, SELECT, PING, in one round trip.
@@ -176,32 +339,26 @@ Status Connection::TransportError(std::string_view op, bool sent) const {
   return Status::Unavailable(prefix + what);
 }
 
-Status Connection::Write(std::span<const Command* const> cmds, std::string_view op) {
-  // The whole pipeline is formatted here into one buffer (RESP arrays of bulk
-  // strings) and handed to hiredis in one piece: no per-argument formatting or
-  // allocation in hiredis, one write for every command.
-  thread_local std::string buf;
-  buf.clear();
-  auto append_len = [](std::string& b, char tag, size_t n) {
-    char num[24];
-    num[0] = tag;
-    auto [end, ec] = std::to_chars(num + 1, num + sizeof num, n);
-    (void)ec;
-    b.append(num, end);
-    b.append("\r\n", 2);
-  };
-  for (const Command* cmd : cmds) {
-    append_len(buf, '*', cmd->args.size());
-    for (const std::string& a : cmd->args) {
-      append_len(buf, '$', a.size());
-      buf.append(a);
-      buf.append("\r\n", 2);
-    }
+Status Connection::Queue(std::string_view resp, std::string_view op) {
+  // hiredis copies the bytes into its output buffer as they are: no formatting.
+  if (redisAppendFormattedCommand(c_, resp.data(), resp.size()) != REDIS_OK) {
+    return TransportError(op, false);
   }
-  const int rc = redisAppendFormattedCommand(c_, buf.data(), buf.size());
-  if (buf.capacity() > (1u << 20)) std::string().swap(buf);  // don't keep a huge one
-  if (rc != REDIS_OK) return TransportError(op, false);
   return Status::Ok();
+}
+
+Status Connection::Send(std::string_view resp, std::string_view op) {
+  if (sdslen(c_->obuf) == 0) {
+    // Nothing queued before: write the caller's bytes as they are, sparing the
+    // copy into hiredis's output buffer (and its free and malloc per write). What
+    // is not written (a full socket buffer, an error) goes the hiredis way, which
+    // retries it and reports the error.
+    const ssize_t n = ::send(c_->fd, resp.data(), resp.size(), MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(resp.size())) return Status::Ok();
+    if (n > 0) resp.remove_prefix(static_cast<size_t>(n));
+  }
+  DEDUP_RETURN_IF_ERROR(Queue(resp, op));
+  return Flush(op);
 }
 
 Status Connection::Flush(std::string_view op) {
@@ -216,7 +373,7 @@ Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t
   for (size_t i = 0; i < n; ++i) {
     void* r = nullptr;
     if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {
-      if (r != nullptr) freeReplyObject(r);
+      Reply drop(static_cast<redisReply*>(r));
       if (read != nullptr) *read = i;
       return TransportError(op, true);
     }
@@ -228,6 +385,13 @@ Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t
 
 Status Connection::Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
                             std::string_view op, size_t* read, Millis extra_timeout) {
+  CommandBuffer buf;
+  for (const Command* c : cmds) buf.Append(*c);
+  return Pipeline(buf, replies, op, read, extra_timeout);
+}
+
+Status Connection::Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
+                            std::string_view op, size_t* read, Millis extra_timeout) {
   replies->clear();
   if (read != nullptr) *read = 0;
   const Millis want = timeout_ + extra_timeout;
@@ -235,7 +399,7 @@ Status Connection::Pipeline(std::span<const Command* const> cmds, std::vector<Re
     if (redisSetTimeout(c_, ToTimeval(want)) != REDIS_OK) return TransportError(op, false);
     current_timeout_ = want;
   }
-  DEDUP_RETURN_IF_ERROR(Write(cmds, op));
+  DEDUP_RETURN_IF_ERROR(Send(cmds.bytes(), op));
   replies->resize(cmds.size());
   Status s = ReadReplies(cmds.size(), replies->data(), op, read);
   if (!s.ok()) replies->clear();
@@ -257,10 +421,9 @@ class SharedConnection {
 
   uint32_t load() const { return load_.load(std::memory_order_relaxed); }
 
-  Status Call(std::span<const Command* const> cmds, std::vector<Reply>* replies,
-              std::string_view op) {
+  Status Call(const CommandBuffer& cmds, std::vector<Reply>* replies, std::string_view op) {
     load_.fetch_add(1, std::memory_order_relaxed);
-    Request req{cmds, replies, op, Status::Ok(), {kQueued}};
+    Request req{&cmds, replies, op, Status::Ok(), {kQueued}};
     bool lead = false;
     {
       std::lock_guard lock(mu_);
@@ -287,7 +450,7 @@ class SharedConnection {
  private:
   enum : int { kQueued = 0, kLead = 1, kDone = 2 };
   struct Request {
-    std::span<const Command* const> cmds;
+    const CommandBuffer* cmds;  // the caller's, formatted already
     std::vector<Reply>* replies;
     std::string_view op;
     Status status;
@@ -343,8 +506,6 @@ class SharedConnection {
   // Writes every command of `batch`, connecting first if needed. False (and every
   // request failed) when it could not.
   bool WriteBatch(const std::vector<Request*>& batch) {
-    cmds_.clear();
-    for (const Request* r : batch) cmds_.insert(cmds_.end(), r->cmds.begin(), r->cmds.end());
     fresh_ = conn_ == nullptr;
     if (fresh_) {
       StatusOr<std::unique_ptr<Connection>> c = node_->Connect();
@@ -354,22 +515,33 @@ class SharedConnection {
       }
       conn_ = std::move(c).value();
     }
-    Status s = conn_->Write(cmds_, "");
-    if (s.ok()) s = conn_->Flush("");
+    // Each caller's bytes go to the socket buffer as they are, then one write.
+    size_t n = 0;
+    Status s;
+    if (batch.size() == 1) {
+      n = batch[0]->cmds->size();
+      s = conn_->Send(batch[0]->cmds->bytes(), "");
+    } else {
+      for (const Request* r : batch) {
+        n += r->cmds->size();
+        if (s.ok()) s = conn_->Queue(r->cmds->bytes(), "");
+      }
+      if (s.ok()) s = conn_->Flush("");
+    }
     if (!s.ok()) {
       conn_.reset();
       Fail(batch, s);
       return false;
     }
     node_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-    node_->commands_.fetch_add(cmds_.size(), std::memory_order_relaxed);
+    node_->commands_.fetch_add(n, std::memory_order_relaxed);
     return true;
   }
 
   // Reads the replies of a written batch and hands each caller its own.
   void ReadBatch(const std::vector<Request*>& batch) {
     size_t n = 0;
-    for (const Request* r : batch) n += r->cmds.size();
+    for (const Request* r : batch) n += r->cmds->size();
     replies_.resize(n);
     size_t read = 0;
     Status s = conn_->ReadReplies(n, replies_.data(), "", &read);
@@ -398,8 +570,8 @@ class SharedConnection {
     size_t at = 0;
     for (Request* r : batch) {
       r->replies->clear();
-      r->replies->reserve(r->cmds.size());
-      for (size_t i = 0; i < r->cmds.size(); ++i) r->replies->push_back(std::move(replies_[at++]));
+      r->replies->reserve(r->cmds->size());
+      for (size_t i = 0; i < r->cmds->size(); ++i) r->replies->push_back(std::move(replies_[at++]));
       r->status = Status::Ok();
     }
     replies_.clear();
@@ -422,7 +594,6 @@ class SharedConnection {
   std::vector<Request*> inflight_;  // written, replies not read yet
   bool fresh_ = false;              // conn_ was opened for inflight_
   std::unique_ptr<Connection> conn_;
-  std::vector<const Command*> cmds_;
   std::vector<Reply> replies_;
 };
 
@@ -470,6 +641,15 @@ StatusOr<std::unique_ptr<Connection>> Node::Dedicated(std::string_view op) {
 }
 
 Status Node::Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+                      std::string_view op) {
+  // Kept per thread: the caller waits in Pipeline while a leader reads the bytes.
+  thread_local CommandBuffer buf;
+  buf.Clear();
+  for (const Command* c : cmds) buf.Append(*c);
+  return Pipeline(buf, replies, op);
+}
+
+Status Node::Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
                       std::string_view op) {
   if (shared_.empty()) return PooledPipeline(cmds, replies, op);
   // A thread keeps the connection it used last while nobody else is on it, as a
@@ -552,7 +732,7 @@ void Node::Discard(bool drop_idle) {
   }
 }
 
-Status Node::PooledPipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+Status Node::PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
                             std::string_view op) {
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
@@ -734,13 +914,6 @@ std::string Where(const Node* n, std::string_view op) {
 
 }  // namespace
 
-bool NeedsResend(const redisReply* r) {
-  if (!IsError(r)) return false;
-  std::string_view e = ReplyText(r);
-  return StartsWith(e, "NOSCRIPT") || StartsWith(e, "MOVED ") || StartsWith(e, "ASK ") ||
-         StartsWith(e, "TRYAGAIN");
-}
-
 Status ErrorReplyStatus(const std::string& where, std::string_view e) {
   const std::string msg = where + std::string(e);
   if (StartsWith(e, "NOAUTH") || StartsWith(e, "WRONGPASS")) return Status::Unauthenticated(msg);
@@ -763,33 +936,45 @@ Client::Client(ConnectionOptions options, const ScriptSet* scripts)
 
 Status Client::Start() { return router_.Start(); }
 
-StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd) {
-  Node* node = router_.NodeFor(key);
+namespace {
+
+// Replies that ask for the command to be sent again elsewhere or later.
+bool IsRedirect(const redisReply* r) {
+  if (!IsError(r)) return false;
+  std::string_view e = ReplyText(r);
+  return StartsWith(e, "MOVED ") || StartsWith(e, "ASK ") || StartsWith(e, "TRYAGAIN");
+}
+
+bool IsNoScript(const redisReply* r) {
+  return IsError(r) && StartsWith(ReplyText(r), "NOSCRIPT");
+}
+
+}  // namespace
+
+StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size_t i) {
+  Node* node = router_.NodeFor(cmds.key(i));
   bool asking = false;
-  static const Command asking_cmd{{"ASKING"}};
   // Kept per thread: a call allocates no vector (the leader fills it in place).
   thread_local std::vector<Reply> replies;
+  CommandBuffer again;  // used only after a redirect
   for (int tries = 0; tries < 8; ++tries) {
-    const Command* cmds[2] = {&asking_cmd, &cmd};
-    DEDUP_RETURN_IF_ERROR(node->Pipeline(
-        std::span<const Command* const>(cmds + (asking ? 0 : 1), asking ? 2 : 1), &replies, op));
+    const CommandBuffer* send = &cmds;
+    if (asking || cmds.size() != 1) {
+      again.Clear();
+      if (asking) {
+        again.Begin(1);
+        again.Arg("ASKING");
+      }
+      again.AppendFrom(cmds, i);
+      send = &again;
+    }
+    DEDUP_RETURN_IF_ERROR(node->Pipeline(*send, &replies, op));
     Reply r = std::move(replies.back());
     asking = false;
-    if (!IsError(r.get())) return r;
+    if (!IsRedirect(r.get())) return r;
     std::string_view e = ReplyText(r.get());
     uint16_t slot = 0;
     std::string address;
-    if (StartsWith(e, "NOSCRIPT") && cmd.args.size() >= 2 && cmd.args[0] == "EVALSHA" &&
-        scripts_ != nullptr) {
-      if (const Script* s = scripts_->FindBySha(cmd.args[1])) {
-        // The server lost its script cache (restart, failover, SCRIPT FLUSH):
-        // EVAL runs the script and caches it again.
-        cmd.args[0] = "EVAL";
-        cmd.args[1] = s->body;
-        --tries;  // not a redirect
-        continue;
-      }
-    }
     if (StartsWith(e, "MOVED ") && ParseRedirect(e, &slot, &address)) {
       router_.OnMoved(slot, address);
       node = router_.NodeAt(address);
@@ -804,44 +989,77 @@ StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Comman
       std::this_thread::sleep_for(std::chrono::milliseconds(20 << std::min(tries, 4)));
       continue;
     }
-    return ErrorReplyStatus(Where(node, op), e);
+    return ErrorReplyStatus(Where(node, op), e);  // a redirect we cannot read
   }
   return Status::Unavailable(Where(node, op) + "too many redirects (cluster resharding?)");
 }
 
+StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd) {
+  StatusOr<Reply> r = Run(op, cmd, 0);
+  if (r.ok() && IsError(r->get())) {
+    return ErrorReplyStatus(Where(router_.NodeFor(cmd.key(0)), op), ReplyText(r->get()));
+  }
+  return r;
+}
+
+StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd) {
+  CommandBuffer buf;
+  buf.Append(cmd, key);
+  StatusOr<Reply> r = Run(op, buf, 0);
+  if (r.ok() && IsNoScript(r->get()) && cmd.args.size() >= 2 && cmd.args[0] == "EVALSHA" &&
+      scripts_ != nullptr) {
+    if (const Script* s = scripts_->FindBySha(cmd.args[1])) {
+      // The server lost its script cache (restart, failover, SCRIPT FLUSH):
+      // EVAL runs the script and caches it again.
+      cmd.args[0] = "EVAL";
+      cmd.args[1] = s->body;
+      buf.Clear();
+      buf.Append(cmd, key);
+      r = Run(op, buf, 0);
+    }
+  }
+  if (r.ok() && IsError(r->get())) {
+    return ErrorReplyStatus(Where(router_.NodeFor(key), op), ReplyText(r->get()));
+  }
+  return r;
+}
+
+Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
+                        std::vector<Reply>* replies) {
+  if (!router_.cluster()) {
+    // One node: one pipeline, no grouping; the replies land in place.
+    DEDUP_RETURN_IF_ERROR(router_.NodeFor({})->Pipeline(cmds, replies, op));
+  } else {
+    replies->clear();
+    replies->resize(cmds.size());
+    std::map<Node*, std::vector<size_t>> groups;
+    for (size_t i = 0; i < cmds.size(); ++i) groups[router_.NodeFor(cmds.key(i))].push_back(i);
+    CommandBuffer part;
+    std::vector<Reply> got;
+    for (auto& [node, idx] : groups) {
+      part.Clear();
+      for (size_t i : idx) part.AppendFrom(cmds, i);
+      DEDUP_RETURN_IF_ERROR(node->Pipeline(part, &got, op));
+      for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
+    }
+  }
+  for (size_t i = 0; i < cmds.size(); ++i) {
+    if (!IsRedirect((*replies)[i].get())) continue;
+    StatusOr<Reply> r = Run(op, cmds, i);
+    if (!r.ok()) return r.status();
+    (*replies)[i] = std::move(r).value();
+  }
+  return Status::Ok();
+}
+
 Status Client::ExecMany(std::string_view op, const std::vector<std::string>& keys,
                         std::vector<Command>& cmds, std::vector<Reply>* replies) {
-  replies->clear();
-  replies->resize(cmds.size());
-  std::vector<size_t> resend;
-  if (!router_.cluster()) {
-    // One node: one pipeline, no grouping.
-    std::vector<const Command*> ptrs;
-    ptrs.reserve(cmds.size());
-    for (const Command& c : cmds) ptrs.push_back(&c);
-    std::vector<Reply> got;
-    DEDUP_RETURN_IF_ERROR(router_.NodeFor({})->Pipeline(ptrs, &got, op));
-    for (size_t i = 0; i < cmds.size(); ++i) {
-      if (NeedsResend(got[i].get())) resend.push_back(i);
-      (*replies)[i] = std::move(got[i]);
-    }
-  } else {
-    std::map<Node*, std::vector<size_t>> groups;
-    for (size_t i = 0; i < cmds.size(); ++i) groups[router_.NodeFor(keys[i])].push_back(i);
-    for (auto& [node, idx] : groups) {
-      std::vector<const Command*> ptrs;
-      ptrs.reserve(idx.size());
-      for (size_t i : idx) ptrs.push_back(&cmds[i]);
-      std::vector<Reply> got;
-      DEDUP_RETURN_IF_ERROR(node->Pipeline(ptrs, &got, op));
-      for (size_t j = 0; j < idx.size(); ++j) {
-        if (NeedsResend(got[j].get())) resend.push_back(idx[j]);
-        (*replies)[idx[j]] = std::move(got[j]);
-      }
-    }
-    std::sort(resend.begin(), resend.end());
-  }
-  for (size_t i : resend) {
+  CommandBuffer buf;
+  for (size_t i = 0; i < cmds.size(); ++i) buf.Append(cmds[i], keys[i]);
+  DEDUP_RETURN_IF_ERROR(ExecMany(op, buf, replies));
+  for (size_t i = 0; i < cmds.size(); ++i) {
+    if (!IsNoScript((*replies)[i].get())) continue;
+    // Exec sends the script's body (EVAL); its error replies become statuses.
     StatusOr<Reply> r = Exec(op, keys[i], std::move(cmds[i]));
     if (!r.ok()) return r.status();
     (*replies)[i] = std::move(r).value();

@@ -62,6 +62,61 @@ struct Command {
   std::vector<std::string> args;
 };
 
+// Commands in their wire format (RESP arrays of bulk strings), written in place
+// into one buffer that its owner keeps and reuses: no std::string per argument,
+// no formatting when they are sent (the bytes go to the socket buffer as they
+// are). A command may mark one argument as its key, which routes it (Redis
+// Cluster). The hot paths (the Redis store's claims) build these directly;
+// Command is formatted into one on its way out.
+class CommandBuffer {
+ public:
+  CommandBuffer() = default;
+  CommandBuffer(const CommandBuffer&) = delete;
+  CommandBuffer& operator=(const CommandBuffer&) = delete;
+
+  // Forgets the commands; keeps the memory (unless it grew past 1 MiB).
+  void Clear();
+  // Starts a command of `nargs` arguments: exactly that many Arg / Number / Key
+  // calls must follow.
+  void Begin(size_t nargs);
+  // One argument made of `a` and then `b` (e.g. prefix and key), never joined in
+  // a string first.
+  void Arg(std::string_view a, std::string_view b = {});
+  void Number(uint64_t n);  // decimal
+  // An argument (a then b) that is the command's key: it routes the command.
+  void Key(std::string_view a, std::string_view b = {});
+  // A Command, formatted; `key` routes it (empty: none).
+  void Append(const Command& cmd, std::string_view key = {});
+  // Command i of `from`, with its key.
+  void AppendFrom(const CommandBuffer& from, size_t i);
+
+  size_t size() const { return cmds_.size(); }
+  bool empty() const { return cmds_.empty(); }
+  std::string_view bytes() const { return {buf_.get(), len_}; }
+  std::string_view command(size_t i) const;
+  std::string_view key(size_t i) const;
+
+ private:
+  struct Span {
+    size_t begin;    // first byte of the command in buf_
+    size_t key_at;   // first byte of its key, in buf_ or (side) in side_keys_
+    size_t key_len;  // 0: no key
+    bool side;       // the key is not one of its arguments (Append with a key)
+  };
+  // Room for n more bytes at buf_ + len_.
+  char* Room(size_t n) {
+    if (len_ + n > cap_) Grow(n);
+    return buf_.get() + len_;
+  }
+  void Grow(size_t n);
+  char* Bulk(std::string_view a, std::string_view b);  // writes $len a b; returns a's start
+
+  std::unique_ptr<char[]> buf_;
+  size_t len_ = 0, cap_ = 0;
+  std::vector<Span> cmds_;
+  std::string side_keys_;
+};
+
 // A connected, authenticated hiredis context. Not thread-safe: one caller at a time.
 class Connection {
  public:
@@ -79,10 +134,14 @@ class Connection {
   // before a failure. `extra_timeout` lengthens the reply wait (BLOCK reads).
   Status Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
                   std::string_view op, size_t* read = nullptr, Millis extra_timeout = Millis(0));
-  // Lower level: queue the commands, send what is queued, read `n` replies into
-  // `out` (reading sends what is still queued first).
-  Status Write(std::span<const Command* const> cmds, std::string_view op);
+  Status Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies, std::string_view op,
+                  size_t* read = nullptr, Millis extra_timeout = Millis(0));
+  // Lower level: queue commands already formatted (RESP), send what is queued,
+  // read `n` replies into `out` (reading sends what is still queued first).
+  Status Queue(std::string_view resp, std::string_view op);
   Status Flush(std::string_view op);
+  // Queue + Flush, writing straight from `resp` when nothing is queued.
+  Status Send(std::string_view resp, std::string_view op);
   Status ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read);
 
   const Endpoint& endpoint() const { return ep_; }
@@ -112,6 +171,7 @@ class Node {
   // sent once more on a fresh connection.
   Status Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
                   std::string_view op);
+  Status Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies, std::string_view op);
 
   // A fresh connection to this server for the caller alone (e.g. blocking reads).
   StatusOr<std::unique_ptr<Connection>> Dedicated(std::string_view op);
@@ -127,7 +187,7 @@ class Node {
   friend class SharedConnection;
   // Opens a connection, honouring the backoff. Errors are not prefixed.
   StatusOr<std::unique_ptr<Connection>> Connect();
-  Status PooledPipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
+  Status PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
                         std::string_view op);
   StatusOr<std::unique_ptr<Connection>> Acquire(std::string_view op, bool* reused);
   void Return(std::unique_ptr<Connection> c);
@@ -205,16 +265,26 @@ class Client {
   // One command on the node owning `key`. Error replies other than redirects are
   // returned as a status (ErrorReplyStatus).
   StatusOr<Reply> Exec(std::string_view op, const std::string& key, Command cmd);
+  // The same for the one command of `cmd`, routed by its key. It must not be
+  // EVALSHA: a NOSCRIPT reply is returned as an error like any other.
+  StatusOr<Reply> Exec(std::string_view op, const CommandBuffer& cmd);
   // Many commands, one pipeline per node, then each one answered with a redirect or
   // NOSCRIPT resent on its own. Replies are in the order of `cmds`; error replies
   // other than redirects are left for the caller.
   Status ExecMany(std::string_view op, const std::vector<std::string>& keys,
                   std::vector<Command>& cmds, std::vector<Reply>* replies);
+  // The same for commands routed by their keys; redirects are followed, NOSCRIPT
+  // replies are left for the caller.
+  Status ExecMany(std::string_view op, const CommandBuffer& cmds, std::vector<Reply>* replies);
 
   Router& router() { return router_; }
   const ConnectionOptions& options() const { return router_.options(); }
 
  private:
+  // Command i of `cmds` on the node of its key, following MOVED / ASK / TRYAGAIN.
+  // Every other reply, errors included, is returned as it came.
+  StatusOr<Reply> Run(std::string_view op, const CommandBuffer& cmds, size_t i);
+
   Router router_;
   const ScriptSet* const scripts_;
 };
@@ -222,8 +292,6 @@ class Client {
 // Helpers on replies.
 bool IsError(const redisReply* r);
 std::string_view ReplyText(const redisReply* r);  // string/status/error text, "" otherwise
-// A redirect or a reload: the command was not run and should be sent again.
-bool NeedsResend(const redisReply* r);
 // The canonical code for an error reply that is not a redirect; `where` prefixes it.
 Status ErrorReplyStatus(const std::string& where, std::string_view error);
 

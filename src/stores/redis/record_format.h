@@ -24,12 +24,19 @@ inline constexpr uint8_t kInProgress2 = 1;
 inline constexpr uint8_t kCompleted2 = 2;
 
 // Unsigned LEB128: 7 bits per byte, least significant first, high bit = more.
-inline void AppendVarint(std::string* s, uint64_t n) {
+// Written at p; returns the end (at most 10 bytes written).
+inline char* WriteVarint(char* p, uint64_t n) {
   while (n >= 128) {
-    s->push_back(static_cast<char>((n & 127) | 128));
+    *p++ = static_cast<char>((n & 127) | 128);
     n >>= 7;
   }
-  s->push_back(static_cast<char>(n));
+  *p++ = static_cast<char>(n);
+  return p;
+}
+
+inline void AppendVarint(std::string* s, uint64_t n) {
+  char b[10];
+  s->append(b, WriteVarint(b, n));
 }
 
 // At most 8 bytes; canonical only, as record.lua: a last byte of 0 after others is

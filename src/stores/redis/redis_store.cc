@@ -5,8 +5,10 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <map>
@@ -83,7 +85,6 @@ std::string GlobEscape(std::string_view s) {
   return out;
 }
 
-using redis::AppendVarint;
 using redis::kCompleted2;
 using redis::kFormat2;
 using redis::kHasFp2;
@@ -156,20 +157,28 @@ class RedisStore final : public Store {
     return Status::Ok();
   }
 
-  // A claim is first tried as a plain SET … NX PX … GET carrying a fresh IN_PROGRESS
+  // A claim is first tried as a plain SET … NX PX … carrying a fresh IN_PROGRESS
   // record (no Lua on the server: the same work as the textbook SET NX guard). A
-  // nil reply means ACQUIRED; a COMPLETED record in the reply is answered here
-  // (DUPLICATE / MISMATCH); any other record goes to claim.lua, which decides with
-  // the server clock.
+  // reply that says it was written means ACQUIRED; any other record goes to
+  // claim.lua, which decides with the server clock. While claims meet records (a
+  // second since one did), the SET also carries GET, so that a COMPLETED record
+  // comes back with it and is answered here (DUPLICATE / MISMATCH) without a
+  // second round trip; without GET the server does one lookup less per claim
+  // (docs/DESIGN.md, "Redis claims"). Either way the answers are the same.
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
     const Token token = Token::Random();
-    std::string rkey = RedisKey(req.key);
-    StatusOr<Reply> r = Exec("claim", rkey, FastClaimCommand(rkey, req, token));
+    const bool with_get = WithGet();
+    // Kept per thread: a claim allocates no command buffer.
+    thread_local redis::CommandBuffer cmd;
+    cmd.Clear();
+    AppendFastClaim(&cmd, req, token, with_get);
+    StatusOr<Reply> r = client_.Exec("claim", cmd);
     if (!r.ok()) return r.status();
     ClaimResult res;
-    if (DecodeFastClaim(r->get(), req, token, &res)) return res;
-    if ((*r)->type != REDIS_REPLY_STRING) return BadReply("claim");
+    if (DecodeFastClaim(r->get(), req, token, with_get, &res)) return res;
+    if (!FoundRecord(r->get(), with_get)) return BadReply("claim");
+    std::string rkey = RedisKey(req.key);
     r = Exec("claim", rkey, ClaimCommand(rkey, req, token));
     if (!r.ok()) return r.status();
     return DecodeClaim("claim", r->get(), token);
@@ -180,30 +189,36 @@ class RedisStore final : public Store {
       Status s = ValidateClaim(reqs[i]);
       if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
     }
-    std::vector<std::string> rkeys;
-    std::vector<Command> cmds;
-    std::vector<Token> tokens;
-    rkeys.reserve(reqs.size());
-    cmds.reserve(reqs.size());
-    tokens.reserve(reqs.size());
+    // Kept per thread: the commands are written in place into one reused buffer,
+    // and the replies vector keeps its room.
+    struct Scratch {
+      redis::CommandBuffer cmds;
+      std::vector<Reply> replies;
+      std::vector<Token> tokens;
+    };
+    thread_local Scratch scratch;
+    redis::CommandBuffer& cmds = scratch.cmds;
+    std::vector<Reply>& replies = scratch.replies;
+    std::vector<Token>& tokens = scratch.tokens;
+    cmds.Clear();
+    tokens.clear();
+    const bool with_get = WithGet();
     for (const ClaimRequest& req : reqs) {
       tokens.push_back(Token::Random());
-      rkeys.push_back(RedisKey(req.key));
-      cmds.push_back(FastClaimCommand(rkeys.back(), req, tokens.back()));
+      AppendFastClaim(&cmds, req, tokens.back(), with_get);
     }
-    std::vector<Reply> replies;
-    DEDUP_RETURN_IF_ERROR(ExecMany("claim batch", rkeys, cmds, &replies));
+    DEDUP_RETURN_IF_ERROR(client_.ExecMany("claim batch", cmds, &replies));
     std::vector<ClaimResult> out(reqs.size());
     std::vector<size_t> slow;
     for (size_t i = 0; i < reqs.size(); ++i) {
       const redisReply* r = replies[i].get();
-      if (DecodeFastClaim(r, reqs[i], tokens[i], &out[i])) continue;
+      if (DecodeFastClaim(r, reqs[i], tokens[i], with_get, &out[i])) continue;
       if (IsError(r)) {
-        ReleaseAcquired(reqs, rkeys, tokens, out);
+        ReleaseAcquired(reqs, tokens, out);
         return ErrorReplyStatus("redis " + description_ + ": claim batch: ", ReplyText(r));
       }
-      if (r->type != REDIS_REPLY_STRING) {
-        ReleaseAcquired(reqs, rkeys, tokens, out);
+      if (!FoundRecord(r, with_get)) {
+        ReleaseAcquired(reqs, tokens, out);
         return BadReply("claim batch");
       }
       slow.push_back(i);
@@ -212,12 +227,12 @@ class RedisStore final : public Store {
       std::vector<std::string> skeys;
       std::vector<Command> scmds;
       for (size_t i : slow) {
-        skeys.push_back(rkeys[i]);
-        scmds.push_back(ClaimCommand(rkeys[i], reqs[i], tokens[i]));
+        skeys.push_back(RedisKey(reqs[i].key));
+        scmds.push_back(ClaimCommand(skeys.back(), reqs[i], tokens[i]));
       }
       Status sent = ExecMany("claim batch", skeys, scmds, &replies);
       if (!sent.ok()) {
-        ReleaseAcquired(reqs, rkeys, tokens, out);
+        ReleaseAcquired(reqs, tokens, out);
         return sent;
       }
       std::optional<Status> failed;
@@ -230,7 +245,7 @@ class RedisStore final : public Store {
         out[slow[j]] = std::move(c).value();
       }
       if (failed) {
-        ReleaseAcquired(reqs, rkeys, tokens, out);
+        ReleaseAcquired(reqs, tokens, out);
         return *failed;
       }
     }
@@ -241,14 +256,14 @@ class RedisStore final : public Store {
   // nobody holds their tokens, so those keys would answer BUSY until the lease
   // ends. Best effort, one round trip; what cannot be released expires with its
   // lease as a crashed owner's would.
-  void ReleaseAcquired(std::span<const ClaimRequest> reqs, const std::vector<std::string>& rkeys,
-                       const std::vector<Token>& tokens, const std::vector<ClaimResult>& out) {
+  void ReleaseAcquired(std::span<const ClaimRequest> reqs, const std::vector<Token>& tokens,
+                       const std::vector<ClaimResult>& out) {
     std::vector<std::string> keys;
     std::vector<Command> cmds;
     for (size_t i = 0; i < out.size(); ++i) {
       if (out[i].outcome != ClaimOutcome::kAcquired || out[i].token != tokens[i]) continue;
-      keys.push_back(rkeys[i]);
-      cmds.push_back(ScriptCommand(kRelease, rkeys[i],
+      keys.push_back(RedisKey(reqs[i].key));
+      cmds.push_back(ScriptCommand(kRelease, keys.back(),
                                    {tokens[i].ToHex(), std::to_string(reqs[i].retention.count())}));
     }
     if (cmds.empty()) return;
@@ -596,42 +611,70 @@ return denied)";
   }
 
   // The IN_PROGRESS record of a first claim, record format 2: flags, token, fence 1,
-  // attempt 1, keep = retention, fingerprint.
-  static std::string FreshRecord(const ClaimRequest& req, Token token) {
-    std::string v;
-    v.reserve(1 + 8 + 2 + 6 + 1 + req.fingerprint.size());
-    v.push_back(static_cast<char>(kFormat2 | kInProgress2 | (req.fingerprint.empty() ? 0 : kHasFp2)));
-    for (int i = 7; i >= 0; --i) v.push_back(static_cast<char>(token.value >> (8 * i)));
-    v.push_back(1);  // fence
-    v.push_back(1);  // attempt
-    AppendVarint(&v, static_cast<uint64_t>(req.retention.count()));
+  // attempt 1, keep = retention, fingerprint. Written at `out` (room for
+  // kMaxFreshRecord bytes); returns its size.
+  static constexpr size_t kMaxFreshRecord = 1 + 8 + 2 + 10 + 1 + kMaxFingerprintBytes;
+  static size_t FreshRecord(const ClaimRequest& req, Token token, char* out) {
+    char* p = out;
+    *p++ = static_cast<char>(kFormat2 | kInProgress2 | (req.fingerprint.empty() ? 0 : kHasFp2));
+    for (int i = 7; i >= 0; --i) *p++ = static_cast<char>(token.value >> (8 * i));
+    *p++ = 1;  // fence
+    *p++ = 1;  // attempt
+    p = redis::WriteVarint(p, static_cast<uint64_t>(req.retention.count()));
     if (!req.fingerprint.empty()) {
-      v.push_back(static_cast<char>(req.fingerprint.size()));
-      v.append(req.fingerprint);
+      *p++ = static_cast<char>(req.fingerprint.size());
+      std::memcpy(p, req.fingerprint.data(), req.fingerprint.size());
+      p += req.fingerprint.size();
     }
-    return v;
+    return static_cast<size_t>(p - out);
   }
 
-  static Command FastClaimCommand(const std::string& rkey, const ClaimRequest& req, Token token) {
-    Command c;
-    c.args.reserve(7);
-    c.args.emplace_back("SET");
-    c.args.push_back(rkey);
-    c.args.push_back(FreshRecord(req, token));
-    c.args.emplace_back("NX");
-    c.args.emplace_back("PX");
-    c.args.push_back(std::to_string(req.lease.count() + req.retention.count()));
-    c.args.emplace_back("GET");
-    return c;
+  // SET <prefix><key> <fresh record> NX PX <lease + retention> [GET], written in
+  // place: no string is made for the key, the record or the number.
+  void AppendFastClaim(redis::CommandBuffer* cmds, const ClaimRequest& req, Token token,
+                       bool with_get) const {
+    char rec[kMaxFreshRecord];
+    const size_t n = FreshRecord(req, token, rec);
+    cmds->Begin(with_get ? 7 : 6);
+    cmds->Arg("SET");
+    cmds->Key(prefix_, req.key);
+    cmds->Arg(std::string_view(rec, n));
+    cmds->Arg("NX");
+    cmds->Arg("PX");
+    cmds->Number(static_cast<uint64_t>(req.lease.count() + req.retention.count()));
+    if (with_get) cmds->Arg("GET");
   }
 
-  // The reply to FastClaimCommand. True when it settles the claim: nil (the record
-  // was written: ACQUIRED) or a format-2 COMPLETED record (DUPLICATE or MISMATCH,
-  // nothing written). False for anything else: error replies, and records that need
-  // the server clock (claim.lua decides).
-  static bool DecodeFastClaim(const redisReply* r, const ClaimRequest& req, Token token,
-                              ClaimResult* out) {
-    if (r->type == REDIS_REPLY_NIL) {
+  // Whether the next claims carry GET: while a claim met a record less than a
+  // second ago. One clock read per call; a relaxed atomic shared by all threads.
+  bool WithGet() const { return SteadyMs() < get_until_ms_.load(std::memory_order_relaxed); }
+  void MetRecord() const {
+    get_until_ms_.store(SteadyMs() + kGetWindowMs, std::memory_order_relaxed);
+  }
+  static int64_t SteadyMs() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // True when the reply to the fast claim says a record was there (and nothing
+  // was written): claim.lua decides.
+  bool FoundRecord(const redisReply* r, bool with_get) const {
+    const bool found = with_get ? r->type == REDIS_REPLY_STRING : r->type == REDIS_REPLY_NIL;
+    if (found) MetRecord();
+    return found;
+  }
+
+  // The reply to AppendFastClaim's command. True when it settles the claim: the
+  // record was written (ACQUIRED: nil with GET, OK without), or, with GET, a
+  // format-2 COMPLETED record came back (DUPLICATE or MISMATCH, nothing written).
+  // False for anything else: error replies, and records that need the server clock
+  // (claim.lua decides).
+  bool DecodeFastClaim(const redisReply* r, const ClaimRequest& req, Token token,
+                       bool with_get, ClaimResult* out) const {
+    const bool written = with_get ? r->type == REDIS_REPLY_NIL
+                                  : r->type == REDIS_REPLY_STATUS && ReplyText(r) == "OK";
+    if (written) {
       *out = ClaimResult{};
       out->outcome = ClaimOutcome::kAcquired;
       out->token = token;
@@ -639,9 +682,10 @@ return denied)";
       out->attempt = 1;
       return true;
     }
-    if (r->type != REDIS_REPLY_STRING) return false;
+    if (!with_get || r->type != REDIS_REPLY_STRING) return false;
     redis::CompletedRecord2 rec;
     if (!redis::DecodeCompletedRecord2(ReplyText(r), &rec)) return false;
+    MetRecord();
     const uint64_t fence = rec.fence, attempt = rec.attempt;
     const std::string_view fp = rec.fingerprint;
     *out = ClaimResult{};
@@ -752,6 +796,9 @@ return denied)";
   const redis::Endpoint endpoint_;
   const std::function<void(const std::string&)> on_warning_;
   redis::Client client_;
+  // Claims carry GET until then (steady ms): see Claim().
+  static constexpr int64_t kGetWindowMs = 1'000;
+  mutable std::atomic<int64_t> get_until_ms_{0};
 };
 
 std::string Describe(const redis::ConnectionOptions& c, const std::string& prefix) {
