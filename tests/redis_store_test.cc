@@ -28,6 +28,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -356,6 +357,101 @@ TEST_F(RedisStoreTest, ClaimsAnswerAlikeWithAndWithoutGet) {
   std::this_thread::sleep_for(1100ms);
   expect_duplicate((*store)->Claim(Req("a")));
   EXPECT_EQ(EvalshaCalls(6394), 3);
+}
+
+// Adversarial: the same stored value met by a claim in each mode (a fresh store:
+// SET without GET, then claim.lua; a store that met a record just before: SET
+// … GET, a COMPLETED record answered by the client) gives the same answer, over
+// seeded records of every state, fingerprints, multi-byte varints, binary results,
+// corrupt bytes and a key of another type.
+std::string Varint(uint64_t n) {
+  std::string s;
+  while (n >= 128) {
+    s.push_back(static_cast<char>((n & 127) | 128));
+    n >>= 7;
+  }
+  s.push_back(static_cast<char>(n));
+  return s;
+}
+
+std::string Describe(const StatusOr<ClaimResult>& r) {
+  if (!r.ok()) return "error " + std::to_string(static_cast<int>(r.status().code()));
+  std::string out = "outcome " + std::to_string(static_cast<int>(r->outcome)) + " fence " +
+                    std::to_string(r->fence) + " attempt " + std::to_string(r->attempt) +
+                    " status " + std::to_string(static_cast<int>(r->status)) + " result " +
+                    ::testing::PrintToString(r->result) + " lease_left>0 " +
+                    std::to_string(r->lease_left.count() > 0);
+  return out;
+}
+
+TEST_F(RedisStoreTest, ClaimsAnswerAlikeWithAndWithoutGetOverSeededRecords) {
+  if (!PortFree(6394)) GTEST_SKIP() << "port 6394 in use";
+  RedisServer server(6394, Dir("getdiff"));
+  ASSERT_TRUE(server.Start());
+  auto warm = OpenStore("redis://127.0.0.1:6394?prefix=g:");
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  // A completed key that keeps `warm` in its SET … GET mode.
+  auto c = (*warm)->Claim(Req("warm"));
+  ASSERT_TRUE(c.ok() && c->acquired());
+  ASSERT_TRUE((*warm)->Complete("warm", c->token, 600s, CompletionStatus::kOk, "").ok());
+  std::mt19937_64 rng(20261130);
+  auto pick = [&](std::initializer_list<uint64_t> v) { return *(v.begin() + rng() % v.size()); };
+  int differ = 0;
+  std::string first;
+  for (int i = 0; i < 150; ++i) {
+    const uint8_t flags = static_cast<uint8_t>(
+        pick({0x41, 0x51, 0x42, 0x52, 0x46, 0x56, 0x4a, 0x43, 0x53, 0x45, 0x4e, 0x01}));
+    std::string v(1, static_cast<char>(flags));
+    for (int k = 0; k < 8; ++k) v.push_back(static_cast<char>(rng()));
+    v += Varint(pick({0, 1, 2, 127, 128, 300, 16384, 1ull << 35}));
+    v += Varint(pick({0, 1, 2, 3, 127, 128, 4000}));
+    if ((flags & 3) == 1) v += Varint(pick({1, 1000, 600000}));
+    std::string fp;
+    if (flags & 0x10) {
+      fp.assign(pick({1, 3, 64}), 'f');
+      fp[0] = static_cast<char>(rng());
+      v.push_back(static_cast<char>(fp.size()));
+      v += fp;
+    }
+    if ((flags & 3) == 2 && rng() % 2) {
+      for (int k = 0, n = static_cast<int>(rng() % 6); k < n; ++k) v.push_back(static_cast<char>(rng()));
+    }
+    if (rng() % 6 == 0) v[rng() % v.size()] = static_cast<char>(rng());  // corrupt a byte
+    if (rng() % 10 == 0) v.resize(1 + rng() % (v.size() - 1));         // or cut it short
+    ClaimRequest req = Req("k");
+    const std::string req_fp =
+        pick({0, 1, 2}) == 0 ? std::string() : (rng() % 2 ? fp : std::string("other"));
+    req.fingerprint = req_fp;
+    req.max_attempts = static_cast<uint32_t>(pick({0, 1, 2, 3}));
+    const bool hash = i % 50 == 49;
+    std::string answers[2];
+    for (int mode = 0; mode < 2; ++mode) {
+      const std::string key = "k" + std::to_string(i) + (mode ? "w" : "c");
+      if (hash) {
+        ASSERT_EQ(Admin(6394, {"HSET", "g:" + key, "f", "v"}), "1");
+      } else {
+        ASSERT_EQ(Admin(6394, {"SET", "g:" + key, v, "PX", "100000"}), "OK");
+      }
+      req.key = key;
+      if (mode == 0) {
+        auto cold = OpenStore("redis://127.0.0.1:6394?prefix=g:");
+        ASSERT_TRUE(cold.ok()) << cold.status();
+        answers[0] = Describe((*cold)->Claim(req));
+      } else {
+        auto w = (*warm)->Claim(Req("warm"));  // met a record: GET for the next second
+        ASSERT_TRUE(w.ok() && w->outcome == ClaimOutcome::kDuplicate) << w.status();
+        answers[1] = Describe((*warm)->Claim(req));
+      }
+    }
+    if (answers[0] != answers[1]) {
+      ++differ;
+      if (first.empty()) {
+        first = "record " + ::testing::PrintToString(v) + (hash ? " (a hash)" : "") + ": without GET " +
+                answers[0] + "; with GET " + answers[1];
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0) << first;
 }
 
 // ---- the client layer: auto-pipelining ---------------------------------------------
