@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -461,6 +462,100 @@ redis::ConnectionOptions Local(int port, size_t pool) {
                                      "?pool=" + std::to_string(pool));
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   return parsed->connection;
+}
+
+// Adversarial: the server side of an idle shared connection is reset (RST, as a
+// proxy, a NAT or a load balancer does) and the next call writes to it. The
+// first send() reports ECONNRESET; the call must fail (or reconnect), never
+// write to the dead socket again without MSG_NOSIGNAL: that second write is
+// EPIPE and SIGPIPE, whose default action kills the process (neither the library
+// nor the CLI ignores SIGPIPE). The client runs in a child so that its death is
+// seen; the parent relays to redis-server and resets the connections.
+TEST_F(RedisStoreTest, AConnectionResetWhileIdleFailsTheCallWithoutSigpipe) {
+  if (!PortFree(6460)) GTEST_SKIP() << "port 6460 in use";
+  RedisServer server(6460, Dir("rst"));
+  ASSERT_TRUE(server.Start());
+  const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(lfd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(lfd, 16), 0);
+  socklen_t al = sizeof a;
+  ASSERT_EQ(getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &al), 0);
+  const int proxy_port = ntohs(a.sin_port);
+  int up[2], down[2];  // child -> parent: "connected"; parent -> child: "reset done"
+  ASSERT_EQ(pipe(up), 0);
+  ASSERT_EQ(pipe(down), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(lfd);
+    redis::Client client(Local(proxy_port, 1));
+    if (!client.Start().ok()) _exit(10);
+    redis::Node* node = client.router().NodeFor("x");
+    const redis::Command ping{{"PING"}};
+    const redis::Command* cmds[1] = {&ping};
+    std::vector<redis::Reply> replies;
+    if (!node->Pipeline(cmds, &replies, "ping").ok()) _exit(11);
+    char c = 'r';
+    if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) != 1) _exit(12);
+    const Status s = node->Pipeline(cmds, &replies, "ping");
+    _exit(s.ok() ? 0 : 1);
+  }
+  std::atomic<bool> reset{false}, stop{false};
+  std::vector<std::thread> relays;
+  std::thread acceptor([&] {
+    while (!stop.load()) {
+      pollfd p{lfd, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      const int cfd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (cfd < 0) continue;
+      relays.emplace_back([&, cfd] {
+        const int ufd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in r{};
+        r.sin_family = AF_INET;
+        r.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        r.sin_port = htons(6460);
+        if (connect(ufd, reinterpret_cast<sockaddr*>(&r), sizeof r) != 0) {
+          close(cfd);
+          close(ufd);
+          return;
+        }
+        char buf[16384];
+        while (!stop.load() && !reset.load()) {
+          pollfd ps[2] = {{cfd, POLLIN, 0}, {ufd, POLLIN, 0}};
+          if (poll(ps, 2, 20) <= 0) continue;
+          bool done = false;
+          for (int k = 0; k < 2; ++k) {
+            if (!(ps[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            const ssize_t n = read(ps[k].fd, buf, sizeof buf);
+            if (n <= 0 || write(ps[1 - k].fd, buf, static_cast<size_t>(n)) != n) done = true;
+          }
+          if (done) break;
+        }
+        const linger l{1, 0};  // close with RST
+        setsockopt(cfd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        close(cfd);
+        close(ufd);
+      });
+    }
+  });
+  char c = 0;
+  ASSERT_EQ(read(up[0], &c, 1), 1) << "the child could not talk to redis through the relay";
+  reset.store(true);
+  std::this_thread::sleep_for(300ms);  // the relays reset their connections; the RST arrives
+  ASSERT_EQ(write(down[1], &c, 1), 1);
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  stop.store(true);
+  acceptor.join();
+  for (auto& t : relays) t.join();
+  close(lfd);
+  for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+  EXPECT_FALSE(WIFSIGNALED(st)) << "the client died of signal " << WTERMSIG(st)
+                                << (WIFSIGNALED(st) && WTERMSIG(st) == SIGPIPE ? " (SIGPIPE)" : "");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) <= 1) << "exit " << WEXITSTATUS(st);
 }
 
 // 64 threads on 2 shared connections, each sending pipelines of 1 to 3 commands
