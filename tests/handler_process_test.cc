@@ -262,6 +262,25 @@ TEST_F(OwnerDeath, SigkillAfterManyHandlersLeavesNoSurvivor) {
   }
 }
 
+// The same after the watchdog was killed with records left unread in its log
+// (the replacement starts from the owner's table, and the log is a new pipe):
+// the handlers that run when the owner is SIGKILLed still die.
+TEST_F(OwnerDeath, SigkillAfterManyHandlersAndAWatchdogRestartLeavesNoSurvivor) {
+  TempDir dir;
+  const std::string pids = dir.File("pids"), wd = dir.File("watchdog");
+  const std::string script = GrandchildInTheGroup(pids);
+  const pid_t owner = StartOwner({script, script, script}, wd, /*kill_watchdog_first=*/true, "",
+                                 /*true_runs_first=*/100);
+  ASSERT_TRUE(WaitForLines(pids, 3, 30s)) << "handlers did not start";
+  ASSERT_TRUE(WaitForLines(wd, 1, 10s)) << "owner did not report its watchdog";
+  const std::vector<pid_t> grandchildren = ReadPids(pids);
+  ASSERT_EQ(kill(owner, SIGKILL), 0);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  EXPECT_TRUE(AllDeadWithin(grandchildren, 5s, /*reap=*/true));
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
 TEST(HandlerProcess, ExitCodesAndVerdicts) {
   auto sup = HandlerSupervisor::Start();
   ASSERT_TRUE(sup.ok()) << sup.status().ToString();

@@ -76,6 +76,14 @@ check "the limits themselves are accepted" "1" "$(run extend p:k $A 315360000000
 check "complete with a 1-byte fingerprint-free result" "1" "$(run complete p:k $A 1 2 r)"
 check "complete_ack refuses bad arguments too" "DEDUPARGS" \
   "$(cli EVALSHA "${sha[complete_ack]}" 2 p:k2 s $A -5 0 x g 1-1 2>&1 | cut -d' ' -f1)"
+# Missing arguments are refused as bad ones are, naming the first one missing
+# (before the completion scripts' single-match read, complete.lua did; since, a
+# missing result is a Lua runtime error and a missing retention is blamed on the
+# status).
+check "complete without a result is DEDUPARGS" "DEDUPARGS" "$(first complete p:k $A 1000 0)"
+check "complete without a retention names the retention" \
+  "DEDUPARGS complete: retention must be an integer of ms, 1 to 315360000000" \
+  "$(run complete p:k $A)"
 
 # 2. Decoders refuse what the document refuses, with DEDUPCORRUPT, nothing changed.
 #    flags 0x45: IN_PROGRESS with status 1.

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -28,6 +29,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -358,6 +360,101 @@ TEST_F(RedisStoreTest, ClaimsAnswerAlikeWithAndWithoutGet) {
   EXPECT_EQ(EvalshaCalls(6394), 3);
 }
 
+// Adversarial: the same stored value met by a claim in each mode (a fresh store:
+// SET without GET, then claim.lua; a store that met a record just before: SET
+// … GET, a COMPLETED record answered by the client) gives the same answer, over
+// seeded records of every state, fingerprints, multi-byte varints, binary results,
+// corrupt bytes and a key of another type.
+std::string Varint(uint64_t n) {
+  std::string s;
+  while (n >= 128) {
+    s.push_back(static_cast<char>((n & 127) | 128));
+    n >>= 7;
+  }
+  s.push_back(static_cast<char>(n));
+  return s;
+}
+
+std::string Describe(const StatusOr<ClaimResult>& r) {
+  if (!r.ok()) return "error " + std::to_string(static_cast<int>(r.status().code()));
+  std::string out = "outcome " + std::to_string(static_cast<int>(r->outcome)) + " fence " +
+                    std::to_string(r->fence) + " attempt " + std::to_string(r->attempt) +
+                    " status " + std::to_string(static_cast<int>(r->status)) + " result " +
+                    ::testing::PrintToString(r->result) + " lease_left>0 " +
+                    std::to_string(r->lease_left.count() > 0);
+  return out;
+}
+
+TEST_F(RedisStoreTest, ClaimsAnswerAlikeWithAndWithoutGetOverSeededRecords) {
+  if (!PortFree(6394)) GTEST_SKIP() << "port 6394 in use";
+  RedisServer server(6394, Dir("getdiff"));
+  ASSERT_TRUE(server.Start());
+  auto warm = OpenStore("redis://127.0.0.1:6394?prefix=g:");
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  // A completed key that keeps `warm` in its SET … GET mode.
+  auto c = (*warm)->Claim(Req("warm"));
+  ASSERT_TRUE(c.ok() && c->acquired());
+  ASSERT_TRUE((*warm)->Complete("warm", c->token, 600s, CompletionStatus::kOk, "").ok());
+  std::mt19937_64 rng(20261130);
+  auto pick = [&](std::initializer_list<uint64_t> v) { return *(v.begin() + rng() % v.size()); };
+  int differ = 0;
+  std::string first;
+  for (int i = 0; i < 150; ++i) {
+    const uint8_t flags = static_cast<uint8_t>(
+        pick({0x41, 0x51, 0x42, 0x52, 0x46, 0x56, 0x4a, 0x43, 0x53, 0x45, 0x4e, 0x01}));
+    std::string v(1, static_cast<char>(flags));
+    for (int k = 0; k < 8; ++k) v.push_back(static_cast<char>(rng()));
+    v += Varint(pick({0, 1, 2, 127, 128, 300, 16384, 1ull << 35}));
+    v += Varint(pick({0, 1, 2, 3, 127, 128, 4000}));
+    if ((flags & 3) == 1) v += Varint(pick({1, 1000, 600000}));
+    std::string fp;
+    if (flags & 0x10) {
+      fp.assign(pick({1, 3, 64}), 'f');
+      fp[0] = static_cast<char>(rng());
+      v.push_back(static_cast<char>(fp.size()));
+      v += fp;
+    }
+    if ((flags & 3) == 2 && rng() % 2) {
+      for (int k = 0, n = static_cast<int>(rng() % 6); k < n; ++k) v.push_back(static_cast<char>(rng()));
+    }
+    if (rng() % 6 == 0) v[rng() % v.size()] = static_cast<char>(rng());  // corrupt a byte
+    if (rng() % 10 == 0) v.resize(1 + rng() % (v.size() - 1));         // or cut it short
+    ClaimRequest req = Req("k");
+    const std::string req_fp =
+        pick({0, 1, 2}) == 0 ? std::string() : (rng() % 2 ? fp : std::string("other"));
+    req.fingerprint = req_fp;
+    req.max_attempts = static_cast<uint32_t>(pick({0, 1, 2, 3}));
+    const bool hash = i % 50 == 49;
+    std::string answers[2];
+    for (int mode = 0; mode < 2; ++mode) {
+      const std::string key = "k" + std::to_string(i) + (mode ? "w" : "c");
+      if (hash) {
+        ASSERT_EQ(Admin(6394, {"HSET", "g:" + key, "f", "v"}), "1");
+      } else {
+        ASSERT_EQ(Admin(6394, {"SET", "g:" + key, v, "PX", "100000"}), "OK");
+      }
+      req.key = key;
+      if (mode == 0) {
+        auto cold = OpenStore("redis://127.0.0.1:6394?prefix=g:");
+        ASSERT_TRUE(cold.ok()) << cold.status();
+        answers[0] = Describe((*cold)->Claim(req));
+      } else {
+        auto w = (*warm)->Claim(Req("warm"));  // met a record: GET for the next second
+        ASSERT_TRUE(w.ok() && w->outcome == ClaimOutcome::kDuplicate) << w.status();
+        answers[1] = Describe((*warm)->Claim(req));
+      }
+    }
+    if (answers[0] != answers[1]) {
+      ++differ;
+      if (first.empty()) {
+        first = "record " + ::testing::PrintToString(v) + (hash ? " (a hash)" : "") + ": without GET " +
+                answers[0] + "; with GET " + answers[1];
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0) << first;
+}
+
 // ---- the client layer: auto-pipelining ---------------------------------------------
 
 redis::ConnectionOptions Local(int port, size_t pool) {
@@ -365,6 +462,100 @@ redis::ConnectionOptions Local(int port, size_t pool) {
                                      "?pool=" + std::to_string(pool));
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   return parsed->connection;
+}
+
+// Adversarial: the server side of an idle shared connection is reset (RST, as a
+// proxy, a NAT or a load balancer does) and the next call writes to it. The
+// first send() reports ECONNRESET; the call must fail (or reconnect), never
+// write to the dead socket again without MSG_NOSIGNAL: that second write is
+// EPIPE and SIGPIPE, whose default action kills the process (neither the library
+// nor the CLI ignores SIGPIPE). The client runs in a child so that its death is
+// seen; the parent relays to redis-server and resets the connections.
+TEST_F(RedisStoreTest, AConnectionResetWhileIdleFailsTheCallWithoutSigpipe) {
+  if (!PortFree(6460)) GTEST_SKIP() << "port 6460 in use";
+  RedisServer server(6460, Dir("rst"));
+  ASSERT_TRUE(server.Start());
+  const int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(lfd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(lfd, 16), 0);
+  socklen_t al = sizeof a;
+  ASSERT_EQ(getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &al), 0);
+  const int proxy_port = ntohs(a.sin_port);
+  int up[2], down[2];  // child -> parent: "connected"; parent -> child: "reset done"
+  ASSERT_EQ(pipe(up), 0);
+  ASSERT_EQ(pipe(down), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(lfd);
+    redis::Client client(Local(proxy_port, 1));
+    if (!client.Start().ok()) _exit(10);
+    redis::Node* node = client.router().NodeFor("x");
+    const redis::Command ping{{"PING"}};
+    const redis::Command* cmds[1] = {&ping};
+    std::vector<redis::Reply> replies;
+    if (!node->Pipeline(cmds, &replies, "ping").ok()) _exit(11);
+    char c = 'r';
+    if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) != 1) _exit(12);
+    const Status s = node->Pipeline(cmds, &replies, "ping");
+    _exit(s.ok() ? 0 : 1);
+  }
+  std::atomic<bool> reset{false}, stop{false};
+  std::vector<std::thread> relays;
+  std::thread acceptor([&] {
+    while (!stop.load()) {
+      pollfd p{lfd, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      const int cfd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (cfd < 0) continue;
+      relays.emplace_back([&, cfd] {
+        const int ufd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in r{};
+        r.sin_family = AF_INET;
+        r.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        r.sin_port = htons(6460);
+        if (connect(ufd, reinterpret_cast<sockaddr*>(&r), sizeof r) != 0) {
+          close(cfd);
+          close(ufd);
+          return;
+        }
+        char buf[16384];
+        while (!stop.load() && !reset.load()) {
+          pollfd ps[2] = {{cfd, POLLIN, 0}, {ufd, POLLIN, 0}};
+          if (poll(ps, 2, 20) <= 0) continue;
+          bool done = false;
+          for (int k = 0; k < 2; ++k) {
+            if (!(ps[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            const ssize_t n = read(ps[k].fd, buf, sizeof buf);
+            if (n <= 0 || write(ps[1 - k].fd, buf, static_cast<size_t>(n)) != n) done = true;
+          }
+          if (done) break;
+        }
+        const linger l{1, 0};  // close with RST
+        setsockopt(cfd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        close(cfd);
+        close(ufd);
+      });
+    }
+  });
+  char c = 0;
+  ASSERT_EQ(read(up[0], &c, 1), 1) << "the child could not talk to redis through the relay";
+  reset.store(true);
+  std::this_thread::sleep_for(300ms);  // the relays reset their connections; the RST arrives
+  ASSERT_EQ(write(down[1], &c, 1), 1);
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  stop.store(true);
+  acceptor.join();
+  for (auto& t : relays) t.join();
+  close(lfd);
+  for (int fd : {up[0], up[1], down[0], down[1]}) close(fd);
+  EXPECT_FALSE(WIFSIGNALED(st)) << "the client died of signal " << WTERMSIG(st)
+                                << (WIFSIGNALED(st) && WTERMSIG(st) == SIGPIPE ? " (SIGPIPE)" : "");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) <= 1) << "exit " << WEXITSTATUS(st);
 }
 
 // 64 threads on 2 shared connections, each sending pipelines of 1 to 3 commands

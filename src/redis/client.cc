@@ -12,6 +12,7 @@
 #include <cctype>
 #include <chrono>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -348,23 +349,43 @@ Status Connection::Queue(std::string_view resp, std::string_view op) {
 }
 
 Status Connection::Send(std::string_view resp, std::string_view op) {
-  if (sdslen(c_->obuf) == 0) {
-    // Nothing queued before: write the caller's bytes as they are, sparing the
-    // copy into hiredis's output buffer (and its free and malloc per write). What
-    // is not written (a full socket buffer, an error) goes the hiredis way, which
-    // retries it and reports the error.
-    const ssize_t n = ::send(c_->fd, resp.data(), resp.size(), MSG_NOSIGNAL);
-    if (n == static_cast<ssize_t>(resp.size())) return Status::Ok();
-    if (n > 0) resp.remove_prefix(static_cast<size_t>(n));
+  if (sdslen(c_->obuf) != 0) {
+    // Bytes hiredis queued go first.
+    DEDUP_RETURN_IF_ERROR(Queue(resp, op));
+    return Flush(op);
   }
-  DEDUP_RETURN_IF_ERROR(Queue(resp, op));
-  return Flush(op);
+  // Nothing queued before: the caller's bytes as they are, sparing the copy into
+  // hiredis's output buffer (and its free and malloc per write).
+  return WriteAll(resp, op);
 }
 
 Status Connection::Flush(std::string_view op) {
-  int done = 0;
-  while (!done) {
-    if (redisBufferWrite(c_, &done) != REDIS_OK) return TransportError(op, false);
+  if (sdslen(c_->obuf) == 0) return Status::Ok();
+  Status s = WriteAll(std::string_view(c_->obuf, sdslen(c_->obuf)), op);
+  // Written, or the connection is done for: never sent again either way.
+  sdssetlen(c_->obuf, 0);
+  c_->obuf[0] = '\0';
+  return s;
+}
+
+// Every write to a Redis socket is ours, with MSG_NOSIGNAL: a peer that reset the
+// connection is an error (EPIPE, ECONNRESET), never a SIGPIPE, which kills a
+// process that does not ignore it (hiredis 0.14 writes with write(2): a write
+// after a reset raised it). The socket blocks up to its send timeout, then
+// answers EAGAIN ("send timed out").
+Status Connection::WriteAll(std::string_view bytes, std::string_view op) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(c_->fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    // As hiredis records an I/O error, so that TransportError words it alike.
+    c_->err = REDIS_ERR_IO;
+    std::snprintf(c_->errstr, sizeof(c_->errstr), "%s",
+                  n == 0 ? "send wrote nothing" : std::strerror(errno));
+    return TransportError(op, false);
   }
   return Status::Ok();
 }

@@ -140,7 +140,8 @@ class Connection {
   // read `n` replies into `out` (reading sends what is still queued first).
   Status Queue(std::string_view resp, std::string_view op);
   Status Flush(std::string_view op);
-  // Queue + Flush, writing straight from `resp` when nothing is queued.
+  // Queue + Flush, writing straight from `resp` when nothing is queued. Every
+  // write is ours (WriteAll), never hiredis's: no SIGPIPE on a reset connection.
   Status Send(std::string_view resp, std::string_view op);
   Status ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read);
 
@@ -150,6 +151,7 @@ class Connection {
   Connection(Endpoint ep, redisContext* c, Millis timeout)
       : ep_(std::move(ep)), c_(c), timeout_(timeout), current_timeout_(timeout) {}
   Status TransportError(std::string_view op, bool sent) const;
+  Status WriteAll(std::string_view bytes, std::string_view op);
 
   Endpoint ep_;
   redisContext* c_;

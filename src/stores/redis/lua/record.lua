@@ -150,7 +150,9 @@ local STATUS = {['0'] = 0, ['1'] = 1, ['2'] = 2}
 -- written) or the state for complete_many_write().
 local function complete_many_read(what, n, stride, name_each, acked)
   local toks, px, st = {}, {}, {}
-  local last_px, ok_px = nil, false
+  -- false: no argument equals it, so the first retention (even a missing one)
+  -- is checked.
+  local last_px = false
   for i = 1, n do
     local a = (i - 1) * stride
     local nm = name_each and i or nil
@@ -167,7 +169,8 @@ local function complete_many_read(what, n, stride, name_each, acked)
     end
     local s = STATUS[ARGV[a + 3]]
     if not s then return nil, bad_args(nth(what, nm), 'status must be 0, 1 or 2') end
-    if #ARGV[a + 4] > 1048576 then
+    local res = ARGV[a + 4]
+    if type(res) ~= 'string' or #res > 1048576 then
       return nil, bad_args(nth(what, nm), 'result must be at most 1048576 bytes')
     end
     if acked and (ARGV[a + 5] == '' or ARGV[a + 6] == '') then
