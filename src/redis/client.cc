@@ -22,12 +22,6 @@
 namespace dedup::redis {
 namespace {
 
-int64_t SteadyMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 timeval ToTimeval(Millis d) {
   timeval tv;
   tv.tv_sec = static_cast<time_t>(d.count() / 1000);
@@ -123,6 +117,12 @@ bool IsError(const redisReply* r) { return r != nullptr && r->type == REDIS_REPL
 std::string_view ReplyText(const redisReply* r) {
   if (r == nullptr || r->str == nullptr) return {};
   return std::string_view(r->str, r->len);
+}
+
+int64_t SteadyMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 // ---- CommandBuffer ------------------------------------------------------------

@@ -52,6 +52,9 @@ struct redisReply;
 
 namespace dedup::redis {
 
+// The steady clock in ms: the client's reconnect backoff and the store's timing.
+int64_t SteadyMillis();
+
 struct ReplyDeleter {
   void operator()(redisReply* r) const;
 };

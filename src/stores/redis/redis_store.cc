@@ -647,14 +647,11 @@ return denied)";
 
   // Whether the next claims carry GET: while a claim met a record less than a
   // second ago. One clock read per call; a relaxed atomic shared by all threads.
-  bool WithGet() const { return SteadyMs() < get_until_ms_.load(std::memory_order_relaxed); }
-  void MetRecord() const {
-    get_until_ms_.store(SteadyMs() + kGetWindowMs, std::memory_order_relaxed);
+  bool WithGet() const {
+    return redis::SteadyMillis() < get_until_ms_.load(std::memory_order_relaxed);
   }
-  static int64_t SteadyMs() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+  void MetRecord() const {
+    get_until_ms_.store(redis::SteadyMillis() + kGetWindowMs, std::memory_order_relaxed);
   }
 
   // True when the reply to the fast claim says a record was there (and nothing
