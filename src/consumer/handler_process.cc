@@ -52,6 +52,19 @@ constexpr int32_t kRemoveCgroup = 4;
 constexpr int32_t kDrain = 5;
 constexpr uint64_t kDrainEvery = 64;
 
+// Appends one record to the watchdog's log and, every kDrainEvery records, asks
+// it on its socket to read the log. Async-signal-safe (a handler's vfork child
+// calls it before exec). False when the record could not be written whole: the
+// watchdog is gone (EPIPE; SIGPIPE is blocked by every caller).
+bool AppendWatchLog(int log_fd, int watch_fd, std::atomic<uint64_t>& logged, const WatchMsg& m) {
+  if (write(log_fd, &m, sizeof(m)) != static_cast<ssize_t>(sizeof(m))) return false;
+  if (logged.fetch_add(1, std::memory_order_relaxed) % kDrainEvery == kDrainEvery - 1) {
+    const WatchMsg drain{kDrain, 0, 0};
+    (void)send(watch_fd, &drain, sizeof(drain), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  return true;
+}
+
 // The watchdog's cgroup table: max_handlers times this (a cgroup that stays
 // populated stays registered until it can be removed).
 constexpr size_t kCgroupSlotsPerHandler = 2;
@@ -226,16 +239,12 @@ int SpawnChild(void* p) {
   // Nobody is woken (but every kDrainEvery-th record asks the watchdog to read).
   // A log without reader (the watchdog died) answers EPIPE; SIGPIPE stays
   // blocked and dies with us.
-  const WatchMsg m{kAdd, static_cast<int32_t>(getpid()), 0};
-  if (write(a->log_fd, &m, sizeof(m)) != static_cast<ssize_t>(sizeof(m))) {
+  if (!AppendWatchLog(a->log_fd, a->watch_fd, *a->logged,
+                      WatchMsg{kAdd, static_cast<int32_t>(getpid()), 0})) {
     a->register_errno = errno != 0 ? errno : EPIPE;
     _exit(127);
   }
   a->registered = true;
-  if (a->logged->fetch_add(1, std::memory_order_relaxed) % kDrainEvery == kDrainEvery - 1) {
-    const WatchMsg drain{kDrain, 0, 0};
-    (void)send(a->watch_fd, &drain, sizeof(drain), MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
   if (a->stdin_fd >= 0) {
     if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
     else dup2(a->stdin_fd, 0);
@@ -483,12 +492,8 @@ Status HandlerSupervisor::RestartWatchdog(uint64_t seen_generation, bool socket_
 // thread: Run() blocks it). A failure means the watchdog is gone; the next one
 // starts with live_ and live_cgroups_ in its table.
 void HandlerSupervisor::Log(int32_t op, pid_t pgid, uint64_t cgroup) {
-  const WatchMsg m{op, static_cast<int32_t>(pgid), cgroup};
-  if (write(log_fd_, &m, sizeof(m)) != static_cast<ssize_t>(sizeof(m))) return;
-  if (logged_.fetch_add(1, std::memory_order_relaxed) % kDrainEvery == kDrainEvery - 1) {
-    const WatchMsg drain{kDrain, 0, 0};
-    (void)send(watch_fd_, &drain, sizeof(drain), MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
+  (void)AppendWatchLog(log_fd_, watch_fd_, logged_,
+                       WatchMsg{op, static_cast<int32_t>(pgid), cgroup});
 }
 
 void HandlerSupervisor::Register(pid_t pgid, uint64_t generation_before) {
