@@ -189,18 +189,10 @@ class RedisStore final : public Store {
       Status s = ValidateClaim(reqs[i]);
       if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
     }
-    // Kept per thread: the commands are written in place into one reused buffer,
-    // and the replies vector keeps its room.
-    struct Scratch {
-      redis::CommandBuffer cmds;
-      std::vector<Reply> replies;
-      std::vector<Token> tokens;
-    };
-    thread_local Scratch scratch;
+    BatchScratch& scratch = Scratch();
     redis::CommandBuffer& cmds = scratch.cmds;
     std::vector<Reply>& replies = scratch.replies;
     std::vector<Token>& tokens = scratch.tokens;
-    cmds.Clear();
     tokens.clear();
     const bool with_get = WithGet();
     for (const ClaimRequest& req : reqs) {
@@ -305,16 +297,9 @@ class RedisStore final : public Store {
     const auto fused = [&](const CompleteRequest& q) {
       return q.ack != nullptr && q.status == CompletionStatus::kOk && CanCompleteWithAck(*q.ack);
     };
-    // Kept per thread: the commands are written into one reused buffer.
-    struct Scratch {
-      redis::CommandBuffer cmds;
-      std::vector<Reply> replies;
-      std::vector<CompleteRun> runs;
-    };
-    thread_local Scratch scratch;
+    BatchScratch& scratch = Scratch();
     redis::CommandBuffer& cmds = scratch.cmds;
     std::vector<CompleteRun>& runs = scratch.runs;
-    cmds.Clear();
     runs.clear();
     for (size_t b = 0; b < reqs.size();) {
       const bool f = fused(reqs[b]);
@@ -609,6 +594,20 @@ return denied)";
     size_t begin, end;
     bool fused;
   };
+  // Kept per thread for the batch calls (ClaimBatch, CompleteBatch; neither calls
+  // the other): the commands are written in place into one reused buffer, and the
+  // vectors keep their room.
+  struct BatchScratch {
+    redis::CommandBuffer cmds;
+    std::vector<Reply> replies;
+    std::vector<Token> tokens;
+    std::vector<CompleteRun> runs;
+  };
+  static BatchScratch& Scratch() {
+    thread_local BatchScratch scratch;
+    scratch.cmds.Clear();
+    return scratch;
+  }
   // Writes a command either in place into a CommandBuffer or, for a resend that
   // must load its script, as a Command.
   struct CommandWriter {
