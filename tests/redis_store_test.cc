@@ -699,11 +699,14 @@ TEST_F(RedisStoreTest, SharedConnectionsSurviveARestartUnderLoad) {
 // A TCP relay in front of a redis-server that can lose one reply: the next request
 // (on any connection) is forwarded to the server, which runs it, and then its reply
 // is lost: the connection is reset once the reply came (kReset), or the reply is
-// withheld until the client gives up (kWithhold). Every other connection and
-// request passes through.
+// withheld until the client gives up (kWithhold). Or the relay stops reading after
+// the first bytes of the next request (kStall), so that a long pipeline's send is
+// cut short after those bytes reached the server; the connection is reset a second
+// later. Every other connection and request passes through. Its sockets have small
+// receive buffers, so that a few MB of requests fill them.
 class LossyRelay {
  public:
-  enum class Fault { kNone, kReset, kWithhold };
+  enum class Fault { kNone, kReset, kWithhold, kStall };
 
   explicit LossyRelay(int upstream) : upstream_(upstream) {
     lfd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -711,6 +714,8 @@ class LossyRelay {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t al = sizeof a;
+    const int small = 16384;
+    if (lfd_ >= 0) setsockopt(lfd_, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
     if (lfd_ < 0 || bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
         listen(lfd_, 16) != 0 || getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &al) != 0) {
       return;
@@ -764,6 +769,10 @@ class LossyRelay {
           }
           if (k == 1 && mode == Fault::kWithhold) continue;  // the reply is lost
           if (write(ps[1 - k].fd, buf, static_cast<size_t>(n)) != n) done = true;
+          if (k == 0 && mode == Fault::kStall) {
+            for (int t = 0; t < 50 && !stop_.load(); ++t) std::this_thread::sleep_for(20ms);
+            done = true;
+          }
           if (k == 0 && mode == Fault::kReset) {
             // The server runs it; its reply arrives; the client never sees it.
             pollfd u{ufd, POLLIN, 0};
@@ -888,6 +897,40 @@ TEST_F(RedisStoreTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
     EXPECT_EQ((*rec)->result, "done");
   }
   EXPECT_EQ(relay.faults(), 2);
+}
+
+// A long batch (about 6 MB) whose send is cut short by a timeout after its first
+// bytes reached the server, which ran the claims they hold: the client must not
+// send it again (those claims would answer BUSY on their own tokens); the store
+// tries the batch again with the same tokens, and every claim is ACQUIRED at
+// attempt 1.
+TEST_F(RedisStoreTest, ABatchWhoseSendIsCutShortIsNotSentAgainBlindly) {
+  if (!PortFree(6463)) GTEST_SKIP() << "port 6463 in use";
+  RedisServer server(6463, Dir("cut-batch"));
+  ASSERT_TRUE(server.Start());
+  LossyRelay relay(6463);
+  ASSERT_GT(relay.port(), 0);
+  for (const std::string pipeline : {"off", "auto"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(relay.port()) + "?prefix=cut" +
+                            pipeline + ":&pool=1&timeout=300ms&pipeline=" + pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::vector<std::string> keys;
+    for (int i = 0; i < 6000; ++i) keys.push_back(std::to_string(i) + std::string(1000, 'k'));
+    std::vector<ClaimRequest> reqs;
+    for (const auto& k : keys) reqs.push_back(Req(k));
+    const int faults = relay.faults();
+    relay.Arm(LossyRelay::Fault::kStall);
+    auto b = (*opened)->ClaimBatch(reqs);
+    ASSERT_EQ(relay.faults(), faults + 1);
+    ASSERT_TRUE(b.ok()) << b.status();
+    int not_acquired = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if ((*b)[i].outcome != ClaimOutcome::kAcquired || (*b)[i].attempt != 1) ++not_acquired;
+    }
+    EXPECT_EQ(not_acquired, 0) << "claims of the batch blocked by its own first send";
+    EXPECT_EQ(Admin(6463, {"DBSIZE"}), std::to_string(keys.size() * (pipeline == "off" ? 1 : 2)));
+  }
 }
 
 // An IPv6 host in brackets reaches a server bound to ::1.
