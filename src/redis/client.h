@@ -165,8 +165,8 @@ class Connection {
   bool reached() const { return reached_; }
   // False when the server has closed (or reset) the connection, or sent bytes
   // nobody asked for, while it was idle: it must not be written to. Checked with
-  // one non-blocking peek, only after kIdleCheck without a reply (a connection in
-  // steady use costs a clock read).
+  // one non-blocking peek, only after about kIdleCheck without a reply (a
+  // connection in steady use costs a coarse clock read).
   bool LooksAlive();
   static constexpr Millis kIdleCheck{5};
 
@@ -182,7 +182,7 @@ class Connection {
   Millis timeout_;
   Millis current_timeout_;
   bool reached_ = false;
-  int64_t last_reply_ms_ = 0;  // steady ms of the last complete read of replies
+  int64_t last_reply_ms_ = 0;  // coarse steady ms of the last complete read of replies
 };
 
 class SharedConnection;
