@@ -806,25 +806,48 @@ int Calls(int port, const std::string& cmd) {
   return at == std::string::npos ? 0 : std::atoi(info.c_str() + at + tag.size());
 }
 
+// A redis-server on 6463 and a LossyRelay in front of it.
+class RedisLostReplyTest : public RedisStoreTest {
+ protected:
+  static constexpr int kPort = 6463;
+  void SetUp() override {
+    RedisStoreTest::SetUp();
+    if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
+    server_ = std::make_unique<RedisServer>(kPort, Dir("server"));
+    ASSERT_TRUE(server_->Start());
+    relay_ = std::make_unique<LossyRelay>(kPort);
+    ASSERT_GT(relay_->port(), 0);
+  }
+  void TearDown() override {
+    relay_.reset();
+    server_.reset();
+    RedisStoreTest::TearDown();
+  }
+  // A store that reaches the server through the relay, on one connection (opened
+  // by the store's start-up checks, so that the calls reuse it), 300 ms timeout.
+  StatusOr<std::unique_ptr<Store>> OpenThroughRelay(const std::string& prefix,
+                                                     const std::string& pipeline) {
+    return OpenStore("redis://127.0.0.1:" + std::to_string(relay_->port()) + "?prefix=" +
+                     prefix + ":&pool=1&timeout=300ms&pipeline=" + pipeline);
+  }
+  std::unique_ptr<RedisServer> server_;
+  std::unique_ptr<LossyRelay> relay_;
+};
+
 // A claim whose reply is lost after the server ran it, on a connection that was
 // open before (the store's only one: pool=1), with and without auto-pipelining.
 // The client must not send it again blindly (the second run meets the first one's
 // record and answers BUSY on the caller's own claim, for a whole lease); the store
 // tries again with the same token and recognises its own record: ACQUIRED, fence 1,
 // attempt 1, and the caller's token completes it. The same for a batch.
-TEST_F(RedisStoreTest, AClaimWhoseReplyIsLostIsAcquiredOnItsOwnToken) {
-  if (!PortFree(6463)) GTEST_SKIP() << "port 6463 in use";
-  RedisServer server(6463, Dir("lost-claim"));
-  ASSERT_TRUE(server.Start());
-  LossyRelay relay(6463);
-  ASSERT_GT(relay.port(), 0);
+TEST_F(RedisLostReplyTest, AClaimWhoseReplyIsLostIsAcquiredOnItsOwnToken) {
+  LossyRelay& relay = *relay_;
   int n = 0;
   for (const std::string pipeline : {"auto", "off"}) {
     for (LossyRelay::Fault fault : {LossyRelay::Fault::kReset, LossyRelay::Fault::kWithhold}) {
       SCOPED_TRACE("pipeline=" + pipeline +
                    (fault == LossyRelay::Fault::kReset ? ", reset" : ", withheld"));
-      auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(relay.port()) +
-                              "?prefix=lost:&pool=1&timeout=300ms&pipeline=" + pipeline);
+      auto opened = OpenThroughRelay("lost", pipeline);
       ASSERT_TRUE(opened.ok()) << opened.status();
       Store& store = **opened;
       const std::string key = "one-" + std::to_string(++n);
@@ -862,16 +885,11 @@ TEST_F(RedisStoreTest, AClaimWhoseReplyIsLostIsAcquiredOnItsOwnToken) {
 // would believe another owner took the key over). The call fails with a
 // retryable status saying the effect is unknown; the record holds the outcome; the
 // script ran once.
-TEST_F(RedisStoreTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
-  if (!PortFree(6463)) GTEST_SKIP() << "port 6463 in use";
-  RedisServer server(6463, Dir("lost-complete"));
-  ASSERT_TRUE(server.Start());
-  LossyRelay relay(6463);
-  ASSERT_GT(relay.port(), 0);
+TEST_F(RedisLostReplyTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
+  LossyRelay& relay = *relay_;
   for (const std::string pipeline : {"auto", "off"}) {
     SCOPED_TRACE("pipeline=" + pipeline);
-    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(relay.port()) +
-                            "?prefix=lostc:&pool=1&timeout=300ms&pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("lostc", pipeline);
     ASSERT_TRUE(opened.ok()) << opened.status();
     Store& store = **opened;
     const std::string key = "c-" + pipeline;
@@ -882,7 +900,7 @@ TEST_F(RedisStoreTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
     auto c = store.Claim(Req(key));
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_EQ(c->outcome, ClaimOutcome::kAcquired);
-    ASSERT_EQ(Admin(6463, {"CONFIG", "RESETSTAT"}), "OK");
+    ASSERT_EQ(Admin(kPort, {"CONFIG", "RESETSTAT"}), "OK");
     relay.Arm(LossyRelay::Fault::kReset);
     auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, "done");
     ASSERT_FALSE(w.ok() && *w == WriteResult::kLost)
@@ -890,7 +908,7 @@ TEST_F(RedisStoreTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
     ASSERT_FALSE(w.ok()) << "the reply was lost, yet an answer came";
     EXPECT_TRUE(w.status().retryable()) << w.status();
     EXPECT_NE(w.status().message().find("effect unknown"), std::string::npos) << w.status();
-    EXPECT_EQ(Calls(6463, "evalsha"), 1) << "complete.lua ran more than once";
+    EXPECT_EQ(Calls(kPort, "evalsha"), 1) << "complete.lua ran more than once";
     auto rec = store.Inspect(key);
     ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
     EXPECT_EQ((*rec)->state, RecordState::kCompleted);
@@ -904,16 +922,11 @@ TEST_F(RedisStoreTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
 // send it again (those claims would answer BUSY on their own tokens); the store
 // tries the batch again with the same tokens, and every claim is ACQUIRED at
 // attempt 1.
-TEST_F(RedisStoreTest, ABatchWhoseSendIsCutShortIsNotSentAgainBlindly) {
-  if (!PortFree(6463)) GTEST_SKIP() << "port 6463 in use";
-  RedisServer server(6463, Dir("cut-batch"));
-  ASSERT_TRUE(server.Start());
-  LossyRelay relay(6463);
-  ASSERT_GT(relay.port(), 0);
+TEST_F(RedisLostReplyTest, ABatchWhoseSendIsCutShortIsNotSentAgainBlindly) {
+  LossyRelay& relay = *relay_;
   for (const std::string pipeline : {"off", "auto"}) {
     SCOPED_TRACE("pipeline=" + pipeline);
-    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(relay.port()) + "?prefix=cut" +
-                            pipeline + ":&pool=1&timeout=300ms&pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("cut" + pipeline, pipeline);
     ASSERT_TRUE(opened.ok()) << opened.status();
     std::vector<std::string> keys;
     for (int i = 0; i < 6000; ++i) keys.push_back(std::to_string(i) + std::string(1000, 'k'));
@@ -929,7 +942,7 @@ TEST_F(RedisStoreTest, ABatchWhoseSendIsCutShortIsNotSentAgainBlindly) {
       if ((*b)[i].outcome != ClaimOutcome::kAcquired || (*b)[i].attempt != 1) ++not_acquired;
     }
     EXPECT_EQ(not_acquired, 0) << "claims of the batch blocked by its own first send";
-    EXPECT_EQ(Admin(6463, {"DBSIZE"}), std::to_string(keys.size() * (pipeline == "off" ? 1 : 2)));
+    EXPECT_EQ(Admin(kPort, {"DBSIZE"}), std::to_string(keys.size() * (pipeline == "off" ? 1 : 2)));
   }
 }
 
