@@ -731,6 +731,12 @@ class LossyRelay {
   }
   int port() const { return port_; }
   void Arm(Fault f) { fault_.store(f); }
+  // The same, but the first `skip` requests read after it pass through (on any
+  // connection): the fault meets the request after them.
+  void Arm(Fault f, int skip) {
+    skip_.store(skip);
+    fault_.store(f);
+  }
   // Requests that met the fault so far.
   int faults() const { return faults_.load(); }
 
@@ -763,7 +769,10 @@ class LossyRelay {
             done = true;
             break;
           }
-          if (k == 0 && mode == Fault::kNone) {
+          if (k == 0 && mode == Fault::kNone && skip_.load() > 0 &&
+              fault_.load() != Fault::kNone) {
+            skip_.fetch_sub(1);
+          } else if (k == 0 && mode == Fault::kNone) {
             mode = fault_.exchange(Fault::kNone);
             if (mode != Fault::kNone) faults_++;
           }
@@ -793,6 +802,7 @@ class LossyRelay {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<Fault> fault_{Fault::kNone};
+  std::atomic<int> skip_{0};
   std::atomic<int> faults_{0};
   std::thread acceptor_;
   std::vector<std::thread> relays_;
@@ -943,6 +953,138 @@ TEST_F(RedisLostReplyTest, ABatchWhoseSendIsCutShortIsNotSentAgainBlindly) {
     }
     EXPECT_EQ(not_acquired, 0) << "claims of the batch blocked by its own first send";
     EXPECT_EQ(Admin(kPort, {"DBSIZE"}), std::to_string(keys.size() * (pipeline == "off" ? 1 : 2)));
+  }
+}
+
+// pipereview: a claim that takes over an expired lease runs claim.lua (attempt 2,
+// fence 2); its reply is lost (the fault meets the request after the fast SET). The
+// store's try again with the same token must find the record that try wrote and
+// answer ACQUIRED at fence 2, attempt 2 -- not BUSY on its own claim, not attempt 3.
+TEST_F(RedisLostReplyTest, ATakeoverWhoseReplyIsLostIsAcquiredAtItsAttempt) {
+  LossyRelay& relay = *relay_;
+  auto direct = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) + "?prefix=tk:");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  // claim.lua in the server's script cache (a takeover runs it).
+  ASSERT_TRUE((*direct)->Claim(Req("warm", 30ms)).ok());
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE((*direct)->Claim(Req("warm")).ok());
+  int n = 0;
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("tk", pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    const std::string key = "t-" + std::to_string(++n);
+    auto first = (*direct)->Claim(Req(key, 30ms));
+    ASSERT_TRUE(first.ok() && first->acquired()) << first.status();
+    std::this_thread::sleep_for(100ms);  // its lease is over: the next claim takes over
+    ASSERT_EQ(Admin(kPort, {"CONFIG", "RESETSTAT"}), "OK");
+    const int faults = relay.faults();
+    relay.Arm(LossyRelay::Fault::kReset, 1);
+    auto c = (*opened)->Claim(Req(key));
+    ASSERT_EQ(relay.faults(), faults + 1) << "the fault was not met";
+    EXPECT_EQ(Calls(kPort, "evalsha"), 1) << "the lost request was not claim.lua";
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired) << "the caller's own takeover blocked it";
+    EXPECT_EQ(c->fence, 2u);
+    EXPECT_EQ(c->attempt, 2u);
+    auto w = (*opened)->Complete(key, c->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk);
+  }
+}
+
+// pipereview: a claim that exhausts a key (max_attempts 1, the first owner's lease
+// over) runs claim.lua, which turns the record COMPLETED/exhausted and answers
+// EXHAUSTED; its reply is lost. The store tries again with the same token: it must
+// still answer EXHAUSTED (store.h: answering "as Claim would"), not DUPLICATE of a
+// completion nobody made. FAILS on main a3dcb53: the retry reads the record it
+// wrote and answers DUPLICATE (status exhausted); the consumer still dead-letters,
+// with another reason.
+TEST_F(RedisLostReplyTest, AnExhaustingClaimWhoseReplyIsLostAnswersExhausted) {
+  LossyRelay& relay = *relay_;
+  auto direct = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) + "?prefix=ex:");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  ASSERT_TRUE((*direct)->Claim(Req("warm", 30ms)).ok());
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE((*direct)->Claim(Req("warm")).ok());
+  auto opened = OpenThroughRelay("ex", "off");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ClaimRequest once = Req("k", 30ms);
+  once.max_attempts = 1;
+  auto first = (*direct)->Claim(once);
+  ASSERT_TRUE(first.ok() && first->acquired()) << first.status();
+  std::this_thread::sleep_for(100ms);
+  const int faults = relay.faults();
+  relay.Arm(LossyRelay::Fault::kReset, 1);
+  ClaimRequest again = Req("k");
+  again.max_attempts = 1;
+  auto c = (*opened)->Claim(again);
+  ASSERT_EQ(relay.faults(), faults + 1) << "the fault was not met";
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->outcome, ClaimOutcome::kExhausted) << *c;
+  EXPECT_EQ(c->attempt, 1u);
+}
+
+// pipereview: many callers share one auto-pipelined connection; it is reset three
+// times while their batches are in flight. Every caller gets an answer (none
+// hangs), every claim is ACQUIRED at attempt 1 on its own token (retried, never
+// blocked by its own first send), and no completion answers LOST: a failed one
+// says "effect unknown", and its record is then COMPLETED or still the caller's.
+TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneOnce) {
+  LossyRelay& relay = *relay_;
+  auto opened = OpenThroughRelay("many", "auto");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  constexpr int kThreads = 8, kMaxEach = 20000;
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad_claims{0}, lost{0}, unknown{0}, other{0}, done{0};
+  std::mutex mu;
+  std::vector<std::pair<std::string, Token>> failed_completes;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kMaxEach && !stop.load(); ++i) {
+        const std::string key = "m-" + std::to_string(t) + "-" + std::to_string(i);
+        auto c = store.Claim(Req(key));
+        if (!c.ok() || c->outcome != ClaimOutcome::kAcquired || c->attempt != 1) {
+          ++bad_claims;
+          continue;
+        }
+        auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, "r");
+        if (w.ok() && *w == WriteResult::kLost) {
+          ++lost;
+        } else if (!w.ok()) {
+          if (w.status().message().find("effect unknown") != std::string::npos) {
+            ++unknown;
+            std::lock_guard lock(mu);
+            failed_completes.emplace_back(key, c->token);
+          } else {
+            ++other;
+          }
+        }
+      }
+      ++done;
+    });
+  }
+  // Three resets, each armed once the previous one was met, while callers run.
+  for (int met = relay.faults(); relay.faults() < met + 3 && done.load() < kThreads;) {
+    std::this_thread::sleep_for(30ms);
+    relay.Arm(LossyRelay::Fault::kReset);
+  }
+  stop.store(true);
+  for (auto& th : threads) th.join();
+  relay.Arm(LossyRelay::Fault::kNone);
+  EXPECT_EQ(done.load(), kThreads);
+  EXPECT_GE(relay.faults(), 3) << "the faults were not met: the test proves less";
+  EXPECT_EQ(bad_claims.load(), 0) << "a claim was not ACQUIRED at attempt 1";
+  EXPECT_EQ(lost.load(), 0) << "a caller's own completion answered LOST (sent twice)";
+  EXPECT_EQ(other.load(), 0);
+  for (const auto& [key, token] : failed_completes) {
+    auto rec = store.Inspect(key);
+    ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+    EXPECT_TRUE((*rec)->state == RecordState::kCompleted ||
+                ((*rec)->state == RecordState::kInProgress && (*rec)->token == token))
+        << key;
   }
 }
 
