@@ -1088,6 +1088,81 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
   }
 }
 
+// pipereview: the server closes every idle connection of a multithreaded store
+// (CLIENT KILL, then its `timeout` config). The next calls -- completions, which
+// the store never retries -- must find that out before writing (the peek after
+// kIdleCheck) and go out on fresh connections: every one answers OK, none fails
+// "effect unknown" and none is LOST.
+TEST_F(RedisLostReplyTest, IdleConnectionsClosedByTheServerAreReplacedBeforeWriting) {
+  constexpr int kThreads = 8;
+  int round = 0;
+  const auto claim_all = [&](Store& store) -> std::pair<std::vector<std::string>, std::vector<Token>> {
+    std::vector<std::string> keys;
+    std::vector<Token> tokens;
+    for (int t = 0; t < kThreads; ++t) {
+      keys.push_back("idle-" + std::to_string(round) + "-" + std::to_string(t));
+      auto c = store.Claim(Req(keys.back()));
+      EXPECT_TRUE(c.ok() && c->acquired()) << c.status();
+      tokens.push_back(c.ok() ? c->token : Token{});
+    }
+    ++round;
+    return std::make_pair(keys, tokens);
+  };
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) +
+                            "?prefix=idle:&pool=2&timeout=300ms&pipeline=" + pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    for (const std::string how : {"kill", "timeout"}) {
+      if (how == "timeout" && pipeline == "off") continue;  // 2.5 s: once is enough
+      SCOPED_TRACE(how);
+      auto [keys, tokens] = claim_all(store);
+      // Warm: every thread's connection in use once.
+      std::vector<std::thread> warm;
+      std::atomic<int> warm_bad{0};
+      for (int t = 0; t < kThreads; ++t) {
+        warm.emplace_back([&, t] {
+          auto c = store.Claim(Req("warm-" + how + pipeline + std::to_string(t)));
+          if (!c.ok()) ++warm_bad;
+        });
+      }
+      for (auto& th : warm) th.join();
+      ASSERT_EQ(warm_bad.load(), 0);
+      const auto connections = [] {
+        const std::string info = Admin(kPort, {"INFO", "stats"});
+        const size_t at = info.find("total_connections_received:");
+        return at == std::string::npos ? -1 : std::atoi(info.c_str() + at + 27);
+      };
+      const int before = connections();
+      if (how == "kill") {
+        Admin(kPort, {"CLIENT", "KILL", "TYPE", "normal"});
+        std::this_thread::sleep_for(50ms);
+      } else {
+        ASSERT_EQ(Admin(kPort, {"CONFIG", "SET", "timeout", "1"}), "OK");
+        std::this_thread::sleep_for(2500ms);  // idle > 1 s: closed by the server's cron
+        ASSERT_EQ(Admin(kPort, {"CONFIG", "SET", "timeout", "0"}), "OK");
+      }
+      std::vector<std::thread> threads;
+      std::vector<std::string> failures(kThreads);
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          auto w = store.Complete(keys[t], tokens[t], 600s, CompletionStatus::kOk, "r");
+          if (!w.ok()) {
+            failures[t] = w.status().ToString();
+          } else if (*w != WriteResult::kOk) {
+            failures[t] = "LOST";
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+      for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << keys[t];
+      // The calls went out on new connections (the Admin calls open one each).
+      EXPECT_GE(connections() - before, 2 + 1) << "the server closed nothing: the test proves nothing";
+    }
+  }
+}
+
 // An IPv6 host in brackets reaches a server bound to ::1.
 TEST_F(RedisStoreTest, Ipv6HostInBrackets) {
   if (!PortFree(6460)) GTEST_SKIP() << "port 6460 in use";
