@@ -1403,5 +1403,48 @@ TEST_F(RedisClusterTest, AFailedBatchLeavesNoClaimHeldOnTheNodesThatAnswered) {
   }
 }
 
+// pipereview: one primary of a batch pauses for longer than the timeout, then
+// resumes and runs the claims it was sent. The batch tries again only the
+// unanswered part, with the same tokens: every claim is ACQUIRED at fence 1,
+// attempt 1 (the resumed primary's records are the batch's own), and each
+// completes with its token.
+TEST_F(RedisClusterTest, ABatchWhosePrimaryPausesPastTheTimeoutIsAcquiredOnItsOwnTokens) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=pz:&pool=1&timeout=300ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const int victim = 1;
+  std::vector<std::string> keys;
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 60; ++i) keys.push_back("p-" + std::to_string(i));
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  // The connections to every primary open (a paused server accepts no new ones
+  // either, but the kernel would complete the handshake).
+  std::vector<ClaimRequest> warm_reqs;
+  for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("w-" + std::to_string(i)));
+  auto warm = store.ClaimBatch(warm_reqs);
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_EQ(kill(servers_[victim]->pid(), SIGSTOP), 0);
+  std::thread resume([&] {
+    std::this_thread::sleep_for(450ms);
+    kill(servers_[victim]->pid(), SIGCONT);
+  });
+  const auto t0 = Clock_::now();
+  auto b = store.ClaimBatch(reqs);
+  const auto took = Clock_::now() - t0;
+  resume.join();
+  ASSERT_TRUE(b.ok()) << b.status() << " after "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms";
+  EXPECT_GE(took, 300ms) << "the paused primary was not in the batch";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ((*b)[i].outcome, ClaimOutcome::kAcquired) << keys[i];
+    EXPECT_EQ((*b)[i].fence, 1u) << keys[i];
+    EXPECT_EQ((*b)[i].attempt, 1u) << keys[i];
+    auto w = store.Complete(keys[i], (*b)[i].token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk) << keys[i];
+  }
+}
+
 }  // namespace
 }  // namespace dedup
