@@ -93,6 +93,36 @@ TEST(MemoryStore, LongLivedRecordsDoNotDelayReclaim) {
       << "10 operations, 4 each: every expired record reclaimed";
 }
 
+// The sweep decides from its compact deadline array, which holds each record's
+// retention deadline to the millisecond: nothing is reclaimed a millisecond
+// early, everything is reclaimed once the deadline has passed.
+TEST(MemoryStore, ReclaimFollowsTheDeadlineToTheMillisecond) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  auto claim = [&](const std::string& key) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = 1h;
+    r.retention = 1h;
+    ASSERT_TRUE(store->Claim(r).ok()) << key;
+  };
+  clock.Advance(250ms);  // deadlines in the middle of a second
+  for (int i = 0; i < 100; ++i) {
+    ClaimRequest r;
+    const std::string key = "done:" + std::to_string(i);
+    r.key = key;
+    auto c = store->Claim(r);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(store->Complete(key, c->token, 1500ms, CompletionStatus::kOk, "").ok());
+  }
+  clock.Advance(1499ms);
+  for (int i = 0; i < 30; ++i) claim("early:" + std::to_string(i));
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 100u + 30u) << "none reclaimed before its deadline";
+  clock.Advance(1ms);
+  for (int i = 0; i < 30; ++i) claim("late:" + std::to_string(i));
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 30u + 30u) << "all reclaimed at their deadline";
+}
+
 // Keys of every length class (inline up to 24 bytes, out of line beyond),
 // results and fingerprints (which move a short key out of line and back).
 TEST(MemoryStore, KeysOfAnyLengthKeepTheirRecords) {
