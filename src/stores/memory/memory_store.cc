@@ -20,12 +20,15 @@
 //    bytes is stored in the slot; a longer key, a fingerprint or a result moves
 //    the key out to one heap block (Extra) for that record only.
 //  - An index of 8-byte entries (32 hash bits + slot number), open addressing
-//    with linear probing and backward-shift deletion (no tombstones), also
-//    mmapped. It grows by doubling; since an entry carries its hash bits, a
-//    doubling moves 8-byte entries and never reads a record or a key.
+//    with linear probing from the start of a cache line (IndexHome) and
+//    backward-shift deletion (no tombstones), also mmapped. It grows by
+//    doubling; since an entry carries its hash bits, a doubling moves 8-byte
+//    entries and never reads a record or a key.
 //  - Reclaim sweeps the slab with a cursor: each operation looks at a few slots
-//    after the cursor and frees the expired ones (their slot goes on a free list
-//    and is reused by the next insert). No heap of deadlines, no key copies.
+//    after the cursor (in a compact array of their deadlines, to the
+//    millisecond, so that only an expired record's slot is read) and frees the
+//    expired ones (their slot goes on a free list and is reused by the next
+//    insert). No heap of deadlines, no key copies.
 //  - A large shard (index of 2 MiB or more; slots past its first 8 chunks)
 //    lives on transparent huge pages: random reads over 4 KiB pages were the
 //    long run's p99.9 (MapHuge, AddChunk; docs/DESIGN.md).
