@@ -355,7 +355,7 @@ class alignas(64) Shard {
 
   // Looks at up to 4 * `most` slots after the sweep cursor and removes up to
   // `most` expired records among them. It reads the chunks' compact deadline
-  // arrays (8 slots per cache line), and a slot itself only when it has
+  // arrays (16 slots per cache line), and a slot itself only when it has
   // expired: the deadline there is the record's own, to the millisecond. (It
   // was in whole seconds: every record due later in the current second was
   // read and passed over, up to 16 slot lines a call, each a cache miss — 12 of
@@ -371,6 +371,9 @@ class alignas(64) Shard {
   // median, in CPU time too (`dedup bench --phase memory_stall --full`).
   void Sweep(int64_t now, size_t most) {
     if (used_ == 0) return;
+    if (now - due_base_ >= kRebaseAfter) Rebase(now);
+    if (now < due_base_) return;  // the clock went back: nothing is due by the array
+    const uint32_t now_d = static_cast<uint32_t>(now - due_base_);
     size_t removed = 0;
     for (size_t k = 0; k < 4 * most && removed < most; ++k) {
       if (cursor_ >= used_) cursor_ = 0;
@@ -378,7 +381,7 @@ class alignas(64) Shard {
       Chunk& c = *chunks_[n >> kChunkShift];
       const uint32_t i = n & (kChunkSlots - 1);
       if (i == 0) {  // a chunk begins
-        if (c.min_due > now) {
+        if (c.min_due > now_d) {
           cursor_ = n + kChunkSlots;
           k += 3;
           continue;
@@ -386,14 +389,16 @@ class alignas(64) Shard {
         c.scan_min = kNeverDue;
       }
       ++cursor_;
-      if (c.due[i] <= now) {  // a live record past its retention deadline
+      if (c.due[i] <= now_d) {  // a live record past its retention deadline
         Slot& s = At(n);
-        if (s.live && s.ExpiredAt(now)) {  // always, but cheap: the line is read anyway
+        if (s.live && s.ExpiredAt(now)) {
           const std::string_view key = s.Key();
           size_t pos;
           Find(key, HashKey(key), &pos);
           Erase(pos);  // its due becomes kNeverDue
           ++removed;
+        } else if (s.live) {  // its due was low (saturated, or lowered by a rebase)
+          SetDue(n, s.retention_deadline);
         }
       }
       c.scan_min = std::min(c.scan_min, c.due[i]);
@@ -407,6 +412,8 @@ class alignas(64) Shard {
   void Touched(uint32_t n) { SetDue(n, At(n).retention_deadline); }
 
   size_t size() const { return count_; }
+  // Once, before the first record: the store's clock now.
+  void SetDueBase(int64_t now) { due_base_ = now; }
 
   template <typename Fn>
   void ForEach(Fn&& fn) {
@@ -420,16 +427,24 @@ class alignas(64) Shard {
   static constexpr uint32_t kChunkSlots = 1u << kChunkShift;  // 256 KiB of slots
   static constexpr size_t kChunkBytes = kChunkSlots * sizeof(Slot);
   static constexpr size_t kChunksPerHuge = kHugePage / kChunkBytes;  // 8
-  static constexpr int64_t kNeverDue = INT64_MAX;
+  static constexpr uint32_t kNeverDue = 0xFFFFFFFFu;
+  // The deadlines in the chunks are milliseconds after due_base_ (a reading of
+  // the store's clock), so that 4 bytes hold one to the millisecond; ~24.9 days
+  // after due_base_, Rebase moves it to the present. Due values ahead of base by
+  // up to ~49.7 days are exact; later deadlines are stored low (kNeverDue - 1),
+  // which costs the sweep a read of the slot when it gets there, never a late
+  // reclaim.
+  static constexpr int64_t kRebaseAfter = int64_t{1} << 31;
 
   // Beside each chunk of slots (slots_), each slot's retention deadline in
-  // milliseconds (the slot's own; kNeverDue when free) for the sweep. min_due is at
+  // milliseconds after due_base_ (never above the slot's own; kNeverDue when
+  // free) for the sweep. min_due is at
   // most every due[] of the chunk (lowered by SetDue, made exact again each time
   // the sweep has seen the whole chunk); scan_min is the sweep's running minimum.
   struct Chunk {
-    int64_t due[kChunkSlots];
-    int64_t min_due;
-    int64_t scan_min;
+    uint32_t due[kChunkSlots];
+    uint32_t min_due;
+    uint32_t scan_min;
   };
 
   Slot& At(uint32_t n) { return slots_[n >> kChunkShift][n & (kChunkSlots - 1)]; }
@@ -449,7 +464,7 @@ class alignas(64) Shard {
       spare_chunks_ = count;
     }
     auto* c = new Chunk;
-    for (int64_t& d : c->due) d = kNeverDue;
+    for (uint32_t& d : c->due) d = kNeverDue;
     c->min_due = c->scan_min = kNeverDue;
     chunks_.push_back(c);
     slots_.push_back(spare_);
@@ -457,11 +472,31 @@ class alignas(64) Shard {
     --spare_chunks_;
   }
   void SetDue(uint32_t n, int64_t retention_deadline) {
-    const int64_t d = std::min(retention_deadline, kNeverDue - 1);
+    // Deadlines are within 20 years of a clock reading; no overflow.
+    const int64_t rel = retention_deadline - due_base_;
+    const uint32_t d = rel <= 0 ? 0 : rel >= kNeverDue ? kNeverDue - 1 : static_cast<uint32_t>(rel);
     Chunk& c = *chunks_[n >> kChunkShift];
     c.due[n & (kChunkSlots - 1)] = d;
     c.min_due = std::min(c.min_due, d);
     c.scan_min = std::min(c.scan_min, d);
+  }
+
+  // Moves due_base_ to `now` and every stored deadline with it (those already
+  // past become 0). A saturated deadline ends up lower than its slot's: the
+  // sweep reads that slot early and stores it again (Sweep). O(slots), once in
+  // ~24.9 days of the store's clock.
+  void Rebase(int64_t now) {
+    const int64_t delta = now - due_base_;
+    due_base_ = now;
+    auto shift = [delta](uint32_t d) -> uint32_t {
+      if (d == kNeverDue) return d;
+      return static_cast<int64_t>(d) <= delta ? 0 : static_cast<uint32_t>(d - delta);
+    };
+    for (Chunk* c : chunks_) {
+      for (uint32_t& d : c->due) d = shift(d);
+      c->min_due = shift(c->min_due);
+      c->scan_min = shift(c->scan_min);
+    }
   }
 
   // Doubles the index (or makes the first one). Entries carry their hash bits,
@@ -499,6 +534,7 @@ class alignas(64) Shard {
   uint32_t used_ = 0;  // slots ever handed out (the slab's high-water mark)
   std::vector<uint32_t> free_;
   uint32_t cursor_ = 0;
+  int64_t due_base_ = 0;  // see kRebaseAfter; SetDueBase when the store is made
 };
 
 // ---- the store --------------------------------------------------------------------
@@ -509,7 +545,10 @@ class MemoryStore final : public Store {
       : clock_(o.clock != nullptr ? o.clock : Clock::System()),
         sweep_(o.reclaim_per_operation),
         shard_bits_(std::countr_zero(std::bit_ceil(o.shards == 0 ? size_t{1} : o.shards))),
-        shards_(size_t{1} << shard_bits_) {}
+        shards_(size_t{1} << shard_bits_) {
+    const int64_t now = clock_->NowMillis();
+    for (Shard& s : shards_) s.SetDueBase(now);
+  }
 
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
