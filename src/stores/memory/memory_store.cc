@@ -552,9 +552,7 @@ class MemoryStore final : public Store {
 
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
-    const uint64_t h = HashKey(req.key);
-    ShardFor(h).Prefetch(h);
-    return ClaimValidated(req, h);
+    return ClaimValidated(req);
   }
 
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
@@ -564,18 +562,7 @@ class MemoryStore final : public Store {
     }
     std::vector<ClaimResult> out;
     out.reserve(reqs.size());
-    // The next key's index line starts loading while this key is claimed: one
-    // random read of each claim overlaps the previous claim's work.
-    uint64_t h = reqs.empty() ? 0 : HashKey(reqs[0].key);
-    if (!reqs.empty()) ShardFor(h).Prefetch(h);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const uint64_t this_h = h;
-      if (i + 1 < reqs.size()) {
-        h = HashKey(reqs[i + 1].key);
-        ShardFor(h).Prefetch(h);
-      }
-      out.push_back(ClaimValidated(reqs[i], this_h));
-    }
+    for (const ClaimRequest& r : reqs) out.push_back(ClaimValidated(r));
     return out;
   }
 
@@ -680,9 +667,10 @@ class MemoryStore final : public Store {
   // The top bits pick the shard; the index inside uses the low ones.
   Shard& ShardFor(uint64_t h) { return shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)]; }
 
-  // `h` is HashKey(req.key); the caller has prefetched its index line.
-  ClaimResult ClaimValidated(const ClaimRequest& req, uint64_t h) {
+  ClaimResult ClaimValidated(const ClaimRequest& req) {
+    const uint64_t h = HashKey(req.key);
     Shard& s = ShardFor(h);
+    s.Prefetch(h);
     const Token fresh = Token::Random();
     std::lock_guard lock(s.mu);
     const int64_t now = clock_->NowMillis();
