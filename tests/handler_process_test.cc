@@ -360,6 +360,13 @@ TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_EQ((*sup)->running(), 0u);
+
+  // A path goes to execve unchecked: a directory fails there, with the same code.
+  c.argv = {"/"};
+  r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  EXPECT_EQ((*sup)->running(), 0u);
   EXPECT_EQ(ToHandlerResult(r, false).kind, HandlerResult::Kind::kRetry);
 }
 

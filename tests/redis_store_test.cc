@@ -8,7 +8,7 @@
 // caller its own answers, also across a restart; IPv6 hosts.
 //
 // Every server here is started by the test itself (redis-server on 127.0.0.1, in a
-// temporary directory, on ports 6391-6394, 7105-7107 and 6460-6462) and stopped by
+// temporary directory, on ports 6391-6394, 7105-7107 and 6460-6463) and stopped by
 // its PID.
 // A test whose port is taken is skipped, never run against someone else's server.
 
@@ -117,6 +117,7 @@ class RedisServer {
     pid_ = -1;
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
 
  private:
   int port_;
@@ -693,6 +694,258 @@ TEST_F(RedisStoreTest, SharedConnectionsSurviveARestartUnderLoad) {
   EXPECT_GE(ok.load(), ok_before + 1000) << "the store did not recover after the restart";
 }
 
+// ---- commands whose reply is lost are never run twice --------------------------------
+
+// A TCP relay in front of a redis-server that can lose one reply: the next request
+// (on any connection) is forwarded to the server, which runs it, and then its reply
+// is lost: the connection is reset once the reply came (kReset), or the reply is
+// withheld until the client gives up (kWithhold). Or the relay stops reading after
+// the first bytes of the next request (kStall), so that a long pipeline's send is
+// cut short after those bytes reached the server; the connection is reset a second
+// later. Every other connection and request passes through. Its sockets have small
+// receive buffers, so that a few MB of requests fill them.
+class LossyRelay {
+ public:
+  enum class Fault { kNone, kReset, kWithhold, kStall };
+
+  explicit LossyRelay(int upstream) : upstream_(upstream) {
+    lfd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    const int small = 16384;
+    if (lfd_ >= 0) setsockopt(lfd_, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    if (lfd_ < 0 || bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        listen(lfd_, 16) != 0 || getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &al) != 0) {
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { Accept(); });
+  }
+  ~LossyRelay() {
+    stop_.store(true);
+    if (acceptor_.joinable()) acceptor_.join();
+    for (auto& t : relays_) t.join();
+    if (lfd_ >= 0) close(lfd_);
+  }
+  int port() const { return port_; }
+  void Arm(Fault f) { fault_.store(f); }
+  // Requests that met the fault so far.
+  int faults() const { return faults_.load(); }
+
+ private:
+  void Accept() {
+    while (!stop_.load()) {
+      pollfd p{lfd_, POLLIN, 0};
+      if (poll(&p, 1, 20) <= 0) continue;
+      const int cfd = accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (cfd >= 0) relays_.emplace_back([this, cfd] { Relay(cfd); });
+    }
+  }
+  void Relay(int cfd) {
+    const int ufd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in r{};
+    r.sin_family = AF_INET;
+    r.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    r.sin_port = htons(static_cast<uint16_t>(upstream_));
+    Fault mode = Fault::kNone;
+    if (connect(ufd, reinterpret_cast<sockaddr*>(&r), sizeof r) == 0) {
+      char buf[16384];
+      bool done = false;
+      while (!done && !stop_.load()) {
+        pollfd ps[2] = {{cfd, POLLIN, 0}, {ufd, POLLIN, 0}};
+        if (poll(ps, 2, 20) <= 0) continue;
+        for (int k = 0; k < 2 && !done; ++k) {
+          if (!(ps[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          const ssize_t n = read(ps[k].fd, buf, sizeof buf);
+          if (n <= 0) {
+            done = true;
+            break;
+          }
+          if (k == 0 && mode == Fault::kNone) {
+            mode = fault_.exchange(Fault::kNone);
+            if (mode != Fault::kNone) faults_++;
+          }
+          if (k == 1 && mode == Fault::kWithhold) continue;  // the reply is lost
+          if (write(ps[1 - k].fd, buf, static_cast<size_t>(n)) != n) done = true;
+          if (k == 0 && mode == Fault::kStall) {
+            for (int t = 0; t < 50 && !stop_.load(); ++t) std::this_thread::sleep_for(20ms);
+            done = true;
+          }
+          if (k == 0 && mode == Fault::kReset) {
+            // The server runs it; its reply arrives; the client never sees it.
+            pollfd u{ufd, POLLIN, 0};
+            if (poll(&u, 1, 2000) > 0) (void)read(ufd, buf, sizeof buf);
+            done = true;
+          }
+        }
+      }
+    }
+    const linger l{1, 0};  // close with RST
+    setsockopt(cfd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(cfd);
+    close(ufd);
+  }
+
+  const int upstream_;
+  int lfd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<Fault> fault_{Fault::kNone};
+  std::atomic<int> faults_{0};
+  std::thread acceptor_;
+  std::vector<std::thread> relays_;
+};
+
+// "calls=N" of `cmd` in INFO commandstats (0 when never called).
+int Calls(int port, const std::string& cmd) {
+  const std::string info = Admin(port, {"INFO", "commandstats"});
+  const std::string tag = "cmdstat_" + cmd + ":calls=";
+  const size_t at = info.find(tag);
+  return at == std::string::npos ? 0 : std::atoi(info.c_str() + at + tag.size());
+}
+
+// A redis-server on 6463 and a LossyRelay in front of it.
+class RedisLostReplyTest : public RedisStoreTest {
+ protected:
+  static constexpr int kPort = 6463;
+  void SetUp() override {
+    RedisStoreTest::SetUp();
+    if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
+    server_ = std::make_unique<RedisServer>(kPort, Dir("server"));
+    ASSERT_TRUE(server_->Start());
+    relay_ = std::make_unique<LossyRelay>(kPort);
+    ASSERT_GT(relay_->port(), 0);
+  }
+  void TearDown() override {
+    relay_.reset();
+    server_.reset();
+    RedisStoreTest::TearDown();
+  }
+  // A store that reaches the server through the relay, on one connection (opened
+  // by the store's start-up checks, so that the calls reuse it), 300 ms timeout.
+  StatusOr<std::unique_ptr<Store>> OpenThroughRelay(const std::string& prefix,
+                                                     const std::string& pipeline) {
+    return OpenStore("redis://127.0.0.1:" + std::to_string(relay_->port()) + "?prefix=" +
+                     prefix + ":&pool=1&timeout=300ms&pipeline=" + pipeline);
+  }
+  std::unique_ptr<RedisServer> server_;
+  std::unique_ptr<LossyRelay> relay_;
+};
+
+// A claim whose reply is lost after the server ran it, on a connection that was
+// open before (the store's only one: pool=1), with and without auto-pipelining.
+// The client must not send it again blindly (the second run meets the first one's
+// record and answers BUSY on the caller's own claim, for a whole lease); the store
+// tries again with the same token and recognises its own record: ACQUIRED, fence 1,
+// attempt 1, and the caller's token completes it. The same for a batch.
+TEST_F(RedisLostReplyTest, AClaimWhoseReplyIsLostIsAcquiredOnItsOwnToken) {
+  LossyRelay& relay = *relay_;
+  int n = 0;
+  for (const std::string pipeline : {"auto", "off"}) {
+    for (LossyRelay::Fault fault : {LossyRelay::Fault::kReset, LossyRelay::Fault::kWithhold}) {
+      SCOPED_TRACE("pipeline=" + pipeline +
+                   (fault == LossyRelay::Fault::kReset ? ", reset" : ", withheld"));
+      auto opened = OpenThroughRelay("lost", pipeline);
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      Store& store = **opened;
+      const std::string key = "one-" + std::to_string(++n);
+      relay.Arm(fault);
+      auto c = store.Claim(Req(key));
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired) << "the caller's own claim blocked it";
+      EXPECT_EQ(c->fence, 1u);
+      EXPECT_EQ(c->attempt, 1u);
+      auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, "r");
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_EQ(*w, WriteResult::kOk) << "the token returned is not the record's";
+
+      std::vector<std::string> keys;
+      std::vector<ClaimRequest> reqs;
+      for (int i = 0; i < 5; ++i) keys.push_back("batch-" + std::to_string(n) + "-" + std::to_string(i));
+      for (const auto& k : keys) reqs.push_back(Req(k));
+      relay.Arm(fault);
+      auto b = store.ClaimBatch(reqs);
+      ASSERT_TRUE(b.ok()) << b.status();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        EXPECT_EQ((*b)[i].outcome, ClaimOutcome::kAcquired) << keys[i];
+        EXPECT_EQ((*b)[i].attempt, 1u) << keys[i];
+        auto wb = store.Complete(keys[i], (*b)[i].token, 600s, CompletionStatus::kOk, "r");
+        ASSERT_TRUE(wb.ok()) << wb.status();
+        EXPECT_EQ(*wb, WriteResult::kOk) << keys[i];
+      }
+    }
+  }
+  EXPECT_EQ(relay.faults(), 8) << "a fault was not met: the test proves nothing";
+}
+
+// A completion whose reply is lost after the server ran it: the client must not
+// run complete.lua a second time (that second run answers LOST, and the caller
+// would believe another owner took the key over). The call fails with a
+// retryable status saying the effect is unknown; the record holds the outcome; the
+// script ran once.
+TEST_F(RedisLostReplyTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
+  LossyRelay& relay = *relay_;
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("lostc", pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    const std::string key = "c-" + pipeline;
+    // complete.lua in the server's script cache first, so that EVALSHA runs it.
+    auto warm = store.Claim(Req("warm-" + pipeline));
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE(store.Complete("warm-" + pipeline, warm->token, 600s, CompletionStatus::kOk, "").ok());
+    auto c = store.Claim(Req(key));
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_EQ(c->outcome, ClaimOutcome::kAcquired);
+    ASSERT_EQ(Admin(kPort, {"CONFIG", "RESETSTAT"}), "OK");
+    relay.Arm(LossyRelay::Fault::kReset);
+    auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, "done");
+    ASSERT_FALSE(w.ok() && *w == WriteResult::kLost)
+        << "LOST for the caller's own completion: it ran twice";
+    ASSERT_FALSE(w.ok()) << "the reply was lost, yet an answer came";
+    EXPECT_TRUE(w.status().retryable()) << w.status();
+    EXPECT_NE(w.status().message().find("effect unknown"), std::string::npos) << w.status();
+    EXPECT_EQ(Calls(kPort, "evalsha"), 1) << "complete.lua ran more than once";
+    auto rec = store.Inspect(key);
+    ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+    EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+    EXPECT_EQ((*rec)->result, "done");
+  }
+  EXPECT_EQ(relay.faults(), 2);
+}
+
+// A long batch (about 6 MB) whose send is cut short by a timeout after its first
+// bytes reached the server, which ran the claims they hold: the client must not
+// send it again (those claims would answer BUSY on their own tokens); the store
+// tries the batch again with the same tokens, and every claim is ACQUIRED at
+// attempt 1.
+TEST_F(RedisLostReplyTest, ABatchWhoseSendIsCutShortIsNotSentAgainBlindly) {
+  LossyRelay& relay = *relay_;
+  for (const std::string pipeline : {"off", "auto"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("cut" + pipeline, pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::vector<std::string> keys;
+    for (int i = 0; i < 6000; ++i) keys.push_back(std::to_string(i) + std::string(1000, 'k'));
+    std::vector<ClaimRequest> reqs;
+    for (const auto& k : keys) reqs.push_back(Req(k));
+    const int faults = relay.faults();
+    relay.Arm(LossyRelay::Fault::kStall);
+    auto b = (*opened)->ClaimBatch(reqs);
+    ASSERT_EQ(relay.faults(), faults + 1);
+    ASSERT_TRUE(b.ok()) << b.status();
+    int not_acquired = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if ((*b)[i].outcome != ClaimOutcome::kAcquired || (*b)[i].attempt != 1) ++not_acquired;
+    }
+    EXPECT_EQ(not_acquired, 0) << "claims of the batch blocked by its own first send";
+    EXPECT_EQ(Admin(kPort, {"DBSIZE"}), std::to_string(keys.size() * (pipeline == "off" ? 1 : 2)));
+  }
+}
+
 // An IPv6 host in brackets reaches a server bound to ::1.
 TEST_F(RedisStoreTest, Ipv6HostInBrackets) {
   if (!PortFree(6460)) GTEST_SKIP() << "port 6460 in use";
@@ -891,6 +1144,46 @@ TEST_F(RedisClusterTest, BatchSpansNodesAndHashTagsShareASlot) {
   ASSERT_TRUE((*opened)->Claim(Req("{user1}b")).ok());
   EXPECT_EQ(Admin(kBase, {"CLUSTER", "KEYSLOT", "b:{user1}a"}),
             Admin(kBase, {"CLUSTER", "KEYSLOT", "user1"}));
+}
+
+// A batch that spans the three primaries while one of them is paused (SIGSTOP: it
+// accepts bytes and answers nothing) fails as a whole, and must not leave the
+// claims it made on the other primaries held under tokens nobody has: right after
+// the failure, each of those keys is claimable (ACQUIRED, not BUSY for a lease).
+// Each primary is paused in turn, so that the paused one is sometimes asked after
+// the others. The claims sent to the paused primary have an unknown effect (they
+// run when it resumes): those keys are not checked.
+TEST_F(RedisClusterTest, AFailedBatchLeavesNoClaimHeldOnTheNodesThatAnswered) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=fb:&timeout=300ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  for (int victim = 0; victim < 3; ++victim) {
+    SCOPED_TRACE("paused: 127.0.0.1:" + std::to_string(kBase + victim));
+    std::vector<std::string> keys;
+    std::vector<ClaimRequest> reqs;
+    for (int i = 0; i < 60; ++i) keys.push_back("v" + std::to_string(victim) + "-" + std::to_string(i));
+    for (const auto& k : keys) reqs.push_back(Req(k));
+    // The keys the paused node owns: the others answer MOVED for them.
+    std::set<std::string> on_victim;
+    for (const auto& k : keys) {
+      if (Admin(kBase + victim, {"GET", "fb:" + k}).rfind("MOVED", 0) != 0) on_victim.insert(k);
+    }
+    ASSERT_GT(on_victim.size(), 0u);
+    ASSERT_LT(on_victim.size(), keys.size());
+    ASSERT_EQ(kill(servers_[victim]->pid(), SIGSTOP), 0);
+    auto b = store.ClaimBatch(reqs);
+    ASSERT_EQ(kill(servers_[victim]->pid(), SIGCONT), 0);
+    ASSERT_FALSE(b.ok()) << "a paused primary answered";
+    EXPECT_TRUE(b.status().retryable()) << b.status();
+    int held = 0;
+    for (const auto& k : keys) {
+      if (on_victim.count(k)) continue;
+      auto c = store.Claim(Req(k));
+      ASSERT_TRUE(c.ok()) << c.status();
+      if (c->outcome != ClaimOutcome::kAcquired) ++held;
+    }
+    EXPECT_EQ(held, 0) << "keys of the failed batch left held on the primaries that answered";
+  }
 }
 
 }  // namespace

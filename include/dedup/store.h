@@ -110,7 +110,12 @@ class Store {
   // Claims many keys in one call, answering each as Claim would, in order (a key
   // repeated in the batch is BUSY the second time). Every request is validated
   // before anything is written: one bad request fails the whole batch unchanged.
-  // The default runs Claim in a loop; stores override it to save round trips.
+  // A batch that fails (a status) leaves none of its claims held: those it made
+  // before the failure are released before it returns (best effort: a claim that
+  // cannot be released, its server unreachable or its reply lost, stays
+  // IN_PROGRESS until its lease ends, as a crashed owner's would, and is then
+  // taken over). The default runs Claim in a loop; stores override it to save
+  // round trips.
   [[nodiscard]] virtual StatusOr<std::vector<ClaimResult>> ClaimBatch(
       std::span<const ClaimRequest> reqs);
 

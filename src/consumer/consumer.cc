@@ -276,7 +276,6 @@ class Consumer::Impl {
           staged_.clear();
           claiming_ = static_cast<int>(jobs.size());
           lock.unlock();
-          room_cv_.notify_all();  // the fetch thread may stage the next batch
           ClaimAll(jobs);
           lock.lock();
           claiming_ = 0;
@@ -301,8 +300,10 @@ class Consumer::Impl {
         if (!deferred) held_.erase(job.delivery->id());
         --running_;
         // The fetch thread waits for room (woken only when it will fetch: each
-        // wake-up is a context switch); Drain() for no handler running.
-        notify_room = (fetch_waiting_ && FetchWanted()) || running_ == 0;
+        // wake-up is a context switch); Drain() for no handler running, once
+        // stopping (before, at concurrency 1, that was a wake-up per message).
+        notify_room = (fetch_waiting_ && FetchWanted()) ||
+                      (running_ == 0 && (draining_ || stop_->load(std::memory_order_relaxed)));
       }
       if (notify_room) room_cv_.notify_all();
       if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1 && completer_.joinable()) {

@@ -595,9 +595,18 @@ size_t HandlerSupervisor::running() const { return running_.load(); }
 StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const ClaimGuard* claim) {
   if (cmd.argv.empty()) return Status::InvalidArgument("no command to run");
   if (stop_requested()) return Status(StatusCode::kAborted, "stopping: no new handler is started");
-  StatusOr<std::string> resolved = ResolveCommand(cmd.argv[0]);
-  if (!resolved.ok()) return resolved.status();
-  const std::string path = *resolved;
+  // A name without '/' is looked up in PATH here. A path is handed to execve
+  // as it is: a missing or unexecutable file fails there with the errno that
+  // ResolveCommand would have found (StartError maps both the same way), so the
+  // stat and access of every spawn are not made twice.
+  std::string path;
+  if (cmd.argv[0].find('/') != std::string::npos) {
+    path = cmd.argv[0];
+  } else {
+    StatusOr<std::string> resolved = ResolveCommand(cmd.argv[0]);
+    if (!resolved.ok()) return resolved.status();
+    path = *std::move(resolved);
+  }
   if (claim != nullptr && !claim->active()) claim = nullptr;  // nothing held to watch
   if (running_.fetch_add(1) >= options_.max_handlers) {
     running_.fetch_sub(1);
@@ -609,28 +618,28 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     ~Running() { n.fetch_sub(1); }
   } running_guard{running_};
 
-  // Everything the child needs, built before it exists.
-  std::vector<std::string> env_store;
+  // Everything the child needs, built before it exists: pointer arrays only.
+  // execve copies the strings and writes none of them, so they point into
+  // environ, cmd and path (no copy of the environment per spawn).
+  std::vector<char*> envp, argv, sh_argv;
+  envp.reserve(64);
   for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view kv(*e);
+    const std::string_view kv(*e);
     const std::string_view name = kv.substr(0, kv.find('='));
     bool overridden = false;
     for (const auto& x : cmd.env) {
       if (std::string_view(x).substr(0, x.find('=')) == name) overridden = true;
     }
-    if (!overridden) env_store.emplace_back(kv);
+    if (!overridden) envp.push_back(*e);
   }
-  for (const auto& x : cmd.env) env_store.push_back(x);
-  std::vector<char*> envp, argv, sh_argv;
-  for (auto& s : env_store) envp.push_back(s.data());
+  for (const auto& x : cmd.env) envp.push_back(const_cast<char*>(x.c_str()));
   envp.push_back(nullptr);
-  std::vector<std::string> argv_store = cmd.argv;
-  std::string sh = "/bin/sh", path_copy = path;
-  sh_argv.push_back(sh.data());
-  sh_argv.push_back(path_copy.data());
-  for (size_t i = 0; i < argv_store.size(); ++i) {
-    argv.push_back(argv_store[i].data());
-    if (i > 0) sh_argv.push_back(argv_store[i].data());
+  static char kShell[] = "/bin/sh";
+  sh_argv.push_back(kShell);
+  sh_argv.push_back(path.data());
+  for (size_t i = 0; i < cmd.argv.size(); ++i) {
+    argv.push_back(const_cast<char*>(cmd.argv[i].c_str()));
+    if (i > 0) sh_argv.push_back(const_cast<char*>(cmd.argv[i].c_str()));
   }
   argv.push_back(nullptr);
   sh_argv.push_back(nullptr);

@@ -92,7 +92,13 @@ StatusOr<std::vector<ClaimResult>> Store::ClaimBatch(std::span<const ClaimReques
   out.reserve(reqs.size());
   for (const ClaimRequest& r : reqs) {
     StatusOr<ClaimResult> res = Claim(r);
-    if (!res.ok()) return res.status();
+    if (!res.ok()) {
+      // Nobody will hold the claims made so far: released, best effort (store.h).
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
+      }
+      return res.status();
+    }
     out.push_back(std::move(res).value());
   }
   return out;

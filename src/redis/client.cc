@@ -14,6 +14,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -37,6 +38,14 @@ std::string Lower1(const char* s) {
 }
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+// Steady ms at the kernel tick's resolution (1 to 4 ms): a few instructions, where
+// the precise clock costs a vDSO call. Enough for the idle check of LooksAlive.
+int64_t CoarseMillis() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
+}
 
 // CRC16-CCITT (XMODEM), the one Redis Cluster uses for key slots.
 constexpr std::array<uint16_t, 256> MakeCrc16Table() {
@@ -317,7 +326,12 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   return conn;
 }
 
-Status Connection::TransportError(std::string_view op, bool sent) const {
+namespace {
+constexpr char kEffectUnknown[] =
+    " after the commands were sent (effect unknown: they may have run; not sent again)";
+}  // namespace
+
+Status Connection::TransportError(std::string_view op, bool sent, bool reading) const {
   const int err = c_->err;
   const std::string what = Lower1(c_->errstr);
   const std::string prefix = op.empty() ? std::string() : std::string(op) + ": ";
@@ -325,30 +339,33 @@ Status Connection::TransportError(std::string_view op, bool sent) const {
     return Status::FailedPrecondition(prefix + "peer does not speak the Redis protocol (" + what +
                                       "); is it a Redis server?");
   }
-  if (err == REDIS_ERR_EOF) return Status::Unavailable(prefix + "server closed the connection");
+  // Once the commands (or some of them) were written, the server may have run
+  // them: said so, and never sent again here (client.h).
+  const std::string unknown = sent ? kEffectUnknown : std::string();
+  if (err == REDIS_ERR_EOF) {
+    return Status::Unavailable(prefix + "server closed the connection" + unknown);
+  }
   const bool timed_out = err == REDIS_ERR_IO &&
                          (what.find("temporarily unavailable") != std::string::npos ||
                           what.find("timed out") != std::string::npos);
-  if (timed_out) {
-    if (sent) {
-      return Status::DeadlineExceeded(prefix + "no reply within " +
-                                      std::to_string(timeout_.count()) +
-                                      " ms (effect unknown; safe to retry)");
-    }
-    return Status::Unavailable(prefix + "send timed out");
+  if (timed_out && reading) {
+    return Status::DeadlineExceeded(prefix + "no reply within " +
+                                    std::to_string(current_timeout_.count()) + " ms" + unknown);
   }
-  return Status::Unavailable(prefix + what);
+  if (timed_out) return Status::Unavailable(prefix + "send timed out" + unknown);
+  return Status::Unavailable(prefix + what + unknown);
 }
 
 Status Connection::Queue(std::string_view resp, std::string_view op) {
   // hiredis copies the bytes into its output buffer as they are: no formatting.
   if (redisAppendFormattedCommand(c_, resp.data(), resp.size()) != REDIS_OK) {
-    return TransportError(op, false);
+    return TransportError(op, false, false);
   }
   return Status::Ok();
 }
 
 Status Connection::Send(std::string_view resp, std::string_view op) {
+  reached_ = false;
   if (sdslen(c_->obuf) != 0) {
     // Bytes hiredis queued go first.
     DEDUP_RETURN_IF_ERROR(Queue(resp, op));
@@ -360,6 +377,7 @@ Status Connection::Send(std::string_view resp, std::string_view op) {
 }
 
 Status Connection::Flush(std::string_view op) {
+  reached_ = false;
   if (sdslen(c_->obuf) == 0) return Status::Ok();
   Status s = WriteAll(std::string_view(c_->obuf, sdslen(c_->obuf)), op);
   // Written, or the connection is done for: never sent again either way.
@@ -374,20 +392,37 @@ Status Connection::Flush(std::string_view op) {
 // after a reset raised it). The socket blocks up to its send timeout, then
 // answers EAGAIN ("send timed out").
 Status Connection::WriteAll(std::string_view bytes, std::string_view op) {
+  const size_t total = bytes.size();
   while (!bytes.empty()) {
     const ssize_t n = ::send(c_->fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n > 0) {
+      reached_ = true;
       bytes.remove_prefix(static_cast<size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     // As hiredis records an I/O error, so that TransportError words it alike.
+    const int e = errno;
     c_->err = REDIS_ERR_IO;
-    std::snprintf(c_->errstr, sizeof(c_->errstr), "%s",
-                  n == 0 ? "send wrote nothing" : std::strerror(errno));
-    return TransportError(op, false);
+    if (reached_) {
+      std::snprintf(c_->errstr, sizeof(c_->errstr), "%s after %zu of %zu bytes",
+                    n == 0 ? "send wrote nothing" : std::strerror(e), total - bytes.size(),
+                    total);
+    } else {
+      std::snprintf(c_->errstr, sizeof(c_->errstr), "%s",
+                    n == 0 ? "send wrote nothing" : std::strerror(e));
+    }
+    return TransportError(op, reached_, false);
   }
   return Status::Ok();
+}
+
+bool Connection::LooksAlive() {
+  if (CoarseMillis() - last_reply_ms_ < kIdleCheck.count()) return true;
+  char b;
+  const ssize_t n = ::recv(c_->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  // EOF (0), a reset (ECONNRESET ...) or bytes nobody asked for (> 0): unusable.
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
 Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read) {
@@ -396,10 +431,11 @@ Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t
     if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {
       Reply drop(static_cast<redisReply*>(r));
       if (read != nullptr) *read = i;
-      return TransportError(op, true);
+      return TransportError(op, true, true);
     }
     out[i].reset(static_cast<redisReply*>(r));
   }
+  last_reply_ms_ = CoarseMillis();
   if (read != nullptr) *read = n;
   return Status::Ok();
 }
@@ -414,10 +450,11 @@ Status Connection::Pipeline(std::span<const Command* const> cmds, std::vector<Re
 Status Connection::Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
                             std::string_view op, size_t* read, Millis extra_timeout) {
   replies->clear();
+  reached_ = false;
   if (read != nullptr) *read = 0;
   const Millis want = timeout_ + extra_timeout;
   if (want != current_timeout_) {
-    if (redisSetTimeout(c_, ToTimeval(want)) != REDIS_OK) return TransportError(op, false);
+    if (redisSetTimeout(c_, ToTimeval(want)) != REDIS_OK) return TransportError(op, false, false);
     current_timeout_ = want;
   }
   DEDUP_RETURN_IF_ERROR(Send(cmds.bytes(), op));
@@ -442,9 +479,10 @@ class SharedConnection {
 
   uint32_t load() const { return load_.load(std::memory_order_relaxed); }
 
-  Status Call(const CommandBuffer& cmds, std::vector<Reply>* replies, std::string_view op) {
+  Status Call(const CommandBuffer& cmds, std::vector<Reply>* replies, std::string_view op,
+              bool* sent) {
     load_.fetch_add(1, std::memory_order_relaxed);
-    Request req{&cmds, replies, op, Status::Ok(), {kQueued}};
+    Request req{&cmds, replies, op, Status::Ok(), false, {kQueued}};
     bool lead = false;
     {
       std::lock_guard lock(mu_);
@@ -465,6 +503,7 @@ class SharedConnection {
     }
     if (lead) Lead(&req);
     load_.fetch_sub(1, std::memory_order_relaxed);
+    if (sent != nullptr) *sent = req.sent;
     return std::move(req.status);
   }
 
@@ -475,6 +514,7 @@ class SharedConnection {
     std::vector<Reply>* replies;
     std::string_view op;
     Status status;
+    bool sent;  // failed after some of its batch was written: effect unknown
     std::atomic<int> state;
   };
 
@@ -525,38 +565,46 @@ class SharedConnection {
   }
 
   // Writes every command of `batch`, connecting first if needed. False (and every
-  // request failed) when it could not.
+  // request failed) when it could not. A connection found closed by the server
+  // while idle, or whose write failed before its first byte, is replaced by a
+  // fresh one once: nothing of the batch reached the server then.
   bool WriteBatch(const std::vector<Request*>& batch) {
-    fresh_ = conn_ == nullptr;
-    if (fresh_) {
-      StatusOr<std::unique_ptr<Connection>> c = node_->Connect();
-      if (!c.ok()) {
-        Fail(batch, c.status());
+    for (int attempt = 0;; ++attempt) {
+      if (conn_ != nullptr && !conn_->LooksAlive()) conn_.reset();
+      const bool fresh = conn_ == nullptr;
+      if (fresh) {
+        StatusOr<std::unique_ptr<Connection>> c = node_->Connect();
+        if (!c.ok()) {
+          Fail(batch, c.status(), false);
+          return false;
+        }
+        conn_ = std::move(c).value();
+      }
+      // Each caller's bytes go to the socket buffer as they are, then one write.
+      size_t n = 0;
+      Status s;
+      if (batch.size() == 1) {
+        n = batch[0]->cmds->size();
+        s = conn_->Send(batch[0]->cmds->bytes(), "");
+      } else {
+        for (const Request* r : batch) {
+          n += r->cmds->size();
+          if (s.ok()) s = conn_->Queue(r->cmds->bytes(), "");
+        }
+        if (s.ok()) s = conn_->Flush("");
+      }
+      if (s.ok()) {
+        node_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+        node_->commands_.fetch_add(n, std::memory_order_relaxed);
+        return true;
+      }
+      const bool reached = conn_->reached();
+      conn_.reset();
+      if (reached || fresh || attempt > 0) {
+        Fail(batch, s, reached);
         return false;
       }
-      conn_ = std::move(c).value();
     }
-    // Each caller's bytes go to the socket buffer as they are, then one write.
-    size_t n = 0;
-    Status s;
-    if (batch.size() == 1) {
-      n = batch[0]->cmds->size();
-      s = conn_->Send(batch[0]->cmds->bytes(), "");
-    } else {
-      for (const Request* r : batch) {
-        n += r->cmds->size();
-        if (s.ok()) s = conn_->Queue(r->cmds->bytes(), "");
-      }
-      if (s.ok()) s = conn_->Flush("");
-    }
-    if (!s.ok()) {
-      conn_.reset();
-      Fail(batch, s);
-      return false;
-    }
-    node_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-    node_->commands_.fetch_add(n, std::memory_order_relaxed);
-    return true;
   }
 
   // Reads the replies of a written batch and hands each caller its own.
@@ -567,26 +615,12 @@ class SharedConnection {
     size_t read = 0;
     Status s = conn_->ReadReplies(n, replies_.data(), "", &read);
     if (!s.ok()) {
+      // The batch was written: the server may have run it (all, part or none).
+      // Never sent again here; each caller decides (client.h).
       conn_.reset();
-      // A connection that was open before and died before any reply most likely
-      // met a server restart: send once more on a fresh one.
-      const bool resend = !fresh_ && read == 0 && s.code() == StatusCode::kUnavailable;
-      if (!resend) {
-        Fail(batch, s);
-        replies_.clear();
-        return;
-      }
-      if (!WriteBatch(batch)) {  // it failed the batch
-        replies_.clear();
-        return;
-      }
-      s = conn_->ReadReplies(n, replies_.data(), "", &read);
-      if (!s.ok()) {
-        conn_.reset();
-        Fail(batch, s);
-        replies_.clear();
-        return;
-      }
+      Fail(batch, s, true);
+      replies_.clear();
+      return;
     }
     size_t at = 0;
     for (Request* r : batch) {
@@ -598,9 +632,10 @@ class SharedConnection {
     replies_.clear();
   }
 
-  void Fail(const std::vector<Request*>& batch, const Status& s) {
+  void Fail(const std::vector<Request*>& batch, const Status& s, bool sent) {
     for (Request* r : batch) {
       r->replies->clear();
+      r->sent = sent;
       r->status = Status(s.code(), "redis " + node_->name() + ": " + std::string(r->op) + ": " +
                                        s.message());
     }
@@ -613,7 +648,6 @@ class SharedConnection {
   std::atomic<uint32_t> load_{0};
   // The leader's; passed from leader to heir with the lead.
   std::vector<Request*> inflight_;  // written, replies not read yet
-  bool fresh_ = false;              // conn_ was opened for inflight_
   std::unique_ptr<Connection> conn_;
   std::vector<Reply> replies_;
 };
@@ -662,17 +696,18 @@ StatusOr<std::unique_ptr<Connection>> Node::Dedicated(std::string_view op) {
 }
 
 Status Node::Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
-                      std::string_view op) {
+                      std::string_view op, bool* sent) {
   // Kept per thread: the caller waits in Pipeline while a leader reads the bytes.
   thread_local CommandBuffer buf;
   buf.Clear();
   for (const Command* c : cmds) buf.Append(*c);
-  return Pipeline(buf, replies, op);
+  return Pipeline(buf, replies, op, sent);
 }
 
 Status Node::Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
-                      std::string_view op) {
-  if (shared_.empty()) return PooledPipeline(cmds, replies, op);
+                      std::string_view op, bool* sent) {
+  if (sent != nullptr) *sent = false;
+  if (shared_.empty()) return PooledPipeline(cmds, replies, op, sent);
   // A thread keeps the connection it used last while nobody else is on it, as a
   // client with one connection per worker would (redis-benchmark -c N): N threads
   // on N connections settle one per connection and never queue behind each other.
@@ -685,7 +720,7 @@ Status Node::Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
   thread_local Last last;
   const size_t n = shared_.size();
   if (last.node == this && last.at < n && shared_[last.at]->load() == 0) {
-    return shared_[last.at]->Call(cmds, replies, op);
+    return shared_[last.at]->Call(cmds, replies, op, sent);
   }
   const size_t start = next_.fetch_add(1, std::memory_order_relaxed) % n;
   size_t best = start;
@@ -700,7 +735,7 @@ Status Node::Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
     }
   }
   last = Last{this, best};
-  return shared_[best]->Call(cmds, replies, op);
+  return shared_[best]->Call(cmds, replies, op, sent);
 }
 
 StatusOr<std::unique_ptr<Connection>> Node::Acquire(std::string_view op, bool* reused) {
@@ -754,23 +789,34 @@ void Node::Discard(bool drop_idle) {
 }
 
 Status Node::PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
-                            std::string_view op) {
+                            std::string_view op, bool* sent) {
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
     StatusOr<std::unique_ptr<Connection>> c = Acquire(op, &reused);
     if (!c.ok()) return c.status();
-    size_t read = 0;
-    Status s = (*c)->Pipeline(cmds, replies, op, &read);
+    if (reused && !(*c)->LooksAlive()) {
+      // Closed by the server while idle (restart, idle timeout): nothing was
+      // written to it. The other idle ones most likely died with it.
+      c.value().reset();
+      Discard(/*drop_idle=*/true);
+      if (attempt > 0) return Status::Unavailable("redis " + name_ + ": " + std::string(op) +
+                                                  ": server closed the idle connections");
+      continue;
+    }
+    Status s = (*c)->Pipeline(cmds, replies, op);
     if (s.ok()) {
       round_trips_.fetch_add(1, std::memory_order_relaxed);
       commands_.fetch_add(cmds.size(), std::memory_order_relaxed);
       Return(std::move(c).value());
       return s;
     }
+    const bool reached = (*c)->reached();
     c.value().reset();
     // The other idle connections most likely died with this one (restart).
     Discard(/*drop_idle=*/true);
-    if (!reused || read > 0 || attempt > 0 || s.code() != StatusCode::kUnavailable) {
+    // Sent once more only when nothing of it was written (client.h).
+    if (reached || !reused || attempt > 0 || s.code() != StatusCode::kUnavailable) {
+      if (sent != nullptr) *sent = reached;
       return Status(s.code(), "redis " + name_ + ": " + s.message());
     }
   }
@@ -972,7 +1018,8 @@ bool IsNoScript(const redisReply* r) {
 
 }  // namespace
 
-StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size_t i) {
+StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size_t i,
+                            bool* sent) {
   Node* node = router_.NodeFor(cmds.key(i));
   bool asking = false;
   // Kept per thread: a call allocates no vector (the leader fills it in place).
@@ -989,7 +1036,11 @@ StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size
       again.AppendFrom(cmds, i);
       send = &again;
     }
-    DEDUP_RETURN_IF_ERROR(node->Pipeline(*send, &replies, op));
+    bool reached = false;
+    if (Status s = node->Pipeline(*send, &replies, op, &reached); !s.ok()) {
+      if (sent != nullptr) *sent = reached;
+      return s;
+    }
     Reply r = std::move(replies.back());
     asking = false;
     if (!IsRedirect(r.get())) return r;
@@ -1015,18 +1066,21 @@ StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size
   return Status::Unavailable(Where(node, op) + "too many redirects (cluster resharding?)");
 }
 
-StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd) {
-  StatusOr<Reply> r = Run(op, cmd, 0);
+StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool* sent) {
+  if (sent != nullptr) *sent = false;
+  StatusOr<Reply> r = Run(op, cmd, 0, sent);
   if (r.ok() && IsError(r->get())) {
     return ErrorReplyStatus(Where(router_.NodeFor(cmd.key(0)), op), ReplyText(r->get()));
   }
   return r;
 }
 
-StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd) {
+StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd,
+                             bool* sent) {
+  if (sent != nullptr) *sent = false;
   CommandBuffer buf;
   buf.Append(cmd, key);
-  StatusOr<Reply> r = Run(op, buf, 0);
+  StatusOr<Reply> r = Run(op, buf, 0, sent);
   if (r.ok() && IsNoScript(r->get()) && cmd.args.size() >= 2 && cmd.args[0] == "EVALSHA" &&
       scripts_ != nullptr) {
     if (const Script* s = scripts_->FindBySha(cmd.args[1])) {
@@ -1036,7 +1090,7 @@ StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Comman
       cmd.args[1] = s->body;
       buf.Clear();
       buf.Append(cmd, key);
-      r = Run(op, buf, 0);
+      r = Run(op, buf, 0, sent);
     }
   }
   if (r.ok() && IsError(r->get())) {
@@ -1046,10 +1100,23 @@ StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Comman
 }
 
 Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
-                        std::vector<Reply>* replies) {
+                        std::vector<Reply>* replies, bool* sent) {
+  if (sent != nullptr) *sent = false;
+  Status first;  // the first failure; the other nodes are still asked
+  const auto failed = [&](Status s, bool reached) {
+    if (sent != nullptr) *sent = *sent || reached;
+    if (first.ok()) first = std::move(s);
+  };
   if (!router_.cluster()) {
     // One node: one pipeline, no grouping; the replies land in place.
-    DEDUP_RETURN_IF_ERROR(router_.NodeFor({})->Pipeline(cmds, replies, op));
+    bool reached = false;
+    Status s = router_.NodeFor({})->Pipeline(cmds, replies, op, &reached);
+    if (!s.ok()) {
+      failed(std::move(s), reached);
+      replies->clear();
+      replies->resize(cmds.size());
+      return first;
+    }
   } else {
     replies->clear();
     replies->resize(cmds.size());
@@ -1060,32 +1127,47 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
     for (auto& [node, idx] : groups) {
       part.Clear();
       for (size_t i : idx) part.AppendFrom(cmds, i);
-      DEDUP_RETURN_IF_ERROR(node->Pipeline(part, &got, op));
+      bool reached = false;
+      if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
+        failed(std::move(s), reached);
+        continue;
+      }
       for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
     }
   }
   for (size_t i = 0; i < cmds.size(); ++i) {
     if (!IsRedirect((*replies)[i].get())) continue;
-    StatusOr<Reply> r = Run(op, cmds, i);
-    if (!r.ok()) return r.status();
+    bool reached = false;
+    StatusOr<Reply> r = Run(op, cmds, i, &reached);
+    if (!r.ok()) {
+      (*replies)[i].reset();  // not run where it was sent; unknown where it went next
+      failed(r.status(), reached);
+      continue;
+    }
     (*replies)[i] = std::move(r).value();
   }
-  return Status::Ok();
+  return first;
 }
 
 Status Client::ExecMany(std::string_view op, const std::vector<std::string>& keys,
-                        std::vector<Command>& cmds, std::vector<Reply>* replies) {
+                        std::vector<Command>& cmds, std::vector<Reply>* replies, bool* sent) {
   CommandBuffer buf;
   for (size_t i = 0; i < cmds.size(); ++i) buf.Append(cmds[i], keys[i]);
-  DEDUP_RETURN_IF_ERROR(ExecMany(op, buf, replies));
+  Status first = ExecMany(op, buf, replies, sent);
   for (size_t i = 0; i < cmds.size(); ++i) {
     if (!IsNoScript((*replies)[i].get())) continue;
     // Exec sends the script's body (EVAL); its error replies become statuses.
-    StatusOr<Reply> r = Exec(op, keys[i], std::move(cmds[i]));
-    if (!r.ok()) return r.status();
+    bool reached = false;
+    StatusOr<Reply> r = Exec(op, keys[i], std::move(cmds[i]), &reached);
+    if (!r.ok()) {
+      (*replies)[i].reset();
+      if (sent != nullptr) *sent = *sent || reached;
+      if (first.ok()) first = r.status();
+      continue;
+    }
     (*replies)[i] = std::move(r).value();
   }
-  return Status::Ok();
+  return first;
 }
 
 }  // namespace dedup::redis

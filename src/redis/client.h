@@ -14,6 +14,16 @@
 // Unauthenticated. A failed connection is thrown away; the node reconnects with
 // backoff, and while a server stays down calls fail at once with Unavailable.
 //
+// Commands that may have reached the server are never sent again by this layer:
+// once any byte of a call was written, a failure (send cut short, connection
+// closed or reset before the replies, no reply in time) is the call's answer, its
+// message says "effect unknown", and `*sent` (where asked) is true; the caller
+// decides (the Redis store retries a claim with the same token and recognises its
+// own record). A call is sent once more on a fresh connection only when nothing of
+// it was written: a connection that the server closed while it was idle (restart,
+// idle timeout) is found before anything is written to it, and a write that fails
+// at its first byte wrote nothing.
+//
 // Auto-pipelining (ConnectionOptions::auto_pipeline, the default): the callers of
 // one node share its connections. A caller queues its commands on the connection
 // it used last if nobody is on it, else on the least loaded one; if nobody is
@@ -150,16 +160,29 @@ class Connection {
 
   const Endpoint& endpoint() const { return ep_; }
 
+  // Whether some byte of the last Pipeline / Send / Flush was written to the
+  // socket: after a failure, the server may have run some of its commands.
+  bool reached() const { return reached_; }
+  // False when the server has closed (or reset) the connection, or sent bytes
+  // nobody asked for, while it was idle: it must not be written to. Checked with
+  // one non-blocking peek, only after about kIdleCheck without a reply (a
+  // connection in steady use costs a coarse clock read).
+  bool LooksAlive();
+  static constexpr Millis kIdleCheck{5};
+
  private:
   Connection(Endpoint ep, redisContext* c, Millis timeout)
       : ep_(std::move(ep)), c_(c), timeout_(timeout), current_timeout_(timeout) {}
-  Status TransportError(std::string_view op, bool sent) const;
+  // `sent`: some byte of the commands was written; `reading`: waiting for replies.
+  Status TransportError(std::string_view op, bool sent, bool reading) const;
   Status WriteAll(std::string_view bytes, std::string_view op);
 
   Endpoint ep_;
   redisContext* c_;
   Millis timeout_;
   Millis current_timeout_;
+  bool reached_ = false;
+  int64_t last_reply_ms_ = 0;  // coarse steady ms of the last complete read of replies
 };
 
 class SharedConnection;
@@ -172,11 +195,15 @@ class Node {
   ~Node();
 
   // Runs `cmds` as one pipeline. When a connection that was already open turns out
-  // dead before any reply (the server restarted), it is dropped and the pipeline
-  // sent once more on a fresh connection.
+  // dead before anything was written to it (the server restarted), it is dropped
+  // and the pipeline sent on a fresh connection; once something was written it is
+  // never sent again (see "Commands that may have reached the server" above).
+  // On failure, `*sent` (if given) says whether any of it may have reached the
+  // server.
   Status Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
-                  std::string_view op);
-  Status Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies, std::string_view op);
+                  std::string_view op, bool* sent = nullptr);
+  Status Pipeline(const CommandBuffer& cmds, std::vector<Reply>* replies, std::string_view op,
+                  bool* sent = nullptr);
 
   // A fresh connection to this server for the caller alone (e.g. blocking reads).
   StatusOr<std::unique_ptr<Connection>> Dedicated(std::string_view op);
@@ -193,7 +220,7 @@ class Node {
   // Opens a connection, honouring the backoff. Errors are not prefixed.
   StatusOr<std::unique_ptr<Connection>> Connect();
   Status PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
-                        std::string_view op);
+                        std::string_view op, bool* sent);
   StatusOr<std::unique_ptr<Connection>> Acquire(std::string_view op, bool* reused);
   void Return(std::unique_ptr<Connection> c);
   void Discard(bool drop_idle);
@@ -269,18 +296,25 @@ class Client {
 
   // One command on the node owning `key`. Error replies other than redirects are
   // returned as a status (ErrorReplyStatus).
-  StatusOr<Reply> Exec(std::string_view op, const std::string& key, Command cmd);
+  StatusOr<Reply> Exec(std::string_view op, const std::string& key, Command cmd,
+                       bool* sent = nullptr);
   // The same for the one command of `cmd`, routed by its key. It must not be
-  // EVALSHA: a NOSCRIPT reply is returned as an error like any other.
-  StatusOr<Reply> Exec(std::string_view op, const CommandBuffer& cmd);
+  // EVALSHA: a NOSCRIPT reply is returned as an error like any other. On a
+  // transport failure `*sent` (if given) says whether it may have reached a server.
+  StatusOr<Reply> Exec(std::string_view op, const CommandBuffer& cmd, bool* sent = nullptr);
   // Many commands, one pipeline per node, then each one answered with a redirect or
   // NOSCRIPT resent on its own. Replies are in the order of `cmds`; error replies
-  // other than redirects are left for the caller.
+  // other than redirects are left for the caller. When a node fails, the others
+  // are still asked: the status is the first failure, and `*replies` keeps the
+  // replies that came (null for the commands whose node failed), so that a caller
+  // can undo what was done on the nodes that answered.
   Status ExecMany(std::string_view op, const std::vector<std::string>& keys,
-                  std::vector<Command>& cmds, std::vector<Reply>* replies);
+                  std::vector<Command>& cmds, std::vector<Reply>* replies,
+                  bool* sent = nullptr);
   // The same for commands routed by their keys; redirects are followed, NOSCRIPT
-  // replies are left for the caller.
-  Status ExecMany(std::string_view op, const CommandBuffer& cmds, std::vector<Reply>* replies);
+  // replies are left for the caller. `*sent` as for Exec, for any failed node.
+  Status ExecMany(std::string_view op, const CommandBuffer& cmds, std::vector<Reply>* replies,
+                  bool* sent = nullptr);
 
   Router& router() { return router_; }
   const ConnectionOptions& options() const { return router_.options(); }
@@ -288,7 +322,8 @@ class Client {
  private:
   // Command i of `cmds` on the node of its key, following MOVED / ASK / TRYAGAIN.
   // Every other reply, errors included, is returned as it came.
-  StatusOr<Reply> Run(std::string_view op, const CommandBuffer& cmds, size_t i);
+  StatusOr<Reply> Run(std::string_view op, const CommandBuffer& cmds, size_t i,
+                      bool* sent = nullptr);
 
   Router router_;
   const ScriptSet* const scripts_;

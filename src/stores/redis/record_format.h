@@ -1,7 +1,8 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // Record format 2 of the Redis store, as C++ reads it (docs/REDIS_PROTOCOL.md; the
-// Lua side is lua/record.lua). The claim fast path decodes COMPLETED records here;
+// Lua side is lua/record.lua). The claim fast path decodes COMPLETED records (and
+// the head of IN_PROGRESS ones) here;
 // tests/decoder_fuzz_test.cc feeds the same function mutated bytes.
 
 #ifndef DEDUP_SRC_STORES_REDIS_RECORD_FORMAT_H_
@@ -92,6 +93,21 @@ inline bool DecodeCompletedRecord2(std::string_view v, CompletedRecord2* out) {
   out->attempt = attempt;
   out->fingerprint = fp;
   out->result = v.substr(i);
+  return true;
+}
+
+// The token, fence and attempt of a format-2 IN_PROGRESS record. False for
+// anything else. (A claim that meets its own token learns its earlier try ran.)
+inline bool DecodeInProgressHead2(std::string_view v, uint64_t* token, uint64_t* fence,
+                                  uint64_t* attempt) {
+  if (v.size() < 11) return false;
+  const auto flags = static_cast<uint8_t>(v[0]);
+  if ((flags & 0xe0) != kFormat2 || (flags & 0x0f) != kInProgress2) return false;
+  uint64_t t = 0;
+  for (size_t k = 1; k <= 8; ++k) t = (t << 8) | static_cast<uint8_t>(v[k]);
+  size_t i = 9;
+  if (!ReadVarint(v, &i, fence) || !ReadVarint(v, &i, attempt)) return false;
+  *token = t;
   return true;
 }
 

@@ -165,23 +165,21 @@ class RedisStore final : public Store {
   // comes back with it and is answered here (DUPLICATE / MISMATCH) without a
   // second round trip; without GET the server does one lookup less per claim
   // (docs/DESIGN.md, "Redis claims"). Either way the answers are the same.
+  //
+  // A claim whose commands may have reached the server and got no answer (the
+  // client never sends them again itself) is tried again here with the same token,
+  // always with GET: an IN_PROGRESS record under that token is the earlier try's
+  // and answers ACQUIRED, never BUSY on the caller's own claim, and nothing runs
+  // twice (the SET … NX finds the record and writes nothing). See ClaimAgain.
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
     const Token token = Token::Random();
-    const bool with_get = WithGet();
-    // Kept per thread: a claim allocates no command buffer.
-    thread_local redis::CommandBuffer cmd;
-    cmd.Clear();
-    AppendFastClaim(&cmd, req, token, with_get);
-    StatusOr<Reply> r = client_.Exec("claim", cmd);
-    if (!r.ok()) return r.status();
-    ClaimResult res;
-    if (DecodeFastClaim(r->get(), req, token, with_get, &res)) return res;
-    if (!FoundRecord(r->get(), with_get)) return BadReply("claim");
-    std::string rkey = RedisKey(req.key);
-    r = Exec("claim", rkey, ClaimCommand(rkey, req, token));
-    if (!r.ok()) return r.status();
-    return DecodeClaim("claim", r->get(), token);
+    const int64_t start = redis::SteadyMillis();
+    for (int tries = 1;; ++tries) {
+      bool sent = false;
+      StatusOr<ClaimResult> r = ClaimOnce(req, token, tries > 1, &sent);
+      if (r.ok() || !ClaimAgain(r.status(), sent, tries, start, req.lease)) return r;
+    }
   }
 
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
@@ -195,67 +193,136 @@ class RedisStore final : public Store {
       redis::CommandBuffer cmds;
       std::vector<Reply> replies;
       std::vector<Token> tokens;
+      std::vector<size_t> pending, slow, left;
     };
     thread_local Scratch scratch;
     redis::CommandBuffer& cmds = scratch.cmds;
     std::vector<Reply>& replies = scratch.replies;
     std::vector<Token>& tokens = scratch.tokens;
-    cmds.Clear();
+    std::vector<size_t>& pending = scratch.pending;  // requests not answered yet
+    std::vector<size_t>& slow = scratch.slow;        // met a record: claim.lua decides
+    std::vector<size_t>& left = scratch.left;        // no answer this try
     tokens.clear();
-    const bool with_get = WithGet();
-    for (const ClaimRequest& req : reqs) {
-      tokens.push_back(Token::Random());
-      AppendFastClaim(&cmds, req, tokens.back(), with_get);
-    }
-    DEDUP_RETURN_IF_ERROR(client_.ExecMany("claim batch", cmds, &replies));
-    std::vector<ClaimResult> out(reqs.size());
-    std::vector<size_t> slow;
+    pending.clear();
     for (size_t i = 0; i < reqs.size(); ++i) {
-      const redisReply* r = replies[i].get();
-      if (DecodeFastClaim(r, reqs[i], tokens[i], with_get, &out[i])) continue;
-      if (IsError(r)) {
-        ReleaseAcquired(reqs, tokens, out);
-        return ErrorReplyStatus("redis " + description_ + ": claim batch: ", ReplyText(r));
-      }
-      if (!FoundRecord(r, with_get)) {
-        ReleaseAcquired(reqs, tokens, out);
-        return BadReply("claim batch");
-      }
-      slow.push_back(i);
+      tokens.push_back(Token::Random());
+      pending.push_back(i);
     }
-    if (!slow.empty()) {
-      std::vector<std::string> skeys;
-      std::vector<Command> scmds;
-      for (size_t i : slow) {
-        skeys.push_back(RedisKey(reqs[i].key));
-        scmds.push_back(ClaimCommand(skeys.back(), reqs[i], tokens[i]));
-      }
-      Status sent = ExecMany("claim batch", skeys, scmds, &replies);
-      if (!sent.ok()) {
-        ReleaseAcquired(reqs, tokens, out);
-        return sent;
-      }
-      std::optional<Status> failed;
-      for (size_t j = 0; j < slow.size(); ++j) {
-        StatusOr<ClaimResult> c = DecodeClaim("claim batch", replies[j].get(), tokens[slow[j]]);
-        if (!c.ok()) {
-          if (!failed) failed = c.status();
-          continue;  // the others may have acquired: they are released below
+    std::vector<ClaimResult> out(reqs.size());
+    const int64_t start = redis::SteadyMillis();
+    Millis lease = kMaxDuration;
+    for (const ClaimRequest& q : reqs) lease = std::min(lease, q.lease);
+    // Every try sends the claims that have no answer yet, with the same tokens
+    // (ClaimAgain); the nodes that answered keep their answers. A batch that fails
+    // in the end releases the claims it made (ReleaseAcquired).
+    for (int tries = 1;; ++tries) {
+      const bool with_get = tries > 1 || WithGet();
+      cmds.Clear();
+      for (size_t i : pending) AppendFastClaim(&cmds, reqs[i], tokens[i], with_get);
+      bool sent = false;
+      Status failed = client_.ExecMany("claim batch", cmds, &replies, &sent);
+      slow.clear();
+      left.clear();
+      for (size_t j = 0; j < pending.size(); ++j) {
+        const size_t i = pending[j];
+        const redisReply* r = replies[j].get();
+        if (r == nullptr) {  // its node failed
+          left.push_back(i);
+          continue;
         }
-        out[slow[j]] = std::move(c).value();
+        if (DecodeFastClaim(r, reqs[i], tokens[i], with_get, &out[i])) continue;
+        if (IsError(r)) {
+          ReleaseAcquired(reqs, tokens, out);
+          return ErrorReplyStatus("redis " + description_ + ": claim batch: ", ReplyText(r));
+        }
+        if (!FoundRecord(r, with_get)) {
+          ReleaseAcquired(reqs, tokens, out);
+          return BadReply("claim batch");
+        }
+        slow.push_back(i);
       }
-      if (failed) {
+      if (!slow.empty()) {
+        std::vector<std::string> skeys;
+        std::vector<Command> scmds;
+        for (size_t i : slow) {
+          skeys.push_back(RedisKey(reqs[i].key));
+          scmds.push_back(ClaimCommand(skeys.back(), reqs[i], tokens[i]));
+        }
+        std::vector<Reply> sreplies;
+        bool slow_sent = false;
+        Status s = ExecMany("claim batch", skeys, scmds, &sreplies, &slow_sent);
+        sent = sent || slow_sent;
+        if (failed.ok()) failed = s;
+        std::optional<Status> bad;
+        for (size_t j = 0; j < slow.size(); ++j) {
+          if (j >= sreplies.size() || sreplies[j] == nullptr) {
+            left.push_back(slow[j]);  // claim.lua may have run: the next try sees
+            continue;
+          }
+          StatusOr<ClaimResult> c = DecodeClaim("claim batch", sreplies[j].get(), tokens[slow[j]]);
+          if (!c.ok()) {
+            if (!bad) bad = c.status();
+            continue;  // the others may have acquired: they are released below
+          }
+          out[slow[j]] = std::move(c).value();
+        }
+        if (bad) {
+          ReleaseAcquired(reqs, tokens, out);
+          return *bad;
+        }
+      }
+      if (left.empty()) return out;
+      if (failed.ok()) failed = Status::Internal("redis " + description_ +
+                                                 ": claim batch: a reply is missing");
+      if (!ClaimAgain(failed, sent, tries, start, lease)) {
         ReleaseAcquired(reqs, tokens, out);
-        return *failed;
+        return failed;
       }
+      std::sort(left.begin(), left.end());  // in request order, as the batch is
+      pending.swap(left);
     }
-    return out;
   }
+
+  // One try of Claim with `token`; `*sent` as redis::Client::Exec says.
+  StatusOr<ClaimResult> ClaimOnce(const ClaimRequest& req, Token token, bool force_get,
+                                  bool* sent) {
+    const bool with_get = force_get || WithGet();
+    // Kept per thread: a claim allocates no command buffer.
+    thread_local redis::CommandBuffer cmd;
+    cmd.Clear();
+    AppendFastClaim(&cmd, req, token, with_get);
+    StatusOr<Reply> r = client_.Exec("claim", cmd, sent);
+    if (!r.ok()) return r.status();
+    ClaimResult res;
+    if (DecodeFastClaim(r->get(), req, token, with_get, &res)) return res;
+    if (!FoundRecord(r->get(), with_get)) return BadReply("claim");
+    std::string rkey = RedisKey(req.key);
+    r = client_.Exec("claim", rkey, ClaimCommand(rkey, req, token), sent);
+    if (!r.ok()) return r.status();
+    return DecodeClaim("claim", r->get(), token);
+  }
+
+  // Whether a claim (or the unanswered part of a batch) that failed with `s` after
+  // `tries` tries is tried once more, after a short wait: only when the failure may
+  // have left its record on the server (`sent`: the commands were written, no
+  // answer came), as the same token then finds that record and answers ACQUIRED.
+  // A call that reached no server (down, refusing) fails at once as before. At
+  // most kClaimTries tries, and none that would start past the lease from the
+  // first try: the caller holds the lease from its call on.
+  static bool ClaimAgain(const Status& s, bool sent, int tries, int64_t start, Millis lease) {
+    if (!s.retryable() || !sent || tries >= kClaimTries) return false;
+    const int64_t wait = int64_t{20} << (tries - 1);
+    if (redis::SteadyMillis() + wait >= start + lease.count()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+    return true;
+  }
+  static constexpr int kClaimTries = 3;
 
   // A batch that fails as a whole must not keep the claims it made on the way:
   // nobody holds their tokens, so those keys would answer BUSY until the lease
-  // ends. Best effort, one round trip; what cannot be released expires with its
-  // lease as a crashed owner's would.
+  // ends. Best effort, one round trip per node; what cannot be released (its
+  // server unreachable, or a claim whose reply never came) stays IN_PROGRESS
+  // until its lease ends, as a crashed owner's would, and is then taken over.
   void ReleaseAcquired(std::span<const ClaimRequest> reqs, const std::vector<Token>& tokens,
                        const std::vector<ClaimResult>& out) {
     std::vector<std::string> keys;
@@ -680,14 +747,26 @@ return denied)";
       return true;
     }
     if (!with_get || r->type != REDIS_REPLY_STRING) return false;
+    // Our own token: an earlier try of this very claim wrote it (its reply was
+    // lost). A fresh random token meets no other record. The lease runs from that
+    // try, which the caller's lease (counted from its call) does not outlast.
+    uint64_t tok = 0, fence = 0, attempt = 0;
+    if (redis::DecodeInProgressHead2(ReplyText(r), &tok, &fence, &attempt)) {
+      if (tok != token.value) return false;
+      *out = ClaimResult{};
+      out->outcome = ClaimOutcome::kAcquired;
+      out->token = token;
+      out->fence = fence;
+      out->attempt = static_cast<uint32_t>(attempt);
+      return true;
+    }
     redis::CompletedRecord2 rec;
     if (!redis::DecodeCompletedRecord2(ReplyText(r), &rec)) return false;
     MetRecord();
-    const uint64_t fence = rec.fence, attempt = rec.attempt;
     const std::string_view fp = rec.fingerprint;
     *out = ClaimResult{};
-    out->fence = fence;
-    out->attempt = static_cast<uint32_t>(attempt);
+    out->fence = rec.fence;
+    out->attempt = static_cast<uint32_t>(rec.attempt);
     if (!req.fingerprint.empty() && !fp.empty() && fp != req.fingerprint) {
       out->outcome = ClaimOutcome::kMismatch;
       return true;
@@ -709,8 +788,9 @@ return denied)";
     return client_.Exec(op, rkey, std::move(cmd));
   }
   Status ExecMany(std::string_view op, const std::vector<std::string>& rkeys,
-                  std::vector<Command>& cmds, std::vector<Reply>* replies) {
-    return client_.ExecMany(op, rkeys, cmds, replies);
+                  std::vector<Command>& cmds, std::vector<Reply>* replies,
+                  bool* sent = nullptr) {
+    return client_.ExecMany(op, rkeys, cmds, replies, sent);
   }
 
   StatusOr<WriteResult> Write(std::string_view op, const std::string& rkey, Command cmd) {

@@ -354,6 +354,14 @@ DirectoryFacts LookAt(const std::string& path) {
   return f;
 }
 
+// True when the directory is what a creation cut short leaves: no CURRENT, and
+// no data file but the new database's first MANIFEST (RocksDB's NewDB writes
+// MANIFEST-000001, then CURRENT, and only then a log; records live only in
+// tables, blobs and logs, so there is nothing to lose).
+bool UnfinishedCreation(const DirectoryFacts& f) {
+  return !f.has_current && f.data_files.size() == 1 && f.data_files[0] == "MANIFEST-000001";
+}
+
 std::string FewNames(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < 4; ++i) out += (i ? ", " : "") + names[i];
@@ -1374,15 +1382,21 @@ Status RocksDBStoreImpl::OpenDb() {
     return Status::InvalidArgument(ctx + ": path exists and is not a directory");
   }
   DirectoryFacts facts = LookAt(path);
-  if (!facts.has_current && !may_create && facts.data_files.empty()) {
+  const bool unfinished = UnfinishedCreation(facts);
+  if (!facts.has_current && !may_create && (facts.data_files.empty() || unfinished)) {
     return Status::NotFound(ctx + ": no store here (" +
-                            (facts.exists ? "the directory has no RocksDB database"
-                                          : "no such directory") +
+                            (!facts.exists ? "no such directory"
+                             : unfinished  ? "the creation of a database was cut short"
+                                           : "the directory has no RocksDB database") +
                             "); nothing was created");
   }
   // RocksDB starts a new, empty database wherever CURRENT is missing, and later
-  // deletes the files it does not know: refuse instead, every time.
-  if (!facts.has_current && !facts.data_files.empty()) {
+  // deletes the files it does not know: refuse instead, every time. One state
+  // without CURRENT holds nothing to lose: a creation cut short (a crash between
+  // RocksDB writing the new database's MANIFEST-000001 and naming it in CURRENT),
+  // with no table, blob or log. That one is created again, as it would
+  // have been.
+  if (!facts.has_current && !facts.data_files.empty() && !unfinished) {
     return Status::DataLoss(ctx + ": the directory holds RocksDB files (" +
                             FewNames(facts.data_files) +
                             ") but no CURRENT file; refusing to open it, which would start an "
