@@ -12,7 +12,7 @@
 # 5. With a Redis store on 127.0.0.1:6470 (docs/PORTS.md; skipped without
 #    redis-server): the store stalls (SIGSTOP) and the command is stopped before
 #    its lease ends; exit 75; the next run after the lease takes over; a key
-#    running in another `dedup exec` gives 75.
+#    running in another `dedup exec` gives 75; the command inherits no socket.
 set -uo pipefail
 dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -192,6 +192,15 @@ if command -v redis-server >/dev/null; then
       "$dedup" exec --store "redis://127.0.0.1:$port" --key busy -- true 2>/dev/null
       expect_rc 75 $? "running elsewhere"
       kill -TERM "$busy_pid"; wait "$busy_pid" 2>/dev/null
+      # The command inherits none of dedup's sockets (the store's connection).
+      "$dedup" exec --store "redis://127.0.0.1:$port" --key fds -- ls -l /proc/self/fd \
+        >"$tmp/fds" 2>&1
+      expect_rc 0 $? "listing the command's descriptors"
+      if grep -q 'socket:' "$tmp/fds"; then
+        fail "the command inherited a socket of dedup: $(grep 'socket:' "$tmp/fds")"
+      else
+        pass "the command inherits no socket of dedup"
+      fi
     else
       kill -CONT "$rpid"
       fail "the command of case 5 did not start: $(cat "$tmp/stall.err")"

@@ -4,6 +4,7 @@
 
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -265,6 +266,14 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   }
   if (redisSetTimeout(c, tv) != REDIS_OK || redisEnableKeepAlive(c) != REDIS_OK) {
     Status s = Status::Unavailable("connect: " + Lower1(c->errstr));
+    redisFree(c);
+    return s;
+  }
+  // Not inherited by what this process runs (`--exec` handlers, `dedup exec`'s
+  // command): hiredis 0.14 opens its socket without SOCK_CLOEXEC, so it is set
+  // here, right after the connect, as libpq does for its own socket.
+  if (fcntl(c->fd, F_SETFD, FD_CLOEXEC) != 0) {
+    Status s = Status::Unavailable(std::string("connect: close-on-exec: ") + std::strerror(errno));
     redisFree(c);
     return s;
   }
