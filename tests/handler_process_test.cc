@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -338,6 +339,33 @@ TEST(HandlerProcess, StdinStdoutAndEnvironment) {
     ASSERT_TRUE(rt.ok());
     EXPECT_EQ(rt->code, 0);
   }
+}
+
+// A handler inherits what the worker was given before the supervisor started
+// (the user's `3<file`), never a descriptor the worker opened afterwards without
+// O_CLOEXEC (nats.c's socket did reach every handler).
+TEST(HandlerProcess, InheritsTheUsersDescriptorsButNoneOfTheWorkers) {
+  int given[2];
+  ASSERT_EQ(pipe(given), 0);  // as a shell's redirection: no O_CLOEXEC
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  const int own = socket(AF_INET, SOCK_STREAM, 0);  // a library's, no SOCK_CLOEXEC
+  ASSERT_GE(own, 0);
+  int own_pipe[2];
+  ASSERT_EQ(pipe(own_pipe), 0);
+  HandlerCommand c;
+  c.argv = {"ls", "/proc/self/fd"};
+  c.capture_stdout = true;
+  auto r = (*sup)->Run(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->code, 0) << r->output;
+  std::set<int> seen;
+  std::istringstream in(r->output);
+  for (int fd; in >> fd;) seen.insert(fd);
+  EXPECT_TRUE(seen.count(given[0]) && seen.count(given[1])) << r->output;
+  EXPECT_FALSE(seen.count(own)) << "the handler inherited the worker's socket: " << r->output;
+  EXPECT_FALSE(seen.count(own_pipe[0]) || seen.count(own_pipe[1])) << r->output;
+  for (int fd : {given[0], given[1], own, own_pipe[0], own_pipe[1]}) close(fd);
 }
 
 TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {

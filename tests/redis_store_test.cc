@@ -731,6 +731,12 @@ class LossyRelay {
   }
   int port() const { return port_; }
   void Arm(Fault f) { fault_.store(f); }
+  // The same, but the first `skip` requests read after it pass through (on any
+  // connection): the fault meets the request after them.
+  void Arm(Fault f, int skip) {
+    skip_.store(skip);
+    fault_.store(f);
+  }
   // Requests that met the fault so far.
   int faults() const { return faults_.load(); }
 
@@ -763,7 +769,10 @@ class LossyRelay {
             done = true;
             break;
           }
-          if (k == 0 && mode == Fault::kNone) {
+          if (k == 0 && mode == Fault::kNone && skip_.load() > 0 &&
+              fault_.load() != Fault::kNone) {
+            skip_.fetch_sub(1);
+          } else if (k == 0 && mode == Fault::kNone) {
             mode = fault_.exchange(Fault::kNone);
             if (mode != Fault::kNone) faults_++;
           }
@@ -793,6 +802,7 @@ class LossyRelay {
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<Fault> fault_{Fault::kNone};
+  std::atomic<int> skip_{0};
   std::atomic<int> faults_{0};
   std::thread acceptor_;
   std::vector<std::thread> relays_;
@@ -829,6 +839,16 @@ class RedisLostReplyTest : public RedisStoreTest {
                                                      const std::string& pipeline) {
     return OpenStore("redis://127.0.0.1:" + std::to_string(relay_->port()) + "?prefix=" +
                      prefix + ":&pool=1&timeout=300ms&pipeline=" + pipeline);
+  }
+  // A store that reaches the server directly, once claim.lua is in the server's
+  // script cache (a takeover ran it), so that a claim's EVALSHA runs it at once.
+  StatusOr<std::unique_ptr<Store>> OpenDirectWithClaimScript(const std::string& prefix) {
+    auto direct = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) + "?prefix=" + prefix + ":");
+    if (!direct.ok()) return direct;
+    if (auto c = (*direct)->Claim(Req("warm", 30ms)); !c.ok()) return c.status();
+    std::this_thread::sleep_for(100ms);
+    if (auto c = (*direct)->Claim(Req("warm")); !c.ok()) return c.status();
+    return direct;
   }
   std::unique_ptr<RedisServer> server_;
   std::unique_ptr<LossyRelay> relay_;
@@ -943,6 +963,206 @@ TEST_F(RedisLostReplyTest, ABatchWhoseSendIsCutShortIsNotSentAgainBlindly) {
     }
     EXPECT_EQ(not_acquired, 0) << "claims of the batch blocked by its own first send";
     EXPECT_EQ(Admin(kPort, {"DBSIZE"}), std::to_string(keys.size() * (pipeline == "off" ? 1 : 2)));
+  }
+}
+
+// pipereview: a claim that takes over an expired lease runs claim.lua (attempt 2,
+// fence 2); its reply is lost (the fault meets the request after the fast SET). The
+// store's try again with the same token must find the record that try wrote and
+// answer ACQUIRED at fence 2, attempt 2 -- not BUSY on its own claim, not attempt 3.
+TEST_F(RedisLostReplyTest, ATakeoverWhoseReplyIsLostIsAcquiredAtItsAttempt) {
+  LossyRelay& relay = *relay_;
+  auto direct = OpenDirectWithClaimScript("tk");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  int n = 0;
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("tk", pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    const std::string key = "t-" + std::to_string(++n);
+    auto first = (*direct)->Claim(Req(key, 30ms));
+    ASSERT_TRUE(first.ok() && first->acquired()) << first.status();
+    std::this_thread::sleep_for(100ms);  // its lease is over: the next claim takes over
+    ASSERT_EQ(Admin(kPort, {"CONFIG", "RESETSTAT"}), "OK");
+    const int faults = relay.faults();
+    relay.Arm(LossyRelay::Fault::kReset, 1);
+    auto c = (*opened)->Claim(Req(key));
+    ASSERT_EQ(relay.faults(), faults + 1) << "the fault was not met";
+    EXPECT_EQ(Calls(kPort, "evalsha"), 1) << "the lost request was not claim.lua";
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired) << "the caller's own takeover blocked it";
+    EXPECT_EQ(c->fence, 2u);
+    EXPECT_EQ(c->attempt, 2u);
+    auto w = (*opened)->Complete(key, c->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk);
+  }
+}
+
+// pipereview: a claim that exhausts a key (max_attempts 1, the first owner's lease
+// over) runs claim.lua, which turns the record COMPLETED/exhausted and answers
+// EXHAUSTED; its reply is lost. The store tries again with the same token: it must
+// still answer EXHAUSTED (store.h: answering "as Claim would"), not DUPLICATE of a
+// completion nobody made. FAILS on main a3dcb53: the retry reads the record it
+// wrote and answers DUPLICATE (status exhausted); the consumer still dead-letters,
+// with another reason.
+TEST_F(RedisLostReplyTest, AnExhaustingClaimWhoseReplyIsLostAnswersExhausted) {
+  LossyRelay& relay = *relay_;
+  auto direct = OpenDirectWithClaimScript("ex");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  auto opened = OpenThroughRelay("ex", "off");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ClaimRequest once = Req("k", 30ms);
+  once.max_attempts = 1;
+  auto first = (*direct)->Claim(once);
+  ASSERT_TRUE(first.ok() && first->acquired()) << first.status();
+  std::this_thread::sleep_for(100ms);
+  const int faults = relay.faults();
+  relay.Arm(LossyRelay::Fault::kReset, 1);
+  ClaimRequest again = Req("k");
+  again.max_attempts = 1;
+  auto c = (*opened)->Claim(again);
+  ASSERT_EQ(relay.faults(), faults + 1) << "the fault was not met";
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->outcome, ClaimOutcome::kExhausted) << *c;
+  EXPECT_EQ(c->attempt, 1u);
+}
+
+// pipereview: many callers share one auto-pipelined connection; it is reset three
+// times while their batches are in flight. Every caller gets an answer (none
+// hangs), every claim is ACQUIRED at attempt 1 on its own token (retried, never
+// blocked by its own first send), and no completion answers LOST: a failed one
+// says "effect unknown", and its record is then COMPLETED or still the caller's.
+TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneOnce) {
+  LossyRelay& relay = *relay_;
+  auto opened = OpenThroughRelay("many", "auto");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  constexpr int kThreads = 8, kMaxEach = 20000;
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad_claims{0}, lost{0}, unknown{0}, other{0}, done{0};
+  std::mutex mu;
+  std::vector<std::pair<std::string, Token>> failed_completes;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kMaxEach && !stop.load(); ++i) {
+        const std::string key = "m-" + std::to_string(t) + "-" + std::to_string(i);
+        auto c = store.Claim(Req(key));
+        if (!c.ok() || c->outcome != ClaimOutcome::kAcquired || c->attempt != 1) {
+          ++bad_claims;
+          continue;
+        }
+        auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, "r");
+        if (w.ok() && *w == WriteResult::kLost) {
+          ++lost;
+        } else if (!w.ok()) {
+          if (w.status().message().find("effect unknown") != std::string::npos) {
+            ++unknown;
+            std::lock_guard lock(mu);
+            failed_completes.emplace_back(key, c->token);
+          } else {
+            ++other;
+          }
+        }
+      }
+      ++done;
+    });
+  }
+  // Three resets, each armed once the previous one was met, while callers run.
+  for (int met = relay.faults(); relay.faults() < met + 3 && done.load() < kThreads;) {
+    std::this_thread::sleep_for(30ms);
+    relay.Arm(LossyRelay::Fault::kReset);
+  }
+  stop.store(true);
+  for (auto& th : threads) th.join();
+  relay.Arm(LossyRelay::Fault::kNone);
+  EXPECT_EQ(done.load(), kThreads);
+  EXPECT_GE(relay.faults(), 3) << "the faults were not met: the test proves less";
+  EXPECT_EQ(bad_claims.load(), 0) << "a claim was not ACQUIRED at attempt 1";
+  EXPECT_EQ(lost.load(), 0) << "a caller's own completion answered LOST (sent twice)";
+  EXPECT_EQ(other.load(), 0);
+  for (const auto& [key, token] : failed_completes) {
+    auto rec = store.Inspect(key);
+    ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+    EXPECT_TRUE((*rec)->state == RecordState::kCompleted ||
+                ((*rec)->state == RecordState::kInProgress && (*rec)->token == token))
+        << key;
+  }
+}
+
+// pipereview: the server closes every idle connection of a multithreaded store
+// (CLIENT KILL, then its `timeout` config). The next calls -- completions, which
+// the store never retries -- must find that out before writing (the peek after
+// kIdleCheck) and go out on fresh connections: every one answers OK, none fails
+// "effect unknown" and none is LOST.
+TEST_F(RedisLostReplyTest, IdleConnectionsClosedByTheServerAreReplacedBeforeWriting) {
+  constexpr int kThreads = 8;
+  int round = 0;
+  const auto claim_all = [&](Store& store) -> std::pair<std::vector<std::string>, std::vector<Token>> {
+    std::vector<std::string> keys;
+    std::vector<Token> tokens;
+    for (int t = 0; t < kThreads; ++t) {
+      keys.push_back("idle-" + std::to_string(round) + "-" + std::to_string(t));
+      auto c = store.Claim(Req(keys.back()));
+      EXPECT_TRUE(c.ok() && c->acquired()) << c.status();
+      tokens.push_back(c.ok() ? c->token : Token{});
+    }
+    ++round;
+    return std::make_pair(keys, tokens);
+  };
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) +
+                            "?prefix=idle:&pool=2&timeout=300ms&pipeline=" + pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    for (const std::string how : {"kill", "timeout"}) {
+      if (how == "timeout" && pipeline == "off") continue;  // 2.5 s: once is enough
+      SCOPED_TRACE(how);
+      auto [keys, tokens] = claim_all(store);
+      // Warm: every thread's connection in use once.
+      std::vector<std::thread> warm;
+      std::atomic<int> warm_bad{0};
+      for (int t = 0; t < kThreads; ++t) {
+        warm.emplace_back([&, t] {
+          auto c = store.Claim(Req("warm-" + how + pipeline + std::to_string(t)));
+          if (!c.ok()) ++warm_bad;
+        });
+      }
+      for (auto& th : warm) th.join();
+      ASSERT_EQ(warm_bad.load(), 0);
+      const auto connections = [] {
+        const std::string info = Admin(kPort, {"INFO", "stats"});
+        const size_t at = info.find("total_connections_received:");
+        return at == std::string::npos ? -1 : std::atoi(info.c_str() + at + 27);
+      };
+      const int before = connections();
+      if (how == "kill") {
+        Admin(kPort, {"CLIENT", "KILL", "TYPE", "normal"});
+        std::this_thread::sleep_for(50ms);
+      } else {
+        ASSERT_EQ(Admin(kPort, {"CONFIG", "SET", "timeout", "1"}), "OK");
+        std::this_thread::sleep_for(2500ms);  // idle > 1 s: closed by the server's cron
+        ASSERT_EQ(Admin(kPort, {"CONFIG", "SET", "timeout", "0"}), "OK");
+      }
+      std::vector<std::thread> threads;
+      std::vector<std::string> failures(kThreads);
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          auto w = store.Complete(keys[t], tokens[t], 600s, CompletionStatus::kOk, "r");
+          if (!w.ok()) {
+            failures[t] = w.status().ToString();
+          } else if (*w != WriteResult::kOk) {
+            failures[t] = "LOST";
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+      for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << keys[t];
+      // The calls went out on new connections (the Admin calls open one each).
+      EXPECT_GE(connections() - before, 2 + 1) << "the server closed nothing: the test proves nothing";
+    }
   }
 }
 
@@ -1183,6 +1403,49 @@ TEST_F(RedisClusterTest, AFailedBatchLeavesNoClaimHeldOnTheNodesThatAnswered) {
       if (c->outcome != ClaimOutcome::kAcquired) ++held;
     }
     EXPECT_EQ(held, 0) << "keys of the failed batch left held on the primaries that answered";
+  }
+}
+
+// pipereview: one primary of a batch pauses for longer than the timeout, then
+// resumes and runs the claims it was sent. The batch tries again only the
+// unanswered part, with the same tokens: every claim is ACQUIRED at fence 1,
+// attempt 1 (the resumed primary's records are the batch's own), and each
+// completes with its token.
+TEST_F(RedisClusterTest, ABatchWhosePrimaryPausesPastTheTimeoutIsAcquiredOnItsOwnTokens) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=pz:&pool=1&timeout=300ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const int victim = 1;
+  std::vector<std::string> keys;
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 60; ++i) keys.push_back("p-" + std::to_string(i));
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  // The connections to every primary open (a paused server accepts no new ones
+  // either, but the kernel would complete the handshake).
+  std::vector<ClaimRequest> warm_reqs;
+  for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("w-" + std::to_string(i)));
+  auto warm = store.ClaimBatch(warm_reqs);
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_EQ(kill(servers_[victim]->pid(), SIGSTOP), 0);
+  std::thread resume([&] {
+    std::this_thread::sleep_for(450ms);
+    kill(servers_[victim]->pid(), SIGCONT);
+  });
+  const auto t0 = Clock_::now();
+  auto b = store.ClaimBatch(reqs);
+  const auto took = Clock_::now() - t0;
+  resume.join();
+  ASSERT_TRUE(b.ok()) << b.status() << " after "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms";
+  EXPECT_GE(took, 300ms) << "the paused primary was not in the batch";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ((*b)[i].outcome, ClaimOutcome::kAcquired) << keys[i];
+    EXPECT_EQ((*b)[i].fence, 1u) << keys[i];
+    EXPECT_EQ((*b)[i].attempt, 1u) << keys[i];
+    auto w = store.Complete(keys[i], (*b)[i].token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk) << keys[i];
   }
 }
 

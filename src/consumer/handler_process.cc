@@ -4,7 +4,9 @@
 
 #include "consumer/handler_cgroup.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <pthread.h>
 #include <poll.h>
 #include <sched.h>
@@ -205,6 +207,8 @@ struct SpawnArgs {
   int log_fd = -1;                           // the watchdog's log (a pipe)
   std::atomic<uint64_t>* logged = nullptr;   // records written to it, for kDrain
   int cgroup_procs_fd = -1;  // the handler's cgroup's cgroup.procs, or -1
+  const std::pair<unsigned, unsigned>* private_fds = nullptr;  // made close-on-exec
+  size_t private_fd_ranges = 0;
   int cgroup_errno = 0;
   pid_t parent = 0;
   bool registered = false;
@@ -252,6 +256,11 @@ int SpawnChild(void* p) {
   if (a->stdout_fd >= 0) {
     if (a->stdout_fd == 1) fcntl(1, F_SETFD, 0);
     else dup2(a->stdout_fd, 1);
+  }
+  // None of the worker's own descriptors reach the handler (kernel 5.11+; on an
+  // older kernel close_range fails and only those opened with O_CLOEXEC stay out).
+  for (size_t i = 0; i < a->private_fd_ranges; ++i) {
+    close_range(a->private_fds[i].first, a->private_fds[i].second, CLOSE_RANGE_CLOEXEC);
   }
   sigset_t none;
   sigemptyset(&none);
@@ -383,6 +392,40 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
 
 // ---- the supervisor ------------------------------------------------------------
 
+namespace {
+
+// The descriptor numbers from 3 up that are not open now, as [first, last]
+// ranges, the last one open-ended.
+std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
+  std::vector<unsigned> open;
+  if (DIR* d = opendir("/proc/self/fd"); d != nullptr) {
+    const int own = dirfd(d);
+    while (const dirent* e = readdir(d)) {
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(e->d_name, &end, 10);
+      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own && n >= 3) {
+        open.push_back(static_cast<unsigned>(n));
+      }
+    }
+    closedir(d);
+  } else {  // no /proc: ask each of the first 1024 numbers
+    for (int fd = 3; fd < 1024; ++fd) {
+      if (fcntl(fd, F_GETFD) >= 0) open.push_back(static_cast<unsigned>(fd));
+    }
+  }
+  std::sort(open.begin(), open.end());
+  std::vector<std::pair<unsigned, unsigned>> ranges;
+  unsigned next = 3;
+  for (unsigned fd : open) {
+    if (fd > next) ranges.emplace_back(next, fd - 1);
+    next = fd + 1;
+  }
+  ranges.emplace_back(next, ~0U);
+  return ranges;
+}
+
+}  // namespace
+
 HandlerSupervisor::HandlerSupervisor(SupervisorOptions options) : options_(options) {}
 
 StatusOr<std::unique_ptr<HandlerSupervisor>> HandlerSupervisor::Start(SupervisorOptions options) {
@@ -392,6 +435,7 @@ StatusOr<std::unique_ptr<HandlerSupervisor>> HandlerSupervisor::Start(Supervisor
   }
   if (options.max_handlers == 0) return Status::InvalidArgument("max_handlers must be positive");
   std::unique_ptr<HandlerSupervisor> s(new HandlerSupervisor(options));
+  s->private_fds_ = FdNumbersNotOpen();
   if (!options.cgroup.empty()) {
     auto opened = HandlerCgroups::Open(options.cgroup);
     if (!opened.ok()) return opened.status();
@@ -753,6 +797,8 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     a.log_fd = log_fd_;
     a.logged = &logged_;
     a.cgroup_procs_fd = cgroup.procs_fd;
+    a.private_fds = private_fds_.data();
+    a.private_fd_ranges = private_fds_.size();
     a.parent = getpid();
     const uint64_t generation = generation_.load();
     sigset_t all, old;

@@ -65,6 +65,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dedup/buffer.h"
@@ -211,6 +212,11 @@ class HandlerSupervisor {
   std::vector<uint64_t> live_cgroups_;
   std::vector<uint64_t> leftover_cgroups_;  // in live_cgroups_, no handler running
   std::atomic<uint64_t> next_cgroup_{1};
+  // The descriptor numbers (from 3) that were not open when Start ran, as
+  // [first, last] ranges: every handler gets them close-on-exec, so it inherits
+  // what the user gave dedup (`3<file`) but none of dedup's own descriptors,
+  // whatever library opened them without O_CLOEXEC (nats.c's socket).
+  std::vector<std::pair<unsigned, unsigned>> private_fds_;
 };
 
 }  // namespace dedup

@@ -767,6 +767,12 @@ return denied)";
     *out = ClaimResult{};
     out->fence = rec.fence;
     out->attempt = static_cast<uint32_t>(rec.attempt);
+    if (rec.status == CompletionStatus::kExhausted && rec.token == token.value) {
+      // An earlier try of this claim exhausted the key (claim.lua writes the
+      // exhausting claim's token): it answers as that try did.
+      out->outcome = ClaimOutcome::kExhausted;
+      return true;
+    }
     if (!req.fingerprint.empty() && !fp.empty() && fp != req.fingerprint) {
       out->outcome = ClaimOutcome::kMismatch;
       return true;

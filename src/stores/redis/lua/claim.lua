@@ -43,7 +43,8 @@ if r.state == 1 then
 end
 -- RELEASED, or IN_PROGRESS with its lease over: a new attempt, if one is left.
 if max_attempts > 0 and r.attempt >= max_attempts then
-  redis.call('SET', key, encode(2, 2, r.tok, r.fence, r.attempt, 0, r.fp, ''), 'PX', retention)
+  -- Under this claim's token: its try again (the reply lost) knows it as its own.
+  redis.call('SET', key, encode(2, 2, tok, r.fence, r.attempt, 0, r.fp, ''), 'PX', retention)
   return {4, r.fence, r.attempt}
 end
 if r.fp == '' then r.fp = fp end
