@@ -93,6 +93,71 @@ TEST(MemoryStore, LongLivedRecordsDoNotDelayReclaim) {
       << "10 operations, 4 each: every expired record reclaimed";
 }
 
+// The sweep decides from its compact deadline array, which holds each record's
+// retention deadline to the millisecond: nothing is reclaimed a millisecond
+// early, everything is reclaimed once the deadline has passed.
+TEST(MemoryStore, ReclaimFollowsTheDeadlineToTheMillisecond) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  auto claim = [&](const std::string& key) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = 1h;
+    r.retention = 1h;
+    ASSERT_TRUE(store->Claim(r).ok()) << key;
+  };
+  clock.Advance(250ms);  // deadlines in the middle of a second
+  for (int i = 0; i < 100; ++i) {
+    ClaimRequest r;
+    const std::string key = "done:" + std::to_string(i);
+    r.key = key;
+    auto c = store->Claim(r);
+    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(store->Complete(key, c->token, 1500ms, CompletionStatus::kOk, "").ok());
+  }
+  clock.Advance(1499ms);
+  for (int i = 0; i < 30; ++i) claim("early:" + std::to_string(i));
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 100u + 30u) << "none reclaimed before its deadline";
+  clock.Advance(1ms);
+  for (int i = 0; i < 30; ++i) claim("late:" + std::to_string(i));
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 30u + 30u) << "all reclaimed at their deadline";
+}
+
+// The sweep's array holds deadlines in 4 bytes, as milliseconds after a base
+// that moves every ~24.9 days; a deadline more than ~49.7 days ahead is stored
+// low and corrected when the sweep reads its slot. Across months of the store's
+// clock, nothing is reclaimed early and everything once expired.
+TEST(MemoryStore, ReclaimKeepsItsDeadlinesAcrossMonths) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  auto claim = [&](const std::string& key, std::chrono::milliseconds retention) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = 1s;
+    r.retention = retention;
+    ASSERT_TRUE(store->Claim(r).ok()) << key;
+  };
+  auto records = [&] { return internal::MemoryStorePhysicalRecords(store.get()); };
+  constexpr auto kDay = std::chrono::hours(24);
+  for (int i = 0; i < 50; ++i) claim("long:" + std::to_string(i), 60 * kDay);  // past the array's range
+  for (int i = 0; i < 50; ++i) claim("month:" + std::to_string(i), 26 * kDay);
+  clock.Advance(25 * kDay);  // past the base's ~24.9 days: the next sweep moves it
+  for (int i = 0; i < 30; ++i) claim("a:" + std::to_string(i), 1h);
+  EXPECT_EQ(records(), 130u) << "nothing expired yet";
+  clock.Advance(kDay + 2s);
+  for (int i = 0; i < 30; ++i) claim("b:" + std::to_string(i), 1h);
+  EXPECT_EQ(records(), 80u) << "month and a reclaimed, long kept";
+  clock.Advance(24 * kDay);  // day 50: long's stored deadline (lowered) is due, its own is not
+  for (int i = 0; i < 30; ++i) claim("c:" + std::to_string(i), 1h);
+  EXPECT_EQ(records(), 80u) << "b reclaimed, long kept";
+  auto rec = store->Inspect("long:7");
+  ASSERT_TRUE(rec.ok());
+  EXPECT_TRUE(rec->has_value());
+  clock.Advance(11 * kDay);  // day 61: long has expired
+  for (int i = 0; i < 30; ++i) claim("d:" + std::to_string(i), 1h);
+  EXPECT_EQ(records(), 30u) << "long and c reclaimed";
+}
+
 // Keys of every length class (inline up to 24 bytes, out of line beyond),
 // results and fingerprints (which move a short key out of line and back).
 TEST(MemoryStore, KeysOfAnyLengthKeepTheirRecords) {
