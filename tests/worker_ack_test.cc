@@ -256,12 +256,12 @@ TEST(WorkerAck, OneRoundTripForCompleteAndAckOnTheSameRedis) {
   EXPECT_EQ(one.metrics.acked, static_cast<uint64_t>(n));
   EXPECT_EQ(one.metrics.acked_with_complete, static_cast<uint64_t>(n));
   EXPECT_EQ(one.client_xack, 0);     // no XACK round trip of its own
-  // Every XACK ran inside complete_ack.lua / complete_ack_batch.lua, which acks
+  // Every XACK ran inside complete_ack.lua / complete_ack_stream.lua, which acks
   // the entries of one batch with one XACK.
   EXPECT_GE(one.lua_xack, 1);
   EXPECT_LE(one.lua_xack, static_cast<int>(one.metrics.complete_batches));
   EXPECT_EQ(one.metrics.completed_in_batches, static_cast<uint64_t>(n));
-  // complete_ack_batch.lua (complete_ack.lua for one alone): one per batch.
+  // complete_ack_stream.lua (complete_ack.lua for one alone): one per batch.
   EXPECT_GE(one.client_evalsha, static_cast<int>(one.metrics.complete_batches));
   EXPECT_LE(one.client_evalsha, static_cast<int>(one.metrics.complete_batches) + 2);
   EXPECT_EQ(one.client_set, n);
@@ -371,7 +371,8 @@ TEST(WorkerAck, LostDoesNotAck) {
   EXPECT_FALSE(wg->acked);
 }
 
-// complete_ack_batch.lua: LOST acks nothing; the OK ones of a batch are acked
+// complete_ack_stream.lua (what the store sends for a batch of fused
+// completions): LOST acks nothing; the OK ones of a batch are acked
 // with one XACK and answer acked only when every one of them was acked.
 TEST(WorkerAck, BatchAcksOnlyWhatCompleted) {
   Server server;

@@ -360,8 +360,11 @@ class Buffer {
   void OnClaimError(std::string_view key, const Status& error, Processed* p);
   ClaimRequest Request(std::string_view key, std::string_view fingerprint) const;
   // `sent`: when the claim was sent (the lease is known held until sent + lease).
+  // `beat_later`: the claim goes there, for the caller to hand to the heartbeat
+  // with the others of its batch; null: to the heartbeat now.
   ClaimGuard Guard(std::string_view key, ClaimResult result,
-                   std::chrono::steady_clock::time_point sent);
+                   std::chrono::steady_clock::time_point sent,
+                   std::vector<std::shared_ptr<internal::HeldClaim>>* beat_later = nullptr);
   // The outcome's write made at once (ProcessOnce, ProcessClaimed).
   Processed WriteNow(std::variant<Processed, PendingOutcome> r);
   // The broker action for a handler's outcome once its write answered `w`.

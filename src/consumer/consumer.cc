@@ -366,7 +366,7 @@ class Consumer::Impl {
 
   // Hands a handler's outcome to the completer. Waits while the completer is a
   // few batches behind, so that outcomes never pile up without bound.
-  void Defer(std::unique_ptr<Delivery> d, PendingOutcome pending) {
+  void Defer(std::unique_ptr<Delivery> d, PendingOutcome&& pending) {
     bool wake = false;
     {
       std::unique_lock lock(done_mu_);
@@ -375,7 +375,7 @@ class Consumer::Impl {
       });
       wake = done_.empty();
       if (wake) oldest_done_ = std::chrono::steady_clock::now();
-      done_.push_back(Done{std::move(d), std::move(pending)});
+      done_.emplace_back(std::move(d), std::move(pending));
       wake = wake || static_cast<int>(done_.size()) == o_.max_ack_batch;
     }
     // Only what changes the completer's mind wakes it (a first outcome starts its
@@ -397,42 +397,45 @@ class Consumer::Impl {
         return static_cast<int>(done_.size()) >= o_.max_ack_batch || done_stop_ ||
                unfinished_.load(std::memory_order_acquire) == 0;
       });
-      std::vector<Done> batch;
+      // Straight into the two arrays FlushCompletions works on: a PendingOutcome
+      // is large, and each move of it costs about a thousand instructions.
       const size_t n = std::min(done_.size(), static_cast<size_t>(o_.max_ack_batch));
-      batch.reserve(n);
+      std::vector<std::unique_ptr<Delivery>> deliveries;
+      std::vector<PendingOutcome> pending;
+      deliveries.reserve(n);
+      pending.reserve(n);
       for (size_t i = 0; i < n; ++i) {
-        batch.push_back(std::move(done_.front()));
+        deliveries.push_back(std::move(done_.front().delivery));
+        pending.push_back(std::move(done_.front().pending));
         done_.pop_front();
       }
       if (!done_.empty()) oldest_done_ = std::chrono::steady_clock::now();
       lock.unlock();
       space_cv_.notify_all();
-      FlushCompletions(batch);
+      FlushCompletions(deliveries, pending);
       lock.lock();
     }
   }
 
-  void FlushCompletions(std::vector<Done>& batch) {
-    std::vector<PendingOutcome> pending;
-    pending.reserve(batch.size());
-    for (Done& d : batch) pending.push_back(std::move(d.pending));
+  void FlushCompletions(std::vector<std::unique_ptr<Delivery>>& deliveries,
+                        std::vector<PendingOutcome>& pending) {
     std::vector<Processed> ps = buffer_->CompleteBatch(pending);
     n_.complete_batches.fetch_add(1, std::memory_order_relaxed);
-    n_.completed_in_batches.fetch_add(batch.size(), std::memory_order_relaxed);
+    n_.completed_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
     std::vector<Delivery*> acks;
-    for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t i = 0; i < deliveries.size(); ++i) {
       const Processed& p = ps[i];
       Count(p);
       if (p.action == BrokerAction::kAck && !p.acked_with_complete) {
-        acks.push_back(batch[i].delivery.get());
+        acks.push_back(deliveries[i].get());
       } else {
-        Settle(*batch[i].delivery, p.action, p.retry_after, p.reason, p.acked_with_complete);
+        Settle(*deliveries[i], p.action, p.retry_after, p.reason, p.acked_with_complete);
       }
     }
     if (!acks.empty()) AckAll(acks);
     {
       std::lock_guard lock(mu_);
-      for (Done& d : batch) held_.erase(d.delivery->id());
+      for (const auto& d : deliveries) held_.erase(d->id());
     }
   }
 

@@ -133,8 +133,14 @@ class Buffer::Heartbeat {
     if (thread_.joinable()) thread_.join();
   }
 
-  void Add(std::shared_ptr<HeldClaim> held) {
-    held->next_beat = std::chrono::steady_clock::now() + interval_;
+  void Add(std::shared_ptr<HeldClaim> held) { AddMany(std::span(&held, 1)); }
+
+  // The claims of a batch under one lock (a lock each was a wait each for the
+  // handler threads that claim and finish at the same time).
+  void AddMany(std::span<std::shared_ptr<HeldClaim>> helds) {
+    if (helds.empty()) return;
+    const auto next = std::chrono::steady_clock::now() + interval_;
+    for (auto& held : helds) held->next_beat = next;
     std::lock_guard lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
     const bool was_idle = claims_.empty();
@@ -147,7 +153,7 @@ class Buffer::Heartbeat {
       std::erase_if(claims_, [](const auto& h) { return h->finished.load(); });
       sweep_at_ = std::max<size_t>(2 * claims_.size(), kMinSweep);
     }
-    claims_.push_back(std::move(held));
+    for (auto& held : helds) claims_.push_back(std::move(held));
     // A new claim's beat is never earlier than the ones already scheduled, so the
     // thread needs waking only when it sleeps with nothing to do.
     if (was_idle) cv_.notify_one();
@@ -480,7 +486,8 @@ ClaimRequest Buffer::Request(std::string_view key, std::string_view fingerprint)
 }
 
 ClaimGuard Buffer::Guard(std::string_view key, ClaimResult result,
-                         std::chrono::steady_clock::time_point sent) {
+                         std::chrono::steady_clock::time_point sent,
+                         std::vector<std::shared_ptr<HeldClaim>>* beat_later) {
   ClaimGuard g;
   g.buffer_ = this;
   g.key_.assign(key);
@@ -495,7 +502,11 @@ ClaimGuard Buffer::Guard(std::string_view key, ClaimResult result,
                                                              options_.lease)
             .count());
     g.held_ = held;
-    heartbeat_->Add(std::move(held));
+    if (beat_later != nullptr) {
+      beat_later->push_back(std::move(held));
+    } else {
+      heartbeat_->Add(std::move(held));
+    }
   }
   return g;
 }
@@ -555,13 +566,16 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
     return out;
   }
   if (r.ok()) breaker().Answered();
+  std::vector<std::shared_ptr<HeldClaim>> held;
+  held.reserve(where.size());
   for (size_t j = 0; j < where.size(); ++j) {
     if (!r.ok()) {
       out[where[j]] = r.status();
     } else {
-      out[where[j]] = Guard(items[where[j]].key, std::move((*r)[j]), sent);
+      out[where[j]] = Guard(items[where[j]].key, std::move((*r)[j]), sent, &held);
     }
   }
+  heartbeat_->AddMany(held);
   return out;
 }
 
@@ -693,12 +707,15 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     Resolve(&p, hr, g.Release(), false);
     return p;
   }
-  PendingOutcome po;
+  // Made in the variant returned (no move of it on the way out: a PendingOutcome
+  // is large, and this runs once per message).
+  std::variant<Processed, PendingOutcome> out(std::in_place_type<PendingOutcome>);
+  PendingOutcome& po = std::get<PendingOutcome>(out);
   po.guard_ = std::move(g);
   po.handler_result_ = std::move(hr);
   po.processed_ = std::move(p);
   po.ack_ = ack;
-  return po;
+  return out;
 }
 
 std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) {
@@ -819,9 +836,8 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
   std::vector<Processed> out;
   out.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    Processed p = std::move(pending[i].processed_);
-    Resolve(&p, pending[i].handler_result_, w[i], acked[i]);
-    out.push_back(std::move(p));
+    out.push_back(std::move(pending[i].processed_));
+    Resolve(&out.back(), pending[i].handler_result_, w[i], acked[i]);
   }
   return out;
 }

@@ -39,7 +39,7 @@ using redis::ReplyText;
 
 enum ScriptId : size_t {
   kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kCompleteBatch,
-  kCompleteAckBatch, kNumScripts
+  kCompleteAckBatch, kCompleteAckStream, kNumScripts
 };
 
 // The embedded scripts, in ScriptId order.
@@ -47,7 +47,7 @@ const redis::ScriptSet& Scripts() {
   static const redis::ScriptSet scripts = [] {
     static constexpr std::string_view kOrder[kNumScripts] = {
         "claim", "extend", "complete", "release", "inspect", "complete_ack", "forget",
-        "complete_batch", "complete_ack_batch"};
+        "complete_batch", "complete_ack_batch", "complete_ack_stream"};
     std::vector<std::pair<std::string_view, std::string_view>> list;
     for (std::string_view name : kOrder) {
       for (const auto& e : redis::kEmbeddedScripts) {
@@ -95,16 +95,16 @@ class RedisStore final : public Store {
   RedisStore(redis::ConnectionOptions c, std::string prefix, std::string description,
              std::function<void(const std::string&)> on_warning)
       : prefix_(std::move(prefix)), description_(std::move(description)), cluster_(c.cluster),
-        db_(c.db), endpoint_(c.endpoints.front()), on_warning_(std::move(on_warning)),
-        client_(std::move(c), &Scripts()) {}
+        db_(c.db), endpoint_(c.endpoints.front()),
+        server_identity_(internal::RedisServerIdentity(endpoint_.host, endpoint_.port, db_)),
+        on_warning_(std::move(on_warning)), client_(std::move(c), &Scripts()) {}
 
   // Same server: plain Redis, same database, same host (localhost = 127.0.0.1)
   // and port, and a Redis stream. A false "yes" only costs the combined XACK (it
   // acks nothing, and the caller acks the usual way), never an ack before the
   // completion.
   bool CanCompleteWithAck(const BrokerAck& ack) const override {
-    return !cluster_ && ack.kind == "redis-stream" &&
-           ack.server == internal::RedisServerIdentity(endpoint_.host, endpoint_.port, db_);
+    return !cluster_ && ack.kind == "redis-stream" && ack.server == server_identity_;
   }
 
   // complete_ack.lua: complete and, only if OK, XACK the entry, in one round
@@ -187,15 +187,7 @@ class RedisStore final : public Store {
       Status s = ValidateClaim(reqs[i]);
       if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
     }
-    // Kept per thread: the commands are written in place into one reused buffer,
-    // and the replies vector keeps its room.
-    struct Scratch {
-      redis::CommandBuffer cmds;
-      std::vector<Reply> replies;
-      std::vector<Token> tokens;
-      std::vector<size_t> pending, slow, left;
-    };
-    thread_local Scratch scratch;
+    BatchScratch& scratch = Scratch();
     redis::CommandBuffer& cmds = scratch.cmds;
     std::vector<Reply>& replies = scratch.replies;
     std::vector<Token>& tokens = scratch.tokens;
@@ -356,10 +348,11 @@ class RedisStore final : public Store {
   }
 
   // Plain Redis: one round trip, one script call per run of consecutive requests
-  // of one kind (complete_batch.lua, or complete_ack_batch.lua for those with a
-  // fusable ack), pipelined in order. Cluster: the keys of a batch lie in many
-  // slots, so one complete.lua per key, pipelined per node (one round trip per
-  // node the batch touches); acks are never fused there.
+  // of one kind (complete_batch.lua, or complete_ack_stream.lua for those with a
+  // fusable ack to one stream and group, with one retention), pipelined in order
+  // and written in place (no string per argument). Cluster: the keys of a batch
+  // lie in many slots, so one complete.lua per key, pipelined per node (one round
+  // trip per node the batch touches); acks are never fused there.
   StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override {
     for (size_t i = 0; i < reqs.size(); ++i) {
       const CompleteRequest& q = reqs[i];
@@ -367,44 +360,70 @@ class RedisStore final : public Store {
       if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
     }
     if (reqs.size() <= 1) return Store::CompleteBatch(reqs);  // the single scripts
-    std::vector<std::string> rkeys;  // one per command: the key that routes it
-    std::vector<Command> cmds;
-    std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) of reqs per command
+    if (cluster_) return CompleteBatchCluster(reqs);
     const auto fused = [&](const CompleteRequest& q) {
-      return !cluster_ && q.ack != nullptr && q.status == CompletionStatus::kOk &&
-             CanCompleteWithAck(*q.ack);
+      return q.ack != nullptr && q.status == CompletionStatus::kOk && CanCompleteWithAck(*q.ack);
     };
-    if (cluster_) {
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        rkeys.push_back(RedisKey(reqs[i].key));
-        cmds.push_back(ScriptCommandOf(kComplete, rkeys.back(), CompleteArgs(reqs[i])));
-        runs.emplace_back(i, i + 1);
+    BatchScratch& scratch = Scratch();
+    redis::CommandBuffer& cmds = scratch.cmds;
+    std::vector<CompleteRun>& runs = scratch.runs;
+    runs.clear();
+    for (size_t b = 0; b < reqs.size();) {
+      const bool f = fused(reqs[b]);
+      size_t e = b + 1;
+      if (f) {
+        const CompleteRequest& q = reqs[b];
+        while (e < reqs.size() && fused(reqs[e]) && reqs[e].ack->target == q.ack->target &&
+               reqs[e].ack->group == q.ack->group && reqs[e].retention == q.retention) {
+          ++e;
+        }
+      } else {
+        while (e < reqs.size() && !fused(reqs[e])) ++e;
       }
-    } else {
-      for (size_t b = 0; b < reqs.size();) {
-        const bool f = fused(reqs[b]);
-        size_t e = b + 1;
-        while (e < reqs.size() && fused(reqs[e]) == f) ++e;
+      runs.push_back({b, e, f});
+      CommandWriter w{&cmds, nullptr};
+      WriteCompleteRun(w, reqs, runs.back());
+      b = e;
+    }
+    std::vector<Reply>& replies = scratch.replies;
+    DEDUP_RETURN_IF_ERROR(client_.ExecMany("complete batch", cmds, &replies));
+    std::vector<AckedWrite> out(reqs.size());
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const CompleteRun& run = runs[k];
+      if (IsError(replies[k].get()) && ReplyText(replies[k].get()).starts_with("NOSCRIPT")) {
+        // The server lost its scripts (a restart, SCRIPT FLUSH): this call did
+        // not run; it is sent again as one command, which loads the script.
         Command c;
-        c.args.reserve(3 + (e - b) * (f ? 8 : 5));  // keys and arguments: no regrowth
-        c.args = {"EVALSHA", Sha(f ? kCompleteAckBatch : kCompleteBatch),
-                  std::to_string(f ? 2 * (e - b) : e - b)};
-        for (size_t i = b; i < e; ++i) c.args.push_back(RedisKey(reqs[i].key));
-        if (f) {
-          for (size_t i = b; i < e; ++i) c.args.emplace_back(reqs[i].ack->target);
-        }
-        for (size_t i = b; i < e; ++i) {
-          AppendCompleteArgs(reqs[i], &c.args);
-          if (f) {
-            c.args.emplace_back(reqs[i].ack->group);
-            c.args.emplace_back(reqs[i].ack->id);
-          }
-        }
-        rkeys.push_back(c.args[3]);
-        cmds.push_back(std::move(c));
-        runs.emplace_back(b, e);
-        b = e;
+        CommandWriter w{nullptr, &c};
+        WriteCompleteRun(w, reqs, run);
+        StatusOr<Reply> again = Exec("complete batch", RedisKey(reqs[run.begin].key), std::move(c));
+        if (!again.ok()) return again.status();
+        replies[k] = std::move(again).value();
       }
+      const redisReply* r = replies[k].get();
+      if (IsError(r)) {
+        return ErrorReplyStatus("redis " + description_ + ": complete batch: ", ReplyText(r));
+      }
+      const long long max = run.fused ? 2 : 1;
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != run.end - run.begin) {
+        return BadReply("complete batch");
+      }
+      for (size_t i = run.begin; i < run.end; ++i) {
+        long long v = 0;
+        if (!IntAt(r, i - run.begin, &v) || v < 0 || v > max) return BadReply("complete batch");
+        out[i] = AckedWrite{v >= 1 ? WriteResult::kOk : WriteResult::kLost, v == 2};
+      }
+    }
+    return out;
+  }
+
+  // A cluster: one complete.lua per key, pipelined per node.
+  StatusOr<std::vector<AckedWrite>> CompleteBatchCluster(std::span<const CompleteRequest> reqs) {
+    std::vector<std::string> rkeys;
+    std::vector<Command> cmds;
+    for (const CompleteRequest& q : reqs) {
+      rkeys.push_back(RedisKey(q.key));
+      cmds.push_back(ScriptCommandOf(kComplete, rkeys.back(), CompleteArgs(q)));
     }
     std::vector<Reply> replies;
     DEDUP_RETURN_IF_ERROR(ExecMany("complete batch", rkeys, cmds, &replies));
@@ -414,21 +433,10 @@ class RedisStore final : public Store {
       if (IsError(r)) {
         return ErrorReplyStatus("redis " + description_ + ": complete batch: ", ReplyText(r));
       }
-      const auto [b, e] = runs[k];
-      if (cluster_) {
-        if (r->type != REDIS_REPLY_INTEGER || r->integer < 0 || r->integer > 1) {
-          return BadReply("complete batch");
-        }
-        out[b] = AckedWrite{r->integer == 1 ? WriteResult::kOk : WriteResult::kLost, false};
-        continue;
+      if (r->type != REDIS_REPLY_INTEGER || r->integer < 0 || r->integer > 1) {
+        return BadReply("complete batch");
       }
-      const long long max = fused(reqs[b]) ? 2 : 1;
-      if (r->type != REDIS_REPLY_ARRAY || r->elements != e - b) return BadReply("complete batch");
-      for (size_t i = b; i < e; ++i) {
-        long long v = 0;
-        if (!IntAt(r, i - b, &v) || v < 0 || v > max) return BadReply("complete batch");
-        out[i] = AckedWrite{v >= 1 ? WriteResult::kOk : WriteResult::kLost, v == 2};
-      }
+      out[k] = AckedWrite{r->integer == 1 ? WriteResult::kOk : WriteResult::kLost, false};
     }
     return out;
   }
@@ -647,6 +655,99 @@ return denied)";
   }
 
   // complete.lua's ARGV for one request, appended (no vector per request).
+  // One script call of a plain-Redis CompleteBatch: requests [begin, end), fused
+  // (complete_ack_stream.lua) or not (complete_batch.lua).
+  struct CompleteRun {
+    size_t begin, end;
+    bool fused;
+  };
+  // Kept per thread for the batch calls (ClaimBatch, CompleteBatch; neither calls
+  // the other): the commands are written in place into one reused buffer, and the
+  // vectors keep their room.
+  struct BatchScratch {
+    redis::CommandBuffer cmds;
+    std::vector<Reply> replies;
+    std::vector<Token> tokens;
+    std::vector<size_t> pending, slow, left;  // ClaimBatch's requests by state
+    std::vector<CompleteRun> runs;
+  };
+  static BatchScratch& Scratch() {
+    thread_local BatchScratch scratch;
+    scratch.cmds.Clear();
+    return scratch;
+  }
+  // Writes a command either in place into a CommandBuffer or, for a resend that
+  // must load its script, as a Command.
+  struct CommandWriter {
+    redis::CommandBuffer* buf;
+    Command* cmd;
+    void Begin(size_t n) {
+      if (buf != nullptr) return buf->Begin(n);
+      cmd->args.reserve(n);
+    }
+    void Arg(std::string_view a, std::string_view b = {}) {
+      if (buf != nullptr) return buf->Arg(a, b);
+      std::string s;
+      s.reserve(a.size() + b.size());
+      cmd->args.push_back(std::move(s.append(a).append(b)));
+    }
+    void Key(std::string_view a, std::string_view b = {}) {
+      if (buf != nullptr) return buf->Key(a, b);
+      Arg(a, b);
+    }
+    void Number(uint64_t n) {
+      if (buf != nullptr) return buf->Number(n);
+      cmd->args.push_back(std::to_string(n));
+    }
+  };
+  // EVALSHA complete_batch <n> <record keys> (token, retention, status, result)...
+  // or EVALSHA complete_ack_stream <1 + n> <stream> <record keys> <group>
+  // <retention> (token as 8 bytes, result, entry ID)...
+  void WriteCompleteRun(CommandWriter& w, std::span<const CompleteRequest> reqs,
+                        const CompleteRun& run) const {
+    const size_t n = run.end - run.begin;
+    const std::span<const CompleteRequest> rs = reqs.subspan(run.begin, n);
+    char hex[16];
+    if (run.fused) {
+      const BrokerAck& ack = *rs[0].ack;
+      w.Begin(6 + 4 * n);
+      w.Arg("EVALSHA");
+      w.Arg(Sha(kCompleteAckStream));
+      w.Number(1 + n);
+      w.Arg(ack.target);
+      w.Key(prefix_, rs[0].key);
+      for (size_t i = 1; i < n; ++i) w.Arg(prefix_, rs[i].key);
+      w.Arg(ack.group);
+      w.Number(static_cast<uint64_t>(rs[0].retention.count()));
+      char raw[8];
+      for (const CompleteRequest& q : rs) {
+        for (int b = 0; b < 8; ++b) raw[b] = static_cast<char>(q.token.value >> (56 - 8 * b));
+        w.Arg(std::string_view(raw, 8));
+        w.Arg(q.result);
+        w.Arg(q.ack->id);
+      }
+      return;
+    }
+    w.Begin(3 + 5 * n);
+    w.Arg("EVALSHA");
+    w.Arg(Sha(kCompleteBatch));
+    w.Number(n);
+    w.Key(prefix_, rs[0].key);
+    for (size_t i = 1; i < n; ++i) w.Arg(prefix_, rs[i].key);
+    for (const CompleteRequest& q : rs) {
+      w.Arg(TokenHex(q.token, hex));
+      w.Number(static_cast<uint64_t>(q.retention.count()));
+      w.Number(static_cast<uint64_t>(q.status));
+      w.Arg(q.result);
+    }
+  }
+  // Token::ToHex written at `out` (16 bytes), without a string.
+  static std::string_view TokenHex(Token t, char* out) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; --i, t.value >>= 4) out[i] = kDigits[t.value & 0xf];
+    return {out, 16};
+  }
+
   static void AppendCompleteArgs(const CompleteRequest& q, std::vector<std::string>* args) {
     args->push_back(q.token.ToHex());
     args->push_back(std::to_string(q.retention.count()));
@@ -877,6 +978,8 @@ return denied)";
   const bool cluster_;
   const int db_;
   const redis::Endpoint endpoint_;
+  // The identity a fusable BrokerAck names (checked per completion: built once).
+  const std::string server_identity_;
   const std::function<void(const std::string&)> on_warning_;
   redis::Client client_;
   // Claims carry GET until then (steady ms): see Claim().

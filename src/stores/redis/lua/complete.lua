@@ -6,6 +6,6 @@
 -- ARGV[4]  result bytes, may be empty
 -- Reply    1 OK (COMPLETED, kept until now + retention), 0 LOST (nothing changed)
 --@dedup-include record.lua
-local m, err = complete_many_read('complete', 1, 4, false, false)
+local m, err = complete_many_read('complete', 1, LAYOUT4, false)
 if err then return err end
-return complete_many_write(m, 1, 4)
+return complete_many_write(m, 1)

@@ -15,7 +15,8 @@ if n < 1 or n ~= math.floor(n) or #ARGV ~= 6 * n then
   return bad_args('complete_ack_batch', 'needs 2 keys (record, stream) and 6 arguments per ' ..
                   'completion, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
-local m, err = complete_many_read('complete_ack_batch', n, 6, true, true)
+local m, err = complete_many_read('complete_ack_batch', n,
+                                  layout({stride = 6, res = 4, group = 5, id = 6}), true)
 if err then return err end
 -- Complete in order; then one XACK per (stream, group) for the entries of the
 -- completions that answered OK. When it acks as many entries as it was given,
@@ -23,7 +24,7 @@ if err then return err end
 -- 1: the caller acks those itself, which is harmless for the ones acked here.
 local out, acks, order = {}, {}, {}
 for i = 1, n do
-  out[i] = complete_many_write(m, i, 6)
+  out[i] = complete_many_write(m, i)
   if out[i] == 1 then
     local group, id = ARGV[6 * i - 1], ARGV[6 * i]
     local by_group = acks[KEYS[n + i]]

@@ -14,8 +14,8 @@ if n == 0 or #ARGV ~= 4 * n then
   return bad_args('complete_batch', 'needs 1 or more keys and 4 arguments per key, got ' ..
                   n .. ' keys and ' .. #ARGV .. ' arguments')
 end
-local m, err = complete_many_read('complete_batch', n, 4, true, false)
+local m, err = complete_many_read('complete_batch', n, LAYOUT4, true)
 if err then return err end
 local out = {}
-for i = 1, n do out[i] = complete_many_write(m, i, 4) end
+for i = 1, n do out[i] = complete_many_write(m, i) end
 return out

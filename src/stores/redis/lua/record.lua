@@ -122,58 +122,85 @@ end
 -- fence, attempt, keep, then the fingerprint). It takes exactly the IN_PROGRESS
 -- records decode() takes whose fence, attempt and keep are >= 1 (every record a
 -- claim writes); anything else (other states, format 1, 0 in a field, corrupt
--- bytes) goes to load(), so the answers are decode()'s.
-local IN_PROGRESS2 = '^([AQ])(........)([\128-\255]*[\1-\127])([\128-\255]*[\1-\127])' ..
-                     '([\128-\255]*[\1-\127])(.*)$'
+-- bytes) goes to load(), so the answers are decode()'s. The match captures
+-- positions, not strings: each string made costs the server a hash and an
+-- allocation.
+local IN_PROGRESS2 = '^([AQ])........[\128-\255]*[\1-\127]()[\128-\255]*[\1-\127]()' ..
+                     '[\128-\255]*[\1-\127]()'
 -- For a record value v: its token and the COMPLETED record's bytes between the
 -- flags and the result (token, fence, attempt, fingerprint), and the flags byte
 -- of COMPLETED/ok; nil when v is not such a record (load() decides).
 local function quick_in_progress(v)
-  local fl, tok, fence, attempt, keep, rest = str_match(v, IN_PROGRESS2)
-  if not fl or #fence > 8 or #attempt > 8 or #keep > 8 then return nil end
+  -- The attempt starts at a, the keep at k; the fingerprint (if any) at e.
+  local fl, a, k, e = str_match(v, IN_PROGRESS2)
+  if not fl or a > 18 or k - a > 8 or e - k > 8 then return nil end
   if fl == 'A' then
-    if rest ~= '' then return nil end
-    return tok, tok .. fence .. attempt, 0x42
+    if e <= #v then return nil end
+    return str_sub(v, 2, 9), str_sub(v, 2, k - 1), 0x42
   end
-  local n = str_byte(rest, 1)
-  if not n or n == 0 or n > 64 or #rest ~= n + 1 then return nil end
-  return tok, tok .. fence .. attempt .. rest, 0x52
+  local n = str_byte(v, e)
+  if not n or n == 0 or n > 64 or #v ~= e + n then return nil end
+  return str_sub(v, 2, 9), str_sub(v, 2, k - 1) .. str_sub(v, e), 0x52
 end
 -- Completion status as given -> its number (what arg_uint(s, 2) accepts).
 local STATUS = {['0'] = 0, ['1'] = 1, ['2'] = 2}
+-- Where a completion script finds completion i (i = 1..n): its record key is
+-- KEYS[key0 + i]; with a = base + (i - 1) * stride, its token is ARGV[a + 1], its
+-- retention ARGV[a + 2] (or `px` for all), its status ARGV[a + 3] (or `st` for
+-- all), its result ARGV[a + res], and when acked its group ARGV[a + group] (or
+-- the script's own) and its entry ID ARGV[a + id]. With `raw_token` the token
+-- is its 8 bytes (big-endian) instead of 16 hex digits: their check and
+-- conversion cost the server more than everything else read per completion.
+-- Made once per script, so that each read is one table lookup.
+local function layout(t)
+  t.base, t.key0 = t.base or 0, t.key0 or 0
+  return t
+end
+local ZERO_TOKEN = string.rep('\0', 8)
+-- complete.lua and complete_batch.lua: token, retention, status, result.
+local LAYOUT4 = layout({stride = 4, res = 4})
 -- Completions of a batch (the batch scripts and complete.lua), without a table
--- per completion. ARGV[a+1..a+4] of completion i are token, retention, status,
--- result (and with `acked`, ARGV[a+5..a+6] group and entry ID, not empty);
--- `stride` apart. Checks every completion's arguments as complete_args() does,
--- in the same order and with the same errors (a retention equal to the one
--- before was checked already), then reads every record; an error reply (nothing
--- written) or the state for complete_many_write().
-local function complete_many_read(what, n, stride, name_each, acked)
+-- per completion, laid out as `L` says (layout()). Checks every completion's
+-- arguments as complete_args() does, in the same order and with the same errors
+-- (a retention equal to the one before was checked already), then reads every
+-- record; an error reply (nothing written) or the state for complete_many_write().
+local function complete_many_read(what, n, L, name_each)
   local toks, px, st = {}, {}, {}
+  local stride, base, key0, res_at, group_at, id_at = L.stride, L.base, L.key0, L.res, L.group,
+                                                      L.id
+  local raw_token = L.raw_token
   -- false: no argument equals it, so the first retention (even a missing one)
   -- is checked.
   local last_px = false
   for i = 1, n do
-    local a = (i - 1) * stride
+    local a = base + (i - 1) * stride
     local nm = name_each and i or nil
-    local tok = arg_token(ARGV[a + 1])
-    if not tok then
-      return nil, bad_args(nth(what, nm), 'token must be 16 lower-case hex digits, not all 0')
+    local tok
+    if raw_token then
+      tok = ARGV[a + 1]
+      if type(tok) ~= 'string' or #tok ~= 8 or tok == ZERO_TOKEN then
+        return nil, bad_args(nth(what, nm), 'token must be 8 bytes, not all 0')
+      end
+    else
+      tok = arg_token(ARGV[a + 1])
+      if not tok then
+        return nil, bad_args(nth(what, nm), 'token must be 16 lower-case hex digits, not all 0')
+      end
     end
-    local p = ARGV[a + 2]
+    local p = L.px or ARGV[a + 2]
     if p ~= last_px then
       if not arg_ms(p) then
         return nil, bad_args(nth(what, nm), 'retention must be an integer of ms, 1 to ' .. MAX_MS)
       end
       last_px = p
     end
-    local s = STATUS[ARGV[a + 3]]
+    local s = L.st or STATUS[ARGV[a + 3]]
     if not s then return nil, bad_args(nth(what, nm), 'status must be 0, 1 or 2') end
-    local res = ARGV[a + 4]
+    local res = ARGV[a + res_at]
     if type(res) ~= 'string' or #res > 1048576 then
       return nil, bad_args(nth(what, nm), 'result must be at most 1048576 bytes')
     end
-    if acked and (ARGV[a + 5] == '' or ARGV[a + 6] == '') then
+    if id_at and ((group_at and ARGV[a + group_at] == '') or ARGV[a + id_at] == '') then
       return nil, bad_args(nth(what, nm), 'group and entry ID must not be empty')
     end
     toks[i], px[i], st[i] = tok, p, s
@@ -182,7 +209,7 @@ local function complete_many_read(what, n, stride, name_each, acked)
   -- record in full[key] (load()), or false alone (no record).
   local rtok, body, flags, full = {}, {}, {}, {}
   for i = 1, n do
-    local key = KEYS[i]
+    local key = KEYS[key0 + i]
     if rtok[key] == nil then
       local v = call('GET', key)
       local t, b, f
@@ -199,17 +226,19 @@ local function complete_many_read(what, n, stride, name_each, acked)
       end
     end
   end
-  return {toks = toks, px = px, st = st, rtok = rtok, body = body, flags = flags, full = full}
+  return {toks = toks, px = px, st = st, rtok = rtok, body = body, flags = flags, full = full,
+          L = L}
 end
 -- Completion i of a batch read by complete_many_read(): 1 OK (COMPLETED, kept
 -- until now + retention), 0 LOST (nothing changed). A key completed here
 -- answers LOST to a later completion of it in the batch.
-local function complete_many_write(m, i, stride)
-  local key = KEYS[i]
+local function complete_many_write(m, i)
+  local L = m.L
+  local key = KEYS[L.key0 + i]
   local t = m.rtok[key]
   if t then
     if t ~= m.toks[i] then return 0 end
-    local result = ARGV[(i - 1) * stride + 4]
+    local result = ARGV[L.base + (i - 1) * L.stride + L.res]
     call('SET', key, str_char(m.flags[key] + 4 * m.st[i]) .. m.body[key] .. result,
                'PX', m.px[i])
     m.rtok[key] = nil
@@ -219,6 +248,6 @@ local function complete_many_write(m, i, stride)
   if not r or r.state ~= 1 or r.tok ~= m.toks[i] then return 0 end
   m.full[key] = nil
   call('SET', key, encode(2, m.st[i], r.tok, r.fence, r.attempt, 0, r.fp,
-                                ARGV[(i - 1) * stride + 4]), 'PX', m.px[i])
+                                ARGV[L.base + (i - 1) * L.stride + L.res]), 'PX', m.px[i])
   return 1
 end
