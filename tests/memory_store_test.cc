@@ -290,5 +290,33 @@ TEST(MemoryStore, ShardCountIsRoundedUp) {
   EXPECT_TRUE(store->Claim(r).ok());
 }
 
+// The system clock can step back (an NTP step, an operator). After the store's
+// clock reads earlier than when the store was made (or last moved its sweep's
+// base), records that expire by that clock are still reclaimed by the next
+// operations, not only once the clock has caught up with the old reading.
+TEST(MemoryStore, ReclaimContinuesAfterTheClockStepsBack) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  clock.Set(clock.NowMillis() - 3'600'000);  // one hour back, before any record
+  for (int i = 0; i < 100; ++i) {
+    ClaimRequest r;
+    const std::string key = "old:" + std::to_string(i);
+    r.key = key;
+    auto c = store->Claim(r);
+    ASSERT_TRUE(c.ok() && c->acquired());
+    ASSERT_TRUE(store->Complete(key, c->token, 1s, CompletionStatus::kOk, "").ok());
+  }
+  clock.Advance(10s);  // all 100 expired, still 59 minutes before the store was made
+  for (int i = 0; i < 30; ++i) {
+    ClaimRequest r;
+    r.key = "new:" + std::to_string(i);
+    ASSERT_TRUE(store->Claim(r).ok());
+  }
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 30u) << "all expired reclaimed";
+  auto again = store->Claim([] { ClaimRequest r; r.key = "old:3"; return r; }());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->acquired());
+}
+
 }  // namespace
 }  // namespace dedup
