@@ -8,9 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/state_machine.h"
@@ -458,6 +460,69 @@ TEST(MemoryStore, SmallTableMatchesTheStateMachineAcrossTheDeadlineArraysRange) 
   }
   // Retired keys may still hold a record until the sweep gets to them.
   EXPECT_LE(internal::MemoryStorePhysicalRecords(store.get()), model.size() + generation.size());
+}
+
+// The sweep moves its base (Rebase, a pass over the shard's slots) while other
+// threads claim and complete in the same shard and the clock jumps by up to a
+// month at a time. No completed key may be claimed again before its retention
+// deadline: a claim that acquires a key must have read a clock at or past
+// (the clock before its Complete) + retention.
+TEST(MemoryStore, NoEarlyReclaimWhileTheBaseMovesUnderConcurrentWrites) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  const int64_t kDayMs = 86'400'000;
+  const std::vector<int64_t> keeps = {1, 1000, int64_t{1} << 31, (int64_t{1} << 32) - 1, int64_t{1} << 32,
+                                      50 * kDayMs, 100 * kDayMs};
+  std::atomic<bool> stop{false};
+  std::atomic<int> early{0};
+  auto worker = [&](int w) {
+    std::mt19937_64 rng(100 + w);
+    std::vector<std::pair<std::string, int64_t>> done;  // key, lower bound of its deadline
+    for (int i = 0; i < 20'000; ++i) {
+      if (!done.empty() && rng() % 2) {
+        auto& [key, bound] = done[rng() % done.size()];
+        ClaimRequest r;
+        r.key = key;
+        r.lease = kMaxDuration;  // Complete comes before the clock ends the lease
+        auto c = store->Claim(r);
+        ASSERT_TRUE(c.ok());
+        if (c->acquired()) {
+          if (clock.NowMillis() < bound) ++early;
+          const int64_t before = clock.NowMillis();
+          const int64_t keep = keeps[rng() % keeps.size()];
+          auto done_now = store->Complete(key, c->token, Millis(keep), CompletionStatus::kOk, "");
+          ASSERT_TRUE(done_now.ok());
+          // LOST: the clock ran past the lease meanwhile; nothing to hold it to.
+          bound = *done_now == WriteResult::kOk ? before + keep : 0;
+        }
+        continue;
+      }
+      const std::string key = "w" + std::to_string(w) + ":" + std::to_string(i);
+      ClaimRequest r;
+      r.key = key;
+      r.lease = kMaxDuration;
+      auto c = store->Claim(r);
+      ASSERT_TRUE(c.ok() && c->acquired());
+      const int64_t before = clock.NowMillis();
+      const int64_t keep = keeps[rng() % keeps.size()];
+      auto done_now = store->Complete(key, c->token, Millis(keep), CompletionStatus::kOk, "");
+      ASSERT_TRUE(done_now.ok());
+      done.emplace_back(key, *done_now == WriteResult::kOk ? before + keep : 0);
+    }
+  };
+  std::thread ticker([&] {
+    std::mt19937_64 rng(99);
+    while (!stop.load()) {
+      clock.Advance(Millis(1 + static_cast<int64_t>(rng() % (30 * kDayMs))));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) workers.emplace_back(worker, w);
+  for (auto& t : workers) t.join();
+  stop = true;
+  ticker.join();
+  EXPECT_EQ(early.load(), 0);
 }
 
 }  // namespace
