@@ -312,7 +312,8 @@ TEST(MemoryStore, ReclaimContinuesAfterTheClockStepsBack) {
   clock.Advance(10s);  // all 100 expired, still 59 minutes before the store was made
   for (int i = 0; i < 30; ++i) {
     ClaimRequest r;
-    r.key = "new:" + std::to_string(i);
+    const std::string key = "new:" + std::to_string(i);
+    r.key = key;
     ASSERT_TRUE(store->Claim(r).ok());
   }
   EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 30u) << "all expired reclaimed";
