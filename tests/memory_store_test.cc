@@ -8,11 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/state_machine.h"
 #include "stores/memory/memory_store_internal.h"
 
 namespace dedup {
@@ -288,6 +291,239 @@ TEST(MemoryStore, ShardCountIsRoundedUp) {
   ClaimRequest r;
   r.key = "x";
   EXPECT_TRUE(store->Claim(r).ok());
+}
+
+// The system clock can step back (an NTP step, an operator). After the store's
+// clock reads earlier than when the store was made (or last moved its sweep's
+// base), records that expire by that clock are still reclaimed by the next
+// operations, not only once the clock has caught up with the old reading.
+TEST(MemoryStore, ReclaimContinuesAfterTheClockStepsBack) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  clock.Set(clock.NowMillis() - 3'600'000);  // one hour back, before any record
+  for (int i = 0; i < 100; ++i) {
+    ClaimRequest r;
+    const std::string key = "old:" + std::to_string(i);
+    r.key = key;
+    auto c = store->Claim(r);
+    ASSERT_TRUE(c.ok() && c->acquired());
+    ASSERT_TRUE(store->Complete(key, c->token, 1s, CompletionStatus::kOk, "").ok());
+  }
+  clock.Advance(10s);  // all 100 expired, still 59 minutes before the store was made
+  for (int i = 0; i < 30; ++i) {
+    ClaimRequest r;
+    const std::string key = "new:" + std::to_string(i);
+    r.key = key;
+    ASSERT_TRUE(store->Claim(r).ok());
+  }
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 30u) << "all expired reclaimed";
+  auto again = store->Claim([] { ClaimRequest r; r.key = "old:3"; return r; }());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->acquired());
+}
+
+// The store against the pure state machine (core/state_machine.h) over a map
+// that never reclaims: a small table (a few cache lines, so probe clusters
+// cross lines and wrap from the last line to the first; the sweep deletes from
+// them), every operation, and retentions, leases and clock steps around the
+// sweep array's limits (2^31 and 2^32 ms, ~49.7 days, months, years, 10 years)
+// and right onto deadlines. Every answer must match: a reclaim before a
+// record's deadline shows as an acquired claim where the model answers
+// duplicate or busy. The clock also steps back; keys whose deadline had passed
+// before a step back are retired then (the store may have reclaimed them,
+// which the model does not know).
+TEST(MemoryStore, SmallTableMatchesTheStateMachineAcrossTheDeadlineArraysRange) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  o.shards = 1;
+  o.reclaim_per_operation = 2;
+  auto store = NewMemoryStore(o);
+  std::map<std::string, Record> model;
+  std::vector<int> generation(40, 0);
+  std::mt19937_64 rng(11);
+  const int64_t kDayMs = 86'400'000;
+  const std::vector<int64_t> spans = {1,
+                                      2,
+                                      1000,
+                                      (int64_t{1} << 31) - 1,
+                                      int64_t{1} << 31,
+                                      (int64_t{1} << 31) + 1,
+                                      (int64_t{1} << 32) - 2,
+                                      (int64_t{1} << 32) - 1,
+                                      int64_t{1} << 32,
+                                      (int64_t{1} << 32) + 1,
+                                      50 * kDayMs,
+                                      100 * kDayMs,
+                                      3 * 365 * kDayMs,
+                                      kMaxDuration.count()};
+  auto span = [&] {
+    int64_t v = spans[rng() % spans.size()];
+    if (rng() % 2) v = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(v));
+    return Millis(v);
+  };
+  const std::vector<int64_t> steps = {0, 1, 1, 7, 1000, 60'000, (int64_t{1} << 31) - 1, int64_t{1} << 31,
+                                      (int64_t{1} << 32) - 1, 25 * kDayMs, 30 * kDayMs, 100 * kDayMs};
+  for (int i = 0; i < 300'000; ++i) {
+    const size_t idx = rng() % generation.size();
+    const std::string key = "k" + std::to_string(idx) + "." + std::to_string(generation[idx]);
+    const int op = static_cast<int>(rng() % 20);
+    const int64_t now = clock.NowMillis();
+    auto it = model.find(key);
+    Record* cur = it == model.end() ? nullptr : &it->second;
+    const std::string at = key + " at op " + std::to_string(i);
+    if (op < 8) {
+      ClaimRequest r;
+      r.key = key;
+      r.lease = span();
+      r.retention = span();
+      r.max_attempts = rng() % 4 == 0 ? 2 : 0;
+      auto c = store->Claim(r);
+      ASSERT_TRUE(c.ok()) << at;
+      Record next;
+      bool write = false;
+      const ClaimResult want = internal::DecideClaim(cur, r, now, c->token, &next, &write);
+      ASSERT_EQ(static_cast<int>(c->outcome), static_cast<int>(want.outcome)) << at;
+      ASSERT_EQ(c->attempt, want.attempt) << at;
+      if (write) model[key] = next;
+    } else if (op < 14) {
+      const Token token = cur != nullptr && rng() % 8 != 0 ? cur->token : Token{rng()};
+      Record copy = cur != nullptr ? *cur : Record{};
+      WriteResult got, want;
+      const int kind = op % 3;
+      const Millis d = span();
+      if (kind == 0) {
+        auto w = store->Extend(key, token, d);
+        ASSERT_TRUE(w.ok()) << at;
+        got = *w;
+        want = internal::DecideExtend(cur ? &copy : nullptr, token, d, now);
+      } else if (kind == 1) {
+        auto w = store->Complete(key, token, d, CompletionStatus::kOk, "");
+        ASSERT_TRUE(w.ok()) << at;
+        got = *w;
+        want = internal::DecideComplete(cur ? &copy : nullptr, token, d, CompletionStatus::kOk, "", now);
+      } else {
+        auto w = store->Release(key, token, d);
+        ASSERT_TRUE(w.ok()) << at;
+        got = *w;
+        want = internal::DecideRelease(cur ? &copy : nullptr, token, d, now);
+      }
+      ASSERT_EQ(static_cast<int>(got), static_cast<int>(want)) << at << " write " << kind;
+      if (want == WriteResult::kOk) *cur = copy;
+    } else if (op < 15) {
+      const bool force = rng() % 2;
+      auto f = store->Forget(key, ForgetOptions{force});
+      Record floor;
+      const internal::ForgetAction a = internal::DecideForget(cur, force, now, &floor);
+      if (a == internal::ForgetAction::kRefuse) {
+        ASSERT_FALSE(f.ok()) << at;
+      } else {
+        ASSERT_TRUE(f.ok()) << at;
+        ASSERT_EQ(*f, a != internal::ForgetAction::kNone) << at;
+        if (a == internal::ForgetAction::kRemove) model.erase(key);
+        if (a == internal::ForgetAction::kFloor) *cur = floor;
+      }
+    } else if (op < 16) {
+      auto rec = store->Inspect(key);
+      ASSERT_TRUE(rec.ok()) << at;
+      const bool want = cur != nullptr && !cur->ExpiredAt(now) && !internal::IsFenceFloor(*cur);
+      ASSERT_EQ(rec->has_value(), want) << at;
+      if (want) {
+        ASSERT_EQ(static_cast<int>((*rec)->state), static_cast<int>(cur->state)) << at;
+        ASSERT_EQ((*rec)->lease_deadline, cur->lease_deadline) << at;
+        ASSERT_EQ((*rec)->retention_deadline, cur->retention_deadline) << at;
+      }
+    } else if (op < 19) {
+      int64_t step = steps[rng() % steps.size()];
+      if (rng() % 2 && step > 1) step = static_cast<int64_t>(rng() % static_cast<uint64_t>(step));
+      if (rng() % 3 == 0 && !model.empty()) {  // onto, or beside, a record's deadline
+        auto pick = model.begin();
+        std::advance(pick, static_cast<long>(rng() % model.size()));
+        const int64_t deadline = rng() % 2 ? pick->second.retention_deadline : pick->second.lease_deadline;
+        const int64_t to = deadline - 1 + static_cast<int64_t>(rng() % 3);
+        if (to > now) step = to - now;
+      }
+      clock.Advance(Millis(step));
+    } else {
+      const int64_t back = rng() % 2 ? 1 + static_cast<int64_t>(rng() % 2000) : static_cast<int64_t>(rng() % (60 * kDayMs));
+      clock.Set(now - back);
+      for (auto m = model.begin(); m != model.end();) {
+        if (m->second.ExpiredAt(now)) {
+          const std::string& k = m->first;
+          const size_t j = std::stoul(k.substr(1, k.find('.') - 1));
+          if (k == "k" + std::to_string(j) + "." + std::to_string(generation[j])) ++generation[j];
+          m = model.erase(m);
+        } else {
+          ++m;
+        }
+      }
+    }
+  }
+  // Retired keys may still hold a record until the sweep gets to them.
+  EXPECT_LE(internal::MemoryStorePhysicalRecords(store.get()), model.size() + generation.size());
+}
+
+// The sweep moves its base (Rebase, a pass over the shard's slots) while other
+// threads claim and complete in the same shard and the clock jumps by up to a
+// month at a time. No completed key may be claimed again before its retention
+// deadline: a claim that acquires a key must have read a clock at or past
+// (the clock before its Complete) + retention.
+TEST(MemoryStore, NoEarlyReclaimWhileTheBaseMovesUnderConcurrentWrites) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  const int64_t kDayMs = 86'400'000;
+  const std::vector<int64_t> keeps = {1, 1000, int64_t{1} << 31, (int64_t{1} << 32) - 1, int64_t{1} << 32,
+                                      50 * kDayMs, 100 * kDayMs};
+  std::atomic<bool> stop{false};
+  std::atomic<int> early{0};
+  auto worker = [&](int w) {
+    std::mt19937_64 rng(100 + w);
+    std::vector<std::pair<std::string, int64_t>> done;  // key, lower bound of its deadline
+    for (int i = 0; i < 20'000; ++i) {
+      if (!done.empty() && rng() % 2) {
+        auto& [key, bound] = done[rng() % done.size()];
+        ClaimRequest r;
+        r.key = key;
+        r.lease = kMaxDuration;  // Complete comes before the clock ends the lease
+        auto c = store->Claim(r);
+        ASSERT_TRUE(c.ok());
+        if (c->acquired()) {
+          if (clock.NowMillis() < bound) ++early;
+          const int64_t before = clock.NowMillis();
+          const int64_t keep = keeps[rng() % keeps.size()];
+          auto done_now = store->Complete(key, c->token, Millis(keep), CompletionStatus::kOk, "");
+          ASSERT_TRUE(done_now.ok());
+          // LOST: the clock ran past the lease meanwhile; nothing to hold it to.
+          bound = *done_now == WriteResult::kOk ? before + keep : 0;
+        }
+        continue;
+      }
+      const std::string key = "w" + std::to_string(w) + ":" + std::to_string(i);
+      ClaimRequest r;
+      r.key = key;
+      r.lease = kMaxDuration;
+      auto c = store->Claim(r);
+      ASSERT_TRUE(c.ok() && c->acquired());
+      const int64_t before = clock.NowMillis();
+      const int64_t keep = keeps[rng() % keeps.size()];
+      auto done_now = store->Complete(key, c->token, Millis(keep), CompletionStatus::kOk, "");
+      ASSERT_TRUE(done_now.ok());
+      done.emplace_back(key, *done_now == WriteResult::kOk ? before + keep : 0);
+    }
+  };
+  std::thread ticker([&] {
+    std::mt19937_64 rng(99);
+    while (!stop.load()) {
+      clock.Advance(Millis(1 + static_cast<int64_t>(rng() % (30 * kDayMs))));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) workers.emplace_back(worker, w);
+  for (auto& t : workers) t.join();
+  stop = true;
+  ticker.join();
+  EXPECT_EQ(early.load(), 0);
 }
 
 }  // namespace

@@ -371,8 +371,13 @@ class alignas(64) Shard {
   // median, in CPU time too (`dedup bench --phase memory_stall --full`).
   void Sweep(int64_t now, size_t most) {
     if (used_ == 0) return;
-    if (now - due_base_ >= kRebaseAfter) Rebase(now);
-    if (now < due_base_) return;  // the clock went back: nothing is due by the array
+    // Forward every ~24.9 days. Back when the clock has stepped back by a
+    // second or more (an NTP step): else nothing would be due by the array, and
+    // no record reclaimed, until the clock caught up with the old base. A
+    // smaller step back only pauses the sweep that long (no pass over the
+    // slots for each millisecond of jitter).
+    if (now - due_base_ >= kRebaseAfter || due_base_ - now >= kRebaseBack) Rebase(now);
+    if (now < due_base_) return;
     const uint32_t now_d = static_cast<uint32_t>(now - due_base_);
     size_t removed = 0;
     for (size_t k = 0; k < 4 * most && removed < most; ++k) {
@@ -435,6 +440,7 @@ class alignas(64) Shard {
   // which costs the sweep a read of the slot when it gets there, never a late
   // reclaim.
   static constexpr int64_t kRebaseAfter = int64_t{1} << 31;
+  static constexpr int64_t kRebaseBack = 1000;  // ms the clock stepped back (Sweep)
 
   // Beside each chunk of slots (slots_), each slot's retention deadline in
   // milliseconds after due_base_ (never above the slot's own; kNeverDue when
@@ -482,15 +488,17 @@ class alignas(64) Shard {
   }
 
   // Moves due_base_ to `now` and every stored deadline with it (those already
-  // past become 0). A saturated deadline ends up lower than its slot's: the
-  // sweep reads that slot early and stores it again (Sweep). O(slots), once in
-  // ~24.9 days of the store's clock.
+  // past become 0; moving back, those beyond the range become kNeverDue - 1). A
+  // saturated deadline ends up lower than its slot's: the sweep reads that slot
+  // early and stores it again (Sweep). O(slots), once in ~24.9 days of the
+  // store's clock, and once per step back of the clock.
   void Rebase(int64_t now) {
     const int64_t delta = now - due_base_;
     due_base_ = now;
     auto shift = [delta](uint32_t d) -> uint32_t {
-      if (d == kNeverDue) return d;
-      return static_cast<int64_t>(d) <= delta ? 0 : static_cast<uint32_t>(d - delta);
+      if (d == kNeverDue || d == 0) return d;  // 0: due at or before the old base
+      const int64_t moved = static_cast<int64_t>(d) - delta;
+      return moved <= 0 ? 0 : moved >= kNeverDue ? kNeverDue - 1 : static_cast<uint32_t>(moved);
     };
     for (Chunk* c : chunks_) {
       for (uint32_t& d : c->due) d = shift(d);
