@@ -431,6 +431,76 @@ TEST(WorkerAck, BatchAcksOnlyWhatCompleted) {
   EXPECT_EQ(pending(), "1");  // b (failed: the caller dead-letters it); d was acked
 }
 
+// A fused batch after SCRIPT FLUSH: every run of the batch (complete_ack_stream
+// for two groups, complete_batch between) answers NOSCRIPT, is sent again once
+// with its script's body, and runs once: a second run would answer LOST. The
+// tokens hold the bytes Lua patterns treat specially (% NUL ] - ^), sent as
+// 8 raw bytes.
+TEST(WorkerAck, FusedBatchAfterScriptFlushRunsOnce) {
+  Server server;
+  if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
+  const int port = server.port();
+  ASSERT_EQ(Cmd(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
+  ASSERT_EQ(Cmd(port, {"XGROUP", "CREATE", "s", "h", "$"}), "OK");
+  std::vector<std::string> ids;
+  for (const char* k : {"a", "b", "c", "d", "e"}) ids.push_back(Cmd(port, {"XADD", "s", "*", "id", k}));
+  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "array:1");
+  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "h", "c", "STREAMS", "s", ">"}), "array:1");
+  const auto pending = [&](const char* group) {
+    return Cmd(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1])[1]", "1", "s",
+                      group});
+  };
+  RedisStoreOptions so;
+  so.hosts = {"127.0.0.1:" + std::to_string(port)};
+  auto store = OpenRedisStore(so);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const std::string here = internal::RedisServerIdentity("127.0.0.1", port, 0);
+  // IN_PROGRESS records (fence 1, attempt 1) written with chosen tokens.
+  const uint64_t toks[5] = {0x25005d2d5e000001, 0x5d5e2d25005d0025, 0x00000000000000ff,
+                            0x2500000000000000, 0x5e5d2d2525255d00};
+  const char* keys[5] = {"a", "b", "c", "d", "e"};
+  for (int i = 0; i < 5; ++i) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(toks[i]));
+    ASSERT_EQ(Cmd(port, {"EVAL",
+                         "return redis.call('SET', KEYS[1], 'A' .. struct.pack('>I4I4', "
+                         "tonumber(string.sub(ARGV[1], 1, 8), 16), tonumber(string.sub(ARGV[1], "
+                         "9), 16)) .. '\\1\\1\\5', 'PX', 600000)",
+                         "1", std::string("dedup:") + keys[i], hex}),
+              "OK");
+  }
+  std::vector<BrokerAck> acks;
+  for (int i = 0; i < 5; ++i) {
+    acks.push_back(BrokerAck{"redis-stream", here, "s", i < 3 ? "g" : "h", ids[i]});
+  }
+  std::vector<std::string> results;
+  for (int i = 0; i < 5; ++i) results.push_back(std::string("r\0%]", 4) + keys[i]);
+  std::vector<CompleteRequest> batch;
+  for (int i = 0; i < 5; ++i) {
+    CompleteRequest q;
+    q.key = keys[i];
+    q.token = Token{toks[i]};
+    q.ack = &acks[i];
+    q.result = results[i];
+    batch.push_back(q);
+  }
+  batch[2].status = CompletionStatus::kFailed;  // a complete_batch run between the two
+  ASSERT_EQ(Cmd(port, {"SCRIPT", "FLUSH"}), "OK");
+  auto w = (*store)->CompleteBatch(batch);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ((*w)[i].write, WriteResult::kOk) << keys[i];
+    EXPECT_EQ((*w)[i].acked, i != 2) << keys[i];
+    auto r = (*store)->Inspect(keys[i]);
+    ASSERT_TRUE(r.ok() && r->has_value()) << keys[i];
+    EXPECT_EQ((*r)->state, RecordState::kCompleted) << keys[i];
+    EXPECT_EQ((*r)->token, Token{toks[i]}) << keys[i];
+    EXPECT_EQ((*r)->result, results[i]) << keys[i];
+  }
+  EXPECT_EQ(pending("g"), "3");  // a, b acked; c failed (the caller's), d, e are h's
+  EXPECT_EQ(pending("h"), "3");  // d, e acked
+}
+
 // The fused path is what a wrapped store runs too: a StoreWrapper (e.g. a
 // counting one, as dedup bench uses) keeps one round trip per complete + ack.
 TEST(WorkerAck, WrappedStoreKeepsTheFusedAck) {

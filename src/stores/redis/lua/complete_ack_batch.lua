@@ -43,8 +43,7 @@ for i = 1, n do
   end
 end
 for _, a in ipairs(order) do
-  local ok, acked = pcall(redis.call, 'XACK', a.stream, a.group, unpack(a.ids))
-  if ok and acked == #a.ids then
+  if xack_many(a.stream, a.group, a.ids) == #a.ids then
     for _, i in ipairs(a.at) do out[i] = 2 end
   end
 end

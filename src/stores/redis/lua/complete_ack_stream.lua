@@ -39,8 +39,7 @@ for i = 1, n do
   end
 end
 if #ids > 0 then
-  local ok, acked = pcall(redis.call, 'XACK', KEYS[1], ARGV[1], unpack(ids))
-  if ok and acked == #ids then
+  if xack_many(KEYS[1], ARGV[1], ids) == #ids then
     for _, i in ipairs(at) do out[i] = 2 end
   end
 end

@@ -251,3 +251,18 @@ local function complete_many_write(m, i)
                                 ARGV[L.base + (i - 1) * L.stride + L.res]), 'PX', m.px[i])
   return 1
 end
+-- XACK of `ids` on stream and group, as many commands as it takes: unpack() of
+-- more than about 8000 values is a Lua error (LUAI_MAXCSTACK), raised before
+-- pcall, after the completions were written. The number of entries acked, or
+-- nil when an XACK failed (no group, not a stream).
+local XACK_CHUNK = 1000
+local function xack_many(stream, group, ids)
+  local acked = 0
+  for j = 1, #ids, XACK_CHUNK do
+    local ok, c = pcall(call, 'XACK', stream, group,
+                        unpack(ids, j, math.min(j + XACK_CHUNK - 1, #ids)))
+    if not ok then return nil end
+    acked = acked + c
+  end
+  return acked
+end
