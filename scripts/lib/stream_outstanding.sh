@@ -8,11 +8,13 @@
 #
 # Outstanding = entries the group has not delivered yet + entries pending (an
 # entry deleted from the stream counts as "?<entry id>"). Read with one EVAL, so
-# that the two parts are taken at one moment.
+# that the two parts are taken at one moment. A group that does not exist (no worker
+# ever started) has delivered nothing: every entry of the stream is outstanding.
 
 _stream_outstanding_lua='
+if redis.call("EXISTS", KEYS[1]) == 0 then return {} end
 local g = redis.call("XINFO", "GROUPS", KEYS[1])
-local last = "0-0"
+local last = nil
 for _, grp in ipairs(g) do
   local name, ld
   for i = 1, #grp, 2 do
@@ -27,7 +29,9 @@ local function key_of(entry)
   for i = 1, #f, 2 do if f[i] == "id" then return f[i + 1] end end
   return "?" .. entry[1]
 end
-for _, e in ipairs(redis.call("XRANGE", KEYS[1], "(" .. last, "+")) do out[#out + 1] = key_of(e) end
+local from = last and "(" .. last or "-"
+for _, e in ipairs(redis.call("XRANGE", KEYS[1], from, "+")) do out[#out + 1] = key_of(e) end
+if not last then return out end
 for _, p in ipairs(redis.call("XPENDING", KEYS[1], ARGV[1], "-", "+", 1000000)) do
   local e = redis.call("XRANGE", KEYS[1], p[1], p[1])
   if #e == 1 then out[#out + 1] = key_of(e[1]) end
@@ -56,7 +60,8 @@ stream_stop_workers() {
     wait "${worker_pids[$i]}" 2>/dev/null || true
     worker_pids[$i]=""
   done
-  pending=$("${REDIS_CLI_BIN:-redis-cli}" -p "$port" XPENDING "$stream" "$group" | head -1)
+  pending=$("${REDIS_CLI_BIN:-redis-cli}" -p "$port" XPENDING "$stream" "$group" 2>/dev/null | head -1)
+  [[ "$pending" =~ ^[0-9]+$ ]] || pending=0  # no group: no worker ever read
   dead=$("${REDIS_CLI_BIN:-redis-cli}" -p "$port" XLEN "$stream:dead")
   stream_outstanding_keys "$port" "$stream" "$group" >"$work/outstanding"
   tail -n 1 "$work"/worker*.log
