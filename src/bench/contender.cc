@@ -75,6 +75,27 @@ std::function<Step(int)> StoreStep(Store* store, Buffer* buffer, const std::stri
         return p.status.ok() && p.action == BrokerAction::kAck && p.ran;
       };
     }
+    if (op == kClaimCompleteLater) {
+      // Each thread completes a claim only after kCompleteLaterDepth more of its
+      // own: what a handler that runs for a while leaves in flight.
+      auto ring = std::make_shared<std::vector<std::pair<std::string, Token>>>();
+      auto next = std::make_shared<size_t>(0);
+      return [=](uint64_t k) {
+        std::string key = TaskKey(k);
+        auto r = store->Claim(BenchClaim(key));
+        if (!r.ok() || !r->acquired()) return false;
+        if (ring->size() < kCompleteLaterDepth) {
+          ring->emplace_back(std::move(key), r->token);
+          return true;
+        }
+        auto& [old_key, old_token] = (*ring)[*next];
+        auto c = store->Complete(old_key, old_token, 600s, CompletionStatus::kOk, "");
+        old_key = std::move(key);
+        old_token = r->token;
+        *next = (*next + 1) % kCompleteLaterDepth;
+        return c.ok() && *c == WriteResult::kOk;
+      };
+    }
     const bool complete = op == "claim+complete";
     if (batch == 1) {
       return [=](uint64_t k) {

@@ -60,8 +60,13 @@ RoundResult RunInProcess(Contender& c, int threads, double seconds);
 // The claim request every store contender makes: lease 60 s, retention 600 s.
 ClaimRequest BenchClaim(std::string_view key);
 
-// Steps of the three dedup operations ("claim", "claim+complete", "process_once")
-// on `store` (and `buffer` for process_once), `batch` keys per step.
+// The op whose claims are completed only after kCompleteLaterDepth more claims
+// of the same thread (batch 1): a handler that runs for a while.
+inline constexpr char kClaimCompleteLater[] = "claim+complete_later";
+inline constexpr size_t kCompleteLaterDepth = 1000;
+
+// Steps of the dedup operations ("claim", "claim+complete", kClaimCompleteLater,
+// "process_once") on `store` (and `buffer` for process_once), `batch` keys per step.
 std::function<Step(int)> StoreStep(Store* store, Buffer* buffer, const std::string& op, int batch);
 
 // Counts the store calls the Buffer makes: on the Redis store each is one round

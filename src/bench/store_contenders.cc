@@ -36,9 +36,9 @@ void ContenderGroup::AddStoreOps(const std::string& name, const std::function<st
   BufferOptions bo;
   bo.lease = 60s;
   bo.retention = 600s;
-  for (const std::string op : {"claim", "claim+complete", "process_once"}) {
+  for (const std::string op : {"claim", "claim+complete", kClaimCompleteLater, "process_once"}) {
     for (int batch : {1, 16}) {
-      if (op == "process_once" && batch != 1) continue;
+      if ((op == "process_once" || op == kClaimCompleteLater) && batch != 1) continue;
       std::shared_ptr<Store> s = open();
       if (!s) return;
       Keep(s);
@@ -48,7 +48,10 @@ void ContenderGroup::AddStoreOps(const std::string& name, const std::function<st
         bp = b.get();
         Keep(b);
       }
-      std::string label = std::string("dedup ") + (op == "process_once" ? "ProcessOnce" : op);
+      std::string label = std::string("dedup ") + (op == "process_once" ? "ProcessOnce"
+                                                   : op == kClaimCompleteLater
+                                                       ? "claim, complete 1000 claims later"
+                                                       : op);
       if (batch > 1) label += " (ClaimBatch " + std::to_string(batch) + ")";
       Contender& c = Add(name, label, op, batch, batch == 1 ? b1 : b16);
       c.make_step = StoreStep(s.get(), bp, op, batch);
