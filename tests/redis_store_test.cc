@@ -1030,9 +1030,11 @@ TEST_F(RedisLostReplyTest, AnExhaustingClaimWhoseReplyIsLostAnswersExhausted) {
 
 // pipereview: many callers share one auto-pipelined connection; it is reset three
 // times while their batches are in flight. Every caller gets an answer (none
-// hangs), every claim is ACQUIRED at attempt 1 on its own token (retried, never
-// blocked by its own first send), and no completion answers LOST: a failed one
-// says "effect unknown", and its record is then COMPLETED or still the caller's.
+// hangs), every claim answered is ACQUIRED at attempt 1 on its own token (retried,
+// never blocked by its own first send; a claim may fail outright while the
+// connection is re-made, which is not an answer), and no completion answers LOST:
+// a failed one says "effect unknown", and its record is then COMPLETED or still
+// the caller's.
 TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneOnce) {
   LossyRelay& relay = *relay_;
   auto opened = OpenThroughRelay("many", "auto");
@@ -1040,7 +1042,8 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
   Store& store = **opened;
   constexpr int kThreads = 8, kMaxEach = 20000;
   std::atomic<bool> stop{false};
-  std::atomic<int> bad_claims{0}, lost{0}, unknown{0}, other{0}, done{0};
+  std::atomic<int> bad_claims{0}, failed_claims{0}, acquired{0}, lost{0}, unknown{0}, other{0},
+      done{0};
   std::mutex mu;
   std::vector<std::pair<std::string, Token>> failed_completes;
   std::vector<std::thread> threads;
@@ -1049,10 +1052,16 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
       for (int i = 0; i < kMaxEach && !stop.load(); ++i) {
         const std::string key = "m-" + std::to_string(t) + "-" + std::to_string(i);
         auto c = store.Claim(Req(key));
-        if (!c.ok() || c->outcome != ClaimOutcome::kAcquired || c->attempt != 1) {
+        if (!c.ok()) {  // unavailable while the connection is re-made (backoff)
+          ++failed_claims;
+          std::this_thread::sleep_for(1ms);
+          continue;
+        }
+        if (c->outcome != ClaimOutcome::kAcquired || c->attempt != 1) {
           ++bad_claims;
           continue;
         }
+        ++acquired;
         auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, "r");
         if (w.ok() && *w == WriteResult::kLost) {
           ++lost;
@@ -1079,11 +1088,18 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
   relay.Arm(LossyRelay::Fault::kNone);
   EXPECT_EQ(done.load(), kThreads);
   EXPECT_GE(relay.faults(), 3) << "the faults were not met: the test proves less";
-  EXPECT_EQ(bad_claims.load(), 0) << "a claim was not ACQUIRED at attempt 1";
+  EXPECT_EQ(bad_claims.load(), 0) << "a claim was answered, but not ACQUIRED at attempt 1";
+  EXPECT_GT(acquired.load(), 0) << failed_claims.load() << " claims failed, none acquired";
   EXPECT_EQ(lost.load(), 0) << "a caller's own completion answered LOST (sent twice)";
   EXPECT_EQ(other.load(), 0);
   for (const auto& [key, token] : failed_completes) {
     auto rec = store.Inspect(key);
+    // The last reset may have left the connection in its reconnect backoff.
+    for (auto until = std::chrono::steady_clock::now() + 5s;
+         !rec.ok() && std::chrono::steady_clock::now() < until;) {
+      std::this_thread::sleep_for(20ms);
+      rec = store.Inspect(key);
+    }
     ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
     EXPECT_TRUE((*rec)->state == RecordState::kCompleted ||
                 ((*rec)->state == RecordState::kInProgress && (*rec)->token == token))
