@@ -96,6 +96,70 @@ TEST(MemoryStore, LongLivedRecordsDoNotDelayReclaim) {
       << "10 operations, 4 each: every expired record reclaimed";
 }
 
+// The sweep returns at once while nothing in the shard is due (a shard-wide
+// lower bound of the deadlines, made exact each time the cursor goes round). A
+// record added after the bound was made exact, behind the cursor or ahead of
+// it, must lower the bound, and be reclaimed once it expires.
+TEST(MemoryStore, ShortRecordsAfterManyIdleSweepsAreReclaimed) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  auto claim = [&](const std::string& key, std::chrono::milliseconds retention) {
+    ClaimRequest r;
+    r.key = key;
+    r.lease = 1ms;
+    r.retention = retention;
+    ASSERT_TRUE(store->Claim(r).ok()) << key;
+  };
+  // Two and a half chunks of long-lived records; the sweep goes round many
+  // times meanwhile, finding nothing due.
+  for (int i = 0; i < 10'000; ++i) claim("keep:" + std::to_string(i), 1h);
+  for (int i = 0; i < 2'000; ++i) {
+    ASSERT_TRUE(store->Inspect("keep:" + std::to_string(i)).ok());
+    claim("keep:" + std::to_string(i), 1h);  // BUSY or DUPLICATE: nothing written
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 40; ++i) claim("short:" + std::to_string(round) + ":" + std::to_string(i), 1s);
+    EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 10'000u + 40u) << round;
+    clock.Advance(999ms);
+    for (int i = 0; i < 20; ++i) claim("keep:" + std::to_string(i), 1h);
+    EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 10'000u + 40u) << "not yet due, round " << round;
+    clock.Advance(2ms);
+    // Each operation looks at up to 16 slots, or steps over a chunk for 4 of
+    // them: 10,040 slots need at most ~700 operations to go round once.
+    for (int i = 0; i < 1'000; ++i) claim("keep:" + std::to_string(i), 1h);
+    EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 10'000u) << "round " << round;
+  }
+}
+
+// Claim checks its arguments inline, and asks ValidateClaim only for the error:
+// at every edge of every limit, it answers as ValidateClaim does.
+TEST(MemoryStore, ClaimChecksItsArgumentsAsValidateClaim) {
+  auto store = NewMemoryStore();
+  const std::string big(kMaxKeyBytes + 1, 'k');
+  const std::string fp(kMaxFingerprintBytes + 1, 'f');
+  int n = 0;
+  for (size_t key_len : {size_t{0}, size_t{1}, kMaxKeyBytes, kMaxKeyBytes + 1}) {
+    for (Millis lease : {Millis(-1), Millis(0), Millis(1), kMaxDuration, kMaxDuration + Millis(1)}) {
+      for (Millis retention : {Millis(-1), Millis(0), Millis(1), kMaxDuration, kMaxDuration + Millis(1)}) {
+        for (size_t fp_len : {size_t{0}, kMaxFingerprintBytes, kMaxFingerprintBytes + 1}) {
+          // A key of its own per request (its first bytes), so that every valid one is ACQUIRED.
+          std::string key = std::string_view(big).substr(0, key_len).data() == nullptr ? "" : big.substr(0, key_len);
+          if (key_len > 0) key.replace(0, std::min(key_len, size_t{4}), std::to_string(1000 + n++).substr(0, std::min(key_len, size_t{4})));
+          ClaimRequest r;
+          r.key = key;
+          r.lease = lease;
+          r.retention = retention;
+          r.fingerprint = std::string_view(fp).substr(0, fp_len);
+          const Status want = ValidateClaim(r);
+          auto got = store->Claim(r);
+          EXPECT_EQ(got.ok(), want.ok()) << key_len << " " << lease.count() << " " << retention.count() << " " << fp_len;
+          if (!want.ok()) EXPECT_EQ(got.status(), want);
+        }
+      }
+    }
+  }
+}
+
 // The sweep decides from its compact deadline array, which holds each record's
 // retention deadline to the millisecond: nothing is reclaimed a millisecond
 // early, everything is reclaimed once the deadline has passed.
