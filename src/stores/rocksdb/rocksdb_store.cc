@@ -98,6 +98,9 @@ constexpr std::chrono::milliseconds kGroupCommitInterval{1};
 // Claims pending above this many, a claiming thread commits them itself: the
 // writer's backlog (and memory) stays bounded when claims outrun it.
 constexpr int64_t kMaxPending = 65'536;
+// A reused WriteBatch whose buffer grew past this is dropped after its write:
+// a rare huge batch does not keep its memory for the life of the store.
+constexpr size_t kMaxKeptBatchBytes = 1 << 20;
 // The fence epoch, made durable at every open (decimal text).
 constexpr std::string_view kMetaFenceEpochKey = "mfence_epoch";
 
@@ -898,13 +901,15 @@ class RocksDBStoreImpl final : public RocksDBStore {
     }
     const char* buf = commit_buf_.data();
     SortByKey(buf, &commit_entries_);
-    rocksdb::WriteBatch batch;
+    rocksdb::WriteBatch& batch = commit_batch_;  // its buffer kept from round to round
+    batch.Clear();
     for (const CommitEntry& e : commit_entries_) {
       (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
                       rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
     }
     rocksdb::Status s;
     if (batch.Count() > 0) s = db_->Write(batch_write_options_, &batch);
+    if (batch.GetDataSize() > kMaxKeptBatchBytes) commit_batch_ = rocksdb::WriteBatch();
     {
       std::lock_guard l(gen_mu_);
       done_gen_.store(g, std::memory_order_release);
@@ -1223,6 +1228,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
   std::string commit_buf_;
   std::vector<CommitEntry> commit_entries_;
+  rocksdb::WriteBatch commit_batch_;
 
   std::thread syncer_;
   std::mutex sync_mu_;
@@ -1368,17 +1374,13 @@ StatusOr<std::vector<AckedWrite>> RocksDBStoreImpl::CompleteBatch(
 
 Status RocksDBStoreImpl::WriteBatchOf(const BatchKeys& b, std::vector<std::optional<Record>>& cur,
                                       const std::vector<bool>& written, std::string_view op) {
-  // In key order, as the writer's batches: the memtable's skip list inserts
-  // each key next to the one before instead of searching from the top for
-  // every key (callgrind, consumer row: ~9,000 instructions a record out of
-  // order). One buffer for the values; the WriteBatch is the thread's, reused.
+  // In key order, as the writer's batches: the memtable's skip list can start
+  // its search for a key from the one before. The WriteBatch (which copies each
+  // key and value) is the thread's, reused.
   thread_local std::vector<size_t> order;
-  thread_local std::vector<size_t> value_at;
-  thread_local std::string values;
+  thread_local std::string value;
   thread_local rocksdb::WriteBatch batch;
   order.clear();
-  value_at.clear();
-  values.clear();
   batch.Clear();
   for (size_t k = 0; k < b.size(); ++k) {
     if (written[k]) order.push_back(k);
@@ -1386,21 +1388,14 @@ Status RocksDBStoreImpl::WriteBatchOf(const BatchKeys& b, std::vector<std::optio
   if (order.empty()) return Status::Ok();
   std::sort(order.begin(), order.end(),
             [&b](size_t x, size_t y) { return b.keys[x] < b.keys[y]; });
-  std::string value;
   for (size_t k : order) {
-    value_at.push_back(values.size());
+    const std::string_view rk = b.RecordKey(k);
     EncodeRecord(*cur[k], &value);
-    values += value;
-  }
-  value_at.push_back(values.size());
-  for (size_t j = 0; j < order.size(); ++j) {
-    const std::string_view rk = b.RecordKey(order[j]);
-    rocksdb::Status s = batch.Put(cf_, rocksdb::Slice(rk.data(), rk.size()),
-                                  rocksdb::Slice(values.data() + value_at[j],
-                                                 value_at[j + 1] - value_at[j]));
+    rocksdb::Status s = batch.Put(cf_, rocksdb::Slice(rk.data(), rk.size()), value);
     if (!s.ok()) return FromRocks(s, Context(op));
   }
   rocksdb::Status s = db_->Write(batch_write_options_, &batch);
+  if (batch.GetDataSize() > kMaxKeptBatchBytes) batch = rocksdb::WriteBatch();
   if (!s.ok()) return FromRocks(s, Context(op));
   for (size_t k : order) Settle(stripes_[b.slots[k].stripe], b.slots[k], b.keys[k], *cur[k]);
   return Status::Ok();
