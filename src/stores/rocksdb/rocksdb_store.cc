@@ -521,7 +521,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       }
       WaitInFlight(st, req.key);
       EncodeRecord(next, &value);
-      rocksdb::Status s = db_->Put(write_options_, cf_, rkey, value);
+      rocksdb::Status s = PutOne(rkey, value);
       if (!s.ok()) return FromRocks(s, Context("claim"));
       Settle(st, slot, req.key, next);
     }
@@ -1066,6 +1066,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
     e.second = std::move(r);
   }
 
+  // One record written as DB::Put writes it (one WriteBatch, write_options_),
+  // from the thread's reused WriteBatch: DB::Put built and freed one per call.
+  rocksdb::Status PutOne(std::string_view rkey, std::string_view value) {
+    thread_local rocksdb::WriteBatch one;
+    one.Clear();
+    rocksdb::Status s = one.Put(cf_, rocksdb::Slice(rkey.data(), rkey.size()),
+                                rocksdb::Slice(value.data(), value.size()));
+    if (s.ok()) s = db_->Write(write_options_, &one);
+    if (one.GetDataSize() > kMaxKeptBatchBytes) one = rocksdb::WriteBatch();
+    return s;
+  }
+
   // Fills every stripe's fingerprints from the keys on disk.
   Status LoadIndex() {
     rocksdb::ReadOptions ro;
@@ -1131,7 +1143,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     EncodeRecord(rec, &value);
     rocksdb::Status s;
     if (batch == nullptr) {
-      s = db_->Put(write_options_, cf_, rkey, value);
+      s = PutOne(rkey, value);
     } else {
       batch->SetSavePoint();
       s = batch->Put(cf_, rkey, value);
