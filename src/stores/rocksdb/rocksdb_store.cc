@@ -705,6 +705,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // A claim's record waiting for the group commit. gen 0: not yet taken by a
   // writer batch; otherwise the batch carrying it.
   struct Pending {
+    // Built in place in the pending map: the claim's record is moved once.
+    Pending(Record&& r, uint64_t claim_round, uint64_t key_hash)
+        : rec(std::move(r)), round(claim_round), hash(key_hash) {}
     Record rec;
     uint64_t gen = 0;
     uint64_t round = 0;  // the writer's round when the claim was made
@@ -750,12 +753,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
     auto it = st.pending.lazy_emplace(HashedKey{key, slot.hash}, [&](const auto& make) {
       inserted = true;
       make(std::piecewise_construct, std::forward_as_tuple(key),
-           std::forward_as_tuple(Pending{std::move(r), 0, round, slot.hash}));
+           std::forward_as_tuple(std::move(r), round, slot.hash));
     });
     if (inserted) {
       if (pending_count_.fetch_add(1) == 0 && writer_idle_.load()) WakeWriter();
     } else {
-      it->second = Pending{std::move(r), 0, round, slot.hash};
+      Pending& p = it->second;
+      p.rec = std::move(r);
+      p.gen = 0;
+      p.round = round;
+      p.hash = slot.hash;
     }
     MarkDirty(st, slot.stripe);
   }
