@@ -368,6 +368,30 @@ TEST(HandlerProcess, InheritsTheUsersDescriptorsButNoneOfTheWorkers) {
   for (int fd : {given[0], given[1], own, own_pipe[0], own_pipe[1]}) close(fd);
 }
 
+// A descriptor open when the supervisor started but close-on-exec (a library's,
+// opened with O_CLOEXEC) was never going to reach a handler: its number is
+// dedup's, not the user's. Once closed, the number is reused by the next open;
+// a socket opened there without SOCK_CLOEXEC (nats.c's) must not reach the
+// handler either.
+TEST(HandlerProcess, ANumberThatWasCloseOnExecAtStartStaysPrivateWhenReused) {
+  const int lib = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lib, 0);
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  close(lib);
+  const int own = socket(AF_INET, SOCK_STREAM, 0);  // no SOCK_CLOEXEC: takes lib's number
+  ASSERT_EQ(own, lib);
+  HandlerCommand c;  // not ls /proc/self/fd: its own directory takes the lowest free number
+  c.argv = {"/bin/sh", "-c",
+            "if [ -e /proc/$$/fd/" + std::to_string(own) + " ]; then echo inherited; fi"};
+  c.capture_stdout = true;
+  auto r = (*sup)->Run(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->code, 0) << r->output;
+  EXPECT_EQ(r->output, "") << "the handler inherited the worker's socket";
+  close(own);
+}
+
 TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
   auto sup = HandlerSupervisor::Start();
   ASSERT_TRUE(sup.ok());

@@ -394,8 +394,15 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
 
 namespace {
 
-// The descriptor numbers from 3 up that are not open now, as [first, last]
-// ranges, the last one open-ended.
+// Open and not close-on-exec: a descriptor a child inherits.
+bool Inheritable(int fd) {
+  const int flags = fcntl(fd, F_GETFD);
+  return flags >= 0 && (flags & FD_CLOEXEC) == 0;
+}
+
+// The descriptor numbers from 3 up that no child would inherit now (not open,
+// or open close-on-exec: a library's, whose number is reused once it closes),
+// as [first, last] ranges, the last one open-ended.
 std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
   std::vector<unsigned> open;
   if (DIR* d = opendir("/proc/self/fd"); d != nullptr) {
@@ -403,14 +410,15 @@ std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
     while (const dirent* e = readdir(d)) {
       char* end = nullptr;
       const unsigned long n = std::strtoul(e->d_name, &end, 10);
-      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own && n >= 3) {
+      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own && n >= 3 &&
+          Inheritable(static_cast<int>(n))) {
         open.push_back(static_cast<unsigned>(n));
       }
     }
     closedir(d);
   } else {  // no /proc: ask each of the first 1024 numbers
     for (int fd = 3; fd < 1024; ++fd) {
-      if (fcntl(fd, F_GETFD) >= 0) open.push_back(static_cast<unsigned>(fd));
+      if (Inheritable(fd)) open.push_back(static_cast<unsigned>(fd));
     }
   }
   std::sort(open.begin(), open.end());
