@@ -13,7 +13,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -21,7 +25,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -390,6 +396,59 @@ TEST(HandlerProcess, ANumberThatWasCloseOnExecAtStartStaysPrivateWhenReused) {
   ASSERT_EQ(r->code, 0) << r->output;
   EXPECT_EQ(r->output, "") << "the handler inherited the worker's socket";
   close(own);
+}
+
+// close_range(2) fails on kernels before 5.9 (ENOSYS), with CLOSE_RANGE_CLOEXEC
+// before 5.11 (EINVAL), and under container seccomp profiles that predate it
+// (EPERM or ENOSYS). The worker's own descriptors must stay out of handlers
+// there too. Shown in a forked process whose seccomp filter refuses close_range.
+TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_close_range, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+      _exit(2);
+    }
+    if (close_range(1000, 1000, CLOSE_RANGE_CLOEXEC) == 0 || errno != ENOSYS) _exit(3);
+    int given[2];  // the caller's $(...): the watchdog must not hold it open
+    if (pipe(given) != 0) _exit(2);
+    given[1] = fcntl(given[1], F_DUPFD, 300);  // above the watchdog's own 0..5
+    if (given[1] < 0) _exit(2);
+    auto sup = HandlerSupervisor::Start();
+    if (!sup.ok()) _exit(4);
+    const std::string wd_fds = "/proc/" + std::to_string((*sup)->watchdog_pid()) + "/fd/";
+    const auto until = Steady::now() + 5s;
+    while (access((wd_fds + std::to_string(given[1])).c_str(), F_OK) == 0) {
+      if (Steady::now() > until) _exit(8);
+      std::this_thread::sleep_for(5ms);
+    }
+    if (access((wd_fds + "4").c_str(), F_OK) != 0) _exit(9);  // its log: still there
+    const int own = socket(AF_INET, SOCK_STREAM, 0);  // a library's, no SOCK_CLOEXEC
+    const int high = fcntl(own, F_DUPFD, 700);        // dup: not close-on-exec either
+    if (own < 0 || high < 0) _exit(5);
+    HandlerCommand c;
+    c.argv = {"/bin/sh", "-c",
+              "for n in " + std::to_string(own) + " " + std::to_string(high) +
+                  "; do if [ -e /proc/$$/fd/$n ]; then echo $n; fi; done"};
+    c.capture_stdout = true;
+    auto r = (*sup)->Run(c);
+    if (!r.ok() || r->code != 0) _exit(6);
+    _exit(r->output.empty() ? 0 : 7);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 7) << "the handler inherited the worker's socket";
+  EXPECT_NE(WEXITSTATUS(status), 8) << "the watchdog kept the caller's pipe open";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {

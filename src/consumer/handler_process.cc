@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -104,6 +105,51 @@ int PidfdOpen(pid_t pid) {
 #endif
 }
 
+// Where close_range(2) is refused (before Linux 5.9; CLOSE_RANGE_CLOEXEC before
+// 5.11; seccomp profiles that predate it, as older container runtimes'): calls
+// act(fd) for every open descriptor from 3 up, found one by one. System calls
+// only (a vfork child and the watchdog use it): the numbers come from
+// getdents64 on /proc/self/fd (this process's own table; in a spawned child, a
+// copy taken at clone that no other thread adds to); without /proc, every
+// number below the descriptor limit is tried. act returns true when it closed
+// the descriptor: the listing is then read again from the start.
+template <typename Act>
+void ForEachOpenFdSlowly(Act act) {
+  const int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    rlimit lim{};
+    const unsigned top = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < (1u << 20)
+                             ? static_cast<unsigned>(lim.rlim_cur)
+                             : 1u << 20;
+    for (unsigned fd = 3; fd < top; ++fd) {
+      if (fcntl(static_cast<int>(fd), F_GETFD) >= 0) (void)act(fd);
+    }
+    return;
+  }
+  alignas(8) char buf[4096];
+  for (;;) {
+    const long n = syscall(SYS_getdents64, dir, buf, sizeof(buf));
+    if (n <= 0) break;
+    bool closed = false;
+    for (long off = 0; off < n;) {
+      // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name.
+      unsigned short reclen;
+      std::memcpy(&reclen, buf + off + 16, sizeof(reclen));
+      const char* name = buf + off + 19;
+      off += reclen;
+      unsigned fd = 0;
+      bool number = *name != '\0';
+      for (const char* c = name; number && *c != '\0'; ++c) {
+        if (*c < '0' || *c > '9' || fd > (UINT_MAX - 9) / 10) number = false;
+        else fd = fd * 10 + static_cast<unsigned>(*c - '0');
+      }
+      if (number && fd >= 3 && static_cast<int>(fd) != dir && act(fd)) closed = true;
+    }
+    if (closed) (void)lseek(dir, 0, SEEK_SET);
+  }
+  close(dir);
+}
+
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
 // `slots[0..n)` and `cg.slots[0..cg.n)` are the live groups and cgroups, filled
 // before the fork: the watchdog knows them from its first instruction.
@@ -135,7 +181,10 @@ int PidfdOpen(pid_t pid) {
   dup2(sock, 3);
   dup2(log, 4);
   if (cg_dir >= 0) dup2(cg_dir, 5);
-  close_range(cg_dir >= 0 ? 6 : 5, ~0U, 0);
+  const unsigned keep = cg_dir >= 0 ? 6 : 5;
+  if (close_range(keep, ~0U, 0) != 0) {
+    ForEachOpenFdSlowly([keep](unsigned fd) { return fd >= keep && close(static_cast<int>(fd)) == 0; });
+  }
   fcntl(4, F_SETFL, O_NONBLOCK);
   size_t n_cg = cg.n;
   auto apply = [&](const WatchMsg& m) {
@@ -257,10 +306,20 @@ int SpawnChild(void* p) {
     if (a->stdout_fd == 1) fcntl(1, F_SETFD, 0);
     else dup2(a->stdout_fd, 1);
   }
-  // None of the worker's own descriptors reach the handler (kernel 5.11+; on an
-  // older kernel close_range fails and only those opened with O_CLOEXEC stay out).
+  // None of the worker's own descriptors reach the handler (close_range, kernel
+  // 5.11+; one by one where it is refused).
   for (size_t i = 0; i < a->private_fd_ranges; ++i) {
-    close_range(a->private_fds[i].first, a->private_fds[i].second, CLOSE_RANGE_CLOEXEC);
+    if (close_range(a->private_fds[i].first, a->private_fds[i].second, CLOSE_RANGE_CLOEXEC) != 0) {
+      ForEachOpenFdSlowly([a](unsigned fd) {
+        for (size_t k = 0; k < a->private_fd_ranges; ++k) {
+          if (fd >= a->private_fds[k].first && fd <= a->private_fds[k].second) {
+            (void)fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+          }
+        }
+        return false;
+      });
+      break;
+    }
   }
   sigset_t none;
   sigemptyset(&none);
