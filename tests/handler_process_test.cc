@@ -481,6 +481,31 @@ TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
   EXPECT_EQ(ToHandlerResult(r, false).kind, HandlerResult::Kind::kRetry);
 }
 
+// A path goes to execve unchecked; its errno alone would mislead in two cases:
+// ENOENT for a script whose interpreter is missing (the file is there), EACCES
+// for a directory. The error names what is wrong.
+TEST(HandlerProcess, StartErrorsOfAPathNameTheProblem) {
+  TempDir dir;
+  const std::string script = dir.File("handler.sh");
+  std::ofstream(script) << "#!/no/such/interpreter\nexit 0\n";
+  ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  HandlerCommand c;
+  c.argv = {script};
+  auto r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("interpreter"), std::string::npos) << r.status().ToString();
+
+  c.argv = {"/tmp"};
+  r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(std::strerror(EISDIR)), std::string::npos)
+      << r.status().ToString();
+}
+
 TEST(HandlerProcess, WhatTheHandlerLeftRunningIsKilledWhenItExits) {
   TempDir dir;
   auto sup = HandlerSupervisor::Start();

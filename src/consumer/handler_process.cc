@@ -364,6 +364,18 @@ Status StartError(const std::string& name, int e) {
   return Status::Unavailable("cannot start '" + name + "': " + Err(e));
 }
 
+// StartError for an execve of `path` that failed: where that errno alone would
+// mislead, one stat (on the failure path only) names what it means.
+Status ExecError(const std::string& name, const std::string& path, int e) {
+  struct stat st {};
+  if (e == ENOENT && stat(path.c_str(), &st) == 0) {  // the file is there
+    return Status::NotFound("command '" + name + "' cannot start: the interpreter its #! line "
+                            "names (or its ELF loader) was not found");
+  }
+  if (e == EACCES && stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) e = EISDIR;
+  return StartError(name, e);
+}
+
 const char* SignalName(int sig) {
   const char* d = strsignal(sig);
   return d != nullptr ? d : "unknown";
@@ -891,7 +903,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
                                    cgroups_->dir() + "/" + cgroup.name + "': " +
                                    Err(a.cgroup_errno));
       }
-      if (a.exec_errno != 0) return StartError(cmd.argv[0], a.exec_errno);
+      if (a.exec_errno != 0) return ExecError(cmd.argv[0], path, a.exec_errno);
       if (a.register_errno == 0) return Status::Unavailable("cannot start handler: setup failed");
       return Status::Unavailable("cannot start handler: the handler watchdog is gone (" +
                                  Err(a.register_errno) + ")");
@@ -910,7 +922,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
     close_all();
-    return StartError(cmd.argv[0], a.exec_errno);
+    return ExecError(cmd.argv[0], path, a.exec_errno);
   }
   const int pidfd = PidfdOpen(pid);
 
