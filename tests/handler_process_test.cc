@@ -451,6 +451,40 @@ TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// A process whose standard descriptors were closed when the supervisor started
+// (`2>&-`, a supervisor that closes them) and whose numbers 0 to 2 were then a
+// library's (close-on-exec): once those close, the next sockets land there
+// (nats.c's has no O_CLOEXEC). A handler inherits what was open when the
+// supervisor started: no stderr here, never the socket.
+TEST(HandlerProcess, AStandardNumberNotOpenAtStartIsNotInherited) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (int fd = 0; fd <= 2; ++fd) close(fd);
+    for (int fd = 0; fd <= 2; ++fd) {
+      if (open("/dev/null", O_RDONLY | O_CLOEXEC) != fd) _exit(2);
+    }
+    auto sup = HandlerSupervisor::Start();
+    if (!sup.ok()) _exit(4);
+    for (int fd = 0; fd <= 2; ++fd) close(fd);
+    for (int fd = 0; fd <= 2; ++fd) {
+      if (socket(AF_INET, SOCK_STREAM, 0) != fd) _exit(5);
+    }
+    HandlerCommand c;  // stdin and stdout are pipes; fd 2 is the question
+    c.argv = {"/bin/sh", "-c", "if [ -e /proc/$$/fd/2 ]; then echo inherited; fi"};
+    c.stdin_data = "";
+    c.capture_stdout = true;
+    auto r = (*sup)->Run(c);
+    if (!r.ok() || r->code != 0) _exit(6);
+    _exit(r->output.empty() ? 0 : 7);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 7) << "the handler inherited the worker's socket as its stderr";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
   auto sup = HandlerSupervisor::Start();
   ASSERT_TRUE(sup.ok());

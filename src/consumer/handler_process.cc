@@ -107,7 +107,7 @@ int PidfdOpen(pid_t pid) {
 
 // Where close_range(2) is refused (before Linux 5.9; CLOSE_RANGE_CLOEXEC before
 // 5.11; seccomp profiles that predate it, as older container runtimes'): calls
-// act(fd) for every open descriptor from 3 up, found one by one. System calls
+// act(fd) for every open descriptor, found one by one. System calls
 // only (a vfork child and the watchdog use it): the numbers come from
 // getdents64 on /proc/self/fd (this process's own table; in a spawned child, a
 // copy taken at clone that no other thread adds to); without /proc, every
@@ -121,7 +121,7 @@ void ForEachOpenFdSlowly(Act act) {
     const unsigned top = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < (1u << 20)
                              ? static_cast<unsigned>(lim.rlim_cur)
                              : 1u << 20;
-    for (unsigned fd = 3; fd < top; ++fd) {
+    for (unsigned fd = 0; fd < top; ++fd) {
       if (fcntl(static_cast<int>(fd), F_GETFD) >= 0) (void)act(fd);
     }
     return;
@@ -143,7 +143,7 @@ void ForEachOpenFdSlowly(Act act) {
         if (*c < '0' || *c > '9' || fd > (UINT_MAX - 9) / 10) number = false;
         else fd = fd * 10 + static_cast<unsigned>(*c - '0');
       }
-      if (number && fd >= 3 && static_cast<int>(fd) != dir && act(fd)) closed = true;
+      if (number && static_cast<int>(fd) != dir && act(fd)) closed = true;
     }
     if (closed) (void)lseek(dir, 0, SEEK_SET);
   }
@@ -298,16 +298,9 @@ int SpawnChild(void* p) {
     _exit(127);
   }
   a->registered = true;
-  if (a->stdin_fd >= 0) {
-    if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
-    else dup2(a->stdin_fd, 0);
-  }
-  if (a->stdout_fd >= 0) {
-    if (a->stdout_fd == 1) fcntl(1, F_SETFD, 0);
-    else dup2(a->stdout_fd, 1);
-  }
   // None of the worker's own descriptors reach the handler (close_range, kernel
-  // 5.11+; one by one where it is refused).
+  // 5.11+; one by one where it is refused). Before stdin and stdout are set: a
+  // standard number that was not open at Start is in a private range.
   for (size_t i = 0; i < a->private_fd_ranges; ++i) {
     if (close_range(a->private_fds[i].first, a->private_fds[i].second, CLOSE_RANGE_CLOEXEC) != 0) {
       ForEachOpenFdSlowly([a](unsigned fd) {
@@ -320,6 +313,14 @@ int SpawnChild(void* p) {
       });
       break;
     }
+  }
+  if (a->stdin_fd >= 0) {
+    if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
+    else dup2(a->stdin_fd, 0);
+  }
+  if (a->stdout_fd >= 0) {
+    if (a->stdout_fd == 1) fcntl(1, F_SETFD, 0);
+    else dup2(a->stdout_fd, 1);
   }
   sigset_t none;
   sigemptyset(&none);
@@ -471,9 +472,10 @@ bool Inheritable(int fd) {
   return flags >= 0 && (flags & FD_CLOEXEC) == 0;
 }
 
-// The descriptor numbers from 3 up that no child would inherit now (not open,
-// or open close-on-exec: a library's, whose number is reused once it closes),
-// as [first, last] ranges, the last one open-ended.
+// The descriptor numbers that no child would inherit now (not open, or open
+// close-on-exec: a library's, whose number is reused once it closes), as
+// [first, last] ranges, the last one open-ended. 0 to 2 too: a process started
+// with them closed gives its handlers none, whatever lands there later.
 std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
   std::vector<unsigned> open;
   if (DIR* d = opendir("/proc/self/fd"); d != nullptr) {
@@ -481,20 +483,20 @@ std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
     while (const dirent* e = readdir(d)) {
       char* end = nullptr;
       const unsigned long n = std::strtoul(e->d_name, &end, 10);
-      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own && n >= 3 &&
+      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own &&
           Inheritable(static_cast<int>(n))) {
         open.push_back(static_cast<unsigned>(n));
       }
     }
     closedir(d);
   } else {  // no /proc: ask each of the first 1024 numbers
-    for (int fd = 3; fd < 1024; ++fd) {
+    for (int fd = 0; fd < 1024; ++fd) {
       if (Inheritable(fd)) open.push_back(static_cast<unsigned>(fd));
     }
   }
   std::sort(open.begin(), open.end());
   std::vector<std::pair<unsigned, unsigned>> ranges;
-  unsigned next = 3;
+  unsigned next = 0;
   for (unsigned fd : open) {
     if (fd > next) ranges.emplace_back(next, fd - 1);
     next = fd + 1;
