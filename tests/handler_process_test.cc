@@ -415,7 +415,7 @@ TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
     sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
-      _exit(2);
+      _exit(10);  // no seccomp filters here: nothing to show
     }
     if (close_range(1000, 1000, CLOSE_RANGE_CLOEXEC) == 0 || errno != ENOSYS) _exit(3);
     int given[2];  // the caller's $(...): the watchdog must not hold it open
@@ -446,6 +446,7 @@ TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 10) GTEST_SKIP() << "seccomp filters are refused here";
   EXPECT_NE(WEXITSTATUS(status), 7) << "the handler inherited the worker's socket";
   EXPECT_NE(WEXITSTATUS(status), 8) << "the watchdog kept the caller's pipe open";
   EXPECT_EQ(WEXITSTATUS(status), 0);
