@@ -31,6 +31,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -398,14 +400,35 @@ TEST(HandlerProcess, ANumberThatWasCloseOnExecAtStartStaysPrivateWhenReused) {
   close(own);
 }
 
+// Runs `body` in a forked child, which exits with what it returns; its exit
+// code, or -1 when it did not exit.
+int ExitCodeOfChild(const std::function<int()>& body) {
+  const pid_t child = fork();
+  if (child == 0) _exit(body());
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// Runs `script` under /bin/sh as a handler with its stdout captured: 0 when it
+// printed nothing, 7 when it printed something, 6 when it did not run or failed.
+int SilentHandler(HandlerSupervisor& sup, const std::string& script,
+                  std::optional<std::string> stdin_data = std::nullopt) {
+  HandlerCommand c;
+  c.argv = {"/bin/sh", "-c", script};
+  c.stdin_data = std::move(stdin_data);
+  c.capture_stdout = true;
+  auto r = sup.Run(c);
+  if (!r.ok() || r->code != 0) return 6;
+  return r->output.empty() ? 0 : 7;
+}
+
 // close_range(2) fails on kernels before 5.9 (ENOSYS), with CLOSE_RANGE_CLOEXEC
 // before 5.11 (EINVAL), and under container seccomp profiles that predate it
 // (EPERM or ENOSYS). The worker's own descriptors must stay out of handlers
 // there too. Shown in a forked process whose seccomp filter refuses close_range.
 TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const int code = ExitCodeOfChild([] {
     sock_filter filter[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_close_range, 0, 1),
@@ -415,41 +438,32 @@ TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
     sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
-      _exit(10);  // no seccomp filters here: nothing to show
+      return 10;  // no seccomp filters here: nothing to show
     }
-    if (close_range(1000, 1000, CLOSE_RANGE_CLOEXEC) == 0 || errno != ENOSYS) _exit(3);
+    if (close_range(1000, 1000, CLOSE_RANGE_CLOEXEC) == 0 || errno != ENOSYS) return 3;
     int given[2];  // the caller's $(...): the watchdog must not hold it open
-    if (pipe(given) != 0) _exit(2);
+    if (pipe(given) != 0) return 2;
     given[1] = fcntl(given[1], F_DUPFD, 300);  // above the watchdog's own 0..5
-    if (given[1] < 0) _exit(2);
+    if (given[1] < 0) return 2;
     auto sup = HandlerSupervisor::Start();
-    if (!sup.ok()) _exit(4);
+    if (!sup.ok()) return 4;
     const std::string wd_fds = "/proc/" + std::to_string((*sup)->watchdog_pid()) + "/fd/";
     const auto until = Steady::now() + 5s;
     while (access((wd_fds + std::to_string(given[1])).c_str(), F_OK) == 0) {
-      if (Steady::now() > until) _exit(8);
+      if (Steady::now() > until) return 8;
       std::this_thread::sleep_for(5ms);
     }
-    if (access((wd_fds + "4").c_str(), F_OK) != 0) _exit(9);  // its log: still there
+    if (access((wd_fds + "4").c_str(), F_OK) != 0) return 9;  // its log: still there
     const int own = socket(AF_INET, SOCK_STREAM, 0);  // a library's, no SOCK_CLOEXEC
     const int high = fcntl(own, F_DUPFD, 700);        // dup: not close-on-exec either
-    if (own < 0 || high < 0) _exit(5);
-    HandlerCommand c;
-    c.argv = {"/bin/sh", "-c",
-              "for n in " + std::to_string(own) + " " + std::to_string(high) +
-                  "; do if [ -e /proc/$$/fd/$n ]; then echo $n; fi; done"};
-    c.capture_stdout = true;
-    auto r = (*sup)->Run(c);
-    if (!r.ok() || r->code != 0) _exit(6);
-    _exit(r->output.empty() ? 0 : 7);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 10) GTEST_SKIP() << "seccomp filters are refused here";
-  EXPECT_NE(WEXITSTATUS(status), 7) << "the handler inherited the worker's socket";
-  EXPECT_NE(WEXITSTATUS(status), 8) << "the watchdog kept the caller's pipe open";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+    if (own < 0 || high < 0) return 5;
+    return SilentHandler(**sup, "for n in " + std::to_string(own) + " " + std::to_string(high) +
+                                    "; do if [ -e /proc/$$/fd/$n ]; then echo $n; fi; done");
+  });
+  if (code == 10) GTEST_SKIP() << "seccomp filters are refused here";
+  EXPECT_NE(code, 7) << "the handler inherited the worker's socket";
+  EXPECT_NE(code, 8) << "the watchdog kept the caller's pipe open";
+  EXPECT_EQ(code, 0);
 }
 
 // A process whose standard descriptors were closed when the supervisor started
@@ -458,32 +472,22 @@ TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
 // (nats.c's has no O_CLOEXEC). A handler inherits what was open when the
 // supervisor started: no stderr here, never the socket.
 TEST(HandlerProcess, AStandardNumberNotOpenAtStartIsNotInherited) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  const int code = ExitCodeOfChild([] {
     for (int fd = 0; fd <= 2; ++fd) close(fd);
     for (int fd = 0; fd <= 2; ++fd) {
-      if (open("/dev/null", O_RDONLY | O_CLOEXEC) != fd) _exit(2);
+      if (open("/dev/null", O_RDONLY | O_CLOEXEC) != fd) return 2;
     }
     auto sup = HandlerSupervisor::Start();
-    if (!sup.ok()) _exit(4);
+    if (!sup.ok()) return 4;
     for (int fd = 0; fd <= 2; ++fd) close(fd);
     for (int fd = 0; fd <= 2; ++fd) {
-      if (socket(AF_INET, SOCK_STREAM, 0) != fd) _exit(5);
+      if (socket(AF_INET, SOCK_STREAM, 0) != fd) return 5;
     }
-    HandlerCommand c;  // stdin and stdout are pipes; fd 2 is the question
-    c.argv = {"/bin/sh", "-c", "if [ -e /proc/$$/fd/2 ]; then echo inherited; fi"};
-    c.stdin_data = "";
-    c.capture_stdout = true;
-    auto r = (*sup)->Run(c);
-    if (!r.ok() || r->code != 0) _exit(6);
-    _exit(r->output.empty() ? 0 : 7);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_NE(WEXITSTATUS(status), 7) << "the handler inherited the worker's socket as its stderr";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+    // stdin and stdout are pipes; fd 2 is the question
+    return SilentHandler(**sup, "if [ -e /proc/$$/fd/2 ]; then echo inherited; fi", "");
+  });
+  EXPECT_NE(code, 7) << "the handler inherited the worker's socket as its stderr";
+  EXPECT_EQ(code, 0);
 }
 
 TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
