@@ -240,6 +240,13 @@ HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTra
 #endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
+  // `/bin/sh -c ''` exits 0: every message would be recorded done and acked
+  // with nothing run (an unset "$HANDLER" in a unit file does it).
+  if (f.exec.find_first_not_of(" \t\n\v\f\r") == std::string::npos) {
+    std::fprintf(stderr, "dedup worker: --exec: empty command (it would run nothing and "
+                         "record every message as done)\n");
+    return kExitUsage;
+  }
   if (f.no_shell) {
     const std::vector<std::string> words = SplitWords(f.exec);
     auto found = words.empty() ? StatusOr<std::string>(Status::InvalidArgument("empty command"))
