@@ -32,6 +32,15 @@ auto OneShardStore(SimulatedClock* clock) {
   return NewMemoryStore(o);
 }
 
+// Claims `key` and expects an answer (any outcome).
+void ClaimAnswered(Store& store, const std::string& key, Millis lease, Millis retention) {
+  ClaimRequest r;
+  r.key = key;
+  r.lease = lease;
+  r.retention = retention;
+  ASSERT_TRUE(store.Claim(r).ok()) << key;
+}
+
 TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
   SimulatedClock clock;
   auto store = OneShardStore(&clock);
@@ -103,13 +112,7 @@ TEST(MemoryStore, LongLivedRecordsDoNotDelayReclaim) {
 TEST(MemoryStore, ShortRecordsAfterManyIdleSweepsAreReclaimed) {
   SimulatedClock clock;
   auto store = OneShardStore(&clock);
-  auto claim = [&](const std::string& key, std::chrono::milliseconds retention) {
-    ClaimRequest r;
-    r.key = key;
-    r.lease = 1ms;
-    r.retention = retention;
-    ASSERT_TRUE(store->Claim(r).ok()) << key;
-  };
+  auto claim = [&](const std::string& key, Millis retention) { ClaimAnswered(*store, key, 1ms, retention); };
   // Two and a half chunks of long-lived records; the sweep goes round many
   // times meanwhile, finding nothing due.
   for (int i = 0; i < 10'000; ++i) claim("keep:" + std::to_string(i), 1h);
@@ -129,6 +132,34 @@ TEST(MemoryStore, ShortRecordsAfterManyIdleSweepsAreReclaimed) {
     for (int i = 0; i < 1'000; ++i) claim("keep:" + std::to_string(i), 1h);
     EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 10'000u) << "round " << round;
   }
+}
+
+// A deadline written behind the sweep's cursor, into a chunk the current pass
+// has already passed, must still count when the cursor wraps and the shard's
+// lower bound is made exact again; and the last, partial chunk's bound is made
+// exact when the cursor has scanned up to its end (else a short record that
+// once lived there would keep the bound low until the chunk filled).
+TEST(MemoryStore, DeadlineWrittenBehindTheCursorIsReclaimed) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  // Five chunks (4096 slots each): a pass cannot step over all of them in one
+  // operation (4 of its budget of 16 per chunk), so it ends in a later one.
+  for (int i = 0; i < 20'000; ++i) ClaimAnswered(*store, "keep:" + std::to_string(i), 1ms, 1h);
+  for (int i = 0; i < 40; ++i) ClaimAnswered(*store, "a:" + std::to_string(i), 1ms, 1s);  // the last chunk
+  clock.Advance(2s);  // the a: records are due
+  // One operation: the cursor steps over chunks 0 to 3.
+  ClaimAnswered(*store, "keep:19000", 1ms, 1h);
+  // Behind the cursor: keep:5 (slot 5, chunk 0) is taken over, kept 1 s.
+  ClaimAnswered(*store, "keep:5", 1ms, 1s);
+  // The cursor finishes the pass (removing the a: records) and wraps.
+  for (int i = 0; i < 400; ++i) ClaimAnswered(*store, "keep:" + std::to_string(10'000 + i), 1ms, 1h);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 20'000u);
+  clock.Advance(2s);  // keep:5 is due
+  for (int i = 0; i < 400; ++i) ClaimAnswered(*store, "keep:" + std::to_string(10'400 + i), 1ms, 1h);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 19'999u) << "keep:5 reclaimed";
+  auto r = store->Inspect("keep:5");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->has_value());
 }
 
 // Claim checks its arguments inline, and asks ValidateClaim only for the error:
@@ -197,13 +228,7 @@ TEST(MemoryStore, ReclaimFollowsTheDeadlineToTheMillisecond) {
 TEST(MemoryStore, ReclaimKeepsItsDeadlinesAcrossMonths) {
   SimulatedClock clock;
   auto store = OneShardStore(&clock);
-  auto claim = [&](const std::string& key, std::chrono::milliseconds retention) {
-    ClaimRequest r;
-    r.key = key;
-    r.lease = 1s;
-    r.retention = retention;
-    ASSERT_TRUE(store->Claim(r).ok()) << key;
-  };
+  auto claim = [&](const std::string& key, Millis retention) { ClaimAnswered(*store, key, 1s, retention); };
   auto records = [&] { return internal::MemoryStorePhysicalRecords(store.get()); };
   constexpr auto kDay = std::chrono::hours(24);
   for (int i = 0; i < 50; ++i) claim("long:" + std::to_string(i), 60 * kDay);  // past the array's range

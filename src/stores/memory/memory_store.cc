@@ -406,7 +406,13 @@ class alignas(64) Shard {
     size_t removed = 0;
     for (size_t k = 0; k < 4 * most && removed < most; ++k) {
       if (cursor_ >= used_) {  // a pass over every chunk is over: min_due_ is exact again
-        pass_min_ = std::min(pass_min_, chunks_[(used_ - 1) >> kChunkShift]->min_due);  // the last may be partial
+        // The last chunk may be partial. Scanned up to used_ (not stepped
+        // over), its scan_min covers every slot in use (the rest are free,
+        // kNeverDue): its min_due is exact too, else it would stay as low as
+        // its lowest deadline ever until the chunk filled, and min_due_ with it.
+        Chunk& last = *chunks_[(used_ - 1) >> kChunkShift];
+        if (cursor_ == used_ && (used_ & (kChunkSlots - 1)) != 0) last.min_due = last.scan_min;
+        pass_min_ = std::min(pass_min_, last.min_due);
         min_due_ = pass_min_;
         pass_min_ = kNeverDue;
         cursor_ = 0;
