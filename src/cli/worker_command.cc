@@ -79,6 +79,9 @@ struct WorkerFlags {
   std::string handler_cgroup;  // --handler-cgroup DIR: each handler in a child cgroup
   int concurrency = 4;
   int prefetch = -1;
+  // With --prefetch -1: fetch ahead what the handlers finish in about this long
+  // (ConsumerOptions::prefetch_time; docs/EXEC.md "Prefetch").
+  Millis prefetch_time{5};
   Millis lease{kDefaultLease};
   Millis retention{kDefaultRetention};
   Millis retry_delay{1'000};
@@ -290,6 +293,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   ConsumerOptions co;
   co.concurrency = f.concurrency;
   co.prefetch = f.prefetch;
+  co.prefetch_time = f.prefetch_time;
   co.log_name = "dedup worker";
   co.drain_timeout = f.drain_timeout;
   co.stop_handlers = [&exec] { exec.supervisor().RequestStop(SIGTERM); };
@@ -411,9 +415,13 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_option("--prefetch", f->prefetch,
                   "Messages fetched (and claimed) ahead of the running handlers "
-                  "(-1 = --concurrency)")
+                  "(-1 = --concurrency, more for short handlers: --prefetch-time)")
       ->check(CLI::Range(-1, 65536))
       ->capture_default_str();
+  AddDurationOption(*app, "--prefetch-time", &f->prefetch_time,
+                    "With --prefetch -1: fetch ahead as many messages as the handlers finish "
+                    "in about this long (their average time), from --concurrency up to 16 x "
+                    "--concurrency; 0 = --concurrency only (default 5ms)");
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
                     DurationBound::kPositive);
   AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept",
