@@ -187,7 +187,10 @@ int RunWorkerCommand(const WorkerFlags& f) {
                                             : ExecHandlerOptions::Stdin::kPayload;
   eo.keep_output = f.keep_output;
   if (auto argv = ExecHandler::Argv(eo); !argv.ok()) {
-    std::fprintf(stderr, "dedup worker: --exec: %s\n", argv.status().ToString().c_str());
+    const Status& s = argv.status();
+    std::fprintf(stderr, "dedup worker: --exec: %s\n",
+                 s.code() == StatusCode::kInvalidArgument ? s.message().c_str()
+                                                          : s.ToString().c_str());
     return kExitUsage;
   }
 #ifdef DEDUP_WITH_SERVE

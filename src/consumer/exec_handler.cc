@@ -21,9 +21,14 @@ std::vector<std::string> SplitWords(const std::string& s) {
 }  // namespace
 
 StatusOr<std::vector<std::string>> ExecHandler::Argv(const ExecHandlerOptions& options) {
+  // `/bin/sh -c ''` exits 0: every message would be recorded done and acked
+  // with nothing run (an unset "$HANDLER" in a unit file does it).
+  if (options.command.find_first_not_of(" \t\n\v\f\r") == std::string::npos) {
+    return Status::InvalidArgument(
+        "empty command (it would run nothing and record every message as done)");
+  }
   if (options.shell) return std::vector<std::string>{"/bin/sh", "-c", options.command};
   std::vector<std::string> words = SplitWords(options.command);
-  if (words.empty()) return Status::InvalidArgument("empty command");
   // Refused here, once, rather than as a retry of every delivery.
   StatusOr<std::string> found = ResolveCommand(words[0]);
   if (!found.ok()) return found.status();

@@ -54,9 +54,9 @@ struct ExecHandlerOptions {
 
 class ExecHandler {
  public:
-  // The argv of `options.command`. Without the shell it is checked:
-  // InvalidArgument for an empty command, NotFound / PermissionDenied when its
-  // program cannot be run (ResolveCommand).
+  // The argv of `options.command`: InvalidArgument for an empty or blank
+  // command (in a shell it would run nothing and exit 0); without the shell,
+  // NotFound / PermissionDenied when its program cannot be run (ResolveCommand).
   [[nodiscard]] static StatusOr<std::vector<std::string>> Argv(const ExecHandlerOptions& options);
 
   // `supervisor` is not owned and must outlive the handler. Errors as Argv().
