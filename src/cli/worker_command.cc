@@ -80,7 +80,7 @@ struct WorkerFlags {
   int concurrency = 4;
   int prefetch = -1;
   // With --prefetch -1: fetch ahead what the handlers finish in about this long
-  // (ConsumerOptions::prefetch_time; docs/EXEC.md "Prefetch").
+  // (ConsumerOptions::prefetch_time; docs/WORKER.md, "--prefetch").
   Millis prefetch_time{5};
   Millis lease{kDefaultLease};
   Millis retention{kDefaultRetention};
