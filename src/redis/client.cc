@@ -291,7 +291,9 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   std::vector<const Command*> ptrs;
   for (const Command& cmd : cmds) ptrs.push_back(&cmd);
   std::vector<Reply> replies;
+  conn->handshake_ = true;
   Status s = conn->Pipeline(ptrs, &replies, "connect");
+  conn->handshake_ = false;
   if (!s.ok()) {
     // A silent or babbling peer during the handshake: say what we think it is.
     if (s.code() == StatusCode::kDeadlineExceeded) {
@@ -349,8 +351,11 @@ Status Connection::TransportError(std::string_view op, bool sent, bool reading) 
                                       "); is it a Redis server?");
   }
   // Once the commands (or some of them) were written, the server may have run
-  // them: said so, and never sent again here (client.h).
-  const std::string unknown = sent ? kEffectUnknown : std::string();
+  // them: said so, and never sent again here (client.h). A new connection's
+  // handshake is not the caller's commands: none of those was written then.
+  std::string unknown;
+  if (handshake_) unknown = " during the handshake (AUTH/SELECT/PING; nothing of the call was sent)";
+  else if (sent) unknown = kEffectUnknown;
   if (err == REDIS_ERR_EOF) {
     return Status::Unavailable(prefix + "server closed the connection" + unknown);
   }

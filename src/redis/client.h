@@ -181,6 +181,8 @@ class Connection {
   redisContext* c_;
   Millis timeout_;
   Millis current_timeout_;
+  // Open's AUTH / SELECT / PING: a failure then sent none of a caller's commands.
+  bool handshake_ = false;
   bool reached_ = false;
   int64_t last_reply_ms_ = 0;  // coarse steady ms of the last complete read of replies
 };
