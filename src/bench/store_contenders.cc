@@ -144,6 +144,16 @@ void AddRedisContenders(BenchContext& ctx, ContenderGroup& g) {
                   return std::move(s).value();
                 },
                 {"redis/baseline/b1"}, {"redis/baseline/b16"});
+  // Depth 1 with spin=0: each caller sleeps in recv at once after its write, as
+  // before the reply spin (docs/PERFORMANCE.md, "Depth 1: polling for the reply"),
+  // next to the default row, so that one run shows what the spin does.
+  if (auto s = OpenStore(uri + "&spin=0"); s.ok()) {
+    std::shared_ptr<Store> store = std::move(s).value();
+    g.Keep(store);
+    Contender& c = g.Add("redis", "dedup claim (spin=0: no reply spin)", "claim", 1, {"redis/baseline/b1"});
+    c.id = "redis/claim/spin0";
+    c.make_step = StoreStep(store.get(), nullptr, "claim", 1);
+  }
   // Depth 16 with single claims: 16 threads per connection calling Claim(), whose
   // calls share round trips on the auto-pipelined connections, next to -P 16.
   if (auto s = OpenStore(uri); s.ok()) {
