@@ -445,8 +445,9 @@ bool Connection::LooksAlive() {
 // through the host, which can take longer than the server's whole answer. Polling
 // for the reply a little first keeps the CPU awake for a fast answer; yielding
 // between polls leaves the CPU to the server (or anyone) when they share it. A
-// spin that saw no reply (a slow command, a busy server) is not tried again for
-// the next kSkipAfterMiss reads, so a slow server costs a spin now and then. At
+// spin that saw no reply within half its budget (a slow command, a busy server, a
+// CPU shared with other work) is not tried again for the next kSkipAfterMiss
+// reads, so a slow server costs a spin now and then, not every call. At
 // most half the CPUs (at least one) spin at once in a process: with many
 // connections the server is the bound, and spinners would take its CPU.
 namespace {
@@ -455,7 +456,7 @@ const int kMaxSpinners = std::max(1, static_cast<int>(std::thread::hardware_conc
 }  // namespace
 
 bool Connection::SpinForReply() {
-  constexpr int kSkipAfterMiss = 8;
+  constexpr int kSkipAfterMiss = 32;
   if (spin_.count() == 0 || c_->reader->pos < c_->reader->len) return true;
   if (skip_spins_ > 0) {
     --skip_spins_;
@@ -468,7 +469,8 @@ bool Connection::SpinForReply() {
   struct Leave {
     ~Leave() { spinners.fetch_sub(1, std::memory_order_relaxed); }
   } leave;
-  const auto deadline = std::chrono::steady_clock::now() + spin_;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + spin_;
   char buf[16 * 1024];
   for (;;) {
     const ssize_t n = ::recv(c_->fd, buf, sizeof buf, MSG_DONTWAIT);
@@ -478,6 +480,7 @@ bool Connection::SpinForReply() {
         std::snprintf(c_->errstr, sizeof(c_->errstr), "%s", c_->reader->errstr);
         return false;
       }
+      if (std::chrono::steady_clock::now() - start > spin_ / 2) skip_spins_ = kSkipAfterMiss;
       return true;
     }
     // EOF: the blocking read that follows finds it and words it as hiredis does.

@@ -18,7 +18,7 @@
 //              off: each call has a connection to itself.       Default: auto
 //   spin       microseconds a caller waiting for its replies polls the socket
 //              (yielding the CPU between polls) before it sleeps in the kernel;
-//              0 to 1000, 0: sleep at once.                      Default: 50
+//              0 to 1000, 0: sleep at once.                      Default: 0
 //
 // TLS is named but not supported yet: rediss://, rediss+cluster:// and the options
 // tls, tls_ca, tls_cert, tls_key, tls_sni are refused with Unimplemented ("TLS is
@@ -70,8 +70,10 @@ struct ConnectionOptions {
   // How long a reader polls its socket for replies before it blocks in recv. A
   // thread that sleeps lets its (virtual) CPU go idle, and waking an idle CPU for
   // the reply can cost more than the round trip itself (docs/PERFORMANCE.md,
-  // "Depth 1: polling for the reply"). Default: 50 us.
-  std::chrono::microseconds reply_spin{50};
+  // "Depth 1: polling for the reply"). Off by default: on a busy 2-core machine
+  // it cost client CPU and throughput at 8 connections; measured side by side in
+  // `dedup bench` (the "spin=50" row). Default: 0.
+  std::chrono::microseconds reply_spin{0};
 
   // OK, or InvalidArgument naming the bad field.
   Status Validate() const;
