@@ -121,6 +121,15 @@ for args in "inspect --store $db --prefix m- --limit -1" \
   set +e; out=$(timeout 20 "$dedup" "${argv[@]}" 2>&1); rc=$?; set -e
   [[ $rc -eq 2 ]] && ok "refused: dedup $args" || fail "dedup $args: rc $rc: $(head -c 300 <<<"$out")"
 done
+# An empty --exec would run `/bin/sh -c ''`, exit 0 for every message: each one
+# recorded done and acked with nothing run. Refused, with or without a shell.
+for cmd in '' '   ' $'\t'; do
+  for shell in "" --no-shell; do
+    expect_rc "an empty --exec is refused ${shell:-(shell)}" 2 "$dedup" worker \
+      --broker "redis://127.0.0.1:$port?stream=x" --store memory: --exec "$cmd" $shell
+    [[ "$out" == *"empty command"* ]] || fail "empty --exec: $out"
+  done
+done
 expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
 [[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
 

@@ -13,7 +13,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -21,10 +25,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -368,6 +376,120 @@ TEST(HandlerProcess, InheritsTheUsersDescriptorsButNoneOfTheWorkers) {
   for (int fd : {given[0], given[1], own, own_pipe[0], own_pipe[1]}) close(fd);
 }
 
+// A descriptor open when the supervisor started but close-on-exec (a library's,
+// opened with O_CLOEXEC) was never going to reach a handler: its number is
+// dedup's, not the user's. Once closed, the number is reused by the next open;
+// a socket opened there without SOCK_CLOEXEC (nats.c's) must not reach the
+// handler either.
+TEST(HandlerProcess, ANumberThatWasCloseOnExecAtStartStaysPrivateWhenReused) {
+  const int lib = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lib, 0);
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  close(lib);
+  const int own = socket(AF_INET, SOCK_STREAM, 0);  // no SOCK_CLOEXEC: takes lib's number
+  ASSERT_EQ(own, lib);
+  HandlerCommand c;  // not ls /proc/self/fd: its own directory takes the lowest free number
+  c.argv = {"/bin/sh", "-c",
+            "if [ -e /proc/$$/fd/" + std::to_string(own) + " ]; then echo inherited; fi"};
+  c.capture_stdout = true;
+  auto r = (*sup)->Run(c);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->code, 0) << r->output;
+  EXPECT_EQ(r->output, "") << "the handler inherited the worker's socket";
+  close(own);
+}
+
+// Runs `body` in a forked child, which exits with what it returns; its exit
+// code, or -1 when it did not exit.
+int ExitCodeOfChild(const std::function<int()>& body) {
+  const pid_t child = fork();
+  if (child == 0) _exit(body());
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+// Runs `script` under /bin/sh as a handler with its stdout captured: 0 when it
+// printed nothing, 7 when it printed something, 6 when it did not run or failed.
+int SilentHandler(HandlerSupervisor& sup, const std::string& script,
+                  std::optional<std::string> stdin_data = std::nullopt) {
+  HandlerCommand c;
+  c.argv = {"/bin/sh", "-c", script};
+  c.stdin_data = std::move(stdin_data);
+  c.capture_stdout = true;
+  auto r = sup.Run(c);
+  if (!r.ok() || r->code != 0) return 6;
+  return r->output.empty() ? 0 : 7;
+}
+
+// close_range(2) fails on kernels before 5.9 (ENOSYS), with CLOSE_RANGE_CLOEXEC
+// before 5.11 (EINVAL), and under container seccomp profiles that predate it
+// (EPERM or ENOSYS). The worker's own descriptors must stay out of handlers
+// there too. Shown in a forked process whose seccomp filter refuses close_range.
+TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
+  const int code = ExitCodeOfChild([] {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_close_range, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+      return 10;  // no seccomp filters here: nothing to show
+    }
+    if (close_range(1000, 1000, CLOSE_RANGE_CLOEXEC) == 0 || errno != ENOSYS) return 3;
+    int given[2];  // the caller's $(...): the watchdog must not hold it open
+    if (pipe(given) != 0) return 2;
+    given[1] = fcntl(given[1], F_DUPFD, 300);  // above the watchdog's own 0..5
+    if (given[1] < 0) return 2;
+    auto sup = HandlerSupervisor::Start();
+    if (!sup.ok()) return 4;
+    const std::string wd_fds = "/proc/" + std::to_string((*sup)->watchdog_pid()) + "/fd/";
+    const auto until = Steady::now() + 5s;
+    while (access((wd_fds + std::to_string(given[1])).c_str(), F_OK) == 0) {
+      if (Steady::now() > until) return 8;
+      std::this_thread::sleep_for(5ms);
+    }
+    if (access((wd_fds + "4").c_str(), F_OK) != 0) return 9;  // its log: still there
+    const int own = socket(AF_INET, SOCK_STREAM, 0);  // a library's, no SOCK_CLOEXEC
+    const int high = fcntl(own, F_DUPFD, 700);        // dup: not close-on-exec either
+    if (own < 0 || high < 0) return 5;
+    return SilentHandler(**sup, "for n in " + std::to_string(own) + " " + std::to_string(high) +
+                                    "; do if [ -e /proc/$$/fd/$n ]; then echo $n; fi; done");
+  });
+  if (code == 10) GTEST_SKIP() << "seccomp filters are refused here";
+  EXPECT_NE(code, 7) << "the handler inherited the worker's socket";
+  EXPECT_NE(code, 8) << "the watchdog kept the caller's pipe open";
+  EXPECT_EQ(code, 0);
+}
+
+// A process whose standard descriptors were closed when the supervisor started
+// (`2>&-`, a supervisor that closes them) and whose numbers 0 to 2 were then a
+// library's (close-on-exec): once those close, the next sockets land there
+// (nats.c's has no O_CLOEXEC). A handler inherits what was open when the
+// supervisor started: no stderr here, never the socket.
+TEST(HandlerProcess, AStandardNumberNotOpenAtStartIsNotInherited) {
+  const int code = ExitCodeOfChild([] {
+    for (int fd = 0; fd <= 2; ++fd) close(fd);
+    for (int fd = 0; fd <= 2; ++fd) {
+      if (open("/dev/null", O_RDONLY | O_CLOEXEC) != fd) return 2;
+    }
+    auto sup = HandlerSupervisor::Start();
+    if (!sup.ok()) return 4;
+    for (int fd = 0; fd <= 2; ++fd) close(fd);
+    for (int fd = 0; fd <= 2; ++fd) {
+      if (socket(AF_INET, SOCK_STREAM, 0) != fd) return 5;
+    }
+    // stdin and stdout are pipes; fd 2 is the question
+    return SilentHandler(**sup, "if [ -e /proc/$$/fd/2 ]; then echo inherited; fi", "");
+  });
+  EXPECT_NE(code, 7) << "the handler inherited the worker's socket as its stderr";
+  EXPECT_EQ(code, 0);
+}
+
 TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
   auto sup = HandlerSupervisor::Start();
   ASSERT_TRUE(sup.ok());
@@ -396,6 +518,31 @@ TEST(HandlerProcess, MissingOrNotExecutableCommandIsAnErrorNotAnExit) {
   EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
   EXPECT_EQ((*sup)->running(), 0u);
   EXPECT_EQ(ToHandlerResult(r, false).kind, HandlerResult::Kind::kRetry);
+}
+
+// A path goes to execve unchecked; its errno alone would mislead in two cases:
+// ENOENT for a script whose interpreter is missing (the file is there), EACCES
+// for a directory. The error names what is wrong.
+TEST(HandlerProcess, StartErrorsOfAPathNameTheProblem) {
+  TempDir dir;
+  const std::string script = dir.File("handler.sh");
+  std::ofstream(script) << "#!/no/such/interpreter\nexit 0\n";
+  ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok());
+  HandlerCommand c;
+  c.argv = {script};
+  auto r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("interpreter"), std::string::npos) << r.status().ToString();
+
+  c.argv = {"/tmp"};
+  r = (*sup)->Run(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(std::strerror(EISDIR)), std::string::npos)
+      << r.status().ToString();
 }
 
 TEST(HandlerProcess, WhatTheHandlerLeftRunningIsKilledWhenItExits) {

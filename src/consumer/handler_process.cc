@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -104,6 +105,51 @@ int PidfdOpen(pid_t pid) {
 #endif
 }
 
+// Where close_range(2) is refused (before Linux 5.9; CLOSE_RANGE_CLOEXEC before
+// 5.11; seccomp profiles that predate it, as older container runtimes'): calls
+// act(fd) for every open descriptor, found one by one. System calls
+// only (a vfork child and the watchdog use it): the numbers come from
+// getdents64 on /proc/self/fd (this process's own table; in a spawned child, a
+// copy taken at clone that no other thread adds to); without /proc, every
+// number below the descriptor limit is tried. act returns true when it closed
+// the descriptor: the listing is then read again from the start.
+template <typename Act>
+void ForEachOpenFdSlowly(Act act) {
+  const int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    rlimit lim{};
+    const unsigned top = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < (1u << 20)
+                             ? static_cast<unsigned>(lim.rlim_cur)
+                             : 1u << 20;
+    for (unsigned fd = 0; fd < top; ++fd) {
+      if (fcntl(static_cast<int>(fd), F_GETFD) >= 0) (void)act(fd);
+    }
+    return;
+  }
+  alignas(8) char buf[4096];
+  for (;;) {
+    const long n = syscall(SYS_getdents64, dir, buf, sizeof(buf));
+    if (n <= 0) break;
+    bool closed = false;
+    for (long off = 0; off < n;) {
+      // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name.
+      unsigned short reclen;
+      std::memcpy(&reclen, buf + off + 16, sizeof(reclen));
+      const char* name = buf + off + 19;
+      off += reclen;
+      unsigned fd = 0;
+      bool number = *name != '\0';
+      for (const char* c = name; number && *c != '\0'; ++c) {
+        if (*c < '0' || *c > '9' || fd > (UINT_MAX - 9) / 10) number = false;
+        else fd = fd * 10 + static_cast<unsigned>(*c - '0');
+      }
+      if (number && static_cast<int>(fd) != dir && act(fd)) closed = true;
+    }
+    if (closed) (void)lseek(dir, 0, SEEK_SET);
+  }
+  close(dir);
+}
+
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
 // `slots[0..n)` and `cg.slots[0..cg.n)` are the live groups and cgroups, filled
 // before the fork: the watchdog knows them from its first instruction.
@@ -135,7 +181,10 @@ int PidfdOpen(pid_t pid) {
   dup2(sock, 3);
   dup2(log, 4);
   if (cg_dir >= 0) dup2(cg_dir, 5);
-  close_range(cg_dir >= 0 ? 6 : 5, ~0U, 0);
+  const unsigned keep = cg_dir >= 0 ? 6 : 5;
+  if (close_range(keep, ~0U, 0) != 0) {
+    ForEachOpenFdSlowly([keep](unsigned fd) { return fd >= keep && close(static_cast<int>(fd)) == 0; });
+  }
   fcntl(4, F_SETFL, O_NONBLOCK);
   size_t n_cg = cg.n;
   auto apply = [&](const WatchMsg& m) {
@@ -249,6 +298,22 @@ int SpawnChild(void* p) {
     _exit(127);
   }
   a->registered = true;
+  // None of the worker's own descriptors reach the handler (close_range, kernel
+  // 5.11+; one by one where it is refused). Before stdin and stdout are set: a
+  // standard number that was not open at Start is in a private range.
+  for (size_t i = 0; i < a->private_fd_ranges; ++i) {
+    if (close_range(a->private_fds[i].first, a->private_fds[i].second, CLOSE_RANGE_CLOEXEC) != 0) {
+      ForEachOpenFdSlowly([a](unsigned fd) {
+        for (size_t k = 0; k < a->private_fd_ranges; ++k) {
+          if (fd >= a->private_fds[k].first && fd <= a->private_fds[k].second) {
+            (void)fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+          }
+        }
+        return false;
+      });
+      break;
+    }
+  }
   if (a->stdin_fd >= 0) {
     if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
     else dup2(a->stdin_fd, 0);
@@ -256,11 +321,6 @@ int SpawnChild(void* p) {
   if (a->stdout_fd >= 0) {
     if (a->stdout_fd == 1) fcntl(1, F_SETFD, 0);
     else dup2(a->stdout_fd, 1);
-  }
-  // None of the worker's own descriptors reach the handler (kernel 5.11+; on an
-  // older kernel close_range fails and only those opened with O_CLOEXEC stay out).
-  for (size_t i = 0; i < a->private_fd_ranges; ++i) {
-    close_range(a->private_fds[i].first, a->private_fds[i].second, CLOSE_RANGE_CLOEXEC);
   }
   sigset_t none;
   sigemptyset(&none);
@@ -303,6 +363,18 @@ Status StartError(const std::string& name, int e) {
     return Status::FailedPrecondition("command '" + name + "' is not an executable file");
   }
   return Status::Unavailable("cannot start '" + name + "': " + Err(e));
+}
+
+// StartError for an execve of `path` that failed: where that errno alone would
+// mislead, one stat (on the failure path only) names what it means.
+Status ExecError(const std::string& name, const std::string& path, int e) {
+  struct stat st {};
+  if (e == ENOENT && stat(path.c_str(), &st) == 0) {  // the file is there
+    return Status::NotFound("command '" + name + "' cannot start: the interpreter its #! line "
+                            "names (or its ELF loader) was not found");
+  }
+  if (e == EACCES && stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) e = EISDIR;
+  return StartError(name, e);
 }
 
 const char* SignalName(int sig) {
@@ -394,8 +466,16 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
 
 namespace {
 
-// The descriptor numbers from 3 up that are not open now, as [first, last]
-// ranges, the last one open-ended.
+// Open and not close-on-exec: a descriptor a child inherits.
+bool Inheritable(int fd) {
+  const int flags = fcntl(fd, F_GETFD);
+  return flags >= 0 && (flags & FD_CLOEXEC) == 0;
+}
+
+// The descriptor numbers that no child would inherit now (not open, or open
+// close-on-exec: a library's, whose number is reused once it closes), as
+// [first, last] ranges, the last one open-ended. 0 to 2 too: a process started
+// with them closed gives its handlers none, whatever lands there later.
 std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
   std::vector<unsigned> open;
   if (DIR* d = opendir("/proc/self/fd"); d != nullptr) {
@@ -403,19 +483,20 @@ std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
     while (const dirent* e = readdir(d)) {
       char* end = nullptr;
       const unsigned long n = std::strtoul(e->d_name, &end, 10);
-      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own && n >= 3) {
+      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own &&
+          Inheritable(static_cast<int>(n))) {
         open.push_back(static_cast<unsigned>(n));
       }
     }
     closedir(d);
   } else {  // no /proc: ask each of the first 1024 numbers
-    for (int fd = 3; fd < 1024; ++fd) {
-      if (fcntl(fd, F_GETFD) >= 0) open.push_back(static_cast<unsigned>(fd));
+    for (int fd = 0; fd < 1024; ++fd) {
+      if (Inheritable(fd)) open.push_back(static_cast<unsigned>(fd));
     }
   }
   std::sort(open.begin(), open.end());
   std::vector<std::pair<unsigned, unsigned>> ranges;
-  unsigned next = 3;
+  unsigned next = 0;
   for (unsigned fd : open) {
     if (fd > next) ranges.emplace_back(next, fd - 1);
     next = fd + 1;
@@ -824,7 +905,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
                                    cgroups_->dir() + "/" + cgroup.name + "': " +
                                    Err(a.cgroup_errno));
       }
-      if (a.exec_errno != 0) return StartError(cmd.argv[0], a.exec_errno);
+      if (a.exec_errno != 0) return ExecError(cmd.argv[0], path, a.exec_errno);
       if (a.register_errno == 0) return Status::Unavailable("cannot start handler: setup failed");
       return Status::Unavailable("cannot start handler: the handler watchdog is gone (" +
                                  Err(a.register_errno) + ")");
@@ -843,7 +924,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
     close_all();
-    return StartError(cmd.argv[0], a.exec_errno);
+    return ExecError(cmd.argv[0], path, a.exec_errno);
   }
   const int pidfd = PidfdOpen(pid);
 

@@ -212,7 +212,8 @@ class HandlerSupervisor {
   std::vector<uint64_t> live_cgroups_;
   std::vector<uint64_t> leftover_cgroups_;  // in live_cgroups_, no handler running
   std::atomic<uint64_t> next_cgroup_{1};
-  // The descriptor numbers (from 3) that were not open when Start ran, as
+  // The descriptor numbers (0 to 2 too) that were not open when Start ran, or open
+  // close-on-exec (a library's: the number is reused once it closes), as
   // [first, last] ranges: every handler gets them close-on-exec, so it inherits
   // what the user gave dedup (`3<file`) but none of dedup's own descriptors,
   // whatever library opened them without O_CLOEXEC (nats.c's socket).
