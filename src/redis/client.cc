@@ -1155,6 +1155,15 @@ StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool
 
 StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd,
                              bool* sent) {
+  StatusOr<Reply> r = RunLoadingScript(op, key, std::move(cmd), sent);
+  if (r.ok() && IsError(r->get())) {
+    return ErrorReplyStatus(Where(router_.NodeFor(key), op), ReplyText(r->get()));
+  }
+  return r;
+}
+
+StatusOr<Reply> Client::RunLoadingScript(std::string_view op, const std::string& key,
+                                         Command cmd, bool* sent) {
   if (sent != nullptr) *sent = false;
   CommandBuffer buf;
   buf.Append(cmd, key);
@@ -1170,9 +1179,6 @@ StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Comman
       buf.Append(cmd, key);
       r = Run(op, buf, 0, sent);
     }
-  }
-  if (r.ok() && IsError(r->get())) {
-    return ErrorReplyStatus(Where(router_.NodeFor(key), op), ReplyText(r->get()));
   }
   return r;
 }
@@ -1234,9 +1240,12 @@ Status Client::ExecMany(std::string_view op, const std::vector<std::string>& key
   Status first = ExecMany(op, buf, replies, sent);
   for (size_t i = 0; i < cmds.size(); ++i) {
     if (!IsNoScript((*replies)[i].get())) continue;
-    // Exec sends the script's body (EVAL); its error replies become statuses.
+    // Sent again with the script's body (EVAL). Its error replies (a WRONGTYPE,
+    // a script's own error) stay replies, as they are when the script was cached:
+    // the caller reads them per command (e.g. names the key), and a status is a
+    // failure to reach the node only.
     bool reached = false;
-    StatusOr<Reply> r = Exec(op, keys[i], std::move(cmds[i]), &reached);
+    StatusOr<Reply> r = RunLoadingScript(op, keys[i], std::move(cmds[i]), &reached);
     if (!r.ok()) {
       (*replies)[i].reset();
       if (sent != nullptr) *sent = *sent || reached;

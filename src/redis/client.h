@@ -332,6 +332,10 @@ class Client {
   // Every other reply, errors included, is returned as it came.
   StatusOr<Reply> Run(std::string_view op, const CommandBuffer& cmds, size_t i,
                       bool* sent = nullptr);
+  // Exec without turning error replies into a status: an EVALSHA answered
+  // NOSCRIPT is sent again as EVAL, and that reply (errors too) is returned.
+  StatusOr<Reply> RunLoadingScript(std::string_view op, const std::string& key, Command cmd,
+                                   bool* sent);
 
   Router router_;
   const ScriptSet* const scripts_;
