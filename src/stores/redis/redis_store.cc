@@ -223,6 +223,9 @@ class RedisStore final : public Store {
       Status failed = client_.ExecMany("claim batch", cmds, &replies, &sent);
       slow.clear();
       left.clear();
+      // Every reply is read, also past a bad one: the claims answered after it
+      // were made on the server all the same, and are released with the others.
+      std::optional<Status> bad_fast;
       for (size_t j = 0; j < pending.size(); ++j) {
         const size_t i = pending[j];
         const redisReply* r = replies[j].get();
@@ -232,14 +235,18 @@ class RedisStore final : public Store {
         }
         if (DecodeFastClaim(r, reqs[i], tokens[i], with_get, &out[i])) continue;
         if (IsError(r)) {
-          ReleaseAcquired(reqs, tokens, out);
-          return ClaimError("claim batch", reqs[i].key, ReplyText(r));
+          if (!bad_fast) bad_fast = ClaimError("claim batch", reqs[i].key, ReplyText(r));
+          continue;
         }
         if (!FoundRecord(r, with_get)) {
-          ReleaseAcquired(reqs, tokens, out);
-          return BadReply("claim batch");
+          if (!bad_fast) bad_fast = BadReply("claim batch");
+          continue;
         }
         slow.push_back(i);
+      }
+      if (bad_fast) {
+        ReleaseAcquired(reqs, tokens, out);
+        return *bad_fast;
       }
       if (!slow.empty()) {
         std::vector<std::string> skeys;
