@@ -914,9 +914,10 @@ class RedisLostReplyTest : public RedisStoreTest {
   // A store that reaches the server through the relay, on one connection (opened
   // by the store's start-up checks, so that the calls reuse it), 300 ms timeout.
   StatusOr<std::unique_ptr<Store>> OpenThroughRelay(const std::string& prefix,
-                                                     const std::string& pipeline) {
+                                                     const std::string& pipeline,
+                                                     const std::string& more = "") {
     return OpenStore("redis://127.0.0.1:" + std::to_string(relay_->port()) + "?prefix=" +
-                     prefix + ":&pool=1&timeout=300ms&pipeline=" + pipeline);
+                     prefix + ":&pool=1&timeout=300ms&pipeline=" + pipeline + more);
   }
   // A store that reaches the server directly, once claim.lua is in the server's
   // script cache (a takeover ran it), so that a claim's EVALSHA runs it at once.
@@ -1045,6 +1046,63 @@ TEST_F(RedisLostReplyTest, AResetDuringANewConnectionsHandshakeSentNothing) {
     auto again = store.Complete("k", c->token, 600s, CompletionStatus::kOk, "r");
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(*again, WriteResult::kOk);
+  }
+}
+
+// The same losses with the reply spin on (spin=1000: the reader polls its socket
+// with non-blocking reads before it blocks), where the reset or the close of a
+// connection is met by the spin's own recv, not hiredis's: a lost claim reply is
+// still "sent" (the claim is tried again on its token: ACQUIRED, attempt 1), a lost
+// completion reply says "effect unknown" and is not sent again, a withheld reply
+// still ends at the timeout, and a reset during a new connection's handshake still
+// says nothing of the call was sent.
+TEST_F(RedisLostReplyTest, TheReplySpinMeetsResetsAndLostRepliesAsTheBlockingReadDoes) {
+  LossyRelay& relay = *relay_;
+  int n = 0;
+  for (const std::string pipeline : {"auto", "off"}) {
+    for (LossyRelay::Fault fault : {LossyRelay::Fault::kReset, LossyRelay::Fault::kWithhold}) {
+      SCOPED_TRACE("pipeline=" + pipeline +
+                   (fault == LossyRelay::Fault::kReset ? ", reset" : ", withheld"));
+      auto opened = OpenThroughRelay("spin", pipeline, "&spin=1000");
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      Store& store = **opened;
+      const std::string key = "s-" + std::to_string(++n);
+      relay.Arm(fault);
+      auto c = store.Claim(Req(key));
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired) << "the caller's own claim blocked it";
+      EXPECT_EQ(c->attempt, 1u);
+
+      ASSERT_EQ(Admin(kPort, {"CONFIG", "RESETSTAT"}), "OK");
+      relay.Arm(fault);
+      const auto t0 = Clock_::now();
+      auto w = store.Complete(key, c->token, 600s, CompletionStatus::kOk, "r");
+      const auto took = Clock_::now() - t0;
+      ASSERT_FALSE(w.ok()) << "the reply was lost, yet an answer came";
+      EXPECT_TRUE(w.status().retryable()) << w.status();
+      EXPECT_NE(w.status().message().find("effect unknown"), std::string::npos) << w.status();
+      EXPECT_EQ(Calls(kPort, "evalsha") + Calls(kPort, "eval"), 1) << "sent twice";
+      if (fault == LossyRelay::Fault::kWithhold) {
+        EXPECT_EQ(w.status().code(), StatusCode::kDeadlineExceeded) << w.status();
+        EXPECT_GE(took, 290ms);
+        EXPECT_LT(took, 2s) << "the spin outlasted the timeout";
+      }
+    }
+    auto opened = OpenThroughRelay("spinhs", pipeline, "&spin=1000");
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    auto c = store.Claim(Req("hs-" + pipeline));
+    ASSERT_TRUE(c.ok() && c->acquired()) << c.status();
+    relay.Arm(LossyRelay::Fault::kReset);  // the connection goes
+    EXPECT_FALSE(store.Inspect("hs-" + pipeline).ok());
+    ASSERT_EQ(Admin(kPort, {"CONFIG", "RESETSTAT"}), "OK");
+    relay.Arm(LossyRelay::Fault::kReset);  // the next connection's handshake is reset
+    auto w = store.Complete("hs-" + pipeline, c->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("nothing of the call was sent"), std::string::npos)
+        << w.status();
+    EXPECT_EQ(Calls(kPort, "evalsha") + Calls(kPort, "eval"), 0) << "the completion was sent";
+    std::this_thread::sleep_for(200ms);  // the reconnect backoff
   }
 }
 
