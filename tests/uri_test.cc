@@ -263,6 +263,8 @@ TEST(BrokerUri, SameParserAsTheStore) {
            {"redis://u:hunter2@h:1?group=g", "stream=NAME"},
            {"redis+cluster://u:hunter2@h:1?stream=s", "one server"},
            {"redis://u:hunter2@h:1?stream=s&pool=2", "'pool'"},
+           // The reply spin is the store's: the source's connections never spin.
+           {"redis://u:hunter2@h:1?stream=s&spin=50", "'spin'"},
            {"redis://u:hunter2@h:1?stream=s&bogus=2", "'bogus'"}}) {
     auto r = WorkerOptionsFromUri(uri);
     ASSERT_FALSE(r.ok()) << uri;

@@ -46,7 +46,7 @@ StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
     return Status::InvalidArgument("broker URI '" + c.Describe() +
                                    "': a stream lives on one server; use redis://");
   }
-  for (const char* unused : {"pool", "pipeline"}) {
+  for (const char* unused : {"pool", "pipeline", "spin"}) {
     if (u.Param(unused)) {
       return Status::InvalidArgument(std::string("broker URI: '") + unused +
                                      "' is not an option of the Redis Streams source");
