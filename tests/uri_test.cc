@@ -194,6 +194,10 @@ TEST(RedisUri, BadFormsNameTheBadPart) {
       {"redis://u:hunter2@h?pipeline=maybe", "pipeline"},
       {"redis://u:hunter2@h?spin=1001", "spin must be 0 to 1000"},
       {"redis://u:hunter2@h?spin=soon", "spin"},
+      // A unit is not taken (timeout= takes one): the error says which is meant.
+      {"redis://u:hunter2@h?spin=50us", "spin (whole microseconds) '50us'"},
+      {"redis://u:hunter2@h?spin=-1", "spin (whole microseconds) '-1'"},
+      {"redis://u:hunter2@h?spin=", "spin (whole microseconds) ''"},
       {"redis://u:hunter2@h?colour=red", "'colour'"},
       {"redis://u:hunter2%zz@h", "password"},
       {"mongodb://u:hunter2@h", "'mongodb'"},

@@ -257,7 +257,7 @@ StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
     else return Status::InvalidArgument("redis: pipeline must be auto or off, got '" + *p + "'");
   }
   if (auto p = uri.Param("spin")) {
-    StatusOr<long long> n = internal::ParseCount(*p, "redis: spin");
+    StatusOr<long long> n = internal::ParseCount(*p, "redis: spin (whole microseconds)");
     if (!n.ok()) return n.status();
     if (*n < 0 || *n > 1000) {
       return Status::InvalidArgument("redis: spin must be 0 to 1000 (microseconds), got '" + *p +
