@@ -669,6 +669,35 @@ TEST_F(RedisStoreTest, SharedConnectionsHandEachCallerItsOwnAnswers) {
   EXPECT_LT(node->round_trips(), calls) << "no two callers ever shared a round trip";
 }
 
+// An empty ExecMany (a SCAN page whose keys were all seen, a batch with nothing
+// to release) is no round trip: nothing is written, and no reader waits (or,
+// with spin=, polls its socket for its whole budget) for replies that never come.
+TEST_F(RedisStoreTest, AnEmptyExecManyIsNoRoundTrip) {
+  if (!PortFree(6460)) GTEST_SKIP() << "port 6460 in use";
+  RedisServer server(6460, Dir("empty"));
+  ASSERT_TRUE(server.Start());
+  for (const char* more : {"", "&pipeline=off", "&spin=1000"}) {
+    SCOPED_TRACE(more);
+    auto parsed = redis::ParseRedisUri("redis://127.0.0.1:6460?pool=1" + std::string(more));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    redis::Client client(parsed->connection);
+    ASSERT_TRUE(client.Start().ok());
+    redis::Node* node = client.router().NodeFor("x");
+    const uint64_t before = node->round_trips();
+    redis::CommandBuffer none;
+    std::vector<redis::Reply> replies(3);
+    bool sent = true;
+    ASSERT_TRUE(client.ExecMany("test", none, &replies, &sent).ok());
+    EXPECT_TRUE(replies.empty());
+    EXPECT_FALSE(sent);
+    std::vector<std::string> keys;
+    std::vector<redis::Command> cmds;
+    ASSERT_TRUE(client.ExecMany("test", keys, cmds, &replies, &sent).ok());
+    EXPECT_TRUE(replies.empty());
+    EXPECT_EQ(node->round_trips(), before) << "an empty pipeline counted as a round trip";
+  }
+}
+
 // Many threads claim overlapping keys through one store with 2 shared connections:
 // each key is ACQUIRED by exactly one caller, and that caller's token (which only
 // its own reply carries) completes it.

@@ -500,7 +500,8 @@ bool Connection::SpinForReply() {
 }
 
 Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read) {
-  if (!SpinForReply()) {
+  // No reply to wait for: nothing to poll for (a spin would last its whole budget).
+  if (n > 0 && !SpinForReply()) {
     if (read != nullptr) *read = 0;
     return TransportError(op, true, true);
   }
@@ -1186,6 +1187,10 @@ StatusOr<Reply> Client::RunLoadingScript(std::string_view op, const std::string&
 Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
                         std::vector<Reply>* replies, bool* sent) {
   if (sent != nullptr) *sent = false;
+  if (cmds.empty()) {  // nothing to send: no round trip (and no read to wait for)
+    replies->clear();
+    return Status::Ok();
+  }
   Status first;  // the first failure; the other nodes are still asked
   const auto failed = [&](Status s, bool reached) {
     if (sent != nullptr) *sent = *sent || reached;
