@@ -193,7 +193,9 @@ struct ConsumerOptions {
   // several. What it costs: while handlers keep their pace, a fetched delivery
   // waits about prefetch_time longer here than an idle consumer elsewhere would
   // make it wait; when they suddenly slow down, what was fetched waits its
-  // turn. 0 = off. Default: 0 (`dedup worker`: 5 ms, --prefetch-time).
+  // turn. 0 = off; at most kMaxPrefetchTime. Default: 0 (`dedup worker`: 5 ms,
+  // --prefetch-time).
+  static constexpr Millis kMaxPrefetchTime{60'000};
   Millis prefetch_time{0};
   // How long one Fetch waits for a first delivery; also how soon Stop() is seen
   // by an idle consumer. Default: 250 ms.
@@ -219,7 +221,8 @@ struct ConsumerOptions {
   // Graceful drain: how long handlers still running at Stop() may go on. After
   // it, Delivery::stop_requested() turns true and stop_handlers is called; what
   // then ends without completing is released and handed back to the broker at
-  // once (Retry(0)). 0 = at once; 0 to 24 h. Default: 5 s.
+  // once (Retry(0)). 0 = at once; 0 to kMaxDrainTimeout (24 h). Default: 5 s.
+  static constexpr Millis kMaxDrainTimeout{86'400'000};
   Millis drain_timeout{5'000};
   // Called once, from Run()'s thread, when drain_timeout has passed with handlers
   // still running: stops what the handlers run (the worker passes

@@ -685,11 +685,11 @@ Status ValidateConsumerOptions(const ConsumerOptions& o) {
     return Status::InvalidArgument("consumer: max ack batch must be 1 to 100000, got " +
                                    std::to_string(o.max_ack_batch));
   }
-  if (o.drain_timeout.count() < 0 || o.drain_timeout > Millis(86'400'000)) {
+  if (o.drain_timeout.count() < 0 || o.drain_timeout > ConsumerOptions::kMaxDrainTimeout) {
     return Status::InvalidArgument("consumer: drain timeout must be 0 to 24h, got " +
                                    std::to_string(o.drain_timeout.count()) + " ms");
   }
-  if (o.prefetch_time.count() < 0 || o.prefetch_time > Millis(60'000)) {
+  if (o.prefetch_time.count() < 0 || o.prefetch_time > ConsumerOptions::kMaxPrefetchTime) {
     return Status::InvalidArgument("consumer: prefetch time must be 0 to 60 s, got " +
                                    std::to_string(o.prefetch_time.count()) + " ms");
   }
