@@ -866,6 +866,84 @@ TEST_P(ConsumerConformance, ClaimsFetchedAheadStayHeldWhileTheyWait) {
   for (const std::string& k : keys) EXPECT_EQ(runs[k], 1) << k;
 }
 
+// Counts Delivery::InProgress() per key (the broker's "still working on it",
+// JetStream's +WPI) and passes it on.
+class ProgressCountingSource final : public MessageSource {
+ public:
+  explicit ProgressCountingSource(std::unique_ptr<MessageSource> s) : s_(std::move(s)) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    auto got = s_->Fetch(max, wait);
+    if (!got.ok()) return got;
+    std::vector<std::unique_ptr<Delivery>> out;
+    for (auto& d : *got) out.push_back(std::make_unique<Counted>(std::move(d), this));
+    return out;
+  }
+  std::string Describe() const override { return s_->Describe(); }
+  int count(const std::string& key) {
+    std::lock_guard lock(mu_);
+    return counts_[key];
+  }
+
+ private:
+  class Counted final : public Delivery {
+   public:
+    Counted(std::unique_ptr<Delivery> d, ProgressCountingSource* s) : d_(std::move(d)), s_(s) {
+      key_ = d_->key();
+      key_error_ = d_->key_error();
+      payload_ = d_->payload();
+      id_ = d_->id();
+      delivery_count_ = d_->delivery_count();
+      attributes_ = d_->attributes();
+    }
+    Status Ack() override { return d_->Ack(); }
+    Status Retry(Millis after) override { return d_->Retry(after); }
+    Status DeadLetter(std::string_view reason) override { return d_->DeadLetter(reason); }
+    Status InProgress() override {
+      {
+        std::lock_guard lock(s_->mu_);
+        ++s_->counts_[key_];
+      }
+      return d_->InProgress();
+    }
+
+   private:
+    std::unique_ptr<Delivery> d_;
+    ProgressCountingSource* s_;
+  };
+
+  std::unique_ptr<MessageSource> s_;
+  std::mutex mu_;
+  std::map<std::string, int> counts_;
+};
+
+// A delivery held longer than the broker's own redelivery timer (JetStream's
+// AckWait) while its claim is heartbeated must be reported in progress, or the
+// broker hands it to another worker meanwhile (which gets BUSY and NAKs it, for
+// as long as the lease lives): the one running, and those fetched ahead (the
+// prefetch window) waiting behind it. docs/WORKER.md and nats_source.h promise
+// +WPI with every lease heartbeat.
+TEST_P(ConsumerConformance, HeldDeliveriesAreReportedInProgressWithTheHeartbeat) {
+  BufferOptions bo;
+  bo.lease = 300ms;  // heartbeat every 100 ms
+  auto buffer = MakeBuffer(bo);
+  Publish("slow");
+  Publish("queued");  // fetched ahead (prefetch = concurrency = 1), waits ~800 ms
+  ProgressCountingSource source(Source());
+  ConsumerOptions o;
+  o.concurrency = 1;
+  std::atomic<bool> done{false};
+  Running r(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    if (d.key() != "slow") return HandlerResult::Done();
+    std::this_thread::sleep_for(800ms);
+    done = true;
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return done.load(); }));
+  EXPECT_GE(source.count("slow"), 3) << "running 800 ms with a 100 ms heartbeat";
+  EXPECT_GE(source.count("queued"), 2) << "fetched ahead, waiting behind it";
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });

@@ -82,7 +82,12 @@ class Delivery {
   [[nodiscard]] virtual Status DeadLetter(std::string_view reason) = 0;
 
   // Tells the broker the message is still being worked on (JetStream's +WPI), so
-  // it does not redeliver while the lease is being extended. Default: nothing.
+  // it does not redeliver while the lease is being extended. The Consumer calls
+  // it from its fetch thread once per heartbeat interval of its Buffer, for every
+  // delivery it holds (fetched ahead and queued, running, or waiting for its
+  // ack), possibly while another thread settles the same delivery: after the
+  // settlement it must do no harm. (A Consumer made with MakeWith has no Buffer
+  // and sends none.) Default: nothing.
   [[nodiscard]] virtual Status InProgress() { return Status::Ok(); }
 
   // The ack a store may fuse with the completion, or nullptr when this broker's
