@@ -90,10 +90,10 @@ class LoggingStore : public StoreWrapper {
   EventLog* log_;
 };
 
-// Wraps every delivery so that its Ack is logged as "ack <key>" once it succeeded.
-class LoggingDelivery final : public Delivery {
+// A delivery that passes everything on to the one it wraps (to observe a call).
+class ForwardingDelivery : public Delivery {
  public:
-  LoggingDelivery(std::unique_ptr<Delivery> d, EventLog* log) : d_(std::move(d)), log_(log) {
+  explicit ForwardingDelivery(std::unique_ptr<Delivery> d) : d_(std::move(d)) {
     key_ = d_->key();
     key_error_ = d_->key_error();
     payload_ = d_->payload();
@@ -101,19 +101,29 @@ class LoggingDelivery final : public Delivery {
     delivery_count_ = d_->delivery_count();
     attributes_ = d_->attributes();
   }
-  Status Ack() override {
-    Status s = d_->Ack();
-    if (s.ok()) log_->Add("ack " + key_);
-    return s;
-  }
+  Status Ack() override { return d_->Ack(); }
   Status Retry(Millis after) override { return d_->Retry(after); }
   Status DeadLetter(std::string_view reason) override { return d_->DeadLetter(reason); }
   Status InProgress() override { return d_->InProgress(); }
   const BrokerAck* fused_ack() const override { return d_->fused_ack(); }
   void MarkAcked() override { d_->MarkAcked(); }
 
- private:
+ protected:
   std::unique_ptr<Delivery> d_;
+};
+
+// Wraps every delivery so that its Ack is logged as "ack <key>" once it succeeded.
+class LoggingDelivery final : public ForwardingDelivery {
+ public:
+  LoggingDelivery(std::unique_ptr<Delivery> d, EventLog* log)
+      : ForwardingDelivery(std::move(d)), log_(log) {}
+  Status Ack() override {
+    Status s = d_->Ack();
+    if (s.ok()) log_->Add("ack " + key_);
+    return s;
+  }
+
+ private:
   EventLog* log_;
 };
 
@@ -885,19 +895,10 @@ class ProgressCountingSource final : public MessageSource {
   }
 
  private:
-  class Counted final : public Delivery {
+  class Counted final : public ForwardingDelivery {
    public:
-    Counted(std::unique_ptr<Delivery> d, ProgressCountingSource* s) : d_(std::move(d)), s_(s) {
-      key_ = d_->key();
-      key_error_ = d_->key_error();
-      payload_ = d_->payload();
-      id_ = d_->id();
-      delivery_count_ = d_->delivery_count();
-      attributes_ = d_->attributes();
-    }
-    Status Ack() override { return d_->Ack(); }
-    Status Retry(Millis after) override { return d_->Retry(after); }
-    Status DeadLetter(std::string_view reason) override { return d_->DeadLetter(reason); }
+    Counted(std::unique_ptr<Delivery> d, ProgressCountingSource* s)
+        : ForwardingDelivery(std::move(d)), s_(s) {}
     Status InProgress() override {
       {
         std::lock_guard lock(s_->mu_);
@@ -907,7 +908,6 @@ class ProgressCountingSource final : public MessageSource {
     }
 
    private:
-    std::unique_ptr<Delivery> d_;
     ProgressCountingSource* s_;
   };
 
