@@ -130,6 +130,16 @@ for cmd in '' '   ' $'\t'; do
     [[ "$out" == *"empty command"* ]] || fail "empty --exec: $out"
   done
 done
+# A duration above the library's limit is a usage error at parse time, naming the
+# flag, even when the broker cannot be reached (port 1: refused). Before, it was
+# found only by Consumer::Make, after the broker was opened: exit 75 (a service
+# manager restarts it forever) and a message without the flag's name.
+for args in "--prefetch-time 2m" "--drain-timeout 2d"; do
+  read -ra extra <<<"$args"
+  expect_rc "out of range $args is refused before the broker is opened" 2 "$dedup" worker \
+    --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true "${extra[@]}"
+  [[ "$out" == *"${extra[0]} must be at most"* ]] || fail "$args: the flag is not named: $out"
+done
 expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
 [[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
 
