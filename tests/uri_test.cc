@@ -64,6 +64,49 @@ TEST(Uri, Malformed) {
   EXPECT_EQ(ParseUri("ro cks:/x").status().code(), StatusCode::kInvalidArgument);
 }
 
+// A parameter given twice is refused by name, on every scheme: before, the first
+// copy won silently ("memory:?shards=8&shards=0" opened 8 shards).
+TEST(Uri, AParameterGivenTwiceIsRefused) {
+  auto u = ParseUri("redis://u:hunter2@h:1?timeout=1s&timeout=soon");
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(u.status().message().find("'timeout' is given twice"), std::string::npos)
+      << u.status();
+  EXPECT_EQ(u.status().message().find("hunter2"), std::string::npos) << u.status();
+  auto m = OpenStore("memory:?shards=8&shards=0");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("'shards'"), std::string::npos) << m.status();
+  EXPECT_TRUE(ParseUri("rocksdb:/x?sync=none&recovery=strict").ok());
+}
+
+// The host grammar of every broker and store URI. A forgotten "@host" makes the
+// password read as a port: it is never echoed.
+TEST(Uri, HostPortNamesTheBadPartWithoutThePassword) {
+  auto v6 = ParseHostPort("[::1]:4222", "nats");
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 4222);
+  EXPECT_EQ(ParseHostPort("h", "amqp")->port, 0);
+  const std::pair<const char*, const char*> cases[] = {
+      {"default:hunter2", "host 'default:***': the port is not a number"},
+      {"h:0", "host 'h:0': the port is not a number from 1 to 65535"},
+      {"h:65536", "host 'h:65536'"},
+      {"h:-1", "host 'h:***'"},
+      {"h:", "empty port"},
+      {":5672", "no host name"},
+      {"::1:5672", "brackets"},
+      {"[::1", "']'"},
+  };
+  for (const auto& [text, part] : cases) {
+    auto r = ParseHostPort(text, "amqp");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(r.status().message().starts_with("amqp: host '")) << r.status();
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << text << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << r.status();
+  }
+}
+
 TEST(OpenStore, NamesWhatIsWrong) {
   auto bad_scheme = OpenStore("mongo://x");
   EXPECT_EQ(bad_scheme.status().code(), StatusCode::kInvalidArgument);
