@@ -281,6 +281,29 @@ TEST(RedisUri, OpenStoreUsesTheSameParser) {
 
 #endif  // DEDUP_WITH_REDIS
 
+#if defined(DEDUP_WITH_POSTGRES)
+
+// Refused while parsing, before any connect. "postgres://default:hunter2/db" (the
+// "@host" forgotten) said "postgres: port 'hunter2' is not ...", and "[::1" went to
+// libpq as a host name (UNAVAILABLE, a retry) instead of a named bad argument.
+TEST(PostgresUri, BadHostsNameTheBadPartWithoutThePassword) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"postgres://default:hunter2/db", "host 'default:***'"},
+      {"postgres://default:hunter2,h/db", "one host"},
+      {"postgres://u:hunter2@[::1/db", "']'"},
+      {"postgresql://u:hunter2@h:0/db", "host 'h:0'"},
+  };
+  for (const auto& [uri, part] : cases) {
+    auto r = OpenStore(uri);
+    ASSERT_FALSE(r.ok()) << uri;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << uri << ": " << r.status();
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << uri << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << uri << ": " << r.status();
+  }
+}
+
+#endif  // DEDUP_WITH_POSTGRES
+
 #if defined(DEDUP_WITH_REDIS_STREAMS)
 
 // The broker URI goes through the same parser: IPv6, /db and the ACL user are no
