@@ -79,6 +79,17 @@ TEST(Uri, AParameterGivenTwiceIsRefused) {
   EXPECT_TRUE(ParseUri("rocksdb:/x?sync=none&recovery=strict").ok());
 }
 
+// "scheme://user:pass" with the "@host" forgotten: Redacted() showed the hosts as
+// written, so "unknown store scheme 'amqp' in 'amqp://u:hunter2?...'" (dedup inspect
+// --store with a broker URI) printed the password.
+TEST(Uri, RedactedHidesAPasswordInThePlaceOfAPort) {
+  EXPECT_EQ(ParseUri("amqp://u:hunter2?queue=q")->Redacted(), "amqp://u:***?queue=q");
+  EXPECT_EQ(ParseUri("x://a:1,u:hunter2,[::1]:2/p")->Redacted(), "x://a:1,u:***,[::1]:2/p");
+  auto s = OpenStore("nats://u:hunter2?stream=s");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message().find("hunter2"), std::string::npos) << s.status();
+}
+
 // The host grammar of every broker and store URI. A forgotten "@host" makes the
 // password read as a port: it is never echoed.
 TEST(Uri, HostPortNamesTheBadPartWithoutThePassword) {

@@ -39,6 +39,19 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
   return out;
 }
 
+// `text` (one host) for a message: what follows the ':' is shown only when it is a
+// number. In "user:pass" (a URI whose "@host" was forgotten) it is a password.
+std::string ShownHost(std::string_view text) {
+  const size_t from = text.starts_with("[") ? text.find(']') : 0;
+  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
+  if (c == std::string_view::npos) return std::string(text);
+  const std::string_view rest = text.substr(c + 1);
+  if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return std::string(text);
+  }
+  return std::string(text.substr(0, c)) + ":***";
+}
+
 }  // namespace
 
 std::optional<std::string> Uri::Param(std::string_view name) const {
@@ -73,7 +86,11 @@ std::string Uri::Redacted() const {
       // "user:@" is a password typed in the user's place: hidden whole.
       s += has_password && !password.empty() ? user + ":***@" : "***@";
     }
-    s += hosts;
+    for (size_t b = 0; b <= hosts.size();) {
+      const size_t e = std::min(hosts.find(',', b), hosts.size());
+      s += (b == 0 ? "" : ",") + ShownHost(std::string_view(hosts).substr(b, e - b));
+      b = e + 1;
+    }
   }
   s += path;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -156,21 +173,6 @@ StatusOr<Uri> ParseUri(std::string_view text) {
   }
   return u;
 }
-
-namespace {
-
-std::string ShownHost(std::string_view text) {
-  const size_t from = text.starts_with("[") ? text.find(']') : 0;
-  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
-  if (c == std::string_view::npos) return std::string(text);
-  const std::string_view rest = text.substr(c + 1);
-  if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-    return std::string(text);
-  }
-  return std::string(text.substr(0, c)) + ":***";
-}
-
-}  // namespace
 
 StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme) {
   const auto bad = [&](std::string_view why) {
