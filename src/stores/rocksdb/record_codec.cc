@@ -33,7 +33,10 @@ T GetFixed(const char* p) {
 
 void EncodeRecordKey(std::string_view key, std::string* out) {
   out->clear();
-  out->reserve(1 + key.size());
+  AppendRecordKey(key, out);
+}
+
+void AppendRecordKey(std::string_view key, std::string* out) {
   out->push_back(kRecordKeyPrefix);
   out->append(key);
 }

@@ -46,6 +46,8 @@ inline constexpr std::string_view kColumnFamily = "dedup";
 
 // Appends 'r' + key to *out (after clearing it).
 void EncodeRecordKey(std::string_view key, std::string* out);
+// Appends 'r' + key to *out, keeping what it holds (a batch's keys, back to back).
+void AppendRecordKey(std::string_view key, std::string* out);
 
 // Replaces *out with the encoding of `r` (r.key is not stored: it is the row key).
 void EncodeRecord(const Record& r, std::string* out);

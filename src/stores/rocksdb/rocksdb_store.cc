@@ -98,6 +98,9 @@ constexpr std::chrono::milliseconds kGroupCommitInterval{1};
 // Claims pending above this many, a claiming thread commits them itself: the
 // writer's backlog (and memory) stays bounded when claims outrun it.
 constexpr int64_t kMaxPending = 65'536;
+// A reused WriteBatch whose buffer grew past this is dropped after its write:
+// a rare huge batch does not keep its memory for the life of the store.
+constexpr size_t kMaxKeptBatchBytes = 1 << 20;
 // The fence epoch, made durable at every open (decimal text).
 constexpr std::string_view kMetaFenceEpochKey = "mfence_epoch";
 
@@ -137,6 +140,65 @@ struct StripeEq {
   bool operator()(std::string_view a, std::string_view b) const { return a == b; }
   bool operator()(const HashedKey& a, std::string_view b) const { return a.key == b; }
   bool operator()(std::string_view a, const HashedKey& b) const { return a == b.key; }
+};
+
+// A batch's distinct keys in first-seen order, each hashed once: where each
+// lives, its record key ('r' + key), and which requests name it. (Batches hashed
+// every key three times, once per table they used, and allocated a string per
+// record key and a node per key for finding repeats.)
+struct BatchKeys {
+  // Up to this many requests, repeated keys are found by comparing hashes.
+  static constexpr size_t kLinear = 32;
+
+  std::vector<size_t> of_request;      // request i names key of_request[i]
+  std::vector<std::string_view> keys;  // the requests' own bytes
+  std::vector<KeySlot> slots;
+  std::vector<size_t> stripes;  // the keys' stripes, ascending, each once
+  std::string rkeys;            // every record key, back to back
+  std::vector<size_t> rkey_at;  // where key k's record key starts in rkeys
+
+  template <typename Req>
+  explicit BatchKeys(std::span<const Req> reqs) {
+    const size_t r = reqs.size();
+    of_request.resize(r);
+    keys.reserve(r);
+    slots.reserve(r);
+    rkey_at.reserve(r);
+    stripes.reserve(r);
+    absl::flat_hash_map<std::string_view, size_t, StripeHash, StripeEq> index;
+    for (size_t i = 0; i < r; ++i) {
+      const std::string_view key = reqs[i].key;
+      const KeySlot s = SlotOf(key);
+      size_t k = keys.size();
+      if (r <= kLinear) {
+        for (size_t j = 0; j < keys.size(); ++j) {
+          if (slots[j].hash == s.hash && keys[j] == key) {
+            k = j;
+            break;
+          }
+        }
+      } else {
+        k = index.lazy_emplace(HashedKey{key, s.hash},
+                               [&](const auto& make) { make(key, keys.size()); })
+                ->second;
+      }
+      of_request[i] = k;
+      if (k < keys.size()) continue;
+      keys.push_back(key);
+      slots.push_back(s);
+      rkey_at.push_back(rkeys.size());
+      internal::AppendRecordKey(key, &rkeys);
+      stripes.push_back(s.stripe);
+    }
+    std::sort(stripes.begin(), stripes.end());
+    stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  }
+
+  size_t size() const { return keys.size(); }
+  std::string_view RecordKey(size_t k) const {
+    return std::string_view(rkeys).substr(rkey_at[k], 1 + keys[k].size());
+  }
+  HashedKey Hashed(size_t k) const { return HashedKey{keys[k], slots[k].hash}; }
 };
 
 // A stripe's write-through copies: kRecentPerStripe entries, each key in the
@@ -405,6 +467,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
       : options_(o), clock_(clock), stripes_(new Stripe[kStripes]) {
     write_options_.sync = o.sync == SyncMode::kAlways;
     write_options_.disableWAL = false;  // never: the WAL is what survives a crash
+    // Batches are written in key order: the memtable keeps its place from one
+    // key to the next also when RocksDB inserts several writers' batches at once.
+    batch_write_options_ = write_options_;
+    batch_write_options_.memtable_insert_hint_per_batch = true;
   }
 
   ~RocksDBStoreImpl() override {
@@ -455,7 +521,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       }
       WaitInFlight(st, req.key);
       EncodeRecord(next, &value);
-      rocksdb::Status s = db_->Put(write_options_, cf_, rkey, value);
+      rocksdb::Status s = PutOne(rkey, value);
       if (!s.ok()) return FromRocks(s, Context("claim"));
       Settle(st, slot, req.key, next);
     }
@@ -465,6 +531,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override;
   // One WriteBatch, one write (synced as every write of this store is) for all.
   StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
+  // Writes the records of a batch's keys marked `written`, in one WriteBatch
+  // (synced as every write of this store is), then settles them. Stripes locked.
+  Status WriteBatchOf(const BatchKeys& b, std::vector<std::optional<Record>>& cur,
+                      const std::vector<bool>& written, std::string_view op);
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
     DEDUP_RETURN_IF_ERROR(ValidateExtend(key, token, lease));
@@ -635,6 +705,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // A claim's record waiting for the group commit. gen 0: not yet taken by a
   // writer batch; otherwise the batch carrying it.
   struct Pending {
+    // Built in place in the pending map: the claim's record is moved once.
+    Pending(Record&& r, uint64_t claim_round, uint64_t key_hash)
+        : rec(std::move(r)), round(claim_round), hash(key_hash) {}
     Record rec;
     uint64_t gen = 0;
     uint64_t round = 0;  // the writer's round when the claim was made
@@ -680,12 +753,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
     auto it = st.pending.lazy_emplace(HashedKey{key, slot.hash}, [&](const auto& make) {
       inserted = true;
       make(std::piecewise_construct, std::forward_as_tuple(key),
-           std::forward_as_tuple(Pending{std::move(r), 0, round, slot.hash}));
+           std::forward_as_tuple(std::move(r), round, slot.hash));
     });
     if (inserted) {
       if (pending_count_.fetch_add(1) == 0 && writer_idle_.load()) WakeWriter();
     } else {
-      it->second = Pending{std::move(r), 0, round, slot.hash};
+      Pending& p = it->second;
+      p.rec = std::move(r);
+      p.gen = 0;
+      p.round = round;
+      p.hash = slot.hash;
     }
     MarkDirty(st, slot.stripe);
   }
@@ -712,10 +789,51 @@ class RocksDBStoreImpl final : public RocksDBStore {
   void WaitInFlight(Stripe& st, const HashedKey& key) {
     if (st.pending.empty()) return;
     auto it = st.pending.find(key);
-    if (it == st.pending.end() || it->second.gen == 0) return;
-    const uint64_t g = it->second.gen;
+    if (it == st.pending.end() || !InFlight(it->second)) return;
+    WaitGen(it->second.gen);
+  }
+
+  // Waits until writer batch `g` is done (written or failed). No stripe may be
+  // locked but the caller's one: the writer locks stripes one at a time.
+  void WaitGen(uint64_t g) {
+    if (done_gen_.load(std::memory_order_acquire) >= g) return;
     std::unique_lock l(gen_mu_);
-    gen_cv_.wait(l, [&] { return done_gen_ >= g; });
+    gen_cv_.wait(l, [&] { return done_gen_.load(std::memory_order_relaxed) >= g; });
+  }
+
+  // True when the writer batch carrying `p` has not finished yet. A batch that
+  // has finished drops its records from `pending` a moment later, stripe by
+  // stripe: until then they count as written, not in flight (a batch writer
+  // that waited for them before started over and found them again, relocking
+  // and rehashing its whole batch until the writer got to their stripes).
+  bool InFlight(const Pending& p) const {
+    return p.gen != 0 && p.gen > done_gen_.load(std::memory_order_acquire);
+  }
+
+  // Locks the stripes of a batch's keys, ascending, each once: two batches never
+  // wait on each other in a cycle, and Claim only ever holds one. With
+  // `before_write`, a claim of one of the keys that a writer batch is still
+  // carrying must land before the batch's own write: waits for that writer
+  // batch with no stripe locked (the writer locks stripes too, so waiting with
+  // several held could wait on ourselves), then locks again.
+  void LockBatch(const BatchKeys& b, bool before_write,
+                 std::vector<std::unique_lock<std::mutex>>* locks) {
+    while (true) {
+      for (size_t s : b.stripes) locks->emplace_back(stripes_[s].mu);
+      if (!before_write) return;
+      uint64_t in_flight = 0;
+      for (size_t k = 0; k < b.keys.size(); ++k) {
+        const Stripe& st = stripes_[b.slots[k].stripe];
+        if (st.pending.empty()) continue;
+        auto it = st.pending.find(HashedKey{b.keys[k], b.slots[k].hash});
+        if (it != st.pending.end() && InFlight(it->second)) {
+          in_flight = std::max(in_flight, it->second.gen);
+        }
+      }
+      if (in_flight == 0) return;
+      locks->clear();
+      WaitGen(in_flight);
+    }
   }
 
   // After a synchronous write of `r` for `key`: it supersedes any pending claim.
@@ -790,16 +908,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
     }
     const char* buf = commit_buf_.data();
     SortByKey(buf, &commit_entries_);
-    rocksdb::WriteBatch batch;
+    rocksdb::WriteBatch& batch = commit_batch_;  // its buffer kept from round to round
+    batch.Clear();
     for (const CommitEntry& e : commit_entries_) {
       (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
                       rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
     }
     rocksdb::Status s;
-    if (batch.Count() > 0) s = db_->Write(write_options_, &batch);
+    if (batch.Count() > 0) s = db_->Write(batch_write_options_, &batch);
+    if (batch.GetDataSize() > kMaxKeptBatchBytes) commit_batch_ = rocksdb::WriteBatch();
     {
       std::lock_guard l(gen_mu_);
-      done_gen_ = g;
+      done_gen_.store(g, std::memory_order_release);
     }
     gen_cv_.notify_all();
     // Subtracted from pending_count_ once, at the end: the claimers add to it
@@ -903,7 +1023,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // The current record of `key`, with its stripe locked: a remembered copy, known
   // absence, or a Get. *cur is null when there is no record; `scratch` holds a
   // record read from disk.
-  Status Find(Stripe& st, KeySlot slot, const std::string& rkey, std::string_view key,
+  Status Find(Stripe& st, KeySlot slot, std::string_view rkey, std::string_view key,
               std::string_view op, Record** cur, Record* scratch) {
     const HashedKey hk{key, slot.hash};
     // (empty() reads the stripe, find() the table's own memory: a cache miss.)
@@ -953,6 +1073,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
     e.second = std::move(r);
   }
 
+  // One record written as DB::Put writes it (one WriteBatch, write_options_),
+  // from the thread's reused WriteBatch: DB::Put built and freed one per call.
+  rocksdb::Status PutOne(std::string_view rkey, std::string_view value) {
+    thread_local rocksdb::WriteBatch one;
+    one.Clear();
+    rocksdb::Status s = one.Put(cf_, rocksdb::Slice(rkey.data(), rkey.size()),
+                                rocksdb::Slice(value.data(), value.size()));
+    if (s.ok()) s = db_->Write(write_options_, &one);
+    if (one.GetDataSize() > kMaxKeptBatchBytes) one = rocksdb::WriteBatch();
+    return s;
+  }
+
   // Fills every stripe's fingerprints from the keys on disk.
   Status LoadIndex() {
     rocksdb::ReadOptions ro;
@@ -979,10 +1111,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   // Reads and decodes the record at `rkey` ('r' + key). *found false when none.
-  Status Read(const std::string& rkey, std::string_view key, std::string_view op, Record* r,
+  Status Read(std::string_view rkey, std::string_view key, std::string_view op, Record* r,
               bool* found) {
     rocksdb::PinnableSlice value;
-    rocksdb::Status s = db_->Get(read_options_, cf_, rkey, &value);
+    rocksdb::Status s =
+        db_->Get(read_options_, cf_, rocksdb::Slice(rkey.data(), rkey.size()), &value);
     if (s.IsNotFound()) {
       *found = false;
       return Status::Ok();
@@ -1017,7 +1150,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     EncodeRecord(rec, &value);
     rocksdb::Status s;
     if (batch == nullptr) {
-      s = db_->Put(write_options_, cf_, rkey, value);
+      s = PutOne(rkey, value);
     } else {
       batch->SetSavePoint();
       s = batch->Put(cf_, rkey, value);
@@ -1052,6 +1185,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   rocksdb::ColumnFamilyHandle* cf_ = nullptr;  // "dedup", owned through handles_
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
   rocksdb::WriteOptions write_options_;
+  rocksdb::WriteOptions batch_write_options_;  // write_options_, for key-ordered batches
   rocksdb::ReadOptions read_options_;
   std::unique_ptr<Stripe[]> stripes_;
   std::shared_ptr<WriteErrorListener> write_errors_ = std::make_shared<WriteErrorListener>();
@@ -1066,7 +1200,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
   uint64_t last_gen_ = 0;     // guarded by commit_mu_
   std::mutex gen_mu_;
   std::condition_variable gen_cv_;
-  uint64_t done_gen_ = 0;  // guarded by gen_mu_: batches up to this one are done
+  // Writer batches up to this one are done; stored under gen_mu_ (for gen_cv_),
+  // read without it.
+  std::atomic<uint64_t> done_gen_{0};
   std::atomic<int64_t> pending_count_{0};  // records in all pending maps
   std::atomic<uint64_t> commit_round_{0};  // the background writer's rounds
   std::atomic<bool> writer_idle_{false};   // the writer sleeps until a claim wakes it
@@ -1111,32 +1247,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
   std::string commit_buf_;
   std::vector<CommitEntry> commit_entries_;
+  rocksdb::WriteBatch commit_batch_;
 
   std::thread syncer_;
   std::mutex sync_mu_;
   std::condition_variable sync_cv_;
   bool stop_ = false;  // guarded by sync_mu_
 };
-
-// The distinct keys of a batch's requests, in first-seen order, as record keys
-// ('r' + key); (*slot)[i] is the index of request i's key. `index` (if given)
-// keeps the key -> index map.
-template <typename Req>
-void DistinctKeys(std::span<const Req> reqs, std::vector<size_t>* slot,
-                  std::vector<std::string>* rkeys,
-                  std::unordered_map<std::string_view, size_t>* index = nullptr) {
-  std::unordered_map<std::string_view, size_t> local;
-  if (index == nullptr) index = &local;
-  slot->resize(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto [it, inserted] = index->emplace(reqs[i].key, rkeys->size());
-    if (inserted) {
-      rkeys->emplace_back();
-      EncodeRecordKey(reqs[i].key, &rkeys->back());
-    }
-    (*slot)[i] = it->second;
-  }
-}
 
 StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     std::span<const ClaimRequest> reqs) {
@@ -1149,62 +1266,31 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   if (reqs.empty()) return out;
   out.reserve(reqs.size());
 
-  // Distinct keys, in first-seen order; slot[i] is request i's key.
-  std::unordered_map<std::string_view, size_t> index;
-  std::vector<size_t> slot;
-  std::vector<std::string> rkeys;
-  DistinctKeys(reqs, &slot, &rkeys, &index);
+  const BatchKeys b(reqs);
+  const size_t n = b.size();
   std::vector<Token> fresh(reqs.size());
   for (Token& t : fresh) t = Token::Random();
 
-  // Stripes in ascending order, each once: two batches never wait on each other
-  // in a cycle, and Claim only ever holds one.
-  std::vector<size_t> stripes;
-  stripes.reserve(rkeys.size());
-  for (const auto& [key, i] : index) stripes.push_back(StripeIndex(key));
-  std::sort(stripes.begin(), stripes.end());
-  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
-  // Committed in the background unless a request needs its attempt durable.
+  // Committed in the background unless a request needs its attempt durable;
+  // then written before it returns, after any writer batch carrying its keys.
   bool deferred = true;
   for (const ClaimRequest& r : reqs) deferred = deferred && Deferred(r);
   std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(stripes.size());
-  while (true) {
-    for (size_t s : stripes) locks.emplace_back(stripes_[s].mu);
-    if (deferred) break;
-    // Written before it returns: a claim of one of the keys that a writer batch
-    // is carrying must land first. Wait for it with no stripe locked, then start
-    // over (as CompleteBatch): the writer locks stripes one by one while it
-    // gathers a batch, so waiting with several held could wait on a writer that
-    // waits on us.
-    uint64_t in_flight = 0;
-    for (const auto& [key, i] : index) {
-      const Stripe& st = stripes_[StripeIndex(key)];
-      if (st.pending.empty()) continue;
-      auto it = st.pending.find(key);
-      if (it != st.pending.end()) in_flight = std::max(in_flight, it->second.gen);
-    }
-    if (in_flight == 0) break;
-    locks.clear();
-    std::unique_lock l(gen_mu_);
-    gen_cv_.wait(l, [&] { return done_gen_ >= in_flight; });
-  }
+  locks.reserve(b.stripes.size());
+  LockBatch(b, /*before_write=*/!deferred, &locks);
 
   // Records from memory where the index has them; one MultiGet for the rest.
-  const size_t n = rkeys.size();
   std::vector<std::optional<Record>> cur(n);
-  std::vector<KeySlot> slots(n);
   std::vector<size_t> to_read;
   for (size_t k = 0; k < n; ++k) {
-    const std::string_view key = std::string_view(rkeys[k]).substr(1);
-    slots[k] = SlotOf(key);
-    Stripe& st = stripes_[slots[k].stripe];
-    const HashedKey hk{key, slots[k].hash};
-    if (auto it = st.pending.find(hk); it != st.pending.end()) {
+    Stripe& st = stripes_[b.slots[k].stripe];
+    const HashedKey hk = b.Hashed(k);
+    if (auto it = st.pending.empty() ? st.pending.end() : st.pending.find(hk);
+        it != st.pending.end()) {
       cur[k] = it->second.rec;
-    } else if (auto it = st.recent.find(hk); it != st.recent.end()) {
-      cur[k] = it->second;
-    } else if (st.present.contains(slots[k].fingerprint)) {
+    } else if (auto e = st.recent.find(hk); e != st.recent.end()) {
+      cur[k] = e->second;
+    } else if (st.present.contains(b.slots[k].fingerprint)) {
       to_read.push_back(k);
     }
   }
@@ -1212,7 +1298,10 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     const size_t m = to_read.size();
     std::vector<rocksdb::Slice> keys;
     keys.reserve(m);
-    for (size_t k : to_read) keys.emplace_back(rkeys[k]);
+    for (size_t k : to_read) {
+      const std::string_view rk = b.RecordKey(k);
+      keys.emplace_back(rk.data(), rk.size());
+    }
     std::vector<rocksdb::PinnableSlice> values(m);
     std::vector<rocksdb::Status> statuses(m);
     db_->MultiGet(read_options_, cf_, m, keys.data(), values.data(), statuses.data());
@@ -1223,7 +1312,7 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
       std::string why;
       cur[k].emplace();
       if (!DecodeRecord(values[j].ToStringView(), &*cur[k], &why)) {
-        return Corrupt("claim batch", rkeys[k].substr(1), why);
+        return Corrupt("claim batch", b.keys[k], why);
       }
     }
   }
@@ -1233,43 +1322,26 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   const int64_t now = clock_->NowMillis();
   std::vector<bool> written(n, false);
   for (size_t i = 0; i < reqs.size(); ++i) {
-    std::optional<Record>& c = cur[slot[i]];
+    const size_t k = b.of_request[i];
+    std::optional<Record>& c = cur[k];
     Record next;
     bool write = false;
     out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write));
     if (write) {
-      ApplyFenceFloor(stripes_[slots[slot[i]].stripe], &next, &out.back());
+      ApplyFenceFloor(stripes_[b.slots[k].stripe], &next, &out.back());
       c = std::move(next);
-      written[slot[i]] = true;
+      written[k] = true;
     }
   }
   if (deferred) {
     for (size_t k = 0; k < n; ++k) {
-      if (written[k]) {
-        Defer(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1), std::move(*cur[k]));
-      }
+      if (written[k]) Defer(stripes_[b.slots[k].stripe], b.slots[k], b.keys[k], std::move(*cur[k]));
     }
     locks.clear();
     DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
     return out;
   }
-  rocksdb::WriteBatch batch;
-  std::string value;
-  for (size_t k = 0; k < n; ++k) {
-    if (!written[k]) continue;
-    EncodeRecord(*cur[k], &value);
-    rocksdb::Status s = batch.Put(cf_, rkeys[k], value);
-    if (!s.ok()) return FromRocks(s, Context("claim batch"));
-  }
-  if (batch.Count() > 0) {
-    rocksdb::Status s = db_->Write(write_options_, &batch);
-    if (!s.ok()) return FromRocks(s, Context("claim batch"));
-    for (size_t k = 0; k < n; ++k) {
-      if (written[k]) {
-        Settle(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1), *cur[k]);
-      }
-    }
-  }
+  DEDUP_RETURN_IF_ERROR(WriteBatchOf(b, cur, written, "claim batch"));
   return out;
 }
 
@@ -1284,90 +1356,68 @@ StatusOr<std::vector<AckedWrite>> RocksDBStoreImpl::CompleteBatch(
   std::vector<AckedWrite> out;
   if (reqs.empty()) return out;
 
-  // Distinct keys, in first-seen order; slot[i] is request i's key.
-  std::vector<size_t> slot;
-  std::vector<std::string> rkeys;
-  DistinctKeys(reqs, &slot, &rkeys);
-  const size_t n = rkeys.size();
-  std::vector<KeySlot> slots(n);
-  std::vector<size_t> stripes;
-  stripes.reserve(n);
+  const BatchKeys b(reqs);
+  const size_t n = b.size();
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(b.stripes.size());
+  LockBatch(b, /*before_write=*/true, &locks);
+
+  // Decide on copies: the remembered records change only once the write landed.
+  std::vector<std::optional<Record>> cur(n);
+  Record scratch;
   for (size_t k = 0; k < n; ++k) {
-    slots[k] = SlotOf(std::string_view(rkeys[k]).substr(1));
-    stripes.push_back(slots[k].stripe);
+    Record* c = nullptr;
+    DEDUP_RETURN_IF_ERROR(Find(stripes_[b.slots[k].stripe], b.slots[k], b.RecordKey(k),
+                               b.keys[k], "complete batch", &c, &scratch));
+    if (c != nullptr) cur[k] = *c;
   }
-  std::sort(stripes.begin(), stripes.end());
-  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
-
-  while (true) {
-    // Stripes in ascending order, each once (as ClaimBatch).
-    std::vector<std::unique_lock<std::mutex>> locks;
-    locks.reserve(stripes.size());
-    for (size_t s : stripes) locks.emplace_back(stripes_[s].mu);
-    // A claim of one of the keys that a writer batch is carrying must land before
-    // the completion: wait for it with no stripe locked (the writer locks stripes
-    // too, so waiting with several held could wait on ourselves), then start over.
-    uint64_t in_flight = 0;
-    for (size_t k = 0; k < n; ++k) {
-      const Stripe& st = stripes_[slots[k].stripe];
-      auto it = st.pending.find(std::string_view(rkeys[k]).substr(1));
-      if (it != st.pending.end()) in_flight = std::max(in_flight, it->second.gen);
+  // In order against what the batch has completed so far, so that a key
+  // repeated in the batch answers as if completed one after the other. A lost
+  // completion leaves the record as it was (DecideComplete changes nothing then).
+  const int64_t now = clock_->NowMillis();
+  std::vector<bool> written(n, false);
+  out.reserve(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const size_t k = b.of_request[i];
+    WriteResult w = WriteResult::kLost;
+    if (cur[k]) {
+      const CompleteRequest& q = reqs[i];
+      w = DecideComplete(&*cur[k], q.token, q.retention, q.status, q.result, now);
+      if (w == WriteResult::kOk) written[k] = true;
     }
-    if (in_flight != 0) {
-      locks.clear();
-      std::unique_lock l(gen_mu_);
-      gen_cv_.wait(l, [&] { return done_gen_ >= in_flight; });
-      continue;
-    }
-
-    std::vector<std::optional<Record>> cur(n);
-    Record scratch;
-    for (size_t k = 0; k < n; ++k) {
-      Record* c = nullptr;
-      DEDUP_RETURN_IF_ERROR(Find(stripes_[slots[k].stripe], slots[k], rkeys[k],
-                                 std::string_view(rkeys[k]).substr(1), "complete batch", &c,
-                                 &scratch));
-      if (c != nullptr) cur[k] = *c;
-    }
-    // Decide in order against what the batch has completed so far, so that a key
-    // repeated in the batch answers as if completed one after the other.
-    const int64_t now = clock_->NowMillis();
-    std::vector<bool> written(n, false);
-    out.reserve(reqs.size());
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      std::optional<Record>& c = cur[slot[i]];
-      WriteResult w = WriteResult::kLost;
-      if (c) {
-        Record next = *c;
-        const CompleteRequest& q = reqs[i];
-        w = DecideComplete(&next, q.token, q.retention, q.status, q.result, now);
-        if (w == WriteResult::kOk) {
-          c = std::move(next);
-          written[slot[i]] = true;
-        }
-      }
-      out.push_back(AckedWrite{w, false});
-    }
-    rocksdb::WriteBatch batch;
-    std::string value;
-    for (size_t k = 0; k < n; ++k) {
-      if (!written[k]) continue;
-      EncodeRecord(*cur[k], &value);
-      rocksdb::Status s = batch.Put(cf_, rkeys[k], value);
-      if (!s.ok()) return FromRocks(s, Context("complete batch"));
-    }
-    if (batch.Count() > 0) {
-      rocksdb::Status s = db_->Write(write_options_, &batch);
-      if (!s.ok()) return FromRocks(s, Context("complete batch"));
-      for (size_t k = 0; k < n; ++k) {
-        if (written[k]) {
-          Settle(stripes_[slots[k].stripe], slots[k], std::string_view(rkeys[k]).substr(1),
-                 *cur[k]);
-        }
-      }
-    }
-    return out;
+    out.push_back(AckedWrite{w, false});
   }
+  DEDUP_RETURN_IF_ERROR(WriteBatchOf(b, cur, written, "complete batch"));
+  return out;
+}
+
+Status RocksDBStoreImpl::WriteBatchOf(const BatchKeys& b, std::vector<std::optional<Record>>& cur,
+                                      const std::vector<bool>& written, std::string_view op) {
+  // In key order, as the writer's batches: the memtable's skip list can start
+  // its search for a key from the one before. The WriteBatch (which copies each
+  // key and value) is the thread's, reused.
+  thread_local std::vector<size_t> order;
+  thread_local std::string value;
+  thread_local rocksdb::WriteBatch batch;
+  order.clear();
+  batch.Clear();
+  for (size_t k = 0; k < b.size(); ++k) {
+    if (written[k]) order.push_back(k);
+  }
+  if (order.empty()) return Status::Ok();
+  std::sort(order.begin(), order.end(),
+            [&b](size_t x, size_t y) { return b.keys[x] < b.keys[y]; });
+  for (size_t k : order) {
+    const std::string_view rk = b.RecordKey(k);
+    EncodeRecord(*cur[k], &value);
+    rocksdb::Status s = batch.Put(cf_, rocksdb::Slice(rk.data(), rk.size()), value);
+    if (!s.ok()) return FromRocks(s, Context(op));
+  }
+  rocksdb::Status s = db_->Write(batch_write_options_, &batch);
+  if (batch.GetDataSize() > kMaxKeptBatchBytes) batch = rocksdb::WriteBatch();
+  if (!s.ok()) return FromRocks(s, Context(op));
+  for (size_t k : order) Settle(stripes_[b.slots[k].stripe], b.slots[k], b.keys[k], *cur[k]);
+  return Status::Ok();
 }
 
 Status RocksDBStoreImpl::OpenDb() {
