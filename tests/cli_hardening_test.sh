@@ -142,6 +142,17 @@ for args in "--prefetch-time 2m" "--drain-timeout 2d"; do
 done
 expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
 [[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
+# Proxy-mode flags without --proxy were ignored (serve started without them).
+for flag in "--lease 5s" "--retention 1h" "--key-prefix p:" "--max-response-bytes 100"; do
+  read -ra fl <<<"$flag"
+  expect_rc "serve $flag without --proxy is refused" 2 timeout 5 "$dedup" serve --store memory: \
+    --listen 127.0.0.1:0 "${fl[@]}"
+  [[ "$out" == *--proxy* ]] || fail "serve $flag: $out"
+done
+# A %00 in a RocksDB path: the file system cut the path at the NUL and created the
+# directory before it.
+expect_rc "a NUL in a rocksdb: path is refused" 2 "$dedup" exec --store "rocksdb:$tmp/nul%00x" --key k -- true
+[[ "$out" == *NUL* && ! -e "$tmp/nul" ]] && ok "named, and nothing was created" || fail "NUL path: $out"
 
 # 5. forget of a key whose lease is running (issue 13, item 5): refused without
 #    --force (exit 75, the key escaped, the time left named, --force suggested);

@@ -342,6 +342,20 @@ TEST_F(RocksDBHardeningTest, AdminOpensNeverCreateAStore) {
   EXPECT_TRUE(fs::is_empty(missing));
 }
 
+// A NUL in the path (a "%00" in the URI) is refused before anything touches the
+// disk: the file system would stop at it and create the directory before it.
+TEST_F(RocksDBHardeningTest, PathWithANulByteIsRefusedAndCreatesNothing) {
+  auto u = OpenStore("rocksdb:" + dir_ + "/x%00y");
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().code(), StatusCode::kInvalidArgument) << u.status();
+  EXPECT_NE(u.status().message().find("NUL"), std::string::npos) << u.status();
+  EXPECT_FALSE(fs::exists(dir_ + "/x"));
+  RocksDBStoreOptions o;
+  o.path = dir_ + std::string("/x\0y", 4);
+  EXPECT_EQ(RocksDBStore::Open(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(dir_ + "/x"));
+}
+
 TEST_F(RocksDBHardeningTest, ReadOnlyOpenReadsBesideAWriterAndRefusesWrites) {
   const std::string db = dir_ + "/db";
   auto w = TryOpen(db);

@@ -1615,6 +1615,13 @@ StatusOr<std::unique_ptr<RocksDBStore>> RocksDBStore::Open(const RocksDBStoreOpt
   if (options.path.empty()) {
     return Status::InvalidArgument("rocksdb: path is empty (expected a directory)");
   }
+  if (options.path.find('\0') != std::string::npos) {
+    // The file system would stop at the NUL and create or open the directory
+    // named by the part before it, not the one asked for.
+    return Status::InvalidArgument("rocksdb: path '" +
+                                   options.path.substr(0, options.path.find('\0')) +
+                                   "\\0...' holds a NUL byte (from %00 in a URI?)");
+  }
   if (options.sync == SyncMode::kInterval && options.sync_interval.count() <= 0) {
     return Status::InvalidArgument("rocksdb " + options.path +
                                    ": sync_interval must be positive, got " +
