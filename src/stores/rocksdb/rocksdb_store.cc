@@ -498,6 +498,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
     DEDUP_RETURN_IF_ERROR(CheckWritable("claim"));
+    // Past the backlog bound, the pending claims are committed before this one
+    // is decided, not after: a failed commit (a full disk) then leaves nothing
+    // held, as its error says. (After, the claim stayed pending, BUSY for a
+    // lease nobody got.)
+    if (Deferred(req)) DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
     thread_local std::string rkey, value;
     thread_local Record scratch;
     EncodeRecordKey(req.key, &rkey);
@@ -515,8 +520,6 @@ class RocksDBStoreImpl final : public RocksDBStore {
       ApplyFenceFloor(st, &next, &res);
       if (Deferred(req)) {
         Defer(st, slot, req.key, std::move(next));
-        lock.unlock();
-        DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
         return res;
       }
       WaitInFlight(st, req.key);
@@ -1275,6 +1278,9 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   // then written before it returns, after any writer batch carrying its keys.
   bool deferred = true;
   for (const ClaimRequest& r : reqs) deferred = deferred && Deferred(r);
+  // The backlog is committed before the batch decides (as Claim): a failure
+  // leaves none of its claims held.
+  if (deferred) DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(b.stripes.size());
   LockBatch(b, /*before_write=*/!deferred, &locks);
@@ -1337,8 +1343,6 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     for (size_t k = 0; k < n; ++k) {
       if (written[k]) Defer(stripes_[b.slots[k].stripe], b.slots[k], b.keys[k], std::move(*cur[k]));
     }
-    locks.clear();
-    DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
     return out;
   }
   DEDUP_RETURN_IF_ERROR(WriteBatchOf(b, cur, written, "claim batch"));
