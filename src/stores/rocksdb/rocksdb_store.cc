@@ -713,6 +713,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
         : rec(std::move(r)), round(claim_round), hash(key_hash) {}
     Record rec;
     uint64_t gen = 0;
+    // A writer batch carrying an older record of the key, which this claim
+    // replaced while that batch was being written (0: none). A write of the
+    // key waits for it too, or the older record would land after it.
+    uint64_t prior = 0;
     uint64_t round = 0;  // the writer's round when the claim was made
     uint64_t hash = 0;   // the key's (KeyHash), for the writer's RememberMoved
   };
@@ -763,6 +767,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     } else {
       Pending& p = it->second;
       p.rec = std::move(r);
+      if (p.gen != 0) p.prior = p.gen;  // its batch may still be writing the old record
       p.gen = 0;
       p.round = round;
       p.hash = slot.hash;
@@ -792,8 +797,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
   void WaitInFlight(Stripe& st, const HashedKey& key) {
     if (st.pending.empty()) return;
     auto it = st.pending.find(key);
-    if (it == st.pending.end() || !InFlight(it->second)) return;
-    WaitGen(it->second.gen);
+    if (it == st.pending.end()) return;
+    if (const uint64_t g = InFlightGen(it->second); g != 0) WaitGen(g);
   }
 
   // Waits until writer batch `g` is done (written or failed). No stripe may be
@@ -804,13 +809,19 @@ class RocksDBStoreImpl final : public RocksDBStore {
     gen_cv_.wait(l, [&] { return done_gen_.load(std::memory_order_relaxed) >= g; });
   }
 
-  // True when the writer batch carrying `p` has not finished yet. A batch that
-  // has finished drops its records from `pending` a moment later, stripe by
-  // stripe: until then they count as written, not in flight (a batch writer
-  // that waited for them before started over and found them again, relocking
-  // and rehashing its whole batch until the writer got to their stripes).
-  bool InFlight(const Pending& p) const {
-    return p.gen != 0 && p.gen > done_gen_.load(std::memory_order_acquire);
+  // The writer batch to wait for before writing `p`'s key, or 0: the one
+  // carrying `p`, or the one carrying the older record that `p` replaced (a
+  // takeover while that batch was being gathered or written: without it, the
+  // new owner's completion could land first and the old claim come back from
+  // disk, to be completed a second time by its old owner), if not finished yet.
+  // A batch that has finished drops its records from `pending` a moment later,
+  // stripe by stripe: until then they count as written, not in flight (a batch
+  // writer that waited for them before started over and found them again,
+  // relocking and rehashing its whole batch until the writer got to their
+  // stripes).
+  uint64_t InFlightGen(const Pending& p) const {
+    const uint64_t g = std::max(p.gen, p.prior);
+    return g > done_gen_.load(std::memory_order_acquire) ? g : 0;
   }
 
   // Locks the stripes of a batch's keys, ascending, each once: two batches never
@@ -829,9 +840,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
         const Stripe& st = stripes_[b.slots[k].stripe];
         if (st.pending.empty()) continue;
         auto it = st.pending.find(HashedKey{b.keys[k], b.slots[k].hash});
-        if (it != st.pending.end() && InFlight(it->second)) {
-          in_flight = std::max(in_flight, it->second.gen);
-        }
+        if (it != st.pending.end()) in_flight = std::max(in_flight, InFlightGen(it->second));
       }
       if (in_flight == 0) return;
       locks->clear();
