@@ -739,6 +739,71 @@ TEST_P(ConsumerConformance, CoalescedCompletionsGiveTheSameAnswersAsSingleOnes) 
   EXPECT_EQ(completed, 40u) << "every outcome is recorded by the completer";
 }
 
+// ConsumerOptions::prefetch_time: short handlers get a window that covers about
+// prefetch_time of their work (fetched, and claimed, in larger batches); handlers
+// as long as prefetch_time keep prefetch = concurrency; an explicit prefetch is
+// never adapted. The largest Fetch() asked for shows the window.
+class MaxFetchSource final : public MessageSource {
+ public:
+  explicit MaxFetchSource(std::unique_ptr<MessageSource> s) : s_(std::move(s)) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    size_t seen = max_.load();
+    while (max > seen && !max_.compare_exchange_weak(seen, max)) {
+    }
+    return s_->Fetch(max, wait);
+  }
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    return s_->AckBatch(deliveries);
+  }
+  std::string Describe() const override { return s_->Describe(); }
+  size_t max_fetch() const { return max_.load(); }
+
+ private:
+  std::unique_ptr<MessageSource> s_;
+  std::atomic<size_t> max_{0};
+};
+
+TEST_P(ConsumerConformance, PrefetchTimeAdaptsTheWindowToTheHandlerTime) {
+  if (GetParam() != "memory") GTEST_SKIP() << "the Consumer's policy; one source shows it";
+  auto buffer = MakeBuffer();
+  struct Case {
+    int prefetch;
+    Millis prefetch_time, handler;
+    size_t min_fetch, max_fetch;
+  };
+  // concurrency 2: the window is 2 + prefetch; a fetch asks for what is free.
+  const Case cases[] = {
+      {-1, 200ms, 1ms, 9, 2 + 16 * 2},  // 1 ms handlers: up to 32 ahead
+      {-1, 20ms, 40ms, 1, 4},           // handlers longer than prefetch_time: 2 ahead
+      {3, 200ms, 1ms, 1, 5},            // an explicit prefetch stays
+  };
+  int round = 0;
+  for (const Case& c : cases) {
+    const int n = c.handler > 10ms ? 12 : 400;
+    for (int i = 0; i < n; ++i) Publish("r" + std::to_string(round) + "-" + std::to_string(i));
+    ++round;
+    MaxFetchSource source(Source());
+    ConsumerOptions o;
+    o.concurrency = 2;
+    o.prefetch = c.prefetch;
+    o.prefetch_time = c.prefetch_time;
+    std::atomic<int> runs{0};
+    {
+      Running r(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
+        std::this_thread::sleep_for(c.handler);
+        ++runs;
+        return HandlerResult::Done();
+      }, o);
+      ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 30'000ms)) << Outstanding();
+    }
+    EXPECT_EQ(runs.load(), n);
+    EXPECT_GE(source.max_fetch(), c.min_fetch) << "prefetch " << c.prefetch << ", handler "
+                                                << c.handler.count() << " ms";
+    EXPECT_LE(source.max_fetch(), c.max_fetch) << "prefetch " << c.prefetch << ", handler "
+                                                << c.handler.count() << " ms";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });

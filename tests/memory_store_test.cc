@@ -32,6 +32,15 @@ auto OneShardStore(SimulatedClock* clock) {
   return NewMemoryStore(o);
 }
 
+// Claims `key` and expects an answer (any outcome).
+void ClaimAnswered(Store& store, const std::string& key, Millis lease, Millis retention) {
+  ClaimRequest r;
+  r.key = key;
+  r.lease = lease;
+  r.retention = retention;
+  ASSERT_TRUE(store.Claim(r).ok()) << key;
+}
+
 TEST(MemoryStore, ExpiredRecordsAreReclaimedByLaterOperations) {
   SimulatedClock clock;
   auto store = OneShardStore(&clock);
@@ -96,6 +105,92 @@ TEST(MemoryStore, LongLivedRecordsDoNotDelayReclaim) {
       << "10 operations, 4 each: every expired record reclaimed";
 }
 
+// The sweep returns at once while nothing in the shard is due (a shard-wide
+// lower bound of the deadlines, made exact each time the cursor goes round). A
+// record added after the bound was made exact, behind the cursor or ahead of
+// it, must lower the bound, and be reclaimed once it expires.
+TEST(MemoryStore, ShortRecordsAfterManyIdleSweepsAreReclaimed) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  auto claim = [&](const std::string& key, Millis retention) { ClaimAnswered(*store, key, 1ms, retention); };
+  // Two and a half chunks of long-lived records; the sweep goes round many
+  // times meanwhile, finding nothing due.
+  for (int i = 0; i < 10'000; ++i) claim("keep:" + std::to_string(i), 1h);
+  for (int i = 0; i < 2'000; ++i) {
+    ASSERT_TRUE(store->Inspect("keep:" + std::to_string(i)).ok());
+    claim("keep:" + std::to_string(i), 1h);  // BUSY or DUPLICATE: nothing written
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 40; ++i) claim("short:" + std::to_string(round) + ":" + std::to_string(i), 1s);
+    EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 10'000u + 40u) << round;
+    clock.Advance(999ms);
+    for (int i = 0; i < 20; ++i) claim("keep:" + std::to_string(i), 1h);
+    EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 10'000u + 40u) << "not yet due, round " << round;
+    clock.Advance(2ms);
+    // Each operation looks at up to 16 slots, or steps over a chunk for 4 of
+    // them: 10,040 slots need at most ~700 operations to go round once.
+    for (int i = 0; i < 1'000; ++i) claim("keep:" + std::to_string(i), 1h);
+    EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 10'000u) << "round " << round;
+  }
+}
+
+// A deadline written behind the sweep's cursor, into a chunk the current pass
+// has already passed, must still count when the cursor wraps and the shard's
+// lower bound is made exact again; and the last, partial chunk's bound is made
+// exact when the cursor has scanned up to its end (else a short record that
+// once lived there would keep the bound low until the chunk filled).
+TEST(MemoryStore, DeadlineWrittenBehindTheCursorIsReclaimed) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  // Five chunks (4096 slots each): a pass cannot step over all of them in one
+  // operation (4 of its budget of 16 per chunk), so it ends in a later one.
+  for (int i = 0; i < 20'000; ++i) ClaimAnswered(*store, "keep:" + std::to_string(i), 1ms, 1h);
+  for (int i = 0; i < 40; ++i) ClaimAnswered(*store, "a:" + std::to_string(i), 1ms, 1s);  // the last chunk
+  clock.Advance(2s);  // the a: records are due
+  // One operation: the cursor steps over chunks 0 to 3.
+  ClaimAnswered(*store, "keep:19000", 1ms, 1h);
+  // Behind the cursor: keep:5 (slot 5, chunk 0) is taken over, kept 1 s.
+  ClaimAnswered(*store, "keep:5", 1ms, 1s);
+  // The cursor finishes the pass (removing the a: records) and wraps.
+  for (int i = 0; i < 400; ++i) ClaimAnswered(*store, "keep:" + std::to_string(10'000 + i), 1ms, 1h);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 20'000u);
+  clock.Advance(2s);  // keep:5 is due
+  for (int i = 0; i < 400; ++i) ClaimAnswered(*store, "keep:" + std::to_string(10'400 + i), 1ms, 1h);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 19'999u) << "keep:5 reclaimed";
+  auto r = store->Inspect("keep:5");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->has_value());
+}
+
+// Claim checks its arguments inline, and asks ValidateClaim only for the error:
+// at every edge of every limit, it answers as ValidateClaim does.
+TEST(MemoryStore, ClaimChecksItsArgumentsAsValidateClaim) {
+  auto store = NewMemoryStore();
+  const std::string big(kMaxKeyBytes + 1, 'k');
+  const std::string fp(kMaxFingerprintBytes + 1, 'f');
+  int n = 0;
+  for (size_t key_len : {size_t{0}, size_t{1}, kMaxKeyBytes, kMaxKeyBytes + 1}) {
+    for (Millis lease : {Millis(-1), Millis(0), Millis(1), kMaxDuration, kMaxDuration + Millis(1)}) {
+      for (Millis retention : {Millis(-1), Millis(0), Millis(1), kMaxDuration, kMaxDuration + Millis(1)}) {
+        for (size_t fp_len : {size_t{0}, kMaxFingerprintBytes, kMaxFingerprintBytes + 1}) {
+          // A key of its own per request (its first bytes), so that every valid one is ACQUIRED.
+          std::string key = std::string_view(big).substr(0, key_len).data() == nullptr ? "" : big.substr(0, key_len);
+          if (key_len > 0) key.replace(0, std::min(key_len, size_t{4}), std::to_string(1000 + n++).substr(0, std::min(key_len, size_t{4})));
+          ClaimRequest r;
+          r.key = key;
+          r.lease = lease;
+          r.retention = retention;
+          r.fingerprint = std::string_view(fp).substr(0, fp_len);
+          const Status want = ValidateClaim(r);
+          auto got = store->Claim(r);
+          EXPECT_EQ(got.ok(), want.ok()) << key_len << " " << lease.count() << " " << retention.count() << " " << fp_len;
+          if (!want.ok()) EXPECT_EQ(got.status(), want);
+        }
+      }
+    }
+  }
+}
+
 // The sweep decides from its compact deadline array, which holds each record's
 // retention deadline to the millisecond: nothing is reclaimed a millisecond
 // early, everything is reclaimed once the deadline has passed.
@@ -133,13 +228,7 @@ TEST(MemoryStore, ReclaimFollowsTheDeadlineToTheMillisecond) {
 TEST(MemoryStore, ReclaimKeepsItsDeadlinesAcrossMonths) {
   SimulatedClock clock;
   auto store = OneShardStore(&clock);
-  auto claim = [&](const std::string& key, std::chrono::milliseconds retention) {
-    ClaimRequest r;
-    r.key = key;
-    r.lease = 1s;
-    r.retention = retention;
-    ASSERT_TRUE(store->Claim(r).ok()) << key;
-  };
+  auto claim = [&](const std::string& key, Millis retention) { ClaimAnswered(*store, key, 1s, retention); };
   auto records = [&] { return internal::MemoryStorePhysicalRecords(store.get()); };
   constexpr auto kDay = std::chrono::hours(24);
   for (int i = 0; i < 50; ++i) claim("long:" + std::to_string(i), 60 * kDay);  // past the array's range

@@ -308,6 +308,30 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->outcome, ClaimOutcome::kAcquired) << key;
   }
+
+  // A key of another Redis type: Claim and ClaimBatch name the key and the
+  // problem alike, whether the claim's SET carries GET (it then meets WRONGTYPE)
+  // or not (claim.lua meets it), instead of the server's bare WRONGTYPE.
+  for (int with_get = 0; with_get < 2; ++with_get) {
+    SCOPED_TRACE(with_get ? "SET with GET" : "SET without GET");
+    auto fresh = OpenStore("redis://127.0.0.1:6394?prefix=c:");
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    Store& s = **fresh;
+    if (with_get) {  // a claim that met a record turns GET on for a second
+      auto dup = s.Claim(Req("fresh-2"));
+      ASSERT_TRUE(dup.ok() && dup->outcome == ClaimOutcome::kBusy) << dup.status();
+    }
+    auto one = s.Claim(Req("hash"));
+    auto many = s.ClaimBatch(std::vector<ClaimRequest>{Req("fresh-" + std::to_string(3 + with_get)),
+                                                       Req("hash")});
+    for (const Status& st : {one.status(), many.status()}) {
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st;
+      EXPECT_NE(st.message().find("key 'hash'"), std::string::npos) << st;
+      EXPECT_NE(st.message().find("'c:hash' holds a value of another type"), std::string::npos)
+          << st;
+    }
+  }
+  EXPECT_EQ(Admin(6394, {"TYPE", "c:hash"}), "hash");
 }
 
 // The claim's SET is sent without GET while claims meet no records, and with GET
@@ -737,6 +761,12 @@ class LossyRelay {
     skip_.store(skip);
     fault_.store(f);
   }
+  // The same fault for the next `times` requests in a row (e.g. a lost reply, then
+  // the reconnect's handshake).
+  void ArmTimes(Fault f, int times) {
+    again_.store(times - 1);
+    fault_.store(f);
+  }
   // Requests that met the fault so far.
   int faults() const { return faults_.load(); }
 
@@ -774,7 +804,13 @@ class LossyRelay {
             skip_.fetch_sub(1);
           } else if (k == 0 && mode == Fault::kNone) {
             mode = fault_.exchange(Fault::kNone);
-            if (mode != Fault::kNone) faults_++;
+            if (mode != Fault::kNone) {
+              faults_++;
+              if (again_.load() > 0) {
+                again_.fetch_sub(1);
+                fault_.store(mode);
+              }
+            }
           }
           if (k == 1 && mode == Fault::kWithhold) continue;  // the reply is lost
           if (write(ps[1 - k].fd, buf, static_cast<size_t>(n)) != n) done = true;
@@ -803,6 +839,7 @@ class LossyRelay {
   std::atomic<bool> stop_{false};
   std::atomic<Fault> fault_{Fault::kNone};
   std::atomic<int> skip_{0};
+  std::atomic<int> again_{0};
   std::atomic<int> faults_{0};
   std::thread acceptor_;
   std::vector<std::thread> relays_;
@@ -935,6 +972,75 @@ TEST_F(RedisLostReplyTest, ACompletionWhoseReplyIsLostRunsOnceAndIsNotLost) {
     EXPECT_EQ((*rec)->result, "done");
   }
   EXPECT_EQ(relay.faults(), 2);
+}
+
+// A new connection whose handshake (PING, after AUTH / SELECT when asked) is reset
+// before the call's commands were written: nothing of the call reached the server,
+// so the failure must not say "effect unknown" (a caller may simply try again), and
+// trying again later completes the claim.
+TEST_F(RedisLostReplyTest, AResetDuringANewConnectionsHandshakeSentNothing) {
+  LossyRelay& relay = *relay_;
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("hs" + pipeline, pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    auto c = store.Claim(Req("k"));
+    ASSERT_TRUE(c.ok() && c->acquired()) << c.status();
+    const int faults = relay.faults();
+    relay.Arm(LossyRelay::Fault::kReset);  // the connection goes (an Inspect's reply lost)
+    EXPECT_FALSE(store.Inspect("k").ok());
+    ASSERT_EQ(Admin(kPort, {"CONFIG", "RESETSTAT"}), "OK");
+    relay.Arm(LossyRelay::Fault::kReset);  // the next connection's handshake is reset
+    auto w = store.Complete("k", c->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_EQ(relay.faults(), faults + 2) << "a fault was not met";
+    ASSERT_FALSE(w.ok()) << "the handshake was reset, yet an answer came";
+    EXPECT_TRUE(w.status().retryable()) << w.status();
+    EXPECT_EQ(w.status().message().find("effect unknown"), std::string::npos) << w.status();
+    EXPECT_NE(w.status().message().find("nothing of the call was sent"), std::string::npos)
+        << w.status();
+    EXPECT_EQ(Calls(kPort, "evalsha") + Calls(kPort, "eval"), 0) << "the completion was sent";
+    std::this_thread::sleep_for(200ms);  // the reconnect backoff
+    auto again = store.Complete("k", c->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(*again, WriteResult::kOk);
+  }
+}
+
+// A claim whose first try is lost (sent, reply lost) and whose retry cannot
+// reconnect (its handshake is reset): the failure must say that the first try's
+// effect is unknown (its record may hold the key BUSY for a lease), not read as a
+// plain "could not connect". The same for a batch.
+TEST_F(RedisLostReplyTest, ARetryThatCannotReconnectSaysTheFirstTryIsUnknown) {
+  LossyRelay& relay = *relay_;
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenThroughRelay("rc" + pipeline, pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    const int faults = relay.faults();
+    relay.ArmTimes(LossyRelay::Fault::kReset, 2);
+    auto c = store.Claim(Req("one"));
+    ASSERT_EQ(relay.faults(), faults + 2) << "a fault was not met";
+    ASSERT_FALSE(c.ok()) << "the retry's handshake was reset, yet an answer came";
+    EXPECT_TRUE(c.status().retryable()) << c.status();
+    EXPECT_NE(c.status().message().find("earlier try was sent and its answer lost (effect unknown"),
+              std::string::npos)
+        << c.status();
+    EXPECT_NE(c.status().message().find("BUSY"), std::string::npos) << c.status();
+
+    std::this_thread::sleep_for(200ms);  // the reconnect backoff
+    ASSERT_TRUE(store.Claim(Req("warm-" + pipeline)).ok());
+    relay.ArmTimes(LossyRelay::Fault::kReset, 2);
+    auto b = store.ClaimBatch(std::vector<ClaimRequest>{Req("b1"), Req("b2")});
+    ASSERT_EQ(relay.faults(), faults + 4) << "a fault was not met";
+    ASSERT_FALSE(b.ok());
+    EXPECT_TRUE(b.status().retryable()) << b.status();
+    EXPECT_NE(b.status().message().find("earlier try was sent and its answer lost (effect unknown"),
+              std::string::npos)
+        << b.status();
+    std::this_thread::sleep_for(200ms);
+  }
 }
 
 // A long batch (about 6 MB) whose send is cut short by a timeout after its first

@@ -97,7 +97,7 @@ using redis::ParseRedisUri;
 
 TEST(RedisUri, PlainWithEverything) {
   auto r = ParseRedisUri("redis://app:s%3Acret@db.example:6390/2?timeout=1.5s&pool=3"
-                         "&pipeline=off&prefix=jobs:",
+                         "&pipeline=off&spin=50&prefix=jobs:",
                          {"prefix"});
   ASSERT_TRUE(r.ok()) << r.status();
   const redis::ConnectionOptions& c = r->connection;
@@ -112,6 +112,7 @@ TEST(RedisUri, PlainWithEverything) {
   EXPECT_EQ(c.timeout, Millis(1500));
   EXPECT_EQ(c.pool_size, 3u);
   EXPECT_FALSE(c.auto_pipeline);
+  EXPECT_EQ(c.reply_spin.count(), 50);
   EXPECT_EQ(r->uri.Param("prefix"), "jobs:");
   EXPECT_EQ(c.Describe(), "redis://app:***@db.example:6390/2");
 }
@@ -126,6 +127,8 @@ TEST(RedisUri, Defaults) {
   EXPECT_EQ(c.timeout, Millis(2000));
   EXPECT_EQ(c.pool_size, 8u);
   EXPECT_TRUE(c.auto_pipeline);
+  EXPECT_EQ(c.reply_spin.count(), 0);
+  EXPECT_EQ(ParseRedisUri("redis://localhost?spin=1000")->connection.reply_spin.count(), 1000);
   EXPECT_EQ(ParseRedisUri("redis://localhost/")->connection.db, 0);
 }
 
@@ -189,6 +192,8 @@ TEST(RedisUri, BadFormsNameTheBadPart) {
       {"redis://u:hunter2@h?pool=0", "pool"},
       {"redis://u:hunter2@h?pool=5000", "pool"},
       {"redis://u:hunter2@h?pipeline=maybe", "pipeline"},
+      {"redis://u:hunter2@h?spin=1001", "spin must be 0 to 1000"},
+      {"redis://u:hunter2@h?spin=soon", "spin"},
       {"redis://u:hunter2@h?colour=red", "'colour'"},
       {"redis://u:hunter2%zz@h", "password"},
       {"mongodb://u:hunter2@h", "'mongodb'"},

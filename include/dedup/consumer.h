@@ -183,8 +183,18 @@ struct ConsumerOptions {
   // batch (at most concurrency + prefetch deliveries) may wait for or be in its
   // claim, so that the next fetch overlaps the claim. A fetch starts once half of
   // concurrency + prefetch is free, or as soon as a handler would be idle.
-  // Default: -1 = concurrency.
+  // Default: -1 = concurrency (more with prefetch_time).
   int prefetch = -1;
+  // With prefetch -1: fetch ahead as many deliveries as the handlers finish in
+  // about this long (from the average time of the recent ones), at least
+  // concurrency and at most 16 x concurrency. Handlers that take prefetch_time
+  // or longer get concurrency, as without it; short ones (processes that run a
+  // millisecond) get fetched and claimed in batches, one broker round trip for
+  // several. What it costs: while handlers keep their pace, a fetched delivery
+  // waits about prefetch_time longer here than an idle consumer elsewhere would
+  // make it wait; when they suddenly slow down, what was fetched waits its
+  // turn. 0 = off. Default: 0 (`dedup worker`: 5 ms, --prefetch-time).
+  Millis prefetch_time{0};
   // How long one Fetch waits for a first delivery; also how soon Stop() is seen
   // by an idle consumer. Default: 250 ms.
   Millis fetch_wait{250};

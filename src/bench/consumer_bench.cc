@@ -79,6 +79,15 @@ struct ConsumerContender {
   std::vector<double> batch_sizes;  // outcomes per completer batch, per round
 };
 
+// A contender with no figures yet (`store` null: no guard).
+ConsumerContender MakeContender(std::string id, std::string label, std::unique_ptr<Store> store) {
+  ConsumerContender c;
+  c.id = std::move(id);
+  c.label = std::move(label);
+  c.store = std::move(store);
+  return c;
+}
+
 long long TotalCommands(streams::StreamConn& c) {
   auto r = c.Run({"INFO", "stats"});
   if (!r.ok()) return -1;
@@ -103,12 +112,11 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
   const std::string redis_uri = "redis://" + auth + o.host + ":" + std::to_string(o.port);
 
   std::vector<ConsumerContender> cs;
-  cs.push_back({"none", "no guard (ack only)", nullptr, nullptr, nullptr, {}, {}, {}, {}, 0});
+  cs.push_back(MakeContender("none", "no guard (ack only)", nullptr));
   {
     auto s = OpenStore(redis_uri + "?prefix=bench:consumer:&pool=" + std::to_string(o.concurrency));
     if (s.ok()) {
-      cs.push_back({"redis", "dedup, Redis store on the stream's server", std::move(s).value(),
-                    nullptr, nullptr, {}, {}, {}, {}, 0});
+      cs.push_back(MakeContender("redis", "dedup, Redis store on the stream's server", std::move(s).value()));
     }
   }
   std::string rocks_dir;
@@ -116,8 +124,7 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
     rocks_dir = o.scratch_dir + "/consumer-bench-" + std::to_string(getpid());
     auto s = OpenStore("rocksdb:" + rocks_dir);
     if (s.ok()) {
-      cs.push_back({"rocksdb", "dedup, RocksDB store", std::move(s).value(), nullptr, nullptr,
-                    {}, {}, {}, {}, 0});
+      cs.push_back(MakeContender("rocksdb", "dedup, RocksDB store", std::move(s).value()));
     }
   }
   BufferOptions bo;

@@ -144,6 +144,16 @@ void AddRedisContenders(BenchContext& ctx, ContenderGroup& g) {
                   return std::move(s).value();
                 },
                 {"redis/baseline/b1"}, {"redis/baseline/b16"});
+  // Depth 1 with spin=50: each caller polls its socket up to 50 us for the reply
+  // before it sleeps in recv (docs/PERFORMANCE.md, "Depth 1: polling for the
+  // reply"), next to the default row (spin=0), so that one run shows what it does.
+  if (auto s = OpenStore(uri + "&spin=50"); s.ok()) {
+    std::shared_ptr<Store> store = std::move(s).value();
+    g.Keep(store);
+    Contender& c = g.Add("redis", "dedup claim (spin=50: reply spin)", "claim", 1, {"redis/baseline/b1"});
+    c.id = "redis/claim/spin50";
+    c.make_step = StoreStep(store.get(), nullptr, "claim", 1);
+  }
   // Depth 16 with single claims: 16 threads per connection calling Claim(), whose
   // calls share round trips on the auto-pipelined connections, next to -P 16.
   if (auto s = OpenStore(uri); s.ok()) {

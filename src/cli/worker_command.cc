@@ -37,12 +37,12 @@
 #include <ctime>
 #include <map>
 #include <memory>
-#include <sstream>
 
 #include "brokers/redis_streams/streams_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "consumer/exec_handler.h"
 #include "consumer/handler_process.h"
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
@@ -79,6 +79,9 @@ struct WorkerFlags {
   std::string handler_cgroup;  // --handler-cgroup DIR: each handler in a child cgroup
   int concurrency = 4;
   int prefetch = -1;
+  // With --prefetch -1: fetch ahead what the handlers finish in about this long
+  // (ConsumerOptions::prefetch_time; docs/WORKER.md, "--prefetch").
+  Millis prefetch_time{5};
   Millis lease{kDefaultLease};
   Millis retention{kDefaultRetention};
   Millis retry_delay{1'000};
@@ -98,30 +101,23 @@ struct WorkerFlags {
 
 bool IsRedisBroker(const std::string& uri) { return uri.rfind("redis://", 0) == 0; }
 
-std::vector<std::string> SplitWords(const std::string& s) {
-  std::istringstream in(s);
-  std::vector<std::string> out;
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
-
 #ifdef DEDUP_WITH_SERVE
 // --metrics-port: the Consumer's counters, claim and handler latencies and the
 // build, in Prometheus conventions, on serve's HTTP stack.
-metrics::Registry g_metrics;
 const std::string kHandlerHelp = "Time a handler command ran, by outcome (done, retry, fail).";
 
-void ObserveHandler(std::chrono::steady_clock::time_point t0, const HandlerResult& r) {
+void ObserveHandler(metrics::Registry& registry, std::chrono::steady_clock::duration took,
+                    const HandlerResult& r) {
   const char* outcome = r.kind == HandlerResult::Kind::kDone    ? "done"
                         : r.kind == HandlerResult::Kind::kRetry ? "retry"
                                                                 : "fail";
-  g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
-                         {{"outcome", outcome}})
-      ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  registry.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                        {{"outcome", outcome}})
+      ->Observe(std::chrono::duration<double>(took).count());
 }
 
-void RegisterWorkerMetrics(const Consumer& w) {
-  g_metrics.AddBuildInfo(DEDUP_VERSION);
+void RegisterWorkerMetrics(metrics::Registry& registry, const Consumer& w) {
+  registry.AddBuildInfo(DEDUP_VERSION);
   const std::pair<const char*, uint64_t ConsumerMetrics::*> rows[] = {
       {"messages", &ConsumerMetrics::messages},
       {"acquired", &ConsumerMetrics::acquired},
@@ -142,9 +138,9 @@ void RegisterWorkerMetrics(const Consumer& w) {
       {"ack_batches", &ConsumerMetrics::ack_batches},
       {"acked_in_batches", &ConsumerMetrics::acked_in_batches}};
   for (const auto& [name, field] : rows) {
-    g_metrics.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
-                             std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
-                             [&w, field = field] { return double(w.metrics().*field); });
+    registry.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
+                            std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
+                            [&w, field = field] { return double(w.metrics().*field); });
   }
   // Claim outcomes once more, as one family with an outcome label.
   const std::pair<const char*, uint64_t ConsumerMetrics::*> outcomes[] = {
@@ -153,81 +149,25 @@ void RegisterWorkerMetrics(const Consumer& w) {
       {"busy", &ConsumerMetrics::busy},
       {"error", &ConsumerMetrics::store_errors}};
   for (const auto& [outcome, field] : outcomes) {
-    g_metrics.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
-                             {{"outcome", outcome}},
-                             [&w, field = field] { return double(w.metrics().*field); });
+    registry.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
+                            {{"outcome", outcome}},
+                            [&w, field = field] { return double(w.metrics().*field); });
   }
   for (const char* outcome : {"done", "retry", "fail"}) {
-    g_metrics.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
-                           {{"outcome", outcome}});
+    registry.GetHistogram("dedup_worker_handler_duration_seconds", kHandlerHelp,
+                          {{"outcome", outcome}});
   }
 }
 #endif
-
-// The supervisor of every handler process of this worker (src/consumer/
-// handler_process.h), started first in RunWorkerCommand.
-HandlerSupervisor* g_handlers = nullptr;
-// The handler's argv, made once from --exec by RunWorkerCommand (splitting
-// --exec with an istringstream per message cost about 10 us each).
-std::vector<std::string> g_handler_argv;
-
-HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
-                                uint32_t attempt, const ClaimGuard* g);
-
-// Runs the handler command for one message.
-// With `g`, the handler is stopped when the claim's lease is lost.
-HandlerResult RunHandler(const WorkerFlags& f, const Delivery& m, uint64_t fence,
-                         uint32_t attempt, const ClaimGuard* g = nullptr) {
-#ifdef DEDUP_WITH_SERVE
-  const auto t0 = std::chrono::steady_clock::now();
-  HandlerResult r = RunHandlerCommand(f, m, fence, attempt, g);
-  ObserveHandler(t0, r);
-  return r;
-#else
-  return RunHandlerCommand(f, m, fence, attempt, g);
-#endif
-}
-
-HandlerResult RunHandlerCommand(const WorkerFlags& f, const Delivery& m, uint64_t fence,
-                                uint32_t attempt, const ClaimGuard* g) {
-  // An environment variable ends at its first NUL: DEDUP_KEY would be cut, and the
-  // handler would act on another key's name. Refused (dead-lettered), never run.
-  if (m.key().find('\0') != std::string::npos) {
-    return HandlerResult::Fail("key contains a NUL byte, which DEDUP_KEY cannot carry; "
-                               "handler not run");
-  }
-  HandlerCommand c;
-  c.argv = g_handler_argv;
-  if (IsRedisBroker(f.broker)) {
-    nlohmann::json payload = nlohmann::json::object();
-    for (const auto& [k, v] : m.attributes()) payload[k] = v;
-    c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  } else {
-    c.stdin_data = m.payload();
-  }
-  c.env = {"DEDUP_KEY=" + m.key(), "DEDUP_FENCE=" + std::to_string(fence),
-           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + m.id(),
-           "DEDUP_WORKER_PID=" + std::to_string(getpid())};
-  c.capture_stdout = f.keep_output;
-  c.max_output = kMaxResultBytes;
-  auto r = g_handlers->Run(c, g);
-  if (r.ok() && Judge(*r) == HandlerVerdict::kDone && f.keep_output && r->truncated) {
-    // Never keep (or, with --sql-output, run) a cut-off output.
-    return HandlerResult::Fail("handler output exceeds " + std::to_string(kMaxResultBytes) + " bytes");
-  }
-  return ToHandlerResult(r, f.keep_output);
-}
 
 #ifdef DEDUP_WITH_POSTGRES
 // --sql-output: runs the handler, then its stdout as SQL in the completion's
 // transaction, with dedup.key, dedup.fence and dedup.attempt set for that
 // transaction (current_setting('dedup.fence')::bigint).
 // The handler is stopped when the claim's lease is lost, as without --sql-output.
-HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTransaction& tx,
+HandlerResult RunSqlHandler(const ExecHandler& exec, const Delivery& m, PostgresTransaction& tx,
                             const ClaimGuard& claim) {
-  WorkerFlags g = f;
-  g.keep_output = true;
-  HandlerResult hr = RunHandler(g, m, tx.fence(), tx.attempt(), &claim);
+  HandlerResult hr = exec.Run(m, tx.fence(), tx.attempt(), &claim, /*keep_output=*/true);
   if (hr.kind != HandlerResult::Kind::kDone) return hr;
   auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
                      "set_config('dedup.attempt', $3, true)",
@@ -240,23 +180,28 @@ HandlerResult RunSqlHandler(const WorkerFlags& f, const Delivery& m, PostgresTra
 #endif
 
 int RunWorkerCommand(const WorkerFlags& f) {
-  // `/bin/sh -c ''` exits 0: every message would be recorded done and acked
-  // with nothing run (an unset "$HANDLER" in a unit file does it).
-  if (f.exec.find_first_not_of(" \t\n\v\f\r") == std::string::npos) {
-    std::fprintf(stderr, "dedup worker: --exec: empty command (it would run nothing and "
-                         "record every message as done)\n");
+  ExecHandlerOptions eo;
+  eo.command = f.exec;
+  eo.shell = !f.no_shell;
+  eo.stdin_format = IsRedisBroker(f.broker) ? ExecHandlerOptions::Stdin::kAttributesJson
+                                            : ExecHandlerOptions::Stdin::kPayload;
+  eo.keep_output = f.keep_output;
+  if (auto argv = ExecHandler::Argv(eo); !argv.ok()) {
+    const Status& s = argv.status();
+    std::fprintf(stderr, "dedup worker: --exec: %s\n",
+                 s.code() == StatusCode::kInvalidArgument ? s.message().c_str()
+                                                          : s.ToString().c_str());
     return kExitUsage;
   }
-  if (f.no_shell) {
-    const std::vector<std::string> words = SplitWords(f.exec);
-    auto found = words.empty() ? StatusOr<std::string>(Status::InvalidArgument("empty command"))
-                               : ResolveCommand(words[0]);
-    if (!found.ok()) {
-      std::fprintf(stderr, "dedup worker: --exec: %s\n", found.status().ToString().c_str());
-      return kExitUsage;
-    }
+#ifdef DEDUP_WITH_SERVE
+  // Declared before the handler and the Consumer, whose callbacks it serves.
+  metrics::Registry registry;
+  if (f.metrics_port > 0) {
+    eo.observe = [&registry](std::chrono::steady_clock::duration took, const HandlerResult& r) {
+      ObserveHandler(registry, took, r);
+    };
   }
-  g_handler_argv = f.no_shell ? SplitWords(f.exec) : std::vector<std::string>{"/bin/sh", "-c", f.exec};
+#endif
   // First, while this process is small: the watchdog is a fork of it.
   SupervisorOptions sup_options;
   sup_options.cgroup = f.handler_cgroup;
@@ -270,7 +215,12 @@ int RunWorkerCommand(const WorkerFlags& f) {
     std::fprintf(stderr, "dedup worker: %s\n", supervisor.status().ToString().c_str());
     return kExitTempFail;
   }
-  g_handlers = supervisor->get();
+  auto made_exec = ExecHandler::Make(supervisor->get(), std::move(eo));
+  if (!made_exec.ok()) {
+    std::fprintf(stderr, "dedup worker: --exec: %s\n", made_exec.status().ToString().c_str());
+    return kExitUsage;
+  }
+  const ExecHandler& exec = **made_exec;
   // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
   streams::ConnOptions textbook_conn;
   if (f.pattern == "textbook" && IsRedisBroker(f.broker)) {
@@ -329,7 +279,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     if (f.metrics_port > 0) {
       store = std::make_unique<serve::OwningMeteredStore>(
           std::move(store),
-          g_metrics.GetHistogram("dedup_worker_claim_duration_seconds",
+          registry.GetHistogram("dedup_worker_claim_duration_seconds",
                                  "Time the store took to answer a claim or a batch of claims."));
     }
 #endif
@@ -346,9 +296,10 @@ int RunWorkerCommand(const WorkerFlags& f) {
   ConsumerOptions co;
   co.concurrency = f.concurrency;
   co.prefetch = f.prefetch;
+  co.prefetch_time = f.prefetch_time;
   co.log_name = "dedup worker";
   co.drain_timeout = f.drain_timeout;
-  co.stop_handlers = [] { g_handlers->RequestStop(SIGTERM); };
+  co.stop_handlers = [&exec] { exec.supervisor().RequestStop(SIGTERM); };
   std::unique_ptr<Buffer> buffer;
   std::unique_ptr<TextbookKeys> textbook_keys;
   std::unique_ptr<TextbookGuard> textbook;
@@ -358,7 +309,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     textbook = std::make_unique<TextbookGuard>(
         textbook_keys.get(), TextbookOptions{f.textbook_ttl, "task_id:", f.retry_delay});
     made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
-      return textbook->Process(d.key(), [&] { return RunHandler(f, d, 0, 0); });
+      return textbook->Process(d.key(), [&] { return exec.Run(d, 0, 0); });
     }, co);
   } else {
     Store* target = store.get();
@@ -376,13 +327,13 @@ int RunWorkerCommand(const WorkerFlags& f) {
       made = Consumer::MakeWith(source->get(), [&](const Delivery& d) {
         return ProcessOnceInTransaction(*buffer, *pg, d.key(), d.payload(),
                                         [&](PostgresTransaction& tx, const ClaimGuard& g) {
-                                          return RunSqlHandler(f, d, tx, g);
+                                          return RunSqlHandler(exec, d, tx, g);
                                         });
       }, co);
 #endif
     } else {
       made = Consumer::Make(source->get(), buffer.get(), [&](const Delivery& d, ClaimGuard& g) {
-        return RunHandler(f, d, g.fence(), g.attempt(), &g);
+        return exec.Run(d, g.fence(), g.attempt(), &g);
       }, co);
     }
   }
@@ -395,8 +346,8 @@ int RunWorkerCommand(const WorkerFlags& f) {
 #ifdef DEDUP_WITH_SERVE
   serve::MetricsEndpoint metrics;
   if (f.metrics_port > 0) {
-    RegisterWorkerMetrics(c);
-    Status s = metrics.Start(f.metrics_port, [] { return g_metrics.Render(); });
+    RegisterWorkerMetrics(registry, c);
+    Status s = metrics.Start(f.metrics_port, [&registry] { return registry.Render(); });
     if (!s.ok()) {
       std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
       return kExitUsage;
@@ -467,9 +418,13 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_option("--prefetch", f->prefetch,
                   "Messages fetched (and claimed) ahead of the running handlers "
-                  "(-1 = --concurrency)")
+                  "(-1 = --concurrency, more for short handlers: --prefetch-time)")
       ->check(CLI::Range(-1, 65536))
       ->capture_default_str();
+  AddDurationOption(*app, "--prefetch-time", &f->prefetch_time,
+                    "With --prefetch -1: fetch ahead as many messages as the handlers finish "
+                    "in about this long (their average time), from --concurrency up to 16 x "
+                    "--concurrency; 0 = --concurrency only (default 5ms)");
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
                     DurationBound::kPositive);
   AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept",

@@ -63,7 +63,9 @@ class Consumer::Impl {
        ConsumerOptions o, std::atomic<bool>* stop)
       : source_(source), buffer_(buffer), handler_(std::move(handler)),
         process_(std::move(process)), o_(std::move(o)), stop_(stop) {
+    adaptive_prefetch_ = o_.prefetch < 0 && o_.prefetch_time.count() > 0;
     if (o_.prefetch < 0) o_.prefetch = o_.concurrency;
+    prefetch_ = o_.prefetch;
   }
 
   Status Run() {
@@ -157,7 +159,7 @@ class Consumer::Impl {
     std::fprintf(stderr, "%s: %s\n", o_.log_name.c_str(), line.c_str());
   }
 
-  int Room() const { return o_.concurrency + o_.prefetch - static_cast<int>(queue_.size()) - running_; }
+  int Room() const { return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_; }
   // Whether the fetch thread fetches now (mu_ held): once half the window
   // (concurrency + prefetch) is free, or as soon as a handler thread would have
   // nothing to do. Not at every freed slot: with slow handlers (processes) that
@@ -165,9 +167,21 @@ class Consumer::Impl {
   bool FetchWanted() const {
     const int room = Room();
     if (room <= 0) return false;
-    const int window = o_.concurrency + o_.prefetch;
+    const int window = o_.concurrency + prefetch_;
     const int waiting = static_cast<int>(queue_.size() + staged_.size()) + claiming_;
     return room >= std::max(1, window / 2) || running_ + waiting < o_.concurrency;
+  }
+
+  // ConsumerOptions::prefetch_time (mu_ held): the prefetch that covers about
+  // prefetch_time of handler work at the average handler time (a moving average
+  // of the last few dozen), within [concurrency, 16 x concurrency].
+  void AdaptPrefetch(std::chrono::steady_clock::duration took) {
+    const int64_t ns = std::max<int64_t>(1, std::chrono::nanoseconds(took).count());
+    handler_ns_ = handler_ns_ == 0 ? ns : handler_ns_ + (ns - handler_ns_) / 16;
+    const int64_t budget = std::chrono::nanoseconds(o_.prefetch_time).count();
+    const int64_t c = o_.concurrency;
+    const int64_t want = c * (budget / std::max<int64_t>(1, handler_ns_));
+    prefetch_ = static_cast<int>(std::clamp<int64_t>(want, c, std::min<int64_t>(16 * c, 65536)));
   }
 
   void Enqueue(std::vector<std::unique_ptr<Delivery>> batch) {
@@ -293,12 +307,15 @@ class Consumer::Impl {
         ++running_;
       }
       // true: the acker or the completer owns the delivery now
+      const auto started = adaptive_prefetch_ ? std::chrono::steady_clock::now()
+                                              : std::chrono::steady_clock::time_point();
       const bool deferred = Handle(job);
       bool notify_room = false;
       {
         std::lock_guard lock(mu_);
         if (!deferred) held_.erase(job.delivery->id());
         --running_;
+        if (adaptive_prefetch_) AdaptPrefetch(std::chrono::steady_clock::now() - started);
         // The fetch thread waits for room (woken only when it will fetch: each
         // wake-up is a context switch); Drain() for no handler running, once
         // stopping (before, at concurrency 1, that was a wake-up per message).
@@ -622,6 +639,10 @@ class Consumer::Impl {
   int idle_ = 0;                // handler threads waiting for work
   bool fetch_waiting_ = false;  // the fetch thread waits for room
   int running_ = 0;
+  // Deliveries fetched ahead: o_.prefetch, or adapted (prefetch_time).
+  int prefetch_ = 0;
+  bool adaptive_prefetch_ = false;
+  int64_t handler_ns_ = 0;  // moving average of the handler time (adaptive only)
   bool draining_ = false;
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
   std::unordered_set<std::string> held_;  // ids queued, running or waiting for their ack
@@ -667,6 +688,10 @@ Status ValidateConsumerOptions(const ConsumerOptions& o) {
   if (o.drain_timeout.count() < 0 || o.drain_timeout > Millis(86'400'000)) {
     return Status::InvalidArgument("consumer: drain timeout must be 0 to 24h, got " +
                                    std::to_string(o.drain_timeout.count()) + " ms");
+  }
+  if (o.prefetch_time.count() < 0 || o.prefetch_time > Millis(60'000)) {
+    return Status::InvalidArgument("consumer: prefetch time must be 0 to 60 s, got " +
+                                   std::to_string(o.prefetch_time.count()) + " ms");
   }
   if (o.fetch_wait.count() <= 0) {
     return Status::InvalidArgument("consumer: fetch wait must be positive, got " +

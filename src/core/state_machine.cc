@@ -22,7 +22,7 @@ void StartLease(Record* r, Token token, const ClaimRequest& req, int64_t now) {
   r->retention_deadline = r->lease_deadline + req.retention.count();
   r->status = CompletionStatus::kOk;
   r->result.clear();
-  if (r->fingerprint.empty()) r->fingerprint.assign(req.fingerprint);
+  if (r->fingerprint.empty() && !req.fingerprint.empty()) r->fingerprint.assign(req.fingerprint);
 }
 
 }  // namespace
@@ -31,9 +31,11 @@ ClaimResult DecideClaim(const Record* cur, const ClaimRequest& req, int64_t now,
                         Token fresh_token, Record* next, bool* write) {
   ClaimResult res;
   *write = false;
-  if (cur != nullptr && cur->ExpiredAt(now)) {
-    // Retention is over: the key is ABSENT again, but the fence goes on.
-    next->fence = cur->fence + 1;
+  if (cur == nullptr || cur->ExpiredAt(now)) {
+    // No record, or its retention is over: the key is ABSENT (again), but the
+    // fence goes on. StartLease sets every field of *next but these (and the
+    // key, which is not ours): no whole Record is built and moved in.
+    next->fence = cur == nullptr ? 1 : cur->fence + 1;
     next->attempt = 1;
     next->fingerprint.clear();
     StartLease(next, fresh_token, req, now);
@@ -41,18 +43,6 @@ ClaimResult DecideClaim(const Record* cur, const ClaimRequest& req, int64_t now,
     res.outcome = ClaimOutcome::kAcquired;
     res.token = fresh_token;
     res.fence = next->fence;
-    res.attempt = 1;
-    return res;
-  }
-  if (cur == nullptr) {
-    *next = Record{};
-    next->fence = 1;
-    next->attempt = 1;
-    StartLease(next, fresh_token, req, now);
-    *write = true;
-    res.outcome = ClaimOutcome::kAcquired;
-    res.token = fresh_token;
-    res.fence = 1;
     res.attempt = 1;
     return res;
   }

@@ -5,6 +5,7 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -278,7 +279,7 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
     return s;
   }
   UseSharedReplies(c);
-  std::unique_ptr<Connection> conn(new Connection(ep, c, o.timeout));
+  std::unique_ptr<Connection> conn(new Connection(ep, c, o.timeout, o.reply_spin));
 
   // The handshake: AUTH, SELECT, PING, in one round trip.
   std::vector<Command> cmds;
@@ -291,7 +292,9 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   std::vector<const Command*> ptrs;
   for (const Command& cmd : cmds) ptrs.push_back(&cmd);
   std::vector<Reply> replies;
+  conn->handshake_ = true;
   Status s = conn->Pipeline(ptrs, &replies, "connect");
+  conn->handshake_ = false;
   if (!s.ok()) {
     // A silent or babbling peer during the handshake: say what we think it is.
     if (s.code() == StatusCode::kDeadlineExceeded) {
@@ -349,8 +352,11 @@ Status Connection::TransportError(std::string_view op, bool sent, bool reading) 
                                       "); is it a Redis server?");
   }
   // Once the commands (or some of them) were written, the server may have run
-  // them: said so, and never sent again here (client.h).
-  const std::string unknown = sent ? kEffectUnknown : std::string();
+  // them: said so, and never sent again here (client.h). A new connection's
+  // handshake is not the caller's commands: none of those was written then.
+  std::string unknown;
+  if (handshake_) unknown = " during the handshake (AUTH/SELECT/PING; nothing of the call was sent)";
+  else if (sent) unknown = kEffectUnknown;
   if (err == REDIS_ERR_EOF) {
     return Status::Unavailable(prefix + "server closed the connection" + unknown);
   }
@@ -434,7 +440,70 @@ bool Connection::LooksAlive() {
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+// A thread that blocks in recv right after its write lets its CPU go idle; on a
+// virtual machine whose idle vCPUs halt, the reply then has to wake that vCPU
+// through the host, which can take longer than the server's whole answer. Polling
+// for the reply a little first keeps the CPU awake for a fast answer; yielding
+// between polls leaves the CPU to the server (or anyone) when they share it. A
+// spin that saw no reply within half its budget (a slow command, a busy server, a
+// CPU shared with other work) is not tried again for the next kSkipAfterMiss
+// reads, so a slow server costs a spin now and then, not every call. At
+// most half the CPUs (at least one) spin at once in a process: with many
+// connections the server is the bound, and spinners would take its CPU.
+namespace {
+std::atomic<int> spinners{0};
+const int kMaxSpinners = std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2));
+}  // namespace
+
+bool Connection::SpinForReply() {
+  constexpr int kSkipAfterMiss = 32;
+  if (spin_.count() == 0 || c_->reader->pos < c_->reader->len) return true;
+  if (skip_spins_ > 0) {
+    --skip_spins_;
+    return true;
+  }
+  if (spinners.fetch_add(1, std::memory_order_relaxed) >= kMaxSpinners) {
+    spinners.fetch_sub(1, std::memory_order_relaxed);
+    return true;
+  }
+  struct Leave {
+    ~Leave() { spinners.fetch_sub(1, std::memory_order_relaxed); }
+  } leave;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + spin_;
+  char buf[16 * 1024];
+  for (;;) {
+    const ssize_t n = ::recv(c_->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      if (redisReaderFeed(c_->reader, buf, static_cast<size_t>(n)) != REDIS_OK) {
+        c_->err = REDIS_ERR_PROTOCOL;
+        std::snprintf(c_->errstr, sizeof(c_->errstr), "%s", c_->reader->errstr);
+        return false;
+      }
+      if (std::chrono::steady_clock::now() - start > spin_ / 2) skip_spins_ = kSkipAfterMiss;
+      return true;
+    }
+    // EOF: the blocking read that follows finds it and words it as hiredis does.
+    if (n == 0) return true;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      c_->err = REDIS_ERR_IO;
+      std::snprintf(c_->errstr, sizeof(c_->errstr), "%s", std::strerror(errno));
+      return false;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      skip_spins_ = kSkipAfterMiss;
+      return true;
+    }
+    sched_yield();
+  }
+}
+
 Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t* read) {
+  if (!SpinForReply()) {
+    if (read != nullptr) *read = 0;
+    return TransportError(op, true, true);
+  }
   for (size_t i = 0; i < n; ++i) {
     void* r = nullptr;
     if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {

@@ -41,6 +41,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -171,8 +172,11 @@ class Connection {
   static constexpr Millis kIdleCheck{5};
 
  private:
-  Connection(Endpoint ep, redisContext* c, Millis timeout)
-      : ep_(std::move(ep)), c_(c), timeout_(timeout), current_timeout_(timeout) {}
+  Connection(Endpoint ep, redisContext* c, Millis timeout, std::chrono::microseconds spin)
+      : ep_(std::move(ep)), c_(c), timeout_(timeout), current_timeout_(timeout), spin_(spin) {}
+  // Before blocking for a reply, polls the socket (non-blocking, yielding the CPU
+  // between polls) for up to spin_: false (c_->err set) when the socket failed.
+  bool SpinForReply();
   // `sent`: some byte of the commands was written; `reading`: waiting for replies.
   Status TransportError(std::string_view op, bool sent, bool reading) const;
   Status WriteAll(std::string_view bytes, std::string_view op);
@@ -181,6 +185,10 @@ class Connection {
   redisContext* c_;
   Millis timeout_;
   Millis current_timeout_;
+  const std::chrono::microseconds spin_;
+  int skip_spins_ = 0;  // reads left that block at once: the last spin saw no reply
+  // Open's AUTH / SELECT / PING: a failure then sent none of a caller's commands.
+  bool handshake_ = false;
   bool reached_ = false;
   int64_t last_reply_ms_ = 0;  // coarse steady ms of the last complete read of replies
 };

@@ -12,7 +12,7 @@
 namespace dedup::redis {
 namespace {
 
-constexpr std::string_view kConnectionParams[] = {"timeout", "pool", "pipeline",
+constexpr std::string_view kConnectionParams[] = {"timeout", "pool", "pipeline", "spin",
                                                    internal::kPasswordFileParam};
 constexpr std::string_view kTlsParams[] = {"tls", "tls_ca", "tls_cert", "tls_key", "tls_sni"};
 
@@ -109,6 +109,10 @@ Status ConnectionOptions::Validate() const {
   if (pool_size < 1 || pool_size > 1024) {
     return Status::InvalidArgument("redis: pool must be 1 to 1024, got " +
                                    std::to_string(pool_size));
+  }
+  if (reply_spin.count() < 0 || reply_spin.count() > 1000) {
+    return Status::InvalidArgument("redis: spin must be 0 to 1000 (microseconds), got " +
+                                   std::to_string(reply_spin.count()));
   }
   return Status::Ok();
 }
@@ -251,6 +255,15 @@ StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
     if (*p == "auto") o.auto_pipeline = true;
     else if (*p == "off") o.auto_pipeline = false;
     else return Status::InvalidArgument("redis: pipeline must be auto or off, got '" + *p + "'");
+  }
+  if (auto p = uri.Param("spin")) {
+    StatusOr<long long> n = internal::ParseCount(*p, "redis: spin");
+    if (!n.ok()) return n.status();
+    if (*n < 0 || *n > 1000) {
+      return Status::InvalidArgument("redis: spin must be 0 to 1000 (microseconds), got '" + *p +
+                                     "'");
+    }
+    o.reply_spin = std::chrono::microseconds(*n);
   }
   DEDUP_RETURN_IF_ERROR(o.Validate());
   return out;

@@ -16,6 +16,9 @@
 //   pipeline   auto: threads share the pool's connections and their concurrent
 //              commands go out together (one write, one read for many callers);
 //              off: each call has a connection to itself.       Default: auto
+//   spin       microseconds a caller waiting for its replies polls the socket
+//              (yielding the CPU between polls) before it sleeps in the kernel;
+//              0 to 1000, 0: sleep at once.                      Default: 0
 //
 // TLS is named but not supported yet: rediss://, rediss+cluster:// and the options
 // tls, tls_ca, tls_cert, tls_key, tls_sni are refused with Unimplemented ("TLS is
@@ -26,6 +29,7 @@
 #ifndef DEDUP_SRC_REDIS_OPTIONS_H_
 #define DEDUP_SRC_REDIS_OPTIONS_H_
 
+#include <chrono>
 #include <cstddef>
 #include <initializer_list>
 #include <string>
@@ -63,6 +67,13 @@ struct ConnectionOptions {
   size_t pool_size = 8;
   // Threads share connections; concurrent commands share round trips. Default: true.
   bool auto_pipeline = true;
+  // How long a reader polls its socket for replies before it blocks in recv. A
+  // thread that sleeps lets its (virtual) CPU go idle, and waking an idle CPU for
+  // the reply can cost more than the round trip itself (docs/PERFORMANCE.md,
+  // "Depth 1: polling for the reply"). Off by default: on a busy 2-core machine
+  // it cost client CPU and throughput at 8 connections; measured side by side in
+  // `dedup bench` (the "spin=50" row). Default: 0.
+  std::chrono::microseconds reply_spin{0};
 
   // OK, or InvalidArgument naming the bad field.
   Status Validate() const;

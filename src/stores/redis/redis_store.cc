@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/duration.h"
+#include "core/printable.h"
 #include "core/state_machine.h"
 #include "core/uri.h"
 #include "stores/open_backends.h"
@@ -175,10 +177,15 @@ class RedisStore final : public Store {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
     const Token token = Token::Random();
     const int64_t start = redis::SteadyMillis();
+    bool lost = false;  // some try was sent and got no answer
     for (int tries = 1;; ++tries) {
       bool sent = false;
       StatusOr<ClaimResult> r = ClaimOnce(req, token, tries > 1, &sent);
-      if (r.ok() || !ClaimAgain(r.status(), sent, tries, start, req.lease)) return r;
+      if (r.ok()) return r;
+      if (!ClaimAgain(r.status(), sent, tries, start, req.lease)) {
+        return lost && !sent ? EarlierTryLost(r.status(), req.lease) : r.status();
+      }
+      lost = lost || sent;
     }
   }
 
@@ -204,6 +211,7 @@ class RedisStore final : public Store {
     const int64_t start = redis::SteadyMillis();
     Millis lease = kMaxDuration;
     for (const ClaimRequest& q : reqs) lease = std::min(lease, q.lease);
+    bool lost = false;  // some try was sent and got no answer
     // Every try sends the claims that have no answer yet, with the same tokens
     // (ClaimAgain); the nodes that answered keep their answers. A batch that fails
     // in the end releases the claims it made (ReleaseAcquired).
@@ -225,7 +233,7 @@ class RedisStore final : public Store {
         if (DecodeFastClaim(r, reqs[i], tokens[i], with_get, &out[i])) continue;
         if (IsError(r)) {
           ReleaseAcquired(reqs, tokens, out);
-          return ErrorReplyStatus("redis " + description_ + ": claim batch: ", ReplyText(r));
+          return ClaimError("claim batch", reqs[i].key, ReplyText(r));
         }
         if (!FoundRecord(r, with_get)) {
           ReleaseAcquired(reqs, tokens, out);
@@ -251,7 +259,8 @@ class RedisStore final : public Store {
             left.push_back(slow[j]);  // claim.lua may have run: the next try sees
             continue;
           }
-          StatusOr<ClaimResult> c = DecodeClaim("claim batch", sreplies[j].get(), tokens[slow[j]]);
+          StatusOr<ClaimResult> c =
+              DecodeClaim("claim batch", reqs[slow[j]].key, sreplies[j].get(), tokens[slow[j]]);
           if (!c.ok()) {
             if (!bad) bad = c.status();
             continue;  // the others may have acquired: they are released below
@@ -268,8 +277,9 @@ class RedisStore final : public Store {
                                                  ": claim batch: a reply is missing");
       if (!ClaimAgain(failed, sent, tries, start, lease)) {
         ReleaseAcquired(reqs, tokens, out);
-        return failed;
+        return lost && !sent ? EarlierTryLost(failed, lease) : failed;
       }
+      lost = lost || sent;
       std::sort(left.begin(), left.end());  // in request order, as the batch is
       pending.swap(left);
     }
@@ -284,14 +294,14 @@ class RedisStore final : public Store {
     cmd.Clear();
     AppendFastClaim(&cmd, req, token, with_get);
     StatusOr<Reply> r = client_.Exec("claim", cmd, sent);
-    if (!r.ok()) return r.status();
+    if (!r.ok()) return NameWrongType("claim", req.key, r.status());
     ClaimResult res;
     if (DecodeFastClaim(r->get(), req, token, with_get, &res)) return res;
     if (!FoundRecord(r->get(), with_get)) return BadReply("claim");
     std::string rkey = RedisKey(req.key);
     r = client_.Exec("claim", rkey, ClaimCommand(rkey, req, token), sent);
-    if (!r.ok()) return r.status();
-    return DecodeClaim("claim", r->get(), token);
+    if (!r.ok()) return NameWrongType("claim", req.key, r.status());
+    return DecodeClaim("claim", req.key, r->get(), token);
   }
 
   // Whether a claim (or the unanswered part of a batch) that failed with `s` after
@@ -309,6 +319,16 @@ class RedisStore final : public Store {
     return true;
   }
   static constexpr int kClaimTries = 3;
+
+  // The failure of a try that sent nothing (e.g. it could not reconnect) after an
+  // earlier try was sent and lost its answer: that earlier try may have written
+  // the claim's record, which nobody can complete, so say so.
+  static Status EarlierTryLost(const Status& s, Millis lease) {
+    return Status(s.code(), s.message() +
+                                "; an earlier try was sent and its answer lost (effect unknown: "
+                                "the key may stay BUSY until its lease of " +
+                                internal::FormatDuration(lease) + " ends)");
+  }
 
   // A batch that fails as a whole must not keep the claims it made on the way:
   // nobody holds their tokens, so those keys would answer BUSY until the lease
@@ -531,6 +551,33 @@ class RedisStore final : public Store {
 
   static std::string Where(const Node* n, std::string_view op) {
     return "redis " + n->name() + ": " + std::string(op) + ": ";
+  }
+
+  // An error reply to a claim of `key`, as a status naming the key. A key that
+  // holds another Redis type (a hash, a list, ...) answers WRONGTYPE, to the
+  // claim's SET ... GET or to claim.lua's GET, whichever ran: Claim and
+  // ClaimBatch say the same then (DataLoss, nothing changed).
+  Status ClaimError(std::string_view op, std::string_view key, std::string_view error) const {
+    const std::string where = "redis " + description_ + ": " + std::string(op) + ": key '" +
+                              internal::Printable(key) + "': ";
+    if (error.substr(0, 9) == "WRONGTYPE") {
+      return Status::DataLoss(where + "the Redis key '" + internal::Printable(RedisKey(key)) +
+                              "' holds a value of another type (a hash, list, set, ...), not a "
+                              "dedup record; nothing changed (" + std::string(error) + ")");
+    }
+    return ErrorReplyStatus(where, error);
+  }
+  // The same for a claim whose error reply the client layer turned into `s`
+  // already (ErrorReplyStatus words WRONGTYPE as a corrupt record).
+  Status NameWrongType(std::string_view op, std::string_view key, const Status& s) const {
+    const size_t at = s.message().find("WRONGTYPE");
+    if (s.code() != StatusCode::kDataLoss || at == std::string::npos) return s;
+    std::string_view e = s.message();
+    e.remove_prefix(at);
+    if (const size_t end = e.find(" (nothing changed)"); end != std::string_view::npos) {
+      e = e.substr(0, end);
+    }
+    return ClaimError(op, key, e);
   }
 
   Status BadReply(std::string_view op) const {
@@ -907,9 +954,9 @@ return denied)";
     return (*r)->integer == 1 ? WriteResult::kOk : WriteResult::kLost;
   }
 
-  StatusOr<ClaimResult> DecodeClaim(std::string_view op, const redisReply* r, Token token) {
-    if (IsError(r)) return ErrorReplyStatus("redis " + description_ + ": " + std::string(op) + ": ",
-                                            ReplyText(r));
+  StatusOr<ClaimResult> DecodeClaim(std::string_view op, std::string_view key, const redisReply* r,
+                                    Token token) {
+    if (IsError(r)) return ClaimError(op, key, ReplyText(r));
     long long outcome = 0, fence = 0, attempt = 0;
     if (!IntAt(r, 0, &outcome) || !IntAt(r, 1, &fence) || !IntAt(r, 2, &attempt) ||
         outcome < 0 || outcome > 4) {

@@ -1,0 +1,92 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "consumer/exec_handler.h"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <sstream>
+#include <utility>
+
+namespace dedup {
+namespace {
+
+std::vector<std::string> SplitWords(const std::string& s) {
+  std::istringstream in(s);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> ExecHandler::Argv(const ExecHandlerOptions& options) {
+  // `/bin/sh -c ''` exits 0: every message would be recorded done and acked
+  // with nothing run (an unset "$HANDLER" in a unit file does it).
+  if (options.command.find_first_not_of(" \t\n\v\f\r") == std::string::npos) {
+    return Status::InvalidArgument(
+        "empty command (it would run nothing and record every message as done)");
+  }
+  if (options.shell) return std::vector<std::string>{"/bin/sh", "-c", options.command};
+  std::vector<std::string> words = SplitWords(options.command);
+  // Refused here, once, rather than as a retry of every delivery.
+  StatusOr<std::string> found = ResolveCommand(words[0]);
+  if (!found.ok()) return found.status();
+  return words;
+}
+
+StatusOr<std::unique_ptr<ExecHandler>> ExecHandler::Make(HandlerSupervisor* supervisor,
+                                                         ExecHandlerOptions options) {
+  if (supervisor == nullptr) return Status::InvalidArgument("exec handler: no supervisor");
+  StatusOr<std::vector<std::string>> argv = Argv(options);
+  if (!argv.ok()) return argv.status();
+  return std::unique_ptr<ExecHandler>(
+      new ExecHandler(supervisor, std::move(options), std::move(argv).value()));
+}
+
+ExecHandler::ExecHandler(HandlerSupervisor* supervisor, ExecHandlerOptions options,
+                         std::vector<std::string> argv)
+    : supervisor_(supervisor), options_(std::move(options)), argv_(std::move(argv)),
+      worker_pid_env_("DEDUP_WORKER_PID=" + std::to_string(getpid())) {}
+
+HandlerResult ExecHandler::Run(const Delivery& d, uint64_t fence, uint32_t attempt,
+                               const ClaimGuard* claim, bool keep_output) const {
+  if (!options_.observe) return RunCommand(d, fence, attempt, claim, keep_output);
+  const auto t0 = std::chrono::steady_clock::now();
+  HandlerResult r = RunCommand(d, fence, attempt, claim, keep_output);
+  options_.observe(std::chrono::steady_clock::now() - t0, r);
+  return r;
+}
+
+HandlerResult ExecHandler::RunCommand(const Delivery& d, uint64_t fence, uint32_t attempt,
+                                      const ClaimGuard* claim, bool keep_output) const {
+  // An environment variable ends at its first NUL: DEDUP_KEY would be cut, and the
+  // handler would act on another key's name. Refused (dead-lettered), never run.
+  if (d.key().find('\0') != std::string::npos) {
+    return HandlerResult::Fail("key contains a NUL byte, which DEDUP_KEY cannot carry; "
+                               "handler not run");
+  }
+  HandlerCommand c;
+  c.argv = argv_;
+  if (options_.stdin_format == ExecHandlerOptions::Stdin::kAttributesJson) {
+    nlohmann::json payload = nlohmann::json::object();
+    for (const auto& [k, v] : d.attributes()) payload[k] = v;
+    c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  } else {
+    c.stdin_data = d.payload();
+  }
+  c.env = {"DEDUP_KEY=" + d.key(), "DEDUP_FENCE=" + std::to_string(fence),
+           "DEDUP_ATTEMPT=" + std::to_string(attempt), "DEDUP_ENTRY_ID=" + d.id(),
+           worker_pid_env_};
+  c.capture_stdout = keep_output;
+  c.max_output = options_.max_output;
+  StatusOr<HandlerExit> r = supervisor_->Run(c, claim);
+  if (r.ok() && Judge(*r) == HandlerVerdict::kDone && keep_output && r->truncated) {
+    // Never keep (or, with --sql-output, run) a cut-off output.
+    return HandlerResult::Fail("handler output exceeds " + std::to_string(options_.max_output) +
+                               " bytes");
+  }
+  return ToHandlerResult(r, keep_output);
+}
+
+}  // namespace dedup
