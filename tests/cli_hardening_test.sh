@@ -130,8 +130,29 @@ for cmd in '' '   ' $'\t'; do
     [[ "$out" == *"empty command"* ]] || fail "empty --exec: $out"
   done
 done
+# A duration above the library's limit is a usage error at parse time, naming the
+# flag, even when the broker cannot be reached (port 1: refused). Before, it was
+# found only by Consumer::Make, after the broker was opened: exit 75 (a service
+# manager restarts it forever) and a message without the flag's name.
+for args in "--prefetch-time 2m" "--drain-timeout 2d"; do
+  read -ra extra <<<"$args"
+  expect_rc "out of range $args is refused before the broker is opened" 2 "$dedup" worker \
+    --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true "${extra[@]}"
+  [[ "$out" == *"${extra[0]} must be at most"* ]] || fail "$args: the flag is not named: $out"
+done
 expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
 [[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
+# Proxy-mode flags without --proxy were ignored (serve started without them).
+for flag in "--lease 5s" "--retention 1h" "--key-prefix p:" "--max-response-bytes 100"; do
+  read -ra fl <<<"$flag"
+  expect_rc "serve $flag without --proxy is refused" 2 timeout 5 "$dedup" serve --store memory: \
+    --listen 127.0.0.1:0 "${fl[@]}"
+  [[ "$out" == *--proxy* ]] || fail "serve $flag: $out"
+done
+# A %00 in a RocksDB path: the file system cut the path at the NUL and created the
+# directory before it.
+expect_rc "a NUL in a rocksdb: path is refused" 2 "$dedup" exec --store "rocksdb:$tmp/nul%00x" --key k -- true
+[[ "$out" == *NUL* && ! -e "$tmp/nul" ]] && ok "named, and nothing was created" || fail "NUL path: $out"
 
 # 5. forget of a key whose lease is running (issue 13, item 5): refused without
 #    --force (exit 75, the key escaped, the time left named, --force suggested);

@@ -90,10 +90,10 @@ class LoggingStore : public StoreWrapper {
   EventLog* log_;
 };
 
-// Wraps every delivery so that its Ack is logged as "ack <key>" once it succeeded.
-class LoggingDelivery final : public Delivery {
+// A delivery that passes everything on to the one it wraps (to observe a call).
+class ForwardingDelivery : public Delivery {
  public:
-  LoggingDelivery(std::unique_ptr<Delivery> d, EventLog* log) : d_(std::move(d)), log_(log) {
+  explicit ForwardingDelivery(std::unique_ptr<Delivery> d) : d_(std::move(d)) {
     key_ = d_->key();
     key_error_ = d_->key_error();
     payload_ = d_->payload();
@@ -101,19 +101,29 @@ class LoggingDelivery final : public Delivery {
     delivery_count_ = d_->delivery_count();
     attributes_ = d_->attributes();
   }
-  Status Ack() override {
-    Status s = d_->Ack();
-    if (s.ok()) log_->Add("ack " + key_);
-    return s;
-  }
+  Status Ack() override { return d_->Ack(); }
   Status Retry(Millis after) override { return d_->Retry(after); }
   Status DeadLetter(std::string_view reason) override { return d_->DeadLetter(reason); }
   Status InProgress() override { return d_->InProgress(); }
   const BrokerAck* fused_ack() const override { return d_->fused_ack(); }
   void MarkAcked() override { d_->MarkAcked(); }
 
- private:
+ protected:
   std::unique_ptr<Delivery> d_;
+};
+
+// Wraps every delivery so that its Ack is logged as "ack <key>" once it succeeded.
+class LoggingDelivery final : public ForwardingDelivery {
+ public:
+  LoggingDelivery(std::unique_ptr<Delivery> d, EventLog* log)
+      : ForwardingDelivery(std::move(d)), log_(log) {}
+  Status Ack() override {
+    Status s = d_->Ack();
+    if (s.ok()) log_->Add("ack " + key_);
+    return s;
+  }
+
+ private:
   EventLog* log_;
 };
 
@@ -742,7 +752,10 @@ TEST_P(ConsumerConformance, CoalescedCompletionsGiveTheSameAnswersAsSingleOnes) 
 // ConsumerOptions::prefetch_time: short handlers get a window that covers about
 // prefetch_time of their work (fetched, and claimed, in larger batches); handlers
 // as long as prefetch_time keep prefetch = concurrency; an explicit prefetch is
-// never adapted. The largest Fetch() asked for shows the window.
+// never adapted. The largest Fetch() asked for shows the window. It runs on
+// every source: the window is the Consumer's, but what each source returns for a
+// larger Fetch (a Redis Streams COUNT, RabbitMQ's basic.qos buffer, a JetStream
+// pull batch) differs, and every one must keep up with it.
 class MaxFetchSource final : public MessageSource {
  public:
   explicit MaxFetchSource(std::unique_ptr<MessageSource> s) : s_(std::move(s)) {}
@@ -764,7 +777,6 @@ class MaxFetchSource final : public MessageSource {
 };
 
 TEST_P(ConsumerConformance, PrefetchTimeAdaptsTheWindowToTheHandlerTime) {
-  if (GetParam() != "memory") GTEST_SKIP() << "the Consumer's policy; one source shows it";
   auto buffer = MakeBuffer();
   struct Case {
     int prefetch;
@@ -802,6 +814,134 @@ TEST_P(ConsumerConformance, PrefetchTimeAdaptsTheWindowToTheHandlerTime) {
     EXPECT_LE(source.max_fetch(), c.max_fetch) << "prefetch " << c.prefetch << ", handler "
                                                 << c.handler.count() << " ms";
   }
+}
+
+// Deliveries fetched and claimed ahead by the adaptive window (16 x concurrency
+// after fast handlers) wait in the Consumer's queue when a handler suddenly takes
+// long: their claims must stay held (heartbeated) for as long as they wait,
+// several leases here, or another worker could take a key over and run it while
+// it is still queued here. Then each runs once and none gives up its claim.
+TEST_P(ConsumerConformance, ClaimsFetchedAheadStayHeldWhileTheyWait) {
+  BufferOptions bo;
+  bo.lease = 200ms;
+  auto buffer = MakeBuffer(bo);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) Publish("w" + std::to_string(i));
+  for (int i = 0; i < 30; ++i) keys.push_back("q" + std::to_string(i));
+  for (const std::string& k : keys) Publish(k);
+  auto source = Source();
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.prefetch_time = 1'000ms;  // fast handlers: the window grows to 16
+  std::mutex mu;
+  std::map<std::string, int> runs;
+  std::string slow;  // the first q key to start: it blocks until `open`
+  std::atomic<bool> blocked{false}, open{false};
+  {
+    Running r(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+      bool block = false;
+      {
+        std::lock_guard lock(mu);
+        ++runs[d.key()];
+        block = d.key()[0] == 'q' && slow.empty();
+        if (block) slow = d.key();
+      }
+      if (block) {
+        blocked = true;
+        while (!open.load()) std::this_thread::sleep_for(5ms);
+      }
+      return HandlerResult::Done();
+    }, o);
+    ASSERT_TRUE(WaitFor([&] { return blocked.load(); })) << "no q handler started";
+    std::this_thread::sleep_for(3 * bo.lease);
+    // Those claimed behind the slow one (its batch) are still held.
+    const int64_t now = Clock::System()->NowMillis();
+    int waiting = 0;
+    for (const std::string& k : keys) {
+      auto rec = store_->Inspect(k);
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      std::lock_guard lock(mu);
+      if (k == slow || !rec->has_value() || runs.count(k) != 0) continue;
+      ++waiting;
+      EXPECT_TRUE((*rec)->LeaseValidAt(now))
+          << k << ": claimed ahead, then its lease ran out while it waited in the queue";
+    }
+    EXPECT_GE(waiting, 1) << "nothing was claimed ahead of the slow handler";
+    open = true;
+    ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 20'000ms)) << Outstanding();
+    EXPECT_EQ(r->metrics().lost_leases, 0u);
+    EXPECT_EQ(r->metrics().retries, 0u) << "a claim made ahead was given up";
+  }
+  std::lock_guard lock(mu);
+  for (const std::string& k : keys) EXPECT_EQ(runs[k], 1) << k;
+}
+
+// Counts Delivery::InProgress() per key (the broker's "still working on it",
+// JetStream's +WPI) and passes it on.
+class ProgressCountingSource final : public MessageSource {
+ public:
+  explicit ProgressCountingSource(std::unique_ptr<MessageSource> s) : s_(std::move(s)) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    auto got = s_->Fetch(max, wait);
+    if (!got.ok()) return got;
+    std::vector<std::unique_ptr<Delivery>> out;
+    for (auto& d : *got) out.push_back(std::make_unique<Counted>(std::move(d), this));
+    return out;
+  }
+  std::string Describe() const override { return s_->Describe(); }
+  int count(const std::string& key) {
+    std::lock_guard lock(mu_);
+    return counts_[key];
+  }
+
+ private:
+  class Counted final : public ForwardingDelivery {
+   public:
+    Counted(std::unique_ptr<Delivery> d, ProgressCountingSource* s)
+        : ForwardingDelivery(std::move(d)), s_(s) {}
+    Status InProgress() override {
+      {
+        std::lock_guard lock(s_->mu_);
+        ++s_->counts_[key_];
+      }
+      return d_->InProgress();
+    }
+
+   private:
+    ProgressCountingSource* s_;
+  };
+
+  std::unique_ptr<MessageSource> s_;
+  std::mutex mu_;
+  std::map<std::string, int> counts_;
+};
+
+// A delivery held longer than the broker's own redelivery timer (JetStream's
+// AckWait) while its claim is heartbeated must be reported in progress, or the
+// broker hands it to another worker meanwhile (which gets BUSY and NAKs it, for
+// as long as the lease lives): the one running, and those fetched ahead (the
+// prefetch window) waiting behind it. docs/WORKER.md and nats_source.h promise
+// +WPI with every lease heartbeat.
+TEST_P(ConsumerConformance, HeldDeliveriesAreReportedInProgressWithTheHeartbeat) {
+  BufferOptions bo;
+  bo.lease = 300ms;  // heartbeat every 100 ms
+  auto buffer = MakeBuffer(bo);
+  Publish("slow");
+  Publish("queued");  // fetched ahead (prefetch = concurrency = 1), waits ~800 ms
+  ProgressCountingSource source(Source());
+  ConsumerOptions o;
+  o.concurrency = 1;
+  std::atomic<bool> done{false};
+  Running r(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    if (d.key() != "slow") return HandlerResult::Done();
+    std::this_thread::sleep_for(800ms);
+    done = true;
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return done.load(); }));
+  EXPECT_GE(source.count("slow"), 3) << "running 800 ms with a 100 ms heartbeat";
+  EXPECT_GE(source.count("queued"), 2) << "fetched ahead, waiting behind it";
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,

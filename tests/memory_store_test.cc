@@ -23,12 +23,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// One shard, reclaiming at most 4 expired records per operation, on `clock`.
-auto OneShardStore(SimulatedClock* clock) {
+// One shard, reclaiming at most `most` expired records per operation, on `clock`.
+auto OneShardStore(SimulatedClock* clock, size_t most = 4) {
   MemoryStoreOptions o;
   o.clock = clock;
   o.shards = 1;
-  o.reclaim_per_operation = 4;
+  o.reclaim_per_operation = most;
   return NewMemoryStore(o);
 }
 
@@ -411,6 +411,96 @@ TEST(MemoryStore, ReclaimContinuesAfterTheClockStepsBack) {
   EXPECT_TRUE(again->acquired());
 }
 
+// The model tests' steps: one operation on the store and on `model`, the pure
+// state machine (core/state_machine.h) over a map that never reclaims; their
+// answers must agree. `at` names the step in a failure.
+using Model = std::map<std::string, Record>;
+
+// A claim of `key` with a lease and a retention from `span`, limited to 2
+// attempts one time in 4.
+template <typename Span>
+ClaimRequest ModelClaim(const std::string& key, Span& span, std::mt19937_64& rng) {
+  ClaimRequest r;
+  r.key = key;
+  r.lease = span();
+  r.retention = span();
+  r.max_attempts = rng() % 4 == 0 ? 2 : 0;
+  return r;
+}
+
+// Claims r.key; *acquired: the store answered ACQUIRED.
+void ClaimBoth(Store& store, Model& model, const ClaimRequest& r, int64_t now, const std::string& at,
+               bool* acquired) {
+  auto c = store.Claim(r);
+  ASSERT_TRUE(c.ok()) << at;
+  auto it = model.find(std::string(r.key));
+  Record next;
+  bool write = false;
+  const ClaimResult want =
+      internal::DecideClaim(it == model.end() ? nullptr : &it->second, r, now, c->token, &next, &write);
+  ASSERT_EQ(static_cast<int>(c->outcome), static_cast<int>(want.outcome)) << at;
+  ASSERT_EQ(c->attempt, want.attempt) << at;
+  *acquired = c->acquired();
+  if (write) model[std::string(r.key)] = next;
+}
+
+// Extend (kind 0), Complete (1) or Release (2) of `key` with `token` and `d`
+// (the lease or the retention).
+void WriteBoth(Store& store, Model& model, const std::string& key, int kind, Token token, Millis d,
+               int64_t now, const std::string& at) {
+  auto it = model.find(key);
+  Record* cur = it == model.end() ? nullptr : &it->second;
+  Record copy = cur != nullptr ? *cur : Record{};
+  StatusOr<WriteResult> got = kind == 0   ? store.Extend(key, token, d)
+                              : kind == 1 ? store.Complete(key, token, d, CompletionStatus::kOk, "")
+                                          : store.Release(key, token, d);
+  ASSERT_TRUE(got.ok()) << at;
+  const WriteResult want =
+      kind == 0   ? internal::DecideExtend(cur ? &copy : nullptr, token, d, now)
+      : kind == 1 ? internal::DecideComplete(cur ? &copy : nullptr, token, d, CompletionStatus::kOk, "", now)
+                  : internal::DecideRelease(cur ? &copy : nullptr, token, d, now);
+  ASSERT_EQ(static_cast<int>(*got), static_cast<int>(want)) << at << " write " << kind;
+  if (want == WriteResult::kOk) *cur = copy;
+}
+
+void ForgetBoth(Store& store, Model& model, const std::string& key, bool force, int64_t now,
+                const std::string& at) {
+  auto it = model.find(key);
+  Record* cur = it == model.end() ? nullptr : &it->second;
+  auto f = store.Forget(key, ForgetOptions{force});
+  Record floor;
+  const internal::ForgetAction a = internal::DecideForget(cur, force, now, &floor);
+  if (a == internal::ForgetAction::kRefuse) {
+    ASSERT_FALSE(f.ok()) << at;
+    return;
+  }
+  ASSERT_TRUE(f.ok()) << at;
+  ASSERT_EQ(*f, a != internal::ForgetAction::kNone) << at;
+  if (a == internal::ForgetAction::kRemove) model.erase(key);
+  if (a == internal::ForgetAction::kFloor) *cur = floor;
+}
+
+// After the clock stepped back from `now`: the records whose retention had
+// passed by `now` leave the model (the store may have reclaimed them, which the
+// model does not know), a key "k<j>.<generation[j]>" of theirs moves on to the
+// next generation, and each one's deadline goes to *retired when given.
+void RetireExpired(Model& model, std::vector<int>& generation, int64_t now,
+                   std::map<std::string, int64_t>* retired) {
+  for (auto m = model.begin(); m != model.end();) {
+    if (!m->second.ExpiredAt(now)) {
+      ++m;
+      continue;
+    }
+    const std::string& k = m->first;
+    if (k[0] == 'k') {
+      const size_t j = std::stoul(k.substr(1, k.find('.') - 1));
+      if (k == "k" + std::to_string(j) + "." + std::to_string(generation[j])) ++generation[j];
+    }
+    if (retired != nullptr) (*retired)[k] = m->second.retention_deadline;
+    m = model.erase(m);
+  }
+}
+
 // The store against the pure state machine (core/state_machine.h) over a map
 // that never reclaims: a small table (a few cache lines, so probe clusters
 // cross lines and wrap from the last line to the first; the sweep deletes from
@@ -423,11 +513,7 @@ TEST(MemoryStore, ReclaimContinuesAfterTheClockStepsBack) {
 // which the model does not know).
 TEST(MemoryStore, SmallTableMatchesTheStateMachineAcrossTheDeadlineArraysRange) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 1;
-  o.reclaim_per_operation = 2;
-  auto store = NewMemoryStore(o);
+  auto store = OneShardStore(&clock, 2);
   std::map<std::string, Record> model;
   std::vector<int> generation(40, 0);
   std::mt19937_64 rng(11);
@@ -462,56 +548,14 @@ TEST(MemoryStore, SmallTableMatchesTheStateMachineAcrossTheDeadlineArraysRange) 
     Record* cur = it == model.end() ? nullptr : &it->second;
     const std::string at = key + " at op " + std::to_string(i);
     if (op < 8) {
-      ClaimRequest r;
-      r.key = key;
-      r.lease = span();
-      r.retention = span();
-      r.max_attempts = rng() % 4 == 0 ? 2 : 0;
-      auto c = store->Claim(r);
-      ASSERT_TRUE(c.ok()) << at;
-      Record next;
-      bool write = false;
-      const ClaimResult want = internal::DecideClaim(cur, r, now, c->token, &next, &write);
-      ASSERT_EQ(static_cast<int>(c->outcome), static_cast<int>(want.outcome)) << at;
-      ASSERT_EQ(c->attempt, want.attempt) << at;
-      if (write) model[key] = next;
+      bool acquired;
+      ASSERT_NO_FATAL_FAILURE(ClaimBoth(*store, model, ModelClaim(key, span, rng), now, at, &acquired));
     } else if (op < 14) {
       const Token token = cur != nullptr && rng() % 8 != 0 ? cur->token : Token{rng()};
-      Record copy = cur != nullptr ? *cur : Record{};
-      WriteResult got, want;
-      const int kind = op % 3;
       const Millis d = span();
-      if (kind == 0) {
-        auto w = store->Extend(key, token, d);
-        ASSERT_TRUE(w.ok()) << at;
-        got = *w;
-        want = internal::DecideExtend(cur ? &copy : nullptr, token, d, now);
-      } else if (kind == 1) {
-        auto w = store->Complete(key, token, d, CompletionStatus::kOk, "");
-        ASSERT_TRUE(w.ok()) << at;
-        got = *w;
-        want = internal::DecideComplete(cur ? &copy : nullptr, token, d, CompletionStatus::kOk, "", now);
-      } else {
-        auto w = store->Release(key, token, d);
-        ASSERT_TRUE(w.ok()) << at;
-        got = *w;
-        want = internal::DecideRelease(cur ? &copy : nullptr, token, d, now);
-      }
-      ASSERT_EQ(static_cast<int>(got), static_cast<int>(want)) << at << " write " << kind;
-      if (want == WriteResult::kOk) *cur = copy;
+      ASSERT_NO_FATAL_FAILURE(WriteBoth(*store, model, key, op % 3, token, d, now, at));
     } else if (op < 15) {
-      const bool force = rng() % 2;
-      auto f = store->Forget(key, ForgetOptions{force});
-      Record floor;
-      const internal::ForgetAction a = internal::DecideForget(cur, force, now, &floor);
-      if (a == internal::ForgetAction::kRefuse) {
-        ASSERT_FALSE(f.ok()) << at;
-      } else {
-        ASSERT_TRUE(f.ok()) << at;
-        ASSERT_EQ(*f, a != internal::ForgetAction::kNone) << at;
-        if (a == internal::ForgetAction::kRemove) model.erase(key);
-        if (a == internal::ForgetAction::kFloor) *cur = floor;
-      }
+      ASSERT_NO_FATAL_FAILURE(ForgetBoth(*store, model, key, rng() % 2, now, at));
     } else if (op < 16) {
       auto rec = store->Inspect(key);
       ASSERT_TRUE(rec.ok()) << at;
@@ -536,16 +580,7 @@ TEST(MemoryStore, SmallTableMatchesTheStateMachineAcrossTheDeadlineArraysRange) 
     } else {
       const int64_t back = rng() % 2 ? 1 + static_cast<int64_t>(rng() % 2000) : static_cast<int64_t>(rng() % (60 * kDayMs));
       clock.Set(now - back);
-      for (auto m = model.begin(); m != model.end();) {
-        if (m->second.ExpiredAt(now)) {
-          const std::string& k = m->first;
-          const size_t j = std::stoul(k.substr(1, k.find('.') - 1));
-          if (k == "k" + std::to_string(j) + "." + std::to_string(generation[j])) ++generation[j];
-          m = model.erase(m);
-        } else {
-          ++m;
-        }
-      }
+      RetireExpired(model, generation, now, nullptr);
     }
   }
   // Retired keys may still hold a record until the sweep gets to them.
@@ -613,6 +648,111 @@ TEST(MemoryStore, NoEarlyReclaimWhileTheBaseMovesUnderConcurrentWrites) {
   stop = true;
   ticker.join();
   EXPECT_EQ(early.load(), 0);
+}
+
+// The sweep's shard-wide bound (it returns at once while nothing in the shard
+// is due) against a model, for leaks as well as early reclaims: random claims,
+// extends, completions, releases and forgets on a few hot keys, bulk claims of
+// up to 5,000 new keys (so that the slots span chunks and the last one is
+// partly filled), and clock steps forward (past the 2^31 ms rebase) and back
+// (under and over the 1 s that moves the base back). At each check the store
+// must hold every record the model keeps past the clock (none reclaimed early)
+// and, after at most two passes of the sweep, none the model saw expire (none
+// kept forever because the bound stayed above a deadline). Records whose
+// deadline passed before a step back are retired: the store may or may not
+// have reclaimed them before the step; they must be gone once the clock is past
+// their deadline again.
+TEST(MemoryStore, SweepBoundNeitherKeepsNorCutsShortAcrossChunksAndClockSteps) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock, 2);
+  Model model;
+  std::map<std::string, int64_t> retired;  // key -> retention deadline
+  std::vector<int> generation(30, 0);
+  std::mt19937_64 rng(23);
+  const int64_t kDayMs = 86'400'000;
+  const std::vector<int64_t> spans = {1, 2, 50, 1000, 60'000, (int64_t{1} << 31) + 1, 50 * kDayMs};
+  auto span = [&] {
+    int64_t v = spans[rng() % spans.size()];
+    if (rng() % 2) v = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(v));
+    return Millis(v);
+  };
+  size_t inserts = 0;  // acquired claims: at least the slots ever handed out
+  auto claim = [&](const std::string& key, const std::string& at) {
+    bool acquired;
+    ASSERT_NO_FATAL_FAILURE(
+        ClaimBoth(*store, model, ModelClaim(key, span, rng), clock.NowMillis(), at, &acquired));
+    inserts += acquired;
+  };
+  auto check = [&](int round) {
+    // A step back of under 1 s pauses the sweep until the clock is past its
+    // base again (Sweep; a longer one moves the base back): after one sweep
+    // and a second on, it runs.
+    ASSERT_TRUE(store->Extend("drain", Token{1}, 1ms).ok());
+    clock.Advance(1000ms);
+    const int64_t now = clock.NowMillis();
+    size_t keep = 0, maybe = 0, gone = 0;
+    for (const auto& [k, rec] : model) rec.ExpiredAt(now) ? ++gone : ++keep;
+    for (const auto& [k, deadline] : retired) maybe += deadline > now;
+    const std::string at = "round " + std::to_string(round);
+    ASSERT_GE(internal::MemoryStorePhysicalRecords(store.get()), keep) << at << ": reclaimed early";
+    // Two passes (the cursor may be just past an expired record) at 8 slots a
+    // call, and a call for every 2 records reclaimed.
+    const size_t budget = 2 * (inserts / 8 + 2) + (gone + retired.size()) / 2 + 8;
+    for (size_t i = 0; i < budget; ++i) {
+      ASSERT_TRUE(store->Extend("drain", Token{1}, 1ms).ok());  // sweeps, writes nothing
+    }
+    const size_t phys = internal::MemoryStorePhysicalRecords(store.get());
+    ASSERT_GE(phys, keep) << at << ": reclaimed early";
+    ASSERT_LE(phys, keep + maybe) << at << ": expired records kept after two passes of the sweep";
+    for (auto m = model.begin(); m != model.end();) m = m->second.ExpiredAt(now) ? model.erase(m) : std::next(m);
+    std::erase_if(retired, [&](const auto& e) { return e.second <= now; });
+  };
+  for (int round = 0; round < 80; ++round) {
+    if (rng() % 3 == 0) {  // bulk: new keys, up to a chunk and more
+      const size_t n = 1 + rng() % 5000;
+      for (size_t j = 0; j < n; ++j) {
+        ASSERT_NO_FATAL_FAILURE(claim("b" + std::to_string(round) + "." + std::to_string(j), "bulk"));
+      }
+    }
+    for (int i = 0; i < 200; ++i) {
+      const size_t idx = rng() % generation.size();
+      const std::string key = "k" + std::to_string(idx) + "." + std::to_string(generation[idx]);
+      const std::string at = key + " round " + std::to_string(round) + " op " + std::to_string(i);
+      const int64_t now = clock.NowMillis();
+      auto it = model.find(key);
+      Record* cur = it == model.end() ? nullptr : &it->second;
+      const int op = static_cast<int>(rng() % 20);
+      if (op < 8) {
+        ASSERT_NO_FATAL_FAILURE(claim(key, at));
+      } else if (op < 14) {
+        const Token token = cur != nullptr && rng() % 8 != 0 ? cur->token : Token{rng() | 1};
+        const Millis d = span();
+        ASSERT_NO_FATAL_FAILURE(WriteBoth(*store, model, key, op % 3, token, d, now, at));
+      } else if (op < 15) {
+        ASSERT_NO_FATAL_FAILURE(ForgetBoth(*store, model, key, rng() % 2, now, at));
+      } else if (op < 19) {
+        const std::vector<int64_t> steps = {1, 7, 999, 1000, 60'000, int64_t{1} << 31, 30 * kDayMs};
+        int64_t step = steps[rng() % steps.size()];
+        if (rng() % 2 && step > 1) step = static_cast<int64_t>(rng() % static_cast<uint64_t>(step));
+        clock.Advance(Millis(step));
+      } else {
+        const int64_t back =
+            rng() % 2 ? 1 + static_cast<int64_t>(rng() % 2000) : static_cast<int64_t>(rng() % (60 * kDayMs));
+        clock.Set(now - back);
+        RetireExpired(model, generation, now, &retired);
+      }
+    }
+    ASSERT_NO_FATAL_FAILURE(check(round));
+    // And onto a record's deadline (or just past it): records in chunks the
+    // sweep stepped over fall due with no write since.
+    for (int j = 0; j < 3 && !model.empty(); ++j) {
+      auto pick = model.begin();
+      std::advance(pick, static_cast<long>(rng() % model.size()));
+      const int64_t to = pick->second.retention_deadline - 1000 + static_cast<int64_t>(rng() % 2);
+      if (to > clock.NowMillis()) clock.Set(to);
+      ASSERT_NO_FATAL_FAILURE(check(round));
+    }
+  }
 }
 
 }  // namespace

@@ -99,6 +99,12 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
       {"nats://h?stream=S&consumer=c&max_ack_pending=0", "max_ack_pending"},
       {"nats://h?stream=S&consumer=c&what=1", "what"},
       {"amqp://h?stream=S&consumer=c", "nats"},
+      // Ports are checked here, not at the first connect (which answered
+      // UNAVAILABLE: a typo treated as a server to wait for).
+      {"nats://h:0?stream=S&consumer=c", "host 'h:0'"},
+      {"nats://a:4222,h:99999?stream=S&consumer=c", "host 'h:99999'"},
+      {"nats://h:abc?stream=S&consumer=c", "the port is not a number"},
+      {"nats://h?stream=S&consumer=c&stream=T", "'stream' is given twice"},
   };
   for (const Case& c : cases) {
     auto o = ParseNatsUri(c.uri);
@@ -106,6 +112,16 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
     EXPECT_NE(o.status().message().find(c.says), std::string::npos)
         << c.uri << ": " << o.status().ToString();
   }
+}
+
+// "nats://user:pass" with the "@host" forgotten: the password was echoed as the
+// host of the connect error ("nats default:hunter2: connect: Invalid Argument").
+TEST(NatsUriTest, APasswordReadAsAPortIsNotEchoed) {
+  auto o = ParseNatsUri("nats://default:hunter2?stream=S&consumer=c");
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+  EXPECT_EQ(o.status().message().find("hunter2"), std::string::npos) << o.status().ToString();
+  EXPECT_NE(o.status().message().find("default:***"), std::string::npos) << o.status().ToString();
 }
 
 TEST_F(NatsSourceTest, DeliversWithKeyAndCountAndAckRemovesIt) {

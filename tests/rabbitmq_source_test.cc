@@ -90,6 +90,20 @@ TEST(RabbitMqUriTest, ParsesEveryPart) {
   EXPECT_EQ(d->DeadName(), "q.dead");
 }
 
+// "amqp://user:pass" with the "@host" forgotten: the password was echoed as a port
+// ("amqp port 'hunter2' is not a non-negative whole number").
+TEST(RabbitMqUriTest, APasswordReadAsAPortIsNotEchoed) {
+  auto o = ParseRabbitMqUri("amqp://default:hunter2?queue=q");
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+  EXPECT_EQ(o.status().message().find("hunter2"), std::string::npos) << o.status().ToString();
+  EXPECT_NE(o.status().message().find("default:***"), std::string::npos) << o.status().ToString();
+  auto v6 = ParseRabbitMqUri("amqp://[::1]:5999?queue=q");
+  ASSERT_TRUE(v6.ok()) << v6.status().ToString();
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 5999);
+}
+
 TEST(RabbitMqUriTest, RejectsBadInputNamingIt) {
   struct Case {
     const char* uri;
@@ -102,6 +116,9 @@ TEST(RabbitMqUriTest, RejectsBadInputNamingIt) {
       {"amqp://h?queue=q&bogus=1", "bogus"},
       {"amqp://h:99999?queue=q", "port"},
       {"redis://h?queue=q", "amqp"},
+      {"amqp://h:0?queue=q", "host 'h:0'"},
+      {"amqp://::1:5672?queue=q", "brackets"},
+      {"amqp://h?queue=q&queue=r", "'queue' is given twice"},
   };
   for (const Case& c : cases) {
     auto o = ParseRabbitMqUri(c.uri);

@@ -4,10 +4,10 @@
 //
 //   rocksdb_crash_child work DIR SYNC ROUND
 //       Claims and completes keys "ROUND/..." on the store in DIR (sync = none,
-//       always or interval) from two threads until killed (or 60 s have passed).
+//       always or interval) from four threads until killed (or 60 s have passed).
 //       After each operation returned, and only then, writes one line to stdout:
 //         A KEY FENCE   Claim/ClaimBatch returned ACQUIRED with FENCE
-//         C KEY         Complete returned OK (result = KEY)
+//         C KEY         Complete or CompleteBatch returned OK (result = KEY)
 //         R KEY         Release returned OK
 //         P KEY FENCE ATTEMPT   a claim with max_attempts (a poison message's)
 //                               returned ACQUIRED: written before it returned
@@ -16,7 +16,7 @@
 //       The P and U keys ("poison/N", "unlimited/N") are shared by every round;
 //       their leases last 1 ms, so each claim takes over from the last.
 //       Each line is one write(2) of less than PIPE_BUF bytes, so lines from the
-//       two threads never interleave. Exits 2 on any unexpected answer.
+//       threads never interleave. Exits 2 on any unexpected answer.
 //
 //   rocksdb_crash_child open DIR
 //       Tries to open the store in DIR and prints "OK" or "CODE message".
@@ -125,6 +125,49 @@ void Batches(dedup::Store* store, const std::string& round,
   }
 }
 
+// ClaimBatch of 4 new keys (every third batch durably, with max_attempts),
+// then, after a random moment within the writer's rounds (so that the writer
+// may be carrying the claims), one CompleteBatch of them in reverse order with
+// the first request repeated: each answer must be the one for its own request.
+void BatchCompletions(dedup::Store* store, const std::string& round,
+                      std::chrono::steady_clock::time_point end) {
+  unsigned seed = 12345;
+  for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+    std::vector<std::string> keys;
+    for (int j = 0; j < 4; ++j) keys.push_back(round + "/c" + std::to_string(i) + "." + std::to_string(j));
+    std::vector<ClaimRequest> reqs;
+    for (const auto& k : keys) {
+      reqs.push_back(Req(k));
+      if (i % 3 == 0) reqs.back().max_attempts = 1'000'000;
+    }
+    auto res = store->ClaimBatch(reqs);
+    if (!res.ok()) Fail("claim batch: " + res.status().ToString());
+    for (size_t j = 0; j < keys.size(); ++j) {
+      if ((*res)[j].outcome != ClaimOutcome::kAcquired) Fail("batch claim not ACQUIRED");
+      Line("A " + keys[j] + " " + std::to_string((*res)[j].fence));
+    }
+    seed = seed * 1103515245u + 12345u;
+    std::this_thread::sleep_for(std::chrono::microseconds((seed >> 8) % 3000));
+    std::vector<dedup::CompleteRequest> done;
+    for (size_t j = keys.size(); j-- > 0;) {
+      dedup::CompleteRequest q;
+      q.key = keys[j];
+      q.token = (*res)[j].token;
+      q.retention = std::chrono::hours(24);
+      q.result = keys[j];
+      done.push_back(q);
+    }
+    done.push_back(done.front());  // the same completion again: LOST
+    auto d = store->CompleteBatch(done);
+    if (!d.ok() || d->size() != done.size()) Fail("complete batch");
+    if ((*d).back().write != WriteResult::kLost) Fail("a repeated completion was not LOST");
+    for (size_t j = 0; j + 1 < done.size(); ++j) {
+      if ((*d)[j].write != WriteResult::kOk) Fail("complete batch " + std::string(done[j].key));
+      Line("C " + std::string(done[j].key));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,8 +201,10 @@ int main(int argc, char** argv) {
   std::thread t1(SingleKeys, store->get(), std::string(argv[4]), end);
   std::thread t2(Batches, store->get(), std::string(argv[4]), end);
   std::thread t3(Takeovers, store->get(), end);
+  std::thread t4(BatchCompletions, store->get(), std::string(argv[4]), end);
   t1.join();
   t2.join();
   t3.join();
+  t4.join();
   return 0;
 }

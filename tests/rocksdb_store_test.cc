@@ -18,6 +18,7 @@
 #include <random>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -575,6 +576,318 @@ TEST_F(RocksDBStoreTest, DurableBatchTakeoverOfKeysTheWriterCarriesDoesNotHang) 
   EXPECT_EQ(failures.load(), 0);
   EXPECT_GT(progress.load(), 100u);
 }
+
+// Many threads on few keys, every batch path mixed with the single ones:
+// Claim, ClaimBatch (keys repeated, deferred and durable), Extend, Inspect,
+// Release, Complete, CompleteBatch (a request repeated, stale tokens), with
+// sleeps that straddle the writer's rounds, so that completions race the
+// writer's batches and the moment a batch is done but not yet dropped from
+// the pending maps. The clock stands still (no lease ends), so the test knows
+// the owner of every key at every moment and checks, while it runs and after a
+// reopen, what the store promises: one owner at a time, every owner's write
+// answers OK and every stale token's LOST, a repeated request answers BUSY /
+// LOST the second time, a key completed answers DUPLICATE with its result to
+// every later claim, its fences strictly increase and its attempts count
+// 1, 2, 3 ... with none lost or given twice, and the records read back
+// (before and after the reopen) are exactly what the answers said.
+// With takeovers, the clock moves a minute every 4 ms and leases last two:
+// claims are taken over while their owners work, an owner's write may then
+// answer LOST, and what is checked is what still holds (fences, attempts, one
+// completion, DUPLICATE after it, the records).
+// DEDUP_ROCKSDB_STRESS_SECONDS runs it longer by hand (default 2).
+class RocksDBStressTest : public RocksDBStoreTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RocksDBStressTest, MixedBatchesKeepEveryInvariant) {
+  const bool takeovers = GetParam();
+  const Millis lease = takeovers ? Millis(2min) : Millis(10min);
+  const Millis retention = takeovers ? Millis(240h) : Millis(24h);
+  constexpr int kThreads = 8, kKeysPerGen = 6, kMaxGens = 4096;
+  double seconds = 2;
+  if (const char* e = std::getenv("DEDUP_ROCKSDB_STRESS_SECONDS")) seconds = std::atof(e);
+  struct Ledger {
+    std::mutex mu;
+    std::vector<std::pair<uint64_t, uint32_t>> acquired;  // fence, attempt
+    int completes = 0;
+    uint64_t completed_fence = 0;
+    std::string result;
+    std::atomic<uint64_t> holder{0};  // the owner's fence, 0: none
+    std::atomic<bool> completed{false};
+  };
+  std::vector<Ledger> ledgers(static_cast<size_t>(kMaxGens) * kKeysPerGen);
+  auto key_of = [](size_t i) { return "stress-" + std::to_string(i); };
+  auto s = Open();
+  ASSERT_NE(s, nullptr);
+  std::atomic<int> gen{0};
+  std::atomic<bool> stop{false};
+  std::mutex fail_mu;
+  std::vector<std::string> failures;
+  auto fail = [&](std::string what) {
+    std::lock_guard l(fail_mu);
+    if (failures.size() < 20) failures.push_back(std::move(what));
+  };
+  struct Held {
+    size_t k;
+    Token token;
+    uint64_t fence;
+  };
+  auto run = [&](int t) {
+    std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 17u);
+    std::vector<Held> held;
+    std::vector<std::pair<size_t, Token>> stale;  // tokens released or completed
+    auto pick = [&] {
+      const int g = std::max(0, gen.load() - static_cast<int>(rng() % 2));
+      return static_cast<size_t>(g) * kKeysPerGen + rng() % kKeysPerGen;
+    };
+    auto let_go = [&](const Held& h) {  // before the write that ends the claim
+      if (takeovers) return;  // no one owner to follow
+      uint64_t f = h.fence;
+      if (!ledgers[h.k].holder.compare_exchange_strong(f, 0)) {
+        fail(key_of(h.k) + ": owner record changed under its owner");
+      }
+    };
+    auto completed = [&](const Held& h, const std::string& result) {
+      Ledger& l = ledgers[h.k];
+      std::lock_guard g(l.mu);
+      ++l.completes;
+      l.completed_fence = h.fence;
+      l.result = result;
+      l.completed.store(true);
+    };
+    while (!stop.load()) {
+      const unsigned action = rng() % 100;
+      if (held.size() < 4 && (held.empty() || action < 45)) {
+        // Claim 1 to 4 keys, maybe one of them twice, maybe durably.
+        std::vector<size_t> ks;
+        const size_t n = 1 + rng() % 4;
+        for (size_t i = 0; i < n; ++i) ks.push_back(pick());
+        if (n > 1 && rng() % 3 == 0) ks.push_back(ks[rng() % ks.size()]);
+        std::vector<std::string> names;
+        for (size_t k : ks) names.push_back(key_of(k));
+        std::vector<ClaimRequest> reqs;
+        const bool durable = rng() % 4 == 0;
+        for (const std::string& nm : names) {
+          reqs.push_back(Req(nm, lease, retention));
+          if (durable) reqs.back().max_attempts = 1'000'000;
+        }
+        std::vector<bool> was_completed;
+        for (size_t k : ks) was_completed.push_back(ledgers[k].completed.load());
+        std::vector<ClaimResult> res;
+        if (reqs.size() == 1 && rng() % 2 == 0) {
+          auto r = s->Claim(reqs[0]);
+          if (!r.ok()) {
+            fail("claim: " + r.status().ToString());
+            continue;
+          }
+          res.push_back(*r);
+        } else {
+          auto r = s->ClaimBatch(reqs);
+          if (!r.ok()) {
+            fail("claim batch: " + r.status().ToString());
+            continue;
+          }
+          res = std::move(*r);
+        }
+        if (res.size() != reqs.size()) {
+          fail("claim batch: wrong number of answers");
+          continue;
+        }
+        for (size_t i = 0; i < res.size(); ++i) {
+          const size_t k = ks[i];
+          const ClaimResult& c = res[i];
+          bool repeat = false;
+          for (size_t j = 0; j < i; ++j) {
+            if (ks[j] != k) continue;
+            repeat = true;
+            const ClaimOutcome want = res[j].outcome == ClaimOutcome::kDuplicate
+                                          ? ClaimOutcome::kDuplicate
+                                          : ClaimOutcome::kBusy;
+            if (c.outcome != want) {
+              fail(names[i] + ": repeated in a claim batch, answered " +
+                   std::string(ClaimOutcomeName(c.outcome)));
+            }
+          }
+          if (was_completed[i] && c.outcome != ClaimOutcome::kDuplicate) {
+            fail(names[i] + ": completed before the claim, answered " +
+                 std::string(ClaimOutcomeName(c.outcome)));
+          }
+          if (c.outcome == ClaimOutcome::kDuplicate && c.result != "res-" + std::to_string(c.fence)) {
+            fail(names[i] + ": duplicate with result " + c.result + " at fence " +
+                 std::to_string(c.fence));
+          }
+          if (c.outcome != ClaimOutcome::kAcquired || repeat) continue;
+          uint64_t none = 0;
+          if (!takeovers && !ledgers[k].holder.compare_exchange_strong(none, c.fence)) {
+            fail(names[i] + ": acquired at fence " + std::to_string(c.fence) +
+                 " while fence " + std::to_string(none) + " owns it");
+          }
+          {
+            std::lock_guard g(ledgers[k].mu);
+            ledgers[k].acquired.emplace_back(c.fence, c.attempt);
+          }
+          held.push_back({k, c.token, c.fence});
+        }
+        continue;
+      }
+      if (rng() % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2500));
+      if (held.empty()) continue;
+      const size_t pick_held = rng() % held.size();
+      const Held h = held[pick_held];
+      const std::string name = key_of(h.k);
+      if (action < 55) {
+        auto r = s->Extend(name, h.token, lease);
+        if (!r.ok() || (*r != WriteResult::kOk && !takeovers)) fail(name + ": owner's extend not OK");
+        if (r.ok() && *r != WriteResult::kOk) {  // taken over
+          held.erase(held.begin() + static_cast<ptrdiff_t>(pick_held));
+          stale.emplace_back(h.k, h.token);
+        }
+      } else if (action < 62) {
+        auto r = s->Inspect(name);
+        if (!r.ok() || (!takeovers && (!r->has_value() || (*r)->state != RecordState::kInProgress ||
+                                       (*r)->fence != h.fence || (*r)->token != h.token))) {
+          fail(name + ": inspect does not show its owner's claim");
+        }
+      } else if (action < 70) {
+        let_go(h);
+        auto r = s->Release(name, h.token, retention);
+        if (!r.ok() || (*r != WriteResult::kOk && !takeovers)) fail(name + ": owner's release not OK");
+        held.erase(held.begin() + static_cast<ptrdiff_t>(pick_held));
+        stale.emplace_back(h.k, h.token);
+      } else if (action < 78) {
+        let_go(h);
+        const std::string result = "res-" + std::to_string(h.fence);
+        auto r = s->Complete(name, h.token, retention, CompletionStatus::kOk, result);
+        if (!r.ok() || (*r != WriteResult::kOk && !takeovers)) fail(name + ": owner's complete not OK");
+        if (r.ok() && *r == WriteResult::kOk) completed(h, result);
+        held.erase(held.begin() + static_cast<ptrdiff_t>(pick_held));
+        stale.emplace_back(h.k, h.token);
+      } else {
+        // Every held claim in one batch, one of them twice, and stale tokens.
+        std::vector<std::string> names, results;
+        std::vector<Token> tokens;
+        std::vector<int> want_ok;  // index into held, or -1: must be LOST
+        for (size_t i = 0; i < held.size(); ++i) {
+          names.push_back(key_of(held[i].k));
+          tokens.push_back(held[i].token);
+          results.push_back("res-" + std::to_string(held[i].fence));
+          want_ok.push_back(static_cast<int>(i));
+        }
+        if (rng() % 2 == 0) {
+          const size_t i = rng() % held.size();
+          names.push_back(key_of(held[i].k));
+          tokens.push_back(held[i].token);
+          results.push_back("res-" + std::to_string(held[i].fence));
+          want_ok.push_back(-1);
+        }
+        for (int j = 0; j < 2 && !stale.empty(); ++j) {
+          const auto& [k, tok] = stale[rng() % stale.size()];
+          const size_t at = rng() % (names.size() + 1);
+          names.insert(names.begin() + static_cast<ptrdiff_t>(at), key_of(k));
+          tokens.insert(tokens.begin() + static_cast<ptrdiff_t>(at), tok);
+          results.insert(results.begin() + static_cast<ptrdiff_t>(at), "stale");
+          want_ok.insert(want_ok.begin() + static_cast<ptrdiff_t>(at), -1);
+        }
+        std::vector<CompleteRequest> reqs(names.size());
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          reqs[i].key = names[i];
+          reqs[i].token = tokens[i];
+          reqs[i].retention = retention;
+          reqs[i].result = results[i];
+        }
+        for (const Held& x : held) let_go(x);
+        auto r = s->CompleteBatch(reqs);
+        if (!r.ok() || r->size() != reqs.size()) {
+          fail("complete batch: " + r.status().ToString());
+        } else {
+          for (size_t i = 0; i < reqs.size(); ++i) {
+            const WriteResult want = want_ok[i] >= 0 ? WriteResult::kOk : WriteResult::kLost;
+            if ((*r)[i].write != want && !(takeovers && want == WriteResult::kOk)) {
+              fail(names[i] + ": complete batch item " + std::to_string(i) + " answered " +
+                   std::string(WriteResultName((*r)[i].write)));
+            }
+            if (want_ok[i] >= 0 && (*r)[i].write == WriteResult::kOk) {
+              completed(held[static_cast<size_t>(want_ok[i])], results[i]);
+            }
+          }
+        }
+        for (const Held& x : held) stale.emplace_back(x.k, x.token);
+        held.clear();
+      }
+      if (stale.size() > 64) stale.erase(stale.begin(), stale.begin() + 32);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(run, t);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(4ms);
+    if (takeovers) clock_.Advance(1min);
+    if (gen.load() + 2 < kMaxGens) gen.fetch_add(1);
+  }
+  stop.store(true);
+  for (std::thread& t : threads) t.join();
+  for (const std::string& f : failures) ADD_FAILURE() << f;
+  ASSERT_TRUE(failures.empty());
+
+  // What each key's answers say its record is, read now and after a reopen.
+  size_t keys = 0, completions = 0, reclaims = 0;
+  auto check_records = [&](const char* when) {
+    for (size_t k = 0; k < ledgers.size(); ++k) {
+      Ledger& l = ledgers[k];
+      if (l.acquired.empty()) continue;
+      const std::string name = key_of(k);
+      auto r = s->Inspect(name);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_TRUE(r->has_value()) << name << " " << when;
+      const Record& rec = **r;
+      const uint64_t last_fence = l.acquired.back().first;
+      if (l.completes == 1) {
+        EXPECT_EQ(rec.state, RecordState::kCompleted) << name << " " << when;
+        EXPECT_EQ(rec.fence, l.completed_fence) << name << " " << when;
+        EXPECT_EQ(rec.result, l.result) << name << " " << when;
+      } else if (takeovers) {
+        EXPECT_NE(rec.state, RecordState::kCompleted) << name << " " << when;
+        EXPECT_EQ(rec.fence, last_fence) << name << " " << when;
+      } else if (l.holder.load() != 0) {
+        EXPECT_EQ(rec.state, RecordState::kInProgress) << name << " " << when;
+        EXPECT_EQ(rec.fence, l.holder.load()) << name << " " << when;
+      } else {
+        EXPECT_EQ(rec.state, RecordState::kReleased) << name << " " << when;
+        EXPECT_EQ(rec.fence, last_fence) << name << " " << when;
+      }
+      EXPECT_EQ(rec.attempt, l.acquired.size()) << name << " " << when;
+    }
+  };
+  for (size_t k = 0; k < ledgers.size(); ++k) {
+    Ledger& l = ledgers[k];
+    if (l.acquired.empty()) continue;
+    ++keys;
+    reclaims += l.acquired.size() - 1;
+    const std::string name = key_of(k);
+    std::sort(l.acquired.begin(), l.acquired.end());
+    for (size_t i = 0; i < l.acquired.size(); ++i) {
+      EXPECT_EQ(l.acquired[i].second, i + 1) << name << ": attempts by fence";
+      if (i > 0) EXPECT_LT(l.acquired[i - 1].first, l.acquired[i].first) << name;
+    }
+    EXPECT_LE(l.completes, 1) << name << ": completed more than once";
+    if (l.completes == 1) {
+      ++completions;
+      EXPECT_EQ(l.completed_fence, l.acquired.back().first) << name << ": claimed after completion";
+    }
+  }
+  check_records("before the reopen");
+  s.reset();
+  s = Open();
+  ASSERT_NE(s, nullptr);
+  check_records("after the reopen");
+  EXPECT_GT(keys, 100u);
+  EXPECT_GT(completions, 50u);
+  EXPECT_GT(reclaims, 20u) << "keys claimed again (after a release or a takeover)";
+  std::fprintf(stderr, "%zu keys, %zu completed, %zu claimed again, %d generations\n", keys,
+               completions, reclaims, gen.load());
+}
+
+INSTANTIATE_TEST_SUITE_P(Clock, RocksDBStressTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Takeovers" : "Still"; });
 
 TEST(RecordCodecTest, RoundTripsAndRejectsDamage) {
   Record r;

@@ -31,6 +31,9 @@ uris=(
   "postgres://u:$P@127.0.0.1:1/db" "redis://:$P@127.0.0.1:99999" "redis://:$P@:6379"
   "REDIS://:$P@h" "redis://:$P@h:1,h2:2" "redis://$P:@127.0.0.1:1" "redis ://:$P@h"
   "redis://:$P@h:1?timeout=abc" "redis://:$P@127.0.0.1:1?password_file=/nonexistent"
+  # The '@host' forgotten: the password reads as a port on every scheme.
+  "amqp://u:$P?queue=q" "nats://u:$P?stream=s&consumer=c" "postgres://u:$P/db"
+  "postgres://u:$P,h/db" "amqp://u:$P@h:0?queue=q"
 )
 checked=0
 for u in "${uris[@]}"; do
@@ -52,6 +55,11 @@ for u in "${uris[@]}"; do
       fail "dedup ${args[*]} printed the password:"; grep -m2 -E "$P|S3%ZZ" <<<"$out" | sed 's/^/    /'
     fi
   done
+done
+for p in "http://u:$P" "http://u:$P@127.0.0.1:1" "https://u:$P@127.0.0.1:1"; do
+  out=$(timeout 20 "$dedup" serve --store memory: --listen 127.0.0.1:1 --proxy "$p" 2>&1 </dev/null) || true
+  checked=$((checked + 1))
+  if [[ "$out" == *"$P"* ]]; then fail "dedup serve --proxy $p printed the password: $out"; fi
 done
 echo "ok   $checked command lines with a password checked"
 

@@ -135,6 +135,17 @@ call POST /v1/keys/bad-1/claim '{"lease_ms":0}'
 check "lease_ms 0: 400 naming the lease" eval '[ "$code" = 400 ] && grep -qi lease <<<"$body"' 
 call GET /v1/keys/bad-1
 check "... and nothing was written" [ "$code" = 404 ]
+# A misspelt field was ignored: the claim was taken with the default 30 s lease.
+call POST /v1/keys/bad-6/claim '{"lease":5000}'
+check "an unknown claim field: 400 naming it" eval '[ "$code" = 400 ] && grep -q "unknown field ..lease" <<<"$body"'
+call GET /v1/keys/bad-6
+check "... and nothing was written" [ "$code" = 404 ]
+call POST /v1/keys/bad-6/claim '{}'
+t6=$(field token)
+call POST /v1/keys/bad-6/complete "{\"token\":\"$t6\",\"results\":\"x\"}"
+check "an unknown complete field: 400 naming it" eval '[ "$code" = 400 ] && grep -q "unknown field ..results" <<<"$body"'
+call GET /v1/keys/bad-6
+check "... and the claim is still running" [ "$code" = 200 -a "$(field state)" = in_progress ]
 call POST /v1/keys/bad-2/claim '{not json'
 check "a body that is not JSON: 400" [ "$code" = 400 ]
 call POST /v1/keys/bad-3/claim '{"lease_ms":"soon"}'

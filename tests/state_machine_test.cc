@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <string_view>
+
 namespace dedup::internal {
 namespace {
 
@@ -41,6 +44,51 @@ TEST(StateMachine, ExpiredRecordCarriesItsFence) {
   EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
   EXPECT_EQ(r.fence, 42u);
   EXPECT_EQ(r.attempt, 1u);
+}
+
+// Stores may hand DecideClaim a *next that still holds another record (the
+// memory store reuses one per thread). A claim of an absent or expired key sets
+// every field (Record::key aside, which is the store's): nothing of the old
+// record is carried over, with a fingerprint in the request or without.
+TEST(StateMachine, AbsentOrExpiredKeyStartsEveryFieldOfAReusedRecord) {
+  Record expired;
+  expired.fence = 41;
+  expired.attempt = 3;
+  expired.retention_deadline = 50;
+  const Record* const curs[] = {nullptr, &expired};
+  for (const Record* cur : curs) {
+    for (std::string_view fp : {std::string_view(), std::string_view("new-fp")}) {
+      Record stale;
+      stale.key = "other";
+      stale.state = RecordState::kCompleted;
+      stale.token = Token{99};
+      stale.fence = 500;
+      stale.attempt = 9;
+      stale.lease_deadline = 7;
+      stale.retention_deadline = 8;
+      stale.fingerprint = "old-fp";
+      stale.status = CompletionStatus::kFailed;
+      stale.result = "old result";
+      ClaimRequest req = Req();
+      req.fingerprint = fp;
+      bool write = false;
+      const ClaimResult r = DecideClaim(cur, req, 100, Token{7}, &stale, &write);
+      Record want;
+      want.key = "other";  // left alone
+      want.state = RecordState::kInProgress;
+      want.token = Token{7};
+      want.fence = cur == nullptr ? 1 : 42;
+      want.attempt = 1;
+      want.lease_deadline = 1100;
+      want.retention_deadline = 6100;
+      want.fingerprint = std::string(fp);
+      want.status = CompletionStatus::kOk;
+      EXPECT_TRUE(write);
+      EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
+      EXPECT_EQ(r.fence, want.fence);
+      EXPECT_EQ(stale, want) << (cur == nullptr ? "absent" : "expired") << ", fingerprint '" << fp << "'";
+    }
+  }
 }
 
 TEST(StateMachine, LeaseBoundaryIsExclusive) {

@@ -64,6 +64,60 @@ TEST(Uri, Malformed) {
   EXPECT_EQ(ParseUri("ro cks:/x").status().code(), StatusCode::kInvalidArgument);
 }
 
+// A parameter given twice is refused by name, on every scheme: before, the first
+// copy won silently ("memory:?shards=8&shards=0" opened 8 shards).
+TEST(Uri, AParameterGivenTwiceIsRefused) {
+  auto u = ParseUri("redis://u:hunter2@h:1?timeout=1s&timeout=soon");
+  ASSERT_FALSE(u.ok());
+  EXPECT_EQ(u.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(u.status().message().find("'timeout' is given twice"), std::string::npos)
+      << u.status();
+  EXPECT_EQ(u.status().message().find("hunter2"), std::string::npos) << u.status();
+  auto m = OpenStore("memory:?shards=8&shards=0");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("'shards'"), std::string::npos) << m.status();
+  EXPECT_TRUE(ParseUri("rocksdb:/x?sync=none&recovery=strict").ok());
+}
+
+// "scheme://user:pass" with the "@host" forgotten: Redacted() showed the hosts as
+// written, so "unknown store scheme 'amqp' in 'amqp://u:hunter2?...'" (dedup inspect
+// --store with a broker URI) printed the password.
+TEST(Uri, RedactedHidesAPasswordInThePlaceOfAPort) {
+  EXPECT_EQ(ParseUri("amqp://u:hunter2?queue=q")->Redacted(), "amqp://u:***?queue=q");
+  EXPECT_EQ(ParseUri("x://a:1,u:hunter2,[::1]:2/p")->Redacted(), "x://a:1,u:***,[::1]:2/p");
+  auto s = OpenStore("nats://u:hunter2?stream=s");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message().find("hunter2"), std::string::npos) << s.status();
+}
+
+// The host grammar of every broker and store URI. A forgotten "@host" makes the
+// password read as a port: it is never echoed.
+TEST(Uri, HostPortNamesTheBadPartWithoutThePassword) {
+  auto v6 = ParseHostPort("[::1]:4222", "nats");
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 4222);
+  EXPECT_EQ(ParseHostPort("h", "amqp")->port, 0);
+  const std::pair<const char*, const char*> cases[] = {
+      {"default:hunter2", "host 'default:***': the port is not a number"},
+      {"h:0", "host 'h:0': the port is not a number from 1 to 65535"},
+      {"h:65536", "host 'h:65536'"},
+      {"h:-1", "host 'h:***'"},
+      {"h:", "empty port"},
+      {":5672", "no host name"},
+      {"::1:5672", "brackets"},
+      {"[::1", "']'"},
+  };
+  for (const auto& [text, part] : cases) {
+    auto r = ParseHostPort(text, "amqp");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_TRUE(r.status().message().starts_with("amqp: host '")) << r.status();
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << text << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << r.status();
+  }
+}
+
 TEST(OpenStore, NamesWhatIsWrong) {
   auto bad_scheme = OpenStore("mongo://x");
   EXPECT_EQ(bad_scheme.status().code(), StatusCode::kInvalidArgument);
@@ -246,6 +300,29 @@ TEST(RedisUri, OpenStoreUsesTheSameParser) {
 }
 
 #endif  // DEDUP_WITH_REDIS
+
+#if defined(DEDUP_WITH_POSTGRES)
+
+// Refused while parsing, before any connect. "postgres://default:hunter2/db" (the
+// "@host" forgotten) said "postgres: port 'hunter2' is not ...", and "[::1" went to
+// libpq as a host name (UNAVAILABLE, a retry) instead of a named bad argument.
+TEST(PostgresUri, BadHostsNameTheBadPartWithoutThePassword) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"postgres://default:hunter2/db", "host 'default:***'"},
+      {"postgres://default:hunter2,h/db", "one host"},
+      {"postgres://u:hunter2@[::1/db", "']'"},
+      {"postgresql://u:hunter2@h:0/db", "host 'h:0'"},
+  };
+  for (const auto& [uri, part] : cases) {
+    auto r = OpenStore(uri);
+    ASSERT_FALSE(r.ok()) << uri;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << uri << ": " << r.status();
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << uri << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << uri << ": " << r.status();
+  }
+}
+
+#endif  // DEDUP_WITH_POSTGRES
 
 #if defined(DEDUP_WITH_REDIS_STREAMS)
 

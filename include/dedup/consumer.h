@@ -82,7 +82,12 @@ class Delivery {
   [[nodiscard]] virtual Status DeadLetter(std::string_view reason) = 0;
 
   // Tells the broker the message is still being worked on (JetStream's +WPI), so
-  // it does not redeliver while the lease is being extended. Default: nothing.
+  // it does not redeliver while the lease is being extended. The Consumer calls
+  // it from its fetch thread once per heartbeat interval of its Buffer, for every
+  // delivery it holds (fetched ahead and queued, running, or waiting for its
+  // ack), possibly while another thread settles the same delivery: after the
+  // settlement it must do no harm. (A Consumer made with MakeWith has no Buffer
+  // and sends none.) Default: nothing.
   [[nodiscard]] virtual Status InProgress() { return Status::Ok(); }
 
   // The ack a store may fuse with the completion, or nullptr when this broker's
@@ -193,7 +198,9 @@ struct ConsumerOptions {
   // several. What it costs: while handlers keep their pace, a fetched delivery
   // waits about prefetch_time longer here than an idle consumer elsewhere would
   // make it wait; when they suddenly slow down, what was fetched waits its
-  // turn. 0 = off. Default: 0 (`dedup worker`: 5 ms, --prefetch-time).
+  // turn. 0 = off; at most kMaxPrefetchTime. Default: 0 (`dedup worker`: 5 ms,
+  // --prefetch-time).
+  static constexpr Millis kMaxPrefetchTime{60'000};
   Millis prefetch_time{0};
   // How long one Fetch waits for a first delivery; also how soon Stop() is seen
   // by an idle consumer. Default: 250 ms.
@@ -219,7 +226,8 @@ struct ConsumerOptions {
   // Graceful drain: how long handlers still running at Stop() may go on. After
   // it, Delivery::stop_requested() turns true and stop_handlers is called; what
   // then ends without completing is released and handed back to the broker at
-  // once (Retry(0)). 0 = at once; 0 to 24 h. Default: 5 s.
+  // once (Retry(0)). 0 = at once; 0 to kMaxDrainTimeout (24 h). Default: 5 s.
+  static constexpr Millis kMaxDrainTimeout{86'400'000};
   Millis drain_timeout{5'000};
   // Called once, from Run()'s thread, when drain_timeout has passed with handlers
   // still running: stops what the handlers run (the worker passes

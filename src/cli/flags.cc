@@ -7,14 +7,19 @@
 namespace dedup::cli {
 
 CLI::Option* AddDurationOption(CLI::App& app, const std::string& name, Millis* target,
-                               const std::string& description, DurationBound bound) {
+                               const std::string& description, DurationBound bound,
+                               Millis max) {
   CLI::Option* opt = app.add_option_function<std::string>(
       name,
-      [target, name, bound](const std::string& text) {
+      [target, name, bound, max](const std::string& text) {
         StatusOr<Millis> d = internal::ParseDuration(text, name);
         if (!d.ok()) throw CLI::ValidationError(d.status().message());
         if (bound == DurationBound::kPositive && d->count() == 0) {
           throw CLI::ValidationError(name + " must be longer than 0, got '" + text + "'");
+        }
+        if (*d > max) {
+          throw CLI::ValidationError(name + " must be at most " + internal::FormatDuration(max) +
+                                     ", got '" + text + "'");
         }
         *target = *d;
       },

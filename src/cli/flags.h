@@ -17,11 +17,16 @@ namespace dedup::cli {
 
 // --name DURATION into *target, in the one duration grammar (core/duration.h:
 // 250ms, 1.5s, 2m, 1h, 1d); the help shows the current value as the default.
-// kPositive refuses 0 at parse time, naming the flag.
+// kPositive refuses 0 at parse time, naming the flag; so is anything above
+// `max` (the library's own limit, e.g. ConsumerOptions::kMaxPrefetchTime): left
+// to the library, it was refused only after the broker and the store were
+// opened, without the flag's name, and as a temporary failure (exit 75, which a
+// service manager restarts forever) when the broker could not be reached.
 enum class DurationBound { kNonNegative, kPositive };
 CLI::Option* AddDurationOption(CLI::App& app, const std::string& name, Millis* target,
                                const std::string& description,
-                               DurationBound bound = DurationBound::kNonNegative);
+                               DurationBound bound = DurationBound::kNonNegative,
+                               Millis max = Millis::max());
 
 // --name FRACTION (0 to 1) into *target.
 CLI::Option* AddFractionOption(CLI::App& app, const std::string& name, double* target,

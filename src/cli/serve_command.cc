@@ -134,19 +134,25 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_option("--auth-token-file", f->auth_token_file,
                   "File holding the token every request must carry (Authorization: Bearer)");
-  app->add_option("--proxy", f->o.proxy,
-                  "Proxy mode: the application's http://HOST:PORT; API and page move to /_dedup/");
+  CLI::Option* proxy = app->add_option(
+      "--proxy", f->o.proxy,
+      "Proxy mode: the application's http://HOST:PORT; API and page move to /_dedup/");
+  // The proxy-mode flags without --proxy would be ignored: refused by name instead.
   app->add_option("--key-prefix", f->o.key_prefix, "Proxy mode: store key prefix")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(proxy);
   AddDurationOption(*app, "--lease", &f->o.lease,
                     "Proxy mode: lease of a forwarded request (heartbeated every lease/3)",
-                    DurationBound::kPositive);
+                    DurationBound::kPositive)
+      ->needs(proxy);
   AddDurationOption(*app, "--retention", &f->o.retention,
                     "Proxy mode: how long recorded responses are replayed",
-                    DurationBound::kPositive);
+                    DurationBound::kPositive)
+      ->needs(proxy);
   app->add_option("--max-response-bytes", f->o.max_response_bytes,
                   "Proxy mode: record response bodies up to this size")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(proxy);
   app->add_option("--max-body-bytes", f->o.max_body_bytes, "Larger request bodies get 413")
       ->capture_default_str();
   app->add_option("--threads", f->o.threads, "Threads answering requests")->capture_default_str();

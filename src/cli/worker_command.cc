@@ -424,7 +424,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   AddDurationOption(*app, "--prefetch-time", &f->prefetch_time,
                     "With --prefetch -1: fetch ahead as many messages as the handlers finish "
                     "in about this long (their average time), from --concurrency up to 16 x "
-                    "--concurrency; 0 = --concurrency only (default 5ms)");
+                    "--concurrency; 0 = --concurrency only (default 5ms)",
+                    DurationBound::kNonNegative, ConsumerOptions::kMaxPrefetchTime);
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
                     DurationBound::kPositive);
   AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept",
@@ -457,7 +458,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   AddDurationOption(*app, "--drain-timeout", &f->drain_timeout,
                     "On SIGTERM/SIGINT, how long running handlers may finish; then they are "
                     "stopped (SIGTERM, SIGKILL 5 s later), their claims released and their "
-                    "messages handed back (0 = at once)");
+                    "messages handed back (0 = at once)",
+                    DurationBound::kNonNegative, ConsumerOptions::kMaxDrainTimeout);
   AddDurationOption(*app, "--summary-interval", &f->summary_interval,
                     "A summary log line this often (0 = only at exit)");
   const std::map<std::string, std::string> patterns = {{"dedup", "dedup"},

@@ -15,7 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -64,6 +64,10 @@ class Consumer::Impl {
       : source_(source), buffer_(buffer), handler_(std::move(handler)),
         process_(std::move(process)), o_(std::move(o)), stop_(stop) {
     adaptive_prefetch_ = o_.prefetch < 0 && o_.prefetch_time.count() > 0;
+    if (buffer_ != nullptr) {
+      const BufferOptions& bo = buffer_->options();
+      progress_every_ = bo.heartbeat_interval.count() > 0 ? bo.heartbeat_interval : bo.lease / 3;
+    }
     if (o_.prefetch < 0) o_.prefetch = o_.concurrency;
     prefetch_ = o_.prefetch;
   }
@@ -75,7 +79,12 @@ class Consumer::Impl {
       completer_ = std::thread([this] { CompleteLoop(); });
     }
     Millis backoff(50);
+    auto next_progress = std::chrono::steady_clock::now() + progress_every_;
     while (!stop_->load(std::memory_order_relaxed)) {
+      if (progress_every_.count() > 0 && std::chrono::steady_clock::now() >= next_progress) {
+        next_progress = std::chrono::steady_clock::now() + progress_every_;
+        SendInProgress();
+      }
       int free = 0;
       {
         std::unique_lock lock(mu_);
@@ -159,6 +168,19 @@ class Consumer::Impl {
     std::fprintf(stderr, "%s: %s\n", o_.log_name.c_str(), line.c_str());
   }
 
+  // Delivery::InProgress() for every delivery held (queued, claimed ahead,
+  // running, waiting for its ack), once per heartbeat interval of the Buffer:
+  // the broker's own redelivery timer (JetStream's AckWait) must not run out
+  // while the claim is kept alive, least of all for what the prefetch window
+  // fetched ahead and waits its turn. Under mu_: a delivery leaves held_ before
+  // it is destroyed.
+  void SendInProgress() {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, d] : held_) {
+      if (!d->InProgress().ok()) n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
   int Room() const { return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_; }
   // Whether the fetch thread fetches now (mu_ held): once half the window
   // (concurrency + prefetch) is free, or as soon as a handler thread would have
@@ -192,7 +214,7 @@ class Consumer::Impl {
       std::lock_guard lock(mu_);
       for (auto& d : batch) {
         if (d == nullptr) continue;
-        if (!held_.insert(d->id()).second) {
+        if (!held_.emplace(d->id(), d.get()).second) {
           n_.held_back.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
@@ -645,7 +667,9 @@ class Consumer::Impl {
   int64_t handler_ns_ = 0;  // moving average of the handler time (adaptive only)
   bool draining_ = false;
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
-  std::unordered_set<std::string> held_;  // ids queued, running or waiting for their ack
+  // ids queued, running or waiting for their ack, and their deliveries
+  std::unordered_map<std::string, Delivery*> held_;
+  Millis progress_every_{0};  // SendInProgress: the Buffer's heartbeat interval
   Counters n_;
 
   // Outcomes waiting for the completer.
@@ -685,11 +709,11 @@ Status ValidateConsumerOptions(const ConsumerOptions& o) {
     return Status::InvalidArgument("consumer: max ack batch must be 1 to 100000, got " +
                                    std::to_string(o.max_ack_batch));
   }
-  if (o.drain_timeout.count() < 0 || o.drain_timeout > Millis(86'400'000)) {
+  if (o.drain_timeout.count() < 0 || o.drain_timeout > ConsumerOptions::kMaxDrainTimeout) {
     return Status::InvalidArgument("consumer: drain timeout must be 0 to 24h, got " +
                                    std::to_string(o.drain_timeout.count()) + " ms");
   }
-  if (o.prefetch_time.count() < 0 || o.prefetch_time > Millis(60'000)) {
+  if (o.prefetch_time.count() < 0 || o.prefetch_time > ConsumerOptions::kMaxPrefetchTime) {
     return Status::InvalidArgument("consumer: prefetch time must be 0 to 60 s, got " +
                                    std::to_string(o.prefetch_time.count()) + " ms");
   }

@@ -39,6 +39,19 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
   return out;
 }
 
+// `text` (one host) for a message: what follows the ':' is shown only when it is a
+// number. In "user:pass" (a URI whose "@host" was forgotten) it is a password.
+std::string ShownHost(std::string_view text) {
+  const size_t from = text.starts_with("[") ? text.find(']') : 0;
+  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
+  if (c == std::string_view::npos) return std::string(text);
+  const std::string_view rest = text.substr(c + 1);
+  if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return std::string(text);
+  }
+  return std::string(text.substr(0, c)) + ":***";
+}
+
 }  // namespace
 
 std::optional<std::string> Uri::Param(std::string_view name) const {
@@ -73,7 +86,11 @@ std::string Uri::Redacted() const {
       // "user:@" is a password typed in the user's place: hidden whole.
       s += has_password && !password.empty() ? user + ":***@" : "***@";
     }
-    s += hosts;
+    for (size_t b = 0; b <= hosts.size();) {
+      const size_t e = std::min(hosts.find(',', b), hosts.size());
+      s += (b == 0 ? "" : ",") + ShownHost(std::string_view(hosts).substr(b, e - b));
+      b = e + 1;
+    }
   }
   s += path;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -148,9 +165,57 @@ StatusOr<Uri> ParseUri(std::string_view text) {
     if (!k.ok()) return k.status();
     auto v = Decode(kv.substr(eq + 1), "parameter value");
     if (!v.ok()) return v.status();
+    if (u.Param(*k).has_value()) {
+      return Status::InvalidArgument("URI parameter '" + *k + "' is given twice in " +
+                                     u.scheme + " URI (give it once)");
+    }
     u.params.emplace_back(*k, *v);
   }
   return u;
+}
+
+StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme) {
+  const auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument(std::string(scheme) + ": host '" + ShownHost(text) + "': " +
+                                   std::string(why));
+  };
+  HostPort hp;
+  std::string_view host = text, port;
+  if (text.starts_with("[")) {
+    const size_t close = text.find(']');
+    if (close == std::string_view::npos) return bad("no ']' after an IPv6 address");
+    host = text.substr(1, close - 1);
+    std::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest[0] != ':') return bad("expected ':PORT' after ']'");
+      port = rest.substr(1);
+      if (port.empty()) return bad("empty port");
+    }
+    if (host.find(':') == std::string_view::npos) return bad("brackets hold an IPv6 address");
+  } else if (size_t c = text.find(':'); c != std::string_view::npos) {
+    if (text.find(':', c + 1) != std::string_view::npos) {
+      return bad("an IPv6 address must be in brackets, e.g. [::1]:PORT");
+    }
+    host = text.substr(0, c);
+    port = text.substr(c + 1);
+    if (port.empty()) return bad("empty port");
+  }
+  if (host.empty()) return bad("no host name");
+  for (char ch : host) {
+    if (ch == '/' || ch == '?' || ch == '@' || ch == '[' || ch == ']' || ch == ' ') {
+      return bad("bad character in the host name");
+    }
+  }
+  hp.host.assign(host);
+  if (!port.empty()) {
+    int p = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+    if (ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535) {
+      return bad("the port is not a number from 1 to 65535");
+    }
+    hp.port = p;
+  }
+  return hp;
 }
 
 StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {

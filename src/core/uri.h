@@ -32,8 +32,19 @@ struct Uri {
   std::string Redacted() const;
 };
 
-// InvalidArgument naming what is wrong when `text` is not a URI.
+// InvalidArgument naming what is wrong when `text` is not a URI. A parameter
+// given twice ("?ttl=1s&ttl=2s") is refused: neither copy would be sure to win.
 StatusOr<Uri> ParseUri(std::string_view text);
+
+// One server of a URI's hosts: "host", "host:port", "[v6]" or "[v6]:port".
+struct HostPort {
+  std::string host;  // without brackets: "::1"
+  int port = 0;      // 0: none written
+};
+// InvalidArgument "`scheme`: host 'TEXT': why" when `text` is not one host with
+// an optional port from 1 to 65535. What follows the ':' is echoed only when it
+// is a number: in "user:pass" (a URI whose "@host" was forgotten) it is a password.
+StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme);
 
 // ParseDuration (core/duration.h, the one grammar) as a count of milliseconds.
 StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what);

@@ -29,65 +29,13 @@ std::string Endpoint::Name() const {
   return host + ":" + std::to_string(port);
 }
 
-namespace {
-
-// `text` for an error message: what follows the first ':' after the host is shown
-// only when it is a number (a port). "user:pass/0" (a URI whose "@host" was
-// forgotten) reads as host "user", port "pass": the password must not be echoed.
-std::string ShownEndpoint(std::string_view text) {
-  const size_t from = text.starts_with("[") ? text.find(']') : 0;
-  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
-  if (c == std::string_view::npos) return std::string(text);
-  const std::string_view rest = text.substr(c + 1);
-  if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-    return std::string(text);
-  }
-  return std::string(text.substr(0, c)) + ":***";
-}
-
-}  // namespace
-
 StatusOr<Endpoint> ParseEndpoint(std::string_view text) {
-  const auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("redis: host '" + ShownEndpoint(text) + "': " +
-                                   std::string(why));
-  };
+  // The one host grammar of every URI (core/uri.h), which never echoes a password.
+  StatusOr<internal::HostPort> hp = internal::ParseHostPort(text, "redis");
+  if (!hp.ok()) return hp.status();
   Endpoint ep;
-  std::string_view host = text, port;
-  if (text.starts_with("[")) {
-    const size_t close = text.find(']');
-    if (close == std::string_view::npos) return bad("no ']' after an IPv6 address");
-    host = text.substr(1, close - 1);
-    std::string_view rest = text.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest[0] != ':') return bad("expected ':PORT' after ']'");
-      port = rest.substr(1);
-      if (port.empty()) return bad("empty port");
-    }
-    if (host.find(':') == std::string_view::npos) return bad("brackets hold an IPv6 address");
-  } else if (size_t c = text.find(':'); c != std::string_view::npos) {
-    if (text.find(':', c + 1) != std::string_view::npos) {
-      return bad("an IPv6 address must be in brackets, e.g. [::1]:6379");
-    }
-    host = text.substr(0, c);
-    port = text.substr(c + 1);
-    if (port.empty()) return bad("empty port");
-  }
-  if (host.empty()) return bad("no host name");
-  for (char ch : host) {
-    if (ch == '/' || ch == '?' || ch == '@' || ch == '[' || ch == ']' || ch == ' ') {
-      return bad("bad character in the host name");
-    }
-  }
-  ep.host.assign(host);
-  if (!port.empty()) {
-    int p = 0;
-    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-    if (ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535) {
-      return bad("the port is not a number from 1 to 65535");
-    }
-    ep.port = p;
-  }
+  ep.host = std::move(hp->host);
+  if (hp->port != 0) ep.port = hp->port;
   return ep;
 }
 

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/printable.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
 
@@ -58,11 +59,22 @@ StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& 
   return std::optional<std::string>();
 }
 
-StatusOr<Json> ParseBody(const httplib::Request& req) {
+// The body as a JSON object of the fields in `known` only: a misspelt field
+// ("lease": 5000) is named, not ignored in favour of the default.
+StatusOr<Json> ParseBody(const httplib::Request& req,
+                         std::initializer_list<std::string_view> known) {
   if (req.body.empty()) return Json::object();
   Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("the request body must be a JSON object");
+  }
+  for (const auto& [name, value] : j.items()) {
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string list;
+    for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+    const std::string shown = internal::Printable(std::string_view(name).substr(0, 64));
+    return Status::InvalidArgument("unknown field \"" + shown +
+                                   "\" in the request body (known: " + list + ")");
   }
   return j;
 }
@@ -125,7 +137,10 @@ void Server::Impl::RegisterApi() {
   auto write_op = [&s, write_seconds](const std::string& op) {
     return [&s, op, write_seconds](const httplib::Request& req, httplib::Response& res) {
       const std::string key = req.matches[1];
-      auto body = ParseBody(req);
+      auto body = op == "extend"     ? ParseBody(req, {"token", "lease_ms"})
+                  : op == "complete" ? ParseBody(req, {"token", "retention_ms", "status",
+                                                       "result", "result_b64"})
+                                     : ParseBody(req, {"token", "retention_ms"});
       if (!body.ok()) return s.SendStatus(res, body.status());
       auto token = GetToken(*body);
       if (!token.ok()) return s.SendStatus(res, token.status());
@@ -175,7 +190,8 @@ void Server::Impl::RegisterApi() {
   http.Post(keys + R"(([\s\S]+)/claim)", [&s, claim_seconds, claim_help](
                                                const httplib::Request& req,
                                                httplib::Response& res) {
-    auto body = ParseBody(req);
+    auto body = ParseBody(req, {"lease_ms", "retention_ms", "max_attempts", "fingerprint",
+                                "fingerprint_b64"});
     if (!body.ok()) return s.SendStatus(res, body.status());
     ClaimRequest c;
     const std::string key = req.matches[1];

@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/redact.h"
+#include "core/uri.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
 
@@ -262,25 +264,18 @@ Status Server::Impl::SetUpProxy() {
   // http://HOST:PORT[/]
   std::string rest = o.proxy.substr(7);
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
-  const size_t colon = rest.rfind(':');
   auto t = std::make_unique<ProxyTarget>();
+  // Echoed redacted: "http://user:pass@h" holds a password.
   if (rest.empty() || rest.find('/') != std::string::npos || rest.find('@') != std::string::npos) {
     return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT, got '" +
-                                   o.proxy + "'");
+                                   internal::RedactUri(o.proxy) + "'");
   }
-  if (colon == std::string::npos) {
-    t->host = rest;
-  } else {
-    t->host = rest.substr(0, colon);
-    const std::string port = rest.substr(colon + 1);
-    char* end = nullptr;
-    const long p = std::strtol(port.c_str(), &end, 10);
-    if (port.empty() || *end != '\0' || p < 1 || p > 65535) {
-      return Status::InvalidArgument("--proxy: bad port in '" + o.proxy + "'");
-    }
-    t->port = static_cast<int>(p);
-  }
-  if (t->host.empty()) return Status::InvalidArgument("--proxy: no host in '" + o.proxy + "'");
+  // The one host grammar (core/uri.h): it never echoes a port that is not a number
+  // ("http://user:pass", the "@host" forgotten).
+  StatusOr<internal::HostPort> hp = internal::ParseHostPort(rest, "--proxy");
+  if (!hp.ok()) return hp.status();
+  t->host = hp->host;
+  if (hp->port != 0) t->port = hp->port;
   t->heartbeats = std::make_unique<Heartbeats>(store);
   proxy = std::move(t);
   return Status::Ok();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/redact.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
 
@@ -75,7 +76,7 @@ Status ValidateServeOptions(const ServeOptions& o) {
   }
   if (!o.proxy.empty() && o.proxy.rfind("http://", 0) != 0) {
     return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT, got '" +
-                                   o.proxy + "'");
+                                   internal::RedactUri(o.proxy) + "'");
   }
   if (o.lease <= Millis(0) || o.lease > kMaxDuration) {
     return Status::InvalidArgument("--lease must be > 0 and at most 10 years");

@@ -143,6 +143,15 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   const internal::Uri& u = *parsed;
   NatsOptions o;
   o.host_port = u.hosts.empty() ? "127.0.0.1:4222" : u.hosts;
+  // Each server in the one host grammar (core/uri.h), here rather than at the first
+  // connect: a bad port is a typo to name (not a server to wait for), and
+  // "nats://user:pass" (no "@host") must not echo the password.
+  for (size_t b = 0; b <= o.host_port.size();) {
+    const size_t e = std::min(o.host_port.find(',', b), o.host_port.size());
+    auto hp = internal::ParseHostPort(std::string_view(o.host_port).substr(b, e - b), "nats");
+    if (!hp.ok()) return hp.status();
+    b = e + 1;
+  }
   o.stream = u.Param("stream").value_or("");
   if (o.stream.empty()) return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs stream=NAME");
   if (o.stream.find_first_of(" .*>\t") != std::string::npos) {

@@ -26,8 +26,9 @@
 //   Retry(after)     -NAK with a delay of `after`: the server redelivers then
 //   DeadLetter(why)  a copy (data, headers, Dedup-Reason: <why>) published to the
 //                    dead subject and stored (PubAck awaited); then +TERM
-//   InProgress()     +WPI: resets AckWait. The Consumer sends it with every lease
-//                    heartbeat, so a message worked on longer than AckWait is not
+//   InProgress()     +WPI: resets AckWait. The Consumer sends it every heartbeat
+//                    interval for each delivery it holds (running or fetched
+//                    ahead), so a message worked on longer than AckWait is not
 //                    redelivered while its lease is alive. AckWait should be longer
 //                    than the heartbeat interval (lease / 3); after a crash the
 //                    message comes back after AckWait (a redelivery that finds the

@@ -68,21 +68,17 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
   DEDUP_RETURN_IF_ERROR(
       u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout"}));
   RabbitMqOptions o;
-  std::string hosts = u.hosts;
-  if (hosts.find(',') != std::string::npos) {
+  if (u.hosts.find(',') != std::string::npos) {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "': one host only");
   }
-  if (size_t c = hosts.rfind(':'); c != std::string::npos && hosts.find(']', c) == std::string::npos) {
-    auto port = internal::ParseCount(hosts.substr(c + 1), "amqp port");
-    if (!port.ok()) return port.status();
-    if (*port < 1 || *port > 65535) return Status::InvalidArgument("amqp port out of range");
-    o.port = static_cast<int>(*port);
-    hosts.resize(c);
+  if (!u.hosts.empty()) {
+    // The one host grammar (core/uri.h): ports 1 to 65535, IPv6 in brackets, and
+    // "amqp://user:pass" (no "@host") does not echo the password as a port.
+    auto hp = internal::ParseHostPort(u.hosts, "amqp");
+    if (!hp.ok()) return hp.status();
+    o.host = hp->host;
+    if (hp->port != 0) o.port = hp->port;
   }
-  if (hosts.size() >= 2 && hosts.front() == '[' && hosts.back() == ']') {
-    hosts = hosts.substr(1, hosts.size() - 2);
-  }
-  if (!hosts.empty()) o.host = hosts;
   if (!u.user.empty()) o.user = u.user;
   if (u.has_password) o.password = u.password;
   // "/" or "" is the default vhost "/"; "/name" is vhost "name" ("/%2F" is "/").

@@ -664,20 +664,15 @@ StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
   o.password = uri.password;
   std::string_view host = uri.hosts;
   if (host.find(',') != std::string_view::npos) {
-    return Status::InvalidArgument("postgres URI takes one host, got '" + uri.hosts + "'");
+    // Not echoed: in "user:pass,h" (no "@") the hosts hold the password.
+    return Status::InvalidArgument("postgres URI takes one host, got a ',' in the hosts");
   }
-  const size_t colon = host.rfind(':');
-  if (colon != std::string_view::npos && host.front() != '[') {
-    auto port = ParseCount(host.substr(colon + 1), "postgres: port");
-    if (!port.ok()) return port.status();
-    if (*port < 1 || *port > 65535) {
-      return Status::InvalidArgument("postgres: port must be 1 to 65535, got " +
-                                     std::string(host.substr(colon + 1)));
-    }
-    o.port = static_cast<int>(*port);
-    host = host.substr(0, colon);
-  }
-  o.host = std::string(host);
+  // The one host grammar (core/uri.h): "[v6]:port" too, and "postgres://user:pass/db"
+  // (no "@host") does not echo the password as a port.
+  auto hp = ParseHostPort(host, "postgres");
+  if (!hp.ok()) return hp.status();
+  if (hp->port != 0) o.port = hp->port;
+  o.host = std::move(hp->host);
   if (uri.path.size() <= 1) {
     return Status::InvalidArgument("postgres URI '" + uri.Redacted() +
                                    "' names no database (expected postgres://HOST:PORT/DB)");

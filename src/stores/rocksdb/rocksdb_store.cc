@@ -498,6 +498,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaim(req));
     DEDUP_RETURN_IF_ERROR(CheckWritable("claim"));
+    // Past the backlog bound, the pending claims are committed before this one
+    // is decided, not after: a failed commit (a full disk) then leaves nothing
+    // held, as its error says. (After, the claim stayed pending, BUSY for a
+    // lease nobody got.)
+    if (Deferred(req)) DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
     thread_local std::string rkey, value;
     thread_local Record scratch;
     EncodeRecordKey(req.key, &rkey);
@@ -515,8 +520,6 @@ class RocksDBStoreImpl final : public RocksDBStore {
       ApplyFenceFloor(st, &next, &res);
       if (Deferred(req)) {
         Defer(st, slot, req.key, std::move(next));
-        lock.unlock();
-        DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
         return res;
       }
       WaitInFlight(st, req.key);
@@ -710,6 +713,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
         : rec(std::move(r)), round(claim_round), hash(key_hash) {}
     Record rec;
     uint64_t gen = 0;
+    // A writer batch carrying an older record of the key, which this claim
+    // replaced while that batch was being written (0: none). A write of the
+    // key waits for it too, or the older record would land after it.
+    uint64_t prior = 0;
     uint64_t round = 0;  // the writer's round when the claim was made
     uint64_t hash = 0;   // the key's (KeyHash), for the writer's RememberMoved
   };
@@ -760,6 +767,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     } else {
       Pending& p = it->second;
       p.rec = std::move(r);
+      if (p.gen != 0) p.prior = p.gen;  // its batch may still be writing the old record
       p.gen = 0;
       p.round = round;
       p.hash = slot.hash;
@@ -789,8 +797,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
   void WaitInFlight(Stripe& st, const HashedKey& key) {
     if (st.pending.empty()) return;
     auto it = st.pending.find(key);
-    if (it == st.pending.end() || !InFlight(it->second)) return;
-    WaitGen(it->second.gen);
+    if (it == st.pending.end()) return;
+    if (const uint64_t g = InFlightGen(it->second); g != 0) WaitGen(g);
   }
 
   // Waits until writer batch `g` is done (written or failed). No stripe may be
@@ -801,13 +809,19 @@ class RocksDBStoreImpl final : public RocksDBStore {
     gen_cv_.wait(l, [&] { return done_gen_.load(std::memory_order_relaxed) >= g; });
   }
 
-  // True when the writer batch carrying `p` has not finished yet. A batch that
-  // has finished drops its records from `pending` a moment later, stripe by
-  // stripe: until then they count as written, not in flight (a batch writer
-  // that waited for them before started over and found them again, relocking
-  // and rehashing its whole batch until the writer got to their stripes).
-  bool InFlight(const Pending& p) const {
-    return p.gen != 0 && p.gen > done_gen_.load(std::memory_order_acquire);
+  // The writer batch to wait for before writing `p`'s key, or 0: the one
+  // carrying `p`, or the one carrying the older record that `p` replaced (a
+  // takeover while that batch was being gathered or written: without it, the
+  // new owner's completion could land first and the old claim come back from
+  // disk, to be completed a second time by its old owner), if not finished yet.
+  // A batch that has finished drops its records from `pending` a moment later,
+  // stripe by stripe: until then they count as written, not in flight (a batch
+  // writer that waited for them before started over and found them again,
+  // relocking and rehashing its whole batch until the writer got to their
+  // stripes).
+  uint64_t InFlightGen(const Pending& p) const {
+    const uint64_t g = std::max(p.gen, p.prior);
+    return g > done_gen_.load(std::memory_order_acquire) ? g : 0;
   }
 
   // Locks the stripes of a batch's keys, ascending, each once: two batches never
@@ -826,9 +840,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
         const Stripe& st = stripes_[b.slots[k].stripe];
         if (st.pending.empty()) continue;
         auto it = st.pending.find(HashedKey{b.keys[k], b.slots[k].hash});
-        if (it != st.pending.end() && InFlight(it->second)) {
-          in_flight = std::max(in_flight, it->second.gen);
-        }
+        if (it != st.pending.end()) in_flight = std::max(in_flight, InFlightGen(it->second));
       }
       if (in_flight == 0) return;
       locks->clear();
@@ -1275,6 +1287,9 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   // then written before it returns, after any writer batch carrying its keys.
   bool deferred = true;
   for (const ClaimRequest& r : reqs) deferred = deferred && Deferred(r);
+  // The backlog is committed before the batch decides (as Claim): a failure
+  // leaves none of its claims held.
+  if (deferred) DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(b.stripes.size());
   LockBatch(b, /*before_write=*/!deferred, &locks);
@@ -1337,8 +1352,6 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     for (size_t k = 0; k < n; ++k) {
       if (written[k]) Defer(stripes_[b.slots[k].stripe], b.slots[k], b.keys[k], std::move(*cur[k]));
     }
-    locks.clear();
-    DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
     return out;
   }
   DEDUP_RETURN_IF_ERROR(WriteBatchOf(b, cur, written, "claim batch"));
@@ -1614,6 +1627,13 @@ Status RocksDBStoreImpl::OpenDb() {
 StatusOr<std::unique_ptr<RocksDBStore>> RocksDBStore::Open(const RocksDBStoreOptions& options) {
   if (options.path.empty()) {
     return Status::InvalidArgument("rocksdb: path is empty (expected a directory)");
+  }
+  if (options.path.find('\0') != std::string::npos) {
+    // The file system would stop at the NUL and create or open the directory
+    // named by the part before it, not the one asked for.
+    return Status::InvalidArgument("rocksdb: path '" +
+                                   options.path.substr(0, options.path.find('\0')) +
+                                   "\\0...' holds a NUL byte (from %00 in a URI?)");
   }
   if (options.sync == SyncMode::kInterval && options.sync_interval.count() <= 0) {
     return Status::InvalidArgument("rocksdb " + options.path +
