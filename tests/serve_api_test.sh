@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The JSON API of `dedup serve` driven with curl, then with a Python client
 # (tests/serve_api_client.py), against a real server on a RocksDB store.
-#   serve_api_test.sh DEDUP_BINARY     (ports 8070-8071, docs/PORTS.md)
+#   serve_api_test.sh DEDUP_BINARY     (port 8070, docs/PORTS.md)
 set -euo pipefail
 dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)

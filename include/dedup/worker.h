@@ -96,7 +96,7 @@ struct WorkerOptions {
 };
 
 // "redis://[:password@]host:port?stream=S&group=G[&consumer=C&key=id|sha256|FIELD
-//  &dead=S&prefix=P&count=N&block=T&reclaim=T]"; key=sha256 hashes the content,
+//  &dead=S&prefix=P&block=T&reclaim=T]"; key=sha256 hashes the content,
 // any other value names the key field. InvalidArgument names what is wrong.
 [[nodiscard]] StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view uri);
 

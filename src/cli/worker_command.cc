@@ -136,7 +136,9 @@ void RegisterWorkerMetrics(metrics::Registry& registry, const Consumer& w) {
       {"claim_batches", &ConsumerMetrics::claim_batches},
       {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches},
       {"ack_batches", &ConsumerMetrics::ack_batches},
-      {"acked_in_batches", &ConsumerMetrics::acked_in_batches}};
+      {"acked_in_batches", &ConsumerMetrics::acked_in_batches},
+      {"complete_batches", &ConsumerMetrics::complete_batches},
+      {"completed_in_batches", &ConsumerMetrics::completed_in_batches}};
   for (const auto& [name, field] : rows) {
     registry.AddCounterFunc(std::string("dedup_worker_") + name + "_total",
                             std::string("Consumer count: ") + name + " (docs/WORKER.md).", {},
