@@ -140,6 +140,42 @@ for args in "--prefetch-time 2m" "--drain-timeout 2d"; do
     --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true "${extra[@]}"
   [[ "$out" == *"${extra[0]} must be at most"* ]] || fail "$args: the flag is not named: $out"
 done
+# --textbook-ttl: SET ... EX takes whole seconds, and 0 or 500ms silently became
+# 1 s (1.5s became 2 s). Refused at parse time, naming the flag (port 1: nothing starts).
+for ttl in 0 0s 500ms 1500ms; do
+  expect_rc "--textbook-ttl $ttl is refused" 2 timeout 20 "$dedup" worker \
+    --broker "redis://127.0.0.1:1?stream=x" --pattern textbook --exec true --textbook-ttl "$ttl"
+  [[ "$out" == *"--textbook-ttl must be a whole number of seconds"* ]] || fail "--textbook-ttl $ttl: $out"
+done
+# The textbook flags were silently ignored without --pattern textbook.
+for flag in "--textbook-ttl 5s" "--textbook-redis redis://127.0.0.1:1"; do
+  read -ra fl <<<"$flag"
+  expect_rc "$flag without --pattern textbook is refused" 2 timeout 20 "$dedup" worker \
+    --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true "${fl[@]}"
+  [[ "$out" == *"${fl[0]} needs --pattern textbook"* ]] || fail "$flag: $out"
+done
+# --textbook-redis on a redis:// broker was ignored too (the stream's Redis keeps the keys).
+expect_rc "--textbook-redis on a redis:// broker is refused" 2 timeout 20 "$dedup" worker \
+  --broker "redis://127.0.0.1:1?stream=x" --pattern textbook --exec true \
+  --textbook-redis redis://127.0.0.1:1
+[[ "$out" == *"--textbook-redis is for amqp://"* ]] || fail "textbook-redis on redis://: $out"
+# Its URI's pool=, pipeline=, spin= and redis+cluster:// were silently ignored:
+# refused, naming the option. timeout= is honoured (a good one passes these
+# checks and fails later, on the unreachable broker, with another exit code).
+for uri in "redis://127.0.0.1:1?pool=2" "redis://127.0.0.1:1?pipeline=off" \
+             "redis://127.0.0.1:1?spin=50" "redis+cluster://127.0.0.1:1"; do
+  expect_rc "--textbook-redis $uri is refused" 2 timeout 20 "$dedup" worker \
+    --broker "amqp://guest:guest@127.0.0.1:1/%2f?queue=q" --pattern textbook --exec true \
+    --textbook-redis "$uri"
+  [[ "$out" == *--textbook-redis:* && ( "$out" == *"not used by --pattern textbook"* ||
+     "$out" == *"not supported by --pattern textbook"* ) ]] || fail "--textbook-redis $uri: $out"
+done
+set +e
+out=$(timeout 20 "$dedup" worker --broker "amqp://guest:guest@127.0.0.1:1/%2f?queue=q" \
+  --pattern textbook --exec true --textbook-redis "redis://127.0.0.1:1?timeout=300ms" 2>&1)
+rc=$?; set -e
+[[ "$out" != *--textbook-redis* ]] && ok "--textbook-redis ...?timeout=300ms passes its checks (rc $rc)" ||
+  fail "timeout= refused: rc $rc: $out"
 expect_rc "an unknown subcommand is an error" 2 "$dedup" frobnicate --x
 [[ "$out" == *frobnicate* ]] && ok "and it is named" || fail "unknown subcommand: $out"
 # Proxy-mode flags without --proxy were ignored (serve started without them).

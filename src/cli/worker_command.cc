@@ -242,12 +242,29 @@ int RunWorkerCommand(const WorkerFlags& f) {
                    u.ok() || f.textbook_redis.empty() ? "" : u.status().ToString().c_str());
       return kExitUsage;
     }
+    // RedisTextbookKeys keeps plain connections of its own (ConnOptions): it
+    // honours timeout= and the db, and has no pool, auto-pipelining, spin or
+    // cluster routing. Those are refused rather than silently ignored.
+    if (u->connection.cluster) {
+      std::fprintf(stderr, "dedup worker: --textbook-redis: redis+cluster:// is not supported "
+                           "by --pattern textbook; give one server as redis://HOST:PORT\n");
+      return kExitUsage;
+    }
+    for (const auto& [name, value] : u->uri.params) {
+      if (name != "timeout" && name != "tls") {
+        std::fprintf(stderr, "dedup worker: --textbook-redis: option '%s' is not used by "
+                             "--pattern textbook (it takes timeout= only)\n",
+                     name.c_str());
+        return kExitUsage;
+      }
+    }
     textbook_conn.host = u->connection.endpoints[0].host;
     textbook_conn.port = u->connection.endpoints[0].port;
     textbook_conn.user = u->connection.user;
     textbook_conn.password = u->connection.password;
     textbook_conn.has_password = u->connection.has_password;
     textbook_conn.db = u->connection.db;
+    textbook_conn.timeout = u->connection.timeout;
   }
   std::unique_ptr<Store> store;
   BufferOptions bo;
@@ -471,11 +488,40 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                   "exists = ack, for comparison only")
       ->transform(CLI::CheckedTransformer(patterns, CLI::ignore_case))
       ->capture_default_str();
-  AddDurationOption(*app, "--textbook-ttl", &f->textbook_ttl,
-                    "--pattern textbook: the key's one TTL");
-  app->add_option("--textbook-redis", f->textbook_redis,
-                  "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys");
-  app->callback([f, &ctx] {
+  CLI::Option* textbook_ttl = AddDurationOption(
+      *app, "--textbook-ttl", &f->textbook_ttl,
+      "--pattern textbook: the key's one TTL, in whole seconds (SET ... EX takes seconds)");
+  CLI::Option* textbook_redis = app->add_option(
+      "--textbook-redis", f->textbook_redis,
+      "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys "
+      "(redis://HOST:PORT[/DB][?timeout=D])");
+  app->callback([f, &ctx, textbook_ttl, textbook_redis] {
+    // The textbook flags do nothing under --pattern dedup: refused, so that a
+    // forgotten --pattern textbook is not a run of the other pattern.
+    for (const CLI::Option* opt : {textbook_ttl, textbook_redis}) {
+      if (opt->count() > 0 && f->pattern != "textbook") {
+        std::fprintf(stderr, "dedup worker: %s needs --pattern textbook\n",
+                     opt->get_name().c_str());
+        ctx.exit_code = kExitUsage;
+        return;
+      }
+    }
+    if (textbook_redis->count() > 0 && IsRedisBroker(f->broker)) {
+      std::fprintf(stderr, "dedup worker: --textbook-redis is for amqp:// and nats:// brokers; "
+                           "on redis:// the textbook keys live in the stream's Redis\n");
+      ctx.exit_code = kExitUsage;
+      return;
+    }
+    // SET ... EX takes whole seconds: 0 and 500ms became 1 s, 1.5s became 2 s
+    // (RedisTextbookKeys rounds up), a TTL other than the one asked for.
+    if (f->textbook_ttl.count() == 0 || f->textbook_ttl.count() % 1000 != 0) {
+      std::fprintf(stderr,
+                   "dedup worker: --textbook-ttl must be a whole number of seconds, at least "
+                   "1s (SET ... EX takes seconds), got %lldms\n",
+                   static_cast<long long>(f->textbook_ttl.count()));
+      ctx.exit_code = kExitUsage;
+      return;
+    }
     if (f->sql_output && f->pattern != "dedup") {
       std::fprintf(stderr, "dedup worker: --sql-output needs --pattern dedup\n");
       ctx.exit_code = kExitUsage;
