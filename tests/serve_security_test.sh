@@ -30,6 +30,17 @@ set +e
 rc=$?
 set -e
 check "a token under 16 characters: exit 2" [ $rc = 2 ]
+# A malformed address is named as malformed, not as "not a loopback address"
+# (which suggested that a token would make it work).
+for listen in '[::1' '[::1]x:8074' '[nope]:8074' '::1]:8074'; do
+  set +e
+  "$dedup" serve --store memory: --listen "$listen" >"$tmp/out" 2>&1
+  rc=$?
+  set -e
+  check "--listen '$listen': exit 2" [ $rc = 2 ]
+  check "... named malformed" grep -q -- "--listen: malformed address" "$tmp/out"
+  check "... not called non-loopback" bash -c "! grep -q loopback '$tmp/out'"
+done
 
 serve_start 8074 "$tmp/serve.log" "$dedup" serve --store memory: --listen 0.0.0.0:8074 \
   --auth-token-file "$tmp/token"

@@ -52,6 +52,13 @@ int RunServe(ServeFlags& f) {
     return kExitUsage;
   }
   o.host = f.listen.substr(0, colon);
+  // "[::1" splits at its last ':' into "[:" and "1": name the whole text, since
+  // the host alone would not show what is wrong.
+  if (f.listen.front() == '[' && o.host.back() != ']') {
+    std::fprintf(stderr, "dedup serve: --listen: malformed address '%s': write an IPv6 address "
+                         "in brackets, [::1]:8077\n", f.listen.c_str());
+    return kExitUsage;
+  }
   try {
     size_t used = 0;
     o.port = std::stoi(f.listen.substr(colon + 1), &used);

@@ -70,6 +70,17 @@ Status ValidateServeOptions(const ServeOptions& o) {
           "--auth-token-file: the token must be printable ASCII without spaces, ';' or ','");
     }
   }
+  // A malformed address ("[::1", "[::1]x", "[nope]") is named as such, not as an
+  // address that is not loopback (which suggested a token would make it work).
+  if (o.host.find_first_of("[]") != std::string::npos) {
+    in6_addr a6{};
+    const bool bracketed = o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']';
+    const std::string inside = bracketed ? o.host.substr(1, o.host.size() - 2) : "";
+    if (!bracketed || inet_pton(AF_INET6, inside.c_str(), &a6) != 1) {
+      return Status::InvalidArgument("--listen: malformed address '" + o.host +
+                                     "': write an IPv6 address in brackets, [::1]:8077");
+    }
+  }
   if (!IsLoopback(o.host) && o.auth_token.empty()) {
     return Status::InvalidArgument("--listen " + o.host +
                                    " is not a loopback address: give --auth-token-file too");
