@@ -451,8 +451,21 @@ bool Connection::LooksAlive() {
 // most half the CPUs (at least one) spin at once in a process: with many
 // connections the server is the bound, and spinners would take its CPU.
 namespace {
+// The CPUs this process may run on (taskset, cpusets, a container's cpuset),
+// not the machine's: under `taskset -c 0` on 8 CPUs, hardware_concurrency()
+// allowed 4 spinners on the one CPU the process has. Read once, when the
+// library is loaded; the machine's count if the affinity cannot be read.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
 std::atomic<int> spinners{0};
-const int kMaxSpinners = std::max(1, static_cast<int>(std::thread::hardware_concurrency() / 2));
+const int kMaxSpinners = std::max(1, UsableCpus() / 2);
 }  // namespace
 
 bool Connection::SpinForReply() {
