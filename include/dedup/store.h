@@ -254,6 +254,16 @@ class StoreWrapper : public Store {
 // input with the same words. Each returns InvalidArgument naming the problem.
 Status ValidateKey(std::string_view key);
 Status ValidateClaim(const ClaimRequest& req);
+// True exactly when ValidateClaim(req) is OK, inline and without building a
+// Status (ValidateClaim's out-of-line checks were ~140 of a memory-store claim's
+// ~1,100 instructions): a hot path calls ValidateClaim only when this is false,
+// for the error. memory_store_test ClaimChecksItsArgumentsAsValidateClaim holds
+// the two to the same answers.
+inline bool ClaimRequestValid(const ClaimRequest& req) {
+  return !req.key.empty() && req.key.size() <= kMaxKeyBytes && req.lease.count() > 0 &&
+         req.lease <= kMaxDuration && req.retention.count() > 0 && req.retention <= kMaxDuration &&
+         req.fingerprint.size() <= kMaxFingerprintBytes;
+}
 Status ValidateLease(Millis lease);
 Status ValidateRetention(Millis retention);
 Status ValidateToken(Token token);

@@ -106,18 +106,6 @@ uint64_t HashKey(std::string_view k) {
   return Mix(Mix(a ^ s1, b ^ h) ^ s2, k.size() ^ s0);
 }
 
-// ---- arguments ----------------------------------------------------------------
-
-// True when ValidateClaim(req) is OK (store.h's limits), inline and without
-// building a Status: the three out-of-line checks of ValidateClaim were ~140 of
-// a claim's ~1,100 instructions (callgrind). Claim calls ValidateClaim for the
-// error when this is false (memory_store_test ClaimChecksItsArgumentsAsValidateClaim).
-inline bool ClaimRequestValid(const ClaimRequest& req) {
-  return !req.key.empty() && req.key.size() <= kMaxKeyBytes && req.lease.count() > 0 &&
-         req.lease <= kMaxDuration && req.retention.count() > 0 && req.retention <= kMaxDuration &&
-         req.fingerprint.size() <= kMaxFingerprintBytes;
-}
-
 // ---- memory from the kernel ------------------------------------------------------
 
 void* MapBytes(size_t bytes) {
