@@ -49,7 +49,6 @@
 #include <string>
 #include <system_error>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -536,7 +535,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
   // Writes the records of a batch's keys marked `written`, in one WriteBatch
   // (synced as every write of this store is), then settles them. Stripes locked.
-  Status WriteBatchOf(const BatchKeys& b, std::vector<std::optional<Record>>& cur,
+  Status WriteBatchOf(const BatchKeys& b, const std::vector<std::optional<Record>>& cur,
                       const std::vector<bool>& written, std::string_view op);
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
@@ -1404,7 +1403,8 @@ StatusOr<std::vector<AckedWrite>> RocksDBStoreImpl::CompleteBatch(
   return out;
 }
 
-Status RocksDBStoreImpl::WriteBatchOf(const BatchKeys& b, std::vector<std::optional<Record>>& cur,
+Status RocksDBStoreImpl::WriteBatchOf(const BatchKeys& b,
+                                      const std::vector<std::optional<Record>>& cur,
                                       const std::vector<bool>& written, std::string_view op) {
   // In key order, as the writer's batches: the memtable's skip list can start
   // its search for a key from the one before. The WriteBatch (which copies each
