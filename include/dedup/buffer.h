@@ -343,6 +343,9 @@ class Buffer {
 
   const BufferOptions& options() const { return options_; }
   Store* store() const { return store_; }
+  // The time between heartbeat extends: BufferOptions::heartbeat_interval, or
+  // lease / 3, at least 1 ms.
+  Millis heartbeat_interval() const;
 
   // Counters since the Buffer was made.
   struct Stats {

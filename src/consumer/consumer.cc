@@ -64,10 +64,7 @@ class Consumer::Impl {
       : source_(source), buffer_(buffer), handler_(std::move(handler)),
         process_(std::move(process)), o_(std::move(o)), stop_(stop) {
     adaptive_prefetch_ = o_.prefetch < 0 && o_.prefetch_time.count() > 0;
-    if (buffer_ != nullptr) {
-      const BufferOptions& bo = buffer_->options();
-      progress_every_ = bo.heartbeat_interval.count() > 0 ? bo.heartbeat_interval : bo.lease / 3;
-    }
+    if (buffer_ != nullptr) progress_every_ = buffer_->heartbeat_interval();
     if (o_.prefetch < 0) o_.prefetch = o_.concurrency;
     prefetch_ = o_.prefetch;
   }

@@ -455,13 +455,14 @@ StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Store* store, BufferOptions opt
   return std::make_unique<Buffer>(store, options);
 }
 
+Millis Buffer::heartbeat_interval() const {
+  return options_.heartbeat_interval.count() > 0 ? options_.heartbeat_interval
+                                                 : std::max(Millis(1), options_.lease / 3);
+}
+
 Buffer::Buffer(Store* store, BufferOptions options)
     : store_(store), options_(options),
-      heartbeat_(std::make_unique<Heartbeat>(
-          store, options.heartbeat_interval.count() > 0
-                     ? options.heartbeat_interval
-                     : std::max(Millis(1), options.lease / 3),
-          breaker())),
+      heartbeat_(std::make_unique<Heartbeat>(store, heartbeat_interval(), breaker())),
       // A counted key not seen for this long was settled elsewhere; its next
       // delivery comes within a retry delay or a lease (a reclaim) otherwise.
       corrupt_(std::make_unique<CorruptCounts>(
