@@ -332,8 +332,12 @@ class NatsDelivery final : public Delivery {
     if (s == NATS_OK) s = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
     return FromNats(s, "nats " + s_->o.host_port + ": term");
   }
+  // Called by the Consumer's fetch thread with the Consumer's lock held: never
+  // waits for an Ack / Retry / DeadLetter in progress (they hold mu_ across a
+  // flush, a round trip); a delivery being settled needs no +WPI.
   Status InProgress() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return Status::Ok();
     return FromNats(natsMsg_InProgress(msg_, nullptr), "nats " + s_->o.host_port + ": in progress");
   }
 
