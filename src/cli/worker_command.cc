@@ -28,9 +28,6 @@
 
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
-#include <nlohmann/json.hpp>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -44,6 +41,7 @@
 #include "cli/flags.h"
 #include "consumer/exec_handler.h"
 #include "consumer/handler_process.h"
+#include "core/secret.h"
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
 #ifdef DEDUP_WITH_POSTGRES
@@ -251,9 +249,9 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return kExitUsage;
     }
     for (const auto& [name, value] : u->uri.params) {
-      if (name != "timeout" && name != "tls") {
+      if (name != "timeout" && name != "tls" && name != internal::kPasswordFileParam) {
         std::fprintf(stderr, "dedup worker: --textbook-redis: option '%s' is not used by "
-                             "--pattern textbook (it takes timeout= only)\n",
+                             "--pattern textbook (it takes timeout= and password_file= only)\n",
                      name.c_str());
         return kExitUsage;
       }
