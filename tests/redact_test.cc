@@ -36,7 +36,9 @@ std::vector<std::string> Typos() {
           "redis://:" + p + "@h:1?prefix", "redis://:" + p + "@h:1?=x", "redis:/:" + p,
           "redis://:" + p, "postgres://u:" + p + "@h/db", "REDIS://:" + p + "@h",
           "redis://:pa?ss" + p + "@h", "redis://:" + p + "@h?password=" + p,
-          "redis://h?auth=" + p, "redis://" + p + ":@h", "redis://:" + p + "@h:1?timeout=abc"};
+          "redis://h?auth=" + p, "redis://" + p + ":@h", "redis://:" + p + "@h:1?timeout=abc",
+          "https://u:" + p, "http://u:" + p + "/x", "amqp://u:" + p + "?queue=q",
+          "nats://a:1,u:" + p + "?stream=s"};
 }
 
 TEST(RedactUri, HidesThePasswordOfEveryTypo) {
@@ -54,6 +56,8 @@ TEST(RedactUri, KeepsWhatIsNotSecret) {
   EXPECT_EQ(RedactUri("redis://host:6379?prefix=a"), "redis://host:6379?prefix=a");
   EXPECT_EQ(RedactUri("rocksdb:/var/lib/dedup"), "rocksdb:/var/lib/dedup");
   EXPECT_EQ(RedactUri("memory:"), "memory:");
+  EXPECT_EQ(RedactUri("nats://a:4222,[::1]:4223,b?stream=s"), "nats://a:4222,[::1]:4223,b?stream=s");
+  EXPECT_EQ(RedactUri("http://127.0.0.1:3000/x"), "http://127.0.0.1:3000/x");
   EXPECT_EQ(RedactWords("rocksdb /tmp/x: open: 12:30"), "rocksdb /tmp/x: open: 12:30");
 }
 

@@ -56,7 +56,7 @@ for u in "${uris[@]}"; do
     fi
   done
 done
-for p in "http://u:$P" "http://u:$P@127.0.0.1:1" "https://u:$P@127.0.0.1:1"; do
+for p in "http://u:$P" "https://u:$P" "http://u:$P/x" "http://u:$P@127.0.0.1:1" "https://u:$P@127.0.0.1:1"; do
   out=$(timeout 20 "$dedup" serve --store memory: --listen 127.0.0.1:1 --proxy "$p" 2>&1 </dev/null) || true
   checked=$((checked + 1))
   if [[ "$out" == *"$P"* ]]; then fail "dedup serve --proxy $p printed the password: $out"; fi

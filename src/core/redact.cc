@@ -2,6 +2,7 @@
 
 #include "core/redact.h"
 
+#include <algorithm>
 #include <cctype>
 
 namespace dedup::internal {
@@ -43,6 +44,17 @@ std::string RedactQuery(std::string_view q) {
 
 }  // namespace
 
+std::string ShownHost(std::string_view text) {
+  const size_t from = text.starts_with("[") ? text.find(']') : 0;
+  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
+  if (c == std::string_view::npos) return std::string(text);
+  const std::string_view rest = text.substr(c + 1);
+  if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return std::string(text);
+  }
+  return std::string(text.substr(0, c)) + ":***";
+}
+
 std::string RedactUri(std::string_view text) {
   const size_t body = BodyStart(text);
   const size_t at = text.rfind('@');
@@ -69,6 +81,19 @@ std::string RedactUri(std::string_view text) {
     out.append(text.substr(0, body + 1)).append("***");
     const size_t q = text.find('?', body);
     text = q == std::string_view::npos ? std::string_view() : text.substr(q);
+  } else if (body >= 2 && text.substr(body - 2, 2) == "//") {
+    // "scheme://user:pass" with the '@' forgotten: each host of the authority
+    // shows what follows its ':' only when it is a port number.
+    const size_t end = std::min(text.find_first_of("/?#", body), text.size());
+    out.append(text.substr(0, body));
+    for (size_t b = body;;) {
+      const size_t e = std::min(text.find(',', b), end);
+      out.append(ShownHost(text.substr(b, e - b)));
+      if (e >= end) break;
+      out.push_back(',');
+      b = e + 1;
+    }
+    text = text.substr(end);
   }
   if (const size_t q = text.find('?'); q != std::string_view::npos) {
     out.append(text.substr(0, q + 1)).append(RedactQuery(text.substr(q + 1)));

@@ -25,6 +25,11 @@ namespace dedup::internal {
 // Text without any of these comes back unchanged.
 std::string RedactUri(std::string_view text);
 
+// One host ("host", "host:port", "[v6]:port") for a message: what follows the
+// ':' is shown only when it is a number. In "user:pass" (a URI whose "@host"
+// was forgotten) it is a password.
+std::string ShownHost(std::string_view text);
+
 // RedactUri applied to each word of a free-text message (words split at blanks
 // and quotes) that looks like a URI: it has an '@' or starts with "scheme:".
 // For messages of code that echoes what it was given (CLI11, host parsers).

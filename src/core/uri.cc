@@ -39,18 +39,6 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
   return out;
 }
 
-// `text` (one host) for a message: what follows the ':' is shown only when it is a
-// number. In "user:pass" (a URI whose "@host" was forgotten) it is a password.
-std::string ShownHost(std::string_view text) {
-  const size_t from = text.starts_with("[") ? text.find(']') : 0;
-  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
-  if (c == std::string_view::npos) return std::string(text);
-  const std::string_view rest = text.substr(c + 1);
-  if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-    return std::string(text);
-  }
-  return std::string(text.substr(0, c)) + ":***";
-}
 
 }  // namespace
 
