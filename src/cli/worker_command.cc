@@ -492,7 +492,7 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
   CLI::Option* textbook_redis = app->add_option(
       "--textbook-redis", f->textbook_redis,
       "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys "
-      "(redis://HOST:PORT[/DB][?timeout=D])");
+      "(redis://HOST:PORT[/DB][?timeout=D&password_file=F])");
   app->callback([f, &ctx, textbook_ttl, textbook_redis] {
     // The textbook flags do nothing under --pattern dedup: refused, so that a
     // forgotten --pattern textbook is not a run of the other pattern.
