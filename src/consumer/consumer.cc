@@ -20,6 +20,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/duration.h"
 #include "core/printable.h"
 #include "dedup/consumer.h"
 
@@ -707,11 +708,15 @@ Status ValidateConsumerOptions(const ConsumerOptions& o) {
                                    std::to_string(o.max_ack_batch));
   }
   if (o.drain_timeout.count() < 0 || o.drain_timeout > ConsumerOptions::kMaxDrainTimeout) {
-    return Status::InvalidArgument("consumer: drain timeout must be 0 to 24h, got " +
+    return Status::InvalidArgument("consumer: drain timeout must be 0 to " +
+                                   internal::FormatDuration(ConsumerOptions::kMaxDrainTimeout) +
+                                   ", got " +
                                    std::to_string(o.drain_timeout.count()) + " ms");
   }
   if (o.prefetch_time.count() < 0 || o.prefetch_time > ConsumerOptions::kMaxPrefetchTime) {
-    return Status::InvalidArgument("consumer: prefetch time must be 0 to 60 s, got " +
+    return Status::InvalidArgument("consumer: prefetch time must be 0 to " +
+                                   internal::FormatDuration(ConsumerOptions::kMaxPrefetchTime) +
+                                   ", got " +
                                    std::to_string(o.prefetch_time.count()) + " ms");
   }
   if (o.fetch_wait.count() <= 0) {
