@@ -50,7 +50,9 @@ void ContenderGroup::AddStoreOps(const std::string& name, const std::function<st
       }
       std::string label = std::string("dedup ") + (op == "process_once" ? "ProcessOnce"
                                                    : op == kClaimCompleteLater
-                                                       ? "claim, complete 1000 claims later"
+                                                       ? "claim, complete " +
+                                                             std::to_string(kCompleteLaterDepth) +
+                                                             " claims later"
                                                        : op);
       if (batch > 1) label += " (ClaimBatch " + std::to_string(batch) + ")";
       Contender& c = Add(name, label, op, batch, batch == 1 ? b1 : b16);
