@@ -2,7 +2,6 @@
 
 #include "redis/options.h"
 
-#include <algorithm>
 #include <charconv>
 
 #include "core/duration.h"
