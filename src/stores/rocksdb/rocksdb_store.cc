@@ -794,10 +794,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
     WaitInFlight(st, HashedKey{key, KeyHash{}(key)});
   }
   void WaitInFlight(Stripe& st, const HashedKey& key) {
-    if (st.pending.empty()) return;
+    if (const uint64_t g = InFlightOf(st, key); g != 0) WaitGen(g);
+  }
+
+  // InFlightGen of `key`'s pending entry in `st` (stripe locked), or 0.
+  uint64_t InFlightOf(const Stripe& st, const HashedKey& key) const {
+    if (st.pending.empty()) return 0;
     auto it = st.pending.find(key);
-    if (it == st.pending.end()) return;
-    if (const uint64_t g = InFlightGen(it->second); g != 0) WaitGen(g);
+    return it == st.pending.end() ? 0 : InFlightGen(it->second);
   }
 
   // Waits until writer batch `g` is done (written or failed). No stripe may be
@@ -831,15 +835,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // several held could wait on ourselves), then locks again.
   void LockBatch(const BatchKeys& b, bool before_write,
                  std::vector<std::unique_lock<std::mutex>>* locks) {
+    locks->reserve(b.stripes.size());
     while (true) {
       for (size_t s : b.stripes) locks->emplace_back(stripes_[s].mu);
       if (!before_write) return;
       uint64_t in_flight = 0;
       for (size_t k = 0; k < b.keys.size(); ++k) {
-        const Stripe& st = stripes_[b.slots[k].stripe];
-        if (st.pending.empty()) continue;
-        auto it = st.pending.find(HashedKey{b.keys[k], b.slots[k].hash});
-        if (it != st.pending.end()) in_flight = std::max(in_flight, InFlightGen(it->second));
+        in_flight = std::max(in_flight, InFlightOf(stripes_[b.slots[k].stripe], b.Hashed(k)));
       }
       if (in_flight == 0) return;
       locks->clear();
@@ -926,8 +928,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
                       rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
     }
     rocksdb::Status s;
-    if (batch.Count() > 0) s = db_->Write(batch_write_options_, &batch);
-    if (batch.GetDataSize() > kMaxKeptBatchBytes) commit_batch_ = rocksdb::WriteBatch();
+    if (batch.Count() > 0) s = WriteKept(batch_write_options_, &batch);
     {
       std::lock_guard l(gen_mu_);
       done_gen_.store(g, std::memory_order_release);
@@ -1091,8 +1092,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
     one.Clear();
     rocksdb::Status s = one.Put(cf_, rocksdb::Slice(rkey.data(), rkey.size()),
                                 rocksdb::Slice(value.data(), value.size()));
-    if (s.ok()) s = db_->Write(write_options_, &one);
-    if (one.GetDataSize() > kMaxKeptBatchBytes) one = rocksdb::WriteBatch();
+    if (s.ok()) s = WriteKept(write_options_, &one);
+    return s;
+  }
+
+  // Writes a WriteBatch that is kept from call to call (its buffer reused); one
+  // past kMaxKeptBatchBytes is dropped after its write, so that a rare huge
+  // batch does not keep its memory.
+  rocksdb::Status WriteKept(const rocksdb::WriteOptions& options, rocksdb::WriteBatch* batch) {
+    rocksdb::Status s = db_->Write(options, batch);
+    if (batch->GetDataSize() > kMaxKeptBatchBytes) *batch = rocksdb::WriteBatch();
     return s;
   }
 
@@ -1290,7 +1299,6 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
   // leaves none of its claims held.
   if (deferred) DEDUP_RETURN_IF_ERROR(CommitIfBacklogged());
   std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(b.stripes.size());
   LockBatch(b, /*before_write=*/!deferred, &locks);
 
   // Records from memory where the index has them; one MultiGet for the rest.
@@ -1371,7 +1379,6 @@ StatusOr<std::vector<AckedWrite>> RocksDBStoreImpl::CompleteBatch(
   const BatchKeys b(reqs);
   const size_t n = b.size();
   std::vector<std::unique_lock<std::mutex>> locks;
-  locks.reserve(b.stripes.size());
   LockBatch(b, /*before_write=*/true, &locks);
 
   // Decide on copies: the remembered records change only once the write landed.
@@ -1426,8 +1433,7 @@ Status RocksDBStoreImpl::WriteBatchOf(const BatchKeys& b,
     rocksdb::Status s = batch.Put(cf_, rocksdb::Slice(rk.data(), rk.size()), value);
     if (!s.ok()) return FromRocks(s, Context(op));
   }
-  rocksdb::Status s = db_->Write(batch_write_options_, &batch);
-  if (batch.GetDataSize() > kMaxKeptBatchBytes) batch = rocksdb::WriteBatch();
+  rocksdb::Status s = WriteKept(batch_write_options_, &batch);
   if (!s.ok()) return FromRocks(s, Context(op));
   for (size_t k : order) Settle(stripes_[b.slots[k].stripe], b.slots[k], b.keys[k], *cur[k]);
   return Status::Ok();
