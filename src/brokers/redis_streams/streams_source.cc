@@ -25,6 +25,12 @@ using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
+// The idle time a hand-back (Retry(0)) gives an entry: longer than any
+// consumer's reclaim min-idle (lease + 5 s by default), so that every worker's
+// next XAUTOCLAIM takes it; a day, so that Redis's clock takes it as a past
+// delivery time (it would take an idle time longer than its clock as "now").
+constexpr Millis kHandBackIdle{86'400'000};
+
 // [id, [f1, v1, f2, v2 ...]]. A nil field list (entry deleted from the stream
 // while pending) gives has_body = false.
 bool ParseEntry(const redisReply* e, StreamMessage* m, bool* has_body) {
@@ -58,6 +64,7 @@ class StreamDelivery final : public Delivery {
  private:
   StreamsSource* source_;
   BrokerAck ack_;
+  const SteadyTime fetched_ = SteadyClock::now();  // after Redis delivered it to us
 };
 
 class StreamsSource final : public MessageSource {
@@ -124,6 +131,25 @@ class StreamsSource final : public MessageSource {
     Status s = Send({"XACK", o_.stream, o_.group, id}, "XACK");
     // The outcome is recorded: fetch it again, the next run gets DUPLICATE and acks.
     if (!s.ok()) LeavePending(id, Millis(500));
+    return s;
+  }
+
+  // Retry(0), the drain's hand-back: the entry stays pending (this consumer's)
+  // but is handed to the whole group at once. XCLAIM ... IDLE sets its idle time
+  // to kHandBackIdle (at least reclaim_min_idle), so the next XAUTOCLAIM of any
+  // consumer of the group takes it, not only this consumer under this name or
+  // another after reclaim_min_idle; JUSTID: Redis counts no delivery for it, the
+  // XAUTOCLAIM that takes it does. Its min-idle is the time since this consumer
+  // received the entry: an entry delivered again since (taken over by another
+  // consumer) is idle for less and is left alone.
+  Status HandBack(const std::string& id, SteadyTime fetched) {
+    const auto since = std::chrono::duration_cast<Millis>(SteadyClock::now() - fetched);
+    const Millis idle = std::max(o_.reclaim_min_idle, kHandBackIdle);
+    Status s = Send({"XCLAIM", o_.stream, o_.group, o_.consumer,
+                     std::to_string(std::max<int64_t>(0, since.count())), id, "IDLE",
+                     std::to_string(idle.count()), "JUSTID"},
+                    "XCLAIM");
+    LeavePending(id, Millis(0));  // and this consumer's own next fetch, if any
     return s;
   }
 
@@ -396,6 +422,7 @@ StreamDelivery::StreamDelivery(StreamsSource* source, StreamMessage m, std::stri
 Status StreamDelivery::Ack() { return source_->Ack(id_); }
 
 Status StreamDelivery::Retry(Millis after) {
+  if (after.count() == 0) return source_->HandBack(id_, fetched_);
   source_->LeavePending(id_, after);
   return Status::Ok();
 }
