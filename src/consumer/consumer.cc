@@ -645,8 +645,9 @@ class Consumer::Impl {
   // Gives back what never started (queued, claimed ahead, or staged): its claim
   // released with one try, then the delivery handed back with Retry(0), so the
   // broker may deliver it again at once. Bounded by the drain's deadline: once
-  // it has passed, or once a release has failed (the store does not answer, and
-  // each further try would wait as long), the claims left are abandoned (no
+  // it has passed and no handler runs any more (while one runs, the drain waits
+  // for it anyway), or once a release has failed (the store does not answer,
+  // and each further try would wait as long), the claims left are abandoned (no
   // release sent: each stays held until its lease runs out, as a crashed
   // worker's) and their deliveries still handed back, unacked.
   void HandBackUnstarted(std::chrono::steady_clock::time_point deadline) {
@@ -666,7 +667,8 @@ class Consumer::Impl {
       if (j.claim.has_value() && j.claim->ok() && (*j.claim)->active()) {
         ClaimGuard& g = **j.claim;
         if (why.empty() && std::chrono::steady_clock::now() >= deadline) {
-          why = "the drain timeout has passed";
+          std::lock_guard lock(mu_);
+          if (running_ == 0) why = "the drain timeout has passed";
         }
         if (why.empty()) {
           StatusOr<WriteResult> r = g.ReleaseOnce();
