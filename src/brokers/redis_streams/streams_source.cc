@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -105,6 +106,8 @@ class StreamsSource final : public MessageSource {
         s = ReadGroup(">", count, block, &out, false);
       }
     }
+    // A hand-back waits for Redis only while the last fetch got an answer.
+    hand_back_off_.store(!s.ok(), std::memory_order_relaxed);
     if (!s.ok()) return s;
     return out;
   }
@@ -141,15 +144,23 @@ class StreamsSource final : public MessageSource {
   // another after reclaim_min_idle; JUSTID: Redis counts no delivery for it, the
   // XAUTOCLAIM that takes it does. Its min-idle is the time since this consumer
   // received the entry: an entry delivered again since (taken over by another
-  // consumer) is idle for less and is left alone.
+  // consumer) is idle for less and is left alone. Once one has failed, or the
+  // last fetch did (Redis does not answer), none is sent until a fetch succeeds
+  // again: a drain handing back many entries pays the timeout at most once, and
+  // what is not handed back so comes back after the reclaim min-idle as before.
   Status HandBack(const std::string& id, SteadyTime fetched) {
+    LeavePending(id, Millis(0));  // and this consumer's own next fetch, if any
+    if (hand_back_off_.load(std::memory_order_relaxed)) {
+      return Status::Unavailable("redis " + fetch_conn_.Name() +
+                                 ": XCLAIM not sent: an earlier hand-back failed");
+    }
     const auto since = std::chrono::duration_cast<Millis>(SteadyClock::now() - fetched);
     const Millis idle = std::max(o_.reclaim_min_idle, kHandBackIdle);
     Status s = Send({"XCLAIM", o_.stream, o_.group, o_.consumer,
                      std::to_string(std::max<int64_t>(0, since.count())), id, "IDLE",
                      std::to_string(idle.count()), "JUSTID"},
                     "XCLAIM");
-    LeavePending(id, Millis(0));  // and this consumer's own next fetch, if any
+    if (!s.ok()) hand_back_off_.store(true, std::memory_order_relaxed);
     return s;
   }
 
@@ -398,6 +409,7 @@ class StreamsSource final : public MessageSource {
 
   std::mutex mu_;
   std::map<std::string, SteadyTime> retry_;  // own entries left pending, by id
+  std::atomic<bool> hand_back_off_{false};   // the last fetch or a hand-back since failed
 
   std::mutex pool_mu_;
   std::vector<std::unique_ptr<StreamConn>> pool_;  // for settlements
