@@ -152,7 +152,7 @@ class StreamsSource final : public MessageSource {
     LeavePending(id, Millis(0));  // and this consumer's own next fetch, if any
     if (hand_back_off_.load(std::memory_order_relaxed)) {
       return Status::Unavailable("redis " + fetch_conn_.Name() +
-                                 ": XCLAIM not sent: an earlier hand-back failed");
+                                 ": XCLAIM not sent: the last fetch or hand-back got no answer");
     }
     const auto since = std::chrono::duration_cast<Millis>(SteadyClock::now() - fetched);
     const Millis idle = std::max(o_.reclaim_min_idle, kHandBackIdle);
