@@ -226,11 +226,10 @@ class Consumer::Impl {
       // while this thread fetches the next one. One batch at a time waits there
       // (beyond the concurrency + prefetch window). When the stage still holds
       // the previous batch, this thread claims its own batch itself and queues
-      // it, instead of sleeping until the stage is free: that sleep (a futex
-      // wait and a wake-up on the fetch path, for more than half of the fetched
-      // batches on the RocksDB bench row) only delayed the next fetch, and the
-      // two claims now run at once. Either way every claim is decided before its
-      // handler runs, and what this thread queues counts against the window.
+      // it, instead of sleeping until the stage is free: that sleep only delayed
+      // the next fetch, and the two claims now run at once. Either way every
+      // claim is decided before its handler runs, and what this thread queues
+      // counts against the window.
       bool staged = false;
       {
         std::lock_guard lock(mu_);
