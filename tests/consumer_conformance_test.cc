@@ -998,6 +998,33 @@ TEST_P(ConsumerConformance, HeldDeliveriesAreReportedInProgressWithTheHeartbeat)
   ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
 }
 
+// The in-progress signal goes on while the Consumer drains: a handler still
+// running after Stop() must not pass the broker's redelivery timer (JetStream's
+// AckWait) because the fetch loop that sent it has ended.
+TEST_P(ConsumerConformance, RunningDeliveriesAreReportedInProgressWhileDraining) {
+  BufferOptions bo;
+  bo.lease = 300ms;  // heartbeat every 100 ms
+  auto buffer = MakeBuffer(bo);
+  Publish("slow");
+  ProgressCountingSource source(Source());
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.drain_timeout = 10s;
+  std::atomic<bool> started{false};
+  Running r(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    started = true;
+    std::this_thread::sleep_for(800ms);
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  const int before = source.count("slow");
+  r.Stop();  // drains: the handler runs on for ~800 ms
+  EXPECT_TRUE(r.run_status().ok()) << r.run_status();
+  EXPECT_GE(source.count("slow") - before, 4) << "800 ms of drain with a 100 ms heartbeat";
+  EXPECT_EQ(r->metrics().acked, 1u);
+  EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });
