@@ -26,6 +26,8 @@ says() { grep -q -- "$1" <<<"$body"; }
 # ---- a query parameter an API route does not know is named, not ignored: a
 # misspelt ?force=true left the refusal of a running lease in place silently.
 req -X POST "$base/v1/keys/q1/claim" -d '{}'
+# curl -d sends a form Content-Type: its body is not taken for query parameters.
+check "a claim with a form-typed JSON body: 201" [ "$code" = 201 ]
 req -X DELETE "$base/v1/keys/q1?froce=true"
 check "DELETE ?froce=true: 400 naming the parameter" [ "$code" = 400 ]
 check "... as problem+json, naming 'froce' and the known 'force'" \
