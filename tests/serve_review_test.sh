@@ -43,5 +43,32 @@ check "POST claim?lease_ms=: 400 (the lease goes in the body)" eval '[ "$code" =
 req "$base/v1/keys/q2?verbose=1"
 check "GET /v1/keys/{key}?verbose=1: 400" [ "$code" = 400 ]
 
+# ---- a web page the operator visits reaches loopback too. Without a token, a
+# cross-site form or fetch could claim, complete or release keys (a text/plain
+# POST needs no CORS preflight), and a DNS-rebound name (Host: evil.example) could
+# read and write everything. Headers as browsers send them.
+req -X POST "$base/v1/keys/csrf-1/claim" -H 'Content-Type: text/plain' \
+  -H 'Origin: http://evil.example' -H 'Sec-Fetch-Site: cross-site' -d '{"lease_ms":600000}'
+check "a cross-site POST (Origin: http://evil.example): 403" [ "$code" = 403 ]
+check "... a problem+json naming the origin" eval 'problem && says evil.example'
+req "$base/v1/keys/csrf-1"
+check "... and the key was not claimed" [ "$code" = 404 ]
+req -X POST "$base/v1/keys/csrf-2/release" -H 'Origin: http://localhost:3000' \
+  -d '{"token":"0123456789abcdef"}'
+check "a POST from another port of localhost (same site, other origin): 403" [ "$code" = 403 ]
+req -X POST "$base/v1/keys/csrf-3/claim" -H 'Origin: null' -d '{}'
+check "a POST with Origin: null (sandboxed frame, file:): 403" [ "$code" = 403 ]
+req -X POST "$base/v1/keys/csrf-4/claim" -H "Origin: $base" -H 'Sec-Fetch-Site: same-origin' -d '{}'
+check "a same-origin POST (the page's own): 201" [ "$code" = 201 ]
+req -X POST "$base/v1/keys/csrf-5/claim" -d '{}'
+check "a POST without Origin (curl, any client): 201" [ "$code" = 201 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: evil.example:$port"
+check "without a token, Host: evil.example (DNS rebinding): refused" [ "$code" = 421 ]
+check "... a problem+json naming the host" eval 'problem && says evil.example'
+req -X POST "$base/v1/keys/csrf-6/claim" -H "Host: evil.example:$port" -H "Origin: http://evil.example:$port" -d '{}'
+check "... also for a POST whose Origin matches that Host" [ "$code" = 421 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: localhost:$port"
+check "Host: localhost:PORT: 200" [ "$code" = 200 ]
+
 if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
 echo "all checks passed"
