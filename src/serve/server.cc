@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/printable.h"
 #include "core/redact.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
@@ -19,6 +20,39 @@ bool IsLoopback(const std::string& host) {
   in_addr a{};
   if (inet_pton(AF_INET, host.c_str(), &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
   return false;
+}
+
+// The host of a Host header ("h:p", "[::1]:p", "h"), without its port.
+std::string HostOfHeader(const std::string& host) {
+  if (!host.empty() && host.front() == '[') return host.substr(0, host.find(']') + 1);
+  return host.substr(0, host.rfind(':'));
+}
+
+// A browser's request from another origin to one of dedup's own routes, which a
+// web page the operator visits could send to loopback: refused when it could
+// change state. Without a token, the Host must also name loopback, or a DNS-rebound
+// name (evil.example -> 127.0.0.1, same-origin for the browser) could read and
+// write everything. Empty when the request may go on, else why not.
+std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* status) {
+  const std::string host = req.get_header_value("Host");
+  if (!has_token && !host.empty() && !IsLoopback(HostOfHeader(host))) {
+    *status = 421;
+    return "Host '" + internal::Printable(std::string_view(host).substr(0, 128)) +
+           "' is not a loopback name: without --auth-token-file, serve answers only "
+           "requests addressed to 127.0.0.1, [::1] or localhost (DNS rebinding)";
+  }
+  if (req.method == "GET" || req.method == "HEAD") return "";
+  *status = 403;
+  if (req.has_header("Origin") && req.get_header_value("Origin") != "http://" + host) {
+    return "a request from the origin '" +
+           internal::Printable(std::string_view(req.get_header_value("Origin")).substr(0, 128)) +
+           "' may not change state here (cross-origin request)";
+  }
+  const std::string site = req.get_header_value("Sec-Fetch-Site");
+  if (site == "cross-site" || site == "same-site") {
+    return "a " + site + " request from a browser may not change state here";
+  }
+  return "";
 }
 
 // The route a request took, as a metrics label and a log word: a fixed set,
@@ -234,6 +268,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
+    }
+    int refused = 0;
+    if (const std::string why = BrowserRefusal(req, !s.o.auth_token.empty(), &refused);
+        !why.empty()) {
+      s.SendProblem(res, refused, refused == 421 ? "Misdirected Request" : "Forbidden", why);
+      return httplib::Server::HandlerResponse::Handled;
     }
     // The page can be opened once as /?token=T: the token moves into an HttpOnly
     // cookie and the browser is sent to / without it.
