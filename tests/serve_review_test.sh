@@ -70,5 +70,33 @@ check "... also for a POST whose Origin matches that Host" [ "$code" = 421 ]
 req "$base/v1/keys?prefix=csrf" -H "Host: localhost:$port"
 check "Host: localhost:PORT: 200" [ "$code" = 200 ]
 
+# ---- proxy mode with a token: dedup's token must never reach the application.
+app_port=8093
+proxy_port=8094
+proxy="http://127.0.0.1:$proxy_port"
+token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+echo "$token" >"$tmp/token"
+serve_start $app_port "$tmp/app.log" python3 "$root/tests/serve_app.py" $app_port "$tmp/calls"
+serve_start $proxy_port "$tmp/proxy.log" "$dedup" serve --store memory: --listen 127.0.0.1:$proxy_port \
+  --proxy "http://127.0.0.1:$app_port" --auth-token-file "$tmp/token" --lease 3s
+calls() { curl -s "http://127.0.0.1:$app_port/count"; }
+# The page's cookie was set for Path=/: the browser then sent dedup's token with
+# every request to the application behind the proxy, which saw (and logged) it.
+req "$proxy/_dedup/?token=$token"
+check "proxy mode: the page's cookie is set for /_dedup/ only" \
+  eval '[ "$code" = 303 ] && header Set-Cookie | grep -q "Path=/_dedup/"'
+req -X POST "$proxy/echo" -H "Dedup-Token: $token" -H "Cookie: a=1; dedup_token=$token; b=2" -d x
+check "a dedup_token cookie is not forwarded to the application" \
+  eval '[ "$code" = 200 ] && ! says "$token"'
+check "... the application's own cookies are" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert h["cookie"]=="a=1; b=2", h' "$body"
+before=$(calls)
+req -X POST "$proxy/_dedup" -H "Dedup-Token: $token" -d x
+check "POST /_dedup (dedup's own prefix) does not reach the application" \
+  eval '[ "$(calls)" = "$before" ] && [ "$code" = 404 ]'
+req -X POST "$proxy/_dedup" -d x
+check "... and without the token it is 401, as under /_dedup/" [ "$code" = 401 ]
+
 if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
 echo "all checks passed"
