@@ -17,7 +17,7 @@
 //   store error -> 503 with Retry-After, nothing forwarded (fail closed).
 //
 // Requests without the header pass through untouched (but for hop-by-hop headers
-// and dedup's own Dedup-Token).
+// and dedup's own Dedup-Token and dedup_token cookie).
 
 #include <condition_variable>
 #include <map>
@@ -60,6 +60,22 @@ bool IsLocalPseudoHeader(const std::string& name) {
          name == "LOCAL_PORT";
 }
 
+// A Cookie header without dedup's own dedup_token cookie (a browser that opened
+// the page before it was set for /_dedup/ only may still send it everywhere).
+std::string WithoutDedupCookie(const std::string& cookies) {
+  std::string out;
+  size_t at = 0;
+  while (at <= cookies.size()) {
+    size_t end = cookies.find(';', at);
+    if (end == std::string::npos) end = cookies.size();
+    std::string part = cookies.substr(at, end - at);
+    while (!part.empty() && part.front() == ' ') part.erase(0, 1);
+    if (!part.empty() && part.rfind("dedup_token=", 0) != 0) out += (out.empty() ? "" : "; ") + part;
+    at = end + 1;
+  }
+  return out;
+}
+
 struct Upstream {
   int status = 0;
   httplib::Headers headers;
@@ -91,6 +107,10 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
   fwd.path = req.target;
   for (const auto& [k, v] : req.headers) {
     if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token") continue;
+    if (Lower(k) == "cookie") {
+      if (std::string kept = WithoutDedupCookie(v); !kept.empty()) fwd.headers.emplace(k, kept);
+      continue;
+    }
     fwd.headers.emplace(k, v);
   }
   fwd.body = req.body;
@@ -294,7 +314,8 @@ void Server::Impl::RegisterProxy() {
                                                              httplib::Response& res) {
     auto count = [&](const char* outcome) { s.Outcome("dedup_proxy_requests_total", help,
                                                       "outcome", outcome)->Inc(); };
-    if (req.path.rfind(s.base + "/", 0) == 0) {  // dedup's own paths never reach the app
+    // dedup's own paths (/_dedup, /_dedup/...) never reach the app
+    if (req.path == s.base || req.path.rfind(s.base + "/", 0) == 0) {
       return s.SendProblem(res, 404, "Not Found", "no such route under " + s.base + "/");
     }
     if (!req.has_header("Idempotency-Key")) {

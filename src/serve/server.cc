@@ -59,7 +59,7 @@ std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* sta
 // never the key or anything else a client chooses.
 std::string RouteOf(const std::string& base, const httplib::Request& req, bool proxy) {
   const std::string& p = req.path;
-  if (proxy && p.rfind(base + "/", 0) != 0) return "proxy";
+  if (proxy && p != base && p.rfind(base + "/", 0) != 0) return "proxy";
   const std::string rest = p.substr(base.size());
   if (rest == "/" || rest.empty()) return "page";
   if (rest.rfind("/assets/", 0) == 0) return "asset";
@@ -257,7 +257,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
                         std::to_string(s.o.max_header_bytes) + " bytes of headers");
       return httplib::Server::HandlerResponse::Handled;
     }
-    const bool proxied = s.proxy && req.path.rfind(s.base + "/", 0) != 0;
+    const bool proxied = s.proxy && req.path != s.base && req.path.rfind(s.base + "/", 0) != 0;
     if (proxied) {
       // The application's own Authorization header passes through; dedup's token
       // travels in Dedup-Token.
@@ -280,8 +280,10 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
     if (!s.o.auth_token.empty() && req.method == "GET" && req.has_param("token") &&
         (req.path == s.base + "/" || req.path == s.base)) {
       if (ConstantTimeEquals(req.get_param_value("token"), s.o.auth_token)) {
+        // For dedup's own paths only: in proxy mode the application behind must
+        // never see the token.
         res.set_header("Set-Cookie", "dedup_token=" + s.o.auth_token +
-                                         "; HttpOnly; SameSite=Strict; Path=/");
+                                         "; HttpOnly; SameSite=Strict; Path=" + s.base + "/");
         res.set_redirect(s.base + "/", 303);
         return httplib::Server::HandlerResponse::Handled;
       }
