@@ -41,17 +41,11 @@ bool IsHopByHop(const std::string& name) {
   static const char* kHop[] = {"connection", "keep-alive", "proxy-connection", "transfer-encoding",
                                "te", "trailer", "upgrade", "proxy-authorization",
                                "proxy-authenticate", "content-length"};
-  std::string lower = name;
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = Lower(name);
   for (const char* h : kHop) {
     if (lower == h) return true;
   }
   return false;
-}
-
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 // Headers cpp-httplib adds to a server-side request for the handler's use.
@@ -113,6 +107,7 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
     }
     fwd.headers.emplace(k, v);
   }
+  for (const std::string& v : HiddenContentType()) fwd.headers.emplace("Content-Type", v);
   fwd.body = req.body;
   auto res = cli->send(fwd);
   if (!res) {

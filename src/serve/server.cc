@@ -85,7 +85,35 @@ std::string RouteOf(const std::string& base, const httplib::Request& req, bool p
 // request on one thread from routing to the logger).
 thread_local std::chrono::steady_clock::time_point t_request_start;
 
+thread_local std::vector<std::string> t_hidden_content_type;
+
+
+// Hides a form or multipart Content-Type from cpp-httplib before it reads the
+// body (see HiddenContentType). The request is the server's own object, handed
+// to the pre-routing handler as const: changing its headers there is how the
+// body read that follows is kept raw.
+void HideFormContentType(const httplib::Request& req) {
+  t_hidden_content_type.clear();
+  bool form = false;
+  auto [first, last] = req.headers.equal_range("Content-Type");
+  for (auto it = first; it != last; ++it) {
+    const std::string v = Lower(it->second);
+    form = form || v.rfind("multipart/form-data", 0) == 0 ||
+           v.rfind("application/x-www-form-urlencoded", 0) == 0;
+  }
+  if (!form) return;
+  for (auto it = first; it != last; ++it) t_hidden_content_type.push_back(it->second);
+  const_cast<httplib::Request&>(req).headers.erase("Content-Type");
+}
+
 }  // namespace
+
+const std::vector<std::string>& HiddenContentType() { return t_hidden_content_type; }
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 int64_t HostNowMillis() { return Clock::System()->NowMillis(); }
 
@@ -249,6 +277,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
   // Before the body is read: header bounds, then the token.
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
     t_request_start = std::chrono::steady_clock::now();
+    HideFormContentType(req);
     size_t bytes = req.target.size();
     for (const auto& [k, v] : req.headers) bytes += k.size() + v.size() + 4;
     if (req.headers.size() > s.o.max_header_count || bytes > s.o.max_header_bytes) {
