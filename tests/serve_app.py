@@ -9,7 +9,8 @@ file (one line per call), so a test can tell how many times a request really ran
   POST /charge[?sleep_ms=N]     counted; sleeps N ms, then 201 with a JSON body that
                                 names the call number and echoes the body; sets
                                 X-App-Call, Location and a Set-Cookie header
-  POST /big?bytes=N             counted; 200 with N bytes of body
+  POST /big?bytes=N[&headers=H] counted; 200 with N bytes of body (and H headers
+                                X-Big-i of 8000 bytes each)
   anything else                 counted; 200 echoing method, path and headers seen
 """
 import json
@@ -75,7 +76,9 @@ class App(BaseHTTPRequestHandler):
                                                ("Set-Cookie", "session=secret-%d" % call)])
         if url.path == "/big":
             size = int(query.get("bytes", ["0"])[0])
-            return self.reply(200, b"x" * size, "application/octet-stream")
+            big = [("X-Big-%d" % i, "h" * 8000)
+                   for i in range(int(query.get("headers", ["0"])[0]))]
+            return self.reply(200, b"x" * size, "application/octet-stream", extra=big)
         seen = {"call": call, "method": self.command, "path": self.path,
                 "headers": {k: v for k, v in self.headers.items()},
                 "body": body.decode("utf-8", "replace")}

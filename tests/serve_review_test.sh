@@ -122,5 +122,23 @@ python3 -c "import json; print(json.dumps({'token': '$tok', 'result': 'r' * 9000
 req -X POST "$base/v1/keys/form-2/complete" --data-binary @"$tmp/complete.json"
 check "the API: a 9 KB complete sent by curl -d (form Content-Type): 200" [ "$code" = 200 ]
 
+# ---- a response whose recording would pass the store's result bound (1 MiB): a
+# body at --max-response-bytes' maximum plus 64 KB of headers. Complete was
+# refused, the response went out unrecorded, and the key stayed in progress: the
+# retry got 409 for the lease, and after it the application ran again.
+big_port=8095
+serve_start $big_port "$tmp/big.log" "$dedup" serve --store memory: --listen 127.0.0.1:$big_port \
+  --proxy "http://127.0.0.1:$app_port" --lease 2s --max-response-bytes 770048
+before=$(calls)
+req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
+check "a response of 770048 bytes + 64 KB of headers: forwarded" \
+  eval '[ "$code" = 200 ] && [ "$(wc -c <"$tmp/body")" = 770048 ]'
+req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
+check "... its repeat is replayed (status, headers, the body omitted), not 409" \
+  eval '[ "$code" = 200 ] && [ "$(header Idempotent-Replayed)" = true ] && [ -n "$(header X-Big-7)" ] && [ -n "$(header Dedup-Replay-Body)" ]'
+sleep 2.5  # past the lease: a key left in progress would be claimed and forwarded again
+req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
+check "... the application ran once" [ "$(calls)" = $((before + 1)) ]
+
 if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
 echo "all checks passed"
