@@ -140,5 +140,24 @@ sleep 2.5  # past the lease: a key left in progress would be claimed and forward
 req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
 check "... the application ran once" [ "$(calls)" = $((before + 1)) ]
 
+# ---- the Idempotency-Key value. The draft makes it a Structured Field string
+# ("..." with \" and \\ escapes); Stripe takes the bare value. Two header lines
+# were claimed under the first while the application, which gets both, may take
+# the other; a quoted value kept its escapes, so "ab\"c" and the bare ab"c were two
+# keys.
+before=$(calls)
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: two-a' -H 'Idempotency-Key: two-b' -d 1
+check "two Idempotency-Key lines: 400, not forwarded" \
+  eval '[ "$code" = 400 ] && problem && [ "$(calls)" = "$before" ]'
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: q"uote' -d 1
+first=$body
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "q\"uote"' -d 1
+check 'the draft'"'"'s "q\"uote" is the same key as the bare q"uote: replayed' \
+  eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$body" = "$first" ]'
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "bad\q"' -d 1
+check 'a quoted value with an escape other than \" or \\: 400' [ "$code" = 400 ]
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "unterminated' -d 1
+check 'a quoted value without its closing quote is a bare value: forwarded' [ "$code" = 201 ]
+
 if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
 echo "all checks passed"
