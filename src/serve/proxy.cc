@@ -70,6 +70,26 @@ std::string WithoutDedupCookie(const std::string& cookies) {
   return out;
 }
 
+// The key an Idempotency-Key value names: the draft's Structured Field string
+// ("..." whose only escapes are \" and \\) unescaped, or a bare value (as Stripe
+// takes it) as is. Nullopt for a quoted value with another escape or a bare quote.
+std::optional<std::string> IdempotencyKeyOf(const std::string& value) {
+  if (value.size() < 2 || value.front() != '"' || value.back() != '"') return value;
+  std::string key;
+  for (size_t i = 1; i + 1 < value.size(); ++i) {
+    char c = value[i];
+    if (c == '\\') {
+      if (i + 2 >= value.size()) return std::nullopt;
+      c = value[++i];
+      if (c != '"' && c != '\\') return std::nullopt;
+    } else if (c == '"') {
+      return std::nullopt;
+    }
+    key += c;
+  }
+  return key;
+}
+
 struct Upstream {
   int status = 0;
   httplib::Headers headers;
@@ -338,11 +358,23 @@ void Server::Impl::RegisterProxy() {
       return SendUpstream(*up, res);
     }
     // The draft's header is a Structured Field string ("..."); a bare token, as
-    // Stripe takes it, is accepted too.
-    std::string idem = req.get_header_value("Idempotency-Key");
-    if (idem.size() >= 2 && idem.front() == '"' && idem.back() == '"') {
-      idem = idem.substr(1, idem.size() - 2);
+    // Stripe takes it, is accepted too. One per request: the application gets
+    // every line, and may take another than ours.
+    if (req.get_header_value_count("Idempotency-Key") != 1) {
+      count("bad_key");
+      return s.SendProblem(res, 400, "Bad Request",
+                           "give one Idempotency-Key per request, not " +
+                               std::to_string(req.get_header_value_count("Idempotency-Key")));
     }
+    const std::optional<std::string> parsed =
+        IdempotencyKeyOf(req.get_header_value("Idempotency-Key"));
+    if (!parsed) {
+      count("bad_key");
+      return s.SendProblem(res, 400, "Bad Request",
+                           "Idempotency-Key: a quoted value (a Structured Field string) may "
+                           "escape only \\\" and \\\\, and holds no bare quote");
+    }
+    const std::string& idem = *parsed;
     if (idem.empty() || s.o.key_prefix.size() + idem.size() > kMaxKeyBytes) {
       count("bad_key");
       return s.SendProblem(res, 400, "Bad Request",
