@@ -159,5 +159,21 @@ check 'a quoted value with an escape other than \" or \\: 400' [ "$code" = 400 ]
 req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "unterminated' -d 1
 check 'a quoted value without its closing quote is a bare value: forwarded' [ "$code" = 201 ]
 
+# ---- --lease is heartbeated every lease/3 while the application works; a lease of
+# a few ms cannot be kept (lease/3 rounds to 0: the heartbeat thread spun on the
+# store, and the lease still lapsed between extends: a concurrent repeat of a
+# running request was forwarded a second time).
+set +e
+"$dedup" serve --store memory: --listen 127.0.0.1:8095 --proxy "http://127.0.0.1:$app_port" \
+  --lease 2ms >"$tmp/tiny" 2>&1 &
+tiny=$!
+sleep 1.5
+kill $tiny 2>/dev/null
+wait $tiny
+rc=$?
+set -e
+check "proxy mode with --lease 2ms: refused, exit 2" [ $rc = 2 ]
+check "... naming --lease" grep -q -- "--lease" "$tmp/tiny"
+
 if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
 echo "all checks passed"
