@@ -154,6 +154,13 @@ Status ValidateServeOptions(const ServeOptions& o) {
   if (o.lease <= Millis(0) || o.lease > kMaxDuration) {
     return Status::InvalidArgument("--lease must be > 0 and at most 10 years");
   }
+  // Extended every lease/3 while the application works: a few ms cannot be kept
+  // (a concurrent repeat would be forwarded while the first still runs).
+  if (!o.proxy.empty() && o.lease < Millis(1000)) {
+    return Status::InvalidArgument("--lease must be at least 1s in proxy mode (it is extended "
+                                   "every lease/3 while the application works), got " +
+                                   std::to_string(o.lease.count()) + "ms");
+  }
   if (o.retention <= Millis(0) || o.retention > kMaxDuration) {
     return Status::InvalidArgument("--retention must be > 0 and at most 10 years");
   }
