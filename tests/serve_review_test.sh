@@ -42,6 +42,9 @@ req -X POST "$base/v1/keys/q2/claim?lease_ms=1000" -d '{}'
 check "POST claim?lease_ms=: 400 (the lease goes in the body)" eval '[ "$code" = 400 ] && says lease_ms'
 req "$base/v1/keys/q2?verbose=1"
 check "GET /v1/keys/{key}?verbose=1: 400" [ "$code" = 400 ]
+req -X POST "$base/v1/keys/q3/claim" -d '{}'
+req -X DELETE "$base/v1/keys/q3?force=false&force=true"
+check "DELETE ?force=false&force=true (which one?): 400 naming force" eval '[ "$code" = 400 ] && says force'
 
 # ---- a web page the operator visits reaches loopback too. Without a token, a
 # cross-site form or fetch could claim, complete or release keys (a text/plain
