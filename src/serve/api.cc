@@ -90,6 +90,11 @@ StatusOr<httplib::Params> QueryParams(const httplib::Request& req,
     httplib::detail::parse_query_text(req.target.substr(q + 1), params);
   }
   for (const auto& [name, value] : params) {
+    if (params.count(name) > 1) {
+      return Status::InvalidArgument(
+          "query parameter \"" + internal::Printable(std::string_view(name).substr(0, 64)) +
+          "\" is given " + std::to_string(params.count(name)) + " times; give it once");
+    }
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
     std::string list;
     for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
