@@ -143,6 +143,31 @@ sleep 2.5  # past the lease: a key left in progress would be claimed and forward
 req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
 check "... the application ran once" [ "$(calls)" = $((before + 1)) ]
 
+# ---- held (kept as a regression test): SIGTERM while a forwarded request is in
+# flight lets it finish; its response reaches the client and is recorded.
+serve_stop "$SERVE_LAST_PID"
+serve_start $big_port "$tmp/term.log" "$dedup" serve --store "rocksdb:$tmp/termdb" \
+  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 2s
+term_pid=$SERVE_LAST_PID
+before=$(calls)
+curl -s -o "$tmp/term-body" -w '%{http_code}' -X POST "http://127.0.0.1:$big_port/charge?sleep_ms=1500" \
+  -H 'Idempotency-Key: term-1' -d 1 >"$tmp/term-code" &
+client=$!
+sleep 0.5
+kill -TERM "$term_pid"
+wait $client || true
+set +e
+wait "$term_pid"
+rc=$?
+set -e
+check "SIGTERM during a forwarded request: the client still gets the app's 201" [ "$(cat "$tmp/term-code")" = 201 ]
+check "... and serve exits 0" [ $rc = 0 ]
+serve_start $big_port "$tmp/term2.log" "$dedup" serve --store "rocksdb:$tmp/termdb" \
+  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 2s
+req -X POST "http://127.0.0.1:$big_port/charge?sleep_ms=1500" -H 'Idempotency-Key: term-1' -d 1
+check "... its response was recorded: the repeat after a restart is replayed, the app ran once" \
+  eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$(calls)" = $((before + 1)) ]'
+
 # ---- the Idempotency-Key value. The draft makes it a Structured Field string
 # ("..." with \" and \\ escapes); Stripe takes the bare value. Two header lines
 # were claimed under the first while the application, which gets both, may take
