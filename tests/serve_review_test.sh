@@ -72,6 +72,10 @@ req -X POST "$base/v1/keys/csrf-6/claim" -H "Host: evil.example:$port" -H "Origi
 check "... also for a POST whose Origin matches that Host" [ "$code" = 421 ]
 req "$base/v1/keys?prefix=csrf" -H "Host: localhost:$port"
 check "Host: localhost:PORT: 200" [ "$code" = 200 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: LocalHost:$port"
+check "Host: LocalHost:PORT (host names are case-insensitive): 200" [ "$code" = 200 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: [::1]:$port"
+check "Host: [::1]:PORT: 200" [ "$code" = 200 ]
 
 # ---- proxy mode with a token: dedup's token must never reach the application.
 app_port=8093

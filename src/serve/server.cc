@@ -35,7 +35,7 @@ std::string HostOfHeader(const std::string& host) {
 // write everything. Empty when the request may go on, else why not.
 std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* status) {
   const std::string host = req.get_header_value("Host");
-  if (!has_token && !host.empty() && !IsLoopback(HostOfHeader(host))) {
+  if (!has_token && !host.empty() && !IsLoopback(Lower(HostOfHeader(host)))) {
     *status = 421;
     return "Host '" + internal::Printable(std::string_view(host).substr(0, 128)) +
            "' is not a loopback name: without --auth-token-file, serve answers only "
