@@ -59,6 +59,19 @@ StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& 
   return std::optional<std::string>();
 }
 
+// A name the client gave (a body field, a query parameter) as shown in an error:
+// printable, at most 64 bytes.
+std::string Shown(const std::string& name) {
+  return internal::Printable(std::string_view(name).substr(0, 64));
+}
+
+// "(known: a, b)", or "(this route takes none)".
+std::string KnownList(std::initializer_list<std::string_view> known) {
+  std::string list;
+  for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+  return list.empty() ? "(this route takes none)" : "(known: " + list + ")";
+}
+
 // The body as a JSON object of the fields in `known` only: a misspelt field
 // ("lease": 5000) is named, not ignored in favour of the default.
 StatusOr<Json> ParseBody(const httplib::Request& req,
@@ -70,11 +83,8 @@ StatusOr<Json> ParseBody(const httplib::Request& req,
   }
   for (const auto& [name, value] : j.items()) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    std::string list;
-    for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-    const std::string shown = internal::Printable(std::string_view(name).substr(0, 64));
-    return Status::InvalidArgument("unknown field \"" + shown +
-                                   "\" in the request body (known: " + list + ")");
+    return Status::InvalidArgument("unknown field \"" + Shown(name) +
+                                   "\" in the request body " + KnownList(known));
   }
   return j;
 }
@@ -91,17 +101,12 @@ StatusOr<httplib::Params> QueryParams(const httplib::Request& req,
   }
   for (const auto& [name, value] : params) {
     if (params.count(name) > 1) {
-      return Status::InvalidArgument(
-          "query parameter \"" + internal::Printable(std::string_view(name).substr(0, 64)) +
-          "\" is given " + std::to_string(params.count(name)) + " times; give it once");
+      return Status::InvalidArgument("query parameter \"" + Shown(name) + "\" is given " +
+                                     std::to_string(params.count(name)) + " times; give it once");
     }
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    std::string list;
-    for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-    const std::string shown = internal::Printable(std::string_view(name).substr(0, 64));
-    return Status::InvalidArgument("unknown query parameter \"" + shown + "\"" +
-                                   (list.empty() ? std::string(" (this route takes none)")
-                                                 : " (known: " + list + ")"));
+    return Status::InvalidArgument("unknown query parameter \"" + Shown(name) + "\" " +
+                                   KnownList(known));
   }
   return params;
 }
