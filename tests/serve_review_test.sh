@@ -172,6 +172,18 @@ req -X POST "http://127.0.0.1:$big_port/charge?sleep_ms=1500" -H 'Idempotency-Ke
 check "... its response was recorded: the repeat after a restart is replayed, the app ran once" \
   eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$(calls)" = $((before + 1)) ]'
 
+# ---- SERVE.md: after a crash between the effect and complete, "the fence is there
+# for it", but the application was never given the fence: it could not tell the
+# run that a takeover superseded from the one that took over.
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: fence-1' -d 1
+check "a forwarded request carries its claim's fence (Dedup-Fence: 1)" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert h.get("dedup-fence")=="1", h' "$body"
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Dedup-Fence: 99' -d 1
+check "a client's own Dedup-Fence never reaches the application" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert "dedup-fence" not in h, h' "$body"
+
 # ---- the Idempotency-Key value. The draft makes it a Structured Field string
 # ("..." with \" and \\ escapes); Stripe takes the bare value. Two header lines
 # were claimed under the first while the application, which gets both, may take
