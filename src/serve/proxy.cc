@@ -10,14 +10,15 @@
 //                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
 //                body up to max_response_bytes) is recorded with complete, then
 //                sent. No answer from the application: the claim is released
-//                (a retry forwards again) and the client gets 502 / 504.
+//                (a retry forwards again) and the client gets 502.
 //   DUPLICATE -> the recorded response, with `Idempotent-Replayed: true`;
 //   BUSY      -> 409 with Retry-After (the first request is still in flight);
 //   MISMATCH  -> 422 (same key, different request);
 //   store error -> 503 with Retry-After, nothing forwarded (fail closed).
 //
-// Requests without the header pass through untouched (but for hop-by-hop headers
-// and dedup's own Dedup-Token and dedup_token cookie).
+// A forwarded claimed request carries its fence in Dedup-Fence. Requests without
+// the header pass through untouched (but for hop-by-hop headers and dedup's own
+// Dedup-Token, Dedup-Fence and dedup_token cookie).
 
 #include <condition_variable>
 #include <map>
@@ -96,8 +97,9 @@ struct Upstream {
   std::string body;
 };
 
-// Sends the request on to the application. Unavailable when no response came.
-StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
+// Sends the request on to the application, with the claim's fence in Dedup-Fence
+// when it has one (0: not claimed). Unavailable when no response came.
+StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req, uint64_t fence) {
   std::unique_ptr<httplib::Client> cli;
   {
     std::lock_guard lock(t.mu);
@@ -120,7 +122,10 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
   fwd.method = req.method;
   fwd.path = req.target;
   for (const auto& [k, v] : req.headers) {
-    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token") continue;
+    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token" ||
+        Lower(k) == "dedup-fence") {
+      continue;
+    }
     if (Lower(k) == "cookie") {
       if (std::string kept = WithoutDedupCookie(v); !kept.empty()) fwd.headers.emplace(k, kept);
       continue;
@@ -128,6 +133,9 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
     fwd.headers.emplace(k, v);
   }
   for (const std::string& v : HiddenContentType()) fwd.headers.emplace("Content-Type", v);
+  // The application's fencing token: a run that a takeover superseded (this proxy
+  // killed mid-request, a retry after the lease) has a lower fence than the next.
+  if (fence != 0) fwd.headers.emplace("Dedup-Fence", std::to_string(fence));
   fwd.body = req.body;
   auto res = cli->send(fwd);
   if (!res) {
@@ -348,7 +356,7 @@ void Server::Impl::RegisterProxy() {
     }
     if (!req.has_header("Idempotency-Key")) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto up = Forward(*s.proxy, req);
+      auto up = Forward(*s.proxy, req, /*fence=*/0);
       upstream_seconds->Observe(SecondsSince(t0));
       if (!up.ok()) {
         count("upstream_error");
@@ -435,7 +443,7 @@ void Server::Impl::RegisterProxy() {
     StatusOr<Upstream> up = Status::Internal("unreachable");
     bool lost = false;
     const uint64_t beat = s.proxy->heartbeats->Add(key, token, s.o.lease);
-    up = Forward(*s.proxy, req);
+    up = Forward(*s.proxy, req, claim->fence);
     lost = s.proxy->heartbeats->Remove(beat);
     upstream_seconds->Observe(SecondsSince(t1));
     if (!up.ok()) {
