@@ -166,8 +166,9 @@ rc=$?
 set -e
 check "SIGTERM during a forwarded request: the client still gets the app's 201" [ "$(cat "$tmp/term-code")" = 201 ]
 check "... and serve exits 0" [ $rc = 0 ]
+# A 5 s lease: the SIGKILL case below needs it to outlive a restart.
 serve_start $big_port "$tmp/term2.log" "$dedup" serve --store "rocksdb:$tmp/termdb" \
-  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 2s
+  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 5s
 req -X POST "http://127.0.0.1:$big_port/charge?sleep_ms=1500" -H 'Idempotency-Key: term-1' -d 1
 check "... its response was recorded: the repeat after a restart is replayed, the app ran once" \
   eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$(calls)" = $((before + 1)) ]'
@@ -183,6 +184,34 @@ req -X POST "$proxy/echo" "${ptok[@]}" -H 'Dedup-Fence: 99' -d 1
 check "a client's own Dedup-Fence never reaches the application" python3 -c '
 import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
 assert "dedup-fence" not in h, h' "$body"
+
+# ---- SIGKILL of the proxy mid-request: the application's effect is done, its
+# response never recorded. The retry waits out the lease (409), then runs the
+# application again, with a higher fence, and that run is recorded.
+before=$(calls)
+curl -s -o /dev/null -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" \
+  -H 'Idempotency-Key: kill-1' -d 1 &
+client=$!
+sleep 0.5
+kill -KILL "$SERVE_LAST_PID"
+killed_at=$SECONDS
+wait $client || true
+sleep 1.2  # the first run finishes in the application
+serve_start $big_port "$tmp/kill.log" "$dedup" serve --store "rocksdb:$tmp/termdb" \
+  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 2s
+req -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" -H 'Idempotency-Key: kill-1' -d 1
+kill_code=$code
+left=$((5 - SECONDS + killed_at + 1))  # until past the killed proxy's 5 s lease
+if [ $left -gt 0 ]; then sleep $left; fi
+req -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" -H 'Idempotency-Key: kill-1' -d 1
+check "after SIGKILL of the proxy: the retry gets 409 while the lease runs" [ "$kill_code" = 409 ]
+check "... then runs the application again (the SPEC's crash window) with a higher Dedup-Fence" python3 -c '
+import json,sys
+f=[int(c["fence"]) for c in map(json.loads, open(sys.argv[1])) if c["key"]=="kill-1"]
+assert len(f)==2 and f[0] < f[1], f' "$tmp/calls"
+req -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" -H 'Idempotency-Key: kill-1' -d 1
+check "... and that run is recorded: replayed, two calls in all" \
+  eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$(calls)" = $((before + 2)) ]'
 
 # ---- the Idempotency-Key value. The draft makes it a Structured Field string
 # ("..." with \" and \\ escapes); Stripe takes the bare value. Two header lines
