@@ -105,6 +105,12 @@ check "POST /_dedup (dedup's own prefix) does not reach the application" \
 req -X POST "$proxy/_dedup" -d x
 check "... and without the token it is 401, as under /_dedup/" [ "$code" = 401 ]
 
+# With a token, the token is the guard: a TLS reverse proxy in front may present
+# any Origin and Host (https://dedup.example.com) and must not be refused.
+req -X POST "$proxy/_dedup/v1/keys/tls-1/claim" -H "Authorization: Bearer $token" \
+  -H 'Host: dedup.example.com' -H 'Origin: https://dedup.example.com' -d '{}'
+check "with a token, behind a TLS reverse proxy (Origin https://, Host not loopback): 201" [ "$code" = 201 ]
+
 # ---- bodies of every Content-Type reach the application as sent. cpp-httplib
 # parses a multipart/form-data body into req.files and leaves req.body empty, and
 # refuses a form-urlencoded body over 8 KiB with 413: the proxy forwarded uploads

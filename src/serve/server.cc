@@ -28,14 +28,18 @@ std::string HostOfHeader(const std::string& host) {
   return host.substr(0, host.rfind(':'));
 }
 
-// A browser's request from another origin to one of dedup's own routes, which a
-// web page the operator visits could send to loopback: refused when it could
-// change state. Without a token, the Host must also name loopback, or a DNS-rebound
-// name (evil.example -> 127.0.0.1, same-origin for the browser) could read and
-// write everything. Empty when the request may go on, else why not.
+// Without a token (serve on loopback), a web page the operator visits can send
+// requests to it too. Refused: a request from another origin to one of dedup's
+// own routes that could change state, and any request whose Host does not name
+// loopback (a DNS-rebound name, evil.example -> 127.0.0.1, is same-origin for the
+// browser). With a token, the token is the guard (the page's cookie is
+// SameSite=Strict and its writes carry a header no cross-site form can send), and
+// a TLS reverse proxy in front may present any Origin and Host. Empty when the
+// request may go on, else why not.
 std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* status) {
+  if (has_token) return "";
   const std::string host = req.get_header_value("Host");
-  if (!has_token && !host.empty() && !IsLoopback(Lower(HostOfHeader(host)))) {
+  if (!host.empty() && !IsLoopback(Lower(HostOfHeader(host)))) {
     *status = 421;
     return "Host '" + internal::Printable(std::string_view(host).substr(0, 128)) +
            "' is not a loopback name: without --auth-token-file, serve answers only "
