@@ -224,16 +224,26 @@ class Consumer::Impl {
     if (buffer_ != nullptr && o_.batch_claims && ClaimableCount(jobs) > 1) {
       // The claim stage: a handler thread claims the batch with one ClaimBatch
       // while this thread fetches the next one. One batch at a time waits there
-      // (beyond the concurrency + prefetch window): the next waits for its turn.
-      std::unique_lock lock(mu_);
-      while (!(staged_.empty() && claiming_ == 0) && !stop_->load(std::memory_order_relaxed)) {
-        room_cv_.wait_for(lock, Millis(50));
+      // (beyond the concurrency + prefetch window). When the stage still holds
+      // the previous batch, this thread claims its own batch itself and queues
+      // it, instead of sleeping until the stage is free: that sleep only delayed
+      // the next fetch, and the two claims now run at once. Either way every
+      // claim is decided before its handler runs, and what this thread queues
+      // counts against the window.
+      bool staged = false;
+      {
+        std::lock_guard lock(mu_);
+        // Stopped: no handler takes it any more; Drain() hands it back.
+        if ((staged_.empty() && claiming_ == 0) || stop_->load(std::memory_order_relaxed)) {
+          for (Job& j : jobs) staged_.push_back(std::move(j));
+          staged = true;
+        }
       }
-      // Stopped: no handler takes it any more; Drain() hands it back.
-      for (Job& j : jobs) staged_.push_back(std::move(j));
-      lock.unlock();
-      work_cv_.notify_one();
-      return;
+      if (staged) {
+        work_cv_.notify_one();
+        return;
+      }
+      ClaimAll(jobs);
     }
     Push(std::move(jobs));
   }
@@ -315,9 +325,14 @@ class Consumer::Impl {
           claiming_ = 0;
           for (Job& j : jobs) queue_.push_back(std::move(j));
           const int wake = std::min(static_cast<int>(queue_.size()) - 1, idle_);
+          // The fetch thread never waits for the stage (Enqueue): it is woken
+          // here only when it waits for room and may now fetch, or for Drain(),
+          // which waits for claims in flight once stopped.
+          const bool notify_room =
+              (fetch_waiting_ && FetchWanted()) || stop_->load(std::memory_order_relaxed);
           lock.unlock();
           Wake(wake);
-          room_cv_.notify_all();  // Drain() waits for claims in flight
+          if (notify_room) room_cv_.notify_all();
           lock.lock();
           // Stopped: Drain() hands them back. Empty: the woken handlers took them.
           if (stop_->load(std::memory_order_relaxed) || queue_.empty()) continue;
