@@ -219,6 +219,23 @@ req -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" -H 'Idempotency-Key:
 check "... and that run is recorded: replayed, two calls in all" \
   eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$(calls)" = $((before + 2)) ]'
 
+# ---- 429 and 503 say the request was not processed, retry later (RFC 9110, 6585):
+# recorded, they were replayed to every retry of the key for the whole retention
+# (24 h): the client could never get its request through under its key. Other
+# statuses, 500 included, are recorded (as Stripe does).
+before=$(calls)
+for st in 503 429; do
+  req -X POST "$proxy/status?code=$st" "${ptok[@]}" -H "Idempotency-Key: busy-app-$st" -d 1
+  first_code=$code
+  req -X POST "$proxy/status?code=$st" "${ptok[@]}" -H "Idempotency-Key: busy-app-$st" -d 1
+  check "the application's $st reaches the client, and the retry is forwarded again (not replayed)" \
+    eval '[ "$first_code" = $st ] && [ "$code" = $st ] && [ -z "$(header Idempotent-Replayed)" ]'
+done
+check "... four calls for the four requests" [ "$(calls)" = $((before + 4)) ]
+req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
+req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
+check "a 500 is recorded and replayed" eval '[ "$code" = 500 ] && [ "$(header Idempotent-Replayed)" = true ]'
+
 # ---- the Idempotency-Key value. The draft makes it a Structured Field string
 # ("..." with \" and \\ escapes); Stripe takes the bare value. Two header lines
 # were claimed under the first while the application, which gets both, may take
