@@ -9,8 +9,9 @@
 //                while the application works; its response (status, headers
 //                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
 //                body up to max_response_bytes) is recorded with complete, then
-//                sent. No answer from the application: the claim is released
-//                (a retry forwards again) and the client gets 502.
+//                sent. No answer from the application, or a 429 / 503 (not
+//                processed, retry later): the claim is released (a retry
+//                forwards again) and the client gets 502, or the 429 / 503.
 //   DUPLICATE -> the recorded response, with `Idempotent-Replayed: true`;
 //   BUSY      -> 409 with Retry-After (the first request is still in flight);
 //   MISMATCH  -> 422 (same key, different request);
@@ -452,6 +453,14 @@ void Server::Impl::RegisterProxy() {
       (void)s.store->Release(key, token, s.o.retention);
       count("upstream_error");
       return s.SendProblem(res, 502, "Bad Gateway", up.status().message());
+    }
+    if (up->status == 429 || up->status == 503) {
+      // "Not processed, retry later" (RFC 6585, RFC 9110): recorded, it would be
+      // replayed to every retry of the key for the whole retention. The key is
+      // given back instead, so that the retry is forwarded.
+      if (!lost) (void)s.store->Release(key, token, s.o.retention);
+      count("released");
+      return SendUpstream(*up, res);
     }
     auto done = lost ? StatusOr<WriteResult>(WriteResult::kLost)
                      : s.store->Complete(key, token, s.o.retention, CompletionStatus::kOk,
