@@ -292,6 +292,10 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     auto r = (*store)->Claim(Req(key));
     ASSERT_FALSE(r.ok()) << key;
     EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    // Named by the key the claim sent, as ClaimBatch names it, whatever the error.
+    EXPECT_NE(r.status().message().find("claim: key '" + std::string(key) + "'"),
+              std::string::npos)
+        << r.status();
     auto i = (*store)->Inspect(key);
     EXPECT_EQ(i.status().code(), StatusCode::kDataLoss) << i.status();
   }

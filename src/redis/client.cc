@@ -1158,9 +1158,13 @@ StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size
   return Status::Unavailable(Where(node, op) + "too many redirects (cluster resharding?)");
 }
 
-StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool* sent) {
+StatusOr<Reply> Client::Call(std::string_view op, const CommandBuffer& cmd, bool* sent) {
   if (sent != nullptr) *sent = false;
-  StatusOr<Reply> r = Run(op, cmd, 0, sent);
+  return Run(op, cmd, 0, sent);
+}
+
+StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool* sent) {
+  StatusOr<Reply> r = Call(op, cmd, sent);
   if (r.ok() && IsError(r->get())) {
     return ErrorReplyStatus(Where(router_.NodeFor(cmd.key(0)), op), ReplyText(r->get()));
   }
@@ -1169,15 +1173,15 @@ StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool
 
 StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd,
                              bool* sent) {
-  StatusOr<Reply> r = RunLoadingScript(op, key, std::move(cmd), sent);
+  StatusOr<Reply> r = Call(op, key, std::move(cmd), sent);
   if (r.ok() && IsError(r->get())) {
     return ErrorReplyStatus(Where(router_.NodeFor(key), op), ReplyText(r->get()));
   }
   return r;
 }
 
-StatusOr<Reply> Client::RunLoadingScript(std::string_view op, const std::string& key,
-                                         Command cmd, bool* sent) {
+StatusOr<Reply> Client::Call(std::string_view op, const std::string& key, Command cmd,
+                             bool* sent) {
   if (sent != nullptr) *sent = false;
   CommandBuffer buf;
   buf.Append(cmd, key);
@@ -1263,7 +1267,7 @@ Status Client::ExecMany(std::string_view op, const std::vector<std::string>& key
     // the caller reads them per command (e.g. names the key), and a status is a
     // failure to reach the node only.
     bool reached = false;
-    StatusOr<Reply> r = RunLoadingScript(op, keys[i], std::move(cmds[i]), &reached);
+    StatusOr<Reply> r = Call(op, keys[i], std::move(cmds[i]), &reached);
     if (!r.ok()) {
       (*replies)[i].reset();
       if (sent != nullptr) *sent = *sent || reached;

@@ -310,6 +310,13 @@ class Client {
   // EVALSHA: a NOSCRIPT reply is returned as an error like any other. On a
   // transport failure `*sent` (if given) says whether it may have reached a server.
   StatusOr<Reply> Exec(std::string_view op, const CommandBuffer& cmd, bool* sent = nullptr);
+  // Exec without turning error replies into a status: every reply other than a
+  // redirect (errors too) is returned as it came, for a caller that reads an
+  // error reply itself (e.g. names the key it sent, as ExecMany's callers do).
+  // The Command form answers NOSCRIPT by sending the script's body (EVAL).
+  StatusOr<Reply> Call(std::string_view op, const CommandBuffer& cmd, bool* sent = nullptr);
+  StatusOr<Reply> Call(std::string_view op, const std::string& key, Command cmd,
+                       bool* sent = nullptr);
   // Many commands, one pipeline per node, then each one answered with a redirect or
   // NOSCRIPT resent on its own. Replies are in the order of `cmds`; error replies
   // other than redirects are left for the caller. When a node fails, the others
@@ -332,11 +339,6 @@ class Client {
   // Every other reply, errors included, is returned as it came.
   StatusOr<Reply> Run(std::string_view op, const CommandBuffer& cmds, size_t i,
                       bool* sent = nullptr);
-  // Exec without turning error replies into a status: an EVALSHA answered
-  // NOSCRIPT is sent again as EVAL, and that reply (errors too) is returned.
-  StatusOr<Reply> RunLoadingScript(std::string_view op, const std::string& key, Command cmd,
-                                   bool* sent);
-
   Router router_;
   const ScriptSet* const scripts_;
 };

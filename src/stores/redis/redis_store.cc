@@ -300,14 +300,16 @@ class RedisStore final : public Store {
     thread_local redis::CommandBuffer cmd;
     cmd.Clear();
     AppendFastClaim(&cmd, req, token, with_get);
-    StatusOr<Reply> r = client_.Exec("claim", cmd, sent);
-    if (!r.ok()) return NameWrongType("claim", req.key, r.status());
+    // Error replies stay replies (as in ClaimBatch): ClaimError names the key sent.
+    StatusOr<Reply> r = client_.Call("claim", cmd, sent);
+    if (!r.ok()) return r.status();
+    if (IsError(r->get())) return ClaimError("claim", req.key, ReplyText(r->get()));
     ClaimResult res;
     if (DecodeFastClaim(r->get(), req, token, with_get, &res)) return res;
     if (!FoundRecord(r->get(), with_get)) return BadReply("claim");
     std::string rkey = RedisKey(req.key);
-    r = client_.Exec("claim", rkey, ClaimCommand(rkey, req, token), sent);
-    if (!r.ok()) return NameWrongType("claim", req.key, r.status());
+    r = client_.Call("claim", rkey, ClaimCommand(rkey, req, token), sent);
+    if (!r.ok()) return r.status();
     return DecodeClaim("claim", req.key, r->get(), token);
   }
 
@@ -573,18 +575,6 @@ class RedisStore final : public Store {
                               "dedup record; nothing changed (" + std::string(error) + ")");
     }
     return ErrorReplyStatus(where, error);
-  }
-  // The same for a claim whose error reply the client layer turned into `s`
-  // already (ErrorReplyStatus words WRONGTYPE as a corrupt record).
-  Status NameWrongType(std::string_view op, std::string_view key, const Status& s) const {
-    const size_t at = s.message().find("WRONGTYPE");
-    if (s.code() != StatusCode::kDataLoss || at == std::string::npos) return s;
-    std::string_view e = s.message();
-    e.remove_prefix(at);
-    if (const size_t end = e.find(" (nothing changed)"); end != std::string_view::npos) {
-      e = e.substr(0, end);
-    }
-    return ClaimError(op, key, e);
   }
 
   Status BadReply(std::string_view op) const {
