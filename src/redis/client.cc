@@ -1104,11 +1104,11 @@ bool IsRedirect(const redisReply* r) {
   return StartsWith(e, "MOVED ") || StartsWith(e, "ASK ") || StartsWith(e, "TRYAGAIN");
 }
 
+}  // namespace
+
 bool IsNoScript(const redisReply* r) {
   return IsError(r) && StartsWith(ReplyText(r), "NOSCRIPT");
 }
-
-}  // namespace
 
 StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size_t i,
                             bool* sent) {

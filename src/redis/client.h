@@ -346,6 +346,8 @@ class Client {
 // Helpers on replies.
 bool IsError(const redisReply* r);
 std::string_view ReplyText(const redisReply* r);  // string/status/error text, "" otherwise
+// An error reply that says the server does not have the script (EVALSHA).
+bool IsNoScript(const redisReply* r);
 // The canonical code for an error reply that is not a redirect; `where` prefixes it.
 Status ErrorReplyStatus(const std::string& where, std::string_view error);
 

@@ -419,7 +419,7 @@ class RedisStore final : public Store {
     std::vector<AckedWrite> out(reqs.size());
     for (size_t k = 0; k < runs.size(); ++k) {
       const CompleteRun& run = runs[k];
-      if (IsError(replies[k].get()) && ReplyText(replies[k].get()).starts_with("NOSCRIPT")) {
+      if (redis::IsNoScript(replies[k].get())) {
         // The server lost its scripts (a restart, SCRIPT FLUSH): this call did
         // not run; it is sent again as one command, which loads the script.
         Command c;
