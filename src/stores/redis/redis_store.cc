@@ -751,7 +751,7 @@ return denied)";
                         const CompleteRun& run) const {
     const size_t n = run.end - run.begin;
     const std::span<const CompleteRequest> rs = reqs.subspan(run.begin, n);
-    char hex[16];
+    char hex[Token::kHexDigits];
     if (run.fused) {
       const BrokerAck& ack = *rs[0].ack;
       w.Begin(6 + 4 * n);
@@ -763,10 +763,9 @@ return denied)";
       for (size_t i = 1; i < n; ++i) w.Arg(prefix_, rs[i].key);
       w.Arg(ack.group);
       w.Number(static_cast<uint64_t>(rs[0].retention.count()));
-      char raw[8];
+      char raw[redis::kTokenBytes];
       for (const CompleteRequest& q : rs) {
-        for (int b = 0; b < 8; ++b) raw[b] = static_cast<char>(q.token.value >> (56 - 8 * b));
-        w.Arg(std::string_view(raw, 8));
+        w.Arg(std::string_view(raw, redis::WriteToken(raw, q.token.value) - raw));
         w.Arg(q.result);
         w.Arg(q.ack->id);
       }
@@ -779,17 +778,11 @@ return denied)";
     w.Key(prefix_, rs[0].key);
     for (size_t i = 1; i < n; ++i) w.Arg(prefix_, rs[i].key);
     for (const CompleteRequest& q : rs) {
-      w.Arg(TokenHex(q.token, hex));
+      w.Arg(q.token.WriteHex(hex));
       w.Number(static_cast<uint64_t>(q.retention.count()));
       w.Number(static_cast<uint64_t>(q.status));
       w.Arg(q.result);
     }
-  }
-  // Token::ToHex written at `out` (16 bytes), without a string.
-  static std::string_view TokenHex(Token t, char* out) {
-    static constexpr char kDigits[] = "0123456789abcdef";
-    for (int i = 15; i >= 0; --i, t.value >>= 4) out[i] = kDigits[t.value & 0xf];
-    return {out, 16};
   }
 
   static void AppendCompleteArgs(const CompleteRequest& q, std::vector<std::string>* args) {
@@ -825,11 +818,12 @@ return denied)";
   // The IN_PROGRESS record of a first claim, record format 2: flags, token, fence 1,
   // attempt 1, keep = retention, fingerprint. Written at `out` (room for
   // kMaxFreshRecord bytes); returns its size.
-  static constexpr size_t kMaxFreshRecord = 1 + 8 + 2 + 10 + 1 + kMaxFingerprintBytes;
+  static constexpr size_t kMaxFreshRecord =
+      1 + redis::kTokenBytes + 2 + 10 + 1 + kMaxFingerprintBytes;
   static size_t FreshRecord(const ClaimRequest& req, Token token, char* out) {
     char* p = out;
     *p++ = static_cast<char>(kFormat2 | kInProgress2 | (req.fingerprint.empty() ? 0 : kHasFp2));
-    for (int i = 7; i >= 0; --i) *p++ = static_cast<char>(token.value >> (8 * i));
+    p = redis::WriteToken(p, token.value);
     *p++ = 1;  // fence
     *p++ = 1;  // attempt
     p = redis::WriteVarint(p, static_cast<uint64_t>(req.retention.count()));
