@@ -41,7 +41,7 @@ using redis::ReplyText;
 
 enum ScriptId : size_t {
   kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kCompleteBatch,
-  kCompleteAckBatch, kCompleteAckStream, kNumScripts
+  kCompleteAckStream, kNumScripts
 };
 
 // The embedded scripts, in ScriptId order.
@@ -49,7 +49,7 @@ const redis::ScriptSet& Scripts() {
   static const redis::ScriptSet scripts = [] {
     static constexpr std::string_view kOrder[kNumScripts] = {
         "claim", "extend", "complete", "release", "inspect", "complete_ack", "forget",
-        "complete_batch", "complete_ack_batch", "complete_ack_stream"};
+        "complete_batch", "complete_ack_stream"};
     std::vector<std::pair<std::string_view, std::string_view>> list;
     for (std::string_view name : kOrder) {
       for (const auto& e : redis::kEmbeddedScripts) {
