@@ -453,8 +453,8 @@ bool Connection::LooksAlive() {
 namespace {
 // The CPUs this process may run on (taskset, cpusets, a container's cpuset),
 // not the machine's: under `taskset -c 0` on 8 CPUs, hardware_concurrency()
-// allowed 4 spinners on the one CPU the process has. Read once, when the
-// library is loaded; the machine's count if the affinity cannot be read.
+// allowed 4 spinners on the one CPU the process has. The machine's count if the
+// affinity cannot be read.
 int UsableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -465,7 +465,13 @@ int UsableCpus() {
   return static_cast<int>(std::thread::hardware_concurrency());
 }
 std::atomic<int> spinners{0};
-const int kMaxSpinners = std::max(1, UsableCpus() / 2);
+// Read at the first spin, not when the library is loaded: a program that never
+// asks for spin= never reads its affinity, and one that sets it (taskset in
+// main, a cpuset joined after start) before its first call is counted as it runs.
+int MaxSpinners() {
+  static const int max = std::max(1, UsableCpus() / 2);
+  return max;
+}
 }  // namespace
 
 bool Connection::SpinForReply() {
@@ -475,7 +481,7 @@ bool Connection::SpinForReply() {
     --skip_spins_;
     return true;
   }
-  if (spinners.fetch_add(1, std::memory_order_relaxed) >= kMaxSpinners) {
+  if (spinners.fetch_add(1, std::memory_order_relaxed) >= MaxSpinners()) {
     spinners.fetch_sub(1, std::memory_order_relaxed);
     return true;
   }
