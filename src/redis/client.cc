@@ -1208,8 +1208,9 @@ StatusOr<Reply> Client::Call(std::string_view op, const std::string& key, Comman
 }
 
 Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
-                        std::vector<Reply>* replies, bool* sent) {
+                        std::vector<Reply>* replies, bool* sent, std::vector<bool>* unknown) {
   if (sent != nullptr) *sent = false;
+  if (unknown != nullptr) unknown->assign(cmds.size(), false);
   if (cmds.empty()) {  // nothing to send: no round trip (and no read to wait for)
     replies->clear();
     return Status::Ok();
@@ -1227,6 +1228,7 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
       failed(std::move(s), reached);
       replies->clear();
       replies->resize(cmds.size());
+      if (unknown != nullptr) unknown->assign(cmds.size(), reached);
       return first;
     }
   } else {
@@ -1242,6 +1244,9 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
       bool reached = false;
       if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
         failed(std::move(s), reached);
+        if (unknown != nullptr) {
+          for (size_t i : idx) (*unknown)[i] = reached;
+        }
         continue;
       }
       for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
@@ -1254,6 +1259,7 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
     if (!r.ok()) {
       (*replies)[i].reset();  // not run where it was sent; unknown where it went next
       failed(r.status(), reached);
+      if (unknown != nullptr) (*unknown)[i] = reached;
       continue;
     }
     (*replies)[i] = std::move(r).value();
@@ -1262,10 +1268,11 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
 }
 
 Status Client::ExecMany(std::string_view op, const std::vector<std::string>& keys,
-                        std::vector<Command>& cmds, std::vector<Reply>* replies, bool* sent) {
+                        std::vector<Command>& cmds, std::vector<Reply>* replies, bool* sent,
+                        std::vector<bool>* unknown) {
   CommandBuffer buf;
   for (size_t i = 0; i < cmds.size(); ++i) buf.Append(cmds[i], keys[i]);
-  Status first = ExecMany(op, buf, replies, sent);
+  Status first = ExecMany(op, buf, replies, sent, unknown);
   for (size_t i = 0; i < cmds.size(); ++i) {
     if (!IsNoScript((*replies)[i].get())) continue;
     // Sent again with the script's body (EVAL). Its error replies (a WRONGTYPE,
@@ -1277,6 +1284,7 @@ Status Client::ExecMany(std::string_view op, const std::vector<std::string>& key
     if (!r.ok()) {
       (*replies)[i].reset();
       if (sent != nullptr) *sent = *sent || reached;
+      if (unknown != nullptr) (*unknown)[i] = reached;
       if (first.ok()) first = r.status();
       continue;
     }

@@ -323,13 +323,15 @@ class Client {
   // are still asked: the status is the first failure, and `*replies` keeps the
   // replies that came (null for the commands whose node failed), so that a caller
   // can undo what was done on the nodes that answered.
+  // `(*unknown)[i]` (if given) is true for a command that got no reply and may
+  // have reached its server (its effect is unknown), false for every other.
   Status ExecMany(std::string_view op, const std::vector<std::string>& keys,
                   std::vector<Command>& cmds, std::vector<Reply>* replies,
-                  bool* sent = nullptr);
+                  bool* sent = nullptr, std::vector<bool>* unknown = nullptr);
   // The same for commands routed by their keys; redirects are followed, NOSCRIPT
   // replies are left for the caller. `*sent` as for Exec, for any failed node.
   Status ExecMany(std::string_view op, const CommandBuffer& cmds, std::vector<Reply>* replies,
-                  bool* sent = nullptr);
+                  bool* sent = nullptr, std::vector<bool>* unknown = nullptr);
 
   Router& router() { return router_; }
   const ConnectionOptions& options() const { return router_.options(); }

@@ -211,7 +211,11 @@ class RedisStore final : public Store {
     const int64_t start = redis::SteadyMillis();
     Millis lease = kMaxDuration;
     for (const ClaimRequest& q : reqs) lease = std::min(lease, q.lease);
-    bool lost = false;  // some try was sent and got no answer
+    // Per request: a try sent it and got no answer, and no later try answered it
+    // (its record may be on the server, under a token nobody will hold).
+    std::vector<bool>& unknown = scratch.unknown;
+    std::vector<bool>& got_none = scratch.got_none;  // per command of one ExecMany
+    unknown.assign(reqs.size(), false);
     // Every try sends the claims that have no answer yet, with the same tokens
     // (ClaimAgain); the nodes that answered keep their answers. A batch that fails
     // in the end releases the claims it made (ReleaseAcquired).
@@ -220,7 +224,7 @@ class RedisStore final : public Store {
       cmds.Clear();
       for (size_t i : pending) AppendFastClaim(&cmds, reqs[i], tokens[i], with_get);
       bool sent = false;
-      Status failed = client_.ExecMany("claim batch", cmds, &replies, &sent);
+      Status failed = client_.ExecMany("claim batch", cmds, &replies, &sent, &got_none);
       slow.clear();
       left.clear();
       // Every reply is read, also past a bad one: the claims answered after it
@@ -230,9 +234,11 @@ class RedisStore final : public Store {
         const size_t i = pending[j];
         const redisReply* r = replies[j].get();
         if (r == nullptr) {  // its node failed
+          if (got_none[j]) unknown[i] = true;
           left.push_back(i);
           continue;
         }
+        unknown[i] = false;  // answered with the same token: an earlier try is known
         if (DecodeFastClaim(r, reqs[i], tokens[i], with_get, &out[i])) continue;
         if (IsError(r)) {
           if (!bad_fast) bad_fast = ClaimError("claim batch", reqs[i].key, ReplyText(r));
@@ -257,12 +263,13 @@ class RedisStore final : public Store {
         }
         std::vector<Reply> sreplies;
         bool slow_sent = false;
-        Status s = ExecMany("claim batch", skeys, scmds, &sreplies, &slow_sent);
+        Status s = ExecMany("claim batch", skeys, scmds, &sreplies, &slow_sent, &got_none);
         sent = sent || slow_sent;
         if (failed.ok()) failed = s;
         std::optional<Status> bad;
         for (size_t j = 0; j < slow.size(); ++j) {
           if (j >= sreplies.size() || sreplies[j] == nullptr) {
+            if (got_none[j]) unknown[slow[j]] = true;
             left.push_back(slow[j]);  // claim.lua may have run: the next try sees
             continue;
           }
@@ -284,9 +291,8 @@ class RedisStore final : public Store {
                                                  ": claim batch: a reply is missing");
       if (!ClaimAgain(failed, sent, tries, start, lease)) {
         ReleaseAcquired(reqs, tokens, out);
-        return lost && !sent ? EarlierTryLost(failed, lease) : failed;
+        return sent ? failed : EarlierTriesLost(failed, lease, reqs, unknown);
       }
-      lost = lost || sent;
       std::sort(left.begin(), left.end());  // in request order, as the batch is
       pending.swap(left);
     }
@@ -332,11 +338,32 @@ class RedisStore final : public Store {
   // The failure of a try that sent nothing (e.g. it could not reconnect) after an
   // earlier try was sent and lost its answer: that earlier try may have written
   // the claim's record, which nobody can complete, so say so.
-  static Status EarlierTryLost(const Status& s, Millis lease) {
+  static Status EarlierTryLost(const Status& s, Millis lease,
+                               const std::string& what = "the key may stay BUSY until its") {
     return Status(s.code(), s.message() +
-                                "; an earlier try was sent and its answer lost (effect unknown: "
-                                "the key may stay BUSY until its lease of " +
-                                internal::FormatDuration(lease) + " ends)");
+                                "; an earlier try was sent and its answer lost (effect unknown: " +
+                                what + " lease of " + internal::FormatDuration(lease) + " ends)");
+  }
+
+  // EarlierTryLost for a batch whose last try sent nothing: names the claims whose
+  // outcome is unknown (`unknown`: sent by some try, answered by none), and none
+  // when every claim a lost try sent was answered by a later one.
+  static Status EarlierTriesLost(const Status& s, Millis lease,
+                                 std::span<const ClaimRequest> reqs,
+                                 const std::vector<bool>& unknown) {
+    constexpr size_t kNamed = 3;
+    size_t n = 0;
+    std::string named;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (!unknown[i]) continue;
+      if (++n <= kNamed) named += (n > 1 ? ", '" : "'") + internal::Printable(reqs[i].key) + "'";
+    }
+    if (n == 0) return s;
+    if (n > kNamed) named += ", ...";
+    return EarlierTryLost(s, lease,
+                          n == 1 ? "the claim of key " + named + " may stay BUSY until its"
+                                 : "the claims of " + std::to_string(n) + " keys (" + named +
+                                       ") may stay BUSY until their");
   }
 
   // A batch that fails as a whole must not keep the claims it made on the way:
@@ -713,6 +740,7 @@ return denied)";
     std::vector<Reply> replies;
     std::vector<Token> tokens;
     std::vector<size_t> pending, slow, left;  // ClaimBatch's requests by state
+    std::vector<bool> unknown, got_none;      // ClaimBatch's, see there
     std::vector<CompleteRun> runs;
   };
   static BatchScratch& Scratch() {
@@ -934,8 +962,8 @@ return denied)";
   }
   Status ExecMany(std::string_view op, const std::vector<std::string>& rkeys,
                   std::vector<Command>& cmds, std::vector<Reply>* replies,
-                  bool* sent = nullptr) {
-    return client_.ExecMany(op, rkeys, cmds, replies, sent);
+                  bool* sent = nullptr, std::vector<bool>* unknown = nullptr) {
+    return client_.ExecMany(op, rkeys, cmds, replies, sent, unknown);
   }
 
   StatusOr<WriteResult> Write(std::string_view op, const std::string& rkey, Command cmd) {
