@@ -83,6 +83,7 @@ using internal::IsFenceFloor;
 using internal::LeasedForgetError;
 using internal::DecodeRecord;
 using internal::EncodeRecord;
+using internal::AppendRecordKey;
 using internal::EncodeRecordKey;
 using internal::QuoteBytes;
 
@@ -186,7 +187,7 @@ struct BatchKeys {
       keys.push_back(key);
       slots.push_back(s);
       rkey_at.push_back(rkeys.size());
-      internal::AppendRecordKey(key, &rkeys);
+      AppendRecordKey(key, &rkeys);
       stripes.push_back(s.stripe);
     }
     std::sort(stripes.begin(), stripes.end());
@@ -521,7 +522,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
         Defer(st, slot, req.key, std::move(next));
         return res;
       }
-      WaitInFlight(st, req.key);
+      WaitInFlight(st, HashedKey{req.key, slot.hash});
       EncodeRecord(next, &value);
       rocksdb::Status s = PutOne(rkey, value);
       if (!s.ok()) return FromRocks(s, Context("claim"));
@@ -609,7 +610,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     std::lock_guard lock(st.mu);
     // The fingerprint stays: other keys may share it, and it only costs a Get.
     if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
-    WaitInFlight(st, key);
+    WaitInFlight(st, HashedKey{key, slot.hash});
     const int64_t now = clock_->NowMillis();
     Record cur;
     bool found = false, decoded = false;
@@ -790,9 +791,6 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // Before a synchronous write of `key`, with its stripe locked: if a writer batch
   // is carrying an older record of the key, waits until that batch is done, so
   // the newer record is written after it.
-  void WaitInFlight(Stripe& st, std::string_view key) {
-    WaitInFlight(st, HashedKey{key, KeyHash{}(key)});
-  }
   void WaitInFlight(Stripe& st, const HashedKey& key) {
     if (const uint64_t g = InFlightOf(st, key); g != 0) WaitGen(g);
   }
@@ -891,7 +889,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     // the top for every key (perf: most of the writer's time was that search).
     commit_buf_.clear();
     commit_entries_.clear();
-    std::string rkey, value;
+    std::string value;
     for (size_t w = 0; w < kStripes / 64; ++w) {
       uint64_t bits = dirty_mask_[w].load(std::memory_order_relaxed);
       if (bits != 0) bits = dirty_mask_[w].exchange(0, std::memory_order_relaxed);
@@ -908,10 +906,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
           }
           p.gen = g;
           taken = true;
-          EncodeRecordKey(key, &rkey);
+          const size_t at = commit_buf_.size();
+          AppendRecordKey(key, &commit_buf_);
           EncodeRecord(p.rec, &value);
-          commit_entries_.push_back({commit_buf_.size(), rkey.size(), value.size(), 0});
-          commit_buf_ += rkey;
+          commit_entries_.push_back({at, commit_buf_.size() - at, value.size(), 0});
           commit_buf_ += value;
         }
         st.dirty.store(false, std::memory_order_relaxed);
