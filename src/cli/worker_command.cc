@@ -186,7 +186,9 @@ int RunWorkerCommand(const WorkerFlags& f) {
   eo.stdin_format = IsRedisBroker(f.broker) ? ExecHandlerOptions::Stdin::kAttributesJson
                                             : ExecHandlerOptions::Stdin::kPayload;
   eo.keep_output = f.keep_output;
-  if (auto argv = ExecHandler::Argv(eo); !argv.ok()) {
+  // Checked once, here, before the supervisor starts; the handler runs this argv.
+  StatusOr<std::vector<std::string>> argv = ExecHandler::Argv(eo);
+  if (!argv.ok()) {
     const Status& s = argv.status();
     std::fprintf(stderr, "dedup worker: --exec: %s\n",
                  s.code() == StatusCode::kInvalidArgument ? s.message().c_str()
@@ -215,7 +217,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     std::fprintf(stderr, "dedup worker: %s\n", supervisor.status().ToString().c_str());
     return kExitTempFail;
   }
-  auto made_exec = ExecHandler::Make(supervisor->get(), std::move(eo));
+  auto made_exec = ExecHandler::Make(supervisor->get(), std::move(eo), std::move(argv).value());
   if (!made_exec.ok()) {
     std::fprintf(stderr, "dedup worker: --exec: %s\n", made_exec.status().ToString().c_str());
     return kExitUsage;
