@@ -340,6 +340,38 @@ TEST_F(PostgresTxTest, ProcessOnceInTransactionAcksOnceAndNeverRunsTwice) {
   EXPECT_EQ(Orders("m6"), "1");
 }
 
+// The handler's SQL (ExecScript, `dedup worker --sql-output`) cannot end the
+// transaction: a COMMIT in it would commit the effect without the completion, so
+// that a crash, a Retry or a lost lease afterwards leaves the effect behind and the
+// next delivery runs it again. "BEGIN; ...; COMMIT;" is what a handler that prints
+// a SQL script naturally writes.
+TEST_F(PostgresTxTest, HandlerSqlCannotCommitOrEndTheTransaction) {
+  const std::vector<std::string> scripts = {
+      "INSERT INTO orders (msg) VALUES ('s1'); COMMIT;",
+      "BEGIN; INSERT INTO orders (msg) VALUES ('s2'); COMMIT;",
+      "ROLLBACK; INSERT INTO orders (msg) VALUES ('s3');",
+      "INSERT INTO orders (msg) VALUES ('s4'); END; BEGIN;",
+  };
+  for (size_t i = 0; i < scripts.size(); ++i) {
+    const std::string key = "s" + std::to_string(i + 1);
+    ClaimResult c = MustClaim(*store_, key);
+    ASSERT_TRUE(c.acquired());
+    HandlerResult hr;
+    auto w = store_->RunInTransaction(key, c.token, c.fence, c.attempt, 600s,
+                                      [&](PostgresTransaction& tx) {
+                                        Status s = tx.ExecScript(scripts[i]);
+                                        // The handler then fails (or its worker dies):
+                                        // nothing of it may stay.
+                                        return HandlerResult::Retry(s.ToString());
+                                      },
+                                      &hr);
+    EXPECT_TRUE(w.ok()) << scripts[i] << ": " << w.status();
+    EXPECT_EQ(Orders(key), "0") << scripts[i] << ": the script committed its effect by itself";
+    ClaimResult again = MustClaim(*store_, key);
+    EXPECT_TRUE(again.acquired()) << scripts[i];
+  }
+}
+
 // ---- fences where the effect lands ------------------------------------------------
 
 TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
