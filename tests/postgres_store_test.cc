@@ -447,6 +447,40 @@ TEST_F(PostgresStoreTest, ExpiryDeletesInBoundedBatchesAndSparesLiveRecords) {
   EXPECT_EQ(bg->stats().expired_rows, 120u);
 }
 
+// ---- records that cannot be decoded ------------------------------------------------
+
+// SPEC "Bad input": a corrupt record gets a clear error, and no record is lost or
+// changed. tests/corrupt_store.h models the PostgreSQL store's answer as DataLoss
+// with nothing changed; a claim must not write its new lease over such a row.
+TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
+  auto store = Open("&table=corrupt");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE corrupt"));
+  const std::vector<std::string> damage = {
+      "state = 9",                                       // no such state
+      "state = 3, status = 7",                           // released, no such status
+      "state = 1, lease_deadline = 0, fence = -5",       // lease over, negative fence
+      "state = 1, lease_deadline = 0, token = 0",        // lease over, no token
+  };
+  for (size_t i = 0; i < damage.size(); ++i) {
+    const std::string key = "c" + std::to_string(i);
+    (void)MustClaim(*store, key);
+    ASSERT_TRUE(PgServer::Sql("dedup", "UPDATE corrupt SET " + damage[i] + " WHERE key = '" +
+                                           key + "'::bytea"));
+    const std::string before =
+        PgServer::Value("SELECT md5(corrupt::text) FROM corrupt WHERE key = '" + key + "'::bytea");
+    ClaimRequest r;
+    r.key = key;
+    auto c = store->Claim(r);
+    EXPECT_EQ(c.status().code(), StatusCode::kDataLoss)
+        << damage[i] << ": " << (c.ok() ? "answered outcome " + std::to_string(static_cast<int>(c->outcome))
+                                        : c.status().ToString());
+    EXPECT_EQ(PgServer::Value("SELECT md5(corrupt::text) FROM corrupt WHERE key = '" + key + "'::bytea"),
+              before)
+        << damage[i] << ": the claim changed a record it cannot decode";
+  }
+}
+
 // ---- the pool ----------------------------------------------------------------------
 
 TEST_F(PostgresStoreTest, SmallPoolServesManyThreads) {
