@@ -447,6 +447,30 @@ TEST_F(PostgresStoreTest, ExpiryDeletesInBoundedBatchesAndSparesLiveRecords) {
   EXPECT_EQ(bg->stats().expired_rows, 120u);
 }
 
+// ---- batches ------------------------------------------------------------------------
+
+// store.h: "A batch that fails (a status) leaves none of its claims held: those it
+// made before the failure are released before it returns."
+TEST_F(PostgresStoreTest, FailedClaimBatchReleasesTheClaimsItMade) {
+  auto store = Open("&table=batch");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE batch"));
+  (void)MustClaim(*store, "b2");
+  // b2's record cannot be decoded (completed, with a status no build writes): its
+  // claim fails with DataLoss.
+  ASSERT_TRUE(PgServer::Sql("dedup", "UPDATE batch SET state = 2, status = 7 WHERE key = 'b2'::bytea"));
+  std::vector<ClaimRequest> reqs(2);
+  reqs[0].key = "b1";
+  reqs[1].key = "b2";
+  auto res = store->ClaimBatch(reqs);
+  ASSERT_FALSE(res.ok());
+  EXPECT_EQ(res.status().code(), StatusCode::kDataLoss) << res.status();
+  ClaimResult b1 = MustClaim(*store, "b1");
+  EXPECT_TRUE(b1.acquired()) << "b1 is still held by a batch that returned an error (outcome "
+                             << static_cast<int>(b1.outcome) << ")";
+  EXPECT_EQ(b1.attempt, 2u) << "released, attempts kept";
+}
+
 // ---- records that cannot be decoded ------------------------------------------------
 
 // SPEC "Bad input": a corrupt record gets a clear error, and no record is lost or
