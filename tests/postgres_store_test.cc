@@ -505,6 +505,21 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   }
 }
 
+// ---- options checked at construction ------------------------------------------------
+
+// Values libpq or the server would refuse only when connecting are refused when
+// the store is built, as InvalidArgument naming them (not UNAVAILABLE, which a
+// worker retries forever as if the server were down).
+TEST_F(PostgresStoreTest, OptionsTheServerWouldRefuseAreInvalidArguments) {
+  for (const std::string bad : {"&sslmode=bogus", "&timeout=30d"}) {
+    auto s = OpenStore(Uri(bad));
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad << ": " << s.status();
+    const std::string param = bad.substr(1, bad.find('=') - 1);
+    EXPECT_NE(s.status().message().find(param), std::string::npos) << s.status();
+    EXPECT_EQ(s.status().ToString().find(kPassword), std::string::npos) << s.status();
+  }
+}
+
 // ---- the pool ----------------------------------------------------------------------
 
 TEST_F(PostgresStoreTest, SmallPoolServesManyThreads) {
