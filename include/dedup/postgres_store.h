@@ -115,7 +115,9 @@ class PostgresTransaction {
   [[nodiscard]] virtual StatusOr<std::vector<Row>> Exec(
       std::string_view sql, const std::vector<std::optional<std::string>>& params = {}) = 0;
   // Runs SQL text with no parameters: one or many statements separated by ';'
-  // (libpq's simple query protocol). Same error rule as Exec().
+  // (as PL/pgSQL's EXECUTE of a string, inside the server). Transaction commands
+  // (BEGIN, COMMIT, ROLLBACK, SAVEPOINT) are refused with an error, so the text
+  // can never commit an effect without the completion. Same error rule as Exec().
   [[nodiscard]] virtual Status ExecScript(std::string_view sql) = 0;
 };
 

@@ -540,8 +540,24 @@ class PgTransaction final : public PostgresTransaction {
     return rows;
   }
 
+  // The text runs inside the server (PL/pgSQL EXECUTE of a string, which takes many
+  // statements), not as a simple query: there a COMMIT, END or ROLLBACK would end
+  // our transaction, committing the effect without the completion. EXECUTE
+  // refuses transaction commands, and the transaction then rolls back.
   Status ExecScript(std::string_view sql) override {
-    auto r = c_.Exec(sql, "handler SQL");
+    Params p;
+    p.Bytes(sql);
+    auto set = c_.ExecParams("SELECT set_config('dedup.handler_sql', convert_from($1, 'UTF8'), true)",
+                             p, 0, "handler SQL");
+    if (!set.ok()) return Fail(set.status());
+    auto r = c_.Exec("DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$",
+                     "handler SQL");
+    if (!r.ok() && r.status().message().find("transaction commands") != std::string::npos) {
+      return Fail(Status(r.status().code(),
+                         r.status().message() +
+                             "; the handler's SQL runs inside the transaction that records the "
+                             "completion: it may not BEGIN, COMMIT, ROLLBACK or use savepoints"));
+    }
     if (!r.ok()) return Fail(r.status());
     return Status::Ok();
   }
