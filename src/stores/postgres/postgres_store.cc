@@ -11,9 +11,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 
+#include "core/printable.h"
 #include "core/state_machine.h"
 #include "core/uri.h"
 #include "stores/open_backends.h"
@@ -39,28 +41,31 @@ constexpr std::string_view kCols =
     "r.key, r.state::bigint, r.token, r.fence, r.attempt::bigint, r.lease_deadline, "
     "r.retention_deadline, r.fingerprint, r.status::bigint, r.result";
 
-Record ReadRecord(const PGresult* r, int row, size_t prefix_len) {
-  Record rec;
-  rec.key = pg::GetBytes(r, row, 0).substr(prefix_len);
-  rec.state = static_cast<RecordState>(pg::GetInt8(r, row, 1));
-  rec.token = Token{static_cast<uint64_t>(pg::GetInt8(r, row, 2))};
-  rec.fence = static_cast<uint64_t>(pg::GetInt8(r, row, 3));
-  rec.attempt = static_cast<uint32_t>(pg::GetInt8(r, row, 4));
-  rec.lease_deadline = pg::GetInt8(r, row, 5);
-  rec.retention_deadline = pg::GetInt8(r, row, 6);
-  rec.fingerprint = pg::GetBytes(r, row, 7);
-  rec.status = static_cast<CompletionStatus>(pg::GetInt8(r, row, 8));
-  rec.result = pg::GetBytes(r, row, 9);
-  return rec;
+// Reads the record of one result row into *rec; false when the row cannot be a
+// record this build wrote (kDecodable below is the same test in SQL).
+bool ReadRecord(const PGresult* r, int row, size_t prefix_len, Record* rec) {
+  const int64_t state = pg::GetInt8(r, row, 1), token = pg::GetInt8(r, row, 2);
+  const int64_t fence = pg::GetInt8(r, row, 3), attempt = pg::GetInt8(r, row, 4);
+  const int64_t status = pg::GetInt8(r, row, 8);
+  rec->key = pg::GetBytes(r, row, 0).substr(prefix_len);
+  rec->state = static_cast<RecordState>(state);
+  rec->token = Token{static_cast<uint64_t>(token)};
+  rec->fence = static_cast<uint64_t>(fence);
+  rec->attempt = static_cast<uint32_t>(attempt);
+  rec->lease_deadline = pg::GetInt8(r, row, 5);
+  rec->retention_deadline = pg::GetInt8(r, row, 6);
+  rec->fingerprint = pg::GetBytes(r, row, 7);
+  rec->status = static_cast<CompletionStatus>(status);
+  rec->result = pg::GetBytes(r, row, 9);
+  return state >= 1 && state <= 3 && status >= 0 && status <= 2 && token != 0 && fence > 0 &&
+         attempt >= 0 && attempt <= UINT32_MAX;
 }
 
-bool ValidRecord(const Record& r) {
-  return (r.state == RecordState::kInProgress || r.state == RecordState::kCompleted ||
-          r.state == RecordState::kReleased) &&
-         static_cast<uint8_t>(r.status) <= 2 && r.token.valid() && r.fence > 0;
-}
-
-
+// The same test in SQL, on the row `r`: a claim writes only over a row that passes
+// it (any other is answered DataLoss and left as it is).
+constexpr std::string_view kDecodable =
+    "(r.state BETWEEN 1 AND 3 AND r.status BETWEEN 0 AND 2 AND r.token <> 0 AND r.fence > 0 "
+    "AND r.attempt >= 0)";
 
 class PgTransaction;
 
@@ -153,8 +158,8 @@ class PgStore final : public PostgresStore {
     auto r = (*h)->ExecPrepared("inspect", p, "inspect");
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) == 0) return std::optional<Record>();
-    Record rec = ReadRecord(r->get(), 0, o_.prefix.size());
-    if (!ValidRecord(rec)) return Corrupt(key);
+    Record rec;
+    if (!ReadRecord(r->get(), 0, o_.prefix.size(), &rec)) return Corrupt(key);
     return std::optional<Record>(std::move(rec));
   }
 
@@ -183,8 +188,8 @@ class PgStore final : public PostgresStore {
     if (!r.ok()) return r.status();
     std::vector<Record> out;
     for (int i = 0; i < PQntuples(r->get()); ++i) {
-      Record rec = ReadRecord(r->get(), i, o_.prefix.size());
-      if (ValidRecord(rec)) out.push_back(std::move(rec));
+      Record rec;
+      if (ReadRecord(r->get(), i, o_.prefix.size(), &rec)) out.push_back(std::move(rec));
     }
     return out;
   }
@@ -257,8 +262,8 @@ class PgStore final : public PostgresStore {
 
  private:
   Status Corrupt(std::string_view key) const {
-    return Status::DataLoss(where_ + ": the record of key '" + std::string(key) +
-                            "' in " + table_ + " cannot be decoded; nothing was changed");
+    return Status::DataLoss(where_ + ": the record of key \"" + internal::Printable(key) +
+                            "\" in " + table_ + " cannot be decoded; nothing was changed");
   }
 
   StatusOr<WriteResult> OwnerWrite(const char* name, Params& p) {
@@ -280,10 +285,11 @@ class PgStore final : public PostgresStore {
       auto r = c.ExecPrepared("claim", p, "claim");
       if (!r.ok()) return r.status();
       if (PQntuples(r->get()) == 0) continue;  // inserted by another after our snapshot
-      Record cur = ReadRecord(r->get(), 0, 0);
+      Record cur;
+      const bool decoded = ReadRecord(r->get(), 0, 0, &cur);
       const bool wrote = pg::GetInt8(r->get(), 0, 10) != 0;
       const int64_t now = pg::GetInt8(r->get(), 0, 11);
-      if (!ValidRecord(cur)) return Corrupt(req.key);
+      if (!decoded) return Corrupt(req.key);
       ClaimResult res;
       res.fence = cur.fence;
       res.attempt = cur.attempt;
@@ -414,7 +420,7 @@ class PgStore final : public PostgresStore {
         " OR r.fingerprint = ''::bytea THEN $5 ELSE r.fingerprint END,\n"
         " status = CASE WHEN " + exhaust + " THEN 2 ELSE 0 END,\n"
         " result = ''::bytea\n"
-        "WHERE " + writes + "\n"
+        "WHERE " + std::string(kDecodable) + " AND (" + writes + ")\n"
         "RETURNING " + cols + ", 1::bigint AS wrote)\n"
         "SELECT *, (SELECT ms FROM n) FROM w\n"
         "UNION ALL\n"
