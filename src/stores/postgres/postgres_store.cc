@@ -116,14 +116,25 @@ class PgStore final : public PostgresStore {
     std::vector<ClaimResult> out;
     out.reserve(reqs.size());
     if (reqs.empty()) return out;
-    auto h = pool_.Get();  // one connection for the whole batch
-    if (!h.ok()) return h.status();
-    for (const ClaimRequest& r : reqs) {
-      auto res = ClaimOn(**h, r);
-      if (!res.ok()) return res.status();
-      out.push_back(std::move(res).value());
+    Status failed;
+    {
+      auto h = pool_.Get();  // one connection for the whole batch
+      if (!h.ok()) return h.status();
+      for (const ClaimRequest& r : reqs) {
+        auto res = ClaimOn(**h, r);
+        if (!res.ok()) {
+          failed = res.status();
+          break;
+        }
+        out.push_back(std::move(res).value());
+      }
+    }  // handed back first: the releases may need a connection (pool=1)
+    if (failed.ok()) return out;
+    // Nobody will hold the claims made so far: released, best effort (store.h).
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
     }
-    return out;
+    return failed;
   }
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
