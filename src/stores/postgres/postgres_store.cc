@@ -668,6 +668,17 @@ StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(const PostgresStoreOp
     return Status::InvalidArgument("postgres: pool must be 1 to 1024, got " + std::to_string(o.pool_size));
   }
   if (o.timeout.count() <= 0) return Status::InvalidArgument("postgres: timeout must be positive");
+  if (o.timeout.count() > INT32_MAX) {  // statement_timeout is an int of milliseconds
+    return Status::InvalidArgument("postgres: timeout must be at most 2147483647ms (about 24 days), got " +
+                                   std::to_string(o.timeout.count()) + "ms");
+  }
+  if (!o.sslmode.empty() && o.sslmode != "disable" && o.sslmode != "allow" &&
+      o.sslmode != "prefer" && o.sslmode != "require" && o.sslmode != "verify-ca" &&
+      o.sslmode != "verify-full") {
+    return Status::InvalidArgument("postgres: sslmode '" + o.sslmode +
+                                   "' is not one of disable, allow, prefer, require, verify-ca, "
+                                   "verify-full");
+  }
   if (o.expire_interval.count() < 0) {
     return Status::InvalidArgument("postgres: expire_interval must not be negative");
   }
