@@ -552,6 +552,50 @@ TEST_F(PostgresStoreTest, SmallPoolServesManyThreads) {
             3 + 1) << "at most pool connections (plus none left over by other cases)";
 }
 
+// A transactional handler holds a pool connection for as long as it runs. When
+// every connection is held so, the heartbeat's extend waits for one, the lease
+// runs out under a running handler, another worker takes the key over and runs
+// the handler a second time (the first one's commit is then refused): SPEC
+// defect 2 of the textbook guard, which the heartbeat exists to close. Here a
+// pool of 2 and two handlers running longer than the lease.
+TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
+  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE tx"));
+  auto store = Open("&table=tx&pool=2");
+  auto other = Open("&table=tx");
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(other, nullptr);
+  BufferOptions bo;
+  bo.lease = 900ms;
+  Buffer buffer(store.get(), bo);
+  std::atomic<int> runs{0};
+  std::vector<Processed> done(2);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&, i] {
+      const std::string key = "hb" + std::to_string(i);
+      done[i] = ProcessOnceInTransaction(buffer, *store, key, "", InsertThen(key, [&] {
+        ++runs;
+        std::this_thread::sleep_for(2400ms);  // longer than the lease: heartbeats keep it
+        return HandlerResult::Done();
+      }));
+    });
+  }
+  std::this_thread::sleep_for(1600ms);
+  for (int i = 0; i < 2; ++i) {
+    ClaimResult c = MustClaim(*other, "hb" + std::to_string(i));
+    EXPECT_EQ(c.outcome, ClaimOutcome::kBusy)
+        << "hb" << i << ": the lease of a running, heartbeated handler ran out (outcome "
+        << static_cast<int>(c.outcome) << "): another worker took the key over";
+    if (c.acquired()) ++runs;
+  }
+  for (auto& t : workers) t.join();
+  EXPECT_EQ(runs.load(), 2) << "each handler runs once";
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(done[i].action, BrokerAction::kAck) << "hb" << i << ": " << done[i].reason;
+    EXPECT_EQ(Orders("hb" + std::to_string(i)), "1");
+  }
+}
+
 // ---- a server restart during work ----------------------------------------------------
 
 TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
