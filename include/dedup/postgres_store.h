@@ -75,7 +75,10 @@ struct PostgresStoreOptions {
   std::string table = "dedup_records";
   // Put before every key. Default: "".
   std::string prefix;
-  // Connections, at most; a caller waits for a free one. Default: 8.
+  // Connections, at most; a caller waits for a free one. RunInTransaction holds
+  // one while its handler runs, and such holds take at most pool_size - 1, so
+  // that heartbeats always find one (RunInTransaction needs 2 or more: it answers
+  // FailedPrecondition with 1). Default: 8.
   size_t pool_size = 8;
   // Bounds connecting (whole seconds, at least 2, as libpq counts) and each
   // statement of the store's connections (statement_timeout). Default: 5 s.

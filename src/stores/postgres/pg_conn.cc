@@ -172,14 +172,22 @@ Status Conn::Prepare(const char* name, const std::string& sql, const std::vector
   return Status::Ok();
 }
 
-StatusOr<Pool::Handle> Pool::Get() {
+StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
+  if (long_hold && size_ < 2) {
+    return Status::FailedPrecondition(
+        "postgres: a transaction holds its connection while the handler runs, and pool=1 would "
+        "leave none for the heartbeat that keeps its lease; use pool=2 or more");
+  }
   {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !idle_.empty() || live_ < size_; });
+    cv_.wait(lock, [&] {
+      return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
+    });
+    if (long_hold) ++long_held_;
     if (!idle_.empty()) {
       std::unique_ptr<Conn> c = std::move(idle_.back());
       idle_.pop_back();
-      return Handle(this, std::move(c));
+      return Handle(this, std::move(c), long_hold);
     }
     ++live_;
   }
@@ -187,22 +195,28 @@ StatusOr<Pool::Handle> Pool::Get() {
   std::lock_guard lock(mu_);
   if (!c.ok()) {
     --live_;
-    cv_.notify_one();
+    if (long_hold) --long_held_;
+    cv_.notify_all();
     return c.status();
   }
   ++opened_;
-  return Handle(this, std::move(c).value());
+  return Handle(this, std::move(c).value(), long_hold);
 }
 
-void Pool::Put(std::unique_ptr<Conn> c) {
+void Pool::Put(std::unique_ptr<Conn> c, bool long_hold) {
   std::lock_guard lock(mu_);
-  if (c->broken() || PQtransactionStatus(c->raw()) != PQTRANS_IDLE) {
+  if (long_hold) --long_held_;
+  if (c == nullptr) {
+    --live_;
+  } else if (c->broken() || PQtransactionStatus(c->raw()) != PQTRANS_IDLE) {
     --live_;  // closed below, outside nothing: PQfinish does not block
     c.reset();
   } else {
     idle_.push_back(std::move(c));
   }
-  cv_.notify_one();
+  // notify_all: a waiter for a transaction and a waiter for a statement wait for
+  // different things, and the one woken must be able to go on.
+  cv_.notify_all();
 }
 
 uint64_t Pool::opened() const {

@@ -602,7 +602,7 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
   DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, {}));
   HandlerResult hr;
   {
-    auto h = pool_.Get();
+    auto h = pool_.GetForTransaction();  // leaves a connection for the heartbeat
     if (!h.ok()) return h.status();
     pg::Conn& c = **h;
     DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN", "begin").status());
