@@ -372,6 +372,23 @@ TEST_F(PostgresTxTest, HandlerSqlCannotCommitOrEndTheTransaction) {
   }
 }
 
+// Exec's parameters are text: a NUL byte cannot travel in one, and libpq would
+// silently cut the value at it (a key "a\0b" written as "a"). Refused instead.
+TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {
+  ClaimResult c = MustClaim(*store_, "nul");
+  ASSERT_TRUE(c.acquired());
+  StatusOr<std::vector<PostgresTransaction::Row>> got = Status::Internal("not run");
+  auto w = store_->RunInTransaction("nul", c.token, c.fence, c.attempt, 600s,
+                                    [&](PostgresTransaction& tx) {
+                                      got = tx.Exec("SELECT length($1::text)",
+                                                    {std::string("a\0b", 3)});
+                                      return HandlerResult::Retry("done looking");
+                                    });
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument)
+      << (got.ok() && !got->empty() && (*got)[0][0] ? "length " + *(*got)[0][0] : got.status().ToString());
+}
+
 // ---- fences where the effect lands ------------------------------------------------
 
 TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
