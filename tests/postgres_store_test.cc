@@ -389,6 +389,33 @@ TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {
       << (got.ok() && !got->empty() && (*got)[0][0] ? "length " + *(*got)[0][0] : got.status().ToString());
 }
 
+// The database (or role) may default to REPEATABLE READ or SERIALIZABLE. The
+// completion's owner check must still see the record as the heartbeat left it: a
+// transaction snapshot taken by the handler's first statement, older than the
+// heartbeat's extend, must not make every handler longer than a heartbeat fail.
+TEST_F(PostgresTxTest, ADatabaseDefaultingToRepeatableReadStillCompletes) {
+  ASSERT_TRUE(PgServer::Sql("postgres", "DROP DATABASE IF EXISTS rr"));
+  ASSERT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE rr"));
+  ASSERT_TRUE(PgServer::Sql("postgres", "ALTER DATABASE rr SET default_transaction_isolation = 'repeatable read'"));
+  ASSERT_TRUE(PgServer::Sql("rr", "CREATE TABLE orders (msg text, fence bigint)"));
+  auto rr = OpenPostgresStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
+                              std::to_string(kPort) + "/rr?expire_interval=0");
+  ASSERT_TRUE(rr.ok()) << rr.status();
+  BufferOptions bo;
+  bo.lease = 600ms;
+  Buffer buffer(rr->get(), bo);
+  Processed p = ProcessOnceInTransaction(buffer, **rr, "rr1", "", [](PostgresTransaction& tx) {
+    auto r = tx.Exec("INSERT INTO orders (msg) VALUES ('rr1')");  // takes the snapshot
+    if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+    std::this_thread::sleep_for(900ms);  // heartbeats extend the record meanwhile
+    return HandlerResult::Done();
+  });
+  EXPECT_EQ(p.action, BrokerAction::kAck) << p.reason;
+  std::string n;
+  EXPECT_TRUE(PgServer::Sql("rr", "SELECT count(*) FROM orders", &n));
+  EXPECT_EQ(n, "1");
+}
+
 // ---- fences where the effect lands ------------------------------------------------
 
 TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
