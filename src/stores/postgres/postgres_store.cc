@@ -535,8 +535,21 @@ class PgTransaction final : public PostgresTransaction {
 
   StatusOr<std::vector<Row>> Exec(std::string_view sql,
                                   const std::vector<std::optional<std::string>>& params) override {
+    // Text travels as C strings: a NUL would cut the value short, silently.
+    if (sql.find('\0') != std::string_view::npos) {
+      return Fail(Status::InvalidArgument("handler statement: the SQL text contains a NUL byte"));
+    }
     std::vector<const char*> values;
-    for (const auto& v : params) values.push_back(v ? v->c_str() : nullptr);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& v = params[i];
+      if (v && v->find('\0') != std::string::npos) {
+        return Fail(Status::InvalidArgument(
+            "handler statement: parameter $" + std::to_string(i + 1) +
+            " contains a NUL byte, which a text parameter cannot carry (it would be cut there); "
+            "pass such bytes encoded, e.g. hex with decode($" + std::to_string(i + 1) + ", 'hex')"));
+      }
+      values.push_back(v ? v->c_str() : nullptr);
+    }
     pg::Result r(PQexecParams(c_.raw(), std::string(sql).c_str(), static_cast<int>(values.size()),
                               nullptr, values.data(), nullptr, nullptr, 0));
     const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
