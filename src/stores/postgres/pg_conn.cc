@@ -85,8 +85,13 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
   const std::string port = std::to_string(o.port);
   const std::string timeout =
       std::to_string(std::max<long long>(2, (o.timeout.count() + 999) / 1000));
-  const std::string options =
-      "-c statement_timeout=" + std::to_string(o.timeout.count()) + " -c client_min_messages=warning";
+  // READ COMMITTED whatever the database or role defaults to: the store's
+  // statements, and the completion inside a handler's transaction, must see the
+  // record's latest committed version (under REPEATABLE READ a heartbeat's extend
+  // would make the completion fail with a serialization error).
+  const std::string options = "-c statement_timeout=" + std::to_string(o.timeout.count()) +
+                              " -c client_min_messages=warning"
+                              " -c default_transaction_isolation=read\\ committed";
   std::vector<const char*> keys = {"host", "port", "dbname", "connect_timeout",
                                    "application_name", "options", "client_encoding"};
   std::vector<const char*> values = {o.host.c_str(), port.c_str(), o.database.c_str(),

@@ -618,7 +618,7 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     auto h = pool_.GetForTransaction();  // leaves a connection for the heartbeat
     if (!h.ok()) return h.status();
     pg::Conn& c = **h;
-    DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN", "begin").status());
+    DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN ISOLATION LEVEL READ COMMITTED", "begin").status());
     PgTransaction tx(c, key, token, fence, attempt);
     try {
       hr = handler(tx);
