@@ -416,6 +416,44 @@ TEST_F(PostgresTxTest, ADatabaseDefaultingToRepeatableReadStillCompletes) {
   EXPECT_EQ(n, "1");
 }
 
+// A handler's SQL may SET things for its own statements (search_path, a
+// statement_timeout, a role). The connection goes back to the pool afterwards:
+// the next handler's SQL, and the store's own statements, must not run under
+// them (a search_path leaking into the next handler puts its effect into
+// another schema's table).
+TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
+  ASSERT_TRUE(PgServer::Sql("dedup", "CREATE SCHEMA IF NOT EXISTS elsewhere"));
+  auto store = Open("&table=tx&pool=2");  // one connection for transactions: the same one
+  ASSERT_NE(store, nullptr);
+  std::string before_path, before_timeout;
+  auto run = [&](const std::string& key, const TransactionalHandler& h) {
+    ClaimResult c = MustClaim(*store, key);
+    ASSERT_TRUE(c.acquired());
+    auto w = store->RunInTransaction(key, c.token, c.fence, c.attempt, 600s, h);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk) << key;
+  };
+  auto show = [](PostgresTransaction& tx, const std::string& what) {
+    auto r = tx.Exec("SELECT current_setting('" + what + "')");
+    return r.ok() && !r->empty() && (*r)[0][0] ? *(*r)[0][0] : r.status().ToString();
+  };
+  run("set0", [&](PostgresTransaction& tx) {
+    before_path = show(tx, "search_path");
+    before_timeout = show(tx, "statement_timeout");
+    return HandlerResult::Done();
+  });
+  run("set1", [&](PostgresTransaction& tx) {
+    Status s = tx.ExecScript("SET search_path TO elsewhere; SET statement_timeout = '1h'");
+    return s.ok() ? HandlerResult::Done() : HandlerResult::Retry(s.ToString());
+  });
+  run("set2", [&](PostgresTransaction& tx) {
+    EXPECT_EQ(show(tx, "search_path"), before_path) << "the last handler's search_path leaked";
+    EXPECT_EQ(show(tx, "statement_timeout"), before_timeout)
+        << "the last handler's statement_timeout leaked";
+    return HandlerResult::Done();
+  });
+}
+
 // ---- fences where the effect lands ------------------------------------------------
 
 TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
