@@ -636,6 +636,15 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     }
     if (handler_result != nullptr) *handler_result = hr;
     if (hr.kind == HandlerResult::Kind::kDone) {
+      // The handler's SETs (search_path, statement_timeout, a role ...) would commit
+      // with the transaction and stay on the pooled connection for the next handler
+      // and the store's own statements: back to the connection's own values first
+      // (RESET is transactional too). A rollback undoes them by itself.
+      auto reset = c.Exec("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION", "reset settings");
+      if (!reset.ok()) {
+        (void)c.Exec("ROLLBACK", "rollback");
+        return reset.status();
+      }
       Params p;
       p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(retention.count());
       p.Int8(static_cast<int64_t>(CompletionStatus::kOk)).Bytes(hr.result);
