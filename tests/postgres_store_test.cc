@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -600,6 +601,42 @@ TEST_F(PostgresStoreTest, OptionsTheServerWouldRefuseAreInvalidArguments) {
     EXPECT_NE(s.status().message().find(param), std::string::npos) << s.status();
     EXPECT_EQ(s.status().ToString().find(kPassword), std::string::npos) << s.status();
   }
+}
+
+// libpq takes every connection field as a C string: a NUL (from %00 in a URI)
+// would cut the user, database or password there and connect as someone else
+// ("dedup\0x" as "dedup"). Refused, naming the field and never the password.
+TEST_F(PostgresStoreTest, NulBytesInConnectionFieldsAreRefused) {
+  PostgresStoreOptions base;
+  base.port = kPort;
+  base.user = "dedup";
+  base.password = kPassword;
+  base.database = "dedup";
+  base.expire_interval = Millis(0);
+  ASSERT_TRUE(OpenPostgresStore(base).ok());
+  struct Case {
+    const char* field;
+    std::function<void(PostgresStoreOptions&)> set;
+  };
+  const std::vector<Case> cases = {
+      {"user", [](PostgresStoreOptions& o) { o.user = std::string("dedup\0x", 7); }},
+      {"database", [](PostgresStoreOptions& o) { o.database = std::string("dedup\0x", 7); }},
+      {"password", [](PostgresStoreOptions& o) { o.password = std::string(kPassword) + std::string("\0x", 2); }},
+      {"host", [](PostgresStoreOptions& o) { o.host = std::string("127.0.0.1\0x", 11); }},
+  };
+  for (const Case& c : cases) {
+    PostgresStoreOptions o = base;
+    c.set(o);
+    auto s = OpenPostgresStore(o);
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument)
+        << c.field << ": " << (s.ok() ? "opened" : s.status().ToString());
+    EXPECT_NE(s.status().message().find(c.field), std::string::npos) << s.status();
+    EXPECT_EQ(s.status().ToString().find(kPassword), std::string::npos) << s.status();
+  }
+  auto uri = OpenStore("postgres://dedup%00x:" + std::string(kPassword) + "@127.0.0.1:" +
+                       std::to_string(kPort) + "/dedup");
+  EXPECT_EQ(uri.status().code(), StatusCode::kInvalidArgument)
+      << (uri.ok() ? "opened as user dedup" : uri.status().ToString());
 }
 
 // ---- the pool ----------------------------------------------------------------------
