@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "core/printable.h"
 #include "core/state_machine.h"
@@ -674,6 +675,18 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
 StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(const PostgresStoreOptions& options) {
   const PostgresStoreOptions& o = options;
   if (o.database.empty()) return Status::InvalidArgument("postgres: no database given");
+  // libpq reads these as C strings: a NUL would cut one short (another role or
+  // database than the one named). The password's value is never shown.
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"user", &o.user},
+                                     {"password", &o.password},
+                                     {"database", &o.database},
+                                     {"host", &o.host},
+                                     {"sslmode", &o.sslmode}}) {
+    if (value->find('\0') != std::string::npos) {
+      return Status::InvalidArgument(std::string("postgres: the ") + field +
+                                     " contains a NUL byte (%00 in a URI)");
+    }
+  }
   if (o.host.empty()) return Status::InvalidArgument("postgres: no host given");
   if (o.port <= 0 || o.port > 65535) {
     return Status::InvalidArgument("postgres: port must be 1 to 65535, got " + std::to_string(o.port));
