@@ -199,6 +199,25 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   EXPECT_EQ(foreign.status().code(), StatusCode::kFailedPrecondition) << foreign.status();
   EXPECT_NE(foreign.status().message().find("not a dedup table"), std::string::npos);
 
+  // A table that carries dedup's comment but not its shape: no unique key (every
+  // claim would fail, or with a plain index, two rows per key), or other columns.
+  ASSERT_TRUE(PgServer::Sql(
+      "dedup",
+      "CREATE TABLE nokey (key bytea, state smallint NOT NULL, token bigint NOT NULL, "
+      "fence bigint NOT NULL, attempt integer NOT NULL, lease_deadline bigint NOT NULL, "
+      "retention_deadline bigint NOT NULL, fingerprint bytea NOT NULL, status smallint NOT NULL, "
+      "result bytea NOT NULL); COMMENT ON TABLE nokey IS 'dedup store records, format 1'; "
+      "CREATE TABLE textkey (key text PRIMARY KEY, state smallint NOT NULL, token bigint NOT NULL, "
+      "fence bigint NOT NULL, attempt integer NOT NULL, lease_deadline bigint NOT NULL, "
+      "retention_deadline bigint NOT NULL, fingerprint bytea NOT NULL, status smallint NOT NULL, "
+      "result bytea NOT NULL); COMMENT ON TABLE textkey IS 'dedup store records, format 1'"));
+  for (const std::string t : {"nokey", "textkey"}) {
+    auto shaped = OpenStore(Uri("&table=" + t));
+    EXPECT_EQ(shaped.status().code(), StatusCode::kFailedPrecondition)
+        << t << ": " << (shaped.ok() ? "opened" : shaped.status().ToString());
+    EXPECT_NE(shaped.status().message().find(t), std::string::npos) << shaped.status();
+  }
+
   for (const std::string bad : {"&table=x;drop", "&pool=0", "&schema=", "&timeout=-1", "&nope=1"}) {
     auto s = OpenStore(Uri(bad));
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad << ": " << s.status();
