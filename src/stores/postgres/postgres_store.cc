@@ -374,6 +374,21 @@ class PgStore final : public PostgresStore {
                                           format + "; this build reads format " +
                                           std::to_string(kFormat) + " only");
       }
+      // Column names and types are checked when the statements are prepared; the
+      // unique key that ON CONFLICT (key) needs is not (the planner looks for it at
+      // the first claim), so here.
+      auto unique = c.Exec("SELECT count(*) FROM pg_index i JOIN pg_attribute a ON "
+                           "a.attrelid = i.indrelid AND a.attnum = i.indkey[0] WHERE i.indrelid = " +
+                           regclass + "::regclass AND i.indisunique AND i.indnkeyatts = 1 AND "
+                           "i.indpred IS NULL AND a.attname = 'key'",
+                           "migration check");
+      if (!unique.ok()) return unique.status();
+      if (std::string(PQgetvalue(unique->get(), 0, 0)) == "0") {
+        return Status::FailedPrecondition(where_ + ": table " + name +
+                                          " has dedup's comment but no unique key on its key "
+                                          "column; it was not made by dedup (or was changed by "
+                                          "hand)");
+      }
       return Status::Ok();
     }
     const std::string ddl =
