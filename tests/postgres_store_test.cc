@@ -474,6 +474,42 @@ TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
   });
 }
 
+// The handler's connection dies mid-transaction (server kills the backend, a
+// network cut): nothing of the effect stays, the message is retried, never
+// acked, and the next delivery does the work once on a fresh connection.
+TEST_F(PostgresTxTest, ConnectionKilledMidTransactionLeavesNothingThenRunsOnce) {
+  BufferOptions bo;
+  bo.lease = 5s;
+  bo.retry_delay = 10ms;
+  Buffer buffer(store_.get(), bo);
+  int runs = 0;
+  auto handler = [&](PostgresTransaction& tx) {
+    ++runs;
+    auto r = tx.Exec("INSERT INTO orders (msg) VALUES ('cut')");
+    if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+    if (runs == 1) {
+      auto pid = tx.Exec("SELECT pg_backend_pid()::text");
+      EXPECT_TRUE(pid.ok() && !pid->empty());
+      if (pid.ok() && !pid->empty()) {
+        EXPECT_TRUE(PgServer::Sql("dedup", "SELECT pg_terminate_backend(" + *(*pid)[0][0] + ")"));
+      }
+    }
+    return HandlerResult::Done();
+  };
+  Processed first = ProcessOnceInTransaction(buffer, *store_, "cut", "", handler);
+  EXPECT_EQ(first.action, BrokerAction::kRetry) << first.reason;
+  EXPECT_EQ(first.status.code(), StatusCode::kUnavailable) << first.status;
+  EXPECT_EQ(Orders("cut"), "0");
+  Processed second;
+  for (int i = 0; i < 20; ++i) {  // until the claim is free again (released, or its lease over)
+    second = ProcessOnceInTransaction(buffer, *store_, "cut", "", handler);
+    if (second.action == BrokerAction::kAck) break;
+    std::this_thread::sleep_for(300ms);
+  }
+  EXPECT_EQ(second.action, BrokerAction::kAck) << second.reason;
+  EXPECT_EQ(Orders("cut"), "1");
+}
+
 // ---- fences where the effect lands ------------------------------------------------
 
 TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
