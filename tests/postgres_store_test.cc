@@ -230,6 +230,24 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   EXPECT_NE((*good)->Describe().find("127.0.0.1:5441/dedup"), std::string::npos);
 }
 
+// The usual least-privilege setup: an application role that may create tables
+// in its schema but not schemas in the database (only the database's owner and
+// superusers may; PUBLIC has CONNECT and TEMPORARY). A second such role makes a
+// second table in the same schema, where the first role owns the fence helper.
+TEST_F(PostgresStoreTest, ARoleWithCreateOnItsSchemaOnlyCanOpenTheStore) {
+  ASSERT_TRUE(PgServer::Sql("dedup",
+                            "CREATE ROLE app1 LOGIN PASSWORD 'app1pw'; "
+                            "CREATE ROLE app2 LOGIN PASSWORD 'app2pw'; CREATE SCHEMA apps; "
+                            "GRANT USAGE, CREATE ON SCHEMA apps TO app1, app2"));
+  for (const std::string role : {"app1", "app2"}) {
+    auto s = OpenStore("postgres://" + role + ":" + role + "pw@127.0.0.1:" + std::to_string(kPort) +
+                       "/dedup?schema=apps&table=" + role + "_records&expire_interval=0");
+    ASSERT_TRUE(s.ok()) << role << ": " << s.status();
+    ClaimResult c = MustClaim(**s, "k");
+    EXPECT_TRUE(c.acquired()) << role;
+  }
+}
+
 // ---- the transactional API ----------------------------------------------------------
 
 class PostgresTxTest : public PostgresStoreTest {
