@@ -70,6 +70,9 @@ constexpr std::string_view kDecodable =
 
 class PgTransaction;
 
+// The fence helper without its CREATE SCHEMA (FenceHelperSql is both).
+std::string FenceHelperBody(std::string_view schema);
+
 class PgStore final : public PostgresStore {
  public:
   explicit PgStore(PostgresStoreOptions o)
@@ -391,8 +394,20 @@ class PgStore final : public PostgresStore {
       }
       return Status::Ok();
     }
+    // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
+    // exists, which an application role with CREATE on its schema lacks; and the
+    // fence helper may be another role's (made with another table of the schema):
+    // each is made only when missing.
+    const std::string s = pg::Quote(o_.schema);
+    auto have = c.Exec("SELECT to_regnamespace('" + s + "') IS NOT NULL, "
+                       "to_regprocedure('" + s + ".dedup_apply_fence(text,text,bigint)') IS NOT NULL "
+                       "AND to_regprocedure('" + s + ".dedup_refuse_stale_fence()') IS NOT NULL",
+                       "migration check");
+    if (!have.ok()) return fail(have.status());
+    const bool have_schema = std::string(PQgetvalue(have->get(), 0, 0)) == "t";
+    const bool have_helper = std::string(PQgetvalue(have->get(), 0, 1)) == "t";
     const std::string ddl =
-        "CREATE SCHEMA IF NOT EXISTS " + pg::Quote(o_.schema) + ";\n"
+        (have_schema ? "" : "CREATE SCHEMA IF NOT EXISTS " + s + ";\n") +
         "CREATE TABLE " + table_ + " (\n"
         "  key bytea PRIMARY KEY,\n"
         "  state smallint NOT NULL,\n"            // 1 in_progress, 2 completed, 3 released
@@ -407,7 +422,7 @@ class PgStore final : public PostgresStore {
         "CREATE INDEX " + pg::Quote(o_.table + "_retention") + " ON " + table_ +
         " (retention_deadline);\n"
         "COMMENT ON TABLE " + table_ + " IS '" + std::string(kFormatComment) +
-        std::to_string(kFormat) + "';\n" + FenceHelperSql(o_.schema);
+        std::to_string(kFormat) + "';\n" + (have_helper ? "" : FenceHelperBody(o_.schema));
     auto made = c.Exec(ddl, "migration to format " + std::to_string(kFormat));
     if (!made.ok()) return fail(made.status());
     auto done = c.Exec("COMMIT", "migration commit");
@@ -891,9 +906,14 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
 }
 
 std::string FenceHelperSql(std::string_view schema) {
+  return "CREATE SCHEMA IF NOT EXISTS " + pg::Quote(schema) + ";\n" + FenceHelperBody(schema);
+}
+
+namespace {
+
+std::string FenceHelperBody(std::string_view schema) {
   const std::string s = pg::Quote(schema);
-  return "CREATE SCHEMA IF NOT EXISTS " + s + ";\n"
-         "CREATE TABLE IF NOT EXISTS " + s + ".dedup_fences (\n"
+  return "CREATE TABLE IF NOT EXISTS " + s + ".dedup_fences (\n"
          "  scope text NOT NULL, key text NOT NULL, fence bigint NOT NULL,\n"
          "  applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),\n"
          "  PRIMARY KEY (scope, key));\n"
@@ -924,5 +944,7 @@ std::string FenceHelperSql(std::string_view schema) {
          "  RETURN NEW;\n"
          "END $dedup$;\n";
 }
+
+}  // namespace
 
 }  // namespace dedup
