@@ -492,6 +492,35 @@ TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
   });
 }
 
+// The same for session state that is not a setting: a session-level advisory
+// lock taken by the handler's SQL (pg_advisory_lock, not _xact_) would stay held
+// by the pooled connection for ever, and every other session waiting for it hang.
+TEST_F(PostgresTxTest, HandlerSessionLocksDoNotOutliveItsTransaction) {
+  ClaimResult c = MustClaim(*store_, "lock1");
+  ASSERT_TRUE(c.acquired());
+  auto w = store_->RunInTransaction("lock1", c.token, c.fence, c.attempt, 600s,
+                                    [](PostgresTransaction& tx) {
+                                      Status s = tx.ExecScript("SELECT pg_advisory_lock(4242)");
+                                      return s.ok() ? HandlerResult::Done()
+                                                    : HandlerResult::Retry(s.ToString());
+                                    });
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(PgServer::Value("SELECT pg_try_advisory_lock(4242)"), "t")
+      << "the handler's session lock is still held by the store's pooled connection";
+  // A rollback does not end a session lock either.
+  ClaimResult r = MustClaim(*store_, "lock2");
+  ASSERT_TRUE(r.acquired());
+  w = store_->RunInTransaction("lock2", r.token, r.fence, r.attempt, 600s,
+                               [](PostgresTransaction& tx) {
+                                 (void)tx.ExecScript("SELECT pg_advisory_lock(4243)");
+                                 return HandlerResult::Retry("after the lock");
+                               });
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(PgServer::Value("SELECT pg_try_advisory_lock(4243)"), "t")
+      << "a rolled-back handler's session lock is still held by the store's pooled connection";
+}
+
 // The handler's connection dies mid-transaction (server kills the backend, a
 // network cut): nothing of the effect stays, the message is retried, never
 // acked, and the next delivery does the work once on a fresh connection.
