@@ -650,6 +650,12 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     if (!h.ok()) return h.status();
     pg::Conn& c = **h;
     DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN ISOLATION LEVEL READ COMMITTED", "begin").status());
+    // A rollback keeps session-level advisory locks the handler took; the
+    // connection goes back to the pool without them.
+    auto rollback = [&c] {
+      (void)c.Exec("ROLLBACK", "rollback");
+      (void)c.Exec("SELECT pg_advisory_unlock_all()", "release session locks");
+    };
     PgTransaction tx(c, key, token, fence, attempt);
     try {
       hr = handler(tx);
@@ -667,13 +673,16 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     }
     if (handler_result != nullptr) *handler_result = hr;
     if (hr.kind == HandlerResult::Kind::kDone) {
-      // The handler's SETs (search_path, statement_timeout, a role ...) would commit
-      // with the transaction and stay on the pooled connection for the next handler
-      // and the store's own statements: back to the connection's own values first
-      // (RESET is transactional too). A rollback undoes them by itself.
-      auto reset = c.Exec("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION", "reset settings");
+      // The handler's SETs (search_path, statement_timeout, a role ...), LISTENs and
+      // held cursors would commit with the transaction and stay on the pooled
+      // connection for the next handler and the store's own statements: back to the
+      // connection's own values first (RESET is transactional too). A rollback
+      // undoes them by itself. Session-level advisory locks survive both: released.
+      auto reset = c.Exec("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; "
+                          "CLOSE ALL; SELECT pg_advisory_unlock_all()",
+                          "reset settings");
       if (!reset.ok()) {
-        (void)c.Exec("ROLLBACK", "rollback");
+        rollback();
         return reset.status();
       }
       Params p;
@@ -681,7 +690,7 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       p.Int8(static_cast<int64_t>(CompletionStatus::kOk)).Bytes(hr.result);
       auto w = OwnerWriteOn(c, "complete", p);
       if (!w.ok() || *w == WriteResult::kLost) {
-        (void)c.Exec("ROLLBACK", "rollback");
+        rollback();
         return w;
       }
       auto commit = c.Exec("COMMIT", "commit");
@@ -692,7 +701,7 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       }
       return WriteResult::kOk;
     }
-    (void)c.Exec("ROLLBACK", "rollback");
+    rollback();
   }
   if (hr.kind == HandlerResult::Kind::kFail) {
     return Complete(key, token, retention, CompletionStatus::kFailed, hr.result);
