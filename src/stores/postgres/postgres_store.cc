@@ -673,18 +673,6 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     }
     if (handler_result != nullptr) *handler_result = hr;
     if (hr.kind == HandlerResult::Kind::kDone) {
-      // The handler's SETs (search_path, statement_timeout, a role ...), LISTENs and
-      // held cursors would commit with the transaction and stay on the pooled
-      // connection for the next handler and the store's own statements: back to the
-      // connection's own values first (RESET is transactional too). A rollback
-      // undoes them by itself. Session-level advisory locks survive both: released.
-      auto reset = c.Exec("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; "
-                          "CLOSE ALL; SELECT pg_advisory_unlock_all()",
-                          "reset settings");
-      if (!reset.ok()) {
-        rollback();
-        return reset.status();
-      }
       Params p;
       p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(retention.count());
       p.Int8(static_cast<int64_t>(CompletionStatus::kOk)).Bytes(hr.result);
@@ -693,7 +681,17 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
         rollback();
         return w;
       }
-      auto commit = c.Exec("COMMIT", "commit");
+      // The handler's SETs (search_path, statement_timeout, a role ...), LISTENs and
+      // held cursors would commit with the transaction and stay on the pooled
+      // connection for the next handler and the store's own statements: back to the
+      // connection's own values (RESET is transactional too), in the COMMIT's own
+      // round trip. A rollback undoes them by itself. Session-level advisory locks
+      // survive both: released. If any of these fails, the statements after it
+      // (COMMIT too) are skipped: the transaction is not committed, and the
+      // connection, left inside it, is closed when handed back.
+      auto commit = c.Exec("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; "
+                           "CLOSE ALL; SELECT pg_advisory_unlock_all(); COMMIT",
+                           "commit");
       if (!commit.ok()) return commit.status();
       // COMMIT of an aborted transaction answers ROLLBACK instead of failing.
       if (std::string_view(PQcmdStatus(commit->get())) != "COMMIT") {
