@@ -876,6 +876,60 @@ TEST_P(ConsumerConformance, ClaimsFetchedAheadStayHeldWhileTheyWait) {
   for (const std::string& k : keys) EXPECT_EQ(runs[k], 1) << k;
 }
 
+// ClaimBatch takes a while; counts the calls of several keys and how many ran at once.
+class SlowClaimStore : public StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
+    const int now = ++in_flight;
+    int seen = most.load();
+    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    }
+    if (reqs.size() > 1) ++several;
+    std::this_thread::sleep_for(100ms);
+    auto r = StoreWrapper::ClaimBatch(reqs);
+    --in_flight;
+    return r;
+  }
+  std::atomic<int> in_flight{0}, most{0}, several{0};
+};
+
+// While the claim stage holds one fetched batch, the fetch thread claims the next
+// one itself (two ClaimBatch calls at once) instead of waiting for the stage. Every
+// handler still runs on a claim acquired before it started, each message once.
+TEST_P(ConsumerConformance, ABatchFetchedWhileTheClaimStageIsBusyIsClaimedBeforeItRuns) {
+  SlowClaimStore slow(store_.get());
+  Buffer buffer(&slow);
+  const int n = 48;
+  for (int i = 0; i < n; ++i) Publish("s" + std::to_string(i));
+  auto source = Source();
+  ConsumerOptions o;
+  o.concurrency = 2;
+  o.prefetch = 2;  // fetched batches of up to 4, all published already
+  std::mutex mu;
+  std::map<std::string, int> runs;
+  std::atomic<int> not_held{0};
+  {
+    Running c(source.get(), &buffer, [&](const Delivery& d, ClaimGuard& g) {
+      if (g.outcome() != ClaimOutcome::kAcquired) ++not_held;
+      std::lock_guard lock(mu);
+      ++runs[d.key()];
+      return HandlerResult::Done();
+    }, o);
+    ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 30'000ms)) << Outstanding();
+    c.Stop();
+    EXPECT_EQ(c->metrics().acquired, static_cast<uint64_t>(n));
+    EXPECT_EQ(c->metrics().retries, 0u);
+  }
+  EXPECT_EQ(not_held.load(), 0);
+  // A source that hands out one delivery per fetch never uses the claim stage.
+  if (slow.several.load() >= 2) {
+    EXPECT_GE(slow.most.load(), 2) << "the fetch thread waited for the claim stage";
+  }
+  std::lock_guard lock(mu);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(runs["s" + std::to_string(i)], 1) << i;
+}
+
 // Counts Delivery::InProgress() per key (the broker's "still working on it",
 // JetStream's +WPI) and passes it on.
 class ProgressCountingSource final : public MessageSource {
@@ -942,6 +996,33 @@ TEST_P(ConsumerConformance, HeldDeliveriesAreReportedInProgressWithTheHeartbeat)
   EXPECT_GE(source.count("slow"), 3) << "running 800 ms with a 100 ms heartbeat";
   EXPECT_GE(source.count("queued"), 2) << "fetched ahead, waiting behind it";
   ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+}
+
+// The in-progress signal goes on while the Consumer drains: a handler still
+// running after Stop() must not pass the broker's redelivery timer (JetStream's
+// AckWait) because the fetch loop that sent it has ended.
+TEST_P(ConsumerConformance, RunningDeliveriesAreReportedInProgressWhileDraining) {
+  BufferOptions bo;
+  bo.lease = 300ms;  // heartbeat every 100 ms
+  auto buffer = MakeBuffer(bo);
+  Publish("slow");
+  ProgressCountingSource source(Source());
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.drain_timeout = 10s;
+  std::atomic<bool> started{false};
+  Running r(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    started = true;
+    std::this_thread::sleep_for(800ms);
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  const int before = source.count("slow");
+  r.Stop();  // drains: the handler runs on for ~800 ms
+  EXPECT_TRUE(r.run_status().ok()) << r.run_status();
+  EXPECT_GE(source.count("slow") - before, 4) << "800 ms of drain with a 100 ms heartbeat";
+  EXPECT_EQ(r->metrics().acked, 1u);
+  EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,

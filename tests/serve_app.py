@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A small HTTP application for the proxy tests: it counts every call it serves in a
-file (one line per call), so a test can tell how many times a request really ran.
+file (one line per call: method, path, Idempotency-Key, Dedup-Fence), so a test can
+tell how many times a request really ran, and with which fence.
 
   serve_app.py PORT CALLS_FILE
 
@@ -9,8 +10,11 @@ file (one line per call), so a test can tell how many times a request really ran
   POST /charge[?sleep_ms=N]     counted; sleeps N ms, then 201 with a JSON body that
                                 names the call number and echoes the body; sets
                                 X-App-Call, Location and a Set-Cookie header
-  POST /big?bytes=N             counted; 200 with N bytes of body
-  anything else                 counted; 200 echoing method, path and headers seen
+  POST /status?code=N           counted; that status (Retry-After: 1 on 429 and 503)
+  POST /big?bytes=N[&headers=H] counted; 200 with N bytes of body (and H headers
+                                X-Big-i of 8000 bytes each)
+  anything else[?sleep_ms=N]    counted; sleeps N ms, then 200 echoing method, path,
+                                headers and body seen
 """
 import json
 import sys
@@ -66,16 +70,24 @@ class App(BaseHTTPRequestHandler):
         if url.path == "/count":
             return self.reply(200, str(calls_so_far()).encode(), "text/plain")
         call = count_call(json.dumps({"method": self.command, "path": self.path,
-                                      "key": self.headers.get("Idempotency-Key")}))
+                                      "key": self.headers.get("Idempotency-Key"),
+                                      "fence": self.headers.get("Dedup-Fence")}))
         if url.path == "/charge":
             time.sleep(int(query.get("sleep_ms", ["0"])[0]) / 1000)
             out = json.dumps({"call": call, "body": body.decode("utf-8", "replace")}).encode()
             return self.reply(201, out, extra=[("X-App-Call", str(call)),
                                                ("Location", "/charges/%d" % call),
                                                ("Set-Cookie", "session=secret-%d" % call)])
+        if url.path == "/status":  # ?code=N: that status, with Retry-After on 429 / 503
+            code = int(query.get("code", ["200"])[0])
+            return self.reply(code, json.dumps({"call": call}).encode(),
+                              extra=[("Retry-After", "1")] if code in (429, 503) else [])
         if url.path == "/big":
             size = int(query.get("bytes", ["0"])[0])
-            return self.reply(200, b"x" * size, "application/octet-stream")
+            big = [("X-Big-%d" % i, "h" * 8000)
+                   for i in range(int(query.get("headers", ["0"])[0]))]
+            return self.reply(200, b"x" * size, "application/octet-stream", extra=big)
+        time.sleep(int(query.get("sleep_ms", ["0"])[0]) / 1000)
         seen = {"call": call, "method": self.command, "path": self.path,
                 "headers": {k: v for k, v in self.headers.items()},
                 "body": body.decode("utf-8", "replace")}

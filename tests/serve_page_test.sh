@@ -2,6 +2,8 @@
 # The web view of `dedup serve` in headless Chromium, against a real server on a
 # password-protected Redis, with an auth token (tests/serve_page_test.py).
 #   serve_page_test.sh DEDUP_BINARY [SCREENSHOT.png]   (ports 8090-8091, docs/PORTS.md)
+# With SERVE_PAGE_MODE=proxy, the same page under /_dedup/ of a proxy (ports 8096-8098:
+# Redis, serve, the application), whose cookie is for /_dedup/ only.
 set -euo pipefail
 dedup=$(realpath "$1")
 shot=${2:+$(realpath -m "$2")}
@@ -18,13 +20,20 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-page.XXXXXX")
 trap 'serve_stop_all; redis_stop_all; rm -rf "$tmp"' EXIT
 redis_port=8090
 port=8091
+proxy_args=()
+if [ "${SERVE_PAGE_MODE:-api}" = proxy ]; then
+  redis_port=8096
+  port=8097
+  serve_start 8098 "$tmp/app.log" python3 "$root/tests/serve_app.py" 8098 "$tmp/calls"
+  proxy_args=(--proxy http://127.0.0.1:8098)
+fi
 password="pw-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 echo "$token" >"$tmp/token"
 REDIS_CLI_AUTH="-a $password --no-auth-warning" redis_start $redis_port "$tmp/redis" --requirepass "$password"
 serve_start $port "$tmp/serve.log" "$dedup" serve --store "redis://:$password@127.0.0.1:$redis_port" \
-  --listen 127.0.0.1:$port --auth-token-file "$tmp/token"
-base="http://127.0.0.1:$port"
+  --listen 127.0.0.1:$port --auth-token-file "$tmp/token" "${proxy_args[@]}"
+base="http://127.0.0.1:$port${proxy_args:+/_dedup}"
 claim() {  # claim KEY JSON
   curl -fsS -o /dev/null -H "Authorization: Bearer $token" -X POST \
     "$base/v1/keys/$(python3 -c 'import sys,urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$1")/claim" -d "$2" || true

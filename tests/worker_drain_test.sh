@@ -8,9 +8,12 @@
 #   1. The worker exits within the drain timeout plus a margin, its handlers (and
 #      their `sleep 30`) are dead, no outcome is recorded (dedup inspect), and the
 #      entries are still pending, not acked.
-#   2. A second worker (same consumer name, so it reads its pending entries at
-#      once) claims and runs every message at once — long before the 60 s lease
-#      would have freed a claim left held — exactly once each.
+#   2. A second worker under ANOTHER consumer name claims and runs every message
+#      at once, exactly once each: long before the 60 s lease would have freed a
+#      claim left held, and before XAUTOCLAIM's min-idle (lease + 5 s) would have
+#      let it take entries left pending under the first name (the drain's
+#      hand-back sets their idle time, XCLAIM ... IDLE ... JUSTID). It sees each as
+#      redelivered (delivery count 2: the hand-back counted no delivery).
 set -uo pipefail
 dedup=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
@@ -44,18 +47,18 @@ echo "\$DEDUP_KEY \$DEDUP_ATTEMPT" >>"$tmp/done"
 EOF
 chmod +x "$tmp/handler.sh"
 
-broker="redis://127.0.0.1:$port?stream=jobs&group=g&consumer=w"
+broker="redis://127.0.0.1:$port?stream=jobs&group=g&consumer="
 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jobs" --count "$messages" \
   --id-prefix m- --quiet || fail "publish"
-run_worker() {  # run_worker LOG
-  "$dedup" worker --broker "$broker" --store "rocksdb:$tmp/db" --exec "$tmp/handler.sh" \
+run_worker() {  # run_worker LOG CONSUMER
+  "$dedup" worker --broker "$broker$2" --store "rocksdb:$tmp/db" --exec "$tmp/handler.sh" \
     --no-shell --concurrency 4 --lease 60s --drain-timeout "${drain_s}s" \
     --summary-interval 0 >>"$1" 2>&1 &
   worker_pid=$!
 }
 
 # 1. SIGTERM while every handler sleeps.
-run_worker "$tmp/w1.log"
+run_worker "$tmp/w1.log" w
 for i in $(seq 1 200); do
   [ -f "$tmp/started" ] && [ "$(wc -l <"$tmp/started")" -ge "$messages" ] && break
   sleep 0.05
@@ -85,11 +88,12 @@ pending=$(rcli XPENDING jobs g | head -1)
 [ "$pending" = "$messages" ] || fail "$pending entries pending after the drain, want $messages"
 echo "ok: handlers stopped, nothing recorded, claims released, $pending entries pending"
 
-# 2. The next worker runs them at once (a held claim would be BUSY for 60 s).
+# 2. The next worker, another name, runs them at once (a held claim would be BUSY
+# for 60 s; entries left pending under "w" would wait 65 s for XAUTOCLAIM).
 touch "$tmp/fast"
 t1=$SECONDS
-run_worker "$tmp/w2.log"
-for i in $(seq 1 300); do
+run_worker "$tmp/w2.log" w2
+for i in $(seq 1 100); do
   [ "$(rcli XPENDING jobs g | head -1)" = 0 ] && [ -f "$tmp/done" ] &&
     [ "$(wc -l <"$tmp/done")" -ge "$messages" ] && break
   sleep 0.05
@@ -99,5 +103,7 @@ kill -TERM "$worker_pid"; wait "$worker_pid"; worker_pid=""
 [ "$(rcli XPENDING jobs g | head -1)" = 0 ] || fail "entries still pending ${took2} s after the second worker started"
 [ "$(wc -l <"$tmp/done")" = "$messages" ] || fail "handlers ran $(wc -l <"$tmp/done") times, want $messages"
 [ "$(cut -d' ' -f1 "$tmp/done" | sort -u | wc -l)" = "$messages" ] || fail "a key ran twice: $(cat "$tmp/done")"
+grep -q "stopped: messages=$messages .* redelivered=$messages " "$tmp/w2.log" ||
+  fail "the second worker did not see $messages redeliveries: $(grep stopped: "$tmp/w2.log")"
 echo "ok: the second worker finished all $messages messages within ${took2} s (lease 60 s)"
 echo PASS

@@ -40,7 +40,9 @@
 //
 // A claim given up without an outcome (a guard destroyed or assigned over while
 // ACQUIRED: a drain handing back work never started, a lease run out before the
-// handler started, a result the store refuses) is released with ONE try, never
+// handler started, a result the store refuses; a handler that gave its claim up
+// itself with ReleaseOnce() or Abandon() and returns Retry, as a drain's stopped
+// handler does) is released with ONE try, never
 // retried: a release that fails only means the key stays BUSY until its lease
 // runs out and the message comes back later (nothing runs twice because of it).
 // An outcome someone asked for (Complete, CompleteWithAck, an explicit Release(),
@@ -210,12 +212,19 @@ class ClaimGuard {
   // Gives the claim back: the key is claimable again at once (if it never
   // reaches the store, at the end of the lease). Retried like Complete.
   [[nodiscard]] StatusOr<WriteResult> Release();
+  // Gives the claim up without an outcome as the destructor does: ONE release
+  // try, never retried, and answers it (a status when the store did not answer:
+  // the key then stays BUSY until its lease runs out).
+  StatusOr<WriteResult> ReleaseOnce();
+  // Gives the claim up without a word to the store: no release is sent and the
+  // heartbeat stops, so the store keeps the claim until its lease runs out, as a
+  // crashed owner's (the next claim is then a takeover, attempt + 1). For a drain
+  // whose time is gone while the store does not answer.
+  void Abandon();
 
  private:
   friend class Buffer;
   void Finish();
-  // Gives the claim up without an outcome: one release try, no retry.
-  StatusOr<WriteResult> ReleaseOnce();
 
   Buffer* buffer_ = nullptr;
   std::string key_;

@@ -83,7 +83,8 @@ class Delivery {
 
   // Tells the broker the message is still being worked on (JetStream's +WPI), so
   // it does not redeliver while the lease is being extended. The Consumer calls
-  // it from its fetch thread once per heartbeat interval of its Buffer, for every
+  // it once per heartbeat interval of its Buffer (from its fetch thread, and
+  // while it drains from a thread of the drain, until the drain ends), for every
   // delivery it holds (fetched ahead and queued, running, or waiting for its
   // ack), possibly while another thread settles the same delivery: after the
   // settlement it must do no harm. (A Consumer made with MakeWith has no Buffer
@@ -248,13 +249,19 @@ struct ConsumerOptions {
 // A delivery without a key is dead-lettered with its key_error().
 //
 // Run() blocks until Stop(); Stop() is async-signal-safe (call it from a SIGTERM
-// handler). On stop the Consumer fetches no more, gives every queued delivery
-// back (its claim released, Retry(0)) and lets running handlers finish and be
-// settled for up to drain_timeout (graceful drain). Handlers still running then
-// are asked to stop (Delivery::stop_requested(), stop_handlers); one that ends
-// without completing has its claim released (nothing recorded) and its delivery
-// handed back with Retry(0). Run() returns once every handler has ended: an
-// in-process handler that ignores the request is waited for.
+// handler). On stop the Consumer fetches no more and starts the drain timer
+// (graceful drain): running handlers may finish and be settled for up to
+// drain_timeout, while every queued delivery is given back (its claim released
+// with one try, then Retry(0)). Past drain_timeout with no handler running any
+// more, or once one such release has failed (the store does not answer), the
+// claims left are abandoned
+// (ClaimGuard::Abandon: held until their lease runs out) and their deliveries
+// still given back, unacked. Handlers still running at drain_timeout are asked
+// to stop (Delivery::stop_requested(), stop_handlers); one that ends without
+// completing has its claim released with one try (nothing recorded) and its
+// delivery handed back with Retry(0). Run() returns once every handler has ended
+// and every outcome is settled: an in-process handler that ignores the request
+// is waited for, and an outcome write keeps its retry policy (BufferOptions).
 class Consumer {
  public:
   using Handler = std::function<HandlerResult(const Delivery&, ClaimGuard&)>;

@@ -224,16 +224,26 @@ class Consumer::Impl {
     if (buffer_ != nullptr && o_.batch_claims && ClaimableCount(jobs) > 1) {
       // The claim stage: a handler thread claims the batch with one ClaimBatch
       // while this thread fetches the next one. One batch at a time waits there
-      // (beyond the concurrency + prefetch window): the next waits for its turn.
-      std::unique_lock lock(mu_);
-      while (!(staged_.empty() && claiming_ == 0) && !stop_->load(std::memory_order_relaxed)) {
-        room_cv_.wait_for(lock, Millis(50));
+      // (beyond the concurrency + prefetch window). When the stage still holds
+      // the previous batch, this thread claims its own batch itself and queues
+      // it, instead of sleeping until the stage is free: that sleep only delayed
+      // the next fetch, and the two claims now run at once. Either way every
+      // claim is decided before its handler runs, and what this thread queues
+      // counts against the window.
+      bool staged = false;
+      {
+        std::lock_guard lock(mu_);
+        // Stopped: no handler takes it any more; Drain() hands it back.
+        if ((staged_.empty() && claiming_ == 0) || stop_->load(std::memory_order_relaxed)) {
+          for (Job& j : jobs) staged_.push_back(std::move(j));
+          staged = true;
+        }
       }
-      // Stopped: no handler takes it any more; Drain() hands it back.
-      for (Job& j : jobs) staged_.push_back(std::move(j));
-      lock.unlock();
-      work_cv_.notify_one();
-      return;
+      if (staged) {
+        work_cv_.notify_one();
+        return;
+      }
+      ClaimAll(jobs);
     }
     Push(std::move(jobs));
   }
@@ -315,9 +325,14 @@ class Consumer::Impl {
           claiming_ = 0;
           for (Job& j : jobs) queue_.push_back(std::move(j));
           const int wake = std::min(static_cast<int>(queue_.size()) - 1, idle_);
+          // The fetch thread never waits for the stage (Enqueue): it is woken
+          // here only when it waits for room and may now fetch, or for Drain(),
+          // which waits for claims in flight once stopped.
+          const bool notify_room =
+              (fetch_waiting_ && FetchWanted()) || stop_->load(std::memory_order_relaxed);
           lock.unlock();
           Wake(wake);
-          room_cv_.notify_all();  // Drain() waits for claims in flight
+          if (notify_room) room_cv_.notify_all();
           lock.lock();
           // Stopped: Drain() hands them back. Empty: the woken handlers took them.
           if (stop_->load(std::memory_order_relaxed) || queue_.empty()) continue;
@@ -365,7 +380,14 @@ class Consumer::Impl {
     if (process_) {
       p = process_(d);
     } else {
-      auto run = [&](ClaimGuard& g) { return handler_(d, g); };
+      auto run = [&](ClaimGuard& g) {
+        HandlerResult r = handler_(d, g);
+        // Stopped by a drain whose time is gone: no outcome, so the claim is
+        // given up with one release try (as for what never started), not the
+        // retries of an outcome write.
+        if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
+        return r;
+      };
       const BrokerAck* ack = d.fused_ack();
       std::variant<Processed, PendingOutcome> r =
           job.claim.has_value()
@@ -577,32 +599,24 @@ class Consumer::Impl {
     }
   }
 
+  // The drain is bounded by drain_timeout from its start: the timer starts
+  // before anything waits for the store. What never started is handed back on a
+  // thread of its own while the running handlers go on, and Delivery::
+  // InProgress() goes on being sent until the drain ends (a handler still
+  // running must not pass the broker's redelivery timer, e.g. JetStream's
+  // AckWait, while this worker drains).
   void Drain() {
-    std::deque<Job> unstarted;
-    {
-      std::unique_lock lock(mu_);
-      // A claim in flight queues its batch when it returns: wait for it.
-      room_cv_.wait(lock, [this] { return claiming_ == 0; });
-      unstarted.swap(queue_);
-      for (Job& j : staged_) unstarted.push_back(std::move(j));
-      staged_.clear();
-    }
-    unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
-    // Give back what never started: claims released (guard destroyed), then
-    // the broker may deliver it again at once.
-    for (Job& j : unstarted) {
-      j.claim.reset();
-      Status s = j.delivery->Retry(Millis(0));
-      if (!s.ok()) n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
-      std::lock_guard lock(mu_);
-      held_.erase(j.delivery->id());
-    }
+    const auto deadline = std::chrono::steady_clock::now() + o_.drain_timeout;
+    std::thread progress;
+    if (progress_every_.count() > 0) progress = std::thread([this] { DrainProgressLoop(); });
     {
       std::lock_guard lock(mu_);
       draining_ = true;
     }
     work_cv_.notify_all();
-    StopLateHandlers();
+    std::thread hand_back([this, deadline] { HandBackUnstarted(deadline); });
+    StopLateHandlers(deadline);
+    hand_back.join();
     for (auto& t : threads_) t.join();
     threads_.clear();
     if (completer_.joinable()) {
@@ -621,15 +635,87 @@ class Consumer::Impl {
       ack_cv_.notify_all();
       acker_.join();  // sends what is left first
     }
+    if (progress.joinable()) {
+      {
+        std::lock_guard lock(mu_);
+        drained_ = true;
+      }
+      drain_cv_.notify_all();
+      progress.join();
+    }
   }
 
-  // Waits up to drain_timeout for the running handlers to end; then asks those
+  // SendInProgress during the drain: at once, then every heartbeat interval
+  // until Drain() ends (the fetch loop that sent it before has ended).
+  void DrainProgressLoop() {
+    std::unique_lock lock(mu_);
+    while (!drained_) {
+      lock.unlock();
+      SendInProgress();
+      lock.lock();
+      drain_cv_.wait_for(lock, progress_every_, [this] { return drained_; });
+    }
+  }
+
+  // Gives back what never started (queued, claimed ahead, or staged): its claim
+  // released with one try, then the delivery handed back with Retry(0), so the
+  // broker may deliver it again at once. Bounded by the drain's deadline: once
+  // it has passed and no handler runs any more (while one runs, the drain waits
+  // for it anyway), or once a release has failed (the store does not answer,
+  // and each further try would wait as long), the claims left are abandoned (no
+  // release sent: each stays held until its lease runs out, as a crashed
+  // worker's) and their deliveries still handed back, unacked.
+  void HandBackUnstarted(std::chrono::steady_clock::time_point deadline) {
+    std::deque<Job> unstarted;
+    {
+      std::unique_lock lock(mu_);
+      // A claim in flight queues its batch when it returns: wait for it.
+      room_cv_.wait(lock, [this] { return claiming_ == 0; });
+      unstarted.swap(queue_);
+      for (Job& j : staged_) unstarted.push_back(std::move(j));
+      staged_.clear();
+    }
+    unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
+    size_t abandoned = 0;
+    std::string why;
+    for (Job& j : unstarted) {
+      if (j.claim.has_value() && j.claim->ok() && (*j.claim)->active()) {
+        ClaimGuard& g = **j.claim;
+        if (why.empty() && std::chrono::steady_clock::now() >= deadline) {
+          std::lock_guard lock(mu_);
+          if (running_ == 0) why = "the drain timeout has passed";
+        }
+        if (why.empty()) {
+          StatusOr<WriteResult> r = g.ReleaseOnce();
+          if (!r.ok()) {
+            why = "a release failed: " + r.status().ToString();
+            ++abandoned;  // this one stays held too
+          }
+        } else {
+          g.Abandon();
+          ++abandoned;
+        }
+      }
+      j.claim.reset();
+      Status s = j.delivery->Retry(Millis(0));
+      if (!s.ok()) n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      std::lock_guard lock(mu_);
+      held_.erase(j.delivery->id());
+    }
+    if (abandoned > 0) {
+      Log("drain: " + std::to_string(abandoned) + " claim(s) of deliveries not started were "
+          "not released (" + why + "): left to run out with their lease; deliveries handed "
+          "back unacked");
+    }
+  }
+
+  // Waits until `deadline` for the running handlers to end; then asks those
   // left to stop (Delivery::stop_requested(), stop_handlers).
-  void StopLateHandlers() {
+  void StopLateHandlers(std::chrono::steady_clock::time_point deadline) {
     int left = 0;
     {
       std::unique_lock lock(mu_);
-      room_cv_.wait_for(lock, o_.drain_timeout, [this] { return running_ == 0; });
+      room_cv_.wait_until(lock, deadline, [this] { return running_ == 0; });
       left = running_;
     }
     if (left == 0) return;
@@ -664,6 +750,8 @@ class Consumer::Impl {
   bool adaptive_prefetch_ = false;
   int64_t handler_ns_ = 0;  // moving average of the handler time (adaptive only)
   bool draining_ = false;
+  bool drained_ = false;                // Drain() has ended: DrainProgressLoop stops
+  std::condition_variable drain_cv_;    // wakes DrainProgressLoop
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
   // ids queued, running or waiting for their ack, and their deliveries
   std::unordered_map<std::string, Delivery*> held_;

@@ -398,6 +398,8 @@ StatusOr<WriteResult> ClaimGuard::Release() {
   return r;
 }
 
+void ClaimGuard::Abandon() { Finish(); }
+
 StatusOr<WriteResult> ClaimGuard::ReleaseOnce() {
   if (held_ == nullptr) return WriteResult::kLost;
   if (held_->lost.load()) {
@@ -705,7 +707,9 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
   }
 
   if (hr.kind == HandlerResult::Kind::kRetry) {
-    Resolve(&p, hr, g.Release(), false);
+    // A handler that gave its claim up itself (ReleaseOnce, Abandon: e.g. one
+    // stopped by a drain whose time is gone) leaves nothing to release.
+    Resolve(&p, hr, g.active() ? g.Release() : StatusOr<WriteResult>(WriteResult::kOk), false);
     return p;
   }
   // Made in the variant returned (no move of it on the way out: a PendingOutcome

@@ -59,6 +59,19 @@ StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& 
   return std::optional<std::string>();
 }
 
+// A name the client gave (a body field, a query parameter) as shown in an error:
+// printable, at most 64 bytes.
+std::string Shown(const std::string& name) {
+  return internal::Printable(std::string_view(name).substr(0, 64));
+}
+
+// "(known: a, b)", or "(this route takes none)".
+std::string KnownList(std::initializer_list<std::string_view> known) {
+  std::string list;
+  for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+  return list.empty() ? "(this route takes none)" : "(known: " + list + ")";
+}
+
 // The body as a JSON object of the fields in `known` only: a misspelt field
 // ("lease": 5000) is named, not ignored in favour of the default.
 StatusOr<Json> ParseBody(const httplib::Request& req,
@@ -70,13 +83,38 @@ StatusOr<Json> ParseBody(const httplib::Request& req,
   }
   for (const auto& [name, value] : j.items()) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    std::string list;
-    for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-    const std::string shown = internal::Printable(std::string_view(name).substr(0, 64));
-    return Status::InvalidArgument("unknown field \"" + shown +
-                                   "\" in the request body (known: " + list + ")");
+    return Status::InvalidArgument("unknown field \"" + Shown(name) +
+                                   "\" in the request body " + KnownList(known));
   }
   return j;
+}
+
+// The query parameters of the request's target, of those in `known` only: a
+// misspelt one (DELETE ?froce=true) is named, not ignored in favour of the
+// default. Read from the target, not req.params, which cpp-httplib also fills
+// from a form-encoded body (curl -d sends one).
+StatusOr<httplib::Params> QueryParams(const httplib::Request& req,
+                                      std::initializer_list<std::string_view> known) {
+  httplib::Params params;
+  if (const size_t q = req.target.find('?'); q != std::string::npos) {
+    httplib::detail::parse_query_text(req.target.substr(q + 1), params);
+  }
+  for (const auto& [name, value] : params) {
+    if (params.count(name) > 1) {
+      return Status::InvalidArgument("query parameter \"" + Shown(name) + "\" is given " +
+                                     std::to_string(params.count(name)) + " times; give it once");
+    }
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    return Status::InvalidArgument("unknown query parameter \"" + Shown(name) + "\" " +
+                                   KnownList(known));
+  }
+  return params;
+}
+
+// The first value of a query parameter, or "".
+std::string Param(const httplib::Params& params, const std::string& name) {
+  auto it = params.find(name);
+  return it == params.end() ? std::string() : it->second;
 }
 
 // A non-negative integer field, or `def` when absent.
@@ -136,6 +174,7 @@ void Server::Impl::RegisterApi() {
   // Handlers for /v1/keys/{key}/<op>. The key is everything between.
   auto write_op = [&s, write_seconds](const std::string& op) {
     return [&s, op, write_seconds](const httplib::Request& req, httplib::Response& res) {
+      if (auto q = QueryParams(req, {}); !q.ok()) return s.SendStatus(res, q.status());
       const std::string key = req.matches[1];
       auto body = op == "extend"     ? ParseBody(req, {"token", "lease_ms"})
                   : op == "complete" ? ParseBody(req, {"token", "retention_ms", "status",
@@ -190,6 +229,7 @@ void Server::Impl::RegisterApi() {
   http.Post(keys + R"(([\s\S]+)/claim)", [&s, claim_seconds, claim_help](
                                                const httplib::Request& req,
                                                httplib::Response& res) {
+    if (auto q = QueryParams(req, {}); !q.ok()) return s.SendStatus(res, q.status());
     auto body = ParseBody(req, {"lease_ms", "retention_ms", "max_attempts", "fingerprint",
                                 "fingerprint_b64"});
     if (!body.ok()) return s.SendStatus(res, body.status());
@@ -256,6 +296,7 @@ void Server::Impl::RegisterApi() {
   }
 
   http.Get(keys + R"(([\s\S]+))", [&s](const httplib::Request& req, httplib::Response& res) {
+    if (auto q = QueryParams(req, {}); !q.ok()) return s.SendStatus(res, q.status());
     auto r = s.store->Inspect(std::string(req.matches[1]));
     if (!r.ok()) return s.SendStatus(res, r.status());
     if (!r->has_value()) return s.SendProblem(res, 404, "Not Found", "no record of this key");
@@ -263,9 +304,11 @@ void Server::Impl::RegisterApi() {
   });
 
   http.Delete(keys + R"(([\s\S]+))", [&s](const httplib::Request& req, httplib::Response& res) {
+    auto q = QueryParams(req, {"force"});
+    if (!q.ok()) return s.SendStatus(res, q.status());
     ForgetOptions o;
-    if (req.has_param("force")) {
-      const std::string f = req.get_param_value("force");
+    if (q->count("force")) {
+      const std::string f = Param(*q, "force");
       if (f != "true" && f != "false" && f != "1" && f != "0") {
         return s.SendStatus(res, Status::InvalidArgument("force must be true or false"));
       }
@@ -288,10 +331,12 @@ void Server::Impl::RegisterApi() {
   });
 
   http.Get(base + "/v1/keys", [&s](const httplib::Request& req, httplib::Response& res) {
-    const std::string prefix = req.get_param_value("prefix");
+    auto q = QueryParams(req, {"prefix", "limit", "after"});
+    if (!q.ok()) return s.SendStatus(res, q.status());
+    const std::string prefix = Param(*q, "prefix");
     size_t limit = 100;
-    if (req.has_param("limit")) {
-      const std::string l = req.get_param_value("limit");
+    if (q->count("limit")) {
+      const std::string l = Param(*q, "limit");
       char* end = nullptr;
       const unsigned long v = std::strtoul(l.c_str(), &end, 10);
       if (l.empty() || *end != '\0' || v < 1 || v > kMaxPage) {
@@ -301,8 +346,8 @@ void Server::Impl::RegisterApi() {
     }
     std::string after;
     bool has_after = false;
-    if (req.has_param("after") && !req.get_param_value("after").empty()) {
-      auto a = Base64Decode(req.get_param_value("after"));
+    if (!Param(*q, "after").empty()) {
+      auto a = Base64Decode(Param(*q, "after"));
       if (!a) return s.SendStatus(res, Status::InvalidArgument("after is not a cursor"));
       after = std::move(*a);
       has_after = true;
@@ -329,7 +374,8 @@ void Server::Impl::RegisterApi() {
     s.SendJson(res, 200, j);
   });
 
-  http.Get(base + "/v1/info", [&s](const httplib::Request&, httplib::Response& res) {
+  http.Get(base + "/v1/info", [&s](const httplib::Request& req, httplib::Response& res) {
+    if (auto q = QueryParams(req, {}); !q.ok()) return s.SendStatus(res, q.status());
     Json j = {{"store", s.store->Describe()},
               {"version", s.o.version},
               {"now_ms", HostNowMillis()},

@@ -74,6 +74,17 @@ class Server::Impl {
   std::string RenderMetrics() const { return registry.Render(); }
 };
 
+// The Content-Type header(s) of the request being answered on this thread when
+// it was a form or multipart one. cpp-httplib would parse such a body into
+// req.params / req.files and leave req.body empty (multipart), or refuse it over
+// 8 KiB (form-urlencoded); serve hides the header before the body is read, so
+// that req.body holds the bytes as sent, and the proxy gives it back when it
+// forwards. Empty otherwise.
+const std::vector<std::string>& HiddenContentType();
+
+// ASCII lower case (header names and media types).
+std::string Lower(std::string s);
+
 // Millisecond wall time on this host (for "lease left" in the API and page).
 int64_t HostNowMillis();
 

@@ -9,15 +9,17 @@
 //                while the application works; its response (status, headers
 //                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
 //                body up to max_response_bytes) is recorded with complete, then
-//                sent. No answer from the application: the claim is released
-//                (a retry forwards again) and the client gets 502 / 504.
+//                sent. No answer from the application, or a 429 / 503 (not
+//                processed, retry later): the claim is released (a retry
+//                forwards again) and the client gets 502, or the 429 / 503.
 //   DUPLICATE -> the recorded response, with `Idempotent-Replayed: true`;
 //   BUSY      -> 409 with Retry-After (the first request is still in flight);
 //   MISMATCH  -> 422 (same key, different request);
 //   store error -> 503 with Retry-After, nothing forwarded (fail closed).
 //
-// Requests without the header pass through untouched (but for hop-by-hop headers
-// and dedup's own Dedup-Token).
+// A forwarded claimed request carries its fence in Dedup-Fence. Requests without
+// the header pass through untouched (but for hop-by-hop headers and dedup's own
+// Dedup-Token, Dedup-Fence and dedup_token cookie).
 
 #include <condition_variable>
 #include <map>
@@ -41,17 +43,11 @@ bool IsHopByHop(const std::string& name) {
   static const char* kHop[] = {"connection", "keep-alive", "proxy-connection", "transfer-encoding",
                                "te", "trailer", "upgrade", "proxy-authorization",
                                "proxy-authenticate", "content-length"};
-  std::string lower = name;
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = Lower(name);
   for (const char* h : kHop) {
     if (lower == h) return true;
   }
   return false;
-}
-
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 // Headers cpp-httplib adds to a server-side request for the handler's use.
@@ -60,14 +56,51 @@ bool IsLocalPseudoHeader(const std::string& name) {
          name == "LOCAL_PORT";
 }
 
+// A Cookie header without dedup's own dedup_token cookie (a browser that opened
+// the page before it was set for /_dedup/ only may still send it everywhere).
+std::string WithoutDedupCookie(const std::string& cookies) {
+  std::string out;
+  size_t at = 0;
+  while (at <= cookies.size()) {
+    size_t end = cookies.find(';', at);
+    if (end == std::string::npos) end = cookies.size();
+    std::string part = cookies.substr(at, end - at);
+    while (!part.empty() && part.front() == ' ') part.erase(0, 1);
+    if (!part.empty() && part.rfind("dedup_token=", 0) != 0) out += (out.empty() ? "" : "; ") + part;
+    at = end + 1;
+  }
+  return out;
+}
+
+// The key an Idempotency-Key value names: the draft's Structured Field string
+// ("..." whose only escapes are \" and \\) unescaped, or a bare value (as Stripe
+// takes it) as is. Nullopt for a quoted value with another escape or a bare quote.
+std::optional<std::string> IdempotencyKeyOf(const std::string& value) {
+  if (value.size() < 2 || value.front() != '"' || value.back() != '"') return value;
+  std::string key;
+  for (size_t i = 1; i + 1 < value.size(); ++i) {
+    char c = value[i];
+    if (c == '\\') {
+      if (i + 2 >= value.size()) return std::nullopt;
+      c = value[++i];
+      if (c != '"' && c != '\\') return std::nullopt;
+    } else if (c == '"') {
+      return std::nullopt;
+    }
+    key += c;
+  }
+  return key;
+}
+
 struct Upstream {
   int status = 0;
   httplib::Headers headers;
   std::string body;
 };
 
-// Sends the request on to the application. Unavailable when no response came.
-StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
+// Sends the request on to the application, with the claim's fence in Dedup-Fence
+// when it has one (0: not claimed). Unavailable when no response came.
+StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req, uint64_t fence) {
   std::unique_ptr<httplib::Client> cli;
   {
     std::lock_guard lock(t.mu);
@@ -90,9 +123,20 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req) {
   fwd.method = req.method;
   fwd.path = req.target;
   for (const auto& [k, v] : req.headers) {
-    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token") continue;
+    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token" ||
+        Lower(k) == "dedup-fence") {
+      continue;
+    }
+    if (Lower(k) == "cookie") {
+      if (std::string kept = WithoutDedupCookie(v); !kept.empty()) fwd.headers.emplace(k, kept);
+      continue;
+    }
     fwd.headers.emplace(k, v);
   }
+  for (const std::string& v : HiddenContentType()) fwd.headers.emplace("Content-Type", v);
+  // The application's fencing token: a run that a takeover superseded (this proxy
+  // killed mid-request, a retry after the lease) has a lower fence than the next.
+  if (fence != 0) fwd.headers.emplace("Dedup-Fence", std::to_string(fence));
   fwd.body = req.body;
   auto res = cli->send(fwd);
   if (!res) {
@@ -135,12 +179,22 @@ std::string EncodeRecording(const Upstream& up, size_t max_body) {
     headers.push_back({k, v});
   }
   Json j = {{"v", 1}, {"status", up.status}, {"headers", headers}};
+  auto dump = [&j] { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+  // Within the store's bound on a result, or complete would be refused and the key
+  // left in progress (a retry 409, then the application run again): the body is
+  // dropped first, then the headers (the status is always kept).
   if (up.body.size() <= max_body) {
     j["body_b64"] = Base64Encode(up.body);
-  } else {
-    j["body_omitted_bytes"] = up.body.size();
+    std::string text = dump();
+    if (text.size() <= kMaxResultBytes) return text;
+    j.erase("body_b64");
   }
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  j["body_omitted_bytes"] = up.body.size();
+  std::string text = dump();
+  if (text.size() <= kMaxResultBytes) return text;
+  j["headers"] = Json::array();
+  j["headers_omitted"] = true;
+  return dump();
 }
 
 std::optional<Upstream> DecodeRecording(const std::string& text) {
@@ -151,6 +205,9 @@ std::optional<Upstream> DecodeRecording(const std::string& text) {
   Upstream up;
   up.status = j["status"].get<int>();
   for (const auto& h : j["headers"]) up.headers.emplace(h[0].get<std::string>(), h[1].get<std::string>());
+  if (j.value("headers_omitted", false)) {
+    up.headers.emplace("Dedup-Replay-Headers", "omitted, over the recording bound");
+  }
   if (j.contains("body_b64")) {
     auto b = Base64Decode(j["body_b64"].get<std::string>());
     if (!b) return std::nullopt;
@@ -294,12 +351,13 @@ void Server::Impl::RegisterProxy() {
                                                              httplib::Response& res) {
     auto count = [&](const char* outcome) { s.Outcome("dedup_proxy_requests_total", help,
                                                       "outcome", outcome)->Inc(); };
-    if (req.path.rfind(s.base + "/", 0) == 0) {  // dedup's own paths never reach the app
+    // dedup's own paths (/_dedup, /_dedup/...) never reach the app
+    if (req.path == s.base || req.path.rfind(s.base + "/", 0) == 0) {
       return s.SendProblem(res, 404, "Not Found", "no such route under " + s.base + "/");
     }
     if (!req.has_header("Idempotency-Key")) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto up = Forward(*s.proxy, req);
+      auto up = Forward(*s.proxy, req, /*fence=*/0);
       upstream_seconds->Observe(SecondsSince(t0));
       if (!up.ok()) {
         count("upstream_error");
@@ -309,11 +367,23 @@ void Server::Impl::RegisterProxy() {
       return SendUpstream(*up, res);
     }
     // The draft's header is a Structured Field string ("..."); a bare token, as
-    // Stripe takes it, is accepted too.
-    std::string idem = req.get_header_value("Idempotency-Key");
-    if (idem.size() >= 2 && idem.front() == '"' && idem.back() == '"') {
-      idem = idem.substr(1, idem.size() - 2);
+    // Stripe takes it, is accepted too. One per request: the application gets
+    // every line, and may take another than ours.
+    if (req.get_header_value_count("Idempotency-Key") != 1) {
+      count("bad_key");
+      return s.SendProblem(res, 400, "Bad Request",
+                           "give one Idempotency-Key per request, not " +
+                               std::to_string(req.get_header_value_count("Idempotency-Key")));
     }
+    const std::optional<std::string> parsed =
+        IdempotencyKeyOf(req.get_header_value("Idempotency-Key"));
+    if (!parsed) {
+      count("bad_key");
+      return s.SendProblem(res, 400, "Bad Request",
+                           "Idempotency-Key: a quoted value (a Structured Field string) may "
+                           "escape only \\\" and \\\\, and holds no bare quote");
+    }
+    const std::string& idem = *parsed;
     if (idem.empty() || s.o.key_prefix.size() + idem.size() > kMaxKeyBytes) {
       count("bad_key");
       return s.SendProblem(res, 400, "Bad Request",
@@ -374,7 +444,7 @@ void Server::Impl::RegisterProxy() {
     StatusOr<Upstream> up = Status::Internal("unreachable");
     bool lost = false;
     const uint64_t beat = s.proxy->heartbeats->Add(key, token, s.o.lease);
-    up = Forward(*s.proxy, req);
+    up = Forward(*s.proxy, req, claim->fence);
     lost = s.proxy->heartbeats->Remove(beat);
     upstream_seconds->Observe(SecondsSince(t1));
     if (!up.ok()) {
@@ -383,6 +453,14 @@ void Server::Impl::RegisterProxy() {
       (void)s.store->Release(key, token, s.o.retention);
       count("upstream_error");
       return s.SendProblem(res, 502, "Bad Gateway", up.status().message());
+    }
+    if (up->status == 429 || up->status == 503) {
+      // "Not processed, retry later" (RFC 6585, RFC 9110): recorded, it would be
+      // replayed to every retry of the key for the whole retention. The key is
+      // given back instead, so that the retry is forwarded.
+      if (!lost) (void)s.store->Release(key, token, s.o.retention);
+      count("released");
+      return SendUpstream(*up, res);
     }
     auto done = lost ? StatusOr<WriteResult>(WriteResult::kLost)
                      : s.store->Complete(key, token, s.o.retention, CompletionStatus::kOk,

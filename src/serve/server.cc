@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/printable.h"
 #include "core/redact.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
@@ -21,11 +22,48 @@ bool IsLoopback(const std::string& host) {
   return false;
 }
 
+// The host of a Host header ("h:p", "[::1]:p", "h"), without its port.
+std::string HostOfHeader(const std::string& host) {
+  if (!host.empty() && host.front() == '[') return host.substr(0, host.find(']') + 1);
+  return host.substr(0, host.rfind(':'));
+}
+
+// Without a token (serve on loopback), a web page the operator visits can send
+// requests to it too. Refused: a request from another origin to one of dedup's
+// own routes that could change state, and any request whose Host does not name
+// loopback (a DNS-rebound name, evil.example -> 127.0.0.1, is same-origin for the
+// browser). With a token, the token is the guard (the page's cookie is
+// SameSite=Strict and its writes carry a header no cross-site form can send), and
+// a TLS reverse proxy in front may present any Origin and Host. Empty when the
+// request may go on, else why not.
+std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* status) {
+  if (has_token) return "";
+  const std::string host = req.get_header_value("Host");
+  if (!host.empty() && !IsLoopback(Lower(HostOfHeader(host)))) {
+    *status = 421;
+    return "Host '" + internal::Printable(std::string_view(host).substr(0, 128)) +
+           "' is not a loopback name: without --auth-token-file, serve answers only "
+           "requests addressed to 127.0.0.1, [::1] or localhost (DNS rebinding)";
+  }
+  if (req.method == "GET" || req.method == "HEAD") return "";
+  *status = 403;
+  if (req.has_header("Origin") && req.get_header_value("Origin") != "http://" + host) {
+    return "a request from the origin '" +
+           internal::Printable(std::string_view(req.get_header_value("Origin")).substr(0, 128)) +
+           "' may not change state here (cross-origin request)";
+  }
+  const std::string site = req.get_header_value("Sec-Fetch-Site");
+  if (site == "cross-site" || site == "same-site") {
+    return "a " + site + " request from a browser may not change state here";
+  }
+  return "";
+}
+
 // The route a request took, as a metrics label and a log word: a fixed set,
 // never the key or anything else a client chooses.
 std::string RouteOf(const std::string& base, const httplib::Request& req, bool proxy) {
   const std::string& p = req.path;
-  if (proxy && p.rfind(base + "/", 0) != 0) return "proxy";
+  if (proxy && p != base && p.rfind(base + "/", 0) != 0) return "proxy";
   const std::string rest = p.substr(base.size());
   if (rest == "/" || rest.empty()) return "page";
   if (rest.rfind("/assets/", 0) == 0) return "asset";
@@ -51,7 +89,35 @@ std::string RouteOf(const std::string& base, const httplib::Request& req, bool p
 // request on one thread from routing to the logger).
 thread_local std::chrono::steady_clock::time_point t_request_start;
 
+thread_local std::vector<std::string> t_hidden_content_type;
+
+
+// Hides a form or multipart Content-Type from cpp-httplib before it reads the
+// body (see HiddenContentType). The request is the server's own object, handed
+// to the pre-routing handler as const: changing its headers there is how the
+// body read that follows is kept raw.
+void HideFormContentType(const httplib::Request& req) {
+  t_hidden_content_type.clear();
+  bool form = false;
+  auto [first, last] = req.headers.equal_range("Content-Type");
+  for (auto it = first; it != last; ++it) {
+    const std::string v = Lower(it->second);
+    form = form || v.rfind("multipart/form-data", 0) == 0 ||
+           v.rfind("application/x-www-form-urlencoded", 0) == 0;
+  }
+  if (!form) return;
+  for (auto it = first; it != last; ++it) t_hidden_content_type.push_back(it->second);
+  const_cast<httplib::Request&>(req).headers.erase("Content-Type");
+}
+
 }  // namespace
+
+const std::vector<std::string>& HiddenContentType() { return t_hidden_content_type; }
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 int64_t HostNowMillis() { return Clock::System()->NowMillis(); }
 
@@ -91,6 +157,13 @@ Status ValidateServeOptions(const ServeOptions& o) {
   }
   if (o.lease <= Millis(0) || o.lease > kMaxDuration) {
     return Status::InvalidArgument("--lease must be > 0 and at most 10 years");
+  }
+  // Extended every lease/3 while the application works: a few ms cannot be kept
+  // (a concurrent repeat would be forwarded while the first still runs).
+  if (!o.proxy.empty() && o.lease < Millis(1000)) {
+    return Status::InvalidArgument("--lease must be at least 1s in proxy mode (it is extended "
+                                   "every lease/3 while the application works), got " +
+                                   std::to_string(o.lease.count()) + "ms");
   }
   if (o.retention <= Millis(0) || o.retention > kMaxDuration) {
     return Status::InvalidArgument("--retention must be > 0 and at most 10 years");
@@ -215,6 +288,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
   // Before the body is read: header bounds, then the token.
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
     t_request_start = std::chrono::steady_clock::now();
+    HideFormContentType(req);
     size_t bytes = req.target.size();
     for (const auto& [k, v] : req.headers) bytes += k.size() + v.size() + 4;
     if (req.headers.size() > s.o.max_header_count || bytes > s.o.max_header_bytes) {
@@ -223,7 +297,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
                         std::to_string(s.o.max_header_bytes) + " bytes of headers");
       return httplib::Server::HandlerResponse::Handled;
     }
-    const bool proxied = s.proxy && req.path.rfind(s.base + "/", 0) != 0;
+    const bool proxied = s.proxy && req.path != s.base && req.path.rfind(s.base + "/", 0) != 0;
     if (proxied) {
       // The application's own Authorization header passes through; dedup's token
       // travels in Dedup-Token.
@@ -235,13 +309,21 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
       }
       return httplib::Server::HandlerResponse::Unhandled;
     }
+    int refused = 0;
+    if (const std::string why = BrowserRefusal(req, !s.o.auth_token.empty(), &refused);
+        !why.empty()) {
+      s.SendProblem(res, refused, refused == 421 ? "Misdirected Request" : "Forbidden", why);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // The page can be opened once as /?token=T: the token moves into an HttpOnly
     // cookie and the browser is sent to / without it.
     if (!s.o.auth_token.empty() && req.method == "GET" && req.has_param("token") &&
         (req.path == s.base + "/" || req.path == s.base)) {
       if (ConstantTimeEquals(req.get_param_value("token"), s.o.auth_token)) {
+        // For dedup's own paths only: in proxy mode the application behind must
+        // never see the token.
         res.set_header("Set-Cookie", "dedup_token=" + s.o.auth_token +
-                                         "; HttpOnly; SameSite=Strict; Path=/");
+                                         "; HttpOnly; SameSite=Strict; Path=" + s.base + "/");
         res.set_redirect(s.base + "/", 303);
         return httplib::Server::HandlerResponse::Handled;
       }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -24,6 +25,12 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
+
+// The idle time a hand-back (Retry(0)) gives an entry: longer than any
+// consumer's reclaim min-idle (lease + 5 s by default), so that every worker's
+// next XAUTOCLAIM takes it; a day, so that Redis's clock takes it as a past
+// delivery time (it would take an idle time longer than its clock as "now").
+constexpr Millis kHandBackIdle{86'400'000};
 
 // [id, [f1, v1, f2, v2 ...]]. A nil field list (entry deleted from the stream
 // while pending) gives has_body = false.
@@ -58,6 +65,7 @@ class StreamDelivery final : public Delivery {
  private:
   StreamsSource* source_;
   BrokerAck ack_;
+  const SteadyTime fetched_ = SteadyClock::now();  // after Redis delivered it to us
 };
 
 class StreamsSource final : public MessageSource {
@@ -98,6 +106,8 @@ class StreamsSource final : public MessageSource {
         s = ReadGroup(">", count, block, &out, false);
       }
     }
+    // A hand-back waits for Redis only while the last fetch got an answer.
+    hand_back_off_.store(!s.ok(), std::memory_order_relaxed);
     if (!s.ok()) return s;
     return out;
   }
@@ -124,6 +134,33 @@ class StreamsSource final : public MessageSource {
     Status s = Send({"XACK", o_.stream, o_.group, id}, "XACK");
     // The outcome is recorded: fetch it again, the next run gets DUPLICATE and acks.
     if (!s.ok()) LeavePending(id, Millis(500));
+    return s;
+  }
+
+  // Retry(0), the drain's hand-back: the entry stays pending (this consumer's)
+  // but is handed to the whole group at once. XCLAIM ... IDLE sets its idle time
+  // to kHandBackIdle (at least reclaim_min_idle), so the next XAUTOCLAIM of any
+  // consumer of the group takes it, not only this consumer under this name or
+  // another after reclaim_min_idle; JUSTID: Redis counts no delivery for it, the
+  // XAUTOCLAIM that takes it does. Its min-idle is the time since this consumer
+  // received the entry: an entry delivered again since (taken over by another
+  // consumer) is idle for less and is left alone. Once one has failed, or the
+  // last fetch did (Redis does not answer), none is sent until a fetch succeeds
+  // again: a drain handing back many entries pays the timeout at most once, and
+  // what is not handed back so comes back after the reclaim min-idle as before.
+  Status HandBack(const std::string& id, SteadyTime fetched) {
+    LeavePending(id, Millis(0));  // and this consumer's own next fetch, if any
+    if (hand_back_off_.load(std::memory_order_relaxed)) {
+      return Status::Unavailable("redis " + fetch_conn_.Name() +
+                                 ": XCLAIM not sent: the last fetch or hand-back got no answer");
+    }
+    const auto since = std::chrono::duration_cast<Millis>(SteadyClock::now() - fetched);
+    const Millis idle = std::max(o_.reclaim_min_idle, kHandBackIdle);
+    Status s = Send({"XCLAIM", o_.stream, o_.group, o_.consumer,
+                     std::to_string(std::max<int64_t>(0, since.count())), id, "IDLE",
+                     std::to_string(idle.count()), "JUSTID"},
+                    "XCLAIM");
+    if (!s.ok()) hand_back_off_.store(true, std::memory_order_relaxed);
     return s;
   }
 
@@ -372,6 +409,7 @@ class StreamsSource final : public MessageSource {
 
   std::mutex mu_;
   std::map<std::string, SteadyTime> retry_;  // own entries left pending, by id
+  std::atomic<bool> hand_back_off_{false};   // the last fetch or a hand-back since failed
 
   std::mutex pool_mu_;
   std::vector<std::unique_ptr<StreamConn>> pool_;  // for settlements
@@ -396,6 +434,7 @@ StreamDelivery::StreamDelivery(StreamsSource* source, StreamMessage m, std::stri
 Status StreamDelivery::Ack() { return source_->Ack(id_); }
 
 Status StreamDelivery::Retry(Millis after) {
+  if (after.count() == 0) return source_->HandBack(id_, fetched_);
   source_->LeavePending(id_, after);
   return Status::Ok();
 }

@@ -8,7 +8,10 @@
 //   Ack()        XACK (the Consumer calls it only after the outcome is recorded)
 //   Retry(after) no ack: the entry stays pending; this source fetches it again no
 //                earlier than `after` (XCLAIM of its own entry, which also reads
-//                its current fields; an entry acked elsewhere meanwhile is gone)
+//                its current fields; an entry acked elsewhere meanwhile is gone);
+//                Retry(0) (a drain's hand-back) also sets its idle time past
+//                every reclaim min-idle (XCLAIM IDLE JUSTID), so any consumer's
+//                next XAUTOCLAIM takes it at once
 //   DeadLetter   XADD <dead stream> with the original fields + reason + entry_id,
 //                then XACK
 //   fused_ack()  {"redis-stream", "host:port/0", stream, group, entry id}: a Redis

@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# Adversarial review of `dedup serve`: each section is a bug found by attacking the
+# API, the proxy and the page, kept as a regression test.
+#   serve_review_test.sh DEDUP_BINARY      (ports 8092-8095, docs/PORTS.md)
+set -euo pipefail
+dedup=$(realpath "$1")
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib/serve.sh
+source "$root/scripts/lib/serve.sh"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-review.XXXXXX")
+trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+port=8092
+base="http://127.0.0.1:$port"
+serve_start $port "$tmp/serve.log" "$dedup" serve --store memory: --listen 127.0.0.1:$port
+
+# req ARGS...: sets $code, $body and $headers.
+req() {
+  code=$(curl -s -o "$tmp/body" -D "$tmp/headers" -w '%{http_code}' "$@")
+  body=$(cat "$tmp/body")
+  headers=$(tr -d '\r' <"$tmp/headers")
+}
+header() { grep -i "^$1:" <<<"$headers" | head -1 | cut -d' ' -f2-; }
+problem() { [ "$(header Content-Type)" = application/problem+json ]; }
+says() { grep -q -- "$1" <<<"$body"; }
+
+# ---- a query parameter an API route does not know is named, not ignored: a
+# misspelt ?force=true left the refusal of a running lease in place silently.
+req -X POST "$base/v1/keys/q1/claim" -d '{}'
+# curl -d sends a form Content-Type: its body is not taken for query parameters.
+check "a claim with a form-typed JSON body: 201" [ "$code" = 201 ]
+req -X DELETE "$base/v1/keys/q1?froce=true"
+check "DELETE ?froce=true: 400 naming the parameter" [ "$code" = 400 ]
+check "... as problem+json, naming 'froce' and the known 'force'" \
+  eval 'problem && says froce && says force'
+req -X DELETE "$base/v1/keys/q1?force=true"
+check "DELETE ?force=true still forgets a running lease" [ "$code" = 200 ]
+req "$base/v1/keys?prefx=q&limit=5"
+check "GET /v1/keys?prefx=: 400 naming the parameter" eval '[ "$code" = 400 ] && problem && says prefx'
+req "$base/v1/keys?prefix=q&limit=5&after="
+check "GET /v1/keys with prefix, limit and after: 200" [ "$code" = 200 ]
+req -X POST "$base/v1/keys/q2/claim?lease_ms=1000" -d '{}'
+check "POST claim?lease_ms=: 400 (the lease goes in the body)" eval '[ "$code" = 400 ] && says lease_ms'
+req "$base/v1/keys/q2?verbose=1"
+check "GET /v1/keys/{key}?verbose=1: 400" [ "$code" = 400 ]
+req -X POST "$base/v1/keys/q3/claim" -d '{}'
+req -X DELETE "$base/v1/keys/q3?force=false&force=true"
+check "DELETE ?force=false&force=true (which one?): 400 naming force" eval '[ "$code" = 400 ] && says force'
+
+# ---- a web page the operator visits reaches loopback too. Without a token, a
+# cross-site form or fetch could claim, complete or release keys (a text/plain
+# POST needs no CORS preflight), and a DNS-rebound name (Host: evil.example) could
+# read and write everything. Headers as browsers send them.
+req -X POST "$base/v1/keys/csrf-1/claim" -H 'Content-Type: text/plain' \
+  -H 'Origin: http://evil.example' -H 'Sec-Fetch-Site: cross-site' -d '{"lease_ms":600000}'
+check "a cross-site POST (Origin: http://evil.example): 403" [ "$code" = 403 ]
+check "... a problem+json naming the origin" eval 'problem && says evil.example'
+req "$base/v1/keys/csrf-1"
+check "... and the key was not claimed" [ "$code" = 404 ]
+req -X POST "$base/v1/keys/csrf-2/release" -H 'Origin: http://localhost:3000' \
+  -d '{"token":"0123456789abcdef"}'
+check "a POST from another port of localhost (same site, other origin): 403" [ "$code" = 403 ]
+req -X POST "$base/v1/keys/csrf-3/claim" -H 'Origin: null' -d '{}'
+check "a POST with Origin: null (sandboxed frame, file:): 403" [ "$code" = 403 ]
+req -X POST "$base/v1/keys/csrf-4/claim" -H "Origin: $base" -H 'Sec-Fetch-Site: same-origin' -d '{}'
+check "a same-origin POST (the page's own): 201" [ "$code" = 201 ]
+req -X POST "$base/v1/keys/csrf-5/claim" -d '{}'
+check "a POST without Origin (curl, any client): 201" [ "$code" = 201 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: evil.example:$port"
+check "without a token, Host: evil.example (DNS rebinding): refused" [ "$code" = 421 ]
+check "... a problem+json naming the host" eval 'problem && says evil.example'
+req -X POST "$base/v1/keys/csrf-6/claim" -H "Host: evil.example:$port" -H "Origin: http://evil.example:$port" -d '{}'
+check "... also for a POST whose Origin matches that Host" [ "$code" = 421 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: localhost:$port"
+check "Host: localhost:PORT: 200" [ "$code" = 200 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: LocalHost:$port"
+check "Host: LocalHost:PORT (host names are case-insensitive): 200" [ "$code" = 200 ]
+req "$base/v1/keys?prefix=csrf" -H "Host: [::1]:$port"
+check "Host: [::1]:PORT: 200" [ "$code" = 200 ]
+
+# ---- proxy mode with a token: dedup's token must never reach the application.
+app_port=8093
+proxy_port=8094
+proxy="http://127.0.0.1:$proxy_port"
+token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+echo "$token" >"$tmp/token"
+serve_start $app_port "$tmp/app.log" python3 "$root/tests/serve_app.py" $app_port "$tmp/calls"
+serve_start $proxy_port "$tmp/proxy.log" "$dedup" serve --store memory: --listen 127.0.0.1:$proxy_port \
+  --proxy "http://127.0.0.1:$app_port" --auth-token-file "$tmp/token" --lease 3s
+calls() { curl -s "http://127.0.0.1:$app_port/count"; }
+# The page's cookie was set for Path=/: the browser then sent dedup's token with
+# every request to the application behind the proxy, which saw (and logged) it.
+req "$proxy/_dedup/?token=$token"
+check "proxy mode: the page's cookie is set for /_dedup/ only" \
+  eval '[ "$code" = 303 ] && header Set-Cookie | grep -q "Path=/_dedup/"'
+req -X POST "$proxy/echo" -H "Dedup-Token: $token" -H "Cookie: a=1; dedup_token=$token; b=2" -d x
+check "a dedup_token cookie is not forwarded to the application" \
+  eval '[ "$code" = 200 ] && ! says "$token"'
+check "... the application's own cookies are" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert h["cookie"]=="a=1; b=2", h' "$body"
+before=$(calls)
+req -X POST "$proxy/_dedup" -H "Dedup-Token: $token" -d x
+check "POST /_dedup (dedup's own prefix) does not reach the application" \
+  eval '[ "$(calls)" = "$before" ] && [ "$code" = 404 ]'
+req -X POST "$proxy/_dedup" -d x
+check "... and without the token it is 401, as under /_dedup/" [ "$code" = 401 ]
+
+# With a token, the token is the guard: a TLS reverse proxy in front may present
+# any Origin and Host (https://dedup.example.com) and must not be refused.
+req -X POST "$proxy/_dedup/v1/keys/tls-1/claim" -H "Authorization: Bearer $token" \
+  -H 'Host: dedup.example.com' -H 'Origin: https://dedup.example.com' -d '{}'
+check "with a token, behind a TLS reverse proxy (Origin https://, Host not loopback): 201" [ "$code" = 201 ]
+
+# ---- bodies of every Content-Type reach the application as sent. cpp-httplib
+# parses a multipart/form-data body into req.files and leaves req.body empty, and
+# refuses a form-urlencoded body over 8 KiB with 413: the proxy forwarded uploads
+# with no body (Content-Length: 0), fingerprinted them without it (a different
+# upload under the same key was replayed, not 422), and refused HTML forms over
+# 8 KiB, as the API refused a JSON body over 8 KiB sent by curl -d.
+ptok=(-H "Dedup-Token: $token")
+req -X POST "$proxy/echo" "${ptok[@]}" -F 'field=hello-upload'
+check "a multipart upload is forwarded with its body" \
+  eval '[ "$code" = 200 ] && python3 -c "import json,sys; b=json.loads(sys.argv[1]); assert \"hello-upload\" in b[\"body\"], b" "$body"'
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: up-1' -F 'amount=7'
+check "a multipart request with a key: forwarded with its body" eval '[ "$code" = 200 ] && says "amount"'
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: up-1' -F 'amount=9999'
+check "... a different upload under that key: 422" [ "$code" = 422 ]
+head -c 10000 /dev/zero | tr '\0' a | sed 's/^/f=/' >"$tmp/form"
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: form-1' --data-binary @"$tmp/form"
+check "a form-urlencoded body of 10 KB through the proxy: forwarded (not 413)" \
+  eval '[ "$code" = 200 ] && python3 -c "import json,sys; assert len(json.loads(sys.argv[1])[\"body\"])==10002" "$body"'
+req -X POST "$base/v1/keys/form-2/claim" -d '{}'
+tok=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["token"])' "$body")
+python3 -c "import json; print(json.dumps({'token': '$tok', 'result': 'r' * 9000}))" >"$tmp/complete.json"
+req -X POST "$base/v1/keys/form-2/complete" --data-binary @"$tmp/complete.json"
+check "the API: a 9 KB complete sent by curl -d (form Content-Type): 200" [ "$code" = 200 ]
+
+# ---- a response whose recording would pass the store's result bound (1 MiB): a
+# body at --max-response-bytes' maximum plus 64 KB of headers. Complete was
+# refused, the response went out unrecorded, and the key stayed in progress: the
+# retry got 409 for the lease, and after it the application ran again.
+big_port=8095
+serve_start $big_port "$tmp/big.log" "$dedup" serve --store memory: --listen 127.0.0.1:$big_port \
+  --proxy "http://127.0.0.1:$app_port" --lease 2s --max-response-bytes 770048
+before=$(calls)
+req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
+check "a response of 770048 bytes + 64 KB of headers: forwarded" \
+  eval '[ "$code" = 200 ] && [ "$(wc -c <"$tmp/body")" = 770048 ]'
+req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
+check "... its repeat is replayed (status, headers, the body omitted), not 409" \
+  eval '[ "$code" = 200 ] && [ "$(header Idempotent-Replayed)" = true ] && [ -n "$(header X-Big-7)" ] && [ -n "$(header Dedup-Replay-Body)" ]'
+sleep 2.5  # past the lease: a key left in progress would be claimed and forwarded again
+req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
+check "... the application ran once" [ "$(calls)" = $((before + 1)) ]
+
+# ---- held (kept as a regression test): SIGTERM while a forwarded request is in
+# flight lets it finish; its response reaches the client and is recorded.
+serve_stop "$SERVE_LAST_PID"
+serve_start $big_port "$tmp/term.log" "$dedup" serve --store "rocksdb:$tmp/termdb" \
+  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 2s
+term_pid=$SERVE_LAST_PID
+before=$(calls)
+curl -s -o "$tmp/term-body" -w '%{http_code}' -X POST "http://127.0.0.1:$big_port/charge?sleep_ms=1500" \
+  -H 'Idempotency-Key: term-1' -d 1 >"$tmp/term-code" &
+client=$!
+sleep 0.5
+kill -TERM "$term_pid"
+wait $client || true
+set +e
+wait "$term_pid"
+rc=$?
+set -e
+check "SIGTERM during a forwarded request: the client still gets the app's 201" [ "$(cat "$tmp/term-code")" = 201 ]
+check "... and serve exits 0" [ $rc = 0 ]
+# A 5 s lease: the SIGKILL case below needs it to outlive a restart.
+serve_start $big_port "$tmp/term2.log" "$dedup" serve --store "rocksdb:$tmp/termdb" \
+  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 5s
+req -X POST "http://127.0.0.1:$big_port/charge?sleep_ms=1500" -H 'Idempotency-Key: term-1' -d 1
+check "... its response was recorded: the repeat after a restart is replayed, the app ran once" \
+  eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$(calls)" = $((before + 1)) ]'
+
+# ---- SERVE.md: after a crash between the effect and complete, "the fence is there
+# for it", but the application was never given the fence: it could not tell the
+# run that a takeover superseded from the one that took over.
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: fence-1' -d 1
+check "a forwarded request carries its claim's fence (Dedup-Fence: 1)" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert h.get("dedup-fence")=="1", h' "$body"
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Dedup-Fence: 99' -d 1
+check "a client's own Dedup-Fence never reaches the application" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert "dedup-fence" not in h, h' "$body"
+
+# ---- SIGKILL of the proxy mid-request: the application's effect is done, its
+# response never recorded. The retry waits out the lease (409), then runs the
+# application again, with a higher fence, and that run is recorded.
+before=$(calls)
+curl -s -o /dev/null -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" \
+  -H 'Idempotency-Key: kill-1' -d 1 &
+client=$!
+sleep 0.5
+kill -KILL "$SERVE_LAST_PID"
+killed_at=$SECONDS
+wait $client || true
+sleep 1.2  # the first run finishes in the application
+serve_start $big_port "$tmp/kill.log" "$dedup" serve --store "rocksdb:$tmp/termdb" \
+  --listen 127.0.0.1:$big_port --proxy "http://127.0.0.1:$app_port" --lease 2s
+req -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" -H 'Idempotency-Key: kill-1' -d 1
+kill_code=$code
+left=$((5 - SECONDS + killed_at + 1))  # until past the killed proxy's 5 s lease
+if [ $left -gt 0 ]; then sleep $left; fi
+req -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" -H 'Idempotency-Key: kill-1' -d 1
+check "after SIGKILL of the proxy: the retry gets 409 while the lease runs" [ "$kill_code" = 409 ]
+check "... then runs the application again (the SPEC's crash window) with a higher Dedup-Fence" python3 -c '
+import json,sys
+f=[int(c["fence"]) for c in map(json.loads, open(sys.argv[1])) if c["key"]=="kill-1"]
+assert len(f)==2 and f[0] < f[1], f' "$tmp/calls"
+req -X POST "http://127.0.0.1:$big_port/echo?sleep_ms=1500" -H 'Idempotency-Key: kill-1' -d 1
+check "... and that run is recorded: replayed, two calls in all" \
+  eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$(calls)" = $((before + 2)) ]'
+
+# ---- 429 and 503 say the request was not processed, retry later (RFC 9110, 6585):
+# recorded, they were replayed to every retry of the key for the whole retention
+# (24 h): the client could never get its request through under its key. Other
+# statuses, 500 included, are recorded (as Stripe does).
+before=$(calls)
+for st in 503 429; do
+  req -X POST "$proxy/status?code=$st" "${ptok[@]}" -H "Idempotency-Key: busy-app-$st" -d 1
+  first_code=$code
+  req -X POST "$proxy/status?code=$st" "${ptok[@]}" -H "Idempotency-Key: busy-app-$st" -d 1
+  check "the application's $st reaches the client, and the retry is forwarded again (not replayed)" \
+    eval '[ "$first_code" = $st ] && [ "$code" = $st ] && [ -z "$(header Idempotent-Replayed)" ]'
+done
+check "... four calls for the four requests" [ "$(calls)" = $((before + 4)) ]
+req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
+req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
+check "a 500 is recorded and replayed" eval '[ "$code" = 500 ] && [ "$(header Idempotent-Replayed)" = true ]'
+
+# ---- the Idempotency-Key value. The draft makes it a Structured Field string
+# ("..." with \" and \\ escapes); Stripe takes the bare value. Two header lines
+# were claimed under the first while the application, which gets both, may take
+# the other; a quoted value kept its escapes, so "ab\"c" and the bare ab"c were two
+# keys.
+before=$(calls)
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: two-a' -H 'Idempotency-Key: two-b' -d 1
+check "two Idempotency-Key lines: 400, not forwarded" \
+  eval '[ "$code" = 400 ] && problem && [ "$(calls)" = "$before" ]'
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: q"uote' -d 1
+first=$body
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "q\"uote"' -d 1
+check 'the draft'"'"'s "q\"uote" is the same key as the bare q"uote: replayed' \
+  eval '[ "$(header Idempotent-Replayed)" = true ] && [ "$body" = "$first" ]'
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "bad\q"' -d 1
+check 'a quoted value with an escape other than \" or \\: 400' [ "$code" = 400 ]
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "unterminated' -d 1
+check 'a quoted value without its closing quote is a bare value: forwarded' [ "$code" = 201 ]
+
+# ---- --lease is heartbeated every lease/3 while the application works; a lease of
+# a few ms cannot be kept (lease/3 rounds to 0: the heartbeat thread spun on the
+# store, and the lease still lapsed between extends: a concurrent repeat of a
+# running request was forwarded a second time).
+set +e
+"$dedup" serve --store memory: --listen 127.0.0.1:8095 --proxy "http://127.0.0.1:$app_port" \
+  --lease 2ms >"$tmp/tiny" 2>&1 &
+tiny=$!
+sleep 1.5
+kill $tiny 2>/dev/null
+wait $tiny
+rc=$?
+set -e
+check "proxy mode with --lease 2ms: refused, exit 2" [ $rc = 2 ]
+check "... naming --lease" grep -q -- "--lease" "$tmp/tiny"
+
+if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
+echo "all checks passed"

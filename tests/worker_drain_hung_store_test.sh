@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Graceful drain of `dedup worker` with a hung store (docs/WORKER.md, "Stopping"):
+# the whole drain is bounded by --drain-timeout, not by (queued entries x store
+# timeout).
+#
+#   tests/worker_drain_hung_store_test.sh build/src/cli/dedup
+#
+# Real redis-servers on 127.0.0.1 (docs/PORTS.md): the stream on 6474, the Redis
+# store on 6475 (client timeout 1 s). One handler runs (`sleep 30`), 16 entries
+# wait fetched and claimed ahead (--prefetch 16). Then the store's server is
+# frozen with SIGSTOP (by PID) and the worker gets SIGTERM.
+#   1. The worker exits within the drain timeout plus one store timeout and a
+#      margin (the releases of what never started no longer come before the
+#      drain timer, nor wait once the store has failed one).
+#   2. Nothing is acked: every entry is still pending, handed back to the stream.
+#   3. Once the store answers again, every claim is either released or still
+#      held (left to run out with its lease), none completed.
+set -uo pipefail
+dedup=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+stream_port=${DRAIN_HUNG_STREAM_PORT:-6474}
+store_port=${DRAIN_HUNG_STORE_PORT:-6475}
+# shellcheck source=../scripts/lib/redis.sh
+source "$here/../scripts/lib/redis.sh"
+tmp=$(mktemp -d /tmp/dedup_drain_hung.XXXXXX)
+worker_pid=""
+store_pid=""
+cleanup() {
+  [ -n "$worker_pid" ] && kill -KILL "$worker_pid" 2>/dev/null
+  [ -n "$store_pid" ] && kill -CONT "$store_pid" 2>/dev/null
+  redis_stop_all
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; [ -f "$tmp/w.log" ] && tail -20 "$tmp/w.log" >&2; exit 1; }
+
+if ! command -v redis-server >/dev/null; then echo "SKIP: no redis-server"; exit 0; fi
+redis_start "$stream_port" "$tmp/stream" >/dev/null || fail "redis-server did not start on $stream_port"
+redis_start "$store_port" "$tmp/store" >/dev/null || fail "redis-server did not start on $store_port"
+store_pid=$REDIS_LAST_PID
+rcli() { redis-cli -p "$stream_port" "$@"; }
+
+queued=16
+messages=$((queued + 1))
+drain_s=2
+cat >"$tmp/handler.sh" <<EOF
+#!/bin/sh
+cat >/dev/null
+echo "\$\$ \$DEDUP_KEY" >>"$tmp/started"
+sleep 30
+EOF
+chmod +x "$tmp/handler.sh"
+
+"$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count "$messages" \
+  --id-prefix m- --quiet || fail "publish"
+store="redis://127.0.0.1:$store_port?timeout=1s"
+"$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w" \
+  --store "$store" --exec "$tmp/handler.sh" --no-shell --concurrency 1 --prefetch "$queued" \
+  --lease 60s --drain-timeout "${drain_s}s" --summary-interval 0 >>"$tmp/w.log" 2>&1 &
+worker_pid=$!
+
+# Wait until the handler runs and every entry is claimed (the queued ones ahead).
+claimed=0
+for i in $(seq 1 200); do
+  claimed=$("$dedup" inspect --store "$store" --prefix m- 2>/dev/null | grep -c in_progress)
+  [ -f "$tmp/started" ] && [ "$claimed" -ge "$messages" ] && break
+  sleep 0.05
+done
+[ "$(wc -l <"$tmp/started" 2>/dev/null)" = 1 ] || fail "want 1 handler started"
+[ "$claimed" = "$messages" ] || fail "$claimed claims held, want $messages (fetched and claimed ahead)"
+
+kill -STOP "$store_pid"
+t0=$(date +%s%N)
+kill -TERM "$worker_pid"
+wait "$worker_pid"
+rc=$?
+worker_pid=""
+took_ms=$((($(date +%s%N) - t0) / 1000000))
+kill -CONT "$store_pid"
+echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen, timeout 1 s, $queued queued)"
+[ "$rc" = 0 ] || fail "worker exit $rc after SIGTERM"
+# Bounded by the drain timeout plus one store timeout (the stopped handler's one
+# release try). Before: the queued claims' releases (2.3 s) came before the drain
+# timer, and the stopped handler's release was retried (2.2 s): 6.5 s.
+[ "$took_ms" -lt $((drain_s * 1000 + 3000)) ] || fail "the drain took ${took_ms} ms"
+grep -q "left to run out with their lease" "$tmp/w.log" || fail "no line about the claims not released"
+pending=$(rcli XPENDING jobs g | head -1)
+[ "$pending" = "$messages" ] || fail "$pending entries pending after the drain, want $messages (nothing acked)"
+"$dedup" inspect --store "redis://127.0.0.1:$store_port" --prefix m- >"$tmp/inspect" 2>&1 ||
+  fail "inspect: $(cat "$tmp/inspect")"
+grep -q "completed" "$tmp/inspect" && fail "an outcome was recorded: $(cat "$tmp/inspect")"
+echo "ok: drain ${took_ms} ms, nothing acked ($pending pending), nothing recorded," \
+  "$(grep -c in_progress "$tmp/inspect") claims left to their lease"
+echo PASS
