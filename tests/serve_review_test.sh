@@ -254,6 +254,14 @@ req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "bad\q"' -d 1
 check 'a quoted value with an escape other than \" or \\: 400' [ "$code" = 400 ]
 req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "unterminated' -d 1
 check 'a quoted value without its closing quote is a bare value: forwarded' [ "$code" = 201 ]
+# Frameworks join repeated header lines with ", ": an application that splits takes
+# "a" from "a, b", while a bare value was claimed as the key "a, b".
+before=$(calls)
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: comma-a, comma-b' -d 1
+check 'a bare Idempotency-Key with a comma (two keys joined): 400 naming it, not forwarded' \
+  eval '[ "$code" = 400 ] && problem && says comma && [ "$(calls)" = "$before" ]'
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "comma-a, comma-b"' -d 1
+check 'a quoted one (a Structured Field string may hold a comma): forwarded' [ "$code" = 201 ]
 
 # ---- --lease is heartbeated every lease/3 while the application works; a lease of
 # a few ms cannot be kept (lease/3 rounds to 0: the heartbeat thread spun on the

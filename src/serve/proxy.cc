@@ -74,17 +74,25 @@ std::string WithoutDedupCookie(const std::string& cookies) {
 
 // The key an Idempotency-Key value names: the draft's Structured Field string
 // ("..." whose only escapes are \" and \\) unescaped, or a bare value (as Stripe
-// takes it) as is. Nullopt for a quoted value with another escape or a bare quote.
-std::optional<std::string> IdempotencyKeyOf(const std::string& value) {
-  if (value.size() < 2 || value.front() != '"' || value.back() != '"') return value;
+// takes it) as is. Nullopt, and why in *why, for a quoted value with another
+// escape or a bare quote, and for a bare value with a comma: frameworks join
+// repeated header lines with ", ", and an application that splits them would take
+// another key than ours.
+std::optional<std::string> IdempotencyKeyOf(const std::string& value, std::string* why) {
+  if (value.size() < 2 || value.front() != '"' || value.back() != '"') {
+    if (value.find(',') == std::string::npos) return value;
+    *why = "Idempotency-Key: a bare value holds no comma (repeated header lines are joined "
+           "with \", \", so it may name two keys); quote it as a Structured Field string";
+    return std::nullopt;
+  }
   std::string key;
   for (size_t i = 1; i + 1 < value.size(); ++i) {
     char c = value[i];
-    if (c == '\\') {
-      if (i + 2 >= value.size()) return std::nullopt;
+    if (c == '\\' && i + 2 < value.size() && (value[i + 1] == '"' || value[i + 1] == '\\')) {
       c = value[++i];
-      if (c != '"' && c != '\\') return std::nullopt;
-    } else if (c == '"') {
+    } else if (c == '\\' || c == '"') {
+      *why = "Idempotency-Key: a quoted value (a Structured Field string) may escape only "
+             "\\\" and \\\\, and holds no bare quote";
       return std::nullopt;
     }
     key += c;
@@ -375,13 +383,12 @@ void Server::Impl::RegisterProxy() {
                            "give one Idempotency-Key per request, not " +
                                std::to_string(req.get_header_value_count("Idempotency-Key")));
     }
+    std::string why;
     const std::optional<std::string> parsed =
-        IdempotencyKeyOf(req.get_header_value("Idempotency-Key"));
+        IdempotencyKeyOf(req.get_header_value("Idempotency-Key"), &why);
     if (!parsed) {
       count("bad_key");
-      return s.SendProblem(res, 400, "Bad Request",
-                           "Idempotency-Key: a quoted value (a Structured Field string) may "
-                           "escape only \\\" and \\\\, and holds no bare quote");
+      return s.SendProblem(res, 400, "Bad Request", why);
     }
     const std::string& idem = *parsed;
     if (idem.empty() || s.o.key_prefix.size() + idem.size() > kMaxKeyBytes) {
