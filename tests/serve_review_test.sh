@@ -190,6 +190,29 @@ req -X POST "$proxy/echo" "${ptok[@]}" -H 'Dedup-Fence: 99' -d 1
 check "a client's own Dedup-Fence never reaches the application" python3 -c '
 import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
 assert "dedup-fence" not in h, h' "$body"
+# WSGI, CGI, PHP and Rack map '-' and '_' to the same HTTP_DEDUP_FENCE: an
+# underscore variant spoofed the fence (or smuggled a second key) past the proxy.
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: fence-2' -H 'Dedup_Fence: 99' \
+  -H 'Dedup_Token: spoof' -d 1
+check "Dedup_Fence and Dedup_Token (underscore variants) never reach the application" python3 -c '
+import json,sys; h=json.loads(sys.argv[1])["headers"]
+ours=[k for k in h if k.lower().replace("_","-") in ("dedup-fence","dedup-token")]
+assert ours==["Dedup-Fence"] and h["Dedup-Fence"]=="1", h' "$body"
+before=$(calls)
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency_Key: smuggled' -d 1
+check "an Idempotency_Key (underscore) alone: 400 naming it, not forwarded" \
+  eval '[ "$code" = 400 ] && problem && says Idempotency_Key && [ "$(calls)" = "$before" ]'
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: k-a' -H 'IDEMPOTENCY_KEY: k-b' -d 1
+check "... beside an Idempotency-Key: 400, not forwarded" \
+  eval '[ "$code" = 400 ] && [ "$(calls)" = "$before" ]'
+# cpp-httplib keeps the whitespace of "Dedup-Fence : 9" in the name and forwarded
+# it; a lenient application trims it and takes the fence (RFC 9112 5.1: a server
+# MUST answer such a field 400).
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: fence-3' -H 'Dedup-Fence : 9' -d 1
+check "a header name with whitespace before the colon: 400, not forwarded" \
+  eval '[ "$code" = 400 ] && problem && says colon && [ "$(calls)" = "$before" ]'
+req -X POST "$base/v1/keys/ws-1/claim" -H 'X-Any : 1' -d '{}'
+check "... on the API too" [ "$code" = 400 ]
 
 # ---- SIGKILL of the proxy mid-request: the application's effect is done, its
 # response never recorded. The retry waits out the lease (409), then runs the

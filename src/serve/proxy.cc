@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/printable.h"
 #include "core/redact.h"
 #include "core/uri.h"
 #include "serve/bytes.h"
@@ -54,6 +55,15 @@ bool IsHopByHop(const std::string& name) {
 bool IsLocalPseudoHeader(const std::string& name) {
   return name == "REMOTE_ADDR" || name == "REMOTE_PORT" || name == "LOCAL_ADDR" ||
          name == "LOCAL_PORT";
+}
+
+// A header name as WSGI, CGI, PHP and Rack see it: case and '-' versus '_' do not
+// matter (both become HTTP_DEDUP_FENCE). Dedup's own headers are matched in this
+// form, or an underscore variant would reach the application as one of them.
+std::string FieldKey(const std::string& name) {
+  std::string k = Lower(name);
+  for (char& c : k) c = c == '_' ? '-' : c;
+  return k;
 }
 
 // A Cookie header without dedup's own dedup_token cookie (a browser that opened
@@ -131,8 +141,8 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req, uint64_t
   fwd.method = req.method;
   fwd.path = req.target;
   for (const auto& [k, v] : req.headers) {
-    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token" ||
-        Lower(k) == "dedup-fence") {
+    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || FieldKey(k) == "dedup-token" ||
+        FieldKey(k) == "dedup-fence") {
       continue;
     }
     if (Lower(k) == "cookie") {
@@ -362,6 +372,17 @@ void Server::Impl::RegisterProxy() {
     // dedup's own paths (/_dedup, /_dedup/...) never reach the app
     if (req.path == s.base || req.path.rfind(s.base + "/", 0) == 0) {
       return s.SendProblem(res, 404, "Not Found", "no such route under " + s.base + "/");
+    }
+    // An application on WSGI, CGI, PHP or Rack reads Idempotency_Key as
+    // Idempotency-Key: a key the proxy did not claim under, or a second one.
+    for (const auto& [k, v] : req.headers) {
+      if (FieldKey(k) == "idempotency-key" && Lower(k) != "idempotency-key") {
+        count("bad_key");
+        return s.SendProblem(res, 400, "Bad Request",
+                             "header '" + internal::Printable(std::string_view(k).substr(0, 128)) +
+                                 "': many application frameworks read it as Idempotency-Key; "
+                                 "send the key as Idempotency-Key only");
+      }
     }
     if (!req.has_header("Idempotency-Key")) {
       const auto t0 = std::chrono::steady_clock::now();
