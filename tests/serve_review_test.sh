@@ -149,6 +149,10 @@ check "a response of 770048 bytes + 64 KB of headers: forwarded" \
 req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
 check "... its repeat is replayed (status, headers, the body omitted), not 409" \
   eval '[ "$code" = 200 ] && [ "$(header Idempotent-Replayed)" = true ] && [ -n "$(header X-Big-7)" ] && [ -n "$(header Dedup-Replay-Body)" ]'
+# The replay of an omitted body kept Content-Type, ETag and the like on an empty
+# body: a cache or a client took it for the complete representation.
+check "... without the representation's headers (Content-Type, ETag): only the body's absence is said" \
+  eval '[ -z "$(header Content-Type)" ] && [ -z "$(header ETag)" ] && [ "$(header Content-Length)" = 0 ]'
 sleep 2.5  # past the lease: a key left in progress would be claimed and forwarded again
 req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
 check "... the application ran once" [ "$(calls)" = $((before + 1)) ]

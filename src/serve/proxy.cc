@@ -51,6 +51,19 @@ bool IsHopByHop(const std::string& name) {
   return false;
 }
 
+// Headers that describe a response's body (RFC 9110 8, 8.8; RFC 9530 digests).
+bool IsRepresentationHeader(const std::string& name) {
+  static const char* kRepr[] = {"content-type",     "content-encoding", "content-language",
+                                "content-location", "content-range",    "content-md5",
+                                "content-digest",   "repr-digest",      "digest",
+                                "etag",             "last-modified"};
+  const std::string lower = Lower(name);
+  for (const char* h : kRepr) {
+    if (lower == h) return true;
+  }
+  return false;
+}
+
 // Headers cpp-httplib adds to a server-side request for the handler's use.
 bool IsLocalPseudoHeader(const std::string& name) {
   return name == "REMOTE_ADDR" || name == "REMOTE_PORT" || name == "LOCAL_ADDR" ||
@@ -222,11 +235,19 @@ std::optional<Upstream> DecodeRecording(const std::string& text) {
   }
   Upstream up;
   up.status = j["status"].get<int>();
-  for (const auto& h : j["headers"]) up.headers.emplace(h[0].get<std::string>(), h[1].get<std::string>());
+  const bool body_kept = j.contains("body_b64");
+  for (const auto& h : j["headers"]) {
+    const std::string name = h[0].get<std::string>();
+    // Without the body, the headers that describe it (its type, coding, validators)
+    // would describe the empty body sent instead: a cache or a client would take
+    // it for the complete representation.
+    if (!body_kept && IsRepresentationHeader(name)) continue;
+    up.headers.emplace(name, h[1].get<std::string>());
+  }
   if (j.value("headers_omitted", false)) {
     up.headers.emplace("Dedup-Replay-Headers", "omitted, over the recording bound");
   }
-  if (j.contains("body_b64")) {
+  if (body_kept) {
     auto b = Base64Decode(j["body_b64"].get<std::string>());
     if (!b) return std::nullopt;
     up.body = std::move(*b);
