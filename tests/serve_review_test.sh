@@ -259,6 +259,20 @@ for st in 503 429; do
     eval '[ "$first_code" = $st ] && [ "$code" = $st ] && [ -z "$(header Idempotent-Replayed)" ]'
 done
 check "... four calls for the four requests" [ "$(calls)" = $((before + 4)) ]
+# The release after a 429 / 503 was counted as done even when the claim had been
+# lost meanwhile (here: forgotten through the API while the application worked).
+outcome() { curl -s "$proxy/_dedup/metrics" -H "Authorization: Bearer $token" |
+  awk -v o="outcome=\"$1\"" 'index($0, "dedup_proxy_requests_total{") == 1 && index($0, o) { n = $2 } END { print n + 0 }'; }
+released=$(outcome released)
+curl -s -o /dev/null -X POST "$proxy/status?code=429&sleep_ms=1200" "${ptok[@]}" \
+  -H 'Idempotency-Key: lost-429' -d 1 &
+client=$!
+sleep 0.4
+req -X DELETE "$proxy/_dedup/v1/keys/idem:lost-429?force=true" -H "Authorization: Bearer $token"
+wait $client
+check "a 429 whose claim was lost meanwhile: not counted released, counted unreleased" \
+  eval '[ "$(outcome released)" = "$released" ] && [ "$(outcome unreleased)" = 1 ]'
+check "... and logged" grep -q "not released" "$tmp/proxy.log"
 req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
 req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
 check "a 500 is recorded and replayed" eval '[ "$code" = 500 ] && [ "$(header Idempotent-Replayed)" = true ]'

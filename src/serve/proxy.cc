@@ -506,9 +506,25 @@ void Server::Impl::RegisterProxy() {
     if (up->status == 429 || up->status == 503) {
       // "Not processed, retry later" (RFC 6585, RFC 9110): recorded, it would be
       // replayed to every retry of the key for the whole retention. The key is
-      // given back instead, so that the retry is forwarded.
-      if (!lost) (void)s.store->Release(key, token, s.o.retention);
-      count("released");
+      // given back instead, so that the retry is forwarded. A 503 may also come
+      // from a gateway in front of the application after the effect: the same
+      // unknown outcome as no answer at all, which releases too (the fence is
+      // there for it; docs/SERVE.md).
+      auto released = lost ? StatusOr<WriteResult>(WriteResult::kLost)
+                           : s.store->Release(key, token, s.o.retention);
+      if (!released.ok() || *released != WriteResult::kOk) {
+        // The key stays in progress until its lease runs out (store error), or
+        // another owner has it (lost): the retry may get 409 meanwhile.
+        count("unreleased");
+        if (s.o.log) {
+          s.o.log("proxy: claim not released after the application's " +
+                  std::to_string(up->status) + ": " +
+                  s.Redact(released.ok() ? std::string("lease lost")
+                                         : released.status().ToString()));
+        }
+      } else {
+        count("released");
+      }
       return SendUpstream(*up, res);
     }
     auto done = lost ? StatusOr<WriteResult>(WriteResult::kLost)
