@@ -98,6 +98,12 @@ check "a dedup_token cookie is not forwarded to the application" \
 check "... the application's own cookies are" python3 -c '
 import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
 assert h["cookie"]=="a=1; b=2", h' "$body"
+# Without dedup's cookie, the Cookie line goes on byte for byte (it was rebuilt on
+# every request, "a=1;b=2" becoming "a=1; b=2").
+req -X POST "$proxy/echo" -H "Dedup-Token: $token" -H "Cookie: a=1;b=2;  c=3" -d x
+check "a Cookie line without dedup_token reaches the application as sent" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert h["cookie"]=="a=1;b=2;  c=3", h' "$body"
 before=$(calls)
 req -X POST "$proxy/_dedup" -H "Dedup-Token: $token" -d x
 check "POST /_dedup (dedup's own prefix) does not reach the application" \

@@ -80,18 +80,20 @@ std::string FieldKey(const std::string& name) {
 }
 
 // A Cookie header without dedup's own dedup_token cookie (a browser that opened
-// the page before it was set for /_dedup/ only may still send it everywhere).
-std::string WithoutDedupCookie(const std::string& cookies) {
+// the page before it was set for /_dedup/ only may still send it everywhere);
+// nullopt when it has none, and the line goes on as sent.
+std::optional<std::string> WithoutDedupCookie(const std::string& cookies) {
   std::string out;
-  size_t at = 0;
-  while (at <= cookies.size()) {
-    size_t end = cookies.find(';', at);
-    if (end == std::string::npos) end = cookies.size();
-    std::string part = cookies.substr(at, end - at);
-    while (!part.empty() && part.front() == ' ') part.erase(0, 1);
-    if (!part.empty() && part.rfind("dedup_token=", 0) != 0) out += (out.empty() ? "" : "; ") + part;
-    at = end + 1;
+  bool ours = false;
+  for (std::string_view part : CookiePairs(cookies)) {
+    if (part.substr(0, 12) == "dedup_token=") {
+      ours = true;
+      continue;
+    }
+    if (!out.empty()) out += "; ";
+    out += part;
   }
+  if (!ours) return std::nullopt;
   return out;
 }
 
@@ -159,8 +161,10 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req, uint64_t
       continue;
     }
     if (Lower(k) == "cookie") {
-      if (std::string kept = WithoutDedupCookie(v); !kept.empty()) fwd.headers.emplace(k, kept);
-      continue;
+      if (auto kept = WithoutDedupCookie(v)) {
+        if (!kept->empty()) fwd.headers.emplace(k, *kept);
+        continue;
+      }
     }
     fwd.headers.emplace(k, v);
   }

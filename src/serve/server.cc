@@ -126,6 +126,19 @@ void HideFormContentType(const httplib::Request& req) {
 
 const std::vector<std::string>& HiddenContentType() { return t_hidden_content_type; }
 
+std::vector<std::string_view> CookiePairs(std::string_view header) {
+  std::vector<std::string_view> out;
+  while (!header.empty()) {
+    size_t end = header.find(';');
+    std::string_view part = header.substr(0, end);
+    header = end == std::string_view::npos ? std::string_view() : header.substr(end + 1);
+    while (!part.empty() && (part.front() == ' ' || part.front() == '\t')) part.remove_prefix(1);
+    while (!part.empty() && (part.back() == ' ' || part.back() == '\t')) part.remove_suffix(1);
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -264,16 +277,11 @@ bool Server::Impl::HasToken(const httplib::Request& req, bool allow_cookie) cons
     return false;
   }
   const std::string cookies = req.get_header_value("Cookie");
-  size_t at = 0;
-  while (at < cookies.size()) {
-    size_t end = cookies.find(';', at);
-    if (end == std::string::npos) end = cookies.size();
-    std::string part = cookies.substr(at, end - at);
-    while (!part.empty() && part.front() == ' ') part.erase(0, 1);
-    if (part.rfind("dedup_token=", 0) == 0 && ConstantTimeEquals(part.substr(12), o.auth_token)) {
+  for (std::string_view part : CookiePairs(cookies)) {
+    if (part.substr(0, 12) == "dedup_token=" &&
+        ConstantTimeEquals(std::string(part.substr(12)), o.auth_token)) {
       return true;
     }
-    at = end + 1;
   }
   return false;
 }
