@@ -63,6 +63,10 @@ req -X POST "$base/v1/keys/csrf-3/claim" -H 'Origin: null' -d '{}'
 check "a POST with Origin: null (sandboxed frame, file:): 403" [ "$code" = 403 ]
 req -X POST "$base/v1/keys/csrf-4/claim" -H "Origin: $base" -H 'Sec-Fetch-Site: same-origin' -d '{}'
 check "a same-origin POST (the page's own): 201" [ "$code" = 201 ]
+req -X POST "$base/v1/keys/csrf-4b/claim" -H "Host: localhost:$port" -H "Origin: http://LOCALHOST:$port" -d '{}'
+check "a same-origin POST whose Origin differs from Host in case only: 201 (host names are case-insensitive)" [ "$code" = 201 ]
+req -X POST "$base/v1/keys/csrf-4c/claim" -H 'Sec-Fetch-Site: cross-site' -d '{}'
+check "a 403 says how to allow it: --auth-token-file" eval '[ "$code" = 403 ] && says auth-token-file'
 req -X POST "$base/v1/keys/csrf-5/claim" -d '{}'
 check "a POST without Origin (curl, any client): 201" [ "$code" = 201 ]
 req "$base/v1/keys?prefix=csrf" -H "Host: evil.example:$port"

@@ -59,14 +59,17 @@ std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* sta
   }
   if (req.method == "GET" || req.method == "HEAD") return "";
   *status = 403;
-  if (req.has_header("Origin") && req.get_header_value("Origin") != "http://" + host) {
+  static const char* kFix =
+      ": to allow it, give serve a token with --auth-token-file and send it with the request";
+  // Scheme and host compare case-insensitively, as the Host check above does.
+  if (req.has_header("Origin") && Lower(req.get_header_value("Origin")) != "http://" + Lower(host)) {
     return "a request from the origin '" +
            internal::Printable(std::string_view(req.get_header_value("Origin")).substr(0, 128)) +
-           "' may not change state here (cross-origin request)";
+           "' may not change state here (cross-origin request, no token)" + kFix;
   }
   const std::string site = req.get_header_value("Sec-Fetch-Site");
   if (site == "cross-site" || site == "same-site") {
-    return "a " + site + " request from a browser may not change state here";
+    return "a " + site + " request from a browser may not change state here (no token)" + kFix;
   }
   return "";
 }
