@@ -45,6 +45,10 @@ check "GET /v1/keys/{key}?verbose=1: 400" [ "$code" = 400 ]
 req -X POST "$base/v1/keys/q3/claim" -d '{}'
 req -X DELETE "$base/v1/keys/q3?force=false&force=true"
 check "DELETE ?force=false&force=true (which one?): 400 naming force" eval '[ "$code" = 400 ] && says force'
+# cpp-httplib collapses an exact repeat into one parameter; the docs say any
+# parameter given twice is refused.
+req -X DELETE "$base/v1/keys/q3?force=true&force=true"
+check "DELETE ?force=true&force=true (an exact repeat): 400 naming force" eval '[ "$code" = 400 ] && says force'
 
 # ---- a web page the operator visits reaches loopback too. Without a token, a
 # cross-site form or fetch could claim, complete or release keys (a text/plain

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 
 #include "core/printable.h"
@@ -97,13 +98,25 @@ StatusOr<httplib::Params> QueryParams(const httplib::Request& req,
                                       std::initializer_list<std::string_view> known) {
   httplib::Params params;
   if (const size_t q = req.target.find('?'); q != std::string::npos) {
-    httplib::detail::parse_query_text(req.target.substr(q + 1), params);
+    const std::string query = req.target.substr(q + 1);
+    httplib::detail::parse_query_text(query, params);
+    // Counted from the target itself: parse_query_text drops an exact repeat
+    // (?force=true&force=true), which is refused as any other repeat is.
+    std::map<std::string, int> seen;
+    for (size_t at = 0; at <= query.size();) {
+      size_t end = query.find('&', at);
+      if (end == std::string::npos) end = query.size();
+      const std::string pair = query.substr(at, end - at);
+      at = end + 1;
+      if (pair.empty()) continue;
+      const std::string name = httplib::detail::decode_url(pair.substr(0, pair.find('=')), true);
+      if (++seen[name] > 1) {
+        return Status::InvalidArgument("query parameter \"" + Shown(name) +
+                                       "\" is given more than once; give it once");
+      }
+    }
   }
   for (const auto& [name, value] : params) {
-    if (params.count(name) > 1) {
-      return Status::InvalidArgument("query parameter \"" + Shown(name) + "\" is given " +
-                                     std::to_string(params.count(name)) + " times; give it once");
-    }
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
     return Status::InvalidArgument("unknown query parameter \"" + Shown(name) + "\" " +
                                    KnownList(known));

@@ -9,17 +9,18 @@
 //                while the application works; its response (status, headers
 //                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
 //                body up to max_response_bytes) is recorded with complete, then
-//                sent. No answer from the application, or a 429 / 503 (not
-//                processed, retry later): the claim is released (a retry
-//                forwards again) and the client gets 502, or the 429 / 503.
+//                sent. No answer from the application, or a 429 / 503 (retry
+//                later; a gateway's 503 is an unknown outcome, as no answer is):
+//                the claim is released (a retry forwards again) and the client
+//                gets 502, or the 429 / 503.
 //   DUPLICATE -> the recorded response, with `Idempotent-Replayed: true`;
 //   BUSY      -> 409 with Retry-After (the first request is still in flight);
 //   MISMATCH  -> 422 (same key, different request);
 //   store error -> 503 with Retry-After, nothing forwarded (fail closed).
 //
 // A forwarded claimed request carries its fence in Dedup-Fence. Requests without
-// the header pass through untouched (but for hop-by-hop headers and dedup's own
-// Dedup-Token, Dedup-Fence and dedup_token cookie).
+// the header pass through, but for hop-by-hop headers and dedup's own
+// Dedup-Token, Dedup-Fence (their '_' variants too) and dedup_token cookie.
 
 #include <condition_variable>
 #include <map>

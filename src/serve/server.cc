@@ -42,8 +42,9 @@ std::string HostOfHeader(const std::string& host) {
 
 // Without a token (serve on loopback), a web page the operator visits can send
 // requests to it too. Refused: a request from another origin to one of dedup's
-// own routes that could change state, and any request whose Host does not name
-// loopback (a DNS-rebound name, evil.example -> 127.0.0.1, is same-origin for the
+// own routes that could change state, and any request to dedup's own routes (not
+// a proxied one: the application behind has its own rules) whose Host does not
+// name loopback (a DNS-rebound name, evil.example -> 127.0.0.1, is same-origin for the
 // browser). With a token, the token is the guard (the page's cookie is
 // SameSite=Strict and its writes carry a header no cross-site form can send), and
 // a TLS reverse proxy in front may present any Origin and Host. Empty when the
