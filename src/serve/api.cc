@@ -60,11 +60,6 @@ StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& 
   return std::optional<std::string>();
 }
 
-// A name the client gave (a body field, a query parameter) as shown in an error:
-// printable, at most 64 bytes.
-std::string Shown(const std::string& name) {
-  return internal::Printable(std::string_view(name).substr(0, 64));
-}
 
 // "(known: a, b)", or "(this route takes none)".
 std::string KnownList(std::initializer_list<std::string_view> known) {
@@ -84,7 +79,7 @@ StatusOr<Json> ParseBody(const httplib::Request& req,
   }
   for (const auto& [name, value] : j.items()) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    return Status::InvalidArgument("unknown field \"" + Shown(name) +
+    return Status::InvalidArgument("unknown field \"" + Shown(name, 64) +
                                    "\" in the request body " + KnownList(known));
   }
   return j;
@@ -111,14 +106,14 @@ StatusOr<httplib::Params> QueryParams(const httplib::Request& req,
       if (pair.empty()) continue;
       const std::string name = httplib::detail::decode_url(pair.substr(0, pair.find('=')), true);
       if (++seen[name] > 1) {
-        return Status::InvalidArgument("query parameter \"" + Shown(name) +
+        return Status::InvalidArgument("query parameter \"" + Shown(name, 64) +
                                        "\" is given more than once; give it once");
       }
     }
   }
   for (const auto& [name, value] : params) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    return Status::InvalidArgument("unknown query parameter \"" + Shown(name) + "\" " +
+    return Status::InvalidArgument("unknown query parameter \"" + Shown(name, 64) + "\" " +
                                    KnownList(known));
   }
   return params;
@@ -273,9 +268,7 @@ void Server::Impl::RegisterApi() {
       return s.SendStatus(res, r.status());
     }
     std::string outcome(ClaimOutcomeName(r->outcome));
-    std::string lower = outcome;
-    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    s.Outcome("dedup_serve_claims_total", claim_help, "outcome", lower)->Inc();
+    s.Outcome("dedup_serve_claims_total", claim_help, "outcome", Lower(outcome))->Inc();
     Json j = {{"outcome", outcome}, {"fence", r->fence}};
     switch (r->outcome) {
       case ClaimOutcome::kAcquired:

@@ -88,6 +88,10 @@ const std::vector<std::string>& HiddenContentType();
 // filter of it).
 std::vector<std::string_view> CookiePairs(std::string_view header);
 
+// Text a client sent (a header, a parameter's name) as shown in an error or a
+// log: printable, at most max_bytes of it.
+std::string Shown(std::string_view text, size_t max_bytes = 128);
+
 // ASCII lower case (header names and media types).
 std::string Lower(std::string s);
 

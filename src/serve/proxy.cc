@@ -28,7 +28,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/printable.h"
 #include "core/redact.h"
 #include "core/uri.h"
 #include "serve/bytes.h"
@@ -405,7 +404,7 @@ void Server::Impl::RegisterProxy() {
       if (FieldKey(k) == "idempotency-key" && Lower(k) != "idempotency-key") {
         count("bad_key");
         return s.SendProblem(res, 400, "Bad Request",
-                             "header '" + internal::Printable(std::string_view(k).substr(0, 128)) +
+                             "header '" + Shown(k) +
                                  "': many application frameworks read it as Idempotency-Key; "
                                  "send the key as Idempotency-Key only");
       }

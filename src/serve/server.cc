@@ -9,6 +9,7 @@
 
 #include "core/printable.h"
 #include "core/redact.h"
+#include "core/uri.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
 
@@ -34,12 +35,6 @@ bool IsFieldName(const std::string& name) {
   return true;
 }
 
-// The host of a Host header ("h:p", "[::1]:p", "h"), without its port.
-std::string HostOfHeader(const std::string& host) {
-  if (!host.empty() && host.front() == '[') return host.substr(0, host.find(']') + 1);
-  return host.substr(0, host.rfind(':'));
-}
-
 // Without a token (serve on loopback), a web page the operator visits can send
 // requests to it too. Refused: a request from another origin to one of dedup's
 // own routes that could change state, and any request to dedup's own routes (not
@@ -52,9 +47,11 @@ std::string HostOfHeader(const std::string& host) {
 std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* status) {
   if (has_token) return "";
   const std::string host = req.get_header_value("Host");
-  if (!host.empty() && !IsLoopback(Lower(HostOfHeader(host)))) {
+  // The one host:port grammar (core/uri.h); a Host it cannot read is not loopback.
+  StatusOr<internal::HostPort> hp = internal::ParseHostPort(host, "Host");
+  if (!host.empty() && !(hp.ok() && IsLoopback(Lower(hp->host)))) {
     *status = 421;
-    return "Host '" + internal::Printable(std::string_view(host).substr(0, 128)) +
+    return "Host '" + Shown(host) +
            "' is not a loopback name: without --auth-token-file, serve answers only "
            "requests addressed to 127.0.0.1, [::1] or localhost (DNS rebinding)";
   }
@@ -65,7 +62,7 @@ std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* sta
   // Scheme and host compare case-insensitively, as the Host check above does.
   if (req.has_header("Origin") && Lower(req.get_header_value("Origin")) != "http://" + Lower(host)) {
     return "a request from the origin '" +
-           internal::Printable(std::string_view(req.get_header_value("Origin")).substr(0, 128)) +
+           Shown(req.get_header_value("Origin")) +
            "' may not change state here (cross-origin request, no token)" + kFix;
   }
   const std::string site = req.get_header_value("Sec-Fetch-Site");
@@ -141,6 +138,10 @@ std::vector<std::string_view> CookiePairs(std::string_view header) {
     if (!part.empty()) out.push_back(part);
   }
   return out;
+}
+
+std::string Shown(std::string_view text, size_t max_bytes) {
+  return internal::Printable(text.substr(0, max_bytes));
 }
 
 std::string Lower(std::string s) {
@@ -327,7 +328,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
     for (const auto& [k, v] : req.headers) {
       if (IsFieldName(k)) continue;
       s.SendProblem(res, 400, "Bad Request",
-                    "header field name '" + internal::Printable(std::string_view(k).substr(0, 128)) +
+                    "header field name '" + Shown(k) +
                         "' is malformed (no whitespace before the colon, RFC 9112 5.1)");
       return httplib::Server::HandlerResponse::Handled;
     }
