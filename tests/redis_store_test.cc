@@ -1744,6 +1744,51 @@ TEST_F(RedisClusterTest, ABatchWhoseLastTryIsLostNamesTheClaimsWhoseOutcomeIsUnk
   }
 }
 
+// tidyreview: a batch that ends on an error reply (a key holding a hash answers
+// WRONGTYPE) while a paused primary lost its answer returned the error alone:
+// the claims that primary may have written (BUSY for their lease) were not named.
+TEST_F(RedisClusterTest, ABatchEndedByAnErrorReplyNamesTheClaimsWhoseOutcomeIsUnknown) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=ue:&pool=1&timeout=300ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const int paused = 1;
+  std::vector<std::string> keys;
+  std::map<std::string, int> node_of;
+  for (int i = 0; i < 30; ++i) keys.push_back("e-" + std::to_string(i));
+  for (const auto& k : keys) {
+    for (int n = 0; n < 3; ++n) {
+      if (Admin(kBase + n, {"GET", "ue:" + k}).rfind("MOVED", 0) != 0) node_of[k] = n;
+    }
+  }
+  std::string hash_key;  // on a primary that answers
+  size_t on_paused = 0;
+  for (const auto& k : keys) {
+    if (node_of[k] == paused) ++on_paused;
+    if (node_of[k] == 0 && hash_key.empty()) hash_key = k;
+  }
+  ASSERT_GT(on_paused, 1u);
+  ASSERT_FALSE(hash_key.empty());
+  Admin(kBase + 0, {"HSET", "ue:" + hash_key, "f", "v"});
+  std::vector<ClaimRequest> reqs;
+  for (const auto& k : keys) {
+    if (node_of[k] == paused || k == hash_key) reqs.push_back(Req(k));
+  }
+  std::vector<ClaimRequest> warm_reqs;
+  for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("ew-" + std::to_string(i)));
+  ASSERT_TRUE(store.ClaimBatch(warm_reqs).ok());
+  ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
+  auto b = store.ClaimBatch(reqs);
+  ASSERT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
+  ASSERT_FALSE(b.ok());
+  const std::string& m = b.status().message();
+  std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+  EXPECT_EQ(b.status().code(), StatusCode::kDataLoss) << b.status();
+  EXPECT_NE(m.find("effect unknown"), std::string::npos) << m;
+  EXPECT_NE(m.find("the claims of " + std::to_string(on_paused) + " keys ("), std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("'" + hash_key + "' may"), std::string::npos) << m;
+}
+
 // pipereview: one primary of a batch pauses for longer than the timeout, then
 // resumes and runs the claims it was sent. The batch tries again only the
 // unanswered part, with the same tokens: every claim is ACQUIRED at fence 1,
