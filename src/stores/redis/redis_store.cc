@@ -252,7 +252,7 @@ class RedisStore final : public Store {
       }
       if (bad_fast) {
         ReleaseAcquired(reqs, tokens, out);
-        return *bad_fast;
+        return EarlierTriesLost(*bad_fast, lease, reqs, unknown, sent);
       }
       if (!slow.empty()) {
         std::vector<std::string> skeys;
@@ -283,7 +283,7 @@ class RedisStore final : public Store {
         }
         if (bad) {
           ReleaseAcquired(reqs, tokens, out);
-          return *bad;
+          return EarlierTriesLost(*bad, lease, reqs, unknown, sent);
         }
       }
       if (left.empty()) return out;
@@ -350,7 +350,8 @@ class RedisStore final : public Store {
   // sent by some try, answered by none), and none when every claim a lost try
   // sent was answered by a later one. Also when the last try was itself sent
   // (`last_sent`): its status is the first failure in node order, which may be
-  // another node's (a refused connection) and say nothing of these.
+  // another node's (a refused connection) and say nothing of these; and when an
+  // error reply (a WRONGTYPE) ends the batch.
   static Status EarlierTriesLost(const Status& s, Millis lease,
                                  std::span<const ClaimRequest> reqs,
                                  const std::vector<bool>& unknown, bool last_sent) {
