@@ -1462,6 +1462,25 @@ class RedisClusterTest : public RedisStoreTest {
     RedisStoreTest::TearDown();
   }
 
+  // The primary (0 to 2) that owns each of `keys` under `prefix`.
+  std::map<std::string, int> NodeOf(const std::string& prefix,
+                                    const std::vector<std::string>& keys) {
+    std::map<std::string, int> node_of;
+    for (const auto& k : keys) {
+      for (int n = 0; n < 3; ++n) {
+        if (Admin(kBase + n, {"GET", prefix + k}).rfind("MOVED", 0) != 0) node_of[k] = n;
+      }
+    }
+    return node_of;
+  }
+  // Opens the store's connections to every primary (a paused server accepts no
+  // new ones), so that a batch's first try is sent.
+  static void Warm(Store& store, const std::string& name) {
+    std::vector<ClaimRequest> warm_reqs;
+    for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req(name + std::to_string(i)));
+    ASSERT_TRUE(store.ClaimBatch(warm_reqs).ok());
+  }
+
   // Moves `slot` from the node on `from` to the node on `to` the way
   // redis-cli --cluster reshard does: IMPORTING / MIGRATING, MIGRATE the keys in
   // small steps (so that claims meet ASK redirects), then SETSLOT NODE everywhere.
@@ -1664,19 +1683,11 @@ TEST_F(RedisClusterTest, ABatchThatFailsAfterALostTryNamesOnlyTheClaimsWhoseOutc
   std::vector<ClaimRequest> reqs;
   for (int i = 0; i < 30; ++i) keys.push_back("u-" + std::to_string(i));
   for (const auto& k : keys) reqs.push_back(Req(k));
-  std::map<std::string, int> node_of;  // key -> the primary that owns it
-  for (const auto& k : keys) {
-    for (int n = 0; n < 3; ++n) {
-      if (Admin(kBase + n, {"GET", "un:" + k}).rfind("MOVED", 0) != 0) node_of[k] = n;
-    }
-  }
+  std::map<std::string, int> node_of = NodeOf("un:", keys);
   size_t on_paused = 0;
   for (const auto& k : keys) on_paused += node_of[k] == paused;
   ASSERT_GT(on_paused, 1u);
-  // The connections to every primary open, so that the first try is sent.
-  std::vector<ClaimRequest> warm_reqs;
-  for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("w-" + std::to_string(i)));
-  ASSERT_TRUE(store.ClaimBatch(warm_reqs).ok());
+  Warm(store, "w-");
   servers_[stopped]->Stop();
   ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
   auto b = store.ClaimBatch(reqs);
@@ -1715,18 +1726,11 @@ TEST_F(RedisClusterTest, ABatchWhoseLastTryIsLostNamesTheClaimsWhoseOutcomeIsUnk
   std::vector<ClaimRequest> reqs;
   for (int i = 0; i < 30; ++i) keys.push_back("l-" + std::to_string(i));
   for (const auto& k : keys) reqs.push_back(Req(k, 300ms));  // no time for a second try
-  std::map<std::string, int> node_of;
-  for (const auto& k : keys) {
-    for (int n = 0; n < 3; ++n) {
-      if (Admin(kBase + n, {"GET", "ul:" + k}).rfind("MOVED", 0) != 0) node_of[k] = n;
-    }
-  }
+  std::map<std::string, int> node_of = NodeOf("ul:", keys);
   size_t on_paused = 0;
   for (const auto& k : keys) on_paused += node_of[k] == paused;
   ASSERT_GT(on_paused, 1u);
-  std::vector<ClaimRequest> warm_reqs;
-  for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("lw-" + std::to_string(i)));
-  ASSERT_TRUE(store.ClaimBatch(warm_reqs).ok());
+  Warm(store, "lw-");
   servers_[stopped]->Stop();
   ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
   auto b = store.ClaimBatch(reqs);
@@ -1753,13 +1757,8 @@ TEST_F(RedisClusterTest, ABatchEndedByAnErrorReplyNamesTheClaimsWhoseOutcomeIsUn
   Store& store = **opened;
   const int paused = 1;
   std::vector<std::string> keys;
-  std::map<std::string, int> node_of;
   for (int i = 0; i < 30; ++i) keys.push_back("e-" + std::to_string(i));
-  for (const auto& k : keys) {
-    for (int n = 0; n < 3; ++n) {
-      if (Admin(kBase + n, {"GET", "ue:" + k}).rfind("MOVED", 0) != 0) node_of[k] = n;
-    }
-  }
+  std::map<std::string, int> node_of = NodeOf("ue:", keys);
   std::string hash_key;  // on a primary that answers
   size_t on_paused = 0;
   for (const auto& k : keys) {
@@ -1773,9 +1772,7 @@ TEST_F(RedisClusterTest, ABatchEndedByAnErrorReplyNamesTheClaimsWhoseOutcomeIsUn
   for (const auto& k : keys) {
     if (node_of[k] == paused || k == hash_key) reqs.push_back(Req(k));
   }
-  std::vector<ClaimRequest> warm_reqs;
-  for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("ew-" + std::to_string(i)));
-  ASSERT_TRUE(store.ClaimBatch(warm_reqs).ok());
+  Warm(store, "ew-");
   ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
   auto b = store.ClaimBatch(reqs);
   ASSERT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
