@@ -1481,6 +1481,32 @@ class RedisClusterTest : public RedisStoreTest {
     ASSERT_TRUE(store.ClaimBatch(warm_reqs).ok());
   }
 
+  // ClaimBatch(reqs) with primary `stopped` down (-1: none) and `paused`
+  // SIGSTOPped until it returns; its status, which must be a failure.
+  Status BatchWhilePaused(Store& store, const std::vector<ClaimRequest>& reqs, int paused,
+                          int stopped) {
+    if (stopped >= 0) servers_[stopped]->Stop();
+    EXPECT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
+    auto b = store.ClaimBatch(reqs);
+    EXPECT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
+    EXPECT_FALSE(b.ok()) << "a paused primary answered";
+    std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+    return b.status();
+  }
+  // `m` names the claims of the keys on `paused` (their count), and no other key.
+  static void ExpectNamesOnlyThePaused(const std::string& m, const std::vector<std::string>& keys,
+                                       const std::map<std::string, int>& node_of, int paused) {
+    size_t on_paused = 0;
+    for (const auto& k : keys) on_paused += node_of.at(k) == paused;
+    EXPECT_NE(m.find("the claims of " + std::to_string(on_paused) + " keys ("), std::string::npos)
+        << m;
+    for (const auto& k : keys) {
+      if (node_of.at(k) != paused) {
+        EXPECT_EQ(m.find("'" + k + "'"), std::string::npos) << k << " is named: " << m;
+      }
+    }
+  }
+
   // Moves `slot` from the node on `from` to the node on `to` the way
   // redis-cli --cluster reshard does: IMPORTING / MIGRATING, MIGRATE the keys in
   // small steps (so that claims meet ASK redirects), then SETSLOT NODE everywhere.
@@ -1688,22 +1714,10 @@ TEST_F(RedisClusterTest, ABatchThatFailsAfterALostTryNamesOnlyTheClaimsWhoseOutc
   for (const auto& k : keys) on_paused += node_of[k] == paused;
   ASSERT_GT(on_paused, 1u);
   Warm(store, "w-");
-  servers_[stopped]->Stop();
-  ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
-  auto b = store.ClaimBatch(reqs);
-  ASSERT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
-  ASSERT_FALSE(b.ok()) << "a paused and a stopped primary answered";
-  const std::string& m = b.status().message();
-  std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+  const std::string m = BatchWhilePaused(store, reqs, paused, stopped).message();
   EXPECT_NE(m.find("earlier try was sent and its answer lost (effect unknown"), std::string::npos)
       << m;
-  EXPECT_NE(m.find("the claims of " + std::to_string(on_paused) + " keys ("), std::string::npos)
-      << m;
-  for (const auto& k : keys) {
-    if (node_of[k] != paused) {
-      EXPECT_EQ(m.find("'" + k + "'"), std::string::npos) << k << " is named: " << m;
-    }
-  }
+  ExpectNamesOnlyThePaused(m, keys, node_of, paused);
   for (const auto& k : keys) {  // the running primary's claims were released
     if (node_of[k] != 0) continue;
     auto c = store.Claim(Req(k));
@@ -1731,21 +1745,9 @@ TEST_F(RedisClusterTest, ABatchWhoseLastTryIsLostNamesTheClaimsWhoseOutcomeIsUnk
   for (const auto& k : keys) on_paused += node_of[k] == paused;
   ASSERT_GT(on_paused, 1u);
   Warm(store, "lw-");
-  servers_[stopped]->Stop();
-  ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
-  auto b = store.ClaimBatch(reqs);
-  ASSERT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
-  ASSERT_FALSE(b.ok()) << "a paused and a stopped primary answered";
-  const std::string& m = b.status().message();
-  std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+  const std::string m = BatchWhilePaused(store, reqs, paused, stopped).message();
   EXPECT_NE(m.find("effect unknown"), std::string::npos) << m;
-  EXPECT_NE(m.find("the claims of " + std::to_string(on_paused) + " keys ("), std::string::npos)
-      << m;
-  for (const auto& k : keys) {
-    if (node_of[k] != paused) {
-      EXPECT_EQ(m.find("'" + k + "'"), std::string::npos) << k << " is named: " << m;
-    }
-  }
+  ExpectNamesOnlyThePaused(m, keys, node_of, paused);
 }
 
 // tidyreview: a batch that ends on an error reply (a key holding a hash answers
@@ -1773,13 +1775,9 @@ TEST_F(RedisClusterTest, ABatchEndedByAnErrorReplyNamesTheClaimsWhoseOutcomeIsUn
     if (node_of[k] == paused || k == hash_key) reqs.push_back(Req(k));
   }
   Warm(store, "ew-");
-  ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
-  auto b = store.ClaimBatch(reqs);
-  ASSERT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
-  ASSERT_FALSE(b.ok());
-  const std::string& m = b.status().message();
-  std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
-  EXPECT_EQ(b.status().code(), StatusCode::kDataLoss) << b.status();
+  const Status b = BatchWhilePaused(store, reqs, paused, /*stopped=*/-1);
+  const std::string& m = b.message();
+  EXPECT_EQ(b.code(), StatusCode::kDataLoss) << b;
   EXPECT_NE(m.find("effect unknown"), std::string::npos) << m;
   EXPECT_NE(m.find("the claims of " + std::to_string(on_paused) + " keys ("), std::string::npos)
       << m;
