@@ -930,6 +930,41 @@ TEST_P(ConsumerConformance, ABatchFetchedWhileTheClaimStageIsBusyIsClaimedBefore
   for (int i = 0; i < n; ++i) EXPECT_EQ(runs["s" + std::to_string(i)], 1) << i;
 }
 
+// A claim in flight when the stop comes is waited for; with drain_timeout 0 it
+// comes back after the drain timeout, while no handler runs. The store answered
+// it, so its claims are released like any others read ahead (SPEC: a worker asked
+// to stop releases its claims), not left held to their lease: that stalls every
+// worker of the group on BUSY for a whole lease.
+TEST_P(ConsumerConformance, ClaimsInFlightAtTheStopAreReleasedWhileTheStoreAnswers) {
+  SlowClaimStore slow(store_.get());  // a ClaimBatch of several takes 100 ms
+  Buffer buffer(&slow);               // lease 30 s
+  for (int i = 0; i < 4; ++i) Publish("f" + std::to_string(i));
+  auto source = Source();
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.prefetch = 3;
+  o.drain_timeout = 0ms;
+  std::atomic<int> ran{0};
+  Running c(source.get(), &buffer, [&](const Delivery&, ClaimGuard&) {
+    ++ran;
+    return HandlerResult::Done();
+  }, o);
+  // A source that hands out one delivery per fetch never claims in batches: then
+  // every message just runs and nothing is left to release.
+  WaitFor([&] { return slow.in_flight.load() > 0 || ran.load() > 0; });
+  c.Stop();
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  for (int i = 0; i < 4; ++i) {
+    const std::string k = "f" + std::to_string(i);
+    auto rec = store_->Inspect(k);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    if (rec->has_value()) {
+      EXPECT_NE((*rec)->state, RecordState::kInProgress)
+          << k << ": claim left held to its lease although the store answers";
+    }
+  }
+}
+
 // Counts Delivery::InProgress() per key (the broker's "still working on it",
 // JetStream's +WPI) and passes it on.
 class ProgressCountingSource final : public MessageSource {
