@@ -614,7 +614,7 @@ class Consumer::Impl {
       draining_ = true;
     }
     work_cv_.notify_all();
-    std::thread hand_back([this, deadline] { HandBackUnstarted(deadline); });
+    std::thread hand_back([this] { HandBackUnstarted(); });
     StopLateHandlers(deadline);
     hand_back.join();
     for (auto& t : threads_) t.join();
@@ -659,13 +659,14 @@ class Consumer::Impl {
 
   // Gives back what never started (queued, claimed ahead, or staged): its claim
   // released with one try, then the delivery handed back with Retry(0), so the
-  // broker may deliver it again at once. Bounded by the drain's deadline: once
-  // it has passed and no handler runs any more (while one runs, the drain waits
-  // for it anyway), or once a release has failed (the store does not answer,
-  // and each further try would wait as long), the claims left are abandoned (no
-  // release sent: each stays held until its lease runs out, as a crashed
-  // worker's) and their deliveries still handed back, unacked.
-  void HandBackUnstarted(std::chrono::steady_clock::time_point deadline) {
+  // broker may deliver it again at once. It does not wait on a store that does
+  // not answer: once a release has failed, or a claim it waited for came back
+  // without the store's answer (each further try would wait as long), the claims
+  // left are abandoned (no release sent: each stays held until its lease runs
+  // out, as a crashed worker's) and their deliveries still handed back, unacked.
+  // The drain's deadline alone abandons nothing: a store that answers gets its
+  // releases (SPEC: a worker asked to stop releases its claims).
+  void HandBackUnstarted() {
     std::deque<Job> unstarted;
     {
       std::unique_lock lock(mu_);
@@ -678,13 +679,15 @@ class Consumer::Impl {
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
     size_t abandoned = 0;
     std::string why;
+    for (const Job& j : unstarted) {
+      if (j.claim.has_value() && !j.claim->ok() && j.claim->status().retryable()) {
+        why = "a claim got no answer: " + j.claim->status().ToString();
+        break;
+      }
+    }
     for (Job& j : unstarted) {
       if (j.claim.has_value() && j.claim->ok() && (*j.claim)->active()) {
         ClaimGuard& g = **j.claim;
-        if (why.empty() && std::chrono::steady_clock::now() >= deadline) {
-          std::lock_guard lock(mu_);
-          if (running_ == 0) why = "the drain timeout has passed";
-        }
         if (why.empty()) {
           StatusOr<WriteResult> r = g.ReleaseOnce();
           if (!r.ok()) {
