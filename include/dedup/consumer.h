@@ -257,7 +257,9 @@ struct ConsumerOptions {
 // claims left are abandoned
 // (ClaimGuard::Abandon: held until their lease runs out) and their deliveries
 // still given back, unacked; while the store answers they are all released,
-// drain_timeout or not. Handlers still running at drain_timeout are asked
+// drain_timeout or not. Once one Retry(0) of them has failed (the broker does
+// not answer), the deliveries left are not given back but left to the broker's
+// own redelivery. Handlers still running at drain_timeout are asked
 // to stop (Delivery::stop_requested(), stop_handlers); one that ends without
 // completing has its claim released with one try (nothing recorded) and its
 // delivery handed back with Retry(0). Run() returns once every handler has ended

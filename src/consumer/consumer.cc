@@ -665,7 +665,11 @@ class Consumer::Impl {
   // left are abandoned (no release sent: each stays held until its lease runs
   // out, as a crashed worker's) and their deliveries still handed back, unacked.
   // The drain's deadline alone abandons nothing: a store that answers gets its
-  // releases (SPEC: a worker asked to stop releases its claims).
+  // releases (SPEC: a worker asked to stop releases its claims). Nor does it
+  // wait on a broker that does not answer: once a hand-back has failed, the
+  // deliveries left are not handed back (they come back with the broker's own
+  // redelivery: JetStream's AckWait, the Streams reclaim min-idle, RabbitMQ's
+  // requeue when the connection closes).
   void HandBackUnstarted() {
     std::deque<Job> unstarted;
     {
@@ -677,8 +681,8 @@ class Consumer::Impl {
       staged_.clear();
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
-    size_t abandoned = 0;
-    std::string why;
+    size_t abandoned = 0, not_handed_back = 0;
+    std::string why, broker_why;
     for (const Job& j : unstarted) {
       if (j.claim.has_value() && !j.claim->ok() && j.claim->status().retryable()) {
         why = "a claim got no answer: " + j.claim->status().ToString();
@@ -700,8 +704,16 @@ class Consumer::Impl {
         }
       }
       j.claim.reset();
-      Status s = j.delivery->Retry(Millis(0));
-      if (!s.ok()) n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      if (broker_why.empty()) {
+        Status s = j.delivery->Retry(Millis(0));
+        if (!s.ok()) {
+          n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+          broker_why = s.ToString();
+        }
+      } else {
+        ++not_handed_back;  // not settled: counted as a failed one would be
+        n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      }
       std::lock_guard lock(mu_);
       held_.erase(j.delivery->id());
     }
@@ -709,6 +721,11 @@ class Consumer::Impl {
       Log("drain: " + std::to_string(abandoned) + " claim(s) of deliveries not started were "
           "not released (" + why + "): left to run out with their lease; deliveries handed "
           "back unacked");
+    }
+    if (!broker_why.empty()) {
+      Log("drain: a hand-back failed (" + broker_why + "): " +
+          std::to_string(not_handed_back) + " more deliveries not started were not handed "
+          "back; the broker redelivers them unacked");
     }
   }
 
