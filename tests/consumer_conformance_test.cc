@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -629,6 +630,35 @@ TEST_P(ConsumerConformance, StopDuringAStoreOutageEndsSoonAfterTheDrainTimeout) 
   // (2 s) at most; the margin is for a loaded machine.
   EXPECT_LT(took, 5s) << "releases sent: " << store.releases.load();
   EXPECT_EQ(c->metrics().acked, 0u) << "nothing was recorded, nothing acked";
+}
+
+// A handler stopped by the drain that throws instead of returning Retry also ends
+// without completing: its claim gets one release try (consumer.h), not the
+// retries of an outcome write (complete_retry_time, 2 s) with the store down.
+TEST_P(ConsumerConformance, AStoppedHandlerThatThrowsGetsOneReleaseTry) {
+  DownStore store(store_.get());
+  Buffer buffer(&store);
+  auto source = Source();
+  Publish("thrower");
+  std::atomic<bool> started{false};
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.drain_timeout = 200ms;
+  Running c(source.get(), &buffer, [&](const Delivery& d, ClaimGuard&) -> HandlerResult {
+    started = true;
+    while (!d.stop_requested()) std::this_thread::sleep_for(5ms);
+    store.down = true;
+    throw std::runtime_error("stopped by the drain");
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  const auto t0 = SteadyClock::now();
+  c.Stop();
+  const auto took = SteadyClock::now() - t0;
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  EXPECT_EQ(store.releases.load(), 1) << "one release try";
+  // The drain timeout (200 ms), one release try that fails at once, the hand-back.
+  EXPECT_LT(took, 1'500ms) << "releases sent: " << store.releases.load();
+  EXPECT_EQ(c->metrics().acked, 0u);
 }
 
 // The same messages through batch claims and through one claim each get the same
