@@ -381,10 +381,17 @@ class Consumer::Impl {
       p = process_(d);
     } else {
       auto run = [&](ClaimGuard& g) {
-        HandlerResult r = handler_(d, g);
         // Stopped by a drain whose time is gone: no outcome, so the claim is
         // given up with one release try (as for what never started), not the
-        // retries of an outcome write.
+        // retries of an outcome write; also when the handler throws (Buffer
+        // takes that as Retry).
+        HandlerResult r;
+        try {
+          r = handler_(d, g);
+        } catch (...) {
+          if (handlers_stop_.load()) (void)g.ReleaseOnce();
+          throw;
+        }
         if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
         return r;
       };
