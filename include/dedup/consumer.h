@@ -252,9 +252,8 @@ struct ConsumerOptions {
 // handler). On stop the Consumer fetches no more and starts the drain timer
 // (graceful drain): running handlers may finish and be settled for up to
 // drain_timeout, while every queued delivery is given back (its claim released
-// with one try, then Retry(0)). Once one such release has failed, or a claim
-// the drain waited for came back unanswered (the store does not answer), the
-// claims left are abandoned
+// with one try, then Retry(0)). Once one such release has failed (the store
+// does not answer), the claims left are abandoned
 // (ClaimGuard::Abandon: held until their lease runs out) and their deliveries
 // still given back, unacked; while the store answers they are all released,
 // drain_timeout or not. Once one Retry(0) of them has failed (the broker does

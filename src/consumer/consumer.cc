@@ -667,9 +667,8 @@ class Consumer::Impl {
   // Gives back what never started (queued, claimed ahead, or staged): its claim
   // released with one try, then the delivery handed back with Retry(0), so the
   // broker may deliver it again at once. It does not wait on a store that does
-  // not answer: once a release has failed, or a claim it waited for came back
-  // without the store's answer (each further try would wait as long), the claims
-  // left are abandoned (no release sent: each stays held until its lease runs
+  // not answer: once a release has failed (each further try would wait as long),
+  // the claims left are abandoned (no release sent: each stays held until its lease runs
   // out, as a crashed worker's) and their deliveries still handed back, unacked.
   // The drain's deadline alone abandons nothing: a store that answers gets its
   // releases (SPEC: a worker asked to stop releases its claims). Nor does it
@@ -690,12 +689,6 @@ class Consumer::Impl {
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
     size_t abandoned = 0, not_handed_back = 0;
     std::string why, broker_why;
-    for (const Job& j : unstarted) {
-      if (j.claim.has_value() && !j.claim->ok() && j.claim->status().retryable()) {
-        why = "a claim got no answer: " + j.claim->status().ToString();
-        break;
-      }
-    }
     for (Job& j : unstarted) {
       if (j.claim.has_value() && j.claim->ok() && (*j.claim)->active()) {
         ClaimGuard& g = **j.claim;
