@@ -16,6 +16,9 @@
 #include <linux/close_range.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
@@ -464,6 +467,36 @@ TEST(HandlerProcess, NoneOfTheWorkersDescriptorsWhenCloseRangeIsRefused) {
   EXPECT_NE(code, 7) << "the handler inherited the worker's socket";
   EXPECT_NE(code, 8) << "the watchdog kept the caller's pipe open";
   EXPECT_EQ(code, 0);
+}
+
+// Without /proc (a chroot, a container that does not mount it), the numbers a
+// handler inherits are found by asking every number below the descriptor limit,
+// not only the first 1024: the user's `1100<file` reaches the handler there too.
+// Shown in a forked process whose own mount namespace hides /proc while the
+// supervisor starts, and shows it again for the handler's check.
+TEST(HandlerProcess, WithoutProcAGivenDescriptorAbove1024IsInherited) {
+  constexpr int kGiven = 1100;
+  const int code = ExitCodeOfChild([] {
+    rlimit lim{};
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return 2;
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max <= kGiven) return 10;
+    lim.rlim_cur = kGiven + 100;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return 10;
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("none", "/proc", "tmpfs", 0, nullptr) != 0) {
+      return 10;  // no mount namespace here: nothing to show
+    }
+    if (access("/proc/self/fd", F_OK) == 0) return 3;
+    const int given = open("/dev/null", O_RDONLY);  // as a shell's redirection: no O_CLOEXEC
+    if (given < 0 || dup2(given, kGiven) != kGiven) return 2;
+    auto sup = HandlerSupervisor::Start();
+    if (!sup.ok()) return 4;
+    if (umount2("/proc", MNT_DETACH) != 0 || access("/proc/self/fd", F_OK) != 0) return 5;
+    return SilentHandler(**sup, "if [ -e /proc/$$/fd/" + std::to_string(kGiven) +
+                                    " ]; then echo inherited; fi");
+  });
+  if (code == 10) GTEST_SKIP() << "no mount namespace or descriptor limit above " << kGiven;
+  EXPECT_EQ(code, 7) << "the handler did not inherit the user's descriptor " << kGiven;
 }
 
 // A process whose standard descriptors were closed when the supervisor started

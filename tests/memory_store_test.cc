@@ -326,14 +326,15 @@ TEST(MemoryStore, MatchesAModelThroughGrowthAndDeletion) {
   EXPECT_EQ(all->size(), live);
 }
 
-// A shard past 2 MiB of slots takes its slots 8 chunks at a time from huge-page
-// regions, and its index (2 MiB and more) from a huge-page mapping too: records
-// on both sides of that line keep their keys, expire, are reclaimed, and their
+// A shard past 2 MiB of slots takes its slots 8 chunks at a time from one
+// mapping, and its index from the store's arena of huge pages (64 KiB to 1 MiB)
+// and then from a huge-page mapping of its own (2 MiB and more): records on
+// both sides of those lines keep their keys, expire, are reclaimed, and their
 // slots are reused.
 TEST(MemoryStore, LargeShardKeepsEveryRecordAcrossHugePageRegions) {
   SimulatedClock clock;
   auto store = OneShardStore(&clock);
-  constexpr int kRecords = 300'000;  // 73 chunks of 4096: 8 small, then 9 regions; index 4 MiB
+  constexpr int kRecords = 300'000;  // 73 chunks of 4096: 8 alone, then 9 mappings; index 4 MiB
   auto key = [](int i) { return "large:" + std::to_string(i); };
   std::vector<std::string> keys;
   std::vector<ClaimRequest> reqs;
@@ -371,6 +372,61 @@ TEST(MemoryStore, LargeShardKeepsEveryRecordAcrossHugePageRegions) {
   auto all = store->Scan("", 1'000'000);
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), size_t{kRecords / 2 + 40'000});
+}
+
+// Index tables of 64 KiB to 1 MiB of all shards share one arena of 2 MiB
+// regions: tables split from and merged back into the same regions as shards
+// double at their own pace, from several threads at once. Every record stays
+// where its key finds it, through growth, forgets (backward shifts in arena
+// tables), and a second store's arena beside the first.
+TEST(MemoryStore, ShardsSharingTheIndexArenaKeepEveryRecord) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  o.shards = 8;  // 400 k keys: ~50 k a shard, tables 64 KiB .. 1 MiB from the arena
+  auto store = NewMemoryStore(o);
+  auto other = NewMemoryStore(o);
+  constexpr int kThreads = 4, kPerThread = 100'000;
+  auto key = [](int t, int i) { return "arena:" + std::to_string(t) + ":" + std::to_string(i); };
+  std::vector<std::thread> ts;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        ClaimRequest r;
+        const std::string k = key(t, i);
+        r.key = k;
+        r.lease = 1h;
+        r.retention = 1s;
+        auto c = store->Claim(r);
+        if (!c.ok() || !c->acquired()) ++failed;
+        if (i % 4 == 0 && !(other->Claim(r).ok())) ++failed;
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  ASSERT_EQ(failed.load(), 0);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), size_t{kThreads * kPerThread});
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(other.get()), size_t{kThreads * kPerThread / 4});
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kPerThread; i += 3) {
+      ASSERT_TRUE(store->Forget(key(t, i), ForgetOptions{.force = true}).ok());
+    }
+  }
+  other.reset();
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kPerThread; ++i) {
+      auto rec = store->Inspect(key(t, i));
+      ASSERT_TRUE(rec.ok());
+      ASSERT_EQ(rec->has_value(), i % 3 != 0) << key(t, i);
+      if (rec->has_value()) ASSERT_EQ((*rec)->key, key(t, i));
+    }
+  }
+  // A forced forget of a running lease leaves a fence floor: the records stay
+  // physically until the lease's end.
+  clock.Advance(2h);
+  for (int i = 0; i < 200'000; ++i) ClaimAnswered(*store, "after:" + std::to_string(i), 1s, 1s);
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), size_t{200'000});
 }
 
 TEST(MemoryStore, ShardCountIsRoundedUp) {

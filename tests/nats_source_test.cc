@@ -70,6 +70,12 @@ TEST(NatsUriTest, ParsesEveryPart) {
       "&dead=jobs.dead&ack_wait=5s&max_ack_pending=64");
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->host_port, "10.0.0.1:4999");
+  EXPECT_EQ(o->servers, std::vector<std::string>{"nats://10.0.0.1:4999"});
+  // Each host split and checked once; the default port and IPv6 brackets added.
+  auto many = ParseNatsUri("nats://a,b:4300,[::1],[::1]:4301?stream=S&consumer=c");
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ(many->servers, (std::vector<std::string>{"nats://a:4222", "nats://b:4300",
+                                                     "nats://[::1]:4222", "nats://[::1]:4301"}));
   EXPECT_EQ(o->stream, "JOBS");
   EXPECT_EQ(o->consumer, "w");
   EXPECT_EQ(o->Subject(), "jobs.in");

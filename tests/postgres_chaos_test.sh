@@ -2,7 +2,8 @@
 # The exactly-once-effects chaos test. Three worker processes (postgres_chaos_worker)
 # process CHAOS_MESSAGES messages whose effect is one row in a PostgreSQL table; they
 # are SIGKILLed at random moments and restarted, and the PostgreSQL server is
-# restarted once (fast shutdown) half-way. The same schedule (same seed) runs twice:
+# restarted once half-way (CHAOS_PG_STOP: immediate, a crash the server recovers
+# from, by default; or fast). The same schedule (same seed) runs twice:
 #
 #   tx     claim -> business INSERT -> complete in one PostgreSQL transaction
 #   redis  the buffer in Redis beside it: INSERT commits alone, complete in Redis
@@ -17,6 +18,7 @@
 #
 # Environment: CHAOS_MESSAGES (default 3000), CHAOS_KILLS (default 16), CHAOS_SEED
 # (default 10), CHAOS_PG_PORT (default 5442), CHAOS_REDIS_PORT (default 6403),
+# CHAOS_PG_STOP (immediate or fast, default immediate),
 # CHAOS_TIMEOUT seconds per run (default 150).
 set -euo pipefail
 
@@ -29,6 +31,7 @@ seed=${CHAOS_SEED:-10}
 pg_port=${CHAOS_PG_PORT:-5442}
 redis_port=${CHAOS_REDIS_PORT:-6403}
 timeout_s=${CHAOS_TIMEOUT:-150}
+pg_stop_mode=${CHAOS_PG_STOP:-immediate}
 nworkers=3
 
 # shellcheck source=../scripts/lib/postgres.sh
@@ -79,11 +82,11 @@ run() {  # run MODE: sets dups, missing, kills, failed (in this shell: it owns t
     kills=$((kills + 1))
     start_worker "$i"
     if [ "$restarted" = 0 ] && [ "$kills" -ge $((kills_wanted / 2)) ]; then
-      pg_restart "$pg_port" 0.5 >/dev/null
+      pg_restart "$pg_port" 0.5 "$pg_stop_mode" >/dev/null
       restarted=1
     fi
   done
-  if [ "$restarted" = 0 ]; then pg_restart "$pg_port" 0.5 >/dev/null; fi
+  if [ "$restarted" = 0 ]; then pg_restart "$pg_port" 0.5 "$pg_stop_mode" >/dev/null; fi
   failed=0
   for i in $(seq 0 $((nworkers - 1))); do
     pid=${worker_pids[$i]}
@@ -108,7 +111,7 @@ status=0
 for mode in tx redis; do
   [ "$which" = both ] || [ "$which" = "$mode" ] || continue
   run "$mode"
-  echo "$mode: $messages messages, $kills SIGKILLs, 1 PostgreSQL restart: $dups duplicate effects (re-runs), $missing missing"
+  echo "$mode: $messages messages, $kills SIGKILLs, 1 PostgreSQL restart ($pg_stop_mode): $dups duplicate effects (re-runs), $missing missing"
   if [ "$failed" != 0 ] || [ "$missing" != 0 ]; then status=1; fi
   if [ "$mode" = tx ] && [ "$dups" != 0 ]; then status=1; fi
 done

@@ -7,7 +7,8 @@
 #   2. a handler whose SQL fails leaves nothing and its message is not acked;
 #   3. plain `dedup worker --store postgres://` (no --sql-output) works too;
 #   4. `dedup simulate --store postgres://...` runs;
-#   5. with --sql-output, a handler whose lease is lost is stopped, its SQL never run.
+#   5. with --sql-output, a handler whose lease is lost is stopped, its SQL never run;
+#   6. with --sql-output, a key that is not UTF-8 is dead-lettered, never retried for ever.
 #
 #   tests/postgres_worker_test.sh DEDUP_BIN
 set -euo pipefail
@@ -156,6 +157,35 @@ kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=""
   fail "the stopped attempt's SQL ran"
 grep -q "lost_leases=1 " "$work/slow.log" || { cat "$work/slow.log"; fail "no lost lease counted"; }
 echo "sql-output: a lost lease stopped the handler within ${stopped_after}s; the next attempt did the work once"
+
+# 6. A key that is not UTF-8 (keys are bytes): dedup.key is a text setting and
+# cannot carry it. The message is dead-lettered with the reason, and the handler
+# is not run again and again (a retry would meet the same key).
+cat >"$work/utf.sh" <<EOF
+#!/bin/sh
+cat >/dev/null
+echo run >>"$work/utf.runs"
+echo "SELECT 1;"
+EOF
+chmod +x "$work/utf.sh"
+printf 'XADD utfjobs * id "k\\xff"\n' | rcli >/dev/null
+"$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=utfjobs&group=g&consumer=u" \
+  --store "$pg?table=utf_buf" --sql-output --exec "$work/utf.sh" --no-shell --lease 1s \
+  --retry-delay 100ms --summary-interval 0 >>"$work/utf.log" 2>&1 &
+worker_pid=$!
+for i in $(seq 1 30); do
+  [ "$(rcli XLEN utfjobs:dead)" = 1 ] && break
+  sleep 0.1
+done
+sleep 1
+kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=""
+utf_runs=0
+[ -f "$work/utf.runs" ] && utf_runs=$(wc -l <"$work/utf.runs")
+[ "$(rcli XLEN utfjobs:dead)" = 1 ] ||
+  fail "a key that is not UTF-8 was not dead-lettered (handler runs: $utf_runs; log: $(tail -2 "$work/utf.log"))"
+[ "$utf_runs" -le 1 ] || fail "the handler of a key that is not UTF-8 ran $utf_runs times"
+grep -q "UTF-8" "$work/utf.log" || fail "the log does not say why: $(tail -2 "$work/utf.log")"
+echo "sql-output: a key that is not UTF-8 was dead-lettered, the handler ran $utf_runs time(s)"
 
 # 4. The simulation on PostgreSQL.
 "$dedup" simulate --store "$pg?table=sim_buf" --messages 200 >"$work/sim.log" 2>&1 \

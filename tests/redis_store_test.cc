@@ -292,6 +292,10 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     auto r = (*store)->Claim(Req(key));
     ASSERT_FALSE(r.ok()) << key;
     EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    // Named by the key the claim sent, as ClaimBatch names it, whatever the error.
+    EXPECT_NE(r.status().message().find("claim: key '" + std::string(key) + "'"),
+              std::string::npos)
+        << r.status();
     auto i = (*store)->Inspect(key);
     EXPECT_EQ(i.status().code(), StatusCode::kDataLoss) << i.status();
   }
@@ -1642,6 +1646,58 @@ TEST_F(RedisClusterTest, AFailedBatchLeavesNoClaimHeldOnTheNodesThatAnswered) {
       if (c->outcome != ClaimOutcome::kAcquired) ++held;
     }
     EXPECT_EQ(held, 0) << "keys of the failed batch left held on the primaries that answered";
+  }
+}
+
+// A batch whose first try loses its answers on one primary (paused past the
+// timeout: sent, no reply) and whose second try sends nothing (the paused one's
+// new connection gets no handshake, another primary is stopped and refuses):
+// the failure names the claims whose outcome is unknown, those of the paused
+// primary only. The stopped primary's claims were never sent, and the running
+// one's were answered (and released): neither may be said to stay BUSY.
+TEST_F(RedisClusterTest, ABatchThatFailsAfterALostTryNamesOnlyTheClaimsWhoseOutcomeIsUnknown) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=un:&pool=1&timeout=300ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const int paused = 1, stopped = 2;
+  std::vector<std::string> keys;
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 30; ++i) keys.push_back("u-" + std::to_string(i));
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  std::map<std::string, int> node_of;  // key -> the primary that owns it
+  for (const auto& k : keys) {
+    for (int n = 0; n < 3; ++n) {
+      if (Admin(kBase + n, {"GET", "un:" + k}).rfind("MOVED", 0) != 0) node_of[k] = n;
+    }
+  }
+  size_t on_paused = 0;
+  for (const auto& k : keys) on_paused += node_of[k] == paused;
+  ASSERT_GT(on_paused, 1u);
+  // The connections to every primary open, so that the first try is sent.
+  std::vector<ClaimRequest> warm_reqs;
+  for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("w-" + std::to_string(i)));
+  ASSERT_TRUE(store.ClaimBatch(warm_reqs).ok());
+  servers_[stopped]->Stop();
+  ASSERT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
+  auto b = store.ClaimBatch(reqs);
+  ASSERT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
+  ASSERT_FALSE(b.ok()) << "a paused and a stopped primary answered";
+  const std::string& m = b.status().message();
+  std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+  EXPECT_NE(m.find("earlier try was sent and its answer lost (effect unknown"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("the claims of " + std::to_string(on_paused) + " keys ("), std::string::npos)
+      << m;
+  for (const auto& k : keys) {
+    if (node_of[k] != paused) {
+      EXPECT_EQ(m.find("'" + k + "'"), std::string::npos) << k << " is named: " << m;
+    }
+  }
+  for (const auto& k : keys) {  // the running primary's claims were released
+    if (node_of[k] != 0) continue;
+    auto c = store.Claim(Req(k));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired) << k;
   }
 }
 

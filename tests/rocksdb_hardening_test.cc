@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
@@ -479,6 +480,51 @@ TEST_F(FullDiskTest, WritesOnAFullDiskFailClosed) {
           }
         }
         return false;  // 2 MiB never filled?
+      },
+      &how);
+  EXPECT_TRUE(ok) << how;
+}
+
+// Voluntary context switches of every thread of this process so far.
+long VoluntarySwitches() {
+  long total = 0;
+  for (const auto& t : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream f(t.path() / "status");
+    for (std::string line; std::getline(f, line);) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) total += std::stol(line.substr(24));
+    }
+  }
+  return total;
+}
+
+// While the group commit's writes fail (the disk is full, RocksDB refuses every
+// write), its rounds back off, doubling up to 100 ms, and write the failed batch
+// again as it was encoded: over a second the writer wakes about a dozen times,
+// not once a millisecond (each time encoding its whole backlog again).
+TEST_F(FullDiskTest, AFailingGroupCommitBacksOff) {
+  std::string how;
+  const bool ok = InChild(
+      [&] {
+        auto s = TryOpen(mnt_ + "/db");
+        if (!s.ok()) return false;
+        ClaimRequest first = Req("first");
+        first.max_attempts = 10;  // written before it returns
+        auto claimed = (*s)->Claim(first);
+        if (!claimed.ok()) return false;
+        FillDisk(0);
+        auto failed = (*s)->Complete("first", claimed->token, 24h, CompletionStatus::kOk,
+                                     std::string(200 * 1024, 'm'));
+        std::fprintf(stderr, "complete on a full disk: %s\n", failed.status().ToString().c_str());
+        if (failed.ok()) return false;
+        for (int i = 0; i < 100; ++i) {  // left to the group commit, which fails
+          if (!(*s)->Claim(Req(Key(i))).ok()) return false;
+        }
+        std::this_thread::sleep_for(500ms);  // the backoff reaches its bound
+        const long before = VoluntarySwitches();
+        std::this_thread::sleep_for(1s);
+        const long woke = VoluntarySwitches() - before;
+        std::fprintf(stderr, "voluntary context switches in 1 s: %ld\n", woke);
+        return woke < 200;
       },
       &how);
   EXPECT_TRUE(ok) << how;

@@ -54,6 +54,14 @@ TEST(Uri, ClusterHosts) {
   EXPECT_EQ(u->hosts, "127.0.0.1:7100,127.0.0.1:7101");
 }
 
+TEST(Uri, SplitHostsKeepsEveryPartInOrder) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(SplitHosts("h1:1,[::1]:2,h3"), (V{"h1:1", "[::1]:2", "h3"}));
+  EXPECT_EQ(SplitHosts("one"), (V{"one"}));
+  EXPECT_EQ(SplitHosts(""), (V{""}));
+  EXPECT_EQ(SplitHosts("a,,b,"), (V{"a", "", "b", ""}));
+}
+
 TEST(Uri, Malformed) {
   EXPECT_EQ(ParseUri("").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseUri("/just/a/path").status().code(), StatusCode::kInvalidArgument);

@@ -75,7 +75,10 @@ struct PostgresStoreOptions {
   std::string table = "dedup_records";
   // Put before every key. Default: "".
   std::string prefix;
-  // Connections, at most; a caller waits for a free one. Default: 8.
+  // Connections, at most; a caller waits for a free one. RunInTransaction holds
+  // one while its handler runs, and such holds take at most pool_size - 1, so
+  // that heartbeats always find one (RunInTransaction needs 2 or more: it answers
+  // FailedPrecondition with 1). Default: 8.
   size_t pool_size = 8;
   // Bounds connecting (whole seconds, at least 2, as libpq counts) and each
   // statement of the store's connections (statement_timeout). Default: 5 s.
@@ -110,12 +113,15 @@ class PostgresTransaction {
 
   using Row = std::vector<std::optional<std::string>>;  // text values, nullopt = NULL
   // Runs one statement with text parameters ($1, $2 ...; nullopt = NULL) and
-  // returns its rows as text. A failing statement is an error, and the
+  // returns its rows as text. A parameter (or the SQL) with a NUL byte is
+  // InvalidArgument: text cannot carry it (encode such bytes, e.g. as hex). A failing statement is an error, and the
   // transaction is then rolled back whatever the handler returns.
   [[nodiscard]] virtual StatusOr<std::vector<Row>> Exec(
       std::string_view sql, const std::vector<std::optional<std::string>>& params = {}) = 0;
   // Runs SQL text with no parameters: one or many statements separated by ';'
-  // (libpq's simple query protocol). Same error rule as Exec().
+  // (as PL/pgSQL's EXECUTE of a string, inside the server). Transaction commands
+  // (BEGIN, COMMIT, ROLLBACK, SAVEPOINT) are refused with an error, so the text
+  // can never commit an effect without the completion. Same error rule as Exec().
   [[nodiscard]] virtual Status ExecScript(std::string_view sql) = 0;
 };
 

@@ -7,6 +7,7 @@
 #define DEDUP_RECORD_H_
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <ostream>
@@ -25,6 +26,9 @@ struct Token {
   friend bool operator==(Token a, Token b) { return a.value == b.value; }
   // 16 lower-case hex digits, the form used on the wire and in the CLI.
   std::string ToHex() const;
+  // The same digits written at `out` (room for kHexDigits), without a string.
+  static constexpr size_t kHexDigits = 16;
+  std::string_view WriteHex(char* out) const;
   // The inverse of ToHex: exactly 16 lower-case hex digits, not all 0; anything
   // else (upper case, fewer digits, a 0x prefix) is nullopt.
   static std::optional<Token> FromHex(std::string_view hex);

@@ -5,6 +5,7 @@
 #   pg_start 5440                     # PostgreSQL on 127.0.0.1:5440, database "dedup"
 #   export DEDUP_TEST_POSTGRES_URI=$PG_LAST_URI
 #   pg_restart 5440                   # fast shutdown, then start on the same data
+#   pg_restart 5440 0 immediate       # a crash (no checkpoint), then crash recovery
 #   ...                               # every server stops at exit (trap)
 #
 # Each server gets a fresh data directory (initdb) under ${TMPDIR:-/tmp}, listens on
@@ -135,15 +136,16 @@ _pg_index() {
   return 1
 }
 
-# pg_stop PORT: fast shutdown of the server this shell started on PORT, waited for
-# by PID (SIGKILL if it has not gone after 20 s). Its directory is kept.
+# pg_stop PORT [MODE]: shutdown (pg_ctl -m MODE: fast, or immediate = a crash
+# that the next start recovers from) of the server this shell started on PORT,
+# waited for by PID (SIGKILL if it has not gone after 20 s). Its directory is kept.
 pg_stop() {
-  local i pid dir n
+  local i pid dir n mode=${2:-fast}
   i=$(_pg_index "$1") || return 0
   pid=${PG_PIDS[$i]} dir=${PG_DIRS[$i]}
   [ -n "$pid" ] || return 0
   if kill -0 "$pid" 2>/dev/null; then
-    _pg_as "$PG_BIN_DIR/pg_ctl" stop -D "$dir/data" -m fast -w -t 20 >/dev/null 2>&1 \
+    _pg_as "$PG_BIN_DIR/pg_ctl" stop -D "$dir/data" -m "$mode" -w -t 20 >/dev/null 2>&1 \
       || kill -TERM "$pid" 2>/dev/null
     for n in $(seq 1 200); do
       kill -0 "$pid" 2>/dev/null || break
@@ -157,12 +159,13 @@ pg_stop() {
   return 0
 }
 
-# pg_restart PORT [PAUSE_SECONDS]: fast shutdown, pause, start again on the same data.
+# pg_restart PORT [PAUSE_SECONDS] [MODE]: shutdown (fast unless MODE), pause, start
+# again on the same data.
 pg_restart() {
   local port=$1 i dir
   i=$(_pg_index "$port") || { _pg_log "no server of ours on $port"; return 1; }
   dir=${PG_DIRS[$i]}
-  pg_stop "$port"
+  pg_stop "$port" "${3:-fast}"
   sleep "${2:-0}"
   _pg_run "$port" "$dir"
   PG_PIDS[$i]=$PG_LAST_PID

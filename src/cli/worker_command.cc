@@ -41,6 +41,7 @@
 #include "cli/flags.h"
 #include "consumer/exec_handler.h"
 #include "consumer/handler_process.h"
+#include "core/printable.h"
 #include "core/secret.h"
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
@@ -167,6 +168,13 @@ void RegisterWorkerMetrics(metrics::Registry& registry, const Consumer& w) {
 // The handler is stopped when the claim's lease is lost, as without --sql-output.
 HandlerResult RunSqlHandler(const ExecHandler& exec, const Delivery& m, PostgresTransaction& tx,
                             const ClaimGuard& claim) {
+  // dedup.key is a text setting: a key that is not UTF-8 cannot be handed to the
+  // SQL, now or on any retry. Dead-lettered with the reason; the handler not run.
+  if (!internal::IsValidUtf8(m.key())) {
+    return HandlerResult::Fail("key '" + internal::Printable(m.key()) +
+                               "' is not valid UTF-8: --sql-output hands the key to the SQL as "
+                               "dedup.key, a text setting, which cannot carry it");
+  }
   HandlerResult hr = exec.Run(m, tx.fence(), tx.attempt(), &claim, /*keep_output=*/true);
   if (hr.kind != HandlerResult::Kind::kDone) return hr;
   auto set = tx.Exec("SELECT set_config('dedup.key', $1, true), set_config('dedup.fence', $2, true), "
@@ -186,7 +194,9 @@ int RunWorkerCommand(const WorkerFlags& f) {
   eo.stdin_format = IsRedisBroker(f.broker) ? ExecHandlerOptions::Stdin::kAttributesJson
                                             : ExecHandlerOptions::Stdin::kPayload;
   eo.keep_output = f.keep_output;
-  if (auto argv = ExecHandler::Argv(eo); !argv.ok()) {
+  // Checked once, here, before the supervisor starts; the handler runs this argv.
+  StatusOr<std::vector<std::string>> argv = ExecHandler::Argv(eo);
+  if (!argv.ok()) {
     const Status& s = argv.status();
     std::fprintf(stderr, "dedup worker: --exec: %s\n",
                  s.code() == StatusCode::kInvalidArgument ? s.message().c_str()
@@ -215,7 +225,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     std::fprintf(stderr, "dedup worker: %s\n", supervisor.status().ToString().c_str());
     return kExitTempFail;
   }
-  auto made_exec = ExecHandler::Make(supervisor->get(), std::move(eo));
+  auto made_exec = ExecHandler::Make(supervisor->get(), std::move(eo), std::move(argv).value());
   if (!made_exec.ok()) {
     std::fprintf(stderr, "dedup worker: --exec: %s\n", made_exec.status().ToString().c_str());
     return kExitUsage;

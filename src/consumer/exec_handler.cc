@@ -36,12 +36,12 @@ StatusOr<std::vector<std::string>> ExecHandler::Argv(const ExecHandlerOptions& o
 }
 
 StatusOr<std::unique_ptr<ExecHandler>> ExecHandler::Make(HandlerSupervisor* supervisor,
-                                                         ExecHandlerOptions options) {
+                                                         ExecHandlerOptions options,
+                                                         std::vector<std::string> argv) {
   if (supervisor == nullptr) return Status::InvalidArgument("exec handler: no supervisor");
-  StatusOr<std::vector<std::string>> argv = Argv(options);
-  if (!argv.ok()) return argv.status();
+  if (argv.empty()) return Status::InvalidArgument("exec handler: empty argv (see Argv())");
   return std::unique_ptr<ExecHandler>(
-      new ExecHandler(supervisor, std::move(options), std::move(argv).value()));
+      new ExecHandler(supervisor, std::move(options), std::move(argv)));
 }
 
 ExecHandler::ExecHandler(HandlerSupervisor* supervisor, ExecHandlerOptions options,

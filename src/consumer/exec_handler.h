@@ -59,9 +59,11 @@ class ExecHandler {
   // NotFound / PermissionDenied when its program cannot be run (ResolveCommand).
   [[nodiscard]] static StatusOr<std::vector<std::string>> Argv(const ExecHandlerOptions& options);
 
-  // `supervisor` is not owned and must outlive the handler. Errors as Argv().
-  [[nodiscard]] static StatusOr<std::unique_ptr<ExecHandler>> Make(HandlerSupervisor* supervisor,
-                                                                   ExecHandlerOptions options);
+  // `supervisor` is not owned and must outlive the handler. `argv` is what
+  // Argv(options) returned: a caller checks the command once, before it starts
+  // the supervisor, and the handler runs that argv (no second PATH lookup).
+  [[nodiscard]] static StatusOr<std::unique_ptr<ExecHandler>> Make(
+      HandlerSupervisor* supervisor, ExecHandlerOptions options, std::vector<std::string> argv);
 
   // Runs the command for `d` to its end. With `claim`, the handler is stopped
   // when the claim's lease is lost. `keep_output` overrides the option's (the

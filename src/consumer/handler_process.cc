@@ -4,7 +4,6 @@
 
 #include "consumer/handler_cgroup.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <pthread.h>
@@ -105,16 +104,18 @@ int PidfdOpen(pid_t pid) {
 #endif
 }
 
-// Where close_range(2) is refused (before Linux 5.9; CLOSE_RANGE_CLOEXEC before
-// 5.11; seccomp profiles that predate it, as older container runtimes'): calls
-// act(fd) for every open descriptor, found one by one. System calls
-// only (a vfork child and the watchdog use it): the numbers come from
-// getdents64 on /proc/self/fd (this process's own table; in a spawned child, a
-// copy taken at clone that no other thread adds to); without /proc, every
-// number below the descriptor limit is tried. act returns true when it closed
-// the descriptor: the listing is then read again from the start.
+// Calls act(fd) for every open descriptor of this process: the one walker of the
+// descriptor table. Used where close_range(2) is refused (before Linux 5.9;
+// CLOSE_RANGE_CLOEXEC before 5.11; seccomp profiles that predate it, as older
+// container runtimes'), and at Start to find the numbers handlers inherit.
+// System calls only (a vfork child and the watchdog use it): the numbers come
+// from getdents64 on /proc/self/fd (this process's own table; in a spawned
+// child, a copy taken at clone that no other thread adds to); without /proc,
+// every number below the descriptor limit (RLIMIT_NOFILE, at most 2^20) is
+// tried. act returns true when it closed the descriptor: the listing is then
+// read again from the start.
 template <typename Act>
-void ForEachOpenFdSlowly(Act act) {
+void ForEachOpenFd(Act act) {
   const int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) {
     rlimit lim{};
@@ -150,6 +151,28 @@ void ForEachOpenFdSlowly(Act act) {
   close(dir);
 }
 
+// Closes every open descriptor in the ranges [first, last] of ranges[0..n), or
+// (cloexec) marks it close-on-exec: close_range(2), and where that is refused,
+// one by one as ForEachOpenFd finds them. System calls only (the watchdog closes
+// all but its own; a spawned child keeps the worker's descriptors from its exec).
+void CloseFdRanges(const std::pair<unsigned, unsigned>* ranges, size_t n, bool cloexec) {
+  for (size_t i = 0; i < n; ++i) {
+    if (close_range(ranges[i].first, ranges[i].second, cloexec ? CLOSE_RANGE_CLOEXEC : 0) == 0) {
+      continue;
+    }
+    ForEachOpenFd([&](unsigned fd) {
+      for (size_t k = i; k < n; ++k) {  // the ranges before i are done
+        if (fd < ranges[k].first || fd > ranges[k].second) continue;
+        if (!cloexec) return close(static_cast<int>(fd)) == 0;
+        (void)fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+        return false;
+      }
+      return false;
+    });
+    return;
+  }
+}
+
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
 // `slots[0..n)` and `cg.slots[0..cg.n)` are the live groups and cgroups, filled
 // before the fork: the watchdog knows them from its first instruction.
@@ -182,9 +205,8 @@ void ForEachOpenFdSlowly(Act act) {
   dup2(log, 4);
   if (cg_dir >= 0) dup2(cg_dir, 5);
   const unsigned keep = cg_dir >= 0 ? 6 : 5;
-  if (close_range(keep, ~0U, 0) != 0) {
-    ForEachOpenFdSlowly([keep](unsigned fd) { return fd >= keep && close(static_cast<int>(fd)) == 0; });
-  }
+  const std::pair<unsigned, unsigned> not_ours{keep, ~0U};
+  CloseFdRanges(&not_ours, 1, /*cloexec=*/false);
   fcntl(4, F_SETFL, O_NONBLOCK);
   size_t n_cg = cg.n;
   auto apply = [&](const WatchMsg& m) {
@@ -301,19 +323,7 @@ int SpawnChild(void* p) {
   // None of the worker's own descriptors reach the handler (close_range, kernel
   // 5.11+; one by one where it is refused). Before stdin and stdout are set: a
   // standard number that was not open at Start is in a private range.
-  for (size_t i = 0; i < a->private_fd_ranges; ++i) {
-    if (close_range(a->private_fds[i].first, a->private_fds[i].second, CLOSE_RANGE_CLOEXEC) != 0) {
-      ForEachOpenFdSlowly([a](unsigned fd) {
-        for (size_t k = 0; k < a->private_fd_ranges; ++k) {
-          if (fd >= a->private_fds[k].first && fd <= a->private_fds[k].second) {
-            (void)fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
-          }
-        }
-        return false;
-      });
-      break;
-    }
-  }
+  CloseFdRanges(a->private_fds, a->private_fd_ranges, /*cloexec=*/true);
   if (a->stdin_fd >= 0) {
     if (a->stdin_fd == 0) fcntl(0, F_SETFD, 0);
     else dup2(a->stdin_fd, 0);
@@ -478,22 +488,10 @@ bool Inheritable(int fd) {
 // with them closed gives its handlers none, whatever lands there later.
 std::vector<std::pair<unsigned, unsigned>> FdNumbersNotOpen() {
   std::vector<unsigned> open;
-  if (DIR* d = opendir("/proc/self/fd"); d != nullptr) {
-    const int own = dirfd(d);
-    while (const dirent* e = readdir(d)) {
-      char* end = nullptr;
-      const unsigned long n = std::strtoul(e->d_name, &end, 10);
-      if (end != e->d_name && *end == '\0' && static_cast<int>(n) != own &&
-          Inheritable(static_cast<int>(n))) {
-        open.push_back(static_cast<unsigned>(n));
-      }
-    }
-    closedir(d);
-  } else {  // no /proc: ask each of the first 1024 numbers
-    for (int fd = 0; fd < 1024; ++fd) {
-      if (Inheritable(fd)) open.push_back(static_cast<unsigned>(fd));
-    }
-  }
+  ForEachOpenFd([&open](unsigned fd) {
+    if (Inheritable(static_cast<int>(fd))) open.push_back(fd);
+    return false;
+  });
   std::sort(open.begin(), open.end());
   std::vector<std::pair<unsigned, unsigned>> ranges;
   unsigned next = 0;

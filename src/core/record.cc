@@ -2,15 +2,20 @@
 
 #include "dedup/record.h"
 
-#include <cstdio>
 #include <random>
 
 namespace dedup {
 
+std::string_view Token::WriteHex(char* out) const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  uint64_t v = value;
+  for (size_t i = kHexDigits; i-- > 0; v >>= 4) out[i] = kDigits[v & 0xf];
+  return {out, kHexDigits};
+}
+
 std::string Token::ToHex() const {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(value));
-  return std::string(buf, 16);
+  char buf[kHexDigits];
+  return std::string(WriteHex(buf));
 }
 
 std::optional<Token> Token::FromHex(std::string_view hex) {

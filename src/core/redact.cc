@@ -2,6 +2,8 @@
 
 #include "core/redact.h"
 
+#include "core/uri.h"
+
 #include <algorithm>
 #include <cctype>
 
@@ -86,12 +88,11 @@ std::string RedactUri(std::string_view text) {
     // shows what follows its ':' only when it is a port number.
     const size_t end = std::min(text.find_first_of("/?#", body), text.size());
     out.append(text.substr(0, body));
-    for (size_t b = body;;) {
-      const size_t e = std::min(text.find(',', b), end);
-      out.append(ShownHost(text.substr(b, e - b)));
-      if (e >= end) break;
-      out.push_back(',');
-      b = e + 1;
+    bool first = true;
+    for (std::string_view h : SplitHosts(text.substr(body, end - body))) {
+      if (!first) out.push_back(',');
+      out.append(ShownHost(h));
+      first = false;
     }
     text = text.substr(end);
   }

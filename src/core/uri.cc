@@ -74,10 +74,10 @@ std::string Uri::Redacted() const {
       // "user:@" is a password typed in the user's place: hidden whole.
       s += has_password && !password.empty() ? user + ":***@" : "***@";
     }
-    for (size_t b = 0; b <= hosts.size();) {
-      const size_t e = std::min(hosts.find(',', b), hosts.size());
-      s += (b == 0 ? "" : ",") + ShownHost(std::string_view(hosts).substr(b, e - b));
-      b = e + 1;
+    bool first = true;
+    for (std::string_view h : SplitHosts(hosts)) {
+      s += (first ? "" : ",") + ShownHost(h);
+      first = false;
     }
   }
   s += path;
@@ -160,6 +160,16 @@ StatusOr<Uri> ParseUri(std::string_view text) {
     u.params.emplace_back(*k, *v);
   }
   return u;
+}
+
+std::vector<std::string_view> SplitHosts(std::string_view hosts) {
+  std::vector<std::string_view> parts;
+  for (size_t b = 0;;) {
+    const size_t e = std::min(hosts.find(',', b), hosts.size());
+    parts.push_back(hosts.substr(b, e - b));
+    if (e == hosts.size()) return parts;
+    b = e + 1;
+  }
 }
 
 StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme) {

@@ -36,6 +36,10 @@ struct Uri {
 // given twice ("?ttl=1s&ttl=2s") is refused: neither copy would be sure to win.
 StatusOr<Uri> ParseUri(std::string_view text);
 
+// The parts of a comma-separated list of hosts ("h1:p1,h2:p2"), in order, empty
+// ones kept ("" is one empty part, "a," two): the one splitter of a URI's hosts.
+std::vector<std::string_view> SplitHosts(std::string_view hosts);
+
 // One server of a URI's hosts: "host", "host:port", "[v6]" or "[v6]:port".
 struct HostPort {
   std::string host;  // without brackets: "::1"

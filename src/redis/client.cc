@@ -453,8 +453,8 @@ bool Connection::LooksAlive() {
 namespace {
 // The CPUs this process may run on (taskset, cpusets, a container's cpuset),
 // not the machine's: under `taskset -c 0` on 8 CPUs, hardware_concurrency()
-// allowed 4 spinners on the one CPU the process has. Read once, when the
-// library is loaded; the machine's count if the affinity cannot be read.
+// allowed 4 spinners on the one CPU the process has. The machine's count if the
+// affinity cannot be read.
 int UsableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -465,7 +465,13 @@ int UsableCpus() {
   return static_cast<int>(std::thread::hardware_concurrency());
 }
 std::atomic<int> spinners{0};
-const int kMaxSpinners = std::max(1, UsableCpus() / 2);
+// Read at the first spin, not when the library is loaded: a program that never
+// asks for spin= never reads its affinity, and one that sets it (taskset in
+// main, a cpuset joined after start) before its first call is counted as it runs.
+int MaxSpinners() {
+  static const int max = std::max(1, UsableCpus() / 2);
+  return max;
+}
 }  // namespace
 
 bool Connection::SpinForReply() {
@@ -475,7 +481,7 @@ bool Connection::SpinForReply() {
     --skip_spins_;
     return true;
   }
-  if (spinners.fetch_add(1, std::memory_order_relaxed) >= kMaxSpinners) {
+  if (spinners.fetch_add(1, std::memory_order_relaxed) >= MaxSpinners()) {
     spinners.fetch_sub(1, std::memory_order_relaxed);
     return true;
   }
@@ -1104,11 +1110,11 @@ bool IsRedirect(const redisReply* r) {
   return StartsWith(e, "MOVED ") || StartsWith(e, "ASK ") || StartsWith(e, "TRYAGAIN");
 }
 
+}  // namespace
+
 bool IsNoScript(const redisReply* r) {
   return IsError(r) && StartsWith(ReplyText(r), "NOSCRIPT");
 }
-
-}  // namespace
 
 StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size_t i,
                             bool* sent) {
@@ -1158,9 +1164,13 @@ StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size
   return Status::Unavailable(Where(node, op) + "too many redirects (cluster resharding?)");
 }
 
-StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool* sent) {
+StatusOr<Reply> Client::Call(std::string_view op, const CommandBuffer& cmd, bool* sent) {
   if (sent != nullptr) *sent = false;
-  StatusOr<Reply> r = Run(op, cmd, 0, sent);
+  return Run(op, cmd, 0, sent);
+}
+
+StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool* sent) {
+  StatusOr<Reply> r = Call(op, cmd, sent);
   if (r.ok() && IsError(r->get())) {
     return ErrorReplyStatus(Where(router_.NodeFor(cmd.key(0)), op), ReplyText(r->get()));
   }
@@ -1169,15 +1179,15 @@ StatusOr<Reply> Client::Exec(std::string_view op, const CommandBuffer& cmd, bool
 
 StatusOr<Reply> Client::Exec(std::string_view op, const std::string& key, Command cmd,
                              bool* sent) {
-  StatusOr<Reply> r = RunLoadingScript(op, key, std::move(cmd), sent);
+  StatusOr<Reply> r = Call(op, key, std::move(cmd), sent);
   if (r.ok() && IsError(r->get())) {
     return ErrorReplyStatus(Where(router_.NodeFor(key), op), ReplyText(r->get()));
   }
   return r;
 }
 
-StatusOr<Reply> Client::RunLoadingScript(std::string_view op, const std::string& key,
-                                         Command cmd, bool* sent) {
+StatusOr<Reply> Client::Call(std::string_view op, const std::string& key, Command cmd,
+                             bool* sent) {
   if (sent != nullptr) *sent = false;
   CommandBuffer buf;
   buf.Append(cmd, key);
@@ -1198,8 +1208,9 @@ StatusOr<Reply> Client::RunLoadingScript(std::string_view op, const std::string&
 }
 
 Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
-                        std::vector<Reply>* replies, bool* sent) {
+                        std::vector<Reply>* replies, bool* sent, std::vector<bool>* unknown) {
   if (sent != nullptr) *sent = false;
+  if (unknown != nullptr) unknown->assign(cmds.size(), false);
   if (cmds.empty()) {  // nothing to send: no round trip (and no read to wait for)
     replies->clear();
     return Status::Ok();
@@ -1217,6 +1228,7 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
       failed(std::move(s), reached);
       replies->clear();
       replies->resize(cmds.size());
+      if (unknown != nullptr) unknown->assign(cmds.size(), reached);
       return first;
     }
   } else {
@@ -1232,6 +1244,9 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
       bool reached = false;
       if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
         failed(std::move(s), reached);
+        if (unknown != nullptr) {
+          for (size_t i : idx) (*unknown)[i] = reached;
+        }
         continue;
       }
       for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
@@ -1244,6 +1259,7 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
     if (!r.ok()) {
       (*replies)[i].reset();  // not run where it was sent; unknown where it went next
       failed(r.status(), reached);
+      if (unknown != nullptr) (*unknown)[i] = reached;
       continue;
     }
     (*replies)[i] = std::move(r).value();
@@ -1252,10 +1268,11 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
 }
 
 Status Client::ExecMany(std::string_view op, const std::vector<std::string>& keys,
-                        std::vector<Command>& cmds, std::vector<Reply>* replies, bool* sent) {
+                        std::vector<Command>& cmds, std::vector<Reply>* replies, bool* sent,
+                        std::vector<bool>* unknown) {
   CommandBuffer buf;
   for (size_t i = 0; i < cmds.size(); ++i) buf.Append(cmds[i], keys[i]);
-  Status first = ExecMany(op, buf, replies, sent);
+  Status first = ExecMany(op, buf, replies, sent, unknown);
   for (size_t i = 0; i < cmds.size(); ++i) {
     if (!IsNoScript((*replies)[i].get())) continue;
     // Sent again with the script's body (EVAL). Its error replies (a WRONGTYPE,
@@ -1263,10 +1280,11 @@ Status Client::ExecMany(std::string_view op, const std::vector<std::string>& key
     // the caller reads them per command (e.g. names the key), and a status is a
     // failure to reach the node only.
     bool reached = false;
-    StatusOr<Reply> r = RunLoadingScript(op, keys[i], std::move(cmds[i]), &reached);
+    StatusOr<Reply> r = Call(op, keys[i], std::move(cmds[i]), &reached);
     if (!r.ok()) {
       (*replies)[i].reset();
       if (sent != nullptr) *sent = *sent || reached;
+      if (unknown != nullptr) (*unknown)[i] = reached;
       if (first.ok()) first = r.status();
       continue;
     }

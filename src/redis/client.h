@@ -310,19 +310,28 @@ class Client {
   // EVALSHA: a NOSCRIPT reply is returned as an error like any other. On a
   // transport failure `*sent` (if given) says whether it may have reached a server.
   StatusOr<Reply> Exec(std::string_view op, const CommandBuffer& cmd, bool* sent = nullptr);
+  // Exec without turning error replies into a status: every reply other than a
+  // redirect (errors too) is returned as it came, for a caller that reads an
+  // error reply itself (e.g. names the key it sent, as ExecMany's callers do).
+  // The Command form answers NOSCRIPT by sending the script's body (EVAL).
+  StatusOr<Reply> Call(std::string_view op, const CommandBuffer& cmd, bool* sent = nullptr);
+  StatusOr<Reply> Call(std::string_view op, const std::string& key, Command cmd,
+                       bool* sent = nullptr);
   // Many commands, one pipeline per node, then each one answered with a redirect or
   // NOSCRIPT resent on its own. Replies are in the order of `cmds`; error replies
   // other than redirects are left for the caller. When a node fails, the others
   // are still asked: the status is the first failure, and `*replies` keeps the
   // replies that came (null for the commands whose node failed), so that a caller
   // can undo what was done on the nodes that answered.
+  // `(*unknown)[i]` (if given) is true for a command that got no reply and may
+  // have reached its server (its effect is unknown), false for every other.
   Status ExecMany(std::string_view op, const std::vector<std::string>& keys,
                   std::vector<Command>& cmds, std::vector<Reply>* replies,
-                  bool* sent = nullptr);
+                  bool* sent = nullptr, std::vector<bool>* unknown = nullptr);
   // The same for commands routed by their keys; redirects are followed, NOSCRIPT
   // replies are left for the caller. `*sent` as for Exec, for any failed node.
   Status ExecMany(std::string_view op, const CommandBuffer& cmds, std::vector<Reply>* replies,
-                  bool* sent = nullptr);
+                  bool* sent = nullptr, std::vector<bool>* unknown = nullptr);
 
   Router& router() { return router_; }
   const ConnectionOptions& options() const { return router_.options(); }
@@ -332,11 +341,6 @@ class Client {
   // Every other reply, errors included, is returned as it came.
   StatusOr<Reply> Run(std::string_view op, const CommandBuffer& cmds, size_t i,
                       bool* sent = nullptr);
-  // Exec without turning error replies into a status: an EVALSHA answered
-  // NOSCRIPT is sent again as EVAL, and that reply (errors too) is returned.
-  StatusOr<Reply> RunLoadingScript(std::string_view op, const std::string& key, Command cmd,
-                                   bool* sent);
-
   Router router_;
   const ScriptSet* const scripts_;
 };
@@ -344,6 +348,8 @@ class Client {
 // Helpers on replies.
 bool IsError(const redisReply* r);
 std::string_view ReplyText(const redisReply* r);  // string/status/error text, "" otherwise
+// An error reply that says the server does not have the script (EVALSHA).
+bool IsNoScript(const redisReply* r);
 // The canonical code for an error reply that is not a redirect; `where` prefixes it.
 Status ErrorReplyStatus(const std::string& where, std::string_view error);
 

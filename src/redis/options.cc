@@ -154,16 +154,11 @@ StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
   o.password = cred->password;
   o.has_password = cred->has_password;
 
-  std::string_view hosts = uri.hosts;
-  while (true) {
-    const size_t comma = hosts.find(',');
-    std::string_view h = hosts.substr(0, comma);
+  for (std::string_view h : internal::SplitHosts(uri.hosts)) {
     if (h.empty()) return Status::InvalidArgument("redis: empty host in '" + uri.hosts + "'");
     StatusOr<Endpoint> ep = ParseEndpoint(h);
     if (!ep.ok()) return ep.status();
     o.endpoints.push_back(std::move(ep).value());
-    if (comma == std::string_view::npos) break;
-    hosts.remove_prefix(comma + 1);
   }
   if (!o.cluster && o.endpoints.size() > 1) {
     return Status::InvalidArgument("redis: redis:// takes one host, got '" + uri.hosts +

@@ -60,18 +60,8 @@ StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o, const internal::Ur
   natsOptions* opts = nullptr;
   natsStatus s = natsOptions_Create(&opts);
   if (s != NATS_OK) return FromNats(s, "nats: options");
-  std::vector<std::string> urls;
-  std::string hosts = u.hosts.empty() ? "127.0.0.1:4222" : u.hosts;
-  for (size_t b = 0; b <= hosts.size();) {
-    size_t e = hosts.find(',', b);
-    if (e == std::string::npos) e = hosts.size();
-    std::string h = hosts.substr(b, e - b);
-    if (h.find(':') == std::string::npos || (h.front() == '[' && h.back() == ']')) h += ":4222";
-    urls.push_back("nats://" + h);
-    b = e + 1;
-  }
   std::vector<const char*> ptrs;
-  for (const auto& x : urls) ptrs.push_back(x.c_str());
+  for (const auto& x : o.servers) ptrs.push_back(x.c_str());
   s = natsOptions_SetServers(opts, ptrs.data(), static_cast<int>(ptrs.size()));
   if (s == NATS_OK && !u.user.empty()) {
     s = natsOptions_SetUserInfo(opts, u.user.c_str(), u.has_password ? u.password.c_str() : nullptr);
@@ -146,11 +136,13 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   // Each server in the one host grammar (core/uri.h), here rather than at the first
   // connect: a bad port is a typo to name (not a server to wait for), and
   // "nats://user:pass" (no "@host") must not echo the password.
-  for (size_t b = 0; b <= o.host_port.size();) {
-    const size_t e = std::min(o.host_port.find(',', b), o.host_port.size());
-    auto hp = internal::ParseHostPort(std::string_view(o.host_port).substr(b, e - b), "nats");
+  o.servers.clear();
+  for (std::string_view h : internal::SplitHosts(o.host_port)) {
+    auto hp = internal::ParseHostPort(h, "nats");
     if (!hp.ok()) return hp.status();
-    b = e + 1;
+    const bool v6 = hp->host.find(':') != std::string::npos;
+    o.servers.push_back("nats://" + (v6 ? "[" + hp->host + "]" : hp->host) + ":" +
+                        std::to_string(hp->port != 0 ? hp->port : 4222));
   }
   o.stream = u.Param("stream").value_or("");
   if (o.stream.empty()) return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs stream=NAME");

@@ -62,6 +62,9 @@ namespace dedup::nats {
 struct NatsOptions {
   std::string url = "nats://127.0.0.1:4222";  // without the query, user:pw kept
   std::string host_port = "127.0.0.1:4222";   // for messages
+  // The servers of the URI's hosts, each "nats://host:port" (port 4222 when
+  // none is written), split and checked once by ParseNatsUri.
+  std::vector<std::string> servers = {"nats://127.0.0.1:4222"};
   std::string stream;
   std::string consumer;
   std::string subject;  // default: stream

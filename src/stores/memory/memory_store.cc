@@ -23,19 +23,24 @@
 //    with linear probing from the start of a cache line (IndexHome) and
 //    backward-shift deletion (no tombstones), also mmapped. It grows by
 //    doubling; since an entry carries its hash bits, a doubling moves 8-byte
-//    entries and never reads a record or a key.
+//    entries and never reads a record or a key. Tables of 64 KiB to 1 MiB share
+//    the store's IndexArena of huge pages (a random probe then costs no page
+//    walk).
 //  - Reclaim sweeps the slab with a cursor: each operation looks at a few slots
 //    after the cursor (in a compact array of their deadlines, to the
 //    millisecond, so that only an expired record's slot is read) and frees the
 //    expired ones (their slot goes on a free list and is reused by the next
 //    insert). No heap of deadlines, no key copies.
-//  - A large shard (index of 2 MiB or more; slots past its first 8 chunks)
-//    lives on transparent huge pages: random reads over 4 KiB pages were the
-//    long run's p99.9 (MapHuge, AddChunk; docs/DESIGN.md).
+//  - The index of a shard past ~4 k records lives on transparent huge pages:
+//    random reads over 4 KiB pages were the long run's p99.9 (MapHuge,
+//    IndexArena; docs/DESIGN.md). The slots do not (AddChunk says why).
 
 #include "dedup/memory_store.h"
 
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,6 +50,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -144,7 +150,118 @@ void* MapHuge(size_t bytes) {
   return p;
 }
 
+// ---- index tables of middle size: one arena of huge pages per store ------------
+
+// Index tables of 64 KiB up to 1 MiB, carved by a buddy allocator out of 2 MiB
+// regions on transparent huge pages (MapHuge) that the store's shards share.
+//
+// Every lookup reads one index line at random. A shard's own table reaches
+// 2 MiB (MapHuge's own threshold) only at ~196 k records, 12.6 M in a store of
+// 64 shards; below that the tables were on 4 KiB pages, 64 MiB of them at 5 M
+// records, so that nearly every claim of a fresh key missed the TLB, and the
+// page walk (two levels of it on a virtual machine) stalled the very prefetch
+// meant to hide the line's miss: 70 % of ClaimValidated's samples in perf sat
+// on that prefetch and the load after it. On shared regions a table of any of
+// these sizes costs no slack beyond the arena's last region and the spares.
+//
+// Smaller tables (a store of up to ~4 k records a shard) stay on 4 KiB pages,
+// so that a small store does not take 2 MiB. Called under a shard's lock (Grow,
+// ~Shard); the arena's own lock is taken inside it, never the other way round.
+class IndexArena {
+ public:
+  static constexpr size_t kMin = size_t{64} << 10;  // order 0
+  static constexpr int kRegionOrder = 5;             // kMin << 5 = 2 MiB: a whole region
+  static_assert((kMin << kRegionOrder) == kHugePage);
+
+  IndexArena() = default;
+  IndexArena(const IndexArena&) = delete;
+  IndexArena& operator=(const IndexArena&) = delete;
+  ~IndexArena() {
+    for (void* r : regions_) UnmapBytes(r, kHugePage);
+  }
+
+  static bool Serves(size_t bytes) { return bytes >= kMin && bytes < kHugePage; }
+
+  // A block of `bytes` (a power of two that Serves), 64-byte aligned; its
+  // contents are undefined (recycled memory is not zeroed).
+  void* Alloc(size_t bytes) {
+    std::lock_guard lock(mu_);
+    const int want = OrderOf(bytes);
+    int o = want;
+    while (o <= kRegionOrder && free_[o].empty()) ++o;
+    uintptr_t block;
+    if (o > kRegionOrder) {
+      void* r = MapHuge(kHugePage);
+      regions_.push_back(r);
+      block = reinterpret_cast<uintptr_t>(r);
+      o = kRegionOrder;
+    } else {
+      block = *free_[o].begin();
+      free_[o].erase(free_[o].begin());
+    }
+    while (o > want) {  // split: keep the lower half, free the upper one
+      --o;
+      free_[o].insert(block + (kMin << o));
+    }
+    return reinterpret_cast<void*>(block);
+  }
+
+  // Returns a block from Alloc(bytes), merging it with its free buddies. A
+  // region that becomes wholly free is kept for the next tables (at most
+  // kSpareRegions of them: in a doubling round the old tables free regions
+  // just as the new ones want them, and a fresh huge page costs its first touch
+  // of 2 MiB) or given back to the kernel.
+  void Free(void* p, size_t bytes) {
+    std::lock_guard lock(mu_);
+    uintptr_t block = reinterpret_cast<uintptr_t>(p);
+    int o = OrderOf(bytes);
+    while (o < kRegionOrder) {
+      const uintptr_t buddy = block ^ (kMin << o);  // regions are 2 MiB-aligned
+      const auto it = free_[o].find(buddy);
+      if (it == free_[o].end()) break;
+      free_[o].erase(it);
+      block = std::min(block, buddy);
+      ++o;
+    }
+    if (o == kRegionOrder && free_[o].size() >= kSpareRegions) {
+      void* r = reinterpret_cast<void*>(block);
+      regions_.erase(std::find(regions_.begin(), regions_.end(), r));
+      UnmapBytes(r, kHugePage);
+      return;
+    }
+    free_[o].insert(block);
+  }
+
+ private:
+  static constexpr size_t kSpareRegions = 2;
+  static int OrderOf(size_t bytes) { return std::countr_zero(bytes / kMin); }
+
+  std::mutex mu_;
+  std::set<uintptr_t> free_[kRegionOrder + 1];  // free blocks by order; [kRegionOrder]: whole regions
+  std::vector<void*> regions_;                  // every region mapped
+};
+
 // ---- a record ------------------------------------------------------------------
+
+// Copies n <= 32 bytes in at most two fixed-size moves each way (they may
+// overlap). A memcpy of a run-time size is a call into libc: 35 of a claim's
+// ~775 instructions (callgrind), for a 20-byte key.
+inline void CopyShort(char* dst, const char* src, size_t n) {
+  if (n >= 16) {
+    std::memcpy(dst, src, 16);
+    std::memcpy(dst + n - 16, src + n - 16, 16);
+  } else if (n >= 8) {
+    std::memcpy(dst, src, 8);
+    std::memcpy(dst + n - 8, src + n - 8, 8);
+  } else if (n >= 4) {
+    std::memcpy(dst, src, 4);
+    std::memcpy(dst + n - 4, src + n - 4, 4);
+  } else if (n > 0) {
+    dst[0] = src[0];
+    dst[n / 2] = src[n / 2];
+    dst[n - 1] = src[n - 1];
+  }
+}
 
 constexpr size_t kInlineKey = 24;
 constexpr uint8_t kKeyOut = 0xFF;  // key_len: the key is in extra
@@ -178,7 +295,7 @@ struct Slot {
   void SetKey(std::string_view k) {
     if (k.size() <= kInlineKey) {
       key_len = static_cast<uint8_t>(k.size());
-      std::memcpy(key, k.data(), k.size());
+      CopyShort(key, k.data(), k.size());
     } else {
       extra = new Extra{std::string(k), {}, {}};
       key_len = kKeyOut;
@@ -239,6 +356,42 @@ static_assert(sizeof(Slot) == 64, "a record is one cache line");
 
 // ---- one shard -------------------------------------------------------------------
 
+// A shard's lock: one word. Uncontended, lock() is one compare-and-swap and
+// unlock() one exchange, inline; contended, a caller sleeps in the kernel
+// (futex) until the holder wakes one waiter, as glibc's default mutex does
+// (no spinning either). It is Drepper's third mutex ("Futexes Are Tricky").
+// std::mutex cost a claim ~76 of its ~775 instructions in two calls into
+// libpthread (callgrind); the atomic operations are the same.
+class ShardMutex {
+ public:
+  void lock() {
+    uint32_t c = 0;
+    if (state_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed))
+        [[likely]] {
+      return;
+    }
+    LockContended(c);
+  }
+  void unlock() {
+    if (state_.exchange(0, std::memory_order_release) != 1) [[unlikely]] WakeOne();
+  }
+
+ private:
+  // 0: free; 1: held, nobody waits; 2: held, and someone may wait.
+  std::atomic<uint32_t> state_{0};
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free);
+
+  uint32_t* Word() { return reinterpret_cast<uint32_t*>(&state_); }
+  [[gnu::noinline]] void LockContended(uint32_t c) {
+    if (c != 2) c = state_.exchange(2, std::memory_order_acquire);
+    while (c != 0) {
+      syscall(SYS_futex, Word(), FUTEX_WAIT_PRIVATE, 2, nullptr, nullptr, 0);  // returns at once unless still 2
+      c = state_.exchange(2, std::memory_order_acquire);
+    }
+  }
+  [[gnu::noinline]] void WakeOne() { syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0); }
+};
+
 constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 
 struct IndexEntry {
@@ -266,10 +419,10 @@ class alignas(64) Shard {
     }
     for (Chunk* c : chunks_) delete c;
     for (const auto& [p, bytes] : maps_) UnmapBytes(p, bytes);
-    UnmapBytes(index_, (mask_ + 1) * sizeof(IndexEntry));
+    if (index_ != nullptr) FreeIndex(index_, mask_ + 1);
   }
 
-  std::mutex mu;
+  ShardMutex mu;
 
   // Called without the lock, before taking it: starts loading the index line a
   // lookup of hash `h` will read, so the cache miss overlaps the lock. Reads
@@ -444,8 +597,12 @@ class alignas(64) Shard {
   void Touched(uint32_t n) { SetDue(n, At(n).retention_deadline); }
 
   size_t size() const { return count_; }
-  // Once, before the first record: the store's clock now.
-  void SetDueBase(int64_t now) { due_base_ = now; }
+  // Once, before the first record: the store's clock now, and where index
+  // tables of middle size come from (it outlives the shard).
+  void Init(int64_t now, IndexArena* arena) {
+    due_base_ = now;
+    arena_ = arena;
+  }
 
   template <typename Fn>
   void ForEach(Fn&& fn) {
@@ -458,7 +615,7 @@ class alignas(64) Shard {
   static constexpr uint32_t kChunkShift = 12;
   static constexpr uint32_t kChunkSlots = 1u << kChunkShift;  // 256 KiB of slots
   static constexpr size_t kChunkBytes = kChunkSlots * sizeof(Slot);
-  static constexpr size_t kChunksPerHuge = kHugePage / kChunkBytes;  // 8
+  static constexpr size_t kChunksPerBatch = 8;  // 2 MiB of slots
   static constexpr uint32_t kNeverDue = 0xFFFFFFFFu;
   // The deadlines in the chunks are milliseconds after due_base_ (a reading of
   // the store's clock), so that 4 bytes hold one to the millisecond; ~24.9 days
@@ -482,17 +639,25 @@ class alignas(64) Shard {
 
   Slot& At(uint32_t n) { return slots_[n >> kChunkShift][n & (kChunkSlots - 1)]; }
 
-  // Adds a chunk of kChunkSlots slots. A shard's first kChunksPerHuge chunks
-  // are mapped one by one on 4 KiB pages (a small store stays small); after
-  // that, slots come kChunksPerHuge chunks at a time from one 2 MiB-aligned
-  // region on a transparent huge page (MapHuge), so that the slots a long-lived
-  // store touches at random cost one TLB entry per 2 MiB, not per 4 KiB.
+  // Adds a chunk of kChunkSlots slots. A shard's first kChunksPerBatch chunks
+  // are mapped one by one (a small store stays small); after that, slots come
+  // kChunksPerBatch chunks (2 MiB) at a time from one mapping.
+  //
+  // All on 4 KiB pages. Slots were on transparent huge pages past the first 8
+  // chunks, but slots are not where the random reads are: a new record fills
+  // the slab's next slot or one the sweep has just freed near its cursor, and
+  // the calls that read a record (complete, extend, a redelivered claim)
+  // mostly come soon after its claim, on a recent page; every call reads the
+  // index at random (on huge pages: IndexArena, MapHuge). A huge page
+  // is zeroed whole at its first touch; on this KVM guest a fresh one cost 6-10
+  // ms (memory the host backs anew) against 1.7-2.1 ms for the same 2 MiB in
+  // 4 KiB faults, and claim_steps with 5 M claims spent 0.87-1.07 s in the
+  // kernel with huge slots against 0.29-0.34 s without, the same user time.
   void AddChunk() {
     if (spare_chunks_ == 0) {
-      const bool huge = chunks_.size() >= kChunksPerHuge;
-      const size_t count = huge ? kChunksPerHuge : 1;
+      const size_t count = chunks_.size() >= kChunksPerBatch ? kChunksPerBatch : 1;
       const size_t bytes = count * kChunkBytes;
-      spare_ = static_cast<Slot*>(huge ? MapHuge(bytes) : MapBytes(bytes));
+      spare_ = static_cast<Slot*>(MapBytes(bytes));
       maps_.emplace_back(spare_, bytes);
       spare_chunks_ = count;
     }
@@ -543,7 +708,7 @@ class alignas(64) Shard {
   void Grow() {
     const size_t old_size = index_ == nullptr ? 0 : mask_ + 1;
     const size_t size = old_size == 0 ? 64 : old_size * 2;
-    auto* fresh = static_cast<IndexEntry*>(MapHuge(size * sizeof(IndexEntry)));
+    auto* fresh = AllocIndex(size);
     for (size_t i = 0; i < size; ++i) fresh[i] = {0, kNoSlot};
     const size_t mask = size - 1;
     for (size_t i = 0; i < old_size; ++i) {
@@ -553,13 +718,29 @@ class alignas(64) Shard {
       while (fresh[p].slot != kNoSlot) p = (p + 1) & mask;
       fresh[p] = e;
     }
-    UnmapBytes(index_, old_size * sizeof(IndexEntry));
+    if (index_ != nullptr) FreeIndex(index_, old_size);
     index_ = fresh;
     mask_ = mask;
     hint_base_.store(reinterpret_cast<uintptr_t>(fresh), std::memory_order_relaxed);
     hint_mask_.store(mask, std::memory_order_relaxed);
   }
 
+  // An index table of `entries` entries: from the arena in its size range,
+  // else mapped (MapHuge: 4 KiB pages below 2 MiB, huge pages from there).
+  IndexEntry* AllocIndex(size_t entries) {
+    const size_t bytes = entries * sizeof(IndexEntry);
+    return static_cast<IndexEntry*>(IndexArena::Serves(bytes) ? arena_->Alloc(bytes) : MapHuge(bytes));
+  }
+  void FreeIndex(IndexEntry* table, size_t entries) {
+    const size_t bytes = entries * sizeof(IndexEntry);
+    if (IndexArena::Serves(bytes)) {
+      arena_->Free(table, bytes);
+    } else {
+      UnmapBytes(table, bytes);
+    }
+  }
+
+  IndexArena* arena_ = nullptr;
   IndexEntry* index_ = nullptr;
   size_t mask_ = 0;
   std::atomic<uintptr_t> hint_base_{0};  // index_ and mask_ for Prefetch
@@ -579,7 +760,7 @@ class alignas(64) Shard {
   // has passed since it last wrapped (and of every SetDue since).
   uint32_t min_due_ = kNeverDue;
   uint32_t pass_min_ = kNeverDue;
-  int64_t due_base_ = 0;  // see kRebaseAfter; SetDueBase when the store is made
+  int64_t due_base_ = 0;  // see kRebaseAfter; Init when the store is made
 };
 
 // ---- the store --------------------------------------------------------------------
@@ -592,7 +773,7 @@ class MemoryStore final : public Store {
         shard_bits_(std::countr_zero(std::bit_ceil(o.shards == 0 ? size_t{1} : o.shards))),
         shards_(size_t{1} << shard_bits_) {
     const int64_t now = clock_->NowMillis();
-    for (Shard& s : shards_) s.SetDueBase(now);
+    for (Shard& s : shards_) s.Init(now, &arena_);
   }
 
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
@@ -763,6 +944,7 @@ class MemoryStore final : public Store {
   Clock* const clock_;
   const size_t sweep_;
   const int shard_bits_;
+  IndexArena arena_;  // before shards_: they return their tables to it when destroyed
   std::vector<Shard> shards_;
 };
 

@@ -85,8 +85,13 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
   const std::string port = std::to_string(o.port);
   const std::string timeout =
       std::to_string(std::max<long long>(2, (o.timeout.count() + 999) / 1000));
-  const std::string options =
-      "-c statement_timeout=" + std::to_string(o.timeout.count()) + " -c client_min_messages=warning";
+  // READ COMMITTED whatever the database or role defaults to: the store's
+  // statements, and the completion inside a handler's transaction, must see the
+  // record's latest committed version (under REPEATABLE READ a heartbeat's extend
+  // would make the completion fail with a serialization error).
+  const std::string options = "-c statement_timeout=" + std::to_string(o.timeout.count()) +
+                              " -c client_min_messages=warning"
+                              " -c default_transaction_isolation=read\\ committed";
   std::vector<const char*> keys = {"host", "port", "dbname", "connect_timeout",
                                    "application_name", "options", "client_encoding"};
   std::vector<const char*> values = {o.host.c_str(), port.c_str(), o.database.c_str(),
@@ -172,14 +177,22 @@ Status Conn::Prepare(const char* name, const std::string& sql, const std::vector
   return Status::Ok();
 }
 
-StatusOr<Pool::Handle> Pool::Get() {
+StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
+  if (long_hold && size_ < 2) {
+    return Status::FailedPrecondition(
+        "postgres: a transaction holds its connection while the handler runs, and pool=1 would "
+        "leave none for the heartbeat that keeps its lease; use pool=2 or more");
+  }
   {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !idle_.empty() || live_ < size_; });
+    cv_.wait(lock, [&] {
+      return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
+    });
+    if (long_hold) ++long_held_;
     if (!idle_.empty()) {
       std::unique_ptr<Conn> c = std::move(idle_.back());
       idle_.pop_back();
-      return Handle(this, std::move(c));
+      return Handle(this, std::move(c), long_hold);
     }
     ++live_;
   }
@@ -187,22 +200,28 @@ StatusOr<Pool::Handle> Pool::Get() {
   std::lock_guard lock(mu_);
   if (!c.ok()) {
     --live_;
-    cv_.notify_one();
+    if (long_hold) --long_held_;
+    cv_.notify_all();
     return c.status();
   }
   ++opened_;
-  return Handle(this, std::move(c).value());
+  return Handle(this, std::move(c).value(), long_hold);
 }
 
-void Pool::Put(std::unique_ptr<Conn> c) {
+void Pool::Put(std::unique_ptr<Conn> c, bool long_hold) {
   std::lock_guard lock(mu_);
-  if (c->broken() || PQtransactionStatus(c->raw()) != PQTRANS_IDLE) {
+  if (long_hold) --long_held_;
+  if (c == nullptr) {
+    --live_;
+  } else if (c->broken() || PQtransactionStatus(c->raw()) != PQTRANS_IDLE) {
     --live_;  // closed below, outside nothing: PQfinish does not block
     c.reset();
   } else {
     idle_.push_back(std::move(c));
   }
-  cv_.notify_one();
+  // notify_all: a waiter for a transaction and a waiter for a statement wait for
+  // different things, and the one woken must be able to go on.
+  cv_.notify_all();
 }
 
 uint64_t Pool::opened() const {

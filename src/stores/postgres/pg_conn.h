@@ -82,6 +82,9 @@ class Conn {
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer
 // than `size` exist. A connection that broke is closed when handed back.
+// GetForTransaction() is Get() for a connection held while a handler runs
+// (RunInTransaction): such holds take at most size - 1 connections, so that the
+// heartbeat's extend and the claims of other messages always find one.
 class Pool {
  public:
   using Opener = std::function<StatusOr<std::unique_ptr<Conn>>()>;
@@ -89,10 +92,15 @@ class Pool {
 
   class Handle {
    public:
-    Handle(Pool* p, std::unique_ptr<Conn> c) : pool_(p), conn_(std::move(c)) {}
-    Handle(Handle&&) = default;
+    Handle(Pool* p, std::unique_ptr<Conn> c, bool long_hold = false)
+        : pool_(p), conn_(std::move(c)), long_hold_(long_hold) {}
+    Handle(Handle&& o) noexcept
+        : pool_(o.pool_), conn_(std::move(o.conn_)), long_hold_(o.long_hold_) {
+      o.pool_ = nullptr;
+    }
+    Handle& operator=(Handle&&) = delete;
     ~Handle() {
-      if (pool_ != nullptr && conn_ != nullptr) pool_->Put(std::move(conn_));
+      if (pool_ != nullptr) pool_->Put(std::move(conn_), long_hold_);
     }
     Conn* operator->() { return conn_.get(); }
     Conn& operator*() { return *conn_; }
@@ -100,13 +108,18 @@ class Pool {
    private:
     Pool* pool_;
     std::unique_ptr<Conn> conn_;
+    bool long_hold_;
   };
 
-  StatusOr<Handle> Get();
+  StatusOr<Handle> Get() { return Get(false); }
+  // Needs a pool of 2 or more (FailedPrecondition otherwise).
+  StatusOr<Handle> GetForTransaction() { return Get(true); }
+  size_t size() const { return size_; }
   uint64_t opened() const;
 
  private:
-  void Put(std::unique_ptr<Conn> c);
+  StatusOr<Handle> Get(bool long_hold);
+  void Put(std::unique_ptr<Conn> c, bool long_hold);
 
   const size_t size_;
   Opener open_;
@@ -114,6 +127,7 @@ class Pool {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Conn>> idle_;
   size_t live_ = 0;  // idle + handed out + being opened
+  size_t long_held_ = 0;  // handed out by GetForTransaction (or being opened for it)
   uint64_t opened_ = 0;
 };
 

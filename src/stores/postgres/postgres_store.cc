@@ -11,9 +11,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <thread>
+#include <utility>
 
+#include "core/printable.h"
 #include "core/state_machine.h"
 #include "core/uri.h"
 #include "stores/open_backends.h"
@@ -39,30 +42,36 @@ constexpr std::string_view kCols =
     "r.key, r.state::bigint, r.token, r.fence, r.attempt::bigint, r.lease_deadline, "
     "r.retention_deadline, r.fingerprint, r.status::bigint, r.result";
 
-Record ReadRecord(const PGresult* r, int row, size_t prefix_len) {
-  Record rec;
-  rec.key = pg::GetBytes(r, row, 0).substr(prefix_len);
-  rec.state = static_cast<RecordState>(pg::GetInt8(r, row, 1));
-  rec.token = Token{static_cast<uint64_t>(pg::GetInt8(r, row, 2))};
-  rec.fence = static_cast<uint64_t>(pg::GetInt8(r, row, 3));
-  rec.attempt = static_cast<uint32_t>(pg::GetInt8(r, row, 4));
-  rec.lease_deadline = pg::GetInt8(r, row, 5);
-  rec.retention_deadline = pg::GetInt8(r, row, 6);
-  rec.fingerprint = pg::GetBytes(r, row, 7);
-  rec.status = static_cast<CompletionStatus>(pg::GetInt8(r, row, 8));
-  rec.result = pg::GetBytes(r, row, 9);
-  return rec;
+// Reads the record of one result row into *rec; false when the row cannot be a
+// record this build wrote (kDecodable below is the same test in SQL).
+bool ReadRecord(const PGresult* r, int row, size_t prefix_len, Record* rec) {
+  const int64_t state = pg::GetInt8(r, row, 1), token = pg::GetInt8(r, row, 2);
+  const int64_t fence = pg::GetInt8(r, row, 3), attempt = pg::GetInt8(r, row, 4);
+  const int64_t status = pg::GetInt8(r, row, 8);
+  rec->key = pg::GetBytes(r, row, 0).substr(prefix_len);
+  rec->state = static_cast<RecordState>(state);
+  rec->token = Token{static_cast<uint64_t>(token)};
+  rec->fence = static_cast<uint64_t>(fence);
+  rec->attempt = static_cast<uint32_t>(attempt);
+  rec->lease_deadline = pg::GetInt8(r, row, 5);
+  rec->retention_deadline = pg::GetInt8(r, row, 6);
+  rec->fingerprint = pg::GetBytes(r, row, 7);
+  rec->status = static_cast<CompletionStatus>(status);
+  rec->result = pg::GetBytes(r, row, 9);
+  return state >= 1 && state <= 3 && status >= 0 && status <= 2 && token != 0 && fence > 0 &&
+         attempt >= 0 && attempt <= UINT32_MAX;
 }
 
-bool ValidRecord(const Record& r) {
-  return (r.state == RecordState::kInProgress || r.state == RecordState::kCompleted ||
-          r.state == RecordState::kReleased) &&
-         static_cast<uint8_t>(r.status) <= 2 && r.token.valid() && r.fence > 0;
-}
-
-
+// The same test in SQL, on the row `r`: a claim writes only over a row that passes
+// it (any other is answered DataLoss and left as it is).
+constexpr std::string_view kDecodable =
+    "(r.state BETWEEN 1 AND 3 AND r.status BETWEEN 0 AND 2 AND r.token <> 0 AND r.fence > 0 "
+    "AND r.attempt >= 0)";
 
 class PgTransaction;
+
+// The fence helper without its CREATE SCHEMA (FenceHelperSql is both).
+std::string FenceHelperBody(std::string_view schema);
 
 class PgStore final : public PostgresStore {
  public:
@@ -111,14 +120,25 @@ class PgStore final : public PostgresStore {
     std::vector<ClaimResult> out;
     out.reserve(reqs.size());
     if (reqs.empty()) return out;
-    auto h = pool_.Get();  // one connection for the whole batch
-    if (!h.ok()) return h.status();
-    for (const ClaimRequest& r : reqs) {
-      auto res = ClaimOn(**h, r);
-      if (!res.ok()) return res.status();
-      out.push_back(std::move(res).value());
+    Status failed;
+    {
+      auto h = pool_.Get();  // one connection for the whole batch
+      if (!h.ok()) return h.status();
+      for (const ClaimRequest& r : reqs) {
+        auto res = ClaimOn(**h, r);
+        if (!res.ok()) {
+          failed = res.status();
+          break;
+        }
+        out.push_back(std::move(res).value());
+      }
+    }  // handed back first: the releases may need a connection (pool=1)
+    if (failed.ok()) return out;
+    // Nobody will hold the claims made so far: released, best effort (store.h).
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
     }
-    return out;
+    return failed;
   }
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
@@ -153,8 +173,8 @@ class PgStore final : public PostgresStore {
     auto r = (*h)->ExecPrepared("inspect", p, "inspect");
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) == 0) return std::optional<Record>();
-    Record rec = ReadRecord(r->get(), 0, o_.prefix.size());
-    if (!ValidRecord(rec)) return Corrupt(key);
+    Record rec;
+    if (!ReadRecord(r->get(), 0, o_.prefix.size(), &rec)) return Corrupt(key);
     return std::optional<Record>(std::move(rec));
   }
 
@@ -183,8 +203,8 @@ class PgStore final : public PostgresStore {
     if (!r.ok()) return r.status();
     std::vector<Record> out;
     for (int i = 0; i < PQntuples(r->get()); ++i) {
-      Record rec = ReadRecord(r->get(), i, o_.prefix.size());
-      if (ValidRecord(rec)) out.push_back(std::move(rec));
+      Record rec;
+      if (ReadRecord(r->get(), i, o_.prefix.size(), &rec)) out.push_back(std::move(rec));
     }
     return out;
   }
@@ -257,8 +277,8 @@ class PgStore final : public PostgresStore {
 
  private:
   Status Corrupt(std::string_view key) const {
-    return Status::DataLoss(where_ + ": the record of key '" + std::string(key) +
-                            "' in " + table_ + " cannot be decoded; nothing was changed");
+    return Status::DataLoss(where_ + ": the record of key \"" + internal::Printable(key) +
+                            "\" in " + table_ + " cannot be decoded; nothing was changed");
   }
 
   StatusOr<WriteResult> OwnerWrite(const char* name, Params& p) {
@@ -280,10 +300,11 @@ class PgStore final : public PostgresStore {
       auto r = c.ExecPrepared("claim", p, "claim");
       if (!r.ok()) return r.status();
       if (PQntuples(r->get()) == 0) continue;  // inserted by another after our snapshot
-      Record cur = ReadRecord(r->get(), 0, 0);
+      Record cur;
+      const bool decoded = ReadRecord(r->get(), 0, 0, &cur);
       const bool wrote = pg::GetInt8(r->get(), 0, 10) != 0;
       const int64_t now = pg::GetInt8(r->get(), 0, 11);
-      if (!ValidRecord(cur)) return Corrupt(req.key);
+      if (!decoded) return Corrupt(req.key);
       ClaimResult res;
       res.fence = cur.fence;
       res.attempt = cur.attempt;
@@ -356,10 +377,37 @@ class PgStore final : public PostgresStore {
                                           format + "; this build reads format " +
                                           std::to_string(kFormat) + " only");
       }
+      // Column names and types are checked when the statements are prepared; the
+      // unique key that ON CONFLICT (key) needs is not (the planner looks for it at
+      // the first claim), so here.
+      auto unique = c.Exec("SELECT count(*) FROM pg_index i JOIN pg_attribute a ON "
+                           "a.attrelid = i.indrelid AND a.attnum = i.indkey[0] WHERE i.indrelid = " +
+                           regclass + "::regclass AND i.indisunique AND i.indnkeyatts = 1 AND "
+                           "i.indpred IS NULL AND a.attname = 'key'",
+                           "migration check");
+      if (!unique.ok()) return unique.status();
+      if (std::string(PQgetvalue(unique->get(), 0, 0)) == "0") {
+        return Status::FailedPrecondition(where_ + ": table " + name +
+                                          " has dedup's comment but no unique key on its key "
+                                          "column; it was not made by dedup (or was changed by "
+                                          "hand)");
+      }
       return Status::Ok();
     }
+    // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
+    // exists, which an application role with CREATE on its schema lacks; and the
+    // fence helper may be another role's (made with another table of the schema):
+    // each is made only when missing.
+    const std::string s = pg::Quote(o_.schema);
+    auto have = c.Exec("SELECT to_regnamespace('" + s + "') IS NOT NULL, "
+                       "to_regprocedure('" + s + ".dedup_apply_fence(text,text,bigint)') IS NOT NULL "
+                       "AND to_regprocedure('" + s + ".dedup_refuse_stale_fence()') IS NOT NULL",
+                       "migration check");
+    if (!have.ok()) return fail(have.status());
+    const bool have_schema = std::string(PQgetvalue(have->get(), 0, 0)) == "t";
+    const bool have_helper = std::string(PQgetvalue(have->get(), 0, 1)) == "t";
     const std::string ddl =
-        "CREATE SCHEMA IF NOT EXISTS " + pg::Quote(o_.schema) + ";\n"
+        (have_schema ? "" : "CREATE SCHEMA IF NOT EXISTS " + s + ";\n") +
         "CREATE TABLE " + table_ + " (\n"
         "  key bytea PRIMARY KEY,\n"
         "  state smallint NOT NULL,\n"            // 1 in_progress, 2 completed, 3 released
@@ -374,7 +422,7 @@ class PgStore final : public PostgresStore {
         "CREATE INDEX " + pg::Quote(o_.table + "_retention") + " ON " + table_ +
         " (retention_deadline);\n"
         "COMMENT ON TABLE " + table_ + " IS '" + std::string(kFormatComment) +
-        std::to_string(kFormat) + "';\n" + FenceHelperSql(o_.schema);
+        std::to_string(kFormat) + "';\n" + (have_helper ? "" : FenceHelperBody(o_.schema));
     auto made = c.Exec(ddl, "migration to format " + std::to_string(kFormat));
     if (!made.ok()) return fail(made.status());
     auto done = c.Exec("COMMIT", "migration commit");
@@ -414,7 +462,7 @@ class PgStore final : public PostgresStore {
         " OR r.fingerprint = ''::bytea THEN $5 ELSE r.fingerprint END,\n"
         " status = CASE WHEN " + exhaust + " THEN 2 ELSE 0 END,\n"
         " result = ''::bytea\n"
-        "WHERE " + writes + "\n"
+        "WHERE " + std::string(kDecodable) + " AND (" + writes + ")\n"
         "RETURNING " + cols + ", 1::bigint AS wrote)\n"
         "SELECT *, (SELECT ms FROM n) FROM w\n"
         "UNION ALL\n"
@@ -518,8 +566,21 @@ class PgTransaction final : public PostgresTransaction {
 
   StatusOr<std::vector<Row>> Exec(std::string_view sql,
                                   const std::vector<std::optional<std::string>>& params) override {
+    // Text travels as C strings: a NUL would cut the value short, silently.
+    if (sql.find('\0') != std::string_view::npos) {
+      return Fail(Status::InvalidArgument("handler statement: the SQL text contains a NUL byte"));
+    }
     std::vector<const char*> values;
-    for (const auto& v : params) values.push_back(v ? v->c_str() : nullptr);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& v = params[i];
+      if (v && v->find('\0') != std::string::npos) {
+        return Fail(Status::InvalidArgument(
+            "handler statement: parameter $" + std::to_string(i + 1) +
+            " contains a NUL byte, which a text parameter cannot carry (it would be cut there); "
+            "pass such bytes encoded, e.g. hex with decode($" + std::to_string(i + 1) + ", 'hex')"));
+      }
+      values.push_back(v ? v->c_str() : nullptr);
+    }
     pg::Result r(PQexecParams(c_.raw(), std::string(sql).c_str(), static_cast<int>(values.size()),
                               nullptr, values.data(), nullptr, nullptr, 0));
     const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
@@ -540,8 +601,24 @@ class PgTransaction final : public PostgresTransaction {
     return rows;
   }
 
+  // The text runs inside the server (PL/pgSQL EXECUTE of a string, which takes many
+  // statements), not as a simple query: there a COMMIT, END or ROLLBACK would end
+  // our transaction, committing the effect without the completion. EXECUTE
+  // refuses transaction commands, and the transaction then rolls back.
   Status ExecScript(std::string_view sql) override {
-    auto r = c_.Exec(sql, "handler SQL");
+    Params p;
+    p.Bytes(sql);
+    auto set = c_.ExecParams("SELECT set_config('dedup.handler_sql', convert_from($1, 'UTF8'), true)",
+                             p, 0, "handler SQL");
+    if (!set.ok()) return Fail(set.status());
+    auto r = c_.Exec("DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$",
+                     "handler SQL");
+    if (!r.ok() && r.status().message().find("transaction commands") != std::string::npos) {
+      return Fail(Status(r.status().code(),
+                         r.status().message() +
+                             "; the handler's SQL runs inside the transaction that records the "
+                             "completion: it may not BEGIN, COMMIT, ROLLBACK or use savepoints"));
+    }
     if (!r.ok()) return Fail(r.status());
     return Status::Ok();
   }
@@ -569,10 +646,16 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
   DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, {}));
   HandlerResult hr;
   {
-    auto h = pool_.Get();
+    auto h = pool_.GetForTransaction();  // leaves a connection for the heartbeat
     if (!h.ok()) return h.status();
     pg::Conn& c = **h;
-    DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN", "begin").status());
+    DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN ISOLATION LEVEL READ COMMITTED", "begin").status());
+    // A rollback keeps session-level advisory locks the handler took; the
+    // connection goes back to the pool without them.
+    auto rollback = [&c] {
+      (void)c.Exec("ROLLBACK", "rollback");
+      (void)c.Exec("SELECT pg_advisory_unlock_all()", "release session locks");
+    };
     PgTransaction tx(c, key, token, fence, attempt);
     try {
       hr = handler(tx);
@@ -595,10 +678,20 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       p.Int8(static_cast<int64_t>(CompletionStatus::kOk)).Bytes(hr.result);
       auto w = OwnerWriteOn(c, "complete", p);
       if (!w.ok() || *w == WriteResult::kLost) {
-        (void)c.Exec("ROLLBACK", "rollback");
+        rollback();
         return w;
       }
-      auto commit = c.Exec("COMMIT", "commit");
+      // The handler's SETs (search_path, statement_timeout, a role ...), LISTENs and
+      // held cursors would commit with the transaction and stay on the pooled
+      // connection for the next handler and the store's own statements: back to the
+      // connection's own values (RESET is transactional too), in the COMMIT's own
+      // round trip. A rollback undoes them by itself. Session-level advisory locks
+      // survive both: released. If any of these fails, the statements after it
+      // (COMMIT too) are skipped: the transaction is not committed, and the
+      // connection, left inside it, is closed when handed back.
+      auto commit = c.Exec("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; "
+                           "CLOSE ALL; SELECT pg_advisory_unlock_all(); COMMIT",
+                           "commit");
       if (!commit.ok()) return commit.status();
       // COMMIT of an aborted transaction answers ROLLBACK instead of failing.
       if (std::string_view(PQcmdStatus(commit->get())) != "COMMIT") {
@@ -606,7 +699,7 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       }
       return WriteResult::kOk;
     }
-    (void)c.Exec("ROLLBACK", "rollback");
+    rollback();
   }
   if (hr.kind == HandlerResult::Kind::kFail) {
     return Complete(key, token, retention, CompletionStatus::kFailed, hr.result);
@@ -619,6 +712,18 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
 StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(const PostgresStoreOptions& options) {
   const PostgresStoreOptions& o = options;
   if (o.database.empty()) return Status::InvalidArgument("postgres: no database given");
+  // libpq reads these as C strings: a NUL would cut one short (another role or
+  // database than the one named). The password's value is never shown.
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"user", &o.user},
+                                     {"password", &o.password},
+                                     {"database", &o.database},
+                                     {"host", &o.host},
+                                     {"sslmode", &o.sslmode}}) {
+    if (value->find('\0') != std::string::npos) {
+      return Status::InvalidArgument(std::string("postgres: the ") + field +
+                                     " contains a NUL byte (%00 in a URI)");
+    }
+  }
   if (o.host.empty()) return Status::InvalidArgument("postgres: no host given");
   if (o.port <= 0 || o.port > 65535) {
     return Status::InvalidArgument("postgres: port must be 1 to 65535, got " + std::to_string(o.port));
@@ -635,6 +740,17 @@ StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(const PostgresStoreOp
     return Status::InvalidArgument("postgres: pool must be 1 to 1024, got " + std::to_string(o.pool_size));
   }
   if (o.timeout.count() <= 0) return Status::InvalidArgument("postgres: timeout must be positive");
+  if (o.timeout.count() > INT32_MAX) {  // statement_timeout is an int of milliseconds
+    return Status::InvalidArgument("postgres: timeout must be at most 2147483647ms (about 24 days), got " +
+                                   std::to_string(o.timeout.count()) + "ms");
+  }
+  if (!o.sslmode.empty() && o.sslmode != "disable" && o.sslmode != "allow" &&
+      o.sslmode != "prefer" && o.sslmode != "require" && o.sslmode != "verify-ca" &&
+      o.sslmode != "verify-full") {
+    return Status::InvalidArgument("postgres: sslmode '" + o.sslmode +
+                                   "' is not one of disable, allow, prefer, require, verify-ca, "
+                                   "verify-full");
+  }
   if (o.expire_interval.count() < 0) {
     return Status::InvalidArgument("postgres: expire_interval must not be negative");
   }
@@ -797,9 +913,14 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
 }
 
 std::string FenceHelperSql(std::string_view schema) {
+  return "CREATE SCHEMA IF NOT EXISTS " + pg::Quote(schema) + ";\n" + FenceHelperBody(schema);
+}
+
+namespace {
+
+std::string FenceHelperBody(std::string_view schema) {
   const std::string s = pg::Quote(schema);
-  return "CREATE SCHEMA IF NOT EXISTS " + s + ";\n"
-         "CREATE TABLE IF NOT EXISTS " + s + ".dedup_fences (\n"
+  return "CREATE TABLE IF NOT EXISTS " + s + ".dedup_fences (\n"
          "  scope text NOT NULL, key text NOT NULL, fence bigint NOT NULL,\n"
          "  applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),\n"
          "  PRIMARY KEY (scope, key));\n"
@@ -830,5 +951,7 @@ std::string FenceHelperSql(std::string_view schema) {
          "  RETURN NEW;\n"
          "END $dedup$;\n";
 }
+
+}  // namespace
 
 }  // namespace dedup

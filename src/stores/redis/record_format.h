@@ -24,6 +24,19 @@ inline constexpr uint8_t kHasFp2 = 0x10;
 inline constexpr uint8_t kInProgress2 = 1;
 inline constexpr uint8_t kCompleted2 = 2;
 
+// A token as record format 2 and complete_ack_stream.lua carry it: 8 bytes,
+// big-endian. Written at p; returns the end.
+inline constexpr size_t kTokenBytes = 8;
+inline char* WriteToken(char* p, uint64_t token) {
+  for (size_t i = kTokenBytes; i-- > 0;) *p++ = static_cast<char>(token >> (8 * i));
+  return p;
+}
+inline uint64_t ReadToken(const char* p) {
+  uint64_t t = 0;
+  for (size_t k = 0; k < kTokenBytes; ++k) t = (t << 8) | static_cast<uint8_t>(p[k]);
+  return t;
+}
+
 // Unsigned LEB128: 7 bits per byte, least significant first, high bit = more.
 // Written at p; returns the end (at most 10 bytes written).
 inline char* WriteVarint(char* p, uint64_t n) {
@@ -74,9 +87,8 @@ inline bool DecodeCompletedRecord2(std::string_view v, CompletedRecord2* out) {
   const auto flags = static_cast<uint8_t>(v[0]);
   const unsigned status = (flags >> 2) & 3;
   if ((flags & 0xe0) != kFormat2 || (flags & 3) != kCompleted2 || status > 2) return false;
-  uint64_t token = 0;
-  for (size_t k = 1; k <= 8; ++k) token = (token << 8) | static_cast<uint8_t>(v[k]);
-  size_t i = 9;
+  const uint64_t token = ReadToken(v.data() + 1);
+  size_t i = 1 + kTokenBytes;
   uint64_t fence = 0, attempt = 0;
   if (!ReadVarint(v, &i, &fence) || !ReadVarint(v, &i, &attempt)) return false;
   std::string_view fp;
@@ -103,11 +115,9 @@ inline bool DecodeInProgressHead2(std::string_view v, uint64_t* token, uint64_t*
   if (v.size() < 11) return false;
   const auto flags = static_cast<uint8_t>(v[0]);
   if ((flags & 0xe0) != kFormat2 || (flags & 0x0f) != kInProgress2) return false;
-  uint64_t t = 0;
-  for (size_t k = 1; k <= 8; ++k) t = (t << 8) | static_cast<uint8_t>(v[k]);
-  size_t i = 9;
+  size_t i = 1 + kTokenBytes;
   if (!ReadVarint(v, &i, fence) || !ReadVarint(v, &i, attempt)) return false;
-  *token = t;
+  *token = ReadToken(v.data() + 1);
   return true;
 }
 

@@ -41,7 +41,7 @@ using redis::ReplyText;
 
 enum ScriptId : size_t {
   kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kCompleteBatch,
-  kCompleteAckBatch, kCompleteAckStream, kNumScripts
+  kCompleteAckStream, kNumScripts
 };
 
 // The embedded scripts, in ScriptId order.
@@ -49,7 +49,7 @@ const redis::ScriptSet& Scripts() {
   static const redis::ScriptSet scripts = [] {
     static constexpr std::string_view kOrder[kNumScripts] = {
         "claim", "extend", "complete", "release", "inspect", "complete_ack", "forget",
-        "complete_batch", "complete_ack_batch", "complete_ack_stream"};
+        "complete_batch", "complete_ack_stream"};
     std::vector<std::pair<std::string_view, std::string_view>> list;
     for (std::string_view name : kOrder) {
       for (const auto& e : redis::kEmbeddedScripts) {
@@ -211,7 +211,11 @@ class RedisStore final : public Store {
     const int64_t start = redis::SteadyMillis();
     Millis lease = kMaxDuration;
     for (const ClaimRequest& q : reqs) lease = std::min(lease, q.lease);
-    bool lost = false;  // some try was sent and got no answer
+    // Per request: a try sent it and got no answer, and no later try answered it
+    // (its record may be on the server, under a token nobody will hold).
+    std::vector<bool>& unknown = scratch.unknown;
+    std::vector<bool>& got_none = scratch.got_none;  // per command of one ExecMany
+    unknown.assign(reqs.size(), false);
     // Every try sends the claims that have no answer yet, with the same tokens
     // (ClaimAgain); the nodes that answered keep their answers. A batch that fails
     // in the end releases the claims it made (ReleaseAcquired).
@@ -220,7 +224,7 @@ class RedisStore final : public Store {
       cmds.Clear();
       for (size_t i : pending) AppendFastClaim(&cmds, reqs[i], tokens[i], with_get);
       bool sent = false;
-      Status failed = client_.ExecMany("claim batch", cmds, &replies, &sent);
+      Status failed = client_.ExecMany("claim batch", cmds, &replies, &sent, &got_none);
       slow.clear();
       left.clear();
       // Every reply is read, also past a bad one: the claims answered after it
@@ -230,9 +234,11 @@ class RedisStore final : public Store {
         const size_t i = pending[j];
         const redisReply* r = replies[j].get();
         if (r == nullptr) {  // its node failed
+          if (got_none[j]) unknown[i] = true;
           left.push_back(i);
           continue;
         }
+        unknown[i] = false;  // answered with the same token: an earlier try is known
         if (DecodeFastClaim(r, reqs[i], tokens[i], with_get, &out[i])) continue;
         if (IsError(r)) {
           if (!bad_fast) bad_fast = ClaimError("claim batch", reqs[i].key, ReplyText(r));
@@ -257,12 +263,13 @@ class RedisStore final : public Store {
         }
         std::vector<Reply> sreplies;
         bool slow_sent = false;
-        Status s = ExecMany("claim batch", skeys, scmds, &sreplies, &slow_sent);
+        Status s = ExecMany("claim batch", skeys, scmds, &sreplies, &slow_sent, &got_none);
         sent = sent || slow_sent;
         if (failed.ok()) failed = s;
         std::optional<Status> bad;
         for (size_t j = 0; j < slow.size(); ++j) {
           if (j >= sreplies.size() || sreplies[j] == nullptr) {
+            if (got_none[j]) unknown[slow[j]] = true;
             left.push_back(slow[j]);  // claim.lua may have run: the next try sees
             continue;
           }
@@ -284,9 +291,8 @@ class RedisStore final : public Store {
                                                  ": claim batch: a reply is missing");
       if (!ClaimAgain(failed, sent, tries, start, lease)) {
         ReleaseAcquired(reqs, tokens, out);
-        return lost && !sent ? EarlierTryLost(failed, lease) : failed;
+        return sent ? failed : EarlierTriesLost(failed, lease, reqs, unknown);
       }
-      lost = lost || sent;
       std::sort(left.begin(), left.end());  // in request order, as the batch is
       pending.swap(left);
     }
@@ -300,14 +306,16 @@ class RedisStore final : public Store {
     thread_local redis::CommandBuffer cmd;
     cmd.Clear();
     AppendFastClaim(&cmd, req, token, with_get);
-    StatusOr<Reply> r = client_.Exec("claim", cmd, sent);
-    if (!r.ok()) return NameWrongType("claim", req.key, r.status());
+    // Error replies stay replies (as in ClaimBatch): ClaimError names the key sent.
+    StatusOr<Reply> r = client_.Call("claim", cmd, sent);
+    if (!r.ok()) return r.status();
+    if (IsError(r->get())) return ClaimError("claim", req.key, ReplyText(r->get()));
     ClaimResult res;
     if (DecodeFastClaim(r->get(), req, token, with_get, &res)) return res;
     if (!FoundRecord(r->get(), with_get)) return BadReply("claim");
     std::string rkey = RedisKey(req.key);
-    r = client_.Exec("claim", rkey, ClaimCommand(rkey, req, token), sent);
-    if (!r.ok()) return NameWrongType("claim", req.key, r.status());
+    r = client_.Call("claim", rkey, ClaimCommand(rkey, req, token), sent);
+    if (!r.ok()) return r.status();
     return DecodeClaim("claim", req.key, r->get(), token);
   }
 
@@ -330,11 +338,32 @@ class RedisStore final : public Store {
   // The failure of a try that sent nothing (e.g. it could not reconnect) after an
   // earlier try was sent and lost its answer: that earlier try may have written
   // the claim's record, which nobody can complete, so say so.
-  static Status EarlierTryLost(const Status& s, Millis lease) {
+  static Status EarlierTryLost(const Status& s, Millis lease,
+                               const std::string& what = "the key may stay BUSY until its") {
     return Status(s.code(), s.message() +
-                                "; an earlier try was sent and its answer lost (effect unknown: "
-                                "the key may stay BUSY until its lease of " +
-                                internal::FormatDuration(lease) + " ends)");
+                                "; an earlier try was sent and its answer lost (effect unknown: " +
+                                what + " lease of " + internal::FormatDuration(lease) + " ends)");
+  }
+
+  // EarlierTryLost for a batch whose last try sent nothing: names the claims whose
+  // outcome is unknown (`unknown`: sent by some try, answered by none), and none
+  // when every claim a lost try sent was answered by a later one.
+  static Status EarlierTriesLost(const Status& s, Millis lease,
+                                 std::span<const ClaimRequest> reqs,
+                                 const std::vector<bool>& unknown) {
+    constexpr size_t kNamed = 3;
+    size_t n = 0;
+    std::string named;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (!unknown[i]) continue;
+      if (++n <= kNamed) named += (n > 1 ? ", '" : "'") + internal::Printable(reqs[i].key) + "'";
+    }
+    if (n == 0) return s;
+    if (n > kNamed) named += ", ...";
+    return EarlierTryLost(s, lease,
+                          n == 1 ? "the claim of key " + named + " may stay BUSY until its"
+                                 : "the claims of " + std::to_string(n) + " keys (" + named +
+                                       ") may stay BUSY until their");
   }
 
   // A batch that fails as a whole must not keep the claims it made on the way:
@@ -417,7 +446,7 @@ class RedisStore final : public Store {
     std::vector<AckedWrite> out(reqs.size());
     for (size_t k = 0; k < runs.size(); ++k) {
       const CompleteRun& run = runs[k];
-      if (IsError(replies[k].get()) && ReplyText(replies[k].get()).starts_with("NOSCRIPT")) {
+      if (redis::IsNoScript(replies[k].get())) {
         // The server lost its scripts (a restart, SCRIPT FLUSH): this call did
         // not run; it is sent again as one command, which loads the script.
         Command c;
@@ -574,18 +603,6 @@ class RedisStore final : public Store {
     }
     return ErrorReplyStatus(where, error);
   }
-  // The same for a claim whose error reply the client layer turned into `s`
-  // already (ErrorReplyStatus words WRONGTYPE as a corrupt record).
-  Status NameWrongType(std::string_view op, std::string_view key, const Status& s) const {
-    const size_t at = s.message().find("WRONGTYPE");
-    if (s.code() != StatusCode::kDataLoss || at == std::string::npos) return s;
-    std::string_view e = s.message();
-    e.remove_prefix(at);
-    if (const size_t end = e.find(" (nothing changed)"); end != std::string_view::npos) {
-      e = e.substr(0, end);
-    }
-    return ClaimError(op, key, e);
-  }
 
   Status BadReply(std::string_view op) const {
     return Status::Internal("redis " + description_ + ": " + std::string(op) +
@@ -723,6 +740,7 @@ return denied)";
     std::vector<Reply> replies;
     std::vector<Token> tokens;
     std::vector<size_t> pending, slow, left;  // ClaimBatch's requests by state
+    std::vector<bool> unknown, got_none;      // ClaimBatch's, see there
     std::vector<CompleteRun> runs;
   };
   static BatchScratch& Scratch() {
@@ -761,7 +779,7 @@ return denied)";
                         const CompleteRun& run) const {
     const size_t n = run.end - run.begin;
     const std::span<const CompleteRequest> rs = reqs.subspan(run.begin, n);
-    char hex[16];
+    char hex[Token::kHexDigits];
     if (run.fused) {
       const BrokerAck& ack = *rs[0].ack;
       w.Begin(6 + 4 * n);
@@ -773,10 +791,9 @@ return denied)";
       for (size_t i = 1; i < n; ++i) w.Arg(prefix_, rs[i].key);
       w.Arg(ack.group);
       w.Number(static_cast<uint64_t>(rs[0].retention.count()));
-      char raw[8];
+      char raw[redis::kTokenBytes];
       for (const CompleteRequest& q : rs) {
-        for (int b = 0; b < 8; ++b) raw[b] = static_cast<char>(q.token.value >> (56 - 8 * b));
-        w.Arg(std::string_view(raw, 8));
+        w.Arg(std::string_view(raw, redis::WriteToken(raw, q.token.value) - raw));
         w.Arg(q.result);
         w.Arg(q.ack->id);
       }
@@ -789,17 +806,11 @@ return denied)";
     w.Key(prefix_, rs[0].key);
     for (size_t i = 1; i < n; ++i) w.Arg(prefix_, rs[i].key);
     for (const CompleteRequest& q : rs) {
-      w.Arg(TokenHex(q.token, hex));
+      w.Arg(q.token.WriteHex(hex));
       w.Number(static_cast<uint64_t>(q.retention.count()));
       w.Number(static_cast<uint64_t>(q.status));
       w.Arg(q.result);
     }
-  }
-  // Token::ToHex written at `out` (16 bytes), without a string.
-  static std::string_view TokenHex(Token t, char* out) {
-    static constexpr char kDigits[] = "0123456789abcdef";
-    for (int i = 15; i >= 0; --i, t.value >>= 4) out[i] = kDigits[t.value & 0xf];
-    return {out, 16};
   }
 
   static void AppendCompleteArgs(const CompleteRequest& q, std::vector<std::string>* args) {
@@ -835,11 +846,12 @@ return denied)";
   // The IN_PROGRESS record of a first claim, record format 2: flags, token, fence 1,
   // attempt 1, keep = retention, fingerprint. Written at `out` (room for
   // kMaxFreshRecord bytes); returns its size.
-  static constexpr size_t kMaxFreshRecord = 1 + 8 + 2 + 10 + 1 + kMaxFingerprintBytes;
+  static constexpr size_t kMaxFreshRecord =
+      1 + redis::kTokenBytes + 2 + 10 + 1 + kMaxFingerprintBytes;
   static size_t FreshRecord(const ClaimRequest& req, Token token, char* out) {
     char* p = out;
     *p++ = static_cast<char>(kFormat2 | kInProgress2 | (req.fingerprint.empty() ? 0 : kHasFp2));
-    for (int i = 7; i >= 0; --i) *p++ = static_cast<char>(token.value >> (8 * i));
+    p = redis::WriteToken(p, token.value);
     *p++ = 1;  // fence
     *p++ = 1;  // attempt
     p = redis::WriteVarint(p, static_cast<uint64_t>(req.retention.count()));
@@ -950,8 +962,8 @@ return denied)";
   }
   Status ExecMany(std::string_view op, const std::vector<std::string>& rkeys,
                   std::vector<Command>& cmds, std::vector<Reply>* replies,
-                  bool* sent = nullptr) {
-    return client_.ExecMany(op, rkeys, cmds, replies, sent);
+                  bool* sent = nullptr, std::vector<bool>* unknown = nullptr) {
+    return client_.ExecMany(op, rkeys, cmds, replies, sent, unknown);
   }
 
   StatusOr<WriteResult> Write(std::string_view op, const std::string& rkey, Command cmd) {

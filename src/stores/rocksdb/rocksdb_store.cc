@@ -83,6 +83,7 @@ using internal::IsFenceFloor;
 using internal::LeasedForgetError;
 using internal::DecodeRecord;
 using internal::EncodeRecord;
+using internal::AppendRecordKey;
 using internal::EncodeRecordKey;
 using internal::QuoteBytes;
 
@@ -94,6 +95,8 @@ constexpr size_t kRecentPerStripe = 64;
 constexpr size_t kMaxCachedResult = 1024;
 // How often the background writer commits pending claims.
 constexpr std::chrono::milliseconds kGroupCommitInterval{1};
+// The longest wait between the group commit's tries while its writes fail.
+constexpr std::chrono::milliseconds kMaxCommitBackoff{100};
 // Claims pending above this many, a claiming thread commits them itself: the
 // writer's backlog (and memory) stays bounded when claims outrun it.
 constexpr int64_t kMaxPending = 65'536;
@@ -186,7 +189,7 @@ struct BatchKeys {
       keys.push_back(key);
       slots.push_back(s);
       rkey_at.push_back(rkeys.size());
-      internal::AppendRecordKey(key, &rkeys);
+      AppendRecordKey(key, &rkeys);
       stripes.push_back(s.stripe);
     }
     std::sort(stripes.begin(), stripes.end());
@@ -521,7 +524,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
         Defer(st, slot, req.key, std::move(next));
         return res;
       }
-      WaitInFlight(st, req.key);
+      WaitInFlight(st, HashedKey{req.key, slot.hash});
       EncodeRecord(next, &value);
       rocksdb::Status s = PutOne(rkey, value);
       if (!s.ok()) return FromRocks(s, Context("claim"));
@@ -609,7 +612,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     std::lock_guard lock(st.mu);
     // The fingerprint stays: other keys may share it, and it only costs a Get.
     if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
-    WaitInFlight(st, key);
+    WaitInFlight(st, HashedKey{key, slot.hash});
     const int64_t now = clock_->NowMillis();
     Record cur;
     bool found = false, decoded = false;
@@ -718,6 +721,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
     uint64_t prior = 0;
     uint64_t round = 0;  // the writer's round when the claim was made
     uint64_t hash = 0;   // the key's (KeyHash), for the writer's RememberMoved
+    // A writer batch whose write failed while carrying this very record, and
+    // that is kept encoded to be written again as it is (0: none). See kept_gen_.
+    uint64_t kept = 0;
   };
 
   struct alignas(64) Stripe {
@@ -768,6 +774,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       p.rec = std::move(r);
       if (p.gen != 0) p.prior = p.gen;  // its batch may still be writing the old record
       p.gen = 0;
+      p.kept = 0;  // a kept failed batch holds the old record, not this one
       p.round = round;
       p.hash = slot.hash;
     }
@@ -790,9 +797,6 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // Before a synchronous write of `key`, with its stripe locked: if a writer batch
   // is carrying an older record of the key, waits until that batch is done, so
   // the newer record is written after it.
-  void WaitInFlight(Stripe& st, std::string_view key) {
-    WaitInFlight(st, HashedKey{key, KeyHash{}(key)});
-  }
   void WaitInFlight(Stripe& st, const HashedKey& key) {
     if (const uint64_t g = InFlightOf(st, key); g != 0) WaitGen(g);
   }
@@ -891,7 +895,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
     // the top for every key (perf: most of the writer's time was that search).
     commit_buf_.clear();
     commit_entries_.clear();
-    std::string rkey, value;
+    std::string value;
+    const auto encode = [&](const std::string& key, const Pending& p) {
+      const size_t at = commit_buf_.size();
+      AppendRecordKey(key, &commit_buf_);
+      EncodeRecord(p.rec, &value);
+      commit_entries_.push_back({at, commit_buf_.size() - at, value.size(), 0});
+      commit_buf_ += value;
+    };
+    // The records of the kept failed batch are not encoded again at first: when
+    // this round finds every one of them unchanged and nothing else, that batch
+    // is written again as it is.
+    size_t kept_found = 0;
     for (size_t w = 0; w < kStripes / 64; ++w) {
       uint64_t bits = dirty_mask_[w].load(std::memory_order_relaxed);
       if (bits != 0) bits = dirty_mask_[w].exchange(0, std::memory_order_relaxed);
@@ -908,27 +923,44 @@ class RocksDBStoreImpl final : public RocksDBStore {
           }
           p.gen = g;
           taken = true;
-          EncodeRecordKey(key, &rkey);
-          EncodeRecord(p.rec, &value);
-          commit_entries_.push_back({commit_buf_.size(), rkey.size(), value.size(), 0});
-          commit_buf_ += rkey;
-          commit_buf_ += value;
+          if (kept_gen_ != 0 && p.kept == kept_gen_) {
+            ++kept_found;
+          } else {
+            encode(key, p);
+          }
         }
         st.dirty.store(false, std::memory_order_relaxed);
         if (young) MarkDirty(st, i);
         if (taken) touched.push_back(i);
       }
     }
-    const char* buf = commit_buf_.data();
-    SortByKey(buf, &commit_entries_);
     rocksdb::WriteBatch& batch = commit_batch_;  // its buffer kept from round to round
-    batch.Clear();
-    for (const CommitEntry& e : commit_entries_) {
-      (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
-                      rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
+    const bool rewrite = kept_found != 0 && kept_found == kept_count_ && commit_entries_.empty();
+    if (!rewrite) {
+      if (kept_found != 0) {
+        // Some of the kept batch's records changed or were written since: its
+        // unchanged ones (carried by this batch already) are encoded now.
+        for (size_t i : touched) {
+          Stripe& st = stripes_[i];
+          std::lock_guard lock(st.mu);
+          for (auto& [key, p] : st.pending) {
+            if (p.gen == g && p.kept == kept_gen_) encode(key, p);
+          }
+        }
+      }
+      const char* buf = commit_buf_.data();
+      SortByKey(buf, &commit_entries_);
+      batch.Clear();
+      for (const CommitEntry& e : commit_entries_) {
+        (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
+                        rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
+      }
     }
     rocksdb::Status s;
-    if (batch.Count() > 0) s = WriteKept(batch_write_options_, &batch);
+    if (batch.Count() > 0) s = WriteKept(batch_write_options_, &batch, /*keep_failed=*/true);
+    // A failed batch stays encoded for the next round (its records keep kept = g).
+    kept_gen_ = !s.ok() && batch.Count() > 0 ? g : 0;
+    kept_count_ = kept_gen_ != 0 ? static_cast<size_t>(batch.Count()) : 0;
     {
       std::lock_guard l(gen_mu_);
       done_gen_.store(g, std::memory_order_release);
@@ -952,6 +984,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
           ++committed;
         } else {
           it->second.gen = 0;  // retried by the next batch
+          it->second.kept = kept_gen_;
           MarkDirty(st, i);
           ++it;
         }
@@ -974,18 +1007,22 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   void GroupCommitLoop() {
     std::unique_lock l(commit_loop_mu_);
+    std::chrono::milliseconds interval = kGroupCommitInterval;
     while (!stop_commit_) {
       writer_idle_.store(true);
       commit_cv_.wait(l, [this] { return stop_commit_ || pending_count_.load() > 0; });
       writer_idle_.store(false);
       if (stop_commit_) break;
-      commit_cv_.wait_for(l, kGroupCommitInterval, [this] { return stop_commit_; });
+      commit_cv_.wait_for(l, interval, [this] { return stop_commit_; });
       if (stop_commit_) break;
       l.unlock();
       // A failed commit is retried with the next batch; RocksDB also records the
       // error and fails later writes, and so the operations that return it.
+      // While commits fail (a full disk) the rounds back off, doubling up to
+      // kMaxCommitBackoff, and write the kept batch again (CommitPending).
       commit_round_.fetch_add(1, std::memory_order_relaxed);
-      (void)CommitPending(/*all=*/false);
+      const bool ok = CommitPending(/*all=*/false).ok();
+      interval = ok ? kGroupCommitInterval : std::min(interval * 2, kMaxCommitBackoff);
       l.lock();
     }
   }
@@ -1098,10 +1135,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   // Writes a WriteBatch that is kept from call to call (its buffer reused); one
   // past kMaxKeptBatchBytes is dropped after its write, so that a rare huge
-  // batch does not keep its memory.
-  rocksdb::Status WriteKept(const rocksdb::WriteOptions& options, rocksdb::WriteBatch* batch) {
+  // batch does not keep its memory (`keep_failed`: not when the write failed,
+  // the group commit writes it again).
+  rocksdb::Status WriteKept(const rocksdb::WriteOptions& options, rocksdb::WriteBatch* batch,
+                            bool keep_failed = false) {
     rocksdb::Status s = db_->Write(options, batch);
-    if (batch->GetDataSize() > kMaxKeptBatchBytes) *batch = rocksdb::WriteBatch();
+    if (batch->GetDataSize() > kMaxKeptBatchBytes && (s.ok() || !keep_failed)) {
+      *batch = rocksdb::WriteBatch();
+    }
     return s;
   }
 
@@ -1268,6 +1309,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
   std::string commit_buf_;
   std::vector<CommitEntry> commit_entries_;
   rocksdb::WriteBatch commit_batch_;
+  // The batch whose write failed, still in commit_batch_ (0: none), and how many
+  // records it holds: a round that finds exactly those, unchanged (Pending::kept),
+  // writes it again without encoding them. Guarded by commit_mu_.
+  uint64_t kept_gen_ = 0;
+  size_t kept_count_ = 0;
 
   std::thread syncer_;
   std::mutex sync_mu_;
