@@ -22,6 +22,8 @@ redis_port=${DRAIN_HUNG_NATS_REDIS_PORT:-6478}
 source "$here/../scripts/lib/redis.sh"
 # shellcheck source=../scripts/lib/nats.sh
 source "$here/../scripts/lib/nats.sh"
+# shellcheck source=../scripts/lib/drain.sh
+source "$here/../scripts/lib/drain.sh"
 tmp=$(mktemp -d /tmp/dedup_drain_hung_nats.XXXXXX)
 worker_pid=""
 cleanup() {
@@ -61,23 +63,15 @@ store="redis://127.0.0.1:$redis_port"
   --summary-interval 0 >>"$tmp/w.log" 2>&1 &
 worker_pid=$!
 
-claimed=0
-for i in $(seq 1 200); do
-  claimed=$("$dedup" inspect --store "$store" --prefix m- 2>/dev/null | grep -c in_progress)
-  [ -f "$tmp/started" ] && [ "$claimed" -ge "$messages" ] && break
-  sleep 0.05
-done
+drain_wait_claimed "$dedup" "$store" "$messages" "$tmp/started"
 [ "$(wc -l <"$tmp/started" 2>/dev/null)" = 1 ] || fail "want 1 handler started"
-[ "$claimed" = "$messages" ] || fail "$claimed claims held, want $messages (fetched and claimed ahead)"
+[ "$DRAIN_CLAIMED" = "$messages" ] ||
+  fail "$DRAIN_CLAIMED claims held, want $messages (fetched and claimed ahead)"
 
-kill -STOP "$NATS_PID"
-t0=$(date +%s%N)
-kill -TERM "$worker_pid"
-wait "$worker_pid"
-rc=$?
+drain_stop_timed "$worker_pid" "$NATS_PID"
 worker_pid=""
-took_ms=$((($(date +%s%N) - t0) / 1000000))
-kill -CONT "$NATS_PID"
+rc=$DRAIN_RC
+took_ms=$DRAIN_TOOK_MS
 echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, broker frozen, timeout 1 s, $queued queued)"
 [ "$rc" = 0 ] || fail "worker exit $rc after SIGTERM"
 [ "$took_ms" -lt $((drain_s * 1000 + 2 * 1000 + 2500)) ] || fail "the drain took ${took_ms} ms"
