@@ -10,9 +10,10 @@ tell how many times a request really ran, and with which fence.
   POST /charge[?sleep_ms=N]     counted; sleeps N ms, then 201 with a JSON body that
                                 names the call number and echoes the body; sets
                                 X-App-Call, Location and a Set-Cookie header
-  POST /status?code=N           counted; that status (Retry-After: 1 on 429 and 503)
-  POST /big?bytes=N[&headers=H] counted; 200 with N bytes of body (and H headers
-                                X-Big-i of 8000 bytes each)
+  POST /status?code=N[&sleep_ms=M] counted; sleeps M ms, then that status
+                                (Retry-After: 1 on 429 and 503)
+  POST /big?bytes=N[&headers=H] counted; 200 with N bytes of body, an ETag (and H
+                                headers X-Big-i of 8000 bytes each)
   anything else[?sleep_ms=N]    counted; sleeps N ms, then 200 echoing method, path,
                                 headers and body seen
 """
@@ -80,13 +81,15 @@ class App(BaseHTTPRequestHandler):
                                                ("Set-Cookie", "session=secret-%d" % call)])
         if url.path == "/status":  # ?code=N: that status, with Retry-After on 429 / 503
             code = int(query.get("code", ["200"])[0])
+            time.sleep(int(query.get("sleep_ms", ["0"])[0]) / 1000)
             return self.reply(code, json.dumps({"call": call}).encode(),
                               extra=[("Retry-After", "1")] if code in (429, 503) else [])
         if url.path == "/big":
             size = int(query.get("bytes", ["0"])[0])
             big = [("X-Big-%d" % i, "h" * 8000)
                    for i in range(int(query.get("headers", ["0"])[0]))]
-            return self.reply(200, b"x" * size, "application/octet-stream", extra=big)
+            return self.reply(200, b"x" * size, "application/octet-stream",
+                              extra=big + [("ETag", '"big-%d"' % size)])
         time.sleep(int(query.get("sleep_ms", ["0"])[0]) / 1000)
         seen = {"call": call, "method": self.command, "path": self.path,
                 "headers": {k: v for k, v in self.headers.items()},

@@ -45,6 +45,10 @@ check "GET /v1/keys/{key}?verbose=1: 400" [ "$code" = 400 ]
 req -X POST "$base/v1/keys/q3/claim" -d '{}'
 req -X DELETE "$base/v1/keys/q3?force=false&force=true"
 check "DELETE ?force=false&force=true (which one?): 400 naming force" eval '[ "$code" = 400 ] && says force'
+# cpp-httplib collapses an exact repeat into one parameter; the docs say any
+# parameter given twice is refused.
+req -X DELETE "$base/v1/keys/q3?force=true&force=true"
+check "DELETE ?force=true&force=true (an exact repeat): 400 naming force" eval '[ "$code" = 400 ] && says force'
 
 # ---- a web page the operator visits reaches loopback too. Without a token, a
 # cross-site form or fetch could claim, complete or release keys (a text/plain
@@ -63,6 +67,10 @@ req -X POST "$base/v1/keys/csrf-3/claim" -H 'Origin: null' -d '{}'
 check "a POST with Origin: null (sandboxed frame, file:): 403" [ "$code" = 403 ]
 req -X POST "$base/v1/keys/csrf-4/claim" -H "Origin: $base" -H 'Sec-Fetch-Site: same-origin' -d '{}'
 check "a same-origin POST (the page's own): 201" [ "$code" = 201 ]
+req -X POST "$base/v1/keys/csrf-4b/claim" -H "Host: localhost:$port" -H "Origin: http://LOCALHOST:$port" -d '{}'
+check "a same-origin POST whose Origin differs from Host in case only: 201 (host names are case-insensitive)" [ "$code" = 201 ]
+req -X POST "$base/v1/keys/csrf-4c/claim" -H 'Sec-Fetch-Site: cross-site' -d '{}'
+check "a 403 says how to allow it: --auth-token-file" eval '[ "$code" = 403 ] && says auth-token-file'
 req -X POST "$base/v1/keys/csrf-5/claim" -d '{}'
 check "a POST without Origin (curl, any client): 201" [ "$code" = 201 ]
 req "$base/v1/keys?prefix=csrf" -H "Host: evil.example:$port"
@@ -98,6 +106,12 @@ check "a dedup_token cookie is not forwarded to the application" \
 check "... the application's own cookies are" python3 -c '
 import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
 assert h["cookie"]=="a=1; b=2", h' "$body"
+# Without dedup's cookie, the Cookie line goes on byte for byte (it was rebuilt on
+# every request, "a=1;b=2" becoming "a=1; b=2").
+req -X POST "$proxy/echo" -H "Dedup-Token: $token" -H "Cookie: a=1;b=2;  c=3" -d x
+check "a Cookie line without dedup_token reaches the application as sent" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert h["cookie"]=="a=1;b=2;  c=3", h' "$body"
 before=$(calls)
 req -X POST "$proxy/_dedup" -H "Dedup-Token: $token" -d x
 check "POST /_dedup (dedup's own prefix) does not reach the application" \
@@ -149,6 +163,10 @@ check "a response of 770048 bytes + 64 KB of headers: forwarded" \
 req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
 check "... its repeat is replayed (status, headers, the body omitted), not 409" \
   eval '[ "$code" = 200 ] && [ "$(header Idempotent-Replayed)" = true ] && [ -n "$(header X-Big-7)" ] && [ -n "$(header Dedup-Replay-Body)" ]'
+# The replay of an omitted body kept Content-Type, ETag and the like on an empty
+# body: a cache or a client took it for the complete representation.
+check "... without the representation's headers (Content-Type, ETag): only the body's absence is said" \
+  eval '[ -z "$(header Content-Type)" ] && [ -z "$(header ETag)" ] && [ "$(header Content-Length)" = 0 ]'
 sleep 2.5  # past the lease: a key left in progress would be claimed and forwarded again
 req -X POST "http://127.0.0.1:$big_port/big?bytes=770048&headers=8" -H 'Idempotency-Key: huge-1' -d x
 check "... the application ran once" [ "$(calls)" = $((before + 1)) ]
@@ -190,6 +208,29 @@ req -X POST "$proxy/echo" "${ptok[@]}" -H 'Dedup-Fence: 99' -d 1
 check "a client's own Dedup-Fence never reaches the application" python3 -c '
 import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
 assert "dedup-fence" not in h, h' "$body"
+# WSGI, CGI, PHP and Rack map '-' and '_' to the same HTTP_DEDUP_FENCE: an
+# underscore variant spoofed the fence (or smuggled a second key) past the proxy.
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: fence-2' -H 'Dedup_Fence: 99' \
+  -H 'Dedup_Token: spoof' -d 1
+check "Dedup_Fence and Dedup_Token (underscore variants) never reach the application" python3 -c '
+import json,sys; h=json.loads(sys.argv[1])["headers"]
+ours=[k for k in h if k.lower().replace("_","-") in ("dedup-fence","dedup-token")]
+assert ours==["Dedup-Fence"] and h["Dedup-Fence"]=="1", h' "$body"
+before=$(calls)
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency_Key: smuggled' -d 1
+check "an Idempotency_Key (underscore) alone: 400 naming it, not forwarded" \
+  eval '[ "$code" = 400 ] && problem && says Idempotency_Key && [ "$(calls)" = "$before" ]'
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: k-a' -H 'IDEMPOTENCY_KEY: k-b' -d 1
+check "... beside an Idempotency-Key: 400, not forwarded" \
+  eval '[ "$code" = 400 ] && [ "$(calls)" = "$before" ]'
+# cpp-httplib keeps the whitespace of "Dedup-Fence : 9" in the name and forwarded
+# it; a lenient application trims it and takes the fence (RFC 9112 5.1: a server
+# MUST answer such a field 400).
+req -X POST "$proxy/echo" "${ptok[@]}" -H 'Idempotency-Key: fence-3' -H 'Dedup-Fence : 9' -d 1
+check "a header name with whitespace before the colon: 400, not forwarded" \
+  eval '[ "$code" = 400 ] && problem && says colon && [ "$(calls)" = "$before" ]'
+req -X POST "$base/v1/keys/ws-1/claim" -H 'X-Any : 1' -d '{}'
+check "... on the API too" [ "$code" = 400 ]
 
 # ---- SIGKILL of the proxy mid-request: the application's effect is done, its
 # response never recorded. The retry waits out the lease (409), then runs the
@@ -232,6 +273,20 @@ for st in 503 429; do
     eval '[ "$first_code" = $st ] && [ "$code" = $st ] && [ -z "$(header Idempotent-Replayed)" ]'
 done
 check "... four calls for the four requests" [ "$(calls)" = $((before + 4)) ]
+# The release after a 429 / 503 was counted as done even when the claim had been
+# lost meanwhile (here: forgotten through the API while the application worked).
+outcome() { curl -s "$proxy/_dedup/metrics" -H "Authorization: Bearer $token" |
+  awk -v o="outcome=\"$1\"" 'index($0, "dedup_proxy_requests_total{") == 1 && index($0, o) { n = $2 } END { print n + 0 }'; }
+released=$(outcome released)
+curl -s -o /dev/null -X POST "$proxy/status?code=429&sleep_ms=1200" "${ptok[@]}" \
+  -H 'Idempotency-Key: lost-429' -d 1 &
+client=$!
+sleep 0.4
+req -X DELETE "$proxy/_dedup/v1/keys/idem:lost-429?force=true" -H "Authorization: Bearer $token"
+wait $client
+check "a 429 whose claim was lost meanwhile: not counted released, counted unreleased" \
+  eval '[ "$(outcome released)" = "$released" ] && [ "$(outcome unreleased)" = 1 ]'
+check "... and logged" grep -q "not released" "$tmp/proxy.log"
 req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
 req -X POST "$proxy/status?code=500" "${ptok[@]}" -H "Idempotency-Key: broken-app" -d 1
 check "a 500 is recorded and replayed" eval '[ "$code" = 500 ] && [ "$(header Idempotent-Replayed)" = true ]'
@@ -254,6 +309,14 @@ req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "bad\q"' -d 1
 check 'a quoted value with an escape other than \" or \\: 400' [ "$code" = 400 ]
 req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "unterminated' -d 1
 check 'a quoted value without its closing quote is a bare value: forwarded' [ "$code" = 201 ]
+# Frameworks join repeated header lines with ", ": an application that splits takes
+# "a" from "a, b", while a bare value was claimed as the key "a, b".
+before=$(calls)
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: comma-a, comma-b' -d 1
+check 'a bare Idempotency-Key with a comma (two keys joined): 400 naming it, not forwarded' \
+  eval '[ "$code" = 400 ] && problem && says comma && [ "$(calls)" = "$before" ]'
+req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "comma-a, comma-b"' -d 1
+check 'a quoted one (a Structured Field string may hold a comma): forwarded' [ "$code" = 201 ]
 
 # ---- --lease is heartbeated every lease/3 while the application works; a lease of
 # a few ms cannot be kept (lease/3 rounds to 0: the heartbeat thread spun on the

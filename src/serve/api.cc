@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 
 #include "core/printable.h"
@@ -59,11 +60,6 @@ StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& 
   return std::optional<std::string>();
 }
 
-// A name the client gave (a body field, a query parameter) as shown in an error:
-// printable, at most 64 bytes.
-std::string Shown(const std::string& name) {
-  return internal::Printable(std::string_view(name).substr(0, 64));
-}
 
 // "(known: a, b)", or "(this route takes none)".
 std::string KnownList(std::initializer_list<std::string_view> known) {
@@ -83,7 +79,7 @@ StatusOr<Json> ParseBody(const httplib::Request& req,
   }
   for (const auto& [name, value] : j.items()) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    return Status::InvalidArgument("unknown field \"" + Shown(name) +
+    return Status::InvalidArgument("unknown field \"" + Shown(name, 64) +
                                    "\" in the request body " + KnownList(known));
   }
   return j;
@@ -97,15 +93,27 @@ StatusOr<httplib::Params> QueryParams(const httplib::Request& req,
                                       std::initializer_list<std::string_view> known) {
   httplib::Params params;
   if (const size_t q = req.target.find('?'); q != std::string::npos) {
-    httplib::detail::parse_query_text(req.target.substr(q + 1), params);
+    const std::string query = req.target.substr(q + 1);
+    httplib::detail::parse_query_text(query, params);
+    // Counted from the target itself: parse_query_text drops an exact repeat
+    // (?force=true&force=true), which is refused as any other repeat is.
+    std::map<std::string, int> seen;
+    for (size_t at = 0; at <= query.size();) {
+      size_t end = query.find('&', at);
+      if (end == std::string::npos) end = query.size();
+      const std::string pair = query.substr(at, end - at);
+      at = end + 1;
+      if (pair.empty()) continue;
+      const std::string name = httplib::detail::decode_url(pair.substr(0, pair.find('=')), true);
+      if (++seen[name] > 1) {
+        return Status::InvalidArgument("query parameter \"" + Shown(name, 64) +
+                                       "\" is given more than once; give it once");
+      }
+    }
   }
   for (const auto& [name, value] : params) {
-    if (params.count(name) > 1) {
-      return Status::InvalidArgument("query parameter \"" + Shown(name) + "\" is given " +
-                                     std::to_string(params.count(name)) + " times; give it once");
-    }
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    return Status::InvalidArgument("unknown query parameter \"" + Shown(name) + "\" " +
+    return Status::InvalidArgument("unknown query parameter \"" + Shown(name, 64) + "\" " +
                                    KnownList(known));
   }
   return params;
@@ -260,9 +268,7 @@ void Server::Impl::RegisterApi() {
       return s.SendStatus(res, r.status());
     }
     std::string outcome(ClaimOutcomeName(r->outcome));
-    std::string lower = outcome;
-    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    s.Outcome("dedup_serve_claims_total", claim_help, "outcome", lower)->Inc();
+    s.Outcome("dedup_serve_claims_total", claim_help, "outcome", Lower(outcome))->Inc();
     Json j = {{"outcome", outcome}, {"fence", r->fence}};
     switch (r->outcome) {
       case ClaimOutcome::kAcquired:

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <vector>
 #include <string>
+#include <string_view>
 
 #include "serve/metrics.h"
 #include "serve/server.h"
@@ -81,6 +82,15 @@ class Server::Impl {
 // that req.body holds the bytes as sent, and the proxy gives it back when it
 // forwards. Empty otherwise.
 const std::vector<std::string>& HiddenContentType();
+
+// The pairs of a Cookie header ("a=1; b=2" -> "a=1", "b=2"), without the spaces
+// around them; the one cookie splitter of serve (the page's token, the proxy's
+// filter of it).
+std::vector<std::string_view> CookiePairs(std::string_view header);
+
+// Text a client sent (a header, a parameter's name) as shown in an error or a
+// log: printable, at most max_bytes of it.
+std::string Shown(std::string_view text, size_t max_bytes = 128);
 
 // ASCII lower case (header names and media types).
 std::string Lower(std::string s);

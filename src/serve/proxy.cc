@@ -9,17 +9,18 @@
 //                while the application works; its response (status, headers
 //                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
 //                body up to max_response_bytes) is recorded with complete, then
-//                sent. No answer from the application, or a 429 / 503 (not
-//                processed, retry later): the claim is released (a retry
-//                forwards again) and the client gets 502, or the 429 / 503.
+//                sent. No answer from the application, or a 429 / 503 (retry
+//                later; a gateway's 503 is an unknown outcome, as no answer is):
+//                the claim is released (a retry forwards again) and the client
+//                gets 502, or the 429 / 503.
 //   DUPLICATE -> the recorded response, with `Idempotent-Replayed: true`;
 //   BUSY      -> 409 with Retry-After (the first request is still in flight);
 //   MISMATCH  -> 422 (same key, different request);
 //   store error -> 503 with Retry-After, nothing forwarded (fail closed).
 //
 // A forwarded claimed request carries its fence in Dedup-Fence. Requests without
-// the header pass through untouched (but for hop-by-hop headers and dedup's own
-// Dedup-Token, Dedup-Fence and dedup_token cookie).
+// the header pass through, but for hop-by-hop headers and dedup's own
+// Dedup-Token, Dedup-Fence (their '_' variants too) and dedup_token cookie.
 
 #include <condition_variable>
 #include <map>
@@ -50,41 +51,73 @@ bool IsHopByHop(const std::string& name) {
   return false;
 }
 
+// Headers that describe a response's body (RFC 9110 8, 8.8; RFC 9530 digests).
+bool IsRepresentationHeader(const std::string& name) {
+  static const char* kRepr[] = {"content-type",     "content-encoding", "content-language",
+                                "content-location", "content-range",    "content-md5",
+                                "content-digest",   "repr-digest",      "digest",
+                                "etag",             "last-modified"};
+  const std::string lower = Lower(name);
+  for (const char* h : kRepr) {
+    if (lower == h) return true;
+  }
+  return false;
+}
+
 // Headers cpp-httplib adds to a server-side request for the handler's use.
 bool IsLocalPseudoHeader(const std::string& name) {
   return name == "REMOTE_ADDR" || name == "REMOTE_PORT" || name == "LOCAL_ADDR" ||
          name == "LOCAL_PORT";
 }
 
+// A header name as WSGI, CGI, PHP and Rack see it: case and '-' versus '_' do not
+// matter (both become HTTP_DEDUP_FENCE). Dedup's own headers are matched in this
+// form, or an underscore variant would reach the application as one of them.
+std::string FieldKey(const std::string& name) {
+  std::string k = Lower(name);
+  for (char& c : k) c = c == '_' ? '-' : c;
+  return k;
+}
+
 // A Cookie header without dedup's own dedup_token cookie (a browser that opened
-// the page before it was set for /_dedup/ only may still send it everywhere).
-std::string WithoutDedupCookie(const std::string& cookies) {
+// the page before it was set for /_dedup/ only may still send it everywhere);
+// nullopt when it has none, and the line goes on as sent.
+std::optional<std::string> WithoutDedupCookie(const std::string& cookies) {
   std::string out;
-  size_t at = 0;
-  while (at <= cookies.size()) {
-    size_t end = cookies.find(';', at);
-    if (end == std::string::npos) end = cookies.size();
-    std::string part = cookies.substr(at, end - at);
-    while (!part.empty() && part.front() == ' ') part.erase(0, 1);
-    if (!part.empty() && part.rfind("dedup_token=", 0) != 0) out += (out.empty() ? "" : "; ") + part;
-    at = end + 1;
+  bool ours = false;
+  for (std::string_view part : CookiePairs(cookies)) {
+    if (part.substr(0, 12) == "dedup_token=") {
+      ours = true;
+      continue;
+    }
+    if (!out.empty()) out += "; ";
+    out += part;
   }
+  if (!ours) return std::nullopt;
   return out;
 }
 
 // The key an Idempotency-Key value names: the draft's Structured Field string
 // ("..." whose only escapes are \" and \\) unescaped, or a bare value (as Stripe
-// takes it) as is. Nullopt for a quoted value with another escape or a bare quote.
-std::optional<std::string> IdempotencyKeyOf(const std::string& value) {
-  if (value.size() < 2 || value.front() != '"' || value.back() != '"') return value;
+// takes it) as is. Nullopt, and why in *why, for a quoted value with another
+// escape or a bare quote, and for a bare value with a comma: frameworks join
+// repeated header lines with ", ", and an application that splits them would take
+// another key than ours.
+std::optional<std::string> IdempotencyKeyOf(const std::string& value, std::string* why) {
+  if (value.size() < 2 || value.front() != '"' || value.back() != '"') {
+    if (value.find(',') == std::string::npos) return value;
+    *why = "Idempotency-Key: a bare value holds no comma (repeated header lines are joined "
+           "with \", \", so it may name two keys); quote it as a Structured Field string";
+    return std::nullopt;
+  }
   std::string key;
   for (size_t i = 1; i + 1 < value.size(); ++i) {
     char c = value[i];
-    if (c == '\\') {
-      if (i + 2 >= value.size()) return std::nullopt;
+    if (c == '\\' && i + 2 < value.size() && (value[i + 1] == '"' || value[i + 1] == '\\')) {
       c = value[++i];
-      if (c != '"' && c != '\\') return std::nullopt;
-    } else if (c == '"') {
+    } else if (c == '\\' || c == '"') {
+      *why = "Idempotency-Key: a quoted value (a Structured Field string) may escape only "
+             "\\\" and \\\\, and holds no bare quote";
       return std::nullopt;
     }
     key += c;
@@ -123,13 +156,15 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req, uint64_t
   fwd.method = req.method;
   fwd.path = req.target;
   for (const auto& [k, v] : req.headers) {
-    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || Lower(k) == "dedup-token" ||
-        Lower(k) == "dedup-fence") {
+    if (IsHopByHop(k) || IsLocalPseudoHeader(k) || FieldKey(k) == "dedup-token" ||
+        FieldKey(k) == "dedup-fence") {
       continue;
     }
     if (Lower(k) == "cookie") {
-      if (std::string kept = WithoutDedupCookie(v); !kept.empty()) fwd.headers.emplace(k, kept);
-      continue;
+      if (auto kept = WithoutDedupCookie(v)) {
+        if (!kept->empty()) fwd.headers.emplace(k, *kept);
+        continue;
+      }
     }
     fwd.headers.emplace(k, v);
   }
@@ -204,11 +239,19 @@ std::optional<Upstream> DecodeRecording(const std::string& text) {
   }
   Upstream up;
   up.status = j["status"].get<int>();
-  for (const auto& h : j["headers"]) up.headers.emplace(h[0].get<std::string>(), h[1].get<std::string>());
+  const bool body_kept = j.contains("body_b64");
+  for (const auto& h : j["headers"]) {
+    const std::string name = h[0].get<std::string>();
+    // Without the body, the headers that describe it (its type, coding, validators)
+    // would describe the empty body sent instead: a cache or a client would take
+    // it for the complete representation.
+    if (!body_kept && IsRepresentationHeader(name)) continue;
+    up.headers.emplace(name, h[1].get<std::string>());
+  }
   if (j.value("headers_omitted", false)) {
     up.headers.emplace("Dedup-Replay-Headers", "omitted, over the recording bound");
   }
-  if (j.contains("body_b64")) {
+  if (body_kept) {
     auto b = Base64Decode(j["body_b64"].get<std::string>());
     if (!b) return std::nullopt;
     up.body = std::move(*b);
@@ -355,6 +398,17 @@ void Server::Impl::RegisterProxy() {
     if (req.path == s.base || req.path.rfind(s.base + "/", 0) == 0) {
       return s.SendProblem(res, 404, "Not Found", "no such route under " + s.base + "/");
     }
+    // An application on WSGI, CGI, PHP or Rack reads Idempotency_Key as
+    // Idempotency-Key: a key the proxy did not claim under, or a second one.
+    for (const auto& [k, v] : req.headers) {
+      if (FieldKey(k) == "idempotency-key" && Lower(k) != "idempotency-key") {
+        count("bad_key");
+        return s.SendProblem(res, 400, "Bad Request",
+                             "header '" + Shown(k) +
+                                 "': many application frameworks read it as Idempotency-Key; "
+                                 "send the key as Idempotency-Key only");
+      }
+    }
     if (!req.has_header("Idempotency-Key")) {
       const auto t0 = std::chrono::steady_clock::now();
       auto up = Forward(*s.proxy, req, /*fence=*/0);
@@ -375,13 +429,12 @@ void Server::Impl::RegisterProxy() {
                            "give one Idempotency-Key per request, not " +
                                std::to_string(req.get_header_value_count("Idempotency-Key")));
     }
+    std::string why;
     const std::optional<std::string> parsed =
-        IdempotencyKeyOf(req.get_header_value("Idempotency-Key"));
+        IdempotencyKeyOf(req.get_header_value("Idempotency-Key"), &why);
     if (!parsed) {
       count("bad_key");
-      return s.SendProblem(res, 400, "Bad Request",
-                           "Idempotency-Key: a quoted value (a Structured Field string) may "
-                           "escape only \\\" and \\\\, and holds no bare quote");
+      return s.SendProblem(res, 400, "Bad Request", why);
     }
     const std::string& idem = *parsed;
     if (idem.empty() || s.o.key_prefix.size() + idem.size() > kMaxKeyBytes) {
@@ -457,9 +510,25 @@ void Server::Impl::RegisterProxy() {
     if (up->status == 429 || up->status == 503) {
       // "Not processed, retry later" (RFC 6585, RFC 9110): recorded, it would be
       // replayed to every retry of the key for the whole retention. The key is
-      // given back instead, so that the retry is forwarded.
-      if (!lost) (void)s.store->Release(key, token, s.o.retention);
-      count("released");
+      // given back instead, so that the retry is forwarded. A 503 may also come
+      // from a gateway in front of the application after the effect: the same
+      // unknown outcome as no answer at all, which releases too (the fence is
+      // there for it; docs/SERVE.md).
+      auto released = lost ? StatusOr<WriteResult>(WriteResult::kLost)
+                           : s.store->Release(key, token, s.o.retention);
+      if (!released.ok() || *released != WriteResult::kOk) {
+        // The key stays in progress until its lease runs out (store error), or
+        // another owner has it (lost): the retry may get 409 meanwhile.
+        count("unreleased");
+        if (s.o.log) {
+          s.o.log("proxy: claim not released after the application's " +
+                  std::to_string(up->status) + ": " +
+                  s.Redact(released.ok() ? std::string("lease lost")
+                                         : released.status().ToString()));
+        }
+      } else {
+        count("released");
+      }
       return SendUpstream(*up, res);
     }
     auto done = lost ? StatusOr<WriteResult>(WriteResult::kLost)

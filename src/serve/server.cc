@@ -9,6 +9,7 @@
 
 #include "core/printable.h"
 #include "core/redact.h"
+#include "core/uri.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
 
@@ -22,16 +23,23 @@ bool IsLoopback(const std::string& host) {
   return false;
 }
 
-// The host of a Host header ("h:p", "[::1]:p", "h"), without its port.
-std::string HostOfHeader(const std::string& host) {
-  if (!host.empty() && host.front() == '[') return host.substr(0, host.find(']') + 1);
-  return host.substr(0, host.rfind(':'));
+// An RFC 9110 field name: a token (no whitespace, no separators).
+bool IsFieldName(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) &&
+        std::string_view("!#$%&'*+-.^_`|~").find(c) == std::string_view::npos) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Without a token (serve on loopback), a web page the operator visits can send
 // requests to it too. Refused: a request from another origin to one of dedup's
-// own routes that could change state, and any request whose Host does not name
-// loopback (a DNS-rebound name, evil.example -> 127.0.0.1, is same-origin for the
+// own routes that could change state, and any request to dedup's own routes (not
+// a proxied one: the application behind has its own rules) whose Host does not
+// name loopback (a DNS-rebound name, evil.example -> 127.0.0.1, is same-origin for the
 // browser). With a token, the token is the guard (the page's cookie is
 // SameSite=Strict and its writes carry a header no cross-site form can send), and
 // a TLS reverse proxy in front may present any Origin and Host. Empty when the
@@ -39,22 +47,27 @@ std::string HostOfHeader(const std::string& host) {
 std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* status) {
   if (has_token) return "";
   const std::string host = req.get_header_value("Host");
-  if (!host.empty() && !IsLoopback(Lower(HostOfHeader(host)))) {
+  // The one host:port grammar (core/uri.h); a Host it cannot read is not loopback.
+  StatusOr<internal::HostPort> hp = internal::ParseHostPort(host, "Host");
+  if (!host.empty() && !(hp.ok() && IsLoopback(Lower(hp->host)))) {
     *status = 421;
-    return "Host '" + internal::Printable(std::string_view(host).substr(0, 128)) +
+    return "Host '" + Shown(host) +
            "' is not a loopback name: without --auth-token-file, serve answers only "
            "requests addressed to 127.0.0.1, [::1] or localhost (DNS rebinding)";
   }
   if (req.method == "GET" || req.method == "HEAD") return "";
   *status = 403;
-  if (req.has_header("Origin") && req.get_header_value("Origin") != "http://" + host) {
+  static const char* kFix =
+      ": to allow it, give serve a token with --auth-token-file and send it with the request";
+  // Scheme and host compare case-insensitively, as the Host check above does.
+  if (req.has_header("Origin") && Lower(req.get_header_value("Origin")) != "http://" + Lower(host)) {
     return "a request from the origin '" +
-           internal::Printable(std::string_view(req.get_header_value("Origin")).substr(0, 128)) +
-           "' may not change state here (cross-origin request)";
+           Shown(req.get_header_value("Origin")) +
+           "' may not change state here (cross-origin request, no token)" + kFix;
   }
   const std::string site = req.get_header_value("Sec-Fetch-Site");
   if (site == "cross-site" || site == "same-site") {
-    return "a " + site + " request from a browser may not change state here";
+    return "a " + site + " request from a browser may not change state here (no token)" + kFix;
   }
   return "";
 }
@@ -113,6 +126,23 @@ void HideFormContentType(const httplib::Request& req) {
 }  // namespace
 
 const std::vector<std::string>& HiddenContentType() { return t_hidden_content_type; }
+
+std::vector<std::string_view> CookiePairs(std::string_view header) {
+  std::vector<std::string_view> out;
+  while (!header.empty()) {
+    size_t end = header.find(';');
+    std::string_view part = header.substr(0, end);
+    header = end == std::string_view::npos ? std::string_view() : header.substr(end + 1);
+    while (!part.empty() && (part.front() == ' ' || part.front() == '\t')) part.remove_prefix(1);
+    while (!part.empty() && (part.back() == ' ' || part.back() == '\t')) part.remove_suffix(1);
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+std::string Shown(std::string_view text, size_t max_bytes) {
+  return internal::Printable(text.substr(0, max_bytes));
+}
 
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -252,16 +282,11 @@ bool Server::Impl::HasToken(const httplib::Request& req, bool allow_cookie) cons
     return false;
   }
   const std::string cookies = req.get_header_value("Cookie");
-  size_t at = 0;
-  while (at < cookies.size()) {
-    size_t end = cookies.find(';', at);
-    if (end == std::string::npos) end = cookies.size();
-    std::string part = cookies.substr(at, end - at);
-    while (!part.empty() && part.front() == ' ') part.erase(0, 1);
-    if (part.rfind("dedup_token=", 0) == 0 && ConstantTimeEquals(part.substr(12), o.auth_token)) {
+  for (std::string_view part : CookiePairs(cookies)) {
+    if (part.substr(0, 12) == "dedup_token=" &&
+        ConstantTimeEquals(std::string(part.substr(12)), o.auth_token)) {
       return true;
     }
-    at = end + 1;
   }
   return false;
 }
@@ -295,6 +320,16 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
       s.SendProblem(res, 431, "Request Header Fields Too Large",
                     "at most " + std::to_string(s.o.max_header_count) + " header fields and " +
                         std::to_string(s.o.max_header_bytes) + " bytes of headers");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // RFC 9112 5.1: whitespace between a field name and its colon is refused with
+    // 400. cpp-httplib keeps it in the name ("Dedup-Fence "), so the proxy did not
+    // see its own header there, and a lenient application trims it and does.
+    for (const auto& [k, v] : req.headers) {
+      if (IsFieldName(k)) continue;
+      s.SendProblem(res, 400, "Bad Request",
+                    "header field name '" + Shown(k) +
+                        "' is malformed (no whitespace before the colon, RFC 9112 5.1)");
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool proxied = s.proxy && req.path != s.base && req.path.rfind(s.base + "/", 0) != 0;
