@@ -58,6 +58,18 @@
 #include "core/state_machine.h"
 #include "stores/memory/memory_store_internal.h"
 
+// Under AddressSanitizer the index arena poisons its free blocks, so that a
+// read or write of a table after its shard gave it back is reported (ASan
+// knows nothing of mmapped memory otherwise). Without ASan these do nothing.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define DEDUP_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define DEDUP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define DEDUP_POISON(p, n) ((void)(p), (void)(n))
+#define DEDUP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace dedup {
 namespace {
 
@@ -177,7 +189,10 @@ class IndexArena {
   IndexArena(const IndexArena&) = delete;
   IndexArena& operator=(const IndexArena&) = delete;
   ~IndexArena() {
-    for (void* r : regions_) UnmapBytes(r, kHugePage);
+    for (void* r : regions_) {
+      DEDUP_UNPOISON(r, kHugePage);  // the addresses may be mapped again, for anything
+      UnmapBytes(r, kHugePage);
+    }
   }
 
   static bool Serves(size_t bytes) { return bytes >= kMin && bytes < kHugePage; }
@@ -193,6 +208,7 @@ class IndexArena {
     if (o > kRegionOrder) {
       void* r = MapHuge(kHugePage);
       regions_.push_back(r);
+      DEDUP_POISON(r, kHugePage);
       block = reinterpret_cast<uintptr_t>(r);
       o = kRegionOrder;
     } else {
@@ -203,6 +219,7 @@ class IndexArena {
       --o;
       free_[o].insert(block + (kMin << o));
     }
+    DEDUP_UNPOISON(reinterpret_cast<void*>(block), bytes);
     return reinterpret_cast<void*>(block);
   }
 
@@ -213,6 +230,7 @@ class IndexArena {
   // of 2 MiB) or given back to the kernel.
   void Free(void* p, size_t bytes) {
     std::lock_guard lock(mu_);
+    DEDUP_POISON(p, bytes);
     uintptr_t block = reinterpret_cast<uintptr_t>(p);
     int o = OrderOf(bytes);
     while (o < kRegionOrder) {
@@ -226,6 +244,7 @@ class IndexArena {
     if (o == kRegionOrder && free_[o].size() >= kSpareRegions) {
       void* r = reinterpret_cast<void*>(block);
       regions_.erase(std::find(regions_.begin(), regions_.end(), r));
+      DEDUP_UNPOISON(r, kHugePage);
       UnmapBytes(r, kHugePage);
       return;
     }
