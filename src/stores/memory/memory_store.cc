@@ -37,10 +37,7 @@
 
 #include "dedup/memory_store.h"
 
-#include <linux/futex.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -375,42 +372,6 @@ static_assert(sizeof(Slot) == 64, "a record is one cache line");
 
 // ---- one shard -------------------------------------------------------------------
 
-// A shard's lock: one word. Uncontended, lock() is one compare-and-swap and
-// unlock() one exchange, inline; contended, a caller sleeps in the kernel
-// (futex) until the holder wakes one waiter, as glibc's default mutex does
-// (no spinning either). It is Drepper's third mutex ("Futexes Are Tricky").
-// std::mutex cost a claim ~76 of its ~775 instructions in two calls into
-// libpthread (callgrind); the atomic operations are the same.
-class ShardMutex {
- public:
-  void lock() {
-    uint32_t c = 0;
-    if (state_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed))
-        [[likely]] {
-      return;
-    }
-    LockContended(c);
-  }
-  void unlock() {
-    if (state_.exchange(0, std::memory_order_release) != 1) [[unlikely]] WakeOne();
-  }
-
- private:
-  // 0: free; 1: held, nobody waits; 2: held, and someone may wait.
-  std::atomic<uint32_t> state_{0};
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free);
-
-  uint32_t* Word() { return reinterpret_cast<uint32_t*>(&state_); }
-  [[gnu::noinline]] void LockContended(uint32_t c) {
-    if (c != 2) c = state_.exchange(2, std::memory_order_acquire);
-    while (c != 0) {
-      syscall(SYS_futex, Word(), FUTEX_WAIT_PRIVATE, 2, nullptr, nullptr, 0);  // returns at once unless still 2
-      c = state_.exchange(2, std::memory_order_acquire);
-    }
-  }
-  [[gnu::noinline]] void WakeOne() { syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0); }
-};
-
 constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 
 struct IndexEntry {
@@ -441,7 +402,7 @@ class alignas(64) Shard {
     if (index_ != nullptr) FreeIndex(index_, mask_ + 1);
   }
 
-  ShardMutex mu;
+  std::mutex mu;
 
   // Called without the lock, before taking it: starts loading the index line a
   // lookup of hash `h` will read, so the cache miss overlaps the lock. Reads
