@@ -259,26 +259,6 @@ class IndexArena {
 
 // ---- a record ------------------------------------------------------------------
 
-// Copies n <= 32 bytes in at most two fixed-size moves each way (they may
-// overlap). A memcpy of a run-time size is a call into libc: 35 of a claim's
-// ~775 instructions (callgrind), for a 20-byte key.
-inline void CopyShort(char* dst, const char* src, size_t n) {
-  if (n >= 16) {
-    std::memcpy(dst, src, 16);
-    std::memcpy(dst + n - 16, src + n - 16, 16);
-  } else if (n >= 8) {
-    std::memcpy(dst, src, 8);
-    std::memcpy(dst + n - 8, src + n - 8, 8);
-  } else if (n >= 4) {
-    std::memcpy(dst, src, 4);
-    std::memcpy(dst + n - 4, src + n - 4, 4);
-  } else if (n > 0) {
-    dst[0] = src[0];
-    dst[n / 2] = src[n / 2];
-    dst[n - 1] = src[n - 1];
-  }
-}
-
 constexpr size_t kInlineKey = 24;
 constexpr uint8_t kKeyOut = 0xFF;  // key_len: the key is in extra
 
@@ -311,7 +291,7 @@ struct Slot {
   void SetKey(std::string_view k) {
     if (k.size() <= kInlineKey) {
       key_len = static_cast<uint8_t>(k.size());
-      CopyShort(key, k.data(), k.size());
+      std::memcpy(key, k.data(), k.size());
     } else {
       extra = new Extra{std::string(k), {}, {}};
       key_len = kKeyOut;
