@@ -429,6 +429,50 @@ TEST(MemoryStore, ShardsSharingTheIndexArenaKeepEveryRecord) {
   EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), size_t{200'000});
 }
 
+// Many threads on one shard and a few keys: most claims meet a held lock and
+// sleep on it (the shard lock's contended path). Each acquisition of a key raises
+// its fence and attempt by one inside the lock; a claim lost to a broken lock (two
+// holders, or a waiter never woken) shows as a fence below the acquisitions
+// counted here, or as a hang.
+TEST(MemoryStore, OneShardUnderContentionLosesNoClaim) {
+  SimulatedClock clock;
+  auto store = OneShardStore(&clock);
+  constexpr int kThreads = 8, kPerThread = 20'000, kKeys = 4;
+  std::atomic<uint64_t> acquired[kKeys] = {};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const int k = (i + t) % kKeys;
+        ClaimRequest r;
+        const std::string key = "hot:" + std::to_string(k);
+        r.key = key;
+        r.lease = 1h;
+        r.retention = 1h;
+        auto c = store->Claim(r);
+        if (!c.ok()) {
+          ++failed;
+          continue;
+        }
+        if (!c->acquired()) continue;
+        ++acquired[k];
+        auto rel = store->Release(key, c->token, 1h);
+        if (!rel.ok() || *rel != WriteResult::kOk) ++failed;
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  ASSERT_EQ(failed.load(), 0);
+  for (int k = 0; k < kKeys; ++k) {
+    auto rec = store->Inspect("hot:" + std::to_string(k));
+    ASSERT_TRUE(rec.ok() && rec->has_value()) << k;
+    EXPECT_GT(acquired[k].load(), 0u) << k;
+    EXPECT_EQ((*rec)->fence, acquired[k].load()) << k;
+    EXPECT_EQ((*rec)->attempt, acquired[k].load()) << k;
+  }
+}
+
 TEST(MemoryStore, ShardCountIsRoundedUp) {
   MemoryStoreOptions o;
   o.shards = 5;

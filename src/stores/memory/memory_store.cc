@@ -37,10 +37,7 @@
 
 #include "dedup/memory_store.h"
 
-#include <linux/futex.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,6 +54,18 @@
 
 #include "core/state_machine.h"
 #include "stores/memory/memory_store_internal.h"
+
+// Under AddressSanitizer the index arena poisons its free blocks, so that a
+// read or write of a table after its shard gave it back is reported (ASan
+// knows nothing of mmapped memory otherwise). Without ASan these do nothing.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define DEDUP_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define DEDUP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define DEDUP_POISON(p, n) ((void)(p), (void)(n))
+#define DEDUP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 namespace dedup {
 namespace {
@@ -177,7 +186,10 @@ class IndexArena {
   IndexArena(const IndexArena&) = delete;
   IndexArena& operator=(const IndexArena&) = delete;
   ~IndexArena() {
-    for (void* r : regions_) UnmapBytes(r, kHugePage);
+    for (void* r : regions_) {
+      DEDUP_UNPOISON(r, kHugePage);  // the addresses may be mapped again, for anything
+      UnmapBytes(r, kHugePage);
+    }
   }
 
   static bool Serves(size_t bytes) { return bytes >= kMin && bytes < kHugePage; }
@@ -193,6 +205,7 @@ class IndexArena {
     if (o > kRegionOrder) {
       void* r = MapHuge(kHugePage);
       regions_.push_back(r);
+      DEDUP_POISON(r, kHugePage);
       block = reinterpret_cast<uintptr_t>(r);
       o = kRegionOrder;
     } else {
@@ -203,6 +216,7 @@ class IndexArena {
       --o;
       free_[o].insert(block + (kMin << o));
     }
+    DEDUP_UNPOISON(reinterpret_cast<void*>(block), bytes);
     return reinterpret_cast<void*>(block);
   }
 
@@ -213,6 +227,7 @@ class IndexArena {
   // of 2 MiB) or given back to the kernel.
   void Free(void* p, size_t bytes) {
     std::lock_guard lock(mu_);
+    DEDUP_POISON(p, bytes);
     uintptr_t block = reinterpret_cast<uintptr_t>(p);
     int o = OrderOf(bytes);
     while (o < kRegionOrder) {
@@ -226,6 +241,7 @@ class IndexArena {
     if (o == kRegionOrder && free_[o].size() >= kSpareRegions) {
       void* r = reinterpret_cast<void*>(block);
       regions_.erase(std::find(regions_.begin(), regions_.end(), r));
+      DEDUP_UNPOISON(r, kHugePage);
       UnmapBytes(r, kHugePage);
       return;
     }
@@ -242,26 +258,6 @@ class IndexArena {
 };
 
 // ---- a record ------------------------------------------------------------------
-
-// Copies n <= 32 bytes in at most two fixed-size moves each way (they may
-// overlap). A memcpy of a run-time size is a call into libc: 35 of a claim's
-// ~775 instructions (callgrind), for a 20-byte key.
-inline void CopyShort(char* dst, const char* src, size_t n) {
-  if (n >= 16) {
-    std::memcpy(dst, src, 16);
-    std::memcpy(dst + n - 16, src + n - 16, 16);
-  } else if (n >= 8) {
-    std::memcpy(dst, src, 8);
-    std::memcpy(dst + n - 8, src + n - 8, 8);
-  } else if (n >= 4) {
-    std::memcpy(dst, src, 4);
-    std::memcpy(dst + n - 4, src + n - 4, 4);
-  } else if (n > 0) {
-    dst[0] = src[0];
-    dst[n / 2] = src[n / 2];
-    dst[n - 1] = src[n - 1];
-  }
-}
 
 constexpr size_t kInlineKey = 24;
 constexpr uint8_t kKeyOut = 0xFF;  // key_len: the key is in extra
@@ -295,7 +291,7 @@ struct Slot {
   void SetKey(std::string_view k) {
     if (k.size() <= kInlineKey) {
       key_len = static_cast<uint8_t>(k.size());
-      CopyShort(key, k.data(), k.size());
+      std::memcpy(key, k.data(), k.size());
     } else {
       extra = new Extra{std::string(k), {}, {}};
       key_len = kKeyOut;
@@ -356,42 +352,6 @@ static_assert(sizeof(Slot) == 64, "a record is one cache line");
 
 // ---- one shard -------------------------------------------------------------------
 
-// A shard's lock: one word. Uncontended, lock() is one compare-and-swap and
-// unlock() one exchange, inline; contended, a caller sleeps in the kernel
-// (futex) until the holder wakes one waiter, as glibc's default mutex does
-// (no spinning either). It is Drepper's third mutex ("Futexes Are Tricky").
-// std::mutex cost a claim ~76 of its ~775 instructions in two calls into
-// libpthread (callgrind); the atomic operations are the same.
-class ShardMutex {
- public:
-  void lock() {
-    uint32_t c = 0;
-    if (state_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed))
-        [[likely]] {
-      return;
-    }
-    LockContended(c);
-  }
-  void unlock() {
-    if (state_.exchange(0, std::memory_order_release) != 1) [[unlikely]] WakeOne();
-  }
-
- private:
-  // 0: free; 1: held, nobody waits; 2: held, and someone may wait.
-  std::atomic<uint32_t> state_{0};
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free);
-
-  uint32_t* Word() { return reinterpret_cast<uint32_t*>(&state_); }
-  [[gnu::noinline]] void LockContended(uint32_t c) {
-    if (c != 2) c = state_.exchange(2, std::memory_order_acquire);
-    while (c != 0) {
-      syscall(SYS_futex, Word(), FUTEX_WAIT_PRIVATE, 2, nullptr, nullptr, 0);  // returns at once unless still 2
-      c = state_.exchange(2, std::memory_order_acquire);
-    }
-  }
-  [[gnu::noinline]] void WakeOne() { syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0); }
-};
-
 constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 
 struct IndexEntry {
@@ -422,7 +382,7 @@ class alignas(64) Shard {
     if (index_ != nullptr) FreeIndex(index_, mask_ + 1);
   }
 
-  ShardMutex mu;
+  std::mutex mu;
 
   // Called without the lock, before taking it: starts loading the index line a
   // lookup of hash `h` will read, so the cache miss overlaps the lock. Reads
