@@ -817,6 +817,36 @@ TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
   }
 }
 
+// A DBA's idle_in_transaction_session_timeout shorter than a handler: the
+// transaction is idle on the server while the handler works (its program runs, it
+// waits for a service), and the server would end the session under it, so the
+// message failed and was retried for ever. The store's connections are exempt.
+TEST_F(PostgresTxTest, ADatabaseIdleInTransactionTimeoutDoesNotKillAHandler) {
+  ASSERT_TRUE(PgServer::Sql("postgres", "DROP DATABASE IF EXISTS idle"));
+  ASSERT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE idle"));
+  ASSERT_TRUE(PgServer::Sql("postgres",
+                            "ALTER DATABASE idle SET idle_in_transaction_session_timeout = '300ms'"));
+  ASSERT_TRUE(PgServer::Sql("idle", "CREATE TABLE orders (msg text, fence bigint)"));
+  auto store = OpenPostgresStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
+                                 std::to_string(kPort) + "/idle?expire_interval=0");
+  ASSERT_TRUE(store.ok()) << store.status();
+  BufferOptions bo;
+  bo.lease = 5s;
+  Buffer buffer(store->get(), bo);
+  for (const char* key : {"idle1", "idle2"}) {  // the second on a connection used before
+    Processed p = ProcessOnceInTransaction(buffer, **store, key, "", [&](PostgresTransaction& tx) {
+      auto r = tx.Exec("INSERT INTO orders (msg) VALUES ($1)", {std::string(key)});
+      if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+      std::this_thread::sleep_for(900ms);  // idle in the transaction, 3x the timeout
+      return HandlerResult::Done();
+    });
+    EXPECT_EQ(p.action, BrokerAction::kAck) << key << ": " << p.reason;
+  }
+  std::string n;
+  EXPECT_TRUE(PgServer::Sql("idle", "SELECT count(*) FROM orders", &n));
+  EXPECT_EQ(n, "2");
+}
+
 // ---- a server restart during work ----------------------------------------------------
 
 TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
