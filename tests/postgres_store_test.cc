@@ -847,6 +847,48 @@ TEST_F(PostgresTxTest, ADatabaseIdleInTransactionTimeoutDoesNotKillAHandler) {
   EXPECT_EQ(n, "2");
 }
 
+// A result a record cannot hold (over kMaxResultBytes) was answered Retry: the
+// message ran again and again for ever, each time rolled back. Now the writes are
+// rolled back and the key completed as failed with the reason (dead-lettered);
+// a Fail reason that long is recorded cut to fit, not retried for ever either.
+TEST_F(PostgresTxTest, AnOversizedResultOrReasonIsAPermanentFailureNotARetryLoop) {
+  BufferOptions bo;
+  bo.lease = 5s;
+  Buffer buffer(store_.get(), bo);
+  const std::string huge(kMaxResultBytes + 10, 'r');
+  int runs = 0;
+  Processed p = ProcessOnceInTransaction(buffer, *store_, "big1", "", InsertThen("big1", [&] {
+    ++runs;
+    return HandlerResult::Done(huge);
+  }));
+  EXPECT_EQ(p.action, BrokerAction::kDeadLetter) << p.reason.substr(0, 300);
+  EXPECT_NE(p.reason.find(std::to_string(huge.size())), std::string::npos) << p.reason.substr(0, 300);
+  EXPECT_LE(p.reason.size(), kMaxResultBytes);
+  EXPECT_EQ(Orders("big1"), "0") << "the effect of an outcome that cannot be recorded committed";
+  auto rec = store_->Inspect("big1");
+  ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  Processed again = ProcessOnceInTransaction(buffer, *store_, "big1", "", InsertThen("big1", [&] {
+    ++runs;
+    return HandlerResult::Done();
+  }));
+  EXPECT_EQ(runs, 1) << "the message ran again";
+
+  Processed f = ProcessOnceInTransaction(buffer, *store_, "big2", "", InsertThen("big2", [&] {
+    return HandlerResult::Fail(huge);
+  }));
+  EXPECT_EQ(f.action, BrokerAction::kDeadLetter) << f.reason.substr(0, 300);
+  EXPECT_TRUE(f.status.ok()) << f.status;
+  EXPECT_EQ(Orders("big2"), "0");
+  rec = store_->Inspect("big2");
+  ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  EXPECT_LE((*rec)->result.size(), kMaxResultBytes);
+  EXPECT_EQ((*rec)->result.substr(0, 100), huge.substr(0, 100)) << "the reason's start is kept";
+}
+
 // ---- a server restart during work ----------------------------------------------------
 
 TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
