@@ -779,6 +779,17 @@ TEST_F(PostgresStoreTest, SmallPoolServesManyThreads) {
 // the handler a second time (the first one's commit is then refused): SPEC
 // defect 2 of the textbook guard, which the heartbeat exists to close. Here a
 // pool of 2 and two handlers running longer than the lease.
+TEST_F(PostgresStoreTest, APoolOfOneSaysAtOnceItCannotRunTransactions) {
+  auto one = Open("&pool=1");
+  ASSERT_NE(one, nullptr);
+  Status s = one->CanRunTransactions();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("pool=1"), std::string::npos) << s;
+  auto two = Open("&pool=2");
+  ASSERT_NE(two, nullptr);
+  EXPECT_TRUE(two->CanRunTransactions().ok());
+}
+
 TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
   ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE tx"));
   auto store = Open("&table=tx&pool=2");

@@ -177,11 +177,17 @@ Status Conn::Prepare(const char* name, const std::string& sql, const std::vector
   return Status::Ok();
 }
 
+Status Pool::CheckTransactions() const {
+  if (size_ >= 2) return Status::Ok();
+  return Status::FailedPrecondition(
+      "postgres: pool=1 is too small for transactions: a transaction holds its connection while "
+      "the handler runs, and pool=1 would leave none for the heartbeat that keeps its lease; use "
+      "pool=2 or more");
+}
+
 StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
-  if (long_hold && size_ < 2) {
-    return Status::FailedPrecondition(
-        "postgres: a transaction holds its connection while the handler runs, and pool=1 would "
-        "leave none for the heartbeat that keeps its lease; use pool=2 or more");
+  if (long_hold) {
+    DEDUP_RETURN_IF_ERROR(CheckTransactions());
   }
   {
     std::unique_lock lock(mu_);

@@ -114,6 +114,8 @@ class Pool {
   StatusOr<Handle> Get() { return Get(false); }
   // Needs a pool of 2 or more (FailedPrecondition otherwise).
   StatusOr<Handle> GetForTransaction() { return Get(true); }
+  // OK when GetForTransaction can ever succeed (a pool of 2 or more).
+  Status CheckTransactions() const;
   size_t size() const { return size_; }
   uint64_t opened() const;
 

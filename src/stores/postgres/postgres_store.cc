@@ -221,6 +221,8 @@ class PgStore final : public PostgresStore {
 
   // ---- transactions -----------------------------------------------------------
 
+  Status CanRunTransactions() const override { return pool_.CheckTransactions(); }
+
   StatusOr<WriteResult> RunInTransaction(std::string_view key, Token token, uint64_t fence,
                                          uint32_t attempt, Millis retention,
                                          const TransactionalHandler& handler,
