@@ -81,7 +81,7 @@ std::string GetBytes(const PGresult* r, int row, int col) {
 }
 
 StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
-                                           const std::string& where) {
+                                           const std::string& where, int server_version) {
   const std::string port = std::to_string(o.port);
   const std::string timeout =
       std::to_string(std::max<long long>(2, (o.timeout.count() + 999) / 1000));
@@ -89,9 +89,19 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
   // statements, and the completion inside a handler's transaction, must see the
   // record's latest committed version (under REPEATABLE READ a heartbeat's extend
   // would make the completion fail with a serialization error).
-  const std::string options = "-c statement_timeout=" + std::to_string(o.timeout.count()) +
-                              " -c client_min_messages=warning"
-                              " -c default_transaction_isolation=read\\ committed";
+  std::string options = "-c statement_timeout=" + std::to_string(o.timeout.count()) +
+                        " -c client_min_messages=warning"
+                        " -c default_transaction_isolation=read\\ committed";
+  // A transaction of RunInTransaction stays open, idle on the server, while its
+  // handler runs (for as long as the heartbeat keeps the lease): a DBA's
+  // idle_in_transaction_session_timeout (or PostgreSQL 17's transaction_timeout)
+  // shorter than a handler would end the session under it every time, and the
+  // message be retried for ever. The store's own connections are exempt; the
+  // lease bounds how long a live worker keeps one (a lost lease stops the handler
+  // and rolls back). Startup options, so that the COMMIT's RESET ALL keeps them.
+  // Each statement stays bounded by statement_timeout (`timeout`).
+  if (server_version >= 120000) options += " -c idle_in_transaction_session_timeout=0";
+  if (server_version >= 170000) options += " -c transaction_timeout=0";
   std::vector<const char*> keys = {"host", "port", "dbname", "connect_timeout",
                                    "application_name", "options", "client_encoding"};
   std::vector<const char*> values = {o.host.c_str(), port.c_str(), o.database.c_str(),

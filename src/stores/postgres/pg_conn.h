@@ -58,8 +58,10 @@ std::string GetBytes(const PGresult* r, int row, int col);
 class Conn {
  public:
   // `where` names the server in messages, e.g. "postgres 127.0.0.1:5432".
+  // `server_version` (PQserverVersion, 0 = not known yet: the first connection,
+  // which checks it) decides which timeouts the connection may turn off.
   static StatusOr<std::unique_ptr<Conn>> Open(const PostgresStoreOptions& o,
-                                              const std::string& where);
+                                              const std::string& where, int server_version = 0);
   ~Conn();
   PGconn* raw() { return conn_; }
   bool broken() const;

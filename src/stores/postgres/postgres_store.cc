@@ -328,7 +328,7 @@ class PgStore final : public PostgresStore {
   }
 
   StatusOr<std::unique_ptr<pg::Conn>> OpenConn() {
-    auto c = pg::Conn::Open(o_, where_);
+    auto c = pg::Conn::Open(o_, where_, server_version_);
     if (!c.ok()) return c.status();
     DEDUP_RETURN_IF_ERROR(Prepare(**c));
     return c;
@@ -338,6 +338,7 @@ class PgStore final : public PostgresStore {
     auto r = c.Exec("SELECT current_setting('server_version_num'), version()", "version check");
     if (!r.ok()) return r.status();
     const long num = std::strtol(PQgetvalue(r->get(), 0, 0), nullptr, 10);
+    server_version_ = static_cast<int>(num);
     const std::string version = PQgetvalue(r->get(), 0, 1);
     if (version.rfind("PostgreSQL", 0) != 0) {
       return Status::FailedPrecondition(where_ + " is not PostgreSQL (it says '" + version + "')");
@@ -546,6 +547,7 @@ class PgStore final : public PostgresStore {
   const PostgresStoreOptions o_;
   const std::string where_;
   const std::string table_;
+  int server_version_ = 0;  // set by Start() before the pool opens a connection
   pg::Pool pool_;
   std::atomic<uint64_t> expired_rows_{0}, expire_statements_{0}, expire_micros_{0};
   std::mutex expire_mu_;
