@@ -143,8 +143,10 @@ class PostgresStore : public Store {
   //   Retry / throws /    any                      nothing; claim released      kOk / kLost
   //     a statement fails                                                       (of the release)
   //
+  // A Done result over kMaxResultBytes is a Fail saying so (it would never fit,
+  // so it is never retried); a Fail reason that long is recorded cut to fit.
   // *handler_result (if not null) receives what the handler returned (a throw is
-  // reported as Retry with the exception's text). A non-OK status means the
+  // reported as Retry with the exception's text), after those two rules. A non-OK status means the
   // transaction's fate could not be decided (connection lost around COMMIT): a
   // later claim answers DUPLICATE if it committed, and takes over otherwise.
   // OK when RunInTransaction can run here; FailedPrecondition naming pool when

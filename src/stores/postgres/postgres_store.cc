@@ -671,9 +671,19 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     if (tx.failed() && hr.kind == HandlerResult::Kind::kDone) {
       hr = HandlerResult::Retry("a statement of the handler failed: " + tx.failure().ToString());
     }
-    if (hr.kind == HandlerResult::Kind::kDone) {
-      Status rs = ValidateResult(hr.result);
-      if (!rs.ok()) hr = HandlerResult::Retry(rs.ToString());
+    // An outcome a record cannot hold would fail the same way on every retry:
+    // a permanent failure with the reason (writes rolled back), and a Fail
+    // reason that long is kept cut to fit, never retried for ever.
+    if (hr.kind == HandlerResult::Kind::kDone && hr.result.size() > kMaxResultBytes) {
+      hr = HandlerResult::Fail("the handler's result is " + std::to_string(hr.result.size()) +
+                               " bytes, more than the " + std::to_string(kMaxResultBytes) +
+                               " a record holds: its writes were rolled back");
+    }
+    if (hr.kind == HandlerResult::Kind::kFail && hr.result.size() > kMaxResultBytes) {
+      const std::string note =
+          "... [reason cut to fit a record: " + std::to_string(hr.result.size()) + " bytes in all]";
+      hr.result.resize(kMaxResultBytes - note.size());
+      hr.result += note;
     }
     if (handler_result != nullptr) *handler_result = hr;
     if (hr.kind == HandlerResult::Kind::kDone) {
