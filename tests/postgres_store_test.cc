@@ -410,6 +410,37 @@ TEST_F(PostgresTxTest, HandlerSqlCannotCommitOrEndTheTransaction) {
   }
 }
 
+// The handler's SQL runs as one EXECUTE inside the server; its error must say
+// what went wrong and where in the text, as a plain statement's error did, not
+// quote the whole text back (a script of 200 KB made a 200 KB reason, logged on
+// every retry, with whatever literals it held).
+TEST_F(PostgresTxTest, HandlerSqlErrorsNameTheProblemWithoutQuotingTheScript) {
+  const std::string filler = "-- " + std::string(200'000, 'f') + "\n";
+  struct Case {
+    std::string script, want1, want2;
+  };
+  const std::vector<Case> cases = {
+      {filler + "INSERT INTO orders (msg) VALUES ('e1');\nSELEC 1;", "syntax error", "line 3"},
+      {filler + "SELECT 1/0;", "division by zero", "22012"},
+      {filler + "INSERT INTO no_such_table VALUES (1);", "no_such_table", "line 2"},
+  };
+  for (const Case& c : cases) {
+    ClaimResult cl = MustClaim(*store_, "err");
+    ASSERT_TRUE(cl.acquired());
+    Status got;
+    auto w = store_->RunInTransaction("err", cl.token, cl.fence, cl.attempt, 600s,
+                                      [&](PostgresTransaction& tx) {
+                                        got = tx.ExecScript(c.script);
+                                        return HandlerResult::Retry("no");
+                                      });
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_FALSE(got.ok());
+    EXPECT_LT(got.message().size(), 1000u) << got.message().substr(0, 400);
+    EXPECT_NE(got.message().find(c.want1), std::string::npos) << got.message().substr(0, 400);
+    EXPECT_NE(got.message().find(c.want2), std::string::npos) << got.message().substr(0, 400);
+  }
+}
+
 // Exec's parameters are text: a NUL byte cannot travel in one, and libpq would
 // silently cut the value at it (a key "a\0b" written as "a"). Refused instead.
 TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {
