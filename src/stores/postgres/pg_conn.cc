@@ -5,6 +5,7 @@
 #include <endian.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace dedup::pg {
@@ -135,7 +136,40 @@ Conn::~Conn() { PQfinish(conn_); }
 bool Conn::broken() const { return PQstatus(conn_) != CONNECTION_OK; }
 
 Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
-  std::string msg = Trim(r != nullptr ? PQresultErrorMessage(r) : "");
+  return ErrorWith(r, op, Trim(r != nullptr ? PQresultErrorMessage(r) : ""));
+}
+
+Status Conn::ScriptErrorOf(const PGresult* r, std::string_view op) {
+  auto field = [&](int f) {
+    const char* v = r != nullptr ? PQresultErrorField(r, f) : nullptr;
+    return std::string(v != nullptr ? v : "");
+  };
+  std::string msg = field(PG_DIAG_MESSAGE_PRIMARY);
+  if (msg.empty()) return ErrorOf(r, op);
+  msg = "ERROR:  " + msg;
+  // The position counts characters (UTF-8 here) from 1 in the text run.
+  const std::string query = field(PG_DIAG_INTERNAL_QUERY);
+  const long pos = std::strtol(field(PG_DIAG_INTERNAL_POSITION).c_str(), nullptr, 10);
+  if (pos > 0 && !query.empty()) {
+    long line = 1, column = 1, chars = 0;
+    for (size_t i = 0; i < query.size() && chars < pos - 1; ++i) {
+      if ((static_cast<unsigned char>(query[i]) & 0xC0) == 0x80) continue;  // continuation
+      ++chars;
+      if (query[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    msg += " (at line " + std::to_string(line) + ", column " + std::to_string(column) + ")";
+  }
+  if (const std::string d = field(PG_DIAG_MESSAGE_DETAIL); !d.empty()) msg += "\nDETAIL:  " + d;
+  if (const std::string h = field(PG_DIAG_MESSAGE_HINT); !h.empty()) msg += "\nHINT:  " + h;
+  return ErrorWith(r, op, msg);
+}
+
+Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) {
   if (msg.empty()) msg = Trim(PQerrorMessage(conn_));
   const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const std::string code = state != nullptr ? state : "";

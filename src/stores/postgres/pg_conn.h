@@ -75,6 +75,12 @@ class Conn {
 
   // The status for a failed result (or a null one) of operation `op`.
   Status ErrorOf(const PGresult* r, std::string_view op);
+  // The same, for SQL text run inside the server (PL/pgSQL EXECUTE): the server's
+  // message, detail and hint, and the line and column in that text, without the
+  // context lines, which quote the whole text back.
+  Status ScriptErrorOf(const PGresult* r, std::string_view op);
+  // Classifies the error of `r` by its SQLSTATE, with `msg` as its words.
+  Status ErrorWith(const PGresult* r, std::string_view op, std::string msg);
 
  private:
   Conn(PGconn* c, std::string where) : conn_(c), where_(std::move(where)) {}

@@ -615,16 +615,18 @@ class PgTransaction final : public PostgresTransaction {
     auto set = c_.ExecParams("SELECT set_config('dedup.handler_sql', convert_from($1, 'UTF8'), true)",
                              p, 0, "handler SQL");
     if (!set.ok()) return Fail(set.status());
-    auto r = c_.Exec("DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$",
-                     "handler SQL");
-    if (!r.ok() && r.status().message().find("transaction commands") != std::string::npos) {
-      return Fail(Status(r.status().code(),
-                         r.status().message() +
+    pg::Result r(PQexec(
+        c_.raw(), "DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$"));
+    const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    if (st == PGRES_COMMAND_OK) return Status::Ok();
+    Status e = c_.ScriptErrorOf(r.get(), "handler SQL");
+    if (e.message().find("transaction commands") != std::string::npos) {
+      return Fail(Status(e.code(),
+                         e.message() +
                              "; the handler's SQL runs inside the transaction that records the "
                              "completion: it may not BEGIN, COMMIT, ROLLBACK or use savepoints"));
     }
-    if (!r.ok()) return Fail(r.status());
-    return Status::Ok();
+    return Fail(e);
   }
 
  private:
