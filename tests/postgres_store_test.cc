@@ -441,6 +441,34 @@ TEST_F(PostgresTxTest, HandlerSqlErrorsNameTheProblemWithoutQuotingTheScript) {
   }
 }
 
+// Prepared statements are not transactional: a handler's DEALLOCATE ALL drops
+// the store's own ("claim", "complete" ...) on that pooled connection, whatever
+// happens to its transaction. The connection must not go on failing every
+// statement for ever: at most one call fails, and the pool replaces it.
+TEST_F(PostgresTxTest, AHandlerDeallocatingTheStoresStatementsCostsOneCallAtMost) {
+  auto store = Open("&table=tx&pool=2");
+  ASSERT_NE(store, nullptr);
+  ClaimResult c = MustClaim(*store, "dealloc");
+  ASSERT_TRUE(c.acquired());
+  auto w = store->RunInTransaction("dealloc", c.token, c.fence, c.attempt, 600s,
+                                   [](PostgresTransaction& tx) {
+                                     auto r = tx.Exec("DEALLOCATE ALL");
+                                     EXPECT_TRUE(r.ok()) << r.status();
+                                     return HandlerResult::Retry("gone");
+                                   });
+  EXPECT_TRUE(w.ok()) << w.status();
+  int failed = 0;
+  for (int i = 0; i < 20; ++i) {
+    ClaimRequest r;
+    r.key = "after-dealloc-" + std::to_string(i);
+    r.lease = 60s;
+    r.retention = 600s;
+    auto got = store->Claim(r);
+    if (!got.ok()) ++failed;
+  }
+  EXPECT_LE(failed, 1) << "claims kept failing on a connection without its statements";
+}
+
 // Exec's parameters are text: a NUL byte cannot travel in one, and libpq would
 // silently cut the value at it (a key "a\0b" written as "a"). Refused instead.
 TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {
