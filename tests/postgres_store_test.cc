@@ -456,8 +456,7 @@ TEST_F(PostgresTxTest, AHandlerDeallocatingTheStoresStatementsCostsOneCallAtMost
                                      EXPECT_TRUE(r.ok()) << r.status();
                                      return HandlerResult::Retry("gone");
                                    });
-  EXPECT_TRUE(w.ok()) << w.status();
-  int failed = 0;
+  int failed = w.ok() ? 0 : 1;  // the release after the rollback may be the one
   for (int i = 0; i < 20; ++i) {
     ClaimRequest r;
     r.key = "after-dealloc-" + std::to_string(i);

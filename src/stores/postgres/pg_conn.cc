@@ -133,7 +133,7 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
 
 Conn::~Conn() { PQfinish(conn_); }
 
-bool Conn::broken() const { return PQstatus(conn_) != CONNECTION_OK; }
+bool Conn::broken() const { return poisoned_ || PQstatus(conn_) != CONNECTION_OK; }
 
 Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
   return ErrorWith(r, op, Trim(r != nullptr ? PQresultErrorMessage(r) : ""));
@@ -173,6 +173,14 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
   if (msg.empty()) msg = Trim(PQerrorMessage(conn_));
   const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const std::string code = state != nullptr ? state : "";
+  // Prepared statements are not transactional: a handler's DEALLOCATE dropped
+  // the store's own on this connection, and every later call on it would fail.
+  // Closed when handed back (broken()); the pool opens a fresh one.
+  if (code == "26000") {
+    poisoned_ = true;
+    msg += "; this connection lost the store's prepared statements (a handler's DEALLOCATE?) "
+           "and is replaced";
+  }
   const std::string text = where_ + ": " + std::string(op) + ": " + msg +
                            (code.empty() ? "" : " (SQLSTATE " + code + ")");
   if (broken() || code.rfind("08", 0) == 0 || code == "57P01" || code == "57P02" ||

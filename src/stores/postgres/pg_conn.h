@@ -86,6 +86,7 @@ class Conn {
   Conn(PGconn* c, std::string where) : conn_(c), where_(std::move(where)) {}
   PGconn* conn_;
   std::string where_;
+  bool poisoned_ = false;  // lost its prepared statements: closed when handed back
 };
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer
