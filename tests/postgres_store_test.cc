@@ -522,6 +522,12 @@ TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
   auto store = Open("&table=tx&pool=2");  // one connection for transactions: the same one
   ASSERT_NE(store, nullptr);
   std::string before_path, before_timeout;
+  // And the settings the store itself relies on (its connections' startup
+  // options): RESET ALL must bring back the store's values, not the server's.
+  const std::vector<std::string> own = {"default_transaction_isolation",
+                                        "idle_in_transaction_session_timeout",
+                                        "application_name", "client_encoding"};
+  std::vector<std::string> before_own(own.size());
   auto run = [&](const std::string& key, const TransactionalHandler& h) {
     ClaimResult c = MustClaim(*store, key);
     ASSERT_TRUE(c.acquired());
@@ -536,16 +542,27 @@ TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
   run("set0", [&](PostgresTransaction& tx) {
     before_path = show(tx, "search_path");
     before_timeout = show(tx, "statement_timeout");
+    for (size_t i = 0; i < own.size(); ++i) before_own[i] = show(tx, own[i]);
     return HandlerResult::Done();
   });
   run("set1", [&](PostgresTransaction& tx) {
-    Status s = tx.ExecScript("SET search_path TO elsewhere; SET statement_timeout = '1h'");
+    Status s = tx.ExecScript(
+        "SET search_path TO elsewhere; SET statement_timeout = '1h'; "
+        "SET default_transaction_isolation = 'serializable'; "
+        "SET idle_in_transaction_session_timeout = '1s'; SET application_name = 'handler'; "
+        "SET client_encoding = 'LATIN1'");
     return s.ok() ? HandlerResult::Done() : HandlerResult::Retry(s.ToString());
   });
   run("set2", [&](PostgresTransaction& tx) {
     EXPECT_EQ(show(tx, "search_path"), before_path) << "the last handler's search_path leaked";
     EXPECT_EQ(show(tx, "statement_timeout"), before_timeout)
         << "the last handler's statement_timeout leaked";
+    for (size_t i = 0; i < own.size(); ++i) {
+      EXPECT_EQ(show(tx, own[i]), before_own[i]) << "the last handler's " << own[i] << " leaked";
+    }
+    EXPECT_EQ(before_own[0], "read committed");
+    EXPECT_EQ(before_own[1], "0");
+    EXPECT_EQ(before_own[2], "dedup");
     return HandlerResult::Done();
   });
 }
