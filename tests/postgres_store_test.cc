@@ -468,6 +468,29 @@ TEST_F(PostgresTxTest, AHandlerDeallocatingTheStoresStatementsCostsOneCallAtMost
   EXPECT_LE(failed, 1) << "claims kept failing on a connection without its statements";
 }
 
+// Whatever the text holds reaches EXECUTE unchanged: quotes, backslashes, the
+// DO block's own $dedup$ tag, a value of almost 1 MiB; and a SELECT or an
+// INSERT ... RETURNING among the statements is fine (its rows are dropped).
+TEST_F(PostgresTxTest, HandlerSqlTextReachesTheServerUnchanged) {
+  const std::string odd = "it''s $dedup$ END $dedup$; \\ \" x";
+  const std::string big(1'000'000, 'b');
+  const std::string script = "INSERT INTO orders (msg) VALUES ('" + odd + "');\n"
+                             "SELECT 1; WITH c AS (SELECT 2) SELECT * FROM c;\n"
+                             "INSERT INTO orders (msg) VALUES ('" + big + "') RETURNING msg;";
+  ClaimResult c = MustClaim(*store_, "text");
+  ASSERT_TRUE(c.acquired());
+  auto w = store_->RunInTransaction("text", c.token, c.fence, c.attempt, 600s,
+                                    [&](PostgresTransaction& tx) {
+                                      Status s = tx.ExecScript(script);
+                                      return s.ok() ? HandlerResult::Done()
+                                                    : HandlerResult::Retry(s.ToString());
+                                    });
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM orders WHERE msg = 'it''s $dedup$ END $dedup$; \\ \" x'"), "1");
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM orders WHERE length(msg) = 1000000"), "1");
+}
+
 // Exec's parameters are text: a NUL byte cannot travel in one, and libpq would
 // silently cut the value at it (a key "a\0b" written as "a"). Refused instead.
 TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {

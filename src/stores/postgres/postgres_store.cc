@@ -608,15 +608,24 @@ class PgTransaction final : public PostgresTransaction {
   // The text runs inside the server (PL/pgSQL EXECUTE of a string, which takes many
   // statements), not as a simple query: there a COMMIT, END or ROLLBACK would end
   // our transaction, committing the effect without the completion. EXECUTE
-  // refuses transaction commands, and the transaction then rolls back.
+  // refuses transaction commands, and the transaction then rolls back. The text
+  // reaches it through a transaction-local setting, set in the same round trip
+  // (as a literal libpq escapes), so that the script costs one round trip.
   Status ExecScript(std::string_view sql) override {
-    Params p;
-    p.Bytes(sql);
-    auto set = c_.ExecParams("SELECT set_config('dedup.handler_sql', convert_from($1, 'UTF8'), true)",
-                             p, 0, "handler SQL");
-    if (!set.ok()) return Fail(set.status());
-    pg::Result r(PQexec(
-        c_.raw(), "DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$"));
+    if (sql.find('\0') != std::string_view::npos) {
+      return Fail(Status::InvalidArgument("handler SQL: the text contains a NUL byte"));
+    }
+    char* literal = PQescapeLiteral(c_.raw(), sql.data(), sql.size());
+    if (literal == nullptr) {  // e.g. text that is not valid UTF-8
+      std::string why = PQerrorMessage(c_.raw());
+      while (!why.empty() && why.back() == '\n') why.pop_back();
+      return Fail(Status::InvalidArgument("handler SQL: " + why));
+    }
+    std::string q = "SELECT set_config('dedup.handler_sql', ";
+    q += literal;
+    PQfreemem(literal);
+    q += ", true); DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$";
+    pg::Result r(PQexec(c_.raw(), q.c_str()));
     const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
     if (st == PGRES_COMMAND_OK) return Status::Ok();
     Status e = c_.ScriptErrorOf(r.get(), "handler SQL");
