@@ -401,6 +401,37 @@ TEST(BufferHeartbeat, WorkLongerThanTheLeaseKeepsItsClaim) {
   EXPECT_GE(buffer.stats().heartbeats, 3u);
 }
 
+// Abandon() (a drain whose store does not answer): nothing is sent, the heartbeat
+// stops, so the claim stays held until its lease runs out and the next claim is a
+// takeover; the guard can write nothing afterwards, and its destructor releases
+// nothing.
+TEST(BufferHeartbeat, AbandonedClaimRunsOutWithItsLeaseAndWritesNothingMore) {
+  auto store = NewMemoryStore();
+  BufferOptions o;
+  o.lease = 300ms;  // heartbeat every 100 ms
+  Buffer buffer(store.get(), o);
+  Buffer other(store.get(), o);
+  {
+    auto g = buffer.Claim("a");
+    ASSERT_TRUE(g.ok() && g->acquired());
+    g->Abandon();
+    EXPECT_FALSE(g->active());
+    EXPECT_EQ(g->Complete().status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(g->Release().status().code(), StatusCode::kFailedPrecondition);
+    auto busy = other.Claim("a");
+    ASSERT_TRUE(busy.ok());
+    EXPECT_EQ(busy->outcome(), ClaimOutcome::kBusy) << "held until its lease runs out";
+  }
+  auto rec = store->Inspect("a");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress) << "the destructor released nothing";
+  std::this_thread::sleep_for(600ms);  // two leases: an extend would have kept it
+  auto taken = other.Claim("a");
+  ASSERT_TRUE(taken.ok());
+  EXPECT_TRUE(taken->acquired());
+  EXPECT_EQ(taken->attempt(), 2u) << "a takeover";
+}
+
 TEST(BufferHeartbeat, LostLeaseIsReportedAndNotAcked) {
   auto store = NewMemoryStore();
   BufferOptions o;

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -631,6 +632,35 @@ TEST_P(ConsumerConformance, StopDuringAStoreOutageEndsSoonAfterTheDrainTimeout) 
   EXPECT_EQ(c->metrics().acked, 0u) << "nothing was recorded, nothing acked";
 }
 
+// A handler stopped by the drain that throws instead of returning Retry also ends
+// without completing: its claim gets one release try (consumer.h), not the
+// retries of an outcome write (complete_retry_time, 2 s) with the store down.
+TEST_P(ConsumerConformance, AStoppedHandlerThatThrowsGetsOneReleaseTry) {
+  DownStore store(store_.get());
+  Buffer buffer(&store);
+  auto source = Source();
+  Publish("thrower");
+  std::atomic<bool> started{false};
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.drain_timeout = 200ms;
+  Running c(source.get(), &buffer, [&](const Delivery& d, ClaimGuard&) -> HandlerResult {
+    started = true;
+    while (!d.stop_requested()) std::this_thread::sleep_for(5ms);
+    store.down = true;
+    throw std::runtime_error("stopped by the drain");
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  const auto t0 = SteadyClock::now();
+  c.Stop();
+  const auto took = SteadyClock::now() - t0;
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  EXPECT_EQ(store.releases.load(), 1) << "one release try";
+  // The drain timeout (200 ms), one release try that fails at once, the hand-back.
+  EXPECT_LT(took, 1'500ms) << "releases sent: " << store.releases.load();
+  EXPECT_EQ(c->metrics().acked, 0u);
+}
+
 // The same messages through batch claims and through one claim each get the same
 // answers.
 TEST_P(ConsumerConformance, BatchClaimsGiveTheSameAnswersAsSingleClaims) {
@@ -928,6 +958,41 @@ TEST_P(ConsumerConformance, ABatchFetchedWhileTheClaimStageIsBusyIsClaimedBefore
   }
   std::lock_guard lock(mu);
   for (int i = 0; i < n; ++i) EXPECT_EQ(runs["s" + std::to_string(i)], 1) << i;
+}
+
+// A claim in flight when the stop comes is waited for; with drain_timeout 0 it
+// comes back after the drain timeout, while no handler runs. The store answered
+// it, so its claims are released like any others read ahead (SPEC: a worker asked
+// to stop releases its claims), not left held to their lease: that stalls every
+// worker of the group on BUSY for a whole lease.
+TEST_P(ConsumerConformance, ClaimsInFlightAtTheStopAreReleasedWhileTheStoreAnswers) {
+  SlowClaimStore slow(store_.get());  // a ClaimBatch of several takes 100 ms
+  Buffer buffer(&slow);               // lease 30 s
+  for (int i = 0; i < 4; ++i) Publish("f" + std::to_string(i));
+  auto source = Source();
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.prefetch = 3;
+  o.drain_timeout = 0ms;
+  std::atomic<int> ran{0};
+  Running c(source.get(), &buffer, [&](const Delivery&, ClaimGuard&) {
+    ++ran;
+    return HandlerResult::Done();
+  }, o);
+  // A source that hands out one delivery per fetch never claims in batches: then
+  // every message just runs and nothing is left to release.
+  WaitFor([&] { return slow.in_flight.load() > 0 || ran.load() > 0; });
+  c.Stop();
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  for (int i = 0; i < 4; ++i) {
+    const std::string k = "f" + std::to_string(i);
+    auto rec = store_->Inspect(k);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    if (rec->has_value()) {
+      EXPECT_NE((*rec)->state, RecordState::kInProgress)
+          << k << ": claim left held to its lease although the store answers";
+    }
+  }
 }
 
 // Counts Delivery::InProgress() per key (the broker's "still working on it",

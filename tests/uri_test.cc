@@ -1,6 +1,7 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 
 #include "core/uri.h"
+#include "core/redact.h"
 
 #include <gtest/gtest.h>
 
@@ -137,6 +138,25 @@ TEST(OpenStore, NamesWhatIsWrong) {
   EXPECT_EQ(OpenStore("memory:?shards=0").status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(OpenStore("memory:?shards=8").ok());
   EXPECT_TRUE(OpenStore("memory:").ok());
+}
+
+// tidyreview: an unclosed '[' (a user name starting with one, the "@host"
+// forgotten; or an IPv6 address whose ']' was) hid nothing: ShownHost showed the
+// whole text, so "x://[u:hunter2" kept its password in Redacted(), RedactUri and
+// ParseHostPort's "no ']'" error.
+TEST(Uri, AnUnclosedBracketHidesWhatFollowsItsColon) {
+  EXPECT_EQ(ParseUri("x://[u:hunter2?q=1")->Redacted().find("hunter2"), std::string::npos)
+      << ParseUri("x://[u:hunter2?q=1")->Redacted();
+  EXPECT_EQ(ParseUri("x://h:1,[u:hunter2")->Redacted().find("hunter2"), std::string::npos)
+      << ParseUri("x://h:1,[u:hunter2")->Redacted();
+  EXPECT_EQ(RedactUri("nats://[u:hunter2").find("hunter2"), std::string::npos)
+      << RedactUri("nats://[u:hunter2");
+  auto r = ParseHostPort("[u:hunter2", "amqp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("']'"), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << r.status();
+  // A closed bracket keeps its port as before.
+  EXPECT_EQ(ShownHost("[::1]:6390"), "[::1]:6390");
 }
 
 TEST(Uri, ErrorsNeverCarryThePassword) {

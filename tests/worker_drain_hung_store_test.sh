@@ -22,6 +22,8 @@ stream_port=${DRAIN_HUNG_STREAM_PORT:-6474}
 store_port=${DRAIN_HUNG_STORE_PORT:-6475}
 # shellcheck source=../scripts/lib/redis.sh
 source "$here/../scripts/lib/redis.sh"
+# shellcheck source=../scripts/lib/drain.sh
+source "$here/../scripts/lib/drain.sh"
 tmp=$(mktemp -d /tmp/dedup_drain_hung.XXXXXX)
 worker_pid=""
 store_pid=""
@@ -60,23 +62,15 @@ store="redis://127.0.0.1:$store_port?timeout=1s"
 worker_pid=$!
 
 # Wait until the handler runs and every entry is claimed (the queued ones ahead).
-claimed=0
-for i in $(seq 1 200); do
-  claimed=$("$dedup" inspect --store "$store" --prefix m- 2>/dev/null | grep -c in_progress)
-  [ -f "$tmp/started" ] && [ "$claimed" -ge "$messages" ] && break
-  sleep 0.05
-done
+drain_wait_claimed "$dedup" "$store" "$messages" "$tmp/started"
 [ "$(wc -l <"$tmp/started" 2>/dev/null)" = 1 ] || fail "want 1 handler started"
-[ "$claimed" = "$messages" ] || fail "$claimed claims held, want $messages (fetched and claimed ahead)"
+[ "$DRAIN_CLAIMED" = "$messages" ] ||
+  fail "$DRAIN_CLAIMED claims held, want $messages (fetched and claimed ahead)"
 
-kill -STOP "$store_pid"
-t0=$(date +%s%N)
-kill -TERM "$worker_pid"
-wait "$worker_pid"
-rc=$?
+drain_stop_timed "$worker_pid" "$store_pid"
 worker_pid=""
-took_ms=$((($(date +%s%N) - t0) / 1000000))
-kill -CONT "$store_pid"
+rc=$DRAIN_RC
+took_ms=$DRAIN_TOOK_MS
 echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen, timeout 1 s, $queued queued)"
 [ "$rc" = 0 ] || fail "worker exit $rc after SIGTERM"
 # Bounded by the drain timeout plus one store timeout (the stopped handler's one

@@ -252,11 +252,13 @@ struct ConsumerOptions {
 // handler). On stop the Consumer fetches no more and starts the drain timer
 // (graceful drain): running handlers may finish and be settled for up to
 // drain_timeout, while every queued delivery is given back (its claim released
-// with one try, then Retry(0)). Past drain_timeout with no handler running any
-// more, or once one such release has failed (the store does not answer), the
-// claims left are abandoned
+// with one try, then Retry(0)). Once one such release has failed (the store
+// does not answer), the claims left are abandoned
 // (ClaimGuard::Abandon: held until their lease runs out) and their deliveries
-// still given back, unacked. Handlers still running at drain_timeout are asked
+// still given back, unacked; while the store answers they are all released,
+// drain_timeout or not. Once one Retry(0) of them has failed (the broker does
+// not answer), the deliveries left are not given back but left to the broker's
+// own redelivery. Handlers still running at drain_timeout are asked
 // to stop (Delivery::stop_requested(), stop_handlers); one that ends without
 // completing has its claim released with one try (nothing recorded) and its
 // delivery handed back with Retry(0). Run() returns once every handler has ended

@@ -381,10 +381,17 @@ class Consumer::Impl {
       p = process_(d);
     } else {
       auto run = [&](ClaimGuard& g) {
-        HandlerResult r = handler_(d, g);
         // Stopped by a drain whose time is gone: no outcome, so the claim is
         // given up with one release try (as for what never started), not the
-        // retries of an outcome write.
+        // retries of an outcome write; also when the handler throws (Buffer
+        // takes that as Retry).
+        HandlerResult r;
+        try {
+          r = handler_(d, g);
+        } catch (...) {
+          if (handlers_stop_.load()) (void)g.ReleaseOnce();
+          throw;
+        }
         if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
         return r;
       };
@@ -614,7 +621,7 @@ class Consumer::Impl {
       draining_ = true;
     }
     work_cv_.notify_all();
-    std::thread hand_back([this, deadline] { HandBackUnstarted(deadline); });
+    std::thread hand_back([this] { HandBackUnstarted(); });
     StopLateHandlers(deadline);
     hand_back.join();
     for (auto& t : threads_) t.join();
@@ -659,13 +666,17 @@ class Consumer::Impl {
 
   // Gives back what never started (queued, claimed ahead, or staged): its claim
   // released with one try, then the delivery handed back with Retry(0), so the
-  // broker may deliver it again at once. Bounded by the drain's deadline: once
-  // it has passed and no handler runs any more (while one runs, the drain waits
-  // for it anyway), or once a release has failed (the store does not answer,
-  // and each further try would wait as long), the claims left are abandoned (no
-  // release sent: each stays held until its lease runs out, as a crashed
-  // worker's) and their deliveries still handed back, unacked.
-  void HandBackUnstarted(std::chrono::steady_clock::time_point deadline) {
+  // broker may deliver it again at once. It does not wait on a store that does
+  // not answer: once a release has failed (each further try would wait as long),
+  // the claims left are abandoned (no release sent: each stays held until its lease runs
+  // out, as a crashed worker's) and their deliveries still handed back, unacked.
+  // The drain's deadline alone abandons nothing: a store that answers gets its
+  // releases (SPEC: a worker asked to stop releases its claims). Nor does it
+  // wait on a broker that does not answer: once a hand-back has failed, the
+  // deliveries left are not handed back (they come back with the broker's own
+  // redelivery: JetStream's AckWait, the Streams reclaim min-idle, RabbitMQ's
+  // requeue when the connection closes).
+  void HandBackUnstarted() {
     std::deque<Job> unstarted;
     {
       std::unique_lock lock(mu_);
@@ -676,15 +687,11 @@ class Consumer::Impl {
       staged_.clear();
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
-    size_t abandoned = 0;
-    std::string why;
+    size_t abandoned = 0, not_handed_back = 0;
+    std::string why, broker_why;
     for (Job& j : unstarted) {
       if (j.claim.has_value() && j.claim->ok() && (*j.claim)->active()) {
         ClaimGuard& g = **j.claim;
-        if (why.empty() && std::chrono::steady_clock::now() >= deadline) {
-          std::lock_guard lock(mu_);
-          if (running_ == 0) why = "the drain timeout has passed";
-        }
         if (why.empty()) {
           StatusOr<WriteResult> r = g.ReleaseOnce();
           if (!r.ok()) {
@@ -697,8 +704,16 @@ class Consumer::Impl {
         }
       }
       j.claim.reset();
-      Status s = j.delivery->Retry(Millis(0));
-      if (!s.ok()) n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      if (broker_why.empty()) {
+        Status s = j.delivery->Retry(Millis(0));
+        if (!s.ok()) {
+          n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+          broker_why = s.ToString();
+        }
+      } else {
+        ++not_handed_back;  // not settled: counted as a failed one would be
+        n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      }
       std::lock_guard lock(mu_);
       held_.erase(j.delivery->id());
     }
@@ -706,6 +721,11 @@ class Consumer::Impl {
       Log("drain: " + std::to_string(abandoned) + " claim(s) of deliveries not started were "
           "not released (" + why + "): left to run out with their lease; deliveries handed "
           "back unacked");
+    }
+    if (!broker_why.empty()) {
+      Log("drain: a hand-back failed (" + broker_why + "): " +
+          std::to_string(not_handed_back) + " more deliveries not started were not handed "
+          "back; the broker redelivers them unacked");
     }
   }
 

@@ -47,8 +47,10 @@ std::string RedactQuery(std::string_view q) {
 }  // namespace
 
 std::string ShownHost(std::string_view text) {
-  const size_t from = text.starts_with("[") ? text.find(']') : 0;
-  const size_t c = from == std::string_view::npos ? from : text.find(':', from);
+  // Past a "[v6]"; an unclosed '[' is no address to show whole ("[user:pass").
+  size_t from = text.starts_with("[") ? text.find(']') : 0;
+  if (from == std::string_view::npos) from = 0;
+  const size_t c = text.find(':', from);
   if (c == std::string_view::npos) return std::string(text);
   const std::string_view rest = text.substr(c + 1);
   if (std::all_of(rest.begin(), rest.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {

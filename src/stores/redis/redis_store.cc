@@ -252,7 +252,7 @@ class RedisStore final : public Store {
       }
       if (bad_fast) {
         ReleaseAcquired(reqs, tokens, out);
-        return *bad_fast;
+        return EarlierTriesLost(*bad_fast, lease, reqs, unknown, sent);
       }
       if (!slow.empty()) {
         std::vector<std::string> skeys;
@@ -283,7 +283,7 @@ class RedisStore final : public Store {
         }
         if (bad) {
           ReleaseAcquired(reqs, tokens, out);
-          return *bad;
+          return EarlierTriesLost(*bad, lease, reqs, unknown, sent);
         }
       }
       if (left.empty()) return out;
@@ -291,7 +291,7 @@ class RedisStore final : public Store {
                                                  ": claim batch: a reply is missing");
       if (!ClaimAgain(failed, sent, tries, start, lease)) {
         ReleaseAcquired(reqs, tokens, out);
-        return sent ? failed : EarlierTriesLost(failed, lease, reqs, unknown);
+        return EarlierTriesLost(failed, lease, reqs, unknown, sent);
       }
       std::sort(left.begin(), left.end());  // in request order, as the batch is
       pending.swap(left);
@@ -339,18 +339,22 @@ class RedisStore final : public Store {
   // earlier try was sent and lost its answer: that earlier try may have written
   // the claim's record, which nobody can complete, so say so.
   static Status EarlierTryLost(const Status& s, Millis lease,
-                               const std::string& what = "the key may stay BUSY until its") {
-    return Status(s.code(), s.message() +
-                                "; an earlier try was sent and its answer lost (effect unknown: " +
-                                what + " lease of " + internal::FormatDuration(lease) + " ends)");
+                               const std::string& what = "the key may stay BUSY until its",
+                               std::string_view which = "an earlier try") {
+    return Status(s.code(), s.message() + "; " + std::string(which) +
+                                " was sent and its answer lost (effect unknown: " + what +
+                                " lease of " + internal::FormatDuration(lease) + " ends)");
   }
 
-  // EarlierTryLost for a batch whose last try sent nothing: names the claims whose
-  // outcome is unknown (`unknown`: sent by some try, answered by none), and none
-  // when every claim a lost try sent was answered by a later one.
+  // The failure of a batch: names the claims whose outcome is unknown (`unknown`:
+  // sent by some try, answered by none), and none when every claim a lost try
+  // sent was answered by a later one. Also when the last try was itself sent
+  // (`last_sent`): its status is the first failure in node order, which may be
+  // another node's (a refused connection) and say nothing of these; and when an
+  // error reply (a WRONGTYPE) ends the batch.
   static Status EarlierTriesLost(const Status& s, Millis lease,
                                  std::span<const ClaimRequest> reqs,
-                                 const std::vector<bool>& unknown) {
+                                 const std::vector<bool>& unknown, bool last_sent) {
     constexpr size_t kNamed = 3;
     size_t n = 0;
     std::string named;
@@ -363,7 +367,8 @@ class RedisStore final : public Store {
     return EarlierTryLost(s, lease,
                           n == 1 ? "the claim of key " + named + " may stay BUSY until its"
                                  : "the claims of " + std::to_string(n) + " keys (" + named +
-                                       ") may stay BUSY until their");
+                                       ") may stay BUSY until their",
+                          last_sent ? "a try" : "an earlier try");
   }
 
   // A batch that fails as a whole must not keep the claims it made on the way:
