@@ -271,6 +271,17 @@ class PostgresTxTest : public PostgresStoreTest {
       return then();
     };
   }
+  // A fresh database `db` with `setting` (ALTER DATABASE ... SET) and an orders
+  // table, and a store on it.
+  static StatusOr<std::unique_ptr<PostgresStore>> OpenDatabaseWith(const std::string& db,
+                                                                   const std::string& setting) {
+    EXPECT_TRUE(PgServer::Sql("postgres", "DROP DATABASE IF EXISTS " + db));
+    EXPECT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE " + db));
+    EXPECT_TRUE(PgServer::Sql("postgres", "ALTER DATABASE " + db + " SET " + setting));
+    EXPECT_TRUE(PgServer::Sql(db, "CREATE TABLE orders (msg text, fence bigint)"));
+    return OpenPostgresStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
+                             std::to_string(kPort) + "/" + db + "?expire_interval=0");
+  }
   std::unique_ptr<PostgresStore> store_;
 };
 
@@ -513,12 +524,7 @@ TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {
 // transaction snapshot taken by the handler's first statement, older than the
 // heartbeat's extend, must not make every handler longer than a heartbeat fail.
 TEST_F(PostgresTxTest, ADatabaseDefaultingToRepeatableReadStillCompletes) {
-  ASSERT_TRUE(PgServer::Sql("postgres", "DROP DATABASE IF EXISTS rr"));
-  ASSERT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE rr"));
-  ASSERT_TRUE(PgServer::Sql("postgres", "ALTER DATABASE rr SET default_transaction_isolation = 'repeatable read'"));
-  ASSERT_TRUE(PgServer::Sql("rr", "CREATE TABLE orders (msg text, fence bigint)"));
-  auto rr = OpenPostgresStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
-                              std::to_string(kPort) + "/rr?expire_interval=0");
+  auto rr = OpenDatabaseWith("rr", "default_transaction_isolation = 'repeatable read'");
   ASSERT_TRUE(rr.ok()) << rr.status();
   BufferOptions bo;
   bo.lease = 600ms;
@@ -931,13 +937,7 @@ TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
 // waits for a service), and the server would end the session under it, so the
 // message failed and was retried for ever. The store's connections are exempt.
 TEST_F(PostgresTxTest, ADatabaseIdleInTransactionTimeoutDoesNotKillAHandler) {
-  ASSERT_TRUE(PgServer::Sql("postgres", "DROP DATABASE IF EXISTS idle"));
-  ASSERT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE idle"));
-  ASSERT_TRUE(PgServer::Sql("postgres",
-                            "ALTER DATABASE idle SET idle_in_transaction_session_timeout = '300ms'"));
-  ASSERT_TRUE(PgServer::Sql("idle", "CREATE TABLE orders (msg text, fence bigint)"));
-  auto store = OpenPostgresStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
-                                 std::to_string(kPort) + "/idle?expire_interval=0");
+  auto store = OpenDatabaseWith("idle", "idle_in_transaction_session_timeout = '300ms'");
   ASSERT_TRUE(store.ok()) << store.status();
   BufferOptions bo;
   bo.lease = 5s;
