@@ -271,6 +271,17 @@ class PostgresTxTest : public PostgresStoreTest {
       return then();
     };
   }
+  // A fresh database `db` with `setting` (ALTER DATABASE ... SET) and an orders
+  // table, and a store on it.
+  static StatusOr<std::unique_ptr<PostgresStore>> OpenDatabaseWith(const std::string& db,
+                                                                   const std::string& setting) {
+    EXPECT_TRUE(PgServer::Sql("postgres", "DROP DATABASE IF EXISTS " + db));
+    EXPECT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE " + db));
+    EXPECT_TRUE(PgServer::Sql("postgres", "ALTER DATABASE " + db + " SET " + setting));
+    EXPECT_TRUE(PgServer::Sql(db, "CREATE TABLE orders (msg text, fence bigint)"));
+    return OpenPostgresStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
+                             std::to_string(kPort) + "/" + db + "?expire_interval=0");
+  }
   std::unique_ptr<PostgresStore> store_;
 };
 
@@ -410,6 +421,87 @@ TEST_F(PostgresTxTest, HandlerSqlCannotCommitOrEndTheTransaction) {
   }
 }
 
+// The handler's SQL runs as one EXECUTE inside the server; its error must say
+// what went wrong and where in the text, as a plain statement's error did, not
+// quote the whole text back (a script of 200 KB made a 200 KB reason, logged on
+// every retry, with whatever literals it held).
+TEST_F(PostgresTxTest, HandlerSqlErrorsNameTheProblemWithoutQuotingTheScript) {
+  const std::string filler = "-- " + std::string(200'000, 'f') + "\n";
+  struct Case {
+    std::string script, want1, want2;
+  };
+  const std::vector<Case> cases = {
+      {filler + "INSERT INTO orders (msg) VALUES ('e1');\nSELEC 1;", "syntax error", "line 3"},
+      {filler + "SELECT 1/0;", "division by zero", "22012"},
+      {filler + "INSERT INTO no_such_table VALUES (1);", "no_such_table", "line 2"},
+  };
+  for (const Case& c : cases) {
+    ClaimResult cl = MustClaim(*store_, "err");
+    ASSERT_TRUE(cl.acquired());
+    Status got;
+    auto w = store_->RunInTransaction("err", cl.token, cl.fence, cl.attempt, 600s,
+                                      [&](PostgresTransaction& tx) {
+                                        got = tx.ExecScript(c.script);
+                                        return HandlerResult::Retry("no");
+                                      });
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_FALSE(got.ok());
+    EXPECT_LT(got.message().size(), 1000u) << got.message().substr(0, 400);
+    EXPECT_NE(got.message().find(c.want1), std::string::npos) << got.message().substr(0, 400);
+    EXPECT_NE(got.message().find(c.want2), std::string::npos) << got.message().substr(0, 400);
+  }
+}
+
+// Prepared statements are not transactional: a handler's DEALLOCATE ALL drops
+// the store's own ("claim", "complete" ...) on that pooled connection, whatever
+// happens to its transaction. The connection must not go on failing every
+// statement for ever: at most one call fails, and the pool replaces it.
+TEST_F(PostgresTxTest, AHandlerDeallocatingTheStoresStatementsCostsOneCallAtMost) {
+  auto store = Open("&table=tx&pool=2");
+  ASSERT_NE(store, nullptr);
+  ClaimResult c = MustClaim(*store, "dealloc");
+  ASSERT_TRUE(c.acquired());
+  auto w = store->RunInTransaction("dealloc", c.token, c.fence, c.attempt, 600s,
+                                   [](PostgresTransaction& tx) {
+                                     auto r = tx.Exec("DEALLOCATE ALL");
+                                     EXPECT_TRUE(r.ok()) << r.status();
+                                     return HandlerResult::Retry("gone");
+                                   });
+  int failed = w.ok() ? 0 : 1;  // the release after the rollback may be the one
+  for (int i = 0; i < 20; ++i) {
+    ClaimRequest r;
+    r.key = "after-dealloc-" + std::to_string(i);
+    r.lease = 60s;
+    r.retention = 600s;
+    auto got = store->Claim(r);
+    if (!got.ok()) ++failed;
+  }
+  EXPECT_LE(failed, 1) << "claims kept failing on a connection without its statements";
+}
+
+// Whatever the text holds reaches EXECUTE unchanged: quotes, backslashes, the
+// DO block's own $dedup$ tag, a value of almost 1 MiB; and a SELECT or an
+// INSERT ... RETURNING among the statements is fine (its rows are dropped).
+TEST_F(PostgresTxTest, HandlerSqlTextReachesTheServerUnchanged) {
+  const std::string odd = "it''s $dedup$ END $dedup$; \\ \" x";
+  const std::string big(1'000'000, 'b');
+  const std::string script = "INSERT INTO orders (msg) VALUES ('" + odd + "');\n"
+                             "SELECT 1; WITH c AS (SELECT 2) SELECT * FROM c;\n"
+                             "INSERT INTO orders (msg) VALUES ('" + big + "') RETURNING msg;";
+  ClaimResult c = MustClaim(*store_, "text");
+  ASSERT_TRUE(c.acquired());
+  auto w = store_->RunInTransaction("text", c.token, c.fence, c.attempt, 600s,
+                                    [&](PostgresTransaction& tx) {
+                                      Status s = tx.ExecScript(script);
+                                      return s.ok() ? HandlerResult::Done()
+                                                    : HandlerResult::Retry(s.ToString());
+                                    });
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM orders WHERE msg = 'it''s $dedup$ END $dedup$; \\ \" x'"), "1");
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM orders WHERE length(msg) = 1000000"), "1");
+}
+
 // Exec's parameters are text: a NUL byte cannot travel in one, and libpq would
 // silently cut the value at it (a key "a\0b" written as "a"). Refused instead.
 TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {
@@ -432,12 +524,7 @@ TEST_F(PostgresTxTest, ExecRefusesAParameterItWouldCut) {
 // transaction snapshot taken by the handler's first statement, older than the
 // heartbeat's extend, must not make every handler longer than a heartbeat fail.
 TEST_F(PostgresTxTest, ADatabaseDefaultingToRepeatableReadStillCompletes) {
-  ASSERT_TRUE(PgServer::Sql("postgres", "DROP DATABASE IF EXISTS rr"));
-  ASSERT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE rr"));
-  ASSERT_TRUE(PgServer::Sql("postgres", "ALTER DATABASE rr SET default_transaction_isolation = 'repeatable read'"));
-  ASSERT_TRUE(PgServer::Sql("rr", "CREATE TABLE orders (msg text, fence bigint)"));
-  auto rr = OpenPostgresStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
-                              std::to_string(kPort) + "/rr?expire_interval=0");
+  auto rr = OpenDatabaseWith("rr", "default_transaction_isolation = 'repeatable read'");
   ASSERT_TRUE(rr.ok()) << rr.status();
   BufferOptions bo;
   bo.lease = 600ms;
@@ -464,6 +551,12 @@ TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
   auto store = Open("&table=tx&pool=2");  // one connection for transactions: the same one
   ASSERT_NE(store, nullptr);
   std::string before_path, before_timeout;
+  // And the settings the store itself relies on (its connections' startup
+  // options): RESET ALL must bring back the store's values, not the server's.
+  const std::vector<std::string> own = {"default_transaction_isolation",
+                                        "idle_in_transaction_session_timeout",
+                                        "application_name", "client_encoding"};
+  std::vector<std::string> before_own(own.size());
   auto run = [&](const std::string& key, const TransactionalHandler& h) {
     ClaimResult c = MustClaim(*store, key);
     ASSERT_TRUE(c.acquired());
@@ -478,16 +571,27 @@ TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
   run("set0", [&](PostgresTransaction& tx) {
     before_path = show(tx, "search_path");
     before_timeout = show(tx, "statement_timeout");
+    for (size_t i = 0; i < own.size(); ++i) before_own[i] = show(tx, own[i]);
     return HandlerResult::Done();
   });
   run("set1", [&](PostgresTransaction& tx) {
-    Status s = tx.ExecScript("SET search_path TO elsewhere; SET statement_timeout = '1h'");
+    Status s = tx.ExecScript(
+        "SET search_path TO elsewhere; SET statement_timeout = '1h'; "
+        "SET default_transaction_isolation = 'serializable'; "
+        "SET idle_in_transaction_session_timeout = '1s'; SET application_name = 'handler'; "
+        "SET client_encoding = 'LATIN1'");
     return s.ok() ? HandlerResult::Done() : HandlerResult::Retry(s.ToString());
   });
   run("set2", [&](PostgresTransaction& tx) {
     EXPECT_EQ(show(tx, "search_path"), before_path) << "the last handler's search_path leaked";
     EXPECT_EQ(show(tx, "statement_timeout"), before_timeout)
         << "the last handler's statement_timeout leaked";
+    for (size_t i = 0; i < own.size(); ++i) {
+      EXPECT_EQ(show(tx, own[i]), before_own[i]) << "the last handler's " << own[i] << " leaked";
+    }
+    EXPECT_EQ(before_own[0], "read committed");
+    EXPECT_EQ(before_own[1], "0");
+    EXPECT_EQ(before_own[2], "dedup");
     return HandlerResult::Done();
   });
 }
@@ -779,6 +883,17 @@ TEST_F(PostgresStoreTest, SmallPoolServesManyThreads) {
 // the handler a second time (the first one's commit is then refused): SPEC
 // defect 2 of the textbook guard, which the heartbeat exists to close. Here a
 // pool of 2 and two handlers running longer than the lease.
+TEST_F(PostgresStoreTest, APoolOfOneSaysAtOnceItCannotRunTransactions) {
+  auto one = Open("&pool=1");
+  ASSERT_NE(one, nullptr);
+  Status s = one->CanRunTransactions();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("pool=1"), std::string::npos) << s;
+  auto two = Open("&pool=2");
+  ASSERT_NE(two, nullptr);
+  EXPECT_TRUE(two->CanRunTransactions().ok());
+}
+
 TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
   ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE tx"));
   auto store = Open("&table=tx&pool=2");
@@ -815,6 +930,72 @@ TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
     EXPECT_EQ(done[i].action, BrokerAction::kAck) << "hb" << i << ": " << done[i].reason;
     EXPECT_EQ(Orders("hb" + std::to_string(i)), "1");
   }
+}
+
+// A DBA's idle_in_transaction_session_timeout shorter than a handler: the
+// transaction is idle on the server while the handler works (its program runs, it
+// waits for a service), and the server would end the session under it, so the
+// message failed and was retried for ever. The store's connections are exempt.
+TEST_F(PostgresTxTest, ADatabaseIdleInTransactionTimeoutDoesNotKillAHandler) {
+  auto store = OpenDatabaseWith("idle", "idle_in_transaction_session_timeout = '300ms'");
+  ASSERT_TRUE(store.ok()) << store.status();
+  BufferOptions bo;
+  bo.lease = 5s;
+  Buffer buffer(store->get(), bo);
+  for (const char* key : {"idle1", "idle2"}) {  // the second on a connection used before
+    Processed p = ProcessOnceInTransaction(buffer, **store, key, "", [&](PostgresTransaction& tx) {
+      auto r = tx.Exec("INSERT INTO orders (msg) VALUES ($1)", {std::string(key)});
+      if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+      std::this_thread::sleep_for(900ms);  // idle in the transaction, 3x the timeout
+      return HandlerResult::Done();
+    });
+    EXPECT_EQ(p.action, BrokerAction::kAck) << key << ": " << p.reason;
+  }
+  std::string n;
+  EXPECT_TRUE(PgServer::Sql("idle", "SELECT count(*) FROM orders", &n));
+  EXPECT_EQ(n, "2");
+}
+
+// A result a record cannot hold (over kMaxResultBytes) was answered Retry: the
+// message ran again and again for ever, each time rolled back. Now the writes are
+// rolled back and the key completed as failed with the reason (dead-lettered);
+// a Fail reason that long is recorded cut to fit, not retried for ever either.
+TEST_F(PostgresTxTest, AnOversizedResultOrReasonIsAPermanentFailureNotARetryLoop) {
+  BufferOptions bo;
+  bo.lease = 5s;
+  Buffer buffer(store_.get(), bo);
+  const std::string huge(kMaxResultBytes + 10, 'r');
+  int runs = 0;
+  Processed p = ProcessOnceInTransaction(buffer, *store_, "big1", "", InsertThen("big1", [&] {
+    ++runs;
+    return HandlerResult::Done(huge);
+  }));
+  EXPECT_EQ(p.action, BrokerAction::kDeadLetter) << p.reason.substr(0, 300);
+  EXPECT_NE(p.reason.find(std::to_string(huge.size())), std::string::npos) << p.reason.substr(0, 300);
+  EXPECT_LE(p.reason.size(), kMaxResultBytes);
+  EXPECT_EQ(Orders("big1"), "0") << "the effect of an outcome that cannot be recorded committed";
+  auto rec = store_->Inspect("big1");
+  ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  Processed again = ProcessOnceInTransaction(buffer, *store_, "big1", "", InsertThen("big1", [&] {
+    ++runs;
+    return HandlerResult::Done();
+  }));
+  EXPECT_EQ(runs, 1) << "the message ran again";
+
+  Processed f = ProcessOnceInTransaction(buffer, *store_, "big2", "", InsertThen("big2", [&] {
+    return HandlerResult::Fail(huge);
+  }));
+  EXPECT_EQ(f.action, BrokerAction::kDeadLetter) << f.reason.substr(0, 300);
+  EXPECT_TRUE(f.status.ok()) << f.status;
+  EXPECT_EQ(Orders("big2"), "0");
+  rec = store_->Inspect("big2");
+  ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  EXPECT_LE((*rec)->result.size(), kMaxResultBytes);
+  EXPECT_EQ((*rec)->result.substr(0, 100), huge.substr(0, 100)) << "the reason's start is kept";
 }
 
 // ---- a server restart during work ----------------------------------------------------

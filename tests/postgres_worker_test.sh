@@ -8,7 +8,8 @@
 #   3. plain `dedup worker --store postgres://` (no --sql-output) works too;
 #   4. `dedup simulate --store postgres://...` runs;
 #   5. with --sql-output, a handler whose lease is lost is stopped, its SQL never run;
-#   6. with --sql-output, a key that is not UTF-8 is dead-lettered, never retried for ever.
+#   6. with --sql-output, a key that is not UTF-8 is dead-lettered, never retried for ever;
+#   7. with --sql-output, pool=1 is refused at start-up, naming pool.
 #
 #   tests/postgres_worker_test.sh DEDUP_BIN
 set -euo pipefail
@@ -186,6 +187,20 @@ utf_runs=0
 [ "$utf_runs" -le 1 ] || fail "the handler of a key that is not UTF-8 ran $utf_runs times"
 grep -q "UTF-8" "$work/utf.log" || fail "the log does not say why: $(tail -2 "$work/utf.log")"
 echo "sql-output: a key that is not UTF-8 was dead-lettered, the handler ran $utf_runs time(s)"
+
+# 7. --sql-output with pool=1: a transaction holds its connection while the handler
+# runs and the heartbeat needs another, so every message would fail at run time.
+# Refused at start-up instead, with an error naming pool.
+set +e
+timeout 10 "$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=pooljobs&group=g&consumer=p1" \
+  --store "$pg?table=pool_buf&pool=1" --sql-output --exec "$work/touch.sh" --no-shell \
+  --summary-interval 0 >"$work/pool1.log" 2>&1
+pool_rc=$?
+set -e
+[ "$pool_rc" != 124 ] || fail "a --sql-output worker with pool=1 started (every message would fail)"
+[ "$pool_rc" != 0 ] || fail "a --sql-output worker with pool=1 exited 0"
+grep -q "pool=1" "$work/pool1.log" || fail "the error does not name pool: $(cat "$work/pool1.log")"
+echo "sql-output: pool=1 refused at start-up (exit $pool_rc): $(head -1 "$work/pool1.log")"
 
 # 4. The simulation on PostgreSQL.
 "$dedup" simulate --store "$pg?table=sim_buf" --messages 200 >"$work/sim.log" 2>&1 \

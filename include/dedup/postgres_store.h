@@ -78,7 +78,7 @@ struct PostgresStoreOptions {
   // Connections, at most; a caller waits for a free one. RunInTransaction holds
   // one while its handler runs, and such holds take at most pool_size - 1, so
   // that heartbeats always find one (RunInTransaction needs 2 or more: it answers
-  // FailedPrecondition with 1). Default: 8.
+  // FailedPrecondition with 1, and so does CanRunTransactions()). Default: 8.
   size_t pool_size = 8;
   // Bounds connecting (whole seconds, at least 2, as libpq counts) and each
   // statement of the store's connections (statement_timeout). Default: 5 s.
@@ -143,10 +143,17 @@ class PostgresStore : public Store {
   //   Retry / throws /    any                      nothing; claim released      kOk / kLost
   //     a statement fails                                                       (of the release)
   //
+  // A Done result over kMaxResultBytes is a Fail saying so (it would never fit,
+  // so it is never retried); a Fail reason that long is recorded cut to fit.
   // *handler_result (if not null) receives what the handler returned (a throw is
-  // reported as Retry with the exception's text). A non-OK status means the
+  // reported as Retry with the exception's text), after those two rules. A non-OK status means the
   // transaction's fate could not be decided (connection lost around COMMIT): a
   // later claim answers DUPLICATE if it committed, and takes over otherwise.
+  // OK when RunInTransaction can run here; FailedPrecondition naming pool when
+  // the pool is too small for it (pool=1). Check it at start-up, as `dedup worker
+  // --sql-output` does, rather than fail every message.
+  [[nodiscard]] virtual Status CanRunTransactions() const = 0;
+
   [[nodiscard]] virtual StatusOr<WriteResult> RunInTransaction(
       std::string_view key, Token token, uint64_t fence, uint32_t attempt, Millis retention,
       const TransactionalHandler& handler, HandlerResult* handler_result = nullptr) = 0;

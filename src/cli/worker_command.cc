@@ -293,6 +293,10 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     pg = std::move(opened).value();
+    if (Status s = pg->CanRunTransactions(); !s.ok()) {
+      std::fprintf(stderr, "dedup worker: --store (--sql-output): %s\n", s.ToString().c_str());
+      return kExitUsage;
+    }
   }
 #endif
   if (f.pattern == "dedup" && !f.sql_output) {

@@ -5,6 +5,7 @@
 #include <endian.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace dedup::pg {
@@ -81,7 +82,7 @@ std::string GetBytes(const PGresult* r, int row, int col) {
 }
 
 StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
-                                           const std::string& where) {
+                                           const std::string& where, int server_version) {
   const std::string port = std::to_string(o.port);
   const std::string timeout =
       std::to_string(std::max<long long>(2, (o.timeout.count() + 999) / 1000));
@@ -89,9 +90,19 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
   // statements, and the completion inside a handler's transaction, must see the
   // record's latest committed version (under REPEATABLE READ a heartbeat's extend
   // would make the completion fail with a serialization error).
-  const std::string options = "-c statement_timeout=" + std::to_string(o.timeout.count()) +
-                              " -c client_min_messages=warning"
-                              " -c default_transaction_isolation=read\\ committed";
+  std::string options = "-c statement_timeout=" + std::to_string(o.timeout.count()) +
+                        " -c client_min_messages=warning"
+                        " -c default_transaction_isolation=read\\ committed";
+  // A transaction of RunInTransaction stays open, idle on the server, while its
+  // handler runs (for as long as the heartbeat keeps the lease): a DBA's
+  // idle_in_transaction_session_timeout (or PostgreSQL 17's transaction_timeout)
+  // shorter than a handler would end the session under it every time, and the
+  // message be retried for ever. The store's own connections are exempt; the
+  // lease bounds how long a live worker keeps one (a lost lease stops the handler
+  // and rolls back). Startup options, so that the COMMIT's RESET ALL keeps them.
+  // Each statement stays bounded by statement_timeout (`timeout`).
+  if (server_version >= 120000) options += " -c idle_in_transaction_session_timeout=0";
+  if (server_version >= 170000) options += " -c transaction_timeout=0";
   std::vector<const char*> keys = {"host", "port", "dbname", "connect_timeout",
                                    "application_name", "options", "client_encoding"};
   std::vector<const char*> values = {o.host.c_str(), port.c_str(), o.database.c_str(),
@@ -122,13 +133,54 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
 
 Conn::~Conn() { PQfinish(conn_); }
 
-bool Conn::broken() const { return PQstatus(conn_) != CONNECTION_OK; }
+bool Conn::broken() const { return poisoned_ || PQstatus(conn_) != CONNECTION_OK; }
 
 Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
-  std::string msg = Trim(r != nullptr ? PQresultErrorMessage(r) : "");
+  return ErrorWith(r, op, Trim(r != nullptr ? PQresultErrorMessage(r) : ""));
+}
+
+Status Conn::ScriptErrorOf(const PGresult* r, std::string_view op) {
+  auto field = [&](int f) {
+    const char* v = r != nullptr ? PQresultErrorField(r, f) : nullptr;
+    return std::string(v != nullptr ? v : "");
+  };
+  std::string msg = field(PG_DIAG_MESSAGE_PRIMARY);
+  if (msg.empty()) return ErrorOf(r, op);
+  msg = "ERROR:  " + msg;
+  // The position counts characters (UTF-8 here) from 1 in the text run.
+  const std::string query = field(PG_DIAG_INTERNAL_QUERY);
+  const long pos = std::strtol(field(PG_DIAG_INTERNAL_POSITION).c_str(), nullptr, 10);
+  if (pos > 0 && !query.empty()) {
+    long line = 1, column = 1, chars = 0;
+    for (size_t i = 0; i < query.size() && chars < pos - 1; ++i) {
+      if ((static_cast<unsigned char>(query[i]) & 0xC0) == 0x80) continue;  // continuation
+      ++chars;
+      if (query[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    msg += " (at line " + std::to_string(line) + ", column " + std::to_string(column) + ")";
+  }
+  if (const std::string d = field(PG_DIAG_MESSAGE_DETAIL); !d.empty()) msg += "\nDETAIL:  " + d;
+  if (const std::string h = field(PG_DIAG_MESSAGE_HINT); !h.empty()) msg += "\nHINT:  " + h;
+  return ErrorWith(r, op, msg);
+}
+
+Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) {
   if (msg.empty()) msg = Trim(PQerrorMessage(conn_));
   const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const std::string code = state != nullptr ? state : "";
+  // Prepared statements are not transactional: a handler's DEALLOCATE dropped
+  // the store's own on this connection, and every later call on it would fail.
+  // Closed when handed back (broken()); the pool opens a fresh one.
+  if (code == "26000") {
+    poisoned_ = true;
+    msg += "; this connection lost the store's prepared statements (a handler's DEALLOCATE?) "
+           "and is replaced";
+  }
   const std::string text = where_ + ": " + std::string(op) + ": " + msg +
                            (code.empty() ? "" : " (SQLSTATE " + code + ")");
   if (broken() || code.rfind("08", 0) == 0 || code == "57P01" || code == "57P02" ||
@@ -177,11 +229,17 @@ Status Conn::Prepare(const char* name, const std::string& sql, const std::vector
   return Status::Ok();
 }
 
+Status Pool::CheckTransactions() const {
+  if (size_ >= 2) return Status::Ok();
+  return Status::FailedPrecondition(
+      "postgres: pool=1 is too small for transactions: a transaction holds its connection while "
+      "the handler runs, and pool=1 would leave none for the heartbeat that keeps its lease; use "
+      "pool=2 or more");
+}
+
 StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
-  if (long_hold && size_ < 2) {
-    return Status::FailedPrecondition(
-        "postgres: a transaction holds its connection while the handler runs, and pool=1 would "
-        "leave none for the heartbeat that keeps its lease; use pool=2 or more");
+  if (long_hold) {
+    DEDUP_RETURN_IF_ERROR(CheckTransactions());
   }
   {
     std::unique_lock lock(mu_);

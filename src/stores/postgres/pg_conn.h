@@ -58,8 +58,10 @@ std::string GetBytes(const PGresult* r, int row, int col);
 class Conn {
  public:
   // `where` names the server in messages, e.g. "postgres 127.0.0.1:5432".
+  // `server_version` (PQserverVersion, 0 = not known yet: the first connection,
+  // which checks it) decides which timeouts the connection may turn off.
   static StatusOr<std::unique_ptr<Conn>> Open(const PostgresStoreOptions& o,
-                                              const std::string& where);
+                                              const std::string& where, int server_version = 0);
   ~Conn();
   PGconn* raw() { return conn_; }
   bool broken() const;
@@ -73,11 +75,18 @@ class Conn {
 
   // The status for a failed result (or a null one) of operation `op`.
   Status ErrorOf(const PGresult* r, std::string_view op);
+  // The same, for SQL text run inside the server (PL/pgSQL EXECUTE): the server's
+  // message, detail and hint, and the line and column in that text, without the
+  // context lines, which quote the whole text back.
+  Status ScriptErrorOf(const PGresult* r, std::string_view op);
+  // Classifies the error of `r` by its SQLSTATE, with `msg` as its words.
+  Status ErrorWith(const PGresult* r, std::string_view op, std::string msg);
 
  private:
   Conn(PGconn* c, std::string where) : conn_(c), where_(std::move(where)) {}
   PGconn* conn_;
   std::string where_;
+  bool poisoned_ = false;  // lost its prepared statements: closed when handed back
 };
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer
@@ -114,6 +123,8 @@ class Pool {
   StatusOr<Handle> Get() { return Get(false); }
   // Needs a pool of 2 or more (FailedPrecondition otherwise).
   StatusOr<Handle> GetForTransaction() { return Get(true); }
+  // OK when GetForTransaction can ever succeed (a pool of 2 or more).
+  Status CheckTransactions() const;
   size_t size() const { return size_; }
   uint64_t opened() const;
 

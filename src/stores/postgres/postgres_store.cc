@@ -221,6 +221,8 @@ class PgStore final : public PostgresStore {
 
   // ---- transactions -----------------------------------------------------------
 
+  Status CanRunTransactions() const override { return pool_.CheckTransactions(); }
+
   StatusOr<WriteResult> RunInTransaction(std::string_view key, Token token, uint64_t fence,
                                          uint32_t attempt, Millis retention,
                                          const TransactionalHandler& handler,
@@ -326,7 +328,7 @@ class PgStore final : public PostgresStore {
   }
 
   StatusOr<std::unique_ptr<pg::Conn>> OpenConn() {
-    auto c = pg::Conn::Open(o_, where_);
+    auto c = pg::Conn::Open(o_, where_, server_version_);
     if (!c.ok()) return c.status();
     DEDUP_RETURN_IF_ERROR(Prepare(**c));
     return c;
@@ -336,6 +338,7 @@ class PgStore final : public PostgresStore {
     auto r = c.Exec("SELECT current_setting('server_version_num'), version()", "version check");
     if (!r.ok()) return r.status();
     const long num = std::strtol(PQgetvalue(r->get(), 0, 0), nullptr, 10);
+    server_version_ = static_cast<int>(num);
     const std::string version = PQgetvalue(r->get(), 0, 1);
     if (version.rfind("PostgreSQL", 0) != 0) {
       return Status::FailedPrecondition(where_ + " is not PostgreSQL (it says '" + version + "')");
@@ -544,6 +547,7 @@ class PgStore final : public PostgresStore {
   const PostgresStoreOptions o_;
   const std::string where_;
   const std::string table_;
+  int server_version_ = 0;  // set by Start() before the pool opens a connection
   pg::Pool pool_;
   std::atomic<uint64_t> expired_rows_{0}, expire_statements_{0}, expire_micros_{0};
   std::mutex expire_mu_;
@@ -604,23 +608,34 @@ class PgTransaction final : public PostgresTransaction {
   // The text runs inside the server (PL/pgSQL EXECUTE of a string, which takes many
   // statements), not as a simple query: there a COMMIT, END or ROLLBACK would end
   // our transaction, committing the effect without the completion. EXECUTE
-  // refuses transaction commands, and the transaction then rolls back.
+  // refuses transaction commands, and the transaction then rolls back. The text
+  // reaches it through a transaction-local setting, set in the same round trip
+  // (as a literal libpq escapes), so that the script costs one round trip.
   Status ExecScript(std::string_view sql) override {
-    Params p;
-    p.Bytes(sql);
-    auto set = c_.ExecParams("SELECT set_config('dedup.handler_sql', convert_from($1, 'UTF8'), true)",
-                             p, 0, "handler SQL");
-    if (!set.ok()) return Fail(set.status());
-    auto r = c_.Exec("DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$",
-                     "handler SQL");
-    if (!r.ok() && r.status().message().find("transaction commands") != std::string::npos) {
-      return Fail(Status(r.status().code(),
-                         r.status().message() +
+    if (sql.find('\0') != std::string_view::npos) {
+      return Fail(Status::InvalidArgument("handler SQL: the text contains a NUL byte"));
+    }
+    char* literal = PQescapeLiteral(c_.raw(), sql.data(), sql.size());
+    if (literal == nullptr) {  // e.g. text that is not valid UTF-8
+      std::string why = PQerrorMessage(c_.raw());
+      while (!why.empty() && why.back() == '\n') why.pop_back();
+      return Fail(Status::InvalidArgument("handler SQL: " + why));
+    }
+    std::string q = "SELECT set_config('dedup.handler_sql', ";
+    q += literal;
+    PQfreemem(literal);
+    q += ", true); DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$";
+    pg::Result r(PQexec(c_.raw(), q.c_str()));
+    const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    if (st == PGRES_COMMAND_OK) return Status::Ok();
+    Status e = c_.ScriptErrorOf(r.get(), "handler SQL");
+    if (e.message().find("transaction commands") != std::string::npos) {
+      return Fail(Status(e.code(),
+                         e.message() +
                              "; the handler's SQL runs inside the transaction that records the "
                              "completion: it may not BEGIN, COMMIT, ROLLBACK or use savepoints"));
     }
-    if (!r.ok()) return Fail(r.status());
-    return Status::Ok();
+    return Fail(e);
   }
 
  private:
@@ -667,9 +682,19 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     if (tx.failed() && hr.kind == HandlerResult::Kind::kDone) {
       hr = HandlerResult::Retry("a statement of the handler failed: " + tx.failure().ToString());
     }
-    if (hr.kind == HandlerResult::Kind::kDone) {
-      Status rs = ValidateResult(hr.result);
-      if (!rs.ok()) hr = HandlerResult::Retry(rs.ToString());
+    // An outcome a record cannot hold would fail the same way on every retry:
+    // a permanent failure with the reason (writes rolled back), and a Fail
+    // reason that long is kept cut to fit, never retried for ever.
+    if (hr.kind == HandlerResult::Kind::kDone && hr.result.size() > kMaxResultBytes) {
+      hr = HandlerResult::Fail("the handler's result is " + std::to_string(hr.result.size()) +
+                               " bytes, more than the " + std::to_string(kMaxResultBytes) +
+                               " a record holds: its writes were rolled back");
+    }
+    if (hr.kind == HandlerResult::Kind::kFail && hr.result.size() > kMaxResultBytes) {
+      const std::string note =
+          "... [reason cut to fit a record: " + std::to_string(hr.result.size()) + " bytes in all]";
+      hr.result.resize(kMaxResultBytes - note.size());
+      hr.result += note;
     }
     if (handler_result != nullptr) *handler_result = hr;
     if (hr.kind == HandlerResult::Kind::kDone) {
