@@ -108,6 +108,39 @@ Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, cons
   return FromNats(s, "nats " + o.host_port + ": add stream " + name + " on " + subject, jerr);
 }
 
+// An existing durable consumer is used as it is, unless a setting of it would
+// break the contract: with AckPolicy all (or none) an ack (or the delivery
+// itself) settles messages whose outcome is not recorded; with a MaxDeliver a
+// message redelivered that often (BUSY NAKs and AckWait expiries count) is
+// never delivered again, neither done nor dead-lettered; a filter on another
+// subject reads other messages than the URI says. AckWait is left as it is
+// (a short one is wasteful, not wrong: docs/WORKER.md).
+Status CheckConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
+  const jsConsumerConfig* c = ci.Config;
+  if (c == nullptr) return Status::Ok();
+  const std::string what = "nats " + o.host_port + ": the existing consumer '" + o.consumer +
+                           "' of stream " + o.stream + " ";
+  if (c->AckPolicy != js_AckExplicit) {
+    return Status::FailedPrecondition(
+        what + "has AckPolicy " + (c->AckPolicy == js_AckAll ? "all" : "none") +
+        "; dedup acks each message after its outcome is recorded and needs AckPolicy explicit "
+        "(delete the consumer or name another one)");
+  }
+  if (c->MaxDeliver > 0) {
+    return Status::FailedPrecondition(
+        what + "has MaxDeliver " + std::to_string(c->MaxDeliver) +
+        ": a message delivered that often (busy elsewhere, or redelivered after AckWait) would "
+        "be dropped without its outcome or a dead letter; dedup needs MaxDeliver -1 (its "
+        "buffer's max attempts dead-letter instead)");
+  }
+  const std::string filter = c->FilterSubject != nullptr ? c->FilterSubject : "";
+  if (!filter.empty() && filter != o.Subject()) {
+    return Status::FailedPrecondition(what + "filters on '" + filter + "', not on subject=" +
+                                      o.Subject());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string NatsOptions::Describe() const {
@@ -447,7 +480,9 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
   if (st == NATS_OK) {
+    Status usable = CheckConsumer(o, *ci);
     jsConsumerInfo_Destroy(ci);
+    DEDUP_RETURN_IF_ERROR(usable);
   } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
@@ -462,11 +497,16 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
     jerr = static_cast<jsErrCode>(0);
     st = js_AddConsumer(&ci, conn.js, o.stream.c_str(), &cc, nullptr, &jerr);
     if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
-    // Two workers starting at once may both create it: the second finds it made.
+    // Two workers starting at once may both create it: the second finds it made
+    // (by the other worker, or by anyone: checked as above).
     if (st != NATS_OK) {
       jerr = static_cast<jsErrCode>(0);
       st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
-      if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
+      if (st == NATS_OK) {
+        Status usable = CheckConsumer(o, *ci);
+        jsConsumerInfo_Destroy(ci);
+        DEDUP_RETURN_IF_ERROR(usable);
+      }
     }
     DEDUP_RETURN_IF_ERROR(FromNats(st, "nats " + o.host_port + ": add consumer " + o.consumer, jerr));
   } else {

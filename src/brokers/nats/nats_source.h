@@ -7,7 +7,9 @@
 // Parameters:
 //   stream=NAME        the stream (created, file-backed, on `subject` if missing)
 //   consumer=NAME      the durable pull consumer (created if missing: explicit
-//                      acks, unlimited deliveries, filtered on `subject`)
+//                      acks, unlimited deliveries, filtered on `subject`; an
+//                      existing one with other acks, a MaxDeliver or another
+//                      filter is refused)
 //   subject=SUBJ       the subject the stream holds and the consumer filters.
 //                      Default: the stream name
 //   key=msgid          the dedup key is the Nats-Msg-Id header (default)
