@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "brokers/key_spec.h"
+#include "core/printable.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -148,6 +149,52 @@ std::string NatsOptions::Describe() const {
 }
 
 namespace {
+
+std::vector<std::string_view> Tokens(std::string_view subject) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = subject.find('.', start);
+    out.push_back(subject.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (dot == std::string_view::npos) return out;
+    start = dot + 1;
+  }
+}
+
+// True when a message published to `subject` (no wildcards) is one that filter
+// subject `filter` ('*' one token, '>' the rest) selects.
+bool FilterMatches(std::string_view filter, std::string_view subject) {
+  const auto f = Tokens(filter);
+  const auto t = Tokens(subject);
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (f[i] == ">") return t.size() > i;
+    if (i >= t.size()) return false;
+    if (f[i] != "*" && f[i] != t[i]) return false;
+  }
+  return f.size() == t.size();
+}
+
+// The dead subject is published to: no wildcard, no empty token, no space. And
+// the consumer must not read it back (a dead letter would come round again for
+// ever: it has no Nats-Msg-Id, so it is dead-lettered once more as keyless).
+Status CheckDeadSubject(const NatsOptions& o) {
+  const std::string dead = o.DeadSubject();
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("nats dead='" + internal::Printable(dead) + "' " + why);
+  };
+  for (std::string_view t : Tokens(dead)) {
+    if (t.empty()) return bad("has an empty token (a leading, trailing or double '.')");
+    if (t.find_first_of("*> \t\r\n") != std::string_view::npos) {
+      return bad("must be a subject to publish to: no '*', '>' or white space");
+    }
+  }
+  if (FilterMatches(o.Subject(), dead)) {
+    return bad("is read by the consumer itself (subject=" + o.Subject() +
+               "): every dead letter would be delivered again; name another subject");
+  }
+  return Status::Ok();
+}
+
 StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   auto parsed = internal::ParseUri(text);
   if (!parsed.ok()) return parsed.status();
@@ -197,6 +244,7 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
+  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
   if (auto a = u.Param("ack_wait")) {
     auto ms = internal::ParseDurationMillis(*a, "nats ack_wait");
     if (!ms.ok()) return ms.status();
@@ -457,6 +505,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   if (o.stream.empty() || o.consumer.empty()) {
     return Status::InvalidArgument("nats source: stream and consumer are required");
   }
+  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
   auto u = ParseAndCheck(o.url);
   if (!u.ok()) return u.status();
   auto c = Connect(o, *u);

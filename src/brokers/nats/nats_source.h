@@ -18,7 +18,8 @@
 //                      (the key= grammar every source shares: brokers/key_spec.h)
 //   prefix=P           prepended to every key
 //   dead=SUBJ          where dead letters go. Default: dedup.dead.<stream>, held by
-//                      a stream <stream>_DEAD created if no stream holds it
+//                      a stream <stream>_DEAD created if no stream holds it. No
+//                      wildcard, and not a subject the consumer's filter selects
 //   ack_wait=DUR       the consumer's AckWait when it is created. Default: the
 //                      lease + 1 s through OpenSource, else 30 s
 //   max_ack_pending=N  ... its MaxAckPending. Default: 1000
