@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -390,7 +391,8 @@ TEST_F(NatsSourceTest, DeadLetterOfAMessageWithJetStreamHeadersIsStored) {
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   RawNats raw;
   raw.Publish(stream_ + ".in", "payload",
-              {{"Nats-Msg-Id", "k-1"}, {"Nats-Expected-Stream", stream_}, {"Other", "kept"}});
+              {{"Nats-Msg-Id", "k-1"}, {"Nats-Expected-Stream", stream_}, {"Other", "kept"},
+               {"Other", "too"}});
   auto got = FetchAll(**src, 1, Millis(5000));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0]->key(), "k-1");
@@ -408,6 +410,10 @@ TEST_F(NatsSourceTest, DeadLetterOfAMessageWithJetStreamHeadersIsStored) {
   EXPECT_EQ(h["Dedup-Reason"], "MISMATCH: same id, different payload");
   EXPECT_EQ(h["Dedup-Original-Nats-Expected-Stream"], stream_);
   EXPECT_EQ(h.count("Nats-Expected-Stream"), 0u);
+  // A repeated header keeps all its values on the copy (it kept the first).
+  EXPECT_EQ(std::count(d[0]->attributes().begin(), d[0]->attributes().end(),
+                       std::pair<std::string, std::string>("Other", "too")),
+            1);
   ASSERT_TRUE(d[0]->Ack().ok());
 }
 

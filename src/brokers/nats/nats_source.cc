@@ -341,9 +341,14 @@ class NatsDelivery final : public Delivery {
     int n = 0;
     if (natsMsgHeader_Keys(msg_, &keys, &n) == NATS_OK) {
       for (int i = 0; i < n; ++i) {
-        const char* v = nullptr;
-        if (natsMsgHeader_Get(msg_, keys[i], &v) == NATS_OK && v != nullptr) {
-          attributes_.emplace_back(keys[i], v);
+        // Every value of a repeated header (the key is read from the first).
+        const char** values = nullptr;
+        int nv = 0;
+        if (natsMsgHeader_Values(msg_, keys[i], &values, &nv) == NATS_OK) {
+          for (int j = 0; j < nv; ++j) {
+            if (values[j] != nullptr) attributes_.emplace_back(keys[i], values[j]);
+          }
+          free(values);
         }
       }
       free(keys);
@@ -427,9 +432,13 @@ class NatsDelivery final : public Delivery {
                                   static_cast<int>(payload_.size()));
     if (s != NATS_OK) return FromNats(s, "nats: dead-letter message");
     for (const auto& [k, v] : attributes_) {
-      // The original id travels under another name: the dead stream's own
-      // duplicate window must not drop a second dead letter of one key.
-      const std::string name = k == "Nats-Msg-Id" ? "Dedup-Original-Msg-Id" : k;
+      // JetStream's own headers travel under other names: they would act on the
+      // dead stream. The original id, so that its duplicate window does not drop
+      // a second dead letter of one key; Nats-Expected-Stream (and -Last-*),
+      // which made it refuse the copy; Nats-Rollup, which would purge it.
+      const std::string name = k == "Nats-Msg-Id"        ? "Dedup-Original-Msg-Id"
+                               : k.starts_with("Nats-") ? "Dedup-Original-" + k
+                                                         : k;
       if (s == NATS_OK) s = natsMsgHeader_Add(m, name.c_str(), v.c_str());
     }
     const std::string why(reason);
