@@ -148,19 +148,40 @@ class RabbitMqPublisher::Impl {
     return conn_.RpcStatus("confirm.select");
   }
 
+  // What exists is used as it is: an operator's queue (quorum, a length limit,
+  // its own dead-lettering) or exchange would refuse a redeclare without its
+  // arguments (PRECONDITION_FAILED), so each is looked up first (passive) and
+  // only declared, durable and without arguments, when it is missing.
   Status DeclareTopology() {
-    DEDUP_RETURN_IF_ERROR(Connect());
-    amqp_queue_declare(conn_.get(), kChannel, Bytes(o_.queue), 0, 1, 0, 0, amqp_empty_table);
-    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("queue.declare " + o_.queue));
+    DEDUP_RETURN_IF_ERROR(DeclareQueueIfMissing(o_.queue));
     const std::string dead = o_.DeadName();
-    amqp_exchange_declare(conn_.get(), kChannel, Bytes(dead), amqp_cstring_bytes("fanout"), 0, 1, 0,
-                          0, amqp_empty_table);
-    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("exchange.declare " + dead));
-    amqp_queue_declare(conn_.get(), kChannel, Bytes(dead), 0, 1, 0, 0, amqp_empty_table);
-    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("queue.declare " + dead));
+    DEDUP_RETURN_IF_ERROR(DeclareExchangeIfMissing(dead));
+    DEDUP_RETURN_IF_ERROR(DeclareQueueIfMissing(dead));
     amqp_queue_bind(conn_.get(), kChannel, Bytes(dead), Bytes(dead), amqp_empty_bytes,
                     amqp_empty_table);
     return conn_.RpcStatus("queue.bind " + dead);
+  }
+
+  Status DeclareQueueIfMissing(const std::string& name) {
+    DEDUP_RETURN_IF_ERROR(Connect());
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(name), /*passive=*/1, 1, 0, 0, amqp_empty_table);
+    Status found = conn_.RpcStatus("queue.declare " + name);
+    if (found.code() != StatusCode::kNotFound) return found;
+    DEDUP_RETURN_IF_ERROR(Connect());  // a failed passive declare closed the channel
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(name), 0, 1, 0, 0, amqp_empty_table);
+    return conn_.RpcStatus("queue.declare " + name);
+  }
+
+  Status DeclareExchangeIfMissing(const std::string& name) {
+    DEDUP_RETURN_IF_ERROR(Connect());
+    amqp_exchange_declare(conn_.get(), kChannel, Bytes(name), amqp_cstring_bytes("fanout"),
+                          /*passive=*/1, 1, 0, 0, amqp_empty_table);
+    Status found = conn_.RpcStatus("exchange.declare " + name);
+    if (found.code() != StatusCode::kNotFound) return found;
+    DEDUP_RETURN_IF_ERROR(Connect());
+    amqp_exchange_declare(conn_.get(), kChannel, Bytes(name), amqp_cstring_bytes("fanout"), 0, 1, 0,
+                          0, amqp_empty_table);
+    return conn_.RpcStatus("exchange.declare " + name);
   }
 
   Status DeclareRetryQueue(Millis step, std::string* name) {
@@ -555,6 +576,10 @@ class RabbitMqSource final : public MessageSource {
         attrs.emplace_back(std::move(k), std::move(v));
       }
     }
+    // A quorum queue counts earlier deliveries in x-delivery-count (absent on
+    // the first); any queue says "never delivered before" with redelivered off.
+    // A classic queue's redelivery has no count: 0, "the broker does not say".
+    if (count == 0 && env.redelivered == 0) count = 1;
     std::string body = Str(env.message.body);
     std::string key, key_error;
     switch (s_->o.key.kind) {
