@@ -17,6 +17,7 @@
 
 #include "brokers/rabbitmq/amqp_conn.h"
 #include "brokers/key_spec.h"
+#include "core/printable.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -49,6 +50,34 @@ timeval ToTimeval(Millis d) {
   tv.tv_sec = d.count() / 1000;
   tv.tv_usec = (d.count() % 1000) * 1000;
   return tv;
+}
+
+// AMQP names are short strings (at most 255 bytes), and the source derives
+// <queue>.retry.<ms> from the queue: a queue too long for that failed every
+// retry (requeued at once: a storm), not the start. The dead-letter target must
+// not be the queue or one of its retry queues: dead letters would come back.
+constexpr size_t kMaxAmqpName = 255;
+constexpr std::string_view kRetryInfix = ".retry.";
+constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
+
+Status CheckNames(const RabbitMqOptions& o) {
+  if (o.queue.size() > kMaxAmqpName - kMaxRetrySuffix) {
+    return Status::InvalidArgument("amqp queue= is " + std::to_string(o.queue.size()) +
+                                   " bytes; at most " +
+                                   std::to_string(kMaxAmqpName - kMaxRetrySuffix) +
+                                   " (AMQP names have 255, and <queue>.retry.<ms> must fit)");
+  }
+  const std::string dead = o.DeadName();
+  if (dead.size() > kMaxAmqpName) {
+    return Status::InvalidArgument("amqp dead= is " + std::to_string(dead.size()) +
+                                   " bytes; AMQP names have at most 255");
+  }
+  if (dead == o.queue || dead.starts_with(o.queue + std::string(kRetryInfix))) {
+    return Status::InvalidArgument("amqp dead='" + internal::Printable(dead) +
+                                   "' is the queue itself or one of its retry queues: every "
+                                   "dead letter would be delivered again; name another");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -105,6 +134,7 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
+  DEDUP_RETURN_IF_ERROR(CheckNames(o));
   if (auto h = u.Param("heartbeat")) {
     auto ms = internal::ParseDurationMillis(*h, "amqp heartbeat");
     if (!ms.ok()) return ms.status();
@@ -618,6 +648,7 @@ class RabbitMqSource final : public MessageSource {
 
 StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOptions& o) {
   if (o.queue.empty()) return Status::InvalidArgument("rabbitmq source: queue is empty");
+  DEDUP_RETURN_IF_ERROR(CheckNames(o));
   if (o.prefetch < 1 || o.prefetch > 65535) {
     return Status::InvalidArgument("rabbitmq source: prefetch must be 1..65535");
   }
