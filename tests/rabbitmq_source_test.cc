@@ -283,6 +283,11 @@ class RawAmqp {
     Status s = conn_.RpcStatus("queue.delete " + queue);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
+  void DeleteExchange(const std::string& exchange) {
+    amqp_exchange_delete(conn_.get(), kChannel, Bytes(exchange), 0);
+    Status s = conn_.RpcStatus("exchange.delete " + exchange);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
 
  private:
   AmqpConn conn_;
@@ -348,7 +353,7 @@ TEST(RabbitMqUriTest, ADeadTargetThatLoopsAndNamesTooLongAreRefused) {
   EXPECT_TRUE(ParseRabbitMqUri("amqp://h?queue=jobs&dead=jobs.failed").ok());
 }
 
-// The dead-letter queue (or a retry queue) deleted while the source runs: the
+// The dead-letter queue and exchange (or a retry queue) deleted while the source runs: the
 // fanout exchange routed the copy nowhere, the broker returned it as
 // unroutable, and the original was requeued at once, to fail the same way on
 // its next delivery. On main:
@@ -365,6 +370,7 @@ TEST_F(RabbitMqSourceTest, DeadLetterAndRetryFindTheirQueuesAgainAfterADelete) {
   RawAmqp raw(Options());
   raw.Delete(queue_ + ".retry.100");
   raw.Delete(queue_ + ".dead");
+  raw.DeleteExchange(queue_ + ".dead");  // the publish then closes the channel: 404
   const auto t0 = steady_clock::now();
   Status retry = back[0]->Retry(Millis(100));
   ASSERT_TRUE(retry.ok()) << retry.ToString();

@@ -214,6 +214,8 @@ class RabbitMqPublisher::Impl {
     return conn_.RpcStatus("exchange.declare " + name);
   }
 
+  void ForgetDeclared() { retry_queues_.clear(); }
+
   Status DeclareRetryQueue(Millis step, std::string* name) {
     DEDUP_RETURN_IF_ERROR(Connect());
     *name = o_.queue + ".retry." + std::to_string(step.count());
@@ -291,7 +293,15 @@ class RabbitMqPublisher::Impl {
           amqp_destroy_message(&msg);
           break;
         }
-        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+          // 404: the exchange published to does not exist (deleted meanwhile).
+          auto* c = static_cast<amqp_channel_close_t*>(frame.payload.method.decoded);
+          const uint16_t code = c->reply_code;
+          std::string text = Str(c->reply_text);
+          conn_.Close();
+          if (code == 404) return Status::NotFound(conn_.Name() + ": publish: " + text);
+          return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel: " + text);
+        }
         case AMQP_CONNECTION_CLOSE_METHOD:
           conn_.Close();
           return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel");
@@ -327,6 +337,7 @@ Status RabbitMqPublisher::Send(std::string_view exchange, std::string_view routi
   return impl_->Send(exchange, routing_key, m);
 }
 Status RabbitMqPublisher::WaitConfirms() { return impl_->WaitConfirms(); }
+void RabbitMqPublisher::ForgetDeclared() { impl_->ForgetDeclared(); }
 
 // ---- source ------------------------------------------------------------------
 
@@ -394,7 +405,7 @@ class RabbitMqDelivery final : public Delivery {
   Status Retry(Millis after) override {
     settled_ = true;
     if (after.count() <= 0) return s_->Settle(gen_, tag_, false, /*requeue=*/true);
-    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
+    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m, bool /*again*/) {
       std::string q;
       DEDUP_RETURN_IF_ERROR(p.DeclareRetryQueue(RetryStep(after), &q));
       return p.Send("", q, m);
@@ -405,9 +416,12 @@ class RabbitMqDelivery final : public Delivery {
 
   Status DeadLetter(std::string_view reason) override {
     settled_ = true;
-    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
-      m.headers.emplace_back("x-dedup-reason", std::string(reason));
-      m.headers.emplace_back("x-dedup-queue", s_->o.queue);
+    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m, bool again) {
+      if (again) DEDUP_RETURN_IF_ERROR(p.DeclareTopology());
+      if (!again) {
+        m.headers.emplace_back("x-dedup-reason", std::string(reason));
+        m.headers.emplace_back("x-dedup-queue", s_->o.queue);
+      }
       return p.Send(s_->o.DeadName(), "", m);
     });
     if (!sent.ok()) return Requeue(sent);
@@ -416,6 +430,10 @@ class RabbitMqDelivery final : public Delivery {
 
  private:
   // Publishes a confirmed copy of this message (same body, message_id, headers).
+  // When the broker says for sure that it did not take the copy (unroutable: the
+  // queue was deleted; NOT_FOUND: the exchange was), its target is declared
+  // again and the copy sent once more: otherwise every delivery of the message
+  // would fail the same way and be requeued at once, a storm. `send(p, m, again)`.
   template <typename F>
   Status Copy(F&& send) {
     AmqpMessage m;
@@ -425,8 +443,13 @@ class RabbitMqDelivery final : public Delivery {
       if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue") m.headers.emplace_back(k, v);
     }
     std::lock_guard<std::mutex> lock(s_->pub_mu);
-    Status st = send(s_->publisher, m);
+    Status st = send(s_->publisher, m, false);
     if (st.ok()) st = s_->publisher.WaitConfirms();
+    if (st.code() == StatusCode::kFailedPrecondition || st.code() == StatusCode::kNotFound) {
+      s_->publisher.ForgetDeclared();
+      st = send(s_->publisher, m, true);
+      if (st.ok()) st = s_->publisher.WaitConfirms();
+    }
     return st;
   }
 

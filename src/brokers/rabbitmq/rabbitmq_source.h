@@ -115,6 +115,9 @@ class RabbitMqPublisher {
   // Waits until the broker confirmed everything sent; an error when any was
   // nacked or returned (unroutable) or the connection failed.
   [[nodiscard]] Status WaitConfirms();
+  // Forgets which retry queues were declared: the next DeclareRetryQueue
+  // declares again (one was deleted under this publisher).
+  void ForgetDeclared();
 
  private:
   class Impl;
