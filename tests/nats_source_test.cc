@@ -75,6 +75,10 @@ TEST(NatsUriTest, ParsesEveryPart) {
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->host_port, "10.0.0.1:4999");
   EXPECT_EQ(o->servers, std::vector<std::string>{"nats://10.0.0.1:4999"});
+  // One source of truth for the connection: the servers, and the user apart.
+  EXPECT_EQ(o->user, "u");
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_TRUE(o->has_password);
   // Each host split and checked once; the default port and IPv6 brackets added.
   auto many = ParseNatsUri("nats://a,b:4300,[::1],[::1]:4301?stream=S&consumer=c");
   ASSERT_TRUE(many.ok()) << many.status();

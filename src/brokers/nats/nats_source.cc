@@ -57,15 +57,15 @@ struct Conn {
   }
 };
 
-StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o, const internal::Uri& u) {
+StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o) {
   natsOptions* opts = nullptr;
   natsStatus s = natsOptions_Create(&opts);
   if (s != NATS_OK) return FromNats(s, "nats: options");
   std::vector<const char*> ptrs;
   for (const auto& x : o.servers) ptrs.push_back(x.c_str());
   s = natsOptions_SetServers(opts, ptrs.data(), static_cast<int>(ptrs.size()));
-  if (s == NATS_OK && !u.user.empty()) {
-    s = natsOptions_SetUserInfo(opts, u.user.c_str(), u.has_password ? u.password.c_str() : nullptr);
+  if (s == NATS_OK && !o.user.empty()) {
+    s = natsOptions_SetUserInfo(opts, o.user.c_str(), o.has_password ? o.password.c_str() : nullptr);
   }
   if (s == NATS_OK) s = natsOptions_SetTimeout(opts, o.timeout.count());
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
@@ -264,7 +264,9 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     if (*ms <= 0) return Status::InvalidArgument("nats timeout must be positive");
     o.timeout = Millis(*ms);
   }
-  o.url = std::string(text.substr(0, text.find('?')));
+  o.user = u.user;
+  o.password = u.password;
+  o.has_password = u.has_password;
   return o;
 }
 
@@ -278,9 +280,7 @@ struct NatsPublisher::Impl {
 NatsPublisher::~NatsPublisher() = default;
 
 StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& o) {
-  auto u = ParseAndCheck(o.url);
-  if (!u.ok()) return u.status();
-  auto c = Connect(o, *u);
+  auto c = Connect(o);
   if (!c.ok()) return c.status();
   DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject()));
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
@@ -515,9 +515,8 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
     return Status::InvalidArgument("nats source: stream and consumer are required");
   }
   DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
-  auto u = ParseAndCheck(o.url);
-  if (!u.ok()) return u.status();
-  auto c = Connect(o, *u);
+  if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
+  auto c = Connect(o);
   if (!c.ok()) return c.status();
   auto s = std::make_shared<Shared>();
   s->o = o;

@@ -63,11 +63,15 @@
 namespace dedup::nats {
 
 struct NatsOptions {
-  std::string url = "nats://127.0.0.1:4222";  // without the query, user:pw kept
-  std::string host_port = "127.0.0.1:4222";   // for messages
-  // The servers of the URI's hosts, each "nats://host:port" (port 4222 when
-  // none is written), split and checked once by ParseNatsUri.
+  // The one source of truth for where to connect: the servers of the URI's
+  // hosts, each "nats://host:port" (port 4222 when none is written), split and
+  // checked once by ParseNatsUri; the user and password apart (never in a
+  // message).
   std::vector<std::string> servers = {"nats://127.0.0.1:4222"};
+  std::string user;      // empty: none
+  std::string password;  // with has_password
+  bool has_password = false;
+  std::string host_port = "127.0.0.1:4222";  // the URI's hosts as written, for messages
   std::string stream;
   std::string consumer;
   std::string subject;  // default: stream
