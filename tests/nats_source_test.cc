@@ -314,6 +314,10 @@ class RawNats {
         << "jerr " << jerr;
     jsConsumerInfo_Destroy(ci);
   }
+  void DeleteStream(const std::string& stream) {
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_DeleteStream(js_, stream.c_str(), nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+  }
   // Publishes `data` to `subject` with the headers given.
   void Publish(const std::string& subject, const std::string& data,
                const std::vector<std::pair<std::string, std::string>>& headers) {
@@ -418,6 +422,31 @@ TEST_F(NatsSourceTest, DeadLetterOfAMessageWithJetStreamHeadersIsStored) {
   EXPECT_EQ(std::count(d[0]->attributes().begin(), d[0]->attributes().end(),
                        std::pair<std::string, std::string>("Other", "too")),
             1);
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// The dead stream deleted while the source runs: no stream took the copy (no
+// responders), the original was NAKed back at once and failed the same way on
+// every delivery, as fast as the network goes. On main:
+//   UNAVAILABLE: nats 127.0.0.1:4239: dead letter to dedup.dead.T...: No responders
+//   available for request (JetStream error 10076)
+TEST_F(NatsSourceTest, DeadLetterAfterTheDeadStreamWasDeletedMakesItAgain) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawNats raw;
+  raw.DeleteStream(stream_ + "_DEAD");
+  Publish("gone", "payload");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1500)).empty()) << "the original came back";
+  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
+                             stream_ + "&key=header:Dedup-Original-Msg-Id");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  auto d = FetchAll(**dead, 1, Millis(5000));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "gone");
   ASSERT_TRUE(d[0]->Ack().ok());
 }
 
