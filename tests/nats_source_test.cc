@@ -440,7 +440,9 @@ TEST_F(NatsSourceTest, DeadLetterAfterTheDeadStreamWasDeletedMakesItAgain) {
   ASSERT_EQ(got.size(), 1u);
   Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
   ASSERT_TRUE(dl.ok()) << dl.ToString();
-  EXPECT_TRUE(FetchAll(**src, 1, Millis(1500)).empty()) << "the original came back";
+  auto back = FetchAll(**src, 1, Millis(1500));
+  EXPECT_TRUE(back.empty()) << "the original came back: " << back[0]->key() << " #"
+                            << back[0]->delivery_count();
   auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
                              stream_ + "&key=header:Dedup-Original-Msg-Id");
   ASSERT_TRUE(dead.ok()) << dead.status().ToString();

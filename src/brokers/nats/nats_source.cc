@@ -142,6 +142,16 @@ Status CheckConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
   return Status::Ok();
 }
 
+// The dead subject needs a stream to store it; makes <stream>_DEAD unless a
+// stream holds it.
+Status EnsureDeadStream(Conn& conn, const NatsOptions& o) {
+  Status ds = EnsureStream(conn, o, o.stream + "_DEAD", o.DeadSubject());
+  // Another stream may already hold the subject (JetStream error 10065,
+  // subjects overlap): that one stores the dead letters.
+  if (!ds.ok() && ds.message().find("10065") != std::string::npos) return Status::Ok();
+  return ds;
+}
+
 }  // namespace
 
 std::string NatsOptions::Describe() const {
@@ -400,6 +410,12 @@ class NatsDelivery final : public Delivery {
   }
   Status DeadLetter(std::string_view reason) override {
     Status copied = PublishDead(reason);
+    if (copied.code() == StatusCode::kUnavailable &&
+        copied.message().find("No responders") != std::string::npos) {
+      // No stream took it (the dead stream was deleted meanwhile): make it again
+      // and send once more, instead of NAKing every delivery of it for ever.
+      if (EnsureDeadStream(*s_->conn, s_->o).ok()) copied = PublishDead(reason);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!copied.ok()) {
       // No copy: give it back rather than lose it; it is redelivered.
@@ -523,16 +539,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   s->conn = std::move(*c);
   Conn& conn = *s->conn;
   DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
-  // The dead subject needs a stream to store it; make one unless one exists.
-  {
-    const std::string dead_stream = o.stream + "_DEAD";
-    Status ds = EnsureStream(conn, o, dead_stream, o.DeadSubject());
-    if (!ds.ok()) {
-      // Another stream may already hold the subject (JetStream error 10065,
-      // subjects overlap): that one stores the dead letters.
-      if (ds.message().find("10065") == std::string::npos) return ds;
-    }
-  }
+  DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
   jsConsumerInfo* ci = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
