@@ -630,9 +630,8 @@ class RabbitMqSource final : public MessageSource {
       }
     }
     // A quorum queue counts earlier deliveries in x-delivery-count (absent on
-    // the first); any queue says "never delivered before" with redelivered off.
-    // A classic queue's redelivery has no count: 0, "the broker does not say".
-    if (count == 0 && env.redelivered == 0) count = 1;
+    // the first: 0, "not said"). The redelivered flag cannot tell a first
+    // delivery: a copy back from a retry queue is a new message to the broker.
     std::string body = Str(env.message.body);
     std::string key, key_error;
     switch (s_->o.key.kind) {
