@@ -1542,10 +1542,10 @@ Status RocksDBStoreImpl::OpenDb() {
   // default) each member inserts its own and then spins and sched_yield()s until
   // all have: with more writers than cores a member that is not running holds up
   // the whole group, and at 32 threads on 2 cores claim+complete fell into runs
-  // of ~0.7 context switches and ~8.7 us of CPU per operation (against ~0.05 and
-  // ~4.6 us otherwise), 72 % of its switches in those yields (docs/PERFORMANCE.md,
-  // "Write groups with more threads than cores"). Durability is unchanged: the
-  // WAL is written as before.
+  // of 0.4-0.8 context switches and 7.6-11.4 us of CPU per operation (against
+  // 0.04-0.18 and 4.6-4.9 us otherwise), 72 % of its switches in those yields
+  // (docs/PERFORMANCE.md, "Write groups with more threads than cores").
+  // Durability is unchanged: the WAL is written as before.
   dbo.allow_concurrent_memtable_write = false;
   dbo.listeners.push_back(write_errors_);
   dbo.info_log = read_only ? InfoLog::Discard() : InfoLog::ForDirectory(path);
