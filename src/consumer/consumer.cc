@@ -142,6 +142,9 @@ class Consumer::Impl {
       backoff = Millis(50);
       Enqueue(std::move(batch).value());
     }
+    // The loop ends only once stopped; this makes sure DrainOnStop is awake even
+    // if the stop flag was set without Stop() (a no-op when Stop() ran).
+    RequestStop();
     {
       std::lock_guard lock(mu_);
       fetching_ = false;  // nothing more is queued or staged: HandBackUnstarted may start
