@@ -24,6 +24,7 @@
 import argparse
 import collections
 import json
+import re
 import sys
 
 ap = argparse.ArgumentParser()
@@ -67,13 +68,50 @@ def fault_during(start_us, end_us, pid):
     lo, hi = start_us, end_us + a.fault_slack_ms * 1000
     return any(fs <= hi and fe >= lo and fpid in ("*", "?", pid) for fs, fe, _, fpid in faults)
 
+# The ledger: one line per effect, "key fence attempt start_us end_us pid\n", written
+# with one O_APPEND write. A handler SIGKILLed inside that write (Linux stops a
+# write to a file between pages when a fatal signal is pending) leaves a record
+# cut short, without its newline, and the next append continues that line. Keys
+# are m-<n>, and "m" appears nowhere else in a record, so every "m" of a line
+# starts a record: the pieces before the last are cut-off records (no effect, but
+# counted), the last is a whole record. Anything else is unreadable and fails the
+# run: a line the checker cannot read must never be skipped in silence (it may be
+# the second run of a key).
+RECORD = re.compile(r"m-\d+ \d+ \d+ \d+ \d+ \d+")
+
+def cut_short(piece):  # a non-empty proper beginning of a record
+    toks = piece.split(" ")
+    if len(toks) > 6:
+        return False
+    if len(toks) == 1:
+        return re.fullmatch(r"m(-\d*)?", toks[0]) is not None
+    return (re.fullmatch(r"m-\d+", toks[0]) is not None
+            and all(re.fullmatch(r"\d+", t) for t in toks[1:-1])
+            and re.fullmatch(r"\d*", toks[-1]) is not None)
+
+def pieces(line):
+    cuts = [i for i, ch in enumerate(line) if ch == "m"]
+    if not cuts or cuts[0] != 0:
+        return None
+    return [line[i:j] for i, j in zip(cuts, cuts[1:] + [len(line)])]
+
 runs = collections.defaultdict(list)
-for line in open(a.ledger):
-    parts = line.split()
-    if len(parts) != 6:
+truncated = 0
+unreadable = []
+with open(a.ledger) as f:
+    lines = f.read().split("\n")
+tail = lines.pop()  # what follows the last newline: a record cut short, if anything
+entries = [(line, True) for line in lines] + ([(tail, False)] if tail else [])
+for n, (line, whole) in enumerate(entries, 1):  # whole: the line ended with its newline
+    ps = pieces(line)
+    if ps is None or not all(cut_short(p) for p in ps[:-1]) or not (
+            RECORD.fullmatch(ps[-1]) if whole else cut_short(ps[-1])):
+        unreadable.append((n, line))
         continue
-    key, fence, attempt, start, end, pid = parts
-    runs[key].append((int(start), int(end), int(fence), int(attempt), pid))
+    truncated += len(ps) - 1 if whole else len(ps)
+    if whole:
+        key, fence, attempt, start, end, pid = ps[-1].split()
+        runs[key].append((int(start), int(end), int(fence), int(attempt), pid))
 
 expected = {"m-%d" % i for i in range(a.messages)}
 never_ran = expected - set(runs)
@@ -122,6 +160,8 @@ report = {
     "reruns_explained_by_network_fault": fault_reruns, "doubled_unexplained": unexplained,
     "overlapping_runs": overlaps, "fence_order_violations": fence_bad,
     "pending_at_end": a.pending, "dead_lettered": a.dead,
+    "unexpected_keys": len(extra_keys), "truncated_records": truncated,
+    "unreadable_lines": len(unreadable),
 }
 if a.faults:
     kinds = collections.Counter(k for _, _, k, _ in faults)
@@ -131,9 +171,13 @@ for e in examples[:10]:
     print("  example:", e)
 if lost:
     print("  lost (first 10):", lost[:10])
+if extra_keys:
+    print("  effects of keys never published (first 10):", extra_keys[:10])
+for n, line in unreadable[:10]:
+    print("  unreadable ledger line %d: %r" % (n, line))
 if a.pattern != "dedup":
     sys.exit(0)
-ok = (not lost and not extra_keys and unexplained == 0 and overlaps == 0 and fence_bad == 0
+ok = (not lost and not extra_keys and not unreadable and unexplained == 0 and overlaps == 0 and fence_bad == 0
       and a.dead == 0)
 if outstanding or a.pending:
     # Not a lost message: the drain ended (stall or deadline) with work left.
