@@ -10,8 +10,9 @@
 #               none left, every key that never ran is lost; with some left, the
 #               keys that never ran are unfinished-or-lost and fail on their own
 #   reruns      extra completed runs of a key; "explained" when the earlier run's
-#               worker was SIGKILLed after that run started (and, the line being
-#               written, after its effect: a kill between effect and complete),
+#               worker was SIGKILLed after that run started and at most
+#               --kill-slack-ms after its effect (the line being written: a kill
+#               between effect and complete),
 #               or explained by the Redis restart when the store is that Redis (the
 #               outcome could not be recorded), or with --faults by a network
 #               fault of tests/fault_proxy.py on a connection of the earlier run's
@@ -34,6 +35,8 @@ ap.add_argument("--outstanding", help="keys still undelivered or pending, one pe
 ap.add_argument("--faults", help="fault log of tests/fault_proxy.py: START_US END_US KIND CONN PID ...")
 ap.add_argument("--fault-slack-ms", type=int, default=1500,
                 help="a fault this long after a run ended may still meet its complete")
+ap.add_argument("--kill-slack-ms", type=int, default=5000,
+                help="a kill this long after a run ended may still have cut its complete off")
 for name in ("messages", "published", "pending", "dead", "workers", "redis-restarts", "elapsed"):
     ap.add_argument("--" + name, type=int, required=True)
 a = ap.parse_args()
@@ -137,9 +140,13 @@ for key, rs in runs.items():
             examples.append(("fence", key, prev, nxt))
     for r in rs[:-1]:
         # The kill is logged once the worker is dead (its handler child dies with
-        # it), so a run of that worker that started before the logged time was
-        # cut off before its outcome could be recorded.
-        if any(t >= r[0] for t in kills.get(r[4], [])):
+        # it), so a run of that worker that started before the logged time may have
+        # been cut off before its outcome was recorded, but only if the kill came
+        # soon after the effect: the worker records the outcome right after the
+        # handler ends (retrying it while its lease holds), so a kill seconds
+        # later explains nothing, and a completion skipped or lost must not hide
+        # behind it.
+        if any(r[0] <= t <= r[1] + a.kill_slack_ms * 1000 for t in kills.get(r[4], [])):
             explained += 1
         elif in_outage(r[1]):
             outage_reruns += 1

@@ -110,6 +110,8 @@ case("rerun without a kill: doubled", run(twice, outstanding=[]), FAIL, doubled_
 case("rerun after the earlier worker's kill mid-run: explained",
      run(twice, kills=[(16, 100)], outstanding=[]), PASS,
      doubled_unexplained=0, reruns_explained_by_kill=1)
+case("rerun whose earlier worker was killed 1 s after its effect (complete retried): explained",
+     run(twice, kills=[(1_015, 100)], outstanding=[]), PASS, reruns_explained_by_kill=1)
 case("rerun whose earlier worker was killed 60 s after that run ended: doubled",
      run(twice, kills=[(60_015, 100)], outstanding=[]), FAIL, doubled_unexplained=1)
 case("rerun whose earlier worker was killed before that run began: doubled",
