@@ -72,8 +72,9 @@ void ExpectDedupHolds(const SimulateReport& r) {
   // Every crash between effect and complete re-applies once; nothing else does.
   EXPECT_GT(r.reapplied_after_crash, 0u);
   EXPECT_LE(r.reapplied_after_crash, r.crashed_after_effect);
-  // Poison messages are dead-lettered, not applied, not lost.
+  // Poison messages are dead-lettered, not applied, not lost; nothing else is.
   EXPECT_EQ(r.not_applied_dead_lettered, r.poison_messages);
+  EXPECT_EQ(r.dead_lettered_not_poison, 0u);
 }
 
 TEST(SimulateTest, DedupOnMemoryNeverDoublesNorLoses) {
@@ -231,6 +232,9 @@ TEST(SimulateLedgerTest, PassedFailsOnEveryMustBeZeroCount) {
   EXPECT_FALSE(r.passed());
   r = ok;
   r.stale_fence_effects = 1;  // a downstream fence check would refuse an effect
+  EXPECT_FALSE(r.passed());
+  r = ok;
+  r.dead_lettered_not_poison = 1;  // a good message thrown away
   EXPECT_FALSE(r.passed());
 }
 
