@@ -35,6 +35,10 @@ ap.add_argument("--outstanding", help="keys still undelivered or pending, one pe
 ap.add_argument("--faults", help="fault log of tests/fault_proxy.py: START_US END_US KIND CONN PID ...")
 ap.add_argument("--fault-slack-ms", type=int, default=1500,
                 help="a fault this long after a run ended may still meet its complete")
+ap.add_argument("--min-kill-hits", type=int, default=0,
+                help="fail unless at least this many reruns are explained by a kill: the "
+                     "kills must land between an effect and its complete, or the run "
+                     "tested nothing of that window")
 ap.add_argument("--kill-slack-ms", type=int, default=5000,
                 help="a kill this long after a run ended may still have cut its complete off")
 for name in ("messages", "published", "pending", "dead", "workers", "redis-restarts", "elapsed"):
@@ -186,6 +190,10 @@ if a.pattern != "dedup":
     sys.exit(0)
 ok = (not lost and not extra_keys and not unreadable and unexplained == 0 and overlaps == 0 and fence_bad == 0
       and a.dead == 0)
+if explained < a.min_kill_hits:
+    print("chaos check: the kills missed the window between effect and complete: %d reruns "
+          "explained by a kill, at least %d wanted" % (explained, a.min_kill_hits))
+    ok = False
 if outstanding or a.pending:
     # Not a lost message: the drain ended (stall or deadline) with work left.
     if a.outstanding is not None:

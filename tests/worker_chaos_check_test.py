@@ -110,6 +110,12 @@ case("rerun without a kill: doubled", run(twice, outstanding=[]), FAIL, doubled_
 case("rerun after the earlier worker's kill mid-run: explained",
      run(twice, kills=[(16, 100)], outstanding=[]), PASS,
      doubled_unexplained=0, reruns_explained_by_kill=1)
+case("--min-kill-hits: a kill that cut a run off between effect and complete passes",
+     run(twice, kills=[(16, 100)], outstanding=[], extra=["--min-kill-hits", "1"]), PASS,
+     reruns_explained_by_kill=1)
+case("--min-kill-hits: kills that never landed in that window fail the run",
+     run(clean(), kills=[(16, 100)], outstanding=[], extra=["--min-kill-hits", "1"]), FAIL,
+     lost=0, doubled_unexplained=0, reruns_explained_by_kill=0)
 case("rerun whose earlier worker was killed 1 s after its effect (complete retried): explained",
      run(twice, kills=[(1_015, 100)], outstanding=[]), PASS, reruns_explained_by_kill=1)
 case("rerun whose earlier worker was killed 60 s after that run ended: doubled",
