@@ -188,8 +188,22 @@ for n, line in unreadable[:10]:
     print("  unreadable ledger line %d: %r" % (n, line))
 if a.pattern != "dedup":
     sys.exit(0)
-ok = (not lost and not extra_keys and not unreadable and unexplained == 0 and overlaps == 0 and fence_bad == 0
-      and a.dead == 0)
+# One line per broken check, so that a run with several failures (say lost and
+# unfinished) names each, and no line reads as if the others did not happen.
+verdicts = [
+    (len(lost), "LOST: %d messages acked or gone from the broker without an effect"),
+    (unexplained, "DOUBLED: %d reruns that no kill, outage or fault explains"),
+    (overlaps, "OVERLAP: %d pairs of runs of one key at the same time"),
+    (fence_bad, "FENCE: %d reruns whose fence is not above the earlier run's"),
+    (a.dead, "DEAD-LETTERED: %d entries"),
+    (len(extra_keys), "UNEXPECTED: %d keys that were never published have effects"),
+    (len(unreadable), "UNREADABLE: %d ledger lines"),
+]
+ok = True
+for n, text in verdicts:
+    if n:
+        print("chaos check: " + text % n)
+        ok = False
 if explained < a.min_kill_hits:
     print("chaos check: the kills missed the window between effect and complete: %d reruns "
           "explained by a kill, at least %d wanted" % (explained, a.min_kill_hits))
@@ -198,8 +212,8 @@ if outstanding or a.pending:
     # Not a lost message: the drain ended (stall or deadline) with work left.
     if a.outstanding is not None:
         print("chaos check: UNFINISHED: %d messages still undelivered or pending when the "
-              "drain ended (%d of them never ran); the run was too slow, nothing was lost "
-              "by it" % (len(outstanding), len(unfinished)))
+              "drain ended (%d of them never ran): the run was too slow; these are not "
+              "counted as lost" % (len(outstanding), len(unfinished)))
     else:
         print("chaos check: UNFINISHED: the broker still held %d messages when the drain "
               "ended; %d keys never ran (unfinished, or lost: this broker cannot say which "
