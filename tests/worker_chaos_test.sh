@@ -120,12 +120,23 @@ start_worker() {  # start_worker I
 
 for i in $(seq 0 $((nworkers - 1))); do start_worker "$i"; done
 
+# A kill must land while the worker is at work, not while it is still starting
+# (on a busy machine a RocksDB worker can spend a whole kill interval opening its
+# store: a run whose 20 kills all hit start-ups tests nothing of the window between
+# effect and complete). Waits until the worker has an effect in the ledger (its
+# pid is the last field), at most 15 s.
+wait_first_effect() {  # wait_first_effect PID
+  local t=$((SECONDS + 15))
+  while [ $SECONDS -lt "$t" ] && ! grep -q " $1\$" "$LEDGER"; do sleep 0.05; done
+}
+
 kills=0
 redis_restarted=0
 while [ "$kills" -lt "$kills_wanted" ] && [ $SECONDS -lt "$deadline" ]; do
   sleep "0.$((RANDOM % 6 + 2))"
   i=$((RANDOM % nworkers))
   pid=${worker_pids[$i]}
+  wait_first_effect "$pid"
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   echo "$(now_us) $pid" >>"$work/kills"  # logged once the worker is gone
