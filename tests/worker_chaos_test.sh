@@ -2,6 +2,7 @@
 # Chaos test of `dedup worker` on Redis Streams: a real redis-server (own port,
 # temporary directory, AOF on, stopped by PID), CHAOS_MESSAGES messages (10% of
 # them published twice), worker processes killed with SIGKILL at random moments
+# (each once it has written an effect: a kill must land while it is at work)
 # and restarted, and the Redis server restarted once. The handler
 # (worker_ledger_handler) appends one line per completed effect to a ledger.
 #
