@@ -65,6 +65,15 @@ class NatsSourceTest : public ::testing::Test {
     }
     return got;
   }
+  // What reached the dead stream <stream>_DEAD (the deliveries keep their
+  // connection), keyed by the original Nats-Msg-Id.
+  std::vector<std::unique_ptr<Delivery>> DeadLetters(size_t want) {
+    auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
+                               stream_ + "&key=header:Dedup-Original-Msg-Id");
+    EXPECT_TRUE(dead.ok()) << dead.status().ToString();
+    if (!dead.ok()) return {};
+    return FetchAll(**dead, want, Millis(5000));
+  }
   std::string stream_;
 };
 
@@ -244,10 +253,7 @@ TEST_F(NatsSourceTest, DeadLetterTermsAndCopiesWithTheReason) {
   ASSERT_TRUE(got[0]->DeadLetter("EXHAUSTED: 5 attempts").ok());
   // Terminated: not redelivered after AckWait.
   EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty());
-  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
-                             stream_ + "&key=header:Dedup-Original-Msg-Id");
-  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
-  auto d = FetchAll(**dead, 1, Millis(5000));
+  auto d = DeadLetters(1);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0]->key(), "bad");
   EXPECT_EQ(d[0]->payload(), "payload");
@@ -407,10 +413,7 @@ TEST_F(NatsSourceTest, DeadLetterOfAMessageWithJetStreamHeadersIsStored) {
   Status dl = got[0]->DeadLetter("MISMATCH: same id, different payload");
   ASSERT_TRUE(dl.ok()) << dl.ToString();
   EXPECT_TRUE(FetchAll(**src, 1, Millis(1500)).empty()) << "the original came back";
-  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
-                             stream_ + "&key=header:Dedup-Original-Msg-Id");
-  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
-  auto d = FetchAll(**dead, 1, Millis(5000));
+  auto d = DeadLetters(1);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0]->key(), "k-1");
   std::map<std::string, std::string> h(d[0]->attributes().begin(), d[0]->attributes().end());
@@ -443,10 +446,7 @@ TEST_F(NatsSourceTest, DeadLetterAfterTheDeadStreamWasDeletedMakesItAgain) {
   auto back = FetchAll(**src, 1, Millis(1500));
   EXPECT_TRUE(back.empty()) << "the original came back: " << back[0]->key() << " #"
                             << back[0]->delivery_count();
-  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
-                             stream_ + "&key=header:Dedup-Original-Msg-Id");
-  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
-  auto d = FetchAll(**dead, 1, Millis(5000));
+  auto d = DeadLetters(1);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0]->key(), "gone");
   ASSERT_TRUE(d[0]->Ack().ok());
