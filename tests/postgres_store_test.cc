@@ -625,6 +625,67 @@ TEST_F(PostgresTxTest, HandlerSessionLocksDoNotOutliveItsTransaction) {
       << "a rolled-back handler's session lock is still held by the store's pooled connection";
 }
 
+// Session state that RESET does not touch: a temporary table, a prepared
+// statement (PREPARE is not transactional: a rollback keeps it), a sequence's
+// currval (kept by a rollback too), a LISTEN, a cursor WITH HOLD. On a pooled
+// connection the next message's handler, perhaps another tenant's, would see
+// them (and its own CREATE TEMP TABLE or PREPARE of the same name would fail).
+TEST_F(PostgresTxTest, HandlerSessionObjectsDoNotReachTheNextHandler) {
+  ASSERT_TRUE(PgServer::Sql("dedup", "CREATE SEQUENCE IF NOT EXISTS tenant_seq"));
+  auto store = Open("&table=tx&pool=2");  // one connection for transactions: the same one
+  ASSERT_NE(store, nullptr);
+  std::string first_pid;
+  // Runs `h` for a fresh key; `done`: whether it commits (else it asks a retry).
+  auto run = [&](const std::string& key, bool done, const std::function<void(PostgresTransaction&)>& h) {
+    ClaimResult c = MustClaim(*store, key);
+    ASSERT_TRUE(c.acquired());
+    auto w = store->RunInTransaction(key, c.token, c.fence, c.attempt, 600s, [&](PostgresTransaction& tx) {
+      auto pid = tx.Exec("SELECT pg_backend_pid()::text");
+      EXPECT_TRUE(pid.ok() && !pid->empty() && (*pid)[0][0]);
+      if (pid.ok() && !pid->empty() && (*pid)[0][0]) {
+        if (first_pid.empty()) first_pid = *(*pid)[0][0];
+        EXPECT_EQ(*(*pid)[0][0], first_pid) << "not the same pooled connection: the test shows nothing";
+      }
+      h(tx);
+      return done ? HandlerResult::Done() : HandlerResult::Retry("asked");
+    });
+    ASSERT_TRUE(w.ok()) << w.status();
+  };
+  auto leave = [](PostgresTransaction& tx) {
+    Status s = tx.ExecScript(
+        "CREATE TEMP TABLE leftover (secret text); INSERT INTO leftover VALUES ('tenant 1'); "
+        "PREPARE leftover_stmt AS SELECT 'tenant 1'; SELECT nextval('tenant_seq'); "
+        "DECLARE leftover_cursor CURSOR WITH HOLD FOR SELECT 'tenant 1'; LISTEN leftover_channel");
+    EXPECT_TRUE(s.ok()) << s;
+  };
+  auto value = [](PostgresTransaction& tx, const std::string& sql) {
+    auto r = tx.Exec(sql);
+    if (!r.ok()) return "error: " + r.status().ToString();
+    return !r->empty() && (*r)[0][0] ? *(*r)[0][0] : std::string("NULL");
+  };
+  auto check = [&](PostgresTransaction& tx, const std::string& after) {
+    EXPECT_EQ(value(tx, "SELECT to_regclass('pg_temp.leftover')::text"), "NULL")
+        << "the temporary table of the handler " << after << " is still there";
+    EXPECT_EQ(value(tx, "SELECT string_agg(name, ',') FROM pg_prepared_statements WHERE from_sql"), "NULL")
+        << "the statement the handler " << after << " prepared is still there";
+    EXPECT_EQ(value(tx, "SELECT count(*) FROM pg_listening_channels()"), "0") << after;
+    EXPECT_EQ(value(tx, "SELECT string_agg(name, ',') FROM pg_cursors WHERE name <> ''"), "NULL")
+        << "a cursor of the handler " << after << " is still open";
+    // The one statement that fails: last, since it aborts the transaction.
+    EXPECT_NE(value(tx, "SELECT currval('tenant_seq')::text"), "1")
+        << "currval of the handler " << after << " is still known";
+  };
+  run("obj1", true, leave);
+  run("obj2", false, [&](PostgresTransaction& tx) { check(tx, "before (committed)"); });
+  // A rollback drops the temporary table, the cursor and the LISTEN, but not
+  // the prepared statement nor currval.
+  run("obj3", false, leave);
+  run("obj4", false, [&](PostgresTransaction& tx) { check(tx, "before (rolled back)"); });
+  // And the store's own statements still run on that connection.
+  ClaimResult after = MustClaim(*store, "obj5");
+  EXPECT_TRUE(after.acquired());
+}
+
 // The handler's connection dies mid-transaction (server kills the backend, a
 // network cut): nothing of the effect stays, the message is retried, never
 // acked, and the next delivery does the work once on a fresh connection.
