@@ -269,6 +269,16 @@ TEST_F(PostgresStoreTest, ARoleWithCreateOnItsSchemaOnlyCanOpenTheStore) {
     ClaimResult c = MustClaim(**s, "k");
     EXPECT_TRUE(c.acquired()) << role;
   }
+  // A role without CREATE there opens a table another role made, even with the
+  // session reset function missing (only RunInTransaction needs it).
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE ROLE app3 LOGIN PASSWORD 'app3pw'; "
+                                  "GRANT USAGE ON SCHEMA apps TO app3; "
+                                  "GRANT SELECT, INSERT, UPDATE, DELETE ON apps.app1_records TO app3; "
+                                  "DROP FUNCTION apps.dedup_forget_handler_statements()"));
+  auto s = OpenStore("postgres://app3:app3pw@127.0.0.1:" + std::to_string(kPort) + "/" + Db() +
+                     "?schema=apps&table=app1_records&expire_interval=0");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(MustClaim(**s, "k3").acquired());
 }
 
 // ---- the transactional API ----------------------------------------------------------

@@ -490,12 +490,15 @@ class PgStore final : public PostgresStore {
   // The function that forgets the statements a handler PREPAREd
   // (kForgetHandlerStatements), made when missing, under the migration lock (two
   // stores opening at once would race on CREATE OR REPLACE). Also for tables made
-  // by a version of dedup without it.
+  // by a version of dedup without it. A role without CREATE on the schema leaves
+  // it missing: only RunInTransaction needs it, and its commits then fail naming it
+  // (docs/POSTGRES.md) while claims and completions work.
   Status MakeSessionReset(pg::Conn& c) {
     const std::string fn = pg::Quote(o_.schema) + "." + std::string(kForgetFunction) + "()";
     DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN", "session reset function").status());
     auto made = c.Exec("SELECT pg_advisory_xact_lock(" + std::to_string(kMigrationLock) +
-                           "); SELECT to_regprocedure('" + fn + "') IS NOT NULL",
+                           "); SELECT to_regprocedure('" + fn + "') IS NOT NULL OR NOT "
+                           "has_schema_privilege('" + o_.schema + "', 'CREATE')",
                        "session reset function");
     if (made.ok() && std::string(PQgetvalue(made->get(), 0, 0)) != "t") {
       made = c.Exec(ForgetFunctionSql(o_.schema), "session reset function");
