@@ -283,6 +283,12 @@ class RawAmqp {
     Status s = conn_.RpcStatus("queue.delete " + queue);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
+  void Bind(const std::string& queue, const std::string& exchange) {
+    amqp_queue_bind(conn_.get(), kChannel, Bytes(queue), Bytes(exchange), amqp_empty_bytes,
+                    amqp_empty_table);
+    Status s = conn_.RpcStatus("queue.bind " + queue);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
   void DeleteExchange(const std::string& exchange) {
     amqp_exchange_delete(conn_.get(), kChannel, Bytes(exchange), 0);
     Status s = conn_.RpcStatus("exchange.delete " + exchange);
@@ -386,6 +392,36 @@ TEST_F(RabbitMqSourceTest, DeadLetterAndRetryFindTheirQueuesAgainAfterADelete) {
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0]->key(), "r-1");
   ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// A publisher-confirm nack does not say the copy was not taken: a message routed
+// to several queues and refused by one of them (a length limit with
+// reject-publish) "will still be published to all other queues which can
+// enqueue it" (rabbitmq.com/maxlength.html). An operator's full queue bound to
+// the dead exchange made the source resend the dead letter, so that the dead
+// queue held it twice. On 766d916:
+//   Expected equality of these values: d.size() Which is: 2  1u Which is: 1
+TEST_F(RabbitMqSourceTest, ANackedDeadLetterIsNotSentTwice) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawAmqp raw(Options());
+  {
+    TableBuilder full;
+    full.AddInt("x-max-length", 0);
+    full.AddString("x-overflow", "reject-publish");
+    raw.Declare(queue_ + ".audit", std::move(full));
+  }
+  raw.Bind(queue_ + ".audit", queue_ + ".dead");
+  Publish("n-1", "a");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  EXPECT_FALSE(dl.ok()) << "the audit queue refused it: nacked";
+  auto dead = OpenRabbitMqSource(BaseUri() + "?queue=" + queue_ + ".dead");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  auto d = FetchAll(**dead, 3, Millis(1500));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "n-1");
 }
 
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
