@@ -171,6 +171,7 @@ class RabbitMqPublisher::Impl {
     next_seq_ = 1;
     acked_ = 0;
     failed_.clear();
+    nacked_ = false;
     DEDUP_RETURN_IF_ERROR(conn_.Open());
     amqp_confirm_select_t req{};
     amqp_simple_rpc_decoded(conn_.get(), kChannel, AMQP_CONFIRM_SELECT_METHOD,
@@ -278,7 +279,7 @@ class RabbitMqPublisher::Impl {
         case AMQP_BASIC_NACK_METHOD: {
           auto* n = static_cast<amqp_basic_nack_t*>(frame.payload.method.decoded);
           acked_ = std::max<uint64_t>(acked_, n->delivery_tag);
-          failed_ = "the broker refused (nack) a published message";
+          nacked_ = true;
           break;
         }
         case AMQP_BASIC_RETURN_METHOD: {
@@ -309,6 +310,17 @@ class RabbitMqPublisher::Impl {
           break;
       }
     }
+    // A nack is not "not taken": a message routed to several queues and
+    // refused by one (a length limit with reject-publish) is still in the others
+    // (rabbitmq.com/maxlength.html). Aborted, never resent; FailedPrecondition
+    // only for a return (unroutable: routed to no queue at all).
+    if (nacked_) {
+      nacked_ = false;
+      failed_.clear();
+      return Status(StatusCode::kAborted,
+                    conn_.Name() + ": publish: the broker refused (nack) a published message; "
+                                   "a queue it routes to is full or failed (others may hold it)");
+    }
     if (!failed_.empty()) {
       std::string f = std::move(failed_);
       failed_.clear();
@@ -323,7 +335,8 @@ class RabbitMqPublisher::Impl {
   std::set<std::string> retry_queues_;
   uint64_t next_seq_ = 1;
   uint64_t acked_ = 0;
-  std::string failed_;
+  std::string failed_;   // a return (unroutable) since the last WaitConfirms
+  bool nacked_ = false;  // a nack since the last WaitConfirms
 };
 
 RabbitMqPublisher::RabbitMqPublisher(RabbitMqOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {}
@@ -431,7 +444,8 @@ class RabbitMqDelivery final : public Delivery {
  private:
   // Publishes a confirmed copy of this message (same body, message_id, headers).
   // When the broker says for sure that it did not take the copy (unroutable: the
-  // queue was deleted; NOT_FOUND: the exchange was), its target is declared
+  // queue was deleted; NOT_FOUND: the exchange was; never on a nack, a timeout or
+  // a lost connection, which leave it unknown), its target is declared
   // again and the copy sent once more: otherwise every delivery of the message
   // would fail the same way and be requeued at once, a storm. `send(p, m, again)`.
   template <typename F>
