@@ -452,6 +452,35 @@ TEST_F(NatsSourceTest, DeadLetterAfterTheDeadStreamWasDeletedMakesItAgain) {
   ASSERT_TRUE(d[0]->Ack().ok());
 }
 
+// A header the original already has under a name the copy gives (a dead letter
+// sent back to the stream by hand carries Dedup-Original-Msg-Id): the copy had
+// two values under it, the stale one possibly first, so that a reader of the
+// dead stream keyed on it got the wrong id.
+TEST_F(NatsSourceTest, DeadLetterOriginalIdIsTheOneOfThisMessage) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawNats raw;
+  raw.Publish(stream_ + ".in", "payload",
+              {{"Dedup-Original-Msg-Id", "stale"}, {"Nats-Msg-Id", "k-2"},
+               {"Dedup-Original-Nats-Expected-Stream", "stale"}, {"Nats-Expected-Stream", stream_}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0]->key(), "k-2");
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "k-2");
+  std::vector<std::string> ids, expected;
+  for (const auto& [k, v] : d[0]->attributes()) {
+    if (k == "Dedup-Original-Msg-Id") ids.push_back(v);
+    if (k == "Dedup-Original-Nats-Expected-Stream") expected.push_back(v);
+  }
+  EXPECT_EQ(ids, std::vector<std::string>{"k-2"});
+  EXPECT_EQ(expected, std::vector<std::string>{stream_});
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
   auto src = OpenNatsSource("nats://u:topsecret@127.0.0.1:1?stream=S&consumer=c&timeout=500ms");
   ASSERT_FALSE(src.ok());
