@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <set>
 
 #include "brokers/key_spec.h"
 #include "core/printable.h"
@@ -447,15 +448,25 @@ class NatsDelivery final : public Delivery {
     natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, payload_.data(),
                                   static_cast<int>(payload_.size()));
     if (s != NATS_OK) return FromNats(s, "nats: dead-letter message");
+    // JetStream's own headers travel under other names: they would act on the
+    // dead stream. The original id, so that its duplicate window does not drop
+    // a second dead letter of one key; Nats-Expected-Stream (and -Last-*),
+    // which made it refuse the copy; Nats-Rollup, which would purge it.
+    const auto renamed = [](const std::string& k) {
+      return k == "Nats-Msg-Id"        ? std::string("Dedup-Original-Msg-Id")
+             : k.starts_with("Nats-") ? "Dedup-Original-" + k
+                                       : k;
+    };
+    // A name the copy gives a renamed header is this message's: a header the
+    // original already has under it (a dead letter sent back by hand) is left
+    // off, or the copy would carry two values, the stale one possibly first.
+    std::set<std::string> given;
     for (const auto& [k, v] : attributes_) {
-      // JetStream's own headers travel under other names: they would act on the
-      // dead stream. The original id, so that its duplicate window does not drop
-      // a second dead letter of one key; Nats-Expected-Stream (and -Last-*),
-      // which made it refuse the copy; Nats-Rollup, which would purge it.
-      const std::string name = k == "Nats-Msg-Id"        ? "Dedup-Original-Msg-Id"
-                               : k.starts_with("Nats-") ? "Dedup-Original-" + k
-                                                         : k;
-      if (s == NATS_OK) s = natsMsgHeader_Add(m, name.c_str(), v.c_str());
+      if (k.starts_with("Nats-")) given.insert(renamed(k));
+    }
+    for (const auto& [k, v] : attributes_) {
+      if (!k.starts_with("Nats-") && given.count(k) != 0) continue;
+      if (s == NATS_OK) s = natsMsgHeader_Add(m, renamed(k).c_str(), v.c_str());
     }
     const std::string why(reason);
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Reason", why.c_str());
