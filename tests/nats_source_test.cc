@@ -320,6 +320,22 @@ class RawNats {
         << "jerr " << jerr;
     jsConsumerInfo_Destroy(ci);
   }
+  // Adds stream `name` on `subject` that holds at most `max_msgs` and refuses
+  // more (discard new).
+  void AddFullStream(const std::string& name, const std::string& subject, int64_t max_msgs) {
+    jsStreamConfig cfg;
+    jsStreamConfig_Init(&cfg);
+    cfg.Name = name.c_str();
+    const char* subjects[] = {subject.c_str()};
+    cfg.Subjects = subjects;
+    cfg.SubjectsLen = 1;
+    cfg.MaxMsgs = max_msgs;
+    cfg.Discard = js_DiscardNew;
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+    jsStreamInfo_Destroy(si);
+  }
   void DeleteStream(const std::string& stream) {
     jsErrCode jerr = static_cast<jsErrCode>(0);
     ASSERT_EQ(js_DeleteStream(js_, stream.c_str(), nullptr, &jerr), NATS_OK) << "jerr " << jerr;
@@ -479,6 +495,32 @@ TEST_F(NatsSourceTest, DeadLetterOriginalIdIsTheOneOfThisMessage) {
   EXPECT_EQ(ids, std::vector<std::string>{"k-2"});
   EXPECT_EQ(expected, std::vector<std::string>{stream_});
   ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// A dead letter whose copy the dead stream refuses (full, discard new: it will
+// refuse the next one too) was NAKed without a delay: the server redelivered it
+// at once, the Consumer dead-lettered it again, and so on as fast as the
+// network goes. Now it comes back after AckWait, as if never settled. On
+// 766d916:
+//   Value of: FetchAll(**src, 1, Millis(600)).empty()  Actual: false
+TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
+  RawNats raw;
+  raw.AddFullStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1);
+  raw.Publish("dedup.dead." + stream_, "filler", {});
+  auto src = OpenNatsSource(Uri("&ack_wait=2s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("full", "payload");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const auto t0 = steady_clock::now();
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  EXPECT_FALSE(dl.ok()) << "the dead stream is full";
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "redelivered at once";
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u) << "never redelivered";
+  EXPECT_GE(steady_clock::now() - t0, Millis(1900));
+  EXPECT_EQ(back[0]->key(), "full");
+  ASSERT_TRUE(back[0]->Ack().ok());
 }
 
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
