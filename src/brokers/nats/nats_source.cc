@@ -419,8 +419,10 @@ class NatsDelivery final : public Delivery {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (!copied.ok()) {
-      // No copy: give it back rather than lose it; it is redelivered.
-      (void)natsMsg_Nak(msg_, nullptr);
+      // No copy: give it back rather than lose it. Redelivered after ack_wait,
+      // as if never settled: at once, a copy that failed (a full dead stream, a
+      // lost connection) would fail again, in a loop as fast as the network.
+      (void)natsMsg_NakWithDelay(msg_, s_->o.ack_wait.count(), nullptr);
       return copied;
     }
     natsStatus s = natsMsg_Term(msg_, nullptr);
