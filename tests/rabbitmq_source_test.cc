@@ -424,6 +424,36 @@ TEST_F(RabbitMqSourceTest, ANackedDeadLetterIsNotSentTwice) {
   EXPECT_EQ(d[0]->key(), "n-1");
 }
 
+// A copy that could not be made (here a nack: the operator's full queue bound to
+// the dead exchange refuses every copy) left the original nacked with requeue at
+// once: the broker delivered it straight back, the Consumer dead-lettered it
+// again, and each turn of that loop, as fast as the network goes, left one more
+// copy in the dead queue. Now it is given back a second later. On 766d916:
+//   Value of: FetchAll(**src, 1, Millis(600)).empty()  Actual: false
+TEST_F(RabbitMqSourceTest, AFailedCopyIsNotRequeuedAtOnce) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawAmqp raw(Options());
+  {
+    TableBuilder full;
+    full.AddInt("x-max-length", 0);
+    full.AddString("x-overflow", "reject-publish");
+    raw.Declare(queue_ + ".audit", std::move(full));
+  }
+  raw.Bind(queue_ + ".audit", queue_ + ".dead");
+  Publish("h-1", "a");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const auto t0 = steady_clock::now();
+  EXPECT_FALSE(got[0]->DeadLetter("EXHAUSTED: 3 attempts").ok());
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "requeued at once";
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u) << "never given back";
+  EXPECT_GE(steady_clock::now() - t0, Millis(900));
+  EXPECT_EQ(back[0]->key(), "h-1");
+  ASSERT_TRUE(back[0]->Ack().ok());
+}
+
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
   auto src = OpenRabbitMqSource("amqp://guest:topsecret@127.0.0.1:1/?queue=q&timeout=500ms");
   ASSERT_FALSE(src.ok());
