@@ -56,6 +56,9 @@ timeval ToTimeval(Millis d) {
 // <queue>.retry.<ms> from the queue: a queue too long for that failed every
 // retry (requeued at once: a storm), not the start. The dead-letter target must
 // not be the queue or one of its retry queues: dead letters would come back.
+// How long a delivery whose copy failed is held before it is requeued.
+constexpr Millis kRequeueAfterFailedCopy{1'000};
+
 constexpr size_t kMaxAmqpName = 255;
 constexpr std::string_view kRetryInfix = ".retry.";
 constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
@@ -370,9 +373,40 @@ struct Shared {
   std::mutex pub_mu;   // guards publisher
   RabbitMqPublisher publisher;
 
+  // Deliveries whose copy failed, given back (nack, requeue) once `due`: at
+  // once, a copy that failed would fail again, in a loop as fast as the network.
+  // Still unsettled until then (the idle release waits for them). Guarded by
+  // conn_mu; the source's watcher thread gives them back.
+  struct Held {
+    uint64_t gen, tag;
+    std::chrono::steady_clock::time_point due;
+  };
+  std::vector<Held> held;
+
+  void HoldThenRequeue(uint64_t gen, uint64_t tag, Millis delay) {
+    std::lock_guard<std::mutex> lock(conn_mu);
+    held.push_back({gen, tag, std::chrono::steady_clock::now() + delay});
+  }
+  // With conn_mu held: nacks (requeue) what is due.
+  void RequeueDueLocked() {
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < held.size();) {
+      if (held[i].due > now) {
+        ++i;
+        continue;
+      }
+      (void)SettleLocked(held[i].gen, held[i].tag, false, true);
+      held[i] = held.back();
+      held.pop_back();
+    }
+  }
+
   // basic.ack / basic.nack of `tag` if the connection it came from still lives.
   Status Settle(uint64_t gen, uint64_t tag, bool ack, bool requeue) {
     std::lock_guard<std::mutex> lock(conn_mu);
+    return SettleLocked(gen, tag, ack, requeue);
+  }
+  Status SettleLocked(uint64_t gen, uint64_t tag, bool ack, bool requeue) {
     --unsettled;
     if (gen != generation || !conn.open()) {
       return Status::Unavailable(conn.Name() +
@@ -467,11 +501,11 @@ class RabbitMqDelivery final : public Delivery {
     return st;
   }
 
-  // The copy could not be made: give the message back now rather than hold it
-  // unacked (it would occupy a prefetch slot until the connection closes).
+  // The copy could not be made: give the message back (nack, requeue) a little
+  // later rather than hold it unacked until the connection closes, and not at
+  // once: it would come straight back and fail the same way, in a loop.
   Status Requeue(const Status& why) {
-    Status n = s_->Settle(gen_, tag_, false, /*requeue=*/true);
-    (void)n;
+    s_->HoldThenRequeue(gen_, tag_, kRequeueAfterFailedCopy);
     return why;
   }
 
@@ -598,6 +632,7 @@ class RabbitMqSource final : public MessageSource {
       idle_cv_.wait_for(lk, Millis(200));
       if (closing_) break;
       std::lock_guard<std::mutex> lock(s_->conn_mu);
+      s_->RequeueDueLocked();
       if (s_->conn.open() && s_->unsettled <= 0 && !s_->fetching &&
           std::chrono::steady_clock::now() - s_->last_fetch > kIdleRelease) {
         s_->conn.Close();
