@@ -313,7 +313,7 @@ class RawNats {
     cc.Durable = name.c_str();
     cc.AckPolicy = policy;
     cc.MaxDeliver = max_deliver;
-    cc.FilterSubject = subject.c_str();
+    cc.FilterSubject = subject.empty() ? nullptr : subject.c_str();
     jsConsumerInfo* ci = nullptr;
     jsErrCode jerr = static_cast<jsErrCode>(0);
     ASSERT_EQ(js_AddConsumer(&ci, js_, stream.c_str(), &cc, nullptr, &jerr), NATS_OK)
@@ -383,6 +383,33 @@ TEST_F(NatsSourceTest, AnExistingConsumerThatAcksOrDropsUnrecordedWorkIsRefused)
   ASSERT_TRUE(OpenNatsSource(Uri()).ok());
   auto again = OpenNatsSource(Uri());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A consumer with no filter reads every subject of its stream. On a stream that
+// holds more than subject= (an operator's "jobs.>" read as subject=jobs.in) it
+// handed the workers messages the URI does not name, and with dead= under the
+// stream's subjects their own dead letters too; "a filter on another subject"
+// was refused, no filter at all was used. On 766d916:
+//   Value of: src.ok() Actual: true  (a consumer without a filter was accepted)
+TEST_F(NatsSourceTest, AnExistingConsumerWithoutAFilterOnAWiderStreamIsRefused) {
+  RawNats raw;
+  raw.AddFullStream(stream_, stream_ + ".>", -1);
+  raw.AddConsumer(stream_, "nofilter", "", js_AckExplicit, -1);
+  auto src = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "&consumer=nofilter&subject=" +
+                            stream_ + ".in");
+  ASSERT_FALSE(src.ok()) << "a consumer without a filter was accepted";
+  EXPECT_EQ(src.status().code(), StatusCode::kFailedPrecondition) << src.status().ToString();
+  EXPECT_NE(src.status().message().find("filter"), std::string::npos) << src.status().ToString();
+  // Without a filter on a stream that holds only the subject: the same messages.
+  const std::string one = stream_ + "ONE";
+  raw.AddFullStream(one, one + ".in", -1);
+  raw.AddConsumer(one, "nofilter", "", js_AckExplicit, -1);
+  auto fine = OpenNatsSource(BaseUri() + "?stream=" + one + "&consumer=nofilter&subject=" + one + ".in");
+  EXPECT_TRUE(fine.ok()) << fine.status().ToString();
+  // The consumer the source makes on the wider stream opens, also again.
+  ASSERT_TRUE(OpenNatsSource(Uri()).ok());
+  auto again = OpenNatsSource(Uri());
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
 // A dead subject the source itself consumes sends every dead letter back to the
