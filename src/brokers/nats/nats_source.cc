@@ -115,9 +115,10 @@ Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, cons
 // itself) settles messages whose outcome is not recorded; with a MaxDeliver a
 // message redelivered that often (BUSY NAKs and AckWait expiries count) is
 // never delivered again, neither done nor dead-lettered; a filter on another
-// subject reads other messages than the URI says. AckWait is left as it is
-// (a short one is wasteful, not wrong: docs/WORKER.md).
-Status CheckConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
+// subject (or none, on a stream holding more) reads other messages than the
+// URI says. AckWait is left as it is (a short one is wasteful, not wrong:
+// docs/WORKER.md).
+Status CheckConsumer(Conn& conn, const NatsOptions& o, const jsConsumerInfo& ci) {
   const jsConsumerConfig* c = ci.Config;
   if (c == nullptr) return Status::Ok();
   const std::string what = "nats " + o.host_port + ": the existing consumer '" + o.consumer +
@@ -139,6 +140,28 @@ Status CheckConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
   if (!filter.empty() && filter != o.Subject()) {
     return Status::FailedPrecondition(what + "filters on '" + filter + "', not on subject=" +
                                       o.Subject());
+  }
+  if (filter.empty()) {
+    // No filter: it reads every subject of the stream, which is subject= only
+    // when the stream holds that one subject and no other.
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetStreamInfo(&si, conn.js, o.stream.c_str(), nullptr, &jerr);
+    if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": stream info " + o.stream, jerr);
+    std::string held;
+    bool only = si->Config != nullptr && si->Config->SubjectsLen == 1 &&
+                o.Subject() == si->Config->Subjects[0];
+    if (si->Config != nullptr) {
+      for (int i = 0; i < si->Config->SubjectsLen; ++i) {
+        held += std::string(i == 0 ? "" : ", ") + si->Config->Subjects[i];
+      }
+    }
+    jsStreamInfo_Destroy(si);
+    if (!only) {
+      return Status::FailedPrecondition(
+          what + "has no filter: it reads every subject the stream holds (" +
+          internal::Printable(held) + "), not subject=" + o.Subject() + " only");
+    }
   }
   return Status::Ok();
 }
@@ -557,7 +580,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
   if (st == NATS_OK) {
-    Status usable = CheckConsumer(o, *ci);
+    Status usable = CheckConsumer(conn, o, *ci);
     jsConsumerInfo_Destroy(ci);
     DEDUP_RETURN_IF_ERROR(usable);
   } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
@@ -580,7 +603,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
       jerr = static_cast<jsErrCode>(0);
       st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
       if (st == NATS_OK) {
-        Status usable = CheckConsumer(o, *ci);
+        Status usable = CheckConsumer(conn, o, *ci);
         jsConsumerInfo_Destroy(ci);
         DEDUP_RETURN_IF_ERROR(usable);
       }

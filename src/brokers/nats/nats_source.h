@@ -9,7 +9,7 @@
 //   consumer=NAME      the durable pull consumer (created if missing: explicit
 //                      acks, unlimited deliveries, filtered on `subject`; an
 //                      existing one with other acks, a MaxDeliver or another
-//                      filter is refused)
+//                      filter, or none on a stream holding more, is refused)
 //   subject=SUBJ       the subject the stream holds and the consumer filters.
 //                      Default: the stream name
 //   key=msgid          the dedup key is the Nats-Msg-Id header (default)
