@@ -332,6 +332,35 @@ TEST_F(RabbitMqSourceTest, AQueueDeclaredWithArgumentsIsConsumedAsItIs) {
   ASSERT_TRUE(again[0]->Ack().ok());
 }
 
+// A retry copy is a new message to the broker, but it carried the original's
+// x-delivery-count (a quorum queue's count of earlier deliveries) as a header of
+// its own: back from the retry queue, its first delivery read as a redelivery,
+// with the count of the message it was copied from. On 766d916:
+//   Expected equality of these values: copy[0]->delivery_count() Which is: 2  0u
+TEST_F(RabbitMqSourceTest, ARetryCopyOnAQuorumQueueStartsItsOwnCount) {
+  RawAmqp raw(Options());
+  {
+    TableBuilder quorum;
+    quorum.AddString("x-queue-type", "quorum");
+    raw.Declare(queue_, std::move(quorum));
+  }
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("c-1", "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->Retry(Millis(0)).ok());  // requeued: x-delivery-count 1
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u);
+  ASSERT_EQ(again[0]->delivery_count(), 2u);
+  ASSERT_TRUE(again[0]->Retry(Millis(100)).ok());  // a copy through <queue>.retry.100
+  auto copy = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(copy.size(), 1u);
+  EXPECT_EQ(copy[0]->key(), "c-1");
+  EXPECT_EQ(copy[0]->delivery_count(), 0u);
+  ASSERT_TRUE(copy[0]->Ack().ok());
+}
+
 // A dead-letter exchange named like the queue itself (or one of its retry
 // queues) sends every dead letter back to the workers, for ever; a queue name so
 // long that <queue>.retry.<ms> passes AMQP's 255 bytes made every retry fail and
