@@ -487,8 +487,14 @@ class RabbitMqDelivery final : public Delivery {
     AmqpMessage m;
     m.body = payload_;
     m.message_id = message_id_;
+    // Not x-delivery-count: a quorum queue's count of the original's earlier
+    // deliveries; the copy is a new message, and its first delivery would read
+    // as a redelivery.
     for (const auto& [k, v] : attributes_) {
-      if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue") m.headers.emplace_back(k, v);
+      if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue" &&
+          k != "x-delivery-count") {
+        m.headers.emplace_back(k, v);
+      }
     }
     std::lock_guard<std::mutex> lock(s_->pub_mu);
     Status st = send(s_->publisher, m, false);
