@@ -98,19 +98,12 @@ std::string RouteOf(const std::string& base, const httplib::Request& req, bool p
   return "other";
 }
 
-// When the request being answered on this thread started (cpp-httplib answers a
-// request on one thread from routing to the logger).
-thread_local std::chrono::steady_clock::time_point t_request_start;
-
-thread_local std::vector<std::string> t_hidden_content_type;
-
-
 // Hides a form or multipart Content-Type from cpp-httplib before it reads the
-// body (see HiddenContentType). The request is the server's own object, handed
-// to the pre-routing handler as const: changing its headers there is how the
-// body read that follows is kept raw.
-void HideFormContentType(const httplib::Request& req) {
-  t_hidden_content_type.clear();
+// body (see RequestContext::hidden_content_type), keeping it in `hidden`. The
+// request is the server's own object, handed to the pre-routing handler as
+// const: changing its headers there is how the body read that follows is kept raw.
+void HideFormContentType(const httplib::Request& req, std::vector<std::string>* hidden) {
+  hidden->clear();
   bool form = false;
   auto [first, last] = req.headers.equal_range("Content-Type");
   for (auto it = first; it != last; ++it) {
@@ -119,13 +112,36 @@ void HideFormContentType(const httplib::Request& req) {
            v.rfind("application/x-www-form-urlencoded", 0) == 0;
   }
   if (!form) return;
-  for (auto it = first; it != last; ++it) t_hidden_content_type.push_back(it->second);
+  for (auto it = first; it != last; ++it) hidden->push_back(it->second);
   const_cast<httplib::Request&>(req).headers.erase("Content-Type");
 }
 
 }  // namespace
 
-const std::vector<std::string>& HiddenContentType() { return t_hidden_content_type; }
+RequestContext& RequestContexts::Begin(const httplib::Request& req) {
+  std::lock_guard lock(mu_);
+  return map_[&req] = RequestContext{};
+}
+
+const RequestContext* RequestContexts::Find(const httplib::Request& req) const {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(&req);
+  return it == map_.end() ? nullptr : &it->second;
+}
+
+std::optional<RequestContext> RequestContexts::Take(const httplib::Request& req) {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(&req);
+  if (it == map_.end()) return std::nullopt;
+  std::optional<RequestContext> out(std::move(it->second));
+  map_.erase(it);
+  return out;
+}
+
+size_t RequestContexts::size() const {
+  std::lock_guard lock(mu_);
+  return map_.size();
+}
 
 std::vector<std::string_view> CookiePairs(std::string_view header) {
   std::vector<std::string_view> out;
@@ -312,8 +328,9 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
 
   // Before the body is read: header bounds, then the token.
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
-    t_request_start = std::chrono::steady_clock::now();
-    HideFormContentType(req);
+    RequestContext& ctx = s.contexts.Begin(req);
+    ctx.start = std::chrono::steady_clock::now();
+    HideFormContentType(req, &ctx.hidden_content_type);
     size_t bytes = req.target.size();
     for (const auto& [k, v] : req.headers) bytes += k.size() + v.size() + 4;
     if (req.headers.size() > s.o.max_header_count || bytes > s.o.max_header_bytes) {
@@ -381,14 +398,13 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
         .GetCounter("dedup_serve_requests_total", "HTTP requests answered, by route and status.",
                     {{"route", route}, {"code", std::to_string(res.status)}})
         ->Inc();
-    if (t_request_start.time_since_epoch().count() == 0) return;  // never routed
+    const std::optional<RequestContext> ctx = s.contexts.Take(req);
+    if (!ctx) return;  // never routed: cpp-httplib answered its head itself
     s.registry
         .GetHistogram("dedup_serve_request_duration_seconds",
                       "Time from routing a request to its response, by route.", {{"route", route}})
-        ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                t_request_start)
+        ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx->start)
                       .count());
-    t_request_start = {};
     if (s.o.log) s.o.log(req.method + " " + route + " " + std::to_string(res.status));
   });
   s.http.set_exception_handler(
