@@ -61,6 +61,55 @@ check "both are counted" eval '[ "$(metric "dedup_serve_requests_total{route=\"p
 check "only the routed one has a duration (the 414 did not inherit its start)" \
   eval '[ "$(metric "dedup_serve_request_duration_seconds_count{route=\"page\"}" $api_port)" = 1 ]'
 
+# ---- slow clients: a connection holds a thread from accept to close, and a
+# client that sends its head a byte at a time (each read within the read timeout)
+# holds it for as long as it keeps sending. Against --threads 2: two such clients
+# and three idle connections, then an ordinary request must still be answered.
+serve_start $slow_port "$tmp/slow-serve.log" "$dedup" serve --store memory: \
+  --listen 127.0.0.1:$slow_port --threads 2
+slow_serve_pid=$SERVE_LAST_PID
+setpriv --pdeathsig KILL -- python3 "$root/tests/serve_slow_clients.py" $slow_port 2 3 12 \
+  >"$tmp/slow.out" 2>&1 &
+slow_pid=$!
+SERVE_PIDS+=("$slow_pid")
+for _ in $(seq 100); do grep -q open "$tmp/slow.out" && break; sleep 0.05; done
+sleep 0.5
+t0=$(date +%s%N)
+code=$(curl -s -m 8 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$slow_port/healthz" || true)
+ms=$((($(date +%s%N) - t0) / 1000000))
+check "with 2 trickling and 3 idle connections on --threads 2, /healthz answers 200 (got $code after $ms ms)" \
+  [ "$code" = 200 ]
+check "... within 2 s" [ "$ms" -lt 2000 ]
+wait "$slow_pid" || true
+# The idle ones are closed after the keep-alive timeout (5 s), not held for ever.
+check "the idle connections were closed after 4-8 s ($(grep idle "$tmp/slow.out" | tr '\n' ' '))" \
+  eval '[ "$(grep -c idle_closed_after "$tmp/slow.out")" = 3 ] &&
+        awk "/idle_closed_after/ { if (\$2 < 4 || \$2 > 8) bad = 1 } END { exit bad }" "$tmp/slow.out"'
+
+# ---- ... and the threads stay bounded: --threads 1 --max-connections 2 against
+# three trickling connections. The third waits (so does a request behind it) and
+# no third thread is started; once they are gone, requests are answered again.
+serve_stop "$slow_serve_pid"
+serve_start $slow_port "$tmp/cap-serve.log" "$dedup" serve --store memory: \
+  --listen 127.0.0.1:$slow_port --threads 1 --max-connections 2
+cap_pid=$SERVE_LAST_PID
+threads() { awk '/^Threads:/ { print $2 }' "/proc/$cap_pid/status"; }
+before=$(threads)
+setpriv --pdeathsig KILL -- python3 "$root/tests/serve_slow_clients.py" $slow_port 3 0 4 \
+  >"$tmp/cap.out" 2>&1 &
+slow_pid=$!
+SERVE_PIDS+=("$slow_pid")
+for _ in $(seq 100); do grep -q open "$tmp/cap.out" && break; sleep 0.05; done
+sleep 0.5
+during=$(threads)
+check "three slow connections on --max-connections 2: one thread more than idle ($before, then $during)" \
+  [ "$during" -eq $((before + 1)) ]
+code=$(curl -s -m 1 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$slow_port/healthz" || true)
+check "... and a request behind them waits (got '$code' within 1 s)" [ "$code" = 000 ]
+wait "$slow_pid" || true
+code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$slow_port/healthz" || true)
+check "once they have gone, /healthz answers 200 (got $code)" [ "$code" = 200 ]
+
 if ((FAILS > 0)); then
   echo "$FAILS check(s) failed; logs in $tmp" >&2
   trap - EXIT
