@@ -24,35 +24,17 @@ source "$here/../scripts/lib/redis.sh"
 source "$here/../scripts/lib/nats.sh"
 # shellcheck source=../scripts/lib/drain.sh
 source "$here/../scripts/lib/drain.sh"
-tmp=$(mktemp -d /tmp/dedup_drain_hung_nats.XXXXXX)
 worker_pid=""
-cleanup() {
-  [ -n "$worker_pid" ] && kill -KILL "$worker_pid" 2>/dev/null
-  [ -n "$NATS_PID" ] && kill -CONT "$NATS_PID" 2>/dev/null
-  nats_stop
-  redis_stop_all
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; [ -f "$tmp/w.log" ] && tail -20 "$tmp/w.log" >&2; exit 1; }
-
-if ! command -v nats-server >/dev/null || ! command -v redis-server >/dev/null; then
-  echo "SKIP: needs nats-server and redis-server"
-  exit 0
-fi
+DRAIN_KILL_VARS=worker_pid DRAIN_THAW_VARS=NATS_PID DRAIN_LOGS=w.log
+drain_begin drain_hung_nats
+drain_need nats-server redis-server
 nats_start "$nats_port" "$tmp/nats" || fail "nats-server did not start on $nats_port"
 redis_start "$redis_port" "$tmp/redis" >/dev/null || fail "redis-server did not start on $redis_port"
 
 queued=16
 messages=$((queued + 1))
 drain_s=2
-cat >"$tmp/handler.sh" <<EOS
-#!/bin/sh
-cat >/dev/null
-echo "\$\$ \$DEDUP_KEY" >>"$tmp/started"
-sleep 30
-EOS
-chmod +x "$tmp/handler.sh"
+drain_sleeping_handler
 
 "$dedup" publish --broker "nats://127.0.0.1:$nats_port?stream=JOBS&subject=jobs.in" \
   --id-prefix m- --count "$messages" --quiet || fail "publish"
@@ -75,8 +57,7 @@ took_ms=$DRAIN_TOOK_MS
 echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, broker frozen, timeout 1 s, $queued queued)"
 [ "$rc" = 0 ] || fail "worker exit $rc after SIGTERM"
 [ "$took_ms" -lt $((drain_s * 1000 + 2 * 1000 + 2500)) ] || fail "the drain took ${took_ms} ms"
-"$dedup" inspect --store "$store" --prefix m- >"$tmp/inspect" 2>&1 || fail "inspect: $(cat "$tmp/inspect")"
-grep -q "completed" "$tmp/inspect" && fail "an outcome was recorded: $(cat "$tmp/inspect")"
+drain_nothing_recorded "$dedup" "$store"
 held=$(grep -c in_progress "$tmp/inspect")
 [ "$held" = 0 ] || fail "$held claims still held after the drain (the store answered: want all released)"
 echo "ok: drain ${took_ms} ms with the broker frozen, nothing recorded, every claim released"

@@ -24,34 +24,16 @@ store_port=${DRAIN_HUNG_STORE_PORT:-6475}
 source "$here/../scripts/lib/redis.sh"
 # shellcheck source=../scripts/lib/drain.sh
 source "$here/../scripts/lib/drain.sh"
-tmp=$(mktemp -d /tmp/dedup_drain_hung.XXXXXX)
 worker_pid=""
-store_pid=""
-cleanup() {
-  [ -n "$worker_pid" ] && kill -KILL "$worker_pid" 2>/dev/null
-  [ -n "$store_pid" ] && kill -CONT "$store_pid" 2>/dev/null
-  redis_stop_all
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; [ -f "$tmp/w.log" ] && tail -20 "$tmp/w.log" >&2; exit 1; }
-
-if ! command -v redis-server >/dev/null; then echo "SKIP: no redis-server"; exit 0; fi
-redis_start "$stream_port" "$tmp/stream" >/dev/null || fail "redis-server did not start on $stream_port"
-redis_start "$store_port" "$tmp/store" >/dev/null || fail "redis-server did not start on $store_port"
-store_pid=$REDIS_LAST_PID
-rcli() { redis-cli -p "$stream_port" "$@"; }
+DRAIN_KILL_VARS=worker_pid DRAIN_THAW_VARS=store_pid DRAIN_LOGS=w.log
+drain_begin drain_hung
+drain_need redis-server
+drain_stream_and_store "$stream_port" "$store_port"
 
 queued=16
 messages=$((queued + 1))
 drain_s=2
-cat >"$tmp/handler.sh" <<EOF
-#!/bin/sh
-cat >/dev/null
-echo "\$\$ \$DEDUP_KEY" >>"$tmp/started"
-sleep 30
-EOF
-chmod +x "$tmp/handler.sh"
+drain_sleeping_handler
 
 "$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count "$messages" \
   --id-prefix m- --quiet || fail "publish"
@@ -80,9 +62,7 @@ echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s,
 grep -q "left to run out with their lease" "$tmp/w.log" || fail "no line about the claims not released"
 pending=$(rcli XPENDING jobs g | head -1)
 [ "$pending" = "$messages" ] || fail "$pending entries pending after the drain, want $messages (nothing acked)"
-"$dedup" inspect --store "redis://127.0.0.1:$store_port" --prefix m- >"$tmp/inspect" 2>&1 ||
-  fail "inspect: $(cat "$tmp/inspect")"
-grep -q "completed" "$tmp/inspect" && fail "an outcome was recorded: $(cat "$tmp/inspect")"
+drain_nothing_recorded "$dedup" "redis://127.0.0.1:$store_port"
 echo "ok: drain ${took_ms} ms, nothing acked ($pending pending), nothing recorded," \
   "$(grep -c in_progress "$tmp/inspect") claims left to their lease"
 echo PASS

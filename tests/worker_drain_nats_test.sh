@@ -23,38 +23,21 @@ redis_port=${DRAIN_NATS_REDIS_PORT:-6477}
 source "$here/../scripts/lib/redis.sh"
 # shellcheck source=../scripts/lib/nats.sh
 source "$here/../scripts/lib/nats.sh"
-tmp=$(mktemp -d /tmp/dedup_drain_nats.XXXXXX)
+# shellcheck source=../scripts/lib/drain.sh
+source "$here/../scripts/lib/drain.sh"
 a_pid=""
 b_pid=""
-cleanup() {
-  [ -n "$a_pid" ] && kill -KILL "$a_pid" 2>/dev/null
-  [ -n "$b_pid" ] && kill -KILL "$b_pid" 2>/dev/null
-  nats_stop
-  redis_stop_all
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$tmp/a.log" "$tmp/b.log"; do [ -f "$f" ] && tail -4 "$f" >&2; done
-  exit 1
-}
-
-if ! command -v nats-server >/dev/null || ! command -v redis-server >/dev/null; then
-  echo "SKIP: needs nats-server and redis-server"
-  exit 0
-fi
+DRAIN_KILL_VARS="a_pid b_pid" DRAIN_LOGS="a.log b.log" DRAIN_TAIL=4
+drain_begin drain_nats
+drain_need nats-server redis-server
 nats_start "$nats_port" "$tmp/nats" || fail "nats-server did not start on $nats_port"
 redis_start "$redis_port" "$tmp/redis" >/dev/null || fail "redis-server did not start on $redis_port"
 
-cat >"$tmp/handler.sh" <<EOF
-#!/bin/sh
-cat >/dev/null
+drain_handler "$tmp/handler.sh" <<EOF
 echo "\$DEDUP_WORKER_PID \$DEDUP_KEY" >>"$tmp/started"
 sleep 5
 echo "\$DEDUP_WORKER_PID \$DEDUP_KEY" >>"$tmp/done"
 EOF
-chmod +x "$tmp/handler.sh"
 
 "$dedup" publish --broker "nats://127.0.0.1:$nats_port?stream=JOBS&subject=jobs.in" \
   --id-prefix m- --count 1 --quiet || fail "publish"

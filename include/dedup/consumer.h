@@ -284,7 +284,9 @@ class Consumer {
 
   // Runs until Stop(), then drains. Called once, from one thread.
   Status Run();
-  void Stop() { stop_.store(true, std::memory_order_relaxed); }
+  // Async-signal-safe. The drain clock starts here, even while the thread in
+  // Run() still waits in a Fetch or a claim (a broker or store that hangs).
+  void Stop();
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
 
   ConsumerMetrics metrics() const;

@@ -1,6 +1,29 @@
 #!/usr/bin/env bash
 # Helpers of the drain tests (tests/worker_drain_*.sh). Source it:
 #
+#   drain_begin NAME
+#       makes the test's temporary directory, tmp (/tmp/dedup_NAME.XXXXXX), and
+#       an EXIT trap that SIGKILLs the PIDs held (at exit) by the variables named
+#       in DRAIN_KILL_VARS, SIGCONTs those named in DRAIN_THAW_VARS, stops the
+#       servers this shell started (nats_stop when scripts/lib/nats.sh is
+#       sourced, redis_stop_all) and removes tmp. Everything by PID.
+#   fail MESSAGE...
+#       prints FAIL: MESSAGE and the last DRAIN_TAIL (20) lines of each log named
+#       in DRAIN_LOGS (files in tmp), then exits 1.
+#   drain_need COMMAND...
+#       prints SKIP and exits 0 unless every COMMAND is installed.
+#   drain_handler FILE
+#       writes FILE, an executable /bin/sh handler that reads its message from
+#       stdin, then runs the lines given on this function's stdin.
+#   drain_sleeping_handler
+#       drain_handler $tmp/handler.sh: appends "PID KEY" to $tmp/started, then
+#       sleeps 30 s.
+#   drain_stream_and_store STREAM_PORT STORE_PORT
+#       starts two redis-servers (scripts/lib/redis.sh), the stream's and the
+#       store's, in $tmp; sets store_pid and rcli (redis-cli of the stream).
+#   drain_nothing_recorded DEDUP STORE_URI
+#       fails unless `dedup inspect` of the keys m-* works and shows no completed
+#       record; the listing stays in $tmp/inspect.
 #   drain_wait_claimed DEDUP STORE_URI WANT STARTED_FILE
 #       waits (10 s at most) until a handler has written STARTED_FILE and WANT
 #       claims of keys m-* are held in the store; sets DRAIN_CLAIMED (the count
@@ -9,6 +32,65 @@
 #       freezes each FROZEN_PID (SIGSTOP, by PID), sends the worker SIGTERM and
 #       waits for it, then thaws them (SIGCONT); sets DRAIN_RC (the worker's exit
 #       code) and DRAIN_TOOK_MS (SIGTERM to exit).
+
+DRAIN_KILL_VARS=${DRAIN_KILL_VARS:-}
+DRAIN_THAW_VARS=${DRAIN_THAW_VARS:-}
+DRAIN_LOGS=${DRAIN_LOGS:-}
+DRAIN_TAIL=${DRAIN_TAIL:-20}
+
+drain_begin() {
+  tmp=$(mktemp -d "/tmp/dedup_$1.XXXXXX")
+  trap _drain_cleanup EXIT
+}
+
+_drain_cleanup() {
+  local v
+  for v in $DRAIN_KILL_VARS; do [ -n "${!v:-}" ] && kill -KILL "${!v}" 2>/dev/null; done
+  for v in $DRAIN_THAW_VARS; do [ -n "${!v:-}" ] && kill -CONT "${!v}" 2>/dev/null; done
+  if declare -F nats_stop >/dev/null; then nats_stop; fi
+  redis_stop_all
+  rm -rf "$tmp"
+}
+
+fail() {
+  local f
+  echo "FAIL: $*" >&2
+  for f in $DRAIN_LOGS; do [ -f "$tmp/$f" ] && tail -"$DRAIN_TAIL" "$tmp/$f" >&2; done
+  exit 1
+}
+
+drain_need() {
+  local c
+  for c in "$@"; do
+    command -v "$c" >/dev/null || { echo "SKIP: needs $*"; exit 0; }
+  done
+}
+
+drain_handler() {
+  { echo '#!/bin/sh'; echo 'cat >/dev/null'; cat; } >"$1"
+  chmod +x "$1"
+}
+
+drain_sleeping_handler() {
+  drain_handler "$tmp/handler.sh" <<EOF
+echo "\$\$ \$DEDUP_KEY" >>"$tmp/started"
+sleep 30
+EOF
+}
+
+drain_stream_and_store() {
+  stream_port=$1
+  redis_start "$1" "$tmp/stream" >/dev/null || fail "redis-server did not start on $1"
+  redis_start "$2" "$tmp/store" >/dev/null || fail "redis-server did not start on $2"
+  store_pid=$REDIS_LAST_PID
+  rcli() { redis-cli -p "$stream_port" "$@"; }
+}
+
+drain_nothing_recorded() {
+  "$1" inspect --store "$2" --prefix m- >"$tmp/inspect" 2>&1 || fail "inspect: $(cat "$tmp/inspect")"
+  grep -q "completed" "$tmp/inspect" && fail "an outcome was recorded: $(cat "$tmp/inspect")"
+  return 0
+}
 
 drain_wait_claimed() {
   local dedup=$1 store=$2 want=$3 started=$4 i

@@ -8,9 +8,15 @@
 // The policy (outcome -> broker action) lives in ProcessOnce alone; this file only
 // carries out the action and counts.
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -68,10 +74,36 @@ class Consumer::Impl {
     if (buffer_ != nullptr) progress_every_ = buffer_->heartbeat_interval();
     if (o_.prefetch < 0) o_.prefetch = o_.concurrency;
     prefetch_ = o_.prefetch;
+    stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  }
+  ~Impl() {
+    if (stop_fd_ >= 0) close(stop_fd_);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // -1 when the eventfd that wakes the drain could not be made (errno says why).
+  int stop_fd() const { return stop_fd_; }
+
+  // Consumer::Stop(), maybe from a signal handler: only atomics, clock_gettime
+  // and write(2), all async-signal-safe. The first call's moment is the drain's
+  // start; the write wakes the drain thread (DrainOnStop), which does not wait
+  // for the fetch thread to come back from a Fetch or a claim.
+  void RequestStop() {
+    const int saved_errno = errno;
+    int64_t none = 0;
+    (void)stop_ns_.compare_exchange_strong(none, MonotonicNs());
+    stop_->store(true, std::memory_order_release);
+    const uint64_t one = 1;
+    if (write(stop_fd_, &one, sizeof one) < 0) {
+      // Nothing to do in a signal handler: DrainOnStop also polls stop_.
+    }
+    errno = saved_errno;
   }
 
   Status Run() {
     for (int i = 0; i < o_.concurrency; ++i) threads_.emplace_back([this] { HandlerLoop(); });
+    drainer_ = std::thread([this] { DrainOnStop(); });
     if (o_.max_ack_delay.count() > 0) acker_ = std::thread([this] { AckLoop(); });
     if (buffer_ != nullptr && !process_ && o_.batch_completions) {
       completer_ = std::thread([this] { CompleteLoop(); });
@@ -110,7 +142,15 @@ class Consumer::Impl {
       backoff = Millis(50);
       Enqueue(std::move(batch).value());
     }
-    Drain();
+    // The loop ends only once stopped; this makes sure DrainOnStop is awake even
+    // if the stop flag was set without Stop() (a no-op when Stop() ran).
+    RequestStop();
+    {
+      std::lock_guard lock(mu_);
+      fetching_ = false;  // nothing more is queued or staged: HandBackUnstarted may start
+    }
+    room_cv_.notify_all();
+    FinishDrain();
     return Status::Ok();
   }
 
@@ -233,7 +273,7 @@ class Consumer::Impl {
       bool staged = false;
       {
         std::lock_guard lock(mu_);
-        // Stopped: no handler takes it any more; Drain() hands it back.
+        // Stopped: no handler takes it any more; HandBackUnstarted gives it back.
         if ((staged_.empty() && claiming_ == 0) || stop_->load(std::memory_order_relaxed)) {
           for (Job& j : jobs) staged_.push_back(std::move(j));
           staged = true;
@@ -300,7 +340,7 @@ class Consumer::Impl {
       {
         std::unique_lock lock(mu_);
         // Once stopped, nothing new starts: what is queued is handed back by
-        // Drain(), which may still be waiting for the fetch thread's last Fetch.
+        // HandBackUnstarted, which waits for the fetch thread's last Fetch or claim.
         ++idle_;
         work_cv_.wait(lock, [this] {
           return ((!queue_.empty() || !staged_.empty()) &&
@@ -309,7 +349,7 @@ class Consumer::Impl {
         });
         --idle_;
         if (stop_->load(std::memory_order_relaxed) || (queue_.empty() && staged_.empty())) {
-          if (draining_) return;  // draining: Drain() took what was left
+          if (draining_) return;  // draining: HandBackUnstarted takes what is left
           continue;
         }
         if (!staged_.empty()) {
@@ -326,15 +366,16 @@ class Consumer::Impl {
           for (Job& j : jobs) queue_.push_back(std::move(j));
           const int wake = std::min(static_cast<int>(queue_.size()) - 1, idle_);
           // The fetch thread never waits for the stage (Enqueue): it is woken
-          // here only when it waits for room and may now fetch, or for Drain(),
-          // which waits for claims in flight once stopped.
+          // here only when it waits for room and may now fetch, or for
+          // HandBackUnstarted, which waits for claims in flight once stopped.
           const bool notify_room =
               (fetch_waiting_ && FetchWanted()) || stop_->load(std::memory_order_relaxed);
           lock.unlock();
           Wake(wake);
           if (notify_room) room_cv_.notify_all();
           lock.lock();
-          // Stopped: Drain() hands them back. Empty: the woken handlers took them.
+          // Stopped: HandBackUnstarted gives them back. Empty: the woken
+          // handlers took them.
           if (stop_->load(std::memory_order_relaxed) || queue_.empty()) continue;
         }
         job = std::move(queue_.front());
@@ -352,8 +393,9 @@ class Consumer::Impl {
         --running_;
         if (adaptive_prefetch_) AdaptPrefetch(std::chrono::steady_clock::now() - started);
         // The fetch thread waits for room (woken only when it will fetch: each
-        // wake-up is a context switch); Drain() for no handler running, once
-        // stopping (before, at concurrency 1, that was a wake-up per message).
+        // wake-up is a context switch); StopLateHandlers for no handler
+        // running, once stopping (before, at concurrency 1, that was a wake-up
+        // per message).
         notify_room = (fetch_waiting_ && FetchWanted()) ||
                       (running_ == 0 && (draining_ || stop_->load(std::memory_order_relaxed)));
       }
@@ -606,16 +648,26 @@ class Consumer::Impl {
     }
   }
 
-  // The drain is bounded by drain_timeout from its start: the timer starts
-  // before anything waits for the store. What never started is handed back on a
-  // thread of its own while the running handlers go on, and Delivery::
-  // InProgress() goes on being sent until the drain ends (a handler still
-  // running must not pass the broker's redelivery timer, e.g. JetStream's
-  // AckWait, while this worker drains).
-  void Drain() {
-    const auto deadline = std::chrono::steady_clock::now() + o_.drain_timeout;
-    std::thread progress;
-    if (progress_every_.count() > 0) progress = std::thread([this] { DrainProgressLoop(); });
+  // The drain is bounded by drain_timeout from its start, the moment Stop() was
+  // called: this thread waits for it (the eventfd Stop() writes) and begins the
+  // drain at once, while the fetch thread may still wait in a Fetch or a claim
+  // of its own (a broker or store that hangs would otherwise start the clock a
+  // timeout late). What never started is handed back on a thread of its own
+  // while the running handlers go on, and Delivery::InProgress() goes on being
+  // sent until the drain ends (a handler still running must not pass the
+  // broker's redelivery timer, e.g. JetStream's AckWait, while this worker
+  // drains).
+  void DrainOnStop() {
+    while (!stop_->load(std::memory_order_acquire)) {
+      uint64_t n = 0;
+      if (read(stop_fd_, &n, sizeof n) < 0 && errno != EINTR) {
+        std::this_thread::sleep_for(Millis(50));
+      }
+    }
+    const int64_t since_stop_ns = std::max<int64_t>(0, MonotonicNs() - stop_ns_.load());
+    const auto deadline = std::chrono::steady_clock::now() + o_.drain_timeout -
+                          std::chrono::nanoseconds(since_stop_ns);
+    if (progress_every_.count() > 0) progress_ = std::thread([this] { DrainProgressLoop(); });
     {
       std::lock_guard lock(mu_);
       draining_ = true;
@@ -624,6 +676,12 @@ class Consumer::Impl {
     std::thread hand_back([this] { HandBackUnstarted(); });
     StopLateHandlers(deadline);
     hand_back.join();
+  }
+
+  // The rest of the drain, on the fetch thread once its loop has ended: waits
+  // for DrainOnStop, the handlers, then what the completer and the acker hold.
+  void FinishDrain() {
+    drainer_.join();
     for (auto& t : threads_) t.join();
     threads_.clear();
     if (completer_.joinable()) {
@@ -642,18 +700,24 @@ class Consumer::Impl {
       ack_cv_.notify_all();
       acker_.join();  // sends what is left first
     }
-    if (progress.joinable()) {
+    if (progress_.joinable()) {
       {
         std::lock_guard lock(mu_);
         drained_ = true;
       }
       drain_cv_.notify_all();
-      progress.join();
+      progress_.join();
     }
   }
 
+  static int64_t MonotonicNs() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  }
+
   // SendInProgress during the drain: at once, then every heartbeat interval
-  // until Drain() ends (the fetch loop that sent it before has ended).
+  // until the drain ends (the fetch loop that sent it before has ended).
   void DrainProgressLoop() {
     std::unique_lock lock(mu_);
     while (!drained_) {
@@ -680,8 +744,9 @@ class Consumer::Impl {
     std::deque<Job> unstarted;
     {
       std::unique_lock lock(mu_);
-      // A claim in flight queues its batch when it returns: wait for it.
-      room_cv_.wait(lock, [this] { return claiming_ == 0; });
+      // A claim in flight queues its batch when it returns, and so may the
+      // fetch thread (its Fetch, or a claim of its own): wait for them.
+      room_cv_.wait(lock, [this] { return claiming_ == 0 && !fetching_; });
       unstarted.swap(queue_);
       for (Job& j : staged_) unstarted.push_back(std::move(j));
       staged_.clear();
@@ -752,6 +817,12 @@ class Consumer::Impl {
   const Processor process_;
   ConsumerOptions o_;
   std::atomic<bool>* const stop_;
+  // Stop(): its first call's CLOCK_MONOTONIC time (0 = not yet), and the
+  // eventfd it writes to wake DrainOnStop.
+  std::atomic<int64_t> stop_ns_{0};
+  int stop_fd_ = -1;
+  std::thread drainer_;   // DrainOnStop
+  std::thread progress_;  // DrainProgressLoop
 
   std::vector<std::thread> threads_;
   std::mutex mu_;
@@ -769,8 +840,9 @@ class Consumer::Impl {
   int prefetch_ = 0;
   bool adaptive_prefetch_ = false;
   int64_t handler_ns_ = 0;  // moving average of the handler time (adaptive only)
+  bool fetching_ = true;    // the fetch loop runs (it may still queue or stage)
   bool draining_ = false;
-  bool drained_ = false;                // Drain() has ended: DrainProgressLoop stops
+  bool drained_ = false;                // the drain has ended: DrainProgressLoop stops
   std::condition_variable drain_cv_;    // wakes DrainProgressLoop
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
   // ids queued, running or waiting for their ack, and their deliveries
@@ -848,6 +920,9 @@ StatusOr<std::unique_ptr<Consumer>> Consumer::Make(MessageSource* source, Buffer
   std::unique_ptr<Consumer> c(new Consumer(nullptr));
   c->impl_ = std::make_unique<Impl>(source, buffer, std::move(handler), Processor(),
                                     std::move(options), &c->stop_);
+  if (c->impl_->stop_fd() < 0) {
+    return Status::Internal(std::string("consumer: eventfd: ") + std::strerror(errno));
+  }
   return c;
 }
 
@@ -859,10 +934,14 @@ StatusOr<std::unique_ptr<Consumer>> Consumer::MakeWith(MessageSource* source, Pr
   std::unique_ptr<Consumer> c(new Consumer(nullptr));
   c->impl_ = std::make_unique<Impl>(source, nullptr, Handler(), std::move(process),
                                     std::move(options), &c->stop_);
+  if (c->impl_->stop_fd() < 0) {
+    return Status::Internal(std::string("consumer: eventfd: ") + std::strerror(errno));
+  }
   return c;
 }
 
 Status Consumer::Run() { return impl_->Run(); }
+void Consumer::Stop() { impl_->RequestStop(); }
 ConsumerMetrics Consumer::metrics() const { return impl_->Metrics(); }
 const ConsumerOptions& Consumer::options() const { return impl_->options(); }
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The drain clock of `dedup worker` starts at SIGTERM (docs/WORKER.md,
+# "Stopping"), not when the fetch thread comes back from a call into a store
+# that hangs.
+#
+#   tests/worker_drain_clock_test.sh build/src/cli/dedup
+#
+# Real redis-servers on 127.0.0.1 (docs/PORTS.md): the stream on 6476, the Redis
+# store on 6479 (client timeout 3 s). One handler runs (`sleep 30`, concurrency
+# 2, --prefetch 8). Then the store's server is frozen (SIGSTOP, by PID) and 20
+# entries arrive at once (MULTI/EXEC): the idle handler thread takes the first
+# fetched batch to claim it, and the fetch thread claims the next batch itself
+# (the claim stage is busy). Both claims wait for the store's timeout. The
+# worker gets SIGTERM while they wait.
+#   1. The worker exits within the drain timeout plus two store timeouts (the
+#      stopped handler's one release try waits behind the claims in flight on
+#      the store's connection, then reconnects) and a margin. Before, the drain
+#      clock started only when the fetch thread's claim gave up: 10.5 s.
+#   2. Both batches were read (19 entries pending), nothing is acked, nothing
+#      recorded.
+set -uo pipefail
+dedup=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+stream_port=${DRAIN_CLOCK_STREAM_PORT:-6476}
+store_port=${DRAIN_CLOCK_STORE_PORT:-6479}
+# shellcheck source=../scripts/lib/redis.sh
+source "$here/../scripts/lib/redis.sh"
+# shellcheck source=../scripts/lib/drain.sh
+source "$here/../scripts/lib/drain.sh"
+worker_pid=""
+DRAIN_KILL_VARS=worker_pid DRAIN_THAW_VARS=store_pid DRAIN_LOGS=w.log
+drain_begin drain_clock
+drain_need redis-server
+drain_stream_and_store "$stream_port" "$store_port"
+
+drain_s=1
+timeout_s=3
+late=20
+drain_sleeping_handler
+
+"$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count 1 \
+  --id-prefix m- --quiet || fail "publish"
+store="redis://127.0.0.1:$store_port?timeout=${timeout_s}s"
+"$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w" \
+  --store "$store" --exec "$tmp/handler.sh" --no-shell --concurrency 2 --prefetch 8 \
+  --lease 60s --drain-timeout "${drain_s}s" --summary-interval 0 >>"$tmp/w.log" 2>&1 &
+worker_pid=$!
+drain_wait_claimed "$dedup" "$store" 1 "$tmp/started" || fail "the first handler did not start"
+
+# Freeze the store, then let 20 entries arrive at once (the fetch thread waits
+# in XREADGROUP BLOCK): two batches of 9 are fetched and their claims sent.
+kill -STOP "$store_pid"
+{
+  echo MULTI
+  for i in $(seq 1 "$late"); do echo "XADD jobs * id b-$i"; done
+  echo EXEC
+} | rcli >/dev/null || fail "MULTI XADD"
+sleep 0.5
+drain_stop_timed "$worker_pid" "$store_pid"
+worker_pid=""
+rc=$DRAIN_RC
+took_ms=$DRAIN_TOOK_MS
+echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen, timeout ${timeout_s} s)"
+[ "$rc" = 0 ] || fail "worker exit $rc after SIGTERM"
+# The drain timeout, then the stopped handler's one release try (two store
+# timeouts, above), and a margin: 6.2-6.9 s measured on the busy 2-core
+# machine. Before: 10.5 s (the fetch thread's claim in flight at SIGTERM came
+# before the drain clock).
+[ "$took_ms" -lt $(((drain_s + 2 * timeout_s) * 1000 + 1500)) ] || fail "the drain took ${took_ms} ms"
+# Read and not acked: the first entry and two batches of 9 (the second one was
+# fetched while the first waited in the claim stage: the fetch thread claimed it).
+pending=$(rcli XPENDING jobs g | head -1)
+[ "$pending" = 19 ] || fail "$pending entries pending after the drain, want 19"
+drain_nothing_recorded "$dedup" "redis://127.0.0.1:$store_port"
+echo "ok: drain ${took_ms} ms from SIGTERM, two claim batches were in flight, nothing acked ($pending pending)"
+echo PASS
