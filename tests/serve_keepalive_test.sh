@@ -61,6 +61,17 @@ check "both are counted" eval '[ "$(metric "dedup_serve_requests_total{route=\"p
 check "only the routed one has a duration (the 414 did not inherit its start)" \
   eval '[ "$(metric "dedup_serve_request_duration_seconds_count{route=\"page\"}" $api_port)" = 1 ]'
 
+# slow_clients SLOW IDLE SECONDS OUT: tests/serve_slow_clients.py against
+# $slow_port in the background (its PID in slow_pid), once its connections are open.
+slow_clients() {
+  setpriv --pdeathsig KILL -- python3 "$root/tests/serve_slow_clients.py" $slow_port "$1" "$2" "$3" \
+    >"$4" 2>&1 &
+  slow_pid=$!
+  SERVE_PIDS+=("$slow_pid")
+  for _ in $(seq 100); do grep -q open "$4" && break; sleep 0.05; done
+  sleep 0.5
+}
+
 # ---- slow clients: a connection holds a thread from accept to close, and a
 # client that sends its head a byte at a time (each read within the read timeout)
 # holds it for as long as it keeps sending. Against --threads 2: two such clients
@@ -68,12 +79,7 @@ check "only the routed one has a duration (the 414 did not inherit its start)" \
 serve_start $slow_port "$tmp/slow-serve.log" "$dedup" serve --store memory: \
   --listen 127.0.0.1:$slow_port --threads 2
 slow_serve_pid=$SERVE_LAST_PID
-setpriv --pdeathsig KILL -- python3 "$root/tests/serve_slow_clients.py" $slow_port 2 3 12 \
-  >"$tmp/slow.out" 2>&1 &
-slow_pid=$!
-SERVE_PIDS+=("$slow_pid")
-for _ in $(seq 100); do grep -q open "$tmp/slow.out" && break; sleep 0.05; done
-sleep 0.5
+slow_clients 2 3 12 "$tmp/slow.out"
 t0=$(date +%s%N)
 code=$(curl -s -m 8 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$slow_port/healthz" || true)
 ms=$((($(date +%s%N) - t0) / 1000000))
@@ -95,12 +101,7 @@ serve_start $slow_port "$tmp/cap-serve.log" "$dedup" serve --store memory: \
 cap_pid=$SERVE_LAST_PID
 threads() { awk '/^Threads:/ { print $2 }' "/proc/$cap_pid/status"; }
 before=$(threads)
-setpriv --pdeathsig KILL -- python3 "$root/tests/serve_slow_clients.py" $slow_port 3 0 4 \
-  >"$tmp/cap.out" 2>&1 &
-slow_pid=$!
-SERVE_PIDS+=("$slow_pid")
-for _ in $(seq 100); do grep -q open "$tmp/cap.out" && break; sleep 0.05; done
-sleep 0.5
+slow_clients 3 0 4 "$tmp/cap.out"
 during=$(threads)
 check "three slow connections on --max-connections 2: one thread more than idle ($before, then $during)" \
   [ "$during" -eq $((before + 1)) ]

@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "core/redact.h"
 #include "core/uri.h"
 #include "serve/bytes.h"
+#include "serve/connection_pool.h"
 #include "serve/impl.h"
 
 namespace dedup::serve {
@@ -223,6 +225,11 @@ Status ValidateServeOptions(const ServeOptions& o) {
   if (o.threads < 1 || o.threads > 1024) {
     return Status::InvalidArgument("--threads must be 1 to 1024");
   }
+  if (o.max_connections != 0 && (o.max_connections < o.threads || o.max_connections > 16384)) {
+    return Status::InvalidArgument("--max-connections must be at least --threads (" +
+                                   std::to_string(o.threads) + ") and at most 16384, got " +
+                                   std::to_string(o.max_connections));
+  }
   if (o.key_prefix.size() >= kMaxKeyBytes) {
     return Status::InvalidArgument("--key-prefix is longer than a key may be");
   }
@@ -319,10 +326,21 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
   Impl& s = *impl;
   s.registry.AddBuildInfo(s.o.version);
 
-  s.http.new_task_queue = [n = s.o.threads] { return new httplib::ThreadPool(n); };
+  // A connection holds a thread until it closes: slow or idle clients must not
+  // hold every thread (connection_pool.h, docs/SERVE.md "Slow clients").
+  const int max_connections =
+      s.o.max_connections != 0 ? s.o.max_connections : std::max(256, s.o.threads);
+  s.http.new_task_queue = [n = s.o.threads, m = max_connections] {
+    return new ConnectionPool(static_cast<size_t>(n), static_cast<size_t>(m));
+  };
   s.http.set_payload_max_length(s.o.max_body_bytes);
+  // Per read or write, not per request: cpp-httplib has no deadline for a whole
+  // request head or body.
   s.http.set_read_timeout(std::chrono::seconds(10));
   s.http.set_write_timeout(std::chrono::seconds(10));
+  // How long an idle connection (before its first request, or between two) holds
+  // its thread.
+  s.http.set_keep_alive_timeout(5);
   s.http.set_keep_alive_max_count(1000);
   s.http.set_tcp_nodelay(true);
 
