@@ -423,6 +423,18 @@ TEST_F(RabbitMqSourceTest, DeadLetterAndRetryFindTheirQueuesAgainAfterADelete) {
   ASSERT_TRUE(d[0]->Ack().ok());
 }
 
+// An operator's queue bound to the dead exchange (opened by the source) that
+// refuses every message (a length limit of 0, reject-publish): the broker nacks
+// each dead letter, which the dead queue still takes.
+void BindAQueueThatRefusesEveryCopy(const RabbitMqOptions& o, const std::string& queue) {
+  RawAmqp raw(o);
+  TableBuilder full;
+  full.AddInt("x-max-length", 0);
+  full.AddString("x-overflow", "reject-publish");
+  raw.Declare(queue + ".audit", std::move(full));
+  raw.Bind(queue + ".audit", queue + ".dead");
+}
+
 // A publisher-confirm nack does not say the copy was not taken: a message routed
 // to several queues and refused by one of them (a length limit with
 // reject-publish) "will still be published to all other queues which can
@@ -433,14 +445,7 @@ TEST_F(RabbitMqSourceTest, DeadLetterAndRetryFindTheirQueuesAgainAfterADelete) {
 TEST_F(RabbitMqSourceTest, ANackedDeadLetterIsNotSentTwice) {
   auto src = OpenRabbitMqSource(Uri());
   ASSERT_TRUE(src.ok()) << src.status().ToString();
-  RawAmqp raw(Options());
-  {
-    TableBuilder full;
-    full.AddInt("x-max-length", 0);
-    full.AddString("x-overflow", "reject-publish");
-    raw.Declare(queue_ + ".audit", std::move(full));
-  }
-  raw.Bind(queue_ + ".audit", queue_ + ".dead");
+  BindAQueueThatRefusesEveryCopy(Options(), queue_);
   Publish("n-1", "a");
   auto got = FetchAll(**src, 1, Millis(5000));
   ASSERT_EQ(got.size(), 1u);
@@ -462,14 +467,7 @@ TEST_F(RabbitMqSourceTest, ANackedDeadLetterIsNotSentTwice) {
 TEST_F(RabbitMqSourceTest, AFailedCopyIsNotRequeuedAtOnce) {
   auto src = OpenRabbitMqSource(Uri());
   ASSERT_TRUE(src.ok()) << src.status().ToString();
-  RawAmqp raw(Options());
-  {
-    TableBuilder full;
-    full.AddInt("x-max-length", 0);
-    full.AddString("x-overflow", "reject-publish");
-    raw.Declare(queue_ + ".audit", std::move(full));
-  }
-  raw.Bind(queue_ + ".audit", queue_ + ".dead");
+  BindAQueueThatRefusesEveryCopy(Options(), queue_);
   Publish("h-1", "a");
   auto got = FetchAll(**src, 1, Millis(5000));
   ASSERT_EQ(got.size(), 1u);
