@@ -728,7 +728,8 @@ TEST_F(PostgresTxTest, SessionResetFunctionDroppedOrReplacedFailsTheCommit) {
   ASSERT_NE(store, nullptr);
   std::set<std::string> pids;
   // Runs a handler that PREPAREs and INSERTs, plus `extra`; the write's status.
-  auto run = [&](const std::string& key, const std::string& extra) {
+  // `done`: whether it commits (else it asks a retry: a rollback).
+  auto run = [&](const std::string& key, const std::string& extra, bool done = true) {
     ClaimResult c = MustClaim(*store, key);
     EXPECT_TRUE(c.acquired());
     return store->RunInTransaction(key, c.token, c.fence, c.attempt, 600s, [&](PostgresTransaction& tx) {
@@ -737,7 +738,7 @@ TEST_F(PostgresTxTest, SessionResetFunctionDroppedOrReplacedFailsTheCommit) {
       Status s = tx.ExecScript("PREPARE leftover_stmt AS SELECT 1; INSERT INTO orders VALUES ('" +
                                key + "', 1); " + extra);
       EXPECT_TRUE(s.ok()) << s;
-      return HandlerResult::Done();
+      return done ? HandlerResult::Done() : HandlerResult::Retry("asked");
     });
   };
   auto committed = [&](const std::string& key) {
@@ -763,6 +764,10 @@ TEST_F(PostgresTxTest, SessionResetFunctionDroppedOrReplacedFailsTheCommit) {
   EXPECT_NE(w.status().message().find("dedup_forget_handler_statements"), std::string::npos)
       << w.status();
   EXPECT_FALSE(committed("f3"));
+  // After a rollback the prepared statement cannot be forgotten either: that
+  // connection is closed too, not handed to the next handler.
+  w = run("f3r", "", false);
+  ASSERT_TRUE(w.ok()) << w.status();  // the release of the claim
 
   // A store opened now makes it again; the one still open then commits too.
   auto again = Open("&table=tx&pool=2");
@@ -770,8 +775,8 @@ TEST_F(PostgresTxTest, SessionResetFunctionDroppedOrReplacedFailsTheCommit) {
   w = run("f4", "");
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_TRUE(committed("f4"));
-  // Each failed commit closed its connection (the prepared statement with it).
-  EXPECT_EQ(pids.size(), 3u);
+  // Each failed reset closed its connection (the prepared statement with it).
+  EXPECT_EQ(pids.size(), 4u);
 }
 
 // The handler's connection dies mid-transaction (server kills the backend, a
