@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -268,6 +269,16 @@ TEST_F(PostgresStoreTest, ARoleWithCreateOnItsSchemaOnlyCanOpenTheStore) {
     ClaimResult c = MustClaim(**s, "k");
     EXPECT_TRUE(c.acquired()) << role;
   }
+  // A role without CREATE there opens a table another role made, even with the
+  // session reset function missing (only RunInTransaction needs it).
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE ROLE app3 LOGIN PASSWORD 'app3pw'; "
+                                  "GRANT USAGE ON SCHEMA apps TO app3; "
+                                  "GRANT SELECT, INSERT, UPDATE, DELETE ON apps.app1_records TO app3; "
+                                  "DROP FUNCTION apps.dedup_forget_handler_statements()"));
+  auto s = OpenStore("postgres://app3:app3pw@127.0.0.1:" + std::to_string(kPort) + "/" + Db() +
+                     "?schema=apps&table=app1_records&expire_interval=0");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(MustClaim(**s, "k3").acquired());
 }
 
 // ---- the transactional API ----------------------------------------------------------
@@ -706,6 +717,66 @@ TEST_F(PostgresTxTest, HandlerSessionObjectsDoNotReachTheNextHandler) {
   // And the store's own statements still run on that connection.
   ClaimResult after = MustClaim(*store, "obj5");
   EXPECT_TRUE(after.acquired());
+}
+
+// The statements a handler PREPAREd are deallocated by a function in the store's
+// schema: dropped (from another connection) or replaced by another body (inside
+// the handler's own transaction), the commit fails and nothing leaks; a store
+// opened after makes it again.
+TEST_F(PostgresTxTest, SessionResetFunctionDroppedOrReplacedFailsTheCommit) {
+  auto store = Open("&table=tx&pool=2");
+  ASSERT_NE(store, nullptr);
+  std::set<std::string> pids;
+  // Runs a handler that PREPAREs and INSERTs, plus `extra`; the write's status.
+  // `done`: whether it commits (else it asks a retry: a rollback).
+  auto run = [&](const std::string& key, const std::string& extra, bool done = true) {
+    ClaimResult c = MustClaim(*store, key);
+    EXPECT_TRUE(c.acquired());
+    return store->RunInTransaction(key, c.token, c.fence, c.attempt, 600s, [&](PostgresTransaction& tx) {
+      auto pid = tx.Exec("SELECT pg_backend_pid()::text");
+      if (pid.ok() && !pid->empty() && (*pid)[0][0]) pids.insert(*(*pid)[0][0]);
+      Status s = tx.ExecScript("PREPARE leftover_stmt AS SELECT 1; INSERT INTO orders VALUES ('" +
+                               key + "', 1); " + extra);
+      EXPECT_TRUE(s.ok()) << s;
+      return done ? HandlerResult::Done() : HandlerResult::Retry("asked");
+    });
+  };
+  auto committed = [&](const std::string& key) {
+    std::string n;
+    EXPECT_TRUE(PgServer::Sql(Db(), "SELECT count(*) FROM orders WHERE msg = '" + key + "'", &n));
+    return n == "1";
+  };
+  auto w = run("f1", "");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(committed("f1"));
+
+  // Replaced inside the handler's transaction: the call's answer is checked.
+  w = run("f2", "CREATE OR REPLACE FUNCTION public.dedup_forget_handler_statements() "
+                "RETURNS integer LANGUAGE sql AS 'SELECT 2'");
+  EXPECT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("was replaced"), std::string::npos) << w.status();
+  EXPECT_FALSE(committed("f2"));
+
+  // Dropped by another connection: the commit cannot call it.
+  ASSERT_TRUE(PgServer::Sql(Db(), "DROP FUNCTION public.dedup_forget_handler_statements()"));
+  w = run("f3", "");
+  EXPECT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("dedup_forget_handler_statements"), std::string::npos)
+      << w.status();
+  EXPECT_FALSE(committed("f3"));
+  // After a rollback the prepared statement cannot be forgotten either: that
+  // connection is closed too, not handed to the next handler.
+  w = run("f3r", "", false);
+  ASSERT_TRUE(w.ok()) << w.status();  // the release of the claim
+
+  // A store opened now makes it again; the one still open then commits too.
+  auto again = Open("&table=tx&pool=2");
+  ASSERT_NE(again, nullptr);
+  w = run("f4", "");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(committed("f4"));
+  // Each failed reset closed its connection (the prepared statement with it).
+  EXPECT_EQ(pids.size(), 4u);
 }
 
 // The handler's connection dies mid-transaction (server kills the backend, a

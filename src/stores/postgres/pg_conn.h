@@ -65,6 +65,8 @@ class Conn {
   ~Conn();
   PGconn* raw() { return conn_; }
   bool broken() const;
+  // Closed when handed back: it holds session state that could not be cleared.
+  void Poison() { poisoned_ = true; }
 
   // Runs a statement; an error status unless it returned tuples or a command OK.
   StatusOr<Result> Exec(std::string_view sql, std::string_view op);

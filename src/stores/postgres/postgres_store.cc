@@ -70,6 +70,59 @@ constexpr std::string_view kDecodable =
 
 class PgTransaction;
 
+// What a handler's SQL may leave on the pooled connection that neither COMMIT nor
+// ROLLBACK ends, for the next message's handler (perhaps another tenant's) to see.
+// Every statement that clears it may run inside a transaction block (only DISCARD
+// ALL may not), so that they ride in the COMMIT's own round trip:
+// - statements the handler PREPAREd (pg_prepared_statements.from_sql: the
+//   store's own are prepared through the protocol, so never from_sql; DEALLOCATE
+//   ALL would drop them too). PREPARE is not transactional: a rollback keeps them.
+// - sequences' currval/lastval (DISCARD SEQUENCES; also kept by a rollback).
+// - temporary tables (DISCARD TEMP; a rollback drops those it created).
+//
+// The statements are deallocated by a PL/pgSQL function in the store's schema,
+// made once (MakeSessionReset), not by a DO block: a DO block is compiled on every
+// run, a function once per session, with its query's plan kept (measured in
+// docs/PERFORMANCE.md: the DO block was most of the server's CPU of a commit).
+// A plain SQL test for "nothing to deallocate" is no cheaper: the view's query is
+// planned on every run.
+//
+// The handler's SQL runs as the store's role, which owns the function: a DROP or
+// CREATE OR REPLACE of it inside the handler's transaction rolls back with it,
+// and the call must answer kForgetFunctionAnswer: a function missing (dropped by
+// another connection), replaced by another body or of another version fails the
+// statement, so the commit fails (the connection is closed, nothing leaks); a
+// new store (a restarted worker) makes it again. Only a replacement written to
+// answer the same while doing nothing goes unnoticed, as would any other harm
+// SQL with the store's role can do (it can also rewrite the records).
+// pg_catalog is named: the handler may have shadowed names in its own schemas.
+constexpr std::string_view kForgetFunction = "dedup_forget_handler_statements";
+constexpr int kForgetFunctionAnswer = 1;  // this body's version
+
+std::string ForgetFunctionSql(std::string_view schema) {
+  return "CREATE OR REPLACE FUNCTION " + pg::Quote(schema) + "." + std::string(kForgetFunction) +
+         "()\n"
+         "RETURNS integer LANGUAGE plpgsql AS $dedup$\n"
+         "DECLARE s record;\n"
+         "BEGIN\n"
+         "  FOR s IN SELECT name FROM pg_catalog.pg_prepared_statements WHERE from_sql LOOP\n"
+         "    EXECUTE pg_catalog.format('DEALLOCATE %I', s.name);\n"
+         "  END LOOP;\n"
+         "  RETURN " + std::to_string(kForgetFunctionAnswer) + ";\n"
+         "END $dedup$";
+}
+
+// The statement that calls it, failing (22P02, with the words below) when it
+// answers anything else. The CASE holds the volatile call, so the failing branch
+// is not folded at planning.
+std::string ForgetHandlerStatements(std::string_view schema) {
+  const std::string fn = pg::Quote(schema) + "." + std::string(kForgetFunction) + "()";
+  return "SELECT pg_catalog.int4(CASE " + fn + " WHEN " + std::to_string(kForgetFunctionAnswer) +
+         " THEN '0' ELSE 'dedup: " + fn + " was replaced (it did not answer " +
+         std::to_string(kForgetFunctionAnswer) +
+         "): the statements a handler prepared may remain' END)";
+}
+
 // The fence helper without its CREATE SCHEMA (FenceHelperSql is both).
 std::string FenceHelperBody(std::string_view schema);
 
@@ -95,6 +148,7 @@ class PgStore final : public PostgresStore {
     if (!first.ok()) return first.status();
     DEDUP_RETURN_IF_ERROR(CheckServer(**first));
     DEDUP_RETURN_IF_ERROR(Migrate(**first));
+    DEDUP_RETURN_IF_ERROR(MakeSessionReset(**first));
     // Statements are prepared per connection, so the first one goes through the
     // pool's opener too; this one only checked and migrated.
     auto h = pool_.Get();
@@ -433,6 +487,29 @@ class PgStore final : public PostgresStore {
     return Status::Ok();
   }
 
+  // The function that forgets the statements a handler PREPAREd
+  // (kForgetHandlerStatements), made when missing, under the migration lock (two
+  // stores opening at once would race on CREATE OR REPLACE). Also for tables made
+  // by a version of dedup without it. A role without CREATE on the schema leaves
+  // it missing: only RunInTransaction needs it, and its commits then fail naming it
+  // (docs/POSTGRES.md) while claims and completions work.
+  Status MakeSessionReset(pg::Conn& c) {
+    const std::string fn = pg::Quote(o_.schema) + "." + std::string(kForgetFunction) + "()";
+    DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN", "session reset function").status());
+    auto made = c.Exec("SELECT pg_advisory_xact_lock(" + std::to_string(kMigrationLock) +
+                           "); SELECT to_regprocedure('" + fn + "') IS NOT NULL OR NOT "
+                           "has_schema_privilege('" + o_.schema + "', 'CREATE')",
+                       "session reset function");
+    if (made.ok() && std::string(PQgetvalue(made->get(), 0, 0)) != "t") {
+      made = c.Exec(ForgetFunctionSql(o_.schema), "session reset function");
+    }
+    if (!made.ok()) {
+      (void)c.Exec("ROLLBACK", "session reset function");
+      return made.status();
+    }
+    return c.Exec("COMMIT", "session reset function").status();
+  }
+
   Status Prepare(pg::Conn& c) {
     const std::string T = table_;
     const std::string now = std::string(kNowMs);
@@ -547,6 +624,14 @@ class PgStore final : public PostgresStore {
   const PostgresStoreOptions o_;
   const std::string where_;
   const std::string table_;
+  // RunInTransaction's session reset (kForgetFunction): after a rollback, and
+  // with the COMMIT in its round trip.
+  const std::string release_ =
+      "SELECT pg_advisory_unlock_all(); DISCARD SEQUENCES; " + ForgetHandlerStatements(o_.schema);
+  const std::string reset_and_commit_ =
+      "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; CLOSE ALL; "
+      "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; " +
+      ForgetHandlerStatements(o_.schema) + "; COMMIT";
   int server_version_ = 0;  // set by Start() before the pool opens a connection
   pg::Pool pool_;
   std::atomic<uint64_t> expired_rows_{0}, expire_statements_{0}, expire_micros_{0};
@@ -653,20 +738,6 @@ class PgTransaction final : public PostgresTransaction {
   Status failure_;
 };
 
-// What a handler's SQL may leave on the pooled connection that neither COMMIT nor
-// ROLLBACK ends, for the next message's handler (perhaps another tenant's) to see.
-// Every statement here may run inside a transaction block (only DISCARD ALL may
-// not), so that they ride in the COMMIT's own round trip:
-// - statements the handler PREPAREd (pg_prepared_statements.from_sql: the
-//   store's own are prepared through the protocol, so never from_sql; DEALLOCATE
-//   ALL would drop them too). PREPARE is not transactional: a rollback keeps them.
-// - sequences' currval/lastval (DISCARD SEQUENCES; also kept by a rollback).
-// - temporary tables (DISCARD TEMP; a rollback drops those it created).
-// pg_catalog is named: the handler may have shadowed names in its own schemas.
-constexpr std::string_view kForgetHandlerStatements =
-    "DO $dedup$DECLARE s record; BEGIN FOR s IN SELECT name FROM pg_catalog.pg_prepared_statements "
-    "WHERE from_sql LOOP EXECUTE pg_catalog.format('DEALLOCATE %I', s.name); END LOOP; END $dedup$";
-
 StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token token,
                                                 uint64_t fence, uint32_t attempt,
                                                 Millis retention,
@@ -681,12 +752,11 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN ISOLATION LEVEL READ COMMITTED", "begin").status());
     // A rollback keeps session-level advisory locks the handler took, the
     // statements it prepared and sequences' currval; the connection goes back to
-    // the pool without them (kForgetHandlerStatements).
-    auto rollback = [&c] {
+    // the pool without them (kForgetFunction). If that fails (the function
+    // dropped), the connection is closed when handed back, with them.
+    auto rollback = [&] {
       (void)c.Exec("ROLLBACK", "rollback");
-      (void)c.Exec("SELECT pg_advisory_unlock_all(); DISCARD SEQUENCES; " +
-                       std::string(kForgetHandlerStatements),
-                   "release session state");
+      if (!c.Exec(release_, "release session state").ok()) c.Poison();
     };
     PgTransaction tx(c, key, token, fence, attempt);
     try {
@@ -729,15 +799,11 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       // connection's own values (RESET is transactional too), in the COMMIT's own
       // round trip. A rollback undoes them by itself. Session-level advisory locks
       // survive both: released; and the temporary tables, prepared statements and
-      // currval of kForgetHandlerStatements, after the RESETs (as the connection's
-      // own role, the handler's cursors closed). If any of these fails, the
+      // currval of kForgetFunction, after the RESETs (as the connection's own
+      // role, the handler's cursors closed). If any of these fails, the
       // statements after it (COMMIT too) are skipped: the transaction is not
       // committed, and the connection, left inside it, is closed when handed back.
-      static const std::string kResetAndCommit =
-          "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; CLOSE ALL; "
-          "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; " +
-          std::string(kForgetHandlerStatements) + "; COMMIT";
-      auto commit = c.Exec(kResetAndCommit, "commit");
+      auto commit = c.Exec(reset_and_commit_, "commit");
       if (!commit.ok()) return commit.status();
       // COMMIT of an aborted transaction answers ROLLBACK instead of failing.
       if (std::string_view(PQcmdStatus(commit->get())) != "COMMIT") {
