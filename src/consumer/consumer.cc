@@ -88,16 +88,18 @@ class Consumer::Impl {
   // Consumer::Stop(), maybe from a signal handler: only atomics, clock_gettime
   // and write(2), all async-signal-safe. The first call's moment is the drain's
   // start; the write wakes the drain thread (DrainOnStop), which does not wait
-  // for the fetch thread to come back from a Fetch or a claim.
+  // for the fetch thread to come back from a Fetch or a claim. The stop flag
+  // comes last: once it is seen, Run() may return and its caller destroy the
+  // Consumer, so nothing of it is touched after that.
   void RequestStop() {
     const int saved_errno = errno;
     int64_t none = 0;
     (void)stop_ns_.compare_exchange_strong(none, MonotonicNs());
-    stop_->store(true, std::memory_order_release);
     const uint64_t one = 1;
     if (write(stop_fd_, &one, sizeof one) < 0) {
       // Nothing to do in a signal handler: DrainOnStop also polls stop_.
     }
+    stop_->store(true, std::memory_order_release);
     errno = saved_errno;
   }
 
@@ -659,6 +661,12 @@ class Consumer::Impl {
   // drains).
   void DrainOnStop() {
     while (!stop_->load(std::memory_order_acquire)) {
+      if (stop_ns_.load(std::memory_order_acquire) != 0) {
+        // Between Stop()'s wake-up and its stop flag (set last, see RequestStop):
+        // no handler may see the drain begin before the flag.
+        std::this_thread::sleep_for(Millis(1));
+        continue;
+      }
       uint64_t n = 0;
       if (read(stop_fd_, &n, sizeof n) < 0 && errno != EINTR) {
         std::this_thread::sleep_for(Millis(50));
