@@ -13,14 +13,19 @@
 // Everything else passes straight to the system call. Not built under TSan,
 // which intercepts write(2) itself.
 
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "brokers/memory/memory_broker.h"
 #include "dedup/buffer.h"
@@ -99,5 +104,54 @@ TEST(ConsumerStop, RunDoesNotReturnWhileStopStillUsesTheConsumer) {
          "read freed memory and write to a closed or reused fd";
 }
 
+
+// The RLIMIT_NOFILE soft limit that leaves exactly `room` descriptor numbers
+// free below it (a new descriptor takes the lowest free number below the limit).
+rlim_t LimitLeaving(int room) {
+  std::set<int> open;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') open.insert(std::stoi(e->d_name));
+    }
+    closedir(d);
+  }
+  int fd = 0;
+  for (int free = 0;; ++fd) {
+    if (open.count(fd) == 0 && ++free == room) break;
+  }
+  return static_cast<rlim_t>(fd + 1);
+}
+
+// `dedup simulate --workers 1024` makes 1024 Consumers at once (src/sim), and
+// 1024 is the usual soft limit of open files: a Consumer must not hold a file
+// descriptor of its own. With one eventfd each (550caf2), under `ulimit -n 1024`:
+// "dedup simulate: INTERNAL: consumer: eventfd: Too many open files".
+TEST(ConsumerStop, AConsumerHoldsNoFileDescriptor) {
+  MemoryBroker broker;
+  std::unique_ptr<MemorySource> source = broker.Connect();
+  auto store = OpenStore("memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  Buffer buffer(store->get());
+  auto handler = [](const Delivery&, ClaimGuard&) { return HandlerResult::Done(); };
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = LimitLeaving(16);  // room for 16 more open files
+  ASSERT_LE(low.rlim_cur, old.rlim_max);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<std::unique_ptr<Consumer>> consumers;
+  std::string failed;
+  for (int i = 0; i < 200 && failed.empty(); ++i) {
+    auto c = Consumer::Make(source.get(), &buffer, handler);
+    if (c.ok()) {
+      consumers.push_back(std::move(c).value());
+    } else {
+      failed = "consumer " + std::to_string(i) + ": " + c.status().ToString();
+    }
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_EQ(failed, "") << "200 Consumers with room for 16 more open files";
+  EXPECT_EQ(consumers.size(), 200u);
+}
 }  // namespace
 }  // namespace dedup
