@@ -104,7 +104,9 @@ class Consumer::Impl {
     }
     Millis backoff(50);
     auto next_progress = std::chrono::steady_clock::now() + progress_every_;
-    while (!stop_->load(std::memory_order_relaxed)) {
+    // Acquire: what Stop() did before it set the flag (it touches nothing of
+    // the Consumer after) happens before Run() returns and the Consumer goes.
+    while (!stop_->load(std::memory_order_acquire)) {
       if (progress_every_.count() > 0 && std::chrono::steady_clock::now() >= next_progress) {
         next_progress = std::chrono::steady_clock::now() + progress_every_;
         SendInProgress();
