@@ -7,13 +7,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
+
+#include <nats/nats.h>
 
 #include "brokers/nats/nats_source.h"
 
@@ -61,6 +65,15 @@ class NatsSourceTest : public ::testing::Test {
     }
     return got;
   }
+  // What reached the dead stream <stream>_DEAD (the deliveries keep their
+  // connection), keyed by the original Nats-Msg-Id.
+  std::vector<std::unique_ptr<Delivery>> DeadLetters(size_t want) {
+    auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
+                               stream_ + "&key=header:Dedup-Original-Msg-Id");
+    EXPECT_TRUE(dead.ok()) << dead.status().ToString();
+    if (!dead.ok()) return {};
+    return FetchAll(**dead, want, Millis(5000));
+  }
   std::string stream_;
 };
 
@@ -71,6 +84,10 @@ TEST(NatsUriTest, ParsesEveryPart) {
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->host_port, "10.0.0.1:4999");
   EXPECT_EQ(o->servers, std::vector<std::string>{"nats://10.0.0.1:4999"});
+  // One source of truth for the connection: the servers, and the user apart.
+  EXPECT_EQ(o->user, "u");
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_TRUE(o->has_password);
   // Each host split and checked once; the default port and IPv6 brackets added.
   auto many = ParseNatsUri("nats://a,b:4300,[::1],[::1]:4301?stream=S&consumer=c");
   ASSERT_TRUE(many.ok()) << many.status();
@@ -236,10 +253,7 @@ TEST_F(NatsSourceTest, DeadLetterTermsAndCopiesWithTheReason) {
   ASSERT_TRUE(got[0]->DeadLetter("EXHAUSTED: 5 attempts").ok());
   // Terminated: not redelivered after AckWait.
   EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty());
-  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
-                             stream_ + "&key=header:Dedup-Original-Msg-Id");
-  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
-  auto d = FetchAll(**dead, 1, Millis(5000));
+  auto d = DeadLetters(1);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0]->key(), "bad");
   EXPECT_EQ(d[0]->payload(), "payload");
@@ -275,6 +289,167 @@ TEST_F(NatsSourceTest, ServerRestartKeepsTheStreamAndRedeliversUnacked) {
     ASSERT_TRUE(d->Ack().ok());
   }
   EXPECT_EQ(keys, (std::set<std::string>{"m-1", "m-2"}));
+}
+
+// ---- adversarial review (brokerreview) ----------------------------------------
+
+// A raw nats.c connection for what the source must cope with but never does
+// itself: consumers made by someone else, messages with JetStream's own headers.
+class RawNats {
+ public:
+  RawNats() {
+    EXPECT_EQ(natsConnection_ConnectTo(&nc_, BaseUri().c_str()), NATS_OK);
+    EXPECT_EQ(natsConnection_JetStream(&js_, nc_, nullptr), NATS_OK);
+  }
+  ~RawNats() {
+    if (js_ != nullptr) jsCtx_Destroy(js_);
+    if (nc_ != nullptr) natsConnection_Destroy(nc_);
+  }
+  // Adds durable pull consumer `name` on `stream`, filtered on `subject`.
+  void AddConsumer(const std::string& stream, const std::string& name, const std::string& subject,
+                   jsAckPolicy policy, int64_t max_deliver) {
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = name.c_str();
+    cc.AckPolicy = policy;
+    cc.MaxDeliver = max_deliver;
+    cc.FilterSubject = subject.c_str();
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_AddConsumer(&ci, js_, stream.c_str(), &cc, nullptr, &jerr), NATS_OK)
+        << "jerr " << jerr;
+    jsConsumerInfo_Destroy(ci);
+  }
+  void DeleteStream(const std::string& stream) {
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_DeleteStream(js_, stream.c_str(), nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+  }
+  // Publishes `data` to `subject` with the headers given.
+  void Publish(const std::string& subject, const std::string& data,
+               const std::vector<std::pair<std::string, std::string>>& headers) {
+    natsMsg* m = nullptr;
+    ASSERT_EQ(natsMsg_Create(&m, subject.c_str(), nullptr, data.data(), static_cast<int>(data.size())),
+              NATS_OK);
+    for (const auto& [k, v] : headers) ASSERT_EQ(natsMsgHeader_Add(m, k.c_str(), v.c_str()), NATS_OK);
+    jsPubAck* pa = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    EXPECT_EQ(js_PublishMsg(&pa, js_, m, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+    if (pa != nullptr) jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+  }
+
+ private:
+  natsConnection* nc_ = nullptr;
+  jsCtx* js_ = nullptr;
+};
+
+// An existing durable consumer was used "as it is". With AckPolicy all, one +ACK
+// acks every earlier message too, including ones still being worked on (or
+// NAKed as BUSY) whose outcome is not recorded; with a MaxDeliver, a message
+// redelivered that often (BUSY NAKs count) is never delivered again, neither
+// done nor dead-lettered. Both must be refused when the source opens, naming
+// the setting. On main both opened: "Value of: src.ok() Actual: true".
+TEST_F(NatsSourceTest, AnExistingConsumerThatAcksOrDropsUnrecordedWorkIsRefused) {
+  Publish("m", "x");  // creates the stream
+  RawNats raw;
+  raw.AddConsumer(stream_, "all", stream_ + ".in", js_AckAll, -1);
+  raw.AddConsumer(stream_, "few", stream_ + ".in", js_AckExplicit, 3);
+  const std::string base = BaseUri() + "?stream=" + stream_ + "&subject=" + stream_ + ".in";
+  auto all = OpenNatsSource(base + "&consumer=all");
+  ASSERT_FALSE(all.ok()) << "a consumer with AckPolicy all was accepted";
+  EXPECT_EQ(all.status().code(), StatusCode::kFailedPrecondition) << all.status().ToString();
+  EXPECT_NE(all.status().message().find("AckPolicy"), std::string::npos) << all.status().ToString();
+  auto few = OpenNatsSource(base + "&consumer=few");
+  ASSERT_FALSE(few.ok()) << "a consumer with MaxDeliver 3 was accepted";
+  EXPECT_EQ(few.status().code(), StatusCode::kFailedPrecondition) << few.status().ToString();
+  EXPECT_NE(few.status().message().find("MaxDeliver"), std::string::npos) << few.status().ToString();
+  // The one this source makes itself is still fine when opened again.
+  ASSERT_TRUE(OpenNatsSource(Uri()).ok());
+  auto again = OpenNatsSource(Uri());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A dead subject the source itself consumes sends every dead letter back to the
+// workers, which dead-letter it again (it has no Nats-Msg-Id: "no key"), for
+// ever; a wildcard can never be published to, so every dead letter failed and
+// was NAKed back at once. Both are refused when the URI is read. On main both
+// parsed: "Value of: o.ok() Actual: true".
+TEST(NatsUriTest, ADeadSubjectThatLoopsOrCannotBePublishedIsRefused) {
+  const char* bad[] = {
+      "nats://h?stream=S&consumer=c&subject=jobs.in&dead=jobs.in",
+      "nats://h?stream=S&consumer=c&subject=jobs.>&dead=jobs.dead",
+      "nats://h?stream=S&consumer=c&subject=jobs.*.in&dead=jobs.x.in",
+      "nats://h?stream=S&consumer=c&dead=S",  // the subject defaults to the stream name
+      "nats://h?stream=S&consumer=c&dead=dead.*",
+      "nats://h?stream=S&consumer=c&dead=dead.>",
+      "nats://h?stream=S&consumer=c&dead=dead..x",
+      "nats://h?stream=S&consumer=c&dead=dead%20x",
+  };
+  for (const char* uri : bad) {
+    auto o = ParseNatsUri(uri);
+    ASSERT_FALSE(o.ok()) << uri;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << uri;
+    EXPECT_NE(o.status().message().find("dead"), std::string::npos) << uri << ": " << o.status();
+  }
+  EXPECT_TRUE(ParseNatsUri("nats://h?stream=S&consumer=c&subject=jobs.>&dead=dead.jobs").ok());
+  EXPECT_TRUE(ParseNatsUri("nats://h?stream=S&consumer=c&subject=jobs.*&dead=jobs.x.y").ok());
+}
+
+// The dead-letter copy carried the original's headers as they were, JetStream's
+// own included: Nats-Expected-Stream names the work stream, so the dead stream
+// refused the copy (JetStream error 10060), the original was NAKed back at once,
+// and the MISMATCH or EXHAUSTED message came round again for ever. On main:
+// "DeadLetter: ... expected stream does not match (JetStream error 10060)".
+TEST_F(NatsSourceTest, DeadLetterOfAMessageWithJetStreamHeadersIsStored) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawNats raw;
+  raw.Publish(stream_ + ".in", "payload",
+              {{"Nats-Msg-Id", "k-1"}, {"Nats-Expected-Stream", stream_}, {"Other", "kept"},
+               {"Other", "too"}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0]->key(), "k-1");
+  Status dl = got[0]->DeadLetter("MISMATCH: same id, different payload");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1500)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "k-1");
+  std::map<std::string, std::string> h(d[0]->attributes().begin(), d[0]->attributes().end());
+  EXPECT_EQ(h["Other"], "kept");
+  EXPECT_EQ(h["Dedup-Reason"], "MISMATCH: same id, different payload");
+  EXPECT_EQ(h["Dedup-Original-Nats-Expected-Stream"], stream_);
+  EXPECT_EQ(h.count("Nats-Expected-Stream"), 0u);
+  // A repeated header keeps all its values on the copy (it kept the first).
+  EXPECT_EQ(std::count(d[0]->attributes().begin(), d[0]->attributes().end(),
+                       std::pair<std::string, std::string>("Other", "too")),
+            1);
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// The dead stream deleted while the source runs: no stream took the copy (no
+// responders), the original was NAKed back at once and failed the same way on
+// every delivery, as fast as the network goes. On main:
+//   UNAVAILABLE: nats 127.0.0.1:4239: dead letter to dedup.dead.T...: No responders
+//   available for request (JetStream error 10076)
+TEST_F(NatsSourceTest, DeadLetterAfterTheDeadStreamWasDeletedMakesItAgain) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawNats raw;
+  raw.DeleteStream(stream_ + "_DEAD");
+  Publish("gone", "payload");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  auto back = FetchAll(**src, 1, Millis(1500));
+  EXPECT_TRUE(back.empty()) << "the original came back: " << back[0]->key() << " #"
+                            << back[0]->delivery_count();
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "gone");
+  ASSERT_TRUE(d[0]->Ack().ok());
 }
 
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

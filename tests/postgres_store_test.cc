@@ -5,7 +5,10 @@
 // fence helper, expiry in bounded batches, the pool under many threads, and a
 // server restart while a Buffer works. Starts its own PostgreSQL 15 on 127.0.0.1
 // (port 5441, docs/PORTS.md) through scripts/lib/postgres.sh, as a child process
-// stopped by PID; skips when no PostgreSQL server binaries are installed.
+// stopped by PID; skips when no PostgreSQL server binaries are installed. One
+// server for the whole binary (ctest runs it as one test): each case works in a
+// database of its own, created in its SetUp; the restart case restarts that
+// server, which is back up when it ends.
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
@@ -13,6 +16,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -38,9 +42,14 @@ using testing::Spawn;
 constexpr int kPort = 5441;
 constexpr const char* kPassword = "dedup-test-pw";
 
+// The database of the running case: every case has its own (one server for the
+// whole binary), so that no case sees another's tables, rows, functions or schemas.
+std::string g_db = "dedup";
+const std::string& Db() { return g_db; }
+
 std::string Uri(const std::string& extra = "") {
   return "postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" + std::to_string(kPort) +
-         "/dedup?" + (extra.find("expire_interval") == std::string::npos ? "expire_interval=0" : "") +
+         "/" + Db() + "?" + (extra.find("expire_interval") == std::string::npos ? "expire_interval=0" : "") +
          extra;
 }
 
@@ -54,8 +63,7 @@ class PgServer {
     if (fgets(buf, sizeof buf, f) != nullptr) dir_ = buf;
     if (pclose(f) != 0 || dir_.empty()) return false;
     while (!dir_.empty() && dir_.back() == '\n') dir_.pop_back();
-    if (!Start()) return false;
-    return Sql("postgres", "CREATE DATABASE dedup");
+    return Start();
   }
   bool Start() {
     pid_ = Spawn({"bash", DEDUP_PG_SCRIPT, "run", std::to_string(kPort), dir_});
@@ -97,7 +105,7 @@ class PgServer {
   }
   static std::string Value(const std::string& sql) {
     std::string v;
-    EXPECT_TRUE(Sql("dedup", sql, &v)) << sql;
+    EXPECT_TRUE(Sql(Db(), sql, &v)) << sql;
     return v;
   }
 
@@ -108,9 +116,11 @@ class PgServer {
 
 PgServer* g_server = nullptr;
 
-class PostgresStoreTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
+// One server for every case of the binary (initdb and a start cost about a
+// second each, more on a busy machine; ctest runs the binary as one test).
+class PgEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
     if (!std::filesystem::exists(DEDUP_PG_SCRIPT) || !PortFree(kPort)) return;
     g_server = new PgServer();
     if (!g_server->Init()) {
@@ -118,12 +128,24 @@ class PostgresStoreTest : public ::testing::Test {
       g_server = nullptr;
     }
   }
-  static void TearDownTestSuite() {
+  void TearDown() override {
     delete g_server;
     g_server = nullptr;
   }
+};
+::testing::Environment* const g_environment = ::testing::AddGlobalTestEnvironment(new PgEnvironment);
+
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  // A fresh database for the case, named after it.
   void SetUp() override {
     if (g_server == nullptr) GTEST_SKIP() << "no PostgreSQL server could be started on " << kPort;
+    std::string name = "t_";
+    for (const char ch : std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())) {
+      name += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+    g_db = name.substr(0, 63);
+    ASSERT_TRUE(PgServer::Sql("postgres", "CREATE DATABASE " + g_db));
   }
 
   std::unique_ptr<PostgresStore> Open(const std::string& extra = "") {
@@ -189,7 +211,7 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition) << other.status();
   EXPECT_NE(other.status().message().find("PostgreSQL"), std::string::npos) << other.status();
 
-  ASSERT_TRUE(PgServer::Sql("dedup", "CREATE TABLE future (key bytea primary key); "
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE TABLE future (key bytea primary key); "
                                      "COMMENT ON TABLE future IS 'dedup store records, format 99'; "
                                      "CREATE TABLE someone_elses (id int)"));
   auto future = OpenStore(Uri("&table=future"));
@@ -202,7 +224,7 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   // A table that carries dedup's comment but not its shape: no unique key (every
   // claim would fail, or with a plain index, two rows per key), or other columns.
   ASSERT_TRUE(PgServer::Sql(
-      "dedup",
+      Db(),
       "CREATE TABLE nokey (key bytea, state smallint NOT NULL, token bigint NOT NULL, "
       "fence bigint NOT NULL, attempt integer NOT NULL, lease_deadline bigint NOT NULL, "
       "retention_deadline bigint NOT NULL, fingerprint bytea NOT NULL, status smallint NOT NULL, "
@@ -227,7 +249,7 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   auto good = OpenStore(Uri());
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ((*good)->Describe().find(kPassword), std::string::npos) << (*good)->Describe();
-  EXPECT_NE((*good)->Describe().find("127.0.0.1:5441/dedup"), std::string::npos);
+  EXPECT_NE((*good)->Describe().find("127.0.0.1:5441/" + Db()), std::string::npos);
 }
 
 // The usual least-privilege setup: an application role that may create tables
@@ -235,13 +257,13 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
 // superusers may; PUBLIC has CONNECT and TEMPORARY). A second such role makes a
 // second table in the same schema, where the first role owns the fence helper.
 TEST_F(PostgresStoreTest, ARoleWithCreateOnItsSchemaOnlyCanOpenTheStore) {
-  ASSERT_TRUE(PgServer::Sql("dedup",
+  ASSERT_TRUE(PgServer::Sql(Db(),
                             "CREATE ROLE app1 LOGIN PASSWORD 'app1pw'; "
                             "CREATE ROLE app2 LOGIN PASSWORD 'app2pw'; CREATE SCHEMA apps; "
                             "GRANT USAGE, CREATE ON SCHEMA apps TO app1, app2"));
   for (const std::string role : {"app1", "app2"}) {
     auto s = OpenStore("postgres://" + role + ":" + role + "pw@127.0.0.1:" + std::to_string(kPort) +
-                       "/dedup?schema=apps&table=" + role + "_records&expire_interval=0");
+                       "/" + Db() + "?schema=apps&table=" + role + "_records&expire_interval=0");
     ASSERT_TRUE(s.ok()) << role << ": " << s.status();
     ClaimResult c = MustClaim(**s, "k");
     EXPECT_TRUE(c.acquired()) << role;
@@ -255,7 +277,7 @@ class PostgresTxTest : public PostgresStoreTest {
   void SetUp() override {
     PostgresStoreTest::SetUp();
     if (IsSkipped()) return;
-    ASSERT_TRUE(PgServer::Sql("dedup", "DROP TABLE IF EXISTS orders; "
+    ASSERT_TRUE(PgServer::Sql(Db(), "DROP TABLE IF EXISTS orders; "
                                        "CREATE TABLE orders (msg text, fence bigint)"));
     store_ = Open("&table=tx");
     ASSERT_NE(store_, nullptr);
@@ -547,7 +569,7 @@ TEST_F(PostgresTxTest, ADatabaseDefaultingToRepeatableReadStillCompletes) {
 // them (a search_path leaking into the next handler puts its effect into
 // another schema's table).
 TEST_F(PostgresTxTest, HandlerSettingsDoNotOutliveItsTransaction) {
-  ASSERT_TRUE(PgServer::Sql("dedup", "CREATE SCHEMA IF NOT EXISTS elsewhere"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SCHEMA IF NOT EXISTS elsewhere"));
   auto store = Open("&table=tx&pool=2");  // one connection for transactions: the same one
   ASSERT_NE(store, nullptr);
   std::string before_path, before_timeout;
@@ -625,6 +647,67 @@ TEST_F(PostgresTxTest, HandlerSessionLocksDoNotOutliveItsTransaction) {
       << "a rolled-back handler's session lock is still held by the store's pooled connection";
 }
 
+// Session state that RESET does not touch: a temporary table, a prepared
+// statement (PREPARE is not transactional: a rollback keeps it), a sequence's
+// currval (kept by a rollback too), a LISTEN, a cursor WITH HOLD. On a pooled
+// connection the next message's handler, perhaps another tenant's, would see
+// them (and its own CREATE TEMP TABLE or PREPARE of the same name would fail).
+TEST_F(PostgresTxTest, HandlerSessionObjectsDoNotReachTheNextHandler) {
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SEQUENCE IF NOT EXISTS tenant_seq"));
+  auto store = Open("&table=tx&pool=2");  // one connection for transactions: the same one
+  ASSERT_NE(store, nullptr);
+  std::string first_pid;
+  // Runs `h` for a fresh key; `done`: whether it commits (else it asks a retry).
+  auto run = [&](const std::string& key, bool done, const std::function<void(PostgresTransaction&)>& h) {
+    ClaimResult c = MustClaim(*store, key);
+    ASSERT_TRUE(c.acquired());
+    auto w = store->RunInTransaction(key, c.token, c.fence, c.attempt, 600s, [&](PostgresTransaction& tx) {
+      auto pid = tx.Exec("SELECT pg_backend_pid()::text");
+      EXPECT_TRUE(pid.ok() && !pid->empty() && (*pid)[0][0]);
+      if (pid.ok() && !pid->empty() && (*pid)[0][0]) {
+        if (first_pid.empty()) first_pid = *(*pid)[0][0];
+        EXPECT_EQ(*(*pid)[0][0], first_pid) << "not the same pooled connection: the test shows nothing";
+      }
+      h(tx);
+      return done ? HandlerResult::Done() : HandlerResult::Retry("asked");
+    });
+    ASSERT_TRUE(w.ok()) << w.status();
+  };
+  auto leave = [](PostgresTransaction& tx) {
+    Status s = tx.ExecScript(
+        "CREATE TEMP TABLE leftover (secret text); INSERT INTO leftover VALUES ('tenant 1'); "
+        "PREPARE leftover_stmt AS SELECT 'tenant 1'; SELECT nextval('tenant_seq'); "
+        "DECLARE leftover_cursor CURSOR WITH HOLD FOR SELECT 'tenant 1'; LISTEN leftover_channel");
+    EXPECT_TRUE(s.ok()) << s;
+  };
+  auto value = [](PostgresTransaction& tx, const std::string& sql) {
+    auto r = tx.Exec(sql);
+    if (!r.ok()) return "error: " + r.status().ToString();
+    return !r->empty() && (*r)[0][0] ? *(*r)[0][0] : std::string("NULL");
+  };
+  auto check = [&](PostgresTransaction& tx, const std::string& after) {
+    EXPECT_EQ(value(tx, "SELECT to_regclass('pg_temp.leftover')::text"), "NULL")
+        << "the temporary table of the handler " << after << " is still there";
+    EXPECT_EQ(value(tx, "SELECT string_agg(name, ',') FROM pg_prepared_statements WHERE from_sql"), "NULL")
+        << "the statement the handler " << after << " prepared is still there";
+    EXPECT_EQ(value(tx, "SELECT count(*) FROM pg_listening_channels()"), "0") << after;
+    EXPECT_EQ(value(tx, "SELECT string_agg(name, ',') FROM pg_cursors WHERE name <> ''"), "NULL")
+        << "a cursor of the handler " << after << " is still open";
+    // The one statement that fails: last, since it aborts the transaction.
+    EXPECT_NE(value(tx, "SELECT currval('tenant_seq')::text"), "1")
+        << "currval of the handler " << after << " is still known";
+  };
+  run("obj1", true, leave);
+  run("obj2", false, [&](PostgresTransaction& tx) { check(tx, "before (committed)"); });
+  // A rollback drops the temporary table, the cursor and the LISTEN, but not
+  // the prepared statement nor currval.
+  run("obj3", false, leave);
+  run("obj4", false, [&](PostgresTransaction& tx) { check(tx, "before (rolled back)"); });
+  // And the store's own statements still run on that connection.
+  ClaimResult after = MustClaim(*store, "obj5");
+  EXPECT_TRUE(after.acquired());
+}
+
 // The handler's connection dies mid-transaction (server kills the backend, a
 // network cut): nothing of the effect stays, the message is retried, never
 // acked, and the next delivery does the work once on a fresh connection.
@@ -642,7 +725,7 @@ TEST_F(PostgresTxTest, ConnectionKilledMidTransactionLeavesNothingThenRunsOnce) 
       auto pid = tx.Exec("SELECT pg_backend_pid()::text");
       EXPECT_TRUE(pid.ok() && !pid->empty());
       if (pid.ok() && !pid->empty()) {
-        EXPECT_TRUE(PgServer::Sql("dedup", "SELECT pg_terminate_backend(" + *(*pid)[0][0] + ")"));
+        EXPECT_TRUE(PgServer::Sql(Db(), "SELECT pg_terminate_backend(" + *(*pid)[0][0] + ")"));
       }
     }
     return HandlerResult::Done();
@@ -670,30 +753,30 @@ TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
   EXPECT_EQ(PgServer::Value("SELECT " + f + "('payments', 'order-7', 5)"), "5");
   EXPECT_EQ(PgServer::Value("SELECT " + f + "('payments', 'order-7', 5)"), "5")
       << "the same owner may write twice";
-  EXPECT_FALSE(PgServer::Sql("dedup", "SELECT " + f + "('payments', 'order-7', 4)"))
+  EXPECT_FALSE(PgServer::Sql(Db(), "SELECT " + f + "('payments', 'order-7', 4)"))
       << "a superseded owner's write must be refused";
   EXPECT_EQ(PgServer::Value("SELECT " + f + "('payments', 'order-7', 6)"), "6");
   EXPECT_EQ(PgServer::Value("SELECT " + f + "('other', 'order-7', 1)"), "1") << "scopes are apart";
 
   // The refusal is SQLSTATE DF001 and rolls back the effect written beside it.
-  ASSERT_TRUE(PgServer::Sql("dedup", "DROP TABLE IF EXISTS ledger; CREATE TABLE ledger (k text)"));
-  EXPECT_FALSE(PgServer::Sql("dedup", "BEGIN; INSERT INTO ledger VALUES ('order-7'); SELECT " + f +
+  ASSERT_TRUE(PgServer::Sql(Db(), "DROP TABLE IF EXISTS ledger; CREATE TABLE ledger (k text)"));
+  EXPECT_FALSE(PgServer::Sql(Db(), "BEGIN; INSERT INTO ledger VALUES ('order-7'); SELECT " + f +
                                           "('payments', 'order-7', 3); COMMIT;"));
   EXPECT_EQ(PgServer::Value("SELECT count(*) FROM ledger"), "0");
 
   // The trigger form, for a table that keeps one row per key with its fence.
   ASSERT_TRUE(PgServer::Sql(
-      "dedup",
+      Db(),
       "DROP TABLE IF EXISTS accounts; CREATE TABLE accounts (id text PRIMARY KEY, balance int, fence bigint);"
       "CREATE TRIGGER accounts_fence BEFORE UPDATE ON accounts FOR EACH ROW "
       "EXECUTE FUNCTION public.dedup_refuse_stale_fence();"
       "INSERT INTO accounts VALUES ('a', 10, 7)"));
-  EXPECT_TRUE(PgServer::Sql("dedup", "UPDATE accounts SET balance = 20, fence = 8 WHERE id = 'a'"));
-  EXPECT_FALSE(PgServer::Sql("dedup", "UPDATE accounts SET balance = 99, fence = 7 WHERE id = 'a'"));
+  EXPECT_TRUE(PgServer::Sql(Db(), "UPDATE accounts SET balance = 20, fence = 8 WHERE id = 'a'"));
+  EXPECT_FALSE(PgServer::Sql(Db(), "UPDATE accounts SET balance = 99, fence = 7 WHERE id = 'a'"));
   EXPECT_EQ(PgServer::Value("SELECT balance FROM accounts WHERE id = 'a'"), "20");
   std::string state;
   PGconn* c = PQconnectdb(("host=127.0.0.1 port=" + std::to_string(kPort) +
-                           " dbname=dedup user=dedup password=" + kPassword).c_str());
+                           " dbname=" + Db() + " user=dedup password=" + kPassword).c_str());
   PGresult* r = PQexec(c, ("SELECT " + f + "('payments', 'order-7', 1)").c_str());
   const char* code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
   EXPECT_STREQ(code, "DF001");
@@ -706,7 +789,7 @@ TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
 TEST_F(PostgresStoreTest, ExpiryDeletesInBoundedBatchesAndSparesLiveRecords) {
   auto store = Open("&table=expiry");
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE expiry"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE expiry"));
   for (int i = 0; i < 1200; ++i) {
     ClaimResult c = MustClaim(*store, "old:" + std::to_string(i));
     ASSERT_TRUE(store->Complete("old:" + std::to_string(i), c.token, 1ms, CompletionStatus::kOk, "").ok());
@@ -743,11 +826,11 @@ TEST_F(PostgresStoreTest, ExpiryDeletesInBoundedBatchesAndSparesLiveRecords) {
 TEST_F(PostgresStoreTest, FailedClaimBatchReleasesTheClaimsItMade) {
   auto store = Open("&table=batch");
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE batch"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE batch"));
   (void)MustClaim(*store, "b2");
   // b2's record cannot be decoded (completed, with a status no build writes): its
   // claim fails with DataLoss.
-  ASSERT_TRUE(PgServer::Sql("dedup", "UPDATE batch SET state = 2, status = 7 WHERE key = 'b2'::bytea"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "UPDATE batch SET state = 2, status = 7 WHERE key = 'b2'::bytea"));
   std::vector<ClaimRequest> reqs(2);
   reqs[0].key = "b1";
   reqs[1].key = "b2";
@@ -768,7 +851,7 @@ TEST_F(PostgresStoreTest, FailedClaimBatchReleasesTheClaimsItMade) {
 TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   auto store = Open("&table=corrupt");
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE corrupt"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE corrupt"));
   const std::vector<std::string> damage = {
       "state = 9",                                       // no such state
       "state = 3, status = 7",                           // released, no such status
@@ -778,7 +861,7 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   for (size_t i = 0; i < damage.size(); ++i) {
     const std::string key = "c" + std::to_string(i);
     (void)MustClaim(*store, key);
-    ASSERT_TRUE(PgServer::Sql("dedup", "UPDATE corrupt SET " + damage[i] + " WHERE key = '" +
+    ASSERT_TRUE(PgServer::Sql(Db(), "UPDATE corrupt SET " + damage[i] + " WHERE key = '" +
                                            key + "'::bytea"));
     const std::string before =
         PgServer::Value("SELECT md5(corrupt::text) FROM corrupt WHERE key = '" + key + "'::bytea");
@@ -817,7 +900,7 @@ TEST_F(PostgresStoreTest, NulBytesInConnectionFieldsAreRefused) {
   base.port = kPort;
   base.user = "dedup";
   base.password = kPassword;
-  base.database = "dedup";
+  base.database = Db();
   base.expire_interval = Millis(0);
   ASSERT_TRUE(OpenPostgresStore(base).ok());
   struct Case {
@@ -873,8 +956,8 @@ TEST_F(PostgresStoreTest, SmallPoolServesManyThreads) {
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(acquired.load(), 24 * 40);
   EXPECT_LE(std::stoi(PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE "
-                                      "application_name = 'dedup' AND state IS NOT NULL")),
-            3 + 1) << "at most pool connections (plus none left over by other cases)";
+                                      "application_name = 'dedup' AND state IS NOT NULL AND datname = current_database()")),
+            3 + 1) << "at most pool connections";
 }
 
 // A transactional handler holds a pool connection for as long as it runs. When
@@ -895,7 +978,7 @@ TEST_F(PostgresStoreTest, APoolOfOneSaysAtOnceItCannotRunTransactions) {
 }
 
 TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
-  ASSERT_TRUE(PgServer::Sql("dedup", "TRUNCATE tx"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE tx"));
   auto store = Open("&table=tx&pool=2");
   auto other = Open("&table=tx");
   ASSERT_NE(store, nullptr);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "brokers/rabbitmq/amqp_conn.h"
 #include "brokers/rabbitmq/rabbitmq_source.h"
 
 namespace dedup::rabbitmq {
@@ -263,6 +264,128 @@ TEST_F(RabbitMqSourceTest, ConnectionLossFailsClosedAndRedelivers) {
   Status stale = got[0]->Ack();
   EXPECT_EQ(stale.code(), StatusCode::kUnavailable) << stale.ToString();
   EXPECT_TRUE(again[0]->Ack().ok());
+}
+
+// ---- adversarial review (brokerreview) ----------------------------------------
+
+// A raw AMQP connection for what someone else does to the broker: queues
+// declared with arguments, queues deleted under a running source.
+class RawAmqp {
+ public:
+  explicit RawAmqp(const RabbitMqOptions& o) : conn_(o) { EXPECT_TRUE(conn_.Open().ok()); }
+  void Declare(const std::string& queue, TableBuilder args) {
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(queue), 0, 1, 0, 0, args.Table());
+    Status s = conn_.RpcStatus("queue.declare " + queue);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  void Delete(const std::string& queue) {
+    amqp_queue_delete(conn_.get(), kChannel, Bytes(queue), 0, 0);
+    Status s = conn_.RpcStatus("queue.delete " + queue);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  void DeleteExchange(const std::string& exchange) {
+    amqp_exchange_delete(conn_.get(), kChannel, Bytes(exchange), 0);
+    Status s = conn_.RpcStatus("exchange.delete " + exchange);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+ private:
+  AmqpConn conn_;
+};
+
+// A queue that exists with arguments of its own (a quorum queue, a length
+// limit: what an operator declares) was redeclared without them, and the broker
+// refused: the source could not open on it at all. On main:
+//   FAILED_PRECONDITION: ... queue.declare t....: PRECONDITION_FAILED -
+//   inequivalent arg 'x-queue-type' for queue 't....' in vhost '/': received
+//   none but current is the value 'quorum' of type 'longstr'
+// On a quorum queue the broker counts deliveries (x-delivery-count).
+TEST_F(RabbitMqSourceTest, AQueueDeclaredWithArgumentsIsConsumedAsItIs) {
+  RawAmqp raw(Options());
+  {
+    TableBuilder quorum;
+    quorum.AddString("x-queue-type", "quorum");
+    raw.Declare(queue_, std::move(quorum));
+    TableBuilder limited;
+    limited.AddInt("x-max-length", 1000);
+    raw.Declare(queue_ + ".limited", std::move(limited));
+  }
+  auto limited = OpenRabbitMqSource(BaseUri() + "?queue=" + queue_ + ".limited");
+  ASSERT_TRUE(limited.ok()) << limited.status().ToString();
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("q-1", "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0]->key(), "q-1");
+  EXPECT_EQ(got[0]->delivery_count(), 0u);  // no x-delivery-count on the first
+  ASSERT_TRUE(got[0]->Retry(Millis(0)).ok());
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]->delivery_count(), 2u);
+  ASSERT_TRUE(again[0]->Ack().ok());
+}
+
+// A dead-letter exchange named like the queue itself (or one of its retry
+// queues) sends every dead letter back to the workers, for ever; a queue name so
+// long that <queue>.retry.<ms> passes AMQP's 255 bytes made every retry fail and
+// be requeued at once (a requeue storm). All refused when the URI is read. On
+// main every one parsed: "Value of: o.ok() Actual: true".
+TEST(RabbitMqUriTest, ADeadTargetThatLoopsAndNamesTooLongAreRefused) {
+  const std::string q245(245, 'q');
+  const std::string d256(256, 'd');
+  struct Case {
+    std::string uri;
+    const char* says;
+  } cases[] = {
+      {"amqp://h?queue=jobs&dead=jobs", "dead"},
+      {"amqp://h?queue=jobs&dead=jobs.retry.1000", "dead"},
+      {"amqp://h?queue=" + q245, "queue"},
+      {"amqp://h?queue=jobs&dead=" + d256, "dead"},
+  };
+  for (const Case& c : cases) {
+    auto o = ParseRabbitMqUri(c.uri);
+    ASSERT_FALSE(o.ok()) << c.uri.substr(0, 60);
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status();
+    EXPECT_NE(o.status().message().find(c.says), std::string::npos) << o.status();
+  }
+  EXPECT_TRUE(ParseRabbitMqUri("amqp://h?queue=" + std::string(200, 'q')).ok());
+  EXPECT_TRUE(ParseRabbitMqUri("amqp://h?queue=jobs&dead=jobs.failed").ok());
+}
+
+// The dead-letter queue and exchange (or a retry queue) deleted while the source runs: the
+// fanout exchange routed the copy nowhere, the broker returned it as
+// unroutable, and the original was requeued at once, to fail the same way on
+// its next delivery. On main:
+//   FAILED_PRECONDITION: rabbitmq 127.0.0.1:5681: publish: unroutable (NO_ROUTE)
+TEST_F(RabbitMqSourceTest, DeadLetterAndRetryFindTheirQueuesAgainAfterADelete) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("r-1", "a");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->Retry(Millis(100)).ok());  // declares <queue>.retry.100
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u);
+  RawAmqp raw(Options());
+  raw.Delete(queue_ + ".retry.100");
+  raw.Delete(queue_ + ".dead");
+  raw.DeleteExchange(queue_ + ".dead");  // the publish then closes the channel: 404
+  const auto t0 = steady_clock::now();
+  Status retry = back[0]->Retry(Millis(100));
+  ASSERT_TRUE(retry.ok()) << retry.ToString();
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_GE(steady_clock::now() - t0, Millis(90));
+  Status dl = again[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "requeued";
+  auto dead = OpenRabbitMqSource(BaseUri() + "?queue=" + queue_ + ".dead");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  auto d = FetchAll(**dead, 1, Millis(5000));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "r-1");
+  ASSERT_TRUE(d[0]->Ack().ok());
 }
 
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

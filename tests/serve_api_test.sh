@@ -137,13 +137,13 @@ call GET /v1/keys/bad-1
 check "... and nothing was written" [ "$code" = 404 ]
 # A misspelt field was ignored: the claim was taken with the default 30 s lease.
 call POST /v1/keys/bad-6/claim '{"lease":5000}'
-check "an unknown claim field: 400 naming it" eval '[ "$code" = 400 ] && grep -q "unknown field ..lease" <<<"$body"'
+check "an unknown claim field: 400 naming it" eval '[ "$code" = 400 ] && grep -q "unknown field .lease. in the request body" <<<"$body"'
 call GET /v1/keys/bad-6
 check "... and nothing was written" [ "$code" = 404 ]
 call POST /v1/keys/bad-6/claim '{}'
 t6=$(field token)
 call POST /v1/keys/bad-6/complete "{\"token\":\"$t6\",\"results\":\"x\"}"
-check "an unknown complete field: 400 naming it" eval '[ "$code" = 400 ] && grep -q "unknown field ..results" <<<"$body"'
+check "an unknown complete field: 400 naming it" eval '[ "$code" = 400 ] && grep -q "unknown field .results. in the request body" <<<"$body"'
 call GET /v1/keys/bad-6
 check "... and the claim is still running" [ "$code" = 200 -a "$(field state)" = in_progress ]
 call POST /v1/keys/bad-2/claim '{not json'

@@ -7,10 +7,13 @@
 
 #include "sim/simulation.h"
 
+#include "sim/ledger.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 namespace dedup::sim {
 namespace {
@@ -69,8 +72,9 @@ void ExpectDedupHolds(const SimulateReport& r) {
   // Every crash between effect and complete re-applies once; nothing else does.
   EXPECT_GT(r.reapplied_after_crash, 0u);
   EXPECT_LE(r.reapplied_after_crash, r.crashed_after_effect);
-  // Poison messages are dead-lettered, not applied, not lost.
+  // Poison messages are dead-lettered, not applied, not lost; nothing else is.
   EXPECT_EQ(r.not_applied_dead_lettered, r.poison_messages);
+  EXPECT_EQ(r.dead_lettered_not_poison, 0u);
 }
 
 TEST(SimulateTest, DedupOnMemoryNeverDoublesNorLoses) {
@@ -178,6 +182,60 @@ TEST(SimulateTest, StoppedEarlyIsUnfinishedNotLost) {
     EXPECT_EQ(r->lost, 0u);
     EXPECT_FALSE(r->passed());
   }
+}
+
+// The ledger's tally, fed by hand: every verdict it can give, and never lost for
+// unfinished or the reverse.
+TEST(SimulateLedgerTest, TallyTellsEveryOutcomeApart) {
+  Ledger l(9);
+  l.Apply(0, 1, 1, false);  // 0: exactly once
+  // 1: never applied, nothing left at the broker: lost
+  // 2: never applied, still at the broker: unfinished
+  l.MarkDeadLettered(3);  // 3: never applied, dead-lettered
+  l.Apply(4, 1, 1, true);  // 4: crash between effect and complete, re-applied
+  l.Apply(4, 2, 2, false);
+  l.Apply(5, 1, 1, false);  // 5: applied twice, no crash
+  l.Apply(5, 2, 2, false);
+  l.Apply(6, 1, 1, true);  // 6: one excused re-application, then one more
+  l.Apply(6, 2, 2, false);
+  l.Apply(6, 3, 3, false);
+  l.Apply(7, 1, 1, false);  // 7: applied, yet a copy is still open: not lost
+  l.Apply(8, 2, 2, true);   // 8: re-applied under a fence not above the first
+  l.Apply(8, 2, 3, false);
+  std::vector<bool> open(9, false);
+  open[2] = open[7] = true;
+  SimulateReport r;
+  l.Tally(open, r);
+  EXPECT_EQ(r.exactly_once, 2u);  // 0 and 7
+  EXPECT_EQ(r.lost, 1u);
+  EXPECT_EQ(r.not_applied_unfinished, 1u);
+  EXPECT_EQ(r.not_applied_dead_lettered, 1u);
+  EXPECT_EQ(r.reapplied_after_crash, 2u);  // 4 and 8
+  EXPECT_EQ(r.applied_twice_otherwise, 2u);  // 5 and 6
+  EXPECT_EQ(l.stale_fence(), 1u);
+}
+
+// passed() is the verdict `dedup simulate` exits with (and scripts/quickstart.sh
+// shows): every count the dedup pattern must keep at zero fails it.
+TEST(SimulateLedgerTest, PassedFailsOnEveryMustBeZeroCount) {
+  SimulateReport ok;
+  ok.messages = ok.exactly_once = 10;
+  EXPECT_TRUE(ok.passed());
+  SimulateReport r = ok;
+  r.lost = 1;
+  EXPECT_FALSE(r.passed());
+  r = ok;
+  r.unfinished = 1;
+  EXPECT_FALSE(r.passed());
+  r = ok;
+  r.applied_twice_otherwise = 1;
+  EXPECT_FALSE(r.passed());
+  r = ok;
+  r.stale_fence_effects = 1;  // a downstream fence check would refuse an effect
+  EXPECT_FALSE(r.passed());
+  r = ok;
+  r.dead_lettered_not_poison = 1;  // a good message thrown away
+  EXPECT_FALSE(r.passed());
 }
 
 TEST(SimulateTest, BadStoreUriIsAClearError) {

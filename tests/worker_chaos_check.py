@@ -10,8 +10,9 @@
 #               none left, every key that never ran is lost; with some left, the
 #               keys that never ran are unfinished-or-lost and fail on their own
 #   reruns      extra completed runs of a key; "explained" when the earlier run's
-#               worker was SIGKILLed after that run started (and, the line being
-#               written, after its effect: a kill between effect and complete),
+#               worker was SIGKILLed after that run started and at most
+#               --kill-slack-ms after its effect (the line being written: a kill
+#               between effect and complete),
 #               or explained by the Redis restart when the store is that Redis (the
 #               outcome could not be recorded), or with --faults by a network
 #               fault of tests/fault_proxy.py on a connection of the earlier run's
@@ -24,6 +25,7 @@
 import argparse
 import collections
 import json
+import re
 import sys
 
 ap = argparse.ArgumentParser()
@@ -33,6 +35,12 @@ ap.add_argument("--outstanding", help="keys still undelivered or pending, one pe
 ap.add_argument("--faults", help="fault log of tests/fault_proxy.py: START_US END_US KIND CONN PID ...")
 ap.add_argument("--fault-slack-ms", type=int, default=1500,
                 help="a fault this long after a run ended may still meet its complete")
+ap.add_argument("--min-kill-hits", type=int, default=0,
+                help="fail unless at least this many reruns are explained by a kill: the "
+                     "kills must land between an effect and its complete, or the run "
+                     "tested nothing of that window")
+ap.add_argument("--kill-slack-ms", type=int, default=5000,
+                help="a kill this long after a run ended may still have cut its complete off")
 for name in ("messages", "published", "pending", "dead", "workers", "redis-restarts", "elapsed"):
     ap.add_argument("--" + name, type=int, required=True)
 a = ap.parse_args()
@@ -67,13 +75,50 @@ def fault_during(start_us, end_us, pid):
     lo, hi = start_us, end_us + a.fault_slack_ms * 1000
     return any(fs <= hi and fe >= lo and fpid in ("*", "?", pid) for fs, fe, _, fpid in faults)
 
+# The ledger: one line per effect, "key fence attempt start_us end_us pid\n", written
+# with one O_APPEND write. A handler SIGKILLed inside that write (Linux stops a
+# write to a file between pages when a fatal signal is pending) leaves a record
+# cut short, without its newline, and the next append continues that line. Keys
+# are m-<n>, and "m" appears nowhere else in a record, so every "m" of a line
+# starts a record: the pieces before the last are cut-off records (no effect, but
+# counted), the last is a whole record. Anything else is unreadable and fails the
+# run: a line the checker cannot read must never be skipped in silence (it may be
+# the second run of a key).
+RECORD = re.compile(r"m-\d+ \d+ \d+ \d+ \d+ \d+")
+
+def cut_short(piece):  # a non-empty proper beginning of a record
+    toks = piece.split(" ")
+    if len(toks) > 6:
+        return False
+    if len(toks) == 1:
+        return re.fullmatch(r"m(-\d*)?", toks[0]) is not None
+    return (re.fullmatch(r"m-\d+", toks[0]) is not None
+            and all(re.fullmatch(r"\d+", t) for t in toks[1:-1])
+            and re.fullmatch(r"\d*", toks[-1]) is not None)
+
+def pieces(line):
+    cuts = [i for i, ch in enumerate(line) if ch == "m"]
+    if not cuts or cuts[0] != 0:
+        return None
+    return [line[i:j] for i, j in zip(cuts, cuts[1:] + [len(line)])]
+
 runs = collections.defaultdict(list)
-for line in open(a.ledger):
-    parts = line.split()
-    if len(parts) != 6:
+truncated = 0
+unreadable = []
+with open(a.ledger) as f:
+    lines = f.read().split("\n")
+tail = lines.pop()  # what follows the last newline: a record cut short, if anything
+entries = [(line, True) for line in lines] + ([(tail, False)] if tail else [])
+for n, (line, whole) in enumerate(entries, 1):  # whole: the line ended with its newline
+    ps = pieces(line)
+    if ps is None or not all(cut_short(p) for p in ps[:-1]) or not (
+            RECORD.fullmatch(ps[-1]) if whole else cut_short(ps[-1])):
+        unreadable.append((n, line))
         continue
-    key, fence, attempt, start, end, pid = parts
-    runs[key].append((int(start), int(end), int(fence), int(attempt), pid))
+    truncated += len(ps) - 1 if whole else len(ps)
+    if whole:
+        key, fence, attempt, start, end, pid = ps[-1].split()
+        runs[key].append((int(start), int(end), int(fence), int(attempt), pid))
 
 expected = {"m-%d" % i for i in range(a.messages)}
 never_ran = expected - set(runs)
@@ -99,9 +144,13 @@ for key, rs in runs.items():
             examples.append(("fence", key, prev, nxt))
     for r in rs[:-1]:
         # The kill is logged once the worker is dead (its handler child dies with
-        # it), so a run of that worker that started before the logged time was
-        # cut off before its outcome could be recorded.
-        if any(t >= r[0] for t in kills.get(r[4], [])):
+        # it), so a run of that worker that started before the logged time may have
+        # been cut off before its outcome was recorded, but only if the kill came
+        # soon after the effect: the worker records the outcome right after the
+        # handler ends (retrying it while its lease holds), so a kill seconds
+        # later explains nothing, and a completion skipped or lost must not hide
+        # behind it.
+        if any(r[0] <= t <= r[1] + a.kill_slack_ms * 1000 for t in kills.get(r[4], [])):
             explained += 1
         elif in_outage(r[1]):
             outage_reruns += 1
@@ -122,6 +171,8 @@ report = {
     "reruns_explained_by_network_fault": fault_reruns, "doubled_unexplained": unexplained,
     "overlapping_runs": overlaps, "fence_order_violations": fence_bad,
     "pending_at_end": a.pending, "dead_lettered": a.dead,
+    "unexpected_keys": len(extra_keys), "truncated_records": truncated,
+    "unreadable_lines": len(unreadable),
 }
 if a.faults:
     kinds = collections.Counter(k for _, _, k, _ in faults)
@@ -131,16 +182,38 @@ for e in examples[:10]:
     print("  example:", e)
 if lost:
     print("  lost (first 10):", lost[:10])
+if extra_keys:
+    print("  effects of keys never published (first 10):", extra_keys[:10])
+for n, line in unreadable[:10]:
+    print("  unreadable ledger line %d: %r" % (n, line))
 if a.pattern != "dedup":
     sys.exit(0)
-ok = (not lost and not extra_keys and unexplained == 0 and overlaps == 0 and fence_bad == 0
-      and a.dead == 0)
+# One line per broken check, so that a run with several failures (say lost and
+# unfinished) names each, and no line reads as if the others did not happen.
+verdicts = [
+    (len(lost), "LOST: %d messages acked or gone from the broker without an effect"),
+    (unexplained, "DOUBLED: %d reruns that no kill, outage or fault explains"),
+    (overlaps, "OVERLAP: %d pairs of runs of one key at the same time"),
+    (fence_bad, "FENCE: %d reruns whose fence is not above the earlier run's"),
+    (a.dead, "DEAD-LETTERED: %d entries"),
+    (len(extra_keys), "UNEXPECTED: %d keys that were never published have effects"),
+    (len(unreadable), "UNREADABLE: %d ledger lines"),
+]
+ok = True
+for n, text in verdicts:
+    if n:
+        print("chaos check: " + text % n)
+        ok = False
+if explained < a.min_kill_hits:
+    print("chaos check: the kills missed the window between effect and complete: %d reruns "
+          "explained by a kill, at least %d wanted" % (explained, a.min_kill_hits))
+    ok = False
 if outstanding or a.pending:
     # Not a lost message: the drain ended (stall or deadline) with work left.
     if a.outstanding is not None:
         print("chaos check: UNFINISHED: %d messages still undelivered or pending when the "
-              "drain ended (%d of them never ran); the run was too slow, nothing was lost "
-              "by it" % (len(outstanding), len(unfinished)))
+              "drain ended (%d of them never ran): the run was too slow; these are not "
+              "counted as lost" % (len(outstanding), len(unfinished)))
     else:
         print("chaos check: UNFINISHED: the broker still held %d messages when the drain "
               "ended; %d keys never ran (unfinished, or lost: this broker cannot say which "

@@ -162,7 +162,12 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
       ->needs(proxy);
   app->add_option("--max-body-bytes", f->o.max_body_bytes, "Larger request bodies get 413")
       ->capture_default_str();
-  app->add_option("--threads", f->o.threads, "Threads answering requests")->capture_default_str();
+  app->add_option("--threads", f->o.threads, "Threads always waiting for connections")
+      ->capture_default_str();
+  app->add_option("--max-connections", f->o.max_connections,
+                  "Connections answered at once (a thread each; 0: 256, or --threads when "
+                  "more); more wait their turn")
+      ->capture_default_str();
   app->add_flag("--quiet", f->quiet, "No line per request on stderr");
   app->callback([f, &ctx] { ctx.exit_code = RunServe(*f); });
 }

@@ -7,6 +7,7 @@
 #include <charconv>
 
 #include "core/duration.h"
+#include "core/printable.h"
 #include "core/redact.h"
 #include "dedup/store.h"
 
@@ -49,21 +50,35 @@ std::optional<std::string> Uri::Param(std::string_view name) const {
   return std::nullopt;
 }
 
-Status Uri::CheckParams(std::initializer_list<std::string_view> known) const {
-  for (const auto& [k, v] : params) {
-    bool ok = false;
-    for (std::string_view n : known) ok = ok || k == n;
-    if (!ok) {
-      std::string list;
-      for (std::string_view n : known) {
-        if (!list.empty()) list += ", ";
-        list += n;
-      }
-      return Status::InvalidArgument("unknown parameter '" + k + "' in " + scheme +
-                                     " URI (known: " + (list.empty() ? "none" : list) + ")");
-    }
+Status CheckParamRepeats(const std::vector<std::string>& names, ParamPlace place) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (std::find(names.begin(), names.begin() + i, names[i]) == names.begin() + i) continue;
+    return Status::InvalidArgument(std::string(place.noun) + " '" +
+                                   Printable(names[i].substr(0, 64)) + "' is given twice in " +
+                                   std::string(place.where) + " (give it once)");
   }
   return Status::Ok();
+}
+
+Status CheckParamNames(const std::vector<std::string>& names,
+                       std::initializer_list<std::string_view> known, ParamPlace place) {
+  DEDUP_RETURN_IF_ERROR(CheckParamRepeats(names, place));
+  for (const std::string& name : names) {
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string list;
+    for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+    return Status::InvalidArgument("unknown " + std::string(place.noun) + " '" +
+                                   Printable(std::string_view(name).substr(0, 64)) + "' in " +
+                                   std::string(place.where) + " (known: " +
+                                   (list.empty() ? "none" : list) + ")");
+  }
+  return Status::Ok();
+}
+
+Status Uri::CheckParams(std::initializer_list<std::string_view> known) const {
+  std::vector<std::string> names;
+  for (const auto& [k, v] : params) names.push_back(k);
+  return CheckParamNames(names, known, {"parameter", scheme + " URI"});
 }
 
 std::string Uri::Redacted() const {
@@ -153,11 +168,13 @@ StatusOr<Uri> ParseUri(std::string_view text) {
     if (!k.ok()) return k.status();
     auto v = Decode(kv.substr(eq + 1), "parameter value");
     if (!v.ok()) return v.status();
-    if (u.Param(*k).has_value()) {
-      return Status::InvalidArgument("URI parameter '" + *k + "' is given twice in " +
-                                     u.scheme + " URI (give it once)");
-    }
+    const bool repeat = u.Param(*k).has_value();
     u.params.emplace_back(*k, *v);
+    if (repeat) {
+      std::vector<std::string> names;
+      for (const auto& [name, value] : u.params) names.push_back(name);
+      return CheckParamRepeats(names, {"parameter", u.scheme + " URI"});
+    }
   }
   return u;
 }

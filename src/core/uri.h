@@ -26,11 +26,27 @@ struct Uri {
   std::vector<std::pair<std::string, std::string>> params;
 
   std::optional<std::string> Param(std::string_view name) const;
-  // InvalidArgument naming the first parameter not in `known`.
+  // InvalidArgument naming the first parameter not in `known` and listing those
+  // (CheckParamNames).
   Status CheckParams(std::initializer_list<std::string_view> known) const;
   // The URI with any password replaced by "***", for messages and logs.
   std::string Redacted() const;
 };
+
+// The one grammar of "known parameters", for a store or broker URI's query, an
+// HTTP query string and a JSON body's fields alike: each name at most once, and
+// each one of `known`. `names` in the order given, repeats kept. The error names
+// the first name at fault (printable, at most 64 bytes) and where it was:
+//   "<noun> 'x' is given twice in <where> (give it once)"
+//   "unknown <noun> 'x' in <where> (known: a, b)"   ("(known: none)")
+struct ParamPlace {
+  std::string_view noun;   // "parameter", "field"
+  std::string_view where;  // "redis URI", "the query", "the request body"
+};
+Status CheckParamNames(const std::vector<std::string>& names,
+                       std::initializer_list<std::string_view> known, ParamPlace place);
+// Only the repeats: for a URI read before its opener says which names it knows.
+Status CheckParamRepeats(const std::vector<std::string>& names, ParamPlace place);
 
 // InvalidArgument naming what is wrong when `text` is not a URI. A parameter
 // given twice ("?ttl=1s&ttl=2s") is refused: neither copy would be sure to win.

@@ -18,10 +18,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cmath>
 
 #include "core/printable.h"
+#include "core/uri.h"
 #include "serve/bytes.h"
 #include "serve/impl.h"
 
@@ -61,13 +61,6 @@ StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& 
 }
 
 
-// "(known: a, b)", or "(this route takes none)".
-std::string KnownList(std::initializer_list<std::string_view> known) {
-  std::string list;
-  for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-  return list.empty() ? "(this route takes none)" : "(known: " + list + ")";
-}
-
 // The body as a JSON object of the fields in `known` only: a misspelt field
 // ("lease": 5000) is named, not ignored in favour of the default.
 StatusOr<Json> ParseBody(const httplib::Request& req,
@@ -77,45 +70,41 @@ StatusOr<Json> ParseBody(const httplib::Request& req,
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("the request body must be a JSON object");
   }
-  for (const auto& [name, value] : j.items()) {
-    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    return Status::InvalidArgument("unknown field \"" + Shown(name, 64) +
-                                   "\" in the request body " + KnownList(known));
-  }
+  std::vector<std::string> names;
+  for (const auto& [name, value] : j.items()) names.push_back(name);
+  DEDUP_RETURN_IF_ERROR(internal::CheckParamNames(names, known, {"field", "the request body"}));
   return j;
 }
 
-// The query parameters of the request's target, of those in `known` only: a
-// misspelt one (DELETE ?froce=true) is named, not ignored in favour of the
-// default. Read from the target, not req.params, which cpp-httplib also fills
-// from a form-encoded body (curl -d sends one).
+// The query parameters of the request's target, of those in `known` only, each
+// at most once: a misspelt one (DELETE ?froce=true) is named, not ignored in
+// favour of the default. Read from the target, not req.params, which cpp-httplib
+// also fills from a form-encoded body (curl -d sends one).
 StatusOr<httplib::Params> QueryParams(const httplib::Request& req,
                                       std::initializer_list<std::string_view> known) {
+  constexpr internal::ParamPlace kQuery{"parameter", "the query string"};
   httplib::Params params;
   if (const size_t q = req.target.find('?'); q != std::string::npos) {
     const std::string query = req.target.substr(q + 1);
     httplib::detail::parse_query_text(query, params);
-    // Counted from the target itself: parse_query_text drops an exact repeat
-    // (?force=true&force=true), which is refused as any other repeat is.
-    std::map<std::string, int> seen;
+    // Repeats are counted from the target itself: parse_query_text drops an exact
+    // repeat (?force=true&force=true), which is refused as any other repeat is.
+    std::vector<std::string> given;
     for (size_t at = 0; at <= query.size();) {
       size_t end = query.find('&', at);
       if (end == std::string::npos) end = query.size();
       const std::string pair = query.substr(at, end - at);
       at = end + 1;
       if (pair.empty()) continue;
-      const std::string name = httplib::detail::decode_url(pair.substr(0, pair.find('=')), true);
-      if (++seen[name] > 1) {
-        return Status::InvalidArgument("query parameter \"" + Shown(name, 64) +
-                                       "\" is given more than once; give it once");
-      }
+      given.push_back(httplib::detail::decode_url(pair.substr(0, pair.find('=')), true));
     }
+    DEDUP_RETURN_IF_ERROR(internal::CheckParamRepeats(given, kQuery));
   }
+  std::vector<std::string> names;  // each once: the repeats were checked above
   for (const auto& [name, value] : params) {
-    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    return Status::InvalidArgument("unknown query parameter \"" + Shown(name, 64) + "\" " +
-                                   KnownList(known));
+    if (names.empty() || names.back() != name) names.push_back(name);
   }
+  DEDUP_RETURN_IF_ERROR(internal::CheckParamNames(names, known, kQuery));
   return params;
 }
 

@@ -11,11 +11,14 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
-#include <vector>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "serve/metrics.h"
 #include "serve/server.h"
@@ -37,6 +40,40 @@ struct ProxyTarget {
   std::unique_ptr<Heartbeats> heartbeats;
 };
 
+// What serve learns of a request before cpp-httplib reads its body, for the
+// handler and the logger that answer the same request.
+struct RequestContext {
+  // When routing began (the latency histogram's start).
+  std::chrono::steady_clock::time_point start;
+  // The Content-Type header(s) when it was a form or multipart one. cpp-httplib
+  // would parse such a body into req.params / req.files and leave req.body empty
+  // (multipart), or refuse it over 8 KiB (form-urlencoded); serve hides the header
+  // before the body is read, so that req.body holds the bytes as sent, and the
+  // proxy gives it back when it forwards. Empty otherwise.
+  std::vector<std::string> hidden_content_type;
+};
+
+// The context of each request in flight, found by the request's own object: the
+// pre-routing handler makes it (Begin), the route's handler reads it (Find), the
+// logger, which cpp-httplib calls last for every request, takes it away (Take).
+// cpp-httplib 0.11 (Debian 12) gives a request no room of our own
+// (Response::user_data came in 0.33), and a thread-local would carry one
+// request's context into the next one its thread answers.
+class RequestContexts {
+ public:
+  // A fresh context for `req`.
+  RequestContext& Begin(const httplib::Request& req);
+  // Null when `req` was never routed (cpp-httplib refused its head itself).
+  const RequestContext* Find(const httplib::Request& req) const;
+  std::optional<RequestContext> Take(const httplib::Request& req);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  // Node-based: an entry stays put while other requests come and go.
+  std::unordered_map<const httplib::Request*, RequestContext> map_;
+};
+
 class Server::Impl {
  public:
   Impl(Store* store, ServeOptions options);
@@ -50,6 +87,7 @@ class Server::Impl {
   std::string base;
   int bound_port = 0;
   std::unique_ptr<ProxyTarget> proxy;
+  RequestContexts contexts;
 
   // ---- responses
   void SendJson(httplib::Response& res, int status, const nlohmann::json& body) const;
@@ -74,14 +112,6 @@ class Server::Impl {
   void RegisterProxy();
   std::string RenderMetrics() const { return registry.Render(); }
 };
-
-// The Content-Type header(s) of the request being answered on this thread when
-// it was a form or multipart one. cpp-httplib would parse such a body into
-// req.params / req.files and leave req.body empty (multipart), or refuse it over
-// 8 KiB (form-urlencoded); serve hides the header before the body is read, so
-// that req.body holds the bytes as sent, and the proxy gives it back when it
-// forwards. Empty otherwise.
-const std::vector<std::string>& HiddenContentType();
 
 // The pairs of a Cookie header ("a=1; b=2" -> "a=1", "b=2"), without the spaces
 // around them; the one cookie splitter of serve (the page's token, the proxy's

@@ -131,9 +131,13 @@ struct Upstream {
   std::string body;
 };
 
-// Sends the request on to the application, with the claim's fence in Dedup-Fence
-// when it has one (0: not claimed). Unavailable when no response came.
-StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req, uint64_t fence) {
+// Sends the request on to the application, with the Content-Type serve hid from
+// cpp-httplib given back (RequestContext::hidden_content_type) and the claim's
+// fence in Dedup-Fence when it has one (0: not claimed). Unavailable when no
+// response came.
+StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req,
+                           const std::vector<std::string>& hidden_content_type,
+                           uint64_t fence) {
   std::unique_ptr<httplib::Client> cli;
   {
     std::lock_guard lock(t.mu);
@@ -168,7 +172,7 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req, uint64_t
     }
     fwd.headers.emplace(k, v);
   }
-  for (const std::string& v : HiddenContentType()) fwd.headers.emplace("Content-Type", v);
+  for (const std::string& v : hidden_content_type) fwd.headers.emplace("Content-Type", v);
   // The application's fencing token: a run that a takeover superseded (this proxy
   // killed mid-request, a retry after the lease) has a lower fence than the next.
   if (fence != 0) fwd.headers.emplace("Dedup-Fence", std::to_string(fence));
@@ -398,6 +402,12 @@ void Server::Impl::RegisterProxy() {
     if (req.path == s.base || req.path.rfind(s.base + "/", 0) == 0) {
       return s.SendProblem(res, 404, "Not Found", "no such route under " + s.base + "/");
     }
+    // Made by the pre-routing handler, which every routed request passes.
+    const RequestContext* ctx = s.contexts.Find(req);
+    if (ctx == nullptr) {
+      return s.SendProblem(res, 500, "Internal Server Error", "a request without its context");
+    }
+    const std::vector<std::string>& hidden_content_type = ctx->hidden_content_type;
     // An application on WSGI, CGI, PHP or Rack reads Idempotency_Key as
     // Idempotency-Key: a key the proxy did not claim under, or a second one.
     for (const auto& [k, v] : req.headers) {
@@ -411,7 +421,7 @@ void Server::Impl::RegisterProxy() {
     }
     if (!req.has_header("Idempotency-Key")) {
       const auto t0 = std::chrono::steady_clock::now();
-      auto up = Forward(*s.proxy, req, /*fence=*/0);
+      auto up = Forward(*s.proxy, req, hidden_content_type, /*fence=*/0);
       upstream_seconds->Observe(SecondsSince(t0));
       if (!up.ok()) {
         count("upstream_error");
@@ -497,7 +507,7 @@ void Server::Impl::RegisterProxy() {
     StatusOr<Upstream> up = Status::Internal("unreachable");
     bool lost = false;
     const uint64_t beat = s.proxy->heartbeats->Add(key, token, s.o.lease);
-    up = Forward(*s.proxy, req, claim->fence);
+    up = Forward(*s.proxy, req, hidden_content_type, claim->fence);
     lost = s.proxy->heartbeats->Remove(beat);
     upstream_seconds->Observe(SecondsSince(t1));
     if (!up.ok()) {

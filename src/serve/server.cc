@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "core/redact.h"
 #include "core/uri.h"
 #include "serve/bytes.h"
+#include "serve/connection_pool.h"
 #include "serve/impl.h"
 
 namespace dedup::serve {
@@ -98,19 +100,12 @@ std::string RouteOf(const std::string& base, const httplib::Request& req, bool p
   return "other";
 }
 
-// When the request being answered on this thread started (cpp-httplib answers a
-// request on one thread from routing to the logger).
-thread_local std::chrono::steady_clock::time_point t_request_start;
-
-thread_local std::vector<std::string> t_hidden_content_type;
-
-
 // Hides a form or multipart Content-Type from cpp-httplib before it reads the
-// body (see HiddenContentType). The request is the server's own object, handed
-// to the pre-routing handler as const: changing its headers there is how the
-// body read that follows is kept raw.
-void HideFormContentType(const httplib::Request& req) {
-  t_hidden_content_type.clear();
+// body (see RequestContext::hidden_content_type), keeping it in `hidden`. The
+// request is the server's own object, handed to the pre-routing handler as
+// const: changing its headers there is how the body read that follows is kept raw.
+void HideFormContentType(const httplib::Request& req, std::vector<std::string>* hidden) {
+  hidden->clear();
   bool form = false;
   auto [first, last] = req.headers.equal_range("Content-Type");
   for (auto it = first; it != last; ++it) {
@@ -119,13 +114,36 @@ void HideFormContentType(const httplib::Request& req) {
            v.rfind("application/x-www-form-urlencoded", 0) == 0;
   }
   if (!form) return;
-  for (auto it = first; it != last; ++it) t_hidden_content_type.push_back(it->second);
+  for (auto it = first; it != last; ++it) hidden->push_back(it->second);
   const_cast<httplib::Request&>(req).headers.erase("Content-Type");
 }
 
 }  // namespace
 
-const std::vector<std::string>& HiddenContentType() { return t_hidden_content_type; }
+RequestContext& RequestContexts::Begin(const httplib::Request& req) {
+  std::lock_guard lock(mu_);
+  return map_[&req] = RequestContext{};
+}
+
+const RequestContext* RequestContexts::Find(const httplib::Request& req) const {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(&req);
+  return it == map_.end() ? nullptr : &it->second;
+}
+
+std::optional<RequestContext> RequestContexts::Take(const httplib::Request& req) {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(&req);
+  if (it == map_.end()) return std::nullopt;
+  std::optional<RequestContext> out(std::move(it->second));
+  map_.erase(it);
+  return out;
+}
+
+size_t RequestContexts::size() const {
+  std::lock_guard lock(mu_);
+  return map_.size();
+}
 
 std::vector<std::string_view> CookiePairs(std::string_view header) {
   std::vector<std::string_view> out;
@@ -206,6 +224,11 @@ Status ValidateServeOptions(const ServeOptions& o) {
   if (o.max_body_bytes < 1024) return Status::InvalidArgument("--max-body-bytes: at least 1024");
   if (o.threads < 1 || o.threads > 1024) {
     return Status::InvalidArgument("--threads must be 1 to 1024");
+  }
+  if (o.max_connections != 0 && (o.max_connections < o.threads || o.max_connections > 16384)) {
+    return Status::InvalidArgument("--max-connections must be at least --threads (" +
+                                   std::to_string(o.threads) + ") and at most 16384, got " +
+                                   std::to_string(o.max_connections));
   }
   if (o.key_prefix.size() >= kMaxKeyBytes) {
     return Status::InvalidArgument("--key-prefix is longer than a key may be");
@@ -303,17 +326,29 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
   Impl& s = *impl;
   s.registry.AddBuildInfo(s.o.version);
 
-  s.http.new_task_queue = [n = s.o.threads] { return new httplib::ThreadPool(n); };
+  // A connection holds a thread until it closes: slow or idle clients must not
+  // hold every thread (connection_pool.h, docs/SERVE.md "Slow clients").
+  const int max_connections =
+      s.o.max_connections != 0 ? s.o.max_connections : std::max(256, s.o.threads);
+  s.http.new_task_queue = [n = s.o.threads, m = max_connections] {
+    return new ConnectionPool(static_cast<size_t>(n), static_cast<size_t>(m));
+  };
   s.http.set_payload_max_length(s.o.max_body_bytes);
+  // Per read or write, not per request: cpp-httplib has no deadline for a whole
+  // request head or body.
   s.http.set_read_timeout(std::chrono::seconds(10));
   s.http.set_write_timeout(std::chrono::seconds(10));
+  // How long an idle connection (before its first request, or between two) holds
+  // its thread.
+  s.http.set_keep_alive_timeout(5);
   s.http.set_keep_alive_max_count(1000);
   s.http.set_tcp_nodelay(true);
 
   // Before the body is read: header bounds, then the token.
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
-    t_request_start = std::chrono::steady_clock::now();
-    HideFormContentType(req);
+    RequestContext& ctx = s.contexts.Begin(req);
+    ctx.start = std::chrono::steady_clock::now();
+    HideFormContentType(req, &ctx.hidden_content_type);
     size_t bytes = req.target.size();
     for (const auto& [k, v] : req.headers) bytes += k.size() + v.size() + 4;
     if (req.headers.size() > s.o.max_header_count || bytes > s.o.max_header_bytes) {
@@ -381,14 +416,13 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
         .GetCounter("dedup_serve_requests_total", "HTTP requests answered, by route and status.",
                     {{"route", route}, {"code", std::to_string(res.status)}})
         ->Inc();
-    if (t_request_start.time_since_epoch().count() == 0) return;  // never routed
+    const std::optional<RequestContext> ctx = s.contexts.Take(req);
+    if (!ctx) return;  // never routed: cpp-httplib answered its head itself
     s.registry
         .GetHistogram("dedup_serve_request_duration_seconds",
                       "Time from routing a request to its response, by route.", {{"route", route}})
-        ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                t_request_start)
+        ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - ctx->start)
                       .count());
-    t_request_start = {};
     if (s.o.log) s.o.log(req.method + " " + route + " " + std::to_string(res.status));
   });
   s.http.set_exception_handler(

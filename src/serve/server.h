@@ -60,8 +60,15 @@ struct ServeOptions {
   // header line is also bounded to 8 KiB by cpp-httplib itself.
   size_t max_header_count = 100;
   size_t max_header_bytes = 64 * 1024;
-  // Worker threads answering requests. Default: 16.
+  // Threads that always wait for connections. A connection holds a thread from
+  // its accept to its close (idle for up to 5 s between requests, or as long as a
+  // slow client keeps sending its request). Default: 16.
   int threads = 16;
+  // Connections answered at once: when every thread is busy, a new connection
+  // gets a thread of its own (ended with it), up to this many threads in all;
+  // beyond, connections wait their turn. At least `threads`; 0 = 256, or
+  // `threads` when more.
+  int max_connections = 0;
   // The store URI's password, replaced by "***" in anything sent or logged, in
   // case a store's message ever carries it. Empty = none.
   std::string secret_to_redact;

@@ -81,6 +81,27 @@ StatusOr<AckedWrite> FaultInjectionStore::CompleteWithAck(std::string_view key, 
   return r;
 }
 
+StatusOr<std::vector<AckedWrite>> FaultInjectionStore::CompleteBatch(
+    std::span<const CompleteRequest> reqs) {
+  // Not counted in refused_outcomes(): the caller writes each alone next, and the
+  // dead owner's single write is the one counted.
+  for (const CompleteRequest& q : reqs) {
+    if (Status s = Refuse(q.token, false); !s.ok()) {
+      if (s.code() == StatusCode::kAborted) {
+        return Status(StatusCode::kAborted, s.message() + " (a completion of this batch)");
+      }
+      return s;
+    }
+  }
+  StatusOr<std::vector<AckedWrite>> r = StoreWrapper::CompleteBatch(reqs);
+  if (r.ok()) {
+    for (size_t i = 0; i < reqs.size() && i < r->size(); ++i) {
+      if ((*r)[i].write == WriteResult::kOk) RunAfterComplete(reqs[i].token);
+    }
+  }
+  return r;
+}
+
 StatusOr<WriteResult> FaultInjectionStore::Release(std::string_view key, Token token,
                                                    Millis retention) {
   DEDUP_RETURN_IF_ERROR(Refuse(token, true));

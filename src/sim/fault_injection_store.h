@@ -50,11 +50,13 @@ class FaultInjectionStore : public StoreWrapper {
   StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
                                        CompletionStatus status, std::string_view result,
                                        const BrokerAck& ack) override;
-  // Store's loop over the Complete / CompleteWithAck above, so that every
-  // completion of a batch meets the faults.
-  StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override {
-    return Store::CompleteBatch(reqs);
-  }
+  // The wrapped store's CompleteBatch (the path production runs), with every
+  // completion of the batch meeting the faults first: in an outage the batch
+  // fails Unavailable; if any request carries a killed owner's token, the batch
+  // fails whole with Aborted and nothing of it is written (the caller, Buffer,
+  // then writes each alone, and only the dead owner's write is refused).
+  // AfterComplete runs for each item recorded kOk.
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override;
   StatusOr<WriteResult> Release(std::string_view key, Token token, Millis retention) override;
 
  private:

@@ -164,7 +164,10 @@ class Simulation {
     r.transient_failures = n_.transient_failures;
     for (uint64_t i = 0; i < o_.messages; ++i) r.poison_messages += faults_.Poison(i) ? 1 : 0;
     for (const auto& b : buffers) r.heartbeats += b->stats().heartbeats;
-    for (const auto& [msg, reason] : broker.DeadLetters()) ledger_.MarkDeadLettered(key_of_[msg]);
+    for (const auto& [msg, reason] : broker.DeadLetters()) {
+      ledger_.MarkDeadLettered(key_of_[msg]);
+      if (!faults_.Poison(key_of_[msg])) ++r.dead_lettered_not_poison;
+    }
     std::vector<bool> open_keys(o_.messages, false);
     const std::vector<bool> open_msgs = broker.OpenMessages();
     for (size_t m = 0; m < open_msgs.size(); ++m) {
@@ -433,9 +436,10 @@ std::string FormatReport(const SimulateReport& r) {
   if (r.not_applied_unfinished > 0) {
     line("not applied, unfinished", r.not_applied_unfinished, "run stopped early");
   }
+  line("dead-lettered, not poison", r.dead_lettered_not_poison, "must be 0");
   line("broker messages unfinished", r.unfinished, "must be 0 (timeout, interrupt)");
   if (r.pattern == Pattern::kDedup) {
-    line("effects with a stale fence", r.stale_fence_effects, "a fence check refuses these");
+    line("effects with a stale fence", r.stale_fence_effects, "must be 0");
   }
   out += r.passed() ? "result: PASS\n" : "result: FAIL (a must-be-zero count is not zero)\n";
   return out;
@@ -476,6 +480,7 @@ std::string ReportToJson(const SimulateReport& r) {
         {"not_applied_dead_lettered", r.not_applied_dead_lettered},
         {"not_applied_unfinished", r.not_applied_unfinished},
         {"stale_fence", r.stale_fence_effects}}},
+      {"dead_lettered_not_poison", r.dead_lettered_not_poison},
       {"unfinished", r.unfinished},
       {"passed", r.passed()},
   };

@@ -165,13 +165,20 @@ struct SimulateReport {
   uint64_t unfinished = 0;  // broker messages neither acked nor dead-lettered at the
                             // end (timeout, or cancelled): must be 0
   // Applications whose fence was not above an earlier application of the same
-  // key: a downstream fence check would refuse them. Dedup pattern only.
+  // key: a downstream fence check would refuse them. Dedup pattern only (the
+  // textbook guard has no fence): must be 0.
   uint64_t stale_fence_effects = 0;
+  // Broker messages dead-lettered although their handler never failed
+  // permanently (not poison): a good message thrown away. Must be 0.
+  uint64_t dead_lettered_not_poison = 0;
 
   std::chrono::milliseconds elapsed{0};
 
   // True when every must-be-zero count is zero.
-  bool passed() const { return applied_twice_otherwise == 0 && lost == 0 && unfinished == 0; }
+  bool passed() const {
+    return applied_twice_otherwise == 0 && lost == 0 && unfinished == 0 &&
+           stale_fence_effects == 0 && dead_lettered_not_poison == 0;
+  }
 };
 
 // Runs one simulation. A non-OK status means it could not start (bad options, a

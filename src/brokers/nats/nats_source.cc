@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "brokers/key_spec.h"
+#include "core/printable.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -56,15 +57,15 @@ struct Conn {
   }
 };
 
-StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o, const internal::Uri& u) {
+StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o) {
   natsOptions* opts = nullptr;
   natsStatus s = natsOptions_Create(&opts);
   if (s != NATS_OK) return FromNats(s, "nats: options");
   std::vector<const char*> ptrs;
   for (const auto& x : o.servers) ptrs.push_back(x.c_str());
   s = natsOptions_SetServers(opts, ptrs.data(), static_cast<int>(ptrs.size()));
-  if (s == NATS_OK && !u.user.empty()) {
-    s = natsOptions_SetUserInfo(opts, u.user.c_str(), u.has_password ? u.password.c_str() : nullptr);
+  if (s == NATS_OK && !o.user.empty()) {
+    s = natsOptions_SetUserInfo(opts, o.user.c_str(), o.has_password ? o.password.c_str() : nullptr);
   }
   if (s == NATS_OK) s = natsOptions_SetTimeout(opts, o.timeout.count());
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
@@ -108,6 +109,49 @@ Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, cons
   return FromNats(s, "nats " + o.host_port + ": add stream " + name + " on " + subject, jerr);
 }
 
+// An existing durable consumer is used as it is, unless a setting of it would
+// break the contract: with AckPolicy all (or none) an ack (or the delivery
+// itself) settles messages whose outcome is not recorded; with a MaxDeliver a
+// message redelivered that often (BUSY NAKs and AckWait expiries count) is
+// never delivered again, neither done nor dead-lettered; a filter on another
+// subject reads other messages than the URI says. AckWait is left as it is
+// (a short one is wasteful, not wrong: docs/WORKER.md).
+Status CheckConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
+  const jsConsumerConfig* c = ci.Config;
+  if (c == nullptr) return Status::Ok();
+  const std::string what = "nats " + o.host_port + ": the existing consumer '" + o.consumer +
+                           "' of stream " + o.stream + " ";
+  if (c->AckPolicy != js_AckExplicit) {
+    return Status::FailedPrecondition(
+        what + "has AckPolicy " + (c->AckPolicy == js_AckAll ? "all" : "none") +
+        "; dedup acks each message after its outcome is recorded and needs AckPolicy explicit "
+        "(delete the consumer or name another one)");
+  }
+  if (c->MaxDeliver > 0) {
+    return Status::FailedPrecondition(
+        what + "has MaxDeliver " + std::to_string(c->MaxDeliver) +
+        ": a message delivered that often (busy elsewhere, or redelivered after AckWait) would "
+        "be dropped without its outcome or a dead letter; dedup needs MaxDeliver -1 (its "
+        "buffer's max attempts dead-letter instead)");
+  }
+  const std::string filter = c->FilterSubject != nullptr ? c->FilterSubject : "";
+  if (!filter.empty() && filter != o.Subject()) {
+    return Status::FailedPrecondition(what + "filters on '" + filter + "', not on subject=" +
+                                      o.Subject());
+  }
+  return Status::Ok();
+}
+
+// The dead subject needs a stream to store it; makes <stream>_DEAD unless a
+// stream holds it.
+Status EnsureDeadStream(Conn& conn, const NatsOptions& o) {
+  Status ds = EnsureStream(conn, o, o.stream + "_DEAD", o.DeadSubject());
+  // Another stream may already hold the subject (JetStream error 10065,
+  // subjects overlap): that one stores the dead letters.
+  if (!ds.ok() && ds.message().find("10065") != std::string::npos) return Status::Ok();
+  return ds;
+}
+
 }  // namespace
 
 std::string NatsOptions::Describe() const {
@@ -115,6 +159,52 @@ std::string NatsOptions::Describe() const {
 }
 
 namespace {
+
+std::vector<std::string_view> Tokens(std::string_view subject) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = subject.find('.', start);
+    out.push_back(subject.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (dot == std::string_view::npos) return out;
+    start = dot + 1;
+  }
+}
+
+// True when a message published to `subject` (no wildcards) is one that filter
+// subject `filter` ('*' one token, '>' the rest) selects.
+bool FilterMatches(std::string_view filter, std::string_view subject) {
+  const auto f = Tokens(filter);
+  const auto t = Tokens(subject);
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (f[i] == ">") return t.size() > i;
+    if (i >= t.size()) return false;
+    if (f[i] != "*" && f[i] != t[i]) return false;
+  }
+  return f.size() == t.size();
+}
+
+// The dead subject is published to: no wildcard, no empty token, no space. And
+// the consumer must not read it back (a dead letter would come round again for
+// ever: it has no Nats-Msg-Id, so it is dead-lettered once more as keyless).
+Status CheckDeadSubject(const NatsOptions& o) {
+  const std::string dead = o.DeadSubject();
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("nats dead='" + internal::Printable(dead) + "' " + why);
+  };
+  for (std::string_view t : Tokens(dead)) {
+    if (t.empty()) return bad("has an empty token (a leading, trailing or double '.')");
+    if (t.find_first_of("*> \t\r\n") != std::string_view::npos) {
+      return bad("must be a subject to publish to: no '*', '>' or white space");
+    }
+  }
+  if (FilterMatches(o.Subject(), dead)) {
+    return bad("is read by the consumer itself (subject=" + o.Subject() +
+               "): every dead letter would be delivered again; name another subject");
+  }
+  return Status::Ok();
+}
+
 StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   auto parsed = internal::ParseUri(text);
   if (!parsed.ok()) return parsed.status();
@@ -164,6 +254,7 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
+  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
   if (auto a = u.Param("ack_wait")) {
     auto ms = internal::ParseDurationMillis(*a, "nats ack_wait");
     if (!ms.ok()) return ms.status();
@@ -183,7 +274,9 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     if (*ms <= 0) return Status::InvalidArgument("nats timeout must be positive");
     o.timeout = Millis(*ms);
   }
-  o.url = std::string(text.substr(0, text.find('?')));
+  o.user = u.user;
+  o.password = u.password;
+  o.has_password = u.has_password;
   return o;
 }
 
@@ -197,9 +290,7 @@ struct NatsPublisher::Impl {
 NatsPublisher::~NatsPublisher() = default;
 
 StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& o) {
-  auto u = ParseAndCheck(o.url);
-  if (!u.ok()) return u.status();
-  auto c = Connect(o, *u);
+  auto c = Connect(o);
   if (!c.ok()) return c.status();
   DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject()));
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
@@ -260,9 +351,14 @@ class NatsDelivery final : public Delivery {
     int n = 0;
     if (natsMsgHeader_Keys(msg_, &keys, &n) == NATS_OK) {
       for (int i = 0; i < n; ++i) {
-        const char* v = nullptr;
-        if (natsMsgHeader_Get(msg_, keys[i], &v) == NATS_OK && v != nullptr) {
-          attributes_.emplace_back(keys[i], v);
+        // Every value of a repeated header (the key is read from the first).
+        const char** values = nullptr;
+        int nv = 0;
+        if (natsMsgHeader_Values(msg_, keys[i], &values, &nv) == NATS_OK) {
+          for (int j = 0; j < nv; ++j) {
+            if (values[j] != nullptr) attributes_.emplace_back(keys[i], values[j]);
+          }
+          free(values);
         }
       }
       free(keys);
@@ -314,6 +410,12 @@ class NatsDelivery final : public Delivery {
   }
   Status DeadLetter(std::string_view reason) override {
     Status copied = PublishDead(reason);
+    if (copied.code() == StatusCode::kUnavailable &&
+        copied.message().find("No responders") != std::string::npos) {
+      // No stream took it (the dead stream was deleted meanwhile): make it again
+      // and send once more, instead of NAKing every delivery of it for ever.
+      if (EnsureDeadStream(*s_->conn, s_->o).ok()) copied = PublishDead(reason);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!copied.ok()) {
       // No copy: give it back rather than lose it; it is redelivered.
@@ -346,9 +448,13 @@ class NatsDelivery final : public Delivery {
                                   static_cast<int>(payload_.size()));
     if (s != NATS_OK) return FromNats(s, "nats: dead-letter message");
     for (const auto& [k, v] : attributes_) {
-      // The original id travels under another name: the dead stream's own
-      // duplicate window must not drop a second dead letter of one key.
-      const std::string name = k == "Nats-Msg-Id" ? "Dedup-Original-Msg-Id" : k;
+      // JetStream's own headers travel under other names: they would act on the
+      // dead stream. The original id, so that its duplicate window does not drop
+      // a second dead letter of one key; Nats-Expected-Stream (and -Last-*),
+      // which made it refuse the copy; Nats-Rollup, which would purge it.
+      const std::string name = k == "Nats-Msg-Id"        ? "Dedup-Original-Msg-Id"
+                               : k.starts_with("Nats-") ? "Dedup-Original-" + k
+                                                         : k;
       if (s == NATS_OK) s = natsMsgHeader_Add(m, name.c_str(), v.c_str());
     }
     const std::string why(reason);
@@ -424,30 +530,23 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   if (o.stream.empty() || o.consumer.empty()) {
     return Status::InvalidArgument("nats source: stream and consumer are required");
   }
-  auto u = ParseAndCheck(o.url);
-  if (!u.ok()) return u.status();
-  auto c = Connect(o, *u);
+  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
+  if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
+  auto c = Connect(o);
   if (!c.ok()) return c.status();
   auto s = std::make_shared<Shared>();
   s->o = o;
   s->conn = std::move(*c);
   Conn& conn = *s->conn;
   DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
-  // The dead subject needs a stream to store it; make one unless one exists.
-  {
-    const std::string dead_stream = o.stream + "_DEAD";
-    Status ds = EnsureStream(conn, o, dead_stream, o.DeadSubject());
-    if (!ds.ok()) {
-      // Another stream may already hold the subject (JetStream error 10065,
-      // subjects overlap): that one stores the dead letters.
-      if (ds.message().find("10065") == std::string::npos) return ds;
-    }
-  }
+  DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
   jsConsumerInfo* ci = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
   if (st == NATS_OK) {
+    Status usable = CheckConsumer(o, *ci);
     jsConsumerInfo_Destroy(ci);
+    DEDUP_RETURN_IF_ERROR(usable);
   } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
@@ -462,11 +561,16 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
     jerr = static_cast<jsErrCode>(0);
     st = js_AddConsumer(&ci, conn.js, o.stream.c_str(), &cc, nullptr, &jerr);
     if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
-    // Two workers starting at once may both create it: the second finds it made.
+    // Two workers starting at once may both create it: the second finds it made
+    // (by the other worker, or by anyone: checked as above).
     if (st != NATS_OK) {
       jerr = static_cast<jsErrCode>(0);
       st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
-      if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
+      if (st == NATS_OK) {
+        Status usable = CheckConsumer(o, *ci);
+        jsConsumerInfo_Destroy(ci);
+        DEDUP_RETURN_IF_ERROR(usable);
+      }
     }
     DEDUP_RETURN_IF_ERROR(FromNats(st, "nats " + o.host_port + ": add consumer " + o.consumer, jerr));
   } else {

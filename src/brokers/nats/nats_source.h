@@ -7,7 +7,9 @@
 // Parameters:
 //   stream=NAME        the stream (created, file-backed, on `subject` if missing)
 //   consumer=NAME      the durable pull consumer (created if missing: explicit
-//                      acks, unlimited deliveries, filtered on `subject`)
+//                      acks, unlimited deliveries, filtered on `subject`; an
+//                      existing one with other acks, a MaxDeliver or another
+//                      filter is refused)
 //   subject=SUBJ       the subject the stream holds and the consumer filters.
 //                      Default: the stream name
 //   key=msgid          the dedup key is the Nats-Msg-Id header (default)
@@ -16,7 +18,8 @@
 //                      (the key= grammar every source shares: brokers/key_spec.h)
 //   prefix=P           prepended to every key
 //   dead=SUBJ          where dead letters go. Default: dedup.dead.<stream>, held by
-//                      a stream <stream>_DEAD created if no stream holds it
+//                      a stream <stream>_DEAD created if no stream holds it. No
+//                      wildcard, and not a subject the consumer's filter selects
 //   ack_wait=DUR       the consumer's AckWait when it is created. Default: the
 //                      lease + 1 s through OpenSource, else 30 s
 //   max_ack_pending=N  ... its MaxAckPending. Default: 1000
@@ -60,11 +63,15 @@
 namespace dedup::nats {
 
 struct NatsOptions {
-  std::string url = "nats://127.0.0.1:4222";  // without the query, user:pw kept
-  std::string host_port = "127.0.0.1:4222";   // for messages
-  // The servers of the URI's hosts, each "nats://host:port" (port 4222 when
-  // none is written), split and checked once by ParseNatsUri.
+  // The one source of truth for where to connect: the servers of the URI's
+  // hosts, each "nats://host:port" (port 4222 when none is written), split and
+  // checked once by ParseNatsUri; the user and password apart (never in a
+  // message).
   std::vector<std::string> servers = {"nats://127.0.0.1:4222"};
+  std::string user;      // empty: none
+  std::string password;  // with has_password
+  bool has_password = false;
+  std::string host_port = "127.0.0.1:4222";  // the URI's hosts as written, for messages
   std::string stream;
   std::string consumer;
   std::string subject;  // default: stream

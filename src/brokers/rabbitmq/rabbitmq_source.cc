@@ -17,6 +17,7 @@
 
 #include "brokers/rabbitmq/amqp_conn.h"
 #include "brokers/key_spec.h"
+#include "core/printable.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -49,6 +50,34 @@ timeval ToTimeval(Millis d) {
   tv.tv_sec = d.count() / 1000;
   tv.tv_usec = (d.count() % 1000) * 1000;
   return tv;
+}
+
+// AMQP names are short strings (at most 255 bytes), and the source derives
+// <queue>.retry.<ms> from the queue: a queue too long for that failed every
+// retry (requeued at once: a storm), not the start. The dead-letter target must
+// not be the queue or one of its retry queues: dead letters would come back.
+constexpr size_t kMaxAmqpName = 255;
+constexpr std::string_view kRetryInfix = ".retry.";
+constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
+
+Status CheckNames(const RabbitMqOptions& o) {
+  if (o.queue.size() > kMaxAmqpName - kMaxRetrySuffix) {
+    return Status::InvalidArgument("amqp queue= is " + std::to_string(o.queue.size()) +
+                                   " bytes; at most " +
+                                   std::to_string(kMaxAmqpName - kMaxRetrySuffix) +
+                                   " (AMQP names have 255, and <queue>.retry.<ms> must fit)");
+  }
+  const std::string dead = o.DeadName();
+  if (dead.size() > kMaxAmqpName) {
+    return Status::InvalidArgument("amqp dead= is " + std::to_string(dead.size()) +
+                                   " bytes; AMQP names have at most 255");
+  }
+  if (dead == o.queue || dead.starts_with(o.queue + std::string(kRetryInfix))) {
+    return Status::InvalidArgument("amqp dead='" + internal::Printable(dead) +
+                                   "' is the queue itself or one of its retry queues: every "
+                                   "dead letter would be delivered again; name another");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -105,6 +134,7 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
   }
   o.key_prefix = u.Param("prefix").value_or("");
   o.dead = u.Param("dead").value_or("");
+  DEDUP_RETURN_IF_ERROR(CheckNames(o));
   if (auto h = u.Param("heartbeat")) {
     auto ms = internal::ParseDurationMillis(*h, "amqp heartbeat");
     if (!ms.ok()) return ms.status();
@@ -148,20 +178,43 @@ class RabbitMqPublisher::Impl {
     return conn_.RpcStatus("confirm.select");
   }
 
+  // What exists is used as it is: an operator's queue (quorum, a length limit,
+  // its own dead-lettering) or exchange would refuse a redeclare without its
+  // arguments (PRECONDITION_FAILED), so each is looked up first (passive) and
+  // only declared, durable and without arguments, when it is missing.
   Status DeclareTopology() {
-    DEDUP_RETURN_IF_ERROR(Connect());
-    amqp_queue_declare(conn_.get(), kChannel, Bytes(o_.queue), 0, 1, 0, 0, amqp_empty_table);
-    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("queue.declare " + o_.queue));
+    DEDUP_RETURN_IF_ERROR(DeclareQueueIfMissing(o_.queue));
     const std::string dead = o_.DeadName();
-    amqp_exchange_declare(conn_.get(), kChannel, Bytes(dead), amqp_cstring_bytes("fanout"), 0, 1, 0,
-                          0, amqp_empty_table);
-    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("exchange.declare " + dead));
-    amqp_queue_declare(conn_.get(), kChannel, Bytes(dead), 0, 1, 0, 0, amqp_empty_table);
-    DEDUP_RETURN_IF_ERROR(conn_.RpcStatus("queue.declare " + dead));
+    DEDUP_RETURN_IF_ERROR(DeclareExchangeIfMissing(dead));
+    DEDUP_RETURN_IF_ERROR(DeclareQueueIfMissing(dead));
     amqp_queue_bind(conn_.get(), kChannel, Bytes(dead), Bytes(dead), amqp_empty_bytes,
                     amqp_empty_table);
     return conn_.RpcStatus("queue.bind " + dead);
   }
+
+  Status DeclareQueueIfMissing(const std::string& name) {
+    DEDUP_RETURN_IF_ERROR(Connect());
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(name), /*passive=*/1, 1, 0, 0, amqp_empty_table);
+    Status found = conn_.RpcStatus("queue.declare " + name);
+    if (found.code() != StatusCode::kNotFound) return found;
+    DEDUP_RETURN_IF_ERROR(Connect());  // a failed passive declare closed the channel
+    amqp_queue_declare(conn_.get(), kChannel, Bytes(name), 0, 1, 0, 0, amqp_empty_table);
+    return conn_.RpcStatus("queue.declare " + name);
+  }
+
+  Status DeclareExchangeIfMissing(const std::string& name) {
+    DEDUP_RETURN_IF_ERROR(Connect());
+    amqp_exchange_declare(conn_.get(), kChannel, Bytes(name), amqp_cstring_bytes("fanout"),
+                          /*passive=*/1, 1, 0, 0, amqp_empty_table);
+    Status found = conn_.RpcStatus("exchange.declare " + name);
+    if (found.code() != StatusCode::kNotFound) return found;
+    DEDUP_RETURN_IF_ERROR(Connect());
+    amqp_exchange_declare(conn_.get(), kChannel, Bytes(name), amqp_cstring_bytes("fanout"), 0, 1, 0,
+                          0, amqp_empty_table);
+    return conn_.RpcStatus("exchange.declare " + name);
+  }
+
+  void ForgetDeclared() { retry_queues_.clear(); }
 
   Status DeclareRetryQueue(Millis step, std::string* name) {
     DEDUP_RETURN_IF_ERROR(Connect());
@@ -240,7 +293,15 @@ class RabbitMqPublisher::Impl {
           amqp_destroy_message(&msg);
           break;
         }
-        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+          // 404: the exchange published to does not exist (deleted meanwhile).
+          auto* c = static_cast<amqp_channel_close_t*>(frame.payload.method.decoded);
+          const uint16_t code = c->reply_code;
+          std::string text = Str(c->reply_text);
+          conn_.Close();
+          if (code == 404) return Status::NotFound(conn_.Name() + ": publish: " + text);
+          return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel: " + text);
+        }
         case AMQP_CONNECTION_CLOSE_METHOD:
           conn_.Close();
           return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel");
@@ -276,6 +337,7 @@ Status RabbitMqPublisher::Send(std::string_view exchange, std::string_view routi
   return impl_->Send(exchange, routing_key, m);
 }
 Status RabbitMqPublisher::WaitConfirms() { return impl_->WaitConfirms(); }
+void RabbitMqPublisher::ForgetDeclared() { impl_->ForgetDeclared(); }
 
 // ---- source ------------------------------------------------------------------
 
@@ -343,7 +405,7 @@ class RabbitMqDelivery final : public Delivery {
   Status Retry(Millis after) override {
     settled_ = true;
     if (after.count() <= 0) return s_->Settle(gen_, tag_, false, /*requeue=*/true);
-    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
+    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m, bool /*again*/) {
       std::string q;
       DEDUP_RETURN_IF_ERROR(p.DeclareRetryQueue(RetryStep(after), &q));
       return p.Send("", q, m);
@@ -354,9 +416,12 @@ class RabbitMqDelivery final : public Delivery {
 
   Status DeadLetter(std::string_view reason) override {
     settled_ = true;
-    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m) {
-      m.headers.emplace_back("x-dedup-reason", std::string(reason));
-      m.headers.emplace_back("x-dedup-queue", s_->o.queue);
+    Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m, bool again) {
+      if (again) DEDUP_RETURN_IF_ERROR(p.DeclareTopology());
+      if (!again) {
+        m.headers.emplace_back("x-dedup-reason", std::string(reason));
+        m.headers.emplace_back("x-dedup-queue", s_->o.queue);
+      }
       return p.Send(s_->o.DeadName(), "", m);
     });
     if (!sent.ok()) return Requeue(sent);
@@ -365,6 +430,10 @@ class RabbitMqDelivery final : public Delivery {
 
  private:
   // Publishes a confirmed copy of this message (same body, message_id, headers).
+  // When the broker says for sure that it did not take the copy (unroutable: the
+  // queue was deleted; NOT_FOUND: the exchange was), its target is declared
+  // again and the copy sent once more: otherwise every delivery of the message
+  // would fail the same way and be requeued at once, a storm. `send(p, m, again)`.
   template <typename F>
   Status Copy(F&& send) {
     AmqpMessage m;
@@ -374,8 +443,13 @@ class RabbitMqDelivery final : public Delivery {
       if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue") m.headers.emplace_back(k, v);
     }
     std::lock_guard<std::mutex> lock(s_->pub_mu);
-    Status st = send(s_->publisher, m);
+    Status st = send(s_->publisher, m, false);
     if (st.ok()) st = s_->publisher.WaitConfirms();
+    if (st.code() == StatusCode::kFailedPrecondition || st.code() == StatusCode::kNotFound) {
+      s_->publisher.ForgetDeclared();
+      st = send(s_->publisher, m, true);
+      if (st.ok()) st = s_->publisher.WaitConfirms();
+    }
     return st;
   }
 
@@ -555,6 +629,9 @@ class RabbitMqSource final : public MessageSource {
         attrs.emplace_back(std::move(k), std::move(v));
       }
     }
+    // A quorum queue counts earlier deliveries in x-delivery-count (absent on
+    // the first: 0, "not said"). The redelivered flag cannot tell a first
+    // delivery: a copy back from a retry queue is a new message to the broker.
     std::string body = Str(env.message.body);
     std::string key, key_error;
     switch (s_->o.key.kind) {
@@ -593,6 +670,7 @@ class RabbitMqSource final : public MessageSource {
 
 StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOptions& o) {
   if (o.queue.empty()) return Status::InvalidArgument("rabbitmq source: queue is empty");
+  DEDUP_RETURN_IF_ERROR(CheckNames(o));
   if (o.prefetch < 1 || o.prefetch > 65535) {
     return Status::InvalidArgument("rabbitmq source: prefetch must be 1..65535");
   }

@@ -5,7 +5,8 @@
 //   amqp://user:password@host:5672/vhost?queue=jobs&prefetch=32&key=message_id
 //
 // Parameters:
-//   queue=NAME       the queue to consume (declared durable when it does not exist)
+//   queue=NAME       the queue to consume (declared durable when it does not exist;
+//                    at most 235 bytes, so that <queue>.retry.<ms> fits AMQP's 255)
 //   prefetch=N       unacked deliveries the broker hands this consumer at once
 //                    (basic.qos). Default: 32.
 //   key=message_id   the dedup key is the message_id property (default)
@@ -14,6 +15,7 @@
 //                    (the key= grammar every source shares: brokers/key_spec.h)
 //   prefix=P         prepended to every key (a namespace)
 //   dead=NAME        the dead-letter exchange and queue. Default: <queue>.dead
+//                    (not the queue itself nor one of its retry queues)
 //   heartbeat=DUR    AMQP heartbeat. Default: 30s
 //
 // How the consumer seam maps onto AMQP:
@@ -113,6 +115,9 @@ class RabbitMqPublisher {
   // Waits until the broker confirmed everything sent; an error when any was
   // nacked or returned (unroutable) or the connection failed.
   [[nodiscard]] Status WaitConfirms();
+  // Forgets which retry queues were declared: the next DeclareRetryQueue
+  // declares again (one was deleted under this publisher).
+  void ForgetDeclared();
 
  private:
   class Impl;

@@ -47,7 +47,6 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -186,75 +185,112 @@ class IndexArena {
   IndexArena(const IndexArena&) = delete;
   IndexArena& operator=(const IndexArena&) = delete;
   ~IndexArena() {
-    for (void* r : regions_) {
-      DEDUP_UNPOISON(r, kHugePage);  // the addresses may be mapped again, for anything
-      UnmapBytes(r, kHugePage);
+    for (const Region& r : regions_) {
+      void* p = reinterpret_cast<void*>(r.base);
+      DEDUP_UNPOISON(p, kHugePage);  // the addresses may be mapped again, for anything
+      UnmapBytes(p, kHugePage);
     }
   }
 
   static bool Serves(size_t bytes) { return bytes >= kMin && bytes < kHugePage; }
 
   // A block of `bytes` (a power of two that Serves), 64-byte aligned; its
-  // contents are undefined (recycled memory is not zeroed).
+  // contents are undefined (recycled memory is not zeroed). Throws
+  // std::bad_alloc when no region can be mapped or recorded.
   void* Alloc(size_t bytes) {
     std::lock_guard lock(mu_);
     const int want = OrderOf(bytes);
+    Region* from = nullptr;
     int o = want;
-    while (o <= kRegionOrder && free_[o].empty()) ++o;
-    uintptr_t block;
-    if (o > kRegionOrder) {
-      void* r = MapHuge(kHugePage);
-      regions_.push_back(r);
-      DEDUP_POISON(r, kHugePage);
-      block = reinterpret_cast<uintptr_t>(r);
-      o = kRegionOrder;
-    } else {
-      block = *free_[o].begin();
-      free_[o].erase(free_[o].begin());
+    for (; o <= kRegionOrder && from == nullptr; ++o) {
+      for (Region& r : regions_) {  // the lowest free block of the smallest order
+        if ((r.free & OrderMask(o)) != 0) {
+          from = &r;
+          break;
+        }
+      }
     }
+    --o;
+    if (from == nullptr) {
+      // Room for the region's entry first: once mapped, nothing may throw.
+      if (regions_.size() == regions_.capacity()) regions_.reserve(std::max<size_t>(8, 2 * regions_.size()));
+      void* p = MapHuge(kHugePage);
+      DEDUP_POISON(p, kHugePage);
+      const Region fresh{reinterpret_cast<uintptr_t>(p), Bit(kRegionOrder, 0)};
+      from = &*regions_.insert(
+          std::lower_bound(regions_.begin(), regions_.end(), fresh.base,
+                           [](const Region& r, uintptr_t b) { return r.base < b; }),
+          fresh);
+      ++whole_free_;
+      o = kRegionOrder;
+    }
+    const uint64_t in_order = from->free & OrderMask(o);
+    size_t index = static_cast<size_t>(std::countr_zero(in_order)) - OrderShift(o);
+    from->free &= ~Bit(o, index);
+    if (o == kRegionOrder) --whole_free_;
     while (o > want) {  // split: keep the lower half, free the upper one
       --o;
-      free_[o].insert(block + (kMin << o));
+      index *= 2;
+      from->free |= Bit(o, index + 1);
     }
-    DEDUP_UNPOISON(reinterpret_cast<void*>(block), bytes);
-    return reinterpret_cast<void*>(block);
+    auto* block = reinterpret_cast<void*>(from->base + index * (kMin << want));
+    DEDUP_UNPOISON(block, bytes);
+    return block;
   }
 
   // Returns a block from Alloc(bytes), merging it with its free buddies. A
   // region that becomes wholly free is kept for the next tables (at most
   // kSpareRegions of them: in a doubling round the old tables free regions
   // just as the new ones want them, and a fresh huge page costs its first touch
-  // of 2 MiB) or given back to the kernel.
-  void Free(void* p, size_t bytes) {
+  // of 2 MiB) or given back to the kernel. Allocates nothing and never throws:
+  // it runs in a shard's destructor (the free blocks are bits of their region's
+  // word, not nodes of a container that would allocate on insert).
+  void Free(void* p, size_t bytes) noexcept {
     std::lock_guard lock(mu_);
     DEDUP_POISON(p, bytes);
-    uintptr_t block = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t base = at & ~(uintptr_t{kHugePage} - 1);  // regions are 2 MiB-aligned
+    const auto it = std::lower_bound(regions_.begin(), regions_.end(), base,
+                                     [](const Region& r, uintptr_t b) { return r.base < b; });
+    Region& r = *it;  // a block of ours: its region is there
     int o = OrderOf(bytes);
-    while (o < kRegionOrder) {
-      const uintptr_t buddy = block ^ (kMin << o);  // regions are 2 MiB-aligned
-      const auto it = free_[o].find(buddy);
-      if (it == free_[o].end()) break;
-      free_[o].erase(it);
-      block = std::min(block, buddy);
+    size_t index = (at - base) / (kMin << o);
+    while (o < kRegionOrder && (r.free & Bit(o, index ^ 1)) != 0) {
+      r.free &= ~Bit(o, index ^ 1);
+      index /= 2;
       ++o;
     }
-    if (o == kRegionOrder && free_[o].size() >= kSpareRegions) {
-      void* r = reinterpret_cast<void*>(block);
-      regions_.erase(std::find(regions_.begin(), regions_.end(), r));
-      DEDUP_UNPOISON(r, kHugePage);
-      UnmapBytes(r, kHugePage);
-      return;
+    if (o == kRegionOrder) {
+      if (whole_free_ >= kSpareRegions) {
+        void* region = reinterpret_cast<void*>(base);
+        regions_.erase(it);  // moves trivially copyable entries: no allocation
+        DEDUP_UNPOISON(region, kHugePage);
+        UnmapBytes(region, kHugePage);
+        return;
+      }
+      ++whole_free_;
     }
-    free_[o].insert(block);
+    r.free |= Bit(o, index);
   }
 
  private:
+  // A mapped 2 MiB region and its free blocks: one bit per block of each order,
+  // 32 of order 0 (bits 0-31), 16 of order 1 (32-47), ... 1 of order 5 (bit 62).
+  struct Region {
+    uintptr_t base;
+    uint64_t free;
+  };
   static constexpr size_t kSpareRegions = 2;
   static int OrderOf(size_t bytes) { return std::countr_zero(bytes / kMin); }
+  static constexpr size_t OrderShift(int o) { return 64 - (size_t{64} >> o); }  // 0, 32, 48, ...
+  static constexpr uint64_t OrderMask(int o) {
+    return ((uint64_t{1} << (size_t{32} >> o)) - 1) << OrderShift(o);
+  }
+  static constexpr uint64_t Bit(int o, size_t index) { return uint64_t{1} << (OrderShift(o) + index); }
 
   std::mutex mu_;
-  std::set<uintptr_t> free_[kRegionOrder + 1];  // free blocks by order; [kRegionOrder]: whole regions
-  std::vector<void*> regions_;                  // every region mapped
+  std::vector<Region> regions_;  // every region mapped, by address
+  size_t whole_free_ = 0;        // regions wholly free (the spares)
 };
 
 // ---- a record ------------------------------------------------------------------

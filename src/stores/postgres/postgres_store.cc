@@ -653,6 +653,20 @@ class PgTransaction final : public PostgresTransaction {
   Status failure_;
 };
 
+// What a handler's SQL may leave on the pooled connection that neither COMMIT nor
+// ROLLBACK ends, for the next message's handler (perhaps another tenant's) to see.
+// Every statement here may run inside a transaction block (only DISCARD ALL may
+// not), so that they ride in the COMMIT's own round trip:
+// - statements the handler PREPAREd (pg_prepared_statements.from_sql: the
+//   store's own are prepared through the protocol, so never from_sql; DEALLOCATE
+//   ALL would drop them too). PREPARE is not transactional: a rollback keeps them.
+// - sequences' currval/lastval (DISCARD SEQUENCES; also kept by a rollback).
+// - temporary tables (DISCARD TEMP; a rollback drops those it created).
+// pg_catalog is named: the handler may have shadowed names in its own schemas.
+constexpr std::string_view kForgetHandlerStatements =
+    "DO $dedup$DECLARE s record; BEGIN FOR s IN SELECT name FROM pg_catalog.pg_prepared_statements "
+    "WHERE from_sql LOOP EXECUTE pg_catalog.format('DEALLOCATE %I', s.name); END LOOP; END $dedup$";
+
 StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token token,
                                                 uint64_t fence, uint32_t attempt,
                                                 Millis retention,
@@ -665,11 +679,14 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     if (!h.ok()) return h.status();
     pg::Conn& c = **h;
     DEDUP_RETURN_IF_ERROR(c.Exec("BEGIN ISOLATION LEVEL READ COMMITTED", "begin").status());
-    // A rollback keeps session-level advisory locks the handler took; the
-    // connection goes back to the pool without them.
+    // A rollback keeps session-level advisory locks the handler took, the
+    // statements it prepared and sequences' currval; the connection goes back to
+    // the pool without them (kForgetHandlerStatements).
     auto rollback = [&c] {
       (void)c.Exec("ROLLBACK", "rollback");
-      (void)c.Exec("SELECT pg_advisory_unlock_all()", "release session locks");
+      (void)c.Exec("SELECT pg_advisory_unlock_all(); DISCARD SEQUENCES; " +
+                       std::string(kForgetHandlerStatements),
+                   "release session state");
     };
     PgTransaction tx(c, key, token, fence, attempt);
     try {
@@ -711,12 +728,16 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       // connection for the next handler and the store's own statements: back to the
       // connection's own values (RESET is transactional too), in the COMMIT's own
       // round trip. A rollback undoes them by itself. Session-level advisory locks
-      // survive both: released. If any of these fails, the statements after it
-      // (COMMIT too) are skipped: the transaction is not committed, and the
-      // connection, left inside it, is closed when handed back.
-      auto commit = c.Exec("RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; "
-                           "CLOSE ALL; SELECT pg_advisory_unlock_all(); COMMIT",
-                           "commit");
+      // survive both: released; and the temporary tables, prepared statements and
+      // currval of kForgetHandlerStatements, after the RESETs (as the connection's
+      // own role, the handler's cursors closed). If any of these fails, the
+      // statements after it (COMMIT too) are skipped: the transaction is not
+      // committed, and the connection, left inside it, is closed when handed back.
+      static const std::string kResetAndCommit =
+          "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; CLOSE ALL; "
+          "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; " +
+          std::string(kForgetHandlerStatements) + "; COMMIT";
+      auto commit = c.Exec(kResetAndCommit, "commit");
       if (!commit.ok()) return commit.status();
       // COMMIT of an aborted transaction answers ROLLBACK instead of failing.
       if (std::string_view(PQcmdStatus(commit->get())) != "COMMIT") {

@@ -1,0 +1,105 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// The memory store's index arena when the heap is exhausted: giving a table back
+// (a shard's destructor, a table replaced as it grows) must not allocate, or a
+// std::bad_alloc escapes a destructor and terminates the process. This binary
+// replaces the global operator new with one that throws while g_fail is set
+// (every other allocation goes to malloc as usual), so it has a binary of its own.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "dedup/memory_store.h"
+#include "dedup/store.h"
+
+namespace {
+std::atomic<bool> g_fail{false};
+std::atomic<long> g_refused{0};
+
+void* Allocate(std::size_t n, std::size_t align) {
+  if (g_fail.load(std::memory_order_relaxed)) {
+    g_refused.fetch_add(1, std::memory_order_relaxed);
+    throw std::bad_alloc();
+  }
+  if (n == 0) n = 1;
+  void* p = align <= alignof(std::max_align_t)
+                ? std::malloc(n)
+                : std::aligned_alloc(align, (n + align - 1) / align * align);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+// Every replaceable form, so that new and delete always pair (malloc and free).
+void* operator new(std::size_t n) { return Allocate(n, 0); }
+void* operator new[](std::size_t n) { return Allocate(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) { return Allocate(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return Allocate(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return Allocate(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return Allocate(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace dedup {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A store of two shards whose index tables (40 000 records: 256 KiB each) come
+// from the arena.
+std::unique_ptr<Store> FilledStore() {
+  MemoryStoreOptions o;
+  o.shards = 2;
+  auto store = NewMemoryStore(o);
+  for (int i = 0; i < 40000; ++i) {
+    ClaimRequest r;
+    r.key = "key-" + std::to_string(i);
+    r.lease = 60s;
+    r.retention = 600s;
+    auto c = store->Claim(r);
+    if (!c.ok() || !c->acquired()) std::abort();
+  }
+  return store;
+}
+
+// Destroying the store gives every shard's table back to the arena with the heap
+// refusing every allocation: the process must survive it (before the fix, the
+// arena's std::set allocated a node per freed block, and the bad_alloc left
+// ~Shard: std::terminate).
+TEST(MemoryArenaOomTest, FreeingTablesWhileTheHeapRefusesDoesNotThrow) {
+  EXPECT_EXIT(
+      {
+        auto store = FilledStore();
+        g_refused = 0;
+        g_fail = true;
+        store.reset();
+        g_fail = false;
+        std::exit(g_refused == 0 ? 0 : 4);  // 4: the free allocated but swallowed it
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace dedup
