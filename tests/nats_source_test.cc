@@ -313,12 +313,28 @@ class RawNats {
     cc.Durable = name.c_str();
     cc.AckPolicy = policy;
     cc.MaxDeliver = max_deliver;
-    cc.FilterSubject = subject.c_str();
+    cc.FilterSubject = subject.empty() ? nullptr : subject.c_str();
     jsConsumerInfo* ci = nullptr;
     jsErrCode jerr = static_cast<jsErrCode>(0);
     ASSERT_EQ(js_AddConsumer(&ci, js_, stream.c_str(), &cc, nullptr, &jerr), NATS_OK)
         << "jerr " << jerr;
     jsConsumerInfo_Destroy(ci);
+  }
+  // Adds stream `name` on `subject` that holds at most `max_msgs` and refuses
+  // more (discard new).
+  void AddFullStream(const std::string& name, const std::string& subject, int64_t max_msgs) {
+    jsStreamConfig cfg;
+    jsStreamConfig_Init(&cfg);
+    cfg.Name = name.c_str();
+    const char* subjects[] = {subject.c_str()};
+    cfg.Subjects = subjects;
+    cfg.SubjectsLen = 1;
+    cfg.MaxMsgs = max_msgs;
+    cfg.Discard = js_DiscardNew;
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+    jsStreamInfo_Destroy(si);
   }
   void DeleteStream(const std::string& stream) {
     jsErrCode jerr = static_cast<jsErrCode>(0);
@@ -367,6 +383,33 @@ TEST_F(NatsSourceTest, AnExistingConsumerThatAcksOrDropsUnrecordedWorkIsRefused)
   ASSERT_TRUE(OpenNatsSource(Uri()).ok());
   auto again = OpenNatsSource(Uri());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A consumer with no filter reads every subject of its stream. On a stream that
+// holds more than subject= (an operator's "jobs.>" read as subject=jobs.in) it
+// handed the workers messages the URI does not name, and with dead= under the
+// stream's subjects their own dead letters too; "a filter on another subject"
+// was refused, no filter at all was used. On 766d916:
+//   Value of: src.ok() Actual: true  (a consumer without a filter was accepted)
+TEST_F(NatsSourceTest, AnExistingConsumerWithoutAFilterOnAWiderStreamIsRefused) {
+  RawNats raw;
+  raw.AddFullStream(stream_, stream_ + ".>", -1);
+  raw.AddConsumer(stream_, "nofilter", "", js_AckExplicit, -1);
+  auto src = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "&consumer=nofilter&subject=" +
+                            stream_ + ".in");
+  ASSERT_FALSE(src.ok()) << "a consumer without a filter was accepted";
+  EXPECT_EQ(src.status().code(), StatusCode::kFailedPrecondition) << src.status().ToString();
+  EXPECT_NE(src.status().message().find("filter"), std::string::npos) << src.status().ToString();
+  // Without a filter on a stream that holds only the subject: the same messages.
+  const std::string one = stream_ + "ONE";
+  raw.AddFullStream(one, one + ".in", -1);
+  raw.AddConsumer(one, "nofilter", "", js_AckExplicit, -1);
+  auto fine = OpenNatsSource(BaseUri() + "?stream=" + one + "&consumer=nofilter&subject=" + one + ".in");
+  EXPECT_TRUE(fine.ok()) << fine.status().ToString();
+  // The consumer the source makes on the wider stream opens, also again.
+  ASSERT_TRUE(OpenNatsSource(Uri()).ok());
+  auto again = OpenNatsSource(Uri());
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
 }
 
 // A dead subject the source itself consumes sends every dead letter back to the
@@ -450,6 +493,61 @@ TEST_F(NatsSourceTest, DeadLetterAfterTheDeadStreamWasDeletedMakesItAgain) {
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0]->key(), "gone");
   ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// A header the original already has under a name the copy gives (a dead letter
+// sent back to the stream by hand carries Dedup-Original-Msg-Id): the copy had
+// two values under it, the stale one possibly first, so that a reader of the
+// dead stream keyed on it got the wrong id.
+TEST_F(NatsSourceTest, DeadLetterOriginalIdIsTheOneOfThisMessage) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawNats raw;
+  raw.Publish(stream_ + ".in", "payload",
+              {{"Dedup-Original-Msg-Id", "stale"}, {"Nats-Msg-Id", "k-2"},
+               {"Dedup-Original-Nats-Expected-Stream", "stale"}, {"Nats-Expected-Stream", stream_}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0]->key(), "k-2");
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "k-2");
+  std::vector<std::string> ids, expected;
+  for (const auto& [k, v] : d[0]->attributes()) {
+    if (k == "Dedup-Original-Msg-Id") ids.push_back(v);
+    if (k == "Dedup-Original-Nats-Expected-Stream") expected.push_back(v);
+  }
+  EXPECT_EQ(ids, std::vector<std::string>{"k-2"});
+  EXPECT_EQ(expected, std::vector<std::string>{stream_});
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// A dead letter whose copy the dead stream refuses (full, discard new: it will
+// refuse the next one too) was NAKed without a delay: the server redelivered it
+// at once, the Consumer dead-lettered it again, and so on as fast as the
+// network goes. Now it comes back after AckWait, as if never settled. On
+// 766d916:
+//   Value of: FetchAll(**src, 1, Millis(600)).empty()  Actual: false
+TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
+  RawNats raw;
+  raw.AddFullStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1);
+  raw.Publish("dedup.dead." + stream_, "filler", {});
+  auto src = OpenNatsSource(Uri("&ack_wait=2s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("full", "payload");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const auto t0 = steady_clock::now();
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  EXPECT_FALSE(dl.ok()) << "the dead stream is full";
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "redelivered at once";
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u) << "never redelivered";
+  EXPECT_GE(steady_clock::now() - t0, Millis(1900));
+  EXPECT_EQ(back[0]->key(), "full");
+  ASSERT_TRUE(back[0]->Ack().ok());
 }
 
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

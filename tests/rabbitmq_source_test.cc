@@ -283,6 +283,12 @@ class RawAmqp {
     Status s = conn_.RpcStatus("queue.delete " + queue);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
+  void Bind(const std::string& queue, const std::string& exchange) {
+    amqp_queue_bind(conn_.get(), kChannel, Bytes(queue), Bytes(exchange), amqp_empty_bytes,
+                    amqp_empty_table);
+    Status s = conn_.RpcStatus("queue.bind " + queue);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
   void DeleteExchange(const std::string& exchange) {
     amqp_exchange_delete(conn_.get(), kChannel, Bytes(exchange), 0);
     Status s = conn_.RpcStatus("exchange.delete " + exchange);
@@ -324,6 +330,35 @@ TEST_F(RabbitMqSourceTest, AQueueDeclaredWithArgumentsIsConsumedAsItIs) {
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0]->delivery_count(), 2u);
   ASSERT_TRUE(again[0]->Ack().ok());
+}
+
+// A retry copy is a new message to the broker, but it carried the original's
+// x-delivery-count (a quorum queue's count of earlier deliveries) as a header of
+// its own: back from the retry queue, its first delivery read as a redelivery,
+// with the count of the message it was copied from. On 766d916:
+//   Expected equality of these values: copy[0]->delivery_count() Which is: 2  0u
+TEST_F(RabbitMqSourceTest, ARetryCopyOnAQuorumQueueStartsItsOwnCount) {
+  RawAmqp raw(Options());
+  {
+    TableBuilder quorum;
+    quorum.AddString("x-queue-type", "quorum");
+    raw.Declare(queue_, std::move(quorum));
+  }
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("c-1", "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->Retry(Millis(0)).ok());  // requeued: x-delivery-count 1
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u);
+  ASSERT_EQ(again[0]->delivery_count(), 2u);
+  ASSERT_TRUE(again[0]->Retry(Millis(100)).ok());  // a copy through <queue>.retry.100
+  auto copy = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(copy.size(), 1u);
+  EXPECT_EQ(copy[0]->key(), "c-1");
+  EXPECT_EQ(copy[0]->delivery_count(), 0u);
+  ASSERT_TRUE(copy[0]->Ack().ok());
 }
 
 // A dead-letter exchange named like the queue itself (or one of its retry
@@ -386,6 +421,64 @@ TEST_F(RabbitMqSourceTest, DeadLetterAndRetryFindTheirQueuesAgainAfterADelete) {
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0]->key(), "r-1");
   ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// An operator's queue bound to the dead exchange (opened by the source) that
+// refuses every message (a length limit of 0, reject-publish): the broker nacks
+// each dead letter, which the dead queue still takes.
+void BindAQueueThatRefusesEveryCopy(const RabbitMqOptions& o, const std::string& queue) {
+  RawAmqp raw(o);
+  TableBuilder full;
+  full.AddInt("x-max-length", 0);
+  full.AddString("x-overflow", "reject-publish");
+  raw.Declare(queue + ".audit", std::move(full));
+  raw.Bind(queue + ".audit", queue + ".dead");
+}
+
+// A publisher-confirm nack does not say the copy was not taken: a message routed
+// to several queues and refused by one of them (a length limit with
+// reject-publish) "will still be published to all other queues which can
+// enqueue it" (rabbitmq.com/maxlength.html). An operator's full queue bound to
+// the dead exchange made the source resend the dead letter, so that the dead
+// queue held it twice. On 766d916:
+//   Expected equality of these values: d.size() Which is: 2  1u Which is: 1
+TEST_F(RabbitMqSourceTest, ANackedDeadLetterIsNotSentTwice) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  BindAQueueThatRefusesEveryCopy(Options(), queue_);
+  Publish("n-1", "a");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  EXPECT_FALSE(dl.ok()) << "the audit queue refused it: nacked";
+  auto dead = OpenRabbitMqSource(BaseUri() + "?queue=" + queue_ + ".dead");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  auto d = FetchAll(**dead, 3, Millis(1500));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "n-1");
+}
+
+// A copy that could not be made (here a nack: the operator's full queue bound to
+// the dead exchange refuses every copy) left the original nacked with requeue at
+// once: the broker delivered it straight back, the Consumer dead-lettered it
+// again, and each turn of that loop, as fast as the network goes, left one more
+// copy in the dead queue. Now it is given back a second later. On 766d916:
+//   Value of: FetchAll(**src, 1, Millis(600)).empty()  Actual: false
+TEST_F(RabbitMqSourceTest, AFailedCopyIsNotRequeuedAtOnce) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  BindAQueueThatRefusesEveryCopy(Options(), queue_);
+  Publish("h-1", "a");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const auto t0 = steady_clock::now();
+  EXPECT_FALSE(got[0]->DeadLetter("EXHAUSTED: 3 attempts").ok());
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "requeued at once";
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u) << "never given back";
+  EXPECT_GE(steady_clock::now() - t0, Millis(900));
+  EXPECT_EQ(back[0]->key(), "h-1");
+  ASSERT_TRUE(back[0]->Ack().ok());
 }
 
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <set>
 
 #include "brokers/key_spec.h"
 #include "core/printable.h"
@@ -114,9 +115,10 @@ Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, cons
 // itself) settles messages whose outcome is not recorded; with a MaxDeliver a
 // message redelivered that often (BUSY NAKs and AckWait expiries count) is
 // never delivered again, neither done nor dead-lettered; a filter on another
-// subject reads other messages than the URI says. AckWait is left as it is
-// (a short one is wasteful, not wrong: docs/WORKER.md).
-Status CheckConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
+// subject (or none, on a stream holding more) reads other messages than the
+// URI says. AckWait is left as it is (a short one is wasteful, not wrong:
+// docs/WORKER.md).
+Status CheckConsumer(Conn& conn, const NatsOptions& o, const jsConsumerInfo& ci) {
   const jsConsumerConfig* c = ci.Config;
   if (c == nullptr) return Status::Ok();
   const std::string what = "nats " + o.host_port + ": the existing consumer '" + o.consumer +
@@ -138,6 +140,28 @@ Status CheckConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
   if (!filter.empty() && filter != o.Subject()) {
     return Status::FailedPrecondition(what + "filters on '" + filter + "', not on subject=" +
                                       o.Subject());
+  }
+  if (filter.empty()) {
+    // No filter: it reads every subject of the stream, which is subject= only
+    // when the stream holds that one subject and no other.
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetStreamInfo(&si, conn.js, o.stream.c_str(), nullptr, &jerr);
+    if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": stream info " + o.stream, jerr);
+    std::string held;
+    bool only = si->Config != nullptr && si->Config->SubjectsLen == 1 &&
+                o.Subject() == si->Config->Subjects[0];
+    if (si->Config != nullptr) {
+      for (int i = 0; i < si->Config->SubjectsLen; ++i) {
+        held += std::string(i == 0 ? "" : ", ") + si->Config->Subjects[i];
+      }
+    }
+    jsStreamInfo_Destroy(si);
+    if (!only) {
+      return Status::FailedPrecondition(
+          what + "has no filter: it reads every subject the stream holds (" +
+          internal::Printable(held) + "), not subject=" + o.Subject() + " only");
+    }
   }
   return Status::Ok();
 }
@@ -418,8 +442,10 @@ class NatsDelivery final : public Delivery {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (!copied.ok()) {
-      // No copy: give it back rather than lose it; it is redelivered.
-      (void)natsMsg_Nak(msg_, nullptr);
+      // No copy: give it back rather than lose it. Redelivered after ack_wait,
+      // as if never settled: at once, a copy that failed (a full dead stream, a
+      // lost connection) would fail again, in a loop as fast as the network.
+      (void)natsMsg_NakWithDelay(msg_, s_->o.ack_wait.count(), nullptr);
       return copied;
     }
     natsStatus s = natsMsg_Term(msg_, nullptr);
@@ -447,15 +473,25 @@ class NatsDelivery final : public Delivery {
     natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, payload_.data(),
                                   static_cast<int>(payload_.size()));
     if (s != NATS_OK) return FromNats(s, "nats: dead-letter message");
+    // JetStream's own headers travel under other names: they would act on the
+    // dead stream. The original id, so that its duplicate window does not drop
+    // a second dead letter of one key; Nats-Expected-Stream (and -Last-*),
+    // which made it refuse the copy; Nats-Rollup, which would purge it.
+    const auto renamed = [](const std::string& k) {
+      return k == "Nats-Msg-Id"        ? std::string("Dedup-Original-Msg-Id")
+             : k.starts_with("Nats-") ? "Dedup-Original-" + k
+                                       : k;
+    };
+    // A name the copy gives a renamed header is this message's: a header the
+    // original already has under it (a dead letter sent back by hand) is left
+    // off, or the copy would carry two values, the stale one possibly first.
+    std::set<std::string> given;
     for (const auto& [k, v] : attributes_) {
-      // JetStream's own headers travel under other names: they would act on the
-      // dead stream. The original id, so that its duplicate window does not drop
-      // a second dead letter of one key; Nats-Expected-Stream (and -Last-*),
-      // which made it refuse the copy; Nats-Rollup, which would purge it.
-      const std::string name = k == "Nats-Msg-Id"        ? "Dedup-Original-Msg-Id"
-                               : k.starts_with("Nats-") ? "Dedup-Original-" + k
-                                                         : k;
-      if (s == NATS_OK) s = natsMsgHeader_Add(m, name.c_str(), v.c_str());
+      if (k.starts_with("Nats-")) given.insert(renamed(k));
+    }
+    for (const auto& [k, v] : attributes_) {
+      if (!k.starts_with("Nats-") && given.count(k) != 0) continue;
+      if (s == NATS_OK) s = natsMsgHeader_Add(m, renamed(k).c_str(), v.c_str());
     }
     const std::string why(reason);
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Reason", why.c_str());
@@ -544,7 +580,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
   if (st == NATS_OK) {
-    Status usable = CheckConsumer(o, *ci);
+    Status usable = CheckConsumer(conn, o, *ci);
     jsConsumerInfo_Destroy(ci);
     DEDUP_RETURN_IF_ERROR(usable);
   } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
@@ -567,7 +603,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
       jerr = static_cast<jsErrCode>(0);
       st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
       if (st == NATS_OK) {
-        Status usable = CheckConsumer(o, *ci);
+        Status usable = CheckConsumer(conn, o, *ci);
         jsConsumerInfo_Destroy(ci);
         DEDUP_RETURN_IF_ERROR(usable);
       }

@@ -9,7 +9,7 @@
 //   consumer=NAME      the durable pull consumer (created if missing: explicit
 //                      acks, unlimited deliveries, filtered on `subject`; an
 //                      existing one with other acks, a MaxDeliver or another
-//                      filter is refused)
+//                      filter, or none on a stream holding more, is refused)
 //   subject=SUBJ       the subject the stream holds and the consumer filters.
 //                      Default: the stream name
 //   key=msgid          the dedup key is the Nats-Msg-Id header (default)
@@ -28,7 +28,8 @@
 //   Ack()            +ACK (after the outcome is recorded)
 //   Retry(after)     -NAK with a delay of `after`: the server redelivers then
 //   DeadLetter(why)  a copy (data, headers, Dedup-Reason: <why>) published to the
-//                    dead subject and stored (PubAck awaited); then +TERM
+//                    dead subject and stored (PubAck awaited); then +TERM. No
+//                    copy: -NAK with a delay of ack_wait (never at once: a loop)
 //   InProgress()     +WPI: resets AckWait. The Consumer sends it every heartbeat
 //                    interval for each delivery it holds (running or fetched
 //                    ahead), so a message worked on longer than AckWait is not

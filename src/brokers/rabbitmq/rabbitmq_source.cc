@@ -56,6 +56,9 @@ timeval ToTimeval(Millis d) {
 // <queue>.retry.<ms> from the queue: a queue too long for that failed every
 // retry (requeued at once: a storm), not the start. The dead-letter target must
 // not be the queue or one of its retry queues: dead letters would come back.
+// How long a delivery whose copy failed is held before it is requeued.
+constexpr Millis kRequeueAfterFailedCopy{1'000};
+
 constexpr size_t kMaxAmqpName = 255;
 constexpr std::string_view kRetryInfix = ".retry.";
 constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
@@ -171,6 +174,7 @@ class RabbitMqPublisher::Impl {
     next_seq_ = 1;
     acked_ = 0;
     failed_.clear();
+    nacked_ = false;
     DEDUP_RETURN_IF_ERROR(conn_.Open());
     amqp_confirm_select_t req{};
     amqp_simple_rpc_decoded(conn_.get(), kChannel, AMQP_CONFIRM_SELECT_METHOD,
@@ -278,7 +282,7 @@ class RabbitMqPublisher::Impl {
         case AMQP_BASIC_NACK_METHOD: {
           auto* n = static_cast<amqp_basic_nack_t*>(frame.payload.method.decoded);
           acked_ = std::max<uint64_t>(acked_, n->delivery_tag);
-          failed_ = "the broker refused (nack) a published message";
+          nacked_ = true;
           break;
         }
         case AMQP_BASIC_RETURN_METHOD: {
@@ -309,6 +313,17 @@ class RabbitMqPublisher::Impl {
           break;
       }
     }
+    // A nack is not "not taken": a message routed to several queues and
+    // refused by one (a length limit with reject-publish) is still in the others
+    // (rabbitmq.com/maxlength.html). Aborted, never resent; FailedPrecondition
+    // only for a return (unroutable: routed to no queue at all).
+    if (nacked_) {
+      nacked_ = false;
+      failed_.clear();
+      return Status(StatusCode::kAborted,
+                    conn_.Name() + ": publish: the broker refused (nack) a published message; "
+                                   "a queue it routes to is full or failed (others may hold it)");
+    }
     if (!failed_.empty()) {
       std::string f = std::move(failed_);
       failed_.clear();
@@ -323,7 +338,8 @@ class RabbitMqPublisher::Impl {
   std::set<std::string> retry_queues_;
   uint64_t next_seq_ = 1;
   uint64_t acked_ = 0;
-  std::string failed_;
+  std::string failed_;   // a return (unroutable) since the last WaitConfirms
+  bool nacked_ = false;  // a nack since the last WaitConfirms
 };
 
 RabbitMqPublisher::RabbitMqPublisher(RabbitMqOptions o) : impl_(std::make_unique<Impl>(std::move(o))) {}
@@ -357,9 +373,40 @@ struct Shared {
   std::mutex pub_mu;   // guards publisher
   RabbitMqPublisher publisher;
 
+  // Deliveries whose copy failed, given back (nack, requeue) once `due`: at
+  // once, a copy that failed would fail again, in a loop as fast as the network.
+  // Still unsettled until then (the idle release waits for them). Guarded by
+  // conn_mu; the source's watcher thread gives them back.
+  struct Held {
+    uint64_t gen, tag;
+    std::chrono::steady_clock::time_point due;
+  };
+  std::vector<Held> held;
+
+  void HoldThenRequeue(uint64_t gen, uint64_t tag, Millis delay) {
+    std::lock_guard<std::mutex> lock(conn_mu);
+    held.push_back({gen, tag, std::chrono::steady_clock::now() + delay});
+  }
+  // With conn_mu held: nacks (requeue) what is due.
+  void RequeueDueLocked() {
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < held.size();) {
+      if (held[i].due > now) {
+        ++i;
+        continue;
+      }
+      (void)SettleLocked(held[i].gen, held[i].tag, false, true);
+      held[i] = held.back();
+      held.pop_back();
+    }
+  }
+
   // basic.ack / basic.nack of `tag` if the connection it came from still lives.
   Status Settle(uint64_t gen, uint64_t tag, bool ack, bool requeue) {
     std::lock_guard<std::mutex> lock(conn_mu);
+    return SettleLocked(gen, tag, ack, requeue);
+  }
+  Status SettleLocked(uint64_t gen, uint64_t tag, bool ack, bool requeue) {
     --unsettled;
     if (gen != generation || !conn.open()) {
       return Status::Unavailable(conn.Name() +
@@ -431,7 +478,8 @@ class RabbitMqDelivery final : public Delivery {
  private:
   // Publishes a confirmed copy of this message (same body, message_id, headers).
   // When the broker says for sure that it did not take the copy (unroutable: the
-  // queue was deleted; NOT_FOUND: the exchange was), its target is declared
+  // queue was deleted; NOT_FOUND: the exchange was; never on a nack, a timeout or
+  // a lost connection, which leave it unknown), its target is declared
   // again and the copy sent once more: otherwise every delivery of the message
   // would fail the same way and be requeued at once, a storm. `send(p, m, again)`.
   template <typename F>
@@ -439,8 +487,14 @@ class RabbitMqDelivery final : public Delivery {
     AmqpMessage m;
     m.body = payload_;
     m.message_id = message_id_;
+    // Not x-delivery-count: a quorum queue's count of the original's earlier
+    // deliveries; the copy is a new message, and its first delivery would read
+    // as a redelivery.
     for (const auto& [k, v] : attributes_) {
-      if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue") m.headers.emplace_back(k, v);
+      if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue" &&
+          k != "x-delivery-count") {
+        m.headers.emplace_back(k, v);
+      }
     }
     std::lock_guard<std::mutex> lock(s_->pub_mu);
     Status st = send(s_->publisher, m, false);
@@ -453,11 +507,11 @@ class RabbitMqDelivery final : public Delivery {
     return st;
   }
 
-  // The copy could not be made: give the message back now rather than hold it
-  // unacked (it would occupy a prefetch slot until the connection closes).
+  // The copy could not be made: give the message back (nack, requeue) a little
+  // later rather than hold it unacked until the connection closes, and not at
+  // once: it would come straight back and fail the same way, in a loop.
   Status Requeue(const Status& why) {
-    Status n = s_->Settle(gen_, tag_, false, /*requeue=*/true);
-    (void)n;
+    s_->HoldThenRequeue(gen_, tag_, kRequeueAfterFailedCopy);
     return why;
   }
 
@@ -584,6 +638,7 @@ class RabbitMqSource final : public MessageSource {
       idle_cv_.wait_for(lk, Millis(200));
       if (closing_) break;
       std::lock_guard<std::mutex> lock(s_->conn_mu);
+      s_->RequeueDueLocked();
       if (s_->conn.open() && s_->unsettled <= 0 && !s_->fetching &&
           std::chrono::steady_clock::now() - s_->last_fetch > kIdleRelease) {
         s_->conn.Close();

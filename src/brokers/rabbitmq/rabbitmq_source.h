@@ -113,7 +113,8 @@ class RabbitMqPublisher {
   [[nodiscard]] Status Send(std::string_view exchange, std::string_view routing_key,
                             const AmqpMessage& m);
   // Waits until the broker confirmed everything sent; an error when any was
-  // nacked or returned (unroutable) or the connection failed.
+  // nacked (Aborted: it may still be in some queues), returned (FailedPrecondition:
+  // unroutable, in no queue), or the connection failed.
   [[nodiscard]] Status WaitConfirms();
   // Forgets which retry queues were declared: the next DeclareRetryQueue
   // declares again (one was deleted under this publisher).
