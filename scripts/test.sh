@@ -69,7 +69,9 @@ fi
 # buffers of our Puts, with RocksDB's frames missing from the stacks (it is built
 # without frame pointers), so no suppression can tell them apart. The RocksDB
 # store's locking is covered by the plain and ASan runs of its concurrent tests.
-tsan_tests="store_conformance_test buffer_test outcome_retry_test memory_store_test state_machine_test"
+# The Consumer's threads too (its drain starts on a thread of its own at Stop()):
+# the consumer conformance suite, on the memory broker and Redis Streams (~25 s).
+tsan_tests="store_conformance_test buffer_test outcome_retry_test memory_store_test state_machine_test consumer_conformance_test"
 tsan_filter="-*/rocksdb"
 run_sanitized() {  # run_sanitized BUILD_DIR "TESTS" GTEST_FILTER CMAKE_FLAGS...
   local dir=$1 tests=$2 filter=$3

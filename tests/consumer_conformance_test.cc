@@ -1090,6 +1090,46 @@ TEST_P(ConsumerConformance, RunningDeliveriesAreReportedInProgressWhileDraining)
   EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
 }
 
+// Stop() on another thread (a SIGTERM handler, Worker::Stop) while Run() returns
+// and its caller destroys the Consumer at once (worker_command.cc,
+// Worker::RunConsumer): Stop() touches nothing of the Consumer once Run() may
+// return, and Run()'s return happens after all Stop() did (ThreadSanitizer
+// checks the latter: scripts/test.sh runs this suite under it). Also a stop
+// before Run(), and drain timeouts of 0 to 2 ms.
+TEST_P(ConsumerConformance, StopOnAnotherThreadAsRunReturns) {
+  auto buffer = MakeBuffer();
+  for (int i = 0; i < 24; ++i) {
+    auto source = Source();
+    ASSERT_NE(source, nullptr);
+    ConsumerOptions o;
+    o.concurrency = 2;
+    o.fetch_wait = 5ms;
+    o.drain_timeout = std::chrono::milliseconds(i % 3);
+    auto made = Consumer::Make(
+        source.get(), buffer.get(),
+        [](const Delivery&, ClaimGuard&) { return HandlerResult::Done(); }, o);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::unique_ptr<Consumer> owned = std::move(made).value();
+    Consumer* c = owned.get();
+    Status run_status;
+    if (i % 4 == 0) c->Stop();  // before Run(): Run() drains at once
+    std::thread run([&] {
+      run_status = owned->Run();
+      owned.reset();
+    });
+    std::thread stopper;
+    if (i % 4 != 0) {
+      stopper = std::thread([c, i] {
+        std::this_thread::sleep_for(std::chrono::microseconds((i * 397) % 3000));
+        c->Stop();
+      });
+      stopper.join();
+    }
+    run.join();
+    EXPECT_TRUE(run_status.ok()) << run_status;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });

@@ -230,8 +230,9 @@ struct ConsumerOptions {
   // once (Retry(0)). 0 = at once; 0 to kMaxDrainTimeout (24 h). Default: 5 s.
   static constexpr Millis kMaxDrainTimeout{86'400'000};
   Millis drain_timeout{5'000};
-  // Called once, from Run()'s thread, when drain_timeout has passed with handlers
-  // still running: stops what the handlers run (the worker passes
+  // Called once, from the Consumer's drain thread (the drain starts at Stop(),
+  // while Run()'s thread may still wait in a Fetch), when drain_timeout has
+  // passed with handlers still running: stops what the handlers run (the worker passes
   // HandlerSupervisor::RequestStop: SIGTERM, then SIGKILL after its grace).
   // Default: empty (in-process handlers watch Delivery::stop_requested()).
   std::function<void()> stop_handlers;

@@ -8,14 +8,12 @@
 // The policy (outcome -> broker action) lives in ProcessOnce alone; this file only
 // carries out the action and counts.
 
-#include <sys/eventfd.h>
-#include <unistd.h>
+#include <semaphore.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <deque>
 #include <mutex>
@@ -74,30 +72,26 @@ class Consumer::Impl {
     if (buffer_ != nullptr) progress_every_ = buffer_->heartbeat_interval();
     if (o_.prefetch < 0) o_.prefetch = o_.concurrency;
     prefetch_ = o_.prefetch;
-    stop_fd_ = eventfd(0, EFD_CLOEXEC);
+    // Not shared between processes, starting at 0: cannot fail. No file
+    // descriptor: `dedup simulate` holds up to 1024 Consumers at once.
+    (void)sem_init(&stop_sem_, 0, 0);
   }
-  ~Impl() {
-    if (stop_fd_ >= 0) close(stop_fd_);
-  }
+  ~Impl() { sem_destroy(&stop_sem_); }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  // -1 when the eventfd that wakes the drain could not be made (errno says why).
-  int stop_fd() const { return stop_fd_; }
-
   // Consumer::Stop(), maybe from a signal handler: only atomics, clock_gettime
-  // and write(2), all async-signal-safe. The first call's moment is the drain's
-  // start; the write wakes the drain thread (DrainOnStop), which does not wait
-  // for the fetch thread to come back from a Fetch or a claim.
+  // and sem_post, all async-signal-safe. The first call's moment is the drain's
+  // start; the post wakes the drain thread (DrainOnStop), which does not wait
+  // for the fetch thread to come back from a Fetch or a claim. The stop flag
+  // comes last: once it is seen, Run() may return and its caller destroy the
+  // Consumer, so nothing of it is touched after that.
   void RequestStop() {
     const int saved_errno = errno;
     int64_t none = 0;
     (void)stop_ns_.compare_exchange_strong(none, MonotonicNs());
+    (void)sem_post(&stop_sem_);  // fails only past SEM_VALUE_MAX posts: one is enough
     stop_->store(true, std::memory_order_release);
-    const uint64_t one = 1;
-    if (write(stop_fd_, &one, sizeof one) < 0) {
-      // Nothing to do in a signal handler: DrainOnStop also polls stop_.
-    }
     errno = saved_errno;
   }
 
@@ -110,7 +104,9 @@ class Consumer::Impl {
     }
     Millis backoff(50);
     auto next_progress = std::chrono::steady_clock::now() + progress_every_;
-    while (!stop_->load(std::memory_order_relaxed)) {
+    // Acquire: what Stop() did before it set the flag (it touches nothing of
+    // the Consumer after) happens before Run() returns and the Consumer goes.
+    while (!stop_->load(std::memory_order_acquire)) {
       if (progress_every_.count() > 0 && std::chrono::steady_clock::now() >= next_progress) {
         next_progress = std::chrono::steady_clock::now() + progress_every_;
         SendInProgress();
@@ -649,7 +645,7 @@ class Consumer::Impl {
   }
 
   // The drain is bounded by drain_timeout from its start, the moment Stop() was
-  // called: this thread waits for it (the eventfd Stop() writes) and begins the
+  // called: this thread waits for it (the semaphore Stop() posts) and begins the
   // drain at once, while the fetch thread may still wait in a Fetch or a claim
   // of its own (a broker or store that hangs would otherwise start the clock a
   // timeout late). What never started is handed back on a thread of its own
@@ -659,10 +655,14 @@ class Consumer::Impl {
   // drains).
   void DrainOnStop() {
     while (!stop_->load(std::memory_order_acquire)) {
-      uint64_t n = 0;
-      if (read(stop_fd_, &n, sizeof n) < 0 && errno != EINTR) {
-        std::this_thread::sleep_for(Millis(50));
+      if (stop_ns_.load(std::memory_order_acquire) != 0) {
+        // Between Stop()'s wake-up and its stop flag (set last, see RequestStop):
+        // no handler may see the drain begin before the flag.
+        std::this_thread::sleep_for(Millis(1));
+        continue;
       }
+      // EINTR: a signal handler ran on this thread; look again.
+      (void)sem_wait(&stop_sem_);
     }
     const int64_t since_stop_ns = std::max<int64_t>(0, MonotonicNs() - stop_ns_.load());
     const auto deadline = std::chrono::steady_clock::now() + o_.drain_timeout -
@@ -818,9 +818,9 @@ class Consumer::Impl {
   ConsumerOptions o_;
   std::atomic<bool>* const stop_;
   // Stop(): its first call's CLOCK_MONOTONIC time (0 = not yet), and the
-  // eventfd it writes to wake DrainOnStop.
+  // semaphore it posts to wake DrainOnStop.
   std::atomic<int64_t> stop_ns_{0};
-  int stop_fd_ = -1;
+  sem_t stop_sem_;
   std::thread drainer_;   // DrainOnStop
   std::thread progress_;  // DrainProgressLoop
 
@@ -920,9 +920,6 @@ StatusOr<std::unique_ptr<Consumer>> Consumer::Make(MessageSource* source, Buffer
   std::unique_ptr<Consumer> c(new Consumer(nullptr));
   c->impl_ = std::make_unique<Impl>(source, buffer, std::move(handler), Processor(),
                                     std::move(options), &c->stop_);
-  if (c->impl_->stop_fd() < 0) {
-    return Status::Internal(std::string("consumer: eventfd: ") + std::strerror(errno));
-  }
   return c;
 }
 
@@ -934,9 +931,6 @@ StatusOr<std::unique_ptr<Consumer>> Consumer::MakeWith(MessageSource* source, Pr
   std::unique_ptr<Consumer> c(new Consumer(nullptr));
   c->impl_ = std::make_unique<Impl>(source, nullptr, Handler(), std::move(process),
                                     std::move(options), &c->stop_);
-  if (c->impl_->stop_fd() < 0) {
-    return Status::Internal(std::string("consumer: eventfd: ") + std::strerror(errno));
-  }
   return c;
 }
 
