@@ -220,4 +220,24 @@ expect_rc "the forgotten run recorded nothing over the new one" 0 "$dedup" inspe
 [[ "$(sed -n 's/^  fence *//p' <<<"$out")" == "$fence_next" && "$out" == *completed* ]] &&
   ok "the new run's record stands" || fail "after the forgotten run stopped: $out"
 
+# 6. A newcomer's mistakes: each one refused at start, naming the problem.
+# A duration flag without a unit: "--retention 86400" read as 86,400 ms (86 s, and
+# every repeat after that ran the work again), "--lease 30" as a 30 ms lease.
+# A flag needs a unit (0 needs none); URIs keep "a bare number is milliseconds".
+for case in "--lease|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --lease 30" \
+            "--retention|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --retention 86400" \
+            "--drain-timeout|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --drain-timeout 1.5" \
+            "--retention|exec --store memory: --key k --retention 3600 -- true" \
+            "--lease|simulate --lease 200 --messages 10"; do
+  flag=${case%%|*} args=${case#*|}
+  read -ra argv <<<"$args"
+  expect_rc "a duration without a unit is refused: dedup $args" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" == *"$flag"* && "$out" == *"unit"* ]] || fail "no unit, $flag: the flag or the fix is not named: $out"
+done
+set +e
+out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true \
+  --summary-interval 0 --drain-timeout 0 2>&1); rc=$?
+set -e
+[[ $rc -eq 75 && "$out" != *unit* ]] && ok "--summary-interval 0 --drain-timeout 0 pass (then the broker is down: rc 75)" ||
+  fail "bare 0: rc $rc: $out"
 check_done "cli hardening"
