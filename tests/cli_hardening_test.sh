@@ -240,4 +240,23 @@ out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store
 set -e
 [[ $rc -eq 75 && "$out" != *unit* ]] && ok "--summary-interval 0 --drain-timeout 0 pass (then the broker is down: rc 75)" ||
   fail "bare 0: rc $rc: $out"
+# A handler path that cannot run: through /bin/sh it exited 126 / 127 at every
+# message, each one released and retried for ever with nothing in the log.
+printf '#!/bin/sh\nexit 0\n' >"$tmp/handler-noexec.sh"
+chmod 644 "$tmp/handler-noexec.sh"
+for cmd in "$tmp/handler-noexec.sh" "$tmp/handler-missing.sh --flag" "$tmp"; do
+  for shell in "" --no-shell; do
+    expect_rc "--exec '$cmd' ${shell:-(shell)} is refused at start" 2 timeout 20 "$dedup" worker \
+      --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd" $shell
+    [[ "$out" == *--exec* && "$out" == *"${cmd%% *}"* ]] || fail "--exec '$cmd': not named: $out"
+  done
+done
+# What only the shell can judge is left to it: a builtin, a variable, a pipeline.
+for cmd in 'exit 0' 'X=1 true' 'true | cat' '"$HOME/../../bin/true"'; do
+  set +e
+  out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd" 2>&1); rc=$?
+  set -e
+  [[ $rc -eq 75 ]] && ok "--exec '$cmd' goes to the shell (rc 75: the broker is down)" || fail "--exec '$cmd': rc $rc: $out"
+done
+
 check_done "cli hardening"
