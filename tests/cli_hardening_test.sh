@@ -259,4 +259,14 @@ for cmd in 'exit 0' 'X=1 true' 'true | cat' '"$HOME/../../bin/true"'; do
   [[ $rc -eq 75 ]] && ok "--exec '$cmd' goes to the shell (rc 75: the broker is down)" || fail "--exec '$cmd': rc $rc: $out"
 done
 
+# A mistyped Redis URI is answered with the form to write, readable: the hint
+# "expected redis://HOST:PORT" went through the password filter and came out as
+# "redis://HOST:***" (PORT taken for a password), hiding the very fix.
+for uri in "redis:/127.0.0.1:6379?stream=x" "redis://?stream=x"; do
+  expect_rc "--broker '$uri' is refused" 2 timeout 20 "$dedup" worker --broker "$uri" --store memory: --exec true
+  [[ "$out" == *"expected 'redis://HOST:6379'"* && "$out" != *'***'* ]] || fail "--broker '$uri': the hint is not readable: $out"
+done
+expect_rc "--store redis:/127.0.0.1:6379 is refused" 2 "$dedup" inspect --store "redis:/127.0.0.1:6379" k
+[[ "$out" == *"expected 'redis://HOST:6379'"* && "$out" != *'***'* ]] || fail "--store redis:/: the hint is not readable: $out"
+
 check_done "cli hardening"
