@@ -269,4 +269,28 @@ done
 expect_rc "--store redis:/127.0.0.1:6379 is refused" 2 "$dedup" inspect --store "redis:/127.0.0.1:6379" k
 [[ "$out" == *"expected 'redis://HOST:6379'"* && "$out" != *'***'* ]] || fail "--store redis:/: the hint is not readable: $out"
 
+# A store the user may not read is not "no such directory": inspect as another
+# user said "NOT_FOUND: ... no store here (no such directory)" of a store that is
+# there, behind a directory it could not enter, and "the directory has no RocksDB
+# database" of one it could not list.
+if [[ $(id -u) -eq 0 ]]; then
+  chmod 711 "$tmp"
+  mkdir -p "$tmp/locked" "$tmp/open"
+  "$dedup" exec --store "rocksdb:$tmp/locked/db" --key k -- true >/dev/null
+  "$dedup" exec --store "rocksdb:$tmp/open/db" --key k -- true >/dev/null
+  chmod 700 "$tmp/locked" "$tmp/open/db"
+  chmod 755 "$tmp/open"
+  as_nobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+  for db in "$tmp/locked/db" "$tmp/open/db"; do
+    expect_rc "inspect of a store it may not read ($db)" 2 "${as_nobody[@]}" "$dedup" inspect --store "rocksdb:$db" k
+    [[ "$out" == *PERMISSION_DENIED* && "$out" == *"Permission denied"* && "$out" != *"no store here"* ]] ||
+      fail "unreadable store $db: $out"
+    expect_rc "exec on a store it may not read ($db)" 2 "${as_nobody[@]}" "$dedup" exec --store "rocksdb:$db" --key k2 -- true
+    [[ "$out" == *PERMISSION_DENIED* ]] || fail "exec, unreadable store $db: $out"
+  done
+  chmod 700 "$tmp"
+else
+  ok "unreadable stores: skipped (needs root to run as another user)"
+fi
+
 check_done "cli hardening"
