@@ -293,4 +293,19 @@ else
   ok "unreadable stores: skipped (needs root to run as another user)"
 fi
 
+# A mistyped option is named, with the nearest real one. CLI11 alone answered
+# "--broker is required" to --brokr, and "The following arguments were not
+# expected: 2 --concurency" to --concurency.
+for case in "--brokr|--broker|worker --brokr redis://127.0.0.1:1?stream=x --store memory: --exec true" \
+            "--concurency|--concurrency|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --concurency 2" \
+            "--leese|--lease|exec --store memory: --key k --leese 2s -- true" \
+            "--mesages|--messages|simulate --mesages=5"; do
+  IFS='|' read -r typo right args <<<"$case"
+  read -ra argv <<<"$args"
+  expect_rc "a mistyped option is refused: dedup $args" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" == *"unknown option '$typo'"* && "$out" == *"did you mean $right?"* ]] ||
+    fail "$typo: not named, or $right not suggested: $out"
+done
+expect_rc "what follows -- is the command's: dedup exec ... -- true --weird" 0 "$dedup" exec --store memory: --key k -- true --weird
+
 check_done "cli hardening"
