@@ -308,4 +308,16 @@ for case in "--brokr|--broker|worker --brokr redis://127.0.0.1:1?stream=x --stor
 done
 expect_rc "what follows -- is the command's: dedup exec ... -- true --weird" 0 "$dedup" exec --store memory: --key k -- true --weird
 
+# A broker URI that is not one is answered as a broker URI: "--broker x" was told
+# "store URI has no scheme (expected e.g. memory:, rocksdb:PATH, ...)", and
+# publish to http:// that it "is not redis:// or redis+cluster://".
+expect_rc "worker --broker without a scheme" 2 "$dedup" worker --broker jobs --store memory: --exec true
+[[ "$out" == *"broker URI has no scheme"* && "$out" == *redis://* && "$out" != *"store URI"* ]] ||
+  fail "worker --broker jobs: $out"
+for uri in "jobs" "http://127.0.0.1:1?stream=x"; do
+  expect_rc "publish --broker $uri" 2 "$dedup" publish --broker "$uri" --field id=1
+  [[ "$out" == *"not a broker URI"* && "$out" == *amqp://* && "$out" != *"store URI"* ]] ||
+    fail "publish --broker $uri: $out"
+done
+
 check_done "cli hardening"

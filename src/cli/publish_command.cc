@@ -180,6 +180,20 @@ int RunPublish(const PublishFlags& f) {
 #ifdef DEDUP_WITH_NATS
   if (f.broker.rfind("nats://", 0) == 0) return PublishNats(f, fields);
 #endif
+  // Any other scheme is not a broker (WorkerOptionsFromUri would answer that it
+  // is not redis://; redis+cluster:// it refuses by name). Not echoed: a
+  // mistyped URI may hold a password.
+  if (f.broker.rfind("redis://", 0) != 0 && f.broker.rfind("redis+cluster://", 0) != 0) {
+    std::fprintf(stderr, "dedup publish: --broker: not a broker URI this build knows (redis://"
+#ifdef DEDUP_WITH_RABBITMQ
+                         ", amqp://"
+#endif
+#ifdef DEDUP_WITH_NATS
+                         ", nats://"
+#endif
+                         "; e.g. redis://HOST:6379?stream=jobs)\n");
+    return kExitUsage;
+  }
   auto wo = WorkerOptionsFromUri(f.broker);
   if (!wo.ok()) {
     std::fprintf(stderr, "dedup publish: --broker: %s\n", wo.status().ToString().c_str());
