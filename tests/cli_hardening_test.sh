@@ -320,4 +320,14 @@ for uri in "jobs" "http://127.0.0.1:1?stream=x"; do
     fail "publish --broker $uri: $out"
 done
 
+# The worker's first line names its store, and where a relative rocksdb: path
+# lands (it named the broker only: rocksdb:db quietly made a store in the cwd).
+set +e
+dedup_abs=$(realpath "$dedup")
+out=$(cd "$tmp" && timeout 2 "$dedup_abs" worker --broker "redis://127.0.0.1:$port?stream=rel" \
+  --store rocksdb:rel-db --exec true --summary-interval 0 2>&1)
+set -e
+[[ "$out" == *"store rocksdb:rel-db ($tmp/rel-db)"* ]] && ok "the worker names its store, with the absolute path" ||
+  fail "worker start line: $out"
+
 check_done "cli hardening"

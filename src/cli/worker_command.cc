@@ -32,6 +32,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -407,8 +408,19 @@ int RunWorkerCommand(const WorkerFlags& f) {
     }
   });
 
-  std::fprintf(stderr, "dedup worker: %s, pattern %s, concurrency %d\n", name.c_str(),
-               f.pattern.c_str(), f.concurrency);
+  // The store too: a relative rocksdb: path is shown where it lands.
+  std::string store_name = "none (textbook keys in Redis)";
+  if (store != nullptr) store_name = store->Describe();
+#ifdef DEDUP_WITH_POSTGRES
+  if (pg != nullptr) store_name = pg->Describe();
+#endif
+  if (store_name.rfind("rocksdb:", 0) == 0 && store_name.compare(8, 1, "/") != 0) {
+    std::error_code ec;
+    const auto abs = std::filesystem::absolute(store_name.substr(8, store_name.find('?') - 8), ec);
+    if (!ec) store_name += " (" + abs.string() + ")";
+  }
+  std::fprintf(stderr, "dedup worker: %s, store %s, pattern %s, concurrency %d\n", name.c_str(),
+               store_name.c_str(), f.pattern.c_str(), f.concurrency);
   Status run = c.Run();
   done.store(true);
   summary.join();
