@@ -330,4 +330,11 @@ set -e
 [[ "$out" == *"store rocksdb:rel-db ($tmp/rel-db)"* ]] && ok "the worker names its store, with the absolute path" ||
   fail "worker start line: $out"
 
+# publish said 75 (try again later) to every error, a wrong password too; the
+# worker says 2. Last: the server keeps this password until the test ends.
+expect_rc "publish to a server that is down is 75" 75 "$dedup" publish --broker "redis://127.0.0.1:1?stream=x" --field id=1
+rcli CONFIG SET requirepass right-pw >/dev/null
+expect_rc "publish with a wrong password is 2" 2 "$dedup" publish --broker "redis://:wrong-pw@127.0.0.1:$port?stream=x" --field id=1
+[[ "$out" == *UNAUTHENTICATED* && "$out" != *wrong-pw* ]] || fail "publish, wrong password: $out"
+
 check_done "cli hardening"

@@ -51,6 +51,10 @@ struct PublishFlags {
   bool quiet = false;
 };
 
+// 75 (try again later) only when later may work: the broker unreachable or slow.
+// A wrong password, a refused vhost or a bad option is 2, as for the worker.
+int ExitFor(const Status& s) { return s.retryable() ? kExitTempFail : kExitUsage; }
+
 // Every n once, and the duplicates again up to ~50 messages later.
 std::vector<uint64_t> PublishOrder(const PublishFlags& f) {
   std::vector<uint64_t> order;
@@ -114,7 +118,7 @@ int PublishAmqp(const PublishFlags& f, const std::vector<std::pair<std::string, 
   if (!st.ok()) {
     std::fprintf(stderr, "dedup publish: after %llu confirmed messages: %s\n",
                  static_cast<unsigned long long>(confirmed), st.ToString().c_str());
-    return kExitTempFail;
+    return ExitFor(st);
   }
   if (!f.quiet) {
     std::printf("published %llu messages (%llu distinct) to %s, all confirmed\n",
@@ -135,7 +139,7 @@ int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, 
   auto p = nats::NatsPublisher::Open(*o);
   if (!p.ok()) {
     std::fprintf(stderr, "dedup publish: %s\n", p.status().ToString().c_str());
-    return kExitTempFail;
+    return ExitFor(p.status());
   }
   uint64_t stored = 0, dropped = 0;
   for (uint64_t n : PublishOrder(f)) {
@@ -145,7 +149,7 @@ int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, 
     if (!st.ok()) {
       std::fprintf(stderr, "dedup publish: after %llu messages: %s\n",
                    static_cast<unsigned long long>(stored + dropped), st.ToString().c_str());
-      return kExitTempFail;
+      return ExitFor(st);
     }
     ++(duplicate ? dropped : stored);
   }
@@ -226,7 +230,8 @@ int RunPublish(const PublishFlags& f) {
       std::fprintf(stderr, "dedup publish: after %llu messages: %s\n",
                    static_cast<unsigned long long>(published),
                    r.ok() ? streams::ReplyText(r->get()).c_str() : r.status().ToString().c_str());
-      return kExitTempFail;
+      // An error reply (WRONGTYPE: the key is not a stream) is not a "later".
+      return r.ok() ? kExitUsage : ExitFor(r.status());
     }
     if (order.size() == 1 && !f.quiet) std::printf("%s\n", streams::ReplyText(r->get()).c_str());
     ++published;
