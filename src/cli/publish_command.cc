@@ -255,7 +255,8 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
   app->add_option("--id-prefix", f->id_prefix, "Give message n the field id=<prefix><n>");
   app->add_option("--start", f->start, "First n for --id-prefix")->capture_default_str();
   app->add_option("--duplicates", f->duplicates, "Fraction published a second time")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app->add_option("--seed", f->seed, "Seeds which messages are duplicated")
       ->capture_default_str();
   app->add_flag("--quiet", f->quiet, "Print nothing on success");

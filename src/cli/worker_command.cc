@@ -448,7 +448,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                   "nats://HOST:PORT?stream=S&consumer=C[...] (docs/WORKER.md)")
       ->required();
   app->add_option("--store", f->store, "Store URI of the buffer (memory:, rocksdb:PATH, "
-                                       "redis://...); not used by --pattern textbook");
+                                       "redis://HOST:PORT, redis+cluster://..., postgres://...); "
+                                       "not used by --pattern textbook");
   app->add_option("--exec", f->exec, "Command run per message (via /bin/sh -c)")->required();
   app->add_flag("--no-shell", f->no_shell,
                 "Run --exec directly, split on spaces (saves a shell per message)");
@@ -497,7 +498,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                 "Same key with a different payload is dead-lettered (MISMATCH)");
   app->add_option("--metrics-port", f->metrics_port,
                   "Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
-      ->check(CLI::Range(0, 65535));
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   AddDurationOption(*app, "--drain-timeout", &f->drain_timeout,
                     "On SIGTERM/SIGINT, how long running handlers may finish; then they are "
                     "stopped (SIGTERM, SIGKILL 5 s later), their claims released and their "
