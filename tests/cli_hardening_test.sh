@@ -330,6 +330,12 @@ set -e
 [[ "$out" == *"store rocksdb:rel-db ($tmp/rel-db)"* ]] && ok "the worker names its store, with the absolute path" ||
   fail "worker start line: $out"
 
+# publish to a stream that is not there makes it (XADD): said, so that a
+# mistyped stream= does not fill a stream no worker reads without a word.
+expect_rc "publish to a new stream" 0 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jbos" --field id=1
+[[ "$out" == *"stream 'jbos' did not exist; this publish created it"* ]] || fail "publish to a new stream: $out"
+expect_rc "publish to it again" 0 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jbos" --field id=2
+[[ "$out" != *"did not exist"* ]] || fail "publish to an existing stream: $out"
 # publish said 75 (try again later) to every error, a wrong password too; the
 # worker says 2. Last: the server keeps this password until the test ends.
 expect_rc "publish to a server that is down is 75" 75 "$dedup" publish --broker "redis://127.0.0.1:1?stream=x" --field id=1

@@ -35,6 +35,7 @@
 #endif
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/printable.h"
 #include "dedup/worker.h"
 
 namespace dedup::cli {
@@ -214,6 +215,12 @@ int RunPublish(const PublishFlags& f) {
   co.db = wo->db;
   co.timeout = wo->timeout;
   streams::StreamConn conn(co);
+  // XADD makes a stream that does not exist: say so, since a mistyped stream=
+  // would otherwise fill a stream no worker reads, without a word.
+  bool created = false;
+  if (auto t = conn.Run({"TYPE", wo->stream}); t.ok() && !streams::IsError(t->get())) {
+    created = streams::ReplyText(t->get()) == "none";
+  }
   uint64_t published = 0;
   for (uint64_t n : order) {
     std::vector<std::string> args = {"XADD", wo->stream, "*"};
@@ -240,6 +247,10 @@ int RunPublish(const PublishFlags& f) {
     std::printf("published %llu messages (%llu distinct) to %s\n",
                 static_cast<unsigned long long>(published),
                 static_cast<unsigned long long>(f.count), wo->stream.c_str());
+  }
+  if (!f.quiet && created) {
+    std::fprintf(stderr, "dedup publish: stream '%s' did not exist; this publish created it\n",
+                 internal::Printable(wo->stream).c_str());
   }
   return kExitOk;
 }
