@@ -343,4 +343,12 @@ rcli CONFIG SET requirepass right-pw >/dev/null
 expect_rc "publish with a wrong password is 2" 2 "$dedup" publish --broker "redis://:wrong-pw@127.0.0.1:$port?stream=x" --field id=1
 [[ "$out" == *UNAUTHENTICATED* && "$out" != *wrong-pw* ]] || fail "publish, wrong password: $out"
 
+# A typo in --broker left a new, empty RocksDB store at --store's path: the store
+# was opened before the broker URI was read.
+for uri in "redis://127.0.0.1:1?strem=x" "nats://127.0.0.1:1?stream=x" "amqp://u:p@127.0.0.1:1/?queu=q" "jobs"; do
+  rm -rf "$tmp/typo-db"
+  expect_rc "--broker '$uri' is refused" 2 "$dedup" worker --broker "$uri" --store "rocksdb:$tmp/typo-db" --exec true
+  [[ ! -e "$tmp/typo-db" ]] && ok "and no store was made" || fail "--broker '$uri': a store was made at $tmp/typo-db"
+done
+
 check_done "cli hardening"
