@@ -351,4 +351,13 @@ for uri in "redis://127.0.0.1:1?strem=x" "nats://127.0.0.1:1?stream=x" "amqp://u
   [[ ! -e "$tmp/typo-db" ]] && ok "and no store was made" || fail "--broker '$uri': a store was made at $tmp/typo-db"
 done
 
+# --store memory: in a process of its own is no guard across runs: exec ran the
+# command every time, a restarted worker ran every message again, silently.
+expect_rc "exec --store memory: runs" 0 "$dedup" exec --store memory: --key k -- true
+[[ "$out" == *"warning: --store memory:"*"runs every time"* ]] || fail "exec memory: no warning: $out"
+set +e
+out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true 2>&1)
+set -e
+[[ "$out" == *"warning: --store memory:"*"run again"* ]] && ok "the worker warns of memory:" || fail "worker memory: no warning: $out"
+
 check_done "cli hardening"

@@ -160,6 +160,10 @@ int RunExec(const ExecFlags& f) {
     return opened.status().retryable() ? kExitTempFail : kExitUsage;
   }
   std::unique_ptr<Store> store = std::move(opened).value();
+  if (f.store.rfind("memory:", 0) == 0) {
+    std::fprintf(stderr, "dedup exec: warning: --store memory: ends with this process, so the "
+                         "command runs every time (use rocksdb:PATH or a shared store)\n");
+  }
   BufferOptions bo;
   bo.lease = f.lease;
   bo.retention = f.retention;

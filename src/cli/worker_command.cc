@@ -332,6 +332,12 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
+    if (f.store.rfind("memory:", 0) == 0) {
+      std::fprintf(stderr, "dedup worker: warning: --store memory: keeps nothing past this "
+                           "process, and no other worker process sees it: after a restart, "
+                           "or in a second worker, messages run again (use rocksdb:PATH, or "
+                           "redis:// or postgres:// for several workers)\n");
+    }
 #ifdef DEDUP_WITH_SERVE
     if (f.metrics_port > 0) {
       store = std::make_unique<serve::OwningMeteredStore>(
