@@ -679,12 +679,22 @@ TEST_F(NatsSourceTest, AKeyHeaderWithANulByteIsRefusedNotCut) {
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   PublishRawHeaders(stream_ + ".in", "Idem: k\0one\r\n"s, "1");
   PublishRawHeaders(stream_ + ".in", "Idem: k-plain\r\n", "2");
-  auto got = FetchAll(**src, 2, Millis(5000));
-  ASSERT_EQ(got.size(), 2u);
+  // Trailing white space is not part of a value; a NUL at a value's end is.
+  PublishRawHeaders(stream_ + ".in", "Idem:  k-spaced \t \r\n", "3");
+  PublishRawHeaders(stream_ + ".in", "Idem: k-end\0  \r\n"s, "4");
+  // A NUL in a header's name: nats.c reads no header at all.
+  PublishRawHeaders(stream_ + ".in", "Id\0em: k-x\r\n"s, "5");
+  auto got = FetchAll(**src, 5, Millis(5000));
+  ASSERT_EQ(got.size(), 5u);
   EXPECT_EQ(got[0]->key(), "");
   EXPECT_NE(got[0]->key_error().find("NUL"), std::string::npos) << got[0]->key_error();
   EXPECT_NE(got[0]->key_error().find("Idem"), std::string::npos) << got[0]->key_error();
   EXPECT_EQ(got[1]->key(), "k-plain");
+  EXPECT_EQ(got[2]->key(), "k-spaced");
+  EXPECT_EQ(got[3]->key(), "");
+  EXPECT_NE(got[3]->key_error().find("k-end\\x00"), std::string::npos) << got[3]->key_error();
+  EXPECT_EQ(got[4]->key(), "");
+  EXPECT_NE(got[4]->key_error().find("cannot be read"), std::string::npos) << got[4]->key_error();
   for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
 }
 
@@ -700,19 +710,22 @@ TEST_F(NatsSourceTest, ADeadLetterCopiesAHeaderWithANulByteEscapedNotCut) {
   auto got = FetchAll(**src, 1, Millis(5000));
   ASSERT_EQ(got.size(), 1u);
   ASSERT_EQ(got[0]->key(), "nul-1");
-  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  Status dl = got[0]->DeadLetter("failed:\nline two");
   ASSERT_TRUE(dl.ok()) << dl.ToString();
   auto d = DeadLetters(1);
   ASSERT_EQ(d.size(), 1u);
-  std::string h, plain, escaped;
+  std::string h, plain, escaped, reason;
   for (const auto& [k, v] : d[0]->attributes()) {
     if (k == "H") h = v;
     if (k == "Plain") plain = v;
     if (k == "Dedup-Escaped-Headers") escaped = v;
+    if (k == "Dedup-Reason") reason = v;
   }
   EXPECT_EQ(h, "a\\x00b");
   EXPECT_EQ(plain, "p\\q");  // not escaped: it has no NUL
-  EXPECT_EQ(escaped, "H");
+  // A reason with a line break (nats.c would send it as a space) too.
+  EXPECT_EQ(reason, "failed:\\x0aline two");
+  EXPECT_EQ(escaped, "H,Dedup-Reason");
   ASSERT_TRUE(d[0]->Ack().ok());
 }
 

@@ -5,6 +5,9 @@
 #include <nats/nats.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -351,6 +354,37 @@ Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool*
 
 namespace {
 
+// nats.c hands header values out as C strings: a NUL byte in a value (which
+// NATS allows, and other clients publish) ends the string there, silently. This
+// reads a value whole. nats.c lifts the header block in place (src/msg.c,
+// _processKeyValue): the message is one allocation (subject, reply, header
+// block, data: src/msg.h), each value points into the block and ends where nats.c
+// wrote a NUL over the first byte after it (its trailing white space, or the
+// line's CR), and its line goes on to the LF. So the value's bytes run from `v`
+// to that written NUL: any NUL before it was in the value itself. A value that
+// does not point into the block (a folded value, joined by nats.c into a copy)
+// is taken as nats.c gives it. Checked against nats.c 3.4.
+static_assert(NATS_VERSION_MAJOR == 3, "re-check WholeHeaderValue against nats.c's src/msg.c");
+std::string WholeHeaderValue(natsMsg* m, const char* v) {
+  const char* reply = natsMsg_GetReply(m);
+  const char* before = reply != nullptr ? reply : natsMsg_GetSubject(m);
+  const char* data = natsMsg_GetData(m);
+  const size_t n = std::strlen(v);
+  if (before == nullptr || data == nullptr) return std::string(v, n);
+  const auto at = [](const char* p) { return reinterpret_cast<uintptr_t>(p); };
+  const char* block = before + std::strlen(before) + 1;
+  if (at(v) < at(block) || at(v) >= at(data)) return std::string(v, n);
+  const char* lf = static_cast<const char*>(std::memchr(v + n, '\n', static_cast<size_t>(data - (v + n))));
+  if (lf == nullptr || lf == v + n) return std::string(v, n);
+  // lf[-1] was the line's CR (nats.c's NUL is there when nothing trails the
+  // value); else the NUL is just before the trailing white space.
+  const char* e = lf - 1;
+  const char* x = e;
+  while (x > v + n && std::isspace(static_cast<unsigned char>(x[-1])) != 0) --x;
+  const char* end = x < e ? x - 1 : e;
+  return std::string(v, static_cast<size_t>(end - v));
+}
+
 struct Shared {
   NatsOptions o;
   std::unique_ptr<Conn> conn;
@@ -373,19 +407,25 @@ class NatsDelivery final : public Delivery {
     payload_.assign(data != nullptr ? data : "", static_cast<size_t>(natsMsg_GetDataLength(msg_)));
     const char** keys = nullptr;
     int n = 0;
-    if (natsMsgHeader_Keys(msg_, &keys, &n) == NATS_OK) {
+    const natsStatus hs = natsMsgHeader_Keys(msg_, &keys, &n);
+    if (hs == NATS_OK) {
       for (int i = 0; i < n; ++i) {
-        // Every value of a repeated header (the key is read from the first).
+        // Every value of a repeated header (the key is read from the first),
+        // whole: a NUL byte in it included.
         const char** values = nullptr;
         int nv = 0;
         if (natsMsgHeader_Values(msg_, keys[i], &values, &nv) == NATS_OK) {
           for (int j = 0; j < nv; ++j) {
-            if (values[j] != nullptr) attributes_.emplace_back(keys[i], values[j]);
+            if (values[j] != nullptr) attributes_.emplace_back(keys[i], WholeHeaderValue(msg_, values[j]));
           }
           free(values);
         }
       }
       free(keys);
+    } else if (hs != NATS_NOT_FOUND) {
+      // A header block nats.c cannot parse (a NUL byte in a name, no colon): no
+      // header can be read, the key from one neither.
+      headers_error_ = std::string("its headers cannot be read (nats.c: ") + natsStatus_GetText(hs) + ")";
     }
     const NatsOptions& o = s_->o;
     auto header = [&](const std::string& name) -> const std::string* {
@@ -401,8 +441,15 @@ class NatsDelivery final : public Delivery {
       default: {  // msgid (the only property NATS's grammar names) reads Nats-Msg-Id
         const std::string name = o.key.kind == brokers::KeyKind::kHeader ? o.key.name : "Nats-Msg-Id";
         const std::string* v = header(name);
-        if (v == nullptr || v->empty()) {
+        if (!headers_error_.empty()) {
+          key_error_ = "message has no readable " + name + " header: " + headers_error_;
+        } else if (v == nullptr || v->empty()) {
           key_error_ = "message has no " + name + " header";
+        } else if (v->find('\0') != std::string::npos) {
+          // Read as a C string it would be cut at the NUL: "k\0one" and "k\0two"
+          // one key, the second skipped as a duplicate of the first.
+          key_error_ = "header " + name + " holds a NUL byte ('" + internal::Printable(*v) +
+                       "'): not used as a key";
         } else {
           key_ = o.key_prefix + *v;
         }
@@ -489,11 +536,34 @@ class NatsDelivery final : public Delivery {
     for (const auto& [k, v] : attributes_) {
       if (k.starts_with("Nats-")) given.insert(renamed(k));
     }
+    // A value nats.c cannot carry as it is (a NUL byte would cut it; a CR or LF
+    // it turns into a space) goes escaped (core/printable.h: "\x00", a backslash
+    // as "\\"), and its header is named in Dedup-Escaped-Headers.
+    std::string escaped;
     for (const auto& [k, v] : attributes_) {
       if (!k.starts_with("Nats-") && given.count(k) != 0) continue;
-      if (s == NATS_OK) s = natsMsgHeader_Add(m, renamed(k).c_str(), v.c_str());
+      if (k == "Dedup-Escaped-Headers" || k == "Dedup-Headers-Unreadable") continue;
+      const bool raw = v.find_first_of(std::string_view("\0\r\n", 3)) == std::string::npos;
+      const std::string name = renamed(k);
+      if (!raw && escaped.find("," + name + ",") == std::string::npos) {
+        escaped += (escaped.empty() ? "," : "") + name + ",";
+      }
+      if (s == NATS_OK) {
+        s = natsMsgHeader_Add(m, name.c_str(), raw ? v.c_str() : internal::Printable(v).c_str());
+      }
     }
-    const std::string why(reason);
+    // The reason too (a handler's own text).
+    std::string why(reason);
+    if (why.find_first_of(std::string_view("\0\r\n", 3)) != std::string::npos) {
+      why = internal::Printable(why);
+      escaped += (escaped.empty() ? "," : "") + std::string("Dedup-Reason,");
+    }
+    if (s == NATS_OK && !escaped.empty()) {
+      s = natsMsgHeader_Set(m, "Dedup-Escaped-Headers", escaped.substr(1, escaped.size() - 2).c_str());
+    }
+    if (s == NATS_OK && !headers_error_.empty()) {
+      s = natsMsgHeader_Set(m, "Dedup-Headers-Unreadable", headers_error_.c_str());
+    }
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Reason", why.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Stream", o.stream.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Sequence", id_.c_str());
@@ -507,6 +577,7 @@ class NatsDelivery final : public Delivery {
 
   std::shared_ptr<Shared> s_;
   natsMsg* msg_;
+  std::string headers_error_;  // why the headers could not be read; empty: they were
   std::mutex mu_;  // natsMsg's ack state is not meant for two threads at once
 };
 
