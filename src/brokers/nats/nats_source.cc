@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -400,6 +402,7 @@ class NatsDelivery final : public Delivery {
     jsMsgMetaData* meta = nullptr;
     if (natsMsg_GetMetaData(&meta, msg_) == NATS_OK) {
       id_ = std::to_string(meta->Sequence.Stream);
+      consumer_seq_ = meta->Sequence.Consumer;
       delivery_count_ = static_cast<uint32_t>(meta->NumDelivered);
       jsMsgMetaData_Destroy(meta);
     }
@@ -458,6 +461,7 @@ class NatsDelivery final : public Delivery {
     }
   }
   ~NatsDelivery() override { natsMsg_Destroy(msg_); }
+  uint64_t consumer_seq() const { return consumer_seq_; }
 
   // +ACK and waits for the server's reply, so that once Ack() returned the
   // consumer no longer counts the message (AckBatch pipelines instead).
@@ -578,17 +582,50 @@ class NatsDelivery final : public Delivery {
   std::shared_ptr<Shared> s_;
   natsMsg* msg_;
   std::string headers_error_;  // why the headers could not be read; empty: they were
+  uint64_t consumer_seq_ = 0;  // the consumer's number of this delivery
   std::mutex mu_;  // natsMsg's ack state is not meant for two threads at once
 };
 
+Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered);
+
 class NatsSource final : public MessageSource {
  public:
-  explicit NatsSource(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+  // `delivered`: the consumer's last delivery sequence when it was looked at.
+  NatsSource(std::shared_ptr<Shared> s, uint64_t delivered) : s_(std::move(s)) { last_cseq_ = delivered; }
 
   StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
     std::vector<std::unique_ptr<Delivery>> out;
     if (max == 0) return out;
-    DEDUP_RETURN_IF_ERROR(Pull(max, std::max(wait, Millis(1)), &out));
+    if (!consumer_ok_) DEDUP_RETURN_IF_ERROR(CheckConsumer());
+    Status pulled = Pull(max, std::max(wait, Millis(1)), &out);
+    if (out.empty()) {
+      // Nothing came (or the pull failed): a consumer that is gone answers no
+      // pull, which reads as "nothing there". Look, at most every kConsumerCheckEvery.
+      if (std::chrono::steady_clock::now() - last_check_ >= kConsumerCheckEvery) {
+        DEDUP_RETURN_IF_ERROR(CheckConsumer());
+      }
+      DEDUP_RETURN_IF_ERROR(pulled);
+      return out;
+    }
+    // A consumer numbers its deliveries 1, 2, ... : one at or below the last
+    // number seen comes from a consumer made since (by another worker of this
+    // one, or by someone else), which must pass the checks before its messages
+    // are handed out. Refused: they are dropped unsettled (its own AckWait gives
+    // them back), and each fetch says why.
+    uint64_t lowest = UINT64_MAX, highest = 0;
+    for (const auto& d : out) {
+      const uint64_t c = static_cast<NatsDelivery*>(d.get())->consumer_seq();
+      lowest = std::min(lowest, c);
+      highest = std::max(highest, c);
+    }
+    if (lowest <= last_cseq_) {
+      Status fit = CheckConsumer();
+      if (!fit.ok()) {
+        out.clear();
+        return fit;
+      }
+    }
+    last_cseq_ = std::max(last_cseq_, highest);
     return out;
   }
 
@@ -609,6 +646,32 @@ class NatsSource final : public MessageSource {
   std::string Describe() const override { return s_->o.Describe(); }
 
  private:
+  // The consumer deleted while the source runs (an operator, an
+  // InactiveThreshold): its pulls went unanswered, read as empty batches, for
+  // ever. It is looked up when a fetch brings nothing (at most every
+  // kConsumerCheckEvery: a consumer info is a round trip) and when a delivery's
+  // consumer sequence says it is a new one; missing, it is made again as at open
+  // (EnsureConsumer); one that someone else made and that fails the open's checks
+  // is refused, each fetch answering what is wrong with it, until it is fixed.
+  static constexpr Millis kConsumerCheckEvery{1'000};
+  Status CheckConsumer() {
+    last_check_ = std::chrono::steady_clock::now();
+    bool made = false;
+    uint64_t delivered = 0;
+    Status st = EnsureConsumer(*s_->conn, s_->o, &made, &delivered);
+    // Only a verdict on the consumer counts; a server out of reach says nothing.
+    if (st.ok()) {
+      consumer_ok_ = true;
+      last_cseq_ = made ? 0 : std::min(last_cseq_, delivered);
+    }
+    if (st.code() == StatusCode::kFailedPrecondition) consumer_ok_ = false;
+    return st;
+  }
+
+  bool consumer_ok_ = true;  // the last look at the consumer found it fit
+  uint64_t last_cseq_ = 0;   // the highest consumer sequence of a delivery handed out
+  std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
+
   // natsSubscription_Fetch asks for what is there without waiting first, and
   // only then waits; it returns a partial batch once the server says no more
   // are available. (A hand-made no-wait request followed by a waiting one is
@@ -631,26 +694,19 @@ class NatsSource final : public MessageSource {
   std::shared_ptr<Shared> s_;
 };
 
-}  // namespace
-
-StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
-  if (o.stream.empty() || o.consumer.empty()) {
-    return Status::InvalidArgument("nats source: stream and consumer are required");
-  }
-  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
-  if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
-  auto c = Connect(o);
-  if (!c.ok()) return c.status();
-  auto s = std::make_shared<Shared>();
-  s->o = o;
-  s->conn = std::move(*c);
-  Conn& conn = *s->conn;
-  DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
-  DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
+// The durable consumer `o.consumer`: an existing one is used when it passes
+// CheckConsumer (FailedPrecondition naming the setting otherwise); a missing one
+// is made (explicit acks, no MaxDeliver, filtered on the subject, AckWait =
+// ack_wait), *made = true. At open, and again while the source runs when the
+// consumer is gone (deleted by an operator or an InactiveThreshold).
+Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered) {
+  if (made != nullptr) *made = false;
+  if (delivered != nullptr) *delivered = 0;
   jsConsumerInfo* ci = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
   if (st == NATS_OK) {
+    if (delivered != nullptr) *delivered = ci->Delivered.Consumer;
     Status usable = CheckConsumer(conn, o, *ci);
     jsConsumerInfo_Destroy(ci);
     DEDUP_RETURN_IF_ERROR(usable);
@@ -667,7 +723,10 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
     cc.FilterSubject = subject.c_str();
     jerr = static_cast<jsErrCode>(0);
     st = js_AddConsumer(&ci, conn.js, o.stream.c_str(), &cc, nullptr, &jerr);
-    if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
+    if (st == NATS_OK) {
+      jsConsumerInfo_Destroy(ci);
+      if (made != nullptr) *made = true;
+    }
     // Two workers starting at once may both create it: the second finds it made
     // (by the other worker, or by anyone: checked as above).
     if (st != NATS_OK) {
@@ -683,6 +742,29 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   } else {
     return FromNats(st, "nats " + o.host_port + ": consumer info " + o.consumer, jerr);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
+  if (o.stream.empty() || o.consumer.empty()) {
+    return Status::InvalidArgument("nats source: stream and consumer are required");
+  }
+  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
+  if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
+  auto c = Connect(o);
+  if (!c.ok()) return c.status();
+  auto s = std::make_shared<Shared>();
+  s->o = o;
+  s->conn = std::move(*c);
+  Conn& conn = *s->conn;
+  DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
+  DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
+  uint64_t delivered = 0;
+  DEDUP_RETURN_IF_ERROR(EnsureConsumer(conn, o, nullptr, &delivered));
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus st = NATS_OK;
   jsSubOptions so;
   jsSubOptions_Init(&so);
   so.Stream = o.stream.c_str();
@@ -691,7 +773,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   jerr = static_cast<jsErrCode>(0);
   st = js_PullSubscribe(&s->sub, conn.js, subject.c_str(), o.consumer.c_str(), nullptr, &so, &jerr);
   DEDUP_RETURN_IF_ERROR(FromNats(st, "nats " + o.host_port + ": pull subscribe " + o.consumer, jerr));
-  return std::unique_ptr<MessageSource>(std::make_unique<NatsSource>(std::move(s)));
+  return std::unique_ptr<MessageSource>(std::make_unique<NatsSource>(std::move(s), delivered));
 }
 
 StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri,
