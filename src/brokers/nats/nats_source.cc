@@ -586,7 +586,8 @@ class NatsDelivery final : public Delivery {
   std::mutex mu_;  // natsMsg's ack state is not meant for two threads at once
 };
 
-Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered);
+Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered,
+                      Millis look_wait);
 
 class NatsSource final : public MessageSource {
  public:
@@ -658,7 +659,10 @@ class NatsSource final : public MessageSource {
     last_check_ = std::chrono::steady_clock::now();
     bool made = false;
     uint64_t delivered = 0;
-    Status st = EnsureConsumer(*s_->conn, s_->o, &made, &delivered);
+    // The look waits a second at most: a broker that hangs holds the fetch
+    // thread no longer than that (the open waits the whole timeout).
+    Status st = EnsureConsumer(*s_->conn, s_->o, &made, &delivered,
+                               std::min(s_->o.timeout, Millis(1'000)));
     // Only a verdict on the consumer counts; a server out of reach says nothing.
     if (st.ok()) {
       consumer_ok_ = true;
@@ -699,12 +703,16 @@ class NatsSource final : public MessageSource {
 // is made (explicit acks, no MaxDeliver, filtered on the subject, AckWait =
 // ack_wait), *made = true. At open, and again while the source runs when the
 // consumer is gone (deleted by an operator or an InactiveThreshold).
-Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered) {
+Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered,
+                      Millis look_wait) {
   if (made != nullptr) *made = false;
   if (delivered != nullptr) *delivered = 0;
   jsConsumerInfo* ci = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
-  natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
+  jsOptions look;
+  jsOptions_Init(&look);
+  look.Wait = look_wait.count();
+  natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), &look, &jerr);
   if (st == NATS_OK) {
     if (delivered != nullptr) *delivered = ci->Delivered.Consumer;
     Status usable = CheckConsumer(conn, o, *ci);
@@ -762,7 +770,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
   DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
   uint64_t delivered = 0;
-  DEDUP_RETURN_IF_ERROR(EnsureConsumer(conn, o, nullptr, &delivered));
+  DEDUP_RETURN_IF_ERROR(EnsureConsumer(conn, o, nullptr, &delivered, o.timeout));
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus st = NATS_OK;
   jsSubOptions so;
