@@ -48,7 +48,7 @@ Status AmqpConn::Open() {
   if (state_ == nullptr) return Status::Internal(Name() + ": out of memory");
   amqp_socket_t* sock = amqp_tcp_socket_new(state_);
   if (sock == nullptr) {
-    Close();
+    Drop();  // never opened, or refused: nothing to say goodbye on
     return Status::Internal(Name() + ": cannot create a socket");
   }
   timeval tv{};
@@ -56,7 +56,7 @@ Status AmqpConn::Open() {
   tv.tv_usec = (o_.timeout.count() % 1000) * 1000;
   const int rc = amqp_socket_open_noblock(sock, o_.host.c_str(), o_.port, &tv);
   if (rc != AMQP_STATUS_OK) {
-    Close();
+    Drop();  // never opened, or refused: nothing to say goodbye on
     return Status::Unavailable(Name() + ": connect: " + amqp_error_string2(rc));
   }
   amqp_set_rpc_timeout(state_, &tv);
@@ -70,7 +70,7 @@ Status AmqpConn::Open() {
                    ? Status::Unavailable(Name() + ": login: connection closed")
                    : Status::Unauthenticated(Name() + ": login as '" + o_.user + "' to vhost '" +
                                              o_.vhost + "' refused");
-    Close();
+    Drop();  // never opened, or refused: nothing to say goodbye on
     return s;
   }
   amqp_channel_open(state_, kChannel);
