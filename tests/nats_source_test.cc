@@ -78,6 +78,9 @@ class NatsSourceTest : public ::testing::Test {
     if (!dead.ok()) return {};
     return FetchAll(**dead, want, Millis(5000));
   }
+  // Opens the source (consumer c), has one message "a" delivered and acked,
+  // then deletes the consumer under the running source.
+  void OpenAckOneAndDeleteTheConsumer(std::unique_ptr<MessageSource>* src);
   std::string stream_;
 };
 
@@ -574,6 +577,17 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
 
 // ---- edges (brokeredge) ---------------------------------------------------------
 
+void NatsSourceTest::OpenAckOneAndDeleteTheConsumer(std::unique_ptr<MessageSource>* src) {
+  auto opened = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  *src = std::move(opened).value();
+  Publish("a", "1");
+  auto first = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_TRUE(first[0]->Ack().ok());
+  RawNats().DeleteConsumer(stream_, "c");
+}
+
 // A durable consumer deleted while the source runs (by an operator, or an
 // InactiveThreshold): every pull went unanswered and timed out, which a fetch
 // reads as "nothing there", so the source went quiet for ever without an error.
@@ -582,16 +596,11 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
 // from the start (the buffer answers DUPLICATE for those done). On main:
 //   Expected equality of these values: keys Which is: {}  { "a", "b" }
 TEST_F(NatsSourceTest, AConsumerDeletedWhileTheSourceRunsIsMadeAgain) {
-  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
-  ASSERT_TRUE(src.ok()) << src.status().ToString();
-  Publish("a", "1");
-  auto first = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(first.size(), 1u);
-  ASSERT_TRUE(first[0]->Ack().ok());
+  std::unique_ptr<MessageSource> src;
+  ASSERT_NO_FATAL_FAILURE(OpenAckOneAndDeleteTheConsumer(&src));
   RawNats raw;
-  raw.DeleteConsumer(stream_, "c");
   Publish("b", "2");
-  auto got = FetchAll(**src, 2, Millis(8000));
+  auto got = FetchAll(*src, 2, Millis(8000));
   std::set<std::string> keys;
   for (auto& d : got) {
     keys.insert(d->key());
@@ -612,21 +621,16 @@ TEST_F(NatsSourceTest, AConsumerDeletedWhileTheSourceRunsIsMadeAgain) {
 // main the replacement was used:
 //   Expected equality of these values: delivered Which is: 2  0u
 TEST_F(NatsSourceTest, AConsumerMadeAgainBySomeoneElseIsCheckedAsAtOpen) {
-  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
-  ASSERT_TRUE(src.ok()) << src.status().ToString();
-  Publish("a", "1");
-  auto first = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(first.size(), 1u);
-  ASSERT_TRUE(first[0]->Ack().ok());
+  std::unique_ptr<MessageSource> src;
+  ASSERT_NO_FATAL_FAILURE(OpenAckOneAndDeleteTheConsumer(&src));
   RawNats raw;
-  raw.DeleteConsumer(stream_, "c");
   raw.AddConsumer(stream_, "c", stream_ + ".in", js_AckAll, -1);
   Publish("b", "2");
   Status last;
   size_t delivered = 0;
   const auto end = steady_clock::now() + Millis(3000);
   while (steady_clock::now() < end) {
-    auto b = (*src)->Fetch(1, Millis(200));
+    auto b = src->Fetch(1, Millis(200));
     if (!b.ok()) {
       last = b.status();
       if (last.code() == StatusCode::kFailedPrecondition) break;
