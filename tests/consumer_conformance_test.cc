@@ -1130,6 +1130,70 @@ TEST_P(ConsumerConformance, StopOnAnotherThreadAsRunReturns) {
   }
 }
 
+// A delivery whose Retry() returns late: the broker applied it (the message is
+// due again after `after`), and its reply is slow to come back (a network round
+// trip, a preempted thread on a loaded machine).
+class SlowRetrySource final : public MessageSource {
+ public:
+  SlowRetrySource(std::unique_ptr<MessageSource> s, Millis slow) : s_(std::move(s)), slow_(slow) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    auto r = s_->Fetch(max, wait);
+    if (!r.ok()) return r;
+    std::vector<std::unique_ptr<Delivery>> out;
+    for (auto& d : *r) out.push_back(std::make_unique<Slow>(std::move(d), slow_));
+    return out;
+  }
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    Status first;
+    for (Delivery* d : deliveries) {
+      Status s = d->Ack();
+      if (!s.ok() && first.ok()) first = s;
+    }
+    return first;
+  }
+  std::string Describe() const override { return s_->Describe(); }
+
+ private:
+  class Slow final : public ForwardingDelivery {
+   public:
+    Slow(std::unique_ptr<Delivery> d, Millis slow) : ForwardingDelivery(std::move(d)), slow_(slow) {}
+    Status Retry(Millis after) override {
+      Status s = d_->Retry(after);
+      std::this_thread::sleep_for(slow_);
+      return s;
+    }
+
+   private:
+    Millis slow_;
+  };
+  std::unique_ptr<MessageSource> s_;
+  Millis slow_;
+};
+
+// A retry that comes due while its own Retry() has not returned yet: the broker
+// hands the message out again (same delivery id) while this Consumer still holds
+// the first delivery. It must not be dropped as "held here" after the first one
+// is settled: nothing would settle it, and it would wait for the broker's own
+// redelivery (visibility timeout, XAUTOCLAIM min-idle, AckWait), 10 s here,
+// instead of the 20 ms retry delay.
+TEST_P(ConsumerConformance, ARetryDueBeforeItsSettlementReturnsRunsAgainAtOnce) {
+  SourceEnvOptions eo;
+  eo.redelivery_after = 10'000ms;
+  ASSERT_TRUE(env_->Reset(eo).ok());
+  BufferOptions bo;
+  bo.retry_delay = 20ms;
+  auto buffer = MakeBuffer(bo);
+  SlowRetrySource source(Source(), 300ms);
+  Publish("comes-back");
+  std::atomic<int> runs{0};
+  Running c(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    return ++runs == 1 ? HandlerResult::Retry("not yet") : HandlerResult::Done();
+  });
+  EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))
+      << Outstanding() << " outstanding after 5 s; held_back=" << c->metrics().held_back;
+  EXPECT_EQ(runs.load(), 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });
