@@ -378,14 +378,12 @@ class Consumer::Impl {
         queue_.pop_front();
         ++running_;
       }
-      // true: the acker or the completer owns the delivery now
       const auto started = adaptive_prefetch_ ? std::chrono::steady_clock::now()
                                               : std::chrono::steady_clock::time_point();
-      const bool deferred = Handle(job);
+      Handle(job);
       bool notify_room = false;
       {
         std::lock_guard lock(mu_);
-        if (!deferred) held_.erase(job.delivery->id());
         --running_;
         if (adaptive_prefetch_) AdaptPrefetch(std::chrono::steady_clock::now() - started);
         // The fetch thread waits for room (woken only when it will fetch: each
@@ -404,14 +402,16 @@ class Consumer::Impl {
     }
   }
 
-  // Returns true when the delivery was handed to the acker or the completer.
-  bool Handle(Job& job) {
+  // Settles the delivery (out of the held set first), or hands it to the acker
+  // or the completer, which settle it later.
+  void Handle(Job& job) {
     Delivery& d = *job.delivery;
     n_.messages.fetch_add(1, std::memory_order_relaxed);
     if (d.delivery_count() > 1) n_.redelivered.fetch_add(1, std::memory_order_relaxed);
     if (!d.key_error().empty()) {
+      Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
       Settle(d, BrokerAction::kDeadLetter, Millis(0), d.key_error(), false);
-      return false;
+      return;
     }
     Consumer::WatchStop(d, &handlers_stop_);
     Processed p;
@@ -443,7 +443,7 @@ class Consumer::Impl {
           p = buffer_->CompleteBatch(std::span<PendingOutcome>(pending, 1))[0];
         } else {
           Defer(std::move(job.delivery), std::move(*pending));
-          return true;
+          return;
         }
       } else {
         p = std::move(std::get<Processed>(r));
@@ -462,10 +462,10 @@ class Consumer::Impl {
         acks_.push_back(std::move(job.delivery));
       }
       ack_cv_.notify_one();
-      return true;
+      return;
     }
+    Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
     Settle(d, p.action, p.retry_after, p.reason, p.acked_with_complete);
-    return false;
   }
 
   // Hands a handler's outcome to the completer. Waits while the completer is a
@@ -526,6 +526,7 @@ class Consumer::Impl {
     std::vector<Processed> ps = buffer_->CompleteBatch(pending);
     n_.complete_batches.fetch_add(1, std::memory_order_relaxed);
     n_.completed_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
+    Unhold(deliveries);
     std::vector<Delivery*> acks;
     for (size_t i = 0; i < deliveries.size(); ++i) {
       const Processed& p = ps[i];
@@ -537,10 +538,6 @@ class Consumer::Impl {
       }
     }
     if (!acks.empty()) AckAll(acks);
-    {
-      std::lock_guard lock(mu_);
-      for (const auto& d : deliveries) held_.erase(d->id());
-    }
   }
 
   // Sends the waiting acks in batches: when max_ack_batch wait, or the oldest
@@ -586,10 +583,22 @@ class Consumer::Impl {
     std::vector<Delivery*> ptrs;
     ptrs.reserve(batch.size());
     for (auto& d : batch) ptrs.push_back(d.get());
+    Unhold(batch);
     AckAll(ptrs);
-    {
-      std::lock_guard lock(mu_);
-      for (auto& d : batch) held_.erase(d->id());
+  }
+
+  // Takes the deliveries out of the held set, right BEFORE they are settled: once
+  // the broker has a settlement (a Retry(after) that comes due, a failed ack
+  // left pending), it may hand the message out again at any moment, with the same
+  // id, and this Consumer must take that delivery, not drop it as held here (no
+  // one would settle it: it would wait for the broker's own redelivery, a
+  // visibility timeout or reclaim min-idle later). Only the entry of this very
+  // delivery is removed: one of a later delivery of the id stays.
+  void Unhold(std::span<const std::unique_ptr<Delivery>> deliveries) {
+    std::lock_guard lock(mu_);
+    for (const auto& d : deliveries) {
+      auto it = held_.find(d->id());
+      if (it != held_.end() && it->second == d.get()) held_.erase(it);
     }
   }
 
