@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -1192,6 +1193,71 @@ TEST_P(ConsumerConformance, ARetryDueBeforeItsSettlementReturnsRunsAgainAtOnce) 
   EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))
       << Outstanding() << " outstanding after 5 s; held_back=" << c->metrics().held_back;
   EXPECT_EQ(runs.load(), 2);
+}
+
+// Every outcome write of the first claim of `key` that reaches it fails with
+// Aborted (not retried): the store refuses the completion after the handler ran.
+class RefuseFirstOwnerStore : public StoreWrapper {
+ public:
+  RefuseFirstOwnerStore(Store* target, std::string key)
+      : StoreWrapper(target), key_(std::move(key)) {}
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    DEDUP_RETURN_IF_ERROR(Check(key, token));
+    return StoreWrapper::Complete(key, token, retention, status, result);
+  }
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    DEDUP_RETURN_IF_ERROR(Check(key, token));
+    return StoreWrapper::CompleteWithAck(key, token, retention, status, result, ack);
+  }
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs) override {
+    for (const CompleteRequest& q : reqs) DEDUP_RETURN_IF_ERROR(Check(q.key, q.token));
+    return StoreWrapper::CompleteBatch(reqs);
+  }
+
+ private:
+  Status Check(std::string_view key, Token token) {
+    if (key != key_) return Status::Ok();
+    std::lock_guard lock(mu_);
+    if (!refused_.has_value()) refused_ = token.value;
+    if (*refused_ != token.value) return Status::Ok();
+    return Status(StatusCode::kAborted, "test store: the outcome of the first claim of '" + key_ +
+                           "' is refused");
+  }
+  const std::string key_;
+  std::mutex mu_;
+  std::optional<uint64_t> refused_;
+};
+
+// The counters say what happened: a handler that ran and whose outcome the store
+// then refused is a claim ACQUIRED (the handler ran) and a store error, and the
+// run that finally records it is a takeover of the claim left behind.
+TEST_P(ConsumerConformance, MetricsCountAClaimWhoseOutcomeTheStoreRefused) {
+  RefuseFirstOwnerStore store(store_.get(), "refused");
+  BufferOptions bo;
+  bo.lease = 300ms;
+  bo.retry_delay = 50ms;
+  Buffer buffer(&store, bo);
+  auto source = Source();
+  Publish("refused");
+  std::atomic<int> runs{0};
+  Running c(source.get(), &buffer, [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  c.Stop();
+  const ConsumerMetrics m = c->metrics();
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_EQ(m.acquired, 2u) << m.Summary();
+  EXPECT_EQ(m.takeovers, 1u) << m.Summary();
+  EXPECT_EQ(m.store_errors, 1u) << m.Summary();
+  EXPECT_EQ(m.acked, 1u) << m.Summary();
+  EXPECT_EQ(m.messages, m.acquired + m.busy) << m.Summary();
+  EXPECT_EQ(m.messages, m.acked + m.retries) << m.Summary();
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
