@@ -605,7 +605,10 @@ class Consumer::Impl {
   void Count(const Processed& p) {
     if (!p.status.ok()) {
       if (p.action != BrokerAction::kDeadLetter) n_.store_errors.fetch_add(1);
-      return;
+      // A claim the store could not answer (p.claim is then the default, never
+      // ACQUIRED) counts as nothing more. One it answered ACQUIRED whose
+      // outcome write then failed still ran its handler: counted below too.
+      if (p.claim.outcome != ClaimOutcome::kAcquired) return;
     }
     switch (p.claim.outcome) {
       case ClaimOutcome::kAcquired:
