@@ -1260,6 +1260,99 @@ TEST_P(ConsumerConformance, MetricsCountAClaimWhoseOutcomeTheStoreRefused) {
   EXPECT_EQ(m.messages, m.acked + m.retries) << m.Summary();
 }
 
+// Acks sent through AckBatch; the first call takes `first_slow` (a slow broker),
+// and when each delivery's ack returned is noted by key.
+class SlowFirstAckSource final : public MessageSource {
+ public:
+  SlowFirstAckSource(std::unique_ptr<MessageSource> s, Millis first_slow)
+      : s_(std::move(s)), first_slow_(first_slow) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    return s_->Fetch(max, wait);
+  }
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    if (!slowed_.exchange(true)) {
+      first_started_ = true;
+      std::this_thread::sleep_for(first_slow_);
+      std::lock_guard lock(mu_);
+      first_ended_ = SteadyClock::now();
+    }
+    Status s = s_->AckBatch(deliveries);
+    std::lock_guard lock(mu_);
+    for (Delivery* d : deliveries) acked_at_[d->key()] = SteadyClock::now();
+    return s;
+  }
+  std::string Describe() const override { return s_->Describe(); }
+  bool first_started() const { return first_started_.load(); }
+  SteadyClock::time_point first_ended() const {
+    std::lock_guard lock(mu_);
+    return first_ended_;
+  }
+  std::optional<SteadyClock::time_point> acked_at(const std::string& key) const {
+    std::lock_guard lock(mu_);
+    auto it = acked_at_.find(key);
+    if (it == acked_at_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  std::unique_ptr<MessageSource> s_;
+  const Millis first_slow_;
+  std::atomic<bool> slowed_{false}, first_started_{false};
+  mutable std::mutex mu_;
+  SteadyClock::time_point first_ended_{};
+  std::map<std::string, SteadyClock::time_point> acked_at_;
+};
+
+// ConsumerOptions::max_ack_delay bounds how long an ack waits after its handler
+// ended. When the completer (or the acker) was busy with an earlier batch (a slow
+// broker), the outcomes that piled up meanwhile are already late once it is
+// free: they go with its next batches at once, not after another max_ack_delay
+// counted from the moment the batch before them was taken.
+TEST_P(ConsumerConformance, AcksThatWaitedBehindASlowBatchAreNotDelayedAgain) {
+  for (const bool coalesce : {true, false}) {
+    SCOPED_TRACE(coalesce ? "batch_completions" : "acker");
+    auto buffer = MakeBuffer();
+    SlowFirstAckSource source(Source(), 700ms);
+    const std::string run = coalesce ? "c-" : "a-";
+    Publish(run + "long");
+    for (const char* k : {"a", "b", "c", "d", "e"}) Publish(run + k);
+    ConsumerOptions o;
+    o.concurrency = 3;
+    o.prefetch = 8;
+    o.batch_completions = coalesce;
+    o.max_ack_delay = 600ms;
+    o.max_ack_batch = 2;
+    std::atomic<bool> release_long{false};
+    {
+      Running c(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+        // "long" keeps a handler running (the completer does not flush early
+        // for want of work); c, d, e end while the first batch is being acked.
+        if (d.key() == run + "long") {
+          while (!release_long.load()) std::this_thread::sleep_for(5ms);
+        } else if (d.key() != run + "a" && d.key() != run + "b") {
+          while (!source.first_started()) std::this_thread::sleep_for(1ms);
+        }
+        return HandlerResult::Done();
+      }, o);
+      const bool all = WaitFor([&] { return Outstanding() == 1; }, 10'000ms);
+      release_long = true;
+      ASSERT_TRUE(all) << Outstanding();
+      const auto slow_end = source.first_ended();
+      for (const char* k : {"c", "d", "e"}) {
+        auto at = source.acked_at(run + k);
+        ASSERT_TRUE(at.has_value()) << k;
+        // Each ended before the slow batch did, more than max_ack_delay before
+        // its end: nothing more to wait for.
+        EXPECT_LT(*at - slow_end, 300ms)
+            << k << " acked "
+            << std::chrono::duration_cast<Millis>(*at - slow_end).count()
+            << " ms after the slow batch ended";
+      }
+      ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });
