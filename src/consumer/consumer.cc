@@ -182,6 +182,13 @@ class Consumer::Impl {
   struct Done {
     std::unique_ptr<Delivery> delivery;
     PendingOutcome pending;
+    std::chrono::steady_clock::time_point ended;  // when its handler ended
+  };
+
+  // A delivery waiting for the acker.
+  struct WaitingAck {
+    std::unique_ptr<Delivery> delivery;
+    std::chrono::steady_clock::time_point ended;  // when its handler ended
   };
 
   struct Job {
@@ -458,8 +465,7 @@ class Consumer::Impl {
     if (p.action == BrokerAction::kAck && !p.acked_with_complete && acker_.joinable()) {
       {
         std::lock_guard lock(ack_mu_);
-        if (acks_.empty()) oldest_ack_ = std::chrono::steady_clock::now();
-        acks_.push_back(std::move(job.delivery));
+        acks_.push_back(WaitingAck{std::move(job.delivery), std::chrono::steady_clock::now()});
       }
       ack_cv_.notify_one();
       return;
@@ -471,6 +477,7 @@ class Consumer::Impl {
   // Hands a handler's outcome to the completer. Waits while the completer is a
   // few batches behind, so that outcomes never pile up without bound.
   void Defer(std::unique_ptr<Delivery> d, PendingOutcome&& pending) {
+    const auto ended = std::chrono::steady_clock::now();
     bool wake = false;
     {
       std::unique_lock lock(done_mu_);
@@ -478,8 +485,7 @@ class Consumer::Impl {
         return static_cast<int>(done_.size()) < 4 * o_.max_ack_batch || done_stop_;
       });
       wake = done_.empty();
-      if (wake) oldest_done_ = std::chrono::steady_clock::now();
-      done_.emplace_back(std::move(d), std::move(pending));
+      done_.emplace_back(std::move(d), std::move(pending), ended);
       wake = wake || static_cast<int>(done_.size()) == o_.max_ack_batch;
     }
     // Only what changes the completer's mind wakes it (a first outcome starts its
@@ -497,7 +503,9 @@ class Consumer::Impl {
     while (true) {
       done_cv_.wait(lock, [this] { return !done_.empty() || done_stop_; });
       if (done_.empty()) return;  // stopping and nothing left
-      done_cv_.wait_until(lock, oldest_done_ + o_.max_ack_delay, [this] {
+      // The oldest one's wait: counted from its handler's end (outcomes left
+      // from a batch taken earlier have waited since before it was taken).
+      done_cv_.wait_until(lock, done_.front().ended + o_.max_ack_delay, [this] {
         return static_cast<int>(done_.size()) >= o_.max_ack_batch || done_stop_ ||
                unfinished_.load(std::memory_order_acquire) == 0;
       });
@@ -513,7 +521,6 @@ class Consumer::Impl {
         pending.push_back(std::move(done_.front().pending));
         done_.pop_front();
       }
-      if (!done_.empty()) oldest_done_ = std::chrono::steady_clock::now();
       lock.unlock();
       space_cv_.notify_all();
       FlushCompletions(deliveries, pending);
@@ -547,17 +554,16 @@ class Consumer::Impl {
     while (true) {
       ack_cv_.wait(lock, [this] { return !acks_.empty() || ack_stop_; });
       if (acks_.empty()) return;  // stopping and nothing left
-      ack_cv_.wait_until(lock, oldest_ack_ + o_.max_ack_delay, [this] {
+      ack_cv_.wait_until(lock, acks_.front().ended + o_.max_ack_delay, [this] {
         return static_cast<int>(acks_.size()) >= o_.max_ack_batch || ack_stop_;
       });
       std::vector<std::unique_ptr<Delivery>> batch;
       const size_t n = std::min(acks_.size(), static_cast<size_t>(o_.max_ack_batch));
       batch.reserve(n);
       for (size_t i = 0; i < n; ++i) {
-        batch.push_back(std::move(acks_.front()));
+        batch.push_back(std::move(acks_.front().delivery));
         acks_.pop_front();
       }
-      if (!acks_.empty()) oldest_ack_ = std::chrono::steady_clock::now();
       lock.unlock();
       FlushAcks(batch);
       lock.lock();
@@ -867,7 +873,6 @@ class Consumer::Impl {
   std::mutex done_mu_;
   std::condition_variable done_cv_, space_cv_;
   std::deque<Done> done_;
-  std::chrono::steady_clock::time_point oldest_done_;
   bool done_stop_ = false;
   // Deliveries enqueued whose handler has not finished yet.
   std::atomic<int> unfinished_{0};
@@ -875,8 +880,7 @@ class Consumer::Impl {
   std::thread acker_;
   std::mutex ack_mu_;
   std::condition_variable ack_cv_;
-  std::deque<std::unique_ptr<Delivery>> acks_;
-  std::chrono::steady_clock::time_point oldest_ack_;
+  std::deque<WaitingAck> acks_;
   bool ack_stop_ = false;
 };
 
