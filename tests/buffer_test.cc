@@ -134,6 +134,61 @@ TEST_F(BufferTest, RetryAndPermanentFailure) {
   EXPECT_EQ(again.claim.status, CompletionStatus::kFailed);
 }
 
+// An outcome no record can hold (a result over kMaxResultBytes) would fail the
+// same way on every delivery: releasing the claim for a retry runs the handler,
+// side effect and all, again and again. It is a permanent failure instead,
+// recorded with a reason that names the size, and dead-lettered; a Fail reason
+// that long is recorded cut to fit. (PostgresStore::RunInTransaction does the
+// same for the inbox.) Also through CompleteBatch, the Consumer's completer.
+TEST_F(BufferTest, AnOutcomeTooLargeForARecordIsDeadLetteredNotRetried) {
+  Buffer buffer(store_.get());
+  int runs = 0;
+  const std::string big(kMaxResultBytes + 1, 'x');
+  auto too_big = [&](ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done(big);
+  };
+  Processed p = buffer.ProcessOnce("big", "", too_big);
+  EXPECT_TRUE(p.ran);
+  EXPECT_EQ(p.action, BrokerAction::kDeadLetter) << p.reason;
+  EXPECT_NE(p.reason.find(std::to_string(kMaxResultBytes + 1)), std::string::npos) << p.reason;
+  auto rec = store_->Inspect("big");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  Processed again = buffer.ProcessOnce("big", "", too_big);
+  EXPECT_FALSE(again.ran);
+  EXPECT_EQ(again.action, BrokerAction::kDeadLetter);
+  EXPECT_EQ(runs, 1) << "the handler ran again";
+
+  Processed f = buffer.ProcessOnce("long-reason", "", [&](ClaimGuard&) {
+    return HandlerResult::Fail(big);
+  });
+  EXPECT_EQ(f.action, BrokerAction::kDeadLetter) << f.reason.substr(0, 200);
+  rec = store_->Inspect("long-reason");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  EXPECT_LE((*rec)->result.size(), kMaxResultBytes);
+  EXPECT_EQ((*rec)->result.substr(0, 100), big.substr(0, 100));
+
+  // Batched with a good one: each gets its own answer.
+  std::vector<PendingOutcome> pending;
+  for (const char* k : {"batch-big", "batch-ok"}) {
+    auto r = buffer.ProcessOnceDeferred(k, "", [&](ClaimGuard& g) {
+      return g.key() == "batch-big" ? HandlerResult::Done(big) : HandlerResult::Done("fine");
+    });
+    ASSERT_TRUE(std::holds_alternative<PendingOutcome>(r));
+    pending.push_back(std::move(std::get<PendingOutcome>(r)));
+  }
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].action, BrokerAction::kDeadLetter) << ps[0].reason;
+  EXPECT_EQ(ps[1].action, BrokerAction::kAck);
+  rec = store_->Inspect("batch-big");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+}
+
 TEST_F(BufferTest, BusyIsNeverAcked) {
   Buffer buffer(store_.get());
   auto held = buffer.Claim("k");
