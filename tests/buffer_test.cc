@@ -358,6 +358,96 @@ TEST_F(BufferTest, BatchClaimPutsDataLossOnTheCorruptKeyOnly) {
   EXPECT_TRUE(claims[2].ok() && claims[2]->acquired());
 }
 
+// One ClaimBatch of a batch that mixes every answer (ACQUIRED, BUSY held by
+// another owner, DUPLICATE of done and of failed work, MISMATCH, EXHAUSTED, and
+// a key twice in the batch) answers each item, and ProcessClaimed then acts on
+// each, exactly as one Claim per item in the same order does on the same store
+// history (guards kept while the later items are claimed, as a batch keeps
+// them). A guard for a property the conformance suite checks only in part.
+TEST(BufferBatch, AMixedBatchAnswersAsSingleClaimsInOrder) {
+  struct Answer {
+    StatusCode code;
+    ClaimOutcome outcome;
+    uint32_t attempt;
+    uint64_t fence;
+    CompletionStatus status;
+    std::string result;
+    BrokerAction action;
+    std::string reason;
+    bool operator==(const Answer&) const = default;
+  };
+  const std::vector<std::pair<std::string, std::string>> batch = {
+      {"new", "p"},  {"done", "p"}, {"busy", "p"}, {"failed", "p"},
+      {"mm", "p2"},  {"exh", "p"},  {"new", "p"},  {"other", "p"}};
+  std::vector<Answer> answers[2];
+  for (int batched = 0; batched < 2; ++batched) {
+    SimulatedClock clock;
+    MemoryStoreOptions mo;
+    mo.clock = &clock;
+    auto store = NewMemoryStore(mo);
+    BufferOptions o;
+    o.fingerprint_payloads = true;
+    o.max_attempts = 1;
+    Buffer buffer(store.get(), o);
+    auto done = [](ClaimGuard&) { return HandlerResult::Done("r"); };
+    ASSERT_EQ(buffer.ProcessOnce("done", "p", done).action, BrokerAction::kAck);
+    ASSERT_EQ(buffer.ProcessOnce("failed", "p", [](ClaimGuard&) { return HandlerResult::Fail("x"); })
+                  .action,
+              BrokerAction::kDeadLetter);
+    ASSERT_EQ(buffer.ProcessOnce("mm", "p1", done).action, BrokerAction::kAck);
+    ASSERT_EQ(buffer.ProcessOnce("exh", "p", [](ClaimGuard&) { return HandlerResult::Retry("t"); })
+                  .action,
+              BrokerAction::kRetry);
+    Buffer other(store.get(), o);
+    auto held = other.Claim("busy", PayloadFingerprint("p"));
+    ASSERT_TRUE(held.ok() && held->acquired());
+    clock.Advance(1'000ms);
+
+    std::vector<StatusOr<ClaimGuard>> claims;
+    if (batched == 1) {
+      std::vector<ClaimItem> items;
+      for (const auto& [k, p] : batch) items.push_back(ClaimItem{k, p});
+      claims = buffer.ClaimBatch(items);
+    } else {
+      for (const auto& [k, p] : batch) claims.push_back(buffer.Claim(k, PayloadFingerprint(p)));
+    }
+    ASSERT_EQ(claims.size(), batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Answer a{};
+      a.code = claims[i].status().code();
+      if (claims[i].ok()) {
+        const ClaimResult& r = claims[i]->result();
+        a.outcome = r.outcome;
+        a.attempt = r.attempt;
+        a.fence = r.fence;
+        a.status = r.status;
+        a.result = r.result;
+      }
+      Processed p = buffer.ProcessClaimed(batch[i].first, std::move(claims[i]), done);
+      a.action = p.action;
+      a.reason = p.reason;
+      answers[batched].push_back(a);
+    }
+    EXPECT_EQ(*held->Complete(), WriteResult::kOk);
+  }
+  ASSERT_EQ(answers[0].size(), answers[1].size());
+  for (size_t i = 0; i < answers[0].size(); ++i) {
+    EXPECT_TRUE(answers[0][i] == answers[1][i])
+        << batch[i].first << " (item " << i << "): single "
+        << ClaimOutcomeName(answers[0][i].outcome) << " " << BrokerActionName(answers[0][i].action)
+        << " '" << answers[0][i].reason << "', batch " << ClaimOutcomeName(answers[1][i].outcome)
+        << " " << BrokerActionName(answers[1][i].action) << " '" << answers[1][i].reason << "'";
+  }
+  // What the items are, so that the comparison covers every answer.
+  const std::vector<ClaimOutcome> want = {
+      ClaimOutcome::kAcquired, ClaimOutcome::kDuplicate, ClaimOutcome::kBusy,
+      ClaimOutcome::kDuplicate, ClaimOutcome::kMismatch, ClaimOutcome::kExhausted,
+      ClaimOutcome::kBusy, ClaimOutcome::kAcquired};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(answers[1][i].outcome, want[i]) << batch[i].first << " (item " << i << ")";
+  }
+}
+
 TEST_F(BufferTest, TooManyCorruptKeysAtOnceAreDeadLetteredAtTheFirstTry) {
   CorruptRecordStore store(store_.get());
   BufferOptions o;
