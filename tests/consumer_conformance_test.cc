@@ -1353,6 +1353,39 @@ TEST_P(ConsumerConformance, AcksThatWaitedBehindASlowBatchAreNotDelayedAgain) {
   }
 }
 
+// Two messages with one key in one fetched batch (a publisher that sent it
+// twice): claimed one at a time, the second is claimed after the first ran and
+// gets DUPLICATE, acked at once. A batch claim must answer the same: claiming
+// both up front made the second BUSY against this very Consumer's claim, and it
+// came back only after the whole lease (30 s here).
+TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
+  for (const bool batch : {false, true}) {
+    SCOPED_TRACE(batch ? "batch claims" : "single claims");
+    auto buffer = MakeBuffer();  // lease 30 s
+    auto source = Source();
+    const std::string twin = batch ? "twin-b" : "twin-s";
+    Publish(twin);
+    Publish(twin);
+    Publish(twin + "-other");
+    ConsumerOptions o;
+    o.concurrency = 1;
+    o.prefetch = 16;
+    o.batch_claims = batch;
+    o.batch_completions = false;  // the first outcome is written before the next claim
+    std::atomic<int> runs{0};
+    Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+      ++runs;
+      return HandlerResult::Done();
+    }, o);
+    EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))
+        << Outstanding() << " outstanding; " << c->metrics().Summary();
+    c.Stop();
+    EXPECT_EQ(runs.load(), 2);
+    EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
+    EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });
