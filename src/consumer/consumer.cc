@@ -18,8 +18,10 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -318,15 +320,23 @@ class Consumer::Impl {
     return n;
   }
 
-  // One Buffer::ClaimBatch for the keyed deliveries of the batch.
+  // One Buffer::ClaimBatch for the keyed deliveries of the batch. A key met
+  // again in the batch is not claimed with it: claimed up front it would be
+  // BUSY against the first one's claim, here, and come back only after the
+  // lease; claimed alone when its turn comes (after the first ran, at
+  // concurrency 1), it gets what a single claim gets: DUPLICATE once the first
+  // is recorded.
   void ClaimAll(std::vector<Job>& jobs) {
     std::vector<ClaimItem> items;
     std::vector<size_t> where;
     items.reserve(jobs.size());
     where.reserve(jobs.size());
+    std::unordered_set<std::string_view> keys;
+    keys.reserve(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Delivery& d = *jobs[i].delivery;
       if (!d.key_error().empty() || d.key().empty()) continue;
+      if (!keys.insert(d.key()).second) continue;
       items.push_back(ClaimItem{d.key(), d.payload()});
       where.push_back(i);
     }
