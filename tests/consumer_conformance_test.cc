@@ -129,22 +129,31 @@ class LoggingDelivery final : public ForwardingDelivery {
   EventLog* log_;
 };
 
-class LoggingSource final : public MessageSource {
+// A source that wraps every delivery it fetches (to observe or slow a call).
+class WrappingSource final : public MessageSource {
  public:
-  LoggingSource(std::unique_ptr<MessageSource> s, EventLog* log) : s_(std::move(s)), log_(log) {}
+  using Wrap = std::function<std::unique_ptr<Delivery>(std::unique_ptr<Delivery>)>;
+  WrappingSource(std::unique_ptr<MessageSource> s, Wrap wrap)
+      : s_(std::move(s)), wrap_(std::move(wrap)) {}
   StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
     auto r = s_->Fetch(max, wait);
     if (!r.ok()) return r;
     std::vector<std::unique_ptr<Delivery>> out;
-    for (auto& d : *r) out.push_back(std::make_unique<LoggingDelivery>(std::move(d), log_));
+    for (auto& d : *r) out.push_back(wrap_(std::move(d)));
     return out;
   }
   std::string Describe() const override { return s_->Describe(); }
 
  private:
   std::unique_ptr<MessageSource> s_;
-  EventLog* log_;
+  Wrap wrap_;
 };
+
+WrappingSource MakeLoggingSource(std::unique_ptr<MessageSource> s, EventLog* log) {
+  return WrappingSource(std::move(s), [log](std::unique_ptr<Delivery> d) {
+    return std::make_unique<LoggingDelivery>(std::move(d), log);
+  });
+}
 
 // A Consumer running on its own thread until Stop().
 class Running {
@@ -224,7 +233,7 @@ TEST_P(ConsumerConformance, AcksOnlyAfterTheOutcomeIsRecorded) {
   EventLog log;
   LoggingStore logging(store_.get(), &log);
   Buffer buffer(&logging);
-  LoggingSource source(Source(), &log);
+  WrappingSource source = MakeLoggingSource(Source(), &log);
   const int n = 20;
   for (int i = 0; i < n; ++i) Publish("k" + std::to_string(i));
   std::atomic<bool> acked_while_running{false};
@@ -1134,40 +1143,17 @@ TEST_P(ConsumerConformance, StopOnAnotherThreadAsRunReturns) {
 // A delivery whose Retry() returns late: the broker applied it (the message is
 // due again after `after`), and its reply is slow to come back (a network round
 // trip, a preempted thread on a loaded machine).
-class SlowRetrySource final : public MessageSource {
+class SlowRetryDelivery final : public ForwardingDelivery {
  public:
-  SlowRetrySource(std::unique_ptr<MessageSource> s, Millis slow) : s_(std::move(s)), slow_(slow) {}
-  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
-    auto r = s_->Fetch(max, wait);
-    if (!r.ok()) return r;
-    std::vector<std::unique_ptr<Delivery>> out;
-    for (auto& d : *r) out.push_back(std::make_unique<Slow>(std::move(d), slow_));
-    return out;
+  SlowRetryDelivery(std::unique_ptr<Delivery> d, Millis slow)
+      : ForwardingDelivery(std::move(d)), slow_(slow) {}
+  Status Retry(Millis after) override {
+    Status s = d_->Retry(after);
+    std::this_thread::sleep_for(slow_);
+    return s;
   }
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
-    Status first;
-    for (Delivery* d : deliveries) {
-      Status s = d->Ack();
-      if (!s.ok() && first.ok()) first = s;
-    }
-    return first;
-  }
-  std::string Describe() const override { return s_->Describe(); }
 
  private:
-  class Slow final : public ForwardingDelivery {
-   public:
-    Slow(std::unique_ptr<Delivery> d, Millis slow) : ForwardingDelivery(std::move(d)), slow_(slow) {}
-    Status Retry(Millis after) override {
-      Status s = d_->Retry(after);
-      std::this_thread::sleep_for(slow_);
-      return s;
-    }
-
-   private:
-    Millis slow_;
-  };
-  std::unique_ptr<MessageSource> s_;
   Millis slow_;
 };
 
@@ -1184,7 +1170,9 @@ TEST_P(ConsumerConformance, ARetryDueBeforeItsSettlementReturnsRunsAgainAtOnce) 
   BufferOptions bo;
   bo.retry_delay = 20ms;
   auto buffer = MakeBuffer(bo);
-  SlowRetrySource source(Source(), 300ms);
+  WrappingSource source(Source(), [](std::unique_ptr<Delivery> d) {
+    return std::make_unique<SlowRetryDelivery>(std::move(d), 300ms);
+  });
   Publish("comes-back");
   std::atomic<int> runs{0};
   Running c(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
