@@ -1374,6 +1374,41 @@ TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
   }
 }
 
+// The same with the default batch_completions: the first copy's outcome waits
+// for the completer (max_ack_delay, 1 s here: the other key keeps the batch
+// open) when the second copy's turn comes. Claimed then, the second was BUSY
+// against this Consumer's own claim, whose outcome was only waiting to be
+// written, and came back after the whole lease (30 s). It waits for that write
+// instead, then gets DUPLICATE.
+TEST_P(ConsumerConformance, AKeyTwiceInOneBatchWaitsForItsDeferredOutcome) {
+  for (const bool batch : {false, true}) {
+    SCOPED_TRACE(batch ? "batch claims" : "single claims");
+    auto buffer = MakeBuffer();  // lease 30 s
+    auto source = Source();
+    const std::string twin = batch ? "dtwin-b" : "dtwin-s";
+    Publish(twin);
+    Publish(twin + "-other");
+    Publish(twin);
+    ConsumerOptions o;
+    o.concurrency = 1;
+    o.prefetch = 16;
+    o.batch_claims = batch;
+    o.batch_completions = true;
+    o.max_ack_delay = 1'000ms;
+    std::atomic<int> runs{0};
+    Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+      ++runs;
+      return HandlerResult::Done();
+    }, o);
+    EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 8'000ms))
+        << Outstanding() << " outstanding; " << c->metrics().Summary();
+    c.Stop();
+    EXPECT_EQ(runs.load(), 2);
+    EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
+    EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });
