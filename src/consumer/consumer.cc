@@ -196,6 +196,9 @@ class Consumer::Impl {
   struct Job {
     std::unique_ptr<Delivery> delivery;
     std::optional<StatusOr<ClaimGuard>> claim;  // made by a batch claim
+    // Its key came earlier in the same fetched batch: never batch-claimed, and
+    // claimed at its turn only once the earlier one's outcome is written.
+    bool repeat = false;
   };
 
   struct Counters {
@@ -265,6 +268,7 @@ class Consumer::Impl {
       }
     }
     if (jobs.empty()) return;
+    MarkRepeats(jobs);
     unfinished_.fetch_add(static_cast<int>(jobs.size()), std::memory_order_relaxed);
     if (buffer_ != nullptr && o_.batch_claims && ClaimableCount(jobs) > 1) {
       // The claim stage: a handler thread claims the batch with one ClaimBatch
@@ -320,23 +324,32 @@ class Consumer::Impl {
     return n;
   }
 
+  // Job::repeat for a key met earlier in the batch.
+  static void MarkRepeats(std::vector<Job>& jobs) {
+    if (jobs.size() < 2) return;
+    std::unordered_set<std::string_view> keys;
+    keys.reserve(jobs.size());
+    for (Job& j : jobs) {
+      const Delivery& d = *j.delivery;
+      if (!d.key_error().empty() || d.key().empty()) continue;
+      j.repeat = !keys.insert(d.key()).second;
+    }
+  }
+
   // One Buffer::ClaimBatch for the keyed deliveries of the batch. A key met
   // again in the batch is not claimed with it: claimed up front it would be
   // BUSY against the first one's claim, here, and come back only after the
   // lease; claimed alone when its turn comes (after the first ran, at
-  // concurrency 1), it gets what a single claim gets: DUPLICATE once the first
-  // is recorded.
+  // concurrency 1, and its outcome was written: AwaitDeferredOutcome), it gets
+  // what a single claim gets: DUPLICATE.
   void ClaimAll(std::vector<Job>& jobs) {
     std::vector<ClaimItem> items;
     std::vector<size_t> where;
     items.reserve(jobs.size());
     where.reserve(jobs.size());
-    std::unordered_set<std::string_view> keys;
-    keys.reserve(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Delivery& d = *jobs[i].delivery;
-      if (!d.key_error().empty() || d.key().empty()) continue;
-      if (!keys.insert(d.key()).second) continue;
+      if (!d.key_error().empty() || d.key().empty() || jobs[i].repeat) continue;
       items.push_back(ClaimItem{d.key(), d.payload()});
       where.push_back(i);
     }
@@ -450,6 +463,7 @@ class Consumer::Impl {
         if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
         return r;
       };
+      if (job.repeat) AwaitDeferredOutcome(d.key());
       const BrokerAck* ack = d.fused_ack();
       std::variant<Processed, PendingOutcome> r =
           job.claim.has_value()
@@ -504,6 +518,33 @@ class Consumer::Impl {
     if (wake) done_cv_.notify_one();
   }
 
+  // A delivery whose key came earlier in its batch: while the earlier one's
+  // outcome waits for the completer (its claim held, nothing recorded yet), a
+  // claim would be BUSY against this very Consumer and come back only after the
+  // lease. Asks the completer to write now and waits until no outcome of the key
+  // is waiting or being written; the claim then gets DUPLICATE (or ACQUIRED,
+  // when the earlier one gave its claim up).
+  void AwaitDeferredOutcome(std::string_view key) {
+    if (!completer_.joinable()) return;
+    std::unique_lock lock(done_mu_);
+    auto waiting = [&] {
+      for (const Done& x : done_) {
+        if (x.delivery->key() == key) return true;
+      }
+      if (flushing_ != nullptr) {
+        for (const auto& x : *flushing_) {
+          if (x->key() == key) return true;
+        }
+      }
+      return false;
+    };
+    if (!waiting()) return;
+    ++flush_waiters_;
+    done_cv_.notify_one();
+    flushed_cv_.wait(lock, [&] { return !waiting(); });
+    --flush_waiters_;
+  }
+
   // The completer: takes the waiting outcomes when max_ack_batch wait, the oldest
   // has waited max_ack_delay, or no handler is running (nothing more is coming
   // soon), records them with one Buffer::CompleteBatch, then settles them (one
@@ -517,7 +558,7 @@ class Consumer::Impl {
       // from a batch taken earlier have waited since before it was taken).
       done_cv_.wait_until(lock, done_.front().ended + o_.max_ack_delay, [this] {
         return static_cast<int>(done_.size()) >= o_.max_ack_batch || done_stop_ ||
-               unfinished_.load(std::memory_order_acquire) == 0;
+               flush_waiters_ > 0 || unfinished_.load(std::memory_order_acquire) == 0;
       });
       // Straight into the two arrays FlushCompletions works on: a PendingOutcome
       // is large, and each move of it costs about a thousand instructions.
@@ -531,10 +572,13 @@ class Consumer::Impl {
         pending.push_back(std::move(done_.front().pending));
         done_.pop_front();
       }
+      flushing_ = &deliveries;
       lock.unlock();
       space_cv_.notify_all();
       FlushCompletions(deliveries, pending);
       lock.lock();
+      flushing_ = nullptr;
+      if (flush_waiters_ > 0) flushed_cv_.notify_all();
     }
   }
 
@@ -884,6 +928,11 @@ class Consumer::Impl {
   std::condition_variable done_cv_, space_cv_;
   std::deque<Done> done_;
   bool done_stop_ = false;
+  // AwaitDeferredOutcome: the batch being written, the threads waiting for a
+  // write, and their wake-up.
+  const std::vector<std::unique_ptr<Delivery>>* flushing_ = nullptr;
+  int flush_waiters_ = 0;
+  std::condition_variable flushed_cv_;
   // Deliveries enqueued whose handler has not finished yet.
   std::atomic<int> unfinished_{0};
 
