@@ -1248,6 +1248,64 @@ TEST_P(ConsumerConformance, MetricsCountAClaimWhoseOutcomeTheStoreRefused) {
   EXPECT_EQ(m.messages, m.acked + m.retries) << m.Summary();
 }
 
+// The first claim of `key` that reaches the store fails with Unavailable: the
+// store could not answer the claim (no handler runs).
+class RefuseFirstClaimStore : public StoreWrapper {
+ public:
+  RefuseFirstClaimStore(Store* target, std::string key)
+      : StoreWrapper(target), key_(std::move(key)) {}
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
+    DEDUP_RETURN_IF_ERROR(Check(req.key));
+    return StoreWrapper::Claim(req);
+  }
+  StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
+    for (const ClaimRequest& q : reqs) DEDUP_RETURN_IF_ERROR(Check(q.key));
+    return StoreWrapper::ClaimBatch(reqs);
+  }
+
+ private:
+  Status Check(std::string_view key) {
+    if (key != key_ || refused_.exchange(true)) return Status::Ok();
+    return Status(StatusCode::kUnavailable, "test store: the first claim of '" + key_ +
+                                                "' is not answered");
+  }
+  const std::string key_;
+  std::atomic<bool> refused_{false};
+};
+
+// dedup_worker_claims_total{outcome} counts each claim once: acquired,
+// duplicate, busy, or error (the store could not answer the claim). A claim
+// ACQUIRED whose outcome the store then refused is a store error, but not a
+// claim error: counted under both (acquired and error), the family counted
+// more claims than there were.
+TEST_P(ConsumerConformance, ClaimOutcomesCountEachClaimOnce) {
+  for (const bool refuse_claim : {false, true}) {
+    SCOPED_TRACE(refuse_claim ? "claim refused" : "completion refused");
+    const std::string key = refuse_claim ? "cl-refused" : "co-refused";
+    std::unique_ptr<Store> store;
+    if (refuse_claim) {
+      store = std::make_unique<RefuseFirstClaimStore>(store_.get(), key);
+    } else {
+      store = std::make_unique<RefuseFirstOwnerStore>(store_.get(), key);
+    }
+    BufferOptions bo;
+    bo.lease = 300ms;
+    bo.retry_delay = 50ms;
+    Buffer buffer(store.get(), bo);
+    auto source = Source();
+    Publish(key);
+    Running c(source.get(), &buffer, [&](const Delivery&, ClaimGuard&) {
+      return HandlerResult::Done();
+    });
+    ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+    c.Stop();
+    const ConsumerMetrics m = c->metrics();
+    EXPECT_EQ(m.store_errors, 1u) << m.Summary();
+    EXPECT_EQ(m.claim_errors, refuse_claim ? 1u : 0u) << m.Summary();
+    EXPECT_EQ(m.messages, m.acquired + m.duplicates + m.busy + m.claim_errors) << m.Summary();
+  }
+}
+
 // Acks sent through AckBatch; the first call takes `first_slow` (a slow broker),
 // and when each delivery's ack returned is noted by key.
 class SlowFirstAckSource final : public MessageSource {
