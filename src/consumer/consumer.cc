@@ -38,7 +38,8 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"duplicates", duplicates},     {"busy", busy},
       {"takeovers", takeovers},       {"lost_leases", lost_leases},
       {"retries", retries},           {"dead_lettered", dead_lettered},
-      {"store_errors", store_errors}, {"acked", acked},
+      {"store_errors", store_errors}, {"claim_errors", claim_errors},
+      {"acked", acked},
       {"redelivered", redelivered},   {"held_back", held_back},
       {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete},
       {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
@@ -163,6 +164,7 @@ class Consumer::Impl {
     m.retries = n_.retries.load();
     m.dead_lettered = n_.dead_lettered.load();
     m.store_errors = n_.store_errors.load();
+    m.claim_errors = n_.claim_errors.load();
     m.acked = n_.acked.load();
     m.redelivered = n_.redelivered.load();
     m.held_back = n_.held_back.load();
@@ -203,7 +205,7 @@ class Consumer::Impl {
 
   struct Counters {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
-        lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, acked{0},
+        lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, claim_errors{0}, acked{0},
         redelivered{0}, held_back{0}, broker_errors{0}, acked_with_complete{0},
         claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0},
         complete_batches{0}, completed_in_batches{0};
@@ -666,9 +668,13 @@ class Consumer::Impl {
     if (!p.status.ok()) {
       if (p.action != BrokerAction::kDeadLetter) n_.store_errors.fetch_add(1);
       // A claim the store could not answer (p.claim is then the default, never
-      // ACQUIRED) counts as nothing more. One it answered ACQUIRED whose
-      // outcome write then failed still ran its handler: counted below too.
-      if (p.claim.outcome != ClaimOutcome::kAcquired) return;
+      // ACQUIRED) is a claim error and nothing more. One it answered ACQUIRED
+      // whose outcome write then failed still ran its handler: counted below
+      // (acquired), not as a claim error.
+      if (p.claim.outcome != ClaimOutcome::kAcquired) {
+        if (p.action != BrokerAction::kDeadLetter) n_.claim_errors.fetch_add(1);
+        return;
+      }
     }
     switch (p.claim.outcome) {
       case ClaimOutcome::kAcquired:
