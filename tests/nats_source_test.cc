@@ -733,6 +733,52 @@ TEST_F(NatsSourceTest, ADeadLetterCopiesAHeaderWithANulByteEscapedNotCut) {
   ASSERT_TRUE(d[0]->Ack().ok());
 }
 
+// One trailing white-space byte after a value (a space, a tab): nats.c writes its
+// end-of-value NUL over it, and the whole-value read took the NUL for part of the
+// value ("k-one\0"), so an ordinary key was refused as holding a NUL byte and
+// the message dead-lettered. Two or more trailing bytes, or none, read right.
+// On main:
+//   Expected equality of these values: got[0]->key() Which is: ""  "k-one"
+TEST_F(NatsSourceTest, AKeyWithOneTrailingSpaceOrTabIsReadTrimmed) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  PublishRawHeaders(stream_ + ".in", "Idem: k-one \r\n", "1");
+  PublishRawHeaders(stream_ + ".in", "Idem: k-tab\t\r\nOther: o \r\n", "2");
+  PublishRawHeaders(stream_ + ".in", "A: a \r\nIdem: k-last \r\n", "");  // no data: nats.c lifts early
+  auto got = FetchAll(**src, 3, Millis(5000));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0]->key(), "k-one") << got[0]->key_error();
+  EXPECT_EQ(got[1]->key(), "k-tab") << got[1]->key_error();
+  EXPECT_EQ(got[2]->key(), "k-last") << got[2]->key_error();
+  for (const auto& [k, v] : got[1]->attributes()) {
+    if (k == "Other") EXPECT_EQ(v, "o");
+  }
+  for (const auto& [k, v] : got[2]->attributes()) {
+    if (k == "A") EXPECT_EQ(v, "a");
+  }
+  for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
+}
+
+// A NUL byte followed, inside the same value, by a bare LF (NATS ends a header
+// line at CR LF only): the whole-value read stopped at that LF, so "k\0\nx" and
+// "k\0\ny" were both read as the key "k" — one key for two messages, the second
+// skipped as a DUPLICATE, the very cut the NUL check exists to refuse. Such a
+// key must be refused, never cut. On main:
+//   Expected equality of these values: got[0]->key() Which is: "k"  ""
+TEST_F(NatsSourceTest, AKeyWithANulThenABareLineFeedIsRefusedNotCut) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  PublishRawHeaders(stream_ + ".in", "Idem: k\0\nx\r\n"s, "1");
+  PublishRawHeaders(stream_ + ".in", "Idem: k\0\ny\r\nB: b\r\n"s, "2");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  for (auto& d : got) {
+    EXPECT_EQ(d->key(), "");
+    EXPECT_FALSE(d->key_error().empty());
+    EXPECT_TRUE(d->Ack().ok());
+  }
+}
+
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
   auto src = OpenNatsSource("nats://u:topsecret@127.0.0.1:1?stream=S&consumer=c&timeout=500ms");
   ASSERT_FALSE(src.ok());
