@@ -646,7 +646,8 @@ TEST_F(NatsSourceTest, AConsumerMadeAgainBySomeoneElseIsCheckedAsAtOpen) {
 // Publishes one message the way a client other than nats.c can: the header
 // block's bytes as given (HPUB on a plain socket). nats.c has no way to write a
 // NUL byte into a header: its values are C strings.
-void PublishRawHeaders(const std::string& subject, const std::string& headers, const std::string& data) {
+void PublishRawHeaders(const std::string& subject, const std::string& headers, const std::string& data,
+                       const std::string& status_line = "NATS/1.0") {
   const std::string uri = BaseUri();  // nats://127.0.0.1:PORT
   const int port = std::stoi(uri.substr(uri.rfind(':') + 1));
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -656,7 +657,7 @@ void PublishRawHeaders(const std::string& subject, const std::string& headers, c
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string block = "NATS/1.0\r\n" + headers + "\r\n";
+  const std::string block = status_line + "\r\n" + headers + "\r\n";
   const std::string out = "CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\nHPUB " +
                           subject + " " + std::to_string(block.size()) + " " +
                           std::to_string(block.size() + data.size()) + "\r\n" + block + data +
@@ -777,6 +778,42 @@ TEST_F(NatsSourceTest, AKeyWithANulThenABareLineFeedIsRefusedNotCut) {
     EXPECT_FALSE(d->key_error().empty());
     EXPECT_TRUE(d->Ack().ok());
   }
+}
+
+// Every shape of header block nats.c accepts is read whole or refused, never
+// read wrong: repeated headers, tabs and spaces around values, a NUL inside or
+// at the end of a value, a message without data (nats.c lifts it inside the
+// fetch), a block without its empty last line, a status line; a folded line
+// (which nats.c joins into a copy, cut at a NUL) is refused.
+TEST_F(NatsSourceTest, HeaderValuesOfEveryShapeAreReadWholeOrRefused) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const std::string shapes = "A: 1\r\nA: 2 \r\nB:\t x\t\t\r\nC: c\0d\r\nD: d\0 \r\nE: e\0\r\n"s;
+  PublishRawHeaders(stream_ + ".in", shapes + "Idem: s1\r\n", "x");
+  PublishRawHeaders(stream_ + ".in", shapes + "Idem: s2\r\n", "");
+  PublishRawHeaders(stream_ + ".in", "Idem: s3 ", "x");  // no empty line ends the block
+  PublishRawHeaders(stream_ + ".in", "Idem: s4\r\nF: f\r\n  g\r\n", "x");
+  PublishRawHeaders(stream_ + ".in", "Idem: s5\t\r\n", "x", "NATS/1.0 100 Whatever");
+  auto got = FetchAll(**src, 5, Millis(5000));
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got[i]->key(), "s" + std::to_string(i + 1)) << got[i]->key_error();
+    std::multimap<std::string, std::string> h;
+    for (const auto& [k, v] : got[i]->attributes()) h.emplace(k, v);
+    auto a = h.equal_range("A");
+    std::vector<std::string> as;
+    for (auto it = a.first; it != a.second; ++it) as.push_back(it->second);
+    EXPECT_EQ(as, (std::vector<std::string>{"1", "2"}));
+    EXPECT_EQ(h.find("B")->second, "x");
+    EXPECT_EQ(h.find("C")->second, "c\0d"s);
+    EXPECT_EQ(h.find("D")->second, "d\0"s);
+    EXPECT_EQ(h.find("E")->second, "e\0"s);
+  }
+  EXPECT_EQ(got[2]->key(), "s3") << got[2]->key_error();
+  EXPECT_EQ(got[3]->key(), "");
+  EXPECT_NE(got[3]->key_error().find("folded"), std::string::npos) << got[3]->key_error();
+  EXPECT_EQ(got[4]->key(), "s5") << got[4]->key_error();
+  for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
 }
 
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
