@@ -578,6 +578,60 @@ TEST_F(RabbitMqSourceTest, AMissingQueueIsDeclaredWithoutDroppingTheConnection) 
   EXPECT_EQ(AbruptCloses() - before, 1);
 }
 
+// A channel exception on the consuming channel (here a second basic.ack of one
+// tag: 406 PRECONDITION_FAILED "unknown delivery tag") closes channel 1 only.
+// The source answers it, opens the channel again on the same connection with
+// its qos and basic.consume (deliveries keep coming), and a delivery of the old
+// channel is never acked on the new one, where its tag would name another
+// message (tags restart at 1 per channel): its Ack says Unavailable, and the
+// broker, which requeued it when the channel closed, delivers it again.
+TEST_F(RabbitMqSourceTest, AChannelExceptionWhileConsumingReopensTheChannelAndItsConsumer) {
+  const int before = AbruptCloses();
+  ASSERT_GE(before, 0) << "DEDUP_TEST_RABBITMQ_LOG is not set (tests/with_rabbitmq.sh)";
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("m-1", "x");
+  Publish("m-2", "y");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_TRUE(got[0]->Ack().ok());
+  (void)got[0]->Ack();  // the same tag again: the broker closes the channel
+  // The next fetch reads the channel.close.
+  Status closed;
+  const auto end = steady_clock::now() + Millis(5000);
+  while (closed.ok() && steady_clock::now() < end) {
+    auto b = (*src)->Fetch(1, Millis(200));
+    if (!b.ok()) closed = b.status();
+    else EXPECT_TRUE(b->empty()) << "a delivery after the channel closed";
+  }
+  ASSERT_FALSE(closed.ok()) << "the channel exception was not seen";
+  EXPECT_NE(closed.message().find("unknown delivery tag"), std::string::npos) << closed.ToString();
+  // m-2 came on the old channel: not acked on the new one.
+  Status late = got[1]->Ack();
+  EXPECT_EQ(late.code(), StatusCode::kUnavailable) << late.ToString();
+  // Deliveries keep coming on the reopened channel: m-2 again, then m-3.
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]->key(), "m-2");
+  ASSERT_TRUE(again[0]->Ack().ok());
+  Publish("m-3", "z");
+  auto third = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_EQ(third[0]->key(), "m-3");
+  ASSERT_TRUE(third[0]->Ack().ok());
+  src->reset();
+  RawAmqp raw(Options());
+  EXPECT_EQ(raw.Count(queue_), 0u) << "an ack went astray";
+  // No TCP connection was dropped on the way (the marker is the only one).
+  DropAConnection(Options());
+  const auto until = steady_clock::now() + Millis(10'000);
+  while (AbruptCloses() < before + 1 && steady_clock::now() < until) {
+    std::this_thread::sleep_for(Millis(50));
+  }
+  std::this_thread::sleep_for(Millis(300));
+  EXPECT_EQ(AbruptCloses() - before, 1);
+}
+
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
   auto src = OpenRabbitMqSource("amqp://guest:topsecret@127.0.0.1:1/?queue=q&timeout=500ms");
   ASSERT_FALSE(src.ok());
