@@ -643,6 +643,35 @@ TEST_F(NatsSourceTest, AConsumerMadeAgainBySomeoneElseIsCheckedAsAtOpen) {
   EXPECT_NE(last.message().find("AckPolicy"), std::string::npos) << last.ToString();
 }
 
+// The same replacement before this source handed anything out: the last
+// consumer sequence seen is 0, and the replacement's first delivery (1) is
+// above it, so the check never fired and a consumer with AckPolicy all was used
+// (each ack would settle messages whose outcome is not recorded). The first
+// batch of a source that has handed out nothing is checked too. On main:
+//   Expected equality of these values: delivered Which is: 1  0u
+TEST_F(NatsSourceTest, AConsumerReplacedBeforeTheFirstDeliveryIsCheckedToo) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawNats raw;
+  raw.DeleteConsumer(stream_, "c");
+  raw.AddConsumer(stream_, "c", stream_ + ".in", js_AckAll, -1);
+  Publish("a", "1");
+  Status last;
+  size_t delivered = 0;
+  const auto end = steady_clock::now() + Millis(3000);
+  while (steady_clock::now() < end) {
+    auto b = (*src)->Fetch(1, Millis(200));
+    if (!b.ok()) {
+      last = b.status();
+      if (last.code() == StatusCode::kFailedPrecondition) break;
+      continue;
+    }
+    delivered += b->size();
+  }
+  EXPECT_EQ(delivered, 0u) << "a consumer with AckPolicy all was used";
+  EXPECT_EQ(last.code(), StatusCode::kFailedPrecondition) << last.ToString();
+}
+
 // Publishes one message the way a client other than nats.c can: the header
 // block's bytes as given (HPUB on a plain socket). nats.c has no way to write a
 // NUL byte into a header: its values are C strings.
