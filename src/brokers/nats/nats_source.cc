@@ -699,7 +699,9 @@ class NatsSource final : public MessageSource {
       lowest = std::min(lowest, c);
       highest = std::max(highest, c);
     }
-    if (lowest <= last_cseq_) {
+    // A source that has handed out nothing (0) cannot tell a new consumer's 1
+    // from the first of its own: that first batch is checked too.
+    if (lowest <= last_cseq_ || last_cseq_ == 0) {
       Status fit = CheckConsumer();
       if (!fit.ok()) {
         out.clear();
