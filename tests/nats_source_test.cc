@@ -577,6 +577,23 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
 
 // ---- edges (brokeredge) ---------------------------------------------------------
 
+// Fetches for 3 s or until a fetch answers FailedPrecondition (a consumer
+// refused); counts what was delivered meanwhile and returns the last error.
+Status FetchUntilRefused(MessageSource& src, size_t* delivered) {
+  Status last;
+  const auto end = steady_clock::now() + Millis(3000);
+  while (steady_clock::now() < end) {
+    auto b = src.Fetch(1, Millis(200));
+    if (!b.ok()) {
+      last = b.status();
+      if (last.code() == StatusCode::kFailedPrecondition) break;
+      continue;
+    }
+    *delivered += b->size();
+  }
+  return last;
+}
+
 void NatsSourceTest::OpenAckOneAndDeleteTheConsumer(std::unique_ptr<MessageSource>* src) {
   auto opened = OpenNatsSource(Uri("&ack_wait=1s"));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
@@ -626,18 +643,8 @@ TEST_F(NatsSourceTest, AConsumerMadeAgainBySomeoneElseIsCheckedAsAtOpen) {
   RawNats raw;
   raw.AddConsumer(stream_, "c", stream_ + ".in", js_AckAll, -1);
   Publish("b", "2");
-  Status last;
   size_t delivered = 0;
-  const auto end = steady_clock::now() + Millis(3000);
-  while (steady_clock::now() < end) {
-    auto b = src->Fetch(1, Millis(200));
-    if (!b.ok()) {
-      last = b.status();
-      if (last.code() == StatusCode::kFailedPrecondition) break;
-      continue;
-    }
-    delivered += b->size();
-  }
+  const Status last = FetchUntilRefused(*src, &delivered);
   EXPECT_EQ(delivered, 0u) << "a consumer with AckPolicy all was used";
   EXPECT_EQ(last.code(), StatusCode::kFailedPrecondition) << last.ToString();
   EXPECT_NE(last.message().find("AckPolicy"), std::string::npos) << last.ToString();
@@ -656,18 +663,8 @@ TEST_F(NatsSourceTest, AConsumerReplacedBeforeTheFirstDeliveryIsCheckedToo) {
   raw.DeleteConsumer(stream_, "c");
   raw.AddConsumer(stream_, "c", stream_ + ".in", js_AckAll, -1);
   Publish("a", "1");
-  Status last;
   size_t delivered = 0;
-  const auto end = steady_clock::now() + Millis(3000);
-  while (steady_clock::now() < end) {
-    auto b = (*src)->Fetch(1, Millis(200));
-    if (!b.ok()) {
-      last = b.status();
-      if (last.code() == StatusCode::kFailedPrecondition) break;
-      continue;
-    }
-    delivered += b->size();
-  }
+  const Status last = FetchUntilRefused(**src, &delivered);
   EXPECT_EQ(delivered, 0u) << "a consumer with AckPolicy all was used";
   EXPECT_EQ(last.code(), StatusCode::kFailedPrecondition) << last.ToString();
 }

@@ -547,6 +547,18 @@ void DropAConnection(const RabbitMqOptions& o) {
   amqp_destroy_connection(c);
 }
 
+// The abrupt closes logged since `before`, one connection dropped on purpose
+// as the marker included: once the node logged it, it logged every earlier one.
+int AbruptClosesSince(int before, const RabbitMqOptions& o) {
+  DropAConnection(o);
+  const auto end = steady_clock::now() + Millis(10'000);
+  while (AbruptCloses() < before + 1 && steady_clock::now() < end) {
+    std::this_thread::sleep_for(Millis(50));
+  }
+  std::this_thread::sleep_for(Millis(300));
+  return AbruptCloses() - before;
+}
+
 // A passive declare of something missing closes the channel, not the connection
 // (AMQP 0-9-1: a 404 is a channel exception; rabbitmq-c: "send a
 // amqp_channel_close_ok_t; the channel must be re-opened"). The source dropped
@@ -569,13 +581,7 @@ TEST_F(RabbitMqSourceTest, AMissingQueueIsDeclaredWithoutDroppingTheConnection) 
     ASSERT_EQ(back.size(), 1u);
     ASSERT_TRUE(back[0]->Ack().ok());
   }
-  DropAConnection(Options());
-  const auto end = steady_clock::now() + Millis(10'000);
-  while (AbruptCloses() < before + 1 && steady_clock::now() < end) {
-    std::this_thread::sleep_for(Millis(50));
-  }
-  std::this_thread::sleep_for(Millis(300));
-  EXPECT_EQ(AbruptCloses() - before, 1);
+  EXPECT_EQ(AbruptClosesSince(before, Options()), 1);
 }
 
 // A channel exception on the consuming channel (here a second basic.ack of one
@@ -623,13 +629,7 @@ TEST_F(RabbitMqSourceTest, AChannelExceptionWhileConsumingReopensTheChannelAndIt
   RawAmqp raw(Options());
   EXPECT_EQ(raw.Count(queue_), 0u) << "an ack went astray";
   // No TCP connection was dropped on the way (the marker is the only one).
-  DropAConnection(Options());
-  const auto until = steady_clock::now() + Millis(10'000);
-  while (AbruptCloses() < before + 1 && steady_clock::now() < until) {
-    std::this_thread::sleep_for(Millis(50));
-  }
-  std::this_thread::sleep_for(Millis(300));
-  EXPECT_EQ(AbruptCloses() - before, 1);
+  EXPECT_EQ(AbruptClosesSince(before, Options()), 1);
 }
 
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
