@@ -1405,7 +1405,7 @@ TEST_P(ConsumerConformance, AcksThatWaitedBehindASlowBatchAreNotDelayedAgain) {
 // both up front made the second BUSY against this very Consumer's claim, and it
 // came back only after the whole lease (30 s here). So must batch_completions
 // (the default): when the second's turn comes, the first's outcome may still
-// wait for the completer (max_ack_delay, 1 s here), its claim held; the second
+// wait for the completer (max_ack_delay, 300 ms here), its claim held; the second
 // waits for that write instead of a BUSY claim. And so at concurrency 4, where
 // the second is taken while the first still runs: it waits for the first.
 TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
@@ -1424,7 +1424,7 @@ TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
     o.prefetch = 16;
     o.batch_claims = batch;
     o.batch_completions = coalesce;
-    o.max_ack_delay = 1'000ms;
+    o.max_ack_delay = 300ms;
     std::atomic<int> runs{0};
     Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
       ++runs;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/duration.h"
+#include "core/key_hash.h"
 #include "core/printable.h"
 #include "dedup/consumer.h"
 
@@ -199,8 +200,11 @@ class Consumer::Impl {
     std::unique_ptr<Delivery> delivery;
     std::optional<StatusOr<ClaimGuard>> claim;  // made by a batch claim
     // Its key came earlier in the same fetched batch: never batch-claimed, and
-    // claimed at its turn only once the earlier one's outcome is written.
+    // claimed at its turn only once the earlier one has ended and its outcome
+    // is written (AwaitEarlierCopy).
     bool repeat = false;
+    // Its key comes again later in the batch: running_firsts_ while it runs.
+    bool has_repeat = false;
   };
 
   struct Counters {
@@ -326,15 +330,19 @@ class Consumer::Impl {
     return n;
   }
 
-  // Job::repeat for a key met earlier in the batch.
+  // Job::repeat for a key met earlier in the batch, Job::has_repeat for its
+  // first one.
   static void MarkRepeats(std::vector<Job>& jobs) {
     if (jobs.size() < 2) return;
-    std::unordered_set<std::string_view> keys;
-    keys.reserve(jobs.size());
-    for (Job& j : jobs) {
-      const Delivery& d = *j.delivery;
+    std::unordered_map<std::string_view, size_t> first;
+    first.reserve(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Delivery& d = *jobs[i].delivery;
       if (!d.key_error().empty() || d.key().empty()) continue;
-      j.repeat = !keys.insert(d.key()).second;
+      auto [it, fresh] = first.emplace(d.key(), i);
+      if (fresh) continue;
+      jobs[i].repeat = true;
+      jobs[it->second].has_repeat = true;
     }
   }
 
@@ -365,6 +373,7 @@ class Consumer::Impl {
   void HandlerLoop() {
     while (true) {
       Job job;
+      std::optional<std::string> first_key;  // job.has_repeat: in running_firsts_
       {
         std::unique_lock lock(mu_);
         // Once stopped, nothing new starts: what is queued is handed back by
@@ -409,13 +418,20 @@ class Consumer::Impl {
         job = std::move(queue_.front());
         queue_.pop_front();
         ++running_;
+        if (job.has_repeat) running_firsts_.insert(first_key.emplace(job.delivery->key()));
       }
       const auto started = adaptive_prefetch_ ? std::chrono::steady_clock::now()
                                               : std::chrono::steady_clock::time_point();
       Handle(job);
       bool notify_room = false;
+      bool first_ended = false;
       {
         std::lock_guard lock(mu_);
+        if (first_key.has_value()) {
+          running_firsts_.erase(running_firsts_.find(*first_key));
+          first_key.reset();
+          first_ended = true;
+        }
         --running_;
         if (adaptive_prefetch_) AdaptPrefetch(std::chrono::steady_clock::now() - started);
         // The fetch thread waits for room (woken only when it will fetch: each
@@ -426,6 +442,7 @@ class Consumer::Impl {
                       (running_ == 0 && (draining_ || stop_->load(std::memory_order_relaxed)));
       }
       if (notify_room) room_cv_.notify_all();
+      if (first_ended) first_cv_.notify_all();
       if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1 && completer_.joinable()) {
         // No handler is running and none queued: what waits will not grow soon.
         { std::lock_guard lock(done_mu_); }
@@ -465,7 +482,12 @@ class Consumer::Impl {
         if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
         return r;
       };
-      if (job.repeat) AwaitDeferredOutcome(d.key());
+      if (job.repeat && !AwaitEarlierCopy(d.key())) {
+        // Stopped by a drain whose time is gone while it waited: never started.
+        Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
+        Settle(d, BrokerAction::kRetry, Millis(0), "stopped before it started", false);
+        return;
+      }
       const BrokerAck* ack = d.fused_ack();
       std::variant<Processed, PendingOutcome> r =
           job.claim.has_value()
@@ -518,6 +540,22 @@ class Consumer::Impl {
     // clock; a full batch ends the wait; HandlerLoop wakes it when none is left
     // running): a wakeup per outcome would cost a context switch each.
     if (wake) done_cv_.notify_one();
+  }
+
+  // A delivery whose key came earlier in its batch (Job::repeat): while the
+  // earlier one runs (concurrency > 1), or its outcome waits for the completer,
+  // a claim would be BUSY against this very Consumer and come back only after
+  // the lease. Waits for both; false when the drain's time ran out meanwhile.
+  bool AwaitEarlierCopy(std::string_view key) {
+    {
+      std::unique_lock lock(mu_);
+      first_cv_.wait(lock, [&] {
+        return handlers_stop_.load() || running_firsts_.find(key) == running_firsts_.end();
+      });
+    }
+    if (handlers_stop_.load()) return false;
+    AwaitDeferredOutcome(key);
+    return true;
   }
 
   // A delivery whose key came earlier in its batch: while the earlier one's
@@ -883,6 +921,8 @@ class Consumer::Impl {
     }
     if (left == 0) return;
     handlers_stop_.store(true);
+    { std::lock_guard lock(mu_); }  // AwaitEarlierCopy checks it under mu_
+    first_cv_.notify_all();
     Log("drain: " + std::to_string(left) + " handler(s) still running after " +
         std::to_string(o_.drain_timeout.count()) + " ms: stopping them (claims released, "
         "deliveries handed back)");
@@ -923,6 +963,10 @@ class Consumer::Impl {
   bool drained_ = false;                // the drain has ended: DrainProgressLoop stops
   std::condition_variable drain_cv_;    // wakes DrainProgressLoop
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
+  // Keys of running jobs with Job::has_repeat (a multiset: the same key may come
+  // first in two batches), and the wake-up of AwaitEarlierCopy.
+  std::unordered_multiset<std::string, internal::KeyHash, internal::KeyEq> running_firsts_;
+  std::condition_variable first_cv_;
   // ids queued, running or waiting for their ack, and their deliveries
   std::unordered_map<std::string, Delivery*> held_;
   Millis progress_every_{0};  // SendInProgress: the Buffer's heartbeat interval
