@@ -56,11 +56,35 @@ void IpAndPort(const sockaddr_storage& addr, socklen_t len, std::string& ip, int
   }
 }
 
+const char* Reason(int status) {
+  switch (status) {
+    case 408: return "Request Timeout";
+    case 414: return "URI Too Long";
+    case 431: return "Request Header Fields Too Large";
+    default: return "Error";
+  }
+}
+
+// After an answer that ends the connection while the client may still be
+// sending: a close with unread bytes would reset the connection, and the client
+// could lose the answer. Ends our side, reads what the client still sends for a
+// moment, then closes.
+void LingeringClose(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const TimePoint until = SteadyClock::now() + std::chrono::seconds(1);
+  char sink[kRecvChunk];
+  while (WaitFor(fd, POLLIN, until) > 0 && ::recv(fd, sink, sizeof(sink), 0) > 0) {
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
 // One connection's bytes: those read ahead of cpp-httplib (the head, and what
 // came with it: the body's first bytes, a pipelined request), then the socket.
 // Every read from the socket ends at the read timeout or the deadline, whichever
 // comes first; only the deadline counts as the request's timeout.
-class ConnectionStream final : public httplib::Stream {
+class HttpServer::ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int fd, std::chrono::microseconds read_timeout,
                    std::chrono::microseconds write_timeout)
@@ -196,33 +220,11 @@ class ConnectionStream final : public httplib::Stream {
   bool timed_out_ = false;
 };
 
-thread_local const ConnectionStream* t_answering = nullptr;
-
-const char* Reason(int status) {
-  switch (status) {
-    case 408: return "Request Timeout";
-    case 414: return "URI Too Long";
-    case 431: return "Request Header Fields Too Large";
-    default: return "Error";
-  }
+bool HttpServer::BodyTimedOut(const httplib::Request& req) const {
+  std::lock_guard<std::mutex> lock(answering_mu_);
+  const auto it = answering_.find(&req);
+  return it != answering_.end() && it->second->timed_out();
 }
-
-// After an answer that ends the connection while the client may still be
-// sending: a close with unread bytes would reset the connection, and the client
-// could lose the answer. Ends our side, reads what the client still sends for a
-// moment, then closes.
-void LingeringClose(int fd) {
-  ::shutdown(fd, SHUT_WR);
-  const TimePoint until = SteadyClock::now() + std::chrono::seconds(1);
-  char sink[kRecvChunk];
-  while (WaitFor(fd, POLLIN, until) > 0 && ::recv(fd, sink, sizeof(sink), 0) > 0) {
-  }
-  ::close(fd);
-}
-
-}  // namespace
-
-bool HttpServer::BodyTimedOut() { return t_answering != nullptr && t_answering->timed_out(); }
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(
@@ -260,9 +262,23 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     }
     strm.set_deadline(SteadyClock::now() + deadlines_.body_timeout);
     bool connection_closed = false;
-    t_answering = &strm;
-    ret = process_request(strm, /*close_connection=*/left == 1, connection_closed, nullptr);
-    t_answering = nullptr;
+    // cpp-httplib hands over each request once it has parsed its head: from then
+    // until its answer is written, BodyTimedOut finds this connection from it.
+    struct Answering {
+      HttpServer& server;
+      const httplib::Request* parsed = nullptr;
+      ~Answering() {
+        if (parsed == nullptr) return;
+        std::lock_guard<std::mutex> lock(server.answering_mu_);
+        server.answering_.erase(parsed);
+      }
+    } answering{*this};
+    ret = process_request(strm, /*close_connection=*/left == 1, connection_closed,
+                          [this, &strm, &answering](httplib::Request& req) {
+                            std::lock_guard<std::mutex> lock(answering_mu_);
+                            answering_.emplace(&req, &strm);
+                            answering.parsed = &req;
+                          });
     if (strm.timed_out()) {
       linger = true;
       break;
