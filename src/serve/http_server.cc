@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 namespace dedup::serve {
 namespace {
@@ -193,22 +194,25 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     buf_.resize(had + static_cast<size_t>(std::max<ssize_t>(n, 0)));
     return n;
   }
-  // Whether the buffer holds the end of a head: a line that is "\r\n" (or "\n")
-  // right after another line's '\n', where cpp-httplib stops reading headers.
+  // Whether the buffer holds the end of a head: the first line that is exactly
+  // "\r\n" after the request line, where cpp-httplib stops reading headers. A
+  // bare "\n" ends no head: cpp-httplib (built without
+  // CPPHTTPLIB_ALLOW_LF_AS_LINE_TERMINATOR, as Debian's is) skips a line that
+  // does not end in "\r\n" and reads on, so a head ended here at "\n\n" would
+  // let it read further header lines past the head's deadline and size bound.
   bool HeadBuffered() {
-    for (size_t i = std::max(scan_, off_); i < buf_.size(); ++i) {
-      const char* nl = static_cast<const char*>(std::memchr(buf_.data() + i, '\n', buf_.size() - i));
-      if (nl == nullptr) break;
-      i = static_cast<size_t>(nl - buf_.data());
-      if (i + 1 < buf_.size() && buf_[i + 1] == '\n') return true;
-      if (i + 2 < buf_.size() && buf_[i + 1] == '\r' && buf_[i + 2] == '\n') return true;
-      if (i + 2 >= buf_.size() && (i + 1 == buf_.size() || buf_[i + 1] == '\r')) {
-        scan_ = i;  // decided by bytes still to come
-        return false;
-      }
+    // The request line ends at the first '\n'; every later line starts after a
+    // '\n', so the blank line is the first "\n\r\n".
+    static constexpr std::string_view kEnd = "\n\r\n";
+    const size_t from = std::max(scan_, off_);
+    const size_t at = std::string_view(buf_).find(kEnd, from);
+    if (at == std::string_view::npos) {
+      // Bytes still to come decide a "\n" or "\n\r" at the end.
+      scan_ = std::max(from, buf_.size() >= kEnd.size() - 1 ? buf_.size() - (kEnd.size() - 1) : 0);
+      return false;
     }
-    scan_ = buf_.size();
-    return false;
+    head_end_ = at + kEnd.size();
+    return true;
   }
 
   const int fd_;
@@ -216,6 +220,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   std::string buf_;
   size_t off_ = 0;   // the next byte cpp-httplib reads
   size_t scan_ = 0;  // where HeadBuffered goes on
+  size_t head_end_ = 0;  // in buf_, past the head HeadBuffered found
   TimePoint deadline_ = TimePoint::max();
   bool timed_out_ = false;
 };
