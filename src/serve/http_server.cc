@@ -288,6 +288,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       linger = true;
       break;
     }
+    if (answering.parsed == nullptr) {
+      // cpp-httplib answered a head it could not parse (400, 414, 416) and kept
+      // the connection, reading on from wherever it stopped: the rest of that
+      // head, or a body, would be read as the next request. Where that starts is
+      // unknown: end the connection (RFC 9112 9.6).
+      linger = true;
+      break;
+    }
     if (!ret || connection_closed) break;
   }
   if (linger) {
