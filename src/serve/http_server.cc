@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -79,6 +81,28 @@ void LingeringClose(int fd) {
   ::close(fd);
 }
 
+// The length of `req`'s body when its head frames it one way only: by no
+// Content-Length and no Transfer-Encoding (0), or by Content-Lengths that all
+// say the same number. nullopt otherwise: with a Transfer-Encoding (alone, where
+// cpp-httplib's lenient reading of a chunked body cannot be checked from here, or
+// with a Content-Length, RFC 9112 6.1), or Content-Lengths that differ or are
+// not numbers; a proxy in front may have framed such a body otherwise.
+std::optional<uint64_t> FramedBodyLength(const httplib::Request& req) {
+  if (req.has_header("Transfer-Encoding")) return std::nullopt;
+  std::optional<uint64_t> length;
+  const auto [from, to] = req.headers.equal_range("Content-Length");
+  for (auto it = from; it != to; ++it) {
+    const std::string& v = it->second;
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || (length && *length != n)) {
+      return std::nullopt;
+    }
+    length = n;
+  }
+  return length.value_or(0);
+}
+
 }  // namespace
 
 // One connection's bytes: those read ahead of cpp-httplib (the head, and what
@@ -101,7 +125,9 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   ssize_t read(char* ptr, size_t size) override {
     if (off_ == buf_.size() && size >= kRecvChunk) {
       if (!WaitReadable()) return -1;
-      return Recv(ptr, size);
+      const ssize_t n = Recv(ptr, size);
+      if (n > 0) consumed_ += static_cast<size_t>(n);
+      return n;
     }
     if (off_ == buf_.size()) {
       // Small reads (cpp-httplib reads lines a byte at a time) come from a chunk.
@@ -111,6 +137,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     const size_t n = std::min(size, buf_.size() - off_);
     std::memcpy(ptr, buf_.data() + off_, n);
     off_ += n;
+    consumed_ += n;
     return static_cast<ssize_t>(n);
   }
   ssize_t write(const char* ptr, size_t size) override {
@@ -141,6 +168,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     scan_ = 0;
     deadline_ = TimePoint::max();
     timed_out_ = false;
+    consumed_ = 0;
+    head_bytes_ = 0;
     return !buf_.empty();
   }
 
@@ -149,7 +178,10 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // within `max_bytes`.
   Head ReadHead(TimePoint deadline, size_t max_bytes) {
     for (;;) {
-      if (HeadBuffered()) return Head::kRead;
+      if (HeadBuffered()) {
+        head_bytes_ = head_end_ - off_;
+        return Head::kRead;
+      }
       if (buf_.size() - off_ >= max_bytes) return Head::kTooLarge;
       const int r = WaitFor(fd_, POLLIN, deadline);
       if (r == 0) return Head::kTimedOut;
@@ -161,6 +193,10 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     const size_t nl = buf_.find('\n', off_);
     return (nl == std::string::npos ? buf_.size() : nl + 1) - off_;
   }
+
+  // Bytes of the request's body cpp-httplib has read so far (after the head
+  // ReadHead found).
+  size_t body_bytes_read() const { return consumed_ - std::min(consumed_, head_bytes_); }
 
   void set_deadline(TimePoint deadline) { deadline_ = deadline; }
   bool timed_out() const { return timed_out_; }
@@ -220,7 +256,9 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   std::string buf_;
   size_t off_ = 0;   // the next byte cpp-httplib reads
   size_t scan_ = 0;  // where HeadBuffered goes on
-  size_t head_end_ = 0;  // in buf_, past the head HeadBuffered found
+  size_t head_end_ = 0;    // in buf_, past the head HeadBuffered found
+  size_t head_bytes_ = 0;  // the size of the request's head
+  size_t consumed_ = 0;    // bytes of the request handed to cpp-httplib
   TimePoint deadline_ = TimePoint::max();
   bool timed_out_ = false;
 };
@@ -272,17 +310,28 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     struct Answering {
       HttpServer& server;
       const httplib::Request* parsed = nullptr;
+      std::optional<uint64_t> body_length;  // FramedBodyLength
       ~Answering() {
         if (parsed == nullptr) return;
         std::lock_guard<std::mutex> lock(server.answering_mu_);
         server.answering_.erase(parsed);
       }
-    } answering{*this};
+    } answering{*this, nullptr, std::nullopt};
     ret = process_request(strm, /*close_connection=*/left == 1, connection_closed,
                           [this, &strm, &answering](httplib::Request& req) {
-                            std::lock_guard<std::mutex> lock(answering_mu_);
-                            answering_.emplace(&req, &strm);
+                            {
+                              std::lock_guard<std::mutex> lock(answering_mu_);
+                              answering_.emplace(&req, &strm);
+                            }
                             answering.parsed = &req;
+                            answering.body_length = FramedBodyLength(req);
+                            if (!answering.body_length) {
+                              // The connection ends after this request: say so
+                              // in the answer (cpp-httplib writes what the
+                              // request's Connection asks for).
+                              req.headers.erase("Connection");
+                              req.headers.emplace("Connection", "close");
+                            }
                           });
     if (strm.timed_out()) {
       linger = true;
@@ -293,6 +342,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       // the connection, reading on from wherever it stopped: the rest of that
       // head, or a body, would be read as the next request. Where that starts is
       // unknown: end the connection (RFC 9112 9.6).
+      linger = true;
+      break;
+    }
+    if (answering.body_length != strm.body_bytes_read()) {
+      // The answer left the body unread (a request refused before it, a GET's
+      // body), or its framing was ambiguous: the next request's first byte is
+      // not known, and reading the body as one would answer a request a proxy
+      // in front never sent. End the connection.
       linger = true;
       break;
     }
