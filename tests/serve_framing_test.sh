@@ -3,7 +3,7 @@
 # reads each request head itself (src/serve/http_server.cc) before cpp-httplib
 # parses it, so both must end a head at the same byte, and after an answer the
 # connection may carry another request only if serve knows where it starts.
-#   serve_framing_test.sh DEDUP_BINARY     (port 8105, docs/PORTS.md)
+#   serve_framing_test.sh DEDUP_BINARY     (ports 8105-8106, docs/PORTS.md)
 set -euo pipefail
 dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,7 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/lib/serve.sh"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-framing.XXXXXX")
 trap 'serve_stop_all; rm -rf "$tmp"' EXIT
-port=8105
+port=8105 stop_port=8106
 
 serve_start $port "$tmp/serve.log" "$dedup" serve --store memory: --listen 127.0.0.1:$port \
   --header-timeout 1s --body-timeout 5s --quiet
@@ -49,5 +49,39 @@ expect expect_continue '100 201 OPEN 0\.[0-9]' "Expect: 100-continue: 100, then 
 expect chunked '201 CLOSED 0\.[0-9]' "a chunked claim (with a chunk extension) is answered"
 check "a claim and a GET split once at every byte are both answered ($(grep split_every_byte "$tmp/out"))" \
   grep -q '^split_every_byte [0-9]* bad 0 *$' "$tmp/out"
+
+# ---- stopping: connections that began no request (idle, or a head still
+# arriving, here well within the default --header-timeout of 10 s) do not hold
+# SIGTERM up.
+serve_start $stop_port "$tmp/stop.log" "$dedup" serve --store memory: \
+  --listen 127.0.0.1:$stop_port --quiet
+stop_pid=$SERVE_LAST_PID
+setpriv --pdeathsig KILL -- python3 - $stop_port >"$tmp/stop.out" 2>&1 <<'PY' &
+import socket, sys, time
+port = int(sys.argv[1])
+conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+for c in conns[:3]:
+    c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+print("open", flush=True)
+for _ in range(30):  # a header line every 0.5 s for 15 s
+    time.sleep(0.5)
+    for c in conns[:3]:
+        try:
+            c.sendall(b"X-More: 1\r\n")
+        except OSError:
+            pass
+PY
+clients=$!
+SERVE_PIDS+=("$clients")
+for _ in $(seq 100); do grep -q open "$tmp/stop.out" && break; sleep 0.05; done
+sleep 0.5
+t0=$(date +%s%N)
+kill -TERM "$stop_pid"
+rc=0
+wait "$stop_pid" || rc=$?
+stop_ms=$((($(date +%s%N) - t0) / 1000000))
+kill "$clients" 2>/dev/null || true
+check "SIGTERM with 3 heads arriving and 1 idle connection: serve exits 0 within 3 s (rc $rc after $stop_ms ms)" \
+  eval '[ $rc = 0 ] && [ $stop_ms -lt 3000 ]'
 
 serve_report "$tmp"
