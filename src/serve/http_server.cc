@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cerrno>
 #include <climits>
@@ -37,6 +38,20 @@ int WaitFor(int fd, short events, TimePoint until) {
     if (r < 0 && errno == EINTR) continue;
     if (r == 0 && SteadyClock::now() < until) continue;
     return r;
+  }
+}
+
+// As WaitFor, but also ends (0) soon after `listener` is closed (the server's
+// stop()): for waits where no request has begun yet, so that stopping the server
+// is not held by idle connections or heads still arriving.
+int WaitUnlessStopped(int fd, TimePoint until, const std::atomic<socket_t>& listener) {
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  for (;;) {
+    if (listener == INVALID_SOCKET) return 0;
+    const TimePoint now = SteadyClock::now();
+    if (now >= until) return 0;
+    const int r = WaitFor(fd, POLLIN, std::min(until, now + kSlice));
+    if (r != 0) return r;
   }
 }
 
@@ -176,14 +191,15 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   enum class Head { kRead, kClosed, kTimedOut, kTooLarge };
   // Reads until the buffered bytes hold a whole request head, by `deadline` and
   // within `max_bytes`.
-  Head ReadHead(TimePoint deadline, size_t max_bytes) {
+  Head ReadHead(TimePoint deadline, size_t max_bytes, const std::atomic<socket_t>& listener) {
     for (;;) {
       if (HeadBuffered()) {
         head_bytes_ = head_end_ - off_;
         return Head::kRead;
       }
       if (buf_.size() - off_ >= max_bytes) return Head::kTooLarge;
-      const int r = WaitFor(fd_, POLLIN, deadline);
+      const int r = WaitUnlessStopped(fd_, deadline, listener);
+      if (r == 0 && listener == INVALID_SOCKET) return Head::kClosed;  // stopping
       if (r == 0) return Head::kTimedOut;
       if (r < 0 || Fill() <= 0) return Head::kClosed;
     }
@@ -277,11 +293,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   bool linger = false;
   for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
     // Idle: the first byte of the next request, for at most the keep-alive timeout.
-    if (!strm.NextRequest() && WaitFor(sock, POLLIN, After(keep_alive_timeout_sec_, 0)) <= 0) {
+    // Both this wait and the head's end when the server stops: no request has
+    // begun, nothing is lost.
+    if (!strm.NextRequest() &&
+        WaitUnlessStopped(sock, After(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) {
       break;
     }
-    const ConnectionStream::Head head =
-        strm.ReadHead(SteadyClock::now() + deadlines_.header_timeout, deadlines_.max_head_bytes);
+    const ConnectionStream::Head head = strm.ReadHead(
+        SteadyClock::now() + deadlines_.header_timeout, deadlines_.max_head_bytes, svr_sock_);
     if (head == ConnectionStream::Head::kClosed) break;
     if (head != ConnectionStream::Head::kRead) {
       httplib::Response res;
