@@ -237,8 +237,11 @@ int RunPublish(const PublishFlags& f) {
       std::fprintf(stderr, "dedup publish: after %llu messages: %s\n",
                    static_cast<unsigned long long>(published),
                    r.ok() ? streams::ReplyText(r->get()).c_str() : r.status().ToString().c_str());
-      // An error reply (WRONGTYPE: the key is not a stream) is not a "later".
-      return r.ok() ? kExitUsage : ExitFor(r.status());
+      // An error reply is classified as the Redis client layer does: WRONGTYPE (the
+      // key is not a stream) is not a "later"; READONLY (a failover under way),
+      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN are.
+      return ExitFor(r.ok() ? redis::ErrorReplyStatus("", streams::ReplyText(r->get()))
+                            : r.status());
     }
     if (order.size() == 1 && !f.quiet) std::printf("%s\n", streams::ReplyText(r->get()).c_str());
     ++published;
