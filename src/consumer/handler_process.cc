@@ -3,6 +3,7 @@
 #include "consumer/handler_process.h"
 
 #include "consumer/handler_cgroup.h"
+#include "core/redact.h"
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -364,15 +365,23 @@ bool WriteAll(int fd, const char* p, size_t n) {
   return true;
 }
 
+// A command's name in a message: a URL with a password as the command (a
+// mistake, but a password) is shown redacted, as every URI is.
+std::string Shown(const std::string& name) { return internal::RedactWords(name); }
+
 Status StartError(const std::string& name, int e) {
-  if (e == ENOENT || e == ENOTDIR) return Status::NotFound("command '" + name + "' not found");
+  if (e == ENOENT || e == ENOTDIR) {
+    return Status::NotFound("command '" + Shown(name) + "' not found");
+  }
   if (e == EACCES || e == EPERM || e == EISDIR) {
-    return Status::PermissionDenied("command '" + name + "' is not executable: " + Err(e));
+    return Status::PermissionDenied("command '" + Shown(name) +
+                                    "' is not executable: " + Err(e));
   }
   if (e == ENOEXEC) {
-    return Status::FailedPrecondition("command '" + name + "' is not an executable file");
+    return Status::FailedPrecondition("command '" + Shown(name) +
+                                      "' is not an executable file");
   }
-  return Status::Unavailable("cannot start '" + name + "': " + Err(e));
+  return Status::Unavailable("cannot start '" + Shown(name) + "': " + Err(e));
 }
 
 // StartError for an execve of `path` that failed: where that errno alone would
@@ -380,8 +389,9 @@ Status StartError(const std::string& name, int e) {
 Status ExecError(const std::string& name, const std::string& path, int e) {
   struct stat st {};
   if (e == ENOENT && stat(path.c_str(), &st) == 0) {  // the file is there
-    return Status::NotFound("command '" + name + "' cannot start: the interpreter its #! line "
-                            "names (or its ELF loader) was not found");
+    return Status::NotFound("command '" + Shown(name) +
+                            "' cannot start: the interpreter its #! line names (or its ELF "
+                            "loader) was not found");
   }
   if (e == EACCES && stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) e = EISDIR;
   return StartError(name, e);
@@ -468,7 +478,7 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
     if (e != ENOENT && e != ENOTDIR) seen = e;
     start = end + 1;
   }
-  if (seen == ENOENT) return Status::NotFound("command '" + n + "' not found in PATH");
+  if (seen == ENOENT) return Status::NotFound("command '" + Shown(n) + "' not found in PATH");
   return StartError(n, seen);
 }
 
