@@ -12,6 +12,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 source "$src/scripts/lib/check.sh"
 ok() { echo "ok   $*"; }
+# cmake --install writes BUILD/install_manifest.txt, the list a user's own
+# `cmake --install build` left there to uninstall with: it must end as it began.
+manifest="$build/install_manifest.txt"
+manifest_before=$(cat "$manifest" 2>/dev/null || echo "(none)")
 
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
   { cat "$tmp/install.log"; fail "cmake --install"; check_done "install"; }
@@ -73,4 +77,7 @@ for app in "$tmp/cmake-app/b/app" "$tmp/app-pc"; do
   out=$("$app" "rocksdb:$tmp/db-$(basename "$app")" 2>&1) || true
   [[ "$out" == ack ]] && ok "$(basename "$app"): a second run is a duplicate, acked unrun" || fail "second run: $out"
 done
+[[ "$(cat "$manifest" 2>/dev/null || echo "(none)")" == "$manifest_before" ]] &&
+  ok "the build's install_manifest.txt is as it was" ||
+  fail "the build's install_manifest.txt now lists $(head -1 "$manifest")"
 check_done "install"
