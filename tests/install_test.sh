@@ -17,8 +17,11 @@ ok() { echo "ok   $*"; }
 manifest="$build/install_manifest.txt"
 manifest_before=$(cat "$manifest" 2>/dev/null || echo "(none)")
 
-cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
-  { cat "$tmp/install.log"; fail "cmake --install"; check_done "install"; }
+[[ -e "$manifest" ]] && cp -p "$manifest" "$tmp/manifest.saved"
+installed=0
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || installed=$?
+if [[ -e "$tmp/manifest.saved" ]]; then cp -p "$tmp/manifest.saved" "$manifest"; else rm -f "$manifest"; fi
+(( installed == 0 )) || { cat "$tmp/install.log"; fail "cmake --install"; check_done "install"; }
 
 # The snippet: its #includes at file scope, the rest in main(), with the
 # README's placeholders (msg, charge, broker) defined around it.
@@ -62,7 +65,7 @@ else
   fail "find_package(dedup): $(tail -20 "$tmp/cm.log")"
 fi
 if g++ -std=c++20 "$tmp/app.cc" -o "$tmp/app-pc" \
-     $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs dedup) >"$tmp/pc.log" 2>&1; then
+     $(PKG_CONFIG_PATH="$(dirname "$(find "$tmp/prefix" -name dedup.pc | head -1)")" pkg-config --cflags --libs dedup) >"$tmp/pc.log" 2>&1; then
   ok "pkg-config dedup builds the README snippet"
 else
   fail "pkg-config dedup: $(grep -m3 -E 'error|undefined' "$tmp/pc.log")"
