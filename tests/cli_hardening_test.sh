@@ -76,6 +76,7 @@ fi
 
 # 3. A NUL in a message key: refused, dead-lettered with the reason, never run.
 redis_start "$port" "$tmp/redis"
+redis_pid=$REDIS_LAST_PID
 rcli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
 rs="redis://127.0.0.1:$port?prefix=t:"
 "$dedup" exec --store "$rs" --key $'busy-\e[31m' --lease 1h -- sleep 3 &
@@ -374,6 +375,18 @@ expect_rc "publish to a replica without its primary (MASTERDOWN) is 75" 75 "$ded
 [[ "$out" == *MASTERDOWN* ]] || fail "publish, MASTERDOWN: $out"
 rcli CONFIG SET replica-serve-stale-data yes >/dev/null
 rcli REPLICAOF NO ONE >/dev/null
+# A broker that accepts the connection and then says nothing (stopped, overloaded)
+# is "try again later" too, never "login refused": the Redis server above,
+# SIGSTOPped, is such a peer (the kernel still completes the TCP handshake).
+kill -STOP "$redis_pid"
+for uri in "amqp://u:p@127.0.0.1:$port/?queue=q&timeout=500ms" "nats://127.0.0.1:$port?stream=s&consumer=c&timeout=500ms"; do
+  expect_rc "publish to a silent peer (${uri%%:*}) is 75" 75 timeout 20 "$dedup" publish --broker "$uri" --field id=1
+  [[ "$out" != *UNAUTHENTICATED* && "$out" != *refused* ]] || fail "publish, silent peer, ${uri%%:*}: $out"
+  expect_rc "a worker on a silent peer (${uri%%:*}) is 75" 75 timeout 20 "$dedup" worker --broker "$uri" --store memory: --exec true
+  [[ "$out" != *UNAUTHENTICATED* && "$out" != *refused* ]] || fail "worker, silent peer, ${uri%%:*}: $out"
+done
+kill -CONT "$redis_pid"
+redis_wait_ready "$port"
 rcli CONFIG SET requirepass right-pw >/dev/null
 expect_rc "publish with a wrong password is 2" 2 "$dedup" publish --broker "redis://:wrong-pw@127.0.0.1:$port?stream=x" --field id=1
 [[ "$out" == *UNAUTHENTICATED* && "$out" != *wrong-pw* ]] || fail "publish, wrong password: $out"
