@@ -273,6 +273,10 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_option("--seed", f->seed, "Seeds which messages are duplicated")
       ->capture_default_str();
+  app->footer(
+      "Exit codes: 0 published; 75 try again later (the broker unreachable, slow, or not\n"
+      "  ready: loading, busy, a read-only replica); 2 bad usage, a refused password or\n"
+      "  vhost, or any error a retry cannot fix.");
   app->add_flag("--quiet", f->quiet, "Print nothing on success");
   app->callback([f, &ctx] { ctx.exit_code = RunPublish(*f); });
 }
