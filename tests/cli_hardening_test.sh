@@ -263,6 +263,27 @@ for cmd in "$tmp/handler-noexec.sh" "$tmp/handler-missing.sh --flag" "$tmp"; do
     [[ "$out" == *--exec* && "$out" == *"${cmd%% *}"* ]] || fail "--exec '$cmd': not named: $out"
   done
 done
+# A script whose #! line names an interpreter that is not there (or "/bin/sh\r",
+# a file saved with CRLF line ends): execve fails ENOENT, the shell exits 127 at
+# every message, retried for ever; it passed the check at start.
+printf '#!/nonexistent/interp\nexit 0\n' >"$tmp/handler-nointerp.sh"
+printf '#!/bin/sh\r\nexit 0\r\n' >"$tmp/handler-crlf.sh"
+chmod 755 "$tmp/handler-nointerp.sh" "$tmp/handler-crlf.sh"
+for cmd in "$tmp/handler-nointerp.sh" "$tmp/handler-crlf.sh --flag"; do
+  for shell in "" --no-shell; do
+    expect_rc "--exec '$cmd' ${shell:-(shell)}: its interpreter is missing, refused at start" 2 timeout 20 \
+      "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd" $shell
+    [[ "$out" == *interpreter* && "$out" == *"${cmd%% *}"* ]] || fail "--exec '$cmd': interpreter not named: $out"
+  done
+done
+printf '#! /bin/sh -e\nexit 0\n' >"$tmp/handler-args.sh"
+printf '#!/usr/bin/env sh\nexit 0\n' >"$tmp/handler-env.sh"
+printf 'exit 0\n' >"$tmp/handler-noshebang.sh"
+chmod 755 "$tmp/handler-args.sh" "$tmp/handler-env.sh" "$tmp/handler-noshebang.sh"
+for cmd in "$tmp/handler-args.sh" "$tmp/handler-env.sh" "$tmp/handler-noshebang.sh"; do
+  expect_rc "--exec '$cmd' (a working script) passes (then the broker is down)" 75 timeout 20 \
+    "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd"
+done
 # What only the shell can judge is left to it: a builtin, a variable, a pipeline.
 for cmd in 'exit 0' 'X=1 true' 'true | cat' '"$HOME/../../bin/true"'; do
   set +e
