@@ -3,6 +3,7 @@
 #include "consumer/handler_process.h"
 
 #include "consumer/handler_cgroup.h"
+#include "core/printable.h"
 #include "core/redact.h"
 
 #include <fcntl.h>
@@ -449,6 +450,36 @@ HandlerResult ToHandlerResult(const StatusOr<HandlerExit>& run, bool keep_output
                               (run->how == HandlerExit::How::kExited ? " (retry later)" : ""));
 }
 
+namespace {
+
+// A script's #! line as the kernel reads it (binfmt_script): after "#!" and
+// blanks, the interpreter runs to the next blank or the line's end; a '\r' (a
+// file saved with CRLF ends) is part of its name. One that is not there makes
+// execve fail ENOENT at every run (the shell: 127): said once, at start.
+Status CheckInterpreter(const std::string& path, const std::string& name) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return Status::Ok();  // executable but not readable: execve's to judge
+  char buf[256];
+  const ssize_t r = read(fd, buf, sizeof buf);
+  close(fd);
+  if (r < 2 || buf[0] != '#' || buf[1] != '!') return Status::Ok();
+  std::string_view line(buf + 2, static_cast<size_t>(r) - 2);
+  const size_t nl = line.find('\n');
+  if (nl == std::string_view::npos && static_cast<size_t>(r) == sizeof buf) return Status::Ok();
+  line = line.substr(0, nl);
+  const size_t b = line.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return Status::Ok();  // "#!" alone: sh runs it itself
+  const std::string interp(line.substr(b, line.find_first_of(" \t", b) - b));
+  struct stat st {};
+  if (stat(interp.c_str(), &st) == 0 || (errno != ENOENT && errno != ENOTDIR)) {
+    return Status::Ok();
+  }
+  return Status::NotFound("command '" + Shown(name) + "' cannot start: the interpreter its #! " +
+                          "line names ('" + internal::Printable(interp) + "') was not found");
+}
+
+}  // namespace
+
 StatusOr<std::string> ResolveCommand(std::string_view name) {
   if (name.empty()) return Status::InvalidArgument("empty command");
   auto check = [](const std::string& p) -> int {
@@ -460,8 +491,9 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
   const std::string n(name);
   if (n.find('/') != std::string::npos) {
     const int e = check(n);
-    if (e == 0) return n;
-    return StartError(n, e);
+    if (e != 0) return StartError(n, e);
+    DEDUP_RETURN_IF_ERROR(CheckInterpreter(n, n));
+    return n;
   }
   const char* env_path = std::getenv("PATH");
   const std::string path = env_path != nullptr ? env_path : "/usr/local/bin:/bin:/usr/bin";
@@ -474,7 +506,10 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
     if (dir.empty()) dir = ".";
     const std::string candidate = dir + "/" + n;
     const int e = check(candidate);
-    if (e == 0) return candidate;
+    if (e == 0) {
+      DEDUP_RETURN_IF_ERROR(CheckInterpreter(candidate, n));
+      return candidate;
+    }
     if (e != ENOENT && e != ENOTDIR) seen = e;
     start = end + 1;
   }
