@@ -478,9 +478,9 @@ Status CheckInterpreter(const std::string& path, const std::string& name) {
                           "line names ('" + internal::Printable(interp) + "') was not found");
 }
 
-}  // namespace
-
-StatusOr<std::string> ResolveCommand(std::string_view name) {
+// ResolveCommand; `interpreter` false on the spawn path, which must not pay an
+// open and a read per message (the check was made at start).
+StatusOr<std::string> Resolve(std::string_view name, bool interpreter) {
   if (name.empty()) return Status::InvalidArgument("empty command");
   auto check = [](const std::string& p) -> int {
     struct stat st {};
@@ -492,7 +492,7 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
   if (n.find('/') != std::string::npos) {
     const int e = check(n);
     if (e != 0) return StartError(n, e);
-    DEDUP_RETURN_IF_ERROR(CheckInterpreter(n, n));
+    if (interpreter) DEDUP_RETURN_IF_ERROR(CheckInterpreter(n, n));
     return n;
   }
   const char* env_path = std::getenv("PATH");
@@ -507,7 +507,7 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
     const std::string candidate = dir + "/" + n;
     const int e = check(candidate);
     if (e == 0) {
-      DEDUP_RETURN_IF_ERROR(CheckInterpreter(candidate, n));
+      if (interpreter) DEDUP_RETURN_IF_ERROR(CheckInterpreter(candidate, n));
       return candidate;
     }
     if (e != ENOENT && e != ENOTDIR) seen = e;
@@ -516,6 +516,10 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
   if (seen == ENOENT) return Status::NotFound("command '" + Shown(n) + "' not found in PATH");
   return StartError(n, seen);
 }
+
+}  // namespace
+
+StatusOr<std::string> ResolveCommand(std::string_view name) { return Resolve(name, true); }
 
 // ---- the supervisor ------------------------------------------------------------
 
@@ -771,7 +775,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   if (cmd.argv[0].find('/') != std::string::npos) {
     path = cmd.argv[0];
   } else {
-    StatusOr<std::string> resolved = ResolveCommand(cmd.argv[0]);
+    StatusOr<std::string> resolved = Resolve(cmd.argv[0], /*interpreter=*/false);
     if (!resolved.ok()) return resolved.status();
     path = *std::move(resolved);
   }
