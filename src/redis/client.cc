@@ -330,6 +330,9 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
       return Status::Unauthenticated(
           "server requires a password (NOAUTH); put it in the URI as redis://[user]:pass@host");
     }
+    // LOADING, BUSY, MASTERDOWN: the server cannot answer yet; later it will
+    // (publish exits 75 on these, the stores retry), as ErrorReplyStatus says.
+    if (ErrorReplyStatus("", e).retryable()) return Status::Unavailable("PING: " + std::string(e));
     return Status::FailedPrecondition("PING: " + std::string(e));
   }
   if (pong->type != REDIS_REPLY_STATUS || ReplyText(pong) != "PONG") {
