@@ -75,7 +75,7 @@ int64_t SteadyMillis();
 
 // How long the first reconnect after a reply timeout waits for its handshake
 // (above), if the timeout is longer.
-inline constexpr Millis kProbeWait{250};
+inline constexpr Millis kProbeWait{500};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const;
