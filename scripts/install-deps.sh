@@ -20,6 +20,7 @@ packages=(
   libpq-dev               # the PostgreSQL store (libpq: the client library PostgreSQL ships)
   postgresql              # a real PostgreSQL server for its store and chaos tests
   gnuplot-nox             # plots in docs/
+  bc                      # scripts/bench_exec_spawn.sh (docs/PERFORMANCE.md, "Handler spawn") does its arithmetic with it
   python3                 # the worker chaos test's ledger checker
   librabbitmq-dev         # the RabbitMQ source (rabbitmq-c), src/brokers/rabbitmq
   rabbitmq-server         # a real RabbitMQ node for its source test and chaos test

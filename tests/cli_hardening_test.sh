@@ -220,4 +220,144 @@ expect_rc "the forgotten run recorded nothing over the new one" 0 "$dedup" inspe
 [[ "$(sed -n 's/^  fence *//p' <<<"$out")" == "$fence_next" && "$out" == *completed* ]] &&
   ok "the new run's record stands" || fail "after the forgotten run stopped: $out"
 
+# 6. A newcomer's mistakes: each one refused at start, naming the problem.
+# A duration flag without a unit: "--retention 86400" read as 86,400 ms (86 s, and
+# every repeat after that ran the work again), "--lease 30" as a 30 ms lease.
+# A flag needs a unit (0 needs none); URIs keep "a bare number is milliseconds".
+for case in "--lease|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --lease 30" \
+            "--retention|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --retention 86400" \
+            "--drain-timeout|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --drain-timeout 1.5" \
+            "--retention|exec --store memory: --key k --retention 3600 -- true" \
+            "--lease|simulate --lease 200 --messages 10"; do
+  flag=${case%%|*} args=${case#*|}
+  read -ra argv <<<"$args"
+  expect_rc "a duration without a unit is refused: dedup $args" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" == *"$flag"* && "$out" == *"unit"* ]] || fail "no unit, $flag: the flag or the fix is not named: $out"
+done
+set +e
+out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true \
+  --summary-interval 0 --drain-timeout 0 2>&1); rc=$?
+set -e
+[[ $rc -eq 75 && "$out" != *unit* ]] && ok "--summary-interval 0 --drain-timeout 0 pass (then the broker is down: rc 75)" ||
+  fail "bare 0: rc $rc: $out"
+# A handler path that cannot run: through /bin/sh it exited 126 / 127 at every
+# message, each one released and retried for ever with nothing in the log.
+printf '#!/bin/sh\nexit 0\n' >"$tmp/handler-noexec.sh"
+chmod 644 "$tmp/handler-noexec.sh"
+for cmd in "$tmp/handler-noexec.sh" "$tmp/handler-missing.sh --flag" "$tmp"; do
+  for shell in "" --no-shell; do
+    expect_rc "--exec '$cmd' ${shell:-(shell)} is refused at start" 2 timeout 20 "$dedup" worker \
+      --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd" $shell
+    [[ "$out" == *--exec* && "$out" == *"${cmd%% *}"* ]] || fail "--exec '$cmd': not named: $out"
+  done
+done
+# What only the shell can judge is left to it: a builtin, a variable, a pipeline.
+for cmd in 'exit 0' 'X=1 true' 'true | cat' '"$HOME/../../bin/true"'; do
+  set +e
+  out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd" 2>&1); rc=$?
+  set -e
+  [[ $rc -eq 75 ]] && ok "--exec '$cmd' goes to the shell (rc 75: the broker is down)" || fail "--exec '$cmd': rc $rc: $out"
+done
+
+# A mistyped Redis URI is answered with the form to write, readable: the hint
+# "expected redis://HOST:PORT" went through the password filter and came out as
+# "redis://HOST:***" (PORT taken for a password), hiding the very fix.
+for uri in "redis:/127.0.0.1:6379?stream=x" "redis://?stream=x"; do
+  expect_rc "--broker '$uri' is refused" 2 timeout 20 "$dedup" worker --broker "$uri" --store memory: --exec true
+  [[ "$out" == *"expected 'redis://HOST:6379'"* && "$out" != *'***'* ]] || fail "--broker '$uri': the hint is not readable: $out"
+done
+expect_rc "--store redis:/127.0.0.1:6379 is refused" 2 "$dedup" inspect --store "redis:/127.0.0.1:6379" k
+[[ "$out" == *"expected 'redis://HOST:6379'"* && "$out" != *'***'* ]] || fail "--store redis:/: the hint is not readable: $out"
+
+# A store the user may not read is not "no such directory": inspect as another
+# user said "NOT_FOUND: ... no store here (no such directory)" of a store that is
+# there, behind a directory it could not enter, and "the directory has no RocksDB
+# database" of one it could not list.
+if [[ $(id -u) -eq 0 ]]; then
+  chmod 711 "$tmp"
+  mkdir -p "$tmp/locked" "$tmp/open"
+  "$dedup" exec --store "rocksdb:$tmp/locked/db" --key k -- true >/dev/null
+  "$dedup" exec --store "rocksdb:$tmp/open/db" --key k -- true >/dev/null
+  chmod 700 "$tmp/locked" "$tmp/open/db"
+  chmod 755 "$tmp/open"
+  as_nobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+  for db in "$tmp/locked/db" "$tmp/open/db"; do
+    expect_rc "inspect of a store it may not read ($db)" 2 "${as_nobody[@]}" "$dedup" inspect --store "rocksdb:$db" k
+    [[ "$out" == *PERMISSION_DENIED* && "$out" == *"Permission denied"* && "$out" != *"no store here"* ]] ||
+      fail "unreadable store $db: $out"
+    expect_rc "exec on a store it may not read ($db)" 2 "${as_nobody[@]}" "$dedup" exec --store "rocksdb:$db" --key k2 -- true
+    [[ "$out" == *PERMISSION_DENIED* ]] || fail "exec, unreadable store $db: $out"
+  done
+  chmod 700 "$tmp"
+else
+  ok "unreadable stores: skipped (needs root to run as another user)"
+fi
+
+# A mistyped option is named, with the nearest real one. CLI11 alone answered
+# "--broker is required" to --brokr, and "The following arguments were not
+# expected: 2 --concurency" to --concurency.
+for case in "--brokr|--broker|worker --brokr redis://127.0.0.1:1?stream=x --store memory: --exec true" \
+            "--concurency|--concurrency|worker --broker redis://127.0.0.1:1?stream=x --store memory: --exec true --concurency 2" \
+            "--leese|--lease|exec --store memory: --key k --leese 2s -- true" \
+            "--mesages|--messages|simulate --mesages=5"; do
+  IFS='|' read -r typo right args <<<"$case"
+  read -ra argv <<<"$args"
+  expect_rc "a mistyped option is refused: dedup $args" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" == *"unknown option '$typo'"* && "$out" == *"did you mean $right?"* ]] ||
+    fail "$typo: not named, or $right not suggested: $out"
+done
+expect_rc "what follows -- is the command's: dedup exec ... -- true --weird" 0 "$dedup" exec --store memory: --key k -- true --weird
+
+# A broker URI that is not one is answered as a broker URI: "--broker x" was told
+# "store URI has no scheme (expected e.g. memory:, rocksdb:PATH, ...)", and
+# publish to http:// that it "is not redis:// or redis+cluster://".
+expect_rc "worker --broker without a scheme" 2 "$dedup" worker --broker jobs --store memory: --exec true
+[[ "$out" == *"broker URI has no scheme"* && "$out" == *redis://* && "$out" != *"store URI"* ]] ||
+  fail "worker --broker jobs: $out"
+for uri in "jobs" "http://127.0.0.1:1?stream=x"; do
+  expect_rc "publish --broker $uri" 2 "$dedup" publish --broker "$uri" --field id=1
+  [[ "$out" == *"not a broker URI"* && "$out" == *amqp://* && "$out" != *"store URI"* ]] ||
+    fail "publish --broker $uri: $out"
+done
+
+# The worker's first line names its store, and where a relative rocksdb: path
+# lands (it named the broker only: rocksdb:db quietly made a store in the cwd).
+set +e
+dedup_abs=$(realpath "$dedup")
+out=$(cd "$tmp" && timeout 2 "$dedup_abs" worker --broker "redis://127.0.0.1:$port?stream=rel" \
+  --store rocksdb:rel-db --exec true --summary-interval 0 2>&1)
+set -e
+[[ "$out" == *"store rocksdb:rel-db ($tmp/rel-db)"* ]] && ok "the worker names its store, with the absolute path" ||
+  fail "worker start line: $out"
+
+# publish to a stream that is not there makes it (XADD): said, so that a
+# mistyped stream= does not fill a stream no worker reads without a word.
+expect_rc "publish to a new stream" 0 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jbos" --field id=1
+[[ "$out" == *"stream 'jbos' did not exist; this publish created it"* ]] || fail "publish to a new stream: $out"
+expect_rc "publish to it again" 0 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jbos" --field id=2
+[[ "$out" != *"did not exist"* ]] || fail "publish to an existing stream: $out"
+# publish said 75 (try again later) to every error, a wrong password too; the
+# worker says 2. Last: the server keeps this password until the test ends.
+expect_rc "publish to a server that is down is 75" 75 "$dedup" publish --broker "redis://127.0.0.1:1?stream=x" --field id=1
+rcli CONFIG SET requirepass right-pw >/dev/null
+expect_rc "publish with a wrong password is 2" 2 "$dedup" publish --broker "redis://:wrong-pw@127.0.0.1:$port?stream=x" --field id=1
+[[ "$out" == *UNAUTHENTICATED* && "$out" != *wrong-pw* ]] || fail "publish, wrong password: $out"
+
+# A typo in --broker left a new, empty RocksDB store at --store's path: the store
+# was opened before the broker URI was read.
+for uri in "redis://127.0.0.1:1?strem=x" "nats://127.0.0.1:1?stream=x" "amqp://u:p@127.0.0.1:1/?queu=q" "jobs"; do
+  rm -rf "$tmp/typo-db"
+  expect_rc "--broker '$uri' is refused" 2 "$dedup" worker --broker "$uri" --store "rocksdb:$tmp/typo-db" --exec true
+  [[ ! -e "$tmp/typo-db" ]] && ok "and no store was made" || fail "--broker '$uri': a store was made at $tmp/typo-db"
+done
+
+# --store memory: in a process of its own is no guard across runs: exec ran the
+# command every time, a restarted worker ran every message again, silently.
+expect_rc "exec --store memory: runs" 0 "$dedup" exec --store memory: --key k -- true
+[[ "$out" == *"warning: --store memory:"*"runs every time"* ]] || fail "exec memory: no warning: $out"
+set +e
+out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true 2>&1)
+set -e
+[[ "$out" == *"warning: --store memory:"*"run again"* ]] && ok "the worker warns of memory:" || fail "worker memory: no warning: $out"
+
 check_done "cli hardening"

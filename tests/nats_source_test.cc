@@ -4,7 +4,10 @@
 // and sets DEDUP_TEST_NATS_URI and DEDUP_TEST_NATS_RESTART). Every case uses a
 // stream of its own.
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +28,7 @@ namespace dedup::nats {
 namespace {
 
 using std::chrono::steady_clock;
+using namespace std::string_literals;
 
 std::string BaseUri() {
   const char* u = std::getenv("DEDUP_TEST_NATS_URI");
@@ -74,6 +78,9 @@ class NatsSourceTest : public ::testing::Test {
     if (!dead.ok()) return {};
     return FetchAll(**dead, want, Millis(5000));
   }
+  // Opens the source (consumer c), has one message "a" delivered and acked,
+  // then deletes the consumer under the running source.
+  void OpenAckOneAndDeleteTheConsumer(std::unique_ptr<MessageSource>* src);
   std::string stream_;
 };
 
@@ -336,6 +343,24 @@ class RawNats {
     ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
     jsStreamInfo_Destroy(si);
   }
+  void DeleteConsumer(const std::string& stream, const std::string& name) {
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_DeleteConsumer(js_, stream.c_str(), name.c_str(), nullptr, &jerr), NATS_OK)
+        << "jerr " << jerr;
+  }
+  // The consumer's AckPolicy and filter, or false when it does not exist.
+  bool ConsumerConfig(const std::string& stream, const std::string& name, jsAckPolicy* policy,
+                      std::string* filter) {
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    if (js_GetConsumerInfo(&ci, js_, stream.c_str(), name.c_str(), nullptr, &jerr) != NATS_OK) {
+      return false;
+    }
+    *policy = ci->Config->AckPolicy;
+    *filter = ci->Config->FilterSubject != nullptr ? ci->Config->FilterSubject : "";
+    jsConsumerInfo_Destroy(ci);
+    return true;
+  }
   void DeleteStream(const std::string& stream) {
     jsErrCode jerr = static_cast<jsErrCode>(0);
     ASSERT_EQ(js_DeleteStream(js_, stream.c_str(), nullptr, &jerr), NATS_OK) << "jerr " << jerr;
@@ -548,6 +573,164 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
   EXPECT_GE(steady_clock::now() - t0, Millis(1900));
   EXPECT_EQ(back[0]->key(), "full");
   ASSERT_TRUE(back[0]->Ack().ok());
+}
+
+// ---- edges (brokeredge) ---------------------------------------------------------
+
+void NatsSourceTest::OpenAckOneAndDeleteTheConsumer(std::unique_ptr<MessageSource>* src) {
+  auto opened = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  *src = std::move(opened).value();
+  Publish("a", "1");
+  auto first = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_TRUE(first[0]->Ack().ok());
+  RawNats().DeleteConsumer(stream_, "c");
+}
+
+// A durable consumer deleted while the source runs (by an operator, or an
+// InactiveThreshold): every pull went unanswered and timed out, which a fetch
+// reads as "nothing there", so the source went quiet for ever without an error.
+// Now the source makes it again as it does at open (explicit acks, no
+// MaxDeliver, filtered on subject=), and the stream's messages are delivered
+// from the start (the buffer answers DUPLICATE for those done). On main:
+//   Expected equality of these values: keys Which is: {}  { "a", "b" }
+TEST_F(NatsSourceTest, AConsumerDeletedWhileTheSourceRunsIsMadeAgain) {
+  std::unique_ptr<MessageSource> src;
+  ASSERT_NO_FATAL_FAILURE(OpenAckOneAndDeleteTheConsumer(&src));
+  RawNats raw;
+  Publish("b", "2");
+  auto got = FetchAll(*src, 2, Millis(8000));
+  std::set<std::string> keys;
+  for (auto& d : got) {
+    keys.insert(d->key());
+    EXPECT_TRUE(d->Ack().ok());
+  }
+  EXPECT_EQ(keys, (std::set<std::string>{"a", "b"}));
+  jsAckPolicy policy = js_AckNone;
+  std::string filter;
+  ASSERT_TRUE(raw.ConsumerConfig(stream_, "c", &policy, &filter));
+  EXPECT_EQ(policy, js_AckExplicit);
+  EXPECT_EQ(filter, stream_ + ".in");
+}
+
+// ... but a consumer of that name made meanwhile by someone else is checked as
+// at open: one with AckPolicy all is refused (each fetch says why), its
+// messages never handed out. (A new consumer numbers its deliveries from 1
+// again: a consumer sequence not above the last one seen gives it away.) On
+// main the replacement was used:
+//   Expected equality of these values: delivered Which is: 2  0u
+TEST_F(NatsSourceTest, AConsumerMadeAgainBySomeoneElseIsCheckedAsAtOpen) {
+  std::unique_ptr<MessageSource> src;
+  ASSERT_NO_FATAL_FAILURE(OpenAckOneAndDeleteTheConsumer(&src));
+  RawNats raw;
+  raw.AddConsumer(stream_, "c", stream_ + ".in", js_AckAll, -1);
+  Publish("b", "2");
+  Status last;
+  size_t delivered = 0;
+  const auto end = steady_clock::now() + Millis(3000);
+  while (steady_clock::now() < end) {
+    auto b = src->Fetch(1, Millis(200));
+    if (!b.ok()) {
+      last = b.status();
+      if (last.code() == StatusCode::kFailedPrecondition) break;
+      continue;
+    }
+    delivered += b->size();
+  }
+  EXPECT_EQ(delivered, 0u) << "a consumer with AckPolicy all was used";
+  EXPECT_EQ(last.code(), StatusCode::kFailedPrecondition) << last.ToString();
+  EXPECT_NE(last.message().find("AckPolicy"), std::string::npos) << last.ToString();
+}
+
+// Publishes one message the way a client other than nats.c can: the header
+// block's bytes as given (HPUB on a plain socket). nats.c has no way to write a
+// NUL byte into a header: its values are C strings.
+void PublishRawHeaders(const std::string& subject, const std::string& headers, const std::string& data) {
+  const std::string uri = BaseUri();  // nats://127.0.0.1:PORT
+  const int port = std::stoi(uri.substr(uri.rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string block = "NATS/1.0\r\n" + headers + "\r\n";
+  const std::string out = "CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\nHPUB " +
+                          subject + " " + std::to_string(block.size()) + " " +
+                          std::to_string(block.size() + data.size()) + "\r\n" + block + data +
+                          "\r\nPING\r\n";
+  ASSERT_EQ(write(fd, out.data(), out.size()), static_cast<ssize_t>(out.size()));
+  std::string in;
+  char buf[4096];
+  while (in.find("PONG") == std::string::npos && in.find("-ERR") == std::string::npos) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    in.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  ASSERT_NE(in.find("PONG"), std::string::npos) << in;
+}
+
+// A NUL byte in the header the key is read from: nats.c cut the value there, so
+// that "k\0one" and "k\0two" were one key, "k", and the second message was
+// skipped as a DUPLICATE of the first. Now such a key is refused (the message
+// is dead-lettered with that reason). On main:
+//   Expected equality of these values: got[0]->key() Which is: "k"  ""
+TEST_F(NatsSourceTest, AKeyHeaderWithANulByteIsRefusedNotCut) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  PublishRawHeaders(stream_ + ".in", "Idem: k\0one\r\n"s, "1");
+  PublishRawHeaders(stream_ + ".in", "Idem: k-plain\r\n", "2");
+  // Trailing white space is not part of a value; a NUL at a value's end is.
+  PublishRawHeaders(stream_ + ".in", "Idem:  k-spaced \t \r\n", "3");
+  PublishRawHeaders(stream_ + ".in", "Idem: k-end\0  \r\n"s, "4");
+  // A NUL in a header's name: nats.c reads no header at all.
+  PublishRawHeaders(stream_ + ".in", "Id\0em: k-x\r\n"s, "5");
+  auto got = FetchAll(**src, 5, Millis(5000));
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(got[0]->key(), "");
+  EXPECT_NE(got[0]->key_error().find("NUL"), std::string::npos) << got[0]->key_error();
+  EXPECT_NE(got[0]->key_error().find("Idem"), std::string::npos) << got[0]->key_error();
+  EXPECT_EQ(got[1]->key(), "k-plain");
+  EXPECT_EQ(got[2]->key(), "k-spaced");
+  EXPECT_EQ(got[3]->key(), "");
+  EXPECT_NE(got[3]->key_error().find("k-end\\x00"), std::string::npos) << got[3]->key_error();
+  EXPECT_EQ(got[4]->key(), "");
+  EXPECT_NE(got[4]->key_error().find("cannot be read"), std::string::npos) << got[4]->key_error();
+  for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
+}
+
+// A dead letter's copied headers: a value with a NUL byte reached the dead
+// stream cut at it, without a word. Now it is carried escaped (\x00, a
+// backslash as \\) and named in Dedup-Escaped-Headers. On main:
+//   Expected equality of these values: h Which is: "a"  "a\\x00b"
+TEST_F(NatsSourceTest, ADeadLetterCopiesAHeaderWithANulByteEscapedNotCut) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  PublishRawHeaders(stream_ + ".in",
+                    "Nats-Msg-Id: nul-1\r\nH: a\0b\r\nPlain: p\\q\r\n"s, "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0]->key(), "nul-1");
+  Status dl = got[0]->DeadLetter("failed:\nline two");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  std::string h, plain, escaped, reason;
+  for (const auto& [k, v] : d[0]->attributes()) {
+    if (k == "H") h = v;
+    if (k == "Plain") plain = v;
+    if (k == "Dedup-Escaped-Headers") escaped = v;
+    if (k == "Dedup-Reason") reason = v;
+  }
+  EXPECT_EQ(h, "a\\x00b");
+  EXPECT_EQ(plain, "p\\q");  // not escaped: it has no NUL
+  // A reason with a line break (nats.c would send it as a space) too.
+  EXPECT_EQ(reason, "failed:\\x0aline two");
+  EXPECT_EQ(escaped, "H,Dedup-Reason");
+  ASSERT_TRUE(d[0]->Ack().ok());
 }
 
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

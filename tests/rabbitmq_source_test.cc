@@ -10,7 +10,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <thread>
+
+#include <amqp_tcp_socket.h>
 
 #include "brokers/rabbitmq/amqp_conn.h"
 #include "brokers/rabbitmq/rabbitmq_source.h"
@@ -120,6 +124,8 @@ TEST(RabbitMqUriTest, RejectsBadInputNamingIt) {
       {"amqp://h:0?queue=q", "host 'h:0'"},
       {"amqp://::1:5672?queue=q", "brackets"},
       {"amqp://h?queue=q&queue=r", "'queue' is given twice"},
+      // An AMQP heartbeat is a short (seconds): 19h would be sent as 68400 mod 65536.
+      {"amqp://h?queue=q&heartbeat=19h", "heartbeat"},
   };
   for (const Case& c : cases) {
     auto o = ParseRabbitMqUri(c.uri);
@@ -288,6 +294,14 @@ class RawAmqp {
                     amqp_empty_table);
     Status s = conn_.RpcStatus("queue.bind " + queue);
     ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // Messages ready in `queue` (a passive declare).
+  uint32_t Count(const std::string& queue) {
+    amqp_queue_declare_ok_t* ok =
+        amqp_queue_declare(conn_.get(), kChannel, Bytes(queue), /*passive=*/1, 0, 0, 0, amqp_empty_table);
+    Status s = conn_.RpcStatus("queue.declare " + queue);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return s.ok() && ok != nullptr ? ok->message_count : 0;
   }
   void DeleteExchange(const std::string& exchange) {
     amqp_exchange_delete(conn_.get(), kChannel, Bytes(exchange), 0);
@@ -479,6 +493,89 @@ TEST_F(RabbitMqSourceTest, AFailedCopyIsNotRequeuedAtOnce) {
   EXPECT_GE(steady_clock::now() - t0, Millis(900));
   EXPECT_EQ(back[0]->key(), "h-1");
   ASSERT_TRUE(back[0]->Ack().ok());
+}
+
+// ---- edges (brokeredge) ---------------------------------------------------------
+
+constexpr Millis kFiftyDays{50LL * 24 * 3'600'000};
+
+// A retry delay above 2^32 - 1 ms (49.7 days), the largest x-message-ttl older
+// RabbitMQ took (rabbit_misc:check_expiry, value_too_big): RabbitMQ 3.10 on
+// Erlang/OTP 25 takes it (check_expiry(4320000000) is ok, and so is
+// erlang:send_after of it, the queue's TTL timer), so the source refuses
+// nothing here: the copy waits in <queue>.retry.4320000000 and the original is
+// acked. So does the longest delay dedup's duration grammar has (10 years).
+TEST_F(RabbitMqSourceTest, ARetryLongerThan2To32MsWaitsInItsRetryQueue) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("long", "a");
+  Publish("longest", "b");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  Status r = got[0]->Retry(kFiftyDays);
+  ASSERT_TRUE(r.ok()) << r.ToString();
+  Status r10 = got[1]->Retry(Millis(315'360'000'000));
+  ASSERT_TRUE(r10.ok()) << r10.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1500)).empty()) << "came back at once";
+  RawAmqp raw(Options());
+  EXPECT_EQ(raw.Count(queue_ + ".retry.4320000000"), 1u);
+  EXPECT_EQ(raw.Count(queue_ + ".retry.315360000000"), 1u);
+}
+
+// The lines RabbitMQ logs when a client goes without connection.close.
+int AbruptCloses() {
+  const char* log = std::getenv("DEDUP_TEST_RABBITMQ_LOG");
+  if (log == nullptr) return -1;
+  std::ifstream in(log);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    if (line.find("client unexpectedly closed TCP connection") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+// A connection dropped on purpose (the socket closed without connection.close):
+// once the node has logged it, it has logged every earlier one.
+void DropAConnection(const RabbitMqOptions& o) {
+  amqp_connection_state_t c = amqp_new_connection();
+  amqp_socket_t* sock = amqp_tcp_socket_new(c);
+  ASSERT_EQ(amqp_socket_open(sock, o.host.c_str(), o.port), AMQP_STATUS_OK);
+  amqp_rpc_reply_t r = amqp_login(c, o.vhost.c_str(), 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+                                  o.user.c_str(), o.password.c_str());
+  ASSERT_EQ(r.reply_type, AMQP_RESPONSE_NORMAL);
+  amqp_destroy_connection(c);
+}
+
+// A passive declare of something missing closes the channel, not the connection
+// (AMQP 0-9-1: a 404 is a channel exception; rabbitmq-c: "send a
+// amqp_channel_close_ok_t; the channel must be re-opened"). The source dropped
+// the whole TCP connection instead, once per missing queue or exchange, and the
+// broker logged each as "client unexpectedly closed TCP connection"; so did
+// every close of a source or publisher. Counted in the node's own log, with one
+// connection dropped on purpose as the marker. On main:
+//   Expected equality of these values: AbruptCloses() - before Which is: 10  1
+TEST_F(RabbitMqSourceTest, AMissingQueueIsDeclaredWithoutDroppingTheConnection) {
+  const int before = AbruptCloses();
+  ASSERT_GE(before, 0) << "DEDUP_TEST_RABBITMQ_LOG is not set (tests/with_rabbitmq.sh)";
+  {
+    auto src = OpenRabbitMqSource(Uri());  // queue, dead exchange and dead queue all missing
+    ASSERT_TRUE(src.ok()) << src.status().ToString();
+    Publish("m-1", "x");
+    auto got = FetchAll(**src, 1, Millis(5000));
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_TRUE(got[0]->Retry(Millis(100)).ok());  // declares a retry queue
+    auto back = FetchAll(**src, 1, Millis(5000));
+    ASSERT_EQ(back.size(), 1u);
+    ASSERT_TRUE(back[0]->Ack().ok());
+  }
+  DropAConnection(Options());
+  const auto end = steady_clock::now() + Millis(10'000);
+  while (AbruptCloses() < before + 1 && steady_clock::now() < end) {
+    std::this_thread::sleep_for(Millis(50));
+  }
+  std::this_thread::sleep_for(Millis(300));
+  EXPECT_EQ(AbruptCloses() - before, 1);
 }
 
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

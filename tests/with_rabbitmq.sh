@@ -11,6 +11,7 @@
 #   DEDUP_TEST_RABBITMQ_EVAL  a script that evaluates its one argument, an Erlang
 #                             expression, on this node in milliseconds and prints
 #                             {ok, Result} (scripts/lib/rabbitmq.sh, rabbitmq_eval)
+#   DEDUP_TEST_RABBITMQ_LOG   this node's log file (warnings and above)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 port=$1
@@ -37,4 +38,5 @@ chmod +x "$work/eval"
 export DEDUP_TEST_AMQP_URI="amqp://guest:guest@127.0.0.1:$port/"
 export DEDUP_TEST_RABBITMQCTL="$work/ctl"
 export DEDUP_TEST_RABBITMQ_EVAL="$work/eval"
+export DEDUP_TEST_RABBITMQ_LOG="$work/node/log/dedup-$port@localhost.log"
 "$@"

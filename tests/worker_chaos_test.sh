@@ -33,8 +33,8 @@
 #
 # Environment: CHAOS_MESSAGES (default 20000), CHAOS_KILLS (default 20),
 # CHAOS_PORT (default 6401; use 6400-6409), CHAOS_TIMEOUT, CHAOS_STALL,
-# CHAOS_KEEP=1 keeps the temporary directory. CI runs a smaller CHAOS_MESSAGES
-# (tests/CMakeLists.txt); the full scale is documented in docs/WORKER.md.
+# CHAOS_KEEP=1 keeps the temporary directory. CI runs this full scale too
+# (tests/CMakeLists.txt, CHAOS_MESSAGES=20000); its figures are in docs/WORKER.md.
 set -euo pipefail
 
 dedup=$(realpath "$1")

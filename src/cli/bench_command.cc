@@ -130,11 +130,16 @@ void RegisterBench(CLI::App& root, CommandContext& ctx) {
   app->add_flag("--no-redis", o.no_redis, "Leave the Redis store, redis-benchmark and the worker out");
   app->add_flag("--no-rocksdb", o.no_rocksdb, "Leave the RocksDB store out");
   app->add_flag("--no-worker", o.no_worker, "Leave the Redis Streams worker comparison out");
-  app->add_option("--workers", o.workers, "Concurrent workers to measure at (default 1 2 8 32)")
+  app->add_option("--workers", o.workers,
+                  "Concurrent workers to measure at, comma-separated (default 1,2,8,32; --quick 1,2)")
       ->check(CLI::Range(1, 256))
       ->delimiter(',');
-  app->add_option("--rounds", o.rounds, "Interleaved rounds per contender")->check(CLI::Range(1, 100));
-  AddDurationOption(*app, "--round", &flags->round, "Length of one contender's round (default per plan)");
+  app->add_option("--rounds", o.rounds,
+                  "Interleaved rounds per contender (default 5; --quick 2, --full 9)")
+      ->check(CLI::Range(1, 100));
+  AddDurationOption(*app, "--round", &flags->round,
+                    "Length of one contender's round (default 200ms; --quick 50ms, --full 300ms)")
+      ->default_str("");
   app->add_flag("--json", flags->json, "Print everything as JSON instead of the table");
   app->add_option("--plots", flags->plots_dir, "Write PNG plots (gnuplot) into this directory")
       ->type_name("DIR");

@@ -160,6 +160,10 @@ int RunExec(const ExecFlags& f) {
     return opened.status().retryable() ? kExitTempFail : kExitUsage;
   }
   std::unique_ptr<Store> store = std::move(opened).value();
+  if (f.store.rfind("memory:", 0) == 0) {
+    std::fprintf(stderr, "dedup exec: warning: --store memory: ends with this process, so the "
+                         "command runs every time (use rocksdb:PATH or a shared store)\n");
+  }
   BufferOptions bo;
   bo.lease = f.lease;
   bo.retention = f.retention;
@@ -289,7 +293,7 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
       "  found (nothing recorded); 128+n killed by signal n, or dedup exec stopped by\n"
       "  signal n (claim released); 79 replayed, recorded ok; 80 replayed, recorded\n"
       "  failed; 69 attempts exhausted; 65 fingerprint mismatch; 2 bad usage.");
-  app->add_option("--store", f->store, "Store URI")->required();
+  app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("--key", f->key, "The key (1 to 1024 bytes)")->required();
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
                     DurationBound::kPositive);
@@ -299,7 +303,10 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
                     "SIGTERM to SIGKILL when the command is stopped (at most lease/4 on a "
                     "lost lease)",
                     DurationBound::kPositive);
-  app->add_option("--max-attempts", f->max_attempts, "0 = unlimited")->capture_default_str();
+  app->add_option("--max-attempts", f->max_attempts,
+                  "Runs of the key at most, crashed ones included; then exit 69 on every "
+                  "later run (0 = unlimited)")
+      ->capture_default_str();
   AddHandlerCgroupOption(*app, &f->handler_cgroup,
                   "A cgroup v2 directory this process may write and is not in: the command "
                   "runs in a child cgroup of it, killed as a whole when it ends, is stopped "

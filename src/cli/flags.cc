@@ -12,6 +12,16 @@ CLI::Option* AddDurationOption(CLI::App& app, const std::string& name, Millis* t
   CLI::Option* opt = app.add_option_function<std::string>(
       name,
       [target, name, bound, max](const std::string& text) {
+        // A bare number is milliseconds in the grammar (URIs keep that), but on a
+        // flag it is a trap: "--retention 86400" meant a day and kept the outcome
+        // 86 s, "--lease 30" made a 30 ms lease. A flag needs a unit; 0 needs none.
+        if (!text.empty() && text.find_first_not_of("0123456789.") == std::string::npos &&
+            text.find_first_not_of("0.") != std::string::npos) {
+          const bool whole = text.find('.') == std::string::npos;
+          throw CLI::ValidationError(name + " '" + text + "' has no unit: write e.g. " + text +
+                                     "s" + (whole ? " or " + text + "ms" : std::string()) +
+                                     " (units: ms, s, m, h, d)");
+        }
         StatusOr<Millis> d = internal::ParseDuration(text, name);
         if (!d.ok()) throw CLI::ValidationError(d.status().message());
         if (bound == DurationBound::kPositive && d->count() == 0) {
@@ -26,6 +36,7 @@ CLI::Option* AddDurationOption(CLI::App& app, const std::string& name, Millis* t
       description);
   opt->type_name("DURATION");
   opt->default_str(internal::FormatDuration(*target));
+  app.footer("DURATION: a number and a unit, e.g. 250ms, 1.5s, 2m, 1h, 1d (0 needs no unit).\n");
   return opt;
 }
 

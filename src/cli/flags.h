@@ -16,7 +16,9 @@
 namespace dedup::cli {
 
 // --name DURATION into *target, in the one duration grammar (core/duration.h:
-// 250ms, 1.5s, 2m, 1h, 1d); the help shows the current value as the default.
+// 250ms, 1.5s, 2m, 1h, 1d), except that a number other than 0 needs a unit (the
+// grammar reads a bare number as milliseconds, a trap on a flag typed by hand);
+// the help shows the current value as the default, and the grammar in a footer.
 // kPositive refuses 0 at parse time, naming the flag; so is anything above
 // `max` (the library's own limit, e.g. ConsumerOptions::kMaxPrefetchTime): left
 // to the library, it was refused only after the broker and the store were

@@ -122,8 +122,9 @@ int RunInspect(const InspectFlags& f) {
 
 void RegisterInspect(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<InspectFlags>();
-  CLI::App* app = root.add_subcommand("inspect", "Show stored records (one key, or a prefix)");
-  app->add_option("--store", f->store, "Store URI")->required();
+  CLI::App* app = root.add_subcommand("inspect", "Show stored records (one key, or a prefix); "
+                                                  "exit 1 when there is none");
+  app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("key", f->key, "The key to show");
   app->add_option("--prefix", f->prefix, "Show records whose key starts with this")
       ->each([f](const std::string&) { f->has_prefix = true; });
@@ -135,8 +136,10 @@ void RegisterInspect(CLI::App& root, CommandContext& ctx) {
 
 void RegisterForget(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<InspectFlags>();
-  CLI::App* app = root.add_subcommand("forget", "Remove the record of one key");
-  app->add_option("--store", f->store, "Store URI")->required();
+  CLI::App* app = root.add_subcommand("forget", "Remove the record of one key; exit 1 when "
+                                                 "there is none, 75 while its lease runs "
+                                                 "(without --force)");
+  app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("key", f->key, "The key to forget")->required();
   app->add_flag("--force", f->force,
                 "Also forget a key whose lease is still running (its worker loses the "

@@ -5,10 +5,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "cli/common.h"  // worker, publish, exec, inspect, forget
@@ -67,6 +70,66 @@ bool KnownSubcommand(CLI::App& app, const char* arg) {
   return false;
 }
 
+// Edit distance, for "did you mean".
+size_t Distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// After a failed parse: CLI11 answers a mistyped option with whatever it checks
+// first ("--broker is required" for --brokr; "The following arguments were not
+// expected: 2 --concurency"). Names the first --option the subcommand does not
+// know, and the closest one it does. False when there is none.
+bool NameUnknownOption(CLI::App& app, int argc, char** argv) {
+  if (argc < 3) return false;
+  CLI::App* sub = nullptr;
+  for (CLI::App* s : app.get_subcommands({})) {
+    if (s->check_name(argv[1])) sub = s;
+  }
+  if (sub == nullptr) return false;
+  const CLI::Option* takes_value = nullptr;  // the option before, when it wants a value
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;  // what follows is a command (dedup exec)
+    if (takes_value != nullptr || arg.rfind("--", 0) != 0 || arg.size() < 3) {
+      takes_value = nullptr;
+      continue;
+    }
+    const std::string name = arg.substr(0, arg.find('='));
+    const CLI::Option* opt = sub->get_option_no_throw(name);
+    if (opt != nullptr) {
+      takes_value = arg.find('=') == std::string::npos && opt->get_items_expected_max() > 0
+                        ? opt : nullptr;
+      continue;
+    }
+    std::string best;
+    size_t best_distance = 4;  // suggest only what is close
+    for (const CLI::Option* o : sub->get_options()) {
+      for (const std::string& l : o->get_lnames()) {
+        const size_t d = Distance(name.substr(2), l);
+        if (d < best_distance) best = "--" + l, best_distance = d;
+      }
+    }
+    std::fprintf(stderr, "dedup %s: unknown option '%s'%s%s%s (dedup %s --help lists them)\n",
+                 sub->get_name().c_str(),
+                 dedup::internal::RedactWords(dedup::internal::Printable(name)).c_str(),
+                 best.empty() ? "" : " (did you mean ", best.c_str(), best.empty() ? "" : "?)",
+                 sub->get_name().c_str());
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,6 +143,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0 && NameUnknownOption(app, argc, argv)) {
+      return dedup::cli::kExitUsage;
+    }
     // --help and --version are "errors" with exit code 0.
     // CLI11 echoes unexpected arguments (a URI split by a blank): redacted.
     std::ostringstream out, err;

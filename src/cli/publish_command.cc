@@ -35,6 +35,7 @@
 #endif
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/printable.h"
 #include "dedup/worker.h"
 
 namespace dedup::cli {
@@ -50,6 +51,10 @@ struct PublishFlags {
   uint64_t seed = 1;
   bool quiet = false;
 };
+
+// 75 (try again later) only when later may work: the broker unreachable or slow.
+// A wrong password, a refused vhost or a bad option is 2, as for the worker.
+int ExitFor(const Status& s) { return s.retryable() ? kExitTempFail : kExitUsage; }
 
 // Every n once, and the duplicates again up to ~50 messages later.
 std::vector<uint64_t> PublishOrder(const PublishFlags& f) {
@@ -114,7 +119,7 @@ int PublishAmqp(const PublishFlags& f, const std::vector<std::pair<std::string, 
   if (!st.ok()) {
     std::fprintf(stderr, "dedup publish: after %llu confirmed messages: %s\n",
                  static_cast<unsigned long long>(confirmed), st.ToString().c_str());
-    return kExitTempFail;
+    return ExitFor(st);
   }
   if (!f.quiet) {
     std::printf("published %llu messages (%llu distinct) to %s, all confirmed\n",
@@ -135,7 +140,7 @@ int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, 
   auto p = nats::NatsPublisher::Open(*o);
   if (!p.ok()) {
     std::fprintf(stderr, "dedup publish: %s\n", p.status().ToString().c_str());
-    return kExitTempFail;
+    return ExitFor(p.status());
   }
   uint64_t stored = 0, dropped = 0;
   for (uint64_t n : PublishOrder(f)) {
@@ -145,7 +150,7 @@ int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, 
     if (!st.ok()) {
       std::fprintf(stderr, "dedup publish: after %llu messages: %s\n",
                    static_cast<unsigned long long>(stored + dropped), st.ToString().c_str());
-      return kExitTempFail;
+      return ExitFor(st);
     }
     ++(duplicate ? dropped : stored);
   }
@@ -180,6 +185,20 @@ int RunPublish(const PublishFlags& f) {
 #ifdef DEDUP_WITH_NATS
   if (f.broker.rfind("nats://", 0) == 0) return PublishNats(f, fields);
 #endif
+  // Any other scheme is not a broker (WorkerOptionsFromUri would answer that it
+  // is not redis://; redis+cluster:// it refuses by name). Not echoed: a
+  // mistyped URI may hold a password.
+  if (f.broker.rfind("redis://", 0) != 0 && f.broker.rfind("redis+cluster://", 0) != 0) {
+    std::fprintf(stderr, "dedup publish: --broker: not a broker URI this build knows (redis://"
+#ifdef DEDUP_WITH_RABBITMQ
+                         ", amqp://"
+#endif
+#ifdef DEDUP_WITH_NATS
+                         ", nats://"
+#endif
+                         "; e.g. redis://HOST:6379?stream=jobs)\n");
+    return kExitUsage;
+  }
   auto wo = WorkerOptionsFromUri(f.broker);
   if (!wo.ok()) {
     std::fprintf(stderr, "dedup publish: --broker: %s\n", wo.status().ToString().c_str());
@@ -196,6 +215,12 @@ int RunPublish(const PublishFlags& f) {
   co.db = wo->db;
   co.timeout = wo->timeout;
   streams::StreamConn conn(co);
+  // XADD makes a stream that does not exist: say so, since a mistyped stream=
+  // would otherwise fill a stream no worker reads, without a word.
+  bool created = false;
+  if (auto t = conn.Run({"TYPE", wo->stream}); t.ok() && !streams::IsError(t->get())) {
+    created = streams::ReplyText(t->get()) == "none";
+  }
   uint64_t published = 0;
   for (uint64_t n : order) {
     std::vector<std::string> args = {"XADD", wo->stream, "*"};
@@ -212,7 +237,8 @@ int RunPublish(const PublishFlags& f) {
       std::fprintf(stderr, "dedup publish: after %llu messages: %s\n",
                    static_cast<unsigned long long>(published),
                    r.ok() ? streams::ReplyText(r->get()).c_str() : r.status().ToString().c_str());
-      return kExitTempFail;
+      // An error reply (WRONGTYPE: the key is not a stream) is not a "later".
+      return r.ok() ? kExitUsage : ExitFor(r.status());
     }
     if (order.size() == 1 && !f.quiet) std::printf("%s\n", streams::ReplyText(r->get()).c_str());
     ++published;
@@ -221,6 +247,10 @@ int RunPublish(const PublishFlags& f) {
     std::printf("published %llu messages (%llu distinct) to %s\n",
                 static_cast<unsigned long long>(published),
                 static_cast<unsigned long long>(f.count), wo->stream.c_str());
+  }
+  if (!f.quiet && created) {
+    std::fprintf(stderr, "dedup publish: stream '%s' did not exist; this publish created it\n",
+                 internal::Printable(wo->stream).c_str());
   }
   return kExitOk;
 }
@@ -236,7 +266,8 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
   app->add_option("--id-prefix", f->id_prefix, "Give message n the field id=<prefix><n>");
   app->add_option("--start", f->start, "First n for --id-prefix")->capture_default_str();
   app->add_option("--duplicates", f->duplicates, "Fraction published a second time")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app->add_option("--seed", f->seed, "Seeds which messages are duplicated")
       ->capture_default_str();
   app->add_flag("--quiet", f->quiet, "Print nothing on success");

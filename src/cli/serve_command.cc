@@ -135,12 +135,13 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<ServeFlags>();
   CLI::App* app = root.add_subcommand(
       "serve", "HTTP API, web view and metrics over a store, or an Idempotency-Key proxy");
-  app->add_option("--store", f->store, "Store URI")->required();
+  app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("--listen", f->listen,
                   "HOST:PORT to listen on; not loopback needs --auth-token-file")
       ->capture_default_str();
   app->add_option("--auth-token-file", f->auth_token_file,
-                  "File holding the token every request must carry (Authorization: Bearer)");
+                  "File holding the token (16 or more printable characters) every request "
+                  "must carry, as Authorization: Bearer T or Dedup-Token: T");
   CLI::Option* proxy = app->add_option(
       "--proxy", f->o.proxy,
       "Proxy mode: the application's http://HOST:PORT; API and page move to /_dedup/");
@@ -162,7 +163,7 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
       ->needs(proxy);
   app->add_option("--max-body-bytes", f->o.max_body_bytes, "Larger request bodies get 413")
       ->capture_default_str();
-  app->add_option("--threads", f->o.threads, "Threads always waiting for connections")
+  app->add_option("--threads", f->o.threads, "Threads always waiting for connections (1 to 1024)")
       ->capture_default_str();
   app->add_option("--max-connections", f->o.max_connections,
                   "Connections answered at once (a thread each; 0: 256, or --threads when "

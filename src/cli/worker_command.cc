@@ -32,9 +32,16 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <memory>
 
+#ifdef DEDUP_WITH_NATS
+#include "brokers/nats/nats_source.h"
+#endif
+#ifdef DEDUP_WITH_RABBITMQ
+#include "brokers/rabbitmq/rabbitmq_source.h"
+#endif
 #include "brokers/redis_streams/streams_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
@@ -186,6 +193,21 @@ HandlerResult RunSqlHandler(const ExecHandler& exec, const Delivery& m, Postgres
 }
 #endif
 
+// The --broker URI's own checks (the parser OpenSource runs first), without
+// connecting: a typo in it is refused before the store is opened, which would
+// otherwise make a new RocksDB store at --store's path for nothing.
+Status CheckBrokerUri(const std::string& uri) {
+  if (IsRedisBroker(uri)) return WorkerOptionsFromUri(uri).status();
+#ifdef DEDUP_WITH_RABBITMQ
+  if (uri.rfind("amqp://", 0) == 0) return rabbitmq::ParseRabbitMqUri(uri).status();
+#endif
+#ifdef DEDUP_WITH_NATS
+  if (uri.rfind("nats://", 0) == 0) return nats::ParseNatsUri(uri).status();
+#endif
+  // Any other text: OpenSource refuses it without connecting anywhere.
+  return OpenSource(uri, SourceOptions{}).status();
+}
+
 int RunWorkerCommand(const WorkerFlags& f) {
   ExecHandlerOptions eo;
   eo.command = f.exec;
@@ -273,6 +295,10 @@ int RunWorkerCommand(const WorkerFlags& f) {
     textbook_conn.db = u->connection.db;
     textbook_conn.timeout = u->connection.timeout;
   }
+  if (Status s = CheckBrokerUri(f.broker); !s.ok()) {
+    std::fprintf(stderr, "dedup worker: --broker: %s\n", s.ToString().c_str());
+    return kExitUsage;
+  }
   std::unique_ptr<Store> store;
   BufferOptions bo;
   bo.lease = f.lease;
@@ -305,6 +331,12 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     store = std::move(opened).value();
+    if (f.store.rfind("memory:", 0) == 0) {
+      std::fprintf(stderr, "dedup worker: warning: --store memory: keeps nothing past this "
+                           "process, and no other worker process sees it: after a restart, "
+                           "or in a second worker, messages run again (use rocksdb:PATH, or "
+                           "redis:// or postgres:// for several workers)\n");
+    }
 #ifdef DEDUP_WITH_SERVE
     if (f.metrics_port > 0) {
       store = std::make_unique<serve::OwningMeteredStore>(
@@ -405,8 +437,19 @@ int RunWorkerCommand(const WorkerFlags& f) {
     }
   });
 
-  std::fprintf(stderr, "dedup worker: %s, pattern %s, concurrency %d\n", name.c_str(),
-               f.pattern.c_str(), f.concurrency);
+  // The store too: a relative rocksdb: path is shown where it lands.
+  std::string store_name = "none (textbook keys in Redis)";
+  if (store != nullptr) store_name = store->Describe();
+#ifdef DEDUP_WITH_POSTGRES
+  if (pg != nullptr) store_name = pg->Describe();
+#endif
+  if (store_name.rfind("rocksdb:", 0) == 0 && store_name.compare(8, 1, "/") != 0) {
+    std::error_code ec;
+    const auto abs = std::filesystem::absolute(store_name.substr(8, store_name.find('?') - 8), ec);
+    if (!ec) store_name += " (" + abs.string() + ")";
+  }
+  std::fprintf(stderr, "dedup worker: %s, store %s, pattern %s, concurrency %d\n", name.c_str(),
+               store_name.c_str(), f.pattern.c_str(), f.concurrency);
   Status run = c.Run();
   done.store(true);
   summary.join();
@@ -434,7 +477,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                   "nats://HOST:PORT?stream=S&consumer=C[...] (docs/WORKER.md)")
       ->required();
   app->add_option("--store", f->store, "Store URI of the buffer (memory:, rocksdb:PATH, "
-                                       "redis://...); not used by --pattern textbook");
+                                       "redis://HOST:PORT, redis+cluster://..., postgres://...); "
+                                       "not used by --pattern textbook");
   app->add_option("--exec", f->exec, "Command run per message (via /bin/sh -c)")->required();
   app->add_flag("--no-shell", f->no_shell,
                 "Run --exec directly, split on spaces (saves a shell per message)");
@@ -483,7 +527,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                 "Same key with a different payload is dead-lettered (MISMATCH)");
   app->add_option("--metrics-port", f->metrics_port,
                   "Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
-      ->check(CLI::Range(0, 65535));
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   AddDurationOption(*app, "--drain-timeout", &f->drain_timeout,
                     "On SIGTERM/SIGINT, how long running handlers may finish; then they are "
                     "stopped (SIGTERM, SIGKILL 5 s later), their claims released and their "

@@ -27,8 +27,21 @@ StatusOr<std::vector<std::string>> ExecHandler::Argv(const ExecHandlerOptions& o
     return Status::InvalidArgument(
         "empty command (it would run nothing and record every message as done)");
   }
-  if (options.shell) return std::vector<std::string>{"/bin/sh", "-c", options.command};
   std::vector<std::string> words = SplitWords(options.command);
+  if (options.shell) {
+    // `--exec ./charge.sh` with the script missing or not executable: the shell
+    // exits 127 / 126 for every message, each one retried for ever. When the
+    // first word is a plain path (a '/', nothing the shell would expand or
+    // parse), its program is checked here, once; anything else is the shell's.
+    const std::string& first = words[0];
+    if (first.find('/') != std::string::npos &&
+        first.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                "0123456789_./+-,:@%") == std::string::npos) {
+      StatusOr<std::string> found = ResolveCommand(first);
+      if (!found.ok()) return found.status();
+    }
+    return std::vector<std::string>{"/bin/sh", "-c", options.command};
+  }
   // Refused here, once, rather than as a retry of every delivery.
   StatusOr<std::string> found = ResolveCommand(words[0]);
   if (!found.ok()) return found.status();

@@ -55,8 +55,9 @@ struct ExecHandlerOptions {
 class ExecHandler {
  public:
   // The argv of `options.command`: InvalidArgument for an empty or blank
-  // command (in a shell it would run nothing and exit 0); without the shell,
-  // NotFound / PermissionDenied when its program cannot be run (ResolveCommand).
+  // command (in a shell it would run nothing and exit 0); NotFound /
+  // PermissionDenied when its program cannot be run (ResolveCommand): without the
+  // shell always, with it when the first word is a plain path ("./charge.sh").
   [[nodiscard]] static StatusOr<std::vector<std::string>> Argv(const ExecHandlerOptions& options);
 
   // `supervisor` is not owned and must outlive the handler. `argv` is what

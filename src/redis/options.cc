@@ -108,7 +108,9 @@ StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
                                    "' is not redis:// or redis+cluster://");
   }
   o.cluster = uri.scheme == "redis+cluster";
-  const std::string example = uri.scheme + "://HOST:PORT";
+  // Quoted, with a numeric port: the redaction below (RedactWords) read the words
+  // "redis://HOST:PORT)" as a user and a password, and showed "redis://HOST:***".
+  const std::string example = "'" + uri.scheme + "://HOST:6379'";
   if (!uri.has_authority) {
     return Status::InvalidArgument("redis: no '//' after '" + uri.scheme + ":' (expected " +
                                    example + ")");

@@ -5,6 +5,11 @@
 #include <nats/nats.h>
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -351,6 +356,37 @@ Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool*
 
 namespace {
 
+// nats.c hands header values out as C strings: a NUL byte in a value (which
+// NATS allows, and other clients publish) ends the string there, silently. This
+// reads a value whole. nats.c lifts the header block in place (src/msg.c,
+// _processKeyValue): the message is one allocation (subject, reply, header
+// block, data: src/msg.h), each value points into the block and ends where nats.c
+// wrote a NUL over the first byte after it (its trailing white space, or the
+// line's CR), and its line goes on to the LF. So the value's bytes run from `v`
+// to that written NUL: any NUL before it was in the value itself. A value that
+// does not point into the block (a folded value, joined by nats.c into a copy)
+// is taken as nats.c gives it. Checked against nats.c 3.4.
+static_assert(NATS_VERSION_MAJOR == 3, "re-check WholeHeaderValue against nats.c's src/msg.c");
+std::string WholeHeaderValue(natsMsg* m, const char* v) {
+  const char* reply = natsMsg_GetReply(m);
+  const char* before = reply != nullptr ? reply : natsMsg_GetSubject(m);
+  const char* data = natsMsg_GetData(m);
+  const size_t n = std::strlen(v);
+  if (before == nullptr || data == nullptr) return std::string(v, n);
+  const auto at = [](const char* p) { return reinterpret_cast<uintptr_t>(p); };
+  const char* block = before + std::strlen(before) + 1;
+  if (at(v) < at(block) || at(v) >= at(data)) return std::string(v, n);
+  const char* lf = static_cast<const char*>(std::memchr(v + n, '\n', static_cast<size_t>(data - (v + n))));
+  if (lf == nullptr || lf == v + n) return std::string(v, n);
+  // lf[-1] was the line's CR (nats.c's NUL is there when nothing trails the
+  // value); else the NUL is just before the trailing white space.
+  const char* e = lf - 1;
+  const char* x = e;
+  while (x > v + n && std::isspace(static_cast<unsigned char>(x[-1])) != 0) --x;
+  const char* end = x < e ? x - 1 : e;
+  return std::string(v, static_cast<size_t>(end - v));
+}
+
 struct Shared {
   NatsOptions o;
   std::unique_ptr<Conn> conn;
@@ -366,6 +402,7 @@ class NatsDelivery final : public Delivery {
     jsMsgMetaData* meta = nullptr;
     if (natsMsg_GetMetaData(&meta, msg_) == NATS_OK) {
       id_ = std::to_string(meta->Sequence.Stream);
+      consumer_seq_ = meta->Sequence.Consumer;
       delivery_count_ = static_cast<uint32_t>(meta->NumDelivered);
       jsMsgMetaData_Destroy(meta);
     }
@@ -373,19 +410,25 @@ class NatsDelivery final : public Delivery {
     payload_.assign(data != nullptr ? data : "", static_cast<size_t>(natsMsg_GetDataLength(msg_)));
     const char** keys = nullptr;
     int n = 0;
-    if (natsMsgHeader_Keys(msg_, &keys, &n) == NATS_OK) {
+    const natsStatus hs = natsMsgHeader_Keys(msg_, &keys, &n);
+    if (hs == NATS_OK) {
       for (int i = 0; i < n; ++i) {
-        // Every value of a repeated header (the key is read from the first).
+        // Every value of a repeated header (the key is read from the first),
+        // whole: a NUL byte in it included.
         const char** values = nullptr;
         int nv = 0;
         if (natsMsgHeader_Values(msg_, keys[i], &values, &nv) == NATS_OK) {
           for (int j = 0; j < nv; ++j) {
-            if (values[j] != nullptr) attributes_.emplace_back(keys[i], values[j]);
+            if (values[j] != nullptr) attributes_.emplace_back(keys[i], WholeHeaderValue(msg_, values[j]));
           }
           free(values);
         }
       }
       free(keys);
+    } else if (hs != NATS_NOT_FOUND) {
+      // A header block nats.c cannot parse (a NUL byte in a name, no colon): no
+      // header can be read, the key from one neither.
+      headers_error_ = std::string("its headers cannot be read (nats.c: ") + natsStatus_GetText(hs) + ")";
     }
     const NatsOptions& o = s_->o;
     auto header = [&](const std::string& name) -> const std::string* {
@@ -401,8 +444,15 @@ class NatsDelivery final : public Delivery {
       default: {  // msgid (the only property NATS's grammar names) reads Nats-Msg-Id
         const std::string name = o.key.kind == brokers::KeyKind::kHeader ? o.key.name : "Nats-Msg-Id";
         const std::string* v = header(name);
-        if (v == nullptr || v->empty()) {
+        if (!headers_error_.empty()) {
+          key_error_ = "message has no readable " + name + " header: " + headers_error_;
+        } else if (v == nullptr || v->empty()) {
           key_error_ = "message has no " + name + " header";
+        } else if (v->find('\0') != std::string::npos) {
+          // Read as a C string it would be cut at the NUL: "k\0one" and "k\0two"
+          // one key, the second skipped as a duplicate of the first.
+          key_error_ = "header " + name + " holds a NUL byte ('" + internal::Printable(*v) +
+                       "'): not used as a key";
         } else {
           key_ = o.key_prefix + *v;
         }
@@ -411,6 +461,7 @@ class NatsDelivery final : public Delivery {
     }
   }
   ~NatsDelivery() override { natsMsg_Destroy(msg_); }
+  uint64_t consumer_seq() const { return consumer_seq_; }
 
   // +ACK and waits for the server's reply, so that once Ack() returned the
   // consumer no longer counts the message (AckBatch pipelines instead).
@@ -489,11 +540,34 @@ class NatsDelivery final : public Delivery {
     for (const auto& [k, v] : attributes_) {
       if (k.starts_with("Nats-")) given.insert(renamed(k));
     }
+    // A value nats.c cannot carry as it is (a NUL byte would cut it; a CR or LF
+    // it turns into a space) goes escaped (core/printable.h: "\x00", a backslash
+    // as "\\"), and its header is named in Dedup-Escaped-Headers.
+    std::string escaped;
     for (const auto& [k, v] : attributes_) {
       if (!k.starts_with("Nats-") && given.count(k) != 0) continue;
-      if (s == NATS_OK) s = natsMsgHeader_Add(m, renamed(k).c_str(), v.c_str());
+      if (k == "Dedup-Escaped-Headers" || k == "Dedup-Headers-Unreadable") continue;
+      const bool raw = v.find_first_of(std::string_view("\0\r\n", 3)) == std::string::npos;
+      const std::string name = renamed(k);
+      if (!raw && escaped.find("," + name + ",") == std::string::npos) {
+        escaped += (escaped.empty() ? "," : "") + name + ",";
+      }
+      if (s == NATS_OK) {
+        s = natsMsgHeader_Add(m, name.c_str(), raw ? v.c_str() : internal::Printable(v).c_str());
+      }
     }
-    const std::string why(reason);
+    // The reason too (a handler's own text).
+    std::string why(reason);
+    if (why.find_first_of(std::string_view("\0\r\n", 3)) != std::string::npos) {
+      why = internal::Printable(why);
+      escaped += (escaped.empty() ? "," : "") + std::string("Dedup-Reason,");
+    }
+    if (s == NATS_OK && !escaped.empty()) {
+      s = natsMsgHeader_Set(m, "Dedup-Escaped-Headers", escaped.substr(1, escaped.size() - 2).c_str());
+    }
+    if (s == NATS_OK && !headers_error_.empty()) {
+      s = natsMsgHeader_Set(m, "Dedup-Headers-Unreadable", headers_error_.c_str());
+    }
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Reason", why.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Stream", o.stream.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Sequence", id_.c_str());
@@ -507,17 +581,52 @@ class NatsDelivery final : public Delivery {
 
   std::shared_ptr<Shared> s_;
   natsMsg* msg_;
+  std::string headers_error_;  // why the headers could not be read; empty: they were
+  uint64_t consumer_seq_ = 0;  // the consumer's number of this delivery
   std::mutex mu_;  // natsMsg's ack state is not meant for two threads at once
 };
 
+Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered,
+                      Millis look_wait);
+
 class NatsSource final : public MessageSource {
  public:
-  explicit NatsSource(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+  // `delivered`: the consumer's last delivery sequence when it was looked at.
+  NatsSource(std::shared_ptr<Shared> s, uint64_t delivered) : s_(std::move(s)) { last_cseq_ = delivered; }
 
   StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
     std::vector<std::unique_ptr<Delivery>> out;
     if (max == 0) return out;
-    DEDUP_RETURN_IF_ERROR(Pull(max, std::max(wait, Millis(1)), &out));
+    if (!consumer_ok_) DEDUP_RETURN_IF_ERROR(CheckConsumer());
+    Status pulled = Pull(max, std::max(wait, Millis(1)), &out);
+    if (out.empty()) {
+      // Nothing came (or the pull failed): a consumer that is gone answers no
+      // pull, which reads as "nothing there". Look, at most every kConsumerCheckEvery.
+      if (std::chrono::steady_clock::now() - last_check_ >= kConsumerCheckEvery) {
+        DEDUP_RETURN_IF_ERROR(CheckConsumer());
+      }
+      DEDUP_RETURN_IF_ERROR(pulled);
+      return out;
+    }
+    // A consumer numbers its deliveries 1, 2, ... : one at or below the last
+    // number seen comes from a consumer made since (by another worker of this
+    // one, or by someone else), which must pass the checks before its messages
+    // are handed out. Refused: they are dropped unsettled (its own AckWait gives
+    // them back), and each fetch says why.
+    uint64_t lowest = UINT64_MAX, highest = 0;
+    for (const auto& d : out) {
+      const uint64_t c = static_cast<NatsDelivery*>(d.get())->consumer_seq();
+      lowest = std::min(lowest, c);
+      highest = std::max(highest, c);
+    }
+    if (lowest <= last_cseq_) {
+      Status fit = CheckConsumer();
+      if (!fit.ok()) {
+        out.clear();
+        return fit;
+      }
+    }
+    last_cseq_ = std::max(last_cseq_, highest);
     return out;
   }
 
@@ -538,6 +647,35 @@ class NatsSource final : public MessageSource {
   std::string Describe() const override { return s_->o.Describe(); }
 
  private:
+  // The consumer deleted while the source runs (an operator, an
+  // InactiveThreshold): its pulls went unanswered, read as empty batches, for
+  // ever. It is looked up when a fetch brings nothing (at most every
+  // kConsumerCheckEvery: a consumer info is a round trip) and when a delivery's
+  // consumer sequence says it is a new one; missing, it is made again as at open
+  // (EnsureConsumer); one that someone else made and that fails the open's checks
+  // is refused, each fetch answering what is wrong with it, until it is fixed.
+  static constexpr Millis kConsumerCheckEvery{1'000};
+  Status CheckConsumer() {
+    last_check_ = std::chrono::steady_clock::now();
+    bool made = false;
+    uint64_t delivered = 0;
+    // The look waits a second at most: a broker that hangs holds the fetch
+    // thread no longer than that (the open waits the whole timeout).
+    Status st = EnsureConsumer(*s_->conn, s_->o, &made, &delivered,
+                               std::min(s_->o.timeout, Millis(1'000)));
+    // Only a verdict on the consumer counts; a server out of reach says nothing.
+    if (st.ok()) {
+      consumer_ok_ = true;
+      last_cseq_ = made ? 0 : std::min(last_cseq_, delivered);
+    }
+    if (st.code() == StatusCode::kFailedPrecondition) consumer_ok_ = false;
+    return st;
+  }
+
+  bool consumer_ok_ = true;  // the last look at the consumer found it fit
+  uint64_t last_cseq_ = 0;   // the highest consumer sequence of a delivery handed out
+  std::chrono::steady_clock::time_point last_check_ = std::chrono::steady_clock::now();
+
   // natsSubscription_Fetch asks for what is there without waiting first, and
   // only then waits; it returns a partial batch once the server says no more
   // are available. (A hand-made no-wait request followed by a waiting one is
@@ -560,26 +698,23 @@ class NatsSource final : public MessageSource {
   std::shared_ptr<Shared> s_;
 };
 
-}  // namespace
-
-StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
-  if (o.stream.empty() || o.consumer.empty()) {
-    return Status::InvalidArgument("nats source: stream and consumer are required");
-  }
-  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
-  if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
-  auto c = Connect(o);
-  if (!c.ok()) return c.status();
-  auto s = std::make_shared<Shared>();
-  s->o = o;
-  s->conn = std::move(*c);
-  Conn& conn = *s->conn;
-  DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
-  DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
+// The durable consumer `o.consumer`: an existing one is used when it passes
+// CheckConsumer (FailedPrecondition naming the setting otherwise); a missing one
+// is made (explicit acks, no MaxDeliver, filtered on the subject, AckWait =
+// ack_wait), *made = true. At open, and again while the source runs when the
+// consumer is gone (deleted by an operator or an InactiveThreshold).
+Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* delivered,
+                      Millis look_wait) {
+  if (made != nullptr) *made = false;
+  if (delivered != nullptr) *delivered = 0;
   jsConsumerInfo* ci = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
-  natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), nullptr, &jerr);
+  jsOptions look;
+  jsOptions_Init(&look);
+  look.Wait = look_wait.count();
+  natsStatus st = js_GetConsumerInfo(&ci, conn.js, o.stream.c_str(), o.consumer.c_str(), &look, &jerr);
   if (st == NATS_OK) {
+    if (delivered != nullptr) *delivered = ci->Delivered.Consumer;
     Status usable = CheckConsumer(conn, o, *ci);
     jsConsumerInfo_Destroy(ci);
     DEDUP_RETURN_IF_ERROR(usable);
@@ -596,7 +731,10 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
     cc.FilterSubject = subject.c_str();
     jerr = static_cast<jsErrCode>(0);
     st = js_AddConsumer(&ci, conn.js, o.stream.c_str(), &cc, nullptr, &jerr);
-    if (st == NATS_OK) jsConsumerInfo_Destroy(ci);
+    if (st == NATS_OK) {
+      jsConsumerInfo_Destroy(ci);
+      if (made != nullptr) *made = true;
+    }
     // Two workers starting at once may both create it: the second finds it made
     // (by the other worker, or by anyone: checked as above).
     if (st != NATS_OK) {
@@ -612,6 +750,29 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   } else {
     return FromNats(st, "nats " + o.host_port + ": consumer info " + o.consumer, jerr);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
+  if (o.stream.empty() || o.consumer.empty()) {
+    return Status::InvalidArgument("nats source: stream and consumer are required");
+  }
+  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
+  if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
+  auto c = Connect(o);
+  if (!c.ok()) return c.status();
+  auto s = std::make_shared<Shared>();
+  s->o = o;
+  s->conn = std::move(*c);
+  Conn& conn = *s->conn;
+  DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
+  DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
+  uint64_t delivered = 0;
+  DEDUP_RETURN_IF_ERROR(EnsureConsumer(conn, o, nullptr, &delivered, o.timeout));
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus st = NATS_OK;
   jsSubOptions so;
   jsSubOptions_Init(&so);
   so.Stream = o.stream.c_str();
@@ -620,7 +781,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   jerr = static_cast<jsErrCode>(0);
   st = js_PullSubscribe(&s->sub, conn.js, subject.c_str(), o.consumer.c_str(), nullptr, &so, &jerr);
   DEDUP_RETURN_IF_ERROR(FromNats(st, "nats " + o.host_port + ": pull subscribe " + o.consumer, jerr));
-  return std::unique_ptr<MessageSource>(std::make_unique<NatsSource>(std::move(s)));
+  return std::unique_ptr<MessageSource>(std::make_unique<NatsSource>(std::move(s), delivered));
 }
 
 StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri,

@@ -5,6 +5,8 @@
 #include <amqp_tcp_socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
+
 namespace dedup::rabbitmq {
 
 void TableBuilder::AddString(std::string key, std::string value) {
@@ -33,12 +35,20 @@ amqp_table_t TableBuilder::Table() {
 std::string AmqpConn::Name() const { return "rabbitmq " + o_.host + ":" + std::to_string(o_.port); }
 
 Status AmqpConn::Open() {
+  if (state_ != nullptr && !broken_ && !channel_open_) {
+    // Only the channel was closed (a channel exception): the connection serves on.
+    amqp_channel_open(state_, kChannel);
+    if (RpcStatus("channel.open").ok()) {
+      channel_open_ = true;
+      return Status::Ok();
+    }
+  }
   Close();
   state_ = amqp_new_connection();
   if (state_ == nullptr) return Status::Internal(Name() + ": out of memory");
   amqp_socket_t* sock = amqp_tcp_socket_new(state_);
   if (sock == nullptr) {
-    Close();
+    Drop();  // never opened, or refused: nothing to say goodbye on
     return Status::Internal(Name() + ": cannot create a socket");
   }
   timeval tv{};
@@ -46,7 +56,7 @@ Status AmqpConn::Open() {
   tv.tv_usec = (o_.timeout.count() % 1000) * 1000;
   const int rc = amqp_socket_open_noblock(sock, o_.host.c_str(), o_.port, &tv);
   if (rc != AMQP_STATUS_OK) {
-    Close();
+    Drop();  // never opened, or refused: nothing to say goodbye on
     return Status::Unavailable(Name() + ": connect: " + amqp_error_string2(rc));
   }
   amqp_set_rpc_timeout(state_, &tv);
@@ -60,24 +70,77 @@ Status AmqpConn::Open() {
                    ? Status::Unavailable(Name() + ": login: connection closed")
                    : Status::Unauthenticated(Name() + ": login as '" + o_.user + "' to vhost '" +
                                              o_.vhost + "' refused");
-    Close();
+    Drop();  // never opened, or refused: nothing to say goodbye on
     return s;
   }
   amqp_channel_open(state_, kChannel);
-  return RpcStatus("channel.open");
+  DEDUP_RETURN_IF_ERROR(RpcStatus("channel.open"));
+  channel_open_ = true;
+  return Status::Ok();
 }
 
 void AmqpConn::Close() {
   if (state_ == nullptr) return;
-  // Best effort: a broken socket makes these fail quickly.
+  if (!broken_) {
+    // connection.close closes every channel; its close-ok is awaited briefly (a
+    // broker that does not answer is dropped all the same).
+    timeval tv{};
+    const long long ms = std::min<long long>(o_.timeout.count(), 1'000);
+    tv.tv_sec = ms / 1000;
+    tv.tv_usec = (ms % 1000) * 1000;
+    amqp_set_rpc_timeout(state_, &tv);
+    (void)amqp_connection_close(state_, AMQP_REPLY_SUCCESS);
+  }
   amqp_destroy_connection(state_);
   state_ = nullptr;
+  channel_open_ = false;
+  broken_ = false;
+}
+
+void AmqpConn::Drop() {
+  broken_ = true;
+  Close();
 }
 
 Status AmqpConn::LibraryError(int code, std::string_view what) {
   std::string m = Name() + ": " + std::string(what) + ": " + amqp_error_string2(code);
   if (code == AMQP_STATUS_TIMEOUT) return Status::DeadlineExceeded(std::move(m));
-  Close();
+  Drop();
+  return Status::Unavailable(std::move(m));
+}
+
+Status AmqpConn::ServerClosed(const amqp_method_t& method, std::string_view what) {
+  std::string text = "server closed the channel";
+  uint16_t code = 0;
+  if (method.id == AMQP_CHANNEL_CLOSE_METHOD) {
+    auto* m = static_cast<amqp_channel_close_t*>(method.decoded);
+    code = m->reply_code;
+    text = Str(m->reply_text);
+    // A channel exception closes the channel, not the connection (AMQP 0-9-1;
+    // rabbitmq-c: send channel.close-ok, then the channel "must be re-opened
+    // before it can be used again"). Without the close-ok the broker refuses a
+    // new channel.open on it ("second 'channel.open' seen").
+    channel_open_ = false;
+    amqp_channel_close_ok_t ok{};
+    if (state_ != nullptr &&
+        amqp_send_method(state_, kChannel, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok) != AMQP_STATUS_OK) {
+      Drop();
+    }
+  } else if (method.id == AMQP_CONNECTION_CLOSE_METHOD) {
+    auto* m = static_cast<amqp_connection_close_t*>(method.decoded);
+    code = m->reply_code;
+    text = Str(m->reply_text);
+    // The server ends the connection: its close-ok is the last word.
+    amqp_connection_close_ok_t ok{};
+    if (state_ != nullptr) (void)amqp_send_method(state_, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+    Drop();
+  } else {
+    Drop();
+  }
+  std::string m = Name() + ": " + std::string(what) + ": " + text;
+  if (code == 404) return Status::NotFound(std::move(m));
+  if (code == 403) return Status::PermissionDenied(std::move(m));
+  if (code == 406) return Status::FailedPrecondition(std::move(m));
   return Status::Unavailable(std::move(m));
 }
 
@@ -88,35 +151,17 @@ Status AmqpConn::RpcStatus(std::string_view what) {
     case AMQP_RESPONSE_NORMAL:
       return Status::Ok();
     case AMQP_RESPONSE_NONE:
-      Close();
+      Drop();
       return Status::Unavailable(Name() + ": " + std::string(what) + ": no reply");
     case AMQP_RESPONSE_LIBRARY_EXCEPTION: {
       const int code = r.library_error;
       Status s = Status::Unavailable(Name() + ": " + std::string(what) + ": " +
                                      amqp_error_string2(code));
-      Close();
+      Drop();
       return s;
     }
-    case AMQP_RESPONSE_SERVER_EXCEPTION: {
-      std::string text = "server closed the channel";
-      uint16_t code = 0;
-      if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-        auto* m = static_cast<amqp_channel_close_t*>(r.reply.decoded);
-        code = m->reply_code;
-        text = Str(m->reply_text);
-      } else if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-        auto* m = static_cast<amqp_connection_close_t*>(r.reply.decoded);
-        code = m->reply_code;
-        text = Str(m->reply_text);
-      }
-      // The channel (or connection) is gone either way: start over next time.
-      Close();
-      std::string m = Name() + ": " + std::string(what) + ": " + text;
-      if (code == 404) return Status::NotFound(std::move(m));
-      if (code == 403) return Status::PermissionDenied(std::move(m));
-      if (code == 406) return Status::FailedPrecondition(std::move(m));
-      return Status::Unavailable(std::move(m));
-    }
+    case AMQP_RESPONSE_SERVER_EXCEPTION:
+      return ServerClosed(r.reply, what);
   }
   return Status::Internal(Name() + ": unknown reply type");
 }

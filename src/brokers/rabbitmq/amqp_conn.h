@@ -52,23 +52,44 @@ class AmqpConn {
   AmqpConn(const AmqpConn&) = delete;
   AmqpConn& operator=(const AmqpConn&) = delete;
 
-  // Connects, logs in and opens channel 1. Unavailable when the server cannot be
-  // reached, Unauthenticated on a refused login.
+  // Makes channel 1 usable: when the connection lives and only the channel was
+  // closed by the server (a channel exception), opens the channel again on it;
+  // else connects, logs in and opens channel 1. Either way what the owner set up
+  // on the channel (qos, consume, confirm.select) must be done again, and
+  // delivery tags of the old channel mean nothing on the new one. Unavailable
+  // when the server cannot be reached, Unauthenticated on a refused login.
   [[nodiscard]] Status Open();
+  // Ends the connection. While it works, with connection.close and its close-ok
+  // (awaited at most a second): the broker sees a client that said goodbye, not
+  // "client unexpectedly closed TCP connection". A broken one (socket error, a
+  // timeout of unknown outcome) loses only its socket.
   void Close();
-  bool open() const { return state_ != nullptr; }
+  // Closes the socket alone: the connection failed and nothing more can be said on it.
+  void Drop();
+  // Channel 1 is open on a live connection.
+  bool open() const { return state_ != nullptr && channel_open_; }
   amqp_connection_state_t get() const { return state_; }
 
-  // The status of the last synchronous RPC (declare, qos, consume ...); marks the
-  // connection broken when the channel or connection was closed by the server.
+  // The status of the last synchronous RPC (declare, qos, consume ...). On a
+  // channel exception (404 of a passive declare, 406, 403) the server closed
+  // channel 1 only: it is answered with channel.close-ok and the connection kept
+  // (open() is false until Open() opens the channel again). On a connection
+  // exception or a library error the connection is gone.
   [[nodiscard]] Status RpcStatus(std::string_view what);
-  // A status for a library error code; closes the connection on socket errors.
+  // channel.close or connection.close received from the server (an RPC's reply or
+  // a frame read while consuming or awaiting confirms): answers it with its
+  // close-ok, as AMQP 0-9-1 asks, and says what the server said (404 NotFound,
+  // 403 PermissionDenied, 406 FailedPrecondition, else Unavailable).
+  [[nodiscard]] Status ServerClosed(const amqp_method_t& method, std::string_view what);
+  // A status for a library error code; drops the connection on socket errors.
   [[nodiscard]] Status LibraryError(int code, std::string_view what);
   std::string Name() const;
 
  private:
   RabbitMqOptions o_;
   amqp_connection_state_t state_ = nullptr;
+  bool channel_open_ = false;
+  bool broken_ = false;  // nothing more can be sent on it (Close drops it)
 };
 
 }  // namespace dedup::rabbitmq

@@ -17,6 +17,7 @@
 
 #include "brokers/rabbitmq/amqp_conn.h"
 #include "brokers/key_spec.h"
+#include "core/duration.h"
 #include "core/printable.h"
 #include "core/sha256.h"
 #include "core/uri.h"
@@ -83,6 +84,18 @@ Status CheckNames(const RabbitMqOptions& o) {
   return Status::Ok();
 }
 
+// An AMQP heartbeat is a short, in seconds (tune-ok): a longer one would be sent
+// cut to its low 16 bits.
+constexpr Millis kMaxHeartbeat{65'535'000};
+
+Status CheckHeartbeat(Millis h) {
+  if (h.count() < 0 || h > kMaxHeartbeat) {
+    return Status::InvalidArgument("amqp heartbeat must be 0 to 65535s (an AMQP short, in seconds), got " +
+                                   internal::FormatDuration(h));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string RabbitMqOptions::Describe() const {
@@ -142,6 +155,7 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     auto ms = internal::ParseDurationMillis(*h, "amqp heartbeat");
     if (!ms.ok()) return ms.status();
     o.heartbeat = Millis(*ms);
+    DEDUP_RETURN_IF_ERROR(CheckHeartbeat(o.heartbeat));
   }
   if (auto t = u.Param("timeout")) {
     auto ms = internal::ParseDurationMillis(*t, "amqp timeout");
@@ -201,7 +215,7 @@ class RabbitMqPublisher::Impl {
     amqp_queue_declare(conn_.get(), kChannel, Bytes(name), /*passive=*/1, 1, 0, 0, amqp_empty_table);
     Status found = conn_.RpcStatus("queue.declare " + name);
     if (found.code() != StatusCode::kNotFound) return found;
-    DEDUP_RETURN_IF_ERROR(Connect());  // a failed passive declare closed the channel
+    DEDUP_RETURN_IF_ERROR(Connect());  // a failed passive declare closed the channel: reopen it
     amqp_queue_declare(conn_.get(), kChannel, Bytes(name), 0, 1, 0, 0, amqp_empty_table);
     return conn_.RpcStatus("queue.declare " + name);
   }
@@ -263,7 +277,7 @@ class RabbitMqPublisher::Impl {
       if (!conn_.open()) return Status::Unavailable(conn_.Name() + ": connection lost before confirms");
       const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
-        conn_.Close();  // unknown fate: the caller must not count them as sent
+        conn_.Drop();  // unknown fate: the caller must not count them as sent
         return Status::DeadlineExceeded(conn_.Name() + ": no publisher confirm within the timeout");
       }
       timeval tv = ToTimeval(left);
@@ -291,24 +305,22 @@ class RabbitMqPublisher::Impl {
           amqp_message_t msg;
           amqp_rpc_reply_t rr = amqp_read_message(conn_.get(), kChannel, &msg, 0);
           if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
-            conn_.Close();
+            conn_.Drop();
             return Status::Unavailable(conn_.Name() + ": reading a returned message failed");
           }
           amqp_destroy_message(&msg);
           break;
         }
-        case AMQP_CHANNEL_CLOSE_METHOD: {
+        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CONNECTION_CLOSE_METHOD: {
           // 404: the exchange published to does not exist (deleted meanwhile).
-          auto* c = static_cast<amqp_channel_close_t*>(frame.payload.method.decoded);
-          const uint16_t code = c->reply_code;
-          std::string text = Str(c->reply_text);
-          conn_.Close();
-          if (code == 404) return Status::NotFound(conn_.Name() + ": publish: " + text);
-          return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel: " + text);
+          // The channel's unconfirmed messages have an unknown fate; the next
+          // Connect opens the channel again, with confirms counted from 1.
+          Status closed = conn_.ServerClosed(frame.payload.method, "publish");
+          if (closed.code() == StatusCode::kNotFound) return closed;
+          return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel: " +
+                                     closed.message());
         }
-        case AMQP_CONNECTION_CLOSE_METHOD:
-          conn_.Close();
-          return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel");
         default:
           break;
       }
@@ -601,13 +613,20 @@ class RabbitMqSource final : public MessageSource {
             (frame.payload.method.id == AMQP_BASIC_ACK_METHOD)) {
           continue;
         }
-        // channel.close, connection.close, basic.cancel (queue deleted) ...
+        // channel.close, connection.close (answered with their close-ok), basic.cancel
+        // (queue deleted) ...: the next Fetch opens the channel (or connection) again.
+        if (frame.frame_type == AMQP_FRAME_METHOD &&
+            (frame.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ||
+             frame.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD)) {
+          Status closed = s_->conn.ServerClosed(frame.payload.method, "consume " + s_->o.queue);
+          return Broken(Status::Unavailable(closed.message()), &out);
+        }
         s_->conn.Close();
         return Broken(Status::Unavailable(s_->conn.Name() + ": the server closed the consumer (method " +
                                           std::to_string(frame.payload.method.id) + ")"),
                       &out);
       }
-      s_->conn.Close();
+      s_->conn.Drop();
       return Broken(Status::Unavailable(s_->conn.Name() + ": connection lost while consuming"), &out);
     }
     return out;
@@ -639,7 +658,7 @@ class RabbitMqSource final : public MessageSource {
       if (closing_) break;
       std::lock_guard<std::mutex> lock(s_->conn_mu);
       s_->RequeueDueLocked();
-      if (s_->conn.open() && s_->unsettled <= 0 && !s_->fetching &&
+      if (s_->conn.get() != nullptr && s_->unsettled <= 0 && !s_->fetching &&
           std::chrono::steady_clock::now() - s_->last_fetch > kIdleRelease) {
         s_->conn.Close();
         ++s_->generation;
@@ -726,6 +745,7 @@ class RabbitMqSource final : public MessageSource {
 StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOptions& o) {
   if (o.queue.empty()) return Status::InvalidArgument("rabbitmq source: queue is empty");
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
+  DEDUP_RETURN_IF_ERROR(CheckHeartbeat(o.heartbeat));
   if (o.prefetch < 1 || o.prefetch > 65535) {
     return Status::InvalidArgument("rabbitmq source: prefetch must be 1..65535");
   }

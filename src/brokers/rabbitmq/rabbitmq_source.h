@@ -16,7 +16,8 @@
 //   prefix=P         prepended to every key (a namespace)
 //   dead=NAME        the dead-letter exchange and queue. Default: <queue>.dead
 //                    (not the queue itself nor one of its retry queues)
-//   heartbeat=DUR    AMQP heartbeat. Default: 30s
+//   heartbeat=DUR    AMQP heartbeat (0: none; at most 65535s, an AMQP short).
+//                    Default: 30s
 //
 // How the consumer seam maps onto AMQP:
 //   Ack()            basic.ack of the delivery tag (after the outcome is recorded)

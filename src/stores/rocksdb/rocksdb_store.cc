@@ -393,14 +393,27 @@ struct DirectoryFacts {
   bool has_current = false;
   std::vector<std::string> data_files;  // tables, logs, manifests, blobs
   std::vector<std::string> live_logs;   // non-empty write-ahead logs
+  // Why the directory could not be looked at (EACCES: a directory this user may
+  // not enter or list), when it is not simply missing; the facts above then say
+  // nothing, and must not be read as "no such directory" or "no database".
+  std::error_code error;
 };
 
 DirectoryFacts LookAt(const std::string& path) {
   DirectoryFacts f;
   std::error_code ec;
   f.exists = std::filesystem::is_directory(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    f.error = ec;
+    return f;
+  }
   if (!f.exists) return f;
-  for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+  std::filesystem::directory_iterator entries(path, ec);
+  if (ec) {
+    f.error = ec;
+    return f;
+  }
+  for (const auto& e : entries) {
     const std::string name = e.path().filename().string();
     if (name == "CURRENT") f.has_current = true;
     const bool log = name.ends_with(".log");
@@ -1495,6 +1508,13 @@ Status RocksDBStoreImpl::OpenDb() {
     return Status::InvalidArgument(ctx + ": path exists and is not a directory");
   }
   DirectoryFacts facts = LookAt(path);
+  if (facts.error) {
+    const std::string why = ": cannot look into the directory: " + facts.error.message();
+    return facts.error == std::errc::permission_denied ||
+                   facts.error == std::errc::operation_not_permitted
+               ? Status::PermissionDenied(ctx + why)
+               : Status::Unavailable(ctx + why);
+  }
   const bool unfinished = UnfinishedCreation(facts);
   if (!facts.has_current && !may_create && (facts.data_files.empty() || unfinished)) {
     return Status::NotFound(ctx + ": no store here (" +
