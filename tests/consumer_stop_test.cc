@@ -42,9 +42,8 @@
 #include "dedup/consumer.h"
 #include "dedup/store.h"
 #ifdef DEDUP_TEST_WORKER_STOP
-#include <hiredis/hiredis.h>
-
 #include "dedup/worker.h"
+#include "redis/client.h"
 #endif
 
 namespace {
@@ -56,9 +55,11 @@ std::atomic<sem_t*> g_held_sem{nullptr};            // the semaphore of the post
 std::atomic<bool> g_destroyed_while_held{false};    // its sem_destroy came meanwhile
 std::atomic<bool> g_stop_returned{false};           // the held Stop() has returned
 
-void WaitFor(const std::atomic<bool>& flag, std::chrono::milliseconds at_most) {
+// Sleeps in 1 ms steps until done() or at_most has passed.
+template <typename Done>
+void WaitUntil(Done done, std::chrono::milliseconds at_most) {
   const auto until = std::chrono::steady_clock::now() + at_most;
-  while (!flag.load() && std::chrono::steady_clock::now() < until) {
+  while (!done() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -71,11 +72,8 @@ extern "C" int sem_post(sem_t* sem) {
   if (t_hold_posts) {
     g_held_posts.fetch_add(1);
     g_held_sem.store(sem);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (!g_run_returned.load() && !g_destroyed_while_held.load() &&
-           std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    WaitUntil([] { return g_run_returned.load() || g_destroyed_while_held.load(); },
+              std::chrono::seconds(1));
     g_held_sem.store(nullptr);
   }
   return real(sem);
@@ -86,7 +84,7 @@ extern "C" int sem_destroy(sem_t* sem) {
   static const Destroy real = reinterpret_cast<Destroy>(dlsym(RTLD_NEXT, "sem_destroy"));
   if (sem != nullptr && g_held_sem.load() == sem) {
     g_destroyed_while_held.store(true);
-    WaitFor(g_stop_returned, std::chrono::seconds(5));
+    WaitUntil([] { return g_stop_returned.load(); }, std::chrono::seconds(5));
   }
   return real(sem);
 }
@@ -123,10 +121,7 @@ TEST(ConsumerStop, RunDoesNotReturnWhileStopStillUsesTheConsumer) {
     stop_inside_at_return = !stop_returned.load();
     g_run_returned.store(true);
   });
-  for (auto until = std::chrono::steady_clock::now() + 10s;
-       ran.load() == 0 && std::chrono::steady_clock::now() < until;) {
-    std::this_thread::sleep_for(5ms);
-  }
+  WaitUntil([&] { return ran.load() != 0; }, 10s);
   ASSERT_EQ(ran.load(), 1);
   std::thread stopper([&] {
     t_hold_posts = true;
@@ -235,26 +230,19 @@ class RedisChild {
   }
   bool up() const { return up_; }
 
-  // One command on a connection of its own; its reply as text ("" on failure).
-  static std::string Command(const std::vector<std::string>& args) {
-    redisContext* c = redisConnectWithTimeout("127.0.0.1", kWorkerStopPort, timeval{1, 0});
-    if (c == nullptr || c->err != 0) {
-      if (c != nullptr) redisFree(c);
-      return "";
-    }
-    std::vector<const char*> argv;
-    std::vector<size_t> lens;
-    for (const std::string& a : args) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-    std::string out;
-    if (r != nullptr && r->str != nullptr) out.assign(r->str, r->len);
-    if (r != nullptr) freeReplyObject(r);
-    redisFree(c);
-    return out;
+  // One command on a connection of its own (the project's Redis client), its
+  // reply as text ("" on failure, and for replies that are not text).
+  static std::string Command(std::vector<std::string> args) {
+    redis::ConnectionOptions o;
+    o.endpoints = {{"127.0.0.1", kWorkerStopPort}};
+    o.timeout = 1s;
+    auto c = redis::Connection::Open(o.endpoints.front(), o);
+    if (!c.ok()) return "";
+    const redis::Command cmd{std::move(args)};
+    const redis::Command* cmds[] = {&cmd};
+    std::vector<redis::Reply> replies;
+    if (!(*c)->Pipeline(cmds, &replies, "test").ok() || replies.empty()) return "";
+    return std::string(redis::ReplyText(replies.front().get()));
   }
 
  private:
@@ -294,18 +282,12 @@ TEST(WorkerStop, ASecondStopDoesNotOutliveTheConsumer) {
     run_status = worker->Run(&buffer, [&](const StreamMessage&, ClaimGuard&) {
       ++ran;
       // Ends once the second Stop() is inside the Consumer (its post held).
-      for (auto until = std::chrono::steady_clock::now() + 5s;
-           g_held_posts.load() == 0 && std::chrono::steady_clock::now() < until;) {
-        std::this_thread::sleep_for(1ms);
-      }
+      WaitUntil([] { return g_held_posts.load() != 0; }, 5s);
       return HandlerResult::Done();
     });
     g_run_returned.store(true);  // the Consumer is gone
   });
-  for (auto until = std::chrono::steady_clock::now() + 10s;
-       ran.load() == 0 && std::chrono::steady_clock::now() < until;) {
-    std::this_thread::sleep_for(5ms);
-  }
+  WaitUntil([&] { return ran.load() != 0; }, 10s);
   ASSERT_EQ(ran.load(), 1);
   worker->Stop();  // the first: the drain waits for the handler
   std::thread stopper([&] {
