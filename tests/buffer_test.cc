@@ -134,6 +134,61 @@ TEST_F(BufferTest, RetryAndPermanentFailure) {
   EXPECT_EQ(again.claim.status, CompletionStatus::kFailed);
 }
 
+// An outcome no record can hold (a result over kMaxResultBytes) would fail the
+// same way on every delivery: releasing the claim for a retry runs the handler,
+// side effect and all, again and again. It is a permanent failure instead,
+// recorded with a reason that names the size, and dead-lettered; a Fail reason
+// that long is recorded cut to fit. (PostgresStore::RunInTransaction does the
+// same for the inbox.) Also through CompleteBatch, the Consumer's completer.
+TEST_F(BufferTest, AnOutcomeTooLargeForARecordIsDeadLetteredNotRetried) {
+  Buffer buffer(store_.get());
+  int runs = 0;
+  const std::string big(kMaxResultBytes + 1, 'x');
+  auto too_big = [&](ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done(big);
+  };
+  Processed p = buffer.ProcessOnce("big", "", too_big);
+  EXPECT_TRUE(p.ran);
+  EXPECT_EQ(p.action, BrokerAction::kDeadLetter) << p.reason;
+  EXPECT_NE(p.reason.find(std::to_string(kMaxResultBytes + 1)), std::string::npos) << p.reason;
+  auto rec = store_->Inspect("big");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->state, RecordState::kCompleted);
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  Processed again = buffer.ProcessOnce("big", "", too_big);
+  EXPECT_FALSE(again.ran);
+  EXPECT_EQ(again.action, BrokerAction::kDeadLetter);
+  EXPECT_EQ(runs, 1) << "the handler ran again";
+
+  Processed f = buffer.ProcessOnce("long-reason", "", [&](ClaimGuard&) {
+    return HandlerResult::Fail(big);
+  });
+  EXPECT_EQ(f.action, BrokerAction::kDeadLetter) << f.reason.substr(0, 200);
+  rec = store_->Inspect("long-reason");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+  EXPECT_LE((*rec)->result.size(), kMaxResultBytes);
+  EXPECT_EQ((*rec)->result.substr(0, 100), big.substr(0, 100));
+
+  // Batched with a good one: each gets its own answer.
+  std::vector<PendingOutcome> pending;
+  for (const char* k : {"batch-big", "batch-ok"}) {
+    auto r = buffer.ProcessOnceDeferred(k, "", [&](ClaimGuard& g) {
+      return g.key() == "batch-big" ? HandlerResult::Done(big) : HandlerResult::Done("fine");
+    });
+    ASSERT_TRUE(std::holds_alternative<PendingOutcome>(r));
+    pending.push_back(std::move(std::get<PendingOutcome>(r)));
+  }
+  std::vector<Processed> ps = buffer.CompleteBatch(pending);
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].action, BrokerAction::kDeadLetter) << ps[0].reason;
+  EXPECT_EQ(ps[1].action, BrokerAction::kAck);
+  rec = store_->Inspect("batch-big");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
+}
+
 TEST_F(BufferTest, BusyIsNeverAcked) {
   Buffer buffer(store_.get());
   auto held = buffer.Claim("k");
@@ -301,6 +356,96 @@ TEST_F(BufferTest, BatchClaimPutsDataLossOnTheCorruptKeyOnly) {
   EXPECT_TRUE(claims[0].ok() && claims[0]->acquired());
   EXPECT_EQ(claims[1].status().code(), StatusCode::kDataLoss);
   EXPECT_TRUE(claims[2].ok() && claims[2]->acquired());
+}
+
+// One ClaimBatch of a batch that mixes every answer (ACQUIRED, BUSY held by
+// another owner, DUPLICATE of done and of failed work, MISMATCH, EXHAUSTED, and
+// a key twice in the batch) answers each item, and ProcessClaimed then acts on
+// each, exactly as one Claim per item in the same order does on the same store
+// history (guards kept while the later items are claimed, as a batch keeps
+// them). A guard for a property the conformance suite checks only in part.
+TEST(BufferBatch, AMixedBatchAnswersAsSingleClaimsInOrder) {
+  struct Answer {
+    StatusCode code;
+    ClaimOutcome outcome;
+    uint32_t attempt;
+    uint64_t fence;
+    CompletionStatus status;
+    std::string result;
+    BrokerAction action;
+    std::string reason;
+    bool operator==(const Answer&) const = default;
+  };
+  const std::vector<std::pair<std::string, std::string>> batch = {
+      {"new", "p"},  {"done", "p"}, {"busy", "p"}, {"failed", "p"},
+      {"mm", "p2"},  {"exh", "p"},  {"new", "p"},  {"other", "p"}};
+  std::vector<Answer> answers[2];
+  for (int batched = 0; batched < 2; ++batched) {
+    SimulatedClock clock;
+    MemoryStoreOptions mo;
+    mo.clock = &clock;
+    auto store = NewMemoryStore(mo);
+    BufferOptions o;
+    o.fingerprint_payloads = true;
+    o.max_attempts = 1;
+    Buffer buffer(store.get(), o);
+    auto done = [](ClaimGuard&) { return HandlerResult::Done("r"); };
+    ASSERT_EQ(buffer.ProcessOnce("done", "p", done).action, BrokerAction::kAck);
+    ASSERT_EQ(buffer.ProcessOnce("failed", "p", [](ClaimGuard&) { return HandlerResult::Fail("x"); })
+                  .action,
+              BrokerAction::kDeadLetter);
+    ASSERT_EQ(buffer.ProcessOnce("mm", "p1", done).action, BrokerAction::kAck);
+    ASSERT_EQ(buffer.ProcessOnce("exh", "p", [](ClaimGuard&) { return HandlerResult::Retry("t"); })
+                  .action,
+              BrokerAction::kRetry);
+    Buffer other(store.get(), o);
+    auto held = other.Claim("busy", PayloadFingerprint("p"));
+    ASSERT_TRUE(held.ok() && held->acquired());
+    clock.Advance(1'000ms);
+
+    std::vector<StatusOr<ClaimGuard>> claims;
+    if (batched == 1) {
+      std::vector<ClaimItem> items;
+      for (const auto& [k, p] : batch) items.push_back(ClaimItem{k, p});
+      claims = buffer.ClaimBatch(items);
+    } else {
+      for (const auto& [k, p] : batch) claims.push_back(buffer.Claim(k, PayloadFingerprint(p)));
+    }
+    ASSERT_EQ(claims.size(), batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Answer a{};
+      a.code = claims[i].status().code();
+      if (claims[i].ok()) {
+        const ClaimResult& r = claims[i]->result();
+        a.outcome = r.outcome;
+        a.attempt = r.attempt;
+        a.fence = r.fence;
+        a.status = r.status;
+        a.result = r.result;
+      }
+      Processed p = buffer.ProcessClaimed(batch[i].first, std::move(claims[i]), done);
+      a.action = p.action;
+      a.reason = p.reason;
+      answers[batched].push_back(a);
+    }
+    EXPECT_EQ(*held->Complete(), WriteResult::kOk);
+  }
+  ASSERT_EQ(answers[0].size(), answers[1].size());
+  for (size_t i = 0; i < answers[0].size(); ++i) {
+    EXPECT_TRUE(answers[0][i] == answers[1][i])
+        << batch[i].first << " (item " << i << "): single "
+        << ClaimOutcomeName(answers[0][i].outcome) << " " << BrokerActionName(answers[0][i].action)
+        << " '" << answers[0][i].reason << "', batch " << ClaimOutcomeName(answers[1][i].outcome)
+        << " " << BrokerActionName(answers[1][i].action) << " '" << answers[1][i].reason << "'";
+  }
+  // What the items are, so that the comparison covers every answer.
+  const std::vector<ClaimOutcome> want = {
+      ClaimOutcome::kAcquired, ClaimOutcome::kDuplicate, ClaimOutcome::kBusy,
+      ClaimOutcome::kDuplicate, ClaimOutcome::kMismatch, ClaimOutcome::kExhausted,
+      ClaimOutcome::kBusy, ClaimOutcome::kAcquired};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(answers[1][i].outcome, want[i]) << batch[i].first << " (item " << i << ")";
+  }
 }
 
 TEST_F(BufferTest, TooManyCorruptKeysAtOnceAreDeadLetteredAtTheFirstTry) {

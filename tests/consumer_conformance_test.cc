@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -128,22 +129,31 @@ class LoggingDelivery final : public ForwardingDelivery {
   EventLog* log_;
 };
 
-class LoggingSource final : public MessageSource {
+// A source that wraps every delivery it fetches (to observe or slow a call).
+class WrappingSource final : public MessageSource {
  public:
-  LoggingSource(std::unique_ptr<MessageSource> s, EventLog* log) : s_(std::move(s)), log_(log) {}
+  using Wrap = std::function<std::unique_ptr<Delivery>(std::unique_ptr<Delivery>)>;
+  WrappingSource(std::unique_ptr<MessageSource> s, Wrap wrap)
+      : s_(std::move(s)), wrap_(std::move(wrap)) {}
   StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
     auto r = s_->Fetch(max, wait);
     if (!r.ok()) return r;
     std::vector<std::unique_ptr<Delivery>> out;
-    for (auto& d : *r) out.push_back(std::make_unique<LoggingDelivery>(std::move(d), log_));
+    for (auto& d : *r) out.push_back(wrap_(std::move(d)));
     return out;
   }
   std::string Describe() const override { return s_->Describe(); }
 
  private:
   std::unique_ptr<MessageSource> s_;
-  EventLog* log_;
+  Wrap wrap_;
 };
+
+WrappingSource MakeLoggingSource(std::unique_ptr<MessageSource> s, EventLog* log) {
+  return WrappingSource(std::move(s), [log](std::unique_ptr<Delivery> d) {
+    return std::make_unique<LoggingDelivery>(std::move(d), log);
+  });
+}
 
 // A Consumer running on its own thread until Stop().
 class Running {
@@ -223,7 +233,7 @@ TEST_P(ConsumerConformance, AcksOnlyAfterTheOutcomeIsRecorded) {
   EventLog log;
   LoggingStore logging(store_.get(), &log);
   Buffer buffer(&logging);
-  LoggingSource source(Source(), &log);
+  WrappingSource source = MakeLoggingSource(Source(), &log);
   const int n = 20;
   for (int i = 0; i < n; ++i) Publish("k" + std::to_string(i));
   std::atomic<bool> acked_while_running{false};
@@ -1127,6 +1137,240 @@ TEST_P(ConsumerConformance, StopOnAnotherThreadAsRunReturns) {
     }
     run.join();
     EXPECT_TRUE(run_status.ok()) << run_status;
+  }
+}
+
+// A delivery whose Retry() returns late: the broker applied it (the message is
+// due again after `after`), and its reply is slow to come back (a network round
+// trip, a preempted thread on a loaded machine).
+class SlowRetryDelivery final : public ForwardingDelivery {
+ public:
+  SlowRetryDelivery(std::unique_ptr<Delivery> d, Millis slow)
+      : ForwardingDelivery(std::move(d)), slow_(slow) {}
+  Status Retry(Millis after) override {
+    Status s = d_->Retry(after);
+    std::this_thread::sleep_for(slow_);
+    return s;
+  }
+
+ private:
+  Millis slow_;
+};
+
+// A retry that comes due while its own Retry() has not returned yet: the broker
+// hands the message out again (same delivery id) while this Consumer still holds
+// the first delivery. It must not be dropped as "held here" after the first one
+// is settled: nothing would settle it, and it would wait for the broker's own
+// redelivery (visibility timeout, XAUTOCLAIM min-idle, AckWait), 10 s here,
+// instead of the 20 ms retry delay.
+TEST_P(ConsumerConformance, ARetryDueBeforeItsSettlementReturnsRunsAgainAtOnce) {
+  SourceEnvOptions eo;
+  eo.redelivery_after = 10'000ms;
+  ASSERT_TRUE(env_->Reset(eo).ok());
+  BufferOptions bo;
+  bo.retry_delay = 20ms;
+  auto buffer = MakeBuffer(bo);
+  WrappingSource source(Source(), [](std::unique_ptr<Delivery> d) {
+    return std::make_unique<SlowRetryDelivery>(std::move(d), 300ms);
+  });
+  Publish("comes-back");
+  std::atomic<int> runs{0};
+  Running c(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    return ++runs == 1 ? HandlerResult::Retry("not yet") : HandlerResult::Done();
+  });
+  EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))
+      << Outstanding() << " outstanding after 5 s; held_back=" << c->metrics().held_back;
+  EXPECT_EQ(runs.load(), 2);
+}
+
+// Every outcome write of the first claim of `key` that reaches it fails with
+// Aborted (not retried): the store refuses the completion after the handler ran.
+class RefuseFirstOwnerStore : public StoreWrapper {
+ public:
+  RefuseFirstOwnerStore(Store* target, std::string key)
+      : StoreWrapper(target), key_(std::move(key)) {}
+  StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
+                                 CompletionStatus status, std::string_view result) override {
+    DEDUP_RETURN_IF_ERROR(Check(key, token));
+    return StoreWrapper::Complete(key, token, retention, status, result);
+  }
+  StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
+                                       CompletionStatus status, std::string_view result,
+                                       const BrokerAck& ack) override {
+    DEDUP_RETURN_IF_ERROR(Check(key, token));
+    return StoreWrapper::CompleteWithAck(key, token, retention, status, result, ack);
+  }
+  StatusOr<std::vector<AckedWrite>> CompleteBatch(
+      std::span<const CompleteRequest> reqs) override {
+    for (const CompleteRequest& q : reqs) DEDUP_RETURN_IF_ERROR(Check(q.key, q.token));
+    return StoreWrapper::CompleteBatch(reqs);
+  }
+
+ private:
+  Status Check(std::string_view key, Token token) {
+    if (key != key_) return Status::Ok();
+    std::lock_guard lock(mu_);
+    if (!refused_.has_value()) refused_ = token.value;
+    if (*refused_ != token.value) return Status::Ok();
+    return Status(StatusCode::kAborted, "test store: the outcome of the first claim of '" + key_ +
+                           "' is refused");
+  }
+  const std::string key_;
+  std::mutex mu_;
+  std::optional<uint64_t> refused_;
+};
+
+// The counters say what happened: a handler that ran and whose outcome the store
+// then refused is a claim ACQUIRED (the handler ran) and a store error, and the
+// run that finally records it is a takeover of the claim left behind.
+TEST_P(ConsumerConformance, MetricsCountAClaimWhoseOutcomeTheStoreRefused) {
+  RefuseFirstOwnerStore store(store_.get(), "refused");
+  BufferOptions bo;
+  bo.lease = 300ms;
+  bo.retry_delay = 50ms;
+  Buffer buffer(&store, bo);
+  auto source = Source();
+  Publish("refused");
+  std::atomic<int> runs{0};
+  Running c(source.get(), &buffer, [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  c.Stop();
+  const ConsumerMetrics m = c->metrics();
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_EQ(m.acquired, 2u) << m.Summary();
+  EXPECT_EQ(m.takeovers, 1u) << m.Summary();
+  EXPECT_EQ(m.store_errors, 1u) << m.Summary();
+  EXPECT_EQ(m.acked, 1u) << m.Summary();
+  EXPECT_EQ(m.messages, m.acquired + m.busy) << m.Summary();
+  EXPECT_EQ(m.messages, m.acked + m.retries) << m.Summary();
+}
+
+// Acks sent through AckBatch; the first call takes `first_slow` (a slow broker),
+// and when each delivery's ack returned is noted by key.
+class SlowFirstAckSource final : public MessageSource {
+ public:
+  SlowFirstAckSource(std::unique_ptr<MessageSource> s, Millis first_slow)
+      : s_(std::move(s)), first_slow_(first_slow) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    return s_->Fetch(max, wait);
+  }
+  Status AckBatch(std::span<Delivery* const> deliveries) override {
+    if (!slowed_.exchange(true)) {
+      first_started_ = true;
+      std::this_thread::sleep_for(first_slow_);
+      std::lock_guard lock(mu_);
+      first_ended_ = SteadyClock::now();
+    }
+    Status s = s_->AckBatch(deliveries);
+    std::lock_guard lock(mu_);
+    for (Delivery* d : deliveries) acked_at_[d->key()] = SteadyClock::now();
+    return s;
+  }
+  std::string Describe() const override { return s_->Describe(); }
+  bool first_started() const { return first_started_.load(); }
+  SteadyClock::time_point first_ended() const {
+    std::lock_guard lock(mu_);
+    return first_ended_;
+  }
+  std::optional<SteadyClock::time_point> acked_at(const std::string& key) const {
+    std::lock_guard lock(mu_);
+    auto it = acked_at_.find(key);
+    if (it == acked_at_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  std::unique_ptr<MessageSource> s_;
+  const Millis first_slow_;
+  std::atomic<bool> slowed_{false}, first_started_{false};
+  mutable std::mutex mu_;
+  SteadyClock::time_point first_ended_{};
+  std::map<std::string, SteadyClock::time_point> acked_at_;
+};
+
+// ConsumerOptions::max_ack_delay bounds how long an ack waits after its handler
+// ended. When the completer (or the acker) was busy with an earlier batch (a slow
+// broker), the outcomes that piled up meanwhile are already late once it is
+// free: they go with its next batches at once, not after another max_ack_delay
+// counted from the moment the batch before them was taken.
+TEST_P(ConsumerConformance, AcksThatWaitedBehindASlowBatchAreNotDelayedAgain) {
+  for (const bool coalesce : {true, false}) {
+    SCOPED_TRACE(coalesce ? "batch_completions" : "acker");
+    auto buffer = MakeBuffer();
+    SlowFirstAckSource source(Source(), 700ms);
+    const std::string run = coalesce ? "c-" : "a-";
+    Publish(run + "long");
+    for (const char* k : {"a", "b", "c", "d", "e"}) Publish(run + k);
+    ConsumerOptions o;
+    o.concurrency = 3;
+    o.prefetch = 8;
+    o.batch_completions = coalesce;
+    o.max_ack_delay = 600ms;
+    o.max_ack_batch = 2;
+    std::atomic<bool> release_long{false};
+    {
+      Running c(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+        // "long" keeps a handler running (the completer does not flush early
+        // for want of work); c, d, e end while the first batch is being acked.
+        if (d.key() == run + "long") {
+          while (!release_long.load()) std::this_thread::sleep_for(5ms);
+        } else if (d.key() != run + "a" && d.key() != run + "b") {
+          while (!source.first_started()) std::this_thread::sleep_for(1ms);
+        }
+        return HandlerResult::Done();
+      }, o);
+      const bool all = WaitFor([&] { return Outstanding() == 1; }, 10'000ms);
+      release_long = true;
+      ASSERT_TRUE(all) << Outstanding();
+      const auto slow_end = source.first_ended();
+      for (const char* k : {"c", "d", "e"}) {
+        auto at = source.acked_at(run + k);
+        ASSERT_TRUE(at.has_value()) << k;
+        // Each ended before the slow batch did, more than max_ack_delay before
+        // its end: nothing more to wait for.
+        EXPECT_LT(*at - slow_end, 300ms)
+            << k << " acked "
+            << std::chrono::duration_cast<Millis>(*at - slow_end).count()
+            << " ms after the slow batch ended";
+      }
+      ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+    }
+  }
+}
+
+// Two messages with one key in one fetched batch (a publisher that sent it
+// twice): claimed one at a time, the second is claimed after the first ran and
+// gets DUPLICATE, acked at once. A batch claim must answer the same: claiming
+// both up front made the second BUSY against this very Consumer's claim, and it
+// came back only after the whole lease (30 s here).
+TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
+  for (const bool batch : {false, true}) {
+    SCOPED_TRACE(batch ? "batch claims" : "single claims");
+    auto buffer = MakeBuffer();  // lease 30 s
+    auto source = Source();
+    const std::string twin = batch ? "twin-b" : "twin-s";
+    Publish(twin);
+    Publish(twin);
+    Publish(twin + "-other");
+    ConsumerOptions o;
+    o.concurrency = 1;
+    o.prefetch = 16;
+    o.batch_claims = batch;
+    o.batch_completions = false;  // the first outcome is written before the next claim
+    std::atomic<int> runs{0};
+    Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+      ++runs;
+      return HandlerResult::Done();
+    }, o);
+    EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))
+        << Outstanding() << " outstanding; " << c->metrics().Summary();
+    c.Stop();
+    EXPECT_EQ(runs.load(), 2);
+    EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
+    EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
   }
 }
 

@@ -16,6 +16,11 @@
 //   ACQUIRED, handler done, complete OK   kAck
 //   ACQUIRED, handler Retry or throws     kRetry (claim released first)
 //   ACQUIRED, handler Fail                kDeadLetter (completed as failed first)
+//   ACQUIRED, handler Done with a result  kDeadLetter (completed as failed, the
+//     over kMaxResultBytes                reason naming the size: it would fail
+//                                         again on every retry, after running
+//                                         the handler again; a Fail reason that
+//                                         long is recorded cut to fit)
 //   DUPLICATE of ok work                  kAck (handler not run; cached result)
 //   DUPLICATE of failed / exhausted work  kDeadLetter (again: the worker that
 //                                         completed it may have died before its

@@ -211,8 +211,9 @@ struct ConsumerOptions {
   bool batch_claims = true;
   // Acks of finished messages are coalesced into one MessageSource::AckBatch
   // (one XACK for several entries): an ack waits at most this long after its
-  // handler ended, less when max_ack_batch are waiting. 0 = every ack is sent by
-  // its handler's thread at once. Default: 2 ms.
+  // handler ended, less when max_ack_batch are waiting (and, while an earlier
+  // AckBatch is still out, for that one: those then late go at once after it).
+  // 0 = every ack is sent by its handler's thread at once. Default: 2 ms.
   Millis max_ack_delay{2};
   // At most this many deliveries per AckBatch. Default: 64.
   int max_ack_batch = 64;
@@ -220,8 +221,10 @@ struct ConsumerOptions {
   // thread with one Buffer::CompleteBatch for several (one store round trip or
   // write; fused with the acks where the store can), then acked with one
   // AckBatch. An outcome waits at most max_ack_delay after its handler ended
-  // (not at all when no other handler is running), and for one batch write; its
-  // claim stays heartbeated until written. At most max_ack_batch per batch.
+  // (not at all when no other handler is running), and for one batch write (and
+  // for the one before it, if the completer is still writing and acking that
+  // one: those then late go at once after it); its claim stays heartbeated
+  // until written. At most max_ack_batch per batch.
   // false: each handler's thread records its own outcome. Default: true.
   bool batch_completions = true;
   // Graceful drain: how long handlers still running at Stop() may go on. After

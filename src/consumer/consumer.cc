@@ -18,8 +18,10 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -182,6 +184,13 @@ class Consumer::Impl {
   struct Done {
     std::unique_ptr<Delivery> delivery;
     PendingOutcome pending;
+    std::chrono::steady_clock::time_point ended;  // when its handler ended
+  };
+
+  // A delivery waiting for the acker.
+  struct WaitingAck {
+    std::unique_ptr<Delivery> delivery;
+    std::chrono::steady_clock::time_point ended;  // when its handler ended
   };
 
   struct Job {
@@ -311,15 +320,23 @@ class Consumer::Impl {
     return n;
   }
 
-  // One Buffer::ClaimBatch for the keyed deliveries of the batch.
+  // One Buffer::ClaimBatch for the keyed deliveries of the batch. A key met
+  // again in the batch is not claimed with it: claimed up front it would be
+  // BUSY against the first one's claim, here, and come back only after the
+  // lease; claimed alone when its turn comes (after the first ran, at
+  // concurrency 1), it gets what a single claim gets: DUPLICATE once the first
+  // is recorded.
   void ClaimAll(std::vector<Job>& jobs) {
     std::vector<ClaimItem> items;
     std::vector<size_t> where;
     items.reserve(jobs.size());
     where.reserve(jobs.size());
+    std::unordered_set<std::string_view> keys;
+    keys.reserve(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Delivery& d = *jobs[i].delivery;
       if (!d.key_error().empty() || d.key().empty()) continue;
+      if (!keys.insert(d.key()).second) continue;
       items.push_back(ClaimItem{d.key(), d.payload()});
       where.push_back(i);
     }
@@ -378,14 +395,12 @@ class Consumer::Impl {
         queue_.pop_front();
         ++running_;
       }
-      // true: the acker or the completer owns the delivery now
       const auto started = adaptive_prefetch_ ? std::chrono::steady_clock::now()
                                               : std::chrono::steady_clock::time_point();
-      const bool deferred = Handle(job);
+      Handle(job);
       bool notify_room = false;
       {
         std::lock_guard lock(mu_);
-        if (!deferred) held_.erase(job.delivery->id());
         --running_;
         if (adaptive_prefetch_) AdaptPrefetch(std::chrono::steady_clock::now() - started);
         // The fetch thread waits for room (woken only when it will fetch: each
@@ -404,14 +419,16 @@ class Consumer::Impl {
     }
   }
 
-  // Returns true when the delivery was handed to the acker or the completer.
-  bool Handle(Job& job) {
+  // Settles the delivery (out of the held set first), or hands it to the acker
+  // or the completer, which settle it later.
+  void Handle(Job& job) {
     Delivery& d = *job.delivery;
     n_.messages.fetch_add(1, std::memory_order_relaxed);
     if (d.delivery_count() > 1) n_.redelivered.fetch_add(1, std::memory_order_relaxed);
     if (!d.key_error().empty()) {
+      Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
       Settle(d, BrokerAction::kDeadLetter, Millis(0), d.key_error(), false);
-      return false;
+      return;
     }
     Consumer::WatchStop(d, &handlers_stop_);
     Processed p;
@@ -443,7 +460,7 @@ class Consumer::Impl {
           p = buffer_->CompleteBatch(std::span<PendingOutcome>(pending, 1))[0];
         } else {
           Defer(std::move(job.delivery), std::move(*pending));
-          return true;
+          return;
         }
       } else {
         p = std::move(std::get<Processed>(r));
@@ -458,19 +475,19 @@ class Consumer::Impl {
     if (p.action == BrokerAction::kAck && !p.acked_with_complete && acker_.joinable()) {
       {
         std::lock_guard lock(ack_mu_);
-        if (acks_.empty()) oldest_ack_ = std::chrono::steady_clock::now();
-        acks_.push_back(std::move(job.delivery));
+        acks_.push_back(WaitingAck{std::move(job.delivery), std::chrono::steady_clock::now()});
       }
       ack_cv_.notify_one();
-      return true;
+      return;
     }
+    Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
     Settle(d, p.action, p.retry_after, p.reason, p.acked_with_complete);
-    return false;
   }
 
   // Hands a handler's outcome to the completer. Waits while the completer is a
   // few batches behind, so that outcomes never pile up without bound.
   void Defer(std::unique_ptr<Delivery> d, PendingOutcome&& pending) {
+    const auto ended = std::chrono::steady_clock::now();
     bool wake = false;
     {
       std::unique_lock lock(done_mu_);
@@ -478,8 +495,7 @@ class Consumer::Impl {
         return static_cast<int>(done_.size()) < 4 * o_.max_ack_batch || done_stop_;
       });
       wake = done_.empty();
-      if (wake) oldest_done_ = std::chrono::steady_clock::now();
-      done_.emplace_back(std::move(d), std::move(pending));
+      done_.emplace_back(std::move(d), std::move(pending), ended);
       wake = wake || static_cast<int>(done_.size()) == o_.max_ack_batch;
     }
     // Only what changes the completer's mind wakes it (a first outcome starts its
@@ -497,7 +513,9 @@ class Consumer::Impl {
     while (true) {
       done_cv_.wait(lock, [this] { return !done_.empty() || done_stop_; });
       if (done_.empty()) return;  // stopping and nothing left
-      done_cv_.wait_until(lock, oldest_done_ + o_.max_ack_delay, [this] {
+      // The oldest one's wait: counted from its handler's end (outcomes left
+      // from a batch taken earlier have waited since before it was taken).
+      done_cv_.wait_until(lock, done_.front().ended + o_.max_ack_delay, [this] {
         return static_cast<int>(done_.size()) >= o_.max_ack_batch || done_stop_ ||
                unfinished_.load(std::memory_order_acquire) == 0;
       });
@@ -513,7 +531,6 @@ class Consumer::Impl {
         pending.push_back(std::move(done_.front().pending));
         done_.pop_front();
       }
-      if (!done_.empty()) oldest_done_ = std::chrono::steady_clock::now();
       lock.unlock();
       space_cv_.notify_all();
       FlushCompletions(deliveries, pending);
@@ -526,6 +543,7 @@ class Consumer::Impl {
     std::vector<Processed> ps = buffer_->CompleteBatch(pending);
     n_.complete_batches.fetch_add(1, std::memory_order_relaxed);
     n_.completed_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
+    Unhold(deliveries);
     std::vector<Delivery*> acks;
     for (size_t i = 0; i < deliveries.size(); ++i) {
       const Processed& p = ps[i];
@@ -537,10 +555,6 @@ class Consumer::Impl {
       }
     }
     if (!acks.empty()) AckAll(acks);
-    {
-      std::lock_guard lock(mu_);
-      for (const auto& d : deliveries) held_.erase(d->id());
-    }
   }
 
   // Sends the waiting acks in batches: when max_ack_batch wait, or the oldest
@@ -550,17 +564,16 @@ class Consumer::Impl {
     while (true) {
       ack_cv_.wait(lock, [this] { return !acks_.empty() || ack_stop_; });
       if (acks_.empty()) return;  // stopping and nothing left
-      ack_cv_.wait_until(lock, oldest_ack_ + o_.max_ack_delay, [this] {
+      ack_cv_.wait_until(lock, acks_.front().ended + o_.max_ack_delay, [this] {
         return static_cast<int>(acks_.size()) >= o_.max_ack_batch || ack_stop_;
       });
       std::vector<std::unique_ptr<Delivery>> batch;
       const size_t n = std::min(acks_.size(), static_cast<size_t>(o_.max_ack_batch));
       batch.reserve(n);
       for (size_t i = 0; i < n; ++i) {
-        batch.push_back(std::move(acks_.front()));
+        batch.push_back(std::move(acks_.front().delivery));
         acks_.pop_front();
       }
-      if (!acks_.empty()) oldest_ack_ = std::chrono::steady_clock::now();
       lock.unlock();
       FlushAcks(batch);
       lock.lock();
@@ -586,17 +599,32 @@ class Consumer::Impl {
     std::vector<Delivery*> ptrs;
     ptrs.reserve(batch.size());
     for (auto& d : batch) ptrs.push_back(d.get());
+    Unhold(batch);
     AckAll(ptrs);
-    {
-      std::lock_guard lock(mu_);
-      for (auto& d : batch) held_.erase(d->id());
+  }
+
+  // Takes the deliveries out of the held set, right BEFORE they are settled: once
+  // the broker has a settlement (a Retry(after) that comes due, a failed ack
+  // left pending), it may hand the message out again at any moment, with the same
+  // id, and this Consumer must take that delivery, not drop it as held here (no
+  // one would settle it: it would wait for the broker's own redelivery, a
+  // visibility timeout or reclaim min-idle later). Only the entry of this very
+  // delivery is removed: one of a later delivery of the id stays.
+  void Unhold(std::span<const std::unique_ptr<Delivery>> deliveries) {
+    std::lock_guard lock(mu_);
+    for (const auto& d : deliveries) {
+      auto it = held_.find(d->id());
+      if (it != held_.end() && it->second == d.get()) held_.erase(it);
     }
   }
 
   void Count(const Processed& p) {
     if (!p.status.ok()) {
       if (p.action != BrokerAction::kDeadLetter) n_.store_errors.fetch_add(1);
-      return;
+      // A claim the store could not answer (p.claim is then the default, never
+      // ACQUIRED) counts as nothing more. One it answered ACQUIRED whose
+      // outcome write then failed still ran its handler: counted below too.
+      if (p.claim.outcome != ClaimOutcome::kAcquired) return;
     }
     switch (p.claim.outcome) {
       case ClaimOutcome::kAcquired:
@@ -855,7 +883,6 @@ class Consumer::Impl {
   std::mutex done_mu_;
   std::condition_variable done_cv_, space_cv_;
   std::deque<Done> done_;
-  std::chrono::steady_clock::time_point oldest_done_;
   bool done_stop_ = false;
   // Deliveries enqueued whose handler has not finished yet.
   std::atomic<int> unfinished_{0};
@@ -863,8 +890,7 @@ class Consumer::Impl {
   std::thread acker_;
   std::mutex ack_mu_;
   std::condition_variable ack_cv_;
-  std::deque<std::unique_ptr<Delivery>> acks_;
-  std::chrono::steady_clock::time_point oldest_ack_;
+  std::deque<WaitingAck> acks_;
   bool ack_stop_ = false;
 };
 

@@ -99,6 +99,23 @@ auto EchoChecked(Write write, ShowsOwnWrite shows_own_write) {
     return w;
   };
 }
+// An outcome no record can hold would fail the same way on every delivery, and
+// a release for a retry would run the handler, side effect and all, each time:
+// a Done result over kMaxResultBytes becomes a Fail saying so, and a Fail reason
+// that long is kept cut to fit (as PostgresStore::RunInTransaction does).
+void FitInARecord(HandlerResult* hr) {
+  if (hr->result.size() <= kMaxResultBytes) return;
+  if (hr->kind == HandlerResult::Kind::kDone) {
+    *hr = HandlerResult::Fail("the handler's result is " + std::to_string(hr->result.size()) +
+                              " bytes, more than the " + std::to_string(kMaxResultBytes) +
+                              " a record holds: recorded as failed");
+  } else if (hr->kind == HandlerResult::Kind::kFail) {
+    const std::string note = "... [reason cut to fit a record: " +
+                             std::to_string(hr->result.size()) + " bytes in all]";
+    hr->result.resize(kMaxResultBytes - note.size());
+    hr->result += note;
+  }
+}
 }  // namespace
 
 std::string PayloadFingerprint(std::string_view payload) {
@@ -733,7 +750,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
   where.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     ClaimGuard& g = pending[i].guard_;
-    const HandlerResult& hr = pending[i].handler_result_;
+    HandlerResult& hr = pending[i].handler_result_;
     if (g.held_ == nullptr) {
       w[i] = Status::FailedPrecondition("complete on a claim of '" + g.key_ +
                                         "' that is not held (not acquired, or already ended)");
@@ -744,11 +761,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
       w[i] = WriteResult::kLost;
       continue;
     }
-    if (Status s = ValidateResult(hr.result); !s.ok()) {
-      w[i] = std::move(s);
-      (void)g.ReleaseOnce();  // the outcome cannot be written: give the claim up
-      continue;
-    }
+    FitInARecord(&hr);
     CompleteRequest q;
     q.key = g.key_;
     q.token = g.result_.token;
