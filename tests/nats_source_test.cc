@@ -577,6 +577,23 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
 
 // ---- edges (brokeredge) ---------------------------------------------------------
 
+// Fetches for 3 s or until a fetch answers FailedPrecondition (a consumer
+// refused); counts what was delivered meanwhile and returns the last error.
+Status FetchUntilRefused(MessageSource& src, size_t* delivered) {
+  Status last;
+  const auto end = steady_clock::now() + Millis(3000);
+  while (steady_clock::now() < end) {
+    auto b = src.Fetch(1, Millis(200));
+    if (!b.ok()) {
+      last = b.status();
+      if (last.code() == StatusCode::kFailedPrecondition) break;
+      continue;
+    }
+    *delivered += b->size();
+  }
+  return last;
+}
+
 void NatsSourceTest::OpenAckOneAndDeleteTheConsumer(std::unique_ptr<MessageSource>* src) {
   auto opened = OpenNatsSource(Uri("&ack_wait=1s"));
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
@@ -626,27 +643,37 @@ TEST_F(NatsSourceTest, AConsumerMadeAgainBySomeoneElseIsCheckedAsAtOpen) {
   RawNats raw;
   raw.AddConsumer(stream_, "c", stream_ + ".in", js_AckAll, -1);
   Publish("b", "2");
-  Status last;
   size_t delivered = 0;
-  const auto end = steady_clock::now() + Millis(3000);
-  while (steady_clock::now() < end) {
-    auto b = src->Fetch(1, Millis(200));
-    if (!b.ok()) {
-      last = b.status();
-      if (last.code() == StatusCode::kFailedPrecondition) break;
-      continue;
-    }
-    delivered += b->size();
-  }
+  const Status last = FetchUntilRefused(*src, &delivered);
   EXPECT_EQ(delivered, 0u) << "a consumer with AckPolicy all was used";
   EXPECT_EQ(last.code(), StatusCode::kFailedPrecondition) << last.ToString();
   EXPECT_NE(last.message().find("AckPolicy"), std::string::npos) << last.ToString();
 }
 
+// The same replacement before this source handed anything out: the last
+// consumer sequence seen is 0, and the replacement's first delivery (1) is
+// above it, so the check never fired and a consumer with AckPolicy all was used
+// (each ack would settle messages whose outcome is not recorded). The first
+// batch of a source that has handed out nothing is checked too. On main:
+//   Expected equality of these values: delivered Which is: 1  0u
+TEST_F(NatsSourceTest, AConsumerReplacedBeforeTheFirstDeliveryIsCheckedToo) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  RawNats raw;
+  raw.DeleteConsumer(stream_, "c");
+  raw.AddConsumer(stream_, "c", stream_ + ".in", js_AckAll, -1);
+  Publish("a", "1");
+  size_t delivered = 0;
+  const Status last = FetchUntilRefused(**src, &delivered);
+  EXPECT_EQ(delivered, 0u) << "a consumer with AckPolicy all was used";
+  EXPECT_EQ(last.code(), StatusCode::kFailedPrecondition) << last.ToString();
+}
+
 // Publishes one message the way a client other than nats.c can: the header
 // block's bytes as given (HPUB on a plain socket). nats.c has no way to write a
 // NUL byte into a header: its values are C strings.
-void PublishRawHeaders(const std::string& subject, const std::string& headers, const std::string& data) {
+void PublishRawHeaders(const std::string& subject, const std::string& headers, const std::string& data,
+                       const std::string& status_line = "NATS/1.0") {
   const std::string uri = BaseUri();  // nats://127.0.0.1:PORT
   const int port = std::stoi(uri.substr(uri.rfind(':') + 1));
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -656,7 +683,7 @@ void PublishRawHeaders(const std::string& subject, const std::string& headers, c
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string block = "NATS/1.0\r\n" + headers + "\r\n";
+  const std::string block = status_line + "\r\n" + headers + "\r\n";
   const std::string out = "CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\nHPUB " +
                           subject + " " + std::to_string(block.size()) + " " +
                           std::to_string(block.size() + data.size()) + "\r\n" + block + data +
@@ -731,6 +758,88 @@ TEST_F(NatsSourceTest, ADeadLetterCopiesAHeaderWithANulByteEscapedNotCut) {
   EXPECT_EQ(reason, "failed:\\x0aline two");
   EXPECT_EQ(escaped, "H,Dedup-Reason");
   ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// One trailing white-space byte after a value (a space, a tab): nats.c writes its
+// end-of-value NUL over it, and the whole-value read took the NUL for part of the
+// value ("k-one\0"), so an ordinary key was refused as holding a NUL byte and
+// the message dead-lettered. Two or more trailing bytes, or none, read right.
+// On main:
+//   Expected equality of these values: got[0]->key() Which is: ""  "k-one"
+TEST_F(NatsSourceTest, AKeyWithOneTrailingSpaceOrTabIsReadTrimmed) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  PublishRawHeaders(stream_ + ".in", "Idem: k-one \r\n", "1");
+  PublishRawHeaders(stream_ + ".in", "Idem: k-tab\t\r\nOther: o \r\n", "2");
+  PublishRawHeaders(stream_ + ".in", "A: a \r\nIdem: k-last \r\n", "");  // no data: nats.c lifts early
+  auto got = FetchAll(**src, 3, Millis(5000));
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0]->key(), "k-one") << got[0]->key_error();
+  EXPECT_EQ(got[1]->key(), "k-tab") << got[1]->key_error();
+  EXPECT_EQ(got[2]->key(), "k-last") << got[2]->key_error();
+  for (const auto& [k, v] : got[1]->attributes()) {
+    if (k == "Other") EXPECT_EQ(v, "o");
+  }
+  for (const auto& [k, v] : got[2]->attributes()) {
+    if (k == "A") EXPECT_EQ(v, "a");
+  }
+  for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
+}
+
+// A NUL byte followed, inside the same value, by a bare LF (NATS ends a header
+// line at CR LF only): the whole-value read stopped at that LF, so "k\0\nx" and
+// "k\0\ny" were both read as the key "k" — one key for two messages, the second
+// skipped as a DUPLICATE, the very cut the NUL check exists to refuse. Such a
+// key must be refused, never cut. On main:
+//   Expected equality of these values: got[0]->key() Which is: "k"  ""
+TEST_F(NatsSourceTest, AKeyWithANulThenABareLineFeedIsRefusedNotCut) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  PublishRawHeaders(stream_ + ".in", "Idem: k\0\nx\r\n"s, "1");
+  PublishRawHeaders(stream_ + ".in", "Idem: k\0\ny\r\nB: b\r\n"s, "2");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  for (auto& d : got) {
+    EXPECT_EQ(d->key(), "");
+    EXPECT_FALSE(d->key_error().empty());
+    EXPECT_TRUE(d->Ack().ok());
+  }
+}
+
+// Every shape of header block nats.c accepts is read whole or refused, never
+// read wrong: repeated headers, tabs and spaces around values, a NUL inside or
+// at the end of a value, a message without data (nats.c lifts it inside the
+// fetch), a block without its empty last line, a status line; a folded line
+// (which nats.c joins into a copy, cut at a NUL) is refused.
+TEST_F(NatsSourceTest, HeaderValuesOfEveryShapeAreReadWholeOrRefused) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const std::string shapes = "A: 1\r\nA: 2 \r\nB:\t x\t\t\r\nC: c\0d\r\nD: d\0 \r\nE: e\0\r\n"s;
+  PublishRawHeaders(stream_ + ".in", shapes + "Idem: s1\r\n", "x");
+  PublishRawHeaders(stream_ + ".in", shapes + "Idem: s2\r\n", "");
+  PublishRawHeaders(stream_ + ".in", "Idem: s3 ", "x");  // no empty line ends the block
+  PublishRawHeaders(stream_ + ".in", "Idem: s4\r\nF: f\r\n  g\r\n", "x");
+  PublishRawHeaders(stream_ + ".in", "Idem: s5\t\r\n", "x", "NATS/1.0 100 Whatever");
+  auto got = FetchAll(**src, 5, Millis(5000));
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got[i]->key(), "s" + std::to_string(i + 1)) << got[i]->key_error();
+    std::multimap<std::string, std::string> h;
+    for (const auto& [k, v] : got[i]->attributes()) h.emplace(k, v);
+    auto a = h.equal_range("A");
+    std::vector<std::string> as;
+    for (auto it = a.first; it != a.second; ++it) as.push_back(it->second);
+    EXPECT_EQ(as, (std::vector<std::string>{"1", "2"}));
+    EXPECT_EQ(h.find("B")->second, "x");
+    EXPECT_EQ(h.find("C")->second, "c\0d"s);
+    EXPECT_EQ(h.find("D")->second, "d\0"s);
+    EXPECT_EQ(h.find("E")->second, "e\0"s);
+  }
+  EXPECT_EQ(got[2]->key(), "s3") << got[2]->key_error();
+  EXPECT_EQ(got[3]->key(), "");
+  EXPECT_NE(got[3]->key_error().find("folded"), std::string::npos) << got[3]->key_error();
+  EXPECT_EQ(got[4]->key(), "s5") << got[4]->key_error();
+  for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
 }
 
 TEST(NatsUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

@@ -547,6 +547,18 @@ void DropAConnection(const RabbitMqOptions& o) {
   amqp_destroy_connection(c);
 }
 
+// The abrupt closes logged since `before`, one connection dropped on purpose
+// as the marker included: once the node logged it, it logged every earlier one.
+int AbruptClosesSince(int before, const RabbitMqOptions& o) {
+  DropAConnection(o);
+  const auto end = steady_clock::now() + Millis(10'000);
+  while (AbruptCloses() < before + 1 && steady_clock::now() < end) {
+    std::this_thread::sleep_for(Millis(50));
+  }
+  std::this_thread::sleep_for(Millis(300));
+  return AbruptCloses() - before;
+}
+
 // A passive declare of something missing closes the channel, not the connection
 // (AMQP 0-9-1: a 404 is a channel exception; rabbitmq-c: "send a
 // amqp_channel_close_ok_t; the channel must be re-opened"). The source dropped
@@ -569,13 +581,55 @@ TEST_F(RabbitMqSourceTest, AMissingQueueIsDeclaredWithoutDroppingTheConnection) 
     ASSERT_EQ(back.size(), 1u);
     ASSERT_TRUE(back[0]->Ack().ok());
   }
-  DropAConnection(Options());
-  const auto end = steady_clock::now() + Millis(10'000);
-  while (AbruptCloses() < before + 1 && steady_clock::now() < end) {
-    std::this_thread::sleep_for(Millis(50));
+  EXPECT_EQ(AbruptClosesSince(before, Options()), 1);
+}
+
+// A channel exception on the consuming channel (here a second basic.ack of one
+// tag: 406 PRECONDITION_FAILED "unknown delivery tag") closes channel 1 only.
+// The source answers it, opens the channel again on the same connection with
+// its qos and basic.consume (deliveries keep coming), and a delivery of the old
+// channel is never acked on the new one, where its tag would name another
+// message (tags restart at 1 per channel): its Ack says Unavailable, and the
+// broker, which requeued it when the channel closed, delivers it again.
+TEST_F(RabbitMqSourceTest, AChannelExceptionWhileConsumingReopensTheChannelAndItsConsumer) {
+  const int before = AbruptCloses();
+  ASSERT_GE(before, 0) << "DEDUP_TEST_RABBITMQ_LOG is not set (tests/with_rabbitmq.sh)";
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("m-1", "x");
+  Publish("m-2", "y");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_TRUE(got[0]->Ack().ok());
+  (void)got[0]->Ack();  // the same tag again: the broker closes the channel
+  // The next fetch reads the channel.close.
+  Status closed;
+  const auto end = steady_clock::now() + Millis(5000);
+  while (closed.ok() && steady_clock::now() < end) {
+    auto b = (*src)->Fetch(1, Millis(200));
+    if (!b.ok()) closed = b.status();
+    else EXPECT_TRUE(b->empty()) << "a delivery after the channel closed";
   }
-  std::this_thread::sleep_for(Millis(300));
-  EXPECT_EQ(AbruptCloses() - before, 1);
+  ASSERT_FALSE(closed.ok()) << "the channel exception was not seen";
+  EXPECT_NE(closed.message().find("unknown delivery tag"), std::string::npos) << closed.ToString();
+  // m-2 came on the old channel: not acked on the new one.
+  Status late = got[1]->Ack();
+  EXPECT_EQ(late.code(), StatusCode::kUnavailable) << late.ToString();
+  // Deliveries keep coming on the reopened channel: m-2 again, then m-3.
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]->key(), "m-2");
+  ASSERT_TRUE(again[0]->Ack().ok());
+  Publish("m-3", "z");
+  auto third = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_EQ(third[0]->key(), "m-3");
+  ASSERT_TRUE(third[0]->Ack().ok());
+  src->reset();
+  RawAmqp raw(Options());
+  EXPECT_EQ(raw.Count(queue_), 0u) << "an ack went astray";
+  // No TCP connection was dropped on the way (the marker is the only one).
+  EXPECT_EQ(AbruptClosesSince(before, Options()), 1);
 }
 
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {

@@ -304,6 +304,30 @@ TEST(RedisUri, UnknownOptionListsTheKnownOnes) {
   EXPECT_TRUE(ParseRedisUri("redis://h?stream=s&group=g", {"stream", "group"}).ok());
 }
 
+// One grammar of parameters for every URI (core/uri.h): a Redis URI's unknown
+// parameter is refused in the words of the shared check, as rocksdb:, postgres://,
+// amqp:// and nats:// refuse theirs, and without the password.
+TEST(RedisUri, UnknownParameterIsRefusedByTheSharedCheck) {
+  for (const std::string scheme : {"redis", "redis+cluster"}) {
+    const std::string text = scheme + "://u:hunter2@h:1?stream=s&bogus=1";
+    auto r = ParseRedisUri(text, {"stream", "group"});
+    ASSERT_FALSE(r.ok()) << text;
+    const Status shared = internal::ParseUri(text)->CheckParams(
+        {"stream", "group", "timeout", "pool", "pipeline", "spin", "password_file"});
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.status().message(), shared.message());
+    EXPECT_EQ(r.status().message(),
+              "unknown parameter 'bogus' in " + scheme +
+                  " URI (known: stream, group, timeout, pool, pipeline, spin, password_file)");
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << r.status();
+  }
+  // Accepted as before: every connection parameter, the caller's, tls=false.
+  EXPECT_TRUE(ParseRedisUri("redis://u:pw@h:1?timeout=2s&pool=2&pipeline=off&spin=5&tls=false"
+                            "&stream=s",
+                            {"stream"})
+                  .ok());
+}
+
 TEST(RedisUri, TlsIsNamedAndRefusedNotIgnored) {
   for (const char* uri : {"rediss://u:hunter2@h:6380", "rediss+cluster://h:1",
                           "redis://h?tls=true", "redis://h?tls_ca=/etc/ca.pem",

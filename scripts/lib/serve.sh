@@ -87,6 +87,18 @@ serve_stop() {
   wait "$pid" 2>/dev/null || true
 }
 
+# serve_report TMP: the end of a test made of checks. When one failed: says so,
+# keeps TMP (its logs), stops every process and exits 1.
+serve_report() {
+  if ((FAILS > 0)); then
+    echo "$FAILS check(s) failed; logs in $1" >&2
+    trap - EXIT
+    serve_stop_all
+    exit 1
+  fi
+  echo "all checks passed"
+}
+
 serve_stop_all() {
   local pid
   for pid in "${SERVE_PIDS[@]}"; do serve_stop "$pid"; done

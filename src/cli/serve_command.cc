@@ -169,6 +169,13 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
                   "Connections answered at once (a thread each; 0: 256, or --threads when "
                   "more); more wait their turn")
       ->capture_default_str();
+  AddDurationOption(*app, "--header-timeout", &f->o.header_timeout,
+                    "A request's whole head must arrive within this, else 408 and close",
+                    DurationBound::kPositive);
+  AddDurationOption(*app, "--body-timeout", &f->o.body_timeout,
+                    "A request's whole body must arrive within this after its head, else 408 "
+                    "and close",
+                    DurationBound::kPositive);
   app->add_flag("--quiet", f->quiet, "No line per request on stderr");
   app->callback([f, &ctx] { ctx.exit_code = RunServe(*f); });
 }

@@ -62,6 +62,12 @@ Status CheckParamRepeats(const std::vector<std::string>& names, ParamPlace place
 
 Status CheckParamNames(const std::vector<std::string>& names,
                        std::initializer_list<std::string_view> known, ParamPlace place) {
+  return CheckParamNames(names, std::span<const std::string_view>(known.begin(), known.size()),
+                         place);
+}
+
+Status CheckParamNames(const std::vector<std::string>& names,
+                       std::span<const std::string_view> known, ParamPlace place) {
   DEDUP_RETURN_IF_ERROR(CheckParamRepeats(names, place));
   for (const std::string& name : names) {
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;

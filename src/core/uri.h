@@ -7,6 +7,7 @@
 #define DEDUP_SRC_CORE_URI_H_
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +46,10 @@ struct ParamPlace {
 };
 Status CheckParamNames(const std::vector<std::string>& names,
                        std::initializer_list<std::string_view> known, ParamPlace place);
+// The same, with the known names in a list made at run time (a Redis URI's:
+// the caller's, then the connection's).
+Status CheckParamNames(const std::vector<std::string>& names,
+                       std::span<const std::string_view> known, ParamPlace place);
 // Only the repeats: for a URI read before its opener says which names it knows.
 Status CheckParamRepeats(const std::vector<std::string>& names, ParamPlace place);
 

@@ -2,7 +2,11 @@
 
 #include "redis/options.h"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "core/duration.h"
 #include "core/redact.h"
@@ -128,25 +132,21 @@ StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
                                    "; a password goes before an at-sign)");
   }
 
-  // Options: the connection's, TLS (named, refused), then the caller's.
+  // TLS options are named and refused (tls=false asks for none); the others are
+  // checked by the one grammar of every URI's parameters (core/uri.h): the
+  // caller's, then the connection's.
+  std::vector<std::string> names;
   for (const auto& [k, v] : uri.params) {
-    bool known = false;
-    for (std::string_view n : kConnectionParams) known = known || k == n;
-    for (std::string_view n : caller_params) known = known || k == n;
-    bool tls = false;
-    for (std::string_view n : kTlsParams) tls = tls || k == n;
-    if (tls) {
+    if (std::find(std::begin(kTlsParams), std::end(kTlsParams), k) != std::end(kTlsParams)) {
       if (k == "tls" && (v == "false" || v == "0" || v == "no")) continue;
       return TlsNotSupported("option '" + k + "'");
     }
-    if (!known) {
-      std::string list;
-      for (std::string_view n : caller_params) list += std::string(n) + ", ";
-      for (std::string_view n : kConnectionParams) list += std::string(n) + ", ";
-      list.resize(list.size() - 2);
-      return Status::InvalidArgument("redis: unknown option '" + k + "' (known: " + list + ")");
-    }
+    names.push_back(k);
   }
+  std::vector<std::string_view> known(caller_params);
+  known.insert(known.end(), std::begin(kConnectionParams), std::end(kConnectionParams));
+  DEDUP_RETURN_IF_ERROR(
+      internal::CheckParamNames(names, known, {"parameter", uri.scheme + " URI"}));
 
   // Inline (a lone user-info is the password, as redis-cli reads it), a
   // password_file= or $DEDUP_REDIS_PASSWORD: core/secret.h.

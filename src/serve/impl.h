@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "serve/http_server.h"
 #include "serve/metrics.h"
 #include "serve/server.h"
 
@@ -81,7 +82,7 @@ class Server::Impl {
 
   Store* store;
   ServeOptions o;
-  httplib::Server http;
+  HttpServer http;
   metrics::Registry registry;
   // Where the API, page and metrics live: "" in API mode, "/_dedup" in proxy mode.
   std::string base;

@@ -6,10 +6,13 @@
 
 #include <thread>
 
+#include "serve/http_server.h"
+
 namespace dedup::serve {
 
 struct MetricsEndpoint::Impl {
-  httplib::Server http;
+  // With serve's deadlines for a request's head and body (http_server.h).
+  HttpServer http;
   std::thread thread;
 };
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/duration.h"
 #include "core/printable.h"
 #include "core/redact.h"
 #include "core/uri.h"
@@ -230,6 +231,14 @@ Status ValidateServeOptions(const ServeOptions& o) {
                                    std::to_string(o.threads) + ") and at most 16384, got " +
                                    std::to_string(o.max_connections));
   }
+  if (o.header_timeout <= Millis(0) || o.header_timeout > kMaxDuration) {
+    return Status::InvalidArgument("--header-timeout must be > 0 and at most 10 years, got " +
+                                   std::to_string(o.header_timeout.count()) + "ms");
+  }
+  if (o.body_timeout <= Millis(0) || o.body_timeout > kMaxDuration) {
+    return Status::InvalidArgument("--body-timeout must be > 0 and at most 10 years, got " +
+                                   std::to_string(o.body_timeout.count()) + "ms");
+  }
   if (o.key_prefix.size() >= kMaxKeyBytes) {
     return Status::InvalidArgument("--key-prefix is longer than a key may be");
   }
@@ -334,8 +343,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
     return new ConnectionPool(static_cast<size_t>(n), static_cast<size_t>(m));
   };
   s.http.set_payload_max_length(s.o.max_body_bytes);
-  // Per read or write, not per request: cpp-httplib has no deadline for a whole
-  // request head or body.
+  // Per read or write; the whole head and body have their deadlines
+  // (http_server.h). A head larger than the header bound allows, with room for
+  // the request line and the spaces a client may put around values, is refused
+  // before it is parsed.
+  const size_t max_head_bytes = s.o.max_header_bytes + 16 * 1024;
+  s.http.set_deadlines({s.o.header_timeout, s.o.body_timeout, max_head_bytes});
   s.http.set_read_timeout(std::chrono::seconds(10));
   s.http.set_write_timeout(std::chrono::seconds(10));
   // How long an idle connection (before its first request, or between two) holds
@@ -436,7 +449,48 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
         }
         s.SendProblem(res, 500, "Internal Server Error", what);
       });
-  s.http.set_error_handler([&s](const httplib::Request&, httplib::Response& res) {
+  const auto timed_out = [&s](const char* part) {
+    s.registry
+        .GetCounter("dedup_serve_request_timeouts_total",
+                    "Requests whose head or body did not arrive within --header-timeout or "
+                    "--body-timeout (answered 408, connection closed), by part.",
+                    {{"part", part}})
+        ->Inc();
+  };
+  // A request refused before it was parsed (http_server.h): counted as route
+  // "other", since its path was not read.
+  s.http.set_refusal_handler([&s, timed_out, max_head_bytes](httplib::Response& res) {
+    if (res.status == 408) {
+      timed_out("head");
+      s.SendProblem(res, 408, "Request Timeout",
+                    "the request head did not arrive within --header-timeout (" +
+                        internal::FormatDuration(s.o.header_timeout) + ")");
+    } else if (res.status == 414) {
+      s.SendProblem(res, 414, "URI Too Long", "the request line is longer than 8 KiB");
+    } else {
+      s.SendProblem(res, res.status, "Request Header Fields Too Large",
+                    "the request head is larger than " + std::to_string(max_head_bytes) +
+                        " bytes");
+    }
+    s.registry
+        .GetCounter("dedup_serve_requests_total", "HTTP requests answered, by route and status.",
+                    {{"route", "other"}, {"code", std::to_string(res.status)}})
+        ->Inc();
+  });
+  s.http.set_error_handler([&s, timed_out](const httplib::Request& req, httplib::Response& res) {
+    if (HttpServer::BodyTimedOut()) {
+      // cpp-httplib's 400 for a body it could not read: the body's deadline
+      // passed. The connection is closed after this answer; say so (the request
+      // is the server's own object, handed over as const).
+      timed_out("body");
+      auto& headers = const_cast<httplib::Headers&>(req.headers);
+      headers.erase("Connection");
+      headers.emplace("Connection", "close");
+      s.SendProblem(res, 408, "Request Timeout",
+                    "the request body did not arrive within --body-timeout (" +
+                        internal::FormatDuration(s.o.body_timeout) + ")");
+      return;
+    }
     if (!res.body.empty()) return;  // a handler's own answer
     if (res.status == 413) {
       s.SendProblem(res, 413, "Payload Too Large",

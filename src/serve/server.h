@@ -61,14 +61,21 @@ struct ServeOptions {
   size_t max_header_count = 100;
   size_t max_header_bytes = 64 * 1024;
   // Threads that always wait for connections. A connection holds a thread from
-  // its accept to its close (idle for up to 5 s between requests, or as long as a
-  // slow client keeps sending its request). Default: 16.
+  // its accept to its close (idle for up to 5 s between requests, and while it
+  // sends a request, up to header_timeout + body_timeout). Default: 16.
   int threads = 16;
   // Connections answered at once: when every thread is busy, a new connection
   // gets a thread of its own (ended with it), up to this many threads in all;
   // beyond, connections wait their turn. At least `threads`; 0 = 256, or
   // `threads` when more.
   int max_connections = 0;
+  // A request's whole head must arrive within header_timeout (counted from when
+  // serve starts reading it) and its whole body within body_timeout after the
+  // head; else it is answered 408 and its connection closed. They bound how long
+  // a client that trickles its request holds a thread (each byte within the read
+  // timeout, 10 s, no longer ends it). Defaults: 10 s, 30 s.
+  Millis header_timeout{10'000};
+  Millis body_timeout{30'000};
   // The store URI's password, replaced by "***" in anything sent or logged, in
   // case a store's message ever carries it. Empty = none.
   std::string secret_to_redact;

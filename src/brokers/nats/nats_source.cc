@@ -357,34 +357,132 @@ Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool*
 namespace {
 
 // nats.c hands header values out as C strings: a NUL byte in a value (which
-// NATS allows, and other clients publish) ends the string there, silently. This
-// reads a value whole. nats.c lifts the header block in place (src/msg.c,
-// _processKeyValue): the message is one allocation (subject, reply, header
-// block, data: src/msg.h), each value points into the block and ends where nats.c
-// wrote a NUL over the first byte after it (its trailing white space, or the
-// line's CR), and its line goes on to the LF. So the value's bytes run from `v`
-// to that written NUL: any NUL before it was in the value itself. A value that
-// does not point into the block (a folded value, joined by nats.c into a copy)
-// is taken as nats.c gives it. Checked against nats.c 3.4.
-static_assert(NATS_VERSION_MAJOR == 3, "re-check WholeHeaderValue against nats.c's src/msg.c");
-std::string WholeHeaderValue(natsMsg* m, const char* v) {
+// NATS allows, and other clients publish) ends the string there, silently.
+// Reading a value whole means reading the header block after nats.c lifted it
+// in place (src/msg.c, _liftHeaders and _processKeyValue; nats.c 3.4; it lifts
+// a message without data already inside the fetch): the message is one
+// allocation, subject NUL [reply NUL] block NUL data NUL (src/msg.h,
+// natsMsg_create), and in the block nats.c wrote a NUL over each line's colon
+// and over the first byte after each value (its first trailing white-space
+// byte, or the line's CR when nothing trails it). Looking forward from a value
+// alone cannot tell that NUL from one of the value: a value may hold a bare LF,
+// and a single trailing space is gone under the NUL. So each value's line is
+// bounded by where the next line begins, found backward from the next value
+// (white space, the NUL over its colon, its key's bytes, an LF), or by the
+// block's end. Within that bound the written NUL is exact: where the CR was when
+// the byte before the LF is a NUL, else just before the white space that runs to
+// the CR. A block that does not fit (a folded line, which nats.c joins into a
+// copy cut at a NUL; a line that is no value's; a layout not as above) is
+// refused whole: values are read whole or the headers "cannot be read", never
+// cut. Reads stay inside [block, data).
+static_assert(NATS_VERSION_MAJOR == 3, "re-check ReadHeadersWhole against nats.c's src/msg.c");
+using Attributes = std::vector<std::pair<std::string, std::string>>;
+
+struct HeaderValue {
+  std::string key;
+  const char* v;  // nats.c's value
+  size_t n;       // strlen(v)
+  const char* line = nullptr;  // where the line of this value begins
+  std::string whole;
+};
+
+// "" when every value in `vals` got its `whole`; else why not.
+std::string WholeValues(natsMsg* m, std::vector<HeaderValue>& vals) {
+  const auto at = [](const char* p) { return reinterpret_cast<uintptr_t>(p); };
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  const std::string bad = "its header block is not laid out as nats.c 3 lifts it";
   const char* reply = natsMsg_GetReply(m);
   const char* before = reply != nullptr ? reply : natsMsg_GetSubject(m);
   const char* data = natsMsg_GetData(m);
-  const size_t n = std::strlen(v);
-  if (before == nullptr || data == nullptr) return std::string(v, n);
-  const auto at = [](const char* p) { return reinterpret_cast<uintptr_t>(p); };
-  const char* block = before + std::strlen(before) + 1;
-  if (at(v) < at(block) || at(v) >= at(data)) return std::string(v, n);
-  const char* lf = static_cast<const char*>(std::memchr(v + n, '\n', static_cast<size_t>(data - (v + n))));
-  if (lf == nullptr || lf == v + n) return std::string(v, n);
-  // lf[-1] was the line's CR (nats.c's NUL is there when nothing trails the
-  // value); else the NUL is just before the trailing white space.
-  const char* e = lf - 1;
-  const char* x = e;
-  while (x > v + n && std::isspace(static_cast<unsigned char>(x[-1])) != 0) --x;
-  const char* end = x < e ? x - 1 : e;
-  return std::string(v, static_cast<size_t>(end - v));
+  if (before == nullptr || data == nullptr) return bad;
+  const char* b = before + std::strlen(before) + 1;
+  const char* end = data - 1;  // the NUL natsMsg_create wrote after the block
+  if (at(end) <= at(b) || at(end) - at(b) < 10 || *end != '\0' || std::memcmp(b, "NATS/1.0", 8) != 0) {
+    return bad;
+  }
+  std::vector<HeaderValue*> in;
+  for (auto& h : vals) {
+    if (at(h.v) > at(b) && at(h.v) < at(end)) {
+      in.push_back(&h);
+    } else if (h.key == "Status" || h.key == "Description") {
+      h.whole.assign(h.v, h.n);  // nats.c's own, from the status line
+    } else {
+      return "header " + h.key + " is folded over lines (nats.c joins them into a copy cut at a NUL byte)";
+    }
+  }
+  std::sort(in.begin(), in.end(), [&](auto* x, auto* y) { return at(x->v) < at(y->v); });
+  for (HeaderValue* h : in) {
+    const char* c = h->v;
+    while (at(c) > at(b) && space(c[-1])) --c;
+    const size_t kl = h->key.size();
+    if (at(c) - at(b) < kl + 2 || c[-1] != '\0') return bad;
+    const char* s = c - 1 - kl;
+    if (std::memcmp(s, h->key.data(), kl) != 0 || s[-1] != '\n') return bad;
+    h->line = s;
+  }
+  const char* last = nullptr;  // where the line after the last value begins
+  if (end[-1] == '\n' && end[-2] == '\r' && end[-3] == '\n') {
+    last = end - 2;  // the empty line that ends the block
+  } else if (end[-1] == '\r' && end[-2] == '\n') {
+    last = end - 1;
+  } else if (end[-1] == '\n') {
+    last = end;
+  } else {
+    return bad;
+  }
+  for (size_t i = 0; i < in.size(); ++i) {
+    HeaderValue& h = *in[i];
+    const char* next = i + 1 < in.size() ? in[i + 1]->line : last;
+    const char* z = h.v + h.n;  // the first NUL after v
+    if (at(next) < at(z) + 2 || next[-1] != '\n') return bad;
+    const char* e = next - 2;
+    const char* p = nullptr;  // the NUL nats.c wrote
+    if (*e == '\0') {
+      p = e;  // over the CR: nothing trailed the value
+    } else if (*e == '\r') {
+      const char* x = e;
+      while (at(x) > at(z) + 1 && space(x[-1])) --x;
+      if (x[-1] != '\0') return bad;
+      p = x - 1;  // over the first trailing white-space byte
+    } else {
+      return bad;
+    }
+    std::string w(h.v, static_cast<size_t>(p - h.v));
+    // A line end inside: a line that is no value's was taken in (or a NUL then a
+    // bare LF in the value, which cannot be told from one).
+    if (w.find("\r\n") != std::string::npos || w.find(std::string_view("\0\n", 2)) != std::string::npos) {
+      return "header " + h.key + " cannot be told from the line after it";
+    }
+    h.whole = std::move(w);
+  }
+  return "";
+}
+
+// The message's headers, every value of a repeated one, in nats.c's order.
+// "" when read whole; else why not (`out` then holds nats.c's C strings, and
+// none may be taken for a key).
+std::string ReadHeadersWhole(natsMsg* m, Attributes* out) {
+  const char** keys = nullptr;
+  int nk = 0;
+  const natsStatus hs = natsMsgHeader_Keys(m, &keys, &nk);
+  if (hs == NATS_NOT_FOUND) return "";
+  // A header block nats.c cannot parse (a NUL byte in a name, no colon).
+  if (hs != NATS_OK) return std::string("nats.c: ") + natsStatus_GetText(hs);
+  std::vector<HeaderValue> vals;
+  for (int i = 0; i < nk; ++i) {
+    const char** values = nullptr;
+    int nv = 0;
+    if (natsMsgHeader_Values(m, keys[i], &values, &nv) == NATS_OK) {
+      for (int j = 0; j < nv; ++j) {
+        if (values[j] != nullptr) vals.push_back({keys[i], values[j], std::strlen(values[j]), nullptr, {}});
+      }
+      free(values);
+    }
+  }
+  free(keys);
+  const std::string why = WholeValues(m, vals);
+  for (const auto& h : vals) out->emplace_back(h.key, why.empty() ? h.whole : std::string(h.v, h.n));
+  return why;
 }
 
 struct Shared {
@@ -408,28 +506,10 @@ class NatsDelivery final : public Delivery {
     }
     const char* data = natsMsg_GetData(msg_);
     payload_.assign(data != nullptr ? data : "", static_cast<size_t>(natsMsg_GetDataLength(msg_)));
-    const char** keys = nullptr;
-    int n = 0;
-    const natsStatus hs = natsMsgHeader_Keys(msg_, &keys, &n);
-    if (hs == NATS_OK) {
-      for (int i = 0; i < n; ++i) {
-        // Every value of a repeated header (the key is read from the first),
-        // whole: a NUL byte in it included.
-        const char** values = nullptr;
-        int nv = 0;
-        if (natsMsgHeader_Values(msg_, keys[i], &values, &nv) == NATS_OK) {
-          for (int j = 0; j < nv; ++j) {
-            if (values[j] != nullptr) attributes_.emplace_back(keys[i], WholeHeaderValue(msg_, values[j]));
-          }
-          free(values);
-        }
-      }
-      free(keys);
-    } else if (hs != NATS_NOT_FOUND) {
-      // A header block nats.c cannot parse (a NUL byte in a name, no colon): no
-      // header can be read, the key from one neither.
-      headers_error_ = std::string("its headers cannot be read (nats.c: ") + natsStatus_GetText(hs) + ")";
-    }
+    // Every value of a repeated header (the key is read from the first), whole:
+    // a NUL byte in it included. Headers that cannot be read whole give no key.
+    const std::string unread = ReadHeadersWhole(msg_, &attributes_);
+    if (!unread.empty()) headers_error_ = "its headers cannot be read (" + unread + ")";
     const NatsOptions& o = s_->o;
     auto header = [&](const std::string& name) -> const std::string* {
       for (const auto& [k, v] : attributes_) {
@@ -619,7 +699,9 @@ class NatsSource final : public MessageSource {
       lowest = std::min(lowest, c);
       highest = std::max(highest, c);
     }
-    if (lowest <= last_cseq_) {
+    // A source that has handed out nothing (0) cannot tell a new consumer's 1
+    // from the first of its own: that first batch is checked too.
+    if (lowest <= last_cseq_ || last_cseq_ == 0) {
       Status fit = CheckConsumer();
       if (!fit.ok()) {
         out.clear();

@@ -1,0 +1,281 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "serve/http_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <string>
+
+namespace dedup::serve {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using TimePoint = SteadyClock::time_point;
+
+constexpr size_t kRecvChunk = 4096;
+
+// poll() for `events` until `until`, never waking before it: > 0 ready (or an
+// error or hang-up the next call will report), 0 timed out, < 0 failed.
+int WaitFor(int fd, short events, TimePoint until) {
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - SteadyClock::now());
+    const int ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, INT_MAX));
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0 && SteadyClock::now() < until) continue;
+    return r;
+  }
+}
+
+TimePoint After(time_t sec, time_t usec) {
+  return SteadyClock::now() + std::chrono::seconds(sec) + std::chrono::microseconds(usec);
+}
+
+void IpAndPort(const sockaddr_storage& addr, socklen_t len, std::string& ip, int& port) {
+  if (addr.ss_family == AF_INET) {
+    port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  } else {
+    return;
+  }
+  char host[NI_MAXHOST] = {};
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                  NI_NUMERICHOST) == 0) {
+    ip = host;
+  }
+}
+
+// One connection's bytes: those read ahead of cpp-httplib (the head, and what
+// came with it: the body's first bytes, a pipelined request), then the socket.
+// Every read from the socket ends at the read timeout or the deadline, whichever
+// comes first; only the deadline counts as the request's timeout.
+class ConnectionStream final : public httplib::Stream {
+ public:
+  ConnectionStream(int fd, std::chrono::microseconds read_timeout,
+                   std::chrono::microseconds write_timeout)
+      : fd_(fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+  // ---- httplib::Stream
+  bool is_readable() const override {
+    return off_ < buf_.size() || WaitFor(fd_, POLLIN, ReadUntil()) > 0;
+  }
+  bool is_writable() const override {
+    return WaitFor(fd_, POLLOUT, SteadyClock::now() + write_timeout_) > 0;
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    if (off_ == buf_.size() && size >= kRecvChunk) {
+      if (!WaitReadable()) return -1;
+      return Recv(ptr, size);
+    }
+    if (off_ == buf_.size()) {
+      // Small reads (cpp-httplib reads lines a byte at a time) come from a chunk.
+      if (!WaitReadable()) return -1;
+      if (ssize_t n = Fill(); n <= 0) return n;
+    }
+    const size_t n = std::min(size, buf_.size() - off_);
+    std::memcpy(ptr, buf_.data() + off_, n);
+    off_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    ssize_t n;
+    do {
+      n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (getpeername(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) IpAndPort(addr, len, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) IpAndPort(addr, len, ip, port);
+  }
+  socket_t socket() const override { return fd_; }
+
+  // ---- per request
+  // Drops what the last request consumed; true when bytes of the next are here.
+  bool NextRequest() {
+    buf_.erase(0, off_);
+    off_ = 0;
+    scan_ = 0;
+    deadline_ = TimePoint::max();
+    timed_out_ = false;
+    return !buf_.empty();
+  }
+
+  enum class Head { kRead, kClosed, kTimedOut, kTooLarge };
+  // Reads until the buffered bytes hold a whole request head, by `deadline` and
+  // within `max_bytes`.
+  Head ReadHead(TimePoint deadline, size_t max_bytes) {
+    for (;;) {
+      if (HeadBuffered()) return Head::kRead;
+      if (buf_.size() - off_ >= max_bytes) return Head::kTooLarge;
+      const int r = WaitFor(fd_, POLLIN, deadline);
+      if (r == 0) return Head::kTimedOut;
+      if (r < 0 || Fill() <= 0) return Head::kClosed;
+    }
+  }
+  // The length of the buffered request line so far (to its '\n', or all).
+  size_t RequestLineBytes() const {
+    const size_t nl = buf_.find('\n', off_);
+    return (nl == std::string::npos ? buf_.size() : nl + 1) - off_;
+  }
+
+  void set_deadline(TimePoint deadline) { deadline_ = deadline; }
+  bool timed_out() const { return timed_out_; }
+
+ private:
+  TimePoint ReadUntil() const {
+    return std::min(SteadyClock::now() + read_timeout_, deadline_);
+  }
+  bool WaitReadable() {
+    if (WaitFor(fd_, POLLIN, ReadUntil()) > 0) return true;
+    if (SteadyClock::now() >= deadline_) timed_out_ = true;
+    return false;
+  }
+  ssize_t Recv(char* ptr, size_t size) {
+    ssize_t n;
+    do {
+      n = ::recv(fd_, ptr, size, 0);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+  // Appends one chunk from the socket (which is readable) to the buffer.
+  ssize_t Fill() {
+    if (off_ == buf_.size()) {
+      buf_.clear();
+      off_ = 0;
+      scan_ = 0;
+    }
+    const size_t had = buf_.size();
+    buf_.resize(had + kRecvChunk);
+    const ssize_t n = Recv(buf_.data() + had, kRecvChunk);
+    buf_.resize(had + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    return n;
+  }
+  // Whether the buffer holds the end of a head: a line that is "\r\n" (or "\n")
+  // right after another line's '\n', where cpp-httplib stops reading headers.
+  bool HeadBuffered() {
+    for (size_t i = std::max(scan_, off_); i < buf_.size(); ++i) {
+      const char* nl = static_cast<const char*>(std::memchr(buf_.data() + i, '\n', buf_.size() - i));
+      if (nl == nullptr) break;
+      i = static_cast<size_t>(nl - buf_.data());
+      if (i + 1 < buf_.size() && buf_[i + 1] == '\n') return true;
+      if (i + 2 < buf_.size() && buf_[i + 1] == '\r' && buf_[i + 2] == '\n') return true;
+      if (i + 2 >= buf_.size() && (i + 1 == buf_.size() || buf_[i + 1] == '\r')) {
+        scan_ = i;  // decided by bytes still to come
+        return false;
+      }
+    }
+    scan_ = buf_.size();
+    return false;
+  }
+
+  const int fd_;
+  const std::chrono::microseconds read_timeout_, write_timeout_;
+  std::string buf_;
+  size_t off_ = 0;   // the next byte cpp-httplib reads
+  size_t scan_ = 0;  // where HeadBuffered goes on
+  TimePoint deadline_ = TimePoint::max();
+  bool timed_out_ = false;
+};
+
+thread_local const ConnectionStream* t_answering = nullptr;
+
+const char* Reason(int status) {
+  switch (status) {
+    case 408: return "Request Timeout";
+    case 414: return "URI Too Long";
+    case 431: return "Request Header Fields Too Large";
+    default: return "Error";
+  }
+}
+
+// After an answer that ends the connection while the client may still be
+// sending: a close with unread bytes would reset the connection, and the client
+// could lose the answer. Ends our side, reads what the client still sends for a
+// moment, then closes.
+void LingeringClose(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const TimePoint until = SteadyClock::now() + std::chrono::seconds(1);
+  char sink[kRecvChunk];
+  while (WaitFor(fd, POLLIN, until) > 0 && ::recv(fd, sink, sizeof(sink), 0) > 0) {
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+bool HttpServer::BodyTimedOut() { return t_answering != nullptr && t_answering->timed_out(); }
+
+bool HttpServer::process_and_close_socket(socket_t sock) {
+  ConnectionStream strm(
+      sock, std::chrono::seconds(read_timeout_sec_) + std::chrono::microseconds(read_timeout_usec_),
+      std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_));
+  bool ret = false;
+  bool linger = false;
+  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+    // Idle: the first byte of the next request, for at most the keep-alive timeout.
+    if (!strm.NextRequest() && WaitFor(sock, POLLIN, After(keep_alive_timeout_sec_, 0)) <= 0) {
+      break;
+    }
+    const ConnectionStream::Head head =
+        strm.ReadHead(SteadyClock::now() + deadlines_.header_timeout, deadlines_.max_head_bytes);
+    if (head == ConnectionStream::Head::kClosed) break;
+    if (head != ConnectionStream::Head::kRead) {
+      httplib::Response res;
+      res.status = head == ConnectionStream::Head::kTimedOut ? 408
+                   : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? 414
+                                                                                 : 431;
+      if (refusal_handler_) refusal_handler_(res);
+      std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + Reason(res.status) + "\r\n";
+      for (const auto& [name, value] : res.headers) {
+        if (name != "Connection" && name != "Content-Length") out += name + ": " + value + "\r\n";
+      }
+      out += "Content-Length: " + std::to_string(res.body.size()) + "\r\nConnection: close\r\n\r\n";
+      out += res.body;
+      for (size_t at = 0; at < out.size();) {
+        const ssize_t n = strm.write(out.data() + at, out.size() - at);
+        if (n <= 0) break;
+        at += static_cast<size_t>(n);
+      }
+      linger = true;
+      break;
+    }
+    strm.set_deadline(SteadyClock::now() + deadlines_.body_timeout);
+    bool connection_closed = false;
+    t_answering = &strm;
+    ret = process_request(strm, /*close_connection=*/left == 1, connection_closed, nullptr);
+    t_answering = nullptr;
+    if (strm.timed_out()) {
+      linger = true;
+      break;
+    }
+    if (!ret || connection_closed) break;
+  }
+  if (linger) {
+    LingeringClose(sock);
+  } else {
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+  }
+  return ret;
+}
+
+}  // namespace dedup::serve
