@@ -76,6 +76,7 @@ fi
 
 # 3. A NUL in a message key: refused, dead-lettered with the reason, never run.
 redis_start "$port" "$tmp/redis"
+redis_pid=$REDIS_LAST_PID
 rcli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
 rs="redis://127.0.0.1:$port?prefix=t:"
 "$dedup" exec --store "$rs" --key $'busy-\e[31m' --lease 1h -- sleep 3 &
@@ -234,6 +235,17 @@ for case in "--lease|worker --broker redis://127.0.0.1:1?stream=x --store memory
   expect_rc "a duration without a unit is refused: dedup $args" 2 timeout 20 "$dedup" "${argv[@]}"
   [[ "$out" == *"$flag"* && "$out" == *"unit"* ]] || fail "no unit, $flag: the flag or the fix is not named: $out"
 done
+# The fix offered must itself be accepted: ".5" was told "write e.g. .5s", and
+# ".5s" is not a duration; "5." was told "5.s".
+for v in .5 5.; do
+  expect_rc "--lease $v is refused" 2 "$dedup" exec --store memory: --key k --lease "$v" -- true
+  fix=$(sed -n "s/.*write e\.g\. \([^ ]*\).*/\1/p" <<<"$out")
+  if [[ -n "$fix" ]]; then
+    expect_rc "and the fix it offers ($fix) is accepted" 0 "$dedup" exec --store memory: --key k --lease "$fix" -- true
+  else
+    [[ "$out" == *"is not a duration"* ]] && ok "--lease $v: not a duration" || fail "--lease $v: $out"
+  fi
+done
 set +e
 out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec true \
   --summary-interval 0 --drain-timeout 0 2>&1); rc=$?
@@ -250,6 +262,27 @@ for cmd in "$tmp/handler-noexec.sh" "$tmp/handler-missing.sh --flag" "$tmp"; do
       --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd" $shell
     [[ "$out" == *--exec* && "$out" == *"${cmd%% *}"* ]] || fail "--exec '$cmd': not named: $out"
   done
+done
+# A script whose #! line names an interpreter that is not there (or "/bin/sh\r",
+# a file saved with CRLF line ends): execve fails ENOENT, the shell exits 127 at
+# every message, retried for ever; it passed the check at start.
+printf '#!/nonexistent/interp\nexit 0\n' >"$tmp/handler-nointerp.sh"
+printf '#!/bin/sh\r\nexit 0\r\n' >"$tmp/handler-crlf.sh"
+chmod 755 "$tmp/handler-nointerp.sh" "$tmp/handler-crlf.sh"
+for cmd in "$tmp/handler-nointerp.sh" "$tmp/handler-crlf.sh --flag"; do
+  for shell in "" --no-shell; do
+    expect_rc "--exec '$cmd' ${shell:-(shell)}: its interpreter is missing, refused at start" 2 timeout 20 \
+      "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd" $shell
+    [[ "$out" == *interpreter* && "$out" == *"${cmd%% *}"* ]] || fail "--exec '$cmd': interpreter not named: $out"
+  done
+done
+printf '#! /bin/sh -e\nexit 0\n' >"$tmp/handler-args.sh"
+printf '#!/usr/bin/env sh\nexit 0\n' >"$tmp/handler-env.sh"
+printf 'exit 0\n' >"$tmp/handler-noshebang.sh"
+chmod 755 "$tmp/handler-args.sh" "$tmp/handler-env.sh" "$tmp/handler-noshebang.sh"
+for cmd in "$tmp/handler-args.sh" "$tmp/handler-env.sh" "$tmp/handler-noshebang.sh"; do
+  expect_rc "--exec '$cmd' (a working script) passes (then the broker is down)" 75 timeout 20 \
+    "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store memory: --exec "$cmd"
 done
 # What only the shell can judge is left to it: a builtin, a variable, a pipeline.
 for cmd in 'exit 0' 'X=1 true' 'true | cat' '"$HOME/../../bin/true"'; do
@@ -273,25 +306,37 @@ expect_rc "--store redis:/127.0.0.1:6379 is refused" 2 "$dedup" inspect --store 
 # user said "NOT_FOUND: ... no store here (no such directory)" of a store that is
 # there, behind a directory it could not enter, and "the directory has no RocksDB
 # database" of one it could not list.
+# Root may enter any directory: it runs the commands as nobody. Any other user
+# closes its own directories to itself (it was skipped then, and CI may not be root).
+mkdir -p "$tmp/locked" "$tmp/open"
+"$dedup" exec --store "rocksdb:$tmp/locked/db" --key k -- true >/dev/null
+"$dedup" exec --store "rocksdb:$tmp/open/db" --key k -- true >/dev/null
 if [[ $(id -u) -eq 0 ]]; then
   chmod 711 "$tmp"
-  mkdir -p "$tmp/locked" "$tmp/open"
-  "$dedup" exec --store "rocksdb:$tmp/locked/db" --key k -- true >/dev/null
-  "$dedup" exec --store "rocksdb:$tmp/open/db" --key k -- true >/dev/null
   chmod 700 "$tmp/locked" "$tmp/open/db"
   chmod 755 "$tmp/open"
-  as_nobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
-  for db in "$tmp/locked/db" "$tmp/open/db"; do
-    expect_rc "inspect of a store it may not read ($db)" 2 "${as_nobody[@]}" "$dedup" inspect --store "rocksdb:$db" k
-    [[ "$out" == *PERMISSION_DENIED* && "$out" == *"Permission denied"* && "$out" != *"no store here"* ]] ||
-      fail "unreadable store $db: $out"
-    expect_rc "exec on a store it may not read ($db)" 2 "${as_nobody[@]}" "$dedup" exec --store "rocksdb:$db" --key k2 -- true
-    [[ "$out" == *PERMISSION_DENIED* ]] || fail "exec, unreadable store $db: $out"
-  done
-  chmod 700 "$tmp"
+  as_other=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
 else
-  ok "unreadable stores: skipped (needs root to run as another user)"
+  chmod 000 "$tmp/locked"  # may not enter
+  chmod 300 "$tmp/open/db"  # may enter, may not list
+  as_other=()
 fi
+for db in "$tmp/locked/db" "$tmp/open/db"; do
+  expect_rc "inspect of a store it may not read ($db)" 2 "${as_other[@]}" "$dedup" inspect --store "rocksdb:$db" k
+  [[ "$out" == *PERMISSION_DENIED* && "$out" == *"Permission denied"* && "$out" != *"no store here"* ]] ||
+    fail "unreadable store $db: $out"
+  expect_rc "exec on a store it may not read ($db)" 2 "${as_other[@]}" "$dedup" exec --store "rocksdb:$db" --key k2 -- true
+  [[ "$out" == *PERMISSION_DENIED* ]] || fail "exec, unreadable store $db: $out"
+done
+chmod 700 "$tmp" "$tmp/locked" "$tmp/open/db"
+# A path that can never be opened is a usage error (2), not "try again later"
+# (75, and a supervisor restarting the worker for ever): a symbolic link loop, a
+# name longer than NAME_MAX. exec said UNAVAILABLE, 75, for both.
+ln -s loop "$tmp/loop"
+for path in "$tmp/loop" "$tmp/loop/db" "$tmp/$(printf 'n%.0s' {1..300})/db"; do
+  expect_rc "exec on a store path that cannot be opened (${path:0:60}...)" 2 "$dedup" exec --store "rocksdb:$path" --key k -- true
+  [[ "$out" == *INVALID_ARGUMENT* ]] || fail "store path ${path:0:60}: $out"
+done
 
 # A mistyped option is named, with the nearest real one. CLI11 alone answered
 # "--broker is required" to --brokr, and "The following arguments were not
@@ -339,6 +384,30 @@ expect_rc "publish to it again" 0 "$dedup" publish --broker "redis://127.0.0.1:$
 # publish said 75 (try again later) to every error, a wrong password too; the
 # worker says 2. Last: the server keeps this password until the test ends.
 expect_rc "publish to a server that is down is 75" 75 "$dedup" publish --broker "redis://127.0.0.1:1?stream=x" --field id=1
+# 75 stays "try again later" for every error a later run can get past: a read-only
+# replica (a failover under way: READONLY), a replica whose primary is gone
+# (MASTERDOWN), a server loading its dataset or busy in a script (LOADING, BUSY).
+# publish answered these 2 ("your usage is wrong"), so a retrying caller gave up.
+rcli REPLICAOF 127.0.0.1 1 >/dev/null
+expect_rc "publish to a read-only replica (READONLY) is 75" 75 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=x" --field id=1
+[[ "$out" == *READONLY* ]] || fail "publish to a replica: $out"
+rcli CONFIG SET replica-serve-stale-data no >/dev/null
+expect_rc "publish to a replica without its primary (MASTERDOWN) is 75" 75 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=x" --field id=1
+[[ "$out" == *MASTERDOWN* ]] || fail "publish, MASTERDOWN: $out"
+rcli CONFIG SET replica-serve-stale-data yes >/dev/null
+rcli REPLICAOF NO ONE >/dev/null
+# A broker that accepts the connection and then says nothing (stopped, overloaded)
+# is "try again later" too, never "login refused": the Redis server above,
+# SIGSTOPped, is such a peer (the kernel still completes the TCP handshake).
+kill -STOP "$redis_pid"
+for uri in "amqp://u:p@127.0.0.1:$port/?queue=q&timeout=500ms" "nats://127.0.0.1:$port?stream=s&consumer=c&timeout=500ms"; do
+  expect_rc "publish to a silent peer (${uri%%:*}) is 75" 75 timeout 20 "$dedup" publish --broker "$uri" --field id=1
+  [[ "$out" != *UNAUTHENTICATED* && "$out" != *refused* ]] || fail "publish, silent peer, ${uri%%:*}: $out"
+  expect_rc "a worker on a silent peer (${uri%%:*}) is 75" 75 timeout 20 "$dedup" worker --broker "$uri" --store memory: --exec true
+  [[ "$out" != *UNAUTHENTICATED* && "$out" != *refused* ]] || fail "worker, silent peer, ${uri%%:*}: $out"
+done
+kill -CONT "$redis_pid"
+redis_wait_ready "$port"
 rcli CONFIG SET requirepass right-pw >/dev/null
 expect_rc "publish with a wrong password is 2" 2 "$dedup" publish --broker "redis://:wrong-pw@127.0.0.1:$port?stream=x" --field id=1
 [[ "$out" == *UNAUTHENTICATED* && "$out" != *wrong-pw* ]] || fail "publish, wrong password: $out"

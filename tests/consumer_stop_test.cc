@@ -10,17 +10,27 @@
 // The window is a few instructions wide; to make it certain, this binary
 // interposes sem_post(3) (the library is linked statically into it), with which
 // Stop() wakes the drain thread: a post from a thread marked with t_hold_posts
-// waits until Run() has returned (or 1 s). Every post passes on to the C
+// waits until Run() has returned, the Consumer is being destroyed (its
+// semaphore's sem_destroy, also interposed), or 1 s. A sem_destroy of the
+// semaphore of a held post records that the Consumer went while a Stop() was
+// inside it, and waits (5 s at most) until that Stop() has returned, so that the
+// test fails instead of writing to freed memory. Every call passes on to the C
 // library's. Not in the sanitizer trees' test lists (TSan intercepts sem_post).
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <semaphore.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
@@ -31,12 +41,28 @@
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
 #include "dedup/store.h"
+#ifdef DEDUP_TEST_WORKER_STOP
+#include "dedup/worker.h"
+#include "redis/client.h"
+#endif
 
 namespace {
 
 thread_local bool t_hold_posts = false;
 std::atomic<bool> g_run_returned{false};
 std::atomic<int> g_held_posts{0};
+std::atomic<sem_t*> g_held_sem{nullptr};            // the semaphore of the post held now
+std::atomic<bool> g_destroyed_while_held{false};    // its sem_destroy came meanwhile
+std::atomic<bool> g_stop_returned{false};           // the held Stop() has returned
+
+// Sleeps in 1 ms steps until done() or at_most has passed.
+template <typename Done>
+void WaitUntil(Done done, std::chrono::milliseconds at_most) {
+  const auto until = std::chrono::steady_clock::now() + at_most;
+  while (!done() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 }  // namespace
 
@@ -45,10 +71,20 @@ extern "C" int sem_post(sem_t* sem) {
   static const Post real = reinterpret_cast<Post>(dlsym(RTLD_NEXT, "sem_post"));
   if (t_hold_posts) {
     g_held_posts.fetch_add(1);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (!g_run_returned.load() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    g_held_sem.store(sem);
+    WaitUntil([] { return g_run_returned.load() || g_destroyed_while_held.load(); },
+              std::chrono::seconds(1));
+    g_held_sem.store(nullptr);
+  }
+  return real(sem);
+}
+
+extern "C" int sem_destroy(sem_t* sem) {
+  using Destroy = int (*)(sem_t*);
+  static const Destroy real = reinterpret_cast<Destroy>(dlsym(RTLD_NEXT, "sem_destroy"));
+  if (sem != nullptr && g_held_sem.load() == sem) {
+    g_destroyed_while_held.store(true);
+    WaitUntil([] { return g_stop_returned.load(); }, std::chrono::seconds(5));
   }
   return real(sem);
 }
@@ -85,10 +121,7 @@ TEST(ConsumerStop, RunDoesNotReturnWhileStopStillUsesTheConsumer) {
     stop_inside_at_return = !stop_returned.load();
     g_run_returned.store(true);
   });
-  for (auto until = std::chrono::steady_clock::now() + 10s;
-       ran.load() == 0 && std::chrono::steady_clock::now() < until;) {
-    std::this_thread::sleep_for(5ms);
-  }
+  WaitUntil([&] { return ran.load() != 0; }, 10s);
   ASSERT_EQ(ran.load(), 1);
   std::thread stopper([&] {
     t_hold_posts = true;
@@ -155,5 +188,122 @@ TEST(ConsumerStop, AConsumerHoldsNoFileDescriptor) {
   EXPECT_EQ(failed, "") << "200 Consumers with room for 16 more open files";
   EXPECT_EQ(consumers.size(), 200u);
 }
+
+#ifdef DEDUP_TEST_WORKER_STOP
+// A redis-server on 127.0.0.1:kWorkerStopPort (docs/PORTS.md) in a temporary
+// directory; SIGKILLed with this process (parent-death signal), else stopped by PID.
+constexpr int kWorkerStopPort = 6515;
+
+class RedisChild {
+ public:
+  RedisChild() {
+    char tmpl[] = "/tmp/dedup_worker_stop.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return;
+    dir_ = tmpl;
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1);
+      dup2(null, 2);
+      const std::string port = std::to_string(kWorkerStopPort);
+      execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
+             "--dir", dir_.c_str(), "--save", "", "--appendonly", "no", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (auto until = std::chrono::steady_clock::now() + 5s;
+         std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(20ms)) {
+      if (Command({"PING"}) == "PONG") {
+        up_ = true;
+        return;
+      }
+    }
+  }
+  ~RedisChild() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  bool up() const { return up_; }
+
+  // One command on a connection of its own (the project's Redis client), its
+  // reply as text ("" on failure, and for replies that are not text).
+  static std::string Command(std::vector<std::string> args) {
+    redis::ConnectionOptions o;
+    o.endpoints = {{"127.0.0.1", kWorkerStopPort}};
+    o.timeout = 1s;
+    auto c = redis::Connection::Open(o.endpoints.front(), o);
+    if (!c.ok()) return "";
+    const redis::Command cmd{std::move(args)};
+    const redis::Command* cmds[] = {&cmd};
+    std::vector<redis::Reply> replies;
+    if (!(*c)->Pipeline(cmds, &replies, "test").ok() || replies.empty()) return "";
+    return std::string(redis::ReplyText(replies.front().get()));
+  }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+  bool up_ = false;
+};
+
+// Worker::Stop() may be called twice from any thread (a second SIGTERM): the
+// second call finds the Consumer still there (the first one's drain waits for a
+// handler), and Run() must not destroy the Consumer while that call is still
+// inside it. Here the second Stop()'s wake-up is held (sem_post, above) while the
+// handler, seeing it held, returns, so that Run() ends under it.
+TEST(WorkerStop, ASecondStopDoesNotOutliveTheConsumer) {
+  RedisChild redis;
+  if (!redis.up()) GTEST_SKIP() << "no redis-server on 127.0.0.1:" << kWorkerStopPort;
+  ASSERT_NE(RedisChild::Command({"XADD", "jobs", "*", "id", "k1"}), "");
+  g_run_returned = false;
+  g_held_posts = 0;
+  WorkerOptions wo;
+  wo.port = kWorkerStopPort;
+  wo.stream = "jobs";
+  wo.group = "g";
+  wo.consumer = "w";
+  wo.concurrency = 1;
+  wo.block = 20ms;
+  auto w = Worker::Open(wo);
+  ASSERT_TRUE(w.ok()) << w.status();
+  Worker* worker = w->get();
+  auto store = OpenStore("memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  Buffer buffer(store->get());
+
+  std::atomic<int> ran{0};
+  Status run_status;
+  std::thread run([&] {
+    run_status = worker->Run(&buffer, [&](const StreamMessage&, ClaimGuard&) {
+      ++ran;
+      // Ends once the second Stop() is inside the Consumer (its post held).
+      WaitUntil([] { return g_held_posts.load() != 0; }, 5s);
+      return HandlerResult::Done();
+    });
+    g_run_returned.store(true);  // the Consumer is gone
+  });
+  WaitUntil([&] { return ran.load() != 0; }, 10s);
+  ASSERT_EQ(ran.load(), 1);
+  worker->Stop();  // the first: the drain waits for the handler
+  std::thread stopper([&] {
+    t_hold_posts = true;
+    worker->Stop();  // the second
+    t_hold_posts = false;
+    g_stop_returned.store(true);
+  });
+  stopper.join();
+  run.join();
+  EXPECT_TRUE(run_status.ok()) << run_status;
+  EXPECT_EQ(g_held_posts.load(), 1) << "the second Stop() reached the Consumer";
+  EXPECT_FALSE(g_destroyed_while_held.load())
+      << "Worker::Run() destroyed the Consumer while a second Worker::Stop() was still "
+         "inside its Stop() (which then writes to the freed Consumer)";
+}
+#endif  // DEDUP_TEST_WORKER_STOP
 }  // namespace
 }  // namespace dedup

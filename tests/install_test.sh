@@ -12,9 +12,16 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 source "$src/scripts/lib/check.sh"
 ok() { echo "ok   $*"; }
+# cmake --install writes BUILD/install_manifest.txt, the list a user's own
+# `cmake --install build` left there to uninstall with: it must end as it began.
+manifest="$build/install_manifest.txt"
+manifest_before=$(cat "$manifest" 2>/dev/null || echo "(none)")
 
-cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
-  { cat "$tmp/install.log"; fail "cmake --install"; check_done "install"; }
+[[ -e "$manifest" ]] && cp -p "$manifest" "$tmp/manifest.saved"
+installed=0
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 || installed=$?
+if [[ -e "$tmp/manifest.saved" ]]; then cp -p "$tmp/manifest.saved" "$manifest"; else rm -f "$manifest"; fi
+(( installed == 0 )) || { cat "$tmp/install.log"; fail "cmake --install"; check_done "install"; }
 
 # The snippet: its #includes at file scope, the rest in main(), with the
 # README's placeholders (msg, charge, broker) defined around it.
@@ -58,7 +65,7 @@ else
   fail "find_package(dedup): $(tail -20 "$tmp/cm.log")"
 fi
 if g++ -std=c++20 "$tmp/app.cc" -o "$tmp/app-pc" \
-     $(PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig" pkg-config --cflags --libs dedup) >"$tmp/pc.log" 2>&1; then
+     $(PKG_CONFIG_PATH="$(dirname "$(find "$tmp/prefix" -name dedup.pc | head -1)")" pkg-config --cflags --libs dedup) >"$tmp/pc.log" 2>&1; then
   ok "pkg-config dedup builds the README snippet"
 else
   fail "pkg-config dedup: $(grep -m3 -E 'error|undefined' "$tmp/pc.log")"
@@ -73,4 +80,7 @@ for app in "$tmp/cmake-app/b/app" "$tmp/app-pc"; do
   out=$("$app" "rocksdb:$tmp/db-$(basename "$app")" 2>&1) || true
   [[ "$out" == ack ]] && ok "$(basename "$app"): a second run is a duplicate, acked unrun" || fail "second run: $out"
 done
+[[ "$(cat "$manifest" 2>/dev/null || echo "(none)")" == "$manifest_before" ]] &&
+  ok "the build's install_manifest.txt is as it was" ||
+  fail "the build's install_manifest.txt now lists $(head -1 "$manifest")"
 check_done "install"

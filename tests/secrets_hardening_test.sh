@@ -61,6 +61,19 @@ for p in "http://u:$P" "https://u:$P" "http://u:$P/x" "http://u:$P@127.0.0.1:1" 
   checked=$((checked + 1))
   if [[ "$out" == *"$P"* ]]; then fail "dedup serve --proxy $p printed the password: $out"; fi
 done
+# A handler refused at start is named (worker --exec, also through the shell
+# since a plain path is checked there; dedup exec's command): a URL with a
+# password in that first word was printed whole. A mistyped option is named too.
+for args in "worker --broker redis://127.0.0.1:1?stream=s --store memory: --exec https://u:$P@h/hook" \
+            "worker --broker redis://127.0.0.1:1?stream=s --store memory: --no-shell --exec https://u:$P@h/hook" \
+            "exec --store memory: --key k -- https://u:$P@h/hook" \
+            "inspect --stor=redis://:$P@127.0.0.1:1 k" "inspect --store:redis://:$P@127.0.0.1:1 k" \
+            "inspect --redis://:$P@127.0.0.1:1 k" "worker --brokerredis://u:$P@h:1?stream=s"; do
+  read -ra argv <<<"$args"
+  out=$(timeout 20 "$dedup" "${argv[@]}" 2>&1 </dev/null) || true
+  checked=$((checked + 1))
+  if [[ "$out" == *"$P"* ]]; then fail "dedup $args printed the password: $out"; fi
+done
 echo "ok   $checked command lines with a password checked"
 
 # 2. A password-protected Redis, reached without a password on the command line.

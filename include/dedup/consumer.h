@@ -295,6 +295,8 @@ class Consumer {
   Status Run();
   // Async-signal-safe. The drain clock starts here, even while the thread in
   // Run() still waits in a Fetch or a claim (a broker or store that hangs).
+  // A caller that may call it while another thread returns from Run() and
+  // destroys the Consumer (a second SIGTERM) goes through a ConsumerStopper.
   void Stop();
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
 
@@ -308,6 +310,38 @@ class Consumer {
   std::unique_ptr<Impl> impl_;
   std::atomic<bool> stop_{false};
   static_assert(std::atomic<bool>::is_always_lock_free);
+};
+
+// Stop() of a Consumer that its owner destroys once Run() has returned, from any
+// thread or a signal handler, any number of times (a second SIGTERM). Consumer::
+// Stop() alone cannot make that safe: a caller that has read the Consumer's
+// address may be preempted (or its signal handler interrupted) until after the
+// owner destroyed it. Here Detach() returns only once no Stop() is inside the
+// Consumer any more, and none reaches it after; the owner destroys it then.
+//
+//   stopper.Attach(c);   // before c->Run(); stops c at once if Stop() came first
+//   c->Run();
+//   stopper.Detach();    // then c may go
+//
+// Used by `dedup worker`'s SIGTERM / SIGINT handler and Worker::Stop().
+class ConsumerStopper {
+ public:
+  // Async-signal-safe (lock-free atomics and Consumer::Stop()); never waits.
+  // Sticky: a Consumer attached later is stopped at once.
+  void Stop();
+  bool stopping() const { return stop_.load(std::memory_order_relaxed); }
+  // Stop() reaches `c` from now on. `c` must stay alive until Detach() returns.
+  void Attach(Consumer* c);
+  // No Stop() reaches the Consumer once this returns: it waits (yielding the CPU)
+  // for any Stop() that read its address, a few instructions at most.
+  void Detach();
+
+ private:
+  std::atomic<Consumer*> consumer_{nullptr};
+  std::atomic<int> inside_{0};  // Stop() calls that may be using consumer_
+  std::atomic<bool> stop_{false};
+  static_assert(std::atomic<Consumer*>::is_always_lock_free);
+  static_assert(std::atomic<int>::is_always_lock_free);
 };
 
 // ---- the broker scheme table ----------------------------------------------------

@@ -135,12 +135,11 @@ class Worker {
   Status RunWith(const Processor& process);
 
   // Stops reading; Run() returns once in-flight handlers finished. Entries read but
-  // not started stay pending (redelivered later). Async-signal-safe.
-  void Stop() {
-    stop_.store(true, std::memory_order_relaxed);
-    if (Consumer* c = consumer_.load()) c->Stop();
-  }
-  bool stopping() const { return stop_.load(std::memory_order_relaxed); }
+  // not started stay pending (redelivered later). Async-signal-safe; may be called
+  // again, also while Run() returns (Run() destroys its Consumer only once no
+  // Stop() is inside it: ConsumerStopper).
+  void Stop() { stopper_.Stop(); }
+  bool stopping() const { return stopper_.stopping(); }
 
   WorkerMetrics metrics() const;
   const WorkerOptions& options() const { return options_; }
@@ -153,12 +152,10 @@ class Worker {
 
   WorkerOptions options_;
   std::unique_ptr<MessageSource> source_;
-  std::atomic<Consumer*> consumer_{nullptr};
-  std::atomic<bool> stop_{false};
+  ConsumerStopper stopper_;        // Stop()'s way to the running Consumer
   mutable std::mutex metrics_mu_;  // keeps the consumer alive while metrics() reads it
+  Consumer* consumer_ = nullptr;   // the running one (metrics_mu_)
   WorkerMetrics last_metrics_;     // of the last Run, once it returned
-  static_assert(std::atomic<Consumer*>::is_always_lock_free);
-  static_assert(std::atomic<bool>::is_always_lock_free);
 };
 
 }  // namespace dedup

@@ -2,6 +2,8 @@
 
 #include "cli/flags.h"
 
+#include <string_view>
+
 #include "core/duration.h"
 
 namespace dedup::cli {
@@ -15,9 +17,18 @@ CLI::Option* AddDurationOption(CLI::App& app, const std::string& name, Millis* t
         // A bare number is milliseconds in the grammar (URIs keep that), but on a
         // flag it is a trap: "--retention 86400" meant a day and kept the outcome
         // 86 s, "--lease 30" made a 30 ms lease. A flag needs a unit; 0 needs none.
-        if (!text.empty() && text.find_first_not_of("0123456789.") == std::string::npos &&
-            text.find_first_not_of("0.") != std::string::npos) {
-          const bool whole = text.find('.') == std::string::npos;
+        // Only a number the grammar reads ("30", "1.5"): ".5" and "5." are not
+        // durations with a unit either, and were offered ".5s" and "5.s".
+        const size_t dot = text.find('.');
+        const auto digits = [](std::string_view t) {
+          return !t.empty() && t.find_first_not_of("0123456789") == std::string_view::npos;
+        };
+        const bool number = dot == std::string::npos
+                                ? digits(text)
+                                : digits(std::string_view(text).substr(0, dot)) &&
+                                      digits(std::string_view(text).substr(dot + 1));
+        if (number && text.find_first_not_of("0.") != std::string::npos) {
+          const bool whole = dot == std::string::npos;
           throw CLI::ValidationError(name + " '" + text + "' has no unit: write e.g. " + text +
                                      "s" + (whole ? " or " + text + "ms" : std::string()) +
                                      " (units: ms, s, m, h, d)");

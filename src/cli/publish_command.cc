@@ -237,8 +237,11 @@ int RunPublish(const PublishFlags& f) {
       std::fprintf(stderr, "dedup publish: after %llu messages: %s\n",
                    static_cast<unsigned long long>(published),
                    r.ok() ? streams::ReplyText(r->get()).c_str() : r.status().ToString().c_str());
-      // An error reply (WRONGTYPE: the key is not a stream) is not a "later".
-      return r.ok() ? kExitUsage : ExitFor(r.status());
+      // An error reply is classified as the Redis client layer does: WRONGTYPE (the
+      // key is not a stream) is not a "later"; READONLY (a failover under way),
+      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN are.
+      return ExitFor(r.ok() ? redis::ErrorReplyStatus("", streams::ReplyText(r->get()))
+                            : r.status());
     }
     if (order.size() == 1 && !f.quiet) std::printf("%s\n", streams::ReplyText(r->get()).c_str());
     ++published;
@@ -270,6 +273,10 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->add_option("--seed", f->seed, "Seeds which messages are duplicated")
       ->capture_default_str();
+  app->footer(
+      "Exit codes: 0 published; 75 try again later (the broker unreachable, slow, or not\n"
+      "  ready: loading, busy, a read-only replica); 2 bad usage, a refused password or\n"
+      "  vhost, or any error a retry cannot fix.");
   app->add_flag("--quiet", f->quiet, "Print nothing on success");
   app->callback([f, &ctx] { ctx.exit_code = RunPublish(*f); });
 }

@@ -69,13 +69,12 @@
 namespace dedup::cli {
 namespace {
 
-std::atomic<Consumer*> g_consumer{nullptr};
-std::atomic<bool> g_stop{false};
+// The SIGTERM / SIGINT handler's way to the Consumer: a second signal as Run()
+// returns may still be inside its Stop(), which Detach() waits for before the
+// Consumer goes (ConsumerStopper).
+ConsumerStopper g_stopper;
 
-void StopWorker(int) {
-  g_stop.store(true);
-  if (Consumer* c = g_consumer.load()) c->Stop();
-}
+void StopWorker(int) { g_stopper.Stop(); }
 
 struct WorkerFlags {
   std::string broker;
@@ -423,9 +422,8 @@ int RunWorkerCommand(const WorkerFlags& f) {
     return kExitUsage;
   }
 #endif
-  g_consumer.store(&c);
+  g_stopper.Attach(&c);
   OnStopSignals(&StopWorker);
-  if (g_stop.load()) c.Stop();
 
   // A summary line every summary_interval while running.
   std::atomic<bool> done{false};
@@ -456,7 +454,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   Status run = c.Run();
   done.store(true);
   summary.join();
-  g_consumer.store(nullptr);
+  g_stopper.Detach();  // before `made` destroys the Consumer
   std::fprintf(stderr, "dedup worker: stopped: %s\n", c.metrics().Summary().c_str());
   if (!run.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", run.ToString().c_str());

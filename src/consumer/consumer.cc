@@ -1064,4 +1064,27 @@ void Consumer::Stop() { impl_->RequestStop(); }
 ConsumerMetrics Consumer::metrics() const { return impl_->Metrics(); }
 const ConsumerOptions& Consumer::options() const { return impl_->options(); }
 
+// Sequentially consistent throughout, Dekker's way: Stop() counts itself in, then
+// reads the Consumer; Detach() clears the Consumer, then reads the count. One of
+// them sees the other's write: either Stop() finds no Consumer, or Detach() waits
+// for that Stop() to count itself out (release: what it did to the Consumer
+// happens before the Consumer goes). Attach() and the sticky flag likewise: either
+// Stop() finds the Consumer, or Attach() sees the flag (or both: Stop() twice).
+void ConsumerStopper::Stop() {
+  stop_.store(true);
+  inside_.fetch_add(1);
+  if (Consumer* c = consumer_.load()) c->Stop();
+  inside_.fetch_sub(1, std::memory_order_release);
+}
+
+void ConsumerStopper::Attach(Consumer* c) {
+  consumer_.store(c);
+  if (stop_.load()) c->Stop();
+}
+
+void ConsumerStopper::Detach() {
+  consumer_.store(nullptr);
+  while (inside_.load() != 0) std::this_thread::yield();
+}
+
 }  // namespace dedup

@@ -3,6 +3,8 @@
 #include "consumer/handler_process.h"
 
 #include "consumer/handler_cgroup.h"
+#include "core/printable.h"
+#include "core/redact.h"
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -364,15 +366,23 @@ bool WriteAll(int fd, const char* p, size_t n) {
   return true;
 }
 
+// A command's name in a message: a URL with a password as the command (a
+// mistake, but a password) is shown redacted, as every URI is.
+std::string Shown(const std::string& name) { return internal::RedactWords(name); }
+
 Status StartError(const std::string& name, int e) {
-  if (e == ENOENT || e == ENOTDIR) return Status::NotFound("command '" + name + "' not found");
+  if (e == ENOENT || e == ENOTDIR) {
+    return Status::NotFound("command '" + Shown(name) + "' not found");
+  }
   if (e == EACCES || e == EPERM || e == EISDIR) {
-    return Status::PermissionDenied("command '" + name + "' is not executable: " + Err(e));
+    return Status::PermissionDenied("command '" + Shown(name) +
+                                    "' is not executable: " + Err(e));
   }
   if (e == ENOEXEC) {
-    return Status::FailedPrecondition("command '" + name + "' is not an executable file");
+    return Status::FailedPrecondition("command '" + Shown(name) +
+                                      "' is not an executable file");
   }
-  return Status::Unavailable("cannot start '" + name + "': " + Err(e));
+  return Status::Unavailable("cannot start '" + Shown(name) + "': " + Err(e));
 }
 
 // StartError for an execve of `path` that failed: where that errno alone would
@@ -380,8 +390,9 @@ Status StartError(const std::string& name, int e) {
 Status ExecError(const std::string& name, const std::string& path, int e) {
   struct stat st {};
   if (e == ENOENT && stat(path.c_str(), &st) == 0) {  // the file is there
-    return Status::NotFound("command '" + name + "' cannot start: the interpreter its #! line "
-                            "names (or its ELF loader) was not found");
+    return Status::NotFound("command '" + Shown(name) +
+                            "' cannot start: the interpreter its #! line names (or its ELF "
+                            "loader) was not found");
   }
   if (e == EACCES && stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) e = EISDIR;
   return StartError(name, e);
@@ -439,7 +450,37 @@ HandlerResult ToHandlerResult(const StatusOr<HandlerExit>& run, bool keep_output
                               (run->how == HandlerExit::How::kExited ? " (retry later)" : ""));
 }
 
-StatusOr<std::string> ResolveCommand(std::string_view name) {
+namespace {
+
+// A script's #! line as the kernel reads it (binfmt_script): after "#!" and
+// blanks, the interpreter runs to the next blank or the line's end; a '\r' (a
+// file saved with CRLF ends) is part of its name. One that is not there makes
+// execve fail ENOENT at every run (the shell: 127): said once, at start.
+Status CheckInterpreter(const std::string& path, const std::string& name) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return Status::Ok();  // executable but not readable: execve's to judge
+  char buf[256];
+  const ssize_t r = read(fd, buf, sizeof buf);
+  close(fd);
+  if (r < 2 || buf[0] != '#' || buf[1] != '!') return Status::Ok();
+  std::string_view line(buf + 2, static_cast<size_t>(r) - 2);
+  const size_t nl = line.find('\n');
+  if (nl == std::string_view::npos && static_cast<size_t>(r) == sizeof buf) return Status::Ok();
+  line = line.substr(0, nl);
+  const size_t b = line.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return Status::Ok();  // "#!" alone: sh runs it itself
+  const std::string interp(line.substr(b, line.find_first_of(" \t", b) - b));
+  struct stat st {};
+  if (stat(interp.c_str(), &st) == 0 || (errno != ENOENT && errno != ENOTDIR)) {
+    return Status::Ok();
+  }
+  return Status::NotFound("command '" + Shown(name) + "' cannot start: the interpreter its #! " +
+                          "line names ('" + internal::Printable(interp) + "') was not found");
+}
+
+// ResolveCommand; `interpreter` false on the spawn path, which must not pay an
+// open and a read per message (the check was made at start).
+StatusOr<std::string> Resolve(std::string_view name, bool interpreter) {
   if (name.empty()) return Status::InvalidArgument("empty command");
   auto check = [](const std::string& p) -> int {
     struct stat st {};
@@ -450,8 +491,9 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
   const std::string n(name);
   if (n.find('/') != std::string::npos) {
     const int e = check(n);
-    if (e == 0) return n;
-    return StartError(n, e);
+    if (e != 0) return StartError(n, e);
+    if (interpreter) DEDUP_RETURN_IF_ERROR(CheckInterpreter(n, n));
+    return n;
   }
   const char* env_path = std::getenv("PATH");
   const std::string path = env_path != nullptr ? env_path : "/usr/local/bin:/bin:/usr/bin";
@@ -464,13 +506,20 @@ StatusOr<std::string> ResolveCommand(std::string_view name) {
     if (dir.empty()) dir = ".";
     const std::string candidate = dir + "/" + n;
     const int e = check(candidate);
-    if (e == 0) return candidate;
+    if (e == 0) {
+      if (interpreter) DEDUP_RETURN_IF_ERROR(CheckInterpreter(candidate, n));
+      return candidate;
+    }
     if (e != ENOENT && e != ENOTDIR) seen = e;
     start = end + 1;
   }
-  if (seen == ENOENT) return Status::NotFound("command '" + n + "' not found in PATH");
+  if (seen == ENOENT) return Status::NotFound("command '" + Shown(n) + "' not found in PATH");
   return StartError(n, seen);
 }
+
+}  // namespace
+
+StatusOr<std::string> ResolveCommand(std::string_view name) { return Resolve(name, true); }
 
 // ---- the supervisor ------------------------------------------------------------
 
@@ -726,7 +775,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   if (cmd.argv[0].find('/') != std::string::npos) {
     path = cmd.argv[0];
   } else {
-    StatusOr<std::string> resolved = ResolveCommand(cmd.argv[0]);
+    StatusOr<std::string> resolved = Resolve(cmd.argv[0], /*interpreter=*/false);
     if (!resolved.ok()) return resolved.status();
     path = *std::move(resolved);
   }

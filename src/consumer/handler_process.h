@@ -133,7 +133,9 @@ inline constexpr int kHandlerExitNotFound = 127;    // the shell's "not found"
 HandlerResult ToHandlerResult(const StatusOr<HandlerExit>& run, bool keep_output);
 
 // Finds `name` as execvp would (PATH, or as given when it holds a '/') and checks
-// it is an executable file. NotFound or PermissionDenied, naming it.
+// it is an executable file, and that the interpreter its #! line names (a
+// script's) is there. NotFound or PermissionDenied, naming it. For start-up
+// checks: it opens and reads the file.
 [[nodiscard]] StatusOr<std::string> ResolveCommand(std::string_view name);
 
 struct SupervisorOptions {

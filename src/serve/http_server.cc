@@ -10,10 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <charconv>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace dedup::serve {
 namespace {
@@ -37,6 +41,20 @@ int WaitFor(int fd, short events, TimePoint until) {
   }
 }
 
+// As WaitFor, but also ends (0) soon after `listener` is closed (the server's
+// stop()): for waits where no request has begun yet, so that stopping the server
+// is not held by idle connections or heads still arriving.
+int WaitUnlessStopped(int fd, TimePoint until, const std::atomic<socket_t>& listener) {
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  for (;;) {
+    if (listener == INVALID_SOCKET) return 0;
+    const TimePoint now = SteadyClock::now();
+    if (now >= until) return 0;
+    const int r = WaitFor(fd, POLLIN, std::min(until, now + kSlice));
+    if (r != 0) return r;
+  }
+}
+
 TimePoint After(time_t sec, time_t usec) {
   return SteadyClock::now() + std::chrono::seconds(sec) + std::chrono::microseconds(usec);
 }
@@ -56,11 +74,57 @@ void IpAndPort(const sockaddr_storage& addr, socklen_t len, std::string& ip, int
   }
 }
 
+const char* Reason(int status) {
+  switch (status) {
+    case 408: return "Request Timeout";
+    case 414: return "URI Too Long";
+    case 431: return "Request Header Fields Too Large";
+    default: return "Error";
+  }
+}
+
+// After an answer that ends the connection while the client may still be
+// sending: a close with unread bytes would reset the connection, and the client
+// could lose the answer. Ends our side, reads what the client still sends for a
+// moment, then closes.
+void LingeringClose(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const TimePoint until = SteadyClock::now() + std::chrono::seconds(1);
+  char sink[kRecvChunk];
+  while (WaitFor(fd, POLLIN, until) > 0 && ::recv(fd, sink, sizeof(sink), 0) > 0) {
+  }
+  ::close(fd);
+}
+
+// The length of `req`'s body when its head frames it one way only: by no
+// Content-Length and no Transfer-Encoding (0), or by Content-Lengths that all
+// say the same number. nullopt otherwise: with a Transfer-Encoding (alone, where
+// cpp-httplib's lenient reading of a chunked body cannot be checked from here, or
+// with a Content-Length, RFC 9112 6.1), or Content-Lengths that differ or are
+// not numbers; a proxy in front may have framed such a body otherwise.
+std::optional<uint64_t> FramedBodyLength(const httplib::Request& req) {
+  if (req.has_header("Transfer-Encoding")) return std::nullopt;
+  std::optional<uint64_t> length;
+  const auto [from, to] = req.headers.equal_range("Content-Length");
+  for (auto it = from; it != to; ++it) {
+    const std::string& v = it->second;
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || (length && *length != n)) {
+      return std::nullopt;
+    }
+    length = n;
+  }
+  return length.value_or(0);
+}
+
+}  // namespace
+
 // One connection's bytes: those read ahead of cpp-httplib (the head, and what
 // came with it: the body's first bytes, a pipelined request), then the socket.
 // Every read from the socket ends at the read timeout or the deadline, whichever
 // comes first; only the deadline counts as the request's timeout.
-class ConnectionStream final : public httplib::Stream {
+class HttpServer::ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int fd, std::chrono::microseconds read_timeout,
                    std::chrono::microseconds write_timeout)
@@ -76,7 +140,9 @@ class ConnectionStream final : public httplib::Stream {
   ssize_t read(char* ptr, size_t size) override {
     if (off_ == buf_.size() && size >= kRecvChunk) {
       if (!WaitReadable()) return -1;
-      return Recv(ptr, size);
+      const ssize_t n = Recv(ptr, size);
+      if (n > 0) consumed_ += static_cast<size_t>(n);
+      return n;
     }
     if (off_ == buf_.size()) {
       // Small reads (cpp-httplib reads lines a byte at a time) come from a chunk.
@@ -86,6 +152,7 @@ class ConnectionStream final : public httplib::Stream {
     const size_t n = std::min(size, buf_.size() - off_);
     std::memcpy(ptr, buf_.data() + off_, n);
     off_ += n;
+    consumed_ += n;
     return static_cast<ssize_t>(n);
   }
   ssize_t write(const char* ptr, size_t size) override {
@@ -116,17 +183,23 @@ class ConnectionStream final : public httplib::Stream {
     scan_ = 0;
     deadline_ = TimePoint::max();
     timed_out_ = false;
+    consumed_ = 0;
+    head_bytes_ = 0;
     return !buf_.empty();
   }
 
   enum class Head { kRead, kClosed, kTimedOut, kTooLarge };
   // Reads until the buffered bytes hold a whole request head, by `deadline` and
   // within `max_bytes`.
-  Head ReadHead(TimePoint deadline, size_t max_bytes) {
+  Head ReadHead(TimePoint deadline, size_t max_bytes, const std::atomic<socket_t>& listener) {
     for (;;) {
-      if (HeadBuffered()) return Head::kRead;
+      if (HeadBuffered()) {
+        head_bytes_ = head_end_ - off_;
+        return Head::kRead;
+      }
       if (buf_.size() - off_ >= max_bytes) return Head::kTooLarge;
-      const int r = WaitFor(fd_, POLLIN, deadline);
+      const int r = WaitUnlessStopped(fd_, deadline, listener);
+      if (r == 0 && listener == INVALID_SOCKET) return Head::kClosed;  // stopping
       if (r == 0) return Head::kTimedOut;
       if (r < 0 || Fill() <= 0) return Head::kClosed;
     }
@@ -136,6 +209,10 @@ class ConnectionStream final : public httplib::Stream {
     const size_t nl = buf_.find('\n', off_);
     return (nl == std::string::npos ? buf_.size() : nl + 1) - off_;
   }
+
+  // Bytes of the request's body cpp-httplib has read so far (after the head
+  // ReadHead found).
+  size_t body_bytes_read() const { return consumed_ - std::min(consumed_, head_bytes_); }
 
   void set_deadline(TimePoint deadline) { deadline_ = deadline; }
   bool timed_out() const { return timed_out_; }
@@ -169,22 +246,25 @@ class ConnectionStream final : public httplib::Stream {
     buf_.resize(had + static_cast<size_t>(std::max<ssize_t>(n, 0)));
     return n;
   }
-  // Whether the buffer holds the end of a head: a line that is "\r\n" (or "\n")
-  // right after another line's '\n', where cpp-httplib stops reading headers.
+  // Whether the buffer holds the end of a head: the first line that is exactly
+  // "\r\n" after the request line, where cpp-httplib stops reading headers. A
+  // bare "\n" ends no head: cpp-httplib (built without
+  // CPPHTTPLIB_ALLOW_LF_AS_LINE_TERMINATOR, as Debian's is) skips a line that
+  // does not end in "\r\n" and reads on, so a head ended here at "\n\n" would
+  // let it read further header lines past the head's deadline and size bound.
   bool HeadBuffered() {
-    for (size_t i = std::max(scan_, off_); i < buf_.size(); ++i) {
-      const char* nl = static_cast<const char*>(std::memchr(buf_.data() + i, '\n', buf_.size() - i));
-      if (nl == nullptr) break;
-      i = static_cast<size_t>(nl - buf_.data());
-      if (i + 1 < buf_.size() && buf_[i + 1] == '\n') return true;
-      if (i + 2 < buf_.size() && buf_[i + 1] == '\r' && buf_[i + 2] == '\n') return true;
-      if (i + 2 >= buf_.size() && (i + 1 == buf_.size() || buf_[i + 1] == '\r')) {
-        scan_ = i;  // decided by bytes still to come
-        return false;
-      }
+    // The request line ends at the first '\n'; every later line starts after a
+    // '\n', so the blank line is the first "\n\r\n".
+    static constexpr std::string_view kEnd = "\n\r\n";
+    const size_t from = std::max(scan_, off_);
+    const size_t at = std::string_view(buf_).find(kEnd, from);
+    if (at == std::string_view::npos) {
+      // Bytes still to come decide a "\n" or "\n\r" at the end.
+      scan_ = std::max(from, buf_.size() >= kEnd.size() - 1 ? buf_.size() - (kEnd.size() - 1) : 0);
+      return false;
     }
-    scan_ = buf_.size();
-    return false;
+    head_end_ = at + kEnd.size();
+    return true;
   }
 
   const int fd_;
@@ -192,37 +272,18 @@ class ConnectionStream final : public httplib::Stream {
   std::string buf_;
   size_t off_ = 0;   // the next byte cpp-httplib reads
   size_t scan_ = 0;  // where HeadBuffered goes on
+  size_t head_end_ = 0;    // in buf_, past the head HeadBuffered found
+  size_t head_bytes_ = 0;  // the size of the request's head
+  size_t consumed_ = 0;    // bytes of the request handed to cpp-httplib
   TimePoint deadline_ = TimePoint::max();
   bool timed_out_ = false;
 };
 
-thread_local const ConnectionStream* t_answering = nullptr;
-
-const char* Reason(int status) {
-  switch (status) {
-    case 408: return "Request Timeout";
-    case 414: return "URI Too Long";
-    case 431: return "Request Header Fields Too Large";
-    default: return "Error";
-  }
+bool HttpServer::BodyTimedOut(const httplib::Request& req) const {
+  std::lock_guard<std::mutex> lock(answering_mu_);
+  const auto it = answering_.find(&req);
+  return it != answering_.end() && it->second->timed_out();
 }
-
-// After an answer that ends the connection while the client may still be
-// sending: a close with unread bytes would reset the connection, and the client
-// could lose the answer. Ends our side, reads what the client still sends for a
-// moment, then closes.
-void LingeringClose(int fd) {
-  ::shutdown(fd, SHUT_WR);
-  const TimePoint until = SteadyClock::now() + std::chrono::seconds(1);
-  char sink[kRecvChunk];
-  while (WaitFor(fd, POLLIN, until) > 0 && ::recv(fd, sink, sizeof(sink), 0) > 0) {
-  }
-  ::close(fd);
-}
-
-}  // namespace
-
-bool HttpServer::BodyTimedOut() { return t_answering != nullptr && t_answering->timed_out(); }
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(
@@ -232,11 +293,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   bool linger = false;
   for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
     // Idle: the first byte of the next request, for at most the keep-alive timeout.
-    if (!strm.NextRequest() && WaitFor(sock, POLLIN, After(keep_alive_timeout_sec_, 0)) <= 0) {
+    // Both this wait and the head's end when the server stops: no request has
+    // begun, nothing is lost.
+    if (!strm.NextRequest() &&
+        WaitUnlessStopped(sock, After(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) {
       break;
     }
-    const ConnectionStream::Head head =
-        strm.ReadHead(SteadyClock::now() + deadlines_.header_timeout, deadlines_.max_head_bytes);
+    const ConnectionStream::Head head = strm.ReadHead(
+        SteadyClock::now() + deadlines_.header_timeout, deadlines_.max_head_bytes, svr_sock_);
     if (head == ConnectionStream::Head::kClosed) break;
     if (head != ConnectionStream::Head::kRead) {
       httplib::Response res;
@@ -260,10 +324,51 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     }
     strm.set_deadline(SteadyClock::now() + deadlines_.body_timeout);
     bool connection_closed = false;
-    t_answering = &strm;
-    ret = process_request(strm, /*close_connection=*/left == 1, connection_closed, nullptr);
-    t_answering = nullptr;
+    // cpp-httplib hands over each request once it has parsed its head: from then
+    // until its answer is written, BodyTimedOut finds this connection from it.
+    struct Answering {
+      HttpServer& server;
+      const httplib::Request* parsed = nullptr;
+      std::optional<uint64_t> body_length;  // FramedBodyLength
+      ~Answering() {
+        if (parsed == nullptr) return;
+        std::lock_guard<std::mutex> lock(server.answering_mu_);
+        server.answering_.erase(parsed);
+      }
+    } answering{*this, nullptr, std::nullopt};
+    ret = process_request(strm, /*close_connection=*/left == 1, connection_closed,
+                          [this, &strm, &answering](httplib::Request& req) {
+                            {
+                              std::lock_guard<std::mutex> lock(answering_mu_);
+                              answering_.emplace(&req, &strm);
+                            }
+                            answering.parsed = &req;
+                            answering.body_length = FramedBodyLength(req);
+                            if (!answering.body_length) {
+                              // The connection ends after this request: say so
+                              // in the answer (cpp-httplib writes what the
+                              // request's Connection asks for).
+                              req.headers.erase("Connection");
+                              req.headers.emplace("Connection", "close");
+                            }
+                          });
     if (strm.timed_out()) {
+      linger = true;
+      break;
+    }
+    if (answering.parsed == nullptr) {
+      // cpp-httplib answered a head it could not parse (400, 414, 416) and kept
+      // the connection, reading on from wherever it stopped: the rest of that
+      // head, or a body, would be read as the next request. Where that starts is
+      // unknown: end the connection (RFC 9112 9.6).
+      linger = true;
+      break;
+    }
+    if (answering.body_length != strm.body_bytes_read()) {
+      // The answer left the body unread (a request refused before it, a GET's
+      // body), or its framing was ambiguous: the next request's first byte is
+      // not known, and reading the body as one would answer a request a proxy
+      // in front never sent. End the connection.
       linger = true;
       break;
     }

@@ -30,6 +30,8 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <mutex>
+#include <unordered_map>
 
 namespace dedup::serve {
 
@@ -57,16 +59,23 @@ class HttpServer : public httplib::Server {
   void set_deadlines(const RequestDeadlines& deadlines) { deadlines_ = deadlines; }
   void set_refusal_handler(RefusalHandler handler) { refusal_handler_ = std::move(handler); }
 
-  // True on the thread answering a request whose body did not arrive by its
-  // deadline, while that answer is made (the error handler's 408 instead of
-  // cpp-httplib's 400). The connection is closed after the answer.
-  static bool BodyTimedOut();
+  // True when `req` (a request this server is answering, as handed to its
+  // handlers) is being answered because its body did not arrive by its
+  // deadline: the error handler's 408 instead of cpp-httplib's 400. The
+  // connection is closed after the answer.
+  bool BodyTimedOut(const httplib::Request& req) const;
 
  private:
+  class ConnectionStream;
+
   bool process_and_close_socket(socket_t sock) override;
 
   RequestDeadlines deadlines_;
   RefusalHandler refusal_handler_;
+  // The requests being answered (once cpp-httplib has parsed their head), and
+  // the connection each came on: how BodyTimedOut finds a request's state.
+  mutable std::mutex answering_mu_;
+  std::unordered_map<const httplib::Request*, const ConnectionStream*> answering_;
 };
 
 }  // namespace dedup::serve

@@ -478,7 +478,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
         ->Inc();
   });
   s.http.set_error_handler([&s, timed_out](const httplib::Request& req, httplib::Response& res) {
-    if (HttpServer::BodyTimedOut()) {
+    if (s.http.BodyTimedOut(req)) {
       // cpp-httplib's 400 for a body it could not read: the body's deadline
       // passed. The connection is closed after this answer; say so (the request
       // is the server's own object, handed over as const).

@@ -65,11 +65,27 @@ Status AmqpConn::Open() {
   amqp_rpc_reply_t r = amqp_login(state_, o_.vhost.c_str(), 0, 131072, heartbeat_s,
                                   AMQP_SASL_METHOD_PLAIN, o_.user.c_str(), o_.password.c_str());
   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-    Status s = r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-                       r.library_error == AMQP_STATUS_SOCKET_ERROR
-                   ? Status::Unavailable(Name() + ": login: connection closed")
-                   : Status::Unauthenticated(Name() + ": login as '" + o_.user + "' to vhost '" +
-                                             o_.vhost + "' refused");
+    // Refused is the server's answer (connection.close: ACCESS_REFUSED, or
+    // NOT_ALLOWED for the vhost). A peer that said nothing within the timeout,
+    // or hung up, may answer later (75, not 2); one that speaks another protocol
+    // will not.
+    Status s = Status::Unauthenticated(Name() + ": login as '" + o_.user + "' to vhost '" +
+                                       o_.vhost + "' refused");
+    if (r.reply_type != AMQP_RESPONSE_SERVER_EXCEPTION) {
+      const int e = r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION ? r.library_error : 0;
+      const std::string m = Name() + ": login: " + (e != 0 ? amqp_error_string2(e) : "no reply");
+      if (e == AMQP_STATUS_TIMEOUT || e == AMQP_STATUS_HEARTBEAT_TIMEOUT) {
+        s = Status::DeadlineExceeded(Name() + ": login: no answer within " +
+                                     std::to_string(o_.timeout.count()) + " ms");
+      } else if (e == AMQP_STATUS_BAD_AMQP_DATA || e == AMQP_STATUS_INCOMPATIBLE_AMQP_VERSION ||
+                 e == AMQP_STATUS_UNEXPECTED_STATE || e == AMQP_STATUS_UNKNOWN_CLASS ||
+                 e == AMQP_STATUS_UNKNOWN_METHOD) {
+        s = Status::FailedPrecondition(m + " (is it an AMQP 0-9-1 server?)");
+      } else {
+        s = Status::Unavailable(
+            e == AMQP_STATUS_SOCKET_ERROR ? Name() + ": login: connection closed" : m);
+      }
+    }
     Drop();  // never opened, or refused: nothing to say goodbye on
     return s;
   }

@@ -113,12 +113,16 @@ StatusOr<std::unique_ptr<Worker>> Worker::Open(WorkerOptions o) {
 Status Worker::RunConsumer(StatusOr<std::unique_ptr<Consumer>> consumer) {
   if (!consumer.ok()) return consumer.status();
   Consumer* c = consumer->get();
-  consumer_.store(c);
-  if (stop_.load()) c->Stop();
+  {
+    std::lock_guard lock(metrics_mu_);
+    consumer_ = c;
+  }
+  stopper_.Attach(c);  // stopped at once if Stop() came first
   Status s = c->Run();
+  stopper_.Detach();  // a Stop() still inside c is waited for
   std::lock_guard lock(metrics_mu_);
   last_metrics_ = c->metrics();
-  consumer_.store(nullptr);
+  consumer_ = nullptr;
   return s;
 }
 
@@ -161,7 +165,7 @@ Worker::~Worker() = default;
 
 WorkerMetrics Worker::metrics() const {
   std::lock_guard lock(metrics_mu_);
-  if (Consumer* c = consumer_.load()) return c->metrics();
+  if (consumer_ != nullptr) return consumer_->metrics();
   return last_metrics_;
 }
 

@@ -1510,10 +1510,17 @@ Status RocksDBStoreImpl::OpenDb() {
   DirectoryFacts facts = LookAt(path);
   if (facts.error) {
     const std::string why = ": cannot look into the directory: " + facts.error.message();
-    return facts.error == std::errc::permission_denied ||
-                   facts.error == std::errc::operation_not_permitted
-               ? Status::PermissionDenied(ctx + why)
-               : Status::Unavailable(ctx + why);
+    if (facts.error == std::errc::permission_denied ||
+        facts.error == std::errc::operation_not_permitted) {
+      return Status::PermissionDenied(ctx + why);
+    }
+    // A path no retry can open (as "cannot create the directory" below): not
+    // UNAVAILABLE, which the CLI answers 75 and a supervisor retries for ever.
+    if (facts.error == std::errc::too_many_symbolic_link_levels ||
+        facts.error == std::errc::filename_too_long) {
+      return Status::InvalidArgument(ctx + why);
+    }
+    return Status::Unavailable(ctx + why);
   }
   const bool unfinished = UnfinishedCreation(facts);
   if (!facts.has_current && !may_create && (facts.data_files.empty() || unfinished)) {
