@@ -1013,33 +1013,6 @@ TEST_F(RedisLostReplyTest, AClaimWhoseReplyIsLostIsAcquiredOnItsOwnToken) {
   EXPECT_EQ(relay.faults(), 16) << "a fault was not met: the test proves nothing";
 }
 
-// The same with a timeout longer than the client's probe (kProbeWait, client.h):
-// the claim's second try after the withheld reply goes through the first
-// reconnect after a reply timeout, which waits kProbeWait for PING instead of the
-// whole timeout; a live server answers it, and the claim is ACQUIRED on its own
-// token.
-TEST_F(RedisLostReplyTest, TheProbeAfterALostReplyReachesALiveServer) {
-  static_assert(redis::kProbeWait < 1s);
-  LossyRelay& relay = *relay_;
-  for (const std::string pipeline : {"auto", "off"}) {
-    SCOPED_TRACE("pipeline=" + pipeline);
-    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(relay.port()) +
-                            "?prefix=probe" + pipeline + ":&pool=1&timeout=1s&pipeline=" +
-                            pipeline);
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    Store& store = **opened;
-    relay.Arm(LossyRelay::Fault::kWithhold);
-    auto c = store.Claim(Req("k"));
-    ASSERT_TRUE(c.ok()) << c.status();
-    EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired) << "the caller's own claim blocked it";
-    EXPECT_EQ(c->attempt, 1u);
-    auto w = store.Complete("k", c->token, 600s, CompletionStatus::kOk, "r");
-    ASSERT_TRUE(w.ok()) << w.status();
-    EXPECT_EQ(*w, WriteResult::kOk);
-  }
-  EXPECT_EQ(relay.faults(), 2) << "a fault was not met: the test proves nothing";
-}
-
 // A completion whose reply is lost after the server ran it: the client must not
 // run complete.lua a second time (that second run answers LOST, and the caller
 // would believe another owner took the key over). The call fails with a
