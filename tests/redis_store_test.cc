@@ -1827,5 +1827,45 @@ TEST_F(RedisClusterTest, ABatchWhosePrimaryPausesPastTheTimeoutIsAcquiredOnItsOw
   }
 }
 
+// stopreview: a healthy server that stalls (SIGSTOP here; a long fork for
+// BGSAVE, a slow script or a loaded machine alike) for longer than the timeout
+// but less than two. Before the probe (kProbeWait, client.h) the claim's second
+// try reconnected with the whole timeout, met the resumed server and was
+// ACQUIRED on its own token (like ABatchWhosePrimaryPausesPastTheTimeout... in
+// the cluster, whose 300 ms timeout is under kProbeWait). Each pipeline mode.
+TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
+  constexpr int kPort = 6517;
+  if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
+  RedisServer server(kPort, Dir("stall"));
+  ASSERT_TRUE(server.Start());
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) + "?prefix=stall" +
+                            pipeline + ":&pool=1&timeout=1s&pipeline=" + pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    auto warm = store.Claim(Req("warm"));  // the connection is open before the stall
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+    std::thread resume([&] {
+      std::this_thread::sleep_for(1700ms);  // past the timeout and kProbeWait, under 2 s
+      kill(server.pid(), SIGCONT);
+    });
+    const auto t0 = Clock_::now();
+    auto c = store.Claim(Req("k"));
+    const auto took = Clock_::now() - t0;
+    resume.join();
+    ASSERT_TRUE(c.ok()) << c.status() << " after "
+                        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                        << " ms";
+    EXPECT_GE(took, 1s) << "the stall was not met";
+    EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
+    EXPECT_EQ(c->attempt, 1u);
+    auto w = store.Complete("k", c->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk);
+  }
+}
+
 }  // namespace
 }  // namespace dedup
