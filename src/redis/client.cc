@@ -256,9 +256,8 @@ Connection::~Connection() {
 }
 
 StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
-                                                       const ConnectionOptions& o, Millis wait) {
-  if (wait.count() <= 0 || wait > o.timeout) wait = o.timeout;
-  const timeval tv = ToTimeval(wait);
+                                                       const ConnectionOptions& o) {
+  const timeval tv = ToTimeval(o.timeout);
   redisContext* c = redisConnectWithTimeout(ep.host.c_str(), ep.port, tv);
   if (c == nullptr) return Status::Unavailable("connect: out of memory");
   if (c->err != 0) {
@@ -294,27 +293,16 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   for (const Command& cmd : cmds) ptrs.push_back(&cmd);
   std::vector<Reply> replies;
   conn->handshake_ = true;
-  // The socket already waits `wait` (above): Pipeline keeps it for the handshake.
-  conn->current_timeout_ = wait;
-  Status s = conn->Pipeline(ptrs, &replies, "connect", nullptr, wait - o.timeout);
+  Status s = conn->Pipeline(ptrs, &replies, "connect");
   conn->handshake_ = false;
   if (!s.ok()) {
     // A silent or babbling peer during the handshake: say what we think it is.
     if (s.code() == StatusCode::kDeadlineExceeded) {
-      return Status::Unavailable(
-          "connect: no answer to PING within " + std::to_string(wait.count()) + " ms" +
-          (wait < o.timeout ? " (a reconnect after a reply timeout; the next one waits " +
-                                  std::to_string(o.timeout.count()) + " ms)"
-                            : std::string(" (is it a Redis server?)")));
+      return Status::Unavailable("connect: no answer to PING within " +
+                                 std::to_string(o.timeout.count()) +
+                                 " ms (is it a Redis server?)");
     }
     return s;
-  }
-  if (wait != o.timeout) {
-    // Commands wait the whole timeout (Send / ReadReplies keep the socket's).
-    if (redisSetTimeout(conn->c_, ToTimeval(o.timeout)) != REDIS_OK) {
-      return conn->TransportError("connect", false, false);
-    }
-    conn->current_timeout_ = o.timeout;
   }
   size_t i = 0;
   if (o.has_password) {
@@ -731,7 +719,6 @@ class SharedConnection {
       // The batch was written: the server may have run it (all, part or none).
       // Never sent again here; each caller decides (client.h).
       conn_.reset();
-      node_->NoReply(s);
       Fail(batch, s, true);
       replies_.clear();
       return;
@@ -778,7 +765,6 @@ Node::Node(Endpoint ep, const ConnectionOptions* options)
 Node::~Node() = default;
 
 StatusOr<std::unique_ptr<Connection>> Node::Connect() {
-  Millis wait(0);  // the whole timeout
   {
     std::lock_guard lock(connect_mu_);
     const int64_t now = SteadyMillis();
@@ -787,10 +773,8 @@ StatusOr<std::unique_ptr<Connection>> Node::Connect() {
       return Status(last_error_.code(), last_error_.message() + " (next reconnect in " +
                                             std::to_string(down_until_ - now) + " ms)");
     }
-    if (probe_) wait = kProbeWait;  // this connect is the probe; the next one is not
-    probe_ = false;
   }
-  StatusOr<std::unique_ptr<Connection>> c = Connection::Open(ep_, *options_, wait);
+  StatusOr<std::unique_ptr<Connection>> c = Connection::Open(ep_, *options_);
   std::lock_guard lock(connect_mu_);
   if (!c.ok()) {
     backoff_ms_ = backoff_ms_ == 0 ? 50 : std::min<int64_t>(backoff_ms_ * 2, 1'000);
@@ -801,12 +785,6 @@ StatusOr<std::unique_ptr<Connection>> Node::Connect() {
   backoff_ms_ = 0;
   down_until_ = 0;
   return c;
-}
-
-void Node::NoReply(const Status& s) {
-  if (s.code() != StatusCode::kDeadlineExceeded) return;
-  std::lock_guard lock(connect_mu_);
-  probe_ = true;
 }
 
 StatusOr<std::unique_ptr<Connection>> Node::Dedicated(std::string_view op) {
@@ -937,7 +915,6 @@ Status Node::PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* repli
     c.value().reset();
     // The other idle connections most likely died with this one (restart).
     Discard(/*drop_idle=*/true);
-    NoReply(s);
     // Sent once more only when nothing of it was written (client.h).
     if (reached || !reused || attempt > 0 || s.code() != StatusCode::kUnavailable) {
       if (sent != nullptr) *sent = reached;

@@ -13,13 +13,6 @@
 // peer that does not speak RESP → FailedPrecondition, bad credentials →
 // Unauthenticated. A failed connection is thrown away; the node reconnects with
 // backoff, and while a server stays down calls fail at once with Unavailable.
-// The first reconnect after a sent command got no reply within the timeout is a
-// probe: it waits for the handshake's answer (PING) at most kProbeWait. A server
-// that only lost a reply answers it at once; one that is hung or partitioned
-// would make it wait a second whole timeout (a claim tried again after a lost
-// reply, in flight when a worker is told to stop, would hold its drain that
-// long). A failed probe is a failed connect (backoff, nothing sent); the next
-// connect waits the whole timeout again.
 //
 // Commands that may have reached the server are never sent again by this layer:
 // once any byte of a call was written, a failure (send cut short, connection
@@ -72,10 +65,6 @@ namespace dedup::redis {
 
 // The steady clock in ms: the client's reconnect backoff and the store's timing.
 int64_t SteadyMillis();
-
-// How long the first reconnect after a reply timeout waits for its handshake
-// (above), if the timeout is longer.
-inline constexpr Millis kProbeWait{500};
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const;
@@ -149,11 +138,9 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Connects, authenticates, selects the db and checks the peer answers PING,
-  // each step within `wait` (0: o.timeout); commands then get o.timeout.
+  // Connects, authenticates, selects the db and checks the peer answers PING.
   static StatusOr<std::unique_ptr<Connection>> Open(const Endpoint& ep,
-                                                    const ConnectionOptions& o,
-                                                    Millis wait = Millis(0));
+                                                    const ConnectionOptions& o);
 
   // Sends every command and reads every reply, in one round trip. Error replies
   // are replies (the caller reads them); a non-OK status means the connection is
@@ -238,12 +225,8 @@ class Node {
 
  private:
   friend class SharedConnection;
-  // Opens a connection, honouring the backoff (and a probe's wait, client.h).
-  // Errors are not prefixed.
+  // Opens a connection, honouring the backoff. Errors are not prefixed.
   StatusOr<std::unique_ptr<Connection>> Connect();
-  // After a failed call: a reply timeout (DeadlineExceeded, the server silent for
-  // a whole timeout after a command was sent) makes the next connect a probe.
-  void NoReply(const Status& s);
   Status PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* replies,
                         std::string_view op, bool* sent);
   StatusOr<std::unique_ptr<Connection>> Acquire(std::string_view op, bool* reused);
@@ -259,7 +242,6 @@ class Node {
   int64_t down_until_ = 0;
   int64_t backoff_ms_ = 0;
   Status last_error_;
-  bool probe_ = false;  // the next connect waits at most kProbeWait (NoReply)
 
   // pipeline=off: a bounded pool of connections lent to one caller at a time.
   std::mutex mu_;

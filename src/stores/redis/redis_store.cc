@@ -326,10 +326,6 @@ class RedisStore final : public Store {
   // A call that reached no server (down, refusing) fails at once as before. At
   // most kClaimTries tries, and none that would start past the lease from the
   // first try: the caller holds the lease from its call on.
-  // A try that got no reply within the timeout is tried again too (the reply
-  // alone may have been lost); its new connection is the client's probe
-  // (kProbeWait, client.h), so that a server that does not answer costs the claim
-  // one timeout and the probe, not two timeouts.
   static bool ClaimAgain(const Status& s, bool sent, int tries, int64_t start, Millis lease) {
     if (!s.retryable() || !sent || tries >= kClaimTries) return false;
     const int64_t wait = int64_t{20} << (tries - 1);
