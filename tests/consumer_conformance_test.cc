@@ -1248,6 +1248,64 @@ TEST_P(ConsumerConformance, MetricsCountAClaimWhoseOutcomeTheStoreRefused) {
   EXPECT_EQ(m.messages, m.acked + m.retries) << m.Summary();
 }
 
+// The first claim of `key` that reaches the store fails with Unavailable: the
+// store could not answer the claim (no handler runs).
+class RefuseFirstClaimStore : public StoreWrapper {
+ public:
+  RefuseFirstClaimStore(Store* target, std::string key)
+      : StoreWrapper(target), key_(std::move(key)) {}
+  StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
+    DEDUP_RETURN_IF_ERROR(Check(req.key));
+    return StoreWrapper::Claim(req);
+  }
+  StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
+    for (const ClaimRequest& q : reqs) DEDUP_RETURN_IF_ERROR(Check(q.key));
+    return StoreWrapper::ClaimBatch(reqs);
+  }
+
+ private:
+  Status Check(std::string_view key) {
+    if (key != key_ || refused_.exchange(true)) return Status::Ok();
+    return Status(StatusCode::kUnavailable, "test store: the first claim of '" + key_ +
+                                                "' is not answered");
+  }
+  const std::string key_;
+  std::atomic<bool> refused_{false};
+};
+
+// dedup_worker_claims_total{outcome} counts each claim once: acquired,
+// duplicate, busy, or error (the store could not answer the claim). A claim
+// ACQUIRED whose outcome the store then refused is a store error, but not a
+// claim error: counted under both (acquired and error), the family counted
+// more claims than there were.
+TEST_P(ConsumerConformance, ClaimOutcomesCountEachClaimOnce) {
+  for (const bool refuse_claim : {false, true}) {
+    SCOPED_TRACE(refuse_claim ? "claim refused" : "completion refused");
+    const std::string key = refuse_claim ? "cl-refused" : "co-refused";
+    std::unique_ptr<Store> store;
+    if (refuse_claim) {
+      store = std::make_unique<RefuseFirstClaimStore>(store_.get(), key);
+    } else {
+      store = std::make_unique<RefuseFirstOwnerStore>(store_.get(), key);
+    }
+    BufferOptions bo;
+    bo.lease = 300ms;
+    bo.retry_delay = 50ms;
+    Buffer buffer(store.get(), bo);
+    auto source = Source();
+    Publish(key);
+    Running c(source.get(), &buffer, [&](const Delivery&, ClaimGuard&) {
+      return HandlerResult::Done();
+    });
+    ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+    c.Stop();
+    const ConsumerMetrics m = c->metrics();
+    EXPECT_EQ(m.store_errors, 1u) << m.Summary();
+    EXPECT_EQ(m.claim_errors, refuse_claim ? 1u : 0u) << m.Summary();
+    EXPECT_EQ(m.messages, m.acquired + m.duplicates + m.busy + m.claim_errors) << m.Summary();
+  }
+}
+
 // Acks sent through AckBatch; the first call takes `first_slow` (a slow broker),
 // and when each delivery's ack returned is noted by key.
 class SlowFirstAckSource final : public MessageSource {
@@ -1345,24 +1403,32 @@ TEST_P(ConsumerConformance, AcksThatWaitedBehindASlowBatchAreNotDelayedAgain) {
 // twice): claimed one at a time, the second is claimed after the first ran and
 // gets DUPLICATE, acked at once. A batch claim must answer the same: claiming
 // both up front made the second BUSY against this very Consumer's claim, and it
-// came back only after the whole lease (30 s here).
+// came back only after the whole lease (30 s here). So must batch_completions
+// (the default): when the second's turn comes, the first's outcome may still
+// wait for the completer (max_ack_delay, 300 ms here), its claim held; the second
+// waits for that write instead of a BUSY claim. And so at concurrency 4, where
+// the second is taken while the first still runs: it waits for the first.
 TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
-  for (const bool batch : {false, true}) {
-    SCOPED_TRACE(batch ? "batch claims" : "single claims");
+  for (int v = 0; v < 8; ++v) {
+    const bool batch = (v & 1) != 0, coalesce = (v & 2) != 0, parallel = (v & 4) != 0;
+    SCOPED_TRACE(std::string(batch ? "batch claims" : "single claims") +
+                 (coalesce ? ", batch completions" : "") + (parallel ? ", concurrency 4" : ""));
     auto buffer = MakeBuffer();  // lease 30 s
     auto source = Source();
-    const std::string twin = batch ? "twin-b" : "twin-s";
+    const std::string twin = std::to_string(v) + "twin";
     Publish(twin);
     Publish(twin);
     Publish(twin + "-other");
     ConsumerOptions o;
-    o.concurrency = 1;
+    o.concurrency = parallel ? 4 : 1;
     o.prefetch = 16;
     o.batch_claims = batch;
-    o.batch_completions = false;  // the first outcome is written before the next claim
+    o.batch_completions = coalesce;
+    o.max_ack_delay = 300ms;
     std::atomic<int> runs{0};
-    Running c(source.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
       ++runs;
+      if (parallel && d.key() == twin) std::this_thread::sleep_for(300ms);
       return HandlerResult::Done();
     }, o);
     EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))

@@ -158,6 +158,11 @@ struct ConsumerMetrics {
   uint64_t retries = 0;        // deliveries given back for a later delivery
   uint64_t dead_lettered = 0;  // deliveries moved to the dead-letter queue
   uint64_t store_errors = 0;   // the store could not decide (fail closed)
+  // Of store_errors: claims the store could not answer (the rest: outcome
+  // writes it refused after the claim was ACQUIRED, counted in `acquired`).
+  // Each claim is counted once in acquired, duplicates, busy or claim_errors
+  // (MISMATCH, EXHAUSTED and keys that cannot be claimed in none).
+  uint64_t claim_errors = 0;
   uint64_t acked = 0;          // acks of done or duplicate work
   uint64_t redelivered = 0;    // deliveries the broker says it made before
   uint64_t held_back = 0;      // deliveries dropped: the same id is held here

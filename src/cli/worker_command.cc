@@ -133,6 +133,7 @@ void RegisterWorkerMetrics(metrics::Registry& registry, const Consumer& w) {
       {"retries", &ConsumerMetrics::retries},
       {"dead_lettered", &ConsumerMetrics::dead_lettered},
       {"store_errors", &ConsumerMetrics::store_errors},
+      {"claim_errors", &ConsumerMetrics::claim_errors},
       {"acked", &ConsumerMetrics::acked},
       {"redelivered", &ConsumerMetrics::redelivered},
       {"held_back", &ConsumerMetrics::held_back},
@@ -154,7 +155,7 @@ void RegisterWorkerMetrics(metrics::Registry& registry, const Consumer& w) {
       {"acquired", &ConsumerMetrics::acquired},
       {"duplicate", &ConsumerMetrics::duplicates},
       {"busy", &ConsumerMetrics::busy},
-      {"error", &ConsumerMetrics::store_errors}};
+      {"error", &ConsumerMetrics::claim_errors}};
   for (const auto& [outcome, field] : outcomes) {
     registry.AddCounterFunc("dedup_worker_claims_total", "Claims by outcome.",
                             {{"outcome", outcome}},

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/duration.h"
+#include "core/key_hash.h"
 #include "core/printable.h"
 #include "dedup/consumer.h"
 
@@ -38,7 +39,8 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"duplicates", duplicates},     {"busy", busy},
       {"takeovers", takeovers},       {"lost_leases", lost_leases},
       {"retries", retries},           {"dead_lettered", dead_lettered},
-      {"store_errors", store_errors}, {"acked", acked},
+      {"store_errors", store_errors}, {"claim_errors", claim_errors},
+      {"acked", acked},
       {"redelivered", redelivered},   {"held_back", held_back},
       {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete},
       {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
@@ -163,6 +165,7 @@ class Consumer::Impl {
     m.retries = n_.retries.load();
     m.dead_lettered = n_.dead_lettered.load();
     m.store_errors = n_.store_errors.load();
+    m.claim_errors = n_.claim_errors.load();
     m.acked = n_.acked.load();
     m.redelivered = n_.redelivered.load();
     m.held_back = n_.held_back.load();
@@ -196,11 +199,17 @@ class Consumer::Impl {
   struct Job {
     std::unique_ptr<Delivery> delivery;
     std::optional<StatusOr<ClaimGuard>> claim;  // made by a batch claim
+    // Its key came earlier in the same fetched batch: never batch-claimed, and
+    // claimed at its turn only once the earlier one has ended and its outcome
+    // is written (AwaitEarlierCopy).
+    bool repeat = false;
+    // Its key comes again later in the batch: running_firsts_ while it runs.
+    bool has_repeat = false;
   };
 
   struct Counters {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
-        lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, acked{0},
+        lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, claim_errors{0}, acked{0},
         redelivered{0}, held_back{0}, broker_errors{0}, acked_with_complete{0},
         claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0},
         complete_batches{0}, completed_in_batches{0};
@@ -265,6 +274,7 @@ class Consumer::Impl {
       }
     }
     if (jobs.empty()) return;
+    MarkRepeats(jobs);
     unfinished_.fetch_add(static_cast<int>(jobs.size()), std::memory_order_relaxed);
     if (buffer_ != nullptr && o_.batch_claims && ClaimableCount(jobs) > 1) {
       // The claim stage: a handler thread claims the batch with one ClaimBatch
@@ -320,23 +330,36 @@ class Consumer::Impl {
     return n;
   }
 
+  // Job::repeat for a key met earlier in the batch, Job::has_repeat for its
+  // first one.
+  static void MarkRepeats(std::vector<Job>& jobs) {
+    if (jobs.size() < 2) return;
+    std::unordered_map<std::string_view, size_t> first;
+    first.reserve(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Delivery& d = *jobs[i].delivery;
+      if (!d.key_error().empty() || d.key().empty()) continue;
+      auto [it, fresh] = first.emplace(d.key(), i);
+      if (fresh) continue;
+      jobs[i].repeat = true;
+      jobs[it->second].has_repeat = true;
+    }
+  }
+
   // One Buffer::ClaimBatch for the keyed deliveries of the batch. A key met
   // again in the batch is not claimed with it: claimed up front it would be
   // BUSY against the first one's claim, here, and come back only after the
   // lease; claimed alone when its turn comes (after the first ran, at
-  // concurrency 1), it gets what a single claim gets: DUPLICATE once the first
-  // is recorded.
+  // concurrency 1, and its outcome was written: AwaitDeferredOutcome), it gets
+  // what a single claim gets: DUPLICATE.
   void ClaimAll(std::vector<Job>& jobs) {
     std::vector<ClaimItem> items;
     std::vector<size_t> where;
     items.reserve(jobs.size());
     where.reserve(jobs.size());
-    std::unordered_set<std::string_view> keys;
-    keys.reserve(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Delivery& d = *jobs[i].delivery;
-      if (!d.key_error().empty() || d.key().empty()) continue;
-      if (!keys.insert(d.key()).second) continue;
+      if (!d.key_error().empty() || d.key().empty() || jobs[i].repeat) continue;
       items.push_back(ClaimItem{d.key(), d.payload()});
       where.push_back(i);
     }
@@ -350,6 +373,7 @@ class Consumer::Impl {
   void HandlerLoop() {
     while (true) {
       Job job;
+      std::optional<std::string> first_key;  // job.has_repeat: in running_firsts_
       {
         std::unique_lock lock(mu_);
         // Once stopped, nothing new starts: what is queued is handed back by
@@ -394,13 +418,20 @@ class Consumer::Impl {
         job = std::move(queue_.front());
         queue_.pop_front();
         ++running_;
+        if (job.has_repeat) running_firsts_.insert(first_key.emplace(job.delivery->key()));
       }
       const auto started = adaptive_prefetch_ ? std::chrono::steady_clock::now()
                                               : std::chrono::steady_clock::time_point();
       Handle(job);
       bool notify_room = false;
+      bool first_ended = false;
       {
         std::lock_guard lock(mu_);
+        if (first_key.has_value()) {
+          running_firsts_.erase(running_firsts_.find(*first_key));
+          first_key.reset();
+          first_ended = true;
+        }
         --running_;
         if (adaptive_prefetch_) AdaptPrefetch(std::chrono::steady_clock::now() - started);
         // The fetch thread waits for room (woken only when it will fetch: each
@@ -411,6 +442,7 @@ class Consumer::Impl {
                       (running_ == 0 && (draining_ || stop_->load(std::memory_order_relaxed)));
       }
       if (notify_room) room_cv_.notify_all();
+      if (first_ended) first_cv_.notify_all();
       if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1 && completer_.joinable()) {
         // No handler is running and none queued: what waits will not grow soon.
         { std::lock_guard lock(done_mu_); }
@@ -450,6 +482,12 @@ class Consumer::Impl {
         if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
         return r;
       };
+      if (job.repeat && !AwaitEarlierCopy(d.key())) {
+        // Stopped by a drain whose time is gone while it waited: never started.
+        Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
+        Settle(d, BrokerAction::kRetry, Millis(0), "stopped before it started", false);
+        return;
+      }
       const BrokerAck* ack = d.fused_ack();
       std::variant<Processed, PendingOutcome> r =
           job.claim.has_value()
@@ -504,6 +542,49 @@ class Consumer::Impl {
     if (wake) done_cv_.notify_one();
   }
 
+  // A delivery whose key came earlier in its batch (Job::repeat): while the
+  // earlier one runs (concurrency > 1), or its outcome waits for the completer,
+  // a claim would be BUSY against this very Consumer and come back only after
+  // the lease. Waits for both; false when the drain's time ran out meanwhile.
+  bool AwaitEarlierCopy(std::string_view key) {
+    {
+      std::unique_lock lock(mu_);
+      first_cv_.wait(lock, [&] {
+        return handlers_stop_.load() || running_firsts_.find(key) == running_firsts_.end();
+      });
+    }
+    if (handlers_stop_.load()) return false;
+    AwaitDeferredOutcome(key);
+    return true;
+  }
+
+  // A delivery whose key came earlier in its batch: while the earlier one's
+  // outcome waits for the completer (its claim held, nothing recorded yet), a
+  // claim would be BUSY against this very Consumer and come back only after the
+  // lease. Asks the completer to write now and waits until no outcome of the key
+  // is waiting or being written; the claim then gets DUPLICATE (or ACQUIRED,
+  // when the earlier one gave its claim up).
+  void AwaitDeferredOutcome(std::string_view key) {
+    if (!completer_.joinable()) return;
+    std::unique_lock lock(done_mu_);
+    auto waiting = [&] {
+      for (const Done& x : done_) {
+        if (x.delivery->key() == key) return true;
+      }
+      if (flushing_ != nullptr) {
+        for (const auto& x : *flushing_) {
+          if (x->key() == key) return true;
+        }
+      }
+      return false;
+    };
+    if (!waiting()) return;
+    ++flush_waiters_;
+    done_cv_.notify_one();
+    flushed_cv_.wait(lock, [&] { return !waiting(); });
+    --flush_waiters_;
+  }
+
   // The completer: takes the waiting outcomes when max_ack_batch wait, the oldest
   // has waited max_ack_delay, or no handler is running (nothing more is coming
   // soon), records them with one Buffer::CompleteBatch, then settles them (one
@@ -517,7 +598,7 @@ class Consumer::Impl {
       // from a batch taken earlier have waited since before it was taken).
       done_cv_.wait_until(lock, done_.front().ended + o_.max_ack_delay, [this] {
         return static_cast<int>(done_.size()) >= o_.max_ack_batch || done_stop_ ||
-               unfinished_.load(std::memory_order_acquire) == 0;
+               flush_waiters_ > 0 || unfinished_.load(std::memory_order_acquire) == 0;
       });
       // Straight into the two arrays FlushCompletions works on: a PendingOutcome
       // is large, and each move of it costs about a thousand instructions.
@@ -531,10 +612,13 @@ class Consumer::Impl {
         pending.push_back(std::move(done_.front().pending));
         done_.pop_front();
       }
+      flushing_ = &deliveries;
       lock.unlock();
       space_cv_.notify_all();
       FlushCompletions(deliveries, pending);
       lock.lock();
+      flushing_ = nullptr;
+      if (flush_waiters_ > 0) flushed_cv_.notify_all();
     }
   }
 
@@ -622,9 +706,13 @@ class Consumer::Impl {
     if (!p.status.ok()) {
       if (p.action != BrokerAction::kDeadLetter) n_.store_errors.fetch_add(1);
       // A claim the store could not answer (p.claim is then the default, never
-      // ACQUIRED) counts as nothing more. One it answered ACQUIRED whose
-      // outcome write then failed still ran its handler: counted below too.
-      if (p.claim.outcome != ClaimOutcome::kAcquired) return;
+      // ACQUIRED) is a claim error and nothing more. One it answered ACQUIRED
+      // whose outcome write then failed still ran its handler: counted below
+      // (acquired), not as a claim error.
+      if (p.claim.outcome != ClaimOutcome::kAcquired) {
+        if (p.action != BrokerAction::kDeadLetter) n_.claim_errors.fetch_add(1);
+        return;
+      }
     }
     switch (p.claim.outcome) {
       case ClaimOutcome::kAcquired:
@@ -833,6 +921,8 @@ class Consumer::Impl {
     }
     if (left == 0) return;
     handlers_stop_.store(true);
+    { std::lock_guard lock(mu_); }  // AwaitEarlierCopy checks it under mu_
+    first_cv_.notify_all();
     Log("drain: " + std::to_string(left) + " handler(s) still running after " +
         std::to_string(o_.drain_timeout.count()) + " ms: stopping them (claims released, "
         "deliveries handed back)");
@@ -873,6 +963,10 @@ class Consumer::Impl {
   bool drained_ = false;                // the drain has ended: DrainProgressLoop stops
   std::condition_variable drain_cv_;    // wakes DrainProgressLoop
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
+  // Keys of running jobs with Job::has_repeat (a multiset: the same key may come
+  // first in two batches), and the wake-up of AwaitEarlierCopy.
+  std::unordered_multiset<std::string, internal::KeyHash, internal::KeyEq> running_firsts_;
+  std::condition_variable first_cv_;
   // ids queued, running or waiting for their ack, and their deliveries
   std::unordered_map<std::string, Delivery*> held_;
   Millis progress_every_{0};  // SendInProgress: the Buffer's heartbeat interval
@@ -884,6 +978,11 @@ class Consumer::Impl {
   std::condition_variable done_cv_, space_cv_;
   std::deque<Done> done_;
   bool done_stop_ = false;
+  // AwaitDeferredOutcome: the batch being written, the threads waiting for a
+  // write, and their wake-up.
+  const std::vector<std::unique_ptr<Delivery>>* flushing_ = nullptr;
+  int flush_waiters_ = 0;
+  std::condition_variable flushed_cv_;
   // Deliveries enqueued whose handler has not finished yet.
   std::atomic<int> unfinished_{0};
 
