@@ -6,8 +6,9 @@
 #   redis     a Redis out of memory (maxmemory 1 byte, noeviction) answers XADD with
 #             OOM: publish exits 75 (try again later), as on READONLY or LOADING,
 #             not 2 (bad usage).
+#   nats      a publish to a stream that is not there says it made it (as to Redis).
 #
-# Ports (docs/PORTS.md): Redis 6520.
+# Ports (docs/PORTS.md): Redis 6520, NATS 4239.
 # Servers run in a temporary directory and are stopped by PID at exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,6 +41,24 @@ redis)
   expect_rc "publish to a Redis out of memory is 'try again later'" 75 \
     "$dedup" publish --broker "redis://127.0.0.1:$port?stream=oom" --field id=1
   [[ "$out" == *OOM* ]] || fail "the OOM reply is not shown: $out"
+  ;;
+nats)
+  source "$here/../scripts/lib/nats.sh"
+  port=4239 pw='nats-s3cret'
+  NATS_SERVER_ARGS=(--user dedup --pass "$pw")
+  nats_start "$port" "$tmp/nats"
+  # A stream that is not there is made by the publish: said on stderr, once.
+  expect_rc "publish to a missing NATS stream" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS" --id-prefix n- --count 2
+  [[ "$out" == *"stream 'JBOS' did not exist; this publish created it"* ]] ||
+    fail "publish made stream JBOS without saying so: $out"
+  expect_rc "publish to the stream, now there" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS" --id-prefix n- --count 2
+  [[ "$out" != *"did not exist"* ]] || fail "an existing stream was said to be made: $out"
+  expect_rc "--quiet says nothing, not even that" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
+  [[ -z "$out" ]] || fail "--quiet printed: $out"
+
   ;;
 *)
   echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq" >&2
