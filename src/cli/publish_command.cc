@@ -148,6 +148,11 @@ int PublishNats(const PublishFlags& f, const Fields& fields) {
     std::fprintf(stderr, "dedup publish: %s\n", p.status().ToString().c_str());
     return ExitFor(p.status());
   }
+  // As for a Redis stream: a stream this publish made is said, once.
+  if (!f.quiet && (*p)->created_stream()) {
+    std::fprintf(stderr, "dedup publish: stream '%s' did not exist; this publish created it\n",
+                 internal::Printable(o->stream).c_str());
+  }
   uint64_t stored = 0, dropped = 0;
   for (uint64_t n : PublishOrder(f)) {
     const std::string id = f.id_prefix.empty() ? "" : f.id_prefix + std::to_string(n);
