@@ -6,10 +6,14 @@
 #   redis     a Redis out of memory (maxmemory 1 byte, noeviction) answers XADD with
 #             OOM: publish exits 75 (try again later), as on READONLY or LOADING,
 #             not 2 (bad usage).
-#   nats      a publish to a stream that is not there says it made it (as to Redis).
+#   nats      a password-protected nats-server: password_file= authenticates the
+#             publish and the worker; a wrong, missing or empty file and a password
+#             given twice are refused naming the problem, never the password; a
+#             publish to a stream that is not there says it made it (as to Redis).
+#   rabbitmq  the same password_file= checks against a RabbitMQ node (user guest).
 #
-# Ports (docs/PORTS.md): Redis 6520, NATS 4239.
-# Servers run in a temporary directory and are stopped by PID at exit.
+# Ports (docs/PORTS.md): Redis 6520, NATS 4239, RabbitMQ 5684 (dist 25684, epmd
+# 4374). Servers run in a temporary directory and are stopped by PID at exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dedup=${1:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq}
@@ -31,6 +35,57 @@ expect_rc() {
   local name=$1 want=$2; shift 2
   set +e; out=$(timeout 60 "$@" 2>&1); local rc=$?; set -e
   [[ $rc -eq $want ]] && ok "$name (rc $rc)" || fail "$name: rc $rc, want $want: $out"
+}
+
+# password_file= in a URI of SCHEME: BASE is the URI before its query, without a
+# password ("nats://dedup@127.0.0.1:4239"), QUERY its parameters, PW the password.
+password_file_checks() {
+  local scheme=$1 base=$2 query=$3 pw=$4 inline=$5
+  printf '%s\n' "$pw" >"$tmp/pw"
+  printf 'not-%s\n' "$pw" >"$tmp/wrong"
+  : >"$tmp/empty"
+  expect_rc "$scheme: publish with password_file= authenticates" 0 \
+    "$dedup" publish --broker "$base?$query&password_file=$tmp/pw" --id-prefix pf- --count 3 --quiet
+  expect_rc "$scheme: a wrong password in password_file= is refused" 2 \
+    "$dedup" publish --broker "$base?$query&password_file=$tmp/wrong" --id-prefix pf- --count 1 --quiet
+  [[ "$out" != *"not-$pw"* ]] || fail "$scheme: the wrong password was echoed: $out"
+  local name file want
+  for name in missing empty twice; do
+    case $name in
+      missing) file="$tmp/none"; uri="$base?$query&password_file=$file"; want="cannot read password_file" ;;
+      empty) file="$tmp/empty"; uri="$base?$query&password_file=$file"; want="is empty" ;;
+      twice) uri="$inline?$query&password_file=$tmp/pw"; want="both inline and in password_file=" ;;
+    esac
+    expect_rc "$scheme: password_file= $name is refused" 2 \
+      "$dedup" publish --broker "$uri" --id-prefix pf- --count 1 --quiet
+    [[ "$out" == *"$scheme URI"* && "$out" == *"$want"* ]] ||
+      fail "$scheme: password_file= $name: the problem or the scheme not named: $out"
+    [[ "$out" != *"$pw"* ]] || fail "$scheme: password_file= $name echoed the password: $out"
+    # The worker checks its --broker the same way, before it opens the store.
+    expect_rc "$scheme: worker --broker with password_file= $name is refused" 2 \
+      "$dedup" worker --broker "$uri" --store "rocksdb:$tmp/never" --exec true
+    [[ "$out" == *"$scheme URI"* && "$out" == *"$want"* && "$out" != *"$pw"* ]] ||
+      fail "$scheme: worker, password_file= $name: $out"
+    [[ ! -e "$tmp/never" ]] || fail "$scheme: worker made its store before refusing the broker"
+  done
+}
+
+# A worker with password_file= consumes what was published: DONE names the file
+# its handler appends to, and the worker stops once it holds N lines.
+worker_consumes() {
+  local scheme=$1 uri=$2 n=$3
+  : >"$tmp/done"
+  timeout 60 "$dedup" worker --broker "$uri" --store "memory:" --summary-interval 0 \
+    --exec "cat >/dev/null; echo \$DEDUP_KEY >>$tmp/done" >"$tmp/worker.log" 2>&1 &
+  local pid=$! i
+  for i in $(seq 1 300); do
+    (($(wc -l <"$tmp/done") >= n)) && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  check "$scheme: the worker with password_file= ran every message" "$n" "$(sort -u "$tmp/done" | wc -l)"
 }
 
 case $broker in
@@ -59,6 +114,19 @@ nats)
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
   [[ -z "$out" ]] || fail "--quiet printed: $out"
 
+  password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF" "$pw" \
+    "nats://dedup:$pw@127.0.0.1:$port"
+  worker_consumes nats "nats://dedup@127.0.0.1:$port?stream=PF&consumer=w&password_file=$tmp/pw" 3
+  ;;
+rabbitmq)
+  source "$here/../scripts/lib/rabbitmq.sh"
+  port=5684 pw='amqp-s3cret'
+  rabbitmq_start "$port" "$tmp/rmq"
+  rabbitmqctl_node -q add_user dedup "$pw" >/dev/null
+  rabbitmqctl_node -q set_permissions -p / dedup '.*' '.*' '.*' >/dev/null
+  password_file_checks amqp "amqp://dedup@127.0.0.1:$port/" "queue=pf" "$pw" \
+    "amqp://dedup:$pw@127.0.0.1:$port/"
+  worker_consumes amqp "amqp://dedup@127.0.0.1:$port/?queue=pf&password_file=$tmp/pw" 3
   ;;
 *)
   echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq" >&2
