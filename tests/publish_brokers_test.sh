@@ -114,7 +114,7 @@ nats)
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
   [[ -z "$out" ]] || fail "--quiet printed: $out"
 
-  password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF" "$pw" \
+  password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF&consumer=w" "$pw" \
     "nats://dedup:$pw@127.0.0.1:$port"
   worker_consumes nats "nats://dedup@127.0.0.1:$port?stream=PF&consumer=w&password_file=$tmp/pw" 3
   ;;

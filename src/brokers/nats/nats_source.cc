@@ -15,6 +15,7 @@
 
 #include "brokers/key_spec.h"
 #include "core/printable.h"
+#include "core/secret.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -245,7 +246,8 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
     return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': not nats://");
   }
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
-                                             "dead", "ack_wait", "max_ack_pending", "timeout"}));
+                                             "dead", "ack_wait", "max_ack_pending", "timeout",
+                                             internal::kPasswordFileParam}));
   return parsed;
 }
 }  // namespace
@@ -307,9 +309,17 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     if (*ms <= 0) return Status::InvalidArgument("nats timeout must be positive");
     o.timeout = Millis(*ms);
   }
-  o.user = u.user;
-  o.password = u.password;
-  o.has_password = u.has_password;
+  // Inline or password_file= (core/secret.h).
+  auto cred = internal::ResolveUriCredentials(u, {});
+  if (!cred.ok()) return cred.status();
+  if (cred->has_password && cred->user.empty()) {
+    // nats.c sends a password only with a user name: it would go unused.
+    return Status::InvalidArgument("nats URI gives a password without a user; give "
+                                   "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F");
+  }
+  o.user = cred->user;
+  o.password = cred->password;
+  o.has_password = cred->has_password;
   return o;
 }
 
