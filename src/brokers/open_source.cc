@@ -4,7 +4,7 @@
 // scheme, CheckSourceUri(uri) the same row's parse-only check. A new broker is
 // one folder under src/brokers/ plus one row here.
 
-#include <cctype>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -73,18 +73,6 @@ constexpr SchemeRow kSources[] = {
     {"", nullptr, nullptr, false},  // end (keeps the table non-empty when no broker is compiled in)
 };
 
-// Letters, digits, '+', '-', '.' before the first ':' (ParseUri's rule).
-bool StartsWithScheme(std::string_view uri) {
-  const size_t colon = uri.find(':');
-  if (colon == std::string_view::npos || colon == 0) return false;
-  for (char c : uri.substr(0, colon)) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
-      return false;
-    }
-  }
-  return true;
-}
-
 std::string KnownSchemes() {
   std::string known;
   for (const SchemeRow& row : kSources) {
@@ -99,19 +87,19 @@ std::string KnownSchemes() {
 StatusOr<const SchemeRow*> FindRow(std::string_view uri) {
   // ParseUri's own answer to this speaks of store URIs. Not echoed: without a
   // scheme nothing tells a password from a host.
-  if (!StartsWithScheme(uri)) {
+  const std::optional<std::string_view> scheme = internal::UriScheme(uri);
+  if (!scheme) {
     return Status::InvalidArgument("broker URI has no scheme (not a broker URI this build "
                                    "knows: " + KnownSchemes() +
                                    "; e.g. redis://HOST:6379?stream=jobs)");
   }
-  StatusOr<internal::Uri> parsed = internal::ParseUri(uri);
-  if (!parsed.ok()) return parsed.status();
   for (const SchemeRow& row : kSources) {
-    if (row.open != nullptr && row.scheme == parsed->scheme) return &row;
+    if (row.open != nullptr && row.scheme == *scheme) return &row;
   }
-  return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': scheme '" +
-                                 parsed->scheme + "' is not a broker URI this build knows (" +
-                                 KnownSchemes() + ")");
+  // Nothing after the ':' is shown: "u:PASSWORD" given where a URI belongs.
+  return Status::InvalidArgument("broker URI scheme " + internal::SchemeForMessage(*scheme) +
+                                 " is not a broker URI this build knows (" + KnownSchemes() +
+                                 ")");
 }
 
 }  // namespace
