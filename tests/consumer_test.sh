@@ -10,7 +10,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/dedup-consumer.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 manifest="$build/install_manifest.txt"
 manifest_before=$(cat "$manifest" 2>/dev/null || echo "(none)")
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
+# cmake --install writes the manifest: the one that was there is put back (as
+# tests/install_test.sh does), or the new one removed.
+[[ -e "$manifest" ]] && cp -p "$manifest" "$work/manifest.saved"
+installed=0
+cmake --install "$build" --prefix "$work/prefix" >/dev/null || installed=$?
+if [[ -e "$work/manifest.saved" ]]; then cp -p "$work/manifest.saved" "$manifest"; else rm -f "$manifest"; fi
+((installed == 0)) || exit "$installed"
 cmake -S "$src/tests/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/consumer"
