@@ -383,6 +383,14 @@ for case in "--broker|worker --broker u:$secret --store memory: --exec true|redi
   [[ "$out" != *"$secret"* ]] || fail "$flag u:PASSWORD echoed what follows the ':': $out"
   [[ "$out" == *"'u'"* && "$out" == *"$known"* ]] || fail "$flag u:PASSWORD: the scheme or the known ones not named: $out"
 done
+# The Redis-only URIs too (--textbook-redis, bench --redis): "u:x?PASSWORD" was
+# parsed before its scheme was looked at, and the parser quoted the parameter.
+for args in "worker --broker nats://127.0.0.1:1?stream=s&consumer=c --store memory: --exec true --pattern textbook --textbook-redis u:x?$secret" \
+            "bench --quick --redis u:x?$secret"; do
+  read -ra argv <<<"$args"
+  expect_rc "a Redis URI flag with scheme u: is refused: dedup ${argv[0]}" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" != *"$secret"* && "$out" == *"'u'"* ]] || fail "Redis URI u:x?PASSWORD: $out"
+done
 # A scheme that is not printable or is long is not named either.
 expect_rc "--store with an unprintable scheme" 2 "$dedup" exec --store $'\e[2Jx:'"$secret" --key k -- true
 [[ "$out" != *"$secret"* && "$out" != *$'\e'* ]] || fail "unprintable scheme echoed: $(printf %q "$out")"
