@@ -197,15 +197,17 @@ int RunWorkerCommand(const WorkerFlags& f) {
   // The --broker URI's own checks, without connecting: a typo in it is refused
   // before the store is opened, which would otherwise make a new RocksDB store at
   // --store's path for nothing.
-  if (StatusOr<std::string_view> s = CheckSourceUri(f.broker); !s.ok()) {
-    std::fprintf(stderr, "dedup worker: --broker: %s\n", s.status().ToString().c_str());
+  StatusOr<std::string_view> scheme = CheckSourceUri(f.broker);
+  if (!scheme.ok()) {
+    std::fprintf(stderr, "dedup worker: --broker: %s\n", scheme.status().ToString().c_str());
     return kExitUsage;
   }
+  const bool redis_broker = *scheme == "redis";
   ExecHandlerOptions eo;
   eo.command = f.exec;
   eo.shell = !f.no_shell;
-  eo.stdin_format = IsRedisBroker(f.broker) ? ExecHandlerOptions::Stdin::kAttributesJson
-                                            : ExecHandlerOptions::Stdin::kPayload;
+  eo.stdin_format = redis_broker ? ExecHandlerOptions::Stdin::kAttributesJson
+                                 : ExecHandlerOptions::Stdin::kPayload;
   eo.keep_output = f.keep_output;
   // Checked once, here, before the supervisor starts; the handler runs this argv.
   StatusOr<std::vector<std::string>> argv = ExecHandler::Argv(eo);
@@ -246,7 +248,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   const ExecHandler& exec = **made_exec;
   // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
   streams::ConnOptions textbook_conn;
-  if (f.pattern == "textbook" && IsRedisBroker(f.broker)) {
+  if (f.pattern == "textbook" && redis_broker) {
     StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(f.broker);
     if (!wo.ok()) {
       std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
