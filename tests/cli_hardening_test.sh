@@ -365,6 +365,39 @@ for uri in "jobs" "http://127.0.0.1:1?stream=x"; do
     fail "publish --broker $uri: $out"
 done
 
+# A value with no known scheme is never echoed past its first ':': "u:PASSWORD"
+# (a user:password pair given where a URI belongs) is not a URI the build knows,
+# and what follows the ':' may be a password. Only the scheme text is named, and
+# the schemes that would do. --broker said "broker URI 'u:hunter2': scheme 'u'
+# ...", --store "unknown store scheme 'u' in 'u:hunter2'", --proxy "got 'u:hunter2'".
+secret='hunter2-Zq'
+for case in "--broker|worker --broker u:$secret --store memory: --exec true|redis://" \
+            "--broker|publish --broker u:$secret --field id=1|redis://" \
+            "--store|exec --store u:$secret --key k -- true|rocksdb:" \
+            "--store|inspect --store u:$secret k|rocksdb:" \
+            "--store|worker --broker redis://127.0.0.1:1?stream=x --store u:$secret --exec true|memory:" \
+            "--proxy|serve --store memory: --proxy u:$secret|http://"; do
+  IFS='|' read -r flag args known <<<"$case"
+  read -ra argv <<<"$args"
+  expect_rc "$flag u:PASSWORD is refused: dedup ${argv[0]}" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" != *"$secret"* ]] || fail "$flag u:PASSWORD echoed what follows the ':': $out"
+  [[ "$out" == *"'u'"* && "$out" == *"$known"* ]] || fail "$flag u:PASSWORD: the scheme or the known ones not named: $out"
+done
+# The Redis-only URIs too (--textbook-redis, bench --redis): "u:x?PASSWORD" was
+# parsed before its scheme was looked at, and the parser quoted the parameter.
+for args in "worker --broker nats://127.0.0.1:1?stream=s&consumer=c --store memory: --exec true --pattern textbook --textbook-redis u:x?$secret" \
+            "bench --quick --redis u:x?$secret"; do
+  read -ra argv <<<"$args"
+  expect_rc "a Redis URI flag with scheme u: is refused: dedup ${argv[0]}" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" != *"$secret"* && "$out" == *"'u'"* ]] || fail "Redis URI u:x?PASSWORD: $out"
+done
+# A scheme that is not printable or is long is not named either.
+expect_rc "--store with an unprintable scheme" 2 "$dedup" exec --store $'\e[2Jx:'"$secret" --key k -- true
+[[ "$out" != *"$secret"* && "$out" != *$'\e'* ]] || fail "unprintable scheme echoed: $(printf %q "$out")"
+long=$(printf 'a%.0s' {1..200})
+expect_rc "--broker with a 200-byte scheme" 2 "$dedup" publish --broker "$long:$secret" --field id=1
+[[ "$out" != *"$secret"* && "$out" != *"$long"* ]] || fail "long scheme echoed: $out"
+
 # The worker's first line names its store, and where a relative rocksdb: path
 # lands (it named the broker only: rocksdb:db quietly made a store in the cwd).
 set +e

@@ -10,6 +10,7 @@
 #include "redis/options.h"
 #endif
 #if defined(DEDUP_WITH_REDIS_STREAMS)
+#include "dedup/consumer.h"
 #include "dedup/worker.h"
 #endif
 
@@ -408,7 +409,46 @@ TEST(BrokerUri, SameParserAsTheStore) {
             StatusCode::kUnimplemented);
 }
 
+// The broker scheme table's parse-only check: the row's scheme, or OpenSource's
+// refusal, without connecting (port 1 of h answers nothing).
+TEST(BrokerUri, CheckSourceUriIsTheTablesCheck) {
+  auto ok = CheckSourceUri("redis://h:1?stream=s");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, "redis");
+  for (const auto& [uri, part] : std::vector<std::pair<const char*, const char*>>{
+           {"jobs", "has no scheme"},
+           {"redis://h:1", "stream=NAME"},
+           {"redis+cluster://h:1?stream=s", "one server"},
+           {"u:hunter2", "scheme 'u' is not a broker URI"},
+           {"u:x?hunter2", "scheme 'u'"}}) {
+    auto r = CheckSourceUri(uri);
+    ASSERT_FALSE(r.ok()) << uri;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << uri;
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << uri << ": " << r.status();
+    EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos) << r.status();
+    EXPECT_EQ(OpenSource(uri).status().message(), r.status().message()) << uri;
+  }
+}
+
 #endif  // DEDUP_WITH_REDIS_STREAMS
+
+// A value that is no URI this build knows is named by its scheme alone.
+TEST(Uri, AnUnknownSchemeIsNamedAloneNeverWhatFollowsIt) {
+  EXPECT_EQ(UriScheme("a+b.c-1:rest:more").value_or("none"), "a+b.c-1");
+  EXPECT_FALSE(UriScheme("no-colon").has_value());
+  EXPECT_FALSE(UriScheme(":x").has_value());
+  EXPECT_FALSE(UriScheme("\x1b[2J:x").has_value());
+  EXPECT_EQ(SchemeForMessage("u"), "'u'");
+  EXPECT_EQ(SchemeForMessage(std::string(33, 'a')).find("aaa"), std::string::npos);
+  EXPECT_EQ(SchemeForMessage("a'b").find("a'b"), std::string::npos);
+  for (const char* uri : {"u:hunter2", "u:x?hunter2", "u:x?a=%zz&hunter2", "u://v:hunter2"}) {
+    auto s = OpenStore(uri);
+    ASSERT_FALSE(s.ok()) << uri;
+    EXPECT_NE(s.status().message().find("unknown store scheme 'u'"), std::string::npos)
+        << s.status();
+    EXPECT_EQ(s.status().message().find("hunter2"), std::string::npos) << s.status();
+  }
+}
 
 }  // namespace
 }  // namespace dedup::internal

@@ -354,10 +354,23 @@ struct SourceOptions {
 
 // Opens a MessageSource from a broker URI, by scheme (src/brokers/open_source.cc):
 //   redis://HOST:PORT?stream=S&group=G[...]    Redis Streams (docs/WORKER.md)
+//   amqp://USER:PW@HOST:PORT/VHOST?queue=Q     RabbitMQ (with DEDUP_WITH_RABBITMQ)
+//   nats://HOST:PORT?stream=S&consumer=C       NATS JetStream (with DEDUP_WITH_NATS)
 // InvalidArgument names what is wrong; Unavailable when the broker cannot be
 // reached.
 [[nodiscard]] StatusOr<std::unique_ptr<MessageSource>> OpenSource(std::string_view uri,
                                                                   const SourceOptions& options = {});
+
+// What a broker URI is for: a consumer (OpenSource), or `dedup publish`, which
+// needs no consumer name (nats:// without consumer=).
+enum class SourceUse : uint8_t { kConsume, kPublish };
+
+// The same table's check of a broker URI, without connecting anywhere: the URI
+// is parsed and every option validated as its broker's opener would, a password
+// file read. Returns the row's scheme ("redis", "amqp", "nats"); InvalidArgument
+// with OpenSource's message otherwise.
+[[nodiscard]] StatusOr<std::string_view> CheckSourceUri(std::string_view uri,
+                                                        SourceUse use = SourceUse::kConsume);
 
 }  // namespace dedup
 

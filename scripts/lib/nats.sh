@@ -17,6 +17,8 @@ NATS_PID=""
 NATS_PORT=""
 NATS_DIR=""
 NATS_START_MS=""  # wall time of the last start, for the test's log
+# More nats-server arguments, e.g. NATS_SERVER_ARGS=(--user u --pass p) before nats_start.
+[[ -n "${NATS_SERVER_ARGS+set}" ]] || NATS_SERVER_ARGS=()
 
 _nats_log() { echo "nats.sh: $*" >&2; }
 _nats_port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -44,7 +46,7 @@ _nats_boot() {
   local t0 deadline
   t0=$(_nats_now_ms)
   "$NATS_SERVER_BIN" -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$NATS_DIR/js" \
-    -l "$NATS_DIR/nats.log" </dev/null >>"$NATS_DIR/nats.out" 2>&1 &
+    -l "$NATS_DIR/nats.log" "${NATS_SERVER_ARGS[@]}" </dev/null >>"$NATS_DIR/nats.out" 2>&1 &
   NATS_PID=$!
   deadline=$((SECONDS + ${NATS_START_TIMEOUT:-20}))
   while ((SECONDS < deadline)); do

@@ -1,9 +1,10 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
 // The broker scheme table: OpenSource(uri) picks the MessageSource by the URI's
-// scheme. A new broker is one folder under src/brokers/ plus one row here.
+// scheme, CheckSourceUri(uri) the same row's parse-only check. A new broker is
+// one folder under src/brokers/ plus one row here.
 
-#include <cctype>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -35,57 +36,86 @@ StatusOr<std::unique_ptr<MessageSource>> OpenRedisStreams(std::string_view uri,
 
 struct SchemeRow {
   std::string_view scheme;
+  // Parse-only: the URI and every option checked, nothing connected.
+  Status (*check)(std::string_view uri, SourceUse use);
   StatusOr<std::unique_ptr<MessageSource>> (*open)(std::string_view uri, const SourceOptions&);
+  bool listed = true;  // named among the schemes this build knows
 };
+
+#ifdef DEDUP_WITH_REDIS_STREAMS
+Status CheckRedisStreams(std::string_view uri, SourceUse) {
+  return WorkerOptionsFromUri(uri).status();
+}
+#endif
+#ifdef DEDUP_WITH_RABBITMQ
+Status CheckRabbitMq(std::string_view uri, SourceUse) {
+  return rabbitmq::ParseRabbitMqUri(uri).status();
+}
+#endif
+#ifdef DEDUP_WITH_NATS
+Status CheckNats(std::string_view uri, SourceUse use) {
+  return nats::ParseNatsUri(uri, /*need_consumer=*/use == SourceUse::kConsume).status();
+}
+#endif
 
 constexpr SchemeRow kSources[] = {
 #ifdef DEDUP_WITH_REDIS_STREAMS
-    {"redis", &OpenRedisStreams},
+    {"redis", &CheckRedisStreams, &OpenRedisStreams},
+    // Refused by name by WorkerOptionsFromUri: a stream lives on one server.
+    {"redis+cluster", &CheckRedisStreams, &OpenRedisStreams, /*listed=*/false},
 #endif
 #ifdef DEDUP_WITH_RABBITMQ
-    {"amqp", &rabbitmq::OpenRabbitMqSource},
+    {"amqp", &CheckRabbitMq, &rabbitmq::OpenRabbitMqSource},
 #endif
 #ifdef DEDUP_WITH_NATS
-    {"nats", &nats::OpenNatsSource},
+    {"nats", &CheckNats, &nats::OpenNatsSource},
 #endif
-    {"", nullptr},  // end (keeps the table non-empty when no broker is compiled in)
+    {"", nullptr, nullptr, false},  // end (keeps the table non-empty when no broker is compiled in)
 };
 
-// Letters, digits, '+', '-', '.' before the first ':' (ParseUri's rule).
-bool StartsWithScheme(std::string_view uri) {
-  const size_t colon = uri.find(':');
-  if (colon == std::string_view::npos || colon == 0) return false;
-  for (char c : uri.substr(0, colon)) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
-      return false;
+std::string KnownSchemes() {
+  std::string known;
+  for (const SchemeRow& row : kSources) {
+    if (row.open != nullptr && row.listed) {
+      known += (known.empty() ? "" : ", ") + std::string(row.scheme) + "://";
     }
   }
-  return true;
+  return known.empty() ? std::string("none") : known;
+}
+
+// The row of `uri`'s scheme, or InvalidArgument naming why there is none.
+StatusOr<const SchemeRow*> FindRow(std::string_view uri) {
+  // ParseUri's own answer to this speaks of store URIs. Not echoed: without a
+  // scheme nothing tells a password from a host.
+  const std::optional<std::string_view> scheme = internal::UriScheme(uri);
+  if (!scheme) {
+    return Status::InvalidArgument("broker URI has no scheme (not a broker URI this build "
+                                   "knows: " + KnownSchemes() +
+                                   "; e.g. redis://HOST:6379?stream=jobs)");
+  }
+  for (const SchemeRow& row : kSources) {
+    if (row.open != nullptr && row.scheme == *scheme) return &row;
+  }
+  // Nothing after the ':' is shown: "u:PASSWORD" given where a URI belongs.
+  return Status::InvalidArgument("broker URI scheme " + internal::SchemeForMessage(*scheme) +
+                                 " is not a broker URI this build knows (" + KnownSchemes() +
+                                 ")");
 }
 
 }  // namespace
 
+StatusOr<std::string_view> CheckSourceUri(std::string_view uri, SourceUse use) {
+  StatusOr<const SchemeRow*> row = FindRow(uri);
+  if (!row.ok()) return row.status();
+  DEDUP_RETURN_IF_ERROR((*row)->check(uri, use));
+  return (*row)->scheme;
+}
+
 StatusOr<std::unique_ptr<MessageSource>> OpenSource(std::string_view uri,
                                                     const SourceOptions& options) {
-  std::string known;
-  for (const SchemeRow& row : kSources) {
-    if (row.open != nullptr) known += (known.empty() ? "" : ", ") + std::string(row.scheme) + "://";
-  }
-  // ParseUri's own answer to this speaks of store URIs. Not echoed: without a
-  // scheme nothing tells a password from a host.
-  if (!StartsWithScheme(uri)) {
-    return Status::InvalidArgument("broker URI has no scheme (this build knows: " +
-                                   (known.empty() ? std::string("none") : known) +
-                                   "; e.g. redis://HOST:6379?stream=jobs)");
-  }
-  StatusOr<internal::Uri> parsed = internal::ParseUri(uri);
-  if (!parsed.ok()) return parsed.status();
-  for (const SchemeRow& row : kSources) {
-    if (row.open != nullptr && row.scheme == parsed->scheme) return row.open(uri, options);
-  }
-  return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': scheme '" +
-                                 parsed->scheme + "' is not a broker this build knows (" +
-                                 (known.empty() ? std::string("none") : known) + ")");
+  StatusOr<const SchemeRow*> row = FindRow(uri);
+  if (!row.ok()) return row.status();
+  return (*row)->open(uri, options);
 }
 
 }  // namespace dedup

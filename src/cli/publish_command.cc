@@ -41,6 +41,8 @@
 namespace dedup::cli {
 namespace {
 
+using Fields = std::vector<std::pair<std::string, std::string>>;
+
 struct PublishFlags {
   std::string broker;
   std::vector<std::string> fields;
@@ -52,9 +54,13 @@ struct PublishFlags {
   bool quiet = false;
 };
 
-// 75 (try again later) only when later may work: the broker unreachable or slow.
-// A wrong password, a refused vhost or a bad option is 2, as for the worker.
-int ExitFor(const Status& s) { return s.retryable() ? kExitTempFail : kExitUsage; }
+// 75 (try again later) only when later may work: the broker unreachable or slow,
+// or a Redis out of memory (OOM under maxmemory with noeviction: keys expire,
+// consumers trim, an operator raises the limit). A wrong password, a refused
+// vhost or a bad option is 2, as for the worker.
+int ExitFor(const Status& s) {
+  return s.retryable() || s.code() == StatusCode::kResourceExhausted ? kExitTempFail : kExitUsage;
+}
 
 // Every n once, and the duplicates again up to ~50 messages later.
 std::vector<uint64_t> PublishOrder(const PublishFlags& f) {
@@ -81,7 +87,7 @@ std::vector<uint64_t> PublishOrder(const PublishFlags& f) {
 
 // The message body for brokers without fields: the --field list as NAME=VALUE
 // lines, or the id when there are none.
-std::string Body(const std::vector<std::pair<std::string, std::string>>& fields,
+std::string Body(const Fields& fields,
                  const std::string& id) {
   if (fields.empty()) return id;
   std::string b;
@@ -90,7 +96,7 @@ std::string Body(const std::vector<std::pair<std::string, std::string>>& fields,
 }
 
 #ifdef DEDUP_WITH_RABBITMQ
-int PublishAmqp(const PublishFlags& f, const std::vector<std::pair<std::string, std::string>>& fields) {
+int PublishAmqp(const PublishFlags& f, const Fields& fields) {
   auto o = rabbitmq::ParseRabbitMqUri(f.broker);
   if (!o.ok()) {
     std::fprintf(stderr, "dedup publish: --broker: %s\n", o.status().ToString().c_str());
@@ -131,7 +137,7 @@ int PublishAmqp(const PublishFlags& f, const std::vector<std::pair<std::string, 
 #endif
 
 #ifdef DEDUP_WITH_NATS
-int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, std::string>>& fields) {
+int PublishNats(const PublishFlags& f, const Fields& fields) {
   auto o = nats::ParseNatsUri(f.broker, /*need_consumer=*/false);
   if (!o.ok()) {
     std::fprintf(stderr, "dedup publish: --broker: %s\n", o.status().ToString().c_str());
@@ -141,6 +147,11 @@ int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, 
   if (!p.ok()) {
     std::fprintf(stderr, "dedup publish: %s\n", p.status().ToString().c_str());
     return ExitFor(p.status());
+  }
+  // As for a Redis stream: a stream this publish made is said, once.
+  if (!f.quiet && (*p)->created_stream()) {
+    std::fprintf(stderr, "dedup publish: stream '%s' did not exist; this publish created it\n",
+                 internal::Printable(o->stream).c_str());
   }
   uint64_t stored = 0, dropped = 0;
   for (uint64_t n : PublishOrder(f)) {
@@ -165,40 +176,7 @@ int PublishNats(const PublishFlags& f, const std::vector<std::pair<std::string, 
 }
 #endif
 
-int RunPublish(const PublishFlags& f) {
-  std::vector<std::pair<std::string, std::string>> fields;
-  for (const auto& kv : f.fields) {
-    auto p = SplitField(kv);
-    if (!p) {
-      std::fprintf(stderr, "dedup publish: --field '%s' is not NAME=VALUE\n", kv.c_str());
-      return kExitUsage;
-    }
-    fields.push_back(*p);
-  }
-  if (fields.empty() && f.id_prefix.empty()) {
-    std::fprintf(stderr, "dedup publish: give --field NAME=VALUE or --id-prefix\n");
-    return kExitUsage;
-  }
-#ifdef DEDUP_WITH_RABBITMQ
-  if (f.broker.rfind("amqp://", 0) == 0) return PublishAmqp(f, fields);
-#endif
-#ifdef DEDUP_WITH_NATS
-  if (f.broker.rfind("nats://", 0) == 0) return PublishNats(f, fields);
-#endif
-  // Any other scheme is not a broker (WorkerOptionsFromUri would answer that it
-  // is not redis://; redis+cluster:// it refuses by name). Not echoed: a
-  // mistyped URI may hold a password.
-  if (f.broker.rfind("redis://", 0) != 0 && f.broker.rfind("redis+cluster://", 0) != 0) {
-    std::fprintf(stderr, "dedup publish: --broker: not a broker URI this build knows (redis://"
-#ifdef DEDUP_WITH_RABBITMQ
-                         ", amqp://"
-#endif
-#ifdef DEDUP_WITH_NATS
-                         ", nats://"
-#endif
-                         "; e.g. redis://HOST:6379?stream=jobs)\n");
-    return kExitUsage;
-  }
+int PublishRedis(const PublishFlags& f, const Fields& fields) {
   auto wo = WorkerOptionsFromUri(f.broker);
   if (!wo.ok()) {
     std::fprintf(stderr, "dedup publish: --broker: %s\n", wo.status().ToString().c_str());
@@ -239,7 +217,7 @@ int RunPublish(const PublishFlags& f) {
                    r.ok() ? streams::ReplyText(r->get()).c_str() : r.status().ToString().c_str());
       // An error reply is classified as the Redis client layer does: WRONGTYPE (the
       // key is not a stream) is not a "later"; READONLY (a failover under way),
-      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN are.
+      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN and OOM are.
       return ExitFor(r.ok() ? redis::ErrorReplyStatus("", streams::ReplyText(r->get()))
                             : r.status());
     }
@@ -256,6 +234,50 @@ int RunPublish(const PublishFlags& f) {
                  internal::Printable(wo->stream).c_str());
   }
   return kExitOk;
+}
+
+struct PublishRow {
+  std::string_view scheme;  // a row of the broker scheme table
+  int (*publish)(const PublishFlags& f, const Fields& fields);
+};
+
+constexpr PublishRow kPublishers[] = {
+    {"redis", &PublishRedis},
+#ifdef DEDUP_WITH_RABBITMQ
+    {"amqp", &PublishAmqp},
+#endif
+#ifdef DEDUP_WITH_NATS
+    {"nats", &PublishNats},
+#endif
+};
+
+int RunPublish(const PublishFlags& f) {
+  Fields fields;
+  for (const auto& kv : f.fields) {
+    auto p = SplitField(kv);
+    if (!p) {
+      std::fprintf(stderr, "dedup publish: --field '%s' is not NAME=VALUE\n", kv.c_str());
+      return kExitUsage;
+    }
+    fields.push_back(*p);
+  }
+  if (fields.empty() && f.id_prefix.empty()) {
+    std::fprintf(stderr, "dedup publish: give --field NAME=VALUE or --id-prefix\n");
+    return kExitUsage;
+  }
+  // The broker scheme table's check (src/brokers/open_source.cc), then this
+  // command's publisher for the row.
+  StatusOr<std::string_view> scheme = CheckSourceUri(f.broker, SourceUse::kPublish);
+  if (!scheme.ok()) {
+    std::fprintf(stderr, "dedup publish: --broker: %s\n", scheme.status().ToString().c_str());
+    return kExitUsage;
+  }
+  for (const PublishRow& row : kPublishers) {
+    if (row.scheme == *scheme) return row.publish(f, fields);
+  }
+  std::fprintf(stderr, "dedup publish: --broker: %s:// brokers cannot be published to\n",
+               std::string(*scheme).c_str());
+  return kExitUsage;
 }
 
 }  // namespace
@@ -275,8 +297,8 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->footer(
       "Exit codes: 0 published; 75 try again later (the broker unreachable, slow, or not\n"
-      "  ready: loading, busy, a read-only replica); 2 bad usage, a refused password or\n"
-      "  vhost, or any error a retry cannot fix.");
+      "  ready: loading, busy, a read-only replica, out of memory); 2 bad usage, a refused\n"
+      "  password or vhost, or any error a retry cannot fix.");
   app->add_flag("--quiet", f->quiet, "Print nothing on success");
   app->callback([f, &ctx] { ctx.exit_code = RunPublish(*f); });
 }

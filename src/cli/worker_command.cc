@@ -36,12 +36,6 @@
 #include <map>
 #include <memory>
 
-#ifdef DEDUP_WITH_NATS
-#include "brokers/nats/nats_source.h"
-#endif
-#ifdef DEDUP_WITH_RABBITMQ
-#include "brokers/rabbitmq/rabbitmq_source.h"
-#endif
 #include "brokers/redis_streams/streams_source.h"
 #include "cli/command.h"
 #include "cli/common.h"
@@ -104,7 +98,12 @@ struct WorkerFlags {
   std::string textbook_redis;  // --pattern textbook on brokers other than redis://
 };
 
-bool IsRedisBroker(const std::string& uri) { return uri.rfind("redis://", 0) == 0; }
+// A redis:// broker (its entries' fields are the handler's stdin; the textbook
+// keys live beside the stream), by the broker scheme table's row.
+bool IsRedisBroker(const std::string& uri) {
+  StatusOr<std::string_view> scheme = CheckSourceUri(uri);
+  return scheme.ok() && *scheme == "redis";
+}
 
 #ifdef DEDUP_WITH_SERVE
 // --metrics-port: the Consumer's counters, claim and handler latencies and the
@@ -194,27 +193,21 @@ HandlerResult RunSqlHandler(const ExecHandler& exec, const Delivery& m, Postgres
 }
 #endif
 
-// The --broker URI's own checks (the parser OpenSource runs first), without
-// connecting: a typo in it is refused before the store is opened, which would
-// otherwise make a new RocksDB store at --store's path for nothing.
-Status CheckBrokerUri(const std::string& uri) {
-  if (IsRedisBroker(uri)) return WorkerOptionsFromUri(uri).status();
-#ifdef DEDUP_WITH_RABBITMQ
-  if (uri.rfind("amqp://", 0) == 0) return rabbitmq::ParseRabbitMqUri(uri).status();
-#endif
-#ifdef DEDUP_WITH_NATS
-  if (uri.rfind("nats://", 0) == 0) return nats::ParseNatsUri(uri).status();
-#endif
-  // Any other text: OpenSource refuses it without connecting anywhere.
-  return OpenSource(uri, SourceOptions{}).status();
-}
-
 int RunWorkerCommand(const WorkerFlags& f) {
+  // The --broker URI's own checks, without connecting: a typo in it is refused
+  // before the store is opened, which would otherwise make a new RocksDB store at
+  // --store's path for nothing.
+  StatusOr<std::string_view> scheme = CheckSourceUri(f.broker);
+  if (!scheme.ok()) {
+    std::fprintf(stderr, "dedup worker: --broker: %s\n", scheme.status().ToString().c_str());
+    return kExitUsage;
+  }
+  const bool redis_broker = *scheme == "redis";
   ExecHandlerOptions eo;
   eo.command = f.exec;
   eo.shell = !f.no_shell;
-  eo.stdin_format = IsRedisBroker(f.broker) ? ExecHandlerOptions::Stdin::kAttributesJson
-                                            : ExecHandlerOptions::Stdin::kPayload;
+  eo.stdin_format = redis_broker ? ExecHandlerOptions::Stdin::kAttributesJson
+                                 : ExecHandlerOptions::Stdin::kPayload;
   eo.keep_output = f.keep_output;
   // Checked once, here, before the supervisor starts; the handler runs this argv.
   StatusOr<std::vector<std::string>> argv = ExecHandler::Argv(eo);
@@ -255,7 +248,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   const ExecHandler& exec = **made_exec;
   // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
   streams::ConnOptions textbook_conn;
-  if (f.pattern == "textbook" && IsRedisBroker(f.broker)) {
+  if (f.pattern == "textbook" && redis_broker) {
     StatusOr<WorkerOptions> wo = WorkerOptionsFromUri(f.broker);
     if (!wo.ok()) {
       std::fprintf(stderr, "dedup worker: --broker: %s\n", wo.status().ToString().c_str());
@@ -295,10 +288,6 @@ int RunWorkerCommand(const WorkerFlags& f) {
     textbook_conn.has_password = u->connection.has_password;
     textbook_conn.db = u->connection.db;
     textbook_conn.timeout = u->connection.timeout;
-  }
-  if (Status s = CheckBrokerUri(f.broker); !s.ok()) {
-    std::fprintf(stderr, "dedup worker: --broker: %s\n", s.ToString().c_str());
-    return kExitUsage;
   }
   std::unique_ptr<Store> store;
   BufferOptions bo;

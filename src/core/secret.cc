@@ -10,13 +10,15 @@
 
 namespace dedup::internal {
 
-StatusOr<RedisCredentials> ResolveRedisCredentials(const Uri& uri) {
-  RedisCredentials c;
+StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialRules& rules) {
+  // The scheme passed ParseUri: letters, digits, '+', '-', '.' only.
+  const std::string what = uri.scheme + " URI";
+  UriCredentials c;
   const std::optional<std::string> file = uri.Param(kPasswordFileParam);
   if (uri.has_password) {
     if (file) {
       return Status::InvalidArgument(
-          "redis URI gives a password both inline and in password_file=; give one");
+          what + " gives a password both inline and in password_file=; give one");
     }
     c.user = uri.user;
     c.password = uri.password;
@@ -24,12 +26,12 @@ StatusOr<RedisCredentials> ResolveRedisCredentials(const Uri& uri) {
     return c;
   }
   if (file) {
-    // With a file, a lone user-info is the ACL user name.
+    // With a file, a lone user-info is the user name.
     c.user = uri.user;
-    if (file->empty()) return Status::InvalidArgument("redis URI: password_file= is empty");
+    if (file->empty()) return Status::InvalidArgument(what + ": password_file= is empty");
     std::ifstream in(*file, std::ios::binary);
     if (!in) {
-      return Status::InvalidArgument("redis URI: cannot read password_file '" + *file +
+      return Status::InvalidArgument(what + ": cannot read password_file '" + *file +
                                      "': " + std::strerror(errno));
     }
     std::ostringstream text;
@@ -38,22 +40,32 @@ StatusOr<RedisCredentials> ResolveRedisCredentials(const Uri& uri) {
     if (!c.password.empty() && c.password.back() == '\n') c.password.pop_back();
     if (!c.password.empty() && c.password.back() == '\r') c.password.pop_back();
     if (c.password.empty()) {
-      return Status::InvalidArgument("redis URI: password_file '" + *file + "' is empty");
+      return Status::InvalidArgument(what + ": password_file '" + *file + "' is empty");
     }
     c.has_password = true;
     return c;
   }
   if (!uri.user.empty()) {
-    // "redis://secret@host": the part before '@' is a password, as redis-cli reads it.
-    c.password = uri.user;
-    c.has_password = true;
-    return c;
+    if (!rules.lone_user_is_password) {
+      c.user = uri.user;
+    } else {
+      // "redis://secret@host": the part before '@' is a password, as redis-cli reads it.
+      c.password = uri.user;
+      c.has_password = true;
+      return c;
+    }
   }
-  if (const char* env = std::getenv(kRedisPasswordEnv); env != nullptr && *env != '\0') {
-    c.password = env;
-    c.has_password = true;
+  if (rules.env != nullptr) {
+    if (const char* env = std::getenv(rules.env); env != nullptr && *env != '\0') {
+      c.password = env;
+      c.has_password = true;
+    }
   }
   return c;
+}
+
+StatusOr<RedisCredentials> ResolveRedisCredentials(const Uri& uri) {
+  return ResolveUriCredentials(uri, {.env = kRedisPasswordEnv, .lone_user_is_password = true});
 }
 
 }  // namespace dedup::internal

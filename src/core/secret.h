@@ -1,17 +1,18 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// Where a Redis password comes from, so that it need not be on the command line
-// (where `ps` shows it to every user of the machine):
-//   1. the URI:            redis://:PASS@host or redis://USER:PASS@host, or
-//                          redis://PASS@host (a lone user-info is the password,
-//                          as redis-cli reads it);
-//   2. a file:             redis://host?password_file=/run/secrets/redis (the
-//                          whole file, one trailing newline dropped; USER may
-//                          still be given in the URI: redis://USER@host?password_file=...
-//                          is then the ACL user);
-//   3. the environment:    DEDUP_REDIS_PASSWORD, when neither of the above gives
-//                          one.
-// Giving both 1 and 2 is an error. No message ever contains the password.
+// Where the password of a store or broker URI comes from, so that it need not be
+// on the command line (where `ps` shows it to every user of the machine):
+//   1. the URI:            scheme://USER:PASS@host (redis:// also :PASS@host, and
+//                          PASS@host: a lone user-info is the password, as
+//                          redis-cli reads it);
+//   2. a file:             scheme://host?password_file=/run/secrets/pw (the whole
+//                          file, one trailing newline dropped; USER may still be
+//                          given in the URI: scheme://USER@host?password_file=...);
+//   3. the environment:    DEDUP_REDIS_PASSWORD, for redis:// and redis+cluster://
+//                          only, when neither of the above gives one.
+// Used by redis://, redis+cluster://, amqp:// and nats://. Giving both 1 and 2 is
+// an error. Messages name the URI's scheme ("amqp URI: password_file= is empty");
+// no message ever contains the password.
 
 #ifndef DEDUP_SRC_CORE_SECRET_H_
 #define DEDUP_SRC_CORE_SECRET_H_
@@ -26,13 +27,26 @@ namespace dedup::internal {
 inline constexpr const char* kRedisPasswordEnv = "DEDUP_REDIS_PASSWORD";
 inline constexpr const char* kPasswordFileParam = "password_file";
 
-struct RedisCredentials {
-  std::string user;
+struct UriCredentials {
+  std::string user;  // empty: none given
   std::string password;
   bool has_password = false;
 };
+using RedisCredentials = UriCredentials;
 
-// The credentials of a redis:// or redis+cluster:// URI, by the rules above.
+// A scheme's own reading of rules 1 and 3 above.
+struct CredentialRules {
+  // The environment variable read when the URI gives no password; nullptr: none.
+  const char* env = nullptr;
+  // "scheme://secret@host" is the password (redis-cli's reading), not the user.
+  bool lone_user_is_password = false;
+};
+
+// The credentials of `uri` by the rules above.
+StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialRules& rules);
+
+// The credentials of a redis:// or redis+cluster:// URI: DEDUP_REDIS_PASSWORD,
+// and a lone user-info is the password.
 StatusOr<RedisCredentials> ResolveRedisCredentials(const Uri& uri);
 
 }  // namespace dedup::internal

@@ -111,6 +111,25 @@ std::string Uri::Redacted() const {
   return RedactUri(s);
 }
 
+std::optional<std::string_view> UriScheme(std::string_view text) {
+  const size_t colon = text.find(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  for (char c : text.substr(0, colon)) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
+      return std::nullopt;
+    }
+  }
+  return text.substr(0, colon);
+}
+
+std::string SchemeForMessage(std::string_view scheme) {
+  constexpr size_t kMax = 32;
+  bool printable = scheme.size() <= kMax;
+  for (char c : scheme) printable = printable && c > ' ' && c < 0x7f && c != '\'';
+  if (printable) return "'" + std::string(scheme) + "'";
+  return "(not shown: not printable or longer than " + std::to_string(kMax) + " bytes)";
+}
+
 StatusOr<Uri> ParseUri(std::string_view text) {
   Uri u;
   const size_t colon = text.find(':');

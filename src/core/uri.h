@@ -53,6 +53,16 @@ Status CheckParamNames(const std::vector<std::string>& names,
 // Only the repeats: for a URI read before its opener says which names it knows.
 Status CheckParamRepeats(const std::vector<std::string>& names, ParamPlace place);
 
+// The scheme of `text`, the letters, digits, '+', '-', '.' before its first ':'
+// (ParseUri's rule), without parsing the rest; nullopt when it has none.
+std::optional<std::string_view> UriScheme(std::string_view text);
+
+// How a message names the scheme of a value that is not a URI this build knows:
+// 'x' when printable and at most 32 bytes, else "(not shown: ...)". Nothing after
+// the value's first ':' is ever shown: in "u:PASSWORD", given where a URI belongs,
+// it is a password.
+std::string SchemeForMessage(std::string_view scheme);
+
 // InvalidArgument naming what is wrong when `text` is not a URI. A parameter
 // given twice ("?ttl=1s&ttl=2s") is refused: neither copy would be sure to win.
 StatusOr<Uri> ParseUri(std::string_view text);

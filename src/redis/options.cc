@@ -79,6 +79,14 @@ std::string ConnectionOptions::Describe() const {
 
 StatusOr<RedisUri> ParseRedisUri(std::string_view text,
                                  std::initializer_list<std::string_view> caller_params) {
+  // The scheme first: the rest of a value that is no Redis URI is neither parsed
+  // nor shown ("u:PASSWORD" given where a URI belongs; core/uri.h).
+  if (std::optional<std::string_view> scheme = internal::UriScheme(text);
+      scheme && *scheme != "redis" && *scheme != "redis+cluster" && *scheme != "rediss" &&
+      *scheme != "rediss+cluster") {
+    return Status::InvalidArgument("redis: scheme " + internal::SchemeForMessage(*scheme) +
+                                   " is not redis:// or redis+cluster://");
+  }
   StatusOr<internal::Uri> uri = internal::ParseUri(text);
   if (!uri.ok()) return uri.status();
   return ParseRedisUri(*uri, caller_params);

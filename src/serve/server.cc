@@ -201,6 +201,17 @@ Status ValidateServeOptions(const ServeOptions& o) {
                                    " is not a loopback address: give --auth-token-file too");
   }
   if (!o.proxy.empty() && o.proxy.rfind("http://", 0) != 0) {
+    // Nothing after the ':' of another scheme is shown: "u:PASSWORD" given
+    // where the URL belongs.
+    const std::optional<std::string_view> scheme = internal::UriScheme(o.proxy);
+    if (!scheme) {
+      return Status::InvalidArgument(
+          "--proxy: give the application as http://HOST:PORT (the value given has no scheme)");
+    }
+    if (*scheme != "http") {
+      return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT (scheme " +
+                                     internal::SchemeForMessage(*scheme) + " is not http)");
+    }
     return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT, got '" +
                                    internal::RedactUri(o.proxy) + "'");
   }

@@ -15,6 +15,7 @@
 
 #include "brokers/key_spec.h"
 #include "core/printable.h"
+#include "core/secret.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -91,7 +92,10 @@ StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o) {
 
 // Makes sure a stream holds `subject`: nothing when stream `name` exists,
 // else creates it (file storage).
-Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, const std::string& subject) {
+// *created (when given): the stream was not there and this call made it.
+Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, const std::string& subject,
+                    bool* created = nullptr) {
+  if (created != nullptr) *created = false;
   jsStreamInfo* si = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus s = js_GetStreamInfo(&si, c.js, name.c_str(), nullptr, &jerr);
@@ -112,6 +116,7 @@ Status EnsureStream(Conn& c, const NatsOptions& o, const std::string& name, cons
   jerr = static_cast<jsErrCode>(0);
   s = js_AddStream(&si, c.js, &cfg, nullptr, &jerr);
   if (s == NATS_OK) jsStreamInfo_Destroy(si);
+  if (s == NATS_OK && created != nullptr) *created = true;
   return FromNats(s, "nats " + o.host_port + ": add stream " + name + " on " + subject, jerr);
 }
 
@@ -241,7 +246,8 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
     return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': not nats://");
   }
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
-                                             "dead", "ack_wait", "max_ack_pending", "timeout"}));
+                                             "dead", "ack_wait", "max_ack_pending", "timeout",
+                                             internal::kPasswordFileParam}));
   return parsed;
 }
 }  // namespace
@@ -303,9 +309,17 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     if (*ms <= 0) return Status::InvalidArgument("nats timeout must be positive");
     o.timeout = Millis(*ms);
   }
-  o.user = u.user;
-  o.password = u.password;
-  o.has_password = u.has_password;
+  // Inline or password_file= (core/secret.h).
+  auto cred = internal::ResolveUriCredentials(u, {});
+  if (!cred.ok()) return cred.status();
+  if (cred->has_password && cred->user.empty()) {
+    // nats.c sends a password only with a user name: it would go unused.
+    return Status::InvalidArgument("nats URI gives a password without a user; give "
+                                   "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F");
+  }
+  o.user = cred->user;
+  o.password = cred->password;
+  o.has_password = cred->has_password;
   return o;
 }
 
@@ -314,16 +328,21 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
 struct NatsPublisher::Impl {
   NatsOptions o;
   std::unique_ptr<Conn> conn;
+  bool created_stream = false;
 };
+
+bool NatsPublisher::created_stream() const { return impl_->created_stream; }
 
 NatsPublisher::~NatsPublisher() = default;
 
 StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& o) {
   auto c = Connect(o);
   if (!c.ok()) return c.status();
-  DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject()));
+  bool created = false;
+  DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject(), &created));
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
   p->impl_ = std::make_unique<Impl>();
+  p->impl_->created_stream = created;
   p->impl_->o = o;
   p->impl_->conn = std::move(*c);
   return p;

@@ -104,6 +104,9 @@ class NatsPublisher {
   NatsPublisher& operator=(const NatsPublisher&) = delete;
   // Connects and creates the stream when it is missing.
   static StatusOr<std::unique_ptr<NatsPublisher>> Open(const NatsOptions& o);
+  // Open() made the stream: it was not there (a mistyped stream= would otherwise
+  // fill a stream no consumer reads, without a word).
+  bool created_stream() const;
 
   // Publishes `data` with `key` placed as the options say (Nats-Msg-Id or a
   // header; nothing for sha256). *duplicate: the stream dropped it as a repeat

@@ -19,6 +19,7 @@
 #include "brokers/key_spec.h"
 #include "core/duration.h"
 #include "core/printable.h"
+#include "core/secret.h"
 #include "core/sha256.h"
 #include "core/uri.h"
 
@@ -111,7 +112,8 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "': not amqp://");
   }
   DEDUP_RETURN_IF_ERROR(
-      u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout"}));
+      u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout",
+                     internal::kPasswordFileParam}));
   RabbitMqOptions o;
   if (u.hosts.find(',') != std::string::npos) {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "': one host only");
@@ -124,8 +126,11 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     o.host = hp->host;
     if (hp->port != 0) o.port = hp->port;
   }
-  if (!u.user.empty()) o.user = u.user;
-  if (u.has_password) o.password = u.password;
+  // Inline or password_file= (core/secret.h); neither: guest's password.
+  auto cred = internal::ResolveUriCredentials(u, {});
+  if (!cred.ok()) return cred.status();
+  if (!cred->user.empty()) o.user = cred->user;
+  if (cred->has_password) o.password = cred->password;
   // "/" or "" is the default vhost "/"; "/name" is vhost "name" ("/%2F" is "/").
   if (u.path.size() > 1) o.vhost = u.path.substr(1);
   o.queue = u.Param("queue").value_or("");

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# `dedup publish` and broker URIs against real brokers, one broker per run:
+#
+#   tests/publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq
+#
+#   redis     a Redis out of memory (maxmemory 1 byte, noeviction) answers XADD with
+#             OOM: publish exits 75 (try again later), as on READONLY or LOADING,
+#             not 2 (bad usage).
+#   nats      a password-protected nats-server: password_file= authenticates the
+#             publish and the worker; a wrong, missing or empty file and a password
+#             given twice are refused naming the problem, never the password; a
+#             publish to a stream that is not there says it made it (as to Redis).
+#   rabbitmq  the same password_file= checks against a RabbitMQ node (user guest).
+#
+# Ports (docs/PORTS.md): Redis 6520, NATS 4239, RabbitMQ 5684 (dist 25684, epmd
+# 4374). Servers run in a temporary directory and are stopped by PID at exit.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dedup=${1:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq}
+broker=${2:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq}
+source "$here/../scripts/lib/check.sh"
+tmp=$(mktemp -d)
+# The servers stop (by PID) before their directories go: this trap alone.
+_REDIS_TRAP_SET=1 _NATS_TRAP_SET=1 _RABBITMQ_TRAP_SET=1
+cleanup() {
+  [[ -n "$(type -t redis_stop_all)" ]] && redis_stop_all
+  [[ -n "$(type -t nats_stop)" ]] && nats_stop
+  [[ -n "$(type -t rabbitmq_stop)" ]] && rabbitmq_stop
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+ok() { echo "ok   $*"; }
+# expect_rc NAME RC CMD...: runs CMD, checks its exit code; output in $out.
+expect_rc() {
+  local name=$1 want=$2; shift 2
+  set +e; out=$(timeout 60 "$@" 2>&1); local rc=$?; set -e
+  [[ $rc -eq $want ]] && ok "$name (rc $rc)" || fail "$name: rc $rc, want $want: $out"
+}
+
+# password_file= in a URI of SCHEME: BASE is the URI before its query, without a
+# password ("nats://dedup@127.0.0.1:4239"), QUERY its parameters, PW the password.
+password_file_checks() {
+  local scheme=$1 base=$2 query=$3 pw=$4 inline=$5
+  printf '%s\n' "$pw" >"$tmp/pw"
+  printf 'not-%s\n' "$pw" >"$tmp/wrong"
+  : >"$tmp/empty"
+  expect_rc "$scheme: publish with password_file= authenticates" 0 \
+    "$dedup" publish --broker "$base?$query&password_file=$tmp/pw" --id-prefix pf- --count 3 --quiet
+  expect_rc "$scheme: a wrong password in password_file= is refused" 2 \
+    "$dedup" publish --broker "$base?$query&password_file=$tmp/wrong" --id-prefix pf- --count 1 --quiet
+  [[ "$out" != *"not-$pw"* ]] || fail "$scheme: the wrong password was echoed: $out"
+  local name file want
+  for name in missing empty twice; do
+    case $name in
+      missing) file="$tmp/none"; uri="$base?$query&password_file=$file"; want="cannot read password_file" ;;
+      empty) file="$tmp/empty"; uri="$base?$query&password_file=$file"; want="is empty" ;;
+      twice) uri="$inline?$query&password_file=$tmp/pw"; want="both inline and in password_file=" ;;
+    esac
+    expect_rc "$scheme: password_file= $name is refused" 2 \
+      "$dedup" publish --broker "$uri" --id-prefix pf- --count 1 --quiet
+    [[ "$out" == *"$scheme URI"* && "$out" == *"$want"* ]] ||
+      fail "$scheme: password_file= $name: the problem or the scheme not named: $out"
+    [[ "$out" != *"$pw"* ]] || fail "$scheme: password_file= $name echoed the password: $out"
+    # The worker checks its --broker the same way, before it opens the store.
+    expect_rc "$scheme: worker --broker with password_file= $name is refused" 2 \
+      "$dedup" worker --broker "$uri" --store "rocksdb:$tmp/never" --exec true
+    [[ "$out" == *"$scheme URI"* && "$out" == *"$want"* && "$out" != *"$pw"* ]] ||
+      fail "$scheme: worker, password_file= $name: $out"
+    [[ ! -e "$tmp/never" ]] || fail "$scheme: worker made its store before refusing the broker"
+  done
+}
+
+# A worker with password_file= consumes what was published: DONE names the file
+# its handler appends to, and the worker stops once it holds N lines.
+worker_consumes() {
+  local scheme=$1 uri=$2 n=$3
+  : >"$tmp/done"
+  timeout 60 "$dedup" worker --broker "$uri" --store "memory:" --summary-interval 0 \
+    --exec "cat >/dev/null; echo \$DEDUP_KEY >>$tmp/done" >"$tmp/worker.log" 2>&1 &
+  local pid=$! i
+  for i in $(seq 1 300); do
+    (($(wc -l <"$tmp/done") >= n)) && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  check "$scheme: the worker with password_file= ran every message" "$n" "$(sort -u "$tmp/done" | wc -l)"
+}
+
+case $broker in
+redis)
+  source "$here/../scripts/lib/redis.sh"
+  port=6520
+  redis_start "$port" "$tmp/redis" --maxmemory 1 --maxmemory-policy noeviction
+  expect_rc "publish to a Redis out of memory is 'try again later'" 75 \
+    "$dedup" publish --broker "redis://127.0.0.1:$port?stream=oom" --field id=1
+  [[ "$out" == *OOM* ]] || fail "the OOM reply is not shown: $out"
+  ;;
+nats)
+  source "$here/../scripts/lib/nats.sh"
+  port=4239 pw='nats-s3cret'
+  NATS_SERVER_ARGS=(--user dedup --pass "$pw")
+  nats_start "$port" "$tmp/nats"
+  # A stream that is not there is made by the publish: said on stderr, once.
+  expect_rc "publish to a missing NATS stream" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS" --id-prefix n- --count 2
+  [[ "$out" == *"stream 'JBOS' did not exist; this publish created it"* ]] ||
+    fail "publish made stream JBOS without saying so: $out"
+  expect_rc "publish to the stream, now there" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS" --id-prefix n- --count 2
+  [[ "$out" != *"did not exist"* ]] || fail "an existing stream was said to be made: $out"
+  expect_rc "--quiet says nothing, not even that" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
+  [[ -z "$out" ]] || fail "--quiet printed: $out"
+
+  password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF&consumer=w" "$pw" \
+    "nats://dedup:$pw@127.0.0.1:$port"
+  worker_consumes nats "nats://dedup@127.0.0.1:$port?stream=PF&consumer=w&password_file=$tmp/pw" 3
+  ;;
+rabbitmq)
+  source "$here/../scripts/lib/rabbitmq.sh"
+  port=5684 pw='amqp-s3cret'
+  rabbitmq_start "$port" "$tmp/rmq"
+  rabbitmqctl_node -q add_user dedup "$pw" >/dev/null
+  rabbitmqctl_node -q set_permissions -p / dedup '.*' '.*' '.*' >/dev/null
+  password_file_checks amqp "amqp://dedup@127.0.0.1:$port/" "queue=pf" "$pw" \
+    "amqp://dedup:$pw@127.0.0.1:$port/"
+  worker_consumes amqp "amqp://dedup@127.0.0.1:$port/?queue=pf&password_file=$tmp/pw" 3
+  ;;
+*)
+  echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq" >&2
+  exit 2
+  ;;
+esac
+check_done "publish_brokers ($broker)"
