@@ -79,6 +79,8 @@ std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* sta
 // never the key or anything else a client chooses.
 std::string RouteOf(const std::string& base, const httplib::Request& req, bool proxy) {
   const std::string& p = req.path;
+  // A head cpp-httplib refused itself (its 400, 414): no path was read.
+  if (p.empty()) return "other";
   if (proxy && p != base && p.rfind(base + "/", 0) != 0) return "proxy";
   const std::string rest = p.substr(base.size());
   if (rest == "/" || rest.empty()) return "page";
