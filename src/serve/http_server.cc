@@ -344,6 +344,13 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             }
                             answering.parsed = &req;
                             answering.body_length = FramedBodyLength(req);
+                            // Answers go whole: a Range is ignored (RFC 9110
+                            // 14.2 allows it). cpp-httplib cut every answer to
+                            // it under the answer's own status (a claim's 201
+                            // without its token) and, in proxy mode, cut an
+                            // application's 206 again. The header itself goes on
+                            // to the application.
+                            req.ranges.clear();
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
                               // in the answer (cpp-httplib writes what the
