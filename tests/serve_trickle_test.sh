@@ -161,6 +161,35 @@ check "... and as answers: the body's under its route, the head's and the 431 as
   '[ "$(metric $short_port "dedup_serve_requests_total{route=\"claim\",code=\"408\"}")" = 1 ] &&
    [ "$(metric $short_port "dedup_serve_requests_total{route=\"other\",code=\"408\"}")" = 1 ] &&
    [ "$(metric $short_port "dedup_serve_requests_total{route=\"other\",code=\"431\"}")" = 1 ]'
+# On a keep-alive connection, each head's deadline counts from that head's first
+# byte: a second request begun 1.5 s after the first answer (past the 1 s header
+# timeout counted from the connection's start) and sent in two parts 0.5 s apart
+# is answered; the connection idle after it is closed after the keep-alive
+# timeout (5 s).
+python3 - $short_port >"$tmp/ka-deadline.out" 2>&1 <<'PY'
+import socket, sys, time
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+s.sendall(req)
+print("first", s.recv(4096).split(b"\r\n")[0].decode(), flush=True)
+time.sleep(1.5)
+s.sendall(req[:20])
+time.sleep(0.5)
+s.sendall(req[20:])
+print("second", s.recv(4096).split(b"\r\n")[0].decode(), flush=True)
+t0 = time.monotonic()
+s.settimeout(15)
+try:
+    end = s.recv(4096)
+except OSError:
+    end = b"error"
+print("idle_closed_after %.1f %s" % (time.monotonic() - t0, "eof" if end == b"" else end[:20]))
+PY
+check "keep-alive: a second head's deadline counts from its first byte ($(tr '\n' ' ' <"$tmp/ka-deadline.out"))" \
+  eval 'grep -qx "first HTTP/1.1 200 OK" "$tmp/ka-deadline.out" && grep -qx "second HTTP/1.1 200 OK" "$tmp/ka-deadline.out"'
+check "keep-alive: the connection idle after it is closed after 4-7 s" \
+  awk '$1 == "idle_closed_after" { ok = $2 >= 4 && $2 <= 7 && $3 == "eof" } END { exit !ok }' "$tmp/ka-deadline.out"
 # Keep-alive is kept: three requests on one connection, the second a POST.
 curl -s -o /dev/null -w '%{http_code} %{num_connects}\n' "http://127.0.0.1:$short_port/healthz" \
   --next -s -o /dev/null -w '%{http_code} %{num_connects}\n' -X POST \
