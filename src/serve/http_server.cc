@@ -19,6 +19,9 @@
 #include <string>
 #include <string_view>
 
+#include "core/duration.h"
+#include "serve/connection_pool.h"
+
 namespace dedup::serve {
 namespace {
 
@@ -279,6 +282,74 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   bool timed_out_ = false;
 };
 
+HttpServer::HttpServer() {
+  // cpp-httplib answers a body it could not read 400; the body's deadline is
+  // what passed: 408, and the connection is closed after the answer (the
+  // request is the server's own object, handed over as const).
+  httplib::Server::set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (BodyTimedOut(req)) {
+      auto& headers = const_cast<httplib::Headers&>(req.headers);
+      headers.erase("Connection");
+      headers.emplace("Connection", "close");
+      Refuse(Limit::kBodyTimeout, res);
+      return;
+    }
+    if (error_handler_) error_handler_(req, res);
+  });
+}
+
+void HttpServer::Configure(const HttpServerOptions& o) {
+  deadlines_ = o.deadlines;
+  new_task_queue = [n = o.threads, m = o.max_connections] { return new ConnectionPool(n, m); };
+  set_payload_max_length(o.max_body_bytes);
+  // Per read or write; the whole head and body have their deadlines.
+  set_read_timeout(std::chrono::seconds(10));
+  set_write_timeout(std::chrono::seconds(10));
+  // How long an idle connection (before its first request, or between two)
+  // holds its thread.
+  set_keep_alive_timeout(5);
+  set_keep_alive_max_count(1000);
+  set_tcp_nodelay(true);
+}
+
+const char* HttpServer::TimeoutPart(Limit limit) {
+  switch (limit) {
+    case Limit::kHeadTimeout: return "head";
+    case Limit::kBodyTimeout: return "body";
+    default: return "";
+  }
+}
+
+void HttpServer::Refuse(Limit limit, httplib::Response& res) const {
+  std::string detail;
+  switch (limit) {
+    case Limit::kHeadTimeout:
+      res.status = 408;
+      detail = "the request head did not arrive within " +
+               internal::FormatDuration(deadlines_.header_timeout);
+      break;
+    case Limit::kBodyTimeout:
+      res.status = 408;
+      detail = "the request body did not arrive within " +
+               internal::FormatDuration(deadlines_.body_timeout) + " of its head";
+      break;
+    case Limit::kUriTooLong:
+      res.status = 414;
+      detail = "the request line is longer than 8 KiB";
+      break;
+    case Limit::kHeadTooLarge:
+      res.status = 431;
+      detail = "the request head is larger than " + std::to_string(deadlines_.max_head_bytes) +
+               " bytes";
+      break;
+  }
+  res.set_content(std::string("{\"type\":\"about:blank\",\"title\":\"") + Reason(res.status) +
+                      "\",\"status\":" + std::to_string(res.status) + ",\"detail\":\"" + detail +
+                      "\"}",
+                  "application/problem+json");
+  if (limit_handler_) limit_handler_(limit, &res);
+}
+
 bool HttpServer::BodyTimedOut(const httplib::Request& req) const {
   std::lock_guard<std::mutex> lock(answering_mu_);
   const auto it = answering_.find(&req);
@@ -304,10 +375,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     if (head == ConnectionStream::Head::kClosed) break;
     if (head != ConnectionStream::Head::kRead) {
       httplib::Response res;
-      res.status = head == ConnectionStream::Head::kTimedOut ? 408
-                   : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? 414
-                                                                                 : 431;
-      if (refusal_handler_) refusal_handler_(res);
+      Refuse(head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
+             : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? Limit::kUriTooLong
+                                                                           : Limit::kHeadTooLarge,
+             res);
       std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + Reason(res.status) + "\r\n";
       for (const auto& [name, value] : res.headers) {
         if (name != "Connection" && name != "Content-Length") out += name + ": " + value + "\r\n";

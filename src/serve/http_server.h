@@ -17,10 +17,14 @@
 //   * hands the request to cpp-httplib (Server::process_request) on a stream
 //     whose reads end at `body_timeout` after the head (each one also within the
 //     read timeout, as before). A body that misses it is answered 408 by the
-//     error handler (BodyTimedOut()), and the connection closed.
+//     error handler HttpServer installs (not cpp-httplib's 400), and the
+//     connection closed.
 // So each connection holds its thread for at most keep-alive timeout + head
 // deadline + body deadline + the handler's time per request. What is left to a
 // client that keeps opening slow connections is said in docs/SERVE.md.
+//
+// serve and the worker's metrics listener (metrics_http.h) both configure theirs
+// with Configure(): the same deadlines, timeouts, threads and answers.
 
 #ifndef DEDUP_SRC_SERVE_HTTP_SERVER_H_
 #define DEDUP_SRC_SERVE_HTTP_SERVER_H_
@@ -48,30 +52,60 @@ struct RequestDeadlines {
   size_t max_head_bytes = 80 * 1024;
 };
 
+struct HttpServerOptions {
+  RequestDeadlines deadlines;
+  // Threads that always wait for connections, and connections answered at once
+  // (ConnectionPool): 1 <= threads <= max_connections.
+  size_t threads = 16;
+  size_t max_connections = 256;
+  // Larger request bodies are answered 413.
+  size_t max_body_bytes = 2 * 1024 * 1024;
+};
+
 class HttpServer : public httplib::Server {
  public:
-  // Fills the answer to a request refused before cpp-httplib read it: its status
-  // (408, 414 or 431) is set; the connection is closed after it. Called on the
-  // connection's thread.
-  using RefusalHandler = std::function<void(httplib::Response& res)>;
+  // What HttpServer ended itself.
+  enum class Limit {
+    kHeadTimeout,      // 408: the head missed its deadline (refused before parsing)
+    kUriTooLong,       // 414: a request line over 8 KiB (refused before parsing)
+    kHeadTooLarge,     // 431: a head over max_head_bytes (refused before parsing)
+    kBodyTimeout,      // 408: the body missed its deadline (the request was parsed)
+  };
+  // "head" or "body" for the timeouts; "" for the others.
+  static const char* TimeoutPart(Limit limit);
+  // Told of each Limit on the connection's thread: `res` is the answer about to
+  // be sent, its status and a default application/problem+json body set, which
+  // the handler may replace; the connection is closed after it.
+  using LimitHandler = std::function<void(Limit limit, httplib::Response* res)>;
 
-  // Both before listening.
-  void set_deadlines(const RequestDeadlines& deadlines) { deadlines_ = deadlines; }
-  void set_refusal_handler(RefusalHandler handler) { refusal_handler_ = std::move(handler); }
+  HttpServer();
 
-  // True when `req` (a request this server is answering, as handed to its
-  // handlers) is being answered because its body did not arrive by its
-  // deadline: the error handler's 408 instead of cpp-httplib's 400. The
-  // connection is closed after the answer.
-  bool BodyTimedOut(const httplib::Request& req) const;
+  // All before listening. The one setup of serve's and the metrics listener's
+  // servers: the options, cpp-httplib's read and write timeouts (10 s each), the
+  // keep-alive timeout (5 s, 1000 requests), TCP_NODELAY, a ConnectionPool.
+  void Configure(const HttpServerOptions& options);
+  void set_limit_handler(LimitHandler handler) { limit_handler_ = std::move(handler); }
+  // cpp-httplib's error handler (hides httplib::Server's): called for every
+  // answer >= 400 but the 408 of a body that missed its deadline, which goes to
+  // the limit handler.
+  void set_error_handler(Handler handler) { error_handler_ = std::move(handler); }
+
+  const RequestDeadlines& deadlines() const { return deadlines_; }
 
  private:
   class ConnectionStream;
 
   bool process_and_close_socket(socket_t sock) override;
+  // True when `req` (a request this server is answering, as handed to its
+  // handlers) is being answered because its body did not arrive by its
+  // deadline.
+  bool BodyTimedOut(const httplib::Request& req) const;
+  // Sets res's status and default body for `limit`, then tells the handler.
+  void Refuse(Limit limit, httplib::Response& res) const;
 
   RequestDeadlines deadlines_;
-  RefusalHandler refusal_handler_;
+  LimitHandler limit_handler_;
+  Handler error_handler_;
   // The requests being answered (once cpp-httplib has parsed their head), and
   // the connection each came on: how BodyTimedOut finds a request's state.
   mutable std::mutex answering_mu_;
