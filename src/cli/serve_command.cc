@@ -176,6 +176,10 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
                     "A request's whole body must arrive within this after its head, else 408 "
                     "and close",
                     DurationBound::kPositive);
+  AddDurationOption(*app, "--response-timeout", &f->o.response_timeout,
+                    "A whole answer must be written within this of its first byte, else it is "
+                    "given up and the connection reset (a client that does not read)",
+                    DurationBound::kPositive);
   app->add_flag("--quiet", f->quiet, "No line per request on stderr");
   app->callback([f, &ctx] { ctx.exit_code = RunServe(*f); });
 }

@@ -86,6 +86,14 @@ const char* Reason(int status) {
   }
 }
 
+// Ends a connection whose client does not read its answers: what is queued for
+// it is dropped (a reset), not kept by the kernel until the client reads.
+void AbortiveClose(int fd) {
+  const linger l{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+  ::close(fd);
+}
+
 // After an answer that ends the connection while the client may still be
 // sending: a close with unread bytes would reset the connection, and the client
 // could lose the answer. Ends our side, reads what the client still sends for a
@@ -130,16 +138,18 @@ std::optional<uint64_t> FramedBodyLength(const httplib::Request& req) {
 class HttpServer::ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int fd, std::chrono::microseconds read_timeout,
-                   std::chrono::microseconds write_timeout)
-      : fd_(fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+                   std::chrono::microseconds write_timeout,
+                   std::chrono::milliseconds response_timeout)
+      : fd_(fd),
+        read_timeout_(read_timeout),
+        write_timeout_(write_timeout),
+        response_timeout_(response_timeout) {}
 
   // ---- httplib::Stream
   bool is_readable() const override {
     return off_ < buf_.size() || WaitFor(fd_, POLLIN, ReadUntil()) > 0;
   }
-  bool is_writable() const override {
-    return WaitFor(fd_, POLLOUT, SteadyClock::now() + write_timeout_) > 0;
-  }
+  bool is_writable() const override { return WaitFor(fd_, POLLOUT, WriteUntil()) > 0; }
   ssize_t read(char* ptr, size_t size) override {
     if (off_ == buf_.size() && size >= kRecvChunk) {
       if (!WaitReadable()) return -1;
@@ -158,13 +168,27 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     consumed_ += n;
     return static_cast<ssize_t>(n);
   }
+  // Writes what the socket takes now, within the write timeout and the answer's
+  // deadline: never blocked in send() (the socket's SO_SNDTIMEO would let one
+  // call wait past the deadline), so a client that reads slowly is given up on
+  // time, not only one that does not read at all.
   ssize_t write(const char* ptr, size_t size) override {
-    if (!is_writable()) return -1;
-    ssize_t n;
-    do {
-      n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    return n;
+    // The answer's first byte starts its deadline; an interim 1xx answer
+    // (100 Continue, before the body is read) does not.
+    static constexpr std::string_view kInterim = "HTTP/1.1 1";
+    if (write_deadline_ == TimePoint::max() &&
+        std::string_view(ptr, std::min(size, kInterim.size())) != kInterim) {
+      write_deadline_ = SteadyClock::now() + response_timeout_;
+    }
+    for (;;) {
+      if (WaitFor(fd_, POLLOUT, WriteUntil()) <= 0) {
+        write_timed_out_ = true;
+        return -1;
+      }
+      const ssize_t n = ::send(fd_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      return n;
+    }
   }
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     sockaddr_storage addr{};
@@ -186,6 +210,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     scan_ = 0;
     deadline_ = TimePoint::max();
     timed_out_ = false;
+    write_deadline_ = TimePoint::max();
     consumed_ = 0;
     head_bytes_ = 0;
     return !buf_.empty();
@@ -219,10 +244,16 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
 
   void set_deadline(TimePoint deadline) { deadline_ = deadline; }
   bool timed_out() const { return timed_out_; }
+  // A write missed the write timeout or the answer's deadline: the connection
+  // cannot carry another answer.
+  bool write_timed_out() const { return write_timed_out_; }
 
  private:
   TimePoint ReadUntil() const {
     return std::min(SteadyClock::now() + read_timeout_, deadline_);
+  }
+  TimePoint WriteUntil() const {
+    return std::min(SteadyClock::now() + write_timeout_, write_deadline_);
   }
   bool WaitReadable() {
     if (WaitFor(fd_, POLLIN, ReadUntil()) > 0) return true;
@@ -272,6 +303,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
 
   const int fd_;
   const std::chrono::microseconds read_timeout_, write_timeout_;
+  const std::chrono::milliseconds response_timeout_;
   std::string buf_;
   size_t off_ = 0;   // the next byte cpp-httplib reads
   size_t scan_ = 0;  // where HeadBuffered goes on
@@ -280,6 +312,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   size_t consumed_ = 0;    // bytes of the request handed to cpp-httplib
   TimePoint deadline_ = TimePoint::max();
   bool timed_out_ = false;
+  TimePoint write_deadline_ = TimePoint::max();  // the answer's, from its first byte
+  bool write_timed_out_ = false;                 // for good: the connection ends
 };
 
 HttpServer::HttpServer() {
@@ -302,7 +336,7 @@ void HttpServer::Configure(const HttpServerOptions& o) {
   deadlines_ = o.deadlines;
   new_task_queue = [n = o.threads, m = o.max_connections] { return new ConnectionPool(n, m); };
   set_payload_max_length(o.max_body_bytes);
-  // Per read or write; the whole head and body have their deadlines.
+  // Per read or write; the whole head, body and answer have their deadlines.
   set_read_timeout(std::chrono::seconds(10));
   set_write_timeout(std::chrono::seconds(10));
   // How long an idle connection (before its first request, or between two)
@@ -316,6 +350,7 @@ const char* HttpServer::TimeoutPart(Limit limit) {
   switch (limit) {
     case Limit::kHeadTimeout: return "head";
     case Limit::kBodyTimeout: return "body";
+    case Limit::kResponseTimeout: return "response";
     default: return "";
   }
 }
@@ -342,6 +377,9 @@ void HttpServer::Refuse(Limit limit, httplib::Response& res) const {
       detail = "the request head is larger than " + std::to_string(deadlines_.max_head_bytes) +
                " bytes";
       break;
+    case Limit::kResponseTimeout:
+      if (limit_handler_) limit_handler_(limit, nullptr);
+      return;
   }
   res.set_content(std::string("{\"type\":\"about:blank\",\"title\":\"") + Reason(res.status) +
                       "\",\"status\":" + std::to_string(res.status) + ",\"detail\":\"" + detail +
@@ -359,9 +397,11 @@ bool HttpServer::BodyTimedOut(const httplib::Request& req) const {
 bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(
       sock, std::chrono::seconds(read_timeout_sec_) + std::chrono::microseconds(read_timeout_usec_),
-      std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_));
+      std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_),
+      deadlines_.response_timeout);
   bool ret = false;
   bool linger = false;
+  bool abort = false;
   for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
     // Idle: the first byte of the next request, for at most the keep-alive timeout.
     // Both this wait and the head's end when the server stops: no request has
@@ -389,6 +429,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
         const ssize_t n = strm.write(out.data() + at, out.size() - at);
         if (n <= 0) break;
         at += static_cast<size_t>(n);
+      }
+      if (strm.write_timed_out()) {
+        Refuse(Limit::kResponseTimeout, res);
+        abort = true;
       }
       linger = true;
       break;
@@ -430,6 +474,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                               req.headers.emplace("Connection", "close");
                             }
                           });
+    if (strm.write_timed_out()) {
+      // The client did not take its answer in time: given up, and nothing more
+      // is written to it.
+      httplib::Response unused;
+      Refuse(Limit::kResponseTimeout, unused);
+      abort = true;
+      break;
+    }
     if (strm.timed_out()) {
       linger = true;
       break;
@@ -452,7 +504,9 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     }
     if (!ret || connection_closed) break;
   }
-  if (linger) {
+  if (abort) {
+    AbortiveClose(sock);
+  } else if (linger) {
     LingeringClose(sock);
   } else {
     ::shutdown(sock, SHUT_RDWR);

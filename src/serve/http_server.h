@@ -18,10 +18,16 @@
 //     whose reads end at `body_timeout` after the head (each one also within the
 //     read timeout, as before). A body that misses it is answered 408 by the
 //     error handler HttpServer installs (not cpp-httplib's 400), and the
-//     connection closed.
+//     connection closed;
+//   * writes the answer on the same stream: each write within the write timeout
+//     (10 s without progress, as cpp-httplib's), the whole answer within
+//     `response_timeout` of its first byte. A client that does not read its
+//     answers (pipelined requests, a large answer) is given up at the first of
+//     them, without an answer, and its connection reset.
 // So each connection holds its thread for at most keep-alive timeout + head
-// deadline + body deadline + the handler's time per request. What is left to a
-// client that keeps opening slow connections is said in docs/SERVE.md.
+// deadline + body deadline + the handler's time + response deadline per request.
+// What is left to a client that keeps opening slow connections is said in
+// docs/SERVE.md.
 //
 // serve and the worker's metrics listener (metrics_http.h) both configure theirs
 // with Configure(): the same deadlines, timeouts, threads and answers.
@@ -46,6 +52,9 @@ struct RequestDeadlines {
   std::chrono::milliseconds header_timeout{10'000};
   // The whole body, counted from the end of the head. Default: 30 s.
   std::chrono::milliseconds body_timeout{30'000};
+  // The whole answer, counted from its first byte written (an interim
+  // 100 Continue aside) until its last is handed to the kernel. Default: 30 s.
+  std::chrono::milliseconds response_timeout{30'000};
   // A head larger than this as sent is refused before it is parsed (431; 414
   // when its request line alone is longer than cpp-httplib's 8 KiB), so that
   // no client grows one without bound within the deadline. Default: 80 KiB.
@@ -70,12 +79,14 @@ class HttpServer : public httplib::Server {
     kUriTooLong,       // 414: a request line over 8 KiB (refused before parsing)
     kHeadTooLarge,     // 431: a head over max_head_bytes (refused before parsing)
     kBodyTimeout,      // 408: the body missed its deadline (the request was parsed)
+    kResponseTimeout,  // the answer was not written in time: given up, no answer
   };
-  // "head" or "body" for the timeouts; "" for the others.
+  // "head", "body" or "response" for the timeouts; "" for the others.
   static const char* TimeoutPart(Limit limit);
-  // Told of each Limit on the connection's thread: `res` is the answer about to
-  // be sent, its status and a default application/problem+json body set, which
-  // the handler may replace; the connection is closed after it.
+  // Told of each Limit on the connection's thread. For every one but
+  // kResponseTimeout, `res` is the answer about to be sent, its status and a
+  // default application/problem+json body set, which the handler may replace;
+  // the connection is closed after it. For kResponseTimeout, `res` is null.
   using LimitHandler = std::function<void(Limit limit, httplib::Response* res)>;
 
   HttpServer();

@@ -11,7 +11,7 @@
 namespace dedup::serve {
 
 struct MetricsEndpoint::Impl {
-  // With serve's deadlines for a request's head and body (http_server.h).
+  // With serve's deadlines for a request's head, body and answer (http_server.h).
   HttpServer http;
   std::thread thread;
 };

@@ -240,6 +240,10 @@ Status ValidateServeOptions(const ServeOptions& o) {
     return Status::InvalidArgument("--body-timeout must be > 0 and at most 10 years, got " +
                                    std::to_string(o.body_timeout.count()) + "ms");
   }
+  if (o.response_timeout <= Millis(0) || o.response_timeout > kMaxDuration) {
+    return Status::InvalidArgument("--response-timeout must be > 0 and at most 10 years, got " +
+                                   std::to_string(o.response_timeout.count()) + "ms");
+  }
   if (o.key_prefix.size() >= kMaxKeyBytes) {
     return Status::InvalidArgument("--key-prefix is longer than a key may be");
   }
@@ -346,6 +350,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
   HttpServerOptions http;
   http.deadlines.header_timeout = s.o.header_timeout;
   http.deadlines.body_timeout = s.o.body_timeout;
+  http.deadlines.response_timeout = s.o.response_timeout;
   http.deadlines.max_head_bytes = s.o.max_header_bytes + 16 * 1024;
   http.threads = static_cast<size_t>(s.o.threads);
   http.max_connections = static_cast<size_t>(max_connections);
@@ -454,10 +459,13 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
       s.registry
           .GetCounter("dedup_serve_request_timeouts_total",
                       "Requests whose head or body did not arrive within --header-timeout or "
-                      "--body-timeout (answered 408, connection closed), by part.",
+                      "--body-timeout (answered 408, connection closed), or whose answer was "
+                      "not taken within the write timeout or --response-timeout (connection "
+                      "reset), by part.",
                       {{"part", part}})
           ->Inc();
     }
+    if (res == nullptr) return;  // kResponseTimeout: no answer
     if (limit == Limit::kHeadTimeout) {
       s.SendProblem(*res, 408, "Request Timeout",
                     "the request head did not arrive within --header-timeout (" +

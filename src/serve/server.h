@@ -76,6 +76,12 @@ struct ServeOptions {
   // timeout, 10 s, no longer ends it). Defaults: 10 s, 30 s.
   Millis header_timeout{10'000};
   Millis body_timeout{30'000};
+  // A whole answer must be written within response_timeout of its first byte
+  // (each write, also within the write timeout, 10 s without progress); else it
+  // is given up and its connection reset. They bound how long a client that
+  // does not read its answers, or reads a large one slowly, holds a thread.
+  // Default: 30 s.
+  Millis response_timeout{30'000};
   // The store URI's password, replaced by "***" in anything sent or logged, in
   // case a store's message ever carries it. Empty = none.
   std::string secret_to_redact;
