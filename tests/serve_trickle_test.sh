@@ -167,17 +167,31 @@ check "... and as answers: the body's under its route, the head's and the 431 as
 # is answered; the connection idle after it is closed after the keep-alive
 # timeout (5 s).
 python3 - $short_port >"$tmp/ka-deadline.out" 2>&1 <<'PY'
-import socket, sys, time
+import re, socket, sys, time
 port = int(sys.argv[1])
 s = socket.create_connection(("127.0.0.1", port))
 req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def answer():
+    """The status line of one whole answer (head and its Content-Length body)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += s.recv(4096)
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    while len(body) < length:
+        body += s.recv(4096)
+    return head.split(b"\r\n")[0].decode()
+
+
 s.sendall(req)
-print("first", s.recv(4096).split(b"\r\n")[0].decode(), flush=True)
+print("first", answer(), flush=True)
 time.sleep(1.5)
 s.sendall(req[:20])
 time.sleep(0.5)
 s.sendall(req[20:])
-print("second", s.recv(4096).split(b"\r\n")[0].decode(), flush=True)
+print("second", answer(), flush=True)
 t0 = time.monotonic()
 s.settimeout(15)
 try:
