@@ -99,9 +99,11 @@ check "the idle connections were closed after 4-8 s ($(grep idle "$tmp/slow.out"
 # ---- ... and the threads stay bounded: --threads 1 --max-connections 2 against
 # three trickling connections. The third waits (so does a request behind it) and
 # no third thread is started; once they are gone, requests are answered again.
+# (Both threads may wait for a head here, --max-waiting-connections 2: by default
+# only one may, and the others would be shed: tests/serve_reconnect_test.sh.)
 serve_stop "$slow_serve_pid"
 serve_start $slow_port "$tmp/cap-serve.log" "$dedup" serve --store memory: \
-  --listen 127.0.0.1:$slow_port --threads 1 --max-connections 2
+  --listen 127.0.0.1:$slow_port --threads 1 --max-connections 2 --max-waiting-connections 2
 cap_pid=$SERVE_LAST_PID
 threads() { awk '/^Threads:/ { print $2 }' "/proc/$cap_pid/status"; }
 before=$(threads)

@@ -43,8 +43,11 @@ answered() {
   echo "$code $((($(date +%s%N) - t0) / 1000000))" >"$3"
 }
 
+# Both threads may wait for a head (--max-waiting-connections 2; by default only
+# one may, and the second trickler would be shed at once, 503): the head's
+# deadline is what this tests.
 serve_start $head_port "$tmp/head-serve.log" "$dedup" serve --store memory: \
-  --listen 127.0.0.1:$head_port --threads 1 --max-connections 2
+  --listen 127.0.0.1:$head_port --threads 1 --max-connections 2 --max-waiting-connections 2
 serve_start $body_port "$tmp/body-serve.log" "$dedup" serve --store memory: \
   --listen 127.0.0.1:$body_port --threads 1 --max-connections 2
 

@@ -169,6 +169,11 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
                   "Connections answered at once (a thread each; 0: 256, or --threads when "
                   "more); more wait their turn")
       ->capture_default_str();
+  app->add_option("--max-waiting-connections", f->o.max_waiting_connections,
+                  "Connections that may hold a thread while waiting for a request head; when "
+                  "that many wait, a new one must bring its head at once, else 503 (0: 3/4 "
+                  "of --max-connections)")
+      ->capture_default_str();
   AddDurationOption(*app, "--header-timeout", &f->o.header_timeout,
                     "A request's whole head must arrive within this, else 408 and close",
                     DurationBound::kPositive);

@@ -44,6 +44,29 @@ int WaitFor(int fd, short events, TimePoint until) {
   }
 }
 
+// One of at most `max` connections waiting for a request head, while held.
+class WaitingSlot {
+ public:
+  WaitingSlot(std::atomic<size_t>& waiting, size_t max) : waiting_(waiting) {
+    size_t n = waiting_.load();
+    while (n < max && !waiting_.compare_exchange_weak(n, n + 1)) {
+    }
+    held_ = n < max;
+  }
+  ~WaitingSlot() { Release(); }
+  WaitingSlot(const WaitingSlot&) = delete;
+  WaitingSlot& operator=(const WaitingSlot&) = delete;
+  bool held() const { return held_; }
+  void Release() {
+    if (held_) waiting_.fetch_sub(1);
+    held_ = false;
+  }
+
+ private:
+  std::atomic<size_t>& waiting_;
+  bool held_ = false;
+};
+
 // As WaitFor, but also ends (0) soon after `listener` is closed (the server's
 // stop()): for waits where no request has begun yet, so that stopping the server
 // is not held by idle connections or heads still arriving.
@@ -82,6 +105,7 @@ const char* Reason(int status) {
     case 408: return "Request Timeout";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
     default: return "Error";
   }
 }
@@ -226,9 +250,15 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
         return Head::kRead;
       }
       if (buf_.size() - off_ >= max_bytes) return Head::kTooLarge;
-      const int r = WaitUnlessStopped(fd_, deadline, listener);
+      int r = WaitUnlessStopped(fd_, deadline, listener);
       if (r == 0 && listener == INVALID_SOCKET) return Head::kClosed;  // stopping
-      if (r == 0) return Head::kTimedOut;
+      if (r == 0) {
+        // Past the deadline, what has arrived still counts (a head that came
+        // while its connection waited for a thread); within max_bytes.
+        pollfd p{fd_, POLLIN, 0};
+        r = ::poll(&p, 1, 0);
+        if (r == 0) return Head::kTimedOut;
+      }
       if (r < 0 || Fill() <= 0) return Head::kClosed;
     }
   }
@@ -334,6 +364,10 @@ HttpServer::HttpServer() {
 
 void HttpServer::Configure(const HttpServerOptions& o) {
   deadlines_ = o.deadlines;
+  max_waiting_ = o.max_waiting != 0
+                     ? o.max_waiting
+                     : std::max<size_t>(1, o.max_connections -
+                                               std::max<size_t>(1, o.max_connections / 4));
   new_task_queue = [n = o.threads, m = o.max_connections] { return new ConnectionPool(n, m); };
   set_payload_max_length(o.max_body_bytes);
   // Per read or write; the whole head, body and answer have their deadlines.
@@ -377,7 +411,15 @@ void HttpServer::Refuse(Limit limit, httplib::Response& res) const {
       detail = "the request head is larger than " + std::to_string(deadlines_.max_head_bytes) +
                " bytes";
       break;
+    case Limit::kWaitingFull:
+      res.status = 503;
+      res.set_header("Retry-After", "1");
+      detail = std::to_string(max_waiting_) +
+               " connections are already waiting for their request heads, and this one's "
+               "did not come with it";
+      break;
     case Limit::kResponseTimeout:
+    case Limit::kWaitingFullIdle:
       if (limit_handler_) limit_handler_(limit, nullptr);
       return;
   }
@@ -402,20 +444,46 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   bool ret = false;
   bool linger = false;
   bool abort = false;
-  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
-    // Idle: the first byte of the next request, for at most the keep-alive timeout.
-    // Both this wait and the head's end when the server stops: no request has
-    // begun, nothing is lost.
-    if (!strm.NextRequest() &&
-        WaitUnlessStopped(sock, After(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) {
+  bool first = true;
+  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET;
+       --left, first = false) {
+    const bool buffered = strm.NextRequest();
+    // Waiting for a head: one of at most max_waiting_ connections, or else only
+    // for a moment.
+    WaitingSlot slot(waiting_, max_waiting_);
+    TimePoint head_deadline;
+    if (slot.held()) {
+      // Idle: the first byte of the next request, for at most the keep-alive
+      // timeout. Both this wait and the head's end when the server stops: no
+      // request has begun, nothing is lost.
+      if (!buffered &&
+          WaitUnlessStopped(sock, After(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) {
+        break;
+      }
+      head_deadline = SteadyClock::now() + deadlines_.header_timeout;
+    } else if (!first && !buffered) {
+      // Kept alive, and enough connections wait: this one is closed rather than
+      // left to wait for its next request (the client opens another).
+      httplib::Response unused;
+      Refuse(Limit::kWaitingFullIdle, unused);
       break;
+    } else {
+      // Within the grace of its accept: a connection that waited in the queue
+      // longer has its head there already, or is shed at once.
+      const TimePoint now = SteadyClock::now();
+      const TimePoint accepted =
+          first && ConnectionPool::QueuedAt() != TimePoint::min() ? ConnectionPool::QueuedAt() : now;
+      head_deadline = std::min(accepted + kWaitingFullGrace, now + deadlines_.header_timeout);
     }
-    const ConnectionStream::Head head = strm.ReadHead(
-        SteadyClock::now() + deadlines_.header_timeout, deadlines_.max_head_bytes, svr_sock_);
+    const ConnectionStream::Head head =
+        strm.ReadHead(head_deadline, deadlines_.max_head_bytes, svr_sock_);
+    const bool shed = !slot.held() && head == ConnectionStream::Head::kTimedOut;
+    slot.Release();
     if (head == ConnectionStream::Head::kClosed) break;
     if (head != ConnectionStream::Head::kRead) {
       httplib::Response res;
-      Refuse(head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
+      Refuse(shed ? Limit::kWaitingFull
+             : head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
              : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? Limit::kUriTooLong
                                                                            : Limit::kHeadTooLarge,
              res);
@@ -434,7 +502,9 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
         Refuse(Limit::kResponseTimeout, res);
         abort = true;
       }
-      linger = true;
+      // A connection shed is closed at once: reading what it still sends for
+      // a second would hold the thread it was shed to free.
+      linger = !shed;
       break;
     }
     strm.set_deadline(SteadyClock::now() + deadlines_.body_timeout);

@@ -26,8 +26,17 @@
 //     them, without an answer, and its connection reset.
 // So each connection holds its thread for at most keep-alive timeout + head
 // deadline + body deadline + the handler's time + response deadline per request.
-// What is left to a client that keeps opening slow connections is said in
-// docs/SERVE.md.
+//
+// And at most `max_waiting` connections at once hold a thread while they wait
+// for a request head (idle, or a head still arriving), so that connections that
+// send nothing, or a head that never ends, cannot take every thread however
+// often they come back: when that many wait, a new connection must bring its
+// whole head at once (within kWaitingFullGrace), else it is answered 503 and
+// closed, and a kept-alive connection is closed after its answer instead of
+// waiting for the next. The moment counts from the connection's accept: one
+// that waited its turn in the queue (where a slow client's connections that
+// come back wait too) must have its head there already, so shedding those
+// costs a thread no wait. What is left is said in docs/SERVE.md.
 //
 // serve and the worker's metrics listener (metrics_http.h) both configure theirs
 // with Configure(): the same deadlines, timeouts, threads and answers.
@@ -37,6 +46,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -67,6 +77,11 @@ struct HttpServerOptions {
   // (ConnectionPool): 1 <= threads <= max_connections.
   size_t threads = 16;
   size_t max_connections = 256;
+  // Connections that may hold a thread while waiting for a request head, at
+  // most max_connections; 0: max_connections - max(1, max_connections / 4), at
+  // least 1 (so that, with more than one thread, some are always left to
+  // connections whose head has come).
+  size_t max_waiting = 0;
   // Larger request bodies are answered 413.
   size_t max_body_bytes = 2 * 1024 * 1024;
 };
@@ -80,13 +95,22 @@ class HttpServer : public httplib::Server {
     kHeadTooLarge,     // 431: a head over max_head_bytes (refused before parsing)
     kBodyTimeout,      // 408: the body missed its deadline (the request was parsed)
     kResponseTimeout,  // the answer was not written in time: given up, no answer
+    kWaitingFull,      // 503: max_waiting connections wait for a head, and this new
+                       // one's did not come at once
+    kWaitingFullIdle,  // a kept-alive connection closed after its answer, as
+                       // max_waiting connections wait for a head: no answer
   };
+  // A new connection that finds max_waiting connections waiting for a head
+  // must bring its whole head within this of its accept (or of its turn, when
+  // the head's deadline is shorter).
+  static constexpr std::chrono::milliseconds kWaitingFullGrace{100};
   // "head", "body" or "response" for the timeouts; "" for the others.
   static const char* TimeoutPart(Limit limit);
   // Told of each Limit on the connection's thread. For every one but
   // kResponseTimeout, `res` is the answer about to be sent, its status and a
   // default application/problem+json body set, which the handler may replace;
-  // the connection is closed after it. For kResponseTimeout, `res` is null.
+  // the connection is closed after it. For kResponseTimeout and
+  // kWaitingFullIdle, `res` is null.
   using LimitHandler = std::function<void(Limit limit, httplib::Response* res)>;
 
   HttpServer();
@@ -115,6 +139,9 @@ class HttpServer : public httplib::Server {
   void Refuse(Limit limit, httplib::Response& res) const;
 
   RequestDeadlines deadlines_;
+  size_t max_waiting_ = SIZE_MAX;
+  // Connections holding a thread while they wait for a request head.
+  std::atomic<size_t> waiting_{0};
   LimitHandler limit_handler_;
   Handler error_handler_;
   // The requests being answered (once cpp-httplib has parsed their head), and

@@ -232,6 +232,13 @@ Status ValidateServeOptions(const ServeOptions& o) {
                                    std::to_string(o.threads) + ") and at most 16384, got " +
                                    std::to_string(o.max_connections));
   }
+  const int max_connections =
+      o.max_connections != 0 ? o.max_connections : std::max(256, o.threads);
+  if (o.max_waiting_connections < 0 || o.max_waiting_connections > max_connections) {
+    return Status::InvalidArgument("--max-waiting-connections must be 1 to --max-connections (" +
+                                   std::to_string(max_connections) + "), or 0 for the default, got " +
+                                   std::to_string(o.max_waiting_connections));
+  }
   if (o.header_timeout <= Millis(0) || o.header_timeout > kMaxDuration) {
     return Status::InvalidArgument("--header-timeout must be > 0 and at most 10 years, got " +
                                    std::to_string(o.header_timeout.count()) + "ms");
@@ -354,6 +361,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
   http.deadlines.max_head_bytes = s.o.max_header_bytes + 16 * 1024;
   http.threads = static_cast<size_t>(s.o.threads);
   http.max_connections = static_cast<size_t>(max_connections);
+  http.max_waiting = static_cast<size_t>(s.o.max_waiting_connections);
   http.max_body_bytes = s.o.max_body_bytes;
   s.http.Configure(http);
 
@@ -465,7 +473,16 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
                       {{"part", part}})
           ->Inc();
     }
-    if (res == nullptr) return;  // kResponseTimeout: no answer
+    if (limit == Limit::kWaitingFull || limit == Limit::kWaitingFullIdle) {
+      s.registry
+          .GetCounter("dedup_serve_shed_connections_total",
+                      "Connections closed at once because --max-waiting-connections "
+                      "connections were waiting for a request head: new ones whose head did "
+                      "not come at once (answered 503), kept-alive ones after their answer.",
+                      {{"state", limit == Limit::kWaitingFull ? "new" : "idle"}})
+          ->Inc();
+    }
+    if (res == nullptr) return;  // kResponseTimeout, kWaitingFullIdle: no answer
     if (limit == Limit::kHeadTimeout) {
       s.SendProblem(*res, 408, "Request Timeout",
                     "the request head did not arrive within --header-timeout (" +

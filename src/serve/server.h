@@ -69,6 +69,13 @@ struct ServeOptions {
   // beyond, connections wait their turn. At least `threads`; 0 = 256, or
   // `threads` when more.
   int max_connections = 0;
+  // Connections that may hold a thread while they wait for a request head
+  // (idle, or a head still arriving). When that many wait, a new connection
+  // whose whole head does not come at once (100 ms) is answered 503 and closed,
+  // and a kept-alive connection is closed after its answer: connections that
+  // come back slow cannot take every thread. 1 to max_connections; 0 =
+  // max_connections - max(1, max_connections / 4), at least 1.
+  int max_waiting_connections = 0;
   // A request's whole head must arrive within header_timeout (counted from when
   // serve starts reading it) and its whole body within body_timeout after the
   // head; else it is answered 408 and its connection closed. They bound how long
