@@ -205,7 +205,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       write_deadline_ = SteadyClock::now() + response_timeout_;
     }
     for (;;) {
-      if (WaitFor(fd_, POLLOUT, WriteUntil()) <= 0) {
+      // Past the deadline nothing more is written, writable or not.
+      if (SteadyClock::now() >= write_deadline_ || WaitFor(fd_, POLLOUT, WriteUntil()) <= 0) {
         write_timed_out_ = true;
         return -1;
       }
@@ -471,8 +472,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       // Within the grace of its accept: a connection that waited in the queue
       // longer has its head there already, or is shed at once.
       const TimePoint now = SteadyClock::now();
-      const TimePoint accepted =
-          first && ConnectionPool::QueuedAt() != TimePoint::min() ? ConnectionPool::QueuedAt() : now;
+      const TimePoint queued = ConnectionPool::QueuedAt();
+      const TimePoint accepted = first && queued != TimePoint::min() ? queued : now;
       head_deadline = std::min(accepted + kWaitingFullGrace, now + deadlines_.header_timeout);
     }
     const ConnectionStream::Head head =

@@ -235,9 +235,10 @@ Status ValidateServeOptions(const ServeOptions& o) {
   const int max_connections =
       o.max_connections != 0 ? o.max_connections : std::max(256, o.threads);
   if (o.max_waiting_connections < 0 || o.max_waiting_connections > max_connections) {
-    return Status::InvalidArgument("--max-waiting-connections must be 1 to --max-connections (" +
-                                   std::to_string(max_connections) + "), or 0 for the default, got " +
-                                   std::to_string(o.max_waiting_connections));
+    return Status::InvalidArgument(
+        "--max-waiting-connections must be 1 to --max-connections (" +
+        std::to_string(max_connections) + "), or 0 for the default, got " +
+        std::to_string(o.max_waiting_connections));
   }
   if (o.header_timeout <= Millis(0) || o.header_timeout > kMaxDuration) {
     return Status::InvalidArgument("--header-timeout must be > 0 and at most 10 years, got " +
