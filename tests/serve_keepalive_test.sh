@@ -49,15 +49,19 @@ check "the JSON POST after it carries its own only (got: $(ctype "$tmp/third"))"
 
 # ---- when routing began: a routed request, then one whose head cpp-httplib
 # refuses itself (a target over 8 KiB: 414, never routed), on one connection to
-# the API's one thread. Both count as route "page" (no path was read for the
-# second); only the routed one has a duration.
+# the API's one thread. The second counts as route "other", as every request
+# refused before its path was read (docs/SERVE.md, "Metrics"), not as the page;
+# only the routed one has a duration.
 api="http://127.0.0.1:$api_port"
 long=$(head -c 9000 /dev/zero | tr '\0' a)
 curl -s -o /dev/null -w '%{http_code} %{num_connects}\n' "$api/" \
   --next -s -o /dev/null -w '%{http_code} %{num_connects}\n' "$api/?$long" >"$tmp/codes"
 check "a page, then a 414 on the same connection (got: $(tr '\n' ' ' <"$tmp/codes"))" \
   [ "$(tr '\n' ' ' <"$tmp/codes")" = "200 1 414 0 " ]
-check "both are counted" eval '[ "$(metric "dedup_serve_requests_total{route=\"page\",code=\"414\"}" $api_port)" = 1 ]'
+check "both are counted, the 414 as route other" eval \
+  '[ "$(metric "dedup_serve_requests_total{route=\"page\",code=\"200\"}" $api_port)" = 1 ] &&
+   [ "$(metric "dedup_serve_requests_total{route=\"other\",code=\"414\"}" $api_port)" = 1 ] &&
+   [ "$(metric "dedup_serve_requests_total{route=\"page\",code=\"414\"}" $api_port)" = 0 ]'
 check "only the routed one has a duration (the 414 did not inherit its start)" \
   eval '[ "$(metric "dedup_serve_request_duration_seconds_count{route=\"page\"}" $api_port)" = 1 ]'
 
@@ -95,9 +99,11 @@ check "the idle connections were closed after 4-8 s ($(grep idle "$tmp/slow.out"
 # ---- ... and the threads stay bounded: --threads 1 --max-connections 2 against
 # three trickling connections. The third waits (so does a request behind it) and
 # no third thread is started; once they are gone, requests are answered again.
+# (Both threads may wait for a head here, --max-waiting-connections 2: by default
+# only one may, and the others would be shed: tests/serve_reconnect_test.sh.)
 serve_stop "$slow_serve_pid"
 serve_start $slow_port "$tmp/cap-serve.log" "$dedup" serve --store memory: \
-  --listen 127.0.0.1:$slow_port --threads 1 --max-connections 2
+  --listen 127.0.0.1:$slow_port --threads 1 --max-connections 2 --max-waiting-connections 2
 cap_pid=$SERVE_LAST_PID
 threads() { awk '/^Threads:/ { print $2 }' "/proc/$cap_pid/status"; }
 before=$(threads)

@@ -8,7 +8,9 @@ second (each byte within serve's read timeout):
   head  the request head never ends: "GET /healthz HTTP/1.1", a Host line and
         then a header value one byte at a time;
   body  the whole head of a claim (Content-Length: 4096) at once, then its body
-        one byte at a time.
+        one byte at a time;
+  metrics-body  the same with a POST to /metrics of 100 bytes (within the
+        worker's metrics listener's 1 KiB bound on a body).
 Prints "open" once every connection is open, then, for each connection, one line
 "N STATUS AFTER CLOSED": the status code of the server's answer (or "none"), the
 seconds from the connection's first byte to that answer (or to the end), and
@@ -24,8 +26,10 @@ if mode == "head":
 elif mode == "body":
     first = (b"POST /v1/keys/trickle/claim HTTP/1.1\r\nHost: 127.0.0.1\r\n"
              b"Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n")
+elif mode == "metrics-body":
+    first = b"POST /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
 else:
-    sys.exit("mode must be head or body")
+    sys.exit("mode must be head, body or metrics-body")
 
 
 class Conn:

@@ -43,8 +43,11 @@ answered() {
   echo "$code $((($(date +%s%N) - t0) / 1000000))" >"$3"
 }
 
+# Both threads may wait for a head (--max-waiting-connections 2; by default only
+# one may, and the second trickler would be shed at once, 503): the head's
+# deadline is what this tests.
 serve_start $head_port "$tmp/head-serve.log" "$dedup" serve --store memory: \
-  --listen 127.0.0.1:$head_port --threads 1 --max-connections 2
+  --listen 127.0.0.1:$head_port --threads 1 --max-connections 2 --max-waiting-connections 2
 serve_start $body_port "$tmp/body-serve.log" "$dedup" serve --store memory: \
   --listen 127.0.0.1:$body_port --threads 1 --max-connections 2
 
@@ -161,6 +164,49 @@ check "... and as answers: the body's under its route, the head's and the 431 as
   '[ "$(metric $short_port "dedup_serve_requests_total{route=\"claim\",code=\"408\"}")" = 1 ] &&
    [ "$(metric $short_port "dedup_serve_requests_total{route=\"other\",code=\"408\"}")" = 1 ] &&
    [ "$(metric $short_port "dedup_serve_requests_total{route=\"other\",code=\"431\"}")" = 1 ]'
+# On a keep-alive connection, each head's deadline counts from that head's first
+# byte: a second request begun 1.5 s after the first answer (past the 1 s header
+# timeout counted from the connection's start) and sent in two parts 0.5 s apart
+# is answered; the connection idle after it is closed after the keep-alive
+# timeout (5 s).
+python3 - $short_port >"$tmp/ka-deadline.out" 2>&1 <<'PY'
+import re, socket, sys, time
+port = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", port))
+req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def answer():
+    """The status line of one whole answer (head and its Content-Length body)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += s.recv(4096)
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+    while len(body) < length:
+        body += s.recv(4096)
+    return head.split(b"\r\n")[0].decode()
+
+
+s.sendall(req)
+print("first", answer(), flush=True)
+time.sleep(1.5)
+s.sendall(req[:20])
+time.sleep(0.5)
+s.sendall(req[20:])
+print("second", answer(), flush=True)
+t0 = time.monotonic()
+s.settimeout(15)
+try:
+    end = s.recv(4096)
+except OSError:
+    end = b"error"
+print("idle_closed_after %.1f %s" % (time.monotonic() - t0, "eof" if end == b"" else end[:20]))
+PY
+check "keep-alive: a second head's deadline counts from its first byte ($(tr '\n' ' ' <"$tmp/ka-deadline.out"))" \
+  eval 'grep -qx "first HTTP/1.1 200 OK" "$tmp/ka-deadline.out" && grep -qx "second HTTP/1.1 200 OK" "$tmp/ka-deadline.out"'
+check "keep-alive: the connection idle after it is closed after 4-7 s" \
+  awk '$1 == "idle_closed_after" { ok = $2 >= 4 && $2 <= 7 && $3 == "eof" } END { exit !ok }' "$tmp/ka-deadline.out"
 # Keep-alive is kept: three requests on one connection, the second a POST.
 curl -s -o /dev/null -w '%{http_code} %{num_connects}\n' "http://127.0.0.1:$short_port/healthz" \
   --next -s -o /dev/null -w '%{http_code} %{num_connects}\n' -X POST \

@@ -37,6 +37,39 @@ check "dedup_build_info" grep -q '^dedup_build_info{version="[^"]*"} 1$' "$tmp/m
 check "HELP and TYPE lines" grep -q '^# TYPE dedup_worker_acked_total counter$' "$tmp/m"
 check "no message key in /metrics" bash -c "! grep -q 'm-' '$tmp/m'"
 check "anything else is 404" [ "$(curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:8083/)" = 404 ]
+# The listener is serve's HTTP server, with serve's deadlines and answers
+# (docs/SERVE.md, "Slow clients"): a head trickled is answered 408 after 10 s, a
+# body trickled 408 after 30 s (not cpp-httplib's 400), both closed; a head too
+# large 431 at once. The two trickles at once: ~30 s.
+trickle() {
+  setpriv --pdeathsig KILL -- python3 "$root/tests/serve_trickle_clients.py" 8083 "$1" 1 "$2" \
+    >"$tmp/$1.out" 2>&1 &
+}
+big=$(python3 - <<'PY'
+import socket, time
+s = socket.create_connection(("127.0.0.1", 8083))
+t0 = time.monotonic()
+s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+          + b"".join(b"X-Big-%d: %s\r\n" % (i, b"b" * 4000) for i in range(25)))
+out = b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    out += d
+print(out.split(b" ")[1].decode(), "%.1f" % (time.monotonic() - t0))
+PY
+)
+trickle head 20
+head_pid=$!
+trickle metrics-body 40
+body_pid=$!
+wait "$head_pid" "$body_pid" || true
+check "a head trickled to the worker's /metrics: 408 after 10-13 s, closed ($(grep -vx open "$tmp/head.out"))" \
+  awk '$1 == "0" { ok = $2 == "408" && $3 >= 10 && $3 <= 13 && $4 == "closed" } END { exit !ok }' "$tmp/head.out"
+check "a body trickled to the worker's /metrics: 408 after 30-33 s, closed ($(grep -vx open "$tmp/metrics-body.out"))" \
+  awk '$1 == "0" { ok = $2 == "408" && $3 >= 30 && $3 <= 33 && $4 == "closed" } END { exit !ok }' "$tmp/metrics-body.out"
+check "a head over the bound: 431 at once ($big)" eval '[[ "$big" =~ ^431\ 0\. ]]'
 if [ $FAILS -gt 0 ]; then
   cat "$tmp/m" "$tmp/worker.log" | tail -40
   exit 1

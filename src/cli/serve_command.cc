@@ -169,12 +169,21 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
                   "Connections answered at once (a thread each; 0: 256, or --threads when "
                   "more); more wait their turn")
       ->capture_default_str();
+  app->add_option("--max-waiting-connections", f->o.max_waiting_connections,
+                  "Connections that may hold a thread while waiting for a request head; when "
+                  "that many wait, a new one must bring its head at once, else 503 (0: 3/4 "
+                  "of --max-connections)")
+      ->capture_default_str();
   AddDurationOption(*app, "--header-timeout", &f->o.header_timeout,
                     "A request's whole head must arrive within this, else 408 and close",
                     DurationBound::kPositive);
   AddDurationOption(*app, "--body-timeout", &f->o.body_timeout,
                     "A request's whole body must arrive within this after its head, else 408 "
                     "and close",
+                    DurationBound::kPositive);
+  AddDurationOption(*app, "--response-timeout", &f->o.response_timeout,
+                    "A whole answer must be written within this of its first byte, else it is "
+                    "given up and the connection reset (a client that does not read)",
                     DurationBound::kPositive);
   app->add_flag("--quiet", f->quiet, "No line per request on stderr");
   app->callback([f, &ctx] { ctx.exit_code = RunServe(*f); });

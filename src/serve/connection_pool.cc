@@ -5,6 +5,14 @@
 #include <utility>
 
 namespace dedup::serve {
+namespace {
+
+thread_local std::chrono::steady_clock::time_point t_queued_at =
+    std::chrono::steady_clock::time_point::min();
+
+}  // namespace
+
+std::chrono::steady_clock::time_point ConnectionPool::QueuedAt() { return t_queued_at; }
 
 ConnectionPool::ConnectionPool(size_t threads, size_t max_threads) : max_threads_(max_threads) {
   std::lock_guard lock(mu_);
@@ -20,7 +28,7 @@ ConnectionPool::~ConnectionPool() { shutdown(); }
 void ConnectionPool::enqueue(std::function<void()> fn) {
   std::unique_lock lock(mu_);
   JoinDoneLocked(lock);
-  jobs_.push_back(std::move(fn));
+  jobs_.push_back({std::move(fn), std::chrono::steady_clock::now()});
   // Every thread is busy with a connection: one more thread, within the bound.
   if (jobs_.size() > idle_ && running_ < max_threads_ && !shutdown_) {
     Worker& w = workers_.emplace_back();
@@ -54,10 +62,12 @@ void ConnectionPool::Work(Worker* self, bool extra) {
     cv_.wait(lock, [this] { return shutdown_ || !jobs_.empty(); });
     --idle_;
     if (jobs_.empty()) break;  // shutdown
-    std::function<void()> fn = std::move(jobs_.front());
+    Job job = std::move(jobs_.front());
     jobs_.pop_front();
     lock.unlock();
-    fn();
+    t_queued_at = job.queued_at;
+    job.fn();
+    t_queued_at = std::chrono::steady_clock::time_point::min();
     lock.lock();
   }
   --running_;

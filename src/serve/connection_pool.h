@@ -20,6 +20,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -37,6 +38,9 @@ class ConnectionPool : public httplib::TaskQueue {
   ~ConnectionPool() override;
 
   void enqueue(std::function<void()> fn) override;
+  // On a pool's thread, while it runs a connection: when that connection was
+  // queued (accepted). Elsewhere: time_point::min().
+  static std::chrono::steady_clock::time_point QueuedAt();
   // Runs the connections already queued, then joins every thread.
   void shutdown() override;
 
@@ -51,7 +55,11 @@ class ConnectionPool : public httplib::TaskQueue {
   const size_t max_threads_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
+  struct Job {
+    std::function<void()> fn;
+    std::chrono::steady_clock::time_point queued_at;
+  };
+  std::deque<Job> jobs_;
   std::list<Worker> workers_;  // node-based: a Worker stays put
   size_t idle_ = 0;            // threads waiting for a job
   size_t running_ = 0;         // threads not yet returned from Work

@@ -19,6 +19,9 @@
 #include <string>
 #include <string_view>
 
+#include "core/duration.h"
+#include "serve/connection_pool.h"
+
 namespace dedup::serve {
 namespace {
 
@@ -40,6 +43,29 @@ int WaitFor(int fd, short events, TimePoint until) {
     return r;
   }
 }
+
+// One of at most `max` connections waiting for a request head, while held.
+class WaitingSlot {
+ public:
+  WaitingSlot(std::atomic<size_t>& waiting, size_t max) : waiting_(waiting) {
+    size_t n = waiting_.load();
+    while (n < max && !waiting_.compare_exchange_weak(n, n + 1)) {
+    }
+    held_ = n < max;
+  }
+  ~WaitingSlot() { Release(); }
+  WaitingSlot(const WaitingSlot&) = delete;
+  WaitingSlot& operator=(const WaitingSlot&) = delete;
+  bool held() const { return held_; }
+  void Release() {
+    if (held_) waiting_.fetch_sub(1);
+    held_ = false;
+  }
+
+ private:
+  std::atomic<size_t>& waiting_;
+  bool held_ = false;
+};
 
 // As WaitFor, but also ends (0) soon after `listener` is closed (the server's
 // stop()): for waits where no request has begun yet, so that stopping the server
@@ -79,8 +105,17 @@ const char* Reason(int status) {
     case 408: return "Request Timeout";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
     default: return "Error";
   }
+}
+
+// Ends a connection whose client does not read its answers: what is queued for
+// it is dropped (a reset), not kept by the kernel until the client reads.
+void AbortiveClose(int fd) {
+  const linger l{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+  ::close(fd);
 }
 
 // After an answer that ends the connection while the client may still be
@@ -127,16 +162,18 @@ std::optional<uint64_t> FramedBodyLength(const httplib::Request& req) {
 class HttpServer::ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int fd, std::chrono::microseconds read_timeout,
-                   std::chrono::microseconds write_timeout)
-      : fd_(fd), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+                   std::chrono::microseconds write_timeout,
+                   std::chrono::milliseconds response_timeout)
+      : fd_(fd),
+        read_timeout_(read_timeout),
+        write_timeout_(write_timeout),
+        response_timeout_(response_timeout) {}
 
   // ---- httplib::Stream
   bool is_readable() const override {
     return off_ < buf_.size() || WaitFor(fd_, POLLIN, ReadUntil()) > 0;
   }
-  bool is_writable() const override {
-    return WaitFor(fd_, POLLOUT, SteadyClock::now() + write_timeout_) > 0;
-  }
+  bool is_writable() const override { return WaitFor(fd_, POLLOUT, WriteUntil()) > 0; }
   ssize_t read(char* ptr, size_t size) override {
     if (off_ == buf_.size() && size >= kRecvChunk) {
       if (!WaitReadable()) return -1;
@@ -155,13 +192,28 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     consumed_ += n;
     return static_cast<ssize_t>(n);
   }
+  // Writes what the socket takes now, within the write timeout and the answer's
+  // deadline: never blocked in send() (the socket's SO_SNDTIMEO would let one
+  // call wait past the deadline), so a client that reads slowly is given up on
+  // time, not only one that does not read at all.
   ssize_t write(const char* ptr, size_t size) override {
-    if (!is_writable()) return -1;
-    ssize_t n;
-    do {
-      n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    return n;
+    // The answer's first byte starts its deadline; an interim 1xx answer
+    // (100 Continue, before the body is read) does not.
+    static constexpr std::string_view kInterim = "HTTP/1.1 1";
+    if (write_deadline_ == TimePoint::max() &&
+        std::string_view(ptr, std::min(size, kInterim.size())) != kInterim) {
+      write_deadline_ = SteadyClock::now() + response_timeout_;
+    }
+    for (;;) {
+      // Past the deadline nothing more is written, writable or not.
+      if (SteadyClock::now() >= write_deadline_ || WaitFor(fd_, POLLOUT, WriteUntil()) <= 0) {
+        write_timed_out_ = true;
+        return -1;
+      }
+      const ssize_t n = ::send(fd_, ptr, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      return n;
+    }
   }
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     sockaddr_storage addr{};
@@ -183,6 +235,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     scan_ = 0;
     deadline_ = TimePoint::max();
     timed_out_ = false;
+    write_deadline_ = TimePoint::max();
     consumed_ = 0;
     head_bytes_ = 0;
     return !buf_.empty();
@@ -198,9 +251,15 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
         return Head::kRead;
       }
       if (buf_.size() - off_ >= max_bytes) return Head::kTooLarge;
-      const int r = WaitUnlessStopped(fd_, deadline, listener);
+      int r = WaitUnlessStopped(fd_, deadline, listener);
       if (r == 0 && listener == INVALID_SOCKET) return Head::kClosed;  // stopping
-      if (r == 0) return Head::kTimedOut;
+      if (r == 0) {
+        // Past the deadline, what has arrived still counts (a head that came
+        // while its connection waited for a thread); within max_bytes.
+        pollfd p{fd_, POLLIN, 0};
+        r = ::poll(&p, 1, 0);
+        if (r == 0) return Head::kTimedOut;
+      }
       if (r < 0 || Fill() <= 0) return Head::kClosed;
     }
   }
@@ -216,10 +275,16 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
 
   void set_deadline(TimePoint deadline) { deadline_ = deadline; }
   bool timed_out() const { return timed_out_; }
+  // A write missed the write timeout or the answer's deadline: the connection
+  // cannot carry another answer.
+  bool write_timed_out() const { return write_timed_out_; }
 
  private:
   TimePoint ReadUntil() const {
     return std::min(SteadyClock::now() + read_timeout_, deadline_);
+  }
+  TimePoint WriteUntil() const {
+    return std::min(SteadyClock::now() + write_timeout_, write_deadline_);
   }
   bool WaitReadable() {
     if (WaitFor(fd_, POLLIN, ReadUntil()) > 0) return true;
@@ -269,6 +334,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
 
   const int fd_;
   const std::chrono::microseconds read_timeout_, write_timeout_;
+  const std::chrono::milliseconds response_timeout_;
   std::string buf_;
   size_t off_ = 0;   // the next byte cpp-httplib reads
   size_t scan_ = 0;  // where HeadBuffered goes on
@@ -277,7 +343,93 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   size_t consumed_ = 0;    // bytes of the request handed to cpp-httplib
   TimePoint deadline_ = TimePoint::max();
   bool timed_out_ = false;
+  TimePoint write_deadline_ = TimePoint::max();  // the answer's, from its first byte
+  bool write_timed_out_ = false;                 // for good: the connection ends
 };
+
+HttpServer::HttpServer() {
+  // cpp-httplib answers a body it could not read 400; the body's deadline is
+  // what passed: 408, and the connection is closed after the answer (the
+  // request is the server's own object, handed over as const).
+  httplib::Server::set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (BodyTimedOut(req)) {
+      auto& headers = const_cast<httplib::Headers&>(req.headers);
+      headers.erase("Connection");
+      headers.emplace("Connection", "close");
+      Refuse(Limit::kBodyTimeout, res);
+      return;
+    }
+    if (error_handler_) error_handler_(req, res);
+  });
+}
+
+void HttpServer::Configure(const HttpServerOptions& o) {
+  deadlines_ = o.deadlines;
+  max_waiting_ = o.max_waiting != 0
+                     ? o.max_waiting
+                     : std::max<size_t>(1, o.max_connections -
+                                               std::max<size_t>(1, o.max_connections / 4));
+  new_task_queue = [n = o.threads, m = o.max_connections] { return new ConnectionPool(n, m); };
+  set_payload_max_length(o.max_body_bytes);
+  // Per read or write; the whole head, body and answer have their deadlines.
+  set_read_timeout(std::chrono::seconds(10));
+  set_write_timeout(std::chrono::seconds(10));
+  // How long an idle connection (before its first request, or between two)
+  // holds its thread.
+  set_keep_alive_timeout(5);
+  set_keep_alive_max_count(1000);
+  set_tcp_nodelay(true);
+}
+
+const char* HttpServer::TimeoutPart(Limit limit) {
+  switch (limit) {
+    case Limit::kHeadTimeout: return "head";
+    case Limit::kBodyTimeout: return "body";
+    case Limit::kResponseTimeout: return "response";
+    default: return "";
+  }
+}
+
+void HttpServer::Refuse(Limit limit, httplib::Response& res) const {
+  std::string detail;
+  switch (limit) {
+    case Limit::kHeadTimeout:
+      res.status = 408;
+      detail = "the request head did not arrive within " +
+               internal::FormatDuration(deadlines_.header_timeout);
+      break;
+    case Limit::kBodyTimeout:
+      res.status = 408;
+      detail = "the request body did not arrive within " +
+               internal::FormatDuration(deadlines_.body_timeout) + " of its head";
+      break;
+    case Limit::kUriTooLong:
+      res.status = 414;
+      detail = "the request line is longer than 8 KiB";
+      break;
+    case Limit::kHeadTooLarge:
+      res.status = 431;
+      detail = "the request head is larger than " + std::to_string(deadlines_.max_head_bytes) +
+               " bytes";
+      break;
+    case Limit::kWaitingFull:
+      res.status = 503;
+      res.set_header("Retry-After", "1");
+      detail = std::to_string(max_waiting_) +
+               " connections are already waiting for their request heads, and this one's "
+               "did not come with it";
+      break;
+    case Limit::kResponseTimeout:
+    case Limit::kWaitingFullIdle:
+      if (limit_handler_) limit_handler_(limit, nullptr);
+      return;
+  }
+  res.set_content(std::string("{\"type\":\"about:blank\",\"title\":\"") + Reason(res.status) +
+                      "\",\"status\":" + std::to_string(res.status) + ",\"detail\":\"" + detail +
+                      "\"}",
+                  "application/problem+json");
+  if (limit_handler_) limit_handler_(limit, &res);
+}
 
 bool HttpServer::BodyTimedOut(const httplib::Request& req) const {
   std::lock_guard<std::mutex> lock(answering_mu_);
@@ -288,26 +440,54 @@ bool HttpServer::BodyTimedOut(const httplib::Request& req) const {
 bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(
       sock, std::chrono::seconds(read_timeout_sec_) + std::chrono::microseconds(read_timeout_usec_),
-      std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_));
+      std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_),
+      deadlines_.response_timeout);
   bool ret = false;
   bool linger = false;
-  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
-    // Idle: the first byte of the next request, for at most the keep-alive timeout.
-    // Both this wait and the head's end when the server stops: no request has
-    // begun, nothing is lost.
-    if (!strm.NextRequest() &&
-        WaitUnlessStopped(sock, After(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) {
+  bool abort = false;
+  bool first = true;
+  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET;
+       --left, first = false) {
+    const bool buffered = strm.NextRequest();
+    // Waiting for a head: one of at most max_waiting_ connections, or else only
+    // for a moment.
+    WaitingSlot slot(waiting_, max_waiting_);
+    TimePoint head_deadline;
+    if (slot.held()) {
+      // Idle: the first byte of the next request, for at most the keep-alive
+      // timeout. Both this wait and the head's end when the server stops: no
+      // request has begun, nothing is lost.
+      if (!buffered &&
+          WaitUnlessStopped(sock, After(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) {
+        break;
+      }
+      head_deadline = SteadyClock::now() + deadlines_.header_timeout;
+    } else if (!first && !buffered) {
+      // Kept alive, and enough connections wait: this one is closed rather than
+      // left to wait for its next request (the client opens another).
+      httplib::Response unused;
+      Refuse(Limit::kWaitingFullIdle, unused);
       break;
+    } else {
+      // Within the grace of its accept: a connection that waited in the queue
+      // longer has its head there already, or is shed at once.
+      const TimePoint now = SteadyClock::now();
+      const TimePoint queued = ConnectionPool::QueuedAt();
+      const TimePoint accepted = first && queued != TimePoint::min() ? queued : now;
+      head_deadline = std::min(accepted + kWaitingFullGrace, now + deadlines_.header_timeout);
     }
-    const ConnectionStream::Head head = strm.ReadHead(
-        SteadyClock::now() + deadlines_.header_timeout, deadlines_.max_head_bytes, svr_sock_);
+    const ConnectionStream::Head head =
+        strm.ReadHead(head_deadline, deadlines_.max_head_bytes, svr_sock_);
+    const bool shed = !slot.held() && head == ConnectionStream::Head::kTimedOut;
+    slot.Release();
     if (head == ConnectionStream::Head::kClosed) break;
     if (head != ConnectionStream::Head::kRead) {
       httplib::Response res;
-      res.status = head == ConnectionStream::Head::kTimedOut ? 408
-                   : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? 414
-                                                                                 : 431;
-      if (refusal_handler_) refusal_handler_(res);
+      Refuse(shed ? Limit::kWaitingFull
+             : head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
+             : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? Limit::kUriTooLong
+                                                                           : Limit::kHeadTooLarge,
+             res);
       std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + Reason(res.status) + "\r\n";
       for (const auto& [name, value] : res.headers) {
         if (name != "Connection" && name != "Content-Length") out += name + ": " + value + "\r\n";
@@ -319,7 +499,13 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
         if (n <= 0) break;
         at += static_cast<size_t>(n);
       }
-      linger = true;
+      if (strm.write_timed_out()) {
+        Refuse(Limit::kResponseTimeout, res);
+        abort = true;
+      }
+      // A connection shed is closed at once: reading what it still sends for
+      // a second would hold the thread it was shed to free.
+      linger = !shed;
       break;
     }
     strm.set_deadline(SteadyClock::now() + deadlines_.body_timeout);
@@ -344,6 +530,13 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             }
                             answering.parsed = &req;
                             answering.body_length = FramedBodyLength(req);
+                            // Answers go whole: a Range is ignored (RFC 9110
+                            // 14.2 allows it). cpp-httplib cut every answer to
+                            // it under the answer's own status (a claim's 201
+                            // without its token) and, in proxy mode, cut an
+                            // application's 206 again. The header itself goes on
+                            // to the application.
+                            req.ranges.clear();
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
                               // in the answer (cpp-httplib writes what the
@@ -352,6 +545,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                               req.headers.emplace("Connection", "close");
                             }
                           });
+    if (strm.write_timed_out()) {
+      // The client did not take its answer in time: given up, and nothing more
+      // is written to it.
+      httplib::Response unused;
+      Refuse(Limit::kResponseTimeout, unused);
+      abort = true;
+      break;
+    }
     if (strm.timed_out()) {
       linger = true;
       break;
@@ -374,7 +575,9 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     }
     if (!ret || connection_closed) break;
   }
-  if (linger) {
+  if (abort) {
+    AbortiveClose(sock);
+  } else if (linger) {
     LingeringClose(sock);
   } else {
     ::shutdown(sock, SHUT_RDWR);

@@ -11,7 +11,7 @@
 namespace dedup::serve {
 
 struct MetricsEndpoint::Impl {
-  // With serve's deadlines for a request's head and body (http_server.h).
+  // With serve's deadlines for a request's head, body and answer (http_server.h).
   HttpServer http;
   std::thread thread;
 };
@@ -24,8 +24,13 @@ MetricsEndpoint::~MetricsEndpoint() {
 }
 
 Status MetricsEndpoint::Start(int port, std::function<std::string()> body) {
-  impl_->http.new_task_queue = [] { return new httplib::ThreadPool(2); };
-  impl_->http.set_payload_max_length(1024);
+  // serve's setup (HttpServer::Configure): its deadlines and answers (408, 414,
+  // 431), with two threads and a scrape's small bodies.
+  HttpServerOptions options;
+  options.threads = 2;
+  options.max_connections = 2;
+  options.max_body_bytes = 1024;
+  impl_->http.Configure(options);
   impl_->http.Get("/metrics", [body = std::move(body)](const httplib::Request&,
                                                         httplib::Response& res) {
     res.set_content(body(), "text/plain; version=0.0.4; charset=utf-8");

@@ -13,7 +13,6 @@
 #include "core/redact.h"
 #include "core/uri.h"
 #include "serve/bytes.h"
-#include "serve/connection_pool.h"
 #include "serve/impl.h"
 
 namespace dedup::serve {
@@ -79,6 +78,8 @@ std::string BrowserRefusal(const httplib::Request& req, bool has_token, int* sta
 // never the key or anything else a client chooses.
 std::string RouteOf(const std::string& base, const httplib::Request& req, bool proxy) {
   const std::string& p = req.path;
+  // A head cpp-httplib refused itself (its 400, 414): no path was read.
+  if (p.empty()) return "other";
   if (proxy && p != base && p.rfind(base + "/", 0) != 0) return "proxy";
   const std::string rest = p.substr(base.size());
   if (rest == "/" || rest.empty()) return "page";
@@ -242,6 +243,14 @@ Status ValidateServeOptions(const ServeOptions& o) {
                                    std::to_string(o.threads) + ") and at most 16384, got " +
                                    std::to_string(o.max_connections));
   }
+  const int max_connections =
+      o.max_connections != 0 ? o.max_connections : std::max(256, o.threads);
+  if (o.max_waiting_connections < 0 || o.max_waiting_connections > max_connections) {
+    return Status::InvalidArgument(
+        "--max-waiting-connections must be 1 to --max-connections (" +
+        std::to_string(max_connections) + "), or 0 for the default, got " +
+        std::to_string(o.max_waiting_connections));
+  }
   if (o.header_timeout <= Millis(0) || o.header_timeout > kMaxDuration) {
     return Status::InvalidArgument("--header-timeout must be > 0 and at most 10 years, got " +
                                    std::to_string(o.header_timeout.count()) + "ms");
@@ -249,6 +258,10 @@ Status ValidateServeOptions(const ServeOptions& o) {
   if (o.body_timeout <= Millis(0) || o.body_timeout > kMaxDuration) {
     return Status::InvalidArgument("--body-timeout must be > 0 and at most 10 years, got " +
                                    std::to_string(o.body_timeout.count()) + "ms");
+  }
+  if (o.response_timeout <= Millis(0) || o.response_timeout > kMaxDuration) {
+    return Status::InvalidArgument("--response-timeout must be > 0 and at most 10 years, got " +
+                                   std::to_string(o.response_timeout.count()) + "ms");
   }
   if (o.key_prefix.size() >= kMaxKeyBytes) {
     return Status::InvalidArgument("--key-prefix is longer than a key may be");
@@ -350,23 +363,19 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
   // hold every thread (connection_pool.h, docs/SERVE.md "Slow clients").
   const int max_connections =
       s.o.max_connections != 0 ? s.o.max_connections : std::max(256, s.o.threads);
-  s.http.new_task_queue = [n = s.o.threads, m = max_connections] {
-    return new ConnectionPool(static_cast<size_t>(n), static_cast<size_t>(m));
-  };
-  s.http.set_payload_max_length(s.o.max_body_bytes);
-  // Per read or write; the whole head and body have their deadlines
-  // (http_server.h). A head larger than the header bound allows, with room for
-  // the request line and the spaces a client may put around values, is refused
-  // before it is parsed.
-  const size_t max_head_bytes = s.o.max_header_bytes + 16 * 1024;
-  s.http.set_deadlines({s.o.header_timeout, s.o.body_timeout, max_head_bytes});
-  s.http.set_read_timeout(std::chrono::seconds(10));
-  s.http.set_write_timeout(std::chrono::seconds(10));
-  // How long an idle connection (before its first request, or between two) holds
-  // its thread.
-  s.http.set_keep_alive_timeout(5);
-  s.http.set_keep_alive_max_count(1000);
-  s.http.set_tcp_nodelay(true);
+  // A head larger than the header bound allows, with room for the request line
+  // and the spaces a client may put around values, is refused before it is
+  // parsed. Read and write timeouts and keep-alive: HttpServer::Configure.
+  HttpServerOptions http;
+  http.deadlines.header_timeout = s.o.header_timeout;
+  http.deadlines.body_timeout = s.o.body_timeout;
+  http.deadlines.response_timeout = s.o.response_timeout;
+  http.deadlines.max_head_bytes = s.o.max_header_bytes + 16 * 1024;
+  http.threads = static_cast<size_t>(s.o.threads);
+  http.max_connections = static_cast<size_t>(max_connections);
+  http.max_waiting = static_cast<size_t>(s.o.max_waiting_connections);
+  http.max_body_bytes = s.o.max_body_bytes;
+  s.http.Configure(http);
 
   // Before the body is read: header bounds, then the token.
   s.http.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
@@ -460,48 +469,48 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
         }
         s.SendProblem(res, 500, "Internal Server Error", what);
       });
-  const auto timed_out = [&s](const char* part) {
-    s.registry
-        .GetCounter("dedup_serve_request_timeouts_total",
-                    "Requests whose head or body did not arrive within --header-timeout or "
-                    "--body-timeout (answered 408, connection closed), by part.",
-                    {{"part", part}})
-        ->Inc();
-  };
-  // A request refused before it was parsed (http_server.h): counted as route
-  // "other", since its path was not read.
-  s.http.set_refusal_handler([&s, timed_out, max_head_bytes](httplib::Response& res) {
-    if (res.status == 408) {
-      timed_out("head");
-      s.SendProblem(res, 408, "Request Timeout",
+  // What HttpServer ended itself (http_server.h): the timeouts counted by part;
+  // the answers say which flag. A request refused before it was parsed is
+  // counted as route "other", since its path was not read; a body's 408 under
+  // its route, by the logger.
+  s.http.set_limit_handler([&s](HttpServer::Limit limit, httplib::Response* res) {
+    using Limit = HttpServer::Limit;
+    if (const std::string part = HttpServer::TimeoutPart(limit); !part.empty()) {
+      s.registry
+          .GetCounter("dedup_serve_request_timeouts_total",
+                      "Requests whose head or body did not arrive within --header-timeout or "
+                      "--body-timeout (answered 408, connection closed), or whose answer was "
+                      "not taken within the write timeout or --response-timeout (connection "
+                      "reset), by part.",
+                      {{"part", part}})
+          ->Inc();
+    }
+    if (limit == Limit::kWaitingFull || limit == Limit::kWaitingFullIdle) {
+      s.registry
+          .GetCounter("dedup_serve_shed_connections_total",
+                      "Connections closed at once because --max-waiting-connections "
+                      "connections were waiting for a request head: new ones whose head did "
+                      "not come at once (answered 503), kept-alive ones after their answer.",
+                      {{"state", limit == Limit::kWaitingFull ? "new" : "idle"}})
+          ->Inc();
+    }
+    if (res == nullptr) return;  // kResponseTimeout, kWaitingFullIdle: no answer
+    if (limit == Limit::kHeadTimeout) {
+      s.SendProblem(*res, 408, "Request Timeout",
                     "the request head did not arrive within --header-timeout (" +
                         internal::FormatDuration(s.o.header_timeout) + ")");
-    } else if (res.status == 414) {
-      s.SendProblem(res, 414, "URI Too Long", "the request line is longer than 8 KiB");
-    } else {
-      s.SendProblem(res, res.status, "Request Header Fields Too Large",
-                    "the request head is larger than " + std::to_string(max_head_bytes) +
-                        " bytes");
-    }
-    s.registry
-        .GetCounter("dedup_serve_requests_total", "HTTP requests answered, by route and status.",
-                    {{"route", "other"}, {"code", std::to_string(res.status)}})
-        ->Inc();
-  });
-  s.http.set_error_handler([&s, timed_out](const httplib::Request& req, httplib::Response& res) {
-    if (s.http.BodyTimedOut(req)) {
-      // cpp-httplib's 400 for a body it could not read: the body's deadline
-      // passed. The connection is closed after this answer; say so (the request
-      // is the server's own object, handed over as const).
-      timed_out("body");
-      auto& headers = const_cast<httplib::Headers&>(req.headers);
-      headers.erase("Connection");
-      headers.emplace("Connection", "close");
-      s.SendProblem(res, 408, "Request Timeout",
+    } else if (limit == Limit::kBodyTimeout) {
+      s.SendProblem(*res, 408, "Request Timeout",
                     "the request body did not arrive within --body-timeout (" +
                         internal::FormatDuration(s.o.body_timeout) + ")");
       return;
     }
+    s.registry
+        .GetCounter("dedup_serve_requests_total", "HTTP requests answered, by route and status.",
+                    {{"route", "other"}, {"code", std::to_string(res->status)}})
+        ->Inc();
+  });
+  s.http.set_error_handler([&s](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own answer
     if (res.status == 413) {
       s.SendProblem(res, 413, "Payload Too Large",

@@ -69,6 +69,13 @@ struct ServeOptions {
   // beyond, connections wait their turn. At least `threads`; 0 = 256, or
   // `threads` when more.
   int max_connections = 0;
+  // Connections that may hold a thread while they wait for a request head
+  // (idle, or a head still arriving). When that many wait, a new connection
+  // whose whole head does not come at once (100 ms) is answered 503 and closed,
+  // and a kept-alive connection is closed after its answer: connections that
+  // come back slow cannot take every thread. 1 to max_connections; 0 =
+  // max_connections - max(1, max_connections / 4), at least 1.
+  int max_waiting_connections = 0;
   // A request's whole head must arrive within header_timeout (counted from when
   // serve starts reading it) and its whole body within body_timeout after the
   // head; else it is answered 408 and its connection closed. They bound how long
@@ -76,6 +83,12 @@ struct ServeOptions {
   // timeout, 10 s, no longer ends it). Defaults: 10 s, 30 s.
   Millis header_timeout{10'000};
   Millis body_timeout{30'000};
+  // A whole answer must be written within response_timeout of its first byte
+  // (each write, also within the write timeout, 10 s without progress); else it
+  // is given up and its connection reset. They bound how long a client that
+  // does not read its answers, or reads a large one slowly, holds a thread.
+  // Default: 30 s.
+  Millis response_timeout{30'000};
   // The store URI's password, replaced by "***" in anything sent or logged, in
   // case a store's message ever carries it. Empty = none.
   std::string secret_to_redact;
