@@ -1440,6 +1440,160 @@ TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
   }
 }
 
+// A source whose fetches return nothing while it is closed: what is published
+// meanwhile comes in one later fetch. It closes itself after the first fetch
+// that returned a delivery.
+class GatedSource final : public MessageSource {
+ public:
+  explicit GatedSource(std::unique_ptr<MessageSource> s) : s_(std::move(s)) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    if (closed_.load()) {
+      std::this_thread::sleep_for(std::min(wait, Millis(20)));
+      return std::vector<std::unique_ptr<Delivery>>{};
+    }
+    auto r = s_->Fetch(max, wait);
+    if (r.ok() && !r->empty() && !opened_.load()) closed_ = true;
+    return r;
+  }
+  void Open() {
+    opened_ = true;
+    closed_ = false;
+  }
+  bool closed() const { return closed_.load(); }
+  std::string Describe() const override { return s_->Describe(); }
+
+ private:
+  std::unique_ptr<MessageSource> s_;
+  std::atomic<bool> closed_{false}, opened_{false};
+};
+
+// A key fetched again while this Consumer still holds an earlier copy of it
+// (a publisher that sent it twice, the second copy arriving in a later fetch
+// while the first runs): the later copy waits for the earlier one's outcome and
+// is then claimed alone, as a single claim after the first's completion would
+// be: DUPLICATE, acked at once. Claimed while the first still ran (concurrency
+// 4), while the first's outcome waited for the completer (batch completions),
+// or up front in its batch (batch claims: two other keys come in the same fetch),
+// it was BUSY against this very Consumer's claim and came back only after the
+// lease (30 s here).
+TEST_P(ConsumerConformance, AKeyInALaterFetchWaitsForItsCopyStillHeldHere) {
+  for (int v = 0; v < 8; ++v) {
+    const bool batch = (v & 1) != 0, coalesce = (v & 2) != 0, parallel = (v & 4) != 0;
+    SCOPED_TRACE(std::string(batch ? "batch claims" : "single claims") +
+                 (coalesce ? ", batch completions" : "") + (parallel ? ", concurrency 4" : ""));
+    if (v > 0) ASSERT_TRUE(env_->Reset(env_options_).ok());
+    auto buffer = MakeBuffer();  // lease 30 s
+    GatedSource source(Source());
+    const std::string twin = std::to_string(v) + "later";
+    ConsumerOptions o;
+    o.concurrency = parallel ? 4 : 1;
+    o.prefetch = 16;
+    o.batch_claims = batch;
+    o.batch_completions = coalesce;
+    o.max_ack_delay = 300ms;
+    std::atomic<int> runs{0}, others{0};
+    std::atomic<bool> first_started{false};
+    Running c(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+      if (d.key() != twin) {
+        ++others;
+        return HandlerResult::Done();
+      }
+      ++runs;
+      first_started = true;
+      std::this_thread::sleep_for(300ms);  // under the test brokers' 400 ms redelivery
+      return HandlerResult::Done();
+    }, o);
+    Publish(twin);
+    ASSERT_TRUE(WaitFor([&] { return first_started.load() && source.closed(); }));
+    const auto t0 = SteadyClock::now();
+    Publish(twin);
+    Publish(twin + "-a");
+    Publish(twin + "-b");
+    source.Open();
+    EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))
+        << Outstanding() << " outstanding; " << c->metrics().Summary();
+    const auto took = SteadyClock::now() - t0;
+    c.Stop();
+    EXPECT_LT(took, 5s) << "the later copy waited for the lease";
+    EXPECT_EQ(runs.load(), 1);
+    EXPECT_EQ(others.load(), 2);
+    EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
+    EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
+    if (batch) EXPECT_GE(c->metrics().claim_batches, 1u) << c->metrics().Summary();
+  }
+}
+
+// Counts the Retry() calls of the deliveries it wraps.
+class RetryCountingDelivery final : public ForwardingDelivery {
+ public:
+  RetryCountingDelivery(std::unique_ptr<Delivery> d, std::atomic<int>* n)
+      : ForwardingDelivery(std::move(d)), n_(n) {}
+  Status Retry(Millis after) override {
+    ++*n_;
+    return d_->Retry(after);
+  }
+
+ private:
+  std::atomic<int>* n_;
+};
+
+// A delivery waiting for an earlier copy of its key does not hold up a stop:
+// it is handed back at once (Retry(0), nothing claimed), while the earlier
+// copy's handler finishes within the drain timeout and is acked.
+TEST_P(ConsumerConformance, ADeliveryWaitingForItsCopyIsHandedBackAtTheStop) {
+  auto buffer = MakeBuffer();  // lease 30 s
+  std::mutex mu;
+  std::set<std::string> fetched;  // ids (a broker's own redelivery has the same id)
+  std::atomic<int> retried{0};
+  WrappingSource source(Source(), [&](std::unique_ptr<Delivery> d) {
+    {
+      std::lock_guard lock(mu);
+      fetched.insert(d->id());
+    }
+    return std::make_unique<RetryCountingDelivery>(std::move(d), &retried);
+  });
+  ConsumerOptions o;
+  o.concurrency = 2;
+  o.prefetch = 4;
+  o.drain_timeout = 10s;
+  std::atomic<int> runs{0};
+  std::atomic<bool> release{false};
+  Running c(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    while (!release.load()) std::this_thread::sleep_for(5ms);
+    return HandlerResult::Done();
+  }, o);
+  Publish("waiter");
+  ASSERT_TRUE(WaitFor([&] { return runs.load() == 1; }));
+  Publish("waiter");
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard lock(mu);
+    return fetched.size() == 2;
+  }));
+  std::this_thread::sleep_for(100ms);  // a handler may take it meanwhile
+  std::thread stopper([&] { c.Stop(); });
+  // The waiting copy is handed back while the first still runs.
+  EXPECT_TRUE(WaitFor([&] { return retried.load() == 1; }, 5'000ms)) << c->metrics().Summary();
+  EXPECT_EQ(runs.load(), 1);
+  release = true;
+  stopper.join();
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  const ConsumerMetrics m = c->metrics();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(m.acked, 1u) << m.Summary();
+  EXPECT_EQ(m.busy + m.duplicates, 0u) << "the waiting copy was never claimed; " << m.Summary();
+  EXPECT_EQ(Outstanding(), 1u);
+  // A new worker gets it: DUPLICATE, acked without running.
+  auto next = Source();
+  Running c2(next.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 15'000ms)) << Outstanding();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(c2->metrics().duplicates, 1u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });
