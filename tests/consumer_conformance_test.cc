@@ -1519,6 +1519,7 @@ TEST_P(ConsumerConformance, AKeyInALaterFetchWaitsForItsCopyStillHeldHere) {
     EXPECT_EQ(others.load(), 2);
     EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
     EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
+    EXPECT_EQ(c->metrics().waited_for_copy, 1u) << c->metrics().Summary();
     if (batch) EXPECT_GE(c->metrics().claim_batches, 1u) << c->metrics().Summary();
   }
 }
@@ -1582,6 +1583,7 @@ TEST_P(ConsumerConformance, ADeliveryWaitingForItsCopyIsHandedBackAtTheStop) {
   EXPECT_EQ(runs.load(), 1);
   EXPECT_EQ(m.acked, 1u) << m.Summary();
   EXPECT_EQ(m.busy + m.duplicates, 0u) << "the waiting copy was never claimed; " << m.Summary();
+  EXPECT_EQ(m.waited_for_copy, 1u) << m.Summary();
   EXPECT_EQ(Outstanding(), 1u);
   // A new worker gets it: DUPLICATE, acked without running.
   auto next = Source();

@@ -32,6 +32,16 @@
 //     or running: e.g. a stream entry reclaimed from this very consumer) is
 //     dropped by the Consumer without being settled; the held one settles the
 //     message. Sources whose ids are unique per delivery never see this.
+//
+// A delivery whose key the Consumer holds already (another delivery of it, e.g.
+// a message published twice, fetched earlier and not yet decided: queued,
+// claimed, running, or its outcome waiting to be written) is not claimed at
+// once: that claim would be BUSY against the Consumer's own and come back only
+// after the lease. It waits, unclaimed, until the earlier copy's outcome is
+// written (or its claim given up), then is claimed alone: DUPLICATE, acked
+// without running (or ACQUIRED, when the earlier copy released its claim). It
+// counts against the fetch window, gets InProgress() like every held delivery,
+// and at Stop() is handed back at once (Retry(0)) with what never started.
 
 #ifndef DEDUP_CONSUMER_H_
 #define DEDUP_CONSUMER_H_
@@ -166,6 +176,10 @@ struct ConsumerMetrics {
   uint64_t acked = 0;          // acks of done or duplicate work
   uint64_t redelivered = 0;    // deliveries the broker says it made before
   uint64_t held_back = 0;      // deliveries dropped: the same id is held here
+  // Deliveries whose key this Consumer held already (an earlier copy fetched,
+  // running, or its outcome not yet written): they waited for that copy's
+  // outcome before their own claim, instead of a claim BUSY against it.
+  uint64_t waited_for_copy = 0;
   uint64_t broker_errors = 0;  // fetches and settlements that failed
   // Of `acked`: done by the store's completion in the same round trip
   // (Store::CanCompleteWithAck; docs/WORKER.md).

@@ -137,6 +137,7 @@ void RegisterWorkerMetrics(metrics::Registry& registry, const Consumer& w) {
       {"acked", &ConsumerMetrics::acked},
       {"redelivered", &ConsumerMetrics::redelivered},
       {"held_back", &ConsumerMetrics::held_back},
+      {"waited_for_copy", &ConsumerMetrics::waited_for_copy},
       {"broker_errors", &ConsumerMetrics::broker_errors},
       {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
       {"claim_batches", &ConsumerMetrics::claim_batches},
