@@ -1073,6 +1073,58 @@ TEST_P(ConsumerConformance, HeldDeliveriesAreReportedInProgressWithTheHeartbeat)
   ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
 }
 
+// A handler that runs several times the broker's own redelivery timer (the
+// suite's redelivery_after: XAUTOCLAIM's min-idle, JetStream's AckWait) while
+// its claim is heartbeated: the in-progress signal keeps the broker from handing
+// the message to a second worker on the same queue, or back to this one, for
+// as long as it runs. Without it a Redis Streams entry went idle past min-idle
+// and the other worker's XAUTOCLAIM took it: a delivery answered BUSY (no
+// second run, but a claim and a retry per reclaim, and the entry owned by a
+// worker that does not run it). The memory broker is left out: it has no
+// in-progress signal by design (it stands for a queue whose visibility timeout
+// cannot be extended, and `dedup simulate` counts its redeliveries).
+TEST_P(ConsumerConformance, ALongHandlerIsNotRedeliveredWhileItRuns) {
+  if (GetParam() == "memory") GTEST_SKIP() << "the memory broker has no in-progress signal";
+  BufferOptions bo;
+  bo.lease = 600ms;  // heartbeat (and in-progress) every 200 ms, under the 400 ms timer
+  auto buffer = MakeBuffer(bo);
+  std::mutex mu;
+  std::vector<std::string> fetched;  // ids, by either worker
+  auto counting = [&](std::unique_ptr<MessageSource> s) {
+    return std::make_unique<WrappingSource>(std::move(s), [&](std::unique_ptr<Delivery> d) {
+      std::lock_guard lock(mu);
+      fetched.push_back(d->id());
+      return d;
+    });
+  };
+  auto source1 = counting(Source());
+  auto source2 = counting(Source());
+  std::atomic<int> runs{0};
+  std::atomic<bool> started{false};
+  auto handler = [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    started = true;
+    std::this_thread::sleep_for(2'000ms);  // 5 x redelivery_after
+    return HandlerResult::Done();
+  };
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.prefetch = 0;
+  Running w1(source1.get(), buffer.get(), handler, o);
+  Publish("long");
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  Running w2(source2.get(), buffer.get(), handler, o);
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  w1.Stop();
+  w2.Stop();
+  const ConsumerMetrics m1 = w1->metrics(), m2 = w2->metrics();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(m1.busy + m2.busy, 0u) << "w1: " << m1.Summary() << "\nw2: " << m2.Summary();
+  EXPECT_EQ(m1.held_back + m2.held_back, 0u) << "w1: " << m1.Summary() << "\nw2: " << m2.Summary();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(fetched.size(), 1u) << "deliveries of the one message";
+}
+
 // The in-progress signal goes on while the Consumer drains: a handler still
 // running after Stop() must not pass the broker's redelivery timer (JetStream's
 // AckWait) because the fetch loop that sent it has ended.
