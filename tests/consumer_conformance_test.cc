@@ -1125,6 +1125,44 @@ TEST_P(ConsumerConformance, ALongHandlerIsNotRedeliveredWhileItRuns) {
   EXPECT_EQ(fetched.size(), 1u) << "deliveries of the one message";
 }
 
+// A delivery handed back by the drain after in-progress signals were sent for
+// it goes back to the broker at once all the same: on Redis Streams the hand-back
+// (XCLAIM IDLE) is conditioned on the entry's idle time since this worker last
+// reset it, which the signals moved; counted from the fetch it would match
+// nothing, and the entry would wait for the reclaim min-idle (5 s here).
+TEST_P(ConsumerConformance, AHandBackAfterInProgressSignalsIsTakenAtOnce) {
+  env_options_.redelivery_after = 5'000ms;
+  ASSERT_TRUE(env_->Reset(env_options_).ok());
+  BufferOptions bo;
+  bo.lease = 300ms;  // heartbeat (and in-progress) every 100 ms
+  auto buffer = MakeBuffer(bo);
+  auto source1 = Source();
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.prefetch = 0;
+  o.drain_timeout = 0ms;
+  std::atomic<bool> started{false};
+  Running w1(source1.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    started = true;
+    while (!d.stop_requested()) std::this_thread::sleep_for(5ms);
+    return HandlerResult::Retry("stopped");
+  }, o);
+  Publish("handed-back");
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  std::this_thread::sleep_for(800ms);  // several in-progress signals
+  w1.Stop();
+  const auto t0 = SteadyClock::now();
+  auto source2 = Source();
+  std::atomic<int> runs{0};
+  Running w2(source2.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 15'000ms)) << Outstanding();
+  EXPECT_LT(SteadyClock::now() - t0, 3s) << "the hand-back waited for the redelivery timer";
+  EXPECT_EQ(runs.load(), 1);
+}
+
 // The in-progress signal goes on while the Consumer drains: a handler still
 // running after Stop() must not pass the broker's redelivery timer (JetStream's
 // AckWait) because the fetch loop that sent it has ended.
