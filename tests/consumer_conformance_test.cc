@@ -1686,6 +1686,62 @@ TEST_P(ConsumerConformance, ADeliveryWaitingForItsCopyIsHandedBackAtTheStop) {
   EXPECT_EQ(c2->metrics().duplicates, 1u);
 }
 
+// Passes every settlement on to the broker, but answers the first one of each
+// key Unavailable (as a settlement whose answer was lost would be).
+class FirstSettlementFailsDelivery final : public ForwardingDelivery {
+ public:
+  FirstSettlementFailsDelivery(std::unique_ptr<Delivery> d, std::mutex* mu,
+                               std::set<std::string>* failed)
+      : ForwardingDelivery(std::move(d)), mu_(mu), failed_(failed) {}
+  Status Ack() override { return Answer(d_->Ack()); }
+  Status Retry(Millis after) override { return Answer(d_->Retry(after)); }
+  Status DeadLetter(std::string_view reason) override { return Answer(d_->DeadLetter(reason)); }
+
+ private:
+  Status Answer(Status s) {
+    std::lock_guard lock(*mu_);
+    if (!failed_->insert(key_).second) return s;
+    return Status::Unavailable("settlement answer lost (test)");
+  }
+  std::mutex* mu_;
+  std::set<std::string>* failed_;
+};
+
+// The counters say what the broker took: a Retry() that failed (the delivery
+// then comes back on the broker's own timer) is not a retry, as a failed Ack() is
+// not an ack and a failed DeadLetter() not a dead letter.
+TEST_P(ConsumerConformance, SettlementsTheBrokerDidNotTakeAreNotCounted) {
+  BufferOptions bo;
+  bo.retry_delay = 100ms;
+  auto buffer = MakeBuffer(bo);
+  std::mutex mu;
+  std::set<std::string> failed;
+  WrappingSource source(Source(), [&](std::unique_ptr<Delivery> d) {
+    return std::make_unique<FirstSettlementFailsDelivery>(std::move(d), &mu, &failed);
+  });
+  Publish("retried");
+  Publish("acked");
+  Publish("dead");
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.batch_completions = false;
+  o.max_ack_delay = 0ms;  // one Ack() per delivery
+  std::atomic<int> retried_runs{0};
+  Running c(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    if (d.key() == "dead") return HandlerResult::Fail("no");
+    if (d.key() == "retried" && ++retried_runs == 1) return HandlerResult::Retry("later");
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  c.Stop();
+  const ConsumerMetrics m = c->metrics();
+  EXPECT_EQ(retried_runs.load(), 2);
+  EXPECT_EQ(m.retries, 0u) << m.Summary();
+  EXPECT_EQ(m.acked, 1u) << "the second run of 'retried'; " << m.Summary();
+  EXPECT_EQ(m.dead_lettered, 0u) << m.Summary();
+  EXPECT_EQ(m.broker_errors, 3u) << m.Summary();
+}
+
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
                          ::testing::ValuesIn(testing::AvailableSourceNames()),
                          [](const auto& info) { return info.param; });
