@@ -1740,6 +1740,9 @@ TEST_P(ConsumerConformance, SettlementsTheBrokerDidNotTakeAreNotCounted) {
   EXPECT_EQ(m.acked, 1u) << "the second run of 'retried'; " << m.Summary();
   EXPECT_EQ(m.dead_lettered, 0u) << m.Summary();
   EXPECT_EQ(m.broker_errors, 3u) << m.Summary();
+  EXPECT_EQ(m.retry_errors, 1u) << m.Summary();
+  EXPECT_EQ(m.ack_errors, 1u) << m.Summary();
+  EXPECT_EQ(m.dead_letter_errors, 1u) << m.Summary();
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,

@@ -165,8 +165,11 @@ struct ConsumerMetrics {
   uint64_t busy = 0;           // claims BUSY (deferred, not acked)
   uint64_t takeovers = 0;      // ACQUIRED with attempt > 1
   uint64_t lost_leases = 0;    // outcome not recorded: another owner took over
-  uint64_t retries = 0;        // deliveries given back for a later delivery
-  uint64_t dead_lettered = 0;  // deliveries moved to the dead-letter queue
+  // Deliveries given back for a later delivery (Retry() of a retry outcome:
+  // BUSY, a released claim, a store error ...), the broker took it. Not the
+  // drain's hand-back of deliveries never started.
+  uint64_t retries = 0;
+  uint64_t dead_lettered = 0;  // deliveries moved to the dead-letter queue (the broker took it)
   uint64_t store_errors = 0;   // the store could not decide (fail closed)
   // Of store_errors: claims the store could not answer (the rest: outcome
   // writes it refused after the claim was ACQUIRED, counted in `acquired`).
@@ -180,7 +183,16 @@ struct ConsumerMetrics {
   // running, or its outcome not yet written): they waited for that copy's
   // outcome before their own claim, instead of a claim BUSY against it.
   uint64_t waited_for_copy = 0;
-  uint64_t broker_errors = 0;  // fetches and settlements that failed
+  uint64_t broker_errors = 0;  // fetches, settlements and in-progress signals that failed
+  // Of broker_errors: settlements of an outcome the broker did not take (or
+  // whose answer was lost), by what they were: Ack() or AckBatch (each delivery
+  // of a failed batch), Retry(), DeadLetter(). Each such delivery is counted in
+  // one of these and not in acked, retries or dead_lettered; the broker delivers
+  // it again on its own timer (its outcome, if recorded, answers DUPLICATE).
+  // The drain's hand-backs that failed count in broker_errors only.
+  uint64_t ack_errors = 0;
+  uint64_t retry_errors = 0;
+  uint64_t dead_letter_errors = 0;
   // Of `acked`: done by the store's completion in the same round trip
   // (Store::CanCompleteWithAck; docs/WORKER.md).
   uint64_t acked_with_complete = 0;

@@ -42,7 +42,9 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"acked", acked},
       {"redelivered", redelivered},   {"held_back", held_back},
       {"waited_for_copy", waited_for_copy},
-      {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete},
+      {"broker_errors", broker_errors}, {"ack_errors", ack_errors},
+      {"retry_errors", retry_errors}, {"dead_letter_errors", dead_letter_errors},
+      {"acked_with_complete", acked_with_complete},
       {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
       {"ack_batches", ack_batches}, {"acked_in_batches", acked_in_batches},
       {"complete_batches", complete_batches}, {"completed_in_batches", completed_in_batches}};
@@ -64,6 +66,8 @@ std::string ConsumerMetrics::Summary() const {
          " redelivered=" + std::to_string(redelivered) + " held_back=" +
          std::to_string(held_back) + " waited_for_copy=" + std::to_string(waited_for_copy) +
          " broker_errors=" + std::to_string(broker_errors) +
+         " ack_errors=" + std::to_string(ack_errors) + " retry_errors=" +
+         std::to_string(retry_errors) + " dead_letter_errors=" + std::to_string(dead_letter_errors) +
          " acked_with_complete=" + std::to_string(acked_with_complete);
 }
 
@@ -172,6 +176,9 @@ class Consumer::Impl {
     m.held_back = n_.held_back.load();
     m.waited_for_copy = n_.waited_for_copy.load();
     m.broker_errors = n_.broker_errors.load();
+    m.ack_errors = n_.ack_errors.load();
+    m.retry_errors = n_.retry_errors.load();
+    m.dead_letter_errors = n_.dead_letter_errors.load();
     m.acked_with_complete = n_.acked_with_complete.load();
     m.claim_batches = n_.claim_batches.load();
     m.claimed_in_batches = n_.claimed_in_batches.load();
@@ -218,7 +225,8 @@ class Consumer::Impl {
   struct Counters {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
         lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, claim_errors{0}, acked{0},
-        redelivered{0}, held_back{0}, waited_for_copy{0}, broker_errors{0}, acked_with_complete{0},
+        redelivered{0}, held_back{0}, waited_for_copy{0}, broker_errors{0}, ack_errors{0},
+        retry_errors{0}, dead_letter_errors{0}, acked_with_complete{0},
         claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0},
         complete_batches{0}, completed_in_batches{0};
   };
@@ -687,6 +695,7 @@ class Consumer::Impl {
       // Not acked: the broker delivers them again; their outcomes are recorded,
       // so the next deliveries get DUPLICATE and ack.
       n_.broker_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
+      n_.ack_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
       Log("ack of " + std::to_string(deliveries.size()) + " deliveries: " + s.ToString());
     }
   }
@@ -753,7 +762,7 @@ class Consumer::Impl {
         break;
       case BrokerAction::kRetry:
         s = d.Retry(retry_after);
-        n_.retries.fetch_add(1, std::memory_order_relaxed);
+        if (s.ok()) n_.retries.fetch_add(1, std::memory_order_relaxed);
         break;
       case BrokerAction::kDeadLetter:
         s = d.DeadLetter(reason);
@@ -768,6 +777,10 @@ class Consumer::Impl {
       // Not settled: the broker delivers it again (the outcome, if any, is
       // recorded, so the next delivery gets DUPLICATE).
       n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      (action == BrokerAction::kAck     ? n_.ack_errors
+       : action == BrokerAction::kRetry ? n_.retry_errors
+                                        : n_.dead_letter_errors)
+          .fetch_add(1, std::memory_order_relaxed);
       Log(std::string(BrokerActionName(action)) + " of " + d.id() + ": " + s.ToString());
     }
   }
