@@ -22,6 +22,7 @@
 
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
+#include "core/printable.h"
 #include "corrupt_store.h"
 #include "dedup/store.h"
 #include "source_envs.h"
@@ -1743,6 +1744,41 @@ TEST_P(ConsumerConformance, SettlementsTheBrokerDidNotTakeAreNotCounted) {
   EXPECT_EQ(m.retry_errors, 1u) << m.Summary();
   EXPECT_EQ(m.ack_errors, 1u) << m.Summary();
   EXPECT_EQ(m.dead_letter_errors, 1u) << m.Summary();
+}
+
+// A handler's failure text near the 1 MiB a record holds (or over it: the
+// Buffer cuts it) becomes the dead letter's reason. Brokers that carry the
+// reason in a header (NATS: the header block counts against max_payload,
+// 1 MiB; AMQP: the content header must fit one frame, 128 KiB) must still
+// deliver the dead letter, with the reason cut short (valid UTF-8, marked),
+// and ack the original once: no redelivery, no second dead letter.
+TEST_P(ConsumerConformance, AReasonNearAMebibyteStillDeadLetters) {
+  auto buffer = MakeBuffer();
+  auto source = Source();
+  std::string near;  // 2-byte characters: a cut at an odd byte breaks one
+  while (near.size() < kMaxResultBytes - 64) near += "\xc3\xbc";  // u-umlaut
+  std::string over = near + near;
+  Publish("near-mib");
+  Publish("over-mib");
+  std::atomic<int> runs{0};
+  Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Fail(d.key() == "near-mib" ? near : over);
+  });
+  EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0 && DeadReasons().size() >= 2; }, 10'000ms))
+      << Outstanding() << " outstanding; " << c->metrics().Summary();
+  std::this_thread::sleep_for(500ms);  // a redelivery would come within the 400 ms timer
+  c.Stop();
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_EQ(c->metrics().dead_lettered, 2u) << c->metrics().Summary();
+  EXPECT_EQ(c->metrics().duplicates, 0u) << "redelivered: " << c->metrics().Summary();
+  const std::vector<std::string> reasons = DeadReasons();
+  ASSERT_EQ(reasons.size(), 2u);
+  for (const std::string& r : reasons) {
+    EXPECT_TRUE(internal::IsValidUtf8(r)) << r.size() << " bytes, ends '" << r.substr(r.size() - 40) << "'";
+    EXPECT_EQ(r.substr(0, 1000), near.substr(0, 1000));
+    EXPECT_LE(r.size(), kMaxResultBytes);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, ConsumerConformance,
