@@ -71,6 +71,9 @@ std::string ConsumerMetrics::Summary() const {
          " acked_with_complete=" + std::to_string(acked_with_complete);
 }
 
+// A dead letter's reason in the log: a handler's failure text may be 1 MiB.
+constexpr size_t kMaxLoggedReasonBytes = 1024;
+
 class Consumer::Impl {
  public:
   Impl(MessageSource* source, Buffer* buffer, Handler handler, Processor process,
@@ -769,7 +772,8 @@ class Consumer::Impl {
         if (s.ok()) {
           n_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
           Log("dead-lettered " + internal::Printable(d.id()) + " (key '" +
-              internal::Printable(d.key()) + "'): " + internal::Printable(reason));
+              internal::Printable(d.key()) + "'): " +
+              internal::Printable(internal::CutAtCharacter(reason, kMaxLoggedReasonBytes)));
         }
         break;
     }
