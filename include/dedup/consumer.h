@@ -91,8 +91,11 @@ class Delivery {
   [[nodiscard]] virtual Status Retry(Millis after) = 0;
   [[nodiscard]] virtual Status DeadLetter(std::string_view reason) = 0;
 
-  // Tells the broker the message is still being worked on (JetStream's +WPI), so
-  // it does not redeliver while the lease is being extended. The Consumer calls
+  // Tells the broker the message is still being worked on (JetStream's +WPI;
+  // on Redis Streams an XCLAIM JUSTID that resets the entry's idle time, so
+  // that no XAUTOCLAIM takes it), so it does not redeliver while the lease is
+  // being extended. Called with the Consumer's lock held: it must not wait on
+  // the network (queue the signal, or send it without waiting for an answer). The Consumer calls
   // it once per heartbeat interval of its Buffer (from its fetch thread, and
   // while it drains from a thread of the drain, until the drain ends), for every
   // delivery it holds (fetched ahead and queued, running, or waiting for its
