@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/printable.h"
 #include "corrupt_store.h"
 #include "dedup/memory_store.h"
 #ifdef DEDUP_WITH_REDIS_STREAMS
@@ -132,6 +133,26 @@ TEST_F(BufferTest, RetryAndPermanentFailure) {
   EXPECT_EQ(again.action, BrokerAction::kDeadLetter);
   EXPECT_EQ(again.reason, "completed earlier as failed");
   EXPECT_EQ(again.claim.status, CompletionStatus::kFailed);
+}
+
+// A Fail reason cut to fit a record is cut between characters: a cut inside
+// one left bytes that are not UTF-8 in the record and in the dead letter's
+// reason (a reader decoding it as text fails on it).
+TEST_F(BufferTest, AReasonCutToFitARecordSplitsNoCharacter) {
+  Buffer buffer(store_.get());
+  std::string reason = "x";  // then 2-byte characters: the cut lands inside one
+  while (reason.size() <= kMaxResultBytes + 1000) reason += "\xc3\xbc";
+  Processed p = buffer.ProcessOnce("cut", "", [&](ClaimGuard&) {
+    return HandlerResult::Fail(reason);
+  });
+  EXPECT_EQ(p.action, BrokerAction::kDeadLetter);
+  EXPECT_TRUE(internal::IsValidUtf8(p.reason)) << p.reason.substr(p.reason.size() - 80);
+  auto rec = store_->Inspect("cut");
+  ASSERT_TRUE(rec.ok() && rec->has_value());
+  EXPECT_LE((*rec)->result.size(), kMaxResultBytes);
+  EXPECT_TRUE(internal::IsValidUtf8((*rec)->result));
+  EXPECT_EQ((*rec)->result.substr(0, 1001), reason.substr(0, 1001));
+  EXPECT_NE((*rec)->result.find(std::to_string(reason.size()) + " bytes in all"), std::string::npos);
 }
 
 // An outcome no record can hold (a result over kMaxResultBytes) would fail the

@@ -22,6 +22,7 @@
 
 #include "dedup/buffer.h"
 #include "dedup/consumer.h"
+#include "core/printable.h"
 #include "corrupt_store.h"
 #include "dedup/store.h"
 #include "source_envs.h"
@@ -1073,6 +1074,96 @@ TEST_P(ConsumerConformance, HeldDeliveriesAreReportedInProgressWithTheHeartbeat)
   ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
 }
 
+// A handler that runs several times the broker's own redelivery timer (the
+// suite's redelivery_after: XAUTOCLAIM's min-idle, JetStream's AckWait) while
+// its claim is heartbeated: the in-progress signal keeps the broker from handing
+// the message to a second worker on the same queue, or back to this one, for
+// as long as it runs. Without it a Redis Streams entry went idle past min-idle
+// and the other worker's XAUTOCLAIM took it: a delivery answered BUSY (no
+// second run, but a claim and a retry per reclaim, and the entry owned by a
+// worker that does not run it). The memory broker is left out: it has no
+// in-progress signal by design (it stands for a queue whose visibility timeout
+// cannot be extended, and `dedup simulate` counts its redeliveries).
+TEST_P(ConsumerConformance, ALongHandlerIsNotRedeliveredWhileItRuns) {
+  if (GetParam() == "memory") GTEST_SKIP() << "the memory broker has no in-progress signal";
+  BufferOptions bo;
+  bo.lease = 600ms;  // heartbeat (and in-progress) every 200 ms, under the 400 ms timer
+  auto buffer = MakeBuffer(bo);
+  std::mutex mu;
+  std::vector<std::string> fetched;  // ids, by either worker
+  auto counting = [&](std::unique_ptr<MessageSource> s) {
+    return std::make_unique<WrappingSource>(std::move(s), [&](std::unique_ptr<Delivery> d) {
+      std::lock_guard lock(mu);
+      fetched.push_back(d->id());
+      return d;
+    });
+  };
+  auto source1 = counting(Source());
+  auto source2 = counting(Source());
+  std::atomic<int> runs{0};
+  std::atomic<bool> started{false};
+  auto handler = [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    started = true;
+    std::this_thread::sleep_for(2'000ms);  // 5 x redelivery_after
+    return HandlerResult::Done();
+  };
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.prefetch = 0;
+  Running w1(source1.get(), buffer.get(), handler, o);
+  Publish("long");
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  Running w2(source2.get(), buffer.get(), handler, o);
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  w1.Stop();
+  w2.Stop();
+  const ConsumerMetrics m1 = w1->metrics(), m2 = w2->metrics();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(m1.busy + m2.busy, 0u) << "w1: " << m1.Summary() << "\nw2: " << m2.Summary();
+  EXPECT_EQ(m1.held_back + m2.held_back, 0u) << "w1: " << m1.Summary() << "\nw2: " << m2.Summary();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(fetched.size(), 1u) << "deliveries of the one message";
+}
+
+// A delivery handed back by the drain after in-progress signals were sent for
+// it goes back to the broker at once all the same: on Redis Streams the hand-back
+// (XCLAIM IDLE) is conditioned on the entry's idle time since this worker last
+// reset it, which the signals moved; counted from the fetch it would match
+// nothing, and the entry would wait for the reclaim min-idle (5 s here).
+TEST_P(ConsumerConformance, AHandBackAfterInProgressSignalsIsTakenAtOnce) {
+  env_options_.redelivery_after = 5'000ms;
+  ASSERT_TRUE(env_->Reset(env_options_).ok());
+  BufferOptions bo;
+  bo.lease = 300ms;  // heartbeat (and in-progress) every 100 ms
+  auto buffer = MakeBuffer(bo);
+  auto source1 = Source();
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.prefetch = 0;
+  o.drain_timeout = 0ms;
+  std::atomic<bool> started{false};
+  Running w1(source1.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    started = true;
+    while (!d.stop_requested()) std::this_thread::sleep_for(5ms);
+    return HandlerResult::Retry("stopped");
+  }, o);
+  Publish("handed-back");
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }));
+  std::this_thread::sleep_for(800ms);  // several in-progress signals
+  w1.Stop();
+  const auto t0 = SteadyClock::now();
+  auto source2 = Source();
+  std::atomic<int> runs{0};
+  Running w2(source2.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 15'000ms)) << Outstanding();
+  EXPECT_LT(SteadyClock::now() - t0, 3s) << "the hand-back waited for the redelivery timer";
+  EXPECT_EQ(runs.load(), 1);
+}
+
 // The in-progress signal goes on while the Consumer drains: a handler still
 // running after Stop() must not pass the broker's redelivery timer (JetStream's
 // AckWait) because the fetch loop that sent it has ended.
@@ -1437,6 +1528,256 @@ TEST_P(ConsumerConformance, AKeyTwiceInOneBatchAnswersAsSingleClaims) {
     EXPECT_EQ(runs.load(), 2);
     EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
     EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
+  }
+}
+
+// A source whose fetches return nothing while it is closed: what is published
+// meanwhile comes in one later fetch. It closes itself after the first fetch
+// that returned a delivery.
+class GatedSource final : public MessageSource {
+ public:
+  explicit GatedSource(std::unique_ptr<MessageSource> s) : s_(std::move(s)) {}
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
+    if (closed_.load()) {
+      std::this_thread::sleep_for(std::min(wait, Millis(20)));
+      return std::vector<std::unique_ptr<Delivery>>{};
+    }
+    auto r = s_->Fetch(max, wait);
+    if (r.ok() && !r->empty() && !opened_.load()) closed_ = true;
+    return r;
+  }
+  void Open() {
+    opened_ = true;
+    closed_ = false;
+  }
+  bool closed() const { return closed_.load(); }
+  std::string Describe() const override { return s_->Describe(); }
+
+ private:
+  std::unique_ptr<MessageSource> s_;
+  std::atomic<bool> closed_{false}, opened_{false};
+};
+
+// A key fetched again while this Consumer still holds an earlier copy of it
+// (a publisher that sent it twice, the second copy arriving in a later fetch
+// while the first runs): the later copy waits for the earlier one's outcome and
+// is then claimed alone, as a single claim after the first's completion would
+// be: DUPLICATE, acked at once. Claimed while the first still ran (concurrency
+// 4), while the first's outcome waited for the completer (batch completions),
+// or up front in its batch (batch claims: two other keys come in the same fetch),
+// it was BUSY against this very Consumer's claim and came back only after the
+// lease (30 s here).
+TEST_P(ConsumerConformance, AKeyInALaterFetchWaitsForItsCopyStillHeldHere) {
+  for (int v = 0; v < 8; ++v) {
+    const bool batch = (v & 1) != 0, coalesce = (v & 2) != 0, parallel = (v & 4) != 0;
+    SCOPED_TRACE(std::string(batch ? "batch claims" : "single claims") +
+                 (coalesce ? ", batch completions" : "") + (parallel ? ", concurrency 4" : ""));
+    if (v > 0) ASSERT_TRUE(env_->Reset(env_options_).ok());
+    auto buffer = MakeBuffer();  // lease 30 s
+    GatedSource source(Source());
+    const std::string twin = std::to_string(v) + "later";
+    ConsumerOptions o;
+    o.concurrency = parallel ? 4 : 1;
+    o.prefetch = 16;
+    o.batch_claims = batch;
+    o.batch_completions = coalesce;
+    o.max_ack_delay = 300ms;
+    std::atomic<int> runs{0}, others{0};
+    std::atomic<bool> first_started{false};
+    Running c(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+      if (d.key() != twin) {
+        ++others;
+        return HandlerResult::Done();
+      }
+      ++runs;
+      first_started = true;
+      std::this_thread::sleep_for(300ms);  // under the test brokers' 400 ms redelivery
+      return HandlerResult::Done();
+    }, o);
+    Publish(twin);
+    ASSERT_TRUE(WaitFor([&] { return first_started.load() && source.closed(); }));
+    const auto t0 = SteadyClock::now();
+    Publish(twin);
+    Publish(twin + "-a");
+    Publish(twin + "-b");
+    source.Open();
+    EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 5'000ms))
+        << Outstanding() << " outstanding; " << c->metrics().Summary();
+    const auto took = SteadyClock::now() - t0;
+    c.Stop();
+    EXPECT_LT(took, 5s) << "the later copy waited for the lease";
+    EXPECT_EQ(runs.load(), 1);
+    EXPECT_EQ(others.load(), 2);
+    EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
+    EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
+    EXPECT_EQ(c->metrics().waited_for_copy, 1u) << c->metrics().Summary();
+    if (batch) EXPECT_GE(c->metrics().claim_batches, 1u) << c->metrics().Summary();
+  }
+}
+
+// Counts the Retry() calls of the deliveries it wraps.
+class RetryCountingDelivery final : public ForwardingDelivery {
+ public:
+  RetryCountingDelivery(std::unique_ptr<Delivery> d, std::atomic<int>* n)
+      : ForwardingDelivery(std::move(d)), n_(n) {}
+  Status Retry(Millis after) override {
+    ++*n_;
+    return d_->Retry(after);
+  }
+
+ private:
+  std::atomic<int>* n_;
+};
+
+// A delivery waiting for an earlier copy of its key does not hold up a stop:
+// it is handed back at once (Retry(0), nothing claimed), while the earlier
+// copy's handler finishes within the drain timeout and is acked.
+TEST_P(ConsumerConformance, ADeliveryWaitingForItsCopyIsHandedBackAtTheStop) {
+  auto buffer = MakeBuffer();  // lease 30 s
+  std::mutex mu;
+  std::set<std::string> fetched;  // ids (a broker's own redelivery has the same id)
+  std::atomic<int> retried{0};
+  WrappingSource source(Source(), [&](std::unique_ptr<Delivery> d) {
+    {
+      std::lock_guard lock(mu);
+      fetched.insert(d->id());
+    }
+    return std::make_unique<RetryCountingDelivery>(std::move(d), &retried);
+  });
+  ConsumerOptions o;
+  o.concurrency = 2;
+  o.prefetch = 4;
+  o.drain_timeout = 10s;
+  std::atomic<int> runs{0};
+  std::atomic<bool> release{false};
+  Running c(&source, buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    while (!release.load()) std::this_thread::sleep_for(5ms);
+    return HandlerResult::Done();
+  }, o);
+  Publish("waiter");
+  ASSERT_TRUE(WaitFor([&] { return runs.load() == 1; }));
+  Publish("waiter");
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard lock(mu);
+    return fetched.size() == 2;
+  }));
+  std::this_thread::sleep_for(100ms);  // a handler may take it meanwhile
+  std::thread stopper([&] { c.Stop(); });
+  // The waiting copy is handed back while the first still runs.
+  EXPECT_TRUE(WaitFor([&] { return retried.load() == 1; }, 5'000ms)) << c->metrics().Summary();
+  EXPECT_EQ(runs.load(), 1);
+  release = true;
+  stopper.join();
+  EXPECT_TRUE(c.run_status().ok()) << c.run_status();
+  const ConsumerMetrics m = c->metrics();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(m.acked, 1u) << m.Summary();
+  EXPECT_EQ(m.busy + m.duplicates, 0u) << "the waiting copy was never claimed; " << m.Summary();
+  EXPECT_EQ(m.waited_for_copy, 1u) << m.Summary();
+  EXPECT_EQ(Outstanding(), 1u);
+  // A new worker gets it: DUPLICATE, acked without running.
+  auto next = Source();
+  Running c2(next.get(), buffer.get(), [&](const Delivery&, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Done();
+  });
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; }, 15'000ms)) << Outstanding();
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(c2->metrics().duplicates, 1u);
+}
+
+// Passes every settlement on to the broker, but answers the first one of each
+// key Unavailable (as a settlement whose answer was lost would be).
+class FirstSettlementFailsDelivery final : public ForwardingDelivery {
+ public:
+  FirstSettlementFailsDelivery(std::unique_ptr<Delivery> d, std::mutex* mu,
+                               std::set<std::string>* failed)
+      : ForwardingDelivery(std::move(d)), mu_(mu), failed_(failed) {}
+  Status Ack() override { return Answer(d_->Ack()); }
+  Status Retry(Millis after) override { return Answer(d_->Retry(after)); }
+  Status DeadLetter(std::string_view reason) override { return Answer(d_->DeadLetter(reason)); }
+
+ private:
+  Status Answer(Status s) {
+    std::lock_guard lock(*mu_);
+    if (!failed_->insert(key_).second) return s;
+    return Status::Unavailable("settlement answer lost (test)");
+  }
+  std::mutex* mu_;
+  std::set<std::string>* failed_;
+};
+
+// The counters say what the broker took: a Retry() that failed (the delivery
+// then comes back on the broker's own timer) is not a retry, as a failed Ack() is
+// not an ack and a failed DeadLetter() not a dead letter.
+TEST_P(ConsumerConformance, SettlementsTheBrokerDidNotTakeAreNotCounted) {
+  BufferOptions bo;
+  bo.retry_delay = 100ms;
+  auto buffer = MakeBuffer(bo);
+  std::mutex mu;
+  std::set<std::string> failed;
+  WrappingSource source(Source(), [&](std::unique_ptr<Delivery> d) {
+    return std::make_unique<FirstSettlementFailsDelivery>(std::move(d), &mu, &failed);
+  });
+  Publish("retried");
+  Publish("acked");
+  Publish("dead");
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.batch_completions = false;
+  o.max_ack_delay = 0ms;  // one Ack() per delivery
+  std::atomic<int> retried_runs{0};
+  Running c(&source, buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    if (d.key() == "dead") return HandlerResult::Fail("no");
+    if (d.key() == "retried" && ++retried_runs == 1) return HandlerResult::Retry("later");
+    return HandlerResult::Done();
+  }, o);
+  ASSERT_TRUE(WaitFor([&] { return Outstanding() == 0; })) << Outstanding();
+  c.Stop();
+  const ConsumerMetrics m = c->metrics();
+  EXPECT_EQ(retried_runs.load(), 2);
+  EXPECT_EQ(m.retries, 0u) << m.Summary();
+  EXPECT_EQ(m.acked, 1u) << "the second run of 'retried'; " << m.Summary();
+  EXPECT_EQ(m.dead_lettered, 0u) << m.Summary();
+  EXPECT_EQ(m.broker_errors, 3u) << m.Summary();
+  EXPECT_EQ(m.retry_errors, 1u) << m.Summary();
+  EXPECT_EQ(m.ack_errors, 1u) << m.Summary();
+  EXPECT_EQ(m.dead_letter_errors, 1u) << m.Summary();
+}
+
+// A handler's failure text near the 1 MiB a record holds (or over it: the
+// Buffer cuts it) becomes the dead letter's reason. Brokers that carry the
+// reason in a header (NATS: the header block counts against max_payload,
+// 1 MiB; AMQP: the content header must fit one frame, 128 KiB) must still
+// deliver the dead letter, with the reason cut short (valid UTF-8, marked),
+// and ack the original once: no redelivery, no second dead letter.
+TEST_P(ConsumerConformance, AReasonNearAMebibyteStillDeadLetters) {
+  auto buffer = MakeBuffer();
+  auto source = Source();
+  std::string near;  // 2-byte characters: a cut at an odd byte breaks one
+  while (near.size() < kMaxResultBytes - 64) near += "\xc3\xbc";  // u-umlaut
+  std::string over = near + near;
+  Publish("near-mib");
+  Publish("over-mib");
+  std::atomic<int> runs{0};
+  Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+    ++runs;
+    return HandlerResult::Fail(d.key() == "near-mib" ? near : over);
+  });
+  EXPECT_TRUE(WaitFor([&] { return Outstanding() == 0 && DeadReasons().size() >= 2; }, 10'000ms))
+      << Outstanding() << " outstanding; " << c->metrics().Summary();
+  std::this_thread::sleep_for(500ms);  // a redelivery would come within the 400 ms timer
+  c.Stop();
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_EQ(c->metrics().dead_lettered, 2u) << c->metrics().Summary();
+  EXPECT_EQ(c->metrics().duplicates, 0u) << "redelivered: " << c->metrics().Summary();
+  const std::vector<std::string> reasons = DeadReasons();
+  ASSERT_EQ(reasons.size(), 2u);
+  for (const std::string& r : reasons) {
+    EXPECT_TRUE(internal::IsValidUtf8(r)) << r.size() << " bytes, ends '" << r.substr(r.size() - 40) << "'";
+    EXPECT_EQ(r.substr(0, 1000), near.substr(0, 1000));
+    EXPECT_LE(r.size(), kMaxResultBytes);
   }
 }
 

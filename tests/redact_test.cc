@@ -148,5 +148,27 @@ TEST_F(Credentials, FromTheEnvironmentWhenTheUriHasNone) {
   EXPECT_EQ(Resolve("redis://:inline@h").password, "inline");
 }
 
+// A reason cut for a header or a log line splits no character: the
+// continuation bytes of one the cut would split go too; bytes that are not
+// UTF-8 are cut where they are.
+TEST(CutAtCharacter, SplitsNoCharacter) {
+  EXPECT_EQ(CutAtCharacter("short", 5), "short");
+  EXPECT_EQ(CutAtCharacter("abcdef", 3), "abc... [cut: 6 bytes in all]");
+  // "x" then u-umlaut (2 bytes), euro (3), a 4-byte emoji, "z": cuts inside each.
+  const std::string s = "x\xc3\xbc\xe2\x82\xac\xf0\x9f\x98\x80z";
+  EXPECT_EQ(CutAtCharacter(s, 2), "x... [cut: 11 bytes in all]");
+  EXPECT_EQ(CutAtCharacter(s, 3), "x\xc3\xbc... [cut: 11 bytes in all]");
+  EXPECT_EQ(CutAtCharacter(s, 5), "x\xc3\xbc... [cut: 11 bytes in all]");
+  EXPECT_EQ(CutAtCharacter(s, 9), "x\xc3\xbc\xe2\x82\xac... [cut: 11 bytes in all]");
+  EXPECT_EQ(CutAtCharacter(s, 10), s.substr(0, 10) + "... [cut: 11 bytes in all]");
+  for (size_t max = 0; max < s.size(); ++max) {
+    EXPECT_TRUE(IsValidUtf8(CutAtCharacter(s, max))) << max;
+    EXPECT_LE(CutAtCharacter(s, max).find("..."), max) << max;
+  }
+  // Continuation bytes without a lead byte: cut where asked.
+  EXPECT_EQ(CutAtCharacter(std::string(10, '\x80'), 4),
+            std::string(4, '\x80') + "... [cut: 10 bytes in all]");
+}
+
 }  // namespace
 }  // namespace dedup::internal

@@ -3,7 +3,7 @@
 #
 #   tests/with_nats.sh PORT COMMAND [ARGS...]
 #
-# The server listens on 127.0.0.1:PORT (4230-4239, docs/PORTS.md) with its store in
+# The server listens on 127.0.0.1:PORT (4230-4249, docs/PORTS.md) with its store in
 # a temporary directory, and stops (by PID) when the command ends. The command sees
 #   DEDUP_TEST_NATS_URI       nats://127.0.0.1:PORT
 #   DEDUP_TEST_NATS_RESTART   a file: the command writes a line to it to ask for a

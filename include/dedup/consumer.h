@@ -32,6 +32,16 @@
 //     or running: e.g. a stream entry reclaimed from this very consumer) is
 //     dropped by the Consumer without being settled; the held one settles the
 //     message. Sources whose ids are unique per delivery never see this.
+//
+// A delivery whose key the Consumer holds already (another delivery of it, e.g.
+// a message published twice, fetched earlier and not yet decided: queued,
+// claimed, running, or its outcome waiting to be written) is not claimed at
+// once: that claim would be BUSY against the Consumer's own and come back only
+// after the lease. It waits, unclaimed, until the earlier copy's outcome is
+// written (or its claim given up), then is claimed alone: DUPLICATE, acked
+// without running (or ACQUIRED, when the earlier copy released its claim). It
+// counts against the fetch window, gets InProgress() like every held delivery,
+// and at Stop() is handed back at once (Retry(0)) with what never started.
 
 #ifndef DEDUP_CONSUMER_H_
 #define DEDUP_CONSUMER_H_
@@ -81,8 +91,11 @@ class Delivery {
   [[nodiscard]] virtual Status Retry(Millis after) = 0;
   [[nodiscard]] virtual Status DeadLetter(std::string_view reason) = 0;
 
-  // Tells the broker the message is still being worked on (JetStream's +WPI), so
-  // it does not redeliver while the lease is being extended. The Consumer calls
+  // Tells the broker the message is still being worked on (JetStream's +WPI;
+  // on Redis Streams an XCLAIM JUSTID that resets the entry's idle time, so
+  // that no XAUTOCLAIM takes it), so it does not redeliver while the lease is
+  // being extended. Called with the Consumer's lock held: it must not wait on
+  // the network (queue the signal, or send it without waiting for an answer). The Consumer calls
   // it once per heartbeat interval of its Buffer (from its fetch thread, and
   // while it drains from a thread of the drain, until the drain ends), for every
   // delivery it holds (fetched ahead and queued, running, or waiting for its
@@ -155,8 +168,11 @@ struct ConsumerMetrics {
   uint64_t busy = 0;           // claims BUSY (deferred, not acked)
   uint64_t takeovers = 0;      // ACQUIRED with attempt > 1
   uint64_t lost_leases = 0;    // outcome not recorded: another owner took over
-  uint64_t retries = 0;        // deliveries given back for a later delivery
-  uint64_t dead_lettered = 0;  // deliveries moved to the dead-letter queue
+  // Deliveries given back for a later delivery (Retry() of a retry outcome:
+  // BUSY, a released claim, a store error ...), the broker took it. Not the
+  // drain's hand-back of deliveries never started.
+  uint64_t retries = 0;
+  uint64_t dead_lettered = 0;  // deliveries moved to the dead-letter queue (the broker took it)
   uint64_t store_errors = 0;   // the store could not decide (fail closed)
   // Of store_errors: claims the store could not answer (the rest: outcome
   // writes it refused after the claim was ACQUIRED, counted in `acquired`).
@@ -166,7 +182,20 @@ struct ConsumerMetrics {
   uint64_t acked = 0;          // acks of done or duplicate work
   uint64_t redelivered = 0;    // deliveries the broker says it made before
   uint64_t held_back = 0;      // deliveries dropped: the same id is held here
-  uint64_t broker_errors = 0;  // fetches and settlements that failed
+  // Deliveries whose key this Consumer held already (an earlier copy fetched,
+  // running, or its outcome not yet written): they waited for that copy's
+  // outcome before their own claim, instead of a claim BUSY against it.
+  uint64_t waited_for_copy = 0;
+  uint64_t broker_errors = 0;  // fetches, settlements and in-progress signals that failed
+  // Of broker_errors: settlements of an outcome the broker did not take (or
+  // whose answer was lost), by what they were: Ack() or AckBatch (each delivery
+  // of a failed batch), Retry(), DeadLetter(). Each such delivery is counted in
+  // one of these and not in acked, retries or dead_lettered; the broker delivers
+  // it again on its own timer (its outcome, if recorded, answers DUPLICATE).
+  // The drain's hand-backs that failed count in broker_errors only.
+  uint64_t ack_errors = 0;
+  uint64_t retry_errors = 0;
+  uint64_t dead_letter_errors = 0;
   // Of `acked`: done by the store's completion in the same round trip
   // (Store::CanCompleteWithAck; docs/WORKER.md).
   uint64_t acked_with_complete = 0;

@@ -8,7 +8,7 @@
 #   nats_restart                              # stop + start on the same store dir
 #   ...                                       # the server stops at exit (trap)
 #
-# The server listens on 127.0.0.1 only (port 4230-4239, docs/PORTS.md), keeps its
+# The server listens on 127.0.0.1 only (port 4230-4249, docs/PORTS.md), keeps its
 # JetStream files in DIR/js (file-backed streams survive a restart) and is stopped
 # by its PID (SIGTERM: a clean shutdown that flushes the streams), never by name.
 
@@ -27,8 +27,8 @@ _nats_now_ms() { date +%s%3N; }
 # nats_start PORT DIR: starts a server and waits until it accepts connections.
 nats_start() {
   local port=$1 dir=$2
-  if ((port < 4230 || port > 4239)); then
-    _nats_log "port $port is outside 4230-4239 (docs/PORTS.md)"
+  if ((port < 4230 || port > 4249)); then
+    _nats_log "port $port is outside 4230-4249 (docs/PORTS.md)"
     return 1
   fi
   if ! _nats_port_free "$port"; then

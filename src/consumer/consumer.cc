@@ -21,7 +21,6 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -42,7 +41,10 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"store_errors", store_errors}, {"claim_errors", claim_errors},
       {"acked", acked},
       {"redelivered", redelivered},   {"held_back", held_back},
-      {"broker_errors", broker_errors}, {"acked_with_complete", acked_with_complete},
+      {"waited_for_copy", waited_for_copy},
+      {"broker_errors", broker_errors}, {"ack_errors", ack_errors},
+      {"retry_errors", retry_errors}, {"dead_letter_errors", dead_letter_errors},
+      {"acked_with_complete", acked_with_complete},
       {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
       {"ack_batches", ack_batches}, {"acked_in_batches", acked_in_batches},
       {"complete_batches", complete_batches}, {"completed_in_batches", completed_in_batches}};
@@ -62,9 +64,15 @@ std::string ConsumerMetrics::Summary() const {
          " dead_lettered=" + std::to_string(dead_lettered) + " store_errors=" +
          std::to_string(store_errors) + " acked=" + std::to_string(acked) +
          " redelivered=" + std::to_string(redelivered) + " held_back=" +
-         std::to_string(held_back) + " broker_errors=" + std::to_string(broker_errors) +
+         std::to_string(held_back) + " waited_for_copy=" + std::to_string(waited_for_copy) +
+         " broker_errors=" + std::to_string(broker_errors) +
+         " ack_errors=" + std::to_string(ack_errors) + " retry_errors=" +
+         std::to_string(retry_errors) + " dead_letter_errors=" + std::to_string(dead_letter_errors) +
          " acked_with_complete=" + std::to_string(acked_with_complete);
 }
+
+// A dead letter's reason in the log: a handler's failure text may be 1 MiB.
+constexpr size_t kMaxLoggedReasonBytes = 1024;
 
 class Consumer::Impl {
  public:
@@ -169,7 +177,11 @@ class Consumer::Impl {
     m.acked = n_.acked.load();
     m.redelivered = n_.redelivered.load();
     m.held_back = n_.held_back.load();
+    m.waited_for_copy = n_.waited_for_copy.load();
     m.broker_errors = n_.broker_errors.load();
+    m.ack_errors = n_.ack_errors.load();
+    m.retry_errors = n_.retry_errors.load();
+    m.dead_letter_errors = n_.dead_letter_errors.load();
     m.acked_with_complete = n_.acked_with_complete.load();
     m.claim_batches = n_.claim_batches.load();
     m.claimed_in_batches = n_.claimed_in_batches.load();
@@ -199,18 +211,25 @@ class Consumer::Impl {
   struct Job {
     std::unique_ptr<Delivery> delivery;
     std::optional<StatusOr<ClaimGuard>> claim;  // made by a batch claim
-    // Its key came earlier in the same fetched batch: never batch-claimed, and
-    // claimed at its turn only once the earlier one has ended and its outcome
-    // is written (AwaitEarlierCopy).
-    bool repeat = false;
-    // Its key comes again later in the batch: running_firsts_ while it runs.
-    bool has_repeat = false;
+  };
+
+  // A key of which this Consumer holds a copy (a delivery fetched, queued,
+  // claimed or in its claim, running, or its outcome waiting for the completer)
+  // whose outcome is not yet known, and the later deliveries of the key waiting
+  // for it. Claimed now, such a delivery would be BUSY against this very
+  // Consumer's claim and come back only after the lease; claimed once the copy's
+  // outcome is written, it gets what a single claim gets then (DUPLICATE, or a
+  // fresh claim when the copy gave its claim up).
+  struct HeldKey {
+    bool deferred = false;    // the copy's outcome waits for the completer
+    std::deque<Job> waiting;  // later deliveries of the key, in fetch order
   };
 
   struct Counters {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
         lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, claim_errors{0}, acked{0},
-        redelivered{0}, held_back{0}, broker_errors{0}, acked_with_complete{0},
+        redelivered{0}, held_back{0}, waited_for_copy{0}, broker_errors{0}, ack_errors{0},
+        retry_errors{0}, dead_letter_errors{0}, acked_with_complete{0},
         claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0},
         complete_batches{0}, completed_in_batches{0};
   };
@@ -233,7 +252,12 @@ class Consumer::Impl {
     }
   }
 
-  int Room() const { return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_; }
+  // Deliveries waiting for a copy of their key count against the window: a
+  // key sent many times must not fill the memory.
+  int Room() const {
+    return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_ -
+           waiting_for_copy_;
+  }
   // Whether the fetch thread fetches now (mu_ held): once half the window
   // (concurrency + prefetch) is free, or as soon as a handler thread would have
   // nothing to do. Not at every freed slot: with slow handlers (processes) that
@@ -259,9 +283,12 @@ class Consumer::Impl {
   }
 
   void Enqueue(std::vector<std::unique_ptr<Delivery>> batch) {
-    // Drop what this Consumer already holds (queued or running).
+    // Drop what this Consumer already holds (queued or running); set aside what
+    // must wait for a copy of its key held here (HeldKey).
     std::vector<Job> jobs;
     jobs.reserve(batch.size());
+    int set_aside = 0;
+    bool hurry = false;  // a copy waited for has its outcome with the completer
     {
       std::lock_guard lock(mu_);
       for (auto& d : batch) {
@@ -270,12 +297,23 @@ class Consumer::Impl {
           n_.held_back.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
+        if (Guarded(*d)) {
+          auto [it, fresh] = held_keys_.try_emplace(d->key());
+          if (!fresh) {
+            it->second.waiting.push_back(Job{std::move(d), std::nullopt});
+            hurry = hurry || it->second.deferred;
+            ++waiting_for_copy_;
+            ++set_aside;
+            n_.waited_for_copy.fetch_add(1, std::memory_order_relaxed);
+            continue;
+          }
+        }
         jobs.push_back(Job{std::move(d), std::nullopt});
       }
     }
+    unfinished_.fetch_add(static_cast<int>(jobs.size()) + set_aside, std::memory_order_relaxed);
+    if (hurry) HurryCompleter();
     if (jobs.empty()) return;
-    MarkRepeats(jobs);
-    unfinished_.fetch_add(static_cast<int>(jobs.size()), std::memory_order_relaxed);
     if (buffer_ != nullptr && o_.batch_claims && ClaimableCount(jobs) > 1) {
       // The claim stage: a handler thread claims the batch with one ClaimBatch
       // while this thread fetches the next one. One batch at a time waits there
@@ -330,28 +368,64 @@ class Consumer::Impl {
     return n;
   }
 
-  // Job::repeat for a key met earlier in the batch, Job::has_repeat for its
-  // first one.
-  static void MarkRepeats(std::vector<Job>& jobs) {
-    if (jobs.size() < 2) return;
-    std::unordered_map<std::string_view, size_t> first;
-    first.reserve(jobs.size());
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const Delivery& d = *jobs[i].delivery;
-      if (!d.key_error().empty() || d.key().empty()) continue;
-      auto [it, fresh] = first.emplace(d.key(), i);
-      if (fresh) continue;
-      jobs[i].repeat = true;
-      jobs[it->second].has_repeat = true;
-    }
+  // Whether the delivery's key is claimed through the Buffer here, so that a
+  // later delivery of the key waits for its outcome (HeldKey). Not with a
+  // Processor (MakeWith): the guard it compares must meet every copy as it comes.
+  bool Guarded(const Delivery& d) const {
+    return buffer_ != nullptr && !process_ && d.key_error().empty() && !d.key().empty();
   }
 
-  // One Buffer::ClaimBatch for the keyed deliveries of the batch. A key met
-  // again in the batch is not claimed with it: claimed up front it would be
-  // BUSY against the first one's claim, here, and come back only after the
-  // lease; claimed alone when its turn comes (after the first ran, at
-  // concurrency 1, and its outcome was written: AwaitDeferredOutcome), it gets
-  // what a single claim gets: DUPLICATE.
+  // The copy of `key` (a Guarded delivery) has its outcome: written, its claim
+  // given up, or its claim answered without running. The first delivery
+  // waiting for it goes to the front of the queue (fetched before what is
+  // queued behind it), to be claimed alone; the key stays held by it. mu_ held;
+  // true when a handler should be woken.
+  bool EndCopyLocked(std::string_view key) {
+    auto it = held_keys_.find(key);
+    if (it == held_keys_.end()) return false;  // handed back by the drain
+    if (it->second.waiting.empty()) {
+      held_keys_.erase(it);
+      return false;
+    }
+    queue_.push_front(std::move(it->second.waiting.front()));
+    it->second.waiting.pop_front();
+    it->second.deferred = false;
+    --waiting_for_copy_;
+    return true;
+  }
+
+  void EndCopy(std::string_view key) {
+    bool wake = false;
+    {
+      std::lock_guard lock(mu_);
+      wake = EndCopyLocked(key) && idle_ > 0;
+    }
+    if (wake) work_cv_.notify_one();
+  }
+
+  // The copy's outcome goes to the completer; true when a delivery of the key
+  // waits for it (the completer is then asked not to wait for more).
+  bool DeferCopy(std::string_view key) {
+    std::lock_guard lock(mu_);
+    auto it = held_keys_.find(key);
+    if (it == held_keys_.end()) return false;
+    it->second.deferred = true;
+    return !it->second.waiting.empty();
+  }
+
+  // Asks the completer to write what waits now (or its next outcome at once):
+  // a delivery waits for one of them.
+  void HurryCompleter() {
+    if (!completer_.joinable()) return;
+    {
+      std::lock_guard lock(done_mu_);
+      ++hurry_;
+    }
+    done_cv_.notify_one();
+  }
+
+  // One Buffer::ClaimBatch for the keyed deliveries of the batch (a key held
+  // here already is not among them: it waits, HeldKey).
   void ClaimAll(std::vector<Job>& jobs) {
     std::vector<ClaimItem> items;
     std::vector<size_t> where;
@@ -359,7 +433,7 @@ class Consumer::Impl {
     where.reserve(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Delivery& d = *jobs[i].delivery;
-      if (!d.key_error().empty() || d.key().empty() || jobs[i].repeat) continue;
+      if (!d.key_error().empty() || d.key().empty()) continue;
       items.push_back(ClaimItem{d.key(), d.payload()});
       where.push_back(i);
     }
@@ -373,7 +447,6 @@ class Consumer::Impl {
   void HandlerLoop() {
     while (true) {
       Job job;
-      std::optional<std::string> first_key;  // job.has_repeat: in running_firsts_
       {
         std::unique_lock lock(mu_);
         // Once stopped, nothing new starts: what is queued is handed back by
@@ -418,20 +491,13 @@ class Consumer::Impl {
         job = std::move(queue_.front());
         queue_.pop_front();
         ++running_;
-        if (job.has_repeat) running_firsts_.insert(first_key.emplace(job.delivery->key()));
       }
       const auto started = adaptive_prefetch_ ? std::chrono::steady_clock::now()
                                               : std::chrono::steady_clock::time_point();
       Handle(job);
       bool notify_room = false;
-      bool first_ended = false;
       {
         std::lock_guard lock(mu_);
-        if (first_key.has_value()) {
-          running_firsts_.erase(running_firsts_.find(*first_key));
-          first_key.reset();
-          first_ended = true;
-        }
         --running_;
         if (adaptive_prefetch_) AdaptPrefetch(std::chrono::steady_clock::now() - started);
         // The fetch thread waits for room (woken only when it will fetch: each
@@ -442,7 +508,6 @@ class Consumer::Impl {
                       (running_ == 0 && (draining_ || stop_->load(std::memory_order_relaxed)));
       }
       if (notify_room) room_cv_.notify_all();
-      if (first_ended) first_cv_.notify_all();
       if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1 && completer_.joinable()) {
         // No handler is running and none queued: what waits will not grow soon.
         { std::lock_guard lock(done_mu_); }
@@ -482,12 +547,6 @@ class Consumer::Impl {
         if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
         return r;
       };
-      if (job.repeat && !AwaitEarlierCopy(d.key())) {
-        // Stopped by a drain whose time is gone while it waited: never started.
-        Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
-        Settle(d, BrokerAction::kRetry, Millis(0), "stopped before it started", false);
-        return;
-      }
       const BrokerAck* ack = d.fused_ack();
       std::variant<Processed, PendingOutcome> r =
           job.claim.has_value()
@@ -497,12 +556,14 @@ class Consumer::Impl {
         if (!completer_.joinable()) {
           p = buffer_->CompleteBatch(std::span<PendingOutcome>(pending, 1))[0];
         } else {
+          if (DeferCopy(d.key())) HurryCompleter();
           Defer(std::move(job.delivery), std::move(*pending));
           return;
         }
       } else {
         p = std::move(std::get<Processed>(r));
       }
+      EndCopy(d.key());
     }
     Count(p);
     // Stopped by the drain without an outcome (its claim is released): back to
@@ -542,52 +603,9 @@ class Consumer::Impl {
     if (wake) done_cv_.notify_one();
   }
 
-  // A delivery whose key came earlier in its batch (Job::repeat): while the
-  // earlier one runs (concurrency > 1), or its outcome waits for the completer,
-  // a claim would be BUSY against this very Consumer and come back only after
-  // the lease. Waits for both; false when the drain's time ran out meanwhile.
-  bool AwaitEarlierCopy(std::string_view key) {
-    {
-      std::unique_lock lock(mu_);
-      first_cv_.wait(lock, [&] {
-        return handlers_stop_.load() || running_firsts_.find(key) == running_firsts_.end();
-      });
-    }
-    if (handlers_stop_.load()) return false;
-    AwaitDeferredOutcome(key);
-    return true;
-  }
-
-  // A delivery whose key came earlier in its batch: while the earlier one's
-  // outcome waits for the completer (its claim held, nothing recorded yet), a
-  // claim would be BUSY against this very Consumer and come back only after the
-  // lease. Asks the completer to write now and waits until no outcome of the key
-  // is waiting or being written; the claim then gets DUPLICATE (or ACQUIRED,
-  // when the earlier one gave its claim up).
-  void AwaitDeferredOutcome(std::string_view key) {
-    if (!completer_.joinable()) return;
-    std::unique_lock lock(done_mu_);
-    auto waiting = [&] {
-      for (const Done& x : done_) {
-        if (x.delivery->key() == key) return true;
-      }
-      if (flushing_ != nullptr) {
-        for (const auto& x : *flushing_) {
-          if (x->key() == key) return true;
-        }
-      }
-      return false;
-    };
-    if (!waiting()) return;
-    ++flush_waiters_;
-    done_cv_.notify_one();
-    flushed_cv_.wait(lock, [&] { return !waiting(); });
-    --flush_waiters_;
-  }
-
   // The completer: takes the waiting outcomes when max_ack_batch wait, the oldest
-  // has waited max_ack_delay, or no handler is running (nothing more is coming
-  // soon), records them with one Buffer::CompleteBatch, then settles them (one
+  // has waited max_ack_delay, no handler is running (nothing more is coming
+  // soon), or a delivery waits for one of them (HurryCompleter), records them with one Buffer::CompleteBatch, then settles them (one
   // AckBatch for the acks the store did not fuse).
   void CompleteLoop() {
     std::unique_lock lock(done_mu_);
@@ -598,8 +616,9 @@ class Consumer::Impl {
       // from a batch taken earlier have waited since before it was taken).
       done_cv_.wait_until(lock, done_.front().ended + o_.max_ack_delay, [this] {
         return static_cast<int>(done_.size()) >= o_.max_ack_batch || done_stop_ ||
-               flush_waiters_ > 0 || unfinished_.load(std::memory_order_acquire) == 0;
+               hurry_ > 0 || unfinished_.load(std::memory_order_acquire) == 0;
       });
+      hurry_ = 0;
       // Straight into the two arrays FlushCompletions works on: a PendingOutcome
       // is large, and each move of it costs about a thousand instructions.
       const size_t n = std::min(done_.size(), static_cast<size_t>(o_.max_ack_batch));
@@ -612,13 +631,10 @@ class Consumer::Impl {
         pending.push_back(std::move(done_.front().pending));
         done_.pop_front();
       }
-      flushing_ = &deliveries;
       lock.unlock();
       space_cv_.notify_all();
       FlushCompletions(deliveries, pending);
       lock.lock();
-      flushing_ = nullptr;
-      if (flush_waiters_ > 0) flushed_cv_.notify_all();
     }
   }
 
@@ -627,6 +643,13 @@ class Consumer::Impl {
     std::vector<Processed> ps = buffer_->CompleteBatch(pending);
     n_.complete_batches.fetch_add(1, std::memory_order_relaxed);
     n_.completed_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
+    int wake = 0;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& d : deliveries) wake += EndCopyLocked(d->key()) ? 1 : 0;
+      wake = std::min(wake, idle_);
+    }
+    Wake(wake);
     Unhold(deliveries);
     std::vector<Delivery*> acks;
     for (size_t i = 0; i < deliveries.size(); ++i) {
@@ -675,6 +698,7 @@ class Consumer::Impl {
       // Not acked: the broker delivers them again; their outcomes are recorded,
       // so the next deliveries get DUPLICATE and ack.
       n_.broker_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
+      n_.ack_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
       Log("ack of " + std::to_string(deliveries.size()) + " deliveries: " + s.ToString());
     }
   }
@@ -741,14 +765,15 @@ class Consumer::Impl {
         break;
       case BrokerAction::kRetry:
         s = d.Retry(retry_after);
-        n_.retries.fetch_add(1, std::memory_order_relaxed);
+        if (s.ok()) n_.retries.fetch_add(1, std::memory_order_relaxed);
         break;
       case BrokerAction::kDeadLetter:
         s = d.DeadLetter(reason);
         if (s.ok()) {
           n_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
           Log("dead-lettered " + internal::Printable(d.id()) + " (key '" +
-              internal::Printable(d.key()) + "'): " + internal::Printable(reason));
+              internal::Printable(d.key()) + "'): " +
+              internal::Printable(internal::CutAtCharacter(reason, kMaxLoggedReasonBytes)));
         }
         break;
     }
@@ -756,6 +781,10 @@ class Consumer::Impl {
       // Not settled: the broker delivers it again (the outcome, if any, is
       // recorded, so the next delivery gets DUPLICATE).
       n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+      (action == BrokerAction::kAck     ? n_.ack_errors
+       : action == BrokerAction::kRetry ? n_.retry_errors
+                                        : n_.dead_letter_errors)
+          .fetch_add(1, std::memory_order_relaxed);
       Log(std::string(BrokerActionName(action)) + " of " + d.id() + ": " + s.ToString());
     }
   }
@@ -866,6 +895,13 @@ class Consumer::Impl {
       unstarted.swap(queue_);
       for (Job& j : staged_) unstarted.push_back(std::move(j));
       staged_.clear();
+      // Deliveries waiting for a copy of their key: nothing claimed, handed back
+      // at once (the copy may still run: its end finds no key held).
+      for (auto& [key, h] : held_keys_) {
+        for (Job& j : h.waiting) unstarted.push_back(std::move(j));
+      }
+      held_keys_.clear();
+      waiting_for_copy_ = 0;
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
     size_t abandoned = 0, not_handed_back = 0;
@@ -921,8 +957,6 @@ class Consumer::Impl {
     }
     if (left == 0) return;
     handlers_stop_.store(true);
-    { std::lock_guard lock(mu_); }  // AwaitEarlierCopy checks it under mu_
-    first_cv_.notify_all();
     Log("drain: " + std::to_string(left) + " handler(s) still running after " +
         std::to_string(o_.drain_timeout.count()) + " ms: stopping them (claims released, "
         "deliveries handed back)");
@@ -963,10 +997,10 @@ class Consumer::Impl {
   bool drained_ = false;                // the drain has ended: DrainProgressLoop stops
   std::condition_variable drain_cv_;    // wakes DrainProgressLoop
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
-  // Keys of running jobs with Job::has_repeat (a multiset: the same key may come
-  // first in two batches), and the wake-up of AwaitEarlierCopy.
-  std::unordered_multiset<std::string, internal::KeyHash, internal::KeyEq> running_firsts_;
-  std::condition_variable first_cv_;
+  // Keys with a copy held here (Guarded deliveries), and how many deliveries
+  // wait for one.
+  std::unordered_map<std::string, HeldKey, internal::KeyHash, internal::KeyEq> held_keys_;
+  int waiting_for_copy_ = 0;
   // ids queued, running or waiting for their ack, and their deliveries
   std::unordered_map<std::string, Delivery*> held_;
   Millis progress_every_{0};  // SendInProgress: the Buffer's heartbeat interval
@@ -978,11 +1012,7 @@ class Consumer::Impl {
   std::condition_variable done_cv_, space_cv_;
   std::deque<Done> done_;
   bool done_stop_ = false;
-  // AwaitDeferredOutcome: the batch being written, the threads waiting for a
-  // write, and their wake-up.
-  const std::vector<std::unique_ptr<Delivery>>* flushing_ = nullptr;
-  int flush_waiters_ = 0;
-  std::condition_variable flushed_cv_;
+  int hurry_ = 0;  // HurryCompleter: write what waits now
   // Deliveries enqueued whose handler has not finished yet.
   std::atomic<int> unfinished_{0};
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -112,7 +113,12 @@ void FitInARecord(HandlerResult* hr) {
   } else if (hr->kind == HandlerResult::Kind::kFail) {
     const std::string note = "... [reason cut to fit a record: " +
                              std::to_string(hr->result.size()) + " bytes in all]";
-    hr->result.resize(kMaxResultBytes - note.size());
+    // Between characters: the continuation bytes (10xxxxxx) of one the cut
+    // would split go too (at most 3: bytes that are not UTF-8 are cut as they are).
+    size_t end = kMaxResultBytes - note.size();
+    for (int k = 0; k < 3 && (static_cast<uint8_t>(hr->result[end]) & 0xc0) == 0x80; ++k) --end;
+    if ((static_cast<uint8_t>(hr->result[end]) & 0xc0) == 0x80) end = kMaxResultBytes - note.size();
+    hr->result.resize(end);
     hr->result += note;
   }
 }

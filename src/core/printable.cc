@@ -3,6 +3,7 @@
 #include "core/printable.h"
 
 #include <cstdint>
+#include <string>
 
 namespace dedup::internal {
 namespace {
@@ -71,6 +72,19 @@ std::string Printable(std::string_view bytes) {
     }
   }
   return out;
+}
+
+std::string CutAtCharacter(std::string_view bytes, size_t max) {
+  if (bytes.size() <= max) return std::string(bytes);
+  size_t end = max;
+  // Back off the continuation bytes (10xxxxxx) of a character the cut would
+  // split: at most 3, so that bytes that are not UTF-8 are still cut near max.
+  for (int k = 0; k < 3 && end > 0 && (static_cast<uint8_t>(bytes[end]) & 0xc0) == 0x80; ++k) {
+    --end;
+  }
+  if ((static_cast<uint8_t>(bytes[end]) & 0xc0) == 0x80) end = max;  // not UTF-8 there
+  return std::string(bytes.substr(0, end)) + "... [cut: " + std::to_string(bytes.size()) +
+         " bytes in all]";
 }
 
 bool IsValidUtf8(std::string_view bytes) {

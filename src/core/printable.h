@@ -23,6 +23,12 @@ std::string Printable(std::string_view bytes);
 // nothing above U+10FFFF).
 bool IsValidUtf8(std::string_view bytes);
 
+// `bytes` when at most `max` bytes long; else its first bytes, cut so that no
+// well-formed UTF-8 character is split (at most `max`), followed by
+// "... [cut: N bytes in all]" (not counted in `max`). For reasons carried
+// where space is bounded (broker headers, log lines).
+std::string CutAtCharacter(std::string_view bytes, size_t max);
+
 // Lower-case hex of every byte ("6d2dff").
 std::string HexBytes(std::string_view bytes);
 

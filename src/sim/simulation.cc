@@ -142,7 +142,9 @@ class Simulation {
       const ConsumerMetrics m = consumer->metrics();
       sum.duplicates += m.duplicates;
       sum.busy += m.busy;
-      sum.retries += m.retries;
+      // Every retry outcome, taken by the broker or not (a crashed worker's
+      // Retry() answers Unavailable).
+      sum.retries += m.retries + m.retry_errors;
       sum.store_errors += m.store_errors;
       sum.lost_leases += m.lost_leases;
     }

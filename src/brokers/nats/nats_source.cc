@@ -2,6 +2,8 @@
 
 #include "brokers/nats/nats_source.h"
 
+#include "brokers/dead_letter.h"
+
 #include <nats/nats.h>
 
 #include <algorithm>
@@ -655,8 +657,8 @@ class NatsDelivery final : public Delivery {
         s = natsMsgHeader_Add(m, name.c_str(), raw ? v.c_str() : internal::Printable(v).c_str());
       }
     }
-    // The reason too (a handler's own text).
-    std::string why(reason);
+    // The reason too (a handler's own text), cut to what a header holds.
+    std::string why = brokers::HeaderReason(reason);
     if (why.find_first_of(std::string_view("\0\r\n", 3)) != std::string::npos) {
       why = internal::Printable(why);
       escaped += (escaped.empty() ? "," : "") + std::string("Dedup-Reason,");

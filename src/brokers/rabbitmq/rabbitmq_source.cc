@@ -2,6 +2,8 @@
 
 #include "brokers/rabbitmq/rabbitmq_source.h"
 
+#include "brokers/dead_letter.h"
+
 #include <poll.h>
 #include <sys/time.h>
 
@@ -483,7 +485,7 @@ class RabbitMqDelivery final : public Delivery {
     Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m, bool again) {
       if (again) DEDUP_RETURN_IF_ERROR(p.DeclareTopology());
       if (!again) {
-        m.headers.emplace_back("x-dedup-reason", std::string(reason));
+        m.headers.emplace_back("x-dedup-reason", brokers::HeaderReason(reason));
         m.headers.emplace_back("x-dedup-queue", s_->o.queue);
       }
       return p.Send(s_->o.DeadName(), "", m);

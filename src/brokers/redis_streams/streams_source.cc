@@ -7,8 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "brokers/redis_streams/stream_conn.h"
@@ -51,6 +55,18 @@ bool ParseEntry(const redisReply* e, StreamMessage* m, bool* has_body) {
 
 class StreamsSource;
 
+// What the in-progress signal and the hand-back of one delivery share; it may
+// outlive the delivery (the signal is sent by the source's own thread).
+struct EntryClock {
+  std::mutex mu;
+  // When this consumer last had the entry's idle time set to 0 (delivered to
+  // it, or an in-progress XCLAIM answered): taken after Redis's reply, so that
+  // the time since is at most the entry's idle time while no other consumer
+  // took it meanwhile.
+  SteadyTime reset = SteadyClock::now();
+  bool handed_back = false;  // Retry(0): no more in-progress signals
+};
+
 class StreamDelivery final : public Delivery {
  public:
   StreamDelivery(StreamsSource* source, StreamMessage m, std::string key, std::string key_error,
@@ -58,6 +74,7 @@ class StreamDelivery final : public Delivery {
   Status Ack() override;
   Status Retry(Millis after) override;
   Status DeadLetter(std::string_view reason) override;
+  Status InProgress() override;
   const BrokerAck* fused_ack() const override { return &ack_; }
   void MarkAcked() override {}
   void set_delivery_count(uint32_t n) { delivery_count_ = n; }
@@ -65,13 +82,21 @@ class StreamDelivery final : public Delivery {
  private:
   StreamsSource* source_;
   BrokerAck ack_;
-  const SteadyTime fetched_ = SteadyClock::now();  // after Redis delivered it to us
+  const std::shared_ptr<EntryClock> clock_ = std::make_shared<EntryClock>();
 };
 
 class StreamsSource final : public MessageSource {
  public:
   explicit StreamsSource(WorkerOptions o)
       : o_(std::move(o)), server_(internal::RedisServerIdentity(o_.host, o_.port, o_.db)), fetch_conn_(Conn()) {}
+  ~StreamsSource() override {
+    {
+      std::lock_guard lock(progress_mu_);
+      progress_stop_ = true;
+    }
+    progress_cv_.notify_all();
+    if (progress_thread_.joinable()) progress_thread_.join();
+  }
 
   ConnOptions Conn() const { return StreamConnOptions(o_); }
 
@@ -148,13 +173,29 @@ class StreamsSource final : public MessageSource {
   // last fetch did (Redis does not answer), none is sent until a fetch succeeds
   // again: a drain handing back many entries pays the timeout at most once, and
   // what is not handed back so comes back after the reclaim min-idle as before.
-  Status HandBack(const std::string& id, SteadyTime fetched) {
+  //
+  // Its min-idle counts from the entry's last idle reset by this consumer
+  // (EntryClock: its delivery, or an in-progress XCLAIM), and no in-progress
+  // signal follows it: one in flight is waited for (progress_send_mu_), later
+  // ones are not sent; one sent after it would set the idle time back to 0.
+  // (Not waited for when no hand-back is sent: with Redis not answering, every
+  // hand-back of a drain would wait for a round trip's timeout.)
+  Status HandBack(const std::string& id, EntryClock& clock) {
     LeavePending(id, Millis(0));  // and this consumer's own next fetch, if any
     if (hand_back_off_.load(std::memory_order_relaxed)) {
+      std::lock_guard lock(clock.mu);
+      clock.handed_back = true;
       return Status::Unavailable("redis " + fetch_conn_.Name() +
                                  ": XCLAIM not sent: the last fetch or hand-back got no answer");
     }
-    const auto since = std::chrono::duration_cast<Millis>(SteadyClock::now() - fetched);
+    SteadyTime reset;
+    {
+      std::lock_guard send(progress_send_mu_);
+      std::lock_guard lock(clock.mu);
+      clock.handed_back = true;
+      reset = clock.reset;
+    }
+    const auto since = std::chrono::duration_cast<Millis>(SteadyClock::now() - reset);
     const Millis idle = std::max(o_.reclaim_min_idle, kHandBackIdle);
     Status s = Send({"XCLAIM", o_.stream, o_.group, o_.consumer,
                      std::to_string(std::max<int64_t>(0, since.count())), id, "IDLE",
@@ -162,6 +203,31 @@ class StreamsSource final : public MessageSource {
                     "XCLAIM");
     if (!s.ok()) hand_back_off_.store(true, std::memory_order_relaxed);
     return s;
+  }
+
+  // Delivery::InProgress(): the entry's idle time is set back to 0 with
+  // `XCLAIM <stream> <group> <consumer> <min-idle> <id> JUSTID` (JUSTID: Redis
+  // counts no delivery for it), so that no XAUTOCLAIM (of another worker, or of
+  // this one) takes the entry while its handler runs; the Consumer calls it
+  // once per heartbeat interval of its Buffer (lease / 3), well inside
+  // reclaim_min_idle (lease + 5 s by default). Its min-idle is the time since
+  // this consumer last reset the entry's idle time: an entry another consumer
+  // took over since (idle for less) is left to it, not taken back. An entry
+  // acked meanwhile is no longer pending and XCLAIM (without FORCE) leaves it
+  // alone. The Consumer calls InProgress() with its own lock held, so it only
+  // queues the id; the source's progress thread sends what is queued in one
+  // pipelined round trip. A failed round trip is answered by the next
+  // InProgress() (once).
+  Status QueueProgress(const std::string& id, const std::shared_ptr<EntryClock>& clock) {
+    Status last;
+    {
+      std::lock_guard lock(progress_mu_);
+      progress_[id] = clock;
+      last = std::exchange(progress_error_, Status::Ok());
+      if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { ProgressLoop(); });
+    }
+    progress_cv_.notify_one();
+    return last;
   }
 
   void LeavePending(const std::string& id, Millis after) {
@@ -187,17 +253,25 @@ class StreamsSource final : public MessageSource {
   const std::string& server() const { return server_; }
 
  private:
-  // One command on a pooled connection; an error reply is Unavailable.
-  Status Send(const std::vector<std::string>& args, const char* what) {
-    std::unique_ptr<StreamConn> c;
+  std::unique_ptr<StreamConn> PooledConn() {
     {
       std::lock_guard lock(pool_mu_);
       if (!pool_.empty()) {
-        c = std::move(pool_.back());
+        std::unique_ptr<StreamConn> c = std::move(pool_.back());
         pool_.pop_back();
+        return c;
       }
     }
-    if (c == nullptr) c = std::make_unique<StreamConn>(Conn());
+    return std::make_unique<StreamConn>(Conn());
+  }
+  void ReturnConn(std::unique_ptr<StreamConn> c) {
+    std::lock_guard lock(pool_mu_);
+    pool_.push_back(std::move(c));
+  }
+
+  // One command on a pooled connection; an error reply is Unavailable.
+  Status Send(const std::vector<std::string>& args, const char* what) {
+    std::unique_ptr<StreamConn> c = PooledConn();
     auto r = c->Run(args);
     Status s;
     if (!r.ok()) {
@@ -205,10 +279,60 @@ class StreamsSource final : public MessageSource {
     } else if (IsError(r->get())) {
       s = Status::Unavailable("redis " + c->Name() + ": " + what + ": " + ReplyText(r->get()));
     }
-    {
-      std::lock_guard lock(pool_mu_);
-      pool_.push_back(std::move(c));
+    ReturnConn(std::move(c));
+    return s;
+  }
+
+  void ProgressLoop() {
+    std::unique_lock lock(progress_mu_);
+    while (true) {
+      progress_cv_.wait(lock, [this] { return !progress_.empty() || progress_stop_; });
+      if (progress_stop_) return;
+      std::map<std::string, std::shared_ptr<EntryClock>> batch;
+      batch.swap(progress_);
+      lock.unlock();
+      Status s = SendProgress(batch);
+      lock.lock();
+      if (!s.ok()) progress_error_ = std::move(s);
     }
+  }
+
+  Status SendProgress(const std::map<std::string, std::shared_ptr<EntryClock>>& batch) {
+    std::lock_guard send(progress_send_mu_);
+    std::vector<std::vector<std::string>> cmds;
+    std::vector<EntryClock*> clocks;
+    const SteadyTime now = SteadyClock::now();
+    for (const auto& [id, clock] : batch) {
+      std::lock_guard lock(clock->mu);
+      if (clock->handed_back) continue;
+      const auto since = std::chrono::duration_cast<Millis>(now - clock->reset);
+      cmds.push_back({"XCLAIM", o_.stream, o_.group, o_.consumer,
+                      std::to_string(std::max<int64_t>(0, since.count())), id, "JUSTID"});
+      clocks.push_back(clock.get());
+    }
+    if (cmds.empty()) return Status::Ok();
+    std::unique_ptr<StreamConn> c = PooledConn();
+    auto r = c->RunAll(cmds);
+    const SteadyTime answered = SteadyClock::now();
+    Status s;
+    if (!r.ok()) {
+      s = r.status();
+    } else {
+      for (size_t i = 0; i < clocks.size(); ++i) {
+        const redisReply* rep = (*r)[i].get();
+        if (IsError(rep)) {
+          if (s.ok()) s = Status::Unavailable("redis " + c->Name() + ": XCLAIM: " + ReplyText(rep));
+          continue;
+        }
+        // [id] when it was still this consumer's; [] when acked, deleted, or
+        // taken over by another consumer.
+        if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1) {
+          std::lock_guard lock(clocks[i]->mu);
+          clocks[i]->reset = answered;
+        }
+      }
+    }
+    ReturnConn(std::move(c));
     return s;
   }
 
@@ -413,6 +537,17 @@ class StreamsSource final : public MessageSource {
 
   std::mutex pool_mu_;
   std::vector<std::unique_ptr<StreamConn>> pool_;  // for settlements
+
+  // The in-progress signal (QueueProgress): ids queued since the last round,
+  // the last round's failure, and the thread that sends them; a round in
+  // flight holds progress_send_mu_ (HandBack waits for it).
+  std::mutex progress_mu_;
+  std::condition_variable progress_cv_;
+  std::map<std::string, std::shared_ptr<EntryClock>> progress_;
+  Status progress_error_;
+  bool progress_stop_ = false;
+  std::thread progress_thread_;
+  std::mutex progress_send_mu_;
 };
 
 StreamDelivery::StreamDelivery(StreamsSource* source, StreamMessage m, std::string key,
@@ -434,13 +569,21 @@ StreamDelivery::StreamDelivery(StreamsSource* source, StreamMessage m, std::stri
 Status StreamDelivery::Ack() { return source_->Ack(id_); }
 
 Status StreamDelivery::Retry(Millis after) {
-  if (after.count() == 0) return source_->HandBack(id_, fetched_);
+  if (after.count() == 0) return source_->HandBack(id_, *clock_);
   source_->LeavePending(id_, after);
   return Status::Ok();
 }
 
 Status StreamDelivery::DeadLetter(std::string_view reason) {
   return source_->DeadLetter(*this, attributes_, reason);
+}
+
+Status StreamDelivery::InProgress() {
+  {
+    std::lock_guard lock(clock_->mu);
+    if (clock_->handed_back) return Status::Ok();
+  }
+  return source_->QueueProgress(id_, clock_);
 }
 
 }  // namespace

@@ -14,6 +14,11 @@
 //                next XAUTOCLAIM takes it at once
 //   DeadLetter   XADD <dead stream> with the original fields + reason + entry_id,
 //                then XACK
+//   InProgress() XCLAIM <id> JUSTID of its own entry (min-idle: the time since
+//                this consumer last reset its idle time), which sets the idle
+//                time back to 0 without counting a delivery, so that no
+//                XAUTOCLAIM takes the entry while it runs; queued, and sent by
+//                the source's own thread, several in one pipelined round trip
 //   fused_ack()  {"redis-stream", "host:port/0", stream, group, entry id}: a Redis
 //                store on the same server and database completes and XACKs in one
 //                script (complete_ack.lua)
