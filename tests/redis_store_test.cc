@@ -1867,5 +1867,156 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
   }
 }
 
+
+// ---- cluster with replicas: a primary dies and its replica takes over ----------------
+
+// clusterreview: 3 primaries on 7110-7112, one replica each on 7113-7115.
+class RedisClusterFailoverTest : public RedisStoreTest {
+ protected:
+  static constexpr int kBase = 7110;
+  static constexpr int kNodes = 6;
+  void SetUp() override {
+    RedisStoreTest::SetUp();
+    for (int i = 0; i < kNodes; ++i) {
+      if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
+    }
+    std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
+    for (int i = 0; i < kNodes; ++i) {
+      const int port = kBase + i;
+      const std::string d = Dir(std::to_string(port));
+      servers_.push_back(std::make_unique<RedisServer>(port, d));
+      ASSERT_TRUE(servers_.back()->Start({"--cluster-enabled", "yes", "--cluster-config-file",
+                                          d + "/nodes.conf", "--cluster-node-timeout", "5000"}));
+      create.push_back("127.0.0.1:" + std::to_string(port));
+    }
+    create.insert(create.end(), {"--cluster-replicas", "1", "--cluster-yes"});
+    pid_t pid = Spawn(create);
+    ASSERT_GT(pid, 0);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
+    ASSERT_TRUE(WaitOk(std::vector<int>{0, 1, 2, 3, 4, 5}, 20s)) << "cluster did not become ok";
+  }
+  void TearDown() override {
+    servers_.clear();
+    RedisStoreTest::TearDown();
+  }
+  bool WaitOk(const std::vector<int>& nodes, std::chrono::seconds within) {
+    for (auto until = Clock_::now() + within; Clock_::now() < until;
+         std::this_thread::sleep_for(100ms)) {
+      bool ok = true;
+      for (int i : nodes) {
+        ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+      }
+      if (ok) return true;
+    }
+    return false;
+  }
+  // The index of the node that serves `rkey` (a primary), and of its replica.
+  int PrimaryOf(const std::string& rkey) {
+    for (int n = 0; n < kNodes; ++n) {
+      const std::string r = Admin(kBase + n, {"GET", rkey});
+      if (r.rfind("MOVED", 0) != 0) return n;
+    }
+    return -1;
+  }
+  int ReplicaOf(int primary) {
+    for (int n = 0; n < kNodes; ++n) {
+      if (Admin(kBase + n, {"INFO", "replication"}).find("master_port:" +
+                                                         std::to_string(kBase + primary)) !=
+          std::string::npos) {
+        return n;
+      }
+    }
+    return -1;
+  }
+  // Waits until the replica has every write of its primary.
+  bool InSync(int primary, int replica) {
+    auto offset = [&](int n, const std::string& field) {
+      const std::string info = Admin(kBase + n, {"INFO", "replication"});
+      const size_t at = info.find(field + ":");
+      return at == std::string::npos ? std::string("?")
+                                     : info.substr(at + field.size() + 1,
+                                                   info.find('\r', at) - at - field.size() - 1);
+    };
+    for (auto until = Clock_::now() + 10s; Clock_::now() < until;
+         std::this_thread::sleep_for(20ms)) {
+      const std::string want = offset(primary, "master_repl_offset");
+      if (want != "?" && offset(replica, "slave_repl_offset") == want) return true;
+    }
+    return false;
+  }
+  std::vector<std::unique_ptr<RedisServer>> servers_;
+};
+
+// A primary is killed (SIGKILL) and its replica takes over (CLUSTER FAILOVER
+// TAKEOVER). The store's slot map still named the dead primary, and it asked for
+// a new map only after a MOVED, which a dead server never sends: every call on
+// the moved slots failed with "connection refused" for as long as the store
+// lived. After the takeover, calls must reach the new primary (within a few
+// seconds of gossip), completed records answer DUPLICATE, and a lease held
+// across the failover is taken over with a higher fence.
+TEST_F(RedisClusterFailoverTest, CallsReachTheReplicaThatTookOverFromAKilledPrimary) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7110?prefix=fo:&timeout=500ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const int victim = PrimaryOf("fo:done");
+  ASSERT_GE(victim, 0);
+  ASSERT_LT(victim, 3);
+  const int replica = ReplicaOf(victim);
+  ASSERT_GE(replica, 3) << "no replica of 127.0.0.1:" << kBase + victim;
+  // Keys of the victim's slots: one completed, one held with a short lease.
+  std::string held;
+  for (int i = 0; held.empty(); ++i) {
+    const std::string k = "held" + std::to_string(i);
+    if (PrimaryOf("fo:" + k) == victim) held = k;
+  }
+  auto d = store.Claim(Req("done"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(store.Complete("done", d->token, 600s, CompletionStatus::kOk, "r").ok());
+  auto h = store.Claim(Req(held, 1s));
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->outcome, ClaimOutcome::kAcquired);
+  ASSERT_TRUE(InSync(victim, replica));
+
+  const pid_t pid = servers_[victim]->pid();
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int st;
+  waitpid(pid, &st, 0);
+  // A call while the primary is down: an error, promptly.
+  const auto t0 = Clock_::now();
+  auto down = store.Claim(Req("done"));
+  EXPECT_FALSE(down.ok());
+  EXPECT_LT(Clock_::now() - t0, 3s);
+  ASSERT_EQ(Admin(kBase + replica, {"CLUSTER", "FAILOVER", "TAKEOVER"}), "OK");
+
+  // Within 15 s (gossip of the new epoch), the store answers on the new primary.
+  StatusOr<ClaimResult> after = Status::Unavailable("not tried");
+  for (auto until = Clock_::now() + 15s; Clock_::now() < until;
+       std::this_thread::sleep_for(200ms)) {
+    after = store.Claim(Req("done"));
+    if (after.ok()) break;
+  }
+  ASSERT_TRUE(after.ok()) << "15 s after the takeover: " << after.status();
+  EXPECT_EQ(after->outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(after->result, "r");
+  std::this_thread::sleep_for(1100ms);  // the held lease ends
+  auto t = store.Claim(Req(held));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->outcome, ClaimOutcome::kAcquired);
+  EXPECT_GT(t->fence, h->fence);
+  auto w = store.Complete(held, t->token, 600s, CompletionStatus::kOk, "t");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  // A batch over every primary, the new one included.
+  std::vector<ClaimRequest> reqs;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 60; ++i) keys.push_back("b" + std::to_string(i));
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  auto b = store.ClaimBatch(reqs);
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ((*b)[i].outcome, ClaimOutcome::kAcquired);
+}
+
 }  // namespace
 }  // namespace dedup
