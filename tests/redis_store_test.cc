@@ -1868,6 +1868,83 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
 }
 
 
+// clusterreview: Redis writes the node of a redirect as ip:port, an IPv6 address
+// unbracketed ("ASK 3999 ::1:7117"). The client read it with the URI host
+// grammar, which needs brackets, and made a node of host "::1:7117", port 6379:
+// on an IPv6 cluster every ASK (a slot half moved) and every MOVED failed with a
+// connect error. Three primaries on ::1 (7116-7118); one slot is moved while a
+// fresh key of it is claimed (ASK) and, once moved, another (MOVED).
+TEST_F(RedisStoreTest, AnIpv6ClusterFollowsAskAndMovedRedirects) {
+  constexpr int kBase = 7116;
+  for (int i = 0; i < 3; ++i) {
+    if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
+  }
+  std::vector<std::unique_ptr<RedisServer>> servers;
+  std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
+  for (int i = 0; i < 3; ++i) {
+    const int port = kBase + i;
+    const std::string d = Dir("v6-" + std::to_string(port));
+    servers.push_back(std::make_unique<RedisServer>(port, d));
+    if (!servers.back()->Start({"--bind", "127.0.0.1 ::1", "--cluster-enabled", "yes",
+                                "--cluster-config-file", d + "/nodes.conf",
+                                "--cluster-node-timeout", "5000"})) {
+      GTEST_SKIP() << "no IPv6 loopback here";
+    }
+    create.push_back("::1:" + std::to_string(port));
+  }
+  create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
+  pid_t pid = Spawn(create);
+  ASSERT_GT(pid, 0);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
+  for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
+    bool ok = true;
+    for (int i = 0; i < 3; ++i) {
+      ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+    }
+    if (ok) break;
+    ASSERT_LT(Clock_::now(), until) << "cluster did not become ok";
+  }
+  auto opened = OpenStore("redis+cluster://[::1]:7116?prefix=v6:&timeout=1s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  // Two fresh keys of one slot that 7116 serves.
+  const uint16_t slot = redis::KeySlot("v6:a0");
+  std::vector<std::string> same;
+  for (int i = 0; same.size() < 2; ++i) {
+    const std::string k = "a" + std::to_string(i);
+    if (redis::KeySlot("v6:" + k) == slot) same.push_back(k);
+  }
+  int from = -1;
+  for (int n = 0; n < 3; ++n) {
+    if (Admin(kBase + n, {"GET", "v6:a0"}).rfind("MOVED", 0) != 0) from = kBase + n;
+  }
+  ASSERT_GE(from, 0);
+  const int to = from == kBase ? kBase + 1 : kBase;
+  const std::string sl = std::to_string(slot);
+  const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
+  const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
+  ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", from_id}), "OK");
+  ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", to_id}), "OK");
+  EXPECT_EQ(Admin(from, {"SET", "v6:" + same[0], "x"}).rfind("ASK " + sl + " ::1:", 0), 0u)
+      << "the server no longer writes IPv6 redirects unbracketed";
+  auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
+  const int other = 3 * kBase + 3 - from - to;
+  for (int port : {to, from, other}) {
+    ASSERT_EQ(Admin(port, {"CLUSTER", "SETSLOT", sl, "NODE", to_id}), "OK") << port;
+  }
+  auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
+  auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+}
+
 // ---- cluster with replicas: a primary dies and its replica takes over ----------------
 
 // clusterreview: 3 primaries on 7110-7112, one replica each on 7113-7115.
