@@ -47,6 +47,11 @@ if max_attempts > 0 and r.attempt >= max_attempts then
   redis.call('SET', key, encode(2, 2, tok, r.fence, r.attempt, 0, r.fp, ''), 'PX', retention)
   return {4, r.fence, r.attempt}
 end
+if r.fence >= MAX_VARINT then
+  -- fence + 1 could not be read back exactly: the takeover would repeat a fence.
+  return redis.error_reply('DEDUPCORRUPT claim: fence ' .. string.format('%.0f', r.fence) ..
+                           ' cannot be raised (the largest fence is 2^53 - 1); nothing changed')
+end
 if r.fp == '' then r.fp = fp end
 redis.call('SET', key, encode(1, 0, tok, r.fence + 1, r.attempt + 1,
                               retention, r.fp, ''), 'PX', lease + retention)
