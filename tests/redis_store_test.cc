@@ -2056,6 +2056,33 @@ TEST_F(RedisClusterFailoverTest, CallsReachTheReplicaThatTookOverFromAKilledPrim
   ASSERT_EQ(h->outcome, ClaimOutcome::kAcquired);
   ASSERT_TRUE(InSync(victim, replica));
 
+  // Claims in flight from two threads through the kill and the takeover: every
+  // call answers (no hang: within two timeouts and the claim's retries), and a
+  // failure is a retryable one (Unavailable, DeadlineExceeded), never a wrong
+  // answer: each key is fresh, so anything but ACQUIRED is wrong.
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, slow{0}, failed{0}, answered{0};
+  std::vector<std::thread> flight;
+  for (int t = 0; t < 2; ++t) {
+    flight.emplace_back([&, t] {
+      for (int n = 0; !stop; ++n) {
+        const std::string k = "f" + std::to_string(t) + "-" + std::to_string(n);
+        const auto c0 = Clock_::now();
+        auto c = store.Claim(Req(k));
+        if (Clock_::now() - c0 > 2500ms) ++slow;
+        if (!c.ok()) {
+          ++failed;
+          if (!c.status().retryable()) ++wrong;
+          std::this_thread::sleep_for(10ms);
+          continue;
+        }
+        ++answered;
+        if (c->outcome != ClaimOutcome::kAcquired) ++wrong;
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);
+
   const pid_t pid = servers_[victim]->pid();
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   int st;
@@ -2066,15 +2093,26 @@ TEST_F(RedisClusterFailoverTest, CallsReachTheReplicaThatTookOverFromAKilledPrim
   EXPECT_FALSE(down.ok());
   EXPECT_LT(Clock_::now() - t0, 3s);
   ASSERT_EQ(Admin(kBase + replica, {"CLUSTER", "FAILOVER", "TAKEOVER"}), "OK");
+  const auto took_over = Clock_::now();
 
   // Within 15 s (gossip of the new epoch), the store answers on the new primary.
   StatusOr<ClaimResult> after = Status::Unavailable("not tried");
   for (auto until = Clock_::now() + 15s; Clock_::now() < until;
-       std::this_thread::sleep_for(200ms)) {
+       std::this_thread::sleep_for(50ms)) {
     after = store.Claim(Req("done"));
     if (after.ok()) break;
   }
+  stop = true;
+  for (auto& f : flight) f.join();
+  std::fprintf(stderr, "answered %d ms after the takeover; in flight: %d answered, %d failed\n",
+               static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    Clock_::now() - took_over)
+                                    .count()),
+               answered.load(), failed.load());
   ASSERT_TRUE(after.ok()) << "15 s after the takeover: " << after.status();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(slow.load(), 0);
+  EXPECT_GT(failed.load(), 0) << "no claim in flight met the dead primary";
   EXPECT_EQ(after->outcome, ClaimOutcome::kDuplicate);
   EXPECT_EQ(after->result, "r");
   std::this_thread::sleep_for(1100ms);  // the held lease ends
