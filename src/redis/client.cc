@@ -1014,6 +1014,11 @@ Status Router::Refresh() {
     for (auto& [name, node] : nodes_) v.push_back(node.get());
     return v;
   }();
+  // A node that just failed is asked last: when it is down or stalled, the
+  // others know the new map (and a stalled one would cost a whole timeout).
+  if (Node* f = failed_.load(); f != nullptr) {
+    std::stable_partition(candidates.begin(), candidates.end(), [f](Node* n) { return n != f; });
+  }
   Status last = Status::Unavailable("redis cluster: no node to ask for CLUSTER SLOTS");
   const Command cmd{{"CLUSTER", "SLOTS"}};
   const Command* cmds[] = {&cmd};
@@ -1139,6 +1144,17 @@ StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size
     }
     bool reached = false;
     if (Status s = node->Pipeline(*send, &replies, op, &reached); !s.ok()) {
+      // The node may be gone for good (a primary killed, its replica promoted):
+      // the map is reloaded (at most every 100 ms), and when nothing of the call
+      // was written and the new map names another node for the key, it goes there.
+      router_.OnNodeFailure(node);
+      if (!reached && !asking && router_.cluster()) {
+        router_.MaybeRefresh();
+        if (Node* now = router_.NodeFor(cmds.key(i)); now != node) {
+          node = now;
+          continue;
+        }
+      }
       if (sent != nullptr) *sent = reached;
       return s;
     }
@@ -1246,6 +1262,7 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
       for (size_t i : idx) part.AppendFrom(cmds, i);
       bool reached = false;
       if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
+        router_.OnNodeFailure(node);  // the next calls reload the map (see Run)
         failed(std::move(s), reached);
         if (unknown != nullptr) {
           for (size_t i : idx) (*unknown)[i] = reached;
