@@ -1077,7 +1077,17 @@ bool ParseRedirect(std::string_view e, uint16_t* slot, std::string* address) {
   auto [p, ec] = std::from_chars(e.data() + a + 1, e.data() + b, v);
   if (ec != std::errc() || v > 16383) return false;
   *slot = static_cast<uint16_t>(v);
-  address->assign(e.substr(b + 1));
+  // Redis writes ip:port with an IPv6 address unbracketed ("ASK 3999 ::1:7117"):
+  // the port is after the last colon, and the node is named as CLUSTER SLOTS's
+  // host and port are ("[::1]:7117"), so that both find one Node.
+  const std::string_view node = e.substr(b + 1);
+  const size_t colon = node.rfind(':');
+  if (colon != std::string_view::npos && node.substr(0, colon).find(':') != std::string_view::npos &&
+      node.front() != '[') {
+    address->assign("[").append(node.substr(0, colon)).append("]").append(node.substr(colon));
+  } else {
+    address->assign(node);
+  }
   return true;
 }
 
