@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/printable.h"
 #include "dedup/store.h"
 #include "redis/client.h"
 #include "redis/options.h"
@@ -81,6 +82,31 @@ std::string Admin(int port, const std::vector<std::string>& args) {
     }
   } else if (r->str != nullptr) {
     out.assign(r->str, r->len);
+  }
+  if (r) freeReplyObject(r);
+  redisFree(c);
+  return out;
+}
+
+// The elements of an array reply (binary-safe), or nothing.
+std::vector<std::string> AdminList(int port, const std::vector<std::string>& args) {
+  timeval tv{2, 0};
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  std::vector<std::string> out;
+  if (c == nullptr || c->err) {
+    if (c) redisFree(c);
+    return out;
+  }
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (r != nullptr && r->type == REDIS_REPLY_ARRAY) {
+    for (size_t i = 0; i < r->elements; ++i) out.emplace_back(r->element[i]->str, r->element[i]->len);
   }
   if (r) freeReplyObject(r);
   redisFree(c);
@@ -1510,18 +1536,24 @@ class RedisClusterTest : public RedisStoreTest {
   // Moves `slot` from the node on `from` to the node on `to` the way
   // redis-cli --cluster reshard does: IMPORTING / MIGRATING, MIGRATE the keys in
   // small steps (so that claims meet ASK redirects), then SETSLOT NODE everywhere.
-  void MoveSlot(int slot, int from, int to) {
+  // `pause`: the wait before each key is migrated (and before the first).
+  void MoveSlot(int slot, int from, int to, std::chrono::milliseconds pause = 1ms) {
     const std::string s = std::to_string(slot);
     const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
     const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
     ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id}), "OK");
     ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id}), "OK");
+    // One key per MIGRATE; with a longer pause, up to 100 (the claims keep
+    // adding keys to the slot).
+    const std::string per_step = pause > 1ms ? "100" : "1";
     for (;;) {
-      std::string keys = Admin(from, {"CLUSTER", "GETKEYSINSLOT", s, "1"});
+      std::this_thread::sleep_for(pause);  // let claims hit the half-moved slot
+      std::vector<std::string> keys = AdminList(from, {"CLUSTER", "GETKEYSINSLOT", s, per_step});
       if (keys.empty()) break;
-      std::this_thread::sleep_for(1ms);  // let claims hit the half-moved slot
-      std::string r = Admin(from, {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0", "5000",
-                                   "KEYS", keys});
+      std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
+                                          "5000", "KEYS"};
+      migrate.insert(migrate.end(), keys.begin(), keys.end());
+      std::string r = Admin(from, migrate);
       ASSERT_TRUE(r == "OK" || r == "NOKEY") << r;
     }
     for (int port : {to, from, kBase, kBase + 1, kBase + 2}) {
@@ -1652,6 +1684,136 @@ TEST_F(RedisClusterTest, BatchSpansNodesAndHashTagsShareASlot) {
   ASSERT_TRUE((*opened)->Claim(Req("{user1}b")).ok());
   EXPECT_EQ(Admin(kBase, {"CLUSTER", "KEYSLOT", "b:{user1}a"}),
             Admin(kBase, {"CLUSTER", "KEYSLOT", "user1"}));
+}
+
+// clusterreview: ClaimBatch and CompleteBatch while slots move (ASK and MOVED for
+// part of a batch's pipeline, the other nodes answering at once). Each batch mixes
+// keys that exist, fresh keys, one key twice and binary keys (CR, LF, NUL, braces)
+// spread over every primary. No key is ACQUIRED by two batches, the copy of a
+// repeated key is never ACQUIRED with it, a DUPLICATE carries its owner's result,
+// and every key lands in the slot Redis computes for it.
+TEST_F(RedisClusterTest, BatchesStayCorrectWhileSlotsMove) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=bm:&timeout=2s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 400; ++i) keys.push_back("job-" + std::to_string(i));
+  for (int i = 0; i < 40; ++i) keys.push_back("{hot}k-" + std::to_string(i));  // one slot
+  for (int i = 0; i < 20; ++i) {
+    keys.push_back("cr\r\nlf-" + std::to_string(i));
+    keys.push_back(std::string("nul\0", 4) + std::to_string(i));
+    keys.push_back("{}" + std::to_string(i));         // an empty tag hashes the whole key
+    keys.push_back("}{" + std::to_string(i) + "}");   // a tag after a '}'
+    keys.push_back("{\r\n" + std::to_string(i) + "}x");
+  }
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<std::string, int> acquired;
+  std::map<std::string, std::string> owner;
+  std::atomic<int> wrong{0}, failed{0}, batches{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 3; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int n = 0; !stop; ++n) {
+        std::vector<std::string> ks;
+        for (int j = 0; j < 12; ++j) ks.push_back(keys[rng() % keys.size()]);
+        ks.push_back((n % 2 ? "{hot}fresh-" : "fresh-") + std::to_string(t) + "-" +
+                     std::to_string(n));
+        ks.push_back(ks[0]);  // twice in one batch
+        std::vector<ClaimRequest> reqs;
+        for (const auto& k : ks) reqs.push_back(Req(k));
+        auto b = store.ClaimBatch(reqs);
+        if (!b.ok()) {
+          ++failed;
+          if (!b.status().retryable()) ++wrong;
+          continue;
+        }
+        ++batches;
+        std::vector<CompleteRequest> done;
+        std::vector<std::string> results;
+        results.reserve(ks.size());
+        std::set<std::string> in_batch;
+        for (size_t i = 0; i < ks.size(); ++i) {
+          const ClaimResult& r = (*b)[i];
+          if (r.outcome == ClaimOutcome::kAcquired) {
+            if (!in_batch.insert(ks[i]).second) ++wrong;  // a repeat acquired too
+            results.push_back("by-" + std::to_string(t) + "-" + std::to_string(n));
+            std::lock_guard lock(mu);
+            if (++acquired[ks[i]] > 1) ++wrong;
+            owner[ks[i]] = results.back();
+            CompleteRequest q;
+            q.key = ks[i];
+            q.token = r.token;
+            q.retention = 600s;
+            q.result = results.back();
+            done.push_back(q);
+          } else if (r.outcome == ClaimOutcome::kDuplicate) {
+            std::lock_guard lock(mu);
+            if (owner.count(ks[i]) && owner[ks[i]] != r.result) ++wrong;
+          } else if (r.outcome != ClaimOutcome::kBusy) {
+            ++wrong;
+          }
+        }
+        if (ks.back() == ks[0] && (*b).back().outcome == ClaimOutcome::kAcquired) ++wrong;
+        auto c = store.CompleteBatch(done);
+        if (!c.ok()) {
+          ++failed;
+          if (!c.status().retryable()) ++wrong;
+          continue;
+        }
+        for (const AckedWrite& w : *c) {
+          if (w.write != WriteResult::kOk) ++wrong;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  for (int slot = 0; slot < 200; ++slot) MoveSlot(slot, kBase, kBase + 1);
+  for (int slot = 5461; slot < 5561; ++slot) MoveSlot(slot, kBase + 1, kBase + 2);
+  for (int slot = 10923; slot < 11023; ++slot) MoveSlot(slot, kBase + 2, kBase);
+  // The slot of {hot} around the three primaries, slowly: ASK for its absent keys.
+  const int hot = redis::KeySlot("bm:{hot}k-0");
+  int at = -1;
+  for (int n = 0; n < 3; ++n) {
+    if (Admin(kBase + n, {"GET", "bm:{hot}k-0"}).rfind("MOVED", 0) != 0) at = kBase + n;
+  }
+  ASSERT_GE(at, 0);
+  for (int round = 0; round < 3; ++round) {
+    const int next = kBase + (at - kBase + 1) % 3;
+    MoveSlot(hot, at, next, 20ms);
+    at = next;
+  }
+  stop = true;
+  for (auto& w : workers) w.join();
+  // The batches met the half-moved slots: Redis counts the redirects it answered.
+  auto count = [&](const std::string& what) {
+    long total = 0;
+    for (int n = 0; n < 3; ++n) {
+      const std::string info = Admin(kBase + n, {"INFO", "errorstats"});
+      const size_t at = info.find("errorstat_" + what + ":count=");
+      if (at != std::string::npos) total += std::stol(info.substr(at + what.size() + 17));
+    }
+    return total;
+  };
+  const long asks = count("ASK"), moves = count("MOVED");
+  std::fprintf(stderr, "%d batches answered, %d failed; %ld ASK, %ld MOVED\n", batches.load(),
+               failed.load(), asks, moves);
+  EXPECT_GT(asks, 0);
+  EXPECT_GT(moves, 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(batches.load(), 20);
+  for (const auto& k : keys) {
+    const std::string rkey = "bm:" + k;
+    EXPECT_EQ(Admin(kBase, {"CLUSTER", "KEYSLOT", rkey}), std::to_string(redis::KeySlot(rkey)))
+        << internal::Printable(k);
+    if (!acquired.count(k)) continue;
+    auto r = store.Claim(Req(k));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, ClaimOutcome::kDuplicate) << internal::Printable(k);
+    EXPECT_EQ(r->result, owner[k]) << internal::Printable(k);
+  }
 }
 
 // A batch that spans the three primaries while one of them is paused (SIGSTOP: it
