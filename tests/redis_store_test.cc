@@ -3,13 +3,14 @@
 // Redis store faults the conformance suite cannot show: bad URIs, wrong passwords,
 // unreachable servers, peers that are not Redis, a server restart (the script
 // cache is empty afterwards: NOSCRIPT must be handled transparently), and a Redis
-// Cluster whose slots move while claims run. And the client layer under them
+// Cluster whose slots move while claims run, or whose primary dies and is replaced
+// by its replica. And the client layer under them
 // (src/redis): auto-pipelined connections shared by many threads must hand every
 // caller its own answers, also across a restart; IPv6 hosts.
 //
 // Every server here is started by the test itself (redis-server on 127.0.0.1, in a
-// temporary directory, on ports 6391-6394, 7105-7107 and 6460-6463) and stopped by
-// its PID.
+// temporary directory, on ports 6391-6394, 7105-7107, 7110-7118 and 6460-6463) and
+// stopped by its PID.
 // A test whose port is taken is skipped, never run against someone else's server.
 
 #include <arpa/inet.h>
