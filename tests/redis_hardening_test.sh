@@ -23,7 +23,7 @@ redis_start "$port" "$tmp/redis"
 cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
 source "$here/../scripts/lib/check.sh"
 declare -A sha
-for s in claim extend complete release inspect complete_ack; do
+for s in claim extend complete release inspect complete_ack forget; do
   sha[$s]=$(cli SCRIPT LOAD "$(cat "$lua_dir/$s.lua")")
 done
 run() { local s=$1; shift; cli EVALSHA "${sha[$s]}" 1 "$@" 2>&1 | lines; }
@@ -170,5 +170,16 @@ if [[ $rc -ne 0 && "$out" == *DATA_LOSS* && "$out" != *ran* ]]; then
 else
   echo "FAIL the C++ fast path read a fence of 2^53 + 1: rc $rc: $out"; failures=$((failures + 1))
 fi
+
+# 5. The record key missing (numkeys 0), as a client in another language may send
+#    it (clusterreview): answered a bare Lua error ('ERR Lua redis lib command
+#    arguments must be strings or integers ... on @user_script:92') that names
+#    no argument. Now DEDUPARGS naming the key, nothing changed.
+for s in claim extend complete release inspect forget; do
+  check "$s without its key is DEDUPARGS" "DEDUPARGS $s: needs 1 key (the record key), got 0" \
+    "$(cli EVALSHA "${sha[$s]}" 0 $A 1000 1000 '' 0 2>&1)"
+done
+check "complete_ack without keys is DEDUPARGS" "DEDUPARGS" \
+  "$(cli EVALSHA "${sha[complete_ack]}" 0 $A 1000 0 x g 1-1 2>&1 | cut -d' ' -f1)"
 
 check_done "redis hardening"
