@@ -92,6 +92,12 @@ local MAX_MS = 315360000000  -- 10 years (kMaxDuration)
 local function bad_args(what, why)
   return redis.error_reply('DEDUPARGS ' .. what .. ': ' .. why)
 end
+-- A single-key script's record key, or (sent with numkeys 0) nil and its error.
+local function record_key(what)
+  local k = KEYS[1]
+  if k == nil then return nil, bad_args(what, 'needs 1 key (the record key), got 0') end
+  return k
+end
 -- A duration in ms: decimal digits, no sign or leading zero, 1 to MAX_MS.
 local function arg_ms(s)
   if type(s) ~= 'string' or #s > 12 or not str_find(s, '^[1-9][0-9]*$') then return nil end
