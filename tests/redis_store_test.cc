@@ -1817,6 +1817,53 @@ TEST_F(RedisClusterTest, BatchesStayCorrectWhileSlotsMove) {
   }
 }
 
+// clusterreview: SCRIPT FLUSH on every primary between batches (as a restart or a
+// failover empties a node's script cache): ClaimBatch's claim.lua pipeline and
+// CompleteBatch's complete.lua pipeline meet NOSCRIPT on every node and resend as
+// EVAL, with the answers they would have had (takeovers at fence 2, DUPLICATE).
+TEST_F(RedisClusterTest, BatchesAfterScriptFlushOnEveryPrimary) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=sf:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  std::vector<std::string> keys;
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 40; ++i) keys.push_back("s" + std::to_string(i));
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  auto first = store.ClaimBatch(reqs);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Half released (claim.lua takes them over), half completed (DUPLICATE).
+  std::vector<CompleteRequest> done;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i % 2 == 0) {
+      auto r = store.Release(keys[i], (*first)[i].token, 600s);
+      ASSERT_TRUE(r.ok()) << r.status();
+    } else {
+      CompleteRequest q;
+      q.key = keys[i];
+      q.token = (*first)[i].token;
+      q.retention = 600s;
+      q.result = "r1";
+      done.push_back(q);
+    }
+  }
+  for (int n = 0; n < 3; ++n) ASSERT_EQ(Admin(kBase + n, {"SCRIPT", "FLUSH"}), "OK");
+  auto c = store.CompleteBatch(done);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const AckedWrite& w : *c) EXPECT_EQ(w.write, WriteResult::kOk);
+  for (int n = 0; n < 3; ++n) ASSERT_EQ(Admin(kBase + n, {"SCRIPT", "FLUSH"}), "OK");
+  auto second = store.ClaimBatch(reqs);
+  ASSERT_TRUE(second.ok()) << second.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i % 2 == 0) {
+      EXPECT_EQ((*second)[i].outcome, ClaimOutcome::kAcquired) << keys[i];
+      EXPECT_EQ((*second)[i].fence, 2u) << keys[i];
+    } else {
+      EXPECT_EQ((*second)[i].outcome, ClaimOutcome::kDuplicate) << keys[i];
+      EXPECT_EQ((*second)[i].result, "r1") << keys[i];
+    }
+  }
+}
+
 // A batch that spans the three primaries while one of them is paused (SIGSTOP: it
 // accepts bytes and answers nothing) fails as a whole, and must not leave the
 // claims it made on the other primaries held under tokens nobody has: right after
