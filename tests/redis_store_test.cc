@@ -107,7 +107,9 @@ std::vector<std::string> AdminList(int port, const std::vector<std::string>& arg
   auto* r = static_cast<redisReply*>(
       redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
   if (r != nullptr && r->type == REDIS_REPLY_ARRAY) {
-    for (size_t i = 0; i < r->elements; ++i) out.emplace_back(r->element[i]->str, r->element[i]->len);
+    for (size_t i = 0; i < r->elements; ++i) {
+      out.emplace_back(r->element[i]->str, r->element[i]->len);
+    }
   }
   if (r) freeReplyObject(r);
   redisFree(c);
@@ -2419,7 +2421,8 @@ TEST_F(RedisClusterFailoverTest, APlannedFailoverHandsOutNoFenceTwice) {
     if (Admin(kBase + replica, {"ROLE"}).rfind("master", 0) == 0) break;
     if (Clock_::now() >= until) {
       std::string log;
-      for (const std::string& d : {Dir(std::to_string(kBase + replica)), Dir(std::to_string(kBase + victim))}) {
+      for (const std::string& d :
+           {Dir(std::to_string(kBase + replica)), Dir(std::to_string(kBase + victim))}) {
         std::FILE* f = std::fopen((d + "/redis.log").c_str(), "r");
         char buf[4096];
         size_t n;

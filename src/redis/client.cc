@@ -1082,8 +1082,9 @@ bool ParseRedirect(std::string_view e, uint16_t* slot, std::string* address) {
   // host and port are ("[::1]:7117"), so that both find one Node.
   const std::string_view node = e.substr(b + 1);
   const size_t colon = node.rfind(':');
-  if (colon != std::string_view::npos && node.substr(0, colon).find(':') != std::string_view::npos &&
-      node.front() != '[') {
+  const bool v6 = colon != std::string_view::npos && node.front() != '[' &&
+                  node.substr(0, colon).find(':') != std::string_view::npos;
+  if (v6) {
     address->assign("[").append(node.substr(0, colon)).append("]").append(node.substr(colon));
   } else {
     address->assign(node);
