@@ -236,6 +236,32 @@ TEST(DecoderFuzz, RedisRecordFormat2) {
   }
   EXPECT_GE(accepted, 4u);
 }
+
+// clusterreview: the fast path reads no fence, attempt or keep that the scripts'
+// Lua numbers cannot hold exactly (record.lua's MAX_VARINT, 2^53 - 1): such a
+// record goes to claim.lua, which refuses it, instead of being replayed here.
+TEST(DecoderFuzz, RedisVarintsStopAtTwoToThe53MinusOne) {
+  for (auto [fence, attempt, ok] : std::vector<std::tuple<uint64_t, uint64_t, bool>>{
+           {redis::kMaxVarint, 1, true},
+           {redis::kMaxVarint + 1, 1, false},
+           {(1ULL << 56) - 1, 1, false},
+           {1, redis::kMaxVarint, true},
+           {1, redis::kMaxVarint + 1, false}}) {
+    redis::CompletedRecord2 r;
+    r.token = 0xaa;
+    r.fence = fence;
+    r.attempt = attempt;
+    const std::string v = EncodeCompleted2(r);
+    redis::CompletedRecord2 out;
+    EXPECT_EQ(redis::DecodeCompletedRecord2(v, &out), ok) << fence << " " << attempt;
+    uint64_t tok = 0, f = 0, a = 0;
+    std::string in_progress = v;
+    in_progress[0] = static_cast<char>(redis::kFormat2 | redis::kInProgress2);
+    in_progress += '\x01';  // keep
+    EXPECT_EQ(redis::DecodeInProgressHead2(in_progress, &tok, &f, &a), ok)
+        << fence << " " << attempt;
+  }
+}
 #endif
 
 // Redaction of text that does not parse is best effort (core/redact.h): it is

@@ -23,7 +23,7 @@ redis_start "$port" "$tmp/redis"
 cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
 source "$here/../scripts/lib/check.sh"
 declare -A sha
-for s in claim extend complete release inspect complete_ack; do
+for s in claim extend complete release inspect complete_ack forget; do
   sha[$s]=$(cli SCRIPT LOAD "$(cat "$lua_dir/$s.lua")")
 done
 run() { local s=$1; shift; cli EVALSHA "${sha[$s]}" 1 "$@" 2>&1 | lines; }
@@ -122,5 +122,64 @@ for key in nc fp65 f45; do
   fi
 done
 check "and left it as it was" "4200000000000000aa810001646f6e65" "$(raw p:nc)"
+
+# 4. Fences past what a Lua number holds exactly (clusterreview). The scripts read
+#    varints as Lua numbers (doubles): a fence of 2^53 or more, written by another
+#    client, was read rounded, and a takeover of a RELEASED record at fence 2^53
+#    answered ACQUIRED at fence 2^53 again (2^53 + 1 rounds to 2^53): two claims
+#    with one fence, where SPEC.md says fences strictly increase. Fences (and
+#    attempts, keeps) are at most 2^53 - 1: a record holding more is refused as
+#    corrupt by the scripts and by the C++ fast path alike, and a claim that would
+#    raise a fence past it is refused, nothing changed.
+rec() {  # rec FLAGS FENCE [RESULT]: a format-2 record, token aa, attempt 1
+  python3 -c '
+import sys
+def uv(n):
+    out = b""
+    while n >= 128:
+        out += bytes([n % 128 + 128]); n //= 128
+    return out + bytes([n])
+flags, fence = int(sys.argv[1], 16), int(sys.argv[2])
+sys.stdout.buffer.write(bytes([flags]) + bytes(7) + b"\xaa" + uv(fence) + uv(1) + sys.argv[3].encode())
+' "$@"
+}
+put() { cli -x SET "$1" >/dev/null; cli PEXPIRE "$1" 600000 >/dev/null; }
+rec 43 9007199254740992 '' | put p:f53
+before=$(raw p:f53)
+check "a RELEASED record at fence 2^53: claim is DEDUPCORRUPT" "DEDUPCORRUPT" \
+  "$(first claim p:f53 $B 1000 1000 '' 0)"
+check "and it is unchanged" "$before" "$(raw p:f53)"
+rec 43 9007199254740991 '' | put p:fmax
+before=$(raw p:fmax)
+check "a RELEASED record at fence 2^53 - 1: the takeover is refused" "DEDUPCORRUPT" \
+  "$(first claim p:fmax $B 1000 1000 '' 0)"
+check "and it is unchanged" "$before" "$(raw p:fmax)"
+rec 43 9007199254740990 '' | put p:fok
+check "at fence 2^53 - 2 the takeover gets 2^53 - 1" "0 9007199254740991 2" \
+  "$(run claim p:fok $B 1000 1000 '' 0)"
+rec 42 9007199254740993 'done' | put p:fc
+check "a COMPLETED record at fence 2^53 + 1: claim.lua is DEDUPCORRUPT" "DEDUPCORRUPT" \
+  "$(first claim p:fc $B 1000 1000 '' 0)"
+check "inspect too" "DEDUPCORRUPT" "$(first inspect p:fc)"
+set +e
+out=$("$dedup" exec --store "$store" --key fc -- echo ran 2>&1)
+rc=$?
+set -e
+if [[ $rc -ne 0 && "$out" == *DATA_LOSS* && "$out" != *ran* ]]; then
+  echo "ok   the C++ fast path refuses it too: DATA_LOSS (rc $rc)"
+else
+  echo "FAIL the C++ fast path read a fence of 2^53 + 1: rc $rc: $out"; failures=$((failures + 1))
+fi
+
+# 5. The record key missing (numkeys 0), as a client in another language may send
+#    it (clusterreview): answered a bare Lua error ('ERR Lua redis lib command
+#    arguments must be strings or integers ... on @user_script:92') that names
+#    no argument. Now DEDUPARGS naming the key, nothing changed.
+for s in claim extend complete release inspect forget; do
+  check "$s without its key is DEDUPARGS" "DEDUPARGS $s: needs 1 key (the record key), got 0" \
+    "$(cli EVALSHA "${sha[$s]}" 0 $A 1000 1000 '' 0 2>&1)"
+done
+check "complete_ack without keys is DEDUPARGS" "DEDUPARGS" \
+  "$(cli EVALSHA "${sha[complete_ack]}" 0 $A 1000 0 x g 1-1 2>&1 | cut -d' ' -f1)"
 
 check_done "redis hardening"

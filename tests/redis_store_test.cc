@@ -3,13 +3,14 @@
 // Redis store faults the conformance suite cannot show: bad URIs, wrong passwords,
 // unreachable servers, peers that are not Redis, a server restart (the script
 // cache is empty afterwards: NOSCRIPT must be handled transparently), and a Redis
-// Cluster whose slots move while claims run. And the client layer under them
+// Cluster whose slots move while claims run, or whose primary dies and is replaced
+// by its replica. And the client layer under them
 // (src/redis): auto-pipelined connections shared by many threads must hand every
 // caller its own answers, also across a restart; IPv6 hosts.
 //
 // Every server here is started by the test itself (redis-server on 127.0.0.1, in a
-// temporary directory, on ports 6391-6394, 7105-7107 and 6460-6463) and stopped by
-// its PID.
+// temporary directory, on ports 6391-6394, 7105-7107, 7110-7118 and 6460-6463) and
+// stopped by its PID.
 // A test whose port is taken is skipped, never run against someone else's server.
 
 #include <arpa/inet.h>
@@ -35,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/printable.h"
 #include "dedup/store.h"
 #include "redis/client.h"
 #include "redis/options.h"
@@ -81,6 +83,33 @@ std::string Admin(int port, const std::vector<std::string>& args) {
     }
   } else if (r->str != nullptr) {
     out.assign(r->str, r->len);
+  }
+  if (r) freeReplyObject(r);
+  redisFree(c);
+  return out;
+}
+
+// The elements of an array reply (binary-safe), or nothing.
+std::vector<std::string> AdminList(int port, const std::vector<std::string>& args) {
+  timeval tv{2, 0};
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  std::vector<std::string> out;
+  if (c == nullptr || c->err) {
+    if (c) redisFree(c);
+    return out;
+  }
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(
+      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (r != nullptr && r->type == REDIS_REPLY_ARRAY) {
+    for (size_t i = 0; i < r->elements; ++i) {
+      out.emplace_back(r->element[i]->str, r->element[i]->len);
+    }
   }
   if (r) freeReplyObject(r);
   redisFree(c);
@@ -1510,18 +1539,24 @@ class RedisClusterTest : public RedisStoreTest {
   // Moves `slot` from the node on `from` to the node on `to` the way
   // redis-cli --cluster reshard does: IMPORTING / MIGRATING, MIGRATE the keys in
   // small steps (so that claims meet ASK redirects), then SETSLOT NODE everywhere.
-  void MoveSlot(int slot, int from, int to) {
+  // `pause`: the wait before each key is migrated (and before the first).
+  void MoveSlot(int slot, int from, int to, std::chrono::milliseconds pause = 1ms) {
     const std::string s = std::to_string(slot);
     const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
     const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
     ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id}), "OK");
     ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id}), "OK");
+    // One key per MIGRATE; with a longer pause, up to 100 (the claims keep
+    // adding keys to the slot).
+    const std::string per_step = pause > 1ms ? "100" : "1";
     for (;;) {
-      std::string keys = Admin(from, {"CLUSTER", "GETKEYSINSLOT", s, "1"});
+      std::this_thread::sleep_for(pause);  // let claims hit the half-moved slot
+      std::vector<std::string> keys = AdminList(from, {"CLUSTER", "GETKEYSINSLOT", s, per_step});
       if (keys.empty()) break;
-      std::this_thread::sleep_for(1ms);  // let claims hit the half-moved slot
-      std::string r = Admin(from, {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0", "5000",
-                                   "KEYS", keys});
+      std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
+                                          "5000", "KEYS"};
+      migrate.insert(migrate.end(), keys.begin(), keys.end());
+      std::string r = Admin(from, migrate);
       ASSERT_TRUE(r == "OK" || r == "NOKEY") << r;
     }
     for (int port : {to, from, kBase, kBase + 1, kBase + 2}) {
@@ -1652,6 +1687,183 @@ TEST_F(RedisClusterTest, BatchSpansNodesAndHashTagsShareASlot) {
   ASSERT_TRUE((*opened)->Claim(Req("{user1}b")).ok());
   EXPECT_EQ(Admin(kBase, {"CLUSTER", "KEYSLOT", "b:{user1}a"}),
             Admin(kBase, {"CLUSTER", "KEYSLOT", "user1"}));
+}
+
+// clusterreview: ClaimBatch and CompleteBatch while slots move (ASK and MOVED for
+// part of a batch's pipeline, the other nodes answering at once). Each batch mixes
+// keys that exist, fresh keys, one key twice and binary keys (CR, LF, NUL, braces)
+// spread over every primary. No key is ACQUIRED by two batches, the copy of a
+// repeated key is never ACQUIRED with it, a DUPLICATE carries its owner's result,
+// and every key lands in the slot Redis computes for it.
+TEST_F(RedisClusterTest, BatchesStayCorrectWhileSlotsMove) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=bm:&timeout=2s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 400; ++i) keys.push_back("job-" + std::to_string(i));
+  for (int i = 0; i < 40; ++i) keys.push_back("{hot}k-" + std::to_string(i));  // one slot
+  for (int i = 0; i < 20; ++i) {
+    keys.push_back("cr\r\nlf-" + std::to_string(i));
+    keys.push_back(std::string("nul\0", 4) + std::to_string(i));
+    keys.push_back("{}" + std::to_string(i));         // an empty tag hashes the whole key
+    keys.push_back("}{" + std::to_string(i) + "}");   // a tag after a '}'
+    keys.push_back("{\r\n" + std::to_string(i) + "}x");
+  }
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<std::string, int> acquired;
+  std::map<std::string, std::string> owner;
+  std::atomic<int> wrong{0}, failed{0}, batches{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 3; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int n = 0; !stop; ++n) {
+        std::vector<std::string> ks;
+        for (int j = 0; j < 12; ++j) ks.push_back(keys[rng() % keys.size()]);
+        ks.push_back((n % 2 ? "{hot}fresh-" : "fresh-") + std::to_string(t) + "-" +
+                     std::to_string(n));
+        ks.push_back(ks[0]);  // twice in one batch
+        std::vector<ClaimRequest> reqs;
+        for (const auto& k : ks) reqs.push_back(Req(k));
+        auto b = store.ClaimBatch(reqs);
+        if (!b.ok()) {
+          ++failed;
+          if (!b.status().retryable()) ++wrong;
+          continue;
+        }
+        ++batches;
+        std::vector<CompleteRequest> done;
+        std::vector<std::string> results;
+        results.reserve(ks.size());
+        std::set<std::string> in_batch;
+        for (size_t i = 0; i < ks.size(); ++i) {
+          const ClaimResult& r = (*b)[i];
+          if (r.outcome == ClaimOutcome::kAcquired) {
+            if (!in_batch.insert(ks[i]).second) ++wrong;  // a repeat acquired too
+            results.push_back("by-" + std::to_string(t) + "-" + std::to_string(n));
+            std::lock_guard lock(mu);
+            if (++acquired[ks[i]] > 1) ++wrong;
+            owner[ks[i]] = results.back();
+            CompleteRequest q;
+            q.key = ks[i];
+            q.token = r.token;
+            q.retention = 600s;
+            q.result = results.back();
+            done.push_back(q);
+          } else if (r.outcome == ClaimOutcome::kDuplicate) {
+            std::lock_guard lock(mu);
+            if (owner.count(ks[i]) && owner[ks[i]] != r.result) ++wrong;
+          } else if (r.outcome != ClaimOutcome::kBusy) {
+            ++wrong;
+          }
+        }
+        if (ks.back() == ks[0] && (*b).back().outcome == ClaimOutcome::kAcquired) ++wrong;
+        auto c = store.CompleteBatch(done);
+        if (!c.ok()) {
+          ++failed;
+          if (!c.status().retryable()) ++wrong;
+          continue;
+        }
+        for (const AckedWrite& w : *c) {
+          if (w.write != WriteResult::kOk) ++wrong;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  for (int slot = 0; slot < 200; ++slot) MoveSlot(slot, kBase, kBase + 1);
+  for (int slot = 5461; slot < 5561; ++slot) MoveSlot(slot, kBase + 1, kBase + 2);
+  for (int slot = 10923; slot < 11023; ++slot) MoveSlot(slot, kBase + 2, kBase);
+  // The slot of {hot} around the three primaries, slowly: ASK for its absent keys.
+  const int hot = redis::KeySlot("bm:{hot}k-0");
+  int at = -1;
+  for (int n = 0; n < 3; ++n) {
+    if (Admin(kBase + n, {"GET", "bm:{hot}k-0"}).rfind("MOVED", 0) != 0) at = kBase + n;
+  }
+  ASSERT_GE(at, 0);
+  for (int round = 0; round < 3; ++round) {
+    const int next = kBase + (at - kBase + 1) % 3;
+    MoveSlot(hot, at, next, 20ms);
+    at = next;
+  }
+  stop = true;
+  for (auto& w : workers) w.join();
+  // The batches met the half-moved slots: Redis counts the redirects it answered.
+  auto count = [&](const std::string& what) {
+    long total = 0;
+    for (int n = 0; n < 3; ++n) {
+      const std::string info = Admin(kBase + n, {"INFO", "errorstats"});
+      const size_t at = info.find("errorstat_" + what + ":count=");
+      if (at != std::string::npos) total += std::stol(info.substr(at + what.size() + 17));
+    }
+    return total;
+  };
+  const long asks = count("ASK"), moves = count("MOVED");
+  std::fprintf(stderr, "%d batches answered, %d failed; %ld ASK, %ld MOVED\n", batches.load(),
+               failed.load(), asks, moves);
+  EXPECT_GT(asks, 0);
+  EXPECT_GT(moves, 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(batches.load(), 20);
+  for (const auto& k : keys) {
+    const std::string rkey = "bm:" + k;
+    EXPECT_EQ(Admin(kBase, {"CLUSTER", "KEYSLOT", rkey}), std::to_string(redis::KeySlot(rkey)))
+        << internal::Printable(k);
+    if (!acquired.count(k)) continue;
+    auto r = store.Claim(Req(k));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome, ClaimOutcome::kDuplicate) << internal::Printable(k);
+    EXPECT_EQ(r->result, owner[k]) << internal::Printable(k);
+  }
+}
+
+// clusterreview: SCRIPT FLUSH on every primary between batches (as a restart or a
+// failover empties a node's script cache): ClaimBatch's claim.lua pipeline and
+// CompleteBatch's complete.lua pipeline meet NOSCRIPT on every node and resend as
+// EVAL, with the answers they would have had (takeovers at fence 2, DUPLICATE).
+TEST_F(RedisClusterTest, BatchesAfterScriptFlushOnEveryPrimary) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7105?prefix=sf:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  std::vector<std::string> keys;
+  std::vector<ClaimRequest> reqs;
+  for (int i = 0; i < 40; ++i) keys.push_back("s" + std::to_string(i));
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  auto first = store.ClaimBatch(reqs);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Half released (claim.lua takes them over), half completed (DUPLICATE).
+  std::vector<CompleteRequest> done;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i % 2 == 0) {
+      auto r = store.Release(keys[i], (*first)[i].token, 600s);
+      ASSERT_TRUE(r.ok()) << r.status();
+    } else {
+      CompleteRequest q;
+      q.key = keys[i];
+      q.token = (*first)[i].token;
+      q.retention = 600s;
+      q.result = "r1";
+      done.push_back(q);
+    }
+  }
+  for (int n = 0; n < 3; ++n) ASSERT_EQ(Admin(kBase + n, {"SCRIPT", "FLUSH"}), "OK");
+  auto c = store.CompleteBatch(done);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const AckedWrite& w : *c) EXPECT_EQ(w.write, WriteResult::kOk);
+  for (int n = 0; n < 3; ++n) ASSERT_EQ(Admin(kBase + n, {"SCRIPT", "FLUSH"}), "OK");
+  auto second = store.ClaimBatch(reqs);
+  ASSERT_TRUE(second.ok()) << second.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i % 2 == 0) {
+      EXPECT_EQ((*second)[i].outcome, ClaimOutcome::kAcquired) << keys[i];
+      EXPECT_EQ((*second)[i].fence, 2u) << keys[i];
+    } else {
+      EXPECT_EQ((*second)[i].outcome, ClaimOutcome::kDuplicate) << keys[i];
+      EXPECT_EQ((*second)[i].result, "r1") << keys[i];
+    }
+  }
 }
 
 // A batch that spans the three primaries while one of them is paused (SIGSTOP: it
@@ -1865,6 +2077,378 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
     ASSERT_TRUE(w.ok()) << w.status();
     EXPECT_EQ(*w, WriteResult::kOk);
   }
+}
+
+
+// clusterreview: Redis writes the node of a redirect as ip:port, an IPv6 address
+// unbracketed ("ASK 3999 ::1:7117"). The client read it with the URI host
+// grammar, which needs brackets, and made a node of host "::1:7117", port 6379:
+// on an IPv6 cluster every ASK (a slot half moved) and every MOVED failed with a
+// connect error. Three primaries on ::1 (7116-7118); one slot is moved while a
+// fresh key of it is claimed (ASK) and, once moved, another (MOVED).
+TEST_F(RedisStoreTest, AnIpv6ClusterFollowsAskAndMovedRedirects) {
+  constexpr int kBase = 7116;
+  for (int i = 0; i < 3; ++i) {
+    if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
+  }
+  std::vector<std::unique_ptr<RedisServer>> servers;
+  std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
+  for (int i = 0; i < 3; ++i) {
+    const int port = kBase + i;
+    const std::string d = Dir("v6-" + std::to_string(port));
+    servers.push_back(std::make_unique<RedisServer>(port, d));
+    if (!servers.back()->Start({"--bind", "127.0.0.1 ::1", "--cluster-enabled", "yes",
+                                "--cluster-config-file", d + "/nodes.conf",
+                                "--cluster-node-timeout", "5000"})) {
+      GTEST_SKIP() << "no IPv6 loopback here";
+    }
+    create.push_back("::1:" + std::to_string(port));
+  }
+  create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
+  pid_t pid = Spawn(create);
+  ASSERT_GT(pid, 0);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
+  for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
+    bool ok = true;
+    for (int i = 0; i < 3; ++i) {
+      ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+    }
+    if (ok) break;
+    ASSERT_LT(Clock_::now(), until) << "cluster did not become ok";
+  }
+  auto opened = OpenStore("redis+cluster://[::1]:7116?prefix=v6:&timeout=1s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  // Two fresh keys of one slot that 7116 serves.
+  const uint16_t slot = redis::KeySlot("v6:a0");
+  std::vector<std::string> same;
+  for (int i = 0; same.size() < 2; ++i) {
+    const std::string k = "a" + std::to_string(i);
+    if (redis::KeySlot("v6:" + k) == slot) same.push_back(k);
+  }
+  int from = -1;
+  for (int n = 0; n < 3; ++n) {
+    if (Admin(kBase + n, {"GET", "v6:a0"}).rfind("MOVED", 0) != 0) from = kBase + n;
+  }
+  ASSERT_GE(from, 0);
+  const int to = from == kBase ? kBase + 1 : kBase;
+  const std::string sl = std::to_string(slot);
+  const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
+  const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
+  ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", from_id}), "OK");
+  ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", to_id}), "OK");
+  EXPECT_EQ(Admin(from, {"SET", "v6:" + same[0], "x"}).rfind("ASK " + sl + " ::1:", 0), 0u)
+      << "the server no longer writes IPv6 redirects unbracketed";
+  auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
+  const int other = 3 * kBase + 3 - from - to;
+  for (int port : {to, from, other}) {
+    ASSERT_EQ(Admin(port, {"CLUSTER", "SETSLOT", sl, "NODE", to_id}), "OK") << port;
+  }
+  auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
+  auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+}
+
+// ---- cluster with replicas: a primary dies and its replica takes over ----------------
+
+// clusterreview: 3 primaries on 7110-7112, one replica each on 7113-7115.
+class RedisClusterFailoverTest : public RedisStoreTest {
+ protected:
+  static constexpr int kBase = 7110;
+  static constexpr int kNodes = 6;
+  void SetUp() override {
+    RedisStoreTest::SetUp();
+    for (int i = 0; i < kNodes; ++i) {
+      if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
+    }
+    std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
+    for (int i = 0; i < kNodes; ++i) {
+      const int port = kBase + i;
+      const std::string d = Dir(std::to_string(port));
+      servers_.push_back(std::make_unique<RedisServer>(port, d));
+      ASSERT_TRUE(servers_.back()->Start({"--cluster-enabled", "yes", "--cluster-config-file",
+                                          d + "/nodes.conf", "--cluster-node-timeout", "5000",
+                                          "--repl-diskless-sync-delay", "0"}));
+      create.push_back("127.0.0.1:" + std::to_string(port));
+    }
+    create.insert(create.end(), {"--cluster-replicas", "1", "--cluster-yes"});
+    pid_t pid = Spawn(create);
+    ASSERT_GT(pid, 0);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
+    ASSERT_TRUE(WaitOk(std::vector<int>{0, 1, 2, 3, 4, 5}, 20s)) << "cluster did not become ok";
+    // Every node knows every replica as one (a primary that does not yet ignores
+    // its replica's manual failover request).
+    for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
+      bool known = true;
+      for (int i = 0; i < kNodes; ++i) {
+        const std::string nodes = Admin(kBase + i, {"CLUSTER", "NODES"});
+        size_t replicas = 0;
+        for (size_t at = 0; (at = nodes.find("slave ", at)) != std::string::npos; ++at) ++replicas;
+        known = known && replicas == 3;
+      }
+      if (known) break;
+      ASSERT_LT(Clock_::now(), until) << "the nodes do not agree on the replicas";
+    }
+  }
+  void TearDown() override {
+    servers_.clear();
+    RedisStoreTest::TearDown();
+  }
+  bool WaitOk(const std::vector<int>& nodes, std::chrono::seconds within) {
+    for (auto until = Clock_::now() + within; Clock_::now() < until;
+         std::this_thread::sleep_for(100ms)) {
+      bool ok = true;
+      for (int i : nodes) {
+        ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+      }
+      if (ok) return true;
+    }
+    return false;
+  }
+  // The index of the node that serves `rkey` (a primary), and of its replica.
+  int PrimaryOf(const std::string& rkey) {
+    for (int n = 0; n < kNodes; ++n) {
+      const std::string r = Admin(kBase + n, {"GET", rkey});
+      if (r.rfind("MOVED", 0) != 0) return n;
+    }
+    return -1;
+  }
+  int ReplicaOf(int primary) {
+    for (int n = 0; n < kNodes; ++n) {
+      if (Admin(kBase + n, {"INFO", "replication"}).find("master_port:" +
+                                                         std::to_string(kBase + primary)) !=
+          std::string::npos) {
+        return n;
+      }
+    }
+    return -1;
+  }
+  // Waits until the replica has every write of its primary.
+  bool InSync(int primary, int replica) {
+    auto offset = [&](int n, const std::string& field) {
+      const std::string info = Admin(kBase + n, {"INFO", "replication"});
+      const size_t at = info.find(field + ":");
+      return at == std::string::npos ? std::string("?")
+                                     : info.substr(at + field.size() + 1,
+                                                   info.find('\r', at) - at - field.size() - 1);
+    };
+    for (auto until = Clock_::now() + 10s; Clock_::now() < until;
+         std::this_thread::sleep_for(20ms)) {
+      if (offset(replica, "master_link_status") != "up") continue;
+      const std::string want = offset(primary, "master_repl_offset");
+      if (want != "?" && offset(replica, "slave_repl_offset") == want) return true;
+    }
+    return false;
+  }
+  std::vector<std::unique_ptr<RedisServer>> servers_;
+};
+
+// A primary is killed (SIGKILL) and its replica takes over (CLUSTER FAILOVER
+// TAKEOVER). The store's slot map still named the dead primary, and it asked for
+// a new map only after a MOVED, which a dead server never sends: every call on
+// the moved slots failed with "connection refused" for as long as the store
+// lived. After the takeover, calls must reach the new primary (within a few
+// seconds of gossip), completed records answer DUPLICATE, and a lease held
+// across the failover is taken over with a higher fence.
+TEST_F(RedisClusterFailoverTest, CallsReachTheReplicaThatTookOverFromAKilledPrimary) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7110?prefix=fo:&timeout=500ms");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const int victim = PrimaryOf("fo:done");
+  ASSERT_GE(victim, 0);
+  ASSERT_LT(victim, 3);
+  const int replica = ReplicaOf(victim);
+  ASSERT_GE(replica, 3) << "no replica of 127.0.0.1:" << kBase + victim;
+  // Keys of the victim's slots: one completed, one held with a short lease.
+  std::string held;
+  for (int i = 0; held.empty(); ++i) {
+    const std::string k = "held" + std::to_string(i);
+    if (PrimaryOf("fo:" + k) == victim) held = k;
+  }
+  auto d = store.Claim(Req("done"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(store.Complete("done", d->token, 600s, CompletionStatus::kOk, "r").ok());
+  auto h = store.Claim(Req(held, 1s));
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->outcome, ClaimOutcome::kAcquired);
+  ASSERT_TRUE(InSync(victim, replica));
+
+  // Claims in flight from two threads through the kill and the takeover: every
+  // call answers (no hang: within two timeouts and the claim's retries), and a
+  // failure is a retryable one (Unavailable, DeadlineExceeded), never a wrong
+  // answer: each key is fresh, so anything but ACQUIRED is wrong.
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0}, slow{0}, failed{0}, answered{0};
+  std::vector<std::thread> flight;
+  for (int t = 0; t < 2; ++t) {
+    flight.emplace_back([&, t] {
+      for (int n = 0; !stop; ++n) {
+        const std::string k = "f" + std::to_string(t) + "-" + std::to_string(n);
+        const auto c0 = Clock_::now();
+        auto c = store.Claim(Req(k));
+        if (Clock_::now() - c0 > 2500ms) ++slow;
+        if (!c.ok()) {
+          ++failed;
+          if (!c.status().retryable()) ++wrong;
+          std::this_thread::sleep_for(10ms);
+          continue;
+        }
+        ++answered;
+        if (c->outcome != ClaimOutcome::kAcquired) ++wrong;
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);
+
+  const pid_t pid = servers_[victim]->pid();
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int st;
+  waitpid(pid, &st, 0);
+  // A call while the primary is down: an error, promptly.
+  const auto t0 = Clock_::now();
+  auto down = store.Claim(Req("done"));
+  EXPECT_FALSE(down.ok());
+  EXPECT_LT(Clock_::now() - t0, 3s);
+  ASSERT_EQ(Admin(kBase + replica, {"CLUSTER", "FAILOVER", "TAKEOVER"}), "OK");
+  const auto took_over = Clock_::now();
+
+  // Within 15 s (gossip of the new epoch), the store answers on the new primary.
+  StatusOr<ClaimResult> after = Status::Unavailable("not tried");
+  for (auto until = Clock_::now() + 15s; Clock_::now() < until;
+       std::this_thread::sleep_for(50ms)) {
+    after = store.Claim(Req("done"));
+    if (after.ok()) break;
+  }
+  stop = true;
+  for (auto& f : flight) f.join();
+  std::fprintf(stderr, "answered %d ms after the takeover; in flight: %d answered, %d failed\n",
+               static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    Clock_::now() - took_over)
+                                    .count()),
+               answered.load(), failed.load());
+  ASSERT_TRUE(after.ok()) << "15 s after the takeover: " << after.status();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(slow.load(), 0);
+  EXPECT_GT(failed.load(), 0) << "no claim in flight met the dead primary";
+  EXPECT_EQ(after->outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(after->result, "r");
+  std::this_thread::sleep_for(1100ms);  // the held lease ends
+  auto t = store.Claim(Req(held));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->outcome, ClaimOutcome::kAcquired);
+  EXPECT_GT(t->fence, h->fence);
+  auto w = store.Complete(held, t->token, 600s, CompletionStatus::kOk, "t");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  // A batch over every primary, the new one included.
+  std::vector<ClaimRequest> reqs;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 60; ++i) keys.push_back("b" + std::to_string(i));
+  for (const auto& k : keys) reqs.push_back(Req(k));
+  auto b = store.ClaimBatch(reqs);
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ((*b)[i].outcome, ClaimOutcome::kAcquired);
+}
+
+
+// A planned switch (plain CLUSTER FAILOVER on the replica: the primary holds its
+// clients until the replica has every write, then they trade places) while four
+// threads claim and release 12 keys of the moving primary over and over: every
+// acknowledged claim survives it, so no fence is handed out twice (after a crash
+// it can be: docs/REDIS.md, "Failover"), and the store follows the MOVED of the
+// old primary, now a replica.
+TEST_F(RedisClusterFailoverTest, APlannedFailoverHandsOutNoFenceTwice) {
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7110?prefix=pf:&timeout=2s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const int victim = PrimaryOf("pf:k");
+  ASSERT_GE(victim, 0);
+  const int replica = ReplicaOf(victim);
+  ASSERT_GE(replica, 0);
+  std::vector<std::string> keys;
+  for (int i = 0; keys.size() < 12; ++i) {
+    const std::string k = "k" + std::to_string(i);
+    if (PrimaryOf("pf:" + k) == victim) keys.push_back(k);
+  }
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<std::string, std::vector<uint64_t>> fences;
+  std::atomic<int> failed{0}, acquired_after{0};
+  std::atomic<bool> switched{false};
+  ASSERT_TRUE(InSync(victim, replica)) << "the replica is not linked to its primary";
+  std::vector<std::thread> threads;
+  struct Join {  // also when an assertion below returns early
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Join() {
+      stop = true;
+      for (auto& th : threads) th.join();
+    }
+  } join{stop, threads};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t n = t; !stop; ++n) {
+        const std::string& k = keys[n % keys.size()];
+        auto c = store.Claim(Req(k, 1s));
+        if (!c.ok()) {
+          ++failed;
+          continue;
+        }
+        if (c->outcome != ClaimOutcome::kAcquired) continue;
+        {
+          std::lock_guard lock(mu);
+          fences[k].push_back(c->fence);
+        }
+        if (switched) ++acquired_after;
+        auto r = store.Release(k, c->token, 600s);
+        if (!r.ok()) ++failed;
+      }
+    });
+  }
+  std::this_thread::sleep_for(300ms);
+  ASSERT_EQ(Admin(kBase + replica, {"CLUSTER", "FAILOVER"}), "OK");
+  for (auto until = Clock_::now() + 15s;; std::this_thread::sleep_for(50ms)) {
+    if (Admin(kBase + replica, {"ROLE"}).rfind("master", 0) == 0) break;
+    if (Clock_::now() >= until) {
+      std::string log;
+      for (const std::string& d :
+           {Dir(std::to_string(kBase + replica)), Dir(std::to_string(kBase + victim))}) {
+        std::FILE* f = std::fopen((d + "/redis.log").c_str(), "r");
+        char buf[4096];
+        size_t n;
+        while (f != nullptr && (n = std::fread(buf, 1, sizeof buf, f)) > 0) log.append(buf, n);
+        if (f) std::fclose(f);
+        log += "\n=====\n";
+      }
+      FAIL() << "the replica did not take over; logs:\n" << log;
+    }
+  }
+  switched = true;
+  std::this_thread::sleep_for(1500ms);
+  stop = true;
+  for (auto& th : threads) th.join();
+  threads.clear();
+  std::fprintf(stderr, "%d calls failed; %d claims acquired after the switch\n", failed.load(),
+               acquired_after.load());
+  EXPECT_GT(acquired_after.load(), 10) << "the store did not follow the switch";
+  EXPECT_EQ(Admin(kBase + victim, {"ROLE"}).rfind("slave", 0), 0u);
+  size_t total = 0;
+  for (auto& [k, f] : fences) {
+    std::set<uint64_t> distinct(f.begin(), f.end());
+    EXPECT_EQ(distinct.size(), f.size()) << k << ": a fence handed out twice";
+    total += f.size();
+  }
+  EXPECT_GT(total, 100u);
 }
 
 }  // namespace

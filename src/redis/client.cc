@@ -1014,6 +1014,11 @@ Status Router::Refresh() {
     for (auto& [name, node] : nodes_) v.push_back(node.get());
     return v;
   }();
+  // A node that just failed is asked last: when it is down or stalled, the
+  // others know the new map (and a stalled one would cost a whole timeout).
+  if (Node* f = failed_.load(); f != nullptr) {
+    std::stable_partition(candidates.begin(), candidates.end(), [f](Node* n) { return n != f; });
+  }
   Status last = Status::Unavailable("redis cluster: no node to ask for CLUSTER SLOTS");
   const Command cmd{{"CLUSTER", "SLOTS"}};
   const Command* cmds[] = {&cmd};
@@ -1072,7 +1077,18 @@ bool ParseRedirect(std::string_view e, uint16_t* slot, std::string* address) {
   auto [p, ec] = std::from_chars(e.data() + a + 1, e.data() + b, v);
   if (ec != std::errc() || v > 16383) return false;
   *slot = static_cast<uint16_t>(v);
-  address->assign(e.substr(b + 1));
+  // Redis writes ip:port with an IPv6 address unbracketed ("ASK 3999 ::1:7117"):
+  // the port is after the last colon, and the node is named as CLUSTER SLOTS's
+  // host and port are ("[::1]:7117"), so that both find one Node.
+  const std::string_view node = e.substr(b + 1);
+  const size_t colon = node.rfind(':');
+  const bool v6 = colon != std::string_view::npos && node.front() != '[' &&
+                  node.substr(0, colon).find(':') != std::string_view::npos;
+  if (v6) {
+    address->assign("[").append(node.substr(0, colon)).append("]").append(node.substr(colon));
+  } else {
+    address->assign(node);
+  }
   return true;
 }
 
@@ -1139,6 +1155,17 @@ StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size
     }
     bool reached = false;
     if (Status s = node->Pipeline(*send, &replies, op, &reached); !s.ok()) {
+      // The node may be gone for good (a primary killed, its replica promoted):
+      // the map is reloaded (at most every 100 ms), and when nothing of the call
+      // was written and the new map names another node for the key, it goes there.
+      router_.OnNodeFailure(node);
+      if (!reached && !asking && router_.cluster()) {
+        router_.MaybeRefresh();
+        if (Node* now = router_.NodeFor(cmds.key(i)); now != node) {
+          node = now;
+          continue;
+        }
+      }
       if (sent != nullptr) *sent = reached;
       return s;
     }
@@ -1246,6 +1273,7 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
       for (size_t i : idx) part.AppendFrom(cmds, i);
       bool reached = false;
       if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
+        router_.OnNodeFailure(node);  // the next calls reload the map (see Run)
         failed(std::move(s), reached);
         if (unknown != nullptr) {
           for (size_t i : idx) (*unknown)[i] = reached;

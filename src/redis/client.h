@@ -275,6 +275,16 @@ class Router {
 
   // A MOVED reply: patches the slot and asks for a full refresh.
   void OnMoved(uint16_t slot, const std::string& address);
+  // A node that could not be reached (down, refusing, reset): asks for a full
+  // refresh, as a MOVED does. A primary that died sends no MOVED: without this the
+  // map kept naming it after its replica took over, and every call on its slots
+  // failed until the store was opened again.
+  // The failed node is asked last by the refresh.
+  void OnNodeFailure(Node* n) {
+    if (!options_.cluster) return;
+    failed_ = n;
+    stale_ = true;
+  }
   // Reloads the slot map if a MOVED asked for it (at most every 100 ms).
   void MaybeRefresh();
   Status Refresh();
@@ -288,6 +298,7 @@ class Router {
   std::array<Node*, 16384> slots_{};
   std::atomic<Node*> single_{nullptr};  // plain Redis: the one node
   std::atomic<bool> stale_{false};
+  std::atomic<Node*> failed_{nullptr};  // the node OnNodeFailure named last
   std::atomic<int64_t> last_refresh_{0};
   std::mutex refresh_mu_;
 };

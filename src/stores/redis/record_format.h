@@ -53,8 +53,12 @@ inline void AppendVarint(std::string* s, uint64_t n) {
   s->append(b, WriteVarint(b, n));
 }
 
-// At most 8 bytes; canonical only, as record.lua: a last byte of 0 after others is
-// padding and refused.
+// The largest varint of a record, as record.lua's MAX_VARINT: 2^53 - 1, the
+// largest integer the scripts' Lua numbers (doubles) hold exactly.
+inline constexpr uint64_t kMaxVarint = (uint64_t{1} << 53) - 1;
+
+// At most 8 bytes and kMaxVarint; canonical only, as record.lua: a last byte of 0
+// after others is padding and refused.
 inline bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
   uint64_t n = 0;
   for (int shift = 0; shift < 56; shift += 7) {
@@ -62,7 +66,7 @@ inline bool ReadVarint(std::string_view v, size_t* i, uint64_t* out) {
     const auto b = static_cast<uint8_t>(v[(*i)++]);
     n |= static_cast<uint64_t>(b & 127) << shift;
     if (b < 128) {
-      if (b == 0 && shift > 0) return false;
+      if ((b == 0 && shift > 0) || n > kMaxVarint) return false;
       *out = n;
       return true;
     }

@@ -10,7 +10,8 @@
 -- Reply    {outcome, fence, attempt, lease_left_ms, status, result}
 --          outcome 0 ACQUIRED, 1 BUSY, 2 DUPLICATE, 3 MISMATCH, 4 EXHAUSTED
 --@dedup-include record.lua
-local key = KEYS[1]
+local key, key_err = record_key('claim')
+if key_err then return key_err end
 local tok, lease, retention = arg_token(ARGV[1]), arg_ms(ARGV[2]), arg_ms(ARGV[3])
 local fp, max_attempts = ARGV[4], arg_uint(ARGV[5], 4294967295)
 if not tok then return bad_args('claim', 'token must be 16 lower-case hex digits, not all 0') end
@@ -46,6 +47,11 @@ if max_attempts > 0 and r.attempt >= max_attempts then
   -- Under this claim's token: its try again (the reply lost) knows it as its own.
   redis.call('SET', key, encode(2, 2, tok, r.fence, r.attempt, 0, r.fp, ''), 'PX', retention)
   return {4, r.fence, r.attempt}
+end
+if r.fence >= MAX_VARINT then
+  -- fence + 1 could not be read back exactly: the takeover would repeat a fence.
+  return redis.error_reply('DEDUPCORRUPT claim: fence ' .. string.format('%.0f', r.fence) ..
+                           ' cannot be raised (the largest fence is 2^53 - 1); nothing changed')
 end
 if r.fp == '' then r.fp = fp end
 redis.call('SET', key, encode(1, 0, tok, r.fence + 1, r.attempt + 1,

@@ -6,6 +6,8 @@
 -- ARGV[4]  result bytes, may be empty
 -- Reply    1 OK (COMPLETED, kept until now + retention), 0 LOST (nothing changed)
 --@dedup-include record.lua
+local _, key_err = record_key('complete')
+if key_err then return key_err end
 local m, err = complete_many_read('complete', 1, LAYOUT4, false)
 if err then return err end
 return complete_many_write(m, 1)

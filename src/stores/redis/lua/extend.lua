@@ -4,7 +4,8 @@
 -- ARGV[2]  lease, ms > 0
 -- Reply    1 OK (lease now ends at now + lease), 0 LOST (nothing changed)
 --@dedup-include record.lua
-local key = KEYS[1]
+local key, key_err = record_key('extend')
+if key_err then return key_err end
 local tok, lease = arg_token(ARGV[1]), arg_ms(ARGV[2])
 if not tok then return bad_args('extend', 'token must be 16 lower-case hex digits, not all 0') end
 if not lease then return bad_args('extend', 'lease must be an integer of ms, 1 to ' .. MAX_MS) end

@@ -11,7 +11,8 @@
 --                    that lease would have ended, so the next claim gets fence + 1
 -- A value that is not a record is removed (how an operator gets rid of a corrupt one).
 --@dedup-include record.lua
-local key = KEYS[1]
+local key, key_err = record_key('forget')
+if key_err then return key_err end
 local force = arg_uint(ARGV[1], 1)
 if not force then return bad_args('forget', 'force must be 0 or 1') end
 local v = redis.call('GET', key)

@@ -12,6 +12,10 @@ local function uv(n)
   end
   return s .. string.char(n)
 end
+-- The largest varint a record holds: 2^53 - 1, the largest integer a Lua number
+-- (a double) holds exactly. A fence read rounded would be raised to the fence it
+-- already has (2^53 + 1 is 2^53 as a double).
+local MAX_VARINT = 9007199254740991
 local function rv(v, i)
   local n, m = 0, 1
   for _ = 1, 8 do
@@ -21,7 +25,9 @@ local function rv(v, i)
     if b < 128 then
       -- Canonical only: a last byte of 0 after others is a padded encoding.
       if b == 0 and m > 1 then return nil end
-      return n + b * m, i
+      n = n + b * m
+      if n > MAX_VARINT then return nil end
+      return n, i
     end
     n, m = n + (b - 128) * m, m * 128
   end
@@ -86,6 +92,12 @@ local MAX_MS = 315360000000  -- 10 years (kMaxDuration)
 local function bad_args(what, why)
   return redis.error_reply('DEDUPARGS ' .. what .. ': ' .. why)
 end
+-- A single-key script's record key, or (sent with numkeys 0) nil and its error.
+local function record_key(what)
+  local k = KEYS[1]
+  if k == nil then return nil, bad_args(what, 'needs 1 key (the record key), got 0') end
+  return k
+end
 -- A duration in ms: decimal digits, no sign or leading zero, 1 to MAX_MS.
 local function arg_ms(s)
   if type(s) ~= 'string' or #s > 12 or not str_find(s, '^[1-9][0-9]*$') then return nil end
@@ -134,6 +146,11 @@ local function quick_in_progress(v)
   -- The attempt starts at a, the keep at k; the fingerprint (if any) at e.
   local fl, a, k, e = str_match(v, IN_PROGRESS2)
   if not fl or a > 18 or k - a > 8 or e - k > 8 then return nil end
+  -- An 8-byte varint over MAX_VARINT (its last byte over 15): decode() refuses it.
+  if (a == 18 and str_byte(v, 17) > 15) or (k - a == 8 and str_byte(v, k - 1) > 15)
+      or (e - k == 8 and str_byte(v, e - 1) > 15) then
+    return nil
+  end
   if fl == 'A' then
     if e <= #v then return nil end
     return str_sub(v, 2, 9), str_sub(v, 2, k - 1), 0x42
