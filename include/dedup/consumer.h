@@ -332,8 +332,10 @@ class ConsumerStopper {
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
   // Stop() reaches `c` from now on. `c` must stay alive until Detach() returns.
   void Attach(Consumer* c);
-  // No Stop() reaches the Consumer once this returns: it waits (yielding the CPU)
-  // for any Stop() that read its address, a few instructions at most.
+  // No Stop() reaches the Consumer once this returns: it waits for any Stop()
+  // that read its address, a few instructions at most (yielding the CPU a few
+  // times, then sleeping 100 us at a time, so that a Stop() on a thread of lower
+  // real-time priority on the same CPU gets to finish).
   void Detach();
 
  private:

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <chrono>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -1082,9 +1083,20 @@ void ConsumerStopper::Attach(Consumer* c) {
   if (stop_.load()) c->Stop();
 }
 
+// A Stop() inside is a few instructions from done, unless its thread lost the
+// CPU: a few yields, then short sleeps. Yielding alone could wait for ever: under
+// SCHED_FIFO sched_yield() hands the CPU only to threads of the same priority,
+// so a Stop() on a lower-priority thread of this CPU would never run again.
 void ConsumerStopper::Detach() {
   consumer_.store(nullptr);
-  while (inside_.load() != 0) std::this_thread::yield();
+  constexpr int kYields = 64;
+  for (int i = 0; inside_.load() != 0; ++i) {
+    if (i < kYields) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
 }
 
 }  // namespace dedup
