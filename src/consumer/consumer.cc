@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
@@ -19,7 +20,6 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
-#include <chrono>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
