@@ -285,12 +285,15 @@ class Consumer::Impl {
       // it, instead of sleeping until the stage is free: that sleep only delayed
       // the next fetch, and the two claims now run at once. Either way every
       // claim is decided before its handler runs, and what this thread queues
-      // counts against the window.
+      // counts against the window. So it does too when no handler thread is
+      // idle to take the stage: the batch would wait there unclaimed until a
+      // handler ends, not "claimed ahead" (ConsumerOptions::prefetch).
       bool staged = false;
       {
         std::lock_guard lock(mu_);
         // Stopped: no handler takes it any more; HandBackUnstarted gives it back.
-        if ((staged_.empty() && claiming_ == 0) || stop_->load(std::memory_order_relaxed)) {
+        if ((staged_.empty() && claiming_ == 0 && idle_ > 0) ||
+            stop_->load(std::memory_order_relaxed)) {
           for (Job& j : jobs) staged_.push_back(std::move(j));
           staged = true;
         }
