@@ -20,6 +20,8 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <gtest/gtest.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -31,6 +33,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -66,9 +69,18 @@ void WaitUntil(Done done, std::chrono::milliseconds at_most) {
 
 }  // namespace
 
+// A post from a thread marked with t_hold_until_let_go waits (sleeping) until
+// g_let_go, or 5 s (DetachLetsALowerPriorityStopFinish).
+thread_local bool t_hold_until_let_go = false;
+std::atomic<bool> g_let_go{false};
+
 extern "C" int sem_post(sem_t* sem) {
   using Post = int (*)(sem_t*);
   static const Post real = reinterpret_cast<Post>(dlsym(RTLD_NEXT, "sem_post"));
+  if (t_hold_until_let_go) {
+    g_held_posts.fetch_add(1);
+    WaitUntil([] { return g_let_go.load(); }, std::chrono::seconds(5));
+  }
   if (t_hold_posts) {
     g_held_posts.fetch_add(1);
     g_held_sem.store(sem);
@@ -187,6 +199,99 @@ TEST(ConsumerStop, AConsumerHoldsNoFileDescriptor) {
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
   EXPECT_EQ(failed, "") << "200 Consumers with room for 16 more open files";
   EXPECT_EQ(consumers.size(), 200u);
+}
+
+// Runs `f` on a thread of SCHED_FIFO `priority` bound to `cpu`; false (and the
+// thread not started) when this process may not use SCHED_FIFO.
+bool StartFifo(std::thread* t, int cpu, int priority, std::function<void()> f) {
+  std::atomic<int> ready{0};  // 1: running as asked, -1: could not
+  *t = std::thread([&ready, cpu, priority, f = std::move(f)] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_param sp{};
+    sp.sched_priority = priority;
+    if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0 ||
+        pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) != 0) {
+      ready = -1;
+      return;
+    }
+    ready = 1;
+    f();
+  });
+  while (ready.load() == 0) std::this_thread::sleep_for(1ms);
+  if (ready.load() < 0) {
+    t->join();
+    return false;
+  }
+  return true;
+}
+
+// ConsumerStopper::Detach() waits for a Stop() that is inside the Consumer.
+// When the thread in that Stop() has a lower real-time priority on the same
+// CPU (a SIGTERM handler on a SCHED_FIFO worker's thread, Detach() on a higher
+// one), a wait that only yields the CPU never lets it run: sched_yield() gives
+// the CPU to threads of the same priority only. Here the Stop()'s wake-up (its
+// sem_post) is held until Detach() has begun waiting, then let go; Detach()
+// must return once that Stop() can finish.
+TEST(ConsumerStop, DetachLetsALowerPriorityStopFinish) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  std::vector<int> cpus;
+  for (int i = 0; i < CPU_SETSIZE; ++i) {
+    if (CPU_ISSET(i, &mine)) cpus.push_back(i);
+  }
+  if (cpus.size() < 2) GTEST_SKIP() << "needs 2 CPUs (one for the watcher)";
+  MemoryBroker broker;
+  std::unique_ptr<MemorySource> source = broker.Connect();
+  auto store = OpenStore("memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  Buffer buffer(store->get());
+  auto made = Consumer::Make(source.get(), &buffer,
+                             [](const Delivery&, ClaimGuard&) { return HandlerResult::Done(); });
+  ASSERT_TRUE(made.ok()) << made.status();
+  ConsumerStopper stopper;
+  stopper.Attach(made->get());
+  g_held_posts = 0;
+  g_let_go = false;
+  // This thread watches from another CPU.
+  cpu_set_t other;
+  CPU_ZERO(&other);
+  CPU_SET(cpus[1], &other);
+  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(other), &other), 0);
+
+  std::thread low, high;
+  if (!StartFifo(&low, cpus[0], 1, [&] {
+        t_hold_until_let_go = true;
+        stopper.Stop();
+        t_hold_until_let_go = false;
+      })) {
+    ASSERT_EQ(sched_setaffinity(0, sizeof(mine), &mine), 0);
+    GTEST_SKIP() << "SCHED_FIFO not permitted here";
+  }
+  WaitUntil([] { return g_held_posts.load() == 1; }, 5s);
+  ASSERT_EQ(g_held_posts.load(), 1) << "the Stop() did not reach the Consumer";
+  std::atomic<bool> detached{false};
+  ASSERT_TRUE(StartFifo(&high, cpus[0], 2, [&] {
+    stopper.Detach();
+    detached = true;
+  }));
+  std::this_thread::sleep_for(50ms);  // Detach() waits on the CPU it shares with Stop()
+  g_let_go = true;                    // the Stop() may finish, given the CPU
+  WaitUntil([&] { return detached.load(); }, 3s);
+  const bool in_time = detached.load();
+  if (!in_time) {
+    // Let the Stop() run so that both threads end: Detach()'s thread to SCHED_OTHER.
+    sched_param sp{};
+    sp.sched_priority = 0;
+    pthread_setschedparam(high.native_handle(), SCHED_OTHER, &sp);
+  }
+  high.join();
+  low.join();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(mine), &mine), 0);
+  EXPECT_TRUE(in_time) << "Detach() did not return within 3 s of the Stop() it waits for "
+                          "being able to finish: it kept the CPU from that lower-priority Stop()";
 }
 
 #ifdef DEDUP_TEST_WORKER_STOP

@@ -2449,6 +2449,61 @@ TEST_F(RedisClusterFailoverTest, APlannedFailoverHandsOutNoFenceTwice) {
     total += f.size();
   }
   EXPECT_GT(total, 100u);
+// stopfrozen: a claim waiting on a frozen server while its caller stops
+// (Store::StopWaiting, through a StoreWrapper as a Consumer's drain deadline
+// sends it) is given up the grace after the stop, with Aborted, instead of
+// waiting out the timeout and then a second one on a new connection; a later
+// call to that server is given up at once. The claim the server ran once thawed
+// holds its key until its lease ends (BUSY), then it is taken over. Each
+// pipeline mode.
+TEST_F(RedisStoreTest, AClaimWaitingOnAFrozenServerIsGivenUpWhenItsCallerStops) {
+  constexpr int kPort = 6552;
+  if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
+  RedisServer server(kPort, Dir("stopwaiting"));
+  ASSERT_TRUE(server.Start());
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    const std::string uri = "redis://127.0.0.1:" + std::to_string(kPort) + "?prefix=sw" +
+                            pipeline + ":&pool=1&timeout=3s&pipeline=" + pipeline;
+    auto opened = OpenStore(uri);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    StoreWrapper store(opened->get());
+    auto warm = store.Claim(Req("warm"));  // the connection is open before the freeze
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(300ms);
+      store.StopWaiting(250ms);
+    });
+    const auto t0 = Clock_::now();
+    auto c = store.Claim(Req("k", 1s));
+    const auto took = Clock_::now() - t0;
+    stopper.join();
+    const auto t1 = Clock_::now();
+    auto later = store.Claim(Req("later", 1s));
+    const auto later_took = Clock_::now() - t1;
+    kill(server.pid(), SIGCONT);
+    ASSERT_FALSE(c.ok()) << "the claim was answered with the server frozen";
+    EXPECT_EQ(c.status().code(), StatusCode::kAborted) << c.status();
+    EXPECT_NE(c.status().message().find("given up"), std::string::npos) << c.status();
+    EXPECT_GE(took, 500ms);
+    EXPECT_LT(took, 1'500ms) << "the claim was not given up the grace after the stop";
+    ASSERT_FALSE(later.ok());
+    EXPECT_EQ(later.status().code(), StatusCode::kAborted) << later.status();
+    EXPECT_LT(later_took, 200ms) << "a later call waited on the server given up";
+
+    // The claim reached the frozen server, which ran it once thawed.
+    auto fresh = OpenStore(uri);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    auto busy = (*fresh)->Claim(Req("k", 1s));
+    ASSERT_TRUE(busy.ok()) << busy.status();
+    EXPECT_EQ(busy->outcome, ClaimOutcome::kBusy);
+    std::this_thread::sleep_for(1'100ms);
+    auto taken = (*fresh)->Claim(Req("k", 1s));
+    ASSERT_TRUE(taken.ok()) << taken.status();
+    EXPECT_EQ(taken->outcome, ClaimOutcome::kAcquired);
+    EXPECT_EQ(taken->attempt, 2u) << "not a takeover of the given-up claim";
+  }
 }
 
 }  // namespace

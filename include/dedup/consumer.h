@@ -273,6 +273,18 @@ struct ConsumerOptions {
   // HandlerSupervisor::RequestStop: SIGTERM, then SIGKILL after its grace).
   // Default: empty (in-process handlers watch Delivery::stop_requested()).
   std::function<void()> stop_handlers;
+  // Once drain_timeout has passed, the Buffer's store is told that this Consumer
+  // is stopping (Store::StopWaiting with kDrainStoreGrace), unless the drain is
+  // over by then: a claim, outcome write or release still waiting on a server
+  // that hangs is given up kDrainStoreGrace later (later calls get as long), its
+  // outcome unknown. Its delivery is not acked and nothing is recorded as done
+  // for it here; a claim the store may have made stays held until its lease
+  // ends, and is then taken over. Run() then returns Aborted saying what was
+  // given up. A store that answers within the grace is not affected. false: the
+  // store is not told (it is shared with work that goes on after this drain).
+  // Default: true.
+  static constexpr Millis kDrainStoreGrace{250};
+  bool stop_store_waits = true;
   // Prefixed to every log line on stderr. Default: "dedup consumer".
   std::string log_name = "dedup consumer";
   // Where log lines go instead of stderr (dead letters, failed settlements and
@@ -301,7 +313,10 @@ struct ConsumerOptions {
 // completing has its claim released with one try (nothing recorded) and its
 // delivery handed back with Retry(0). Run() returns once every handler has ended
 // and every outcome is settled: an in-process handler that ignores the request
-// is waited for, and an outcome write keeps its retry policy (BufferOptions).
+// is waited for, and an outcome write keeps its retry policy (BufferOptions),
+// except that from drain_timeout on the store waits no more than
+// kDrainStoreGrace for any answer (ConsumerOptions::stop_store_waits): Run()
+// returns Aborted when store calls were given up so, OK otherwise.
 class Consumer {
  public:
   using Handler = std::function<HandlerResult(const Delivery&, ClaimGuard&)>;
@@ -361,8 +376,10 @@ class ConsumerStopper {
   bool stopping() const { return stop_.load(std::memory_order_relaxed); }
   // Stop() reaches `c` from now on. `c` must stay alive until Detach() returns.
   void Attach(Consumer* c);
-  // No Stop() reaches the Consumer once this returns: it waits (yielding the CPU)
-  // for any Stop() that read its address, a few instructions at most.
+  // No Stop() reaches the Consumer once this returns: it waits for any Stop()
+  // that read its address, a few instructions at most (yielding the CPU a few
+  // times, then sleeping 100 us at a time, so that a Stop() on a thread of lower
+  // real-time priority on the same CPU gets to finish).
   void Detach();
 
  private:

@@ -194,6 +194,21 @@ class Store {
   [[nodiscard]] virtual StatusOr<std::vector<Record>> Scan(std::string_view prefix,
                                                            size_t limit) = 0;
 
+  // Capability: told that its caller is stopping (a Consumer whose drain
+  // deadline has passed, ConsumerOptions::drain_timeout), a store that waits on a
+  // server waits no longer than `grace` for any answer from then on: a call
+  // already waiting gets `grace` from this call, a later one `grace` from its
+  // start (connecting included). A call that got no answer in time fails with
+  // Aborted saying it was given up, and is never tried again by the store: its
+  // effect is unknown, as after any failure (a claim may have been made, held by
+  // a token nobody has: its key answers BUSY until the lease ends, then is taken
+  // over; a completion may or may not be recorded: the caller acks nothing for
+  // it). A server that answers in time is not affected. Not undone; the shortest
+  // grace asked for applies. Any thread, any number of times; never blocks.
+  // Default: nothing (memory and RocksDB wait on no server; the PostgreSQL store
+  // keeps its own timeouts).
+  virtual void StopWaiting(Millis grace) { (void)grace; }
+
   // "memory:", "rocksdb:/var/lib/dedup", "redis://127.0.0.1:6379" (no password).
   virtual std::string Describe() const = 0;
 };
@@ -244,6 +259,7 @@ class StoreWrapper : public Store {
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
     return target_->Scan(prefix, limit);
   }
+  void StopWaiting(Millis grace) override { target_->StopWaiting(grace); }
   std::string Describe() const override { return target_->Describe(); }
 
  private:

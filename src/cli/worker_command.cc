@@ -451,7 +451,8 @@ int RunWorkerCommand(const WorkerFlags& f) {
   std::fprintf(stderr, "dedup worker: stopped: %s\n", c.metrics().Summary().c_str());
   if (!run.ok()) {
     std::fprintf(stderr, "dedup worker: %s\n", run.ToString().c_str());
-    return kExitCheckFailed;
+    // The drain gave up store calls (their messages come back, unacked).
+    return run.code() == StatusCode::kAborted ? kExitTempFail : kExitCheckFailed;
   }
   return kExitOk;
 }

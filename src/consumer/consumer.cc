@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
@@ -159,7 +160,7 @@ class Consumer::Impl {
     }
     room_cv_.notify_all();
     FinishDrain();
-    return Status::Ok();
+    return GivenUp();
   }
 
   ConsumerMetrics Metrics() const {
@@ -322,12 +323,15 @@ class Consumer::Impl {
       // it, instead of sleeping until the stage is free: that sleep only delayed
       // the next fetch, and the two claims now run at once. Either way every
       // claim is decided before its handler runs, and what this thread queues
-      // counts against the window.
+      // counts against the window. So it does too when no handler thread is
+      // idle to take the stage: the batch would wait there unclaimed until a
+      // handler ends, not "claimed ahead" (ConsumerOptions::prefetch).
       bool staged = false;
       {
         std::lock_guard lock(mu_);
         // Stopped: no handler takes it any more; HandBackUnstarted gives it back.
-        if ((staged_.empty() && claiming_ == 0) || stop_->load(std::memory_order_relaxed)) {
+        if ((staged_.empty() && claiming_ == 0 && idle_ > 0) ||
+            stop_->load(std::memory_order_relaxed)) {
           for (Job& j : jobs) staged_.push_back(std::move(j));
           staged = true;
         }
@@ -541,10 +545,12 @@ class Consumer::Impl {
         try {
           r = handler_(d, g);
         } catch (...) {
-          if (handlers_stop_.load()) (void)g.ReleaseOnce();
+          if (handlers_stop_.load()) NoteGivenUp(g.ReleaseOnce().status(), false);
           throw;
         }
-        if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) (void)g.ReleaseOnce();
+        if (r.kind == HandlerResult::Kind::kRetry && handlers_stop_.load()) {
+          NoteGivenUp(g.ReleaseOnce().status(), false);
+        }
         return r;
       };
       const BrokerAck* ack = d.fused_ack();
@@ -728,6 +734,7 @@ class Consumer::Impl {
 
   void Count(const Processed& p) {
     if (!p.status.ok()) {
+      NoteGivenUp(p.status, p.claim.outcome != ClaimOutcome::kAcquired);
       if (p.action != BrokerAction::kDeadLetter) n_.store_errors.fetch_add(1);
       // A claim the store could not answer (p.claim is then the default, never
       // ACQUIRED) is a claim error and nothing more. One it answered ACQUIRED
@@ -818,9 +825,56 @@ class Consumer::Impl {
       draining_ = true;
     }
     work_cv_.notify_all();
+    if (buffer_ != nullptr && o_.stop_store_waits) {
+      store_stopper_ = std::thread([this, deadline] { StopStoreWaitsAt(deadline); });
+    }
     std::thread hand_back([this] { HandBackUnstarted(); });
     StopLateHandlers(deadline);
     hand_back.join();
+  }
+
+  // At the drain's deadline, unless the drain is over: the store waits no more
+  // than kDrainStoreGrace for any answer (ConsumerOptions::stop_store_waits).
+  void StopStoreWaitsAt(std::chrono::steady_clock::time_point deadline) {
+    {
+      std::unique_lock lock(mu_);
+      if (drain_cv_.wait_until(lock, deadline, [this] { return drained_; })) return;
+    }
+    store_told_.store(true);
+    buffer_->store()->StopWaiting(ConsumerOptions::kDrainStoreGrace);
+  }
+
+  // A store call that failed: given up, when the store was told to stop waiting
+  // and answers Aborted. `claim`: a claim, else a write of a claim it had made
+  // (an outcome, a release).
+  void NoteGivenUp(const Status& s, bool claim) {
+    if (s.ok() || s.code() != StatusCode::kAborted || !store_told_.load()) return;
+    (claim ? given_up_claims_ : given_up_writes_).fetch_add(1);
+    std::lock_guard lock(given_up_mu_);
+    if (given_up_first_.empty()) given_up_first_ = s.ToString();
+  }
+
+  // Run()'s answer: Aborted saying what the drain gave up, else OK.
+  Status GivenUp() {
+    const uint64_t claims = given_up_claims_.load(), writes = given_up_writes_.load();
+    if (claims + writes == 0) return Status::Ok();
+    std::string first;
+    {
+      std::lock_guard lock(given_up_mu_);
+      first = given_up_first_;
+    }
+    std::string what = "store calls given up at the drain deadline (" +
+                       std::to_string(o_.drain_timeout.count()) + " ms, then " +
+                       std::to_string(ConsumerOptions::kDrainStoreGrace.count()) +
+                       " ms without an answer) for " + std::to_string(claims + writes) +
+                       " deliveries: " + std::to_string(claims) + " claim(s), " +
+                       std::to_string(writes) +
+                       " outcome write(s) or release(s); their deliveries were not acked and "
+                       "nothing was recorded as done for them (a claim the store may have "
+                       "made stays held until its lease ends, then is taken over); first: " +
+                       first;
+    Log("drain: " + what);
+    return Status::Aborted("drain: " + what);
   }
 
   // The rest of the drain, on the fetch thread once its loop has ended: waits
@@ -845,14 +899,13 @@ class Consumer::Impl {
       ack_cv_.notify_all();
       acker_.join();  // sends what is left first
     }
-    if (progress_.joinable()) {
-      {
-        std::lock_guard lock(mu_);
-        drained_ = true;
-      }
-      drain_cv_.notify_all();
-      progress_.join();
+    {
+      std::lock_guard lock(mu_);
+      drained_ = true;
     }
+    drain_cv_.notify_all();
+    if (progress_.joinable()) progress_.join();
+    if (store_stopper_.joinable()) store_stopper_.join();
   }
 
   static int64_t MonotonicNs() {
@@ -907,10 +960,12 @@ class Consumer::Impl {
     size_t abandoned = 0, not_handed_back = 0;
     std::string why, broker_why;
     for (Job& j : unstarted) {
+      if (j.claim.has_value() && !j.claim->ok()) NoteGivenUp(j.claim->status(), true);
       if (j.claim.has_value() && j.claim->ok() && (*j.claim)->active()) {
         ClaimGuard& g = **j.claim;
         if (why.empty()) {
           StatusOr<WriteResult> r = g.ReleaseOnce();
+          NoteGivenUp(r.status(), false);
           if (!r.ok()) {
             why = "a release failed: " + r.status().ToString();
             ++abandoned;  // this one stays held too
@@ -975,6 +1030,12 @@ class Consumer::Impl {
   sem_t stop_sem_;
   std::thread drainer_;   // DrainOnStop
   std::thread progress_;  // DrainProgressLoop
+  std::thread store_stopper_;  // StopStoreWaitsAt
+  // The store was told to stop waiting; the calls it then gave up (Aborted).
+  std::atomic<bool> store_told_{false};
+  std::atomic<uint64_t> given_up_claims_{0}, given_up_writes_{0};
+  std::mutex given_up_mu_;
+  std::string given_up_first_;
 
   std::vector<std::thread> threads_;
   std::mutex mu_;
@@ -1112,9 +1173,20 @@ void ConsumerStopper::Attach(Consumer* c) {
   if (stop_.load()) c->Stop();
 }
 
+// A Stop() inside is a few instructions from done, unless its thread lost the
+// CPU: a few yields, then short sleeps. Yielding alone could wait for ever: under
+// SCHED_FIFO sched_yield() hands the CPU only to threads of the same priority,
+// so a Stop() on a lower-priority thread of this CPU would never run again.
 void ConsumerStopper::Detach() {
   consumer_.store(nullptr);
-  while (inside_.load() != 0) std::this_thread::yield();
+  constexpr int kYields = 64;
+  for (int i = 0; inside_.load() != 0; ++i) {
+    if (i < kYields) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
 }
 
 }  // namespace dedup

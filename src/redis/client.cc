@@ -5,11 +5,15 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cctype>
 #include <chrono>
@@ -249,6 +253,44 @@ std::string_view CommandBuffer::key(size_t i) const {
   return std::string_view(buf_.get() + s.key_at, s.key_len);
 }
 
+// ---- WaitStop ------------------------------------------------------------------
+
+WaitStop::WaitStop() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+WaitStop::~WaitStop() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void WaitStop::Stop(Millis grace) {
+  const int64_t g = std::max<int64_t>(0, grace.count());
+  int64_t cur = grace_ms_.load();
+  while (g < cur && !grace_ms_.compare_exchange_weak(cur, g)) {
+  }
+  int64_t none = 0;
+  (void)at_ms_.compare_exchange_strong(none, std::max<int64_t>(1, SteadyMillis()),
+                                       std::memory_order_acq_rel);
+  // After at_ms_: a reader that saw "not stopped" before polling wakes up here.
+  if (fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(fd_, &one, sizeof one);
+  }
+}
+
+int64_t WaitStop::GiveUpAt(int64_t start_ms, const std::string& server) const {
+  const int64_t at = at_ms_.load(std::memory_order_acquire);
+  if (at == 0) return INT64_MAX;
+  {
+    std::lock_guard lock(mu_);
+    if (given_up_.count(server) != 0) return 0;
+  }
+  return std::max(at, start_ms) + grace_ms_.load();
+}
+
+void WaitStop::GaveUp(const std::string& server) const {
+  std::lock_guard lock(mu_);
+  given_up_.insert(server);
+}
+
 // ---- Connection ---------------------------------------------------------------
 
 Connection::~Connection() {
@@ -258,7 +300,19 @@ Connection::~Connection() {
 StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
                                                        const ConnectionOptions& o) {
   const timeval tv = ToTimeval(o.timeout);
-  redisContext* c = redisConnectWithTimeout(ep.host.c_str(), ep.port, tv);
+  // Once the caller stops waiting, a connect gets the grace at most.
+  timeval connect_tv = tv;
+  if (o.wait_stop != nullptr && o.wait_stop->stopped()) {
+    const int64_t now = SteadyMillis();
+    const int64_t left = o.wait_stop->GiveUpAt(now, ep.Name()) - now;
+    if (left <= 0) {
+      return Status::Aborted(
+          "connect: given up: the caller is stopping, and the server let an earlier call "
+          "wait out its grace (nothing of the call was sent)");
+    }
+    connect_tv = ToTimeval(Millis(std::min<int64_t>(left, o.timeout.count())));
+  }
+  redisContext* c = redisConnectWithTimeout(ep.host.c_str(), ep.port, connect_tv);
   if (c == nullptr) return Status::Unavailable("connect: out of memory");
   if (c->err != 0) {
     Status s = Status::Unavailable("connect: " + Lower1(c->errstr));
@@ -279,7 +333,7 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
     return s;
   }
   UseSharedReplies(c);
-  std::unique_ptr<Connection> conn(new Connection(ep, c, o.timeout, o.reply_spin));
+  std::unique_ptr<Connection> conn(new Connection(ep, c, o.timeout, o.reply_spin, o.wait_stop));
 
   // The handshake: AUTH, SELECT, PING, in one round trip.
   std::vector<Command> cmds;
@@ -296,6 +350,7 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   Status s = conn->Pipeline(ptrs, &replies, "connect");
   conn->handshake_ = false;
   if (!s.ok()) {
+    if (s.code() == StatusCode::kAborted) return s;  // given up: the caller stops
     // A silent or babbling peer during the handshake: say what we think it is.
     if (s.code() == StatusCode::kDeadlineExceeded) {
       return Status::Unavailable("connect: no answer to PING within " +
@@ -527,9 +582,17 @@ Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t
     if (read != nullptr) *read = 0;
     return TransportError(op, true, true);
   }
+  const int64_t start_ms = stop_ != nullptr ? SteadyMillis() : 0;
   for (size_t i = 0; i < n; ++i) {
     void* r = nullptr;
-    if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {
+    if (stop_ != nullptr) {
+      Status s = AwaitReply(&r, start_ms, op);
+      if (!s.ok()) {
+        Reply drop(static_cast<redisReply*>(r));
+        if (read != nullptr) *read = i;
+        return s;
+      }
+    } else if (redisGetReply(c_, &r) != REDIS_OK || r == nullptr) {
       Reply drop(static_cast<redisReply*>(r));
       if (read != nullptr) *read = i;
       return TransportError(op, true, true);
@@ -539,6 +602,52 @@ Status Connection::ReadReplies(size_t n, Reply* out, std::string_view op, size_t
   last_reply_ms_ = CoarseMillis();
   if (read != nullptr) *read = n;
   return Status::Ok();
+}
+
+Status Connection::AwaitReply(void** reply, int64_t start_ms, std::string_view op) {
+  for (;;) {
+    if (redisGetReplyFromReader(c_, reply) != REDIS_OK) return TransportError(op, true, true);
+    if (*reply != nullptr) return Status::Ok();
+    // No whole reply buffered: wait for bytes. Each wait gets the timeout, as
+    // the socket's receive timeout gives each recv (hiredis's redisGetReply).
+    const int64_t wait_start = SteadyMillis();
+    const int64_t timed_out_at = wait_start + current_timeout_.count();
+    for (;;) {
+      const bool stopped = stop_->stopped();
+      const int64_t give_up_at = stopped ? stop_->GiveUpAt(start_ms, ep_.Name()) : INT64_MAX;
+      const int64_t until = std::min(timed_out_at, give_up_at);
+      const int64_t left = std::max<int64_t>(0, until - SteadyMillis());
+      pollfd fds[2] = {{c_->fd, POLLIN, 0}, {stop_->fd(), POLLIN, 0}};
+      // Once stopped the eventfd stays readable: poll the socket alone.
+      const nfds_t nfds = stopped || stop_->fd() < 0 ? 1 : 2;
+      const int rc = poll(fds, nfds, static_cast<int>(std::min<int64_t>(left, INT_MAX)));
+      if (rc < 0) {
+        if (errno == EINTR) continue;
+        c_->err = REDIS_ERR_IO;
+        std::snprintf(c_->errstr, sizeof(c_->errstr), "%s", std::strerror(errno));
+        return TransportError(op, true, true);
+      }
+      // Readable, closed or failed: the read below finds out which.
+      if (rc > 0 && fds[0].revents != 0) break;
+      if (rc > 0) continue;  // stopped just now: the bounds are worked out again
+      if (SteadyMillis() < until) continue;
+      c_->err = REDIS_ERR_IO;
+      if (give_up_at < timed_out_at) {
+        stop_->GaveUp(ep_.Name());
+        std::snprintf(c_->errstr, sizeof(c_->errstr), "given up");
+        std::string prefix = op.empty() ? std::string() : std::string(op) + ": ";
+        return Status::Aborted(
+            prefix + "given up after " + std::to_string(SteadyMillis() - start_ms) +
+            " ms without a reply: the caller is stopping" +
+            (handshake_ ? " (during the handshake: nothing of the call was sent)"
+                        : " (effect unknown: the commands may have run; not sent again)"));
+      }
+      // As the socket's receive timeout would have it.
+      std::snprintf(c_->errstr, sizeof(c_->errstr), "Resource temporarily unavailable");
+      return TransportError(op, true, true);
+    }
+    if (redisBufferRead(c_) != REDIS_OK) return TransportError(op, true, true);
+  }
 }
 
 Status Connection::Pipeline(std::span<const Command* const> cmds, std::vector<Reply>* replies,
@@ -936,7 +1045,15 @@ uint16_t KeySlot(std::string_view key) {
   return Crc16(key) & 16383;
 }
 
-Router::Router(ConnectionOptions options) : options_(std::move(options)) {}
+namespace {
+ConnectionOptions WithWaitStop(ConnectionOptions o, const WaitStop* stop) {
+  o.wait_stop = stop;
+  return o;
+}
+}  // namespace
+
+Router::Router(ConnectionOptions options)
+    : options_(WithWaitStop(std::move(options), &wait_stop_)) {}
 
 Node* Router::NodeAt(const std::string& address) {
   {

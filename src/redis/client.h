@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -131,6 +132,39 @@ class CommandBuffer {
   std::string side_keys_;
 };
 
+// What a Client's connections are told when its caller stops (Client::
+// StopWaiting): from then on no wait for a reply lasts more than the grace,
+// counted from the stop for a wait already begun, from its start for a later
+// one, and none at all on a server that already let one wait run out so. Its
+// eventfd turns readable at the stop (and stays so), waking a reader
+// in poll(2) at once so that it bounds its wait anew.
+class WaitStop {
+ public:
+  WaitStop();
+  ~WaitStop();
+  WaitStop(const WaitStop&) = delete;
+  WaitStop& operator=(const WaitStop&) = delete;
+
+  // Any thread; never blocks. The first call's moment counts; the shortest
+  // grace applies.
+  void Stop(Millis grace);
+  bool stopped() const { return at_ms_.load(std::memory_order_acquire) != 0; }
+  // Steady ms (SteadyMillis) past which a call to `server` that began at
+  // `start_ms` waits no more; INT64_MAX while not stopped. Once a wait on
+  // `server` was given up (GaveUp), every later wait on it ends at once: it did
+  // not answer within the grace of the stop.
+  int64_t GiveUpAt(int64_t start_ms, const std::string& server) const;
+  void GaveUp(const std::string& server) const;
+  int fd() const { return fd_; }  // -1 if the eventfd could not be made
+
+ private:
+  std::atomic<int64_t> at_ms_{0};  // 0: not stopped
+  std::atomic<int64_t> grace_ms_{INT64_MAX};
+  int fd_ = -1;
+  mutable std::mutex mu_;
+  mutable std::set<std::string> given_up_;  // servers a wait was given up on
+};
+
 // A connected, authenticated hiredis context. Not thread-safe: one caller at a time.
 class Connection {
  public:
@@ -172,8 +206,14 @@ class Connection {
   static constexpr Millis kIdleCheck{5};
 
  private:
-  Connection(Endpoint ep, redisContext* c, Millis timeout, std::chrono::microseconds spin)
-      : ep_(std::move(ep)), c_(c), timeout_(timeout), current_timeout_(timeout), spin_(spin) {}
+  Connection(Endpoint ep, redisContext* c, Millis timeout, std::chrono::microseconds spin,
+             const WaitStop* stop)
+      : ep_(std::move(ep)), c_(c), timeout_(timeout), current_timeout_(timeout), spin_(spin),
+        stop_(stop) {}
+  // redisGetReply for a connection with a WaitStop: the wait for bytes is a
+  // poll(2) of the socket and the stop's eventfd, bounded by the timeout as the
+  // socket's receive timeout bounds a recv, and once stopped by GiveUpAt(start).
+  Status AwaitReply(void** reply, int64_t start_ms, std::string_view op);
   // Before blocking for a reply, polls the socket (non-blocking, yielding the CPU
   // between polls) for up to spin_: false (c_->err set) when the socket failed.
   bool SpinForReply();
@@ -186,6 +226,7 @@ class Connection {
   Millis timeout_;
   Millis current_timeout_;
   const std::chrono::microseconds spin_;
+  const WaitStop* const stop_;  // null: replies are waited for in recv(2)
   int skip_spins_ = 0;  // reads left that block at once: the last spin saw no reply
   // Open's AUTH / SELECT / PING: a failure then sent none of a caller's commands.
   bool handshake_ = false;
@@ -290,8 +331,10 @@ class Router {
   Status Refresh();
 
   const ConnectionOptions& options() const { return options_; }
+  WaitStop& wait_stop() { return wait_stop_; }
 
  private:
+  WaitStop wait_stop_;  // before options_, which points to it
   const ConnectionOptions options_;
   std::shared_mutex mu_;
   std::map<std::string, std::unique_ptr<Node>> nodes_;  // never shrinks
@@ -343,6 +386,15 @@ class Client {
   // replies are left for the caller. `*sent` as for Exec, for any failed node.
   Status ExecMany(std::string_view op, const CommandBuffer& cmds, std::vector<Reply>* replies,
                   bool* sent = nullptr, std::vector<bool>* unknown = nullptr);
+
+  // The caller is stopping: no call of this Client waits more than `grace` for
+  // a reply from now on (a call already waiting: from now; a later one, its
+  // connect included: from its start). One that gets none in time fails with
+  // Aborted ("given up ..."; effect unknown, as after any lost reply). Any
+  // thread; never blocks; not undone. Connections of this Client's options
+  // opened elsewhere (Node::Dedicated) are bounded alike.
+  void StopWaiting(Millis grace) { router_.wait_stop().Stop(grace); }
+  bool stopped_waiting() { return router_.wait_stop().stopped(); }
 
   Router& router() { return router_; }
   const ConnectionOptions& options() const { return router_.options(); }

@@ -42,6 +42,8 @@
 
 namespace dedup::redis {
 
+class WaitStop;  // client.h
+
 struct Endpoint {
   std::string host;  // without brackets: "::1"
   int port = 6379;
@@ -74,6 +76,10 @@ struct ConnectionOptions {
   // it cost client CPU and throughput at 8 connections; measured side by side in
   // `dedup bench` (the "spin=50" row). Default: 0.
   std::chrono::microseconds reply_spin{0};
+  // Not owned. Set by a Client for its own connections (Client::StopWaiting):
+  // their waits for replies can then be cut short. Null: a Connection waits
+  // for its replies as the timeout says, in recv(2). Default: null.
+  const WaitStop* wait_stop = nullptr;
 
   // OK, or InvalidArgument naming the bad field.
   Status Validate() const;

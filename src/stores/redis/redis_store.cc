@@ -144,6 +144,11 @@ class RedisStore final : public Store {
                       (*r)->integer == 2};
   }
 
+  // Every call of this store (its connections') waits at most `grace` for a
+  // reply from now on, and a claim whose reply is lost is not tried again
+  // (ClaimAgain): a try on a new connection would wait the grace once more.
+  void StopWaiting(Millis grace) override { client_.StopWaiting(grace); }
+
   Status Start() {
     DEDUP_RETURN_IF_ERROR(client_.Start());
     // Every primary must answer (and be Redis 7+) before the store is handed out.
@@ -326,8 +331,10 @@ class RedisStore final : public Store {
   // A call that reached no server (down, refusing) fails at once as before. At
   // most kClaimTries tries, and none that would start past the lease from the
   // first try: the caller holds the lease from its call on.
-  static bool ClaimAgain(const Status& s, bool sent, int tries, int64_t start, Millis lease) {
-    if (!s.retryable() || !sent || tries >= kClaimTries) return false;
+  // Nor once the store was told to stop waiting (StopWaiting; its Aborted is not
+  // retryable either).
+  bool ClaimAgain(const Status& s, bool sent, int tries, int64_t start, Millis lease) {
+    if (!s.retryable() || !sent || tries >= kClaimTries || client_.stopped_waiting()) return false;
     const int64_t wait = int64_t{20} << (tries - 1);
     if (redis::SteadyMillis() + wait >= start + lease.count()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(wait));
