@@ -2449,6 +2449,8 @@ TEST_F(RedisClusterFailoverTest, APlannedFailoverHandsOutNoFenceTwice) {
     total += f.size();
   }
   EXPECT_GT(total, 100u);
+}
+
 // stopfrozen: a claim waiting on a frozen server while its caller stops
 // (Store::StopWaiting, through a StoreWrapper as a Consumer's drain deadline
 // sends it) is given up the grace after the stop, with Aborted, instead of
