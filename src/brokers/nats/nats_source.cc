@@ -245,6 +245,12 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   if (parsed->scheme != "nats") {
     return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': not nats://");
   }
+  if (!parsed->has_authority) {
+    // Not echoed: "nats:PASSWORD" is a USER:PASSWORD given where a URI belongs;
+    // what follows the ':' is no host.
+    return Status::InvalidArgument("nats: no '//' after 'nats:' (expected "
+                                   "nats://HOST:4222?stream=S&consumer=C)");
+  }
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
                                              "dead", "ack_wait", "max_ack_pending", "timeout",
                                              internal::kPasswordFileParam}));

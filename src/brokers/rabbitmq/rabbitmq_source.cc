@@ -111,6 +111,12 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
   if (u.scheme != "amqp") {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "': not amqp://");
   }
+  if (!u.has_authority) {
+    // Not echoed: "amqp:PASSWORD" is a USER:PASSWORD given where a URI belongs;
+    // what follows the ':' is no host.
+    return Status::InvalidArgument("amqp: no '//' after 'amqp:' (expected "
+                                   "amqp://USER:PW@HOST:5672/VHOST?queue=Q)");
+  }
   DEDUP_RETURN_IF_ERROR(
       u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout",
                      internal::kPasswordFileParam}));
