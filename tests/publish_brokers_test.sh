@@ -127,6 +127,23 @@ rabbitmq)
   password_file_checks amqp "amqp://dedup@127.0.0.1:$port/" "queue=pf" "$pw" \
     "amqp://dedup:$pw@127.0.0.1:$port/"
   worker_consumes amqp "amqp://dedup@127.0.0.1:$port/?queue=pf&password_file=$tmp/pw" 3
+
+  # A queue at its length limit with overflow reject-publish nacks what it cannot
+  # take: its consumers drain it, so a later publish works - 'try again later'
+  # (75), as for a Redis out of memory.
+  rabbitmqctl_node -q set_policy -p / full '^full$' '{"max-length":1,"overflow":"reject-publish"}' \
+    --apply-to queues >/dev/null
+  expect_rc "publish to a full queue (reject-publish) is 'try again later'" 75 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=full" --id-prefix f- --count 3 --quiet
+  [[ "$out" == *"nack"* ]] || fail "the nack is not named: $out"
+  # A user who may not write to the default exchange (its queue's dead-letter
+  # topology it may write): refused by the broker's permissions, as a refused
+  # password or vhost is - 2, not 'try again later' for ever.
+  rabbitmqctl_node -q add_user reader "$pw" >/dev/null
+  rabbitmqctl_node -q set_permissions -p / reader '.*' '.*dead.*' '.*' >/dev/null
+  expect_rc "publish the user may not write is refused (2)" 2 \
+    "$dedup" publish --broker "amqp://reader:$pw@127.0.0.1:$port/?queue=ro" --id-prefix r- --count 1 --quiet
+  [[ "$out" == *"ACCESS_REFUSED"* && "$out" != *"$pw"* ]] || fail "the refusal is not named: $out"
   ;;
 *)
   echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq" >&2
