@@ -10,7 +10,8 @@
 #             publish and the worker; a wrong, missing or empty file and a password
 #             given twice are refused naming the problem, never the password; a
 #             publish to a stream that is not there says it made it (as to Redis).
-#   rabbitmq  the same password_file= checks against a RabbitMQ node (user guest).
+#   rabbitmq  the same password_file= checks against a RabbitMQ node (user dedup);
+#             a full queue (reject-publish nacks) is 75, a refused write 2.
 #
 # Ports (docs/PORTS.md): Redis 6520, NATS 4239, RabbitMQ 5684 (dist 25684, epmd
 # 4374). Servers run in a temporary directory and are stopped by PID at exit.
