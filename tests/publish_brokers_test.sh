@@ -115,6 +115,15 @@ nats)
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
   [[ -z "$out" ]] || fail "--quiet printed: $out"
 
+  # A message over the server's max_payload (1 MiB by default) is refused before
+  # it is sent; no later fixes its size: 2, not 'try again later' for ever.
+  big=$(head -c 120000 /dev/zero | tr '\0' x)
+  fields=()
+  for i in 1 2 3 4 5 6 7 8 9; do fields+=(--field "f$i=$big"); done
+  expect_rc "a message over max_payload is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=BIG" "${fields[@]}" --quiet
+  [[ "$out" == *"Maximum Payload"* || "$out" == *"max_payload"* ]] || fail "the limit is not named: $out"
+
   password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF&consumer=w" "$pw" \
     "nats://dedup:$pw@127.0.0.1:$port"
   worker_consumes nats "nats://dedup@127.0.0.1:$port?stream=PF&consumer=w&password_file=$tmp/pw" 3
