@@ -9,7 +9,8 @@
 #   nats      a password-protected nats-server: password_file= authenticates the
 #             publish and the worker; a wrong, missing or empty file and a password
 #             given twice are refused naming the problem, never the password; a
-#             publish to a stream that is not there says it made it (as to Redis).
+#             publish to a stream that is not there says it made it (as to Redis);
+#             a message over max_payload is 2, not 'try again later'.
 #   rabbitmq  the same password_file= checks against a RabbitMQ node (user dedup);
 #             a full queue (reject-publish nacks) is 75, a refused write 2.
 #

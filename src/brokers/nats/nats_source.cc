@@ -45,6 +45,7 @@ Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_c
       return Status::NotFound(std::move(m));
     case NATS_INVALID_ARG:
     case NATS_INVALID_SUBJECT:
+    case NATS_MAX_PAYLOAD:  // the server's max_payload: no retry changes the size
       return Status::InvalidArgument(std::move(m));
     default:
       return Status::Unavailable(std::move(m));
