@@ -98,6 +98,16 @@ redis)
   expect_rc "publish to a Redis out of memory is 'try again later'" 75 \
     "$dedup" publish --broker "redis://127.0.0.1:$port?stream=oom" --field id=1
   [[ "$out" == *OOM* ]] || fail "the OOM reply is not shown: $out"
+  # A Redis at maxclients answers a new connection "ERR max number of clients
+  # reached" and closes it: later, when a client has gone, it takes one - 75, as
+  # for OOM, not 2.
+  redis-cli -p "$port" CONFIG SET maxclients 1 >/dev/null
+  exec 3<>"/dev/tcp/127.0.0.1/$port"  # the one client
+  sleep 0.2
+  expect_rc "publish to a Redis at maxclients is 'try again later'" 75 \
+    "$dedup" publish --broker "redis://127.0.0.1:$port?stream=oom" --field id=1
+  [[ "$out" == *"max number of clients"* ]] || fail "the refusal is not shown: $out"
+  exec 3>&-
   ;;
 nats)
   source "$here/../scripts/lib/nats.sh"
