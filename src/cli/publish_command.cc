@@ -222,7 +222,7 @@ int PublishRedis(const PublishFlags& f, const Fields& fields) {
                    r.ok() ? streams::ReplyText(r->get()).c_str() : r.status().ToString().c_str());
       // An error reply is classified as the Redis client layer does: WRONGTYPE (the
       // key is not a stream) is not a "later"; READONLY (a failover under way),
-      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN and OOM are.
+      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN, OOM and maxclients are.
       return ExitFor(r.ok() ? redis::ErrorReplyStatus("", streams::ReplyText(r->get()))
                             : r.status());
     }
