@@ -10,7 +10,8 @@
 #             publish and the worker; a wrong, missing or empty file and a password
 #             given twice are refused naming the problem, never the password; a
 #             publish to a stream that is not there says it made it (as to Redis);
-#             a message over max_payload is 2, not 'try again later'.
+#             a message over max_payload, or to a subject the existing stream does
+#             not hold, is 2, not 'try again later'.
 #   rabbitmq  the same password_file= checks against a RabbitMQ node (user dedup);
 #             a full queue (reject-publish nacks) is 75, a refused write 2.
 #
@@ -125,6 +126,13 @@ nats)
   expect_rc "--quiet says nothing, not even that" 0 \
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
   [[ -z "$out" ]] || fail "--quiet printed: $out"
+
+  # A stream that exists but does not hold the subject published to: no stream
+  # takes the message ("no responders"), and no retry changes that - 2, naming
+  # the stream's subjects, not 'try again later' for ever.
+  expect_rc "publish to a subject the existing stream does not hold is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS&subject=other.in" --id-prefix n- --quiet
+  [[ "$out" == *"JBOS"* && "$out" == *"other.in"* && "$out" != *"$pw"* ]] || fail "the stream and subject are not named: $out"
 
   # A message over the server's max_payload (1 MiB by default) is refused before
   # it is sent; no later fixes its size: 2, not 'try again later' for ever.
