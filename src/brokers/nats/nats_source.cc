@@ -347,6 +347,31 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
   if (!c.ok()) return c.status();
   bool created = false;
   DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject(), &created));
+  if (!created) {
+    // An existing stream is taken as it is: a subject= it does not hold would
+    // reach no stream ("no responders", read as a server to wait for), for ever.
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetStreamInfo(&si, (*c)->js, o.stream.c_str(), nullptr, &jerr);
+    if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": stream info " + o.stream, jerr);
+    bool holds = false;
+    std::string held;
+    if (si->Config != nullptr) {
+      for (int i = 0; i < si->Config->SubjectsLen; ++i) {
+        holds = holds || FilterMatches(si->Config->Subjects[i], o.Subject());
+        held += std::string(i == 0 ? "" : ", ") + si->Config->Subjects[i];
+      }
+      // No subjects: the server stores the stream's own name.
+      if (si->Config->SubjectsLen == 0) holds = o.Subject() == o.stream;
+    }
+    jsStreamInfo_Destroy(si);
+    if (!holds) {
+      return Status::FailedPrecondition(
+          "nats " + o.host_port + ": stream " + o.stream + " holds subjects " +
+          internal::Printable(held.empty() ? o.stream : held) + ", not subject=" +
+          internal::Printable(o.Subject()) + ": a message published there reaches no stream");
+    }
+  }
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
   p->impl_ = std::make_unique<Impl>();
   p->impl_->created_stream = created;
