@@ -397,6 +397,23 @@ expect_rc "--store with an unprintable scheme" 2 "$dedup" exec --store $'\e[2Jx:
 long=$(printf 'a%.0s' {1..200})
 expect_rc "--broker with a 200-byte scheme" 2 "$dedup" publish --broker "$long:$secret" --field id=1
 [[ "$out" != *"$secret"* && "$out" != *"$long"* ]] || fail "long scheme echoed: $out"
+# "USER:PASSWORD" where the user's name is itself a known scheme: postgres (the
+# default PostgreSQL user), nats, amqp, memory. Without the '//' the rest is no
+# host: it is refused naming the scheme, as redis:PASSWORD is ("redis: no '//'
+# after 'redis:'"), never echoed. --store postgres:PW said "postgres URI
+# 'postgres:PW' has no host", --broker nats:PW "broker URI 'nats:PW' needs stream=NAME".
+for case in "--store|exec --store postgres:$secret --key k -- true" \
+            "--store|exec --store postgresql:$secret --key k -- true" \
+            "--store|exec --store memory:$secret --key k -- true" \
+            "--broker|worker --broker nats:$secret --store memory: --exec true" \
+            "--broker|publish --broker nats:$secret --field id=1" \
+            "--broker|worker --broker amqp:$secret --store memory: --exec true" \
+            "--broker|publish --broker amqp:$secret?queue=q --field id=1"; do
+  IFS='|' read -r flag args <<<"$case"
+  read -ra argv <<<"$args"
+  expect_rc "$flag SCHEME:PASSWORD is refused: dedup $args" 2 timeout 20 "$dedup" "${argv[@]}"
+  [[ "$out" != *"$secret"* ]] || fail "$flag SCHEME:PASSWORD echoed what follows the ':': $out"
+done
 
 # The worker's first line names its store, and where a relative rocksdb: path
 # lands (it named the broker only: rocksdb:db quietly made a store in the cwd).

@@ -9,8 +9,11 @@
 #   nats      a password-protected nats-server: password_file= authenticates the
 #             publish and the worker; a wrong, missing or empty file and a password
 #             given twice are refused naming the problem, never the password; a
-#             publish to a stream that is not there says it made it (as to Redis).
-#   rabbitmq  the same password_file= checks against a RabbitMQ node (user guest).
+#             publish to a stream that is not there says it made it (as to Redis);
+#             a message over max_payload, or to a subject the existing stream does
+#             not hold, is 2, not 'try again later'.
+#   rabbitmq  the same password_file= checks against a RabbitMQ node (user dedup);
+#             a full queue (reject-publish nacks) is 75, a refused write 2.
 #
 # Ports (docs/PORTS.md): Redis 6520, NATS 4239, RabbitMQ 5684 (dist 25684, epmd
 # 4374). Servers run in a temporary directory and are stopped by PID at exit.
@@ -96,6 +99,16 @@ redis)
   expect_rc "publish to a Redis out of memory is 'try again later'" 75 \
     "$dedup" publish --broker "redis://127.0.0.1:$port?stream=oom" --field id=1
   [[ "$out" == *OOM* ]] || fail "the OOM reply is not shown: $out"
+  # A Redis at maxclients answers a new connection "ERR max number of clients
+  # reached" and closes it: later, when a client has gone, it takes one - 75, as
+  # for OOM, not 2.
+  redis-cli -p "$port" CONFIG SET maxclients 1 >/dev/null
+  exec 3<>"/dev/tcp/127.0.0.1/$port"  # the one client
+  sleep 0.2
+  expect_rc "publish to a Redis at maxclients is 'try again later'" 75 \
+    "$dedup" publish --broker "redis://127.0.0.1:$port?stream=oom" --field id=1
+  [[ "$out" == *"max number of clients"* ]] || fail "the refusal is not shown: $out"
+  exec 3>&-
   ;;
 nats)
   source "$here/../scripts/lib/nats.sh"
@@ -114,6 +127,22 @@ nats)
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
   [[ -z "$out" ]] || fail "--quiet printed: $out"
 
+  # A stream that exists but does not hold the subject published to: no stream
+  # takes the message ("no responders"), and no retry changes that - 2, naming
+  # the stream's subjects, not 'try again later' for ever.
+  expect_rc "publish to a subject the existing stream does not hold is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS&subject=other.in" --id-prefix n- --quiet
+  [[ "$out" == *"JBOS"* && "$out" == *"other.in"* && "$out" != *"$pw"* ]] || fail "the stream and subject are not named: $out"
+
+  # A message over the server's max_payload (1 MiB by default) is refused before
+  # it is sent; no later fixes its size: 2, not 'try again later' for ever.
+  big=$(head -c 120000 /dev/zero | tr '\0' x)
+  fields=()
+  for i in 1 2 3 4 5 6 7 8 9; do fields+=(--field "f$i=$big"); done
+  expect_rc "a message over max_payload is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=BIG" "${fields[@]}" --quiet
+  [[ "$out" == *"Maximum Payload"* || "$out" == *"max_payload"* ]] || fail "the limit is not named: $out"
+
   password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF&consumer=w" "$pw" \
     "nats://dedup:$pw@127.0.0.1:$port"
   worker_consumes nats "nats://dedup@127.0.0.1:$port?stream=PF&consumer=w&password_file=$tmp/pw" 3
@@ -127,6 +156,23 @@ rabbitmq)
   password_file_checks amqp "amqp://dedup@127.0.0.1:$port/" "queue=pf" "$pw" \
     "amqp://dedup:$pw@127.0.0.1:$port/"
   worker_consumes amqp "amqp://dedup@127.0.0.1:$port/?queue=pf&password_file=$tmp/pw" 3
+
+  # A queue at its length limit with overflow reject-publish nacks what it cannot
+  # take: its consumers drain it, so a later publish works - 'try again later'
+  # (75), as for a Redis out of memory.
+  rabbitmqctl_node -q set_policy -p / full '^full$' '{"max-length":1,"overflow":"reject-publish"}' \
+    --apply-to queues >/dev/null
+  expect_rc "publish to a full queue (reject-publish) is 'try again later'" 75 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=full" --id-prefix f- --count 3 --quiet
+  [[ "$out" == *"nack"* ]] || fail "the nack is not named: $out"
+  # A user who may not write to the default exchange (its queue's dead-letter
+  # topology it may write): refused by the broker's permissions, as a refused
+  # password or vhost is - 2, not 'try again later' for ever.
+  rabbitmqctl_node -q add_user reader "$pw" >/dev/null
+  rabbitmqctl_node -q set_permissions -p / reader '.*' '.*dead.*' '.*' >/dev/null
+  expect_rc "publish the user may not write is refused (2)" 2 \
+    "$dedup" publish --broker "amqp://reader:$pw@127.0.0.1:$port/?queue=ro" --id-prefix r- --count 1 --quiet
+  [[ "$out" == *"ACCESS_REFUSED"* && "$out" != *"$pw"* ]] || fail "the refusal is not named: $out"
   ;;
 *)
   echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq" >&2

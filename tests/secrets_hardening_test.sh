@@ -82,6 +82,19 @@ store="redis://127.0.0.1:$port?prefix=s:"
 printf '%s\n' "$P" >"$tmp/pw"
 out=$("$dedup" exec --store "$store&password_file=$tmp/pw" --key a -- echo ran 2>&1) &&
   [[ "$out" == ran ]] && echo "ok   password_file= authenticates" || fail "password_file=: $out"
+# A password_file= that is no password file is named for what it is, at once,
+# for every scheme that takes one: a directory was "is empty", and /dev/zero (or
+# any endless or huge file) was read into memory without end (240 MB in 3 s).
+mkdir "$tmp/pwdir"
+for uri in "redis://127.0.0.1:$port?stream=st&password_file=$tmp/pwdir|is a directory" \
+           "redis://127.0.0.1:$port?stream=st&password_file=/dev/zero|larger than" \
+           "amqp://u@127.0.0.1:1/?queue=q&password_file=/dev/zero|larger than" \
+           "nats://u@127.0.0.1:1?stream=S&password_file=$tmp/pwdir|is a directory"; do
+  want=${uri##*|} uri=${uri%|*}
+  set +e; out=$(timeout 10 "$dedup" publish --broker "$uri" --field id=1 2>&1); rc=$?; set -e
+  [[ $rc -eq 2 && "$out" == *"$want"* ]] && echo "ok   password_file= $want is refused: ${uri%%:*}" ||
+    fail "password_file= $want: ${uri%%:*}: rc $rc: ${out:0:300}"
+done
 out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" inspect --store "$store" a 2>&1) &&
   [[ "$out" == *completed* && "$out" != *"$P"* ]] && echo "ok   DEDUP_REDIS_PASSWORD authenticates; inspect shows no password" ||
   fail "DEDUP_REDIS_PASSWORD: $out"

@@ -55,11 +55,16 @@ struct PublishFlags {
 };
 
 // 75 (try again later) only when later may work: the broker unreachable or slow,
-// or a Redis out of memory (OOM under maxmemory with noeviction: keys expire,
-// consumers trim, an operator raises the limit). A wrong password, a refused
-// vhost or a bad option is 2, as for the worker.
+// a Redis out of memory (OOM under maxmemory with noeviction: keys expire,
+// consumers trim, an operator raises the limit), or a RabbitMQ nack (ABORTED: a
+// queue at its length limit with reject-publish, which its consumers drain). A
+// wrong password, a refused vhost or write permission or a bad option is 2, as
+// for the worker.
 int ExitFor(const Status& s) {
-  return s.retryable() || s.code() == StatusCode::kResourceExhausted ? kExitTempFail : kExitUsage;
+  return s.retryable() || s.code() == StatusCode::kResourceExhausted ||
+                 s.code() == StatusCode::kAborted
+             ? kExitTempFail
+             : kExitUsage;
 }
 
 // Every n once, and the duplicates again up to ~50 messages later.
@@ -217,7 +222,7 @@ int PublishRedis(const PublishFlags& f, const Fields& fields) {
                    r.ok() ? streams::ReplyText(r->get()).c_str() : r.status().ToString().c_str());
       // An error reply is classified as the Redis client layer does: WRONGTYPE (the
       // key is not a stream) is not a "later"; READONLY (a failover under way),
-      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN and OOM are.
+      // LOADING, BUSY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN, OOM and maxclients are.
       return ExitFor(r.ok() ? redis::ErrorReplyStatus("", streams::ReplyText(r->get()))
                             : r.status());
     }
@@ -297,8 +302,8 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
       ->capture_default_str();
   app->footer(
       "Exit codes: 0 published; 75 try again later (the broker unreachable, slow, or not\n"
-      "  ready: loading, busy, a read-only replica, out of memory); 2 bad usage, a refused\n"
-      "  password or vhost, or any error a retry cannot fix.");
+      "  ready: loading, busy, a read-only replica, out of memory, a full queue); 2 bad\n"
+      "  usage, a refused password, vhost or write, or any error a retry cannot fix.");
   app->add_flag("--quiet", f->quiet, "Print nothing on success");
   app->callback([f, &ctx] { ctx.exit_code = RunPublish(*f); });
 }

@@ -17,8 +17,10 @@ namespace {
 StatusOr<std::unique_ptr<Store>> OpenMemory(const internal::Uri& u, std::string_view,
                                             const OpenOptions& o) {
   if (u.has_authority || !u.path.empty()) {
-    return Status::InvalidArgument("memory: URI takes no host or path, got '" + u.Redacted() +
-                                   "'");
+    // Not echoed: in "memory:PASSWORD" (USER:PASSWORD of a user named memory)
+    // the "path" is a password.
+    return Status::InvalidArgument("memory: URI takes no host or path (give memory: or "
+                                   "memory:?PARAMS)");
   }
   DEDUP_RETURN_IF_ERROR(u.CheckParams({"shards"}));
   MemoryStoreOptions mo;

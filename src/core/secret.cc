@@ -5,8 +5,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <string>
 
 namespace dedup::internal {
 
@@ -34,9 +35,21 @@ StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialR
       return Status::InvalidArgument(what + ": cannot read password_file '" + *file +
                                      "': " + std::strerror(errno));
     }
-    std::ostringstream text;
-    text << in.rdbuf();
-    c.password = text.str();
+    // A directory opens, and reads as nothing; /dev/zero or a huge file would be
+    // read without end. Neither is a password file: named for what it is.
+    std::error_code ec;
+    if (std::filesystem::is_directory(*file, ec)) {
+      return Status::InvalidArgument(what + ": password_file '" + *file + "' is a directory");
+    }
+    c.password.resize(kMaxPasswordFileBytes + 1);
+    in.read(c.password.data(), static_cast<std::streamsize>(c.password.size()));
+    c.password.resize(static_cast<size_t>(in.gcount()));
+    if (c.password.size() > kMaxPasswordFileBytes) {
+      c.password.clear();
+      return Status::InvalidArgument(what + ": password_file '" + *file + "' is larger than " +
+                                     std::to_string(kMaxPasswordFileBytes / 1024) +
+                                     " KiB: not a password file");
+    }
     if (!c.password.empty() && c.password.back() == '\n') c.password.pop_back();
     if (!c.password.empty() && c.password.back() == '\r') c.password.pop_back();
     if (c.password.empty()) {

@@ -6,7 +6,7 @@
 //                          PASS@host: a lone user-info is the password, as
 //                          redis-cli reads it);
 //   2. a file:             scheme://host?password_file=/run/secrets/pw (the whole
-//                          file, one trailing newline dropped; USER may still be
+//                          file, at most 64 KiB, one trailing newline dropped; USER may still be
 //                          given in the URI: scheme://USER@host?password_file=...);
 //   3. the environment:    DEDUP_REDIS_PASSWORD, for redis:// and redis+cluster://
 //                          only, when neither of the above gives one.
@@ -17,6 +17,7 @@
 #ifndef DEDUP_SRC_CORE_SECRET_H_
 #define DEDUP_SRC_CORE_SECRET_H_
 
+#include <cstddef>
 #include <string>
 
 #include "core/uri.h"
@@ -26,6 +27,8 @@ namespace dedup::internal {
 
 inline constexpr const char* kRedisPasswordEnv = "DEDUP_REDIS_PASSWORD";
 inline constexpr const char* kPasswordFileParam = "password_file";
+// A password file larger than this is refused (not read whole: /dev/zero).
+inline constexpr size_t kMaxPasswordFileBytes = 64 * 1024;
 
 struct UriCredentials {
   std::string user;  // empty: none given

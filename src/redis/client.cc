@@ -368,6 +368,8 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
           e.find("password") != std::string_view::npos) {
         return Status::Unauthenticated("AUTH: " + std::string(e));
       }
+      // The first reply of a connection over maxclients.
+      if (ErrorReplyStatus("", e).retryable()) return Status::Unavailable("AUTH: " + std::string(e));
       return Status::FailedPrecondition("AUTH: " + std::string(e));
     }
   }
@@ -1229,6 +1231,9 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
       StartsWith(e, "MOVED") || StartsWith(e, "ASK")) {
     return Status::Unavailable(msg);
   }
+  // maxclients: the server refuses this connection (and closes it) until a
+  // client leaves. A plain ERR, told by its text (Redis 2.6 to 7.x).
+  if (StartsWith(e, "ERR max number of clients reached")) return Status::Unavailable(msg);
   return Status::Internal(msg);
 }
 

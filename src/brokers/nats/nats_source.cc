@@ -47,6 +47,7 @@ Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_c
       return Status::NotFound(std::move(m));
     case NATS_INVALID_ARG:
     case NATS_INVALID_SUBJECT:
+    case NATS_MAX_PAYLOAD:  // the server's max_payload: no retry changes the size
       return Status::InvalidArgument(std::move(m));
     default:
       return Status::Unavailable(std::move(m));
@@ -247,6 +248,12 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   if (parsed->scheme != "nats") {
     return Status::InvalidArgument("broker URI '" + parsed->Redacted() + "': not nats://");
   }
+  if (!parsed->has_authority) {
+    // Not echoed: "nats:PASSWORD" is a USER:PASSWORD given where a URI belongs;
+    // what follows the ':' is no host.
+    return Status::InvalidArgument("nats: no '//' after 'nats:' (expected "
+                                   "nats://HOST:4222?stream=S&consumer=C)");
+  }
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
                                              "dead", "ack_wait", "max_ack_pending", "timeout",
                                              internal::kPasswordFileParam}));
@@ -342,6 +349,31 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
   if (!c.ok()) return c.status();
   bool created = false;
   DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject(), &created));
+  if (!created) {
+    // An existing stream is taken as it is: a subject= it does not hold would
+    // reach no stream ("no responders", read as a server to wait for), for ever.
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetStreamInfo(&si, (*c)->js, o.stream.c_str(), nullptr, &jerr);
+    if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": stream info " + o.stream, jerr);
+    bool holds = false;
+    std::string held;
+    if (si->Config != nullptr) {
+      for (int i = 0; i < si->Config->SubjectsLen; ++i) {
+        holds = holds || FilterMatches(si->Config->Subjects[i], o.Subject());
+        held += std::string(i == 0 ? "" : ", ") + si->Config->Subjects[i];
+      }
+      // No subjects: the server stores the stream's own name.
+      if (si->Config->SubjectsLen == 0) holds = o.Subject() == o.stream;
+    }
+    jsStreamInfo_Destroy(si);
+    if (!holds) {
+      return Status::FailedPrecondition(
+          "nats " + o.host_port + ": stream " + o.stream + " holds subjects " +
+          internal::Printable(held.empty() ? o.stream : held) + ", not subject=" +
+          internal::Printable(o.Subject()) + ": a message published there reaches no stream");
+    }
+  }
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
   p->impl_ = std::make_unique<Impl>();
   p->impl_->created_stream = created;

@@ -113,6 +113,12 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
   if (u.scheme != "amqp") {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "': not amqp://");
   }
+  if (!u.has_authority) {
+    // Not echoed: "amqp:PASSWORD" is a USER:PASSWORD given where a URI belongs;
+    // what follows the ':' is no host.
+    return Status::InvalidArgument("amqp: no '//' after 'amqp:' (expected "
+                                   "amqp://USER:PW@HOST:5672/VHOST?queue=Q)");
+  }
   DEDUP_RETURN_IF_ERROR(
       u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout",
                      internal::kPasswordFileParam}));
@@ -323,8 +329,13 @@ class RabbitMqPublisher::Impl {
           // 404: the exchange published to does not exist (deleted meanwhile).
           // The channel's unconfirmed messages have an unknown fate; the next
           // Connect opens the channel again, with confirms counted from 1.
+          // 403: the user may not write there; no later fixes that (dedup
+          // publish exits 2 on it, as on a refused password).
           Status closed = conn_.ServerClosed(frame.payload.method, "publish");
-          if (closed.code() == StatusCode::kNotFound) return closed;
+          if (closed.code() == StatusCode::kNotFound ||
+              closed.code() == StatusCode::kPermissionDenied) {
+            return closed;
+          }
           return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel: " +
                                      closed.message());
         }

@@ -883,7 +883,13 @@ namespace internal {
 StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
   DEDUP_RETURN_IF_ERROR(uri.CheckParams({"table", "schema", "pool", "prefix", "timeout",
                                          "expire_interval", "expire_batch", "sslmode"}));
-  if (!uri.has_authority || uri.hosts.empty()) {
+  if (!uri.has_authority) {
+    // Not echoed: "postgres:PASSWORD" is the default user's USER:PASSWORD given
+    // where a URI belongs; what follows the ':' is no host.
+    return Status::InvalidArgument("postgres: no '//' after '" + uri.scheme +
+                                   ":' (expected postgres://USER:PASSWORD@HOST:PORT/DB)");
+  }
+  if (uri.hosts.empty()) {
     return Status::InvalidArgument("postgres URI '" + uri.Redacted() +
                                    "' has no host (expected postgres://USER:PASSWORD@HOST:PORT/DB)");
   }
