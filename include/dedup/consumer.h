@@ -40,8 +40,12 @@
 // after the lease. It waits, unclaimed, until the earlier copy's outcome is
 // written (or its claim given up), then is claimed alone: DUPLICATE, acked
 // without running (or ACQUIRED, when the earlier copy released its claim). It
-// counts against the fetch window, gets InProgress() like every held delivery,
-// and at Stop() is handed back at once (Retry(0)) with what never started.
+// waits beside the fetch window, not in it (the copies of a key sent many times
+// while its handler runs long must not keep other keys out), up to
+// concurrency + prefetch such deliveries; past that, one is claimed at once (BUSY
+// against the Consumer's own claim: back after the lease left). It gets
+// InProgress() like every held delivery, and at Stop() is handed back at once
+// (Retry(0)) with what never started.
 
 #ifndef DEDUP_CONSUMER_H_
 #define DEDUP_CONSUMER_H_

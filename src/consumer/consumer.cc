@@ -221,8 +221,9 @@ class Consumer::Impl {
   // outcome is written, it gets what a single claim gets then (DUPLICATE, or a
   // fresh claim when the copy gave its claim up).
   struct HeldKey {
-    bool deferred = false;    // the copy's outcome waits for the completer
-    std::deque<Job> waiting;  // later deliveries of the key, in fetch order
+    const Delivery* holder = nullptr;  // the copy whose outcome they wait for
+    bool deferred = false;             // its outcome waits for the completer
+    std::deque<Job> waiting;           // later deliveries of the key, in fetch order
   };
 
   struct Counters {
@@ -252,11 +253,12 @@ class Consumer::Impl {
     }
   }
 
-  // Deliveries waiting for a copy of their key count against the window: a
-  // key sent many times must not fill the memory.
+  // Deliveries waiting for a copy of their key do not count against the
+  // window: they wait beside it, up to a window's worth (WaitForCopy). Counted
+  // in it, the copies of a key sent many times while its handler ran long took
+  // the whole window, and no other key was fetched until that handler ended.
   int Room() const {
-    return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_ -
-           waiting_for_copy_;
+    return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_;
   }
   // Whether the fetch thread fetches now (mu_ held): once half the window
   // (concurrency + prefetch) is free, or as soon as a handler thread would have
@@ -299,7 +301,13 @@ class Consumer::Impl {
         }
         if (Guarded(*d)) {
           auto [it, fresh] = held_keys_.try_emplace(d->key());
-          if (!fresh) {
+          if (fresh) it->second.holder = d.get();
+          // Past a window's worth of waiting copies, a copy is claimed at once,
+          // as any delivery: BUSY against this Consumer's own claim, back after
+          // the lease left (or DUPLICATE, once the copy's outcome is written).
+          // The memory they take stays bounded, and so does the share of the
+          // broker's deliveries they keep from other consumers.
+          if (!fresh && waiting_for_copy_ < o_.concurrency + prefetch_) {
             it->second.waiting.push_back(Job{std::move(d), std::nullopt});
             hurry = hurry || it->second.deferred;
             ++waiting_for_copy_;
@@ -380,13 +388,16 @@ class Consumer::Impl {
   // waiting for it goes to the front of the queue (fetched before what is
   // queued behind it), to be claimed alone; the key stays held by it. mu_ held;
   // true when a handler should be woken.
-  bool EndCopyLocked(std::string_view key) {
-    auto it = held_keys_.find(key);
-    if (it == held_keys_.end()) return false;  // handed back by the drain
+  // Not the copy waited for (one claimed at once past the waiting bound, or a
+  // key handed back by the drain): nothing.
+  bool EndCopyLocked(const Delivery& d) {
+    auto it = held_keys_.find(d.key());
+    if (it == held_keys_.end() || it->second.holder != &d) return false;
     if (it->second.waiting.empty()) {
       held_keys_.erase(it);
       return false;
     }
+    it->second.holder = it->second.waiting.front().delivery.get();
     queue_.push_front(std::move(it->second.waiting.front()));
     it->second.waiting.pop_front();
     it->second.deferred = false;
@@ -394,21 +405,21 @@ class Consumer::Impl {
     return true;
   }
 
-  void EndCopy(std::string_view key) {
+  void EndCopy(const Delivery& d) {
     bool wake = false;
     {
       std::lock_guard lock(mu_);
-      wake = EndCopyLocked(key) && idle_ > 0;
+      wake = EndCopyLocked(d) && idle_ > 0;
     }
     if (wake) work_cv_.notify_one();
   }
 
   // The copy's outcome goes to the completer; true when a delivery of the key
   // waits for it (the completer is then asked not to wait for more).
-  bool DeferCopy(std::string_view key) {
+  bool DeferCopy(const Delivery& d) {
     std::lock_guard lock(mu_);
-    auto it = held_keys_.find(key);
-    if (it == held_keys_.end()) return false;
+    auto it = held_keys_.find(d.key());
+    if (it == held_keys_.end() || it->second.holder != &d) return false;
     it->second.deferred = true;
     return !it->second.waiting.empty();
   }
@@ -556,14 +567,14 @@ class Consumer::Impl {
         if (!completer_.joinable()) {
           p = buffer_->CompleteBatch(std::span<PendingOutcome>(pending, 1))[0];
         } else {
-          if (DeferCopy(d.key())) HurryCompleter();
+          if (DeferCopy(d)) HurryCompleter();
           Defer(std::move(job.delivery), std::move(*pending));
           return;
         }
       } else {
         p = std::move(std::get<Processed>(r));
       }
-      EndCopy(d.key());
+      EndCopy(d);
     }
     Count(p);
     // Stopped by the drain without an outcome (its claim is released): back to
@@ -646,7 +657,7 @@ class Consumer::Impl {
     int wake = 0;
     {
       std::lock_guard lock(mu_);
-      for (const auto& d : deliveries) wake += EndCopyLocked(d->key()) ? 1 : 0;
+      for (const auto& d : deliveries) wake += EndCopyLocked(*d) ? 1 : 0;
       wake = std::min(wake, idle_);
     }
     Wake(wake);
