@@ -39,11 +39,12 @@
 // once: that claim would be BUSY against the Consumer's own and come back only
 // after the lease. It waits, unclaimed, until the earlier copy's outcome is
 // written (or its claim given up), then is claimed alone: DUPLICATE, acked
-// without running (or ACQUIRED, when the earlier copy released its claim). It
-// waits beside the fetch window, not in it (the copies of a key sent many times
-// while its handler runs long must not keep other keys out), up to
-// concurrency + prefetch such deliveries; past that, one is claimed at once (BUSY
-// against the Consumer's own claim: back after the lease left). It gets
+// without running (or ACQUIRED, when the earlier copy released its claim). One
+// delivery waits so per key, beside the fetch window, not in it; a further one
+// is claimed at once (BUSY against the Consumer's own claim: back after the
+// lease left), so that the copies of a key sent many times while its handler
+// runs long take neither the window nor what the broker hands out unacked
+// (RabbitMQ's prefetch, NATS's max_ack_pending) from the other keys. It gets
 // InProgress() like every held delivery, and at Stop() is handed back at once
 // (Retry(0)) with what never started.
 

@@ -223,7 +223,7 @@ class Consumer::Impl {
   struct HeldKey {
     const Delivery* holder = nullptr;  // the copy whose outcome they wait for
     bool deferred = false;             // its outcome waits for the completer
-    std::deque<Job> waiting;           // later deliveries of the key, in fetch order
+    std::deque<Job> waiting;           // a later delivery of the key (at most one)
   };
 
   struct Counters {
@@ -253,10 +253,10 @@ class Consumer::Impl {
     }
   }
 
-  // Deliveries waiting for a copy of their key do not count against the
-  // window: they wait beside it, up to a window's worth (WaitForCopy). Counted
-  // in it, the copies of a key sent many times while its handler ran long took
-  // the whole window, and no other key was fetched until that handler ended.
+  // Deliveries waiting for a copy of their key (HeldKey, one per key held) do
+  // not count against the window: counted in it, the copies of a key sent many
+  // times while its handler ran long took the whole window, and no other key
+  // was fetched until that handler ended.
   int Room() const {
     return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_;
   }
@@ -302,15 +302,16 @@ class Consumer::Impl {
         if (Guarded(*d)) {
           auto [it, fresh] = held_keys_.try_emplace(d->key());
           if (fresh) it->second.holder = d.get();
-          // Past a window's worth of waiting copies, a copy is claimed at once,
-          // as any delivery: BUSY against this Consumer's own claim, back after
-          // the lease left (or DUPLICATE, once the copy's outcome is written).
-          // The memory they take stays bounded, and so does the share of the
-          // broker's deliveries they keep from other consumers.
-          if (!fresh && waiting_for_copy_ < o_.concurrency + prefetch_) {
+          // One delivery waits per key (a message published twice); a further
+          // one is claimed at once, as any delivery: BUSY against this
+          // Consumer's own claim, back after the lease left (or DUPLICATE, once
+          // the copy's outcome is written). Waiting copies hold deliveries the
+          // broker counts as unacked (RabbitMQ's prefetch, NATS's
+          // max_ack_pending): the copies of a key published many times while
+          // its handler ran long took all of them, and no other key came.
+          if (!fresh && it->second.waiting.empty()) {
             it->second.waiting.push_back(Job{std::move(d), std::nullopt});
             hurry = hurry || it->second.deferred;
-            ++waiting_for_copy_;
             ++set_aside;
             n_.waited_for_copy.fetch_add(1, std::memory_order_relaxed);
             continue;
@@ -401,7 +402,6 @@ class Consumer::Impl {
     queue_.push_front(std::move(it->second.waiting.front()));
     it->second.waiting.pop_front();
     it->second.deferred = false;
-    --waiting_for_copy_;
     return true;
   }
 
@@ -912,7 +912,6 @@ class Consumer::Impl {
         for (Job& j : h.waiting) unstarted.push_back(std::move(j));
       }
       held_keys_.clear();
-      waiting_for_copy_ = 0;
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
     size_t abandoned = 0, not_handed_back = 0;
@@ -1008,10 +1007,8 @@ class Consumer::Impl {
   bool drained_ = false;                // the drain has ended: DrainProgressLoop stops
   std::condition_variable drain_cv_;    // wakes DrainProgressLoop
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
-  // Keys with a copy held here (Guarded deliveries), and how many deliveries
-  // wait for one.
+  // Keys with a copy held here (Guarded deliveries).
   std::unordered_map<std::string, HeldKey, internal::KeyHash, internal::KeyEq> held_keys_;
-  int waiting_for_copy_ = 0;
   // ids queued, running or waiting for their ack, and their deliveries
   std::unordered_map<std::string, Delivery*> held_;
   Millis progress_every_{0};  // SendInProgress: the Buffer's heartbeat interval
