@@ -1687,6 +1687,49 @@ TEST_P(ConsumerConformance, ADeliveryWaitingForItsCopyIsHandedBackAtTheStop) {
   EXPECT_EQ(c2->metrics().duplicates, 1u);
 }
 
+// Copies of a key whose first copy still runs do not stop the other keys: a
+// message published many times (a hot key) while its handler runs long. The
+// copies waiting for the first one's outcome took the whole fetch window
+// (concurrency + prefetch), so nothing else was fetched until that handler
+// ended: two handler threads, one running, one idle, and the other keys
+// waiting behind the hot one for as long as it ran. With a window wider than
+// what the broker hands out unacked (RabbitMQ's basic.qos prefetch: 16 here),
+// the waiting copies took all of that instead, and the broker sent nothing
+// more.
+TEST_P(ConsumerConformance, CopiesOfALongRunningKeyDoNotStopOtherKeys) {
+  for (const int prefetch : {2, 30}) {
+    SCOPED_TRACE("concurrency 2, prefetch " + std::to_string(prefetch));
+    if (prefetch != 2) ASSERT_TRUE(env_->Reset(env_options_).ok());
+    auto buffer = MakeBuffer();  // lease 30 s
+    const std::string hot = "hot" + std::to_string(prefetch), cold = "cold" + std::to_string(prefetch);
+    ConsumerOptions o;
+    o.concurrency = 2;
+    o.prefetch = prefetch;
+    std::atomic<int> hot_runs{0}, others{0};
+    std::atomic<bool> release{false};
+    auto source = Source();
+    Running c(source.get(), buffer.get(), [&](const Delivery& d, ClaimGuard&) {
+      if (d.key() != hot) {
+        ++others;
+        return HandlerResult::Done();
+      }
+      ++hot_runs;
+      for (int i = 0; i < 1'000 && !release.load(); ++i) std::this_thread::sleep_for(10ms);
+      return HandlerResult::Done();
+    }, o);
+    Publish(hot);
+    ASSERT_TRUE(WaitFor([&] { return hot_runs.load() == 1; }));
+    for (int i = 0; i < 4 * prefetch; ++i) Publish(hot);
+    for (int i = 0; i < 4; ++i) Publish(cold + "-" + std::to_string(i));
+    EXPECT_TRUE(WaitFor([&] { return others.load() == 4; }, 5'000ms))
+        << others.load() << " of 4 other keys ran while the hot key's first copy ran; "
+        << c->metrics().Summary();
+    release = true;
+    c.Stop();
+    EXPECT_EQ(hot_runs.load(), 1);
+  }
+}
+
 // Passes every settlement on to the broker, but answers the first one of each
 // key Unavailable (as a settlement whose answer was lost would be).
 class FirstSettlementFailsDelivery final : public ForwardingDelivery {

@@ -39,9 +39,14 @@
 // once: that claim would be BUSY against the Consumer's own and come back only
 // after the lease. It waits, unclaimed, until the earlier copy's outcome is
 // written (or its claim given up), then is claimed alone: DUPLICATE, acked
-// without running (or ACQUIRED, when the earlier copy released its claim). It
-// counts against the fetch window, gets InProgress() like every held delivery,
-// and at Stop() is handed back at once (Retry(0)) with what never started.
+// without running (or ACQUIRED, when the earlier copy released its claim). One
+// delivery waits so per key, beside the fetch window, not in it; a further one
+// is claimed at once (BUSY against the Consumer's own claim: back after the
+// lease left), so that the copies of a key sent many times while its handler
+// runs long take neither the window nor what the broker hands out unacked
+// (RabbitMQ's prefetch, NATS's max_ack_pending) from the other keys. It gets
+// InProgress() like every held delivery, and at Stop() is handed back at once
+// (Retry(0)) with what never started.
 
 #ifndef DEDUP_CONSUMER_H_
 #define DEDUP_CONSUMER_H_

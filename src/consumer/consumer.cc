@@ -222,8 +222,9 @@ class Consumer::Impl {
   // outcome is written, it gets what a single claim gets then (DUPLICATE, or a
   // fresh claim when the copy gave its claim up).
   struct HeldKey {
-    bool deferred = false;    // the copy's outcome waits for the completer
-    std::deque<Job> waiting;  // later deliveries of the key, in fetch order
+    const Delivery* holder = nullptr;  // the copy whose outcome they wait for
+    bool deferred = false;             // its outcome waits for the completer
+    std::deque<Job> waiting;           // a later delivery of the key (at most one)
   };
 
   struct Counters {
@@ -253,11 +254,12 @@ class Consumer::Impl {
     }
   }
 
-  // Deliveries waiting for a copy of their key count against the window: a
-  // key sent many times must not fill the memory.
+  // Deliveries waiting for a copy of their key (HeldKey, one per key held) do
+  // not count against the window: counted in it, the copies of a key sent many
+  // times while its handler ran long took the whole window, and no other key
+  // was fetched until that handler ended.
   int Room() const {
-    return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_ -
-           waiting_for_copy_;
+    return o_.concurrency + prefetch_ - static_cast<int>(queue_.size()) - running_;
   }
   // Whether the fetch thread fetches now (mu_ held): once half the window
   // (concurrency + prefetch) is free, or as soon as a handler thread would have
@@ -300,10 +302,17 @@ class Consumer::Impl {
         }
         if (Guarded(*d)) {
           auto [it, fresh] = held_keys_.try_emplace(d->key());
-          if (!fresh) {
+          if (fresh) it->second.holder = d.get();
+          // One delivery waits per key (a message published twice); a further
+          // one is claimed at once, as any delivery: BUSY against this
+          // Consumer's own claim, back after the lease left (or DUPLICATE, once
+          // the copy's outcome is written). Waiting copies hold deliveries the
+          // broker counts as unacked (RabbitMQ's prefetch, NATS's
+          // max_ack_pending): the copies of a key published many times while
+          // its handler ran long took all of them, and no other key came.
+          if (!fresh && it->second.waiting.empty()) {
             it->second.waiting.push_back(Job{std::move(d), std::nullopt});
             hurry = hurry || it->second.deferred;
-            ++waiting_for_copy_;
             ++set_aside;
             n_.waited_for_copy.fetch_add(1, std::memory_order_relaxed);
             continue;
@@ -384,35 +393,37 @@ class Consumer::Impl {
   // waiting for it goes to the front of the queue (fetched before what is
   // queued behind it), to be claimed alone; the key stays held by it. mu_ held;
   // true when a handler should be woken.
-  bool EndCopyLocked(std::string_view key) {
-    auto it = held_keys_.find(key);
-    if (it == held_keys_.end()) return false;  // handed back by the drain
+  // Not the copy waited for (one claimed at once past the waiting bound, or a
+  // key handed back by the drain): nothing.
+  bool EndCopyLocked(const Delivery& d) {
+    auto it = held_keys_.find(d.key());
+    if (it == held_keys_.end() || it->second.holder != &d) return false;
     if (it->second.waiting.empty()) {
       held_keys_.erase(it);
       return false;
     }
+    it->second.holder = it->second.waiting.front().delivery.get();
     queue_.push_front(std::move(it->second.waiting.front()));
     it->second.waiting.pop_front();
     it->second.deferred = false;
-    --waiting_for_copy_;
     return true;
   }
 
-  void EndCopy(std::string_view key) {
+  void EndCopy(const Delivery& d) {
     bool wake = false;
     {
       std::lock_guard lock(mu_);
-      wake = EndCopyLocked(key) && idle_ > 0;
+      wake = EndCopyLocked(d) && idle_ > 0;
     }
     if (wake) work_cv_.notify_one();
   }
 
   // The copy's outcome goes to the completer; true when a delivery of the key
   // waits for it (the completer is then asked not to wait for more).
-  bool DeferCopy(std::string_view key) {
+  bool DeferCopy(const Delivery& d) {
     std::lock_guard lock(mu_);
-    auto it = held_keys_.find(key);
-    if (it == held_keys_.end()) return false;
+    auto it = held_keys_.find(d.key());
+    if (it == held_keys_.end() || it->second.holder != &d) return false;
     it->second.deferred = true;
     return !it->second.waiting.empty();
   }
@@ -562,14 +573,14 @@ class Consumer::Impl {
         if (!completer_.joinable()) {
           p = buffer_->CompleteBatch(std::span<PendingOutcome>(pending, 1))[0];
         } else {
-          if (DeferCopy(d.key())) HurryCompleter();
+          if (DeferCopy(d)) HurryCompleter();
           Defer(std::move(job.delivery), std::move(*pending));
           return;
         }
       } else {
         p = std::move(std::get<Processed>(r));
       }
-      EndCopy(d.key());
+      EndCopy(d);
     }
     Count(p);
     // Stopped by the drain without an outcome (its claim is released): back to
@@ -652,7 +663,7 @@ class Consumer::Impl {
     int wake = 0;
     {
       std::lock_guard lock(mu_);
-      for (const auto& d : deliveries) wake += EndCopyLocked(d->key()) ? 1 : 0;
+      for (const auto& d : deliveries) wake += EndCopyLocked(*d) ? 1 : 0;
       wake = std::min(wake, idle_);
     }
     Wake(wake);
@@ -954,7 +965,6 @@ class Consumer::Impl {
         for (Job& j : h.waiting) unstarted.push_back(std::move(j));
       }
       held_keys_.clear();
-      waiting_for_copy_ = 0;
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
     size_t abandoned = 0, not_handed_back = 0;
@@ -1058,10 +1068,8 @@ class Consumer::Impl {
   bool drained_ = false;                // the drain has ended: DrainProgressLoop stops
   std::condition_variable drain_cv_;    // wakes DrainProgressLoop
   std::atomic<bool> handlers_stop_{false};  // drain_timeout passed: handlers stop
-  // Keys with a copy held here (Guarded deliveries), and how many deliveries
-  // wait for one.
+  // Keys with a copy held here (Guarded deliveries).
   std::unordered_map<std::string, HeldKey, internal::KeyHash, internal::KeyEq> held_keys_;
-  int waiting_for_copy_ = 0;
   // ids queued, running or waiting for their ack, and their deliveries
   std::unordered_map<std::string, Delivery*> held_;
   Millis progress_every_{0};  // SendInProgress: the Buffer's heartbeat interval
