@@ -1086,8 +1086,13 @@ TEST_P(ConsumerConformance, HeldDeliveriesAreReportedInProgressWithTheHeartbeat)
 // cannot be extended, and `dedup simulate` counts its redeliveries).
 TEST_P(ConsumerConformance, ALongHandlerIsNotRedeliveredWhileItRuns) {
   if (GetParam() == "memory") GTEST_SKIP() << "the memory broker has no in-progress signal";
+  // The broker's redelivery timer (AckWait, the reclaim min-idle) at 1.2 s, the
+  // in-progress signal every 200 ms: a busy 2-core machine has to delay six
+  // signals in a row to fail this (at 400 ms, one late signal did under load).
+  env_options_.redelivery_after = 1'200ms;
+  ASSERT_TRUE(env_->Reset(env_options_).ok());
   BufferOptions bo;
-  bo.lease = 600ms;  // heartbeat (and in-progress) every 200 ms, under the 400 ms timer
+  bo.lease = 600ms;  // heartbeat (and in-progress) every 200 ms
   auto buffer = MakeBuffer(bo);
   std::mutex mu;
   std::vector<std::string> fetched;  // ids, by either worker
@@ -1105,7 +1110,7 @@ TEST_P(ConsumerConformance, ALongHandlerIsNotRedeliveredWhileItRuns) {
   auto handler = [&](const Delivery&, ClaimGuard&) {
     ++runs;
     started = true;
-    std::this_thread::sleep_for(2'000ms);  // 5 x redelivery_after
+    std::this_thread::sleep_for(3'000ms);  // 2.5 x redelivery_after
     return HandlerResult::Done();
   };
   ConsumerOptions o;
