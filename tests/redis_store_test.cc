@@ -2157,6 +2157,98 @@ TEST_F(RedisStoreTest, AnIpv6ClusterFollowsAskAndMovedRedirects) {
   EXPECT_EQ(*w, WriteResult::kOk);
 }
 
+// clusterfix: with cluster-preferred-endpoint-type unknown-endpoint, Redis names
+// the node of a redirect by its port alone ("ASK 3999 :7131"), and with hostname
+// on a node that announces none by "?" ("ASK 3999 ?:7131"): the client is to use
+// the host it sent the command to (CLUSTER SLOTS says "" and "?", which the map
+// reload already reads so). The router made a node of host "" or "?" and every
+// ASK (a slot half moved) failed with a connect error. A third cluster announces
+// the hostname localhost ("ASK 3999 localhost:7131"). Three primaries each
+// (7130-7132, 7133-7135, 7136-7138); one slot is moved while a fresh key of it is
+// claimed (ASK) and, once moved, another (MOVED).
+TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
+  const std::vector<std::vector<std::string>> kinds = {
+      {"--cluster-preferred-endpoint-type", "unknown-endpoint"},
+      {"--cluster-preferred-endpoint-type", "hostname"},
+      {"--cluster-preferred-endpoint-type", "hostname", "--cluster-announce-hostname",
+       "localhost"}};
+  const std::vector<std::string> shown = {":", "?:", "localhost:"};
+  for (size_t kind = 0; kind < kinds.size(); ++kind) {
+    SCOPED_TRACE("redirects name the node as " + shown[kind] + "port");
+    const int base = 7130 + 3 * static_cast<int>(kind);
+    for (int i = 0; i < 3; ++i) {
+      if (!PortFree(base + i)) GTEST_SKIP() << "port " << base + i << " in use";
+    }
+    std::vector<std::unique_ptr<RedisServer>> servers;
+    std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
+    for (int i = 0; i < 3; ++i) {
+      const int port = base + i;
+      const std::string d = Dir("ep-" + std::to_string(port));
+      servers.push_back(std::make_unique<RedisServer>(port, d));
+      std::vector<std::string> args = {"--cluster-enabled", "yes", "--cluster-config-file",
+                                       d + "/nodes.conf", "--cluster-node-timeout", "5000"};
+      args.insert(args.end(), kinds[kind].begin(), kinds[kind].end());
+      ASSERT_TRUE(servers.back()->Start(args));
+      create.push_back("127.0.0.1:" + std::to_string(port));
+    }
+    create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
+    pid_t pid = Spawn(create);
+    ASSERT_GT(pid, 0);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
+    for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
+      bool ok = true;
+      for (int i = 0; i < 3; ++i) {
+        ok = ok &&
+             Admin(base + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+      }
+      if (ok) break;
+      ASSERT_LT(Clock_::now(), until) << "cluster did not become ok";
+    }
+    auto opened =
+        OpenStore("redis+cluster://127.0.0.1:" + std::to_string(base) + "?prefix=ep:&timeout=1s");
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    // Two fresh keys of one slot.
+    const uint16_t slot = redis::KeySlot("ep:a0");
+    std::vector<std::string> same;
+    for (int i = 0; same.size() < 2; ++i) {
+      const std::string k = "a" + std::to_string(i);
+      if (redis::KeySlot("ep:" + k) == slot) same.push_back(k);
+    }
+    int from = -1;
+    for (int n = 0; n < 3; ++n) {
+      if (Admin(base + n, {"GET", "ep:a0"}).rfind("MOVED", 0) != 0) from = base + n;
+    }
+    ASSERT_GE(from, 0);
+    const int to = from == base ? base + 1 : base;
+    const std::string sl = std::to_string(slot);
+    const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
+    const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
+    ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", from_id}), "OK");
+    ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", to_id}), "OK");
+    EXPECT_EQ(Admin(from, {"SET", "ep:" + same[0], "x"}),
+              "ASK " + sl + " " + shown[kind] + std::to_string(to))
+        << "the server no longer writes redirects so";
+    auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (a.ok()) EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
+    EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
+    const int other = 3 * base + 3 - from - to;
+    for (int port : {to, from, other}) {
+      ASSERT_EQ(Admin(port, {"CLUSTER", "SETSLOT", sl, "NODE", to_id}), "OK") << port;
+    }
+    auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) continue;
+    EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
+    auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk);
+  }
+}
+
 // ---- cluster with replicas: a primary dies and its replica takes over ----------------
 
 // clusterreview: 3 primaries on 7110-7112, one replica each on 7113-7115.
