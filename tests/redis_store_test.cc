@@ -2249,6 +2249,102 @@ TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
   }
 }
 
+// clusterfix: a primary down (no replica to take over) under 32 threads of claims:
+// every call that meets it asks for a slot-map reload; CLUSTER SLOTS is asked at
+// most every 100 ms (counted on the nodes that answer), the other slots are
+// served all along. Then the whole cluster stops and starts again on its
+// nodes.conf: the store (never reopened) serves again.
+TEST_F(RedisStoreTest, ADownPrimaryReloadsTheMapAtMostEvery100MsAndTheClusterComesBack) {
+  constexpr int kBase = 7130;
+  for (int i = 0; i < 3; ++i) {
+    if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
+  }
+  std::vector<std::unique_ptr<RedisServer>> servers;
+  std::vector<std::vector<std::string>> args;
+  std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
+  for (int i = 0; i < 3; ++i) {
+    const int port = kBase + i;
+    const std::string d = Dir("down-" + std::to_string(port));
+    servers.push_back(std::make_unique<RedisServer>(port, d));
+    args.push_back({"--cluster-enabled", "yes", "--cluster-config-file", d + "/nodes.conf",
+                    "--cluster-node-timeout", "60000"});
+    ASSERT_TRUE(servers.back()->Start(args.back()));
+    create.push_back("127.0.0.1:" + std::to_string(port));
+  }
+  create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
+  pid_t pid = Spawn(create);
+  ASSERT_GT(pid, 0);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
+  const auto wait_ok = [&] {
+    for (auto until = Clock_::now() + 30s;; std::this_thread::sleep_for(100ms)) {
+      bool ok = true;
+      for (int i = 0; i < 3; ++i) {
+        ok = ok &&
+             Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+      }
+      if (ok) return true;
+      if (Clock_::now() > until) return false;
+    }
+  };
+  ASSERT_TRUE(wait_ok()) << "cluster did not become ok";
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7130,127.0.0.1:7131,127.0.0.1:7132"
+                          "?prefix=dn:&timeout=1s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const auto slots_calls = [&](int port) -> long {
+    const std::string info = Admin(port, {"INFO", "commandstats"});
+    const size_t at = info.find("cmdstat_cluster|slots:calls=");
+    if (at == std::string::npos) return 0;
+    return std::stol(info.substr(at + 28));
+  };
+  servers[2]->Stop();  // its slots have no one to serve them (node timeout 60 s)
+  const long before = slots_calls(kBase) + slots_calls(kBase + 1);
+  constexpr int kThreads = 32;
+  std::atomic<long> ok{0}, failed{0};
+  std::vector<std::thread> threads;
+  const auto t0 = Clock_::now();
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; Clock_::now() < t0 + 2s; ++i) {
+        auto r = store.Claim(Req("k" + std::to_string(t) + "-" + std::to_string(i), 60s));
+        (r.ok() ? ok : failed).fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const double ms = std::chrono::duration<double, std::milli>(Clock_::now() - t0).count();
+  const long reloads = slots_calls(kBase) + slots_calls(kBase + 1) - before;
+  std::printf("one primary down, %d threads, %.0f ms: %ld claims answered, %ld failed, "
+              "%ld CLUSTER SLOTS\n", kThreads, ms, ok.load(), failed.load(), reloads);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_GT(failed.load(), 0);
+  EXPECT_LE(reloads, static_cast<long>(ms / 100) + 2);
+  // The whole cluster down, then back on its nodes.conf.
+  servers[0]->Stop();
+  servers[1]->Stop();
+  auto down = store.Claim(Req("all-down"));
+  EXPECT_FALSE(down.ok());
+  if (!down.ok()) EXPECT_EQ(down.status().code(), StatusCode::kUnavailable) << down.status();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(servers[i]->Start(args[i]));
+  ASSERT_TRUE(wait_ok()) << "cluster did not become ok again";
+  const auto back = Clock_::now();
+  int served = 0;
+  for (int i = 0; i < 300 && Clock_::now() < back + 10s; ++i) {
+    auto r = store.Claim(Req("back" + std::to_string(i)));
+    if (r.ok()) {
+      ++served;
+    } else {
+      std::this_thread::sleep_for(10ms);
+    }
+    if (served == 100) break;
+  }
+  std::printf("cluster back: 100 claims served %.0f ms after cluster_state:ok\n",
+              std::chrono::duration<double, std::milli>(Clock_::now() - back).count());
+  EXPECT_EQ(served, 100);
+}
+
 // ---- cluster with replicas: a primary dies and its replica takes over ----------------
 
 // clusterreview: 3 primaries on 7110-7112, one replica each on 7113-7115.
