@@ -367,6 +367,54 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
   EXPECT_EQ(Admin(6394, {"TYPE", "c:hash"}), "hash");
 }
 
+// clusterfix: a Claim reports its attempt as 32 bits (ClaimResult, Record), and
+// the other stores keep it so (PostgreSQL: integer), but a Redis record's attempt
+// is a varint read up to 2^53 - 1 and cut to 32 bits in C++: a RELEASED record at
+// attempt 2^32 - 1 was taken over as ACQUIRED at attempt 0 (SPEC.md: 1 for the
+// first claim, +1 for each later one), and a COMPLETED one at attempt 2^32 + 5
+// answered DUPLICATE at attempt 5. Records written by another client or by hand,
+// or 2^32 claims and releases of one key.
+TEST_F(RedisStoreTest, AttemptsPast32BitsAreRefusedNotCut) {
+  if (!PortFree(6585)) GTEST_SKIP() << "port 6585 in use";
+  RedisServer server(6585, Dir("attempts"));
+  ASSERT_TRUE(server.Start());
+  auto opened = OpenStore("redis://127.0.0.1:6585?prefix=at:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const auto uv = [](uint64_t n) {
+    std::string s;
+    for (; n >= 128; n >>= 7) s += static_cast<char>(0x80 | (n & 127));
+    return s + static_cast<char>(n);
+  };
+  const std::string tok = "\x01\x02\x03\x04\x05\x06\x07\x08";
+  const std::string released = "\x43" + tok + uv(5) + uv(4294967295ULL);
+  const std::string completed = "\x42" + tok + uv(5) + uv(4294967301ULL) + "done";
+  ASSERT_EQ(Admin(6585, {"SET", "at:released", released, "PX", "600000"}), "OK");
+  ASSERT_EQ(Admin(6585, {"SET", "at:completed", completed, "PX", "600000"}), "OK");
+  for (const char* key : {"released", "completed"}) {
+    SCOPED_TRACE(key);
+    auto r = store.Claim(Req(key));
+    EXPECT_FALSE(r.ok()) << "answered " << static_cast<int>(r->outcome) << " at attempt "
+                         << r->attempt << ", fence " << r->fence;
+    if (!r.ok()) EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    auto b = store.ClaimBatch(std::vector<ClaimRequest>{Req(key)});
+    EXPECT_FALSE(b.ok());
+    if (!b.ok()) EXPECT_EQ(b.status().code(), StatusCode::kDataLoss) << b.status();
+  }
+  EXPECT_EQ(Admin(6585, {"GET", "at:completed"}), completed);
+  auto i = store.Inspect("completed");
+  EXPECT_FALSE(i.ok());
+  // 2^32 - 2 is taken over as attempt 2^32 - 1.
+  ASSERT_EQ(Admin(6585, {"SET", "at:below", "\x43" + tok + uv(5) + uv(4294967294ULL), "PX",
+                         "600000"}),
+            "OK");
+  auto below = store.Claim(Req("below"));
+  ASSERT_TRUE(below.ok()) << below.status();
+  EXPECT_EQ(below->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(below->attempt, 4294967295u);
+  EXPECT_EQ(below->fence, 6u);
+}
+
 // A batch that fails on a key of another Redis type leaves none of its claims
 // held (store.h): also those answered after the bad key in the same round trip.
 // With GET on, the bad key's SET … GET answers WRONGTYPE among the others' replies;
