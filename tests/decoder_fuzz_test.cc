@@ -238,14 +238,17 @@ TEST(DecoderFuzz, RedisRecordFormat2) {
 }
 
 // clusterreview: the fast path reads no fence, attempt or keep that the scripts'
-// Lua numbers cannot hold exactly (record.lua's MAX_VARINT, 2^53 - 1): such a
-// record goes to claim.lua, which refuses it, instead of being replayed here.
+// Lua numbers cannot hold exactly (record.lua's MAX_VARINT, 2^53 - 1), nor an
+// attempt over 32 bits (MAX_ATTEMPT, clusterfix): such a record goes to
+// claim.lua, which refuses it, instead of being replayed here.
 TEST(DecoderFuzz, RedisVarintsStopAtTwoToThe53MinusOne) {
   for (auto [fence, attempt, ok] : std::vector<std::tuple<uint64_t, uint64_t, bool>>{
            {redis::kMaxVarint, 1, true},
            {redis::kMaxVarint + 1, 1, false},
            {(1ULL << 56) - 1, 1, false},
-           {1, redis::kMaxVarint, true},
+           {1, redis::kMaxAttempt, true},
+           {1, redis::kMaxAttempt + 1, false},
+           {1, redis::kMaxVarint, false},
            {1, redis::kMaxVarint + 1, false}}) {
     redis::CompletedRecord2 r;
     r.token = 0xaa;

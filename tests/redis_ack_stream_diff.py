@@ -60,7 +60,7 @@ def record(tok):
     k = rnd.random()
     fp = b'' if rnd.random() < 0.5 else bytes(rnd.randrange(256) for _ in range(rnd.choice([1, 5, 64, 65])))
     fence = rnd.choice([0, 1, 2, 127, 128, 300, 2**40, 2**53 - 1, 2**49])
-    att = rnd.choice([0, 1, 3, 128, 2**20])
+    att = rnd.choice([0, 1, 3, 128, 2**20, 2**28 - 1, 2**32 - 1, 2**32, 2**40])
     if k < 0.55:
         flags = 0x41 + (0x10 if fp else 0)
         v = bytes([flags]) + tok + uvx(fence) + uvx(att) + uvx(rnd.choice([0, 1, 500, 60000, 2**35]))

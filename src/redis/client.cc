@@ -1187,8 +1187,8 @@ Status Router::Refresh() {
 
 namespace {
 
-// "MOVED 3999 127.0.0.1:6381" → slot and address.
-bool ParseRedirect(std::string_view e, uint16_t* slot, std::string* address) {
+// "MOVED 3999 127.0.0.1:6381" → slot and address; `from` sent it.
+bool ParseRedirect(std::string_view e, const Node* from, uint16_t* slot, std::string* address) {
   const size_t a = e.find(' ');
   const size_t b = a == std::string_view::npos ? a : e.find(' ', a + 1);
   if (b == std::string_view::npos) return false;
@@ -1196,17 +1196,21 @@ bool ParseRedirect(std::string_view e, uint16_t* slot, std::string* address) {
   auto [p, ec] = std::from_chars(e.data() + a + 1, e.data() + b, v);
   if (ec != std::errc() || v > 16383) return false;
   *slot = static_cast<uint16_t>(v);
+  const std::string_view node = e.substr(b + 1);
+  const size_t colon = node.rfind(':');
+  if (colon == std::string_view::npos) return false;
+  std::string_view host = node.substr(0, colon);
+  // No host: "" (cluster-preferred-endpoint-type unknown-endpoint) or "?"
+  // (hostname, on a node that announces none) mean the host this was sent to,
+  // as CLUSTER SLOTS's "" and "?" do (Refresh).
+  if (host.empty() || host == "?") host = from->endpoint().host;
   // Redis writes ip:port with an IPv6 address unbracketed ("ASK 3999 ::1:7117"):
   // the port is after the last colon, and the node is named as CLUSTER SLOTS's
   // host and port are ("[::1]:7117"), so that both find one Node.
-  const std::string_view node = e.substr(b + 1);
-  const size_t colon = node.rfind(':');
-  const bool v6 = colon != std::string_view::npos && node.front() != '[' &&
-                  node.substr(0, colon).find(':') != std::string_view::npos;
-  if (v6) {
-    address->assign("[").append(node.substr(0, colon)).append("]").append(node.substr(colon));
+  if (host.front() != '[' && host.find(':') != std::string_view::npos) {
+    address->assign("[").append(host).append("]").append(node.substr(colon));
   } else {
-    address->assign(node);
+    address->assign(host).append(node.substr(colon));
   }
   return true;
 }
@@ -1297,12 +1301,12 @@ StatusOr<Reply> Client::Run(std::string_view op, const CommandBuffer& cmds, size
     std::string_view e = ReplyText(r.get());
     uint16_t slot = 0;
     std::string address;
-    if (StartsWith(e, "MOVED ") && ParseRedirect(e, &slot, &address)) {
+    if (StartsWith(e, "MOVED ") && ParseRedirect(e, node, &slot, &address)) {
       router_.OnMoved(slot, address);
       node = router_.NodeAt(address);
       continue;
     }
-    if (StartsWith(e, "ASK ") && ParseRedirect(e, &slot, &address)) {
+    if (StartsWith(e, "ASK ") && ParseRedirect(e, node, &slot, &address)) {
       node = router_.NodeAt(address);
       asking = true;
       continue;

@@ -56,6 +56,10 @@ inline void AppendVarint(std::string* s, uint64_t n) {
 // The largest varint of a record, as record.lua's MAX_VARINT: 2^53 - 1, the
 // largest integer the scripts' Lua numbers (doubles) hold exactly.
 inline constexpr uint64_t kMaxVarint = (uint64_t{1} << 53) - 1;
+// The largest attempt, as record.lua's MAX_ATTEMPT: 2^32 - 1, what a claim
+// reports (ClaimResult::attempt). A record holding more is left to the scripts,
+// which refuse it.
+inline constexpr uint64_t kMaxAttempt = 0xffffffff;
 
 // At most 8 bytes and kMaxVarint; canonical only, as record.lua: a last byte of 0
 // after others is padding and refused.
@@ -94,7 +98,9 @@ inline bool DecodeCompletedRecord2(std::string_view v, CompletedRecord2* out) {
   const uint64_t token = ReadToken(v.data() + 1);
   size_t i = 1 + kTokenBytes;
   uint64_t fence = 0, attempt = 0;
-  if (!ReadVarint(v, &i, &fence) || !ReadVarint(v, &i, &attempt)) return false;
+  if (!ReadVarint(v, &i, &fence) || !ReadVarint(v, &i, &attempt) || attempt > kMaxAttempt) {
+    return false;
+  }
   std::string_view fp;
   if (flags & kHasFp2) {
     if (i >= v.size()) return false;
@@ -120,7 +126,9 @@ inline bool DecodeInProgressHead2(std::string_view v, uint64_t* token, uint64_t*
   const auto flags = static_cast<uint8_t>(v[0]);
   if ((flags & 0xe0) != kFormat2 || (flags & 0x0f) != kInProgress2) return false;
   size_t i = 1 + kTokenBytes;
-  if (!ReadVarint(v, &i, fence) || !ReadVarint(v, &i, attempt)) return false;
+  if (!ReadVarint(v, &i, fence) || !ReadVarint(v, &i, attempt) || *attempt > kMaxAttempt) {
+    return false;
+  }
   *token = ReadToken(v.data() + 1);
   return true;
 }

@@ -53,6 +53,11 @@ if r.fence >= MAX_VARINT then
   return redis.error_reply('DEDUPCORRUPT claim: fence ' .. string.format('%.0f', r.fence) ..
                            ' cannot be raised (the largest fence is 2^53 - 1); nothing changed')
 end
+if r.attempt >= MAX_ATTEMPT then
+  -- attempt + 1 would be read back cut to 32 bits.
+  return redis.error_reply('DEDUPCORRUPT claim: attempt ' .. string.format('%.0f', r.attempt) ..
+                           ' cannot be raised (the largest attempt is 2^32 - 1); nothing changed')
+end
 if r.fp == '' then r.fp = fp end
 redis.call('SET', key, encode(1, 0, tok, r.fence + 1, r.attempt + 1,
                               retention, r.fp, ''), 'PX', lease + retention)

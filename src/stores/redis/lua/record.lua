@@ -16,6 +16,9 @@ end
 -- (a double) holds exactly. A fence read rounded would be raised to the fence it
 -- already has (2^53 + 1 is 2^53 as a double).
 local MAX_VARINT = 9007199254740991
+-- The largest attempt: 2^32 - 1, as a claim reports it (32 bits, as the other
+-- stores keep it). A larger one would be read back cut by the C++ store.
+local MAX_ATTEMPT = 4294967295
 local function rv(v, i)
   local n, m = 0, 1
   for _ = 1, 8 do
@@ -58,7 +61,7 @@ local function decode(v)
   r.fence, i = rv(v, 10)
   if not r.fence then return nil end
   r.attempt, i = rv(v, i)
-  if not r.attempt then return nil end
+  if not r.attempt or r.attempt > MAX_ATTEMPT then return nil end
   if state == 1 then
     r.keep, i = rv(v, i)
     if not r.keep then return nil end
@@ -145,9 +148,10 @@ local IN_PROGRESS2 = '^([AQ])........[\128-\255]*[\1-\127]()[\128-\255]*[\1-\127
 local function quick_in_progress(v)
   -- The attempt starts at a, the keep at k; the fingerprint (if any) at e.
   local fl, a, k, e = str_match(v, IN_PROGRESS2)
-  if not fl or a > 18 or k - a > 8 or e - k > 8 then return nil end
-  -- An 8-byte varint over MAX_VARINT (its last byte over 15): decode() refuses it.
-  if (a == 18 and str_byte(v, 17) > 15) or (k - a == 8 and str_byte(v, k - 1) > 15)
+  if not fl or a > 18 or k - a > 5 or e - k > 8 then return nil end
+  -- An 8-byte varint over MAX_VARINT, a 5-byte attempt over MAX_ATTEMPT (their
+  -- last byte over 15): decode() refuses them.
+  if (a == 18 and str_byte(v, 17) > 15) or (k - a == 5 and str_byte(v, k - 1) > 15)
       or (e - k == 8 and str_byte(v, e - 1) > 15) then
     return nil
   end
