@@ -278,6 +278,10 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // A write missed the write timeout or the answer's deadline: the connection
   // cannot carry another answer.
   bool write_timed_out() const { return write_timed_out_; }
+  // The answer being written says Connection: close, as the waiting places
+  // were full (HttpServer's post-routing handler): the connection ends after it.
+  void set_close_announced() { close_announced_ = true; }
+  bool close_announced() const { return close_announced_; }
 
  private:
   TimePoint ReadUntil() const {
@@ -345,6 +349,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   bool timed_out_ = false;
   TimePoint write_deadline_ = TimePoint::max();  // the answer's, from its first byte
   bool write_timed_out_ = false;                 // for good: the connection ends
+  bool close_announced_ = false;                 // for good: the connection ends
 };
 
 HttpServer::HttpServer() {
@@ -361,6 +366,23 @@ HttpServer::HttpServer() {
     }
     if (error_handler_) error_handler_(req, res);
   });
+  // Just before an answer is written: when max_waiting_ connections already
+  // wait for a head, this one could not wait for its next request (it would be
+  // closed after its answer), so the answer says so. A client that is not told
+  // sends its next request on the connection closed under it, and fails.
+  httplib::Server::set_post_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (waiting_.load() >= max_waiting_) {
+          std::lock_guard<std::mutex> lock(answering_mu_);
+          if (const auto it = answering_.find(&req); it != answering_.end()) {
+            it->second->set_close_announced();
+            res.headers.erase("Keep-Alive");
+            res.headers.erase("Connection");
+            res.set_header("Connection", "close");
+          }
+        }
+        if (post_routing_handler_) post_routing_handler_(req, res);
+      });
 }
 
 void HttpServer::Configure(const HttpServerOptions& o) {
@@ -464,7 +486,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       head_deadline = SteadyClock::now() + deadlines_.header_timeout;
     } else if (!first && !buffered) {
       // Kept alive, and enough connections wait: this one is closed rather than
-      // left to wait for its next request (the client opens another).
+      // left to wait for its next request (the client opens another). Its
+      // answer said so when they were already waiting as it was written.
       httplib::Response unused;
       Refuse(Limit::kWaitingFullIdle, unused);
       break;
@@ -554,6 +577,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       break;
     }
     if (strm.timed_out()) {
+      linger = true;
+      break;
+    }
+    if (strm.close_announced()) {
+      // Its answer said Connection: close: not kept, as the waiting places were
+      // full (counted as a kept-alive connection closed after its answer).
+      httplib::Response unused;
+      Refuse(Limit::kWaitingFullIdle, unused);
       linger = true;
       break;
     }
