@@ -238,6 +238,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     write_deadline_ = TimePoint::max();
     consumed_ = 0;
     head_bytes_ = 0;
+    body_length_ = std::nullopt;
     return !buf_.empty();
   }
 
@@ -282,6 +283,12 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // were full (HttpServer's post-routing handler): the connection ends after it.
   void set_close_announced() { close_announced_ = true; }
   bool close_announced() const { return close_announced_; }
+  // The request's body length as its head frames it (FramedBodyLength).
+  void set_body_length(std::optional<uint64_t> n) { body_length_ = n; }
+  // The request's body is not read whole (a request refused before it, a GET's
+  // body), or its framing was ambiguous: where the next request starts is not
+  // known, and the connection ends after the answer.
+  bool body_left() const { return body_length_ != body_bytes_read(); }
 
  private:
   TimePoint ReadUntil() const {
@@ -350,6 +357,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   TimePoint write_deadline_ = TimePoint::max();  // the answer's, from its first byte
   bool write_timed_out_ = false;                 // for good: the connection ends
   bool close_announced_ = false;                 // for good: the connection ends
+  std::optional<uint64_t> body_length_;
 };
 
 HttpServer::HttpServer() {
@@ -370,16 +378,24 @@ HttpServer::HttpServer() {
   // wait for a head, this one could not wait for its next request (it would be
   // closed after its answer), so the answer says so. A client that is not told
   // sends its next request on the connection closed under it, and fails.
+  // And every answer after which the connection ends says so: one to a head
+  // cpp-httplib refused itself (400, 414, 416; not handed to serve, so not
+  // answering_), or one that left the request's body unread.
   httplib::Server::set_post_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) {
-        if (waiting_.load() >= max_waiting_) {
+        bool close = true;
+        {
           std::lock_guard<std::mutex> lock(answering_mu_);
           if (const auto it = answering_.find(&req); it != answering_.end()) {
-            it->second->set_close_announced();
-            res.headers.erase("Keep-Alive");
-            res.headers.erase("Connection");
-            res.set_header("Connection", "close");
+            ConnectionStream& strm = *it->second;
+            if (!strm.body_left() && waiting_.load() >= max_waiting_) strm.set_close_announced();
+            close = strm.body_left() || strm.close_announced();
           }
+        }
+        if (close) {
+          res.headers.erase("Keep-Alive");
+          res.headers.erase("Connection");
+          res.set_header("Connection", "close");
         }
         if (post_routing_handler_) post_routing_handler_(req, res);
       });
@@ -553,6 +569,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             }
                             answering.parsed = &req;
                             answering.body_length = FramedBodyLength(req);
+                            strm.set_body_length(answering.body_length);
                             // Answers go whole: a Range is ignored (RFC 9110
                             // 14.2 allows it). cpp-httplib cut every answer to
                             // it under the answer's own status (a claim's 201
