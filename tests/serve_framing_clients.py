@@ -5,7 +5,10 @@
     NAME CODES... CLOSED|OPEN SECONDS
 
 CODES are the status codes answered on the connection, in order; CLOSED when the
-server closed it within 3 s of the last answer, OPEN otherwise.
+server closed it within 3 s of the last answer, OPEN otherwise. When CLOSED, a
+second line `NAME announced yes|no`: whether the last answer said
+`Connection: close` (a keep-alive client not told sends its next request on the
+closed connection, and fails).
 
     serve_framing_clients.py PORT
 """
@@ -50,6 +53,9 @@ def case(name, parts, gap=0.0):
     # A server that stays open is seen after the 3 s of quiet: don't count them.
     took = time.monotonic() - t0 - (0 if closed else 3)
     print(name, " ".join(codes) or "-", "CLOSED" if closed else "OPEN", "%.1f" % took, flush=True)
+    if closed and codes:
+        last = got[got.rfind(b"HTTP/1.1 "):].split(b"\r\n\r\n", 1)[0].lower()
+        print(name, "announced", "yes" if b"\r\nconnection: close" in last else "no", flush=True)
 
 
 # ---- where the head ends: only at a line that is exactly CRLF, as cpp-httplib
@@ -75,6 +81,10 @@ case("long_request_line", [b"GET /healthz?" + b"a" * 8200 + b" HTTP/1.1\r\n" + H
 # ---- a body the answer left unread, or framed two ways: one answer, then the
 # connection ends (else the body is read as the next request).
 smuggled = b"GET /healthz HTTP/1.1\r\n" + HOST + b"\r\n"
+# A Range cpp-httplib cannot parse (a unit other than bytes) is answered 416
+# before serve sees the request; the connection ends.
+case("range_unknown_unit", [b"POST /v1/keys/k8/claim HTTP/1.1\r\n" + HOST + JSON
+                            + b"Range: items=0-9\r\nContent-Length: 2\r\n\r\n{}" + HEALTHZ])
 case("get_with_body", [b"GET /healthz HTTP/1.1\r\n" + HOST + b"Content-Length: %d\r\n\r\n"
                        % len(smuggled) + smuggled])
 case("refused_post_body", [b"POST /v1/keys/k1/claim HTTP/1.1\r\n" + HOST + JSON

@@ -21,7 +21,7 @@ cat "$tmp/out"
 # expect NAME REGEX WHY: the case's line (tests/serve_framing_clients.py) matches.
 expect() {
   local line re="^$1 $2\$"
-  line=$(awk -v n="$1" '$1 == n' "$tmp/out")
+  line=$(awk -v n="$1" '$1 == n && $2 != "announced"' "$tmp/out")
   check "$3 ($line)" eval '[[ $line =~ $re ]]'
 }
 expect lf_blank_big '431 CLOSED 0\.[0-9]' \
@@ -33,6 +33,19 @@ expect lf_only '408 CLOSED [1-2]\.[0-9]' \
 expect long_header_line '400 CLOSED 0\.[0-9]' \
   "a head cpp-httplib cannot parse (a header line over 8 KiB): one 400, then the connection ends"
 expect long_request_line '414 .*' "a request line over 8 KiB: 414"
+expect range_unknown_unit '416 CLOSED 0\.[0-9]' \
+  "a Range cpp-httplib cannot parse: one 416, then the connection ends"
+# announced NAME: the answer after which serve ended the case's connection said
+# Connection: close.
+announced() {
+  local line
+  line=$(awk -v n="$1" '$1 == n && $2 == "announced"' "$tmp/out")
+  check "$1: the answer after which serve ends the connection says Connection: close ($line)" \
+    [ "$line" = "$1 announced yes" ]
+}
+for name in long_header_line long_request_line range_unknown_unit get_with_body refused_post_body; do
+  announced $name
+done
 expect get_with_body '200 CLOSED 0\.[0-9]' \
   "a GET's body is not read as the next request: one answer, then the connection ends"
 expect refused_post_body '400 CLOSED 0\.[0-9]' \

@@ -6,7 +6,8 @@
 # thread held by them, a connection that waited its turn behind them waited for
 # their head deadlines (10 s each); at most --max-waiting-connections connections
 # may now wait for a head, and the others must bring theirs at once
-# (docs/SERVE.md, "Slow clients").
+# (docs/SERVE.md, "Slow clients"). A keep-alive client beside idle connections
+# is told when its connection is not kept (tests/serve_keepalive_shed_clients.py).
 #   serve_reconnect_test.sh DEDUP_BINARY     (ports 8115-8116, docs/PORTS.md)
 set -euo pipefail
 dedup=$(realpath "$1")
@@ -45,6 +46,15 @@ curl -s -o /dev/null -w '%{http_code} %{num_connects}\n' "http://127.0.0.1:$port
   --next -s -o /dev/null -w '%{http_code} %{num_connects}\n' "http://127.0.0.1:$port/healthz" >"$tmp/ka"
 check "keep-alive is kept when nothing waits ($(tr '\n' ' ' <"$tmp/ka"))" \
   [ "$(tr '\n' ' ' <"$tmp/ka")" = "200 1 200 0 200 0 " ]
+# While the waiting places are taken (3 connections that send nothing, as the idle
+# kept-alive connections of other clients would), a keep-alive client's
+# connection is not kept: its answers say so (Connection: close), and every
+# request succeeds, the client opening a new connection for each. A connection
+# closed after an answer that did not say so fails the client's next request
+# (a POST is not retried).
+line=$(python3 "$root/tests/serve_keepalive_shed_clients.py" $port 3 40)
+check "a keep-alive client beside 3 idle connections: every claim answered, no connection closed unannounced ($line)" \
+  eval '[[ "$line" == "ok=40 failed=0 "*"closed_unannounced=0 "* ]]'
 
 # ---- the flag: validated at start-up.
 for bad in -1 5 x; do

@@ -238,6 +238,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     write_deadline_ = TimePoint::max();
     consumed_ = 0;
     head_bytes_ = 0;
+    body_length_ = std::nullopt;
     return !buf_.empty();
   }
 
@@ -278,6 +279,16 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // A write missed the write timeout or the answer's deadline: the connection
   // cannot carry another answer.
   bool write_timed_out() const { return write_timed_out_; }
+  // The answer being written says Connection: close, as the waiting places
+  // were full (HttpServer's post-routing handler): the connection ends after it.
+  void set_close_announced() { close_announced_ = true; }
+  bool close_announced() const { return close_announced_; }
+  // The request's body length as its head frames it (FramedBodyLength).
+  void set_body_length(std::optional<uint64_t> n) { body_length_ = n; }
+  // The request's body is not read whole (a request refused before it, a GET's
+  // body), or its framing was ambiguous: where the next request starts is not
+  // known, and the connection ends after the answer.
+  bool body_left() const { return body_length_ != body_bytes_read(); }
 
  private:
   TimePoint ReadUntil() const {
@@ -345,6 +356,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   bool timed_out_ = false;
   TimePoint write_deadline_ = TimePoint::max();  // the answer's, from its first byte
   bool write_timed_out_ = false;                 // for good: the connection ends
+  bool close_announced_ = false;                 // for good: the connection ends
+  std::optional<uint64_t> body_length_;
 };
 
 HttpServer::HttpServer() {
@@ -361,6 +374,31 @@ HttpServer::HttpServer() {
     }
     if (error_handler_) error_handler_(req, res);
   });
+  // Just before an answer is written: when max_waiting_ connections already
+  // wait for a head, this one could not wait for its next request (it would be
+  // closed after its answer), so the answer says so. A client that is not told
+  // sends its next request on the connection closed under it, and fails.
+  // And every answer after which the connection ends says so: one to a head
+  // cpp-httplib refused itself (400, 414, 416; not handed to serve, so not
+  // answering_), or one that left the request's body unread.
+  httplib::Server::set_post_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        bool close = true;
+        {
+          std::lock_guard<std::mutex> lock(answering_mu_);
+          if (const auto it = answering_.find(&req); it != answering_.end()) {
+            ConnectionStream& strm = *it->second;
+            if (!strm.body_left() && waiting_.load() >= max_waiting_) strm.set_close_announced();
+            close = strm.body_left() || strm.close_announced();
+          }
+        }
+        if (close) {
+          res.headers.erase("Keep-Alive");
+          res.headers.erase("Connection");
+          res.set_header("Connection", "close");
+        }
+        if (post_routing_handler_) post_routing_handler_(req, res);
+      });
 }
 
 void HttpServer::Configure(const HttpServerOptions& o) {
@@ -464,7 +502,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       head_deadline = SteadyClock::now() + deadlines_.header_timeout;
     } else if (!first && !buffered) {
       // Kept alive, and enough connections wait: this one is closed rather than
-      // left to wait for its next request (the client opens another).
+      // left to wait for its next request (the client opens another). Its
+      // answer said so when they were already waiting as it was written.
       httplib::Response unused;
       Refuse(Limit::kWaitingFullIdle, unused);
       break;
@@ -530,6 +569,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             }
                             answering.parsed = &req;
                             answering.body_length = FramedBodyLength(req);
+                            strm.set_body_length(answering.body_length);
                             // Answers go whole: a Range is ignored (RFC 9110
                             // 14.2 allows it). cpp-httplib cut every answer to
                             // it under the answer's own status (a claim's 201
@@ -554,6 +594,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       break;
     }
     if (strm.timed_out()) {
+      linger = true;
+      break;
+    }
+    if (strm.close_announced()) {
+      // Its answer said Connection: close: not kept, as the waiting places were
+      // full (counted as a kept-alive connection closed after its answer).
+      httplib::Response unused;
+      Refuse(Limit::kWaitingFullIdle, unused);
       linger = true;
       break;
     }

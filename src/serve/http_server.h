@@ -33,7 +33,9 @@
 // often they come back: when that many wait, a new connection must bring its
 // whole head at once (within kWaitingFullGrace), else it is answered 503 and
 // closed, and a kept-alive connection is closed after its answer instead of
-// waiting for the next. The moment counts from the connection's accept: one
+// waiting for the next (the answer says Connection: close when that many
+// already waited as it was written; a client not told would send its next
+// request on a closed connection, and fail). The moment counts from the connection's accept: one
 // that waited its turn in the queue (where a slow client's connections that
 // come back wait too) must have its head there already, so shedding those
 // costs a thread no wait. What is left is said in docs/SERVE.md.
@@ -98,7 +100,9 @@ class HttpServer : public httplib::Server {
     kWaitingFull,      // 503: max_waiting connections wait for a head, and this new
                        // one's did not come at once
     kWaitingFullIdle,  // a kept-alive connection closed after its answer, as
-                       // max_waiting connections wait for a head: no answer
+                       // max_waiting connections wait for a head (the answer
+                       // said Connection: close when they already waited as it
+                       // was written): no answer of its own
   };
   // A new connection that finds max_waiting connections waiting for a head
   // must bring its whole head within this of its accept (or of its turn, when
@@ -124,6 +128,10 @@ class HttpServer : public httplib::Server {
   // answer >= 400 but the 408 of a body that missed its deadline, which goes to
   // the limit handler.
   void set_error_handler(Handler handler) { error_handler_ = std::move(handler); }
+  // cpp-httplib's post-routing handler (hides httplib::Server's): called just
+  // before each answer is written, after HttpServer's, which says
+  // Connection: close when max_waiting connections already wait for a head.
+  void set_post_routing_handler(Handler handler) { post_routing_handler_ = std::move(handler); }
 
   const RequestDeadlines& deadlines() const { return deadlines_; }
 
@@ -144,10 +152,11 @@ class HttpServer : public httplib::Server {
   std::atomic<size_t> waiting_{0};
   LimitHandler limit_handler_;
   Handler error_handler_;
+  Handler post_routing_handler_;
   // The requests being answered (once cpp-httplib has parsed their head), and
   // the connection each came on: how BodyTimedOut finds a request's state.
   mutable std::mutex answering_mu_;
-  std::unordered_map<const httplib::Request*, const ConnectionStream*> answering_;
+  std::unordered_map<const httplib::Request*, ConnectionStream*> answering_;
 };
 
 }  // namespace dedup::serve

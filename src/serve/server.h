@@ -72,7 +72,8 @@ struct ServeOptions {
   // Connections that may hold a thread while they wait for a request head
   // (idle, or a head still arriving). When that many wait, a new connection
   // whose whole head does not come at once (100 ms) is answered 503 and closed,
-  // and a kept-alive connection is closed after its answer: connections that
+  // and a kept-alive connection is closed after its answer (which says
+  // Connection: close when they already waited as it was written): connections that
   // come back slow cannot take every thread. 1 to max_connections; 0 =
   // max_connections - max(1, max_connections / 4), at least 1.
   int max_waiting_connections = 0;
