@@ -36,7 +36,10 @@
 #include <thread>
 #include <vector>
 
+#include "brokers/memory/memory_broker.h"
 #include "core/printable.h"
+#include "dedup/buffer.h"
+#include "dedup/consumer.h"
 #include "dedup/store.h"
 #include "redis/client.h"
 #include "redis/options.h"
@@ -2742,6 +2745,62 @@ TEST_F(RedisStoreTest, AClaimWaitingOnAFrozenServerIsGivenUpWhenItsCallerStops) 
     EXPECT_EQ(taken->outcome, ClaimOutcome::kAcquired);
     EXPECT_EQ(taken->attempt, 2u) << "not a takeover of the given-up claim";
   }
+}
+
+// stopreview2: a Consumer's drain deadline told its Buffer's store to stop
+// waiting, but a Store object may serve others that are not stopping (a second
+// Consumer on it, the program's own calls). After one Consumer's drain ran past
+// its deadline, the store's calls waited at most the grace for ever, and once a
+// server stalled longer than that, every later call to it failed at once:
+// a running caller could never use the store again.
+TEST_F(RedisStoreTest, OneConsumersDrainLeavesAStoreItSharesWaitingAsBefore) {
+  constexpr int kPort = 6554;
+  if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
+  RedisServer server(kPort, Dir("sharedstop"));
+  ASSERT_TRUE(server.Start());
+  auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) +
+                          "?prefix=shared:&timeout=3s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store* store = opened->get();
+
+  MemoryBroker broker;
+  broker.Publish("slow", "p");
+  std::unique_ptr<MemorySource> source = broker.Connect();
+  Buffer buffer(store);
+  ConsumerOptions o;
+  o.concurrency = 1;
+  o.fetch_wait = 20ms;
+  o.drain_timeout = 100ms;
+  o.log = [](const std::string&) {};
+  std::atomic<bool> started{false};
+  auto made = Consumer::Make(source.get(), &buffer, [&](const Delivery& d, ClaimGuard&) {
+    started.store(true);
+    while (!d.stop_requested()) std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(300ms);  // ends a while after the drain deadline
+    return HandlerResult::Retry("stopping");
+  }, o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Status run_status;
+  std::thread run([&] { run_status = (*made)->Run(); });
+  for (int i = 0; i < 1000 && !started.load(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(started.load());
+  (*made)->Stop();
+  run.join();
+  EXPECT_TRUE(run_status.ok()) << run_status;  // the store answered every call in time
+
+  // The store's other caller, not stopping: a stall of the server shorter than
+  // its timeout (3 s) is waited out, and the store answers afterwards.
+  ASSERT_TRUE(store->Claim(Req("before")).ok());
+  ASSERT_EQ(kill(server.pid(), SIGSTOP), 0);
+  std::thread thaw([&] {
+    std::this_thread::sleep_for(600ms);
+    kill(server.pid(), SIGCONT);
+  });
+  auto during = store->Claim(Req("during"));
+  thaw.join();
+  auto after = store->Claim(Req("after"));
+  EXPECT_TRUE(during.ok()) << "a claim during a 600 ms stall (timeout 3 s): " << during.status();
+  EXPECT_TRUE(after.ok()) << "a claim after the stall: " << after.status();
 }
 
 }  // namespace

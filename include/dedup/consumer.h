@@ -285,11 +285,15 @@ struct ConsumerOptions {
   // outcome unknown. Its delivery is not acked and nothing is recorded as done
   // for it here; a claim the store may have made stays held until its lease
   // ends, and is then taken over. Run() then returns Aborted saying what was
-  // given up. A store that answers within the grace is not affected. false: the
-  // store is not told (it is shared with work that goes on after this drain).
-  // Default: true.
+  // given up. A store that answers within the grace is not affected. The store
+  // object as a whole is told, for good (Store::StopWaiting): every other user
+  // of it (a second Consumer, the program's own calls) then waits no more than
+  // the grace either, and on a server that once let a call run out so, not at
+  // all. So only a Consumer that is its store's one user may set it: `dedup
+  // worker` does. Default: false (the store is not told; its calls wait as its
+  // timeouts say).
   static constexpr Millis kDrainStoreGrace{250};
-  bool stop_store_waits = true;
+  bool stop_store_waits = false;
   // Prefixed to every log line on stderr. Default: "dedup consumer".
   std::string log_name = "dedup consumer";
   // Where log lines go instead of stderr (dead letters, failed settlements and

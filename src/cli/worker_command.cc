@@ -355,6 +355,8 @@ int RunWorkerCommand(const WorkerFlags& f) {
   co.prefetch_time = f.prefetch_time;
   co.log_name = "dedup worker";
   co.drain_timeout = f.drain_timeout;
+  // The store is this Consumer's alone: it may be told to stop waiting.
+  co.stop_store_waits = true;
   co.stop_handlers = [&exec] { exec.supervisor().RequestStop(SIGTERM); };
   std::unique_ptr<Buffer> buffer;
   std::unique_ptr<TextbookKeys> textbook_keys;
