@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/printable.h"
 #include "dedup/buffer.h"
 #include "dedup/postgres_store.h"
 #include "dedup/store.h"
@@ -1150,6 +1151,27 @@ TEST_F(PostgresTxTest, AnOversizedResultOrReasonIsAPermanentFailureNotARetryLoop
   EXPECT_EQ((*rec)->status, CompletionStatus::kFailed);
   EXPECT_LE((*rec)->result.size(), kMaxResultBytes);
   EXPECT_EQ((*rec)->result.substr(0, 100), huge.substr(0, 100)) << "the reason's start is kept";
+}
+
+// A Fail reason too long for a record is kept cut to fit; the cut landed inside
+// a character (the Buffer's own cut was fixed for this, the store's copy was
+// not), so the recorded reason was not UTF-8 where the handler's was.
+TEST_F(PostgresTxTest, AReasonCutToFitARecordSplitsNoCharacter) {
+  Buffer buffer(store_.get());
+  std::string reason = "x";  // then 2-byte characters: the cut lands inside one
+  while (reason.size() <= kMaxResultBytes + 1000) reason += "\xc3\xbc";
+  Processed f = ProcessOnceInTransaction(buffer, *store_, "cutchar", "",
+                                         InsertThen("cutchar", [&] {
+                                           return HandlerResult::Fail(reason);
+                                         }));
+  EXPECT_EQ(f.action, BrokerAction::kDeadLetter) << f.reason.substr(0, 300);
+  EXPECT_TRUE(internal::IsValidUtf8(f.reason)) << f.reason.substr(f.reason.size() - 80);
+  auto rec = store_->Inspect("cutchar");
+  ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+  EXPECT_LE((*rec)->result.size(), kMaxResultBytes);
+  EXPECT_TRUE(internal::IsValidUtf8((*rec)->result))
+      << (*rec)->result.substr((*rec)->result.size() - 80);
+  EXPECT_EQ((*rec)->result.substr(0, 1001), reason.substr(0, 1001));
 }
 
 // ---- a server restart during work ----------------------------------------------------
