@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/outcome_retry.h"
+#include "core/printable.h"
 
 namespace dedup {
 
@@ -111,15 +112,7 @@ void FitInARecord(HandlerResult* hr) {
                               " bytes, more than the " + std::to_string(kMaxResultBytes) +
                               " a record holds: recorded as failed");
   } else if (hr->kind == HandlerResult::Kind::kFail) {
-    const std::string note = "... [reason cut to fit a record: " +
-                             std::to_string(hr->result.size()) + " bytes in all]";
-    // Between characters: the continuation bytes (10xxxxxx) of one the cut
-    // would split go too (at most 3: bytes that are not UTF-8 are cut as they are).
-    size_t end = kMaxResultBytes - note.size();
-    for (int k = 0; k < 3 && (static_cast<uint8_t>(hr->result[end]) & 0xc0) == 0x80; ++k) --end;
-    if ((static_cast<uint8_t>(hr->result[end]) & 0xc0) == 0x80) end = kMaxResultBytes - note.size();
-    hr->result.resize(end);
-    hr->result += note;
+    hr->result = internal::CutReasonToFitARecord(hr->result, kMaxResultBytes);
   }
 }
 }  // namespace

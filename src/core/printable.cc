@@ -74,17 +74,32 @@ std::string Printable(std::string_view bytes) {
   return out;
 }
 
-std::string CutAtCharacter(std::string_view bytes, size_t max) {
-  if (bytes.size() <= max) return std::string(bytes);
+namespace {
+// The largest end <= max (bytes.size() > max) that splits no character: the
+// continuation bytes (10xxxxxx) of one a cut at max would split go too, at most
+// 3, so that bytes that are not UTF-8 are still cut at max.
+size_t CharacterBoundaryAtOrBefore(std::string_view bytes, size_t max) {
   size_t end = max;
-  // Back off the continuation bytes (10xxxxxx) of a character the cut would
-  // split: at most 3, so that bytes that are not UTF-8 are still cut near max.
   for (int k = 0; k < 3 && end > 0 && (static_cast<uint8_t>(bytes[end]) & 0xc0) == 0x80; ++k) {
     --end;
   }
   if ((static_cast<uint8_t>(bytes[end]) & 0xc0) == 0x80) end = max;  // not UTF-8 there
-  return std::string(bytes.substr(0, end)) + "... [cut: " + std::to_string(bytes.size()) +
-         " bytes in all]";
+  return end;
+}
+}  // namespace
+
+std::string CutAtCharacter(std::string_view bytes, size_t max) {
+  if (bytes.size() <= max) return std::string(bytes);
+  return std::string(bytes.substr(0, CharacterBoundaryAtOrBefore(bytes, max))) + "... [cut: " +
+         std::to_string(bytes.size()) + " bytes in all]";
+}
+
+std::string CutReasonToFitARecord(std::string_view reason, size_t max) {
+  if (reason.size() <= max) return std::string(reason);
+  const std::string note =
+      "... [reason cut to fit a record: " + std::to_string(reason.size()) + " bytes in all]";
+  const size_t room = max > note.size() ? max - note.size() : 0;
+  return std::string(reason.substr(0, CharacterBoundaryAtOrBefore(reason, room))) + note;
 }
 
 bool IsValidUtf8(std::string_view bytes) {

@@ -29,6 +29,12 @@ bool IsValidUtf8(std::string_view bytes);
 // where space is bounded (broker headers, log lines).
 std::string CutAtCharacter(std::string_view bytes, size_t max);
 
+// A Fail reason that fits a record of `max` bytes: `reason` when it does; else
+// its first bytes, cut so that no well-formed UTF-8 character is split, then
+// "... [reason cut to fit a record: N bytes in all]", all within `max`. The one
+// cut the Buffer and PostgresStore::RunInTransaction both make.
+std::string CutReasonToFitARecord(std::string_view reason, size_t max);
+
 // Lower-case hex of every byte ("6d2dff").
 std::string HexBytes(std::string_view bytes);
 

@@ -777,11 +777,8 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
                                " bytes, more than the " + std::to_string(kMaxResultBytes) +
                                " a record holds: its writes were rolled back");
     }
-    if (hr.kind == HandlerResult::Kind::kFail && hr.result.size() > kMaxResultBytes) {
-      const std::string note =
-          "... [reason cut to fit a record: " + std::to_string(hr.result.size()) + " bytes in all]";
-      hr.result.resize(kMaxResultBytes - note.size());
-      hr.result += note;
+    if (hr.kind == HandlerResult::Kind::kFail) {
+      hr.result = internal::CutReasonToFitARecord(hr.result, kMaxResultBytes);
     }
     if (handler_result != nullptr) *handler_result = hr;
     if (hr.kind == HandlerResult::Kind::kDone) {
