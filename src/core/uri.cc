@@ -40,7 +40,16 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
   return out;
 }
 
-
+// Letters, digits, '+', '-', '.': what a scheme is made of (RFC 3986 allows no
+// more; its first-letter rule is not enforced here).
+bool IsSchemeText(std::string_view s) {
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
+      return false;
+    }
+  }
+  return true;
+}
 }  // namespace
 
 std::optional<std::string> Uri::Param(std::string_view name) const {
@@ -114,11 +123,7 @@ std::string Uri::Redacted() const {
 std::optional<std::string_view> UriScheme(std::string_view text) {
   const size_t colon = text.find(':');
   if (colon == std::string_view::npos || colon == 0) return std::nullopt;
-  for (char c : text.substr(0, colon)) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
-      return std::nullopt;
-    }
-  }
+  if (!IsSchemeText(text.substr(0, colon))) return std::nullopt;
   return text.substr(0, colon);
 }
 
@@ -139,12 +144,10 @@ StatusOr<Uri> ParseUri(std::string_view text) {
                                    "rocksdb:PATH, redis://HOST:PORT)");
   }
   u.scheme.assign(text.substr(0, colon));
-  for (char c : u.scheme) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
-      return Status::InvalidArgument(
-          "URI does not start with a scheme (letters, digits, '+', '-', '.' before the first "
-          "':'), e.g. redis://HOST:PORT");
-    }
+  if (!IsSchemeText(u.scheme)) {
+    return Status::InvalidArgument(
+        "URI does not start with a scheme (letters, digits, '+', '-', '.' before the first "
+        "':'), e.g. redis://HOST:PORT");
   }
   std::string_view rest = text.substr(colon + 1);
   std::string_view query;
