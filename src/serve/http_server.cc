@@ -173,7 +173,9 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   bool is_readable() const override {
     return off_ < buf_.size() || WaitFor(fd_, POLLIN, ReadUntil()) > 0;
   }
-  bool is_writable() const override { return WaitFor(fd_, POLLOUT, WriteUntil()) > 0; }
+  bool is_writable() const override {
+    return !write_timed_out_ && WaitFor(fd_, POLLOUT, WriteUntil()) > 0;
+  }
   ssize_t read(char* ptr, size_t size) override {
     if (off_ == buf_.size() && size >= kRecvChunk) {
       if (!WaitReadable()) return -1;
@@ -195,8 +197,12 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // Writes what the socket takes now, within the write timeout and the answer's
   // deadline: never blocked in send() (the socket's SO_SNDTIMEO would let one
   // call wait past the deadline), so a client that reads slowly is given up on
-  // time, not only one that does not read at all.
+  // time, not only one that does not read at all. Once a write has timed out,
+  // every later one fails at once: cpp-httplib ignores how the write of an
+  // answer's head went and goes on to its body, whose first write waited a whole
+  // write timeout more (a head that stalled cost two).
   ssize_t write(const char* ptr, size_t size) override {
+    if (write_timed_out_) return -1;
     // The answer's first byte starts its deadline; an interim 1xx answer
     // (100 Continue, before the body is read) does not.
     static constexpr std::string_view kInterim = "HTTP/1.1 1";
