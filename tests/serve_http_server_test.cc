@@ -4,7 +4,7 @@
 // for what the shell tests cannot force from outside serve: the server's send
 // buffer made small (SO_SNDBUF on the listener, which each accepted connection
 // inherits), so that an answer stalls in its head, or at once, at a byte the
-// test chooses. Port 8117 (docs/PORTS.md).
+// test chooses. Ports 8117-8118 (docs/PORTS.md).
 
 #include "serve/http_server.h"
 
@@ -150,6 +150,57 @@ TEST(ServeHttpServerTest, AnAnswerStalledInItsHeadIsGivenUpAfterOneWriteTimeout)
   // One write timeout (1 s) and the scheduler's slack; two would be >= 2 s.
   EXPECT_LT(seconds, 1.8) << "given up " << seconds << " s after the handler ran";
   EXPECT_GE(seconds, 0.9) << "given up " << seconds << " s after the handler ran";
+}
+
+// An answer that says the connection is kept (no Connection: close) keeps it,
+// even when the places for connections waiting for a request head
+// (--max-waiting-connections) fill while that answer is being written: the
+// client sends its next request on it, and a connection closed under it fails
+// that request (a POST is not retried).
+TEST(ServeHttpServerTest, AKeptAliveAnswerKeepsItsConnectionWhenTheWaitingPlacesFillMeanwhile) {
+  HttpServerOptions options;
+  options.threads = 2;
+  options.max_connections = 2;
+  options.max_waiting = 1;
+  TestServer server(8118, options, 10s, [&](HttpServer& http) {
+    http.Get("/big", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(4 << 20, 'b'), "application/octet-stream");
+    });
+    http.Get("/small", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok", "text/plain");
+    });
+  });
+  ASSERT_TRUE(server.bound()) << "port 8118 is taken";
+  const int a = Connect(8118, /*rcvbuf=*/1024);
+  ASSERT_GE(a, 0);
+  ASSERT_TRUE(SendAll(a, "GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  // The answer's first bytes came: serve decided whether it keeps the
+  // connection, and is now held in writing the rest.
+  char first = 0;
+  pollfd p{a, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  ASSERT_EQ(::recv(a, &first, 1, 0), 1);
+  // Meanwhile another connection takes the one waiting place (it sends nothing).
+  const int idle = Connect(8118);
+  ASSERT_GE(idle, 0);
+  std::this_thread::sleep_for(300ms);
+  // Now the client reads the whole answer.
+  const int big = 1 << 22;
+  ::setsockopt(a, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+  std::string head;
+  ASSERT_TRUE(ReadAnswer(a, 10s, &head, std::string(1, first)))
+      << "the first answer did not come whole";
+  const bool announced = head.find("\r\nConnection: close\r\n") != std::string::npos;
+  // Its next request on the same connection.
+  std::string second;
+  const bool answered = SendAll(a, "GET /small HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") &&
+                        ReadAnswer(a, 3s, &second);
+  ::close(a);
+  ::close(idle);
+  EXPECT_TRUE(announced || answered)
+      << "the answer did not say Connection: close, and the next request on its connection "
+         "was not answered";
+  if (answered) EXPECT_EQ(second.rfind("HTTP/1.1 200 ", 0), 0u) << second;
 }
 
 }  // namespace
