@@ -47,16 +47,28 @@ int WaitFor(int fd, short events, TimePoint until) {
 // One of at most `max` connections waiting for a request head, while held.
 class WaitingSlot {
  public:
-  WaitingSlot(std::atomic<size_t>& waiting, size_t max) : waiting_(waiting) {
-    size_t n = waiting_.load();
-    while (n < max && !waiting_.compare_exchange_weak(n, n + 1)) {
-    }
-    held_ = n < max;
-  }
+  explicit WaitingSlot(std::atomic<size_t>& waiting) : waiting_(waiting) {}
+  WaitingSlot(std::atomic<size_t>& waiting, size_t max) : waiting_(waiting) { Take(max); }
   ~WaitingSlot() { Release(); }
   WaitingSlot(const WaitingSlot&) = delete;
   WaitingSlot& operator=(const WaitingSlot&) = delete;
   bool held() const { return held_; }
+  // Takes a place, unless `max` are taken; true when one is held.
+  bool Take(size_t max) {
+    if (held_) return true;
+    size_t n = waiting_.load();
+    while (n < max && !waiting_.compare_exchange_weak(n, n + 1)) {
+    }
+    held_ = n < max;
+    return held_;
+  }
+  // Takes over the place `other` (on the same counter) holds, if any.
+  void TakeOver(WaitingSlot& other) {
+    if (!other.held_) return;
+    Release();
+    other.held_ = false;
+    held_ = true;
+  }
   void Release() {
     if (held_) waiting_.fetch_sub(1);
     held_ = false;
@@ -163,11 +175,12 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int fd, std::chrono::microseconds read_timeout,
                    std::chrono::microseconds write_timeout,
-                   std::chrono::milliseconds response_timeout)
+                   std::chrono::milliseconds response_timeout, std::atomic<size_t>& waiting)
       : fd_(fd),
         read_timeout_(read_timeout),
         write_timeout_(write_timeout),
-        response_timeout_(response_timeout) {}
+        response_timeout_(response_timeout),
+        next_wait_(waiting) {}
 
   // ---- httplib::Stream
   bool is_readable() const override {
@@ -285,6 +298,14 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // A write missed the write timeout or the answer's deadline: the connection
   // cannot carry another answer.
   bool write_timed_out() const { return write_timed_out_; }
+  // A place among the connections waiting for a request head, for the wait
+  // for this connection's next request: taken as its answer is about to say the
+  // connection is kept (HttpServer's post-routing handler), not once that answer
+  // is written, when the places may have filled meanwhile and the connection
+  // would be closed after an answer that said it was kept. False when
+  // `max` are taken: the answer says Connection: close instead.
+  bool ReserveNextWait(size_t max) { return next_wait_.Take(max); }
+  WaitingSlot& next_wait() { return next_wait_; }
   // The answer being written says Connection: close, as the waiting places
   // were full (HttpServer's post-routing handler): the connection ends after it.
   void set_close_announced() { close_announced_ = true; }
@@ -364,6 +385,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   bool write_timed_out_ = false;                 // for good: the connection ends
   bool close_announced_ = false;                 // for good: the connection ends
   std::optional<uint64_t> body_length_;
+  WaitingSlot next_wait_;  // ReserveNextWait
 };
 
 HttpServer::HttpServer() {
@@ -380,10 +402,13 @@ HttpServer::HttpServer() {
     }
     if (error_handler_) error_handler_(req, res);
   });
-  // Just before an answer is written: when max_waiting_ connections already
-  // wait for a head, this one could not wait for its next request (it would be
-  // closed after its answer), so the answer says so. A client that is not told
-  // sends its next request on the connection closed under it, and fails.
+  // Just before an answer is written: the connection takes its place among
+  // those waiting for a head now, for the wait for its next request; when
+  // max_waiting_ connections already wait, it could not wait (it is closed after
+  // its answer), so the answer says so. A client that is not told sends its next
+  // request on the connection closed under it, and fails; and the place is taken
+  // before the answer is written, not after, so that the places filling while it
+  // is written cannot close a connection its answer said was kept.
   // And every answer after which the connection ends says so: one to a head
   // cpp-httplib refused itself (400, 414, 416; not handed to serve, so not
   // answering_), or one that left the request's body unread.
@@ -394,7 +419,12 @@ HttpServer::HttpServer() {
           std::lock_guard<std::mutex> lock(answering_mu_);
           if (const auto it = answering_.find(&req); it != answering_.end()) {
             ConnectionStream& strm = *it->second;
-            if (!strm.body_left() && waiting_.load() >= max_waiting_) strm.set_close_announced();
+            // (Not for an answer cpp-httplib already says Connection: close
+            // on: the connection ends after it anyway.)
+            if (!strm.body_left() && res.get_header_value("Connection") != "close" &&
+                !strm.ReserveNextWait(max_waiting_)) {
+              strm.set_close_announced();
+            }
             close = strm.body_left() || strm.close_announced();
           }
         }
@@ -485,7 +515,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(
       sock, std::chrono::seconds(read_timeout_sec_) + std::chrono::microseconds(read_timeout_usec_),
       std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_),
-      deadlines_.response_timeout);
+      deadlines_.response_timeout, waiting_);
   bool ret = false;
   bool linger = false;
   bool abort = false;
@@ -493,9 +523,12 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET;
        --left, first = false) {
     const bool buffered = strm.NextRequest();
-    // Waiting for a head: one of at most max_waiting_ connections, or else only
-    // for a moment.
-    WaitingSlot slot(waiting_, max_waiting_);
+    // Waiting for a head: one of at most max_waiting_ connections (the place
+    // taken as the last answer said the connection is kept), or else only for a
+    // moment.
+    WaitingSlot slot(waiting_);
+    slot.TakeOver(strm.next_wait());
+    slot.Take(max_waiting_);
     TimePoint head_deadline;
     if (slot.held()) {
       // Idle: the first byte of the next request, for at most the keep-alive
@@ -508,8 +541,9 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       head_deadline = SteadyClock::now() + deadlines_.header_timeout;
     } else if (!first && !buffered) {
       // Kept alive, and enough connections wait: this one is closed rather than
-      // left to wait for its next request (the client opens another). Its
-      // answer said so when they were already waiting as it was written.
+      // left to wait for its next request (the client opens another). Not
+      // after an answer that said the connection is kept: that one took its
+      // place then (ReserveNextWait), and holds it here.
       httplib::Response unused;
       Refuse(Limit::kWaitingFullIdle, unused);
       break;
