@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <charconv>
 #include <cerrno>
 #include <climits>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/duration.h"
 #include "serve/connection_pool.h"
@@ -258,6 +260,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     consumed_ = 0;
     head_bytes_ = 0;
     body_length_ = std::nullopt;
+    hidden_ranges_.clear();
     return !buf_.empty();
   }
 
@@ -267,6 +270,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   Head ReadHead(TimePoint deadline, size_t max_bytes, const std::atomic<socket_t>& listener) {
     for (;;) {
       if (HeadBuffered()) {
+        HideRanges();
         head_bytes_ = head_end_ - off_;
         return Head::kRead;
       }
@@ -283,6 +287,9 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       if (r < 0 || Fill() <= 0) return Head::kClosed;
     }
   }
+  // The values of the Range fields HideRanges took out of the request's head,
+  // in order, as cpp-httplib would have read them.
+  std::vector<std::string> TakeHiddenRanges() { return std::move(hidden_ranges_); }
   // The length of the buffered request line so far (to its '\n', or all).
   size_t RequestLineBytes() const {
     const size_t nl = buf_.find('\n', off_);
@@ -370,6 +377,48 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     return true;
   }
 
+  // Takes the Range fields out of the buffered head (head_end_ moves back) before
+  // cpp-httplib parses it, and keeps their values for TakeHiddenRanges:
+  // cpp-httplib answers 416 to a Range it cannot parse (another unit than bytes,
+  // a backwards range) before serve sees the request, where serve ignores a
+  // Range on its own answers (RFC 9110 14.2) and in proxy mode the application
+  // must get it as sent. The lines taken are those cpp-httplib would read as a
+  // Range field: "Range:" in any case, ending in CRLF, at most
+  // CPPHTTPLIB_HEADER_MAX_LENGTH bytes (a longer one is left for it to refuse,
+  // 400), with a value once the spaces and tabs around it are trimmed (an empty
+  // one it skips).
+  void HideRanges() {
+    hidden_ranges_.clear();
+    static constexpr std::string_view kName = "range:";
+    size_t line = buf_.find('\n', off_);  // the request line's end
+    if (line == std::string::npos || line >= head_end_) return;
+    for (++line; line < head_end_;) {
+      const size_t next = buf_.find('\n', line) + 1;  // within the head
+      std::string_view text(buf_.data() + line, next - line);
+      bool range = text.size() >= kName.size() + 2 && text.size() <= CPPHTTPLIB_HEADER_MAX_LENGTH &&
+                   text.substr(text.size() - 2) == "\r\n";
+      for (size_t i = 0; range && i < kName.size(); ++i) {
+        range = std::tolower(static_cast<unsigned char>(text[i])) == kName[i];
+      }
+      if (range) {
+        std::string_view value = text.substr(kName.size(), text.size() - kName.size() - 2);
+        while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) {
+          value.remove_prefix(1);
+        }
+        while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) {
+          value.remove_suffix(1);
+        }
+        if (!value.empty()) {
+          hidden_ranges_.emplace_back(value);
+          buf_.erase(line, next - line);
+          head_end_ -= next - line;
+          continue;
+        }
+      }
+      line = next;
+    }
+  }
+
   const int fd_;
   const std::chrono::microseconds read_timeout_, write_timeout_;
   const std::chrono::milliseconds response_timeout_;
@@ -386,6 +435,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   bool close_announced_ = false;                 // for good: the connection ends
   std::optional<uint64_t> body_length_;
   WaitingSlot next_wait_;  // ReserveNextWait
+  std::vector<std::string> hidden_ranges_;  // HideRanges
 };
 
 HttpServer::HttpServer() {
@@ -410,7 +460,7 @@ HttpServer::HttpServer() {
   // before the answer is written, not after, so that the places filling while it
   // is written cannot close a connection its answer said was kept.
   // And every answer after which the connection ends says so: one to a head
-  // cpp-httplib refused itself (400, 414, 416; not handed to serve, so not
+  // cpp-httplib refused itself (400, 414; not handed to serve, so not
   // answering_), or one that left the request's body unread.
   httplib::Server::set_post_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) {
@@ -614,9 +664,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             // 14.2 allows it). cpp-httplib cut every answer to
                             // it under the answer's own status (a claim's 201
                             // without its token) and, in proxy mode, cut an
-                            // application's 206 again. The header itself goes on
-                            // to the application.
-                            req.ranges.clear();
+                            // application's 206 again; and answered 416 to one
+                            // it could not parse. So it never sees one
+                            // (HideRanges): req.ranges stays empty, and the
+                            // header is given back here, as cpp-httplib reads
+                            // any field's value, for the application.
+                            for (const std::string& v : strm.TakeHiddenRanges()) {
+                              req.headers.emplace("Range", httplib::detail::decode_url(v, false));
+                            }
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
                               // in the answer (cpp-httplib writes what the
@@ -646,7 +701,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       break;
     }
     if (answering.parsed == nullptr) {
-      // cpp-httplib answered a head it could not parse (400, 414, 416) and kept
+      // cpp-httplib answered a head it could not parse (400, 414) and kept
       // the connection, reading on from wherever it stopped: the rest of that
       // head, or a body, would be read as the next request. Where that starts is
       // unknown: end the connection (RFC 9112 9.6).
