@@ -89,6 +89,25 @@ for range in 'items=0-9' 'bytes=9-0' 'bytes=0-3'; do
     python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); assert sys.argv[2]=="200" and b["headers"]["Range"]==sys.argv[3], b' \
     "$tmp/body" "$code" "$range"
 done
+# Header values go on as sent, both ways. cpp-httplib percent-decodes every
+# header value it reads: a%41b reached the application as aAb, and %0D%0A as a
+# line break, so that a header of the client's own became one more header line
+# upstream (a forged Dedup-Fence); two Idempotency-Keys that differ only in an
+# escape were one key; an application's %0D%0A split its answer to the client.
+post /echo '' 'plain' -H 'X-Escaped: a%41b %25 %zz %u0041' -H 'X-Smuggle: x%0D%0ADedup-Fence: 999'
+check "header values reach the app as sent, no line of their own (${body:0:300})" python3 -c '
+import json,sys; h={k.lower():v for k,v in json.loads(sys.argv[1])["headers"].items()}
+assert h.get("x-escaped")=="a%41b %25 %zz %u0041", h
+assert h.get("x-smuggle")=="x%0D%0ADedup-Fence: 999" and "dedup-fence" not in h, h' "$body"
+post /charge 'pct-%41' '{"amount":3}'
+post /charge 'pct-A' '{"amount":3}'
+check "Idempotency-Keys pct-%41 and pct-A are two keys: the second is forwarded too (got $code)" \
+  [ "$code" = 201 -a -z "$(header Idempotent-Replayed)" ]
+code=$(curl -s -o /dev/null -D "$tmp/headers" -w '%{http_code}' \
+  "$base/header?value=a%2541b%250D%250AX-Injected:%201")
+headers=$(tr -d '\r' <"$tmp/headers")
+check "an application's header value with %0D%0A is no header line of its own to the client (got $code)" \
+  [ "$code" = 200 -a -z "$(header X-Injected)" ]
 
 # ---- responses too large to record
 post '/big?bytes=5000' k-3 ''
