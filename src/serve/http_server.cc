@@ -271,6 +271,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     for (;;) {
       if (HeadBuffered()) {
         HideRanges();
+        KeepFieldValues();
         head_bytes_ = head_end_ - off_;
         return Head::kRead;
       }
@@ -288,7 +289,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     }
   }
   // The values of the Range fields HideRanges took out of the request's head,
-  // in order, as cpp-httplib would have read them.
+  // in order, as sent (spaces and tabs around them trimmed).
   std::vector<std::string> TakeHiddenRanges() { return std::move(hidden_ranges_); }
   // The length of the buffered request line so far (to its '\n', or all).
   size_t RequestLineBytes() const {
@@ -417,6 +418,36 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       }
       line = next;
     }
+  }
+
+  // cpp-httplib (0.11) percent-decodes the value of every header field it reads:
+  // "a%41b" reached the handlers, and in proxy mode the application, as "aAb",
+  // two Idempotency-Keys that differ only in an escape were one key, and
+  // "%0D%0A" became a line break, forwarded as a header line of its own (a
+  // client's forged Dedup-Fence). So each '%' after the first ':' of a header
+  // line is written "%25" in the buffered head (head_end_ moves on), which that
+  // decoding gives back as '%': the values arrive as sent. In one pass, so that
+  // a head full of '%' costs its length, not its square.
+  void KeepFieldValues() {
+    const size_t line = buf_.find('\n', off_) + 1;  // after the request line
+    if (line == 0 || line >= head_end_) return;
+    const std::string_view fields(buf_.data() + line, head_end_ - line);
+    if (fields.find('%') == std::string_view::npos) return;
+    std::string out;
+    out.reserve(fields.size() + fields.size() / 4);
+    bool value = false;  // past the line's first ':'
+    for (const char c : fields) {
+      out += c;
+      if (c == '\n') {
+        value = false;
+      } else if (c == ':') {
+        value = true;
+      } else if (c == '%' && value) {
+        out += "25";
+      }
+    }
+    buf_.replace(line, fields.size(), out);
+    head_end_ = line + out.size();
   }
 
   const int fd_;
@@ -667,10 +698,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             // application's 206 again; and answered 416 to one
                             // it could not parse. So it never sees one
                             // (HideRanges): req.ranges stays empty, and the
-                            // header is given back here, as cpp-httplib reads
-                            // any field's value, for the application.
-                            for (const std::string& v : strm.TakeHiddenRanges()) {
-                              req.headers.emplace("Range", httplib::detail::decode_url(v, false));
+                            // header is given back here, as sent, for the
+                            // application.
+                            for (std::string& v : strm.TakeHiddenRanges()) {
+                              req.headers.emplace("Range", std::move(v));
                             }
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
