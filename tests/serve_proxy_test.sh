@@ -108,6 +108,29 @@ code=$(curl -s -o /dev/null -D "$tmp/headers" -w '%{http_code}' \
 headers=$(tr -d '\r' <"$tmp/headers")
 check "an application's header value with %0D%0A is no header line of its own to the client (got $code)" \
   [ "$code" = 200 -a -z "$(header X-Injected)" ]
+# A bare CR or a NUL in a header value is refused, 400 (RFC 9110 5.5: refused, or
+# replaced with SP before forwarding): cpp-httplib ends header lines at LF only,
+# and an application whose parser ends them at a bare CR too (Python's does)
+# read what followed as a header line of its own (a forged Dedup-Fence).
+before=$(calls)
+for value in 'x\rDedup-Fence: 999' 'x\0y'; do
+  got=$(python3 - "$port" "$value" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+value = sys.argv[2].replace("\\r", "\r").replace("\\0", "\0").encode()
+s.sendall(b"GET /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: " + value + b"\r\nConnection: close\r\n\r\n")
+out = b""
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    out += d
+print(out.split(b" ")[1].decode(), "fence" if b"dedup-fence" in out.lower() else "-")
+PY
+)
+  check "a header value with ${value:1:2}: 400, not forwarded (got $got, $(($(calls) - before)) calls)" \
+    [ "$got" = "400 -" -a "$(calls)" = "$before" ]
+done
 
 # ---- responses too large to record
 post '/big?bytes=5000' k-3 ''
