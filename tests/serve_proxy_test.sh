@@ -132,6 +132,15 @@ PY
     [ "$got" = "400 -" -a "$(calls)" = "$before" ]
 done
 
+# An empty Idempotency-Key is a malformed key, refused (400), not no key: the
+# request went on unprotected, and its retry ran the application again.
+before=$(calls)
+post /charge '' '{"amount":5}' -H 'Idempotency-Key;'
+first=$code
+post /charge '' '{"amount":5}' -H 'Idempotency-Key;'
+check "an empty Idempotency-Key: 400, twice, nothing forwarded (got $first, $code; $(($(calls) - before)) calls)" \
+  [ "$first" = 400 -a "$code" = 400 -a "$(calls)" = "$before" ]
+
 # ---- responses too large to record
 post '/big?bytes=5000' k-3 ''
 check "a large response is forwarded whole" [ "$code" = 200 -a ${#body} = 5000 ]
