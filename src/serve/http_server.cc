@@ -261,6 +261,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     head_bytes_ = 0;
     body_length_ = std::nullopt;
     hidden_ranges_.clear();
+    empty_fields_.clear();
     return !buf_.empty();
   }
 
@@ -271,6 +272,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     for (;;) {
       if (HeadBuffered()) {
         HideRanges();
+        KeepEmptyFields();
         KeepFieldValues();
         head_bytes_ = head_end_ - off_;
         return Head::kRead;
@@ -291,6 +293,9 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // The values of the Range fields HideRanges took out of the request's head,
   // in order, as sent (spaces and tabs around them trimmed).
   std::vector<std::string> TakeHiddenRanges() { return std::move(hidden_ranges_); }
+  // The names of the header fields with an empty value KeepEmptyFields found in
+  // the request's head, in order.
+  std::vector<std::string> TakeEmptyFields() { return std::move(empty_fields_); }
   // The length of the buffered request line so far (to its '\n', or all).
   size_t RequestLineBytes() const {
     const size_t nl = buf_.find('\n', off_);
@@ -420,6 +425,35 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     }
   }
 
+  // Notes the names of the header fields whose value is empty, for
+  // TakeEmptyFields: cpp-httplib drops them, so that an empty Idempotency-Key
+  // sent to the proxy was no key at all, the request forwarded unprotected (a
+  // retry ran it again) where it is refused, 400. The lines cpp-httplib would
+  // have read as a field but for its empty value: ending in CRLF, at most
+  // CPPHTTPLIB_HEADER_MAX_LENGTH bytes, a name before the first ':', nothing but
+  // spaces and tabs after it.
+  void KeepEmptyFields() {
+    empty_fields_.clear();
+    size_t line = buf_.find('\n', off_);  // the request line's end
+    if (line == std::string::npos || line >= head_end_) return;
+    for (++line; line < head_end_;) {
+      const size_t next = buf_.find('\n', line) + 1;  // within the head
+      std::string_view text(buf_.data() + line, next - line);
+      line = next;
+      if (text.size() < 3 || text.size() > CPPHTTPLIB_HEADER_MAX_LENGTH ||
+          text.substr(text.size() - 2) != "\r\n") {
+        continue;
+      }
+      text.remove_suffix(2);
+      const size_t colon = text.find(':');
+      if (colon == 0 || colon == std::string_view::npos ||
+          text.find_first_not_of(" \t", colon + 1) != std::string_view::npos) {
+        continue;
+      }
+      empty_fields_.emplace_back(text.substr(0, colon));
+    }
+  }
+
   // cpp-httplib (0.11) percent-decodes the value of every header field it reads:
   // "a%41b" reached the handlers, and in proxy mode the application, as "aAb",
   // two Idempotency-Keys that differ only in an escape were one key, and
@@ -467,6 +501,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   std::optional<uint64_t> body_length_;
   WaitingSlot next_wait_;  // ReserveNextWait
   std::vector<std::string> hidden_ranges_;  // HideRanges
+  std::vector<std::string> empty_fields_;   // KeepEmptyFields
 };
 
 HttpServer::HttpServer() {
@@ -702,6 +737,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             // application.
                             for (std::string& v : strm.TakeHiddenRanges()) {
                               req.headers.emplace("Range", std::move(v));
+                            }
+                            // And the fields it dropped for their empty value.
+                            for (std::string& name : strm.TakeEmptyFields()) {
+                              req.headers.emplace(std::move(name), "");
                             }
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
