@@ -5,12 +5,10 @@
 # connection may carry another request only if serve knows where it starts.
 #   serve_framing_test.sh DEDUP_BINARY     (ports 8105-8106, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-framing.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-framing "$1"
 port=8105 stop_port=8106
 
 serve_start $port "$tmp/serve.log" "$dedup" serve --store memory: --listen 127.0.0.1:$port \

@@ -6,14 +6,10 @@
 # (tests/serve_openapi_statuses.py).
 #   serve_openapi_test.sh DEDUP_BINARY     (ports 8110-8112, Redis 6530; docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/redis.sh
-source "$root/scripts/lib/redis.sh"
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-openapi.XXXXXX")
-trap 'serve_stop_all; redis_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-openapi "$1"
 statuses=$root/tests/serve_openapi_statuses.py
 
 token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"

@@ -3,12 +3,10 @@
 # (tests/serve_app.py, which counts every call it serves in a file).
 #   serve_proxy_test.sh DEDUP_BINARY      (ports 8080-8081, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-proxy.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-proxy "$1"
 app_port=8080
 port=8081
 app="http://127.0.0.1:$app_port"
@@ -31,7 +29,6 @@ post() {
   body=$(cat "$tmp/body")
   headers=$(tr -d '\r' <"$tmp/headers")
 }
-header() { grep -i "^$1:" <<<"$headers" | head -1 | cut -d' ' -f2-; }
 
 # ---- forwarded once, replayed after
 post /charge k-1 '{"amount":7}'
