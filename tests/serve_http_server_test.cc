@@ -1,0 +1,207 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+//
+// serve's HttpServer (src/serve/http_server.h) in-process, against raw sockets,
+// for what the shell tests cannot force from outside serve: the server's send
+// buffer made small (SO_SNDBUF on the listener, which each accepted connection
+// inherits), so that an answer stalls in its head, or at once, at a byte the
+// test chooses. Ports 8117-8118 (docs/PORTS.md).
+
+#include "serve/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+namespace dedup::serve {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// An HttpServer on 127.0.0.1:port, set up by `setup`, whose connections have a
+// send buffer of about 8 KiB (Linux doubles the 4 KiB asked), listening on its
+// own thread until destroyed.
+class TestServer {
+ public:
+  TestServer(int port, const HttpServerOptions& options, std::chrono::seconds write_timeout,
+             const std::function<void(HttpServer&)>& setup) {
+    server_.Configure(options);
+    server_.set_write_timeout(write_timeout);
+    server_.set_socket_options([](socket_t sock) {
+      httplib::default_socket_options(sock);
+      const int small = 4096;
+      ::setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    });
+    setup(server_);
+    bound_ = server_.bind_to_port("127.0.0.1", port);
+    if (!bound_) return;
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    for (int i = 0; i < 500 && !server_.is_running(); ++i) std::this_thread::sleep_for(10ms);
+  }
+  ~TestServer() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool bound() const { return bound_; }
+
+ private:
+  HttpServer server_;
+  std::thread thread_;
+  bool bound_ = false;
+};
+
+// A client socket connected to 127.0.0.1:port; rcvbuf > 0 sets its receive
+// buffer before connecting (so that its window is that small). -1 on failure.
+int Connect(int port, int rcvbuf = 0) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  for (size_t at = 0; at < data.size();) {
+    const ssize_t n = ::send(fd, data.data() + at, data.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    at += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads one answer (head, then Content-Length bytes of body) within `timeout`,
+// after the `got` bytes of it already read; its head in *head. False when the
+// connection ended first or time ran out.
+bool ReadAnswer(int fd, std::chrono::milliseconds timeout, std::string* head,
+                std::string got = "") {
+  const auto until = SteadyClock::now() + timeout;
+  size_t head_end = std::string::npos;
+  size_t want = std::string::npos;
+  char buf[65536];
+  while (want == std::string::npos || got.size() < want) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - SteadyClock::now());
+    if (left <= 0ms) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return false;
+    got.append(buf, static_cast<size_t>(n));
+    if (head_end == std::string::npos && (head_end = got.find("\r\n\r\n")) != std::string::npos) {
+      *head = got.substr(0, head_end + 4);
+      const size_t cl = head->find("Content-Length: ");
+      if (cl == std::string::npos) return false;
+      want = head_end + 4 + std::stoull(head->substr(cl + 16));
+    }
+  }
+  return true;
+}
+
+// An answer whose head does not fit the socket buffers (a large header, a client
+// that reads nothing) is given up after one write timeout, not two: a write of
+// the head that timed out was not the end (cpp-httplib ignores how the head's
+// write went and goes on to the body, whose first write waited again).
+TEST(ServeHttpServerTest, AnAnswerStalledInItsHeadIsGivenUpAfterOneWriteTimeout) {
+  std::atomic<int64_t> handled_ns{0};
+  std::atomic<int64_t> given_up_ns{0};
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               SteadyClock::now().time_since_epoch())
+        .count();
+  };
+  HttpServerOptions options;
+  options.threads = 1;
+  options.max_connections = 1;
+  TestServer server(8117, options, 1s, [&](HttpServer& http) {
+    http.Get("/big-head", [&](const httplib::Request&, httplib::Response& res) {
+      res.set_header("X-Big", std::string(1 << 20, 'h'));
+      res.set_content("body", "text/plain");
+      handled_ns = now_ns();
+    });
+    http.set_limit_handler([&](HttpServer::Limit limit, httplib::Response*) {
+      if (limit == HttpServer::Limit::kResponseTimeout) given_up_ns = now_ns();
+    });
+  });
+  ASSERT_TRUE(server.bound()) << "port 8117 is taken";
+  const int fd = Connect(8117, /*rcvbuf=*/1024);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /big-head HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  // Reads nothing; waits for serve to give the answer up.
+  for (int i = 0; i < 1000 && given_up_ns == 0; ++i) std::this_thread::sleep_for(10ms);
+  ::close(fd);
+  ASSERT_NE(handled_ns.load(), 0);
+  ASSERT_NE(given_up_ns.load(), 0) << "the answer was never given up";
+  const double seconds = static_cast<double>(given_up_ns - handled_ns) / 1e9;
+  // One write timeout (1 s) and the scheduler's slack; two would be >= 2 s.
+  EXPECT_LT(seconds, 1.8) << "given up " << seconds << " s after the handler ran";
+  EXPECT_GE(seconds, 0.9) << "given up " << seconds << " s after the handler ran";
+}
+
+// An answer that says the connection is kept (no Connection: close) keeps it,
+// even when the places for connections waiting for a request head
+// (--max-waiting-connections) fill while that answer is being written: the
+// client sends its next request on it, and a connection closed under it fails
+// that request (a POST is not retried).
+TEST(ServeHttpServerTest, AKeptAliveAnswerKeepsItsConnectionWhenTheWaitingPlacesFillMeanwhile) {
+  HttpServerOptions options;
+  options.threads = 2;
+  options.max_connections = 2;
+  options.max_waiting = 1;
+  TestServer server(8118, options, 10s, [&](HttpServer& http) {
+    http.Get("/big", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(4 << 20, 'b'), "application/octet-stream");
+    });
+    http.Get("/small", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok", "text/plain");
+    });
+  });
+  ASSERT_TRUE(server.bound()) << "port 8118 is taken";
+  const int a = Connect(8118, /*rcvbuf=*/1024);
+  ASSERT_GE(a, 0);
+  ASSERT_TRUE(SendAll(a, "GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  // The answer's first bytes came: serve decided whether it keeps the
+  // connection, and is now held in writing the rest.
+  char first = 0;
+  pollfd p{a, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  ASSERT_EQ(::recv(a, &first, 1, 0), 1);
+  // Meanwhile another connection takes the one waiting place (it sends nothing).
+  const int idle = Connect(8118);
+  ASSERT_GE(idle, 0);
+  std::this_thread::sleep_for(300ms);
+  // Now the client reads the whole answer.
+  const int big = 1 << 22;
+  ::setsockopt(a, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+  std::string head;
+  ASSERT_TRUE(ReadAnswer(a, 10s, &head, std::string(1, first)))
+      << "the first answer did not come whole";
+  const bool announced = head.find("\r\nConnection: close\r\n") != std::string::npos;
+  // Its next request on the same connection.
+  std::string second;
+  const bool answered = SendAll(a, "GET /small HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") &&
+                        ReadAnswer(a, 3s, &second);
+  ::close(a);
+  ::close(idle);
+  EXPECT_TRUE(announced || answered)
+      << "the answer did not say Connection: close, and the next request on its connection "
+         "was not answered";
+  if (answered) EXPECT_EQ(second.rfind("HTTP/1.1 200 ", 0), 0u) << second;
+}
+
+}  // namespace
+}  // namespace dedup::serve
