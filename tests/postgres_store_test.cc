@@ -20,8 +20,12 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -83,6 +87,25 @@ class PgServer {
     int st;
     waitpid(pid_, &st, 0);
     pid_ = -1;
+  }
+  // Sends `sig` to the server and to every process it started (backends
+  // included), by PID from /proc: SIGSTOP freezes the whole server, SIGCONT thaws it.
+  void SignalAll(int sig) const {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);  // first: a frozen postmaster starts no new backend
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+      std::ifstream f(e.path() / "stat");
+      std::string stat;
+      std::getline(f, stat);
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos || close + 2 > stat.size()) continue;
+      std::istringstream rest(stat.substr(close + 2));
+      char state = 0;
+      long ppid = 0;
+      if (rest >> state >> ppid && ppid == pid_) kill(static_cast<pid_t>(std::stol(name)), sig);
+    }
   }
   ~PgServer() {
     Stop();
@@ -1209,6 +1232,73 @@ TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
   EXPECT_EQ(buffer.ProcessOnce("before", "", handler).action, BrokerAction::kAck);
   EXPECT_EQ(runs, 2) << "'before' is a duplicate after the restart, 'during' ran once";
   EXPECT_EQ(buffer.ProcessOnce("during", "", handler).claim.outcome, ClaimOutcome::kDuplicate);
+}
+
+
+// ---- a frozen server ------------------------------------------------------------------
+
+// statement_timeout is the server's own clock: a server that does not run at all
+// (SIGSTOP, a suspended VM, a network cut that drops packets) never sends its
+// cancellation, and a call waited for its answer for as long as TCP let it (for
+// ever on a quiet loopback). The store's `timeout` now bounds the wait on the
+// client too: the call fails, its connection is closed, the effect unknown.
+TEST_F(PostgresStoreTest, AClaimOnAFrozenServerFailsWithinItsTimeout) {
+  auto store = Open("&table=frozen&pool=1&timeout=1s");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "warm").acquired());  // its one connection is open
+  g_server->SignalAll(SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto claim = std::async(std::launch::async, [&] { return store->Claim(ClaimRequest{.key = "f1"}); });
+  const bool answered = claim.wait_for(8s) == std::future_status::ready;
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  g_server->SignalAll(SIGCONT);
+  auto c = claim.get();
+  ASSERT_TRUE(answered) << "the claim still waited on the frozen server after 8 s (timeout=1s)";
+  EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded)
+      << (c.ok() ? "answered outcome " + std::to_string(static_cast<int>(c->outcome)) : c.status().ToString());
+  EXPECT_LT(waited, 3s) << "timeout=1s";
+  EXPECT_EQ(c.status().ToString().find(kPassword), std::string::npos) << c.status();
+  // Thawed: the next call opens a new connection and works.
+  StatusOr<ClaimResult> after = Status::Unavailable("not tried");
+  for (int i = 0; i < 50 && !after.ok(); ++i, std::this_thread::sleep_for(100ms)) {
+    after = store->Claim(ClaimRequest{.key = "f2"});
+  }
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(after->acquired());
+}
+
+// Store::StopWaiting (a worker draining after SIGTERM, store.h): a call waiting on
+// a frozen server is given up `grace` after the stop, with Aborted; a later one,
+// on the server that let a call wait out its grace, at once, sending nothing.
+// The PostgreSQL store kept its own timeouts, and on a frozen server waited for
+// ever.
+TEST_F(PostgresStoreTest, AClaimWaitingOnAFrozenServerIsGivenUpWhenItsCallerStops) {
+  auto store = Open("&table=stopwait&pool=2&timeout=20s");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "warm").acquired());
+  g_server->SignalAll(SIGSTOP);
+  auto claim = std::async(std::launch::async, [&] { return store->Claim(ClaimRequest{.key = "s1"}); });
+  std::this_thread::sleep_for(300ms);
+  const auto stop = std::chrono::steady_clock::now();
+  store->StopWaiting(250ms);
+  const bool answered = claim.wait_for(5s) == std::future_status::ready;
+  const auto took = std::chrono::steady_clock::now() - stop;
+  StatusOr<ClaimResult> later = Status::Unavailable("not tried");
+  auto later_took = 0ms;
+  if (answered) {
+    const auto t1 = std::chrono::steady_clock::now();
+    later = store->Claim(ClaimRequest{.key = "s2"});
+    later_took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t1);
+  }
+  g_server->SignalAll(SIGCONT);
+  auto c = claim.get();
+  ASSERT_TRUE(answered) << "the claim still waited on the frozen server 5 s after StopWaiting(250ms)";
+  EXPECT_EQ(c.status().code(), StatusCode::kAborted)
+      << (c.ok() ? "answered outcome " + std::to_string(static_cast<int>(c->outcome)) : c.status().ToString());
+  EXPECT_NE(c.status().message().find("given up"), std::string::npos) << c.status();
+  EXPECT_LT(took, 1s) << "grace 250ms";
+  EXPECT_EQ(later.status().code(), StatusCode::kAborted) << later.status();
+  EXPECT_LT(later_took, 500ms) << "a call after a give-up on that server waits no more";
 }
 
 }  // namespace
