@@ -9,7 +9,8 @@
 //   schema           its schema (created when missing).             Default: public
 //   pool             connections, at most (shared by all threads).  Default: 8
 //   prefix           put before every key (a namespace).            Default: ""
-//   timeout          connect timeout and statement_timeout.         Default: 5s
+//   timeout          connect timeout, statement_timeout, and the    Default: 5s
+//                    wait for each answer (timeout + 1 s).
 //   expire_interval  time between two expiry rounds; 0 = none.      Default: 1s
 //   expire_batch     rows one expiry DELETE removes, at most.       Default: 500
 //   sslmode          libpq's sslmode.                               Default: prefer
@@ -34,6 +35,10 @@
 // server's synchronous_commit and fsync settings make it). A server restart or a
 // dropped connection makes calls in flight return Unavailable (their effect is
 // unknown; every operation is safe to retry); the pool reconnects on the next call.
+// A server that does not answer at all (frozen, or a network that drops packets,
+// where its statement_timeout never comes back) fails a call with
+// DeadlineExceeded after timeout + 1 s, its connection closed, its effect unknown;
+// Store::StopWaiting bounds every wait by its grace from then on (Aborted).
 //
 // Exactly-once effects: RunInTransaction() runs a handler's writes to the same
 // database in one transaction with the claim's completion (see below, and
@@ -81,7 +86,9 @@ struct PostgresStoreOptions {
   // FailedPrecondition with 1, and so does CanRunTransactions()). Default: 8.
   size_t pool_size = 8;
   // Bounds connecting (whole seconds, at least 2, as libpq counts) and each
-  // statement of the store's connections (statement_timeout). Default: 5 s.
+  // statement of the store's connections: on the server (statement_timeout),
+  // and on the client, which waits for an answer no longer than timeout + 1 s
+  // (a frozen server never sends its cancellation). Default: 5 s.
   Millis timeout{5'000};
   // Time between two expiry rounds; 0 = the store never deletes (run
   // ExpireNow() yourself). Default: 1 s.

@@ -205,8 +205,8 @@ class Store {
   // over; a completion may or may not be recorded: the caller acks nothing for
   // it). A server that answers in time is not affected. Not undone; the shortest
   // grace asked for applies. Any thread, any number of times; never blocks.
-  // Default: nothing (memory and RocksDB wait on no server; the PostgreSQL store
-  // keeps its own timeouts).
+  // Default: nothing (memory and RocksDB wait on no server); the Redis and
+  // PostgreSQL stores implement it.
   virtual void StopWaiting(Millis grace) { (void)grace; }
 
   // "memory:", "rocksdb:/var/lib/dedup", "redis://127.0.0.1:6379" (no password).

@@ -144,7 +144,7 @@ class PgStore final : public PostgresStore {
   }
 
   Status Start() {
-    auto first = pg::Conn::Open(o_, where_);
+    auto first = pg::Conn::Open(o_, where_, 0, &stop_);
     if (!first.ok()) return first.status();
     DEDUP_RETURN_IF_ERROR(CheckServer(**first));
     DEDUP_RETURN_IF_ERROR(Migrate(**first));
@@ -262,6 +262,10 @@ class PgStore final : public PostgresStore {
     }
     return out;
   }
+
+  // Every wait for the server is bounded by the connections (pg::Conn::Open);
+  // once stopped, by the grace too.
+  void StopWaiting(Millis grace) override { stop_.Stop(grace); }
 
   std::string Describe() const override {
     if (!o_.description.empty()) return o_.description;
@@ -382,7 +386,7 @@ class PgStore final : public PostgresStore {
   }
 
   StatusOr<std::unique_ptr<pg::Conn>> OpenConn() {
-    auto c = pg::Conn::Open(o_, where_, server_version_);
+    auto c = pg::Conn::Open(o_, where_, server_version_, &stop_);
     if (!c.ok()) return c.status();
     DEDUP_RETURN_IF_ERROR(Prepare(**c));
     return c;
@@ -633,6 +637,7 @@ class PgStore final : public PostgresStore {
       "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; " +
       ForgetHandlerStatements(o_.schema) + "; COMMIT";
   int server_version_ = 0;  // set by Start() before the pool opens a connection
+  pg::WaitStop stop_;  // before pool_: its connections point to it
   pg::Pool pool_;
   std::atomic<uint64_t> expired_rows_{0}, expire_statements_{0}, expire_micros_{0};
   std::mutex expire_mu_;
@@ -670,9 +675,16 @@ class PgTransaction final : public PostgresTransaction {
       }
       values.push_back(v ? v->c_str() : nullptr);
     }
-    pg::Result r(PQexecParams(c_.raw(), std::string(sql).c_str(), static_cast<int>(values.size()),
-                              nullptr, values.data(), nullptr, nullptr, 0));
-    const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    const std::string text(sql);
+    auto res = c_.Run(
+        [&](PGconn* c) {
+          return PQsendQueryParams(c, text.c_str(), static_cast<int>(values.size()), nullptr,
+                                   values.data(), nullptr, nullptr, 0);
+        },
+        "handler statement");
+    if (!res.ok()) return Fail(res.status());
+    pg::Result r = std::move(res).value();
+    const ExecStatusType st = PQresultStatus(r.get());
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.ErrorOf(r.get(), "handler statement"));
     std::vector<Row> rows;
     for (int i = 0; i < PQntuples(r.get()); ++i) {
@@ -710,8 +722,10 @@ class PgTransaction final : public PostgresTransaction {
     q += literal;
     PQfreemem(literal);
     q += ", true); DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$";
-    pg::Result r(PQexec(c_.raw(), q.c_str()));
-    const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    auto res = c_.Run([&](PGconn* c) { return PQsendQuery(c, q.c_str()); }, "handler SQL");
+    if (!res.ok()) return Fail(res.status());
+    pg::Result r = std::move(res).value();
+    const ExecStatusType st = PQresultStatus(r.get());
     if (st == PGRES_COMMAND_OK) return Status::Ok();
     Status e = c_.ScriptErrorOf(r.get(), "handler SQL");
     if (e.message().find("transaction commands") != std::string::npos) {
