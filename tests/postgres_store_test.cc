@@ -972,6 +972,49 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   }
 }
 
+// A fence or an attempt count at the largest its column holds (bigint 2^63 - 1,
+// integer 2^31 - 1) cannot be raised by a takeover. The claim failed with the
+// server's bare "bigint out of range" as InvalidArgument, naming neither the key
+// nor what is out of range (the Redis store refuses its own limits as a record
+// it cannot take further, DataLoss). Nothing may change; one below the limit
+// still works.
+TEST_F(PostgresStoreTest, AFenceOrAttemptAtItsLargestIsRefusedNamingItNothingChanged) {
+  auto store = Open("&table=limits");
+  ASSERT_NE(store, nullptr);
+  struct Case {
+    std::string key, set, word, value;
+  };
+  const std::vector<Case> cases = {
+      {"lf", "fence = 9223372036854775807", "fence", "9223372036854775807"},
+      {"la", "attempt = 2147483647", "attempt", "2147483647"},
+  };
+  for (const Case& k : cases) {
+    ClaimResult c = MustClaim(*store, k.key);
+    ASSERT_TRUE(c.acquired());
+    ASSERT_TRUE(store->Release(k.key, c.token, 600s).ok());
+    ASSERT_TRUE(PgServer::Sql(Db(), "UPDATE limits SET " + k.set + " WHERE key = '" + k.key + "'::bytea"));
+    const std::string row = "SELECT md5(limits::text) FROM limits WHERE key = '" + k.key + "'::bytea";
+    const std::string before = PgServer::Value(row);
+    auto again = store->Claim(ClaimRequest{.key = k.key});
+    EXPECT_EQ(again.status().code(), StatusCode::kDataLoss)
+        << k.word << ": " << (again.ok() ? "answered outcome " + std::to_string(static_cast<int>(again->outcome))
+                                         : again.status().ToString());
+    EXPECT_NE(again.status().message().find(k.word + " " + k.value), std::string::npos) << again.status();
+    EXPECT_NE(again.status().message().find("\"" + k.key + "\""), std::string::npos) << again.status();
+    EXPECT_EQ(PgServer::Value(row), before) << k.word << ": the refused claim changed the record";
+  }
+  // One below the largest: the takeover gets the largest.
+  ASSERT_TRUE(PgServer::Sql(Db(), "UPDATE limits SET fence = 9223372036854775806, attempt = 5 "
+                                  "WHERE key = 'lf'::bytea; UPDATE limits SET attempt = 2147483646, "
+                                  "fence = 5 WHERE key = 'la'::bytea"));
+  ClaimResult f = MustClaim(*store, "lf");
+  EXPECT_TRUE(f.acquired());
+  EXPECT_EQ(f.fence, 9223372036854775807ull);
+  ClaimResult a = MustClaim(*store, "la");
+  EXPECT_TRUE(a.acquired());
+  EXPECT_EQ(a.attempt, 2147483647u);
+}
+
 // ---- options checked at construction ------------------------------------------------
 
 // Values libpq or the server would refuse only when connecting are refused when
