@@ -39,6 +39,8 @@
 // where its statement_timeout never comes back) fails a call with
 // DeadlineExceeded after timeout + 1 s, its connection closed, its effect unknown;
 // Store::StopWaiting bounds every wait by its grace from then on (Aborted).
+// A takeover that would raise a fence past 2^63 - 1 or an attempt past 2^31 - 1
+// is refused with DataLoss naming the key; nothing changes.
 //
 // Exactly-once effects: RunInTransaction() runs a handler's writes to the same
 // database in one transaction with the claim's completion (see below, and

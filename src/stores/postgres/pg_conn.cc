@@ -260,6 +260,7 @@ Status Conn::AwaitSocket(short events, int64_t start_ms, std::string_view op) {
 }
 
 StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_view op) {
+  last_sqlstate_.clear();
   const int64_t start = SteadyMillis();
   if (abandoned_) {
     return Status::Unavailable(where_ + ": " + std::string(op) +
@@ -357,6 +358,7 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
   if (msg.empty()) msg = Trim(PQerrorMessage(conn_));
   const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const std::string code = state != nullptr ? state : "";
+  last_sqlstate_ = code;
   // Prepared statements are not transactional: a handler's DEALLOCATE dropped
   // the store's own on this connection, and every later call on it would fail.
   // Closed when handed back (broken()); the pool opens a fresh one.

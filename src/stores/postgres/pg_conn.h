@@ -111,6 +111,9 @@ class Conn {
   bool broken() const;
   // Closed when handed back: it holds session state that could not be cleared.
   void Poison() { poisoned_ = true; }
+  // The SQLSTATE of the last error of a statement ("" for none or a transport
+  // failure).
+  const std::string& last_sqlstate() const { return last_sqlstate_; }
 
   // Runs a statement; an error status unless it returned tuples or a command OK.
   StatusOr<Result> Exec(std::string_view sql, std::string_view op);
@@ -145,6 +148,7 @@ class Conn {
   WaitStop* stop_;   // may be null
   bool poisoned_ = false;  // lost its prepared statements: closed when handed back
   bool abandoned_ = false;  // an exchange was given up: the protocol state is unknown
+  std::string last_sqlstate_;
 };
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer

@@ -341,6 +341,31 @@ class PgStore final : public PostgresStore {
                             "\" in " + table_ + " cannot be decoded; nothing was changed");
   }
 
+  // A claim that failed because its takeover would raise the record's fence or
+  // attempt past the largest its column holds (bigint, integer): DataLoss (the
+  // record can be taken no further, as the Redis store answers past its own
+  // limits), naming the key and the number; the statement changed nothing.
+  // `failed` when the row does not show which.
+  Status AtLimit(pg::Conn& c, std::string_view key, const Status& failed) {
+    Params p;
+    p.Bytes(Key(key));
+    auto r = c.ExecParams("SELECT fence, attempt::bigint FROM " + table_ + " WHERE key = $1", p, 1,
+                          "claim");
+    if (!r.ok() || PQntuples(r->get()) != 1) return failed;
+    const int64_t fence = pg::GetInt8(r->get(), 0, 0), attempt = pg::GetInt8(r->get(), 0, 1);
+    std::string what;
+    if (fence == INT64_MAX) {
+      what = "fence " + std::to_string(fence) + " cannot be raised (the largest fence is 2^63 - 1)";
+    } else if (attempt >= INT32_MAX) {
+      what = "attempt " + std::to_string(attempt) +
+             " cannot be raised (the largest attempt the table holds is 2^31 - 1)";
+    } else {
+      return failed;
+    }
+    return Status::DataLoss(where_ + ": claim: the record of key \"" + internal::Printable(key) +
+                            "\" in " + table_ + ": its " + what + "; nothing was changed");
+  }
+
   StatusOr<WriteResult> OwnerWrite(const char* name, Params& p) {
     auto h = pool_.Get();
     if (!h.ok()) return h.status();
@@ -358,7 +383,11 @@ class PgStore final : public PostgresStore {
       p.Bytes(Key(req.key)).Int8(static_cast<int64_t>(fresh.value)).Int8(req.lease.count());
       p.Int8(req.retention.count()).Bytes(req.fingerprint).Int8(req.max_attempts);
       auto r = c.ExecPrepared("claim", p, "claim");
-      if (!r.ok()) return r.status();
+      if (!r.ok()) {
+        // numeric_value_out_of_range: the fence or attempt + 1 of a takeover.
+        if (c.last_sqlstate() == "22003") return AtLimit(c, req.key, r.status());
+        return r.status();
+      }
       if (PQntuples(r->get()) == 0) continue;  // inserted by another after our snapshot
       Record cur;
       const bool decoded = ReadRecord(r->get(), 0, 0, &cur);
