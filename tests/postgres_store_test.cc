@@ -1015,6 +1015,35 @@ TEST_F(PostgresStoreTest, AFenceOrAttemptAtItsLargestIsRefusedNamingItNothingCha
   EXPECT_EQ(a.attempt, 2147483647u);
 }
 
+// A read-only server (a hot standby, or default_transaction_read_only on for the
+// database or the role) cannot take a claim: every claim writes. The store
+// opened on a table made before, and then every claim failed as INTERNAL ("cannot
+// execute INSERT in a read-only transaction"); a new table failed the migration as
+// INTERNAL. Refused at open, naming it, like any other setting a worker cannot
+// run with.
+TEST_F(PostgresStoreTest, AReadOnlyDatabaseIsRefusedAtOpenNamingIt) {
+  ASSERT_NE(Open("&table=ro"), nullptr);  // the table exists
+  ASSERT_TRUE(PgServer::Sql("postgres", "ALTER DATABASE " + Db() +
+                                            " SET default_transaction_read_only = on"));
+  for (const std::string table : {"ro", "ro_new"}) {
+    auto s = OpenStore(Uri("&table=" + table));
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition)
+        << table << ": " << (s.ok() ? "opened" : s.status().ToString());
+    EXPECT_NE(s.status().message().find("read-only"), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("default_transaction_read_only"), std::string::npos)
+        << s.status();
+    if (s.ok()) {
+      auto c = (*s)->Claim(ClaimRequest{.key = "k"});
+      EXPECT_TRUE(c.ok()) << "opened, then the claim failed: " << c.status();
+    }
+  }
+  // Opened to read (`dedup inspect`), a read-only server is what a replica is.
+  auto reader = OpenStore(Uri("&table=ro"), OpenOptions{.read_only = true});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto rec = (*reader)->Inspect("k");
+  EXPECT_TRUE(rec.ok()) << rec.status();
+}
+
 // ---- options checked at construction ------------------------------------------------
 
 // Values libpq or the server would refuse only when connecting are refused when
