@@ -39,6 +39,9 @@
 // where its statement_timeout never comes back) fails a call with
 // DeadlineExceeded after timeout + 1 s, its connection closed, its effect unknown;
 // Store::StopWaiting bounds every wait by its grace from then on (Aborted).
+// A server where the session is read-only (a hot standby,
+// default_transaction_read_only) is refused at open with FailedPrecondition, unless
+// opened read_only.
 // A takeover that would raise a fence past 2^63 - 1 or an attempt past 2^31 - 1
 // is refused with DataLoss naming the key; nothing changes.
 //
@@ -104,6 +107,12 @@ struct PostgresStoreOptions {
   std::string sslmode;
   // What Describe() returns. Default: built from the fields above, no password.
   std::string description;
+  // Opened to read (Inspect, Scan: OpenOptions::read_only, as `dedup inspect`
+  // opens): a read-only server (a hot standby) is accepted and the background
+  // expiry does not run. Otherwise a server where the session is read-only is
+  // refused at open (FailedPrecondition naming it): every claim writes.
+  // Default: false.
+  bool read_only = false;
 };
 
 // An open transaction on one of the store's connections, handed to a

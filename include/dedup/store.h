@@ -305,7 +305,9 @@ struct OpenOptions {
   // tools such as inspect and forget, where a mistyped path must not create one).
   bool must_exist = false;
   // Embedded stores: open for reading only (nothing written, works on a read-only
-  // copy); writes answer FailedPrecondition. Implies must_exist.
+  // copy); writes answer FailedPrecondition. Implies must_exist. PostgreSQL: a
+  // read-only server (a hot standby) is accepted, which is refused otherwise,
+  // and the store runs no expiry.
   bool read_only = false;
   // Called once per open, with each warning about a server setting that can make
   // dedup process a message twice (Redis: an evicting maxmemory-policy, no AOF), or

@@ -374,6 +374,10 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
     return Status::Unavailable(text);
   }
   if (code == "57014") return Status::DeadlineExceeded(text);
+  if (code == "25006") {  // read_only_sql_transaction: a standby, or read-only by default
+    return Status::FailedPrecondition(
+        text + "; the server is read-only here (a hot standby, or default_transaction_read_only)");
+  }
   if (code == "42P01" || code == "42703" || code == "42883") {
     return Status::FailedPrecondition(text + "; was the table dropped or changed by hand?");
   }

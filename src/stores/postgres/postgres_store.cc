@@ -148,12 +148,15 @@ class PgStore final : public PostgresStore {
     if (!first.ok()) return first.status();
     DEDUP_RETURN_IF_ERROR(CheckServer(**first));
     DEDUP_RETURN_IF_ERROR(Migrate(**first));
-    DEDUP_RETURN_IF_ERROR(MakeSessionReset(**first));
+    // Opened to read: nothing to make (and a standby could not).
+    if (!o_.read_only) DEDUP_RETURN_IF_ERROR(MakeSessionReset(**first));
     // Statements are prepared per connection, so the first one goes through the
     // pool's opener too; this one only checked and migrated.
     auto h = pool_.Get();
     if (!h.ok()) return h.status();
-    if (o_.expire_interval.count() > 0) expirer_ = std::thread([this] { ExpireLoop(); });
+    if (o_.expire_interval.count() > 0 && !o_.read_only) {
+      expirer_ = std::thread([this] { ExpireLoop(); });
+    }
     return Status::Ok();
   }
 
@@ -433,6 +436,19 @@ class PgStore final : public PostgresStore {
     if (num < 120000) {
       return Status::FailedPrecondition(where_ + " runs " + version +
                                         "; the store needs PostgreSQL 12 or later");
+    }
+    // Every claim writes: a read-only session would fail each one.
+    if (o_.read_only) return Status::Ok();
+    r = c.Exec("SELECT current_setting('transaction_read_only'), pg_is_in_recovery()::text",
+               "read-only check");
+    if (!r.ok()) return r.status();
+    if (std::string_view(PQgetvalue(r->get(), 0, 0)) == "on") {
+      const bool standby = std::string_view(PQgetvalue(r->get(), 0, 1)) == "true";
+      return Status::FailedPrecondition(
+          where_ + ": database '" + o_.database + "' is read-only here (" +
+          (standby ? "the server is a hot standby, in recovery"
+                   : "default_transaction_read_only is on for the database or the role") +
+          "): every claim writes; point the store at a writable primary");
     }
     return Status::Ok();
   }
@@ -989,9 +1005,10 @@ StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
 }
 
 StatusOr<std::unique_ptr<Store>> OpenPostgresFromUri(const Uri& uri, std::string_view /*raw*/,
-                                                     const OpenOptions& /*options*/) {
+                                                     const OpenOptions& options) {
   auto o = PostgresOptionsFromUri(uri);
   if (!o.ok()) return o.status();
+  o->read_only = options.read_only;
   auto s = OpenPostgresStore(*o);
   if (!s.ok()) return s.status();
   return std::unique_ptr<Store>(std::move(s).value());
