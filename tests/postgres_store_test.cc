@@ -1044,6 +1044,24 @@ TEST_F(PostgresStoreTest, AReadOnlyDatabaseIsRefusedAtOpenNamingIt) {
   EXPECT_TRUE(rec.ok()) << rec.status();
 }
 
+// `dedup inspect` and `dedup forget` open their store with must_exist (store.h:
+// "a mistyped path must not create one"). The PostgreSQL store ignored it: a
+// mistyped ?table= (or ?schema=) made a new, empty table (and schema) and then
+// reported every key absent.
+TEST_F(PostgresStoreTest, AnAdminOpenOfAMissingTableCreatesNothing) {
+  for (const OpenOptions& o : {OpenOptions{.must_exist = true}, OpenOptions{.read_only = true}}) {
+    auto s = OpenStore(Uri("&schema=typo_schema&table=typo"), o);
+    EXPECT_EQ(s.status().code(), StatusCode::kNotFound)
+        << "read_only=" << o.read_only << ": " << (s.ok() ? "opened" : s.status().ToString());
+    EXPECT_NE(s.status().message().find("typo_schema.typo"), std::string::npos) << s.status();
+    EXPECT_EQ(PgServer::Value("SELECT to_regnamespace('typo_schema') IS NULL"), "t")
+        << "read_only=" << o.read_only << ": the open made a schema";
+  }
+  ASSERT_NE(Open("&table=there"), nullptr);
+  auto s = OpenStore(Uri("&table=there"), OpenOptions{.must_exist = true});
+  EXPECT_TRUE(s.ok()) << s.status();
+}
+
 // ---- options checked at construction ------------------------------------------------
 
 // Values libpq or the server would refuse only when connecting are refused when
