@@ -107,11 +107,15 @@ struct PostgresStoreOptions {
   std::string sslmode;
   // What Describe() returns. Default: built from the fields above, no password.
   std::string description;
+  // A missing table is NotFound instead of being created, with its schema
+  // (OpenOptions::must_exist: `dedup inspect` / `forget`, where a mistyped
+  // ?table= must not make one). Default: false.
+  bool must_exist = false;
   // Opened to read (Inspect, Scan: OpenOptions::read_only, as `dedup inspect`
   // opens): a read-only server (a hot standby) is accepted and the background
-  // expiry does not run. Otherwise a server where the session is read-only is
-  // refused at open (FailedPrecondition naming it): every claim writes.
-  // Default: false.
+  // expiry does not run; implies must_exist. Otherwise a server where the
+  // session is read-only is refused at open (FailedPrecondition naming it):
+  // every claim writes. Default: false.
   bool read_only = false;
 };
 

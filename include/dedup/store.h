@@ -303,6 +303,7 @@ struct OpenOptions {
   Clock* clock = nullptr;
   // Embedded stores: a missing store is NotFound instead of being created (admin
   // tools such as inspect and forget, where a mistyped path must not create one).
+  // PostgreSQL: so is a missing table (nor is its schema made).
   bool must_exist = false;
   // Embedded stores: open for reading only (nothing written, works on a read-only
   // copy); writes answer FailedPrecondition. Implies must_exist. PostgreSQL: a

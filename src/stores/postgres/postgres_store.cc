@@ -500,6 +500,12 @@ class PgStore final : public PostgresStore {
       }
       return Status::Ok();
     }
+    if (o_.must_exist || o_.read_only) {
+      (void)c.Exec("ROLLBACK", "migration");
+      return Status::NotFound(where_ + ": table " + name +
+                              " does not exist; nothing was created (the store was opened to "
+                              "read or administer it: check ?schema= and ?table=)");
+    }
     // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
     // exists, which an application role with CREATE on its schema lacks; and the
     // fence helper may be another role's (made with another table of the schema):
@@ -1008,6 +1014,7 @@ StatusOr<std::unique_ptr<Store>> OpenPostgresFromUri(const Uri& uri, std::string
                                                      const OpenOptions& options) {
   auto o = PostgresOptionsFromUri(uri);
   if (!o.ok()) return o.status();
+  o->must_exist = options.must_exist;
   o->read_only = options.read_only;
   auto s = OpenPostgresStore(*o);
   if (!s.ok()) return s.status();
