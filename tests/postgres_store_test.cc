@@ -914,6 +914,59 @@ TEST_F(PostgresStoreTest, ExpiryDeletesInBoundedBatchesAndSparesLiveRecords) {
   EXPECT_EQ(bg->stats().expired_rows, 120u);
 }
 
+// The reclaim racing claims of the records it deletes: a claim of a key whose
+// retention is over is ACQUIRED at attempt 1 whether it meets the row (taking it
+// over), waits for the reclaim's row lock (then inserts anew) or comes after the
+// delete, never an error or BUSY; and the reclaim never deletes a row a claim has
+// just renewed (SKIP LOCKED, and the recheck of the retention on the row's newest
+// version).
+TEST_F(PostgresStoreTest, ClaimsRacingTheReclaimOfTheirExpiredRecordsAreAcquired) {
+  auto store = Open("&table=reclaim&pool=4");
+  ASSERT_NE(store, nullptr);
+  constexpr int kKeys = 1200;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string key = "e:" + std::to_string(i);
+    ClaimResult c = MustClaim(*store, key);
+    ASSERT_TRUE(store->Complete(key, c.token, 1ms, CompletionStatus::kOk, "").ok());
+  }
+  std::this_thread::sleep_for(20ms);
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> reclaimed{0};
+  std::thread reaper([&] {
+    while (!done.load()) {
+      auto n = store->ExpireNow(20, 1);
+      if (n.ok()) reclaimed += *n;
+    }
+  });
+  std::atomic<int> bad{0};
+  std::mutex mu;
+  std::string first_bad;
+  std::vector<std::thread> claimers;
+  for (int t = 0; t < 3; ++t) {
+    claimers.emplace_back([&, t] {
+      for (int i = t; i < kKeys; i += 3) {
+        const std::string key = "e:" + std::to_string(i);
+        auto c = store->Claim(ClaimRequest{.key = key, .lease = 60s});
+        if (c.ok() && c->acquired() && c->attempt == 1) continue;
+        ++bad;
+        std::lock_guard lock(mu);
+        if (first_bad.empty()) {
+          first_bad = key + ": " + (c.ok() ? "outcome " + std::to_string(static_cast<int>(c->outcome)) +
+                                                 " attempt " + std::to_string(c->attempt)
+                                           : c.status().ToString());
+        }
+      }
+    });
+  }
+  for (auto& th : claimers) th.join();
+  done = true;
+  reaper.join();
+  EXPECT_EQ(bad.load(), 0) << first_bad;
+  EXPECT_GT(reclaimed.load(), 0u) << "the reclaim never ran beside the claims";
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM reclaim WHERE state = 1"), std::to_string(kKeys))
+      << "a claimed record was reclaimed";
+}
+
 // ---- batches ------------------------------------------------------------------------
 
 // store.h: "A batch that fails (a status) leaves none of its claims held: those it
