@@ -839,6 +839,62 @@ TEST_F(PostgresTxTest, ConnectionKilledMidTransactionLeavesNothingThenRunsOnce) 
   EXPECT_EQ(Orders("cut"), "1");
 }
 
+// A COMMIT whose answer is lost: the effect and the completion commit on the server
+// while the worker hears nothing (here: a deferred trigger holds the COMMIT on a
+// lock, the caller stops waiting, then the lock is freed). The worker cannot know
+// (Aborted: effect unknown); what decides is the record, read back by the next
+// claim: DUPLICATE with the result, the broker acks, the handler never runs again.
+TEST_F(PostgresTxTest, ACommitWhoseAnswerIsLostIsReadBackAndNeverRunsTwice) {
+  ASSERT_TRUE(PgServer::Sql(
+      Db(), "CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$; "
+            "CREATE CONSTRAINT TRIGGER orders_hold AFTER INSERT ON orders DEFERRABLE INITIALLY "
+            "DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit()"));
+  PGconn* holder = PQconnectdb(("host=127.0.0.1 port=" + std::to_string(kPort) + " dbname=" + Db() +
+                                " user=dedup password=" + kPassword).c_str());
+  PGresult* locked = PQexec(holder, "SELECT pg_advisory_lock(4242)");
+  ASSERT_EQ(PQresultStatus(locked), PGRES_TUPLES_OK) << PQerrorMessage(holder);
+  PQclear(locked);
+  auto store = Open("&table=tx&timeout=30s");
+  ASSERT_NE(store, nullptr);
+  ClaimResult c = MustClaim(*store, "lostcommit");
+  ASSERT_TRUE(c.acquired());
+  std::atomic<int> runs{0};
+  auto handler = InsertThen("lostcommit", [&] {
+    ++runs;
+    return HandlerResult::Done("receipt");
+  });
+  auto tx = std::async(std::launch::async, [&] {
+    return store->RunInTransaction("lostcommit", c.token, c.fence, c.attempt, 600s, handler);
+  });
+  bool commit_waits = false;
+  for (int i = 0; i < 100 && !commit_waits; ++i, std::this_thread::sleep_for(50ms)) {
+    commit_waits = PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE wait_event = "
+                                   "'advisory' AND datname = current_database()") == "1";
+  }
+  if (commit_waits) store->StopWaiting(250ms);
+  const bool answered = tx.wait_for(5s) == std::future_status::ready;
+  PQfinish(holder);  // the lock is free: the server finishes the COMMIT nobody hears
+  auto w = tx.get();
+  ASSERT_TRUE(commit_waits) << "the COMMIT never waited on the trigger's lock";
+  ASSERT_TRUE(answered) << "RunInTransaction still waited 5 s after StopWaiting(250ms)";
+  EXPECT_EQ(w.status().code(), StatusCode::kAborted) << (w.ok() ? "answered" : w.status().ToString());
+  for (int i = 0; i < 100 && Orders("lostcommit") != "1"; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(Orders("lostcommit"), "1") << "the COMMIT did not complete on the server";
+
+  auto fresh = Open("&table=tx");  // the stopped store is done; a restarted worker's
+  ASSERT_NE(fresh, nullptr);
+  ClaimResult d = MustClaim(*fresh, "lostcommit");
+  EXPECT_EQ(d.outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(d.result, "receipt");
+  Buffer buffer(fresh.get());
+  Processed p = ProcessOnceInTransaction(buffer, *fresh, "lostcommit", "", handler);
+  EXPECT_EQ(p.action, BrokerAction::kAck) << p.reason;
+  EXPECT_FALSE(p.ran);
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(Orders("lostcommit"), "1");
+}
+
 // ---- fences where the effect lands ------------------------------------------------
 
 TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
