@@ -277,6 +277,44 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   EXPECT_NE((*good)->Describe().find("127.0.0.1:5441/" + Db()), std::string::npos);
 }
 
+// A table changed by hand to other column types than dedup made it with. A
+// `result` of type text took the bytes through an assignment cast and handed
+// back their escaped text (a completion's result not the one recorded); a fence
+// of type integer was read as no fence, so every claim wrote its row and then
+// answered DataLoss ("cannot be decoded"). Refused at open, naming the column.
+TEST_F(PostgresStoreTest, ATableWhoseColumnsHaveOtherTypesIsRefusedAtOpen) {
+  struct Case {
+    std::string column, type, alter;
+  };
+  const std::vector<Case> cases = {
+      {"result", "text", "ALTER COLUMN result TYPE text USING encode(result, 'escape')"},
+      {"fence", "integer", "ALTER COLUMN fence TYPE integer USING fence::integer"},
+  };
+  for (const Case& k : cases) {
+    const std::string table = "typed_" + k.column;
+    ASSERT_NE(Open("&table=" + table), nullptr);
+    ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE " + table + " " + k.alter));
+    auto s = OpenStore(Uri("&table=" + table));
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition)
+        << k.column << ": " << (s.ok() ? "opened" : s.status().ToString());
+    EXPECT_NE(s.status().message().find("column " + k.column + " is " + k.type), std::string::npos)
+        << s.status();
+    if (!s.ok()) continue;
+    // Opened: what a claim, a completion and a second claim then do.
+    auto first = (*s)->Claim(ClaimRequest{.key = "k"});
+    std::string seen = first.ok() ? "claim outcome " + std::to_string(static_cast<int>(first->outcome))
+                                  : "claim: " + first.status().ToString();
+    if (first.ok() && first->acquired()) {
+      (void)(*s)->Complete("k", first->token, 600s, CompletionStatus::kOk, std::string("r\0\x01", 3));
+      auto again = (*s)->Claim(ClaimRequest{.key = "k"});
+      seen += again.ok() ? "; then result '" + internal::Printable(again->result) + "'"
+                         : "; then " + again.status().ToString();
+    }
+    ADD_FAILURE() << k.column << " " << k.type << ": " << seen << "; row: "
+                  << PgServer::Value("SELECT state || ' ' || fence FROM " + table + " WHERE key = 'k'");
+  }
+}
+
 // The usual least-privilege setup: an application role that may create tables
 // in its schema but not schemas in the database (only the database's owner and
 // superusers may; PUBLIC has CONNECT and TEMPORARY). A second such role makes a
