@@ -18,8 +18,9 @@
 // One row per key (bytea primary key), created with its index on the retention
 // deadline by a versioned migration the first time a store opens the table (under
 // an advisory lock, so concurrent first opens are safe). A table written by another
-// record format, or a table of that name that dedup did not create, is refused
-// with FailedPrecondition, never misread. Errors name the problem and never the
+// record format, a table of that name that dedup did not create, or one whose
+// columns were changed by hand (missing, or of other types), is refused with
+// FailedPrecondition, never misread. Errors name the problem and never the
 // password: Unauthenticated for a wrong password, NotFound for a missing database,
 // Unavailable for a server that cannot be reached (or restarts), FailedPrecondition
 // for a peer that is not PostgreSQL 12 or later.

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -69,6 +70,21 @@ constexpr std::string_view kDecodable =
     "AND r.attempt >= 0)";
 
 class PgTransaction;
+
+// The columns of the records' table and their types (format_type), as the
+// migration makes them.
+constexpr std::pair<const char*, const char*> kColumnTypes[] = {
+    {"key", "bytea"},
+    {"state", "smallint"},
+    {"token", "bigint"},
+    {"fence", "bigint"},
+    {"attempt", "integer"},
+    {"lease_deadline", "bigint"},
+    {"retention_deadline", "bigint"},
+    {"fingerprint", "bytea"},
+    {"status", "smallint"},
+    {"result", "bytea"},
+};
 
 // What a handler's SQL may leave on the pooled connection that neither COMMIT nor
 // ROLLBACK ends, for the next message's handler (perhaps another tenant's) to see.
@@ -497,6 +513,32 @@ class PgStore final : public PostgresStore {
                                           " has dedup's comment but no unique key on its key "
                                           "column; it was not made by dedup (or was changed by "
                                           "hand)");
+      }
+      // And each column of the type the migration below makes: the statements
+      // accept many other types (an assignment cast to text, a narrower integer)
+      // and would then hand back other bytes, or misread a row they wrote.
+      auto cols = c.Exec("SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM "
+                         "pg_attribute a WHERE a.attrelid = " + regclass + "::regclass AND "
+                         "a.attnum > 0 AND NOT a.attisdropped",
+                         "migration check");
+      if (!cols.ok()) return cols.status();
+      std::map<std::string, std::string> have;
+      for (int i = 0; i < PQntuples(cols->get()); ++i) {
+        have[PQgetvalue(cols->get(), i, 0)] = PQgetvalue(cols->get(), i, 1);
+      }
+      for (const auto& [column, type] : kColumnTypes) {
+        const auto it = have.find(column);
+        if (it == have.end()) {
+          return Status::FailedPrecondition(where_ + ": table " + name + " has no column " +
+                                            column + " (" + type +
+                                            "); it was changed by hand (or not made by dedup)");
+        }
+        if (it->second != type) {
+          return Status::FailedPrecondition(where_ + ": table " + name + ": column " + column +
+                                            " is " + it->second + ", where dedup makes it " +
+                                            type + "; it was changed by hand (or not made by "
+                                            "dedup)");
+        }
       }
       return Status::Ok();
     }
