@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -2801,6 +2802,46 @@ TEST_F(RedisStoreTest, OneConsumersDrainLeavesAStoreItSharesWaitingAsBefore) {
   auto after = store->Claim(Req("after"));
   EXPECT_TRUE(during.ok()) << "a claim during a 600 ms stall (timeout 3 s): " << during.status();
   EXPECT_TRUE(after.ok()) << "a claim after the stall: " << after.status();
+}
+
+
+// redisfix: a link-local IPv6 address with its zone, as RFC 6874 writes it in a
+// URI ("[fe80::1%25lo]"): the store connects. The "%25" was not decoded, and
+// the resolver was asked for "fe80::1%25lo" ("connect: Name or service not
+// known"). Needs a link-local address on lo (none by default; inside a network
+// namespace: ip -6 addr add fe80::1/64 dev lo); skipped without one. Port 6523.
+TEST_F(RedisStoreTest, AnIpv6ZoneIdInTheUriReachesTheServer) {
+  constexpr int kPort = 6523;
+  if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
+  std::string link_local;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) == 0) {
+    for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 ||
+          std::string(a->ifa_name) != "lo") {
+        continue;
+      }
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+      if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
+      char text[INET6_ADDRSTRLEN];
+      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
+    }
+    freeifaddrs(all);
+  }
+  if (link_local.empty()) {
+    GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
+  }
+  RedisServer server(kPort, Dir("zone"));
+  ASSERT_TRUE(server.Start({"--bind", "127.0.0.1 " + link_local + "%lo"}));
+  auto store = OpenStore("redis://[" + link_local + "%25lo]:" + std::to_string(kPort) +
+                         "?prefix=zone:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_NE((*store)->Describe().find("[" + link_local + "%25lo]:6523"), std::string::npos)
+      << (*store)->Describe();
+  auto c = (*store)->Claim(Req("z"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(kPort, {"EXISTS", "zone:z"}), "1");
 }
 
 }  // namespace
