@@ -909,6 +909,8 @@ class LossyRelay {
     if (lfd_ >= 0) close(lfd_);
   }
   int port() const { return port_; }
+  // Connections made from now on lead to `upstream` (those open stay where they are).
+  void SetUpstream(int upstream) { upstream_.store(upstream); }
   void Arm(Fault f) { fault_.store(f); }
   // The same, but the first `skip` requests read after it pass through (on any
   // connection): the fault meets the request after them.
@@ -939,7 +941,7 @@ class LossyRelay {
     sockaddr_in r{};
     r.sin_family = AF_INET;
     r.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    r.sin_port = htons(static_cast<uint16_t>(upstream_));
+    r.sin_port = htons(static_cast<uint16_t>(upstream_.load()));
     Fault mode = Fault::kNone;
     if (connect(ufd, reinterpret_cast<sockaddr*>(&r), sizeof r) == 0) {
       char buf[16384];
@@ -988,7 +990,7 @@ class LossyRelay {
     close(ufd);
   }
 
-  const int upstream_;
+  std::atomic<int> upstream_;
   int lfd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -2804,6 +2806,57 @@ TEST_F(RedisStoreTest, OneConsumersDrainLeavesAStoreItSharesWaitingAsBefore) {
   EXPECT_TRUE(after.ok()) << "a claim after the stall: " << after.status();
 }
 
+
+// redisfix: the server behind a store's address turns into a replica (a
+// Sentinel failover reconfigures the old primary with REPLICAOF, while the
+// address the store knows - a virtual IP, a proxy, a DNS name - now leads to the
+// new primary). Every write answered READONLY on the connection the store kept
+// to the old server, for as long as it lived: the store never reached the new
+// primary. READONLY is Unavailable (try again later) naming it, and the
+// connection that got it is dropped: the next call connects again and, through
+// the address, reaches the new primary. A relay stands for the moving address:
+// it leads to 6521, then (new connections) to 6522, of which 6521 becomes a
+// replica. Each pipeline mode.
+TEST_F(RedisStoreTest, AServerThatTurnsReplicaIsUnavailableAndTheNextCallReconnects) {
+  for (int port : {6521, 6522}) {
+    if (!PortFree(port)) GTEST_SKIP() << "port " << port << " in use";
+  }
+  RedisServer old_primary(6521, Dir("old")), new_primary(6522, Dir("new"));
+  ASSERT_TRUE(old_primary.Start());
+  ASSERT_TRUE(new_primary.Start());
+  for (const std::string pipeline : {"auto", "off"}) {
+    SCOPED_TRACE("pipeline=" + pipeline);
+    ASSERT_EQ(Admin(6521, {"REPLICAOF", "NO", "ONE"}), "OK");
+    LossyRelay relay(6521);
+    ASSERT_GT(relay.port(), 0);
+    auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(relay.port()) + "?prefix=ro" +
+                            pipeline + ":&pool=1&timeout=1s&pipeline=" + pipeline);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Store& store = **opened;
+    auto before = store.Claim(Req("before"));
+    ASSERT_TRUE(before.ok()) << before.status();
+    EXPECT_EQ(before->outcome, ClaimOutcome::kAcquired);
+    ASSERT_EQ(Admin(6521, {"REPLICAOF", "127.0.0.1", "6522"}), "OK");
+    relay.SetUpstream(6522);
+    auto ro = store.Claim(Req("during"));
+    ASSERT_FALSE(ro.ok()) << "a replica took a claim";
+    EXPECT_EQ(ro.status().code(), StatusCode::kUnavailable) << ro.status();
+    EXPECT_NE(ro.status().message().find("READONLY"), std::string::npos) << ro.status();
+    EXPECT_NE(ro.status().message().find("replica"), std::string::npos) << ro.status();
+    // The next calls reach the new primary.
+    auto after = store.Claim(Req("after"));
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->outcome, ClaimOutcome::kAcquired);
+    EXPECT_EQ(Admin(6522, {"EXISTS", "ro" + pipeline + ":after"}), "1");
+    auto w = store.Complete("after", after->token, 600s, CompletionStatus::kOk, "r");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk);
+    std::vector<ClaimRequest> reqs = {Req("x1"), Req("x2"), Req("x3")};
+    auto b = store.ClaimBatch(reqs);
+    ASSERT_TRUE(b.ok()) << b.status();
+    for (const auto& r : *b) EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
+  }
+}
 
 // redisfix: a link-local IPv6 address with its zone, as RFC 6874 writes it in a
 // URI ("[fe80::1%25lo]"): the store connects. The "%25" was not decoded, and
