@@ -145,6 +145,7 @@ class RedisServer {
   void Stop() {
     if (pid_ <= 0) return;
     kill(pid_, SIGTERM);
+    kill(pid_, SIGCONT);  // a server a test left frozen (SIGSTOP) ends too
     int st;
     waitpid(pid_, &st, 0);
     pid_ = -1;
@@ -3114,6 +3115,53 @@ TEST_F(RedisStoreTest, AServerThatTurnsReplicaIsUnavailableAndTheNextCallReconne
     ASSERT_TRUE(b.ok()) << b.status();
     for (const auto& r : *b) EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
   }
+}
+
+// redisfix: a slot-map reload asked the nodes one after the other, the one that
+// failed last at the end. Another node frozen (SIGSTOP: its connection takes the
+// bytes, no answer comes) cost every reload a whole timeout: here a claim on a
+// stopped primary's slot (no replica: it fails, and asks for a reload) took
+// 3 s, the timeout. A reload that gets no answer within 100 ms asks the next
+// node as well, and takes the first map that comes; the store closes at once
+// though the frozen node's ask still waits. Three primaries on 7146-7148
+// (node timeout 60 s: nobody takes over).
+TEST_F(RedisStoreTest, AMapReloadDoesNotWaitOnAFrozenNodeWhileAnotherAnswers) {
+  TestCluster cluster(Dir("frozen"), 7146, 3);
+  cluster.Start({}, 0, "60000");
+  if (IsSkipped() || HasFatalFailure()) return;
+  auto opened = OpenStore("redis+cluster://127.0.0.1:7146,127.0.0.1:7147,127.0.0.1:7148"
+                          "?prefix=fz:&timeout=3s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::string on_stopped, on_live;
+  for (int i = 0; on_stopped.empty() || on_live.empty(); ++i) {
+    const std::string k = "k" + std::to_string(i);
+    const int n = cluster.PrimaryOf("fz:" + k);
+    if (n == 2 && on_stopped.empty()) on_stopped = k;
+    if (n == 1 && on_live.empty()) on_live = k;
+  }
+  // The first node of the map (the reload's first to ask) frozen, the last one
+  // stopped; the middle one answers.
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { kill(pid, SIGCONT); }
+  } thaw{cluster.server(0).pid()};
+  cluster.server(2).Stop();
+  std::this_thread::sleep_for(150ms);  // past the reload of the open
+  ASSERT_EQ(kill(thaw.pid, SIGSTOP), 0);
+  const auto t0 = Clock_::now();
+  auto c = (*opened)->Claim(Req(on_stopped));
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock_::now() - t0);
+  EXPECT_FALSE(c.ok());
+  if (!c.ok()) EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status();
+  std::fprintf(stderr, "claim on the stopped primary's slot answered in %lld ms: %s\n",
+               static_cast<long long>(took.count()), c.ok() ? "ok" : c.status().ToString().c_str());
+  EXPECT_LT(took, 1s) << "the reload waited on the frozen node";
+  auto live = (*opened)->Claim(Req(on_live));
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(live->outcome, ClaimOutcome::kAcquired);
+  const auto c0 = Clock_::now();
+  opened->reset();
+  EXPECT_LT(Clock_::now() - c0, 1s) << "closing the store waited on the frozen node";
 }
 
 // redisfix: a link-local IPv6 address with its zone, as RFC 6874 writes it in a
