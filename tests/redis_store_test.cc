@@ -3191,7 +3191,8 @@ TEST_F(RedisStoreTest, AnIpv6ZoneIdInTheUriReachesTheServer) {
     GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
   }
   RedisServer server(kPort, Dir("zone"));
-  ASSERT_TRUE(server.Start({"--bind", "127.0.0.1 " + link_local + "%lo"}));
+  // Protected mode takes only loopback addresses (127.0.0.1, ::1) for local.
+  ASSERT_TRUE(server.Start({"--bind", "127.0.0.1 " + link_local + "%lo", "--protected-mode", "no"}));
   auto store = OpenStore("redis://[" + link_local + "%25lo]:" + std::to_string(kPort) +
                          "?prefix=zone:");
   ASSERT_TRUE(store.ok()) << store.status();
