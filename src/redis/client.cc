@@ -45,6 +45,22 @@ std::string Lower1(const char* s) {
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
+// READONLY: the server is a replica now (a failover made another server the
+// primary, and this one was turned into its replica: Sentinel, REPLICAOF). The
+// connection that got it is dropped, so that the next call connects to the
+// address again and reaches whatever server it leads to then (a virtual IP, a
+// proxy or a DNS name that followed the failover).
+bool AnyReadOnly(const Reply* replies, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const redisReply* r = replies[i].get();
+    if (r != nullptr && r->type == REDIS_REPLY_ERROR && r->str != nullptr &&
+        StartsWith(std::string_view(r->str, r->len), "READONLY")) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Steady ms at the kernel tick's resolution (1 to 4 ms): a few instructions, where
 // the precise clock costs a vDSO call. Enough for the idle check of LooksAlive.
 int64_t CoarseMillis() {
@@ -834,6 +850,8 @@ class SharedConnection {
       replies_.clear();
       return;
     }
+    // A replica now: the next batch connects again (AnyReadOnly).
+    if (AnyReadOnly(replies_.data(), n)) conn_.reset();
     size_t at = 0;
     for (Request* r : batch) {
       r->replies->clear();
@@ -1019,6 +1037,12 @@ Status Node::PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* repli
     if (s.ok()) {
       round_trips_.fetch_add(1, std::memory_order_relaxed);
       commands_.fetch_add(cmds.size(), std::memory_order_relaxed);
+      if (AnyReadOnly(replies->data(), replies->size())) {
+        // A replica now (AnyReadOnly): this connection and the idle ones go.
+        c.value().reset();
+        Discard(/*drop_idle=*/true);
+        return s;
+      }
       Return(std::move(c).value());
       return s;
     }
@@ -1230,8 +1254,13 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
   }
   if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
+  if (StartsWith(e, "READONLY")) {
+    return Status::Unavailable(msg + " (the server is a read-only replica now, e.g. after a "
+                                     "failover; the connection is dropped and a later call "
+                                     "connects to the address again)");
+  }
   if (StartsWith(e, "LOADING") || StartsWith(e, "BUSY") || StartsWith(e, "CLUSTERDOWN") ||
-      StartsWith(e, "READONLY") || StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||
+      StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||
       StartsWith(e, "MOVED") || StartsWith(e, "ASK")) {
     return Status::Unavailable(msg);
   }
