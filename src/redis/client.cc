@@ -1423,19 +1423,47 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
     for (size_t i = 0; i < cmds.size(); ++i) groups[router_.NodeFor(cmds.key(i))].push_back(i);
     CommandBuffer part;
     std::vector<Reply> got;
-    for (auto& [node, idx] : groups) {
-      part.Clear();
-      for (size_t i : idx) part.AppendFrom(cmds, i);
-      bool reached = false;
-      if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
-        router_.OnNodeFailure(node);  // the next calls reload the map (see Run)
-        failed(std::move(s), reached);
-        if (unknown != nullptr) {
-          for (size_t i : idx) (*unknown)[i] = reached;
+    // The parts of nodes that failed before anything of them was written (down,
+    // refusing, backing off), with the failure: as Run does for one command, the
+    // map is reloaded and each goes to the node that serves its slot now (the
+    // replica that took over from a dead primary) in a second round, in this call.
+    // A batch answers all its items or none (store.h), so without this one dead
+    // primary failed the whole batch until the next call used the new map.
+    std::vector<std::pair<Node*, Status>> unsent;
+    for (int round = 0; round < 2 && !groups.empty(); ++round) {
+      std::map<Node*, std::vector<size_t>> unsent_idx;
+      for (auto& [node, idx] : groups) {
+        part.Clear();
+        for (size_t i : idx) part.AppendFrom(cmds, i);
+        bool reached = false;
+        if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
+          router_.OnNodeFailure(node);  // the map is reloaded (here, or by the next call)
+          if (!reached && round == 0) {
+            unsent.emplace_back(node, std::move(s));
+            unsent_idx[node] = idx;
+            continue;
+          }
+          failed(std::move(s), reached);
+          if (unknown != nullptr) {
+            for (size_t i : idx) (*unknown)[i] = reached;
+          }
+          continue;
         }
-        continue;
+        for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
       }
-      for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
+      groups.clear();
+      if (unsent.empty()) break;
+      router_.MaybeRefresh();
+      for (auto& [node, s] : unsent) {
+        bool stays = false;  // some command's slot is still the failed node's
+        for (size_t i : unsent_idx[node]) {
+          Node* now = router_.NodeFor(cmds.key(i));
+          if (now != node) groups[now].push_back(i);
+          else stays = true;
+        }
+        if (stays) failed(std::move(s), false);
+      }
+      unsent.clear();
     }
   }
   for (size_t i = 0; i < cmds.size(); ++i) {

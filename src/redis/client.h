@@ -373,10 +373,13 @@ class Client {
                        bool* sent = nullptr);
   // Many commands, one pipeline per node, then each one answered with a redirect or
   // NOSCRIPT resent on its own. Replies are in the order of `cmds`; error replies
-  // other than redirects are left for the caller. When a node fails, the others
-  // are still asked: the status is the first failure, and `*replies` keeps the
-  // replies that came (null for the commands whose node failed), so that a caller
-  // can undo what was done on the nodes that answered.
+  // other than redirects are left for the caller. A node that fails before any of
+  // its part was written (down, refusing: a primary that died) has the map
+  // reloaded, and its commands whose slots another node serves now (the replica
+  // that took over) are sent there, once, in this call. When a node fails, the
+  // others are still asked: the status is the first failure, and `*replies` keeps
+  // the replies that came (null for the commands whose node failed), so that a
+  // caller can undo what was done on the nodes that answered.
   // `(*unknown)[i]` (if given) is true for a command that got no reply and may
   // have reached its server (its effect is unknown), false for every other.
   Status ExecMany(std::string_view op, const std::vector<std::string>& keys,
