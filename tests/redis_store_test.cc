@@ -9,8 +9,10 @@
 // caller its own answers, also across a restart; IPv6 hosts.
 //
 // Every server here is started by the test itself (redis-server on 127.0.0.1, in a
-// temporary directory, on ports 6391-6394, 7105-7107, 7110-7118 and 6460-6463) and
-// stopped by its PID.
+// temporary directory, on the ports docs/PORTS.md gives redis_store_test: 6391-6394,
+// 6460-6463, 6517, 6521-6523, 6552, 6554, 6585, 7105-7107, 7110-7118, 7130-7138
+// and 7140-7148) and stopped by its PID. TestCluster starts a cluster and moves
+// its slots.
 // A test whose port is taken is skipped, never run against someone else's server.
 
 #include <arpa/inet.h>
@@ -1686,37 +1688,14 @@ class RedisClusterTest : public RedisStoreTest {
   static constexpr int kBase = 7105;
   void SetUp() override {
     RedisStoreTest::SetUp();
-    for (int i = 0; i < 3; ++i) {
-      if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
-    }
-    std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
-    for (int i = 0; i < 3; ++i) {
-      const int port = kBase + i;
-      const std::string d = Dir(std::to_string(port));
-      servers_.push_back(std::make_unique<RedisServer>(port, d));
-      ASSERT_TRUE(servers_.back()->Start({"--cluster-enabled", "yes", "--cluster-config-file",
-                                          d + "/nodes.conf", "--cluster-node-timeout", "5000"}));
-      create.push_back("127.0.0.1:" + std::to_string(port));
-    }
-    create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
-    pid_t pid = Spawn(create);
-    ASSERT_GT(pid, 0);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
-    for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
-      bool ok = true;
-      for (int i = 0; i < 3; ++i) {
-        ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
-      }
-      if (ok) break;
-      ASSERT_LT(Clock_::now(), until) << "cluster did not become ok";
-    }
+    cluster_ = std::make_unique<TestCluster>(dir_, kBase, 3);
+    cluster_->Start();
   }
   void TearDown() override {
-    servers_.clear();
+    cluster_.reset();
     RedisStoreTest::TearDown();
   }
+  RedisServer& server(int i) { return cluster_->server(i); }
 
   // The primary (0 to 2) that owns each of `keys` under `prefix`.
   std::map<std::string, int> NodeOf(const std::string& prefix,
@@ -1741,10 +1720,10 @@ class RedisClusterTest : public RedisStoreTest {
   // SIGSTOPped until it returns; its status, which must be a failure.
   Status BatchWhilePaused(Store& store, const std::vector<ClaimRequest>& reqs, int paused,
                           int stopped) {
-    if (stopped >= 0) servers_[stopped]->Stop();
-    EXPECT_EQ(kill(servers_[paused]->pid(), SIGSTOP), 0);
+    if (stopped >= 0) server(stopped).Stop();
+    EXPECT_EQ(kill(server(paused).pid(), SIGSTOP), 0);
     auto b = store.ClaimBatch(reqs);
-    EXPECT_EQ(kill(servers_[paused]->pid(), SIGCONT), 0);
+    EXPECT_EQ(kill(server(paused).pid(), SIGCONT), 0);
     EXPECT_FALSE(b.ok()) << "a paused primary answered";
     std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
     return b.status();
@@ -1764,35 +1743,14 @@ class RedisClusterTest : public RedisStoreTest {
   }
 
   // Moves `slot` from the node on `from` to the node on `to` the way
-  // redis-cli --cluster reshard does: IMPORTING / MIGRATING, MIGRATE the keys in
-  // small steps (so that claims meet ASK redirects), then SETSLOT NODE everywhere.
-  // `pause`: the wait before each key is migrated (and before the first).
+  // redis-cli --cluster reshard does (TestCluster::MoveSlot): claims meet ASK
+  // redirects while its keys move one at a time. `pause`: the wait before each
+  // key is migrated (and before the first).
   void MoveSlot(int slot, int from, int to, std::chrono::milliseconds pause = 1ms) {
-    const std::string s = std::to_string(slot);
-    const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
-    const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
-    ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id}), "OK");
-    ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id}), "OK");
-    // One key per MIGRATE; with a longer pause, up to 100 (the claims keep
-    // adding keys to the slot).
-    const std::string per_step = pause > 1ms ? "100" : "1";
-    for (;;) {
-      std::this_thread::sleep_for(pause);  // let claims hit the half-moved slot
-      std::vector<std::string> keys = AdminList(from, {"CLUSTER", "GETKEYSINSLOT", s, per_step});
-      if (keys.empty()) break;
-      std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
-                                          "5000", "KEYS"};
-      migrate.insert(migrate.end(), keys.begin(), keys.end());
-      std::string r = Admin(from, migrate);
-      ASSERT_TRUE(r == "OK" || r == "NOKEY") << r;
-    }
-    for (int port : {to, from, kBase, kBase + 1, kBase + 2}) {
-      std::string r = Admin(port, {"CLUSTER", "SETSLOT", s, "NODE", to_id});
-      ASSERT_EQ(r, "OK") << "SETSLOT NODE on " << port;
-    }
+    cluster_->MoveSlot(slot, from, to, pause);
   }
 
-  std::vector<std::unique_ptr<RedisServer>> servers_;
+  std::unique_ptr<TestCluster> cluster_;
 };
 
 TEST_F(RedisClusterTest, ClaimsStayCorrectWhileSlotsMove) {
@@ -2117,9 +2075,9 @@ TEST_F(RedisClusterTest, AFailedBatchLeavesNoClaimHeldOnTheNodesThatAnswered) {
     }
     ASSERT_GT(on_victim.size(), 0u);
     ASSERT_LT(on_victim.size(), keys.size());
-    ASSERT_EQ(kill(servers_[victim]->pid(), SIGSTOP), 0);
+    ASSERT_EQ(kill(server(victim).pid(), SIGSTOP), 0);
     auto b = store.ClaimBatch(reqs);
-    ASSERT_EQ(kill(servers_[victim]->pid(), SIGCONT), 0);
+    ASSERT_EQ(kill(server(victim).pid(), SIGCONT), 0);
     ASSERT_FALSE(b.ok()) << "a paused primary answered";
     EXPECT_TRUE(b.status().retryable()) << b.status();
     int held = 0;
@@ -2243,10 +2201,10 @@ TEST_F(RedisClusterTest, ABatchWhosePrimaryPausesPastTheTimeoutIsAcquiredOnItsOw
   for (int i = 0; i < 30; ++i) warm_reqs.push_back(Req("w-" + std::to_string(i)));
   auto warm = store.ClaimBatch(warm_reqs);
   ASSERT_TRUE(warm.ok()) << warm.status();
-  ASSERT_EQ(kill(servers_[victim]->pid(), SIGSTOP), 0);
+  ASSERT_EQ(kill(server(victim).pid(), SIGSTOP), 0);
   std::thread resume([&] {
     std::this_thread::sleep_for(450ms);
-    kill(servers_[victim]->pid(), SIGCONT);
+    kill(server(victim).pid(), SIGCONT);
   });
   const auto t0 = Clock_::now();
   auto b = store.ClaimBatch(reqs);
@@ -2315,36 +2273,9 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
 // fresh key of it is claimed (ASK) and, once moved, another (MOVED).
 TEST_F(RedisStoreTest, AnIpv6ClusterFollowsAskAndMovedRedirects) {
   constexpr int kBase = 7116;
-  for (int i = 0; i < 3; ++i) {
-    if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
-  }
-  std::vector<std::unique_ptr<RedisServer>> servers;
-  std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
-  for (int i = 0; i < 3; ++i) {
-    const int port = kBase + i;
-    const std::string d = Dir("v6-" + std::to_string(port));
-    servers.push_back(std::make_unique<RedisServer>(port, d));
-    if (!servers.back()->Start({"--bind", "127.0.0.1 ::1", "--cluster-enabled", "yes",
-                                "--cluster-config-file", d + "/nodes.conf",
-                                "--cluster-node-timeout", "5000"})) {
-      GTEST_SKIP() << "no IPv6 loopback here";
-    }
-    create.push_back("::1:" + std::to_string(port));
-  }
-  create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
-  pid_t pid = Spawn(create);
-  ASSERT_GT(pid, 0);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
-  for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
-    bool ok = true;
-    for (int i = 0; i < 3; ++i) {
-      ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
-    }
-    if (ok) break;
-    ASSERT_LT(Clock_::now(), until) << "cluster did not become ok";
-  }
+  TestCluster cluster(Dir("v6"), kBase, 3);
+  cluster.Start({}, 0, "5000", "::1");
+  if (IsSkipped() || HasFatalFailure()) return;
   auto opened = OpenStore("redis+cluster://[::1]:7116?prefix=v6:&timeout=1s");
   ASSERT_TRUE(opened.ok()) << opened.status();
   Store& store = **opened;
@@ -2362,20 +2293,16 @@ TEST_F(RedisStoreTest, AnIpv6ClusterFollowsAskAndMovedRedirects) {
   ASSERT_GE(from, 0);
   const int to = from == kBase ? kBase + 1 : kBase;
   const std::string sl = std::to_string(slot);
-  const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
-  const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
-  ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", from_id}), "OK");
-  ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", to_id}), "OK");
+  cluster.BeginMove(slot, from, to);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(Admin(from, {"SET", "v6:" + same[0], "x"}).rfind("ASK " + sl + " ::1:", 0), 0u)
       << "the server no longer writes IPv6 redirects unbracketed";
   auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
   EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
-  const int other = 3 * kBase + 3 - from - to;
-  for (int port : {to, from, other}) {
-    ASSERT_EQ(Admin(port, {"CLUSTER", "SETSLOT", sl, "NODE", to_id}), "OK") << port;
-  }
+  cluster.EndMove(slot, from, to);
+  if (HasFatalFailure()) return;
   auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
@@ -2403,36 +2330,9 @@ TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
   for (size_t kind = 0; kind < kinds.size(); ++kind) {
     SCOPED_TRACE("redirects name the node as " + shown[kind] + "port");
     const int base = 7130 + 3 * static_cast<int>(kind);
-    for (int i = 0; i < 3; ++i) {
-      if (!PortFree(base + i)) GTEST_SKIP() << "port " << base + i << " in use";
-    }
-    std::vector<std::unique_ptr<RedisServer>> servers;
-    std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
-    for (int i = 0; i < 3; ++i) {
-      const int port = base + i;
-      const std::string d = Dir("ep-" + std::to_string(port));
-      servers.push_back(std::make_unique<RedisServer>(port, d));
-      std::vector<std::string> args = {"--cluster-enabled", "yes", "--cluster-config-file",
-                                       d + "/nodes.conf", "--cluster-node-timeout", "5000"};
-      args.insert(args.end(), kinds[kind].begin(), kinds[kind].end());
-      ASSERT_TRUE(servers.back()->Start(args));
-      create.push_back("127.0.0.1:" + std::to_string(port));
-    }
-    create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
-    pid_t pid = Spawn(create);
-    ASSERT_GT(pid, 0);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
-    for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
-      bool ok = true;
-      for (int i = 0; i < 3; ++i) {
-        ok = ok &&
-             Admin(base + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
-      }
-      if (ok) break;
-      ASSERT_LT(Clock_::now(), until) << "cluster did not become ok";
-    }
+    TestCluster cluster(Dir("ep-" + std::to_string(kind)), base, 3);
+    cluster.Start(kinds[kind]);
+    if (IsSkipped() || HasFatalFailure()) return;
     auto opened =
         OpenStore("redis+cluster://127.0.0.1:" + std::to_string(base) + "?prefix=ep:&timeout=1s");
     ASSERT_TRUE(opened.ok()) << opened.status();
@@ -2451,10 +2351,8 @@ TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
     ASSERT_GE(from, 0);
     const int to = from == base ? base + 1 : base;
     const std::string sl = std::to_string(slot);
-    const std::string from_id = Admin(from, {"CLUSTER", "MYID"});
-    const std::string to_id = Admin(to, {"CLUSTER", "MYID"});
-    ASSERT_EQ(Admin(to, {"CLUSTER", "SETSLOT", sl, "IMPORTING", from_id}), "OK");
-    ASSERT_EQ(Admin(from, {"CLUSTER", "SETSLOT", sl, "MIGRATING", to_id}), "OK");
+    cluster.BeginMove(slot, from, to);
+    if (HasFatalFailure()) return;
     EXPECT_EQ(Admin(from, {"SET", "ep:" + same[0], "x"}),
               "ASK " + sl + " " + shown[kind] + std::to_string(to))
         << "the server no longer writes redirects so";
@@ -2462,10 +2360,8 @@ TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
     EXPECT_TRUE(a.ok()) << a.status();
     if (a.ok()) EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
     EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
-    const int other = 3 * base + 3 - from - to;
-    for (int port : {to, from, other}) {
-      ASSERT_EQ(Admin(port, {"CLUSTER", "SETSLOT", sl, "NODE", to_id}), "OK") << port;
-    }
+    cluster.EndMove(slot, from, to);
+    if (HasFatalFailure()) return;
     auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
     EXPECT_TRUE(m.ok()) << m.status();
     if (!m.ok()) continue;
@@ -2483,39 +2379,10 @@ TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
 // nodes.conf: the store (never reopened) serves again.
 TEST_F(RedisStoreTest, ADownPrimaryReloadsTheMapAtMostEvery100MsAndTheClusterComesBack) {
   constexpr int kBase = 7130;
-  for (int i = 0; i < 3; ++i) {
-    if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
-  }
-  std::vector<std::unique_ptr<RedisServer>> servers;
-  std::vector<std::vector<std::string>> args;
-  std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
-  for (int i = 0; i < 3; ++i) {
-    const int port = kBase + i;
-    const std::string d = Dir("down-" + std::to_string(port));
-    servers.push_back(std::make_unique<RedisServer>(port, d));
-    args.push_back({"--cluster-enabled", "yes", "--cluster-config-file", d + "/nodes.conf",
-                    "--cluster-node-timeout", "60000"});
-    ASSERT_TRUE(servers.back()->Start(args.back()));
-    create.push_back("127.0.0.1:" + std::to_string(port));
-  }
-  create.insert(create.end(), {"--cluster-replicas", "0", "--cluster-yes"});
-  pid_t pid = Spawn(create);
-  ASSERT_GT(pid, 0);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
-  const auto wait_ok = [&] {
-    for (auto until = Clock_::now() + 30s;; std::this_thread::sleep_for(100ms)) {
-      bool ok = true;
-      for (int i = 0; i < 3; ++i) {
-        ok = ok &&
-             Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
-      }
-      if (ok) return true;
-      if (Clock_::now() > until) return false;
-    }
-  };
-  ASSERT_TRUE(wait_ok()) << "cluster did not become ok";
+  TestCluster cluster(Dir("down"), kBase, 3);
+  cluster.Start({}, 0, "60000");
+  if (IsSkipped() || HasFatalFailure()) return;
+  const auto wait_ok = [&] { return cluster.WaitOk(30s); };
   auto opened = OpenStore("redis+cluster://127.0.0.1:7130,127.0.0.1:7131,127.0.0.1:7132"
                           "?prefix=dn:&timeout=1s");
   ASSERT_TRUE(opened.ok()) << opened.status();
@@ -2526,7 +2393,7 @@ TEST_F(RedisStoreTest, ADownPrimaryReloadsTheMapAtMostEvery100MsAndTheClusterCom
     if (at == std::string::npos) return 0;
     return std::stol(info.substr(at + 28));
   };
-  servers[2]->Stop();  // its slots have no one to serve them (node timeout 60 s)
+  cluster.server(2).Stop();  // its slots have no one to serve them (node timeout 60 s)
   const long before = slots_calls(kBase) + slots_calls(kBase + 1);
   constexpr int kThreads = 32;
   std::atomic<long> ok{0}, failed{0};
@@ -2549,12 +2416,12 @@ TEST_F(RedisStoreTest, ADownPrimaryReloadsTheMapAtMostEvery100MsAndTheClusterCom
   EXPECT_GT(failed.load(), 0);
   EXPECT_LE(reloads, static_cast<long>(ms / 100) + 2);
   // The whole cluster down, then back on its nodes.conf.
-  servers[0]->Stop();
-  servers[1]->Stop();
+  cluster.server(0).Stop();
+  cluster.server(1).Stop();
   auto down = store.Claim(Req("all-down"));
   EXPECT_FALSE(down.ok());
   if (!down.ok()) EXPECT_EQ(down.status().code(), StatusCode::kUnavailable) << down.status();
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(servers[i]->Start(args[i]));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cluster.Restart(i));
   ASSERT_TRUE(wait_ok()) << "cluster did not become ok again";
   const auto back = Clock_::now();
   int served = 0;
@@ -2578,94 +2445,22 @@ TEST_F(RedisStoreTest, ADownPrimaryReloadsTheMapAtMostEvery100MsAndTheClusterCom
 class RedisClusterFailoverTest : public RedisStoreTest {
  protected:
   static constexpr int kBase = 7110;
-  static constexpr int kNodes = 6;
   void SetUp() override {
     RedisStoreTest::SetUp();
-    for (int i = 0; i < kNodes; ++i) {
-      if (!PortFree(kBase + i)) GTEST_SKIP() << "port " << kBase + i << " in use";
-    }
-    std::vector<std::string> create = {"redis-cli", "--cluster", "create"};
-    for (int i = 0; i < kNodes; ++i) {
-      const int port = kBase + i;
-      const std::string d = Dir(std::to_string(port));
-      servers_.push_back(std::make_unique<RedisServer>(port, d));
-      ASSERT_TRUE(servers_.back()->Start({"--cluster-enabled", "yes", "--cluster-config-file",
-                                          d + "/nodes.conf", "--cluster-node-timeout", "5000",
-                                          "--repl-diskless-sync-delay", "0"}));
-      create.push_back("127.0.0.1:" + std::to_string(port));
-    }
-    create.insert(create.end(), {"--cluster-replicas", "1", "--cluster-yes"});
-    pid_t pid = Spawn(create);
-    ASSERT_GT(pid, 0);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "redis-cli --cluster create failed";
-    ASSERT_TRUE(WaitOk(std::vector<int>{0, 1, 2, 3, 4, 5}, 20s)) << "cluster did not become ok";
-    // Every node knows every replica as one (a primary that does not yet ignores
-    // its replica's manual failover request).
-    for (auto until = Clock_::now() + 20s;; std::this_thread::sleep_for(100ms)) {
-      bool known = true;
-      for (int i = 0; i < kNodes; ++i) {
-        const std::string nodes = Admin(kBase + i, {"CLUSTER", "NODES"});
-        size_t replicas = 0;
-        for (size_t at = 0; (at = nodes.find("slave ", at)) != std::string::npos; ++at) ++replicas;
-        known = known && replicas == 3;
-      }
-      if (known) break;
-      ASSERT_LT(Clock_::now(), until) << "the nodes do not agree on the replicas";
-    }
+    cluster_ = std::make_unique<TestCluster>(dir_, kBase, 6);
+    cluster_->Start({"--repl-diskless-sync-delay", "0"}, /*replicas=*/1);
+    if (IsSkipped() || HasFatalFailure()) return;
+    ASSERT_TRUE(cluster_->WaitReplicasKnown(3, 20s)) << "the nodes do not agree on the replicas";
   }
   void TearDown() override {
-    servers_.clear();
+    cluster_.reset();
     RedisStoreTest::TearDown();
   }
-  bool WaitOk(const std::vector<int>& nodes, std::chrono::seconds within) {
-    for (auto until = Clock_::now() + within; Clock_::now() < until;
-         std::this_thread::sleep_for(100ms)) {
-      bool ok = true;
-      for (int i : nodes) {
-        ok = ok && Admin(kBase + i, {"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
-      }
-      if (ok) return true;
-    }
-    return false;
-  }
-  // The index of the node that serves `rkey` (a primary), and of its replica.
-  int PrimaryOf(const std::string& rkey) {
-    for (int n = 0; n < kNodes; ++n) {
-      const std::string r = Admin(kBase + n, {"GET", rkey});
-      if (r.rfind("MOVED", 0) != 0) return n;
-    }
-    return -1;
-  }
-  int ReplicaOf(int primary) {
-    for (int n = 0; n < kNodes; ++n) {
-      if (Admin(kBase + n, {"INFO", "replication"}).find("master_port:" +
-                                                         std::to_string(kBase + primary)) !=
-          std::string::npos) {
-        return n;
-      }
-    }
-    return -1;
-  }
-  // Waits until the replica has every write of its primary.
-  bool InSync(int primary, int replica) {
-    auto offset = [&](int n, const std::string& field) {
-      const std::string info = Admin(kBase + n, {"INFO", "replication"});
-      const size_t at = info.find(field + ":");
-      return at == std::string::npos ? std::string("?")
-                                     : info.substr(at + field.size() + 1,
-                                                   info.find('\r', at) - at - field.size() - 1);
-    };
-    for (auto until = Clock_::now() + 10s; Clock_::now() < until;
-         std::this_thread::sleep_for(20ms)) {
-      if (offset(replica, "master_link_status") != "up") continue;
-      const std::string want = offset(primary, "master_repl_offset");
-      if (want != "?" && offset(replica, "slave_repl_offset") == want) return true;
-    }
-    return false;
-  }
-  std::vector<std::unique_ptr<RedisServer>> servers_;
+  RedisServer& server(int i) { return cluster_->server(i); }
+  int PrimaryOf(const std::string& rkey) { return cluster_->PrimaryOf(rkey); }
+  int ReplicaOf(int primary) { return cluster_->ReplicaOf(primary); }
+  bool InSync(int primary, int replica) { return cluster_->InSync(primary, replica); }
+  std::unique_ptr<TestCluster> cluster_;
 };
 
 // A primary is killed (SIGKILL) and its replica takes over (CLUSTER FAILOVER
@@ -2725,7 +2520,7 @@ TEST_F(RedisClusterFailoverTest, CallsReachTheReplicaThatTookOverFromAKilledPrim
   }
   std::this_thread::sleep_for(200ms);
 
-  const pid_t pid = servers_[victim]->pid();
+  const pid_t pid = server(victim).pid();
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   int st;
   waitpid(pid, &st, 0);
