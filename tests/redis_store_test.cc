@@ -3002,5 +3002,46 @@ TEST_F(RedisStoreTest, AnIpv6ZoneIdInTheUriReachesTheServer) {
   EXPECT_EQ(Admin(kPort, {"EXISTS", "zone:z"}), "1");
 }
 
+
+// redisfix: Scan(prefix, limit) inspected every key of a SCAN page (COUNT 1000)
+// in one pipeline before it cut the answer to `limit`: `dedup inspect --prefix p
+// --limit 1` read a thousand records, each up to kMaxResultBytes (1 MiB) of
+// result, at once. Here 60 records of 64 KiB: Scan("s-", 1) ran inspect.lua on
+// all 60 (about 3.8 MB of replies for one record). Now the page's keys are
+// inspected as many at a time as are still wanted. Port 6524.
+TEST_F(RedisStoreTest, AScanReadsNoMoreRecordsThanItsLimitAsks) {
+  constexpr int kPort = 6524;
+  if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
+  RedisServer server(kPort, Dir("scan"));
+  ASSERT_TRUE(server.Start());
+  auto opened = OpenStore("redis://127.0.0.1:" + std::to_string(kPort) + "?prefix=sc:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const std::string big(64 * 1024, 'r');
+  for (int i = 0; i < 60; ++i) {
+    const std::string k = "s-" + std::to_string(i);
+    auto c = store.Claim(Req(k));
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(store.Complete(k, c->token, 600s, CompletionStatus::kOk, big).ok());
+  }
+  const auto inspects = [&] { return Calls(kPort, "evalsha") + Calls(kPort, "eval"); };
+  for (size_t limit : {size_t{1}, size_t{7}}) {
+    const int before = inspects();
+    auto r = store.Scan("s-", limit);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const int ran = inspects() - before;
+    std::fprintf(stderr, "Scan(\"s-\", %zu): %zu records, %d inspect scripts run\n", limit,
+                 r->size(), ran);
+    EXPECT_EQ(r->size(), limit);
+    for (const Record& rec : *r) EXPECT_EQ(rec.result, big) << rec.key;
+    // inspect.lua once per record wanted (and once more, EVAL, where the script
+    // was not cached yet).
+    EXPECT_LE(ran, static_cast<int>(2 * limit)) << "records read past the limit";
+  }
+  auto all = store.Scan("s-", 1000);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 60u);
+}
+
 }  // namespace
 }  // namespace dedup
