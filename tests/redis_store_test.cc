@@ -10,7 +10,7 @@
 //
 // Every server here is started by the test itself (redis-server on 127.0.0.1, in a
 // temporary directory, on the ports docs/PORTS.md gives redis_store_test: 6391-6394,
-// 6460-6463, 6517, 6521-6523, 6552, 6554, 6585, 7105-7107, 7110-7118, 7130-7138
+// 6460-6463, 6517, 6521-6524, 6552, 6554, 6585, 7105-7107, 7110-7118, 7130-7138
 // and 7140-7148) and stopped by its PID. TestCluster starts a cluster and moves
 // its slots.
 // A test whose port is taken is skipped, never run against someone else's server.
