@@ -146,6 +146,7 @@ TEST(Uri, HostPortDecodesAnIpv6ZoneId) {
       {"[fe80::1%25e%zz]:1", "zone"},
       {"[fe80::1%25e%00]:1", "zone"},
       {"[fe80::1%25e%2F0]:1", "zone"},
+      {"[fe/80::1%25eth0]:1", "bad character in the host name"},
   };
   for (const auto& [text, part] : cases) {
     auto r = ParseHostPort(text, "amqp");

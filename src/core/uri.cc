@@ -263,14 +263,13 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
     if (port.empty()) return bad("empty port");
   }
   if (host.empty()) return bad("no host name");
-  if (hp.host.empty()) {  // not set by a zone id above
-    for (char ch : host) {
-      if (ch == '/' || ch == '?' || ch == '@' || ch == '[' || ch == ']' || ch == ' ') {
-        return bad("bad character in the host name");
-      }
+  // The address before a zone id (set in hp.host above, already checked).
+  for (char ch : hp.host.empty() ? host : host.substr(0, host.find('%'))) {
+    if (ch == '/' || ch == '?' || ch == '@' || ch == '[' || ch == ']' || ch == ' ') {
+      return bad("bad character in the host name");
     }
-    hp.host.assign(host);
   }
+  if (hp.host.empty()) hp.host.assign(host);
   if (!port.empty()) {
     int p = 0;
     auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
