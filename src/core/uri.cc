@@ -235,6 +235,25 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
       if (port.empty()) return bad("empty port");
     }
     if (host.find(':') == std::string_view::npos) return bad("brackets hold an IPv6 address");
+    if (const size_t pct = host.find('%'); pct != std::string_view::npos) {
+      // RFC 6874: a zone id (the interface of a link-local address) follows the
+      // address as "%25" and the zone, itself percent-encoded: "[fe80::1%25eth0]".
+      // The host is what the resolver reads: "fe80::1%eth0".
+      static constexpr char kZoneForm[] = " (RFC 6874: [fe80::1%25eth0])";
+      if (host.substr(pct, 3) != "%25") {
+        return bad(std::string("a zone id follows the address as %25 and the zone") + kZoneForm);
+      }
+      if (pct + 3 == host.size()) return bad(std::string("empty zone id") + kZoneForm);
+      StatusOr<std::string> zone = Decode(host.substr(pct + 3), "zone id");
+      if (!zone.ok()) return bad(std::string("bad percent-escape in the zone id") + kZoneForm);
+      for (unsigned char ch : *zone) {
+        if (ch <= ' ' || ch >= 0x7f || ch == '/' || ch == '?' || ch == '@' || ch == '[' ||
+            ch == ']') {
+          return bad(std::string("bad character in the zone id") + kZoneForm);
+        }
+      }
+      hp.host.assign(host.substr(0, pct)).append("%").append(*zone);
+    }
   } else if (size_t c = text.find(':'); c != std::string_view::npos) {
     if (text.find(':', c + 1) != std::string_view::npos) {
       return bad("an IPv6 address must be in brackets, e.g. [::1]:PORT");
@@ -244,12 +263,13 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
     if (port.empty()) return bad("empty port");
   }
   if (host.empty()) return bad("no host name");
-  for (char ch : host) {
+  // The address before a zone id (set in hp.host above, already checked).
+  for (char ch : hp.host.empty() ? host : host.substr(0, host.find('%'))) {
     if (ch == '/' || ch == '?' || ch == '@' || ch == '[' || ch == ']' || ch == ' ') {
       return bad("bad character in the host name");
     }
   }
-  hp.host.assign(host);
+  if (hp.host.empty()) hp.host.assign(host);
   if (!port.empty()) {
     int p = 0;
     auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
