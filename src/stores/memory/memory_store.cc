@@ -593,6 +593,8 @@ class alignas(64) Shard {
   void Touched(uint32_t n) { SetDue(n, At(n).retention_deadline); }
 
   size_t size() const { return count_; }
+  size_t doublings() const { return doublings_; }
+  size_t most_growth_work() const { return most_growth_work_; }
   // Once, before the first record: the store's clock now, and where index
   // tables of middle size come from (it outlives the shard).
   void Init(int64_t now, IndexArena* arena) {
@@ -714,7 +716,11 @@ class alignas(64) Shard {
       while (fresh[p].slot != kNoSlot) p = (p + 1) & mask;
       fresh[p] = e;
     }
-    if (index_ != nullptr) FreeIndex(index_, old_size);
+    if (index_ != nullptr) {
+      FreeIndex(index_, old_size);
+      ++doublings_;
+      most_growth_work_ = std::max(most_growth_work_, size + count_);
+    }
     index_ = fresh;
     mask_ = mask;
     hint_base_.store(reinterpret_cast<uintptr_t>(fresh), std::memory_order_relaxed);
@@ -742,6 +748,8 @@ class alignas(64) Shard {
   std::atomic<uintptr_t> hint_base_{0};  // index_ and mask_ for Prefetch
   std::atomic<size_t> hint_mask_{0};
   size_t count_ = 0;
+  size_t doublings_ = 0;         // internal::MemoryStoreIndex
+  size_t most_growth_work_ = 0;  // entries written or moved by one call for a doubling
   std::vector<Chunk*> chunks_;
   std::vector<Slot*> slots_;                      // chunk k's slots: slots_[k][0 .. kChunkSlots)
   std::vector<std::pair<void*, size_t>> maps_;    // the mappings slots_ point into
@@ -885,6 +893,16 @@ class MemoryStore final : public Store {
     return n;
   }
 
+  internal::MemoryStoreIndexStats IndexStats() {
+    internal::MemoryStoreIndexStats st;
+    for (Shard& s : shards_) {
+      std::lock_guard lock(s.mu);
+      st.doublings += s.doublings();
+      st.most_growth_work = std::max(st.most_growth_work, s.most_growth_work());
+    }
+    return st;
+  }
+
  private:
   // The top bits pick the shard; the index inside uses the low ones.
   Shard& ShardFor(uint64_t h) { return shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)]; }
@@ -950,6 +968,11 @@ namespace internal {
 size_t MemoryStorePhysicalRecords(Store* store) {
   auto* m = dynamic_cast<MemoryStore*>(store);
   return m == nullptr ? 0 : m->PhysicalRecords();
+}
+
+MemoryStoreIndexStats MemoryStoreIndex(Store* store) {
+  auto* m = dynamic_cast<MemoryStore*>(store);
+  return m == nullptr ? MemoryStoreIndexStats{} : m->IndexStats();
 }
 }  // namespace internal
 

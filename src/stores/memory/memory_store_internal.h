@@ -13,6 +13,16 @@ namespace dedup::internal {
 // tests of reclamation). Returns 0 for any other store.
 size_t MemoryStorePhysicalRecords(Store* store);
 
+// What the index tables of a store made by NewMemoryStore did as they grew, over
+// all its shards (for tests and `dedup bench`). All zero for any other store.
+struct MemoryStoreIndexStats {
+  size_t doublings = 0;  // index tables doubled (each shard's first table not counted)
+  // The most index entries one operation wrote or moved for a doubling (making
+  // the new table's entries empty, moving the old ones into it).
+  size_t most_growth_work = 0;
+};
+MemoryStoreIndexStats MemoryStoreIndex(Store* store);
+
 }  // namespace dedup::internal
 
 #endif  // DEDUP_SRC_STORES_MEMORY_MEMORY_STORE_INTERNAL_H_
