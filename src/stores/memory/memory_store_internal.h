@@ -4,6 +4,7 @@
 #define DEDUP_SRC_STORES_MEMORY_MEMORY_STORE_INTERNAL_H_
 
 #include <cstddef>
+#include <string>
 
 #include "dedup/store.h"
 
@@ -20,8 +21,15 @@ struct MemoryStoreIndexStats {
   // The most index entries one operation wrote or moved for a doubling (making
   // the new table's entries empty, moving the old ones into it).
   size_t most_growth_work = 0;
+  size_t filling = 0;  // shards making their next table empty now
+  size_t moving = 0;   // shards moving entries from their old table now
 };
 MemoryStoreIndexStats MemoryStoreIndex(Store* store);
+
+// For tests: "" when every shard's index holds each live record exactly once,
+// where a lookup of its key finds it (also in the middle of a doubling), and
+// nothing else; else what is wrong. "not a memory store" for any other store.
+std::string MemoryStoreCheckIndex(Store* store);
 
 }  // namespace dedup::internal
 
