@@ -12,15 +12,21 @@
 #             publish to a stream that is not there says it made it (as to Redis);
 #             a message over max_payload, or to a subject the existing stream does
 #             not hold, is 2, not 'try again later'.
+#   nats-token  a nats-server with token authentication (--auth TOKEN): the token
+#             as NATS clients read a URL (nats://TOKEN@HOST) or from token_file=
+#             authenticates the publish and the worker; a wrong token, a missing
+#             or empty file, and a token with a user or given twice are refused,
+#             never echoing the token (nor does the worker's log).
 #   rabbitmq  the same password_file= checks against a RabbitMQ node (user dedup);
 #             a full queue (reject-publish nacks) is 75, a refused write 2.
 #
-# Ports (docs/PORTS.md): Redis 6520, NATS 4239, RabbitMQ 5684 (dist 25684, epmd
-# 4374). Servers run in a temporary directory and are stopped by PID at exit.
+# Ports (docs/PORTS.md): Redis 6520, NATS 4239, NATS with a token 4245, RabbitMQ
+# 5684 (dist 25684, epmd 4374). Servers run in a temporary directory and are
+# stopped by PID at exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-dedup=${1:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq}
-broker=${2:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq}
+dedup=${1:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq}
+broker=${2:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq}
 source "$here/../scripts/lib/check.sh"
 tmp=$(mktemp -d)
 # The servers stop (by PID) before their directories go: this trap alone.
@@ -76,7 +82,7 @@ password_file_checks() {
 # A worker with password_file= consumes what was published: DONE names the file
 # its handler appends to, and the worker stops once it holds N lines.
 worker_consumes() {
-  local scheme=$1 uri=$2 n=$3
+  local scheme=$1 uri=$2 n=$3 how=${4:-password_file=}
   : >"$tmp/done"
   timeout 60 "$dedup" worker --broker "$uri" --store "memory:" --summary-interval 0 \
     --exec "cat >/dev/null; echo \$DEDUP_KEY >>$tmp/done" >"$tmp/worker.log" 2>&1 &
@@ -88,7 +94,7 @@ worker_consumes() {
   done
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
-  check "$scheme: the worker with password_file= ran every message" "$n" "$(sort -u "$tmp/done" | wc -l)"
+  check "$scheme: the worker with $how ran every message" "$n" "$(sort -u "$tmp/done" | wc -l)"
 }
 
 case $broker in
@@ -147,6 +153,45 @@ nats)
     "nats://dedup:$pw@127.0.0.1:$port"
   worker_consumes nats "nats://dedup@127.0.0.1:$port?stream=PF&consumer=w&password_file=$tmp/pw" 3
   ;;
+nats-token)
+  source "$here/../scripts/lib/nats.sh"
+  port=4245 token='tok-s3cret-7f1'
+  NATS_SERVER_ARGS=(--auth "$token")
+  nats_start "$port" "$tmp/nats"
+  # The token where every NATS client reads it in a URL: nats://TOKEN@HOST (it
+  # was sent as a user name, and the server refused it: 'Authorization Violation').
+  expect_rc "publish with the token in the URI (nats://TOKEN@HOST)" 0 \
+    "$dedup" publish --broker "nats://$token@127.0.0.1:$port?stream=TOK" --id-prefix t- --count 3 --quiet
+  printf '%s\n' "$token" >"$tmp/token"
+  printf 'not-%s\n' "$token" >"$tmp/wrong"
+  : >"$tmp/empty"
+  expect_rc "publish with token_file=" 0 \
+    "$dedup" publish --broker "nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/token" \
+    --id-prefix t- --start 3 --count 3 --quiet
+  expect_rc "a wrong token is refused (2)" 2 \
+    "$dedup" publish --broker "nats://not-$token@127.0.0.1:$port?stream=TOK" --id-prefix t- --quiet
+  [[ "$out" != *"$token"* ]] || fail "the wrong token was echoed: $out"
+  expect_rc "a wrong token in token_file= is refused (2)" 2 \
+    "$dedup" publish --broker "nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/wrong" --id-prefix t- --quiet
+  [[ "$out" != *"$token"* ]] || fail "the wrong token was echoed: $out"
+  for name in missing empty inline user password; do
+    case $name in
+      missing) uri="nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/none"; want="cannot read token_file" ;;
+      empty) uri="nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/empty"; want="is empty" ;;
+      inline) uri="nats://$token@127.0.0.1:$port?stream=TOK&token_file=$tmp/token"; want="token_file=" ;;
+      user) uri="nats://u:$token@127.0.0.1:$port?stream=TOK&token_file=$tmp/token"; want="token_file=" ;;
+      password) uri="nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/token&password_file=$tmp/token"; want="token_file=" ;;
+    esac
+    expect_rc "token_file= $name is refused" 2 "$dedup" publish --broker "$uri" --id-prefix t- --quiet
+    [[ "$out" == *"nats URI"* && "$out" == *"$want"* ]] || fail "token_file= $name: the problem is not named: $out"
+    [[ "$out" != *"$token"* ]] || fail "token_file= $name echoed the token: $out"
+  done
+  # The worker authenticates the same way, and its log never shows the token.
+  worker_consumes nats "nats://$token@127.0.0.1:$port?stream=TOK&consumer=w" 6 "the token in the URI"
+  [[ "$(cat "$tmp/worker.log")" != *"$token"* ]] || fail "the worker's log shows the token: $(cat "$tmp/worker.log")"
+  worker_consumes nats "nats://127.0.0.1:$port?stream=TOK&consumer=w2&token_file=$tmp/token" 6 token_file=
+  [[ "$(cat "$tmp/worker.log")" != *"$token"* ]] || fail "the worker's log shows the token: $(cat "$tmp/worker.log")"
+  ;;
 rabbitmq)
   source "$here/../scripts/lib/rabbitmq.sh"
   port=5684 pw='amqp-s3cret'
@@ -175,7 +220,7 @@ rabbitmq)
   [[ "$out" == *"ACCESS_REFUSED"* && "$out" != *"$pw"* ]] || fail "the refusal is not named: $out"
   ;;
 *)
-  echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq" >&2
+  echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq" >&2
   exit 2
   ;;
 esac
