@@ -144,6 +144,43 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
   }
 }
 
+// Token authentication (nats-server --auth): a lone user-info is the token, as
+// every NATS client reads a URL; token_file= reads it from a file; neither goes
+// with a user or a password, and no message shows it.
+TEST(NatsUriTest, ALoneUserInfoIsATokenAndTokenFileReadsOne) {
+  auto t = ParseNatsUri("nats://s3cr3t-tok@h:4999?stream=S&consumer=c");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->token, "s3cr3t-tok");
+  EXPECT_EQ(t->user, "");
+  EXPECT_FALSE(t->has_password);
+  EXPECT_EQ(t->Describe().find("s3cr3t"), std::string::npos);
+  // With a password it is the user name, as before.
+  auto up = ParseNatsUri("nats://u:pw@h?stream=S&consumer=c");
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->user, "u");
+  EXPECT_EQ(up->token, "");
+  char path[] = "/tmp/dedup-token-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "file-tok\n", 9), 9);
+  close(fd);
+  auto f = ParseNatsUri(std::string("nats://h?stream=S&consumer=c&token_file=") + path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->token, "file-tok");
+  for (const std::string bad : {std::string("nats://x@h?stream=S&consumer=c&token_file=") + path,
+                                std::string("nats://u:file-tok@h?stream=S&consumer=c&token_file=") + path,
+                                std::string("nats://h?stream=S&consumer=c&token_file=") + path +
+                                    "&password_file=" + path,
+                                std::string("nats://h?stream=S&consumer=c&token_file=")}) {
+    auto o = ParseNatsUri(bad);
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find("token_file="), std::string::npos) << o.status();
+    EXPECT_EQ(o.status().message().find("file-tok"), std::string::npos) << o.status();
+  }
+  unlink(path);
+}
+
 // "nats://user:pass" with the "@host" forgotten: the password was echoed as the
 // host of the connect error ("nats default:hunter2: connect: Invalid Argument").
 TEST(NatsUriTest, APasswordReadAsAPortIsNotEchoed) {

@@ -77,6 +77,7 @@ StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o) {
   if (s == NATS_OK && !o.user.empty()) {
     s = natsOptions_SetUserInfo(opts, o.user.c_str(), o.has_password ? o.password.c_str() : nullptr);
   }
+  if (s == NATS_OK && !o.token.empty()) s = natsOptions_SetToken(opts, o.token.c_str());
   if (s == NATS_OK) s = natsOptions_SetTimeout(opts, o.timeout.count());
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
   if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 250);
@@ -242,6 +243,8 @@ Status CheckDeadSubject(const NatsOptions& o) {
   return Status::Ok();
 }
 
+constexpr const char* kTokenFileParam = "token_file";
+
 StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   auto parsed = internal::ParseUri(text);
   if (!parsed.ok()) return parsed.status();
@@ -256,7 +259,7 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   }
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
                                              "dead", "ack_wait", "max_ack_pending", "timeout",
-                                             internal::kPasswordFileParam}));
+                                             internal::kPasswordFileParam, kTokenFileParam}));
   return parsed;
 }
 }  // namespace
@@ -318,13 +321,32 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     if (*ms <= 0) return Status::InvalidArgument("nats timeout must be positive");
     o.timeout = Millis(*ms);
   }
+  // A token: token_file=, alone (no user, no password).
+  if (auto file = u.Param(kTokenFileParam)) {
+    if (!u.user.empty() || u.has_password || u.Param(internal::kPasswordFileParam)) {
+      return Status::InvalidArgument(
+          "nats URI gives token_file= and a user or password too; a token is the only "
+          "credential: give nats://HOST?token_file=F, or a user and password without it");
+    }
+    auto token = internal::ReadSecretFile("nats URI", kTokenFileParam, *file);
+    if (!token.ok()) return token.status();
+    o.token = std::move(token).value();
+    return o;
+  }
   // Inline or password_file= (core/secret.h).
   auto cred = internal::ResolveUriCredentials(u, {});
   if (!cred.ok()) return cred.status();
   if (cred->has_password && cred->user.empty()) {
     // nats.c sends a password only with a user name: it would go unused.
     return Status::InvalidArgument("nats URI gives a password without a user; give "
-                                   "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F");
+                                   "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F "
+                                   "(a token goes alone: nats://TOKEN@HOST or token_file=F)");
+  }
+  if (!cred->user.empty() && !cred->has_password) {
+    // "nats://TOKEN@HOST": a lone user-info is a token, as every NATS client
+    // reads a URL (sent as a user name, nats-server --auth refused it).
+    o.token = cred->user;
+    return o;
   }
   o.user = cred->user;
   o.password = cred->password;

@@ -23,6 +23,15 @@
 //   ack_wait=DUR       the consumer's AckWait when it is created. Default: the
 //                      lease + 1 s through OpenSource, else 30 s
 //   max_ack_pending=N  ... its MaxAckPending. Default: 1000
+//   password_file=F    the password from file F (core/secret.h):
+//                      nats://USER@HOST?password_file=F
+//   token_file=F       a token (nats-server --auth) from file F, read as
+//                      password_file= is; the URI then names no user
+//
+// Credentials as the NATS clients read a URL (nats.c's natsOptions_SetToken,
+// nats.go, the docs' "nats://token@server:port"): nats://USER:PASS@HOST is a
+// user and password, and a lone nats://TOKEN@HOST is a token, not a user name.
+// Neither the token nor the password is ever in a message.
 //
 // How the consumer seam maps onto JetStream:
 //   Ack()            +ACK (after the outcome is recorded)
@@ -72,6 +81,9 @@ struct NatsOptions {
   std::string user;      // empty: none
   std::string password;  // with has_password
   bool has_password = false;
+  // Token authentication (nats-server --auth, authorization { token: ... }):
+  // empty when none. Never with a user.
+  std::string token;
   std::string host_port = "127.0.0.1:4222";  // the URI's hosts as written, for messages
   std::string stream;
   std::string consumer;
