@@ -10,8 +10,9 @@
 #             publish and the worker; a wrong, missing or empty file and a password
 #             given twice are refused naming the problem, never the password; a
 #             publish to a stream that is not there says it made it (as to Redis);
-#             a message over max_payload, or to a subject the existing stream does
-#             not hold, is 2, not 'try again later'.
+#             a message over max_payload, over the stream's own max_msg_size, or
+#             to a subject the existing stream does not hold, is 2, not 'try again
+#             later'.
 #   nats-token  a nats-server with token authentication (--auth TOKEN): the token
 #             as NATS clients read a URL (nats://TOKEN@HOST) or from token_file=
 #             authenticates the publish and the worker; a wrong token, a missing
@@ -44,6 +45,37 @@ expect_rc() {
   local name=$1 want=$2; shift 2
   set +e; out=$(timeout 60 "$@" 2>&1); local rc=$?; set -e
   [[ $rc -eq $want ]] && ok "$name (rc $rc)" || fail "$name: rc $rc, want $want: $out"
+}
+
+# nats_add_stream PORT USER PASS NAME SUBJECT MAX_MSG_SIZE: makes a JetStream
+# stream with a max_msg_size of its own, over the NATS protocol itself (no NATS
+# client tool is installed): CONNECT, then a request to $JS.API.STREAM.CREATE.
+nats_add_stream() {
+  python3 - "$@" <<'PY'
+import json, socket, sys
+port, user, pw, name, subject, size = sys.argv[1:]
+s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
+f = s.makefile("rb")
+f.readline()  # INFO
+cfg = json.dumps({"name": name, "subjects": [subject], "max_msg_size": int(size),
+                  "storage": "file", "retention": "limits", "discard": "old",
+                  "max_msgs": -1, "max_bytes": -1, "max_consumers": -1,
+                  "num_replicas": 1}).encode()
+connect = json.dumps({"verbose": False, "pedantic": False, "user": user, "pass": pw}).encode()
+s.sendall(b"CONNECT " + connect + b"\r\nSUB _INBOX.mk 1\r\nPUB $JS.API.STREAM.CREATE." +
+          name.encode() + b" _INBOX.mk " + str(len(cfg)).encode() + b"\r\n" + cfg + b"\r\n")
+while True:
+    line = f.readline()
+    if not line or line.startswith(b"-ERR"):
+        sys.exit("nats: %r" % line)
+    if line.startswith(b"PING"):
+        s.sendall(b"PONG\r\n")
+    if line.startswith(b"MSG"):
+        reply = json.loads(f.read(int(line.split()[-1]) + 2))
+        if "error" in reply:
+            sys.exit("stream create: %r" % reply["error"])
+        break
+PY
 }
 
 # password_file= in a URI of SCHEME: BASE is the URI before its query, without a
@@ -148,6 +180,17 @@ nats)
   expect_rc "a message over max_payload is refused (2)" 2 \
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=BIG" "${fields[@]}" --quiet
   [[ "$out" == *"Maximum Payload"* || "$out" == *"max_payload"* ]] || fail "the limit is not named: $out"
+  # The stream's own limit (max_msg_size, below the server's max_payload): the
+  # server refuses the message (JetStream error 10054) and will refuse it every
+  # time - 2, naming the limit, not 'try again later' for ever.
+  nats_add_stream "$port" dedup "$pw" SMALL small.in 1000 || fail "could not make stream SMALL"
+  expect_rc "a message within the stream's max_msg_size is stored" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=SMALL&subject=small.in" --field f=short --quiet
+  expect_rc "a message over the stream's max_msg_size is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=SMALL&subject=small.in" \
+    --field "f=$(head -c 2000 /dev/zero | tr '\0' y)" --quiet
+  [[ "$out" == *"max_msg_size"* && "$out" == *"SMALL"* && "$out" != *"$pw"* ]] ||
+    fail "the stream's limit is not named: $out"
 
   password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF&consumer=w" "$pw" \
     "nats://dedup:$pw@127.0.0.1:$port"
