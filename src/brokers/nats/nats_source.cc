@@ -28,6 +28,13 @@ constexpr int64_t kNanosPerMilli = 1'000'000;
 
 Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_cast<jsErrCode>(0)) {
   if (s == NATS_OK) return Status::Ok();
+  if (jerr == JSStreamMessageExceedsMaximumErr) {
+    // The stream's own max_msg_size (below the server's max_payload): the
+    // stream refuses this message every time; no retry changes its size.
+    return Status::InvalidArgument(what + ": the message is larger than the stream's "
+                                          "max_msg_size (data and headers count; JetStream "
+                                          "error 10054): no retry changes its size");
+  }
   std::string m = what + ": " + natsStatus_GetText(s);
   if (jerr != 0) m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
   switch (s) {
@@ -360,6 +367,7 @@ struct NatsPublisher::Impl {
   NatsOptions o;
   std::unique_ptr<Conn> conn;
   bool created_stream = false;
+  int64_t max_msg_size = -1;  // the stream's, when Open() looked (-1: none, or not known)
 };
 
 bool NatsPublisher::created_stream() const { return impl_->created_stream; }
@@ -370,6 +378,7 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
   auto c = Connect(o);
   if (!c.ok()) return c.status();
   bool created = false;
+  int64_t max_msg_size = -1;
   DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject(), &created));
   if (!created) {
     // An existing stream is taken as it is: a subject= it does not hold would
@@ -387,6 +396,7 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
       }
       // No subjects: the server stores the stream's own name.
       if (si->Config->SubjectsLen == 0) holds = o.Subject() == o.stream;
+      max_msg_size = si->Config->MaxMsgSize;
     }
     jsStreamInfo_Destroy(si);
     if (!holds) {
@@ -399,6 +409,7 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
   p->impl_ = std::make_unique<Impl>();
   p->impl_->created_stream = created;
+  p->impl_->max_msg_size = max_msg_size;
   p->impl_->o = o;
   p->impl_->conn = std::move(*c);
   return p;
@@ -421,7 +432,17 @@ Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool*
   jsErrCode jerr = static_cast<jsErrCode>(0);
   if (s == NATS_OK) s = js_PublishMsg(&pa, impl_->conn->js, msg, &po, &jerr);
   natsMsg_Destroy(msg);
-  if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": publish to " + subject, jerr);
+  if (s != NATS_OK) {
+    std::string what = "nats " + o.host_port + ": publish to " + subject;
+    if (jerr == JSStreamMessageExceedsMaximumErr) {
+      what += " (stream " + o.stream + ": " + std::to_string(data.size()) + " bytes of data" +
+              (impl_->max_msg_size > 0
+                   ? ", and it takes " + std::to_string(impl_->max_msg_size) + " bytes at most"
+                   : std::string()) +
+              ")";
+    }
+    return FromNats(s, what, jerr);
+  }
   if (duplicate != nullptr) *duplicate = pa->Duplicate;
   jsPubAck_Destroy(pa);
   return Status::Ok();
