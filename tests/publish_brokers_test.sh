@@ -19,7 +19,8 @@
 #             or empty file, and a token with a user or given twice are refused,
 #             never echoing the token (nor does the worker's log).
 #   rabbitmq  the same password_file= checks against a RabbitMQ node (user dedup);
-#             a full queue (reject-publish nacks) is 75, a refused write 2.
+#             a full queue (reject-publish nacks) is 75, a refused write 2, a
+#             message over the node's max_message_size (406) 2.
 #
 # Ports (docs/PORTS.md): Redis 6520, NATS 4239, NATS with a token 4245, RabbitMQ
 # 5684 (dist 25684, epmd 4374). Servers run in a temporary directory and are
@@ -261,6 +262,18 @@ rabbitmq)
   expect_rc "publish the user may not write is refused (2)" 2 \
     "$dedup" publish --broker "amqp://reader:$pw@127.0.0.1:$port/?queue=ro" --id-prefix r- --count 1 --quiet
   [[ "$out" == *"ACCESS_REFUSED"* && "$out" != *"$pw"* ]] || fail "the refusal is not named: $out"
+  # A message over the node's max_message_size: the broker closes the channel
+  # with 406 PRECONDITION_FAILED, and will for every try - 2, naming the limit,
+  # not 'try again later' for ever. (Set at run time: a channel reads it when
+  # it opens, and each publish opens its own.)
+  rabbitmqctl_node -q eval 'application:set_env(rabbit, max_message_size, 4096).' >/dev/null
+  expect_rc "a message within max_message_size is published" 0 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=sized" --field f=short --quiet
+  expect_rc "a message over max_message_size is refused (2)" 2 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=sized" \
+    --field "f=$(head -c 8000 /dev/zero | tr '\0' y)" --quiet
+  [[ "$out" == *"PRECONDITION_FAILED"* && "$out" == *"max size"* && "$out" != *"$pw"* ]] ||
+    fail "the limit is not named: $out"
   ;;
 *)
   echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq" >&2
