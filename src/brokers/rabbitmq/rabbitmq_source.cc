@@ -331,10 +331,20 @@ class RabbitMqPublisher::Impl {
           // Connect opens the channel again, with confirms counted from 1.
           // 403: the user may not write there; no later fixes that (dedup
           // publish exits 2 on it, as on a refused password).
+          // 406 PRECONDITION_FAILED: the broker refuses the message as it is
+          // (over the node's max_message_size: "message size N is larger than
+          // configured max size M"), and will every time: no retry helps
+          // (InvalidArgument: dedup publish exits 2; a dead-letter or retry copy
+          // is not sent again as for an unroutable one).
           Status closed = conn_.ServerClosed(frame.payload.method, "publish");
           if (closed.code() == StatusCode::kNotFound ||
               closed.code() == StatusCode::kPermissionDenied) {
             return closed;
+          }
+          if (closed.code() == StatusCode::kFailedPrecondition) {
+            return Status::InvalidArgument(closed.message() +
+                                           " (the broker refuses this message as it is: no "
+                                           "retry changes that)");
           }
           return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel: " +
                                      closed.message());

@@ -115,7 +115,9 @@ class RabbitMqPublisher {
                             const AmqpMessage& m);
   // Waits until the broker confirmed everything sent; an error when any was
   // nacked (Aborted: it may still be in some queues), returned (FailedPrecondition:
-  // unroutable, in no queue), or the connection failed.
+  // unroutable, in no queue), refused as it is (InvalidArgument: a 406
+  // PRECONDITION_FAILED channel close, e.g. a body over the node's
+  // max_message_size), or the connection failed.
   [[nodiscard]] Status WaitConfirms();
   // Forgets which retry queues were declared: the next DeclareRetryQueue
   // declares again (one was deleted under this publisher).
