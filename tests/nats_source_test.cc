@@ -380,6 +380,23 @@ class RawNats {
     ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
     jsStreamInfo_Destroy(si);
   }
+  // Adds stream `name` on `subject` that refuses a message (data and headers)
+  // over `max_msg_size` bytes.
+  void AddSizedStream(const std::string& name, const std::string& subject, int32_t max_msg_size) {
+    jsStreamConfig cfg;
+    jsStreamConfig_Init(&cfg);
+    cfg.Name = name.c_str();
+    const char* subjects[] = {subject.c_str()};
+    cfg.Subjects = subjects;
+    cfg.SubjectsLen = 1;
+    cfg.MaxMsgSize = max_msg_size;
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+    jsStreamInfo_Destroy(si);
+  }
+  // The server's max_payload.
+  int64_t MaxPayload() { return natsConnection_GetMaxPayload(nc_); }
   void DeleteConsumer(const std::string& stream, const std::string& name) {
     jsErrCode jerr = static_cast<jsErrCode>(0);
     ASSERT_EQ(js_DeleteConsumer(js_, stream.c_str(), name.c_str(), nullptr, &jerr), NATS_OK)
@@ -610,6 +627,119 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
   EXPECT_GE(steady_clock::now() - t0, Millis(1900));
   EXPECT_EQ(back[0]->key(), "full");
   ASSERT_TRUE(back[0]->Ack().ok());
+}
+
+// ---- dead letters too large for a copy (brokerfix) --------------------------------
+
+std::map<std::string, std::string> Headers(const Delivery& d) {
+  return std::map<std::string, std::string>(d.attributes().begin(), d.attributes().end());
+}
+
+// A message near max_payload: its dead-letter copy (the data, its headers, and
+// Dedup-Reason, -Stream, -Sequence) is over max_payload whatever the reason's
+// length, nats.c refuses it (NATS_MAX_PAYLOAD), the original is NAKed back and
+// is dead-lettered again after every AckWait, for ever: never recorded in the
+// dead stream, never settled. Now the copy goes without the data, saying so
+// (Dedup-Payload-Dropped), and the original is terminated once it is stored.
+// On main:
+//   dl.ok() Actual: false  INVALID_ARGUMENT: nats ...: dead letter to
+//   dedup.dead.T...: Maximum Payload Exceeded
+TEST_F(NatsSourceTest, ADeadLetterOfAMessageNearMaxPayloadIsStoredWithoutItsData) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const int64_t max_payload = RawNats().MaxPayload();
+  ASSERT_GT(max_payload, 4096);
+  // The original (the data, and "NATS/1.0", Nats-Msg-Id: big) fits; the copy's
+  // headers (Dedup-Original-Msg-Id, -Reason, -Stream, -Sequence) take more than
+  // the 64 bytes left.
+  const std::string data(static_cast<size_t>(max_payload - 64), 'x');
+  Publish("big", data);
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0]->payload().size(), data.size());
+  const std::string seq = got[0]->id();
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  // Terminated once the copy was stored: not redelivered after AckWait.
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "big");
+  EXPECT_EQ(d[0]->payload().size(), 0u);
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Reason"], "EXHAUSTED: 3 attempts");
+  EXPECT_EQ(h["Dedup-Stream"], stream_);
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find(std::to_string(data.size()) + " bytes"),
+            std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("max_payload"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// The dead stream's own max_msg_size (an operator's stream holding the dead
+// subject) below the message's size: the stream refused every copy (JetStream
+// error 10054), and the original came back after every AckWait, for ever. Now
+// the copy goes without the data, as over max_payload. On main:
+//   dl.ok() Actual: false  UNAVAILABLE: ... (JetStream error 10054)
+TEST_F(NatsSourceTest, ADeadLetterOverTheDeadStreamsMaxMsgSizeIsStoredWithoutItsData) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1024);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const std::string data(2000, 'y');
+  Publish("sized", data);
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string seq = got[0]->id();
+  Status dl = got[0]->DeadLetter("failed: exit 1");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "sized");
+  EXPECT_EQ(d[0]->payload(), "");
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Reason"], "failed: exit 1");
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("2000 bytes"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("max_msg_size"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// Headers too large for the dead stream even without the data (a header
+// block near the limit, and a long reason): the copy keeps only what names
+// the message (its id, stream, sequence) and the reason cut short, and says
+// how much was left off; the original is still terminated only once it is
+// stored. On main: refused as above.
+TEST_F(NatsSourceTest, ADeadLetterWhoseHeadersDoNotFitKeepsWhatNamesTheMessage) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1024);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  raw.Publish(stream_ + ".in", "data",
+              {{"Nats-Msg-Id", "wide"}, {"Trace", std::string(700, 't')}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string seq = got[0]->id();
+  const std::string reason(3000, 'r');
+  Status dl = got[0]->DeadLetter(reason);
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "wide");
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_EQ(h["Dedup-Stream"], stream_);
+  EXPECT_EQ(h.count("Trace"), 0u);
+  EXPECT_FALSE(h["Dedup-Headers-Dropped"].empty());
+  EXPECT_TRUE(h["Dedup-Reason"].starts_with("rrr")) << h["Dedup-Reason"];
+  EXPECT_NE(h["Dedup-Reason"].find("3000 bytes in all"), std::string::npos) << h["Dedup-Reason"];
+  ASSERT_TRUE(d[0]->Ack().ok());
 }
 
 // ---- edges (brokeredge) ---------------------------------------------------------
