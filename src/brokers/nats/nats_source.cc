@@ -659,13 +659,22 @@ class NatsDelivery final : public Delivery {
     if (s == NATS_OK) s = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
     return FromNats(s, "nats " + s_->o.host_port + ": nak");
   }
+  // The copy, whole; refused as too large (the server's max_payload, the dead
+  // stream's max_msg_size: every later try would be refused the same way, and
+  // the message would come back after every AckWait, never recorded nor
+  // settled), the copy without the data, then without the headers too (Shape):
+  // what names the message (its stream and sequence, where the original stays
+  // while the stream's limits keep it) and why it died are always recorded.
   Status DeadLetter(std::string_view reason) override {
-    Status copied = PublishDead(reason);
-    if (copied.code() == StatusCode::kUnavailable &&
-        copied.message().find("No responders") != std::string::npos) {
-      // No stream took it (the dead stream was deleted meanwhile): make it again
-      // and send once more, instead of NAKing every delivery of it for ever.
-      if (EnsureDeadStream(*s_->conn, s_->o).ok()) copied = PublishDead(reason);
+    std::string too_large, without_data, without_headers;
+    Status copied = CopyDead(reason, Shape::kWhole, "", "", &too_large);
+    if (!copied.ok() && !too_large.empty()) {
+      without_data = too_large;
+      copied = CopyDead(reason, Shape::kNoData, without_data, "", &too_large);
+    }
+    if (!copied.ok() && !too_large.empty()) {
+      without_headers = too_large;
+      copied = CopyDead(reason, Shape::kBare, without_data, without_headers, &too_large);
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (!copied.ok()) {
@@ -693,12 +702,41 @@ class NatsDelivery final : public Delivery {
     return FromNats(s, "nats " + s_->o.host_port + ": " + what);
   }
 
-  Status PublishDead(std::string_view reason) {
+  // What a dead letter's copy carries (DeadLetter): kWhole, the data and every
+  // header; kNoData, every header (Dedup-Payload-Dropped says how many bytes of
+  // data were left off, and why); kBare, only the original Nats-Msg-Id and the
+  // Dedup-* headers, the reason cut to kBareReasonBytes (Dedup-Headers-Dropped
+  // says how many headers were left off).
+  enum class Shape { kWhole, kNoData, kBare };
+  static constexpr size_t kBareReasonBytes = 256;
+
+  // PublishDead, and once more after making the dead stream again when no
+  // stream took it (deleted meanwhile), instead of NAKing every delivery of it
+  // for ever.
+  Status CopyDead(std::string_view reason, Shape shape, const std::string& data_why,
+                  const std::string& headers_why, std::string* too_large) {
+    Status copied = PublishDead(reason, shape, data_why, headers_why, too_large);
+    if (copied.code() == StatusCode::kUnavailable &&
+        copied.message().find("No responders") != std::string::npos) {
+      if (EnsureDeadStream(*s_->conn, s_->o).ok()) {
+        copied = PublishDead(reason, shape, data_why, headers_why, too_large);
+      }
+    }
+    return copied;
+  }
+
+  // Publishes the copy and awaits its PubAck. `data_why`, `headers_why`: why a
+  // larger copy was refused (kNoData, kBare). *too_large: why this one was
+  // refused as too large (empty: it was not), which a smaller copy may get past.
+  Status PublishDead(std::string_view reason, Shape shape, const std::string& data_why,
+                     const std::string& headers_why, std::string* too_large) {
+    too_large->clear();
     const NatsOptions& o = s_->o;
     const std::string subject = o.DeadSubject();
+    const bool with_data = shape == Shape::kWhole;
     natsMsg* m = nullptr;
-    natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, payload_.data(),
-                                  static_cast<int>(payload_.size()));
+    natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, with_data ? payload_.data() : "",
+                                  with_data ? static_cast<int>(payload_.size()) : 0);
     if (s != NATS_OK) return FromNats(s, "nats: dead-letter message");
     // JetStream's own headers travel under other names: they would act on the
     // dead stream. The original id, so that its duplicate window does not drop
@@ -720,20 +758,32 @@ class NatsDelivery final : public Delivery {
     // it turns into a space) goes escaped (core/printable.h: "\x00", a backslash
     // as "\\"), and its header is named in Dedup-Escaped-Headers.
     std::string escaped;
+    size_t dropped_headers = 0, dropped_bytes = 0;
     for (const auto& [k, v] : attributes_) {
       if (!k.starts_with("Nats-") && given.count(k) != 0) continue;
       if (k == "Dedup-Escaped-Headers" || k == "Dedup-Headers-Unreadable") continue;
-      const bool raw = v.find_first_of(std::string_view("\0\r\n", 3)) == std::string::npos;
+      std::string value = v;
+      if (shape == Shape::kBare) {
+        // Only the original id, which names the message (as its key, mostly).
+        if (k != "Nats-Msg-Id") {
+          ++dropped_headers;
+          dropped_bytes += k.size() + v.size();
+          continue;
+        }
+        value = internal::CutAtCharacter(v, kBareReasonBytes);
+      }
+      const bool raw = value.find_first_of(std::string_view("\0\r\n", 3)) == std::string::npos;
       const std::string name = renamed(k);
       if (!raw && escaped.find("," + name + ",") == std::string::npos) {
         escaped += (escaped.empty() ? "," : "") + name + ",";
       }
       if (s == NATS_OK) {
-        s = natsMsgHeader_Add(m, name.c_str(), raw ? v.c_str() : internal::Printable(v).c_str());
+        s = natsMsgHeader_Add(m, name.c_str(), raw ? value.c_str() : internal::Printable(value).c_str());
       }
     }
     // The reason too (a handler's own text), cut to what a header holds.
-    std::string why = brokers::HeaderReason(reason);
+    std::string why = shape == Shape::kBare ? internal::CutAtCharacter(reason, kBareReasonBytes)
+                                            : brokers::HeaderReason(reason);
     if (why.find_first_of(std::string_view("\0\r\n", 3)) != std::string::npos) {
       why = internal::Printable(why);
       escaped += (escaped.empty() ? "," : "") + std::string("Dedup-Reason,");
@@ -744,6 +794,19 @@ class NatsDelivery final : public Delivery {
     if (s == NATS_OK && !headers_error_.empty()) {
       s = natsMsgHeader_Set(m, "Dedup-Headers-Unreadable", headers_error_.c_str());
     }
+    if (s == NATS_OK && !with_data && !payload_.empty()) {
+      s = natsMsgHeader_Set(m, "Dedup-Payload-Dropped",
+                            (std::to_string(payload_.size()) + " bytes: the copy with them was " +
+                             data_why)
+                                .c_str());
+    }
+    if (s == NATS_OK && dropped_headers > 0) {
+      s = natsMsgHeader_Set(m, "Dedup-Headers-Dropped",
+                            (std::to_string(dropped_headers) + " headers (" +
+                             std::to_string(dropped_bytes) + " bytes): the copy with them was " +
+                             headers_why)
+                                .c_str());
+    }
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Reason", why.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Stream", o.stream.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Sequence", id_.c_str());
@@ -752,6 +815,14 @@ class NatsDelivery final : public Delivery {
     if (s == NATS_OK) s = js_PublishMsg(&pa, s_->conn->js, m, nullptr, &jerr);
     natsMsg_Destroy(m);
     if (pa != nullptr) jsPubAck_Destroy(pa);
+    if (s == NATS_MAX_PAYLOAD) {
+      *too_large = "over the server's max_payload (" +
+                   std::to_string(natsConnection_GetMaxPayload(s_->conn->nc)) +
+                   " bytes, data and headers)";
+    } else if (s != NATS_OK && jerr == JSStreamMessageExceedsMaximumErr) {
+      *too_large = "over the max_msg_size of the stream holding " + subject +
+                   " (JetStream error 10054)";
+    }
     return FromNats(s, "nats " + o.host_port + ": dead letter to " + subject, jerr);
   }
 

@@ -37,8 +37,12 @@
 //   Ack()            +ACK (after the outcome is recorded)
 //   Retry(after)     -NAK with a delay of `after`: the server redelivers then
 //   DeadLetter(why)  a copy (data, headers, Dedup-Reason: <why>) published to the
-//                    dead subject and stored (PubAck awaited); then +TERM. No
-//                    copy: -NAK with a delay of ack_wait (never at once: a loop)
+//                    dead subject and stored (PubAck awaited); then +TERM. A
+//                    copy too large (max_payload, the dead stream's
+//                    max_msg_size) goes without the data, then with only what
+//                    names the message (Dedup-Payload-Dropped, -Headers-
+//                    Dropped). No copy: -NAK with a delay of ack_wait (never
+//                    at once: a loop)
 //   InProgress()     +WPI: resets AckWait. The Consumer sends it every heartbeat
 //                    interval for each delivery it holds (running or fetched
 //                    ahead), so a message worked on longer than AckWait is not
