@@ -197,10 +197,15 @@ struct ConsumerMetrics {
   // of a failed batch), Retry(), DeadLetter(). Each such delivery is counted in
   // one of these and not in acked, retries or dead_lettered; the broker delivers
   // it again on its own timer (its outcome, if recorded, answers DUPLICATE).
-  // The drain's hand-backs that failed count in broker_errors only.
   uint64_t ack_errors = 0;
   uint64_t retry_errors = 0;
   uint64_t dead_letter_errors = 0;
+  // Of broker_errors: deliveries the drain did not hand back (Retry(0) of what
+  // never started): its hand-back failed, or was not tried after one had (the
+  // broker does not answer). They come back only on the broker's own timer
+  // (JetStream's AckWait, the Streams reclaim min-idle, RabbitMQ's requeue when
+  // the connection closes), not at once as a hand-back would make them.
+  uint64_t hand_back_errors = 0;
   // Of `acked`: done by the store's completion in the same round trip
   // (Store::CanCompleteWithAck; docs/WORKER.md).
   uint64_t acked_with_complete = 0;

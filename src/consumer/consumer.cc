@@ -45,6 +45,7 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"waited_for_copy", waited_for_copy},
       {"broker_errors", broker_errors}, {"ack_errors", ack_errors},
       {"retry_errors", retry_errors}, {"dead_letter_errors", dead_letter_errors},
+      {"hand_back_errors", hand_back_errors},
       {"acked_with_complete", acked_with_complete},
       {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
       {"ack_batches", ack_batches}, {"acked_in_batches", acked_in_batches},
@@ -69,6 +70,7 @@ std::string ConsumerMetrics::Summary() const {
          " broker_errors=" + std::to_string(broker_errors) +
          " ack_errors=" + std::to_string(ack_errors) + " retry_errors=" +
          std::to_string(retry_errors) + " dead_letter_errors=" + std::to_string(dead_letter_errors) +
+         " hand_back_errors=" + std::to_string(hand_back_errors) +
          " acked_with_complete=" + std::to_string(acked_with_complete);
 }
 
@@ -183,6 +185,7 @@ class Consumer::Impl {
     m.ack_errors = n_.ack_errors.load();
     m.retry_errors = n_.retry_errors.load();
     m.dead_letter_errors = n_.dead_letter_errors.load();
+    m.hand_back_errors = n_.hand_back_errors.load();
     m.acked_with_complete = n_.acked_with_complete.load();
     m.claim_batches = n_.claim_batches.load();
     m.claimed_in_batches = n_.claimed_in_batches.load();
@@ -231,7 +234,7 @@ class Consumer::Impl {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
         lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, claim_errors{0}, acked{0},
         redelivered{0}, held_back{0}, waited_for_copy{0}, broker_errors{0}, ack_errors{0},
-        retry_errors{0}, dead_letter_errors{0}, acked_with_complete{0},
+        retry_errors{0}, dead_letter_errors{0}, hand_back_errors{0}, acked_with_complete{0},
         claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0},
         complete_batches{0}, completed_in_batches{0};
   };
@@ -967,7 +970,7 @@ class Consumer::Impl {
       held_keys_.clear();
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
-    size_t abandoned = 0, not_handed_back = 0;
+    size_t abandoned = 0, failed_hand_backs = 0, not_tried = 0;
     std::string why, broker_why;
     for (Job& j : unstarted) {
       if (j.claim.has_value() && !j.claim->ok()) NoteGivenUp(j.claim->status(), true);
@@ -990,11 +993,14 @@ class Consumer::Impl {
         Status s = j.delivery->Retry(Millis(0));
         if (!s.ok()) {
           n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+          n_.hand_back_errors.fetch_add(1, std::memory_order_relaxed);
           broker_why = s.ToString();
+          ++failed_hand_backs;
         }
       } else {
-        ++not_handed_back;  // not settled: counted as a failed one would be
+        ++not_tried;  // not settled: counted as a failed one would be
         n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+        n_.hand_back_errors.fetch_add(1, std::memory_order_relaxed);
       }
       std::lock_guard lock(mu_);
       held_.erase(j.delivery->id());
@@ -1005,9 +1011,12 @@ class Consumer::Impl {
           "back unacked");
     }
     if (!broker_why.empty()) {
-      Log("drain: a hand-back failed (" + broker_why + "): " +
-          std::to_string(not_handed_back) + " more deliveries not started were not handed "
-          "back; the broker redelivers them unacked");
+      // One line with the count (hand_back_errors): they come back only on the
+      // broker's own timer, which may be long (an AckWait of the lease + 1 s).
+      Log("drain: " + std::to_string(failed_hand_backs + not_tried) + " deliveries not started "
+          "were not handed back (" + std::to_string(failed_hand_backs) + " hand-back failed: " +
+          broker_why + "; " + std::to_string(not_tried) + " not tried after it): the broker "
+          "redelivers them unacked on its own timer");
     }
   }
 
