@@ -203,7 +203,7 @@ TEST_F(NatsSourceTest, DeliversWithKeyAndCountAndAckRemovesIt) {
   EXPECT_EQ(got[0]->delivery_count(), 1u);
   EXPECT_EQ(got[1]->key(), "m-2");
   std::vector<Delivery*> all = {got[0].get(), got[1].get()};
-  ASSERT_TRUE((*src)->AckBatch(all).ok());
+  for (const Status& st : (*src)->AckBatch(all)) ASSERT_TRUE(st.ok()) << st.ToString();
   auto later = FetchAll(**src, 1, Millis(700));
   EXPECT_TRUE(later.empty());
 }

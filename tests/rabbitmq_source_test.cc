@@ -161,7 +161,7 @@ TEST_F(RabbitMqSourceTest, DeliversWithKeyPayloadAndHeadersAndAckRemovesIt) {
   for (const auto& [k, v] : got[0]->attributes()) tenant |= k == "tenant" && v == "acme";
   EXPECT_TRUE(tenant);
   std::vector<Delivery*> all = {got[0].get(), got[1].get()};
-  ASSERT_TRUE((*src)->AckBatch(all).ok());
+  for (const Status& st : (*src)->AckBatch(all)) ASSERT_TRUE(st.ok()) << st.ToString();
   src->reset();
   auto again = OpenRabbitMqSource(Uri());
   ASSERT_TRUE(again.ok());

@@ -707,19 +707,52 @@ class Consumer::Impl {
     }
   }
 
-  // One MessageSource::AckBatch, counted.
+  // One MessageSource::AckBatch, counted per delivery as the broker answered:
+  // the acks it took in acked, the others in ack_errors, with one log line per
+  // distinct error naming the deliveries it failed.
   void AckAll(std::span<Delivery* const> deliveries) {
-    Status s = source_->AckBatch(deliveries);
+    std::vector<Status> st = source_->AckBatch(deliveries);
+    if (st.size() != deliveries.size()) {
+      // A source that answers for other deliveries than it was given: none is known.
+      st.assign(deliveries.size(),
+                Status::Internal("AckBatch answered " + std::to_string(st.size()) +
+                                 " statuses for " + std::to_string(deliveries.size()) +
+                                 " deliveries"));
+    }
     n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
-    if (s.ok()) {
-      n_.acked.fetch_add(deliveries.size(), std::memory_order_relaxed);
-      n_.acked_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
-    } else {
-      // Not acked: the broker delivers them again; their outcomes are recorded,
-      // so the next deliveries get DUPLICATE and ack.
-      n_.broker_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
-      n_.ack_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
-      Log("ack of " + std::to_string(deliveries.size()) + " deliveries: " + s.ToString());
+    size_t ok = 0;
+    // Each distinct error, the deliveries it failed (in the batch's order).
+    std::vector<std::pair<std::string, std::vector<std::string>>> failed;
+    for (size_t i = 0; i < st.size(); ++i) {
+      if (st[i].ok()) {
+        ++ok;
+        continue;
+      }
+      // Not acked: the broker delivers it again; its outcome is recorded, so
+      // the next delivery gets DUPLICATE and acks.
+      const std::string why = st[i].ToString();
+      auto it = std::find_if(failed.begin(), failed.end(),
+                             [&](const auto& f) { return f.first == why; });
+      if (it == failed.end()) {
+        failed.emplace_back(why, std::vector<std::string>());
+        it = failed.end() - 1;
+      }
+      it->second.push_back(deliveries[i]->id());
+    }
+    n_.acked.fetch_add(ok, std::memory_order_relaxed);
+    n_.acked_in_batches.fetch_add(ok, std::memory_order_relaxed);
+    const size_t errors = deliveries.size() - ok;
+    n_.broker_errors.fetch_add(errors, std::memory_order_relaxed);
+    n_.ack_errors.fetch_add(errors, std::memory_order_relaxed);
+    constexpr size_t kIdsShown = 8;
+    for (const auto& [why, ids] : failed) {
+      std::string shown;
+      for (size_t i = 0; i < ids.size() && i < kIdsShown; ++i) {
+        shown += (i == 0 ? "" : ", ") + internal::Printable(ids[i]);
+      }
+      if (ids.size() > kIdsShown) shown += ", ...";
+      Log("ack of " + std::to_string(ids.size()) + " deliveries (" + shown + ") of a batch of " +
+          std::to_string(deliveries.size()) + ": " + why);
     }
   }
 

@@ -880,17 +880,29 @@ class NatsSource final : public MessageSource {
   }
 
   // Every +ACK sent at once, then one flush (PING/PONG): one round trip, and the
-  // server has them all when it answers.
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
-    Status first;
-    for (Delivery* d : deliveries) {
-      auto* nd = dynamic_cast<NatsDelivery*>(d);
-      Status st = nd != nullptr ? nd->AckNoWait() : d->Ack();
-      if (!st.ok() && first.ok()) first = std::move(st);
+  // server has them all when it answers. One status per delivery: its own when
+  // its +ACK could not be sent; the flush's for those sent (a failed flush
+  // leaves each of them unknown: counted as not acked, the broker redelivers).
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
+    std::vector<Status> out;
+    out.reserve(deliveries.size());
+    std::vector<bool> queued(deliveries.size(), false);
+    bool any = false;
+    for (size_t i = 0; i < deliveries.size(); ++i) {
+      auto* nd = dynamic_cast<NatsDelivery*>(deliveries[i]);
+      out.push_back(nd != nullptr ? nd->AckNoWait() : deliveries[i]->Ack());
+      queued[i] = nd != nullptr && out.back().ok();
+      any = any || queued[i];
     }
+    if (!any) return out;
     const natsStatus f = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
-    if (f != NATS_OK && first.ok()) first = FromNats(f, "nats " + s_->o.host_port + ": flush acks");
-    return first;
+    if (f != NATS_OK) {
+      const Status flush = FromNats(f, "nats " + s_->o.host_port + ": flush acks");
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (queued[i]) out[i] = flush;
+      }
+    }
+    return out;
   }
 
   std::string Describe() const override { return s_->o.Describe(); }

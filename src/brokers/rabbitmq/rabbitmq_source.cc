@@ -660,13 +660,13 @@ class RabbitMqSource final : public MessageSource {
     return out;
   }
 
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
-    Status first;
-    for (Delivery* d : deliveries) {  // basic.ack needs no round trip: one lock each
-      Status st = d->Ack();
-      if (!st.ok() && first.ok()) first = std::move(st);
-    }
-    return first;
+  // basic.ack needs no round trip: one lock each, and each delivery's own
+  // answer (one of a connection that is gone fails alone).
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
+    std::vector<Status> out;
+    out.reserve(deliveries.size());
+    for (Delivery* d : deliveries) out.push_back(d->Ack());
+    return out;
   }
 
   std::string Describe() const override { return s_->o.Describe(); }
