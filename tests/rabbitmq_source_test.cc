@@ -717,6 +717,54 @@ TEST_F(RabbitMqSourceTest, AnAckBatchCountsEachDeliveryAsTheBrokerTookIt) {
   EXPECT_TRUE(named) << "no log line for the two failed acks";
 }
 
+// ---- silent connections and the heartbeat (brokerfix) -----------------------------
+
+// rabbitmq-c sends heartbeats only from inside its own calls (a read, a
+// publish). A delivery held past two heartbeat intervals with no Fetch meanwhile
+// (the Consumer fetches nothing while its window is full: handlers that run
+// long) left the consuming connection silent; the broker closed it ("missed
+// heartbeats from client") and requeued the message, and the ack sent once the
+// handler ended was lost: the message ran again elsewhere (BUSY, then
+// DUPLICATE), and every delivery fetched ahead came back too. On main:
+//   raw.Count(queue_) Which is: 1  (the ack was lost)
+TEST_F(RabbitMqSourceTest, ADeliveryHeldPastTheHeartbeatWithoutAFetchIsStillAcked) {
+  auto src = OpenRabbitMqSource(Uri("&heartbeat=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("m-1", "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  std::this_thread::sleep_for(Millis(5000));  // no Fetch: a long handler, the window full
+  Status ack = got[0]->Ack();
+  EXPECT_TRUE(ack.ok()) << ack.ToString();
+  got.clear();
+  src->reset();  // an unacked message would be requeued now at the latest
+  RawAmqp raw(Options());
+  EXPECT_EQ(raw.Count(queue_), 0u) << "the ack was lost: the broker closed the silent connection";
+}
+
+// The source's publishing connection (retry and dead-letter copies) is silent
+// between copies: after two heartbeat intervals the broker closed it, and the
+// first copy after a quiet spell failed (the delivery requeued, counted as a
+// failed settlement) although the broker was there all along. On main:
+//   dl.ok() Actual: false  UNAVAILABLE: rabbitmq ...: waiting for publisher
+//   confirms: ...
+TEST_F(RabbitMqSourceTest, ADeadLetterAfterAQuietSpellIsStored) {
+  auto src = OpenRabbitMqSource(Uri("&heartbeat=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("m-1", "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  // 5 s of fetching (the consuming connection reads, and beats), no copy made.
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(5000)).empty());
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  EXPECT_TRUE(dl.ok()) << dl.ToString();
+  got.clear();
+  src->reset();
+  RawAmqp raw(Options());
+  EXPECT_EQ(raw.Count(queue_), 0u);
+  EXPECT_EQ(raw.Count(queue_ + ".dead"), 1u);
+}
+
 TEST(RabbitMqUnreachableTest, OpenSaysUnavailableWithoutThePassword) {
   auto src = OpenRabbitMqSource("amqp://guest:topsecret@127.0.0.1:1/?queue=q&timeout=500ms");
   ASSERT_FALSE(src.ok());
