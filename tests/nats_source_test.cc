@@ -135,6 +135,14 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
       {"nats://a:4222,h:99999?stream=S&consumer=c", "host 'h:99999'"},
       {"nats://h:abc?stream=S&consumer=c", "the port is not a number"},
       {"nats://h?stream=S&consumer=c&stream=T", "'stream' is given twice"},
+      // JetStream refuses these names at the first connect (error 10103, an
+      // invalid subject), which answered UNAVAILABLE: a worker exited 75 (try
+      // again later) and was restarted for ever on a typo.
+      {"nats://h?stream=S&consumer=a.b", "consumer name"},
+      {"nats://h?stream=S&consumer=a*", "consumer name"},
+      {"nats://h?stream=S&consumer=c&subject=jobs..in", "subject"},
+      {"nats://h?stream=S&consumer=c&subject=jobs%20in", "subject"},
+      {"nats://h?stream=S&consumer=c&subject=.jobs", "subject"},
   };
   for (const Case& c : cases) {
     auto o = ParseNatsUri(c.uri);

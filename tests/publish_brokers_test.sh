@@ -173,6 +173,17 @@ nats)
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS&subject=other.in" --id-prefix n- --quiet
   [[ "$out" == *"JBOS"* && "$out" == *"other.in"* && "$out" != *"$pw"* ]] || fail "the stream and subject are not named: $out"
 
+  # A new stream on a subject another stream holds already: JetStream refuses
+  # to make it (error 10065, subjects overlap), and will every time - 2, naming
+  # the overlap, not 'try again later' for ever (nor the worker's restart loop).
+  expect_rc "a new stream on a subject another stream holds is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=OTHER&subject=JBOS" --id-prefix n- --quiet
+  [[ "$out" == *"overlap"* && "$out" == *"OTHER"* && "$out" != *"$pw"* ]] || fail "the overlap is not named: $out"
+  expect_rc "a worker on it is refused too (2)" 2 \
+    "$dedup" worker --broker "nats://dedup:$pw@127.0.0.1:$port?stream=OTHER&consumer=w&subject=JBOS" \
+    --store "memory:" --exec true
+  [[ "$out" == *"overlap"* && "$out" != *"$pw"* ]] || fail "the worker does not name the overlap: $out"
+
   # A message over the server's max_payload (1 MiB by default) is refused before
   # it is sent; no later fixes its size: 2, not 'try again later' for ever.
   big=$(head -c 120000 /dev/zero | tr '\0' x)
