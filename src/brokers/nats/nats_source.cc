@@ -37,6 +37,12 @@ Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_c
   }
   std::string m = what + ": " + natsStatus_GetText(s);
   if (jerr != 0) m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  if (jerr == JSStreamSubjectOverlapErr) {
+    // A stream made on a subject another stream holds: refused every time.
+    return Status::FailedPrecondition(m + ": another stream holds this subject (subjects "
+                                          "overlap); name that stream in stream=, or another "
+                                          "subject=");
+  }
   switch (s) {
     case NATS_TIMEOUT:
       return Status::DeadlineExceeded(std::move(m));
@@ -252,6 +258,27 @@ Status CheckDeadSubject(const NatsOptions& o) {
 
 constexpr const char* kTokenFileParam = "token_file";
 
+// subject= (a filter: '*' and '>' as whole tokens, '>' last): no empty token,
+// no white space. Refused by JetStream at the first connect otherwise, which
+// read as a server to wait for.
+Status CheckSubject(const std::string& subject) {
+  if (subject.empty()) return Status::Ok();  // the stream's name
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("nats subject='" + internal::Printable(subject) + "' " + why);
+  };
+  const auto tokens = Tokens(subject);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string_view t = tokens[i];
+    if (t.empty()) return bad("has an empty token (a leading, trailing or double '.')");
+    if (t.find_first_of(" \t\r\n\f") != std::string_view::npos) return bad("has white space");
+    if (t.find_first_of("*>") != std::string_view::npos && t != "*" && t != ">") {
+      return bad("has '*' or '>' inside a token (a wildcard is a whole token)");
+    }
+    if (t == ">" && i + 1 != tokens.size()) return bad("has '>' before its last token");
+  }
+  return Status::Ok();
+}
+
 StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   auto parsed = internal::ParseUri(text);
   if (!parsed.ok()) return parsed.status();
@@ -297,7 +324,14 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   if (need_consumer && o.consumer.empty()) {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs consumer=NAME");
   }
+  // JetStream refuses these at the first connect (a durable name is a token of
+  // the API's subjects), which read as a server to wait for.
+  if (o.consumer.find_first_of(" .*>\t\r\n\f") != std::string::npos) {
+    return Status::InvalidArgument("nats consumer name '" + internal::Printable(o.consumer) +
+                                   "' may not contain '.', '*', '>' or white space");
+  }
   o.subject = u.Param("subject").value_or("");
+  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
   if (auto k = u.Param("key")) {
     // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
     // data's hash.
