@@ -184,6 +184,20 @@ nats)
     --store "memory:" --exec true
   [[ "$out" == *"overlap"* && "$out" != *"$pw"* ]] || fail "the worker does not name the overlap: $out"
 
+  # A subject with a wildcard is a filter, not a subject to publish to: the
+  # server stored the message under the literal subject "wild.*" (read by
+  # every consumer whose filter it matches, the dead-letter rules aside).
+  # Refused, naming the subject, before anything is made or sent.
+  expect_rc "publish to a wildcard subject is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=WILD&subject=wild.*" --id-prefix n- --quiet
+  [[ "$out" == *"wild.*"* && "$out" == *"wildcard"* && "$out" != *"$pw"* ]] || fail "the wildcard is not named: $out"
+  expect_rc "publish to a subject with '>' is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=WILD&subject=wild.>" --id-prefix n- --quiet
+  expect_rc "the refused publishes made no stream" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=WILD&subject=wild.in" --id-prefix n-
+  [[ "$out" == *"stream 'WILD' did not exist; this publish created it"* ]] ||
+    fail "a refused publish made stream WILD: $out"
+
   # A message over the server's max_payload (1 MiB by default) is refused before
   # it is sent; no later fixes its size: 2, not 'try again later' for ever.
   big=$(head -c 120000 /dev/zero | tr '\0' x)
