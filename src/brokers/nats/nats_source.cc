@@ -332,6 +332,18 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   o.subject = u.Param("subject").value_or("");
   DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
+  if (!need_consumer) {
+    // dedup publish: a wildcard is a filter, not a subject to publish to (the
+    // server stored the message under the literal "jobs.*", where every
+    // consumer whose filter matches it read it).
+    for (std::string_view t : Tokens(o.Subject())) {
+      if (t == "*" || t == ">") {
+        return Status::InvalidArgument("nats subject='" + internal::Printable(o.Subject()) +
+                                       "' has a wildcard: a filter to consume from, not a "
+                                       "subject to publish to; name one subject");
+      }
+    }
+  }
   if (auto k = u.Param("key")) {
     // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
     // data's hash.

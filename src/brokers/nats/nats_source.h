@@ -108,7 +108,8 @@ struct NatsOptions {
   std::string Describe() const;
 };
 
-// InvalidArgument naming the problem. `need_consumer`: false for `dedup publish`.
+// InvalidArgument naming the problem. `need_consumer`: false for `dedup publish`
+// (which also needs a subject without wildcards).
 StatusOr<NatsOptions> ParseNatsUri(std::string_view uri, bool need_consumer = true);
 
 // Publishes to the stream's subject and waits for each PubAck. One caller at a
