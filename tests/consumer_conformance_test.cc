@@ -806,7 +806,7 @@ class MaxFetchSource final : public MessageSource {
     }
     return s_->Fetch(max, wait);
   }
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
     return s_->AckBatch(deliveries);
   }
   std::string Describe() const override { return s_->Describe(); }
@@ -1411,14 +1411,14 @@ class SlowFirstAckSource final : public MessageSource {
   StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
     return s_->Fetch(max, wait);
   }
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
     if (!slowed_.exchange(true)) {
       first_started_ = true;
       std::this_thread::sleep_for(first_slow_);
       std::lock_guard lock(mu_);
       first_ended_ = SteadyClock::now();
     }
-    Status s = s_->AckBatch(deliveries);
+    std::vector<Status> s = s_->AckBatch(deliveries);
     std::lock_guard lock(mu_);
     for (Delivery* d : deliveries) acked_at_[d->key()] = SteadyClock::now();
     return s;

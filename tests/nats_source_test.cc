@@ -135,6 +135,14 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
       {"nats://a:4222,h:99999?stream=S&consumer=c", "host 'h:99999'"},
       {"nats://h:abc?stream=S&consumer=c", "the port is not a number"},
       {"nats://h?stream=S&consumer=c&stream=T", "'stream' is given twice"},
+      // JetStream refuses these names at the first connect (error 10103, an
+      // invalid subject), which answered UNAVAILABLE: a worker exited 75 (try
+      // again later) and was restarted for ever on a typo.
+      {"nats://h?stream=S&consumer=a.b", "consumer name"},
+      {"nats://h?stream=S&consumer=a*", "consumer name"},
+      {"nats://h?stream=S&consumer=c&subject=jobs..in", "subject"},
+      {"nats://h?stream=S&consumer=c&subject=jobs%20in", "subject"},
+      {"nats://h?stream=S&consumer=c&subject=.jobs", "subject"},
   };
   for (const Case& c : cases) {
     auto o = ParseNatsUri(c.uri);
@@ -142,6 +150,43 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
     EXPECT_NE(o.status().message().find(c.says), std::string::npos)
         << c.uri << ": " << o.status().ToString();
   }
+}
+
+// Token authentication (nats-server --auth): a lone user-info is the token, as
+// every NATS client reads a URL; token_file= reads it from a file; neither goes
+// with a user or a password, and no message shows it.
+TEST(NatsUriTest, ALoneUserInfoIsATokenAndTokenFileReadsOne) {
+  auto t = ParseNatsUri("nats://s3cr3t-tok@h:4999?stream=S&consumer=c");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->token, "s3cr3t-tok");
+  EXPECT_EQ(t->user, "");
+  EXPECT_FALSE(t->has_password);
+  EXPECT_EQ(t->Describe().find("s3cr3t"), std::string::npos);
+  // With a password it is the user name, as before.
+  auto up = ParseNatsUri("nats://u:pw@h?stream=S&consumer=c");
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->user, "u");
+  EXPECT_EQ(up->token, "");
+  char path[] = "/tmp/dedup-token-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "file-tok\n", 9), 9);
+  close(fd);
+  auto f = ParseNatsUri(std::string("nats://h?stream=S&consumer=c&token_file=") + path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->token, "file-tok");
+  for (const std::string bad : {std::string("nats://x@h?stream=S&consumer=c&token_file=") + path,
+                                std::string("nats://u:file-tok@h?stream=S&consumer=c&token_file=") + path,
+                                std::string("nats://h?stream=S&consumer=c&token_file=") + path +
+                                    "&password_file=" + path,
+                                std::string("nats://h?stream=S&consumer=c&token_file=")}) {
+    auto o = ParseNatsUri(bad);
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find("token_file="), std::string::npos) << o.status();
+    EXPECT_EQ(o.status().message().find("file-tok"), std::string::npos) << o.status();
+  }
+  unlink(path);
 }
 
 // "nats://user:pass" with the "@host" forgotten: the password was echoed as the
@@ -166,7 +211,7 @@ TEST_F(NatsSourceTest, DeliversWithKeyAndCountAndAckRemovesIt) {
   EXPECT_EQ(got[0]->delivery_count(), 1u);
   EXPECT_EQ(got[1]->key(), "m-2");
   std::vector<Delivery*> all = {got[0].get(), got[1].get()};
-  ASSERT_TRUE((*src)->AckBatch(all).ok());
+  for (const Status& st : (*src)->AckBatch(all)) ASSERT_TRUE(st.ok()) << st.ToString();
   auto later = FetchAll(**src, 1, Millis(700));
   EXPECT_TRUE(later.empty());
 }
@@ -343,6 +388,23 @@ class RawNats {
     ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
     jsStreamInfo_Destroy(si);
   }
+  // Adds stream `name` on `subject` that refuses a message (data and headers)
+  // over `max_msg_size` bytes.
+  void AddSizedStream(const std::string& name, const std::string& subject, int32_t max_msg_size) {
+    jsStreamConfig cfg;
+    jsStreamConfig_Init(&cfg);
+    cfg.Name = name.c_str();
+    const char* subjects[] = {subject.c_str()};
+    cfg.Subjects = subjects;
+    cfg.SubjectsLen = 1;
+    cfg.MaxMsgSize = max_msg_size;
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+    jsStreamInfo_Destroy(si);
+  }
+  // The server's max_payload.
+  int64_t MaxPayload() { return natsConnection_GetMaxPayload(nc_); }
   void DeleteConsumer(const std::string& stream, const std::string& name) {
     jsErrCode jerr = static_cast<jsErrCode>(0);
     ASSERT_EQ(js_DeleteConsumer(js_, stream.c_str(), name.c_str(), nullptr, &jerr), NATS_OK)
@@ -573,6 +635,119 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
   EXPECT_GE(steady_clock::now() - t0, Millis(1900));
   EXPECT_EQ(back[0]->key(), "full");
   ASSERT_TRUE(back[0]->Ack().ok());
+}
+
+// ---- dead letters too large for a copy (brokerfix) --------------------------------
+
+std::map<std::string, std::string> Headers(const Delivery& d) {
+  return std::map<std::string, std::string>(d.attributes().begin(), d.attributes().end());
+}
+
+// A message near max_payload: its dead-letter copy (the data, its headers, and
+// Dedup-Reason, -Stream, -Sequence) is over max_payload whatever the reason's
+// length, nats.c refuses it (NATS_MAX_PAYLOAD), the original is NAKed back and
+// is dead-lettered again after every AckWait, for ever: never recorded in the
+// dead stream, never settled. Now the copy goes without the data, saying so
+// (Dedup-Payload-Dropped), and the original is terminated once it is stored.
+// On main:
+//   dl.ok() Actual: false  INVALID_ARGUMENT: nats ...: dead letter to
+//   dedup.dead.T...: Maximum Payload Exceeded
+TEST_F(NatsSourceTest, ADeadLetterOfAMessageNearMaxPayloadIsStoredWithoutItsData) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const int64_t max_payload = RawNats().MaxPayload();
+  ASSERT_GT(max_payload, 4096);
+  // The original (the data, and "NATS/1.0", Nats-Msg-Id: big) fits; the copy's
+  // headers (Dedup-Original-Msg-Id, -Reason, -Stream, -Sequence) take more than
+  // the 64 bytes left.
+  const std::string data(static_cast<size_t>(max_payload - 64), 'x');
+  Publish("big", data);
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0]->payload().size(), data.size());
+  const std::string seq = got[0]->id();
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  // Terminated once the copy was stored: not redelivered after AckWait.
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "big");
+  EXPECT_EQ(d[0]->payload().size(), 0u);
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Reason"], "EXHAUSTED: 3 attempts");
+  EXPECT_EQ(h["Dedup-Stream"], stream_);
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find(std::to_string(data.size()) + " bytes"),
+            std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("max_payload"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// The dead stream's own max_msg_size (an operator's stream holding the dead
+// subject) below the message's size: the stream refused every copy (JetStream
+// error 10054), and the original came back after every AckWait, for ever. Now
+// the copy goes without the data, as over max_payload. On main:
+//   dl.ok() Actual: false  UNAVAILABLE: ... (JetStream error 10054)
+TEST_F(NatsSourceTest, ADeadLetterOverTheDeadStreamsMaxMsgSizeIsStoredWithoutItsData) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1024);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const std::string data(2000, 'y');
+  Publish("sized", data);
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string seq = got[0]->id();
+  Status dl = got[0]->DeadLetter("failed: exit 1");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "sized");
+  EXPECT_EQ(d[0]->payload(), "");
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Reason"], "failed: exit 1");
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("2000 bytes"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("max_msg_size"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// Headers too large for the dead stream even without the data (a header
+// block near the limit, and a long reason): the copy keeps only what names
+// the message (its id, stream, sequence) and the reason cut short, and says
+// how much was left off; the original is still terminated only once it is
+// stored. On main: refused as above.
+TEST_F(NatsSourceTest, ADeadLetterWhoseHeadersDoNotFitKeepsWhatNamesTheMessage) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1024);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  raw.Publish(stream_ + ".in", "data",
+              {{"Nats-Msg-Id", "wide"}, {"Trace", std::string(700, 't')}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string seq = got[0]->id();
+  const std::string reason(3000, 'r');
+  Status dl = got[0]->DeadLetter(reason);
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "wide");
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_EQ(h["Dedup-Stream"], stream_);
+  EXPECT_EQ(h.count("Trace"), 0u);
+  EXPECT_FALSE(h["Dedup-Headers-Dropped"].empty());
+  EXPECT_TRUE(h["Dedup-Reason"].starts_with("rrr")) << h["Dedup-Reason"];
+  EXPECT_NE(h["Dedup-Reason"].find("3000 bytes in all"), std::string::npos) << h["Dedup-Reason"];
+  ASSERT_TRUE(d[0]->Ack().ok());
 }
 
 // ---- edges (brokeredge) ---------------------------------------------------------
