@@ -1613,9 +1613,13 @@ TEST_P(ConsumerConformance, AKeyInALaterFetchWaitsForItsCopyStillHeldHere) {
     EXPECT_LT(took, 5s) << "the later copy waited for the lease";
     EXPECT_EQ(runs.load(), 1);
     EXPECT_EQ(others.load(), 2);
-    EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
+    // At least the later copy is a DUPLICATE that waited; on a busy machine the
+    // broker may also redeliver the first copy (its 400 ms redelivery against the
+    // 300 ms handler plus the ack delay), and that copy is one more of each. What
+    // the test is about holds either way: one run, no BUSY against our own claim.
+    EXPECT_GE(c->metrics().duplicates, 1u) << c->metrics().Summary();
     EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
-    EXPECT_EQ(c->metrics().waited_for_copy, 1u) << c->metrics().Summary();
+    EXPECT_GE(c->metrics().waited_for_copy, 1u) << c->metrics().Summary();
     if (batch) EXPECT_GE(c->metrics().claim_batches, 1u) << c->metrics().Summary();
   }
 }
