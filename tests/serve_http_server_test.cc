@@ -4,7 +4,8 @@
 // for what the shell tests cannot force from outside serve: the server's send
 // buffer made small (SO_SNDBUF on the listener, which each accepted connection
 // inherits), so that an answer stalls in its head, or at once, at a byte the
-// test chooses. Ports 8117-8118 (docs/PORTS.md).
+// test chooses. Ports 8117-8118 and
+// 8140 (docs/PORTS.md).
 
 #include "serve/http_server.h"
 
@@ -18,8 +19,10 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
+#include <string_view>
 
 namespace dedup::serve {
 namespace {
@@ -112,6 +115,46 @@ bool ReadAnswer(int fd, std::chrono::milliseconds timeout, std::string* head,
   return true;
 }
 
+// Sends `raw` on a new connection to 127.0.0.1:port, ends its side, and returns
+// all that came back within 3 s (or until the server closed).
+std::string Exchange(int port, const std::string& raw) {
+  const int fd = Connect(port);
+  if (fd < 0) return "(no connection)";
+  SendAll(fd, raw);
+  ::shutdown(fd, SHUT_WR);
+  std::string got;
+  char buf[65536];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 3000) <= 0) break;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+// A server on `port` whose every GET and POST answers 200 and counts a request
+// to /smuggled in *smuggled.
+std::unique_ptr<TestServer> SmuggleServer(int port, std::atomic<int>* smuggled) {
+  HttpServerOptions options;
+  options.threads = 2;
+  options.max_connections = 2;
+  return std::make_unique<TestServer>(port, options, 10s, [smuggled](HttpServer& http) {
+    auto answer = [smuggled](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/smuggled") ++*smuggled;
+      res.set_content("ok", "text/plain");
+    };
+    http.Get(".*", answer);
+    http.Post(".*", answer);
+  });
+}
+
+// A request that follows one on the same connection, which the server must not
+// answer when it cannot know where the first one ended.
+constexpr std::string_view kSmuggled = "GET /smuggled HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+
 // An answer whose head does not fit the socket buffers (a large header, a client
 // that reads nothing) is given up after one write timeout, not two: a write of
 // the head that timed out was not the end (cpp-httplib ignores how the head's
@@ -201,6 +244,32 @@ TEST(ServeHttpServerTest, AKeptAliveAnswerKeepsItsConnectionWhenTheWaitingPlaces
       << "the answer did not say Connection: close, and the next request on its connection "
          "was not answered";
   if (answered) EXPECT_EQ(second.rfind("HTTP/1.1 200 ", 0), 0u) << second;
+}
+
+// A header line cpp-httplib skips without a word (one that ends in a bare LF,
+// an obs-fold continuation, one without a colon) is refused, 400, and the
+// connection closed: a peer in front that reads it (RFC 9112 2.2 lets it take a
+// bare LF as a line's end; 5.2 lets it unfold obs-fold) saw another request
+// than serve: "Transfer-Encoding: chunked" there framed the body otherwise than
+// serve's Content-Length, and what was body to it was a request of its own to
+// serve (request smuggling). RFC 9112 5.2: a server rejects obs-fold with 400 or
+// replaces it with SP; it never drops what follows the fold.
+TEST(ServeHttpServerTest, AHeadLineCppHttplibWouldSkipIsRefused) {
+  std::atomic<int> smuggled{0};
+  const auto server = SmuggleServer(8140, &smuggled);
+  ASSERT_TRUE(server->bound()) << "port 8140 is taken";
+  const std::string body = "0\r\n\r\n";
+  for (const std::string& line : {std::string("Transfer-Encoding: chunked\n"),
+                                  std::string("X-Fold: a\r\n chunked\r\n"),
+                                  std::string("Transfer-Encoding\r\n")}) {
+    const std::string got =
+        Exchange(8140, "POST /first HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n" + line +
+                           "\r\n" + body + std::string(kSmuggled));
+    EXPECT_EQ(got.rfind("HTTP/1.1 400 ", 0), 0u) << "for the line '" << line << "': " << got;
+    EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos)
+        << "for the line '" << line << "', more than one answer: " << got;
+  }
+  EXPECT_EQ(smuggled.load(), 0) << "a request after an unclear head was answered";
 }
 
 }  // namespace
