@@ -5,7 +5,7 @@
 // buffer made small (SO_SNDBUF on the listener, which each accepted connection
 // inherits), so that an answer stalls in its head, or at once, at a byte the
 // test chooses. Ports 8117-8118 and
-// 8140 (docs/PORTS.md).
+// 8140-8141 (docs/PORTS.md).
 
 #include "serve/http_server.h"
 
@@ -270,6 +270,22 @@ TEST(ServeHttpServerTest, AHeadLineCppHttplibWouldSkipIsRefused) {
         << "for the line '" << line << "', more than one answer: " << got;
   }
   EXPECT_EQ(smuggled.load(), 0) << "a request after an unclear head was answered";
+}
+
+// A Transfer-Encoding field with an empty value, which cpp-httplib drops and
+// serve gives back to the handlers (its body framed by Content-Length alone),
+// ends the connection after the answer like any other Transfer-Encoding: a peer
+// in front that took it otherwise framed the body otherwise.
+TEST(ServeHttpServerTest, AnEmptyTransferEncodingEndsTheConnection) {
+  std::atomic<int> smuggled{0};
+  const auto server = SmuggleServer(8141, &smuggled);
+  ASSERT_TRUE(server->bound()) << "port 8141 is taken";
+  const std::string got = Exchange(
+      8141, "POST /first HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\nTransfer-Encoding:\r\n"
+            "\r\n0\r\n\r\n" + std::string(kSmuggled));
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
+  EXPECT_NE(got.find("\r\nConnection: close\r\n"), std::string::npos) << got;
+  EXPECT_EQ(smuggled.load(), 0) << "the request after it was answered: " << got;
 }
 
 }  // namespace
