@@ -763,8 +763,6 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                               answering_.emplace(&req, &strm);
                             }
                             answering.parsed = &req;
-                            answering.body_length = FramedBodyLength(req);
-                            strm.set_body_length(answering.body_length);
                             // Answers go whole: a Range is ignored (RFC 9110
                             // 14.2 allows it). cpp-httplib cut every answer to
                             // it under the answer's own status (a claim's 201
@@ -781,6 +779,13 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             for (std::string& name : strm.TakeEmptyFields()) {
                               req.headers.emplace(std::move(name), "");
                             }
+                            // The framing from every field, those given back
+                            // included: an empty Transfer-Encoding or
+                            // Content-Length cpp-httplib did not see ends the
+                            // connection as any other does (a peer in front may
+                            // have framed the body otherwise).
+                            answering.body_length = FramedBodyLength(req);
+                            strm.set_body_length(answering.body_length);
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
                               // in the answer (cpp-httplib writes what the
