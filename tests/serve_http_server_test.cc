@@ -5,7 +5,7 @@
 // buffer made small (SO_SNDBUF on the listener, which each accepted connection
 // inherits), so that an answer stalls in its head, or at once, at a byte the
 // test chooses. Ports 8117-8118 and
-// 8140-8141 (docs/PORTS.md).
+// 8140-8142 (docs/PORTS.md).
 
 #include "serve/http_server.h"
 
@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 #include <string_view>
 
 namespace dedup::serve {
@@ -286,6 +287,85 @@ TEST(ServeHttpServerTest, AnEmptyTransferEncodingEndsTheConnection) {
   EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
   EXPECT_NE(got.find("\r\nConnection: close\r\n"), std::string::npos) << got;
   EXPECT_EQ(smuggled.load(), 0) << "the request after it was answered: " << got;
+}
+
+// The places for connections waiting for a request head
+// (--max-waiting-connections) are all free again after connections of every
+// kind came and went: kept alive, pipelined, closed by the client mid-head or
+// before its answer, HTTP/1.0, refused heads, Connection: close. Then as many
+// idle connections as there are places each get one (none is shed), and one
+// more is shed.
+TEST(ServeHttpServerTest, TheWaitingPlacesAreAllFreeAfterChurn) {
+  constexpr size_t kPlaces = 3;
+  std::atomic<int> shed{0};
+  HttpServerOptions options;
+  options.threads = 8;
+  options.max_connections = 8;
+  options.max_waiting = kPlaces;
+  TestServer server(8142, options, 10s, [&](HttpServer& http) {
+    auto answer = [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok", "text/plain");
+    };
+    http.Get(".*", answer);
+    http.Post(".*", answer);
+    http.set_limit_handler([&](HttpServer::Limit limit, httplib::Response*) {
+      if (limit == HttpServer::Limit::kWaitingFull || limit == HttpServer::Limit::kWaitingFullIdle) {
+        ++shed;
+      }
+    });
+  });
+  ASSERT_TRUE(server.bound()) << "port 8142 is taken";
+  const std::string get = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  const std::vector<std::string> kinds = {
+      get,
+      get + get + get,
+      get + "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+      "GET / HTTP/1.0\r\n\r\n",
+      "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\n\r\nabc" + get,
+      "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nBad line\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: items=9-1\r\nX: a%41\r\n\r\n" + get,
+      "GET / HTTP/1.1\r\nHost: 127",
+      "",
+  };
+  for (int round = 0; round < 10; ++round) {
+    std::vector<std::thread> clients;
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      clients.emplace_back([&, k, round] {
+        const int fd = Connect(8142);
+        if (fd < 0) return;
+        SendAll(fd, kinds[k]);
+        if ((round + k) % 2 == 0) {
+          ::shutdown(fd, SHUT_WR);
+          char buf[4096];
+          pollfd p{fd, POLLIN, 0};
+          while (::poll(&p, 1, 2000) > 0 && ::recv(fd, buf, sizeof(buf), 0) > 0) {
+          }
+        } else {
+          std::this_thread::sleep_for(20ms);  // then closes without reading on
+        }
+        ::close(fd);
+      });
+    }
+    for (std::thread& t : clients) t.join();
+  }
+  // Connections closed with a lingering close end within about a second.
+  std::this_thread::sleep_for(2500ms);
+  const int shed_before = shed.load();
+  std::vector<int> idle;
+  for (size_t i = 0; i < kPlaces; ++i) {
+    idle.push_back(Connect(8142));
+    std::this_thread::sleep_for(50ms);
+  }
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(shed.load(), shed_before) << "an idle connection was shed with fewer than "
+                                      << kPlaces << " waiting: places leaked";
+  // One more, with every place taken, is shed.
+  const int extra = Connect(8142);
+  std::string head;
+  EXPECT_TRUE(ReadAnswer(extra, 3s, &head));
+  EXPECT_EQ(head.rfind("HTTP/1.1 503 ", 0), 0u) << head;
+  ::close(extra);
+  for (const int fd : idle) ::close(fd);
 }
 
 }  // namespace
