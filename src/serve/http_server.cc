@@ -395,7 +395,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // was body there was a request of its own here: request smuggling). Those
   // are a line that ends in a bare LF (RFC 9112 2.2 lets a recipient take it as
   // a line's end), an obs-fold continuation (RFC 9112 5.2: rejected with 400,
-  // or unfolded; never dropped) and a line without a colon.
+  // or unfolded; never dropped) and a line without a colon; and one over
+  // cpp-httplib's bound on a line, which it refused with a bare 400.
   std::string MalformedLine() const {
     size_t line = buf_.find('\n', off_);  // the request line's end
     if (line == std::string::npos || line >= head_end_) return "";
@@ -409,11 +410,35 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       if (text.front() == ' ' || text.front() == '\t') {
         return "a header line begins with whitespace: obs-fold (RFC 9112 5.2)";
       }
-      if (text.find(':') == std::string_view::npos) {
+      const size_t colon = text.find(':');
+      if (colon == std::string_view::npos) {
         return "a header line has no colon (RFC 9112 5)";
+      }
+      // cpp-httplib's bound on a line, as it will read it: a Range line goes
+      // as sent (HideRanges), every other with each '%' in its value written
+      // "%25" (KeepFieldValues). Over it, cpp-httplib answered a bare 400.
+      size_t size = text.size();
+      if (!IsRangeLine(text)) {
+        size += 2 * static_cast<size_t>(
+                        std::count(text.begin() + static_cast<ptrdiff_t>(colon), text.end(), '%'));
+      }
+      if (size > CPPHTTPLIB_HEADER_MAX_LENGTH) {
+        return "a header line is longer than 8 KiB (" + std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) +
+               " bytes with its CRLF, each '%' in its value counted as three)";
       }
     }
     return "";
+  }
+
+  // Whether a header line (with its line end) names the Range field: "Range:"
+  // in any case, as cpp-httplib reads the name.
+  static bool IsRangeLine(std::string_view text) {
+    static constexpr std::string_view kName = "range:";
+    if (text.size() < kName.size()) return false;
+    for (size_t i = 0; i < kName.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(text[i])) != kName[i]) return false;
+    }
+    return true;
   }
 
   // Takes the Range fields out of the buffered head (head_end_ moves back) before
