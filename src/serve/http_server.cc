@@ -116,6 +116,7 @@ void IpAndPort(const sockaddr_storage& addr, socklen_t len, std::string& ip, int
 
 const char* Reason(int status) {
   switch (status) {
+    case 400: return "Bad Request";
     case 408: return "Request Timeout";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
@@ -262,15 +263,17 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     body_length_ = std::nullopt;
     hidden_ranges_.clear();
     empty_fields_.clear();
+    malformed_.clear();
     return !buf_.empty();
   }
 
-  enum class Head { kRead, kClosed, kTimedOut, kTooLarge };
+  enum class Head { kRead, kClosed, kTimedOut, kTooLarge, kMalformed };
   // Reads until the buffered bytes hold a whole request head, by `deadline` and
   // within `max_bytes`.
   Head ReadHead(TimePoint deadline, size_t max_bytes, const std::atomic<socket_t>& listener) {
     for (;;) {
       if (HeadBuffered()) {
+        if (malformed_ = MalformedLine(); !malformed_.empty()) return Head::kMalformed;
         HideRanges();
         KeepEmptyFields();
         KeepFieldValues();
@@ -290,6 +293,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       if (r < 0 || Fill() <= 0) return Head::kClosed;
     }
   }
+  // What is wrong with the head ReadHead found kMalformed.
+  const std::string& malformed() const { return malformed_; }
   // The values of the Range fields HideRanges took out of the request's head,
   // in order, as sent (spaces and tabs around them trimmed).
   std::vector<std::string> TakeHiddenRanges() { return std::move(hidden_ranges_); }
@@ -380,6 +385,59 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       return false;
     }
     head_end_ = at + kEnd.size();
+    return true;
+  }
+
+  // Why the buffered head is refused before cpp-httplib parses it, or "": a
+  // header line cpp-httplib would skip without a word, where a peer in front
+  // may read it, and the two would see different requests (a skipped
+  // "Transfer-Encoding: chunked" framed the body otherwise in front, and what
+  // was body there was a request of its own here: request smuggling). Those
+  // are a line that ends in a bare LF (RFC 9112 2.2 lets a recipient take it as
+  // a line's end), an obs-fold continuation (RFC 9112 5.2: rejected with 400,
+  // or unfolded; never dropped) and a line without a colon; and one over
+  // cpp-httplib's bound on a line, which it refused with a bare 400.
+  std::string MalformedLine() const {
+    size_t line = buf_.find('\n', off_);  // the request line's end
+    if (line == std::string::npos || line >= head_end_) return "";
+    for (++line; line + 2 < head_end_;) {  // up to the blank line
+      const size_t next = buf_.find('\n', line) + 1;  // within the head
+      const std::string_view text(buf_.data() + line, next - line);
+      line = next;
+      if (text.size() < 2 || text[text.size() - 2] != '\r') {
+        return "a header line ends in a bare LF, not CRLF (RFC 9112 2.2)";
+      }
+      if (text.front() == ' ' || text.front() == '\t') {
+        return "a header line begins with whitespace: obs-fold (RFC 9112 5.2)";
+      }
+      const size_t colon = text.find(':');
+      if (colon == std::string_view::npos) {
+        return "a header line has no colon (RFC 9112 5)";
+      }
+      // cpp-httplib's bound on a line, as it will read it: a Range line goes
+      // as sent (HideRanges), every other with each '%' in its value written
+      // "%25" (KeepFieldValues). Over it, cpp-httplib answered a bare 400.
+      size_t size = text.size();
+      if (!IsRangeLine(text)) {
+        size += 2 * static_cast<size_t>(
+                        std::count(text.begin() + static_cast<ptrdiff_t>(colon), text.end(), '%'));
+      }
+      if (size > CPPHTTPLIB_HEADER_MAX_LENGTH) {
+        return "a header line is longer than 8 KiB (" + std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) +
+               " bytes with its CRLF, each '%' in its value counted as three)";
+      }
+    }
+    return "";
+  }
+
+  // Whether a header line (with its line end) names the Range field: "Range:"
+  // in any case, as cpp-httplib reads the name.
+  static bool IsRangeLine(std::string_view text) {
+    static constexpr std::string_view kName = "range:";
+    if (text.size() < kName.size()) return false;
+    for (size_t i = 0; i < kName.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(text[i])) != kName[i]) return false;
+    }
     return true;
   }
 
@@ -502,6 +560,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   WaitingSlot next_wait_;  // ReserveNextWait
   std::vector<std::string> hidden_ranges_;  // HideRanges
   std::vector<std::string> empty_fields_;   // KeepEmptyFields
+  std::string malformed_;                   // MalformedLine
 };
 
 HttpServer::HttpServer() {
@@ -580,9 +639,13 @@ const char* HttpServer::TimeoutPart(Limit limit) {
   }
 }
 
-void HttpServer::Refuse(Limit limit, httplib::Response& res) const {
+void HttpServer::Refuse(Limit limit, httplib::Response& res, const std::string& why) const {
   std::string detail;
   switch (limit) {
+    case Limit::kMalformedHead:
+      res.status = 400;
+      detail = "the request head is malformed: " + why;
+      break;
     case Limit::kHeadTimeout:
       res.status = 408;
       detail = "the request head did not arrive within " +
@@ -680,9 +743,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       httplib::Response res;
       Refuse(shed ? Limit::kWaitingFull
              : head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
+             : head == ConnectionStream::Head::kMalformed ? Limit::kMalformedHead
              : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? Limit::kUriTooLong
                                                                            : Limit::kHeadTooLarge,
-             res);
+             res, strm.malformed());
       std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + Reason(res.status) + "\r\n";
       for (const auto& [name, value] : res.headers) {
         if (name != "Connection" && name != "Content-Length") out += name + ": " + value + "\r\n";
@@ -724,8 +788,6 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                               answering_.emplace(&req, &strm);
                             }
                             answering.parsed = &req;
-                            answering.body_length = FramedBodyLength(req);
-                            strm.set_body_length(answering.body_length);
                             // Answers go whole: a Range is ignored (RFC 9110
                             // 14.2 allows it). cpp-httplib cut every answer to
                             // it under the answer's own status (a claim's 201
@@ -742,6 +804,13 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                             for (std::string& name : strm.TakeEmptyFields()) {
                               req.headers.emplace(std::move(name), "");
                             }
+                            // The framing from every field, those given back
+                            // included: an empty Transfer-Encoding or
+                            // Content-Length cpp-httplib did not see ends the
+                            // connection as any other does (a peer in front may
+                            // have framed the body otherwise).
+                            answering.body_length = FramedBodyLength(req);
+                            strm.set_body_length(answering.body_length);
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
                               // in the answer (cpp-httplib writes what the

@@ -97,6 +97,9 @@ class HttpServer : public httplib::Server {
     kHeadTimeout,      // 408: the head missed its deadline (refused before parsing)
     kUriTooLong,       // 414: a request line over 8 KiB (refused before parsing)
     kHeadTooLarge,     // 431: a head over max_head_bytes (refused before parsing)
+    kMalformedHead,    // 400: a header line cpp-httplib would skip without a word
+                       // (a bare LF, obs-fold, no colon) or refuse with a bare 400
+                       // (over 8 KiB once its '%' are escaped); refused before parsing
     kBodyTimeout,      // 408: the body missed its deadline (the request was parsed)
     kResponseTimeout,  // the answer was not written in time: given up, no answer
     kWaitingFull,      // 503: max_waiting connections wait for a head, and this new
@@ -147,7 +150,7 @@ class HttpServer : public httplib::Server {
   // deadline.
   bool BodyTimedOut(const httplib::Request& req) const;
   // Sets res's status and default body for `limit`, then tells the handler.
-  void Refuse(Limit limit, httplib::Response& res) const;
+  void Refuse(Limit limit, httplib::Response& res, const std::string& why = "") const;
 
   RequestDeadlines deadlines_;
   size_t max_waiting_ = SIZE_MAX;
