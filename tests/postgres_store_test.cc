@@ -1472,6 +1472,38 @@ TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
 }
 
 
+// A restart (fast shutdown) while the pool sits idle: no call was in flight, so
+// none should fail. Each idle connection already heard the server's goodbye
+// (FATAL 57P01, then the end of the stream) before the next call; taking it from
+// the pool as it was made the next call fail with Unavailable (one call per dead
+// connection), though the server was back and nothing had been sent. The same
+// for a pooled connection ended by pg_terminate_backend.
+TEST_F(PostgresStoreTest, AServerRestartWhileThePoolIsIdleFailsNoLaterCall) {
+  auto store = Open("&table=idlerestart&pool=2&timeout=2s");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "before").acquired());
+  g_server->Stop();
+  ASSERT_TRUE(g_server->Start());
+  auto after = store->Claim(ClaimRequest{.key = "after-restart"});
+  ASSERT_TRUE(after.ok()) << "the first call after the restart: " << after.status();
+  EXPECT_TRUE(after->acquired());
+
+  ASSERT_TRUE(PgServer::Sql(Db(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE application_name = 'dedup'"));
+  for (int i = 0; i < 100; ++i) {  // until the backends are gone
+    if (PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                        "'dedup'") == "0") {
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  auto terminated = store->Claim(ClaimRequest{.key = "after-terminate"});
+  ASSERT_TRUE(terminated.ok()) << "the first call after pg_terminate_backend: "
+                               << terminated.status();
+  EXPECT_TRUE(terminated->acquired());
+}
+
+
 // ---- a frozen server ------------------------------------------------------------------
 
 // statement_timeout is the server's own clock: a server that does not run at all
