@@ -877,6 +877,53 @@ TEST_F(PostgresTxTest, ConnectionKilledMidTransactionLeavesNothingThenRunsOnce) 
   EXPECT_EQ(Orders("cut"), "1");
 }
 
+// What arrives while a handler's statement waits, on the asynchronous connection:
+// a NOTIFY from another session (the handler LISTENs), warnings raised mid-wait,
+// and a result of many rows and megabytes that comes in pieces. Each statement
+// gets its whole answer, the next one finds the connection ready, and the commit
+// goes through.
+TEST_F(PostgresTxTest, NotifiesNoticesAndALargeResultMidWaitAreAllConsumed) {
+  ClaimResult c = MustClaim(*store_, "mid");
+  ASSERT_TRUE(c.acquired());
+  std::string why;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto fail = [&](const std::string& w) {
+      why = w;
+      return HandlerResult::Retry(w);
+    };
+    if (auto r = tx.Exec("LISTEN dedup_mid"); !r.ok()) return fail(r.status().ToString());
+    std::thread notifier([] {
+      std::this_thread::sleep_for(150ms);
+      EXPECT_TRUE(PgServer::Sql(Db(), "NOTIFY dedup_mid, 'hello'"));
+    });
+    auto slept = tx.Exec(
+        "SELECT pg_sleep(0.4), (SELECT count(*) FROM (SELECT 1 FROM generate_series(1, 3)) g)::text");
+    notifier.join();
+    if (!slept.ok()) return fail("pg_sleep: " + slept.status().ToString());
+    auto warned = tx.Exec(
+        "DO $$ BEGIN FOR i IN 1..200 LOOP RAISE WARNING 'w %', i; PERFORM pg_sleep(0.001); "
+        "END LOOP; END $$");
+    if (!warned.ok()) return fail("warnings: " + warned.status().ToString());
+    auto big = tx.Exec("SELECT i::text, repeat('x', 100000) FROM generate_series(1, 300) i");
+    if (!big.ok()) return fail("big: " + big.status().ToString());
+    if (big->size() != 300 || !(*big)[299][1] || (*big)[299][1]->size() != 100000) {
+      return fail("big: " + std::to_string(big->size()) + " rows");
+    }
+    auto many = tx.Exec("SELECT i::text FROM generate_series(1, 200000) i");
+    if (!many.ok() || many->size() != 200000) return fail("many rows");
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('mid')");
+    if (!ins.ok()) return fail(ins.status().ToString());
+    return HandlerResult::Done("ok");
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("mid", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk) << why;
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kDone) << why;
+  EXPECT_EQ(Orders("mid"), "1");
+  EXPECT_EQ(MustClaim(*store_, "mid").outcome, ClaimOutcome::kDuplicate);
+}
+
 // A COMMIT whose answer is lost: the effect and the completion commit on the server
 // while the worker hears nothing (here: a deferred trigger holds the COMMIT on a
 // lock, the caller stops waiting, then the lock is freed). The worker cannot know
