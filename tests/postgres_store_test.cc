@@ -924,6 +924,29 @@ TEST_F(PostgresTxTest, NotifiesNoticesAndALargeResultMidWaitAreAllConsumed) {
   EXPECT_EQ(MustClaim(*store_, "mid").outcome, ClaimOutcome::kDuplicate);
 }
 
+// A COPY through Exec: the protocol enters a copy that nobody feeds. The handler
+// hears an error naming COPY, nothing commits, and the next message on the store
+// works.
+TEST_F(PostgresTxTest, ACopyThroughExecIsAnErrorNamingIt) {
+  ClaimResult c = MustClaim(*store_, "copy");
+  ASSERT_TRUE(c.acquired());
+  Status copy_status;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto r = tx.Exec("COPY orders (msg) FROM STDIN");
+    copy_status = r.status();
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("copy", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_FALSE(copy_status.ok());
+  EXPECT_NE(copy_status.message().find("COPY"), std::string::npos) << copy_status;
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_TRUE(w.ok()) << w.status();
+  ClaimResult again = MustClaim(*store_, "copy");
+  EXPECT_TRUE(again.acquired());
+  EXPECT_EQ(Orders("copy"), "0");
+}
+
 // A COMMIT whose answer is lost: the effect and the completion commit on the server
 // while the worker hears nothing (here: a deferred trigger holds the COMMIT on a
 // lock, the caller stops waiting, then the lock is freed). The worker cannot know
