@@ -137,7 +137,9 @@ class PostgresTransaction {
   using Row = std::vector<std::optional<std::string>>;  // text values, nullopt = NULL
   // Runs one statement with text parameters ($1, $2 ...; nullopt = NULL) and
   // returns its rows as text. A parameter (or the SQL) with a NUL byte is
-  // InvalidArgument: text cannot carry it (encode such bytes, e.g. as hex). A failing statement is an error, and the
+  // InvalidArgument: text cannot carry it (encode such bytes, e.g. as hex). A
+  // COPY (FROM STDIN, TO STDOUT) is FailedPrecondition naming it: nothing feeds
+  // it here (use INSERT). A failing statement is an error, and the
   // transaction is then rolled back whatever the handler returns.
   [[nodiscard]] virtual StatusOr<std::vector<Row>> Exec(
       std::string_view sql, const std::vector<std::optional<std::string>>& params = {}) = 0;

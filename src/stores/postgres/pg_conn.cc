@@ -331,8 +331,15 @@ StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_
     // As PQexec: the first error is the answer (the server skips what follows it).
     if (!last || PQresultStatus(last.get()) != PGRES_FATAL_ERROR) last = std::move(r);
     if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
-      abandoned_ = true;  // a COPY nobody feeds: the connection is of no further use
-      break;
+      // A COPY nobody feeds or reads: the connection is of no further use, and
+      // its transaction never commits. A mistake in the SQL, never a transient
+      // failure: retrying it would do the same.
+      abandoned_ = true;
+      return Status::FailedPrecondition(
+          where_ + ": " + std::string(op) +
+          ": the statement started a COPY (FROM STDIN, TO STDOUT), which the store's calls do "
+          "not carry: write the rows with INSERT (or read them with SELECT); the connection "
+          "is closed, its transaction rolled back");
     }
   }
   if (!last) return lost();

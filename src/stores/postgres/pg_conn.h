@@ -131,7 +131,8 @@ class Conn {
   // Sends with `send` (a PQsend* call on raw()) and waits, bounded as Open()
   // says, for every result: the last one, or the first error (as PQexec
   // answers). A status only when no result came: the connection failed, or the
-  // wait ended (the connection is then abandoned).
+  // wait ended (the connection is then abandoned); or the statement started a
+  // COPY (FailedPrecondition naming it; abandoned too: nobody feeds it).
   StatusOr<Result> Run(const std::function<int(PGconn*)>& send, std::string_view op);
 
   // The status for a failed result (or a null one) of operation `op`.
