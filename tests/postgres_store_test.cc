@@ -1640,5 +1640,28 @@ TEST_F(PostgresStoreTest, AClaimWaitingOnAFrozenServerIsGivenUpWhenItsCallerStop
   EXPECT_LT(later_took, 500ms) << "a call after a give-up on that server waits no more";
 }
 
+// Destroying a store whose server froze: its background expiry is waiting on the
+// server (a DELETE sent, no answer), its idle connections hold nothing. The
+// destructor joins the expiry thread; nothing should make it wait on the server
+// (a worker exiting after a drain would hang there for timeout + 1 s).
+TEST_F(PostgresStoreTest, DestroyingAStoreOnAFrozenServerDoesNotWaitForIt) {
+  auto store = Open("&table=frozendtor&pool=2&timeout=5s&expire_interval=20ms");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "warm").acquired());
+  std::this_thread::sleep_for(100ms);  // the expiry runs every 20 ms
+  g_server->SignalAll(SIGSTOP);
+  std::this_thread::sleep_for(200ms);  // an expiry round is waiting now
+  const auto t0 = std::chrono::steady_clock::now();
+  auto done = std::async(std::launch::async, [&] { store.reset(); });
+  const bool ended = done.wait_for(10s) == std::future_status::ready;
+  const auto took = std::chrono::steady_clock::now() - t0;
+  g_server->SignalAll(SIGCONT);
+  done.get();
+  ASSERT_TRUE(ended) << "the destructor still waited 10 s after the server froze";
+  EXPECT_LT(took, 1s) << "waited "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms on a frozen server";
+}
+
 }  // namespace
 }  // namespace dedup
