@@ -156,6 +156,9 @@ class PgStore final : public PostgresStore {
       stopping_ = true;
     }
     expire_cv_.notify_all();
+    // An expiry round waiting on the server (frozen, or slow) is given up at once
+    // (Aborted, its connection closed): nothing waits for its answer any more.
+    stop_.Stop(Millis(0));
     if (expirer_.joinable()) expirer_.join();
   }
 
