@@ -315,6 +315,29 @@ TEST_F(PostgresStoreTest, ATableWhoseColumnsHaveOtherTypesIsRefusedAtOpen) {
   }
 }
 
+// The column check reads the table the store names, schema included: a table of
+// the same name in another schema (changed by hand) changes nothing here, and a
+// view of the right columns with dedup's comment, where the table should be, is
+// refused (a view has no unique key), never written through.
+TEST_F(PostgresStoreTest, TheColumnCheckReadsTheNamedTableNotAViewOrAnotherSchemas) {
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SCHEMA other"));
+  ASSERT_NE(Open("&schema=other&table=same"), nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE other.same ALTER COLUMN result TYPE text "
+                                  "USING encode(result, 'escape')"));
+  auto mine = Open("&table=same");  // public.same: made, and checked, on its own
+  ASSERT_NE(mine, nullptr);
+  EXPECT_TRUE(MustClaim(*mine, "k").acquired());
+  auto other = OpenStore(Uri("&schema=other&table=same"));
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition) << other.status();
+
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SCHEMA v"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE VIEW v.same AS SELECT * FROM public.same"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "COMMENT ON VIEW v.same IS 'dedup store records, format 1'"));
+  auto view = OpenStore(Uri("&schema=v&table=same"));
+  EXPECT_EQ(view.status().code(), StatusCode::kFailedPrecondition)
+      << (view.ok() ? "opened over a view" : view.status().ToString());
+}
+
 // The usual least-privilege setup: an application role that may create tables
 // in its schema but not schemas in the database (only the database's owner and
 // superusers may; PUBLIC has CONNECT and TEMPORARY). A second such role makes a
