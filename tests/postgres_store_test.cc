@@ -947,6 +947,47 @@ TEST_F(PostgresTxTest, NotifiesNoticesAndALargeResultMidWaitAreAllConsumed) {
   EXPECT_EQ(MustClaim(*store_, "mid").outcome, ClaimOutcome::kDuplicate);
 }
 
+// Signals delivered to the waiting thread (poll(2) fails with EINTR whatever
+// SA_RESTART says): the wait goes on, bounded from its start, and the answer
+// comes back as if nothing happened.
+TEST_F(PostgresTxTest, SignalsDuringAWaitAreNotFailures) {
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old = {};
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  ClaimResult c = MustClaim(*store_, "eintr");
+  ASSERT_TRUE(c.acquired());
+  std::atomic<bool> done{false};
+  const pthread_t me = pthread_self();
+  std::thread pester([&] {
+    while (!done.load()) {
+      pthread_kill(me, SIGUSR1);
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  Status slept;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto r = tx.Exec("SELECT pg_sleep(0.5)");
+    slept = r.status();
+    if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('eintr')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("eintr", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  auto claim = store_->Claim(ClaimRequest{.key = "eintr-2"});
+  done = true;
+  pester.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_TRUE(slept.ok()) << slept;
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(Orders("eintr"), "1");
+  EXPECT_TRUE(claim.ok()) << claim.status();
+}
+
 // A COPY through Exec: the protocol enters a copy that nobody feeds. The handler
 // hears an error naming COPY, nothing commits, and the next message on the store
 // works.
