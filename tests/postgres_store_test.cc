@@ -988,6 +988,42 @@ TEST_F(PostgresTxTest, SignalsDuringAWaitAreNotFailures) {
   EXPECT_TRUE(claim.ok()) << claim.status();
 }
 
+// pg_terminate_backend while a handler's statement waits for its answer: the
+// wait ends at once with Unavailable (not a DeadlineExceeded timeout + 1 s
+// later), nothing commits, and the next delivery runs once.
+TEST_F(PostgresTxTest, ABackendTerminatedDuringAWaitIsUnavailableAtOnce) {
+  ClaimResult c = MustClaim(*store_, "term");
+  ASSERT_TRUE(c.acquired());
+  Status slept;
+  std::chrono::steady_clock::duration took{};
+  auto handler = [&](PostgresTransaction& tx) {
+    auto pid = tx.Exec("SELECT pg_backend_pid()::text");
+    if (!pid.ok() || pid->empty()) return HandlerResult::Retry("no pid");
+    const std::string p = *(*pid)[0][0];
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('term')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    std::thread killer([p] {
+      std::this_thread::sleep_for(300ms);
+      EXPECT_TRUE(PgServer::Sql(Db(), "SELECT pg_terminate_backend(" + p + ")"));
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = tx.Exec("SELECT pg_sleep(3)");
+    took = std::chrono::steady_clock::now() - t0;
+    killer.join();
+    slept = r.status();
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("term", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_EQ(slept.code(), StatusCode::kUnavailable) << slept;
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_TRUE(w.ok()) << w.status();  // the claim released on another connection
+  EXPECT_EQ(Orders("term"), "0");
+  ClaimResult again = MustClaim(*store_, "term");
+  EXPECT_TRUE(again.acquired());
+}
+
 // A COPY through Exec: the protocol enters a copy that nobody feeds. The handler
 // hears an error naming COPY, nothing commits, and the next message on the store
 // works.
