@@ -1024,6 +1024,34 @@ TEST_F(PostgresTxTest, ABackendTerminatedDuringAWaitIsUnavailableAtOnce) {
   EXPECT_TRUE(again.acquired());
 }
 
+// A handler that ends the transaction itself through Exec ("COMMIT": the
+// extended protocol runs it, where ExecScript refuses it) has committed its
+// effect without the completion. The store cannot undo that; what it must not do
+// is release the claim, so that the next delivery runs the handler again and
+// applies the effect twice: the statement is an error naming it, the key is
+// completed as failed (dead-lettered), and later statements are refused.
+TEST_F(PostgresTxTest, AHandlerCommittingThroughExecIsNeverRunAgain) {
+  ClaimResult c = MustClaim(*store_, "selfcommit");
+  ASSERT_TRUE(c.acquired());
+  Status committed, after;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('selfcommit')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    committed = tx.Exec("COMMIT").status();
+    after = tx.Exec("INSERT INTO orders (msg) VALUES ('selfcommit')").status();
+    return HandlerResult::Retry("try again");
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("selfcommit", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_EQ(committed.code(), StatusCode::kFailedPrecondition) << committed;
+  EXPECT_FALSE(after.ok()) << "a statement after the handler's COMMIT ran on its own";
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kFail) << hr.result;
+  EXPECT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(Orders("selfcommit"), "1");
+  ClaimResult again = MustClaim(*store_, "selfcommit");
+  EXPECT_EQ(again.outcome, ClaimOutcome::kDuplicate) << "the handler would run again";
+}
+
 // A COPY through Exec: the protocol enters a copy that nobody feeds. The handler
 // hears an error naming COPY, nothing commits, and the next message on the store
 // works.
