@@ -123,7 +123,11 @@ struct PostgresStoreOptions {
 // An open transaction on one of the store's connections, handed to a
 // TransactionalHandler together with its claim. Use connection() with any libpq
 // call, or Exec(); do not COMMIT, ROLLBACK or end the transaction yourself (the
-// store does, with the completion). Valid only during the handler's call.
+// store does, with the completion). One that does anyway (its writes may be
+// committed without the completion) has that statement answered
+// FailedPrecondition, every later Exec refused, and its key completed as failed
+// whatever it returns: never released, so never run again to apply the writes
+// twice. Valid only during the handler's call.
 class PostgresTransaction {
  public:
   virtual ~PostgresTransaction() = default;
