@@ -315,6 +315,29 @@ TEST_F(PostgresStoreTest, ATableWhoseColumnsHaveOtherTypesIsRefusedAtOpen) {
   }
 }
 
+// The column check reads the table the store names, schema included: a table of
+// the same name in another schema (changed by hand) changes nothing here, and a
+// view of the right columns with dedup's comment, where the table should be, is
+// refused (a view has no unique key), never written through.
+TEST_F(PostgresStoreTest, TheColumnCheckReadsTheNamedTableNotAViewOrAnotherSchemas) {
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SCHEMA other"));
+  ASSERT_NE(Open("&schema=other&table=same"), nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE other.same ALTER COLUMN result TYPE text "
+                                  "USING encode(result, 'escape')"));
+  auto mine = Open("&table=same");  // public.same: made, and checked, on its own
+  ASSERT_NE(mine, nullptr);
+  EXPECT_TRUE(MustClaim(*mine, "k").acquired());
+  auto other = OpenStore(Uri("&schema=other&table=same"));
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition) << other.status();
+
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SCHEMA v"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE VIEW v.same AS SELECT * FROM public.same"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "COMMENT ON VIEW v.same IS 'dedup store records, format 1'"));
+  auto view = OpenStore(Uri("&schema=v&table=same"));
+  EXPECT_EQ(view.status().code(), StatusCode::kFailedPrecondition)
+      << (view.ok() ? "opened over a view" : view.status().ToString());
+}
+
 // The usual least-privilege setup: an application role that may create tables
 // in its schema but not schemas in the database (only the database's owner and
 // superusers may; PUBLIC has CONNECT and TEMPORARY). A second such role makes a
@@ -875,6 +898,181 @@ TEST_F(PostgresTxTest, ConnectionKilledMidTransactionLeavesNothingThenRunsOnce) 
   }
   EXPECT_EQ(second.action, BrokerAction::kAck) << second.reason;
   EXPECT_EQ(Orders("cut"), "1");
+}
+
+// What arrives while a handler's statement waits, on the asynchronous connection:
+// a NOTIFY from another session (the handler LISTENs), warnings raised mid-wait,
+// and a result of many rows and megabytes that comes in pieces. Each statement
+// gets its whole answer, the next one finds the connection ready, and the commit
+// goes through.
+TEST_F(PostgresTxTest, NotifiesNoticesAndALargeResultMidWaitAreAllConsumed) {
+  ClaimResult c = MustClaim(*store_, "mid");
+  ASSERT_TRUE(c.acquired());
+  std::string why;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto fail = [&](const std::string& w) {
+      why = w;
+      return HandlerResult::Retry(w);
+    };
+    if (auto r = tx.Exec("LISTEN dedup_mid"); !r.ok()) return fail(r.status().ToString());
+    std::thread notifier([] {
+      std::this_thread::sleep_for(150ms);
+      EXPECT_TRUE(PgServer::Sql(Db(), "NOTIFY dedup_mid, 'hello'"));
+    });
+    auto slept = tx.Exec(
+        "SELECT pg_sleep(0.4), (SELECT count(*) FROM (SELECT 1 FROM generate_series(1, 3)) g)::text");
+    notifier.join();
+    if (!slept.ok()) return fail("pg_sleep: " + slept.status().ToString());
+    auto warned = tx.Exec(
+        "DO $$ BEGIN FOR i IN 1..200 LOOP RAISE WARNING 'w %', i; PERFORM pg_sleep(0.001); "
+        "END LOOP; END $$");
+    if (!warned.ok()) return fail("warnings: " + warned.status().ToString());
+    auto big = tx.Exec("SELECT i::text, repeat('x', 100000) FROM generate_series(1, 300) i");
+    if (!big.ok()) return fail("big: " + big.status().ToString());
+    if (big->size() != 300 || !(*big)[299][1] || (*big)[299][1]->size() != 100000) {
+      return fail("big: " + std::to_string(big->size()) + " rows");
+    }
+    auto many = tx.Exec("SELECT i::text FROM generate_series(1, 200000) i");
+    if (!many.ok() || many->size() != 200000) return fail("many rows");
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('mid')");
+    if (!ins.ok()) return fail(ins.status().ToString());
+    return HandlerResult::Done("ok");
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("mid", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk) << why;
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kDone) << why;
+  EXPECT_EQ(Orders("mid"), "1");
+  EXPECT_EQ(MustClaim(*store_, "mid").outcome, ClaimOutcome::kDuplicate);
+}
+
+// Signals delivered to the waiting thread (poll(2) fails with EINTR whatever
+// SA_RESTART says): the wait goes on, bounded from its start, and the answer
+// comes back as if nothing happened.
+TEST_F(PostgresTxTest, SignalsDuringAWaitAreNotFailures) {
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old = {};
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  ClaimResult c = MustClaim(*store_, "eintr");
+  ASSERT_TRUE(c.acquired());
+  std::atomic<bool> done{false};
+  const pthread_t me = pthread_self();
+  std::thread pester([&] {
+    while (!done.load()) {
+      pthread_kill(me, SIGUSR1);
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  Status slept;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto r = tx.Exec("SELECT pg_sleep(0.5)");
+    slept = r.status();
+    if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('eintr')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("eintr", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  auto claim = store_->Claim(ClaimRequest{.key = "eintr-2"});
+  done = true;
+  pester.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_TRUE(slept.ok()) << slept;
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(Orders("eintr"), "1");
+  EXPECT_TRUE(claim.ok()) << claim.status();
+}
+
+// pg_terminate_backend while a handler's statement waits for its answer: the
+// wait ends at once with Unavailable (not a DeadlineExceeded timeout + 1 s
+// later), nothing commits, and the next delivery runs once.
+TEST_F(PostgresTxTest, ABackendTerminatedDuringAWaitIsUnavailableAtOnce) {
+  ClaimResult c = MustClaim(*store_, "term");
+  ASSERT_TRUE(c.acquired());
+  Status slept;
+  std::chrono::steady_clock::duration took{};
+  auto handler = [&](PostgresTransaction& tx) {
+    auto pid = tx.Exec("SELECT pg_backend_pid()::text");
+    if (!pid.ok() || pid->empty()) return HandlerResult::Retry("no pid");
+    const std::string p = *(*pid)[0][0];
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('term')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    std::thread killer([p] {
+      std::this_thread::sleep_for(300ms);
+      EXPECT_TRUE(PgServer::Sql(Db(), "SELECT pg_terminate_backend(" + p + ")"));
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = tx.Exec("SELECT pg_sleep(3)");
+    took = std::chrono::steady_clock::now() - t0;
+    killer.join();
+    slept = r.status();
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("term", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_EQ(slept.code(), StatusCode::kUnavailable) << slept;
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_TRUE(w.ok()) << w.status();  // the claim released on another connection
+  EXPECT_EQ(Orders("term"), "0");
+  ClaimResult again = MustClaim(*store_, "term");
+  EXPECT_TRUE(again.acquired());
+}
+
+// A handler that ends the transaction itself through Exec ("COMMIT": the
+// extended protocol runs it, where ExecScript refuses it) has committed its
+// effect without the completion. The store cannot undo that; what it must not do
+// is release the claim, so that the next delivery runs the handler again and
+// applies the effect twice: the statement is an error naming it, the key is
+// completed as failed (dead-lettered), and later statements are refused.
+TEST_F(PostgresTxTest, AHandlerCommittingThroughExecIsNeverRunAgain) {
+  ClaimResult c = MustClaim(*store_, "selfcommit");
+  ASSERT_TRUE(c.acquired());
+  Status committed, after;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('selfcommit')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    committed = tx.Exec("COMMIT").status();
+    after = tx.Exec("INSERT INTO orders (msg) VALUES ('selfcommit')").status();
+    return HandlerResult::Retry("try again");
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("selfcommit", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_EQ(committed.code(), StatusCode::kFailedPrecondition) << committed;
+  EXPECT_FALSE(after.ok()) << "a statement after the handler's COMMIT ran on its own";
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kFail) << hr.result;
+  EXPECT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(Orders("selfcommit"), "1");
+  ClaimResult again = MustClaim(*store_, "selfcommit");
+  EXPECT_EQ(again.outcome, ClaimOutcome::kDuplicate) << "the handler would run again";
+}
+
+// A COPY through Exec: the protocol enters a copy that nobody feeds. The handler
+// hears an error naming COPY, nothing commits, and the next message on the store
+// works.
+TEST_F(PostgresTxTest, ACopyThroughExecIsAnErrorNamingIt) {
+  ClaimResult c = MustClaim(*store_, "copy");
+  ASSERT_TRUE(c.acquired());
+  Status copy_status;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto r = tx.Exec("COPY orders (msg) FROM STDIN");
+    copy_status = r.status();
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("copy", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_FALSE(copy_status.ok());
+  EXPECT_NE(copy_status.message().find("COPY"), std::string::npos) << copy_status;
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_TRUE(w.ok()) << w.status();
+  ClaimResult again = MustClaim(*store_, "copy");
+  EXPECT_TRUE(again.acquired());
+  EXPECT_EQ(Orders("copy"), "0");
 }
 
 // A COMMIT whose answer is lost: the effect and the completion commit on the server
@@ -1472,6 +1670,38 @@ TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
 }
 
 
+// A restart (fast shutdown) while the pool sits idle: no call was in flight, so
+// none should fail. Each idle connection already heard the server's goodbye
+// (FATAL 57P01, then the end of the stream) before the next call; taking it from
+// the pool as it was made the next call fail with Unavailable (one call per dead
+// connection), though the server was back and nothing had been sent. The same
+// for a pooled connection ended by pg_terminate_backend.
+TEST_F(PostgresStoreTest, AServerRestartWhileThePoolIsIdleFailsNoLaterCall) {
+  auto store = Open("&table=idlerestart&pool=2&timeout=2s");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "before").acquired());
+  g_server->Stop();
+  ASSERT_TRUE(g_server->Start());
+  auto after = store->Claim(ClaimRequest{.key = "after-restart"});
+  ASSERT_TRUE(after.ok()) << "the first call after the restart: " << after.status();
+  EXPECT_TRUE(after->acquired());
+
+  ASSERT_TRUE(PgServer::Sql(Db(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE application_name = 'dedup'"));
+  for (int i = 0; i < 100; ++i) {  // until the backends are gone
+    if (PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                        "'dedup'") == "0") {
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  auto terminated = store->Claim(ClaimRequest{.key = "after-terminate"});
+  ASSERT_TRUE(terminated.ok()) << "the first call after pg_terminate_backend: "
+                               << terminated.status();
+  EXPECT_TRUE(terminated->acquired());
+}
+
+
 // ---- a frozen server ------------------------------------------------------------------
 
 // statement_timeout is the server's own clock: a server that does not run at all
@@ -1536,6 +1766,29 @@ TEST_F(PostgresStoreTest, AClaimWaitingOnAFrozenServerIsGivenUpWhenItsCallerStop
   EXPECT_LT(took, 1s) << "grace 250ms";
   EXPECT_EQ(later.status().code(), StatusCode::kAborted) << later.status();
   EXPECT_LT(later_took, 500ms) << "a call after a give-up on that server waits no more";
+}
+
+// Destroying a store whose server froze: its background expiry is waiting on the
+// server (a DELETE sent, no answer), its idle connections hold nothing. The
+// destructor joins the expiry thread; nothing should make it wait on the server
+// (a worker exiting after a drain would hang there for timeout + 1 s).
+TEST_F(PostgresStoreTest, DestroyingAStoreOnAFrozenServerDoesNotWaitForIt) {
+  auto store = Open("&table=frozendtor&pool=2&timeout=5s&expire_interval=20ms");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "warm").acquired());
+  std::this_thread::sleep_for(100ms);  // the expiry runs every 20 ms
+  g_server->SignalAll(SIGSTOP);
+  std::this_thread::sleep_for(200ms);  // an expiry round is waiting now
+  const auto t0 = std::chrono::steady_clock::now();
+  auto done = std::async(std::launch::async, [&] { store.reset(); });
+  const bool ended = done.wait_for(10s) == std::future_status::ready;
+  const auto took = std::chrono::steady_clock::now() - t0;
+  g_server->SignalAll(SIGCONT);
+  done.get();
+  ASSERT_TRUE(ended) << "the destructor still waited 10 s after the server froze";
+  EXPECT_LT(took, 1s) << "waited "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms on a frozen server";
 }
 
 }  // namespace

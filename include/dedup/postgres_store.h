@@ -123,7 +123,11 @@ struct PostgresStoreOptions {
 // An open transaction on one of the store's connections, handed to a
 // TransactionalHandler together with its claim. Use connection() with any libpq
 // call, or Exec(); do not COMMIT, ROLLBACK or end the transaction yourself (the
-// store does, with the completion). Valid only during the handler's call.
+// store does, with the completion). One that does anyway (its writes may be
+// committed without the completion) has that statement answered
+// FailedPrecondition, every later Exec refused, and its key completed as failed
+// whatever it returns: never released, so never run again to apply the writes
+// twice. Valid only during the handler's call.
 class PostgresTransaction {
  public:
   virtual ~PostgresTransaction() = default;
@@ -137,7 +141,9 @@ class PostgresTransaction {
   using Row = std::vector<std::optional<std::string>>;  // text values, nullopt = NULL
   // Runs one statement with text parameters ($1, $2 ...; nullopt = NULL) and
   // returns its rows as text. A parameter (or the SQL) with a NUL byte is
-  // InvalidArgument: text cannot carry it (encode such bytes, e.g. as hex). A failing statement is an error, and the
+  // InvalidArgument: text cannot carry it (encode such bytes, e.g. as hex). A
+  // COPY (FROM STDIN, TO STDOUT) is FailedPrecondition naming it: nothing feeds
+  // it here (use INSERT). A failing statement is an error, and the
   // transaction is then rolled back whatever the handler returns.
   [[nodiscard]] virtual StatusOr<std::vector<Row>> Exec(
       std::string_view sql, const std::vector<std::optional<std::string>>& params = {}) = 0;

@@ -239,6 +239,25 @@ bool Conn::broken() const {
   return poisoned_ || abandoned_ || PQstatus(conn_) != CONNECTION_OK;
 }
 
+bool Conn::ClosedWhileIdle() {
+  if (broken()) return true;
+  // A read that got bytes (the goodbye) does not look further: the end of the
+  // stream behind them is seen by the next one. A few rounds, not a loop on a
+  // stream of NOTIFYs.
+  for (int round = 0; round < 4; ++round) {
+    pollfd p{PQsocket(conn_), POLLIN, 0};
+    if (p.fd < 0) return true;
+    int r;
+    do {
+      r = poll(&p, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0 || p.revents == 0) return false;
+    // libpq's socket never blocks a read: PQconsumeInput takes what is there.
+    if (PQconsumeInput(conn_) == 0 || PQstatus(conn_) != CONNECTION_OK) return true;
+  }
+  return false;
+}
+
 Status Conn::AwaitSocket(short events, int64_t start_ms, std::string_view op) {
   const Waited w = AwaitFd(PQsocket(conn_), events, start_ms, wait_.count(), stop_);
   if (w == Waited::kReady) return Status::Ok();
@@ -312,8 +331,15 @@ StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_
     // As PQexec: the first error is the answer (the server skips what follows it).
     if (!last || PQresultStatus(last.get()) != PGRES_FATAL_ERROR) last = std::move(r);
     if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
-      abandoned_ = true;  // a COPY nobody feeds: the connection is of no further use
-      break;
+      // A COPY nobody feeds or reads: the connection is of no further use, and
+      // its transaction never commits. A mistake in the SQL, never a transient
+      // failure: retrying it would do the same.
+      abandoned_ = true;
+      return Status::FailedPrecondition(
+          where_ + ": " + std::string(op) +
+          ": the statement started a COPY (FROM STDIN, TO STDOUT), which the store's calls do "
+          "not carry: write the rows with INSERT (or read them with SELECT); the connection "
+          "is closed, its transaction rolled back");
     }
   }
   if (!last) return lost();
@@ -448,18 +474,28 @@ StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
   if (long_hold) {
     DEDUP_RETURN_IF_ERROR(CheckTransactions());
   }
-  {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] {
-      return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
-    });
-    if (long_hold) ++long_held_;
-    if (!idle_.empty()) {
-      std::unique_ptr<Conn> c = std::move(idle_.back());
+  for (;;) {
+    std::unique_ptr<Conn> idle;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
+      });
+      if (long_hold) ++long_held_;
+      if (idle_.empty()) {
+        ++live_;
+        break;  // opened below
+      }
+      idle = std::move(idle_.back());
       idle_.pop_back();
-      return Handle(this, std::move(c), long_hold);
     }
-    ++live_;
+    // Checked outside the lock (a system call): nothing was sent on it yet.
+    if (!idle->ClosedWhileIdle()) return Handle(this, std::move(idle), long_hold);
+    idle.reset();  // closed: the server is gone from it already
+    std::lock_guard lock(mu_);
+    --live_;
+    if (long_hold) --long_held_;
+    cv_.notify_all();
   }
   auto c = open_();
   std::lock_guard lock(mu_);

@@ -109,6 +109,13 @@ class Conn {
   ~Conn();
   PGconn* raw() { return conn_; }
   bool broken() const;
+  // True when the server ended the session while the connection sat idle in the
+  // pool (a restart's fast shutdown, pg_terminate_backend): its goodbye (FATAL
+  // 57P01, then the end of the stream) waits unread on the socket, and a call sent
+  // on it would fail though nothing had been in flight. One poll(2) that does not
+  // wait; what an idle connection may also hear (a notice, a NOTIFY, a parameter
+  // status) is consumed and keeps it.
+  bool ClosedWhileIdle();
   // Closed when handed back: it holds session state that could not be cleared.
   void Poison() { poisoned_ = true; }
   // The SQLSTATE of the last error of a statement ("" for none or a transport
@@ -124,7 +131,8 @@ class Conn {
   // Sends with `send` (a PQsend* call on raw()) and waits, bounded as Open()
   // says, for every result: the last one, or the first error (as PQexec
   // answers). A status only when no result came: the connection failed, or the
-  // wait ended (the connection is then abandoned).
+  // wait ended (the connection is then abandoned); or the statement started a
+  // COPY (FailedPrecondition naming it; abandoned too: nobody feeds it).
   StatusOr<Result> Run(const std::function<int(PGconn*)>& send, std::string_view op);
 
   // The status for a failed result (or a null one) of operation `op`.
@@ -152,7 +160,9 @@ class Conn {
 };
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer
-// than `size` exist. A connection that broke is closed when handed back.
+// than `size` exist. A connection that broke is closed when handed back; one the
+// server closed while it sat idle (Conn::ClosedWhileIdle) is closed when taken,
+// and another taken (or opened) in its place.
 // GetForTransaction() is Get() for a connection held while a handler runs
 // (RunInTransaction): such holds take at most size - 1 connections, so that the
 // heartbeat's extend and the claims of other messages always find one.

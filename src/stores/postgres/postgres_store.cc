@@ -156,6 +156,9 @@ class PgStore final : public PostgresStore {
       stopping_ = true;
     }
     expire_cv_.notify_all();
+    // An expiry round waiting on the server (frozen, or slow) is given up at once
+    // (Aborted, its connection closed): nothing waits for its answer any more.
+    stop_.Stop(Millis(0));
     if (expirer_.joinable()) expirer_.join();
   }
 
@@ -749,10 +752,16 @@ class PgTransaction final : public PostgresTransaction {
   uint64_t fence() const override { return fence_; }
   uint32_t attempt() const override { return attempt_; }
   bool failed() const { return failed_; }
+  bool ended() const { return ended_; }
   const Status& failure() const { return failure_; }
 
   StatusOr<std::vector<Row>> Exec(std::string_view sql,
                                   const std::vector<std::optional<std::string>>& params) override {
+    if (ended_) {  // each statement would now commit on its own
+      return Fail(Status::FailedPrecondition(
+          "handler statement: refused: the handler ended the store's transaction (" +
+          ended_by_ + ")"));
+    }
     // Text travels as C strings: a NUL would cut the value short, silently.
     if (sql.find('\0') != std::string_view::npos) {
       return Fail(Status::InvalidArgument("handler statement: the SQL text contains a NUL byte"));
@@ -779,6 +788,18 @@ class PgTransaction final : public PostgresTransaction {
     pg::Result r = std::move(res).value();
     const ExecStatusType st = PQresultStatus(r.get());
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.ErrorOf(r.get(), "handler statement"));
+    // A COMMIT, END or ROLLBACK (the extended protocol runs them; EXECUTE, for
+    // ExecScript, refuses them): the effect may be committed without the
+    // completion. Too late to undo; RunInTransaction never lets it run again.
+    if (PQtransactionStatus(c_.raw()) == PQTRANS_IDLE) {
+      ended_ = true;
+      ended_by_ = PQcmdStatus(r.get());
+      return Fail(Status::FailedPrecondition(
+          "handler statement: " + ended_by_ +
+          " ended the store's transaction: the handler may not COMMIT, ROLLBACK or END it "
+          "(its writes may be committed without the completion; the key is completed as "
+          "failed so that they are never applied twice)"));
+    }
     std::vector<Row> rows;
     for (int i = 0; i < PQntuples(r.get()); ++i) {
       Row row;
@@ -843,6 +864,8 @@ class PgTransaction final : public PostgresTransaction {
   uint32_t attempt_;
   bool failed_ = false;
   Status failure_;
+  bool ended_ = false;    // a statement of the handler ended the transaction
+  std::string ended_by_;  // its command tag
 };
 
 StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token token,
@@ -875,6 +898,15 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     }
     if (tx.failed() && hr.kind == HandlerResult::Kind::kDone) {
       hr = HandlerResult::Retry("a statement of the handler failed: " + tx.failure().ToString());
+    }
+    // The handler ended the transaction itself (a COMMIT through Exec, or any
+    // libpq call on connection()): its writes may be committed, without the
+    // completion. Released, the claim would run the handler again and apply
+    // them twice: completed as failed instead (dead-lettered), saying why.
+    if (tx.ended() || PQtransactionStatus(c.raw()) == PQTRANS_IDLE) {
+      hr = HandlerResult::Fail(
+          "the handler ended the store's transaction itself (COMMIT, ROLLBACK or END): its "
+          "writes may be committed without the completion, so the message is not run again");
     }
     // An outcome a record cannot hold would fail the same way on every retry:
     // a permanent failure with the reason (writes rolled back), and a Fail
