@@ -189,6 +189,39 @@ TEST(NatsUriTest, ALoneUserInfoIsATokenAndTokenFileReadsOne) {
   unlink(path);
 }
 
+// A token holding a '/' (or '?', '#') written raw: the authority ends there, so
+// its head was read as the host and the rest as a path nats:// ignored: the
+// URI was taken, and the token's head shown as the host of every connect error
+// and of Describe() ("nats tok: connect: ..."). A path means nothing to
+// nats://: refused, naming neither it nor the host before it.
+TEST(NatsUriTest, APathIsRefusedSoATokenWithASlashIsNotReadAsAHost) {
+  for (const char* uri : {"nats://s3cr3t/tok@h:4999?stream=S&consumer=c",
+                          "nats://s3cr3t/@h?stream=S&consumer=c",
+                          "nats://h:4999/s3cr3t?stream=S&consumer=c"}) {
+    auto o = ParseNatsUri(uri);
+    ASSERT_FALSE(o.ok()) << uri << " was taken, host " << o->host_port;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+    EXPECT_NE(o.status().message().find("path"), std::string::npos) << o.status().ToString();
+    EXPECT_EQ(o.status().message().find("s3cr3t"), std::string::npos) << o.status().ToString();
+  }
+  // Escaped, the '/' is the token's; a lone '/' after the host is no path.
+  auto t = ParseNatsUri("nats://s3cr3t%2Ftok@h:4999/?stream=S&consumer=c");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->token, "s3cr3t/tok");
+  EXPECT_EQ(t->host_port, "h:4999");
+  // '@' and ':' in a token: the last '@' ends the user-info; a ':' makes it a
+  // user and a password (as every NATS client reads it), escaped it is the token's.
+  auto at = ParseNatsUri("nats://s3@cr3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  EXPECT_EQ(at->token, "s3@cr3t");
+  auto colon = ParseNatsUri("nats://s3%3Acr3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(colon.ok()) << colon.status().ToString();
+  EXPECT_EQ(colon->token, "s3:cr3t");
+  auto bad = ParseNatsUri("nats://s3cr3t%zz@h?stream=S&consumer=c");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().find("s3cr3t"), std::string::npos) << bad.status().ToString();
+}
+
 // "nats://user:pass" with the "@host" forgotten: the password was echoed as the
 // host of the connect error ("nats default:hunter2: connect: Invalid Argument").
 TEST(NatsUriTest, APasswordReadAsAPortIsNotEchoed) {
