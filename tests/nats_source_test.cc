@@ -217,6 +217,18 @@ TEST(NatsUriTest, APathIsRefusedSoATokenWithASlashIsNotReadAsAHost) {
   auto colon = ParseNatsUri("nats://s3%3Acr3t@h?stream=S&consumer=c");
   ASSERT_TRUE(colon.ok()) << colon.status().ToString();
   EXPECT_EQ(colon->token, "s3:cr3t");
+  // A raw '?' ends the authority as well: the token's tail and the host became
+  // the first parameter's name, echoed as unknown ("unknown parameter
+  // 'r3t@h?stream'"). A '#' is the token's (nats:// reads no fragment).
+  auto q = ParseNatsUri("nats://s3c?r3t@h?stream=S&consumer=c");
+  ASSERT_FALSE(q.ok()) << "taken, host " << q->host_port;
+  EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument) << q.status().ToString();
+  EXPECT_EQ(q.status().message().find("r3t"), std::string::npos) << q.status().ToString();
+  EXPECT_EQ(q.status().message().find("s3c"), std::string::npos) << q.status().ToString();
+  EXPECT_NE(q.status().message().find("%3F"), std::string::npos) << q.status().ToString();
+  auto hash = ParseNatsUri("nats://s3c#r3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(hash.ok()) << hash.status().ToString();
+  EXPECT_EQ(hash->token, "s3c#r3t");
   auto bad = ParseNatsUri("nats://s3cr3t%zz@h?stream=S&consumer=c");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().message().find("s3cr3t"), std::string::npos) << bad.status().ToString();
