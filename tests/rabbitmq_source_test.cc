@@ -111,6 +111,20 @@ TEST(RabbitMqUriTest, APasswordReadAsAPortIsNotEchoed) {
   EXPECT_EQ(v6->port, 5999);
 }
 
+// A '?' written raw in a password ends the authority: the password's tail and
+// the host became the first parameter's name, echoed as unknown ("unknown
+// parameter 'ss3cret@h?queue'"). Refused without the echo.
+TEST(RabbitMqUriTest, APasswordWithARawQuestionMarkIsNotEchoed) {
+  auto o = ParseRabbitMqUri("amqp://u:p?ss3cret@h?queue=q");
+  ASSERT_FALSE(o.ok()) << "taken, host " << o->host;
+  EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+  EXPECT_EQ(o.status().message().find("ss3cret"), std::string::npos) << o.status().ToString();
+  EXPECT_NE(o.status().message().find("%3F"), std::string::npos) << o.status().ToString();
+  auto e = ParseRabbitMqUri("amqp://u:p%3Fss3cret@h?queue=q");
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->password, "p?ss3cret");
+}
+
 TEST(RabbitMqUriTest, RejectsBadInputNamingIt) {
   struct Case {
     const char* uri;
