@@ -795,6 +795,33 @@ TEST_F(NatsSourceTest, ADeadLetterWhoseHeadersDoNotFitKeepsWhatNamesTheMessage) 
   ASSERT_TRUE(d[0]->Ack().ok());
 }
 
+// A dead stream so small that even the bare copy (what names the message)
+// is refused: no copy, so the original is not terminated; it is given back
+// after ack_wait (not at once: a loop), and nothing reached the dead stream
+// (brokerreview: what held when both smaller copies fail).
+TEST_F(NatsSourceTest, ADeadLetterNoCopyFitsIsGivenBackAfterAckWaitNotTerminated) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 64);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("tiny", std::string(2000, 'z'));
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status dl = got[0]->DeadLetter("failed: exit 1");
+  ASSERT_FALSE(dl.ok());
+  EXPECT_NE(dl.message().find("max_msg_size"), std::string::npos) << dl.ToString();
+  got.clear();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "given back at once";
+  auto back = FetchAll(**src, 1, Millis(3000));
+  ASSERT_EQ(back.size(), 1u) << "terminated without a copy";
+  EXPECT_EQ(back[0]->key(), "tiny");
+  ASSERT_TRUE(back[0]->Ack().ok());
+  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
+                             stream_ + "&key=header:Dedup-Original-Msg-Id");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  EXPECT_TRUE(FetchAll(**dead, 1, Millis(1000)).empty()) << "a copy reached the dead stream";
+}
+
 // ---- edges (brokeredge) ---------------------------------------------------------
 
 // Fetches for 3 s or until a fetch answers FailedPrecondition (a consumer
