@@ -189,6 +189,51 @@ TEST(NatsUriTest, ALoneUserInfoIsATokenAndTokenFileReadsOne) {
   unlink(path);
 }
 
+// A token holding a '/' (or '?', '#') written raw: the authority ends there, so
+// its head was read as the host and the rest as a path nats:// ignored: the
+// URI was taken, and the token's head shown as the host of every connect error
+// and of Describe() ("nats tok: connect: ..."). A path means nothing to
+// nats://: refused, naming neither it nor the host before it.
+TEST(NatsUriTest, APathIsRefusedSoATokenWithASlashIsNotReadAsAHost) {
+  for (const char* uri : {"nats://s3cr3t/tok@h:4999?stream=S&consumer=c",
+                          "nats://s3cr3t/@h?stream=S&consumer=c",
+                          "nats://h:4999/s3cr3t?stream=S&consumer=c"}) {
+    auto o = ParseNatsUri(uri);
+    ASSERT_FALSE(o.ok()) << uri << " was taken, host " << o->host_port;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+    EXPECT_NE(o.status().message().find("path"), std::string::npos) << o.status().ToString();
+    EXPECT_EQ(o.status().message().find("s3cr3t"), std::string::npos) << o.status().ToString();
+  }
+  // Escaped, the '/' is the token's; a lone '/' after the host is no path.
+  auto t = ParseNatsUri("nats://s3cr3t%2Ftok@h:4999/?stream=S&consumer=c");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->token, "s3cr3t/tok");
+  EXPECT_EQ(t->host_port, "h:4999");
+  // '@' and ':' in a token: the last '@' ends the user-info; a ':' makes it a
+  // user and a password (as every NATS client reads it), escaped it is the token's.
+  auto at = ParseNatsUri("nats://s3@cr3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  EXPECT_EQ(at->token, "s3@cr3t");
+  auto colon = ParseNatsUri("nats://s3%3Acr3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(colon.ok()) << colon.status().ToString();
+  EXPECT_EQ(colon->token, "s3:cr3t");
+  // A raw '?' ends the authority as well: the token's tail and the host became
+  // the first parameter's name, echoed as unknown ("unknown parameter
+  // 'r3t@h?stream'"). A '#' is the token's (nats:// reads no fragment).
+  auto q = ParseNatsUri("nats://s3c?r3t@h?stream=S&consumer=c");
+  ASSERT_FALSE(q.ok()) << "taken, host " << q->host_port;
+  EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument) << q.status().ToString();
+  EXPECT_EQ(q.status().message().find("r3t"), std::string::npos) << q.status().ToString();
+  EXPECT_EQ(q.status().message().find("s3c"), std::string::npos) << q.status().ToString();
+  EXPECT_NE(q.status().message().find("%3F"), std::string::npos) << q.status().ToString();
+  auto hash = ParseNatsUri("nats://s3c#r3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(hash.ok()) << hash.status().ToString();
+  EXPECT_EQ(hash->token, "s3c#r3t");
+  auto bad = ParseNatsUri("nats://s3cr3t%zz@h?stream=S&consumer=c");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().find("s3cr3t"), std::string::npos) << bad.status().ToString();
+}
+
 // "nats://user:pass" with the "@host" forgotten: the password was echoed as the
 // host of the connect error ("nats default:hunter2: connect: Invalid Argument").
 TEST(NatsUriTest, APasswordReadAsAPortIsNotEchoed) {
@@ -748,6 +793,33 @@ TEST_F(NatsSourceTest, ADeadLetterWhoseHeadersDoNotFitKeepsWhatNamesTheMessage) 
   EXPECT_TRUE(h["Dedup-Reason"].starts_with("rrr")) << h["Dedup-Reason"];
   EXPECT_NE(h["Dedup-Reason"].find("3000 bytes in all"), std::string::npos) << h["Dedup-Reason"];
   ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// A dead stream so small that even the bare copy (what names the message)
+// is refused: no copy, so the original is not terminated; it is given back
+// after ack_wait (not at once: a loop), and nothing reached the dead stream
+// (brokerreview: what held when both smaller copies fail).
+TEST_F(NatsSourceTest, ADeadLetterNoCopyFitsIsGivenBackAfterAckWaitNotTerminated) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 64);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("tiny", std::string(2000, 'z'));
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status dl = got[0]->DeadLetter("failed: exit 1");
+  ASSERT_FALSE(dl.ok());
+  EXPECT_NE(dl.message().find("max_msg_size"), std::string::npos) << dl.ToString();
+  got.clear();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "given back at once";
+  auto back = FetchAll(**src, 1, Millis(3000));
+  ASSERT_EQ(back.size(), 1u) << "terminated without a copy";
+  EXPECT_EQ(back[0]->key(), "tiny");
+  ASSERT_TRUE(back[0]->Ack().ok());
+  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
+                             stream_ + "&key=header:Dedup-Original-Msg-Id");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  EXPECT_TRUE(FetchAll(**dead, 1, Millis(1000)).empty()) << "a copy reached the dead stream";
 }
 
 // ---- edges (brokeredge) ---------------------------------------------------------

@@ -291,6 +291,16 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
     return Status::InvalidArgument("nats: no '//' after 'nats:' (expected "
                                    "nats://HOST:4222?stream=S&consumer=C)");
   }
+  if (!parsed->path.empty() && parsed->path != "/") {
+    // nats:// has no path: one here is a '/' written raw in a token or password
+    // ("nats://TO/KEN@HOST" reads as host "TO", path "/KEN@HOST"), or a typo.
+    // Not echoed, nor the host before it: it may be the head of the token.
+    return Status::InvalidArgument(
+        "nats URI has a path after its host (nats:// takes none); a '/' or '?' in a "
+        "token or password is written %2F, %3F");
+  }
+  // "nats://TO?KEN@HOST?stream=S": not echoed as an unknown parameter.
+  DEDUP_RETURN_IF_ERROR(internal::RefuseSecretInParamNames(*parsed));
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
                                              "dead", "ack_wait", "max_ack_pending", "timeout",
                                              internal::kPasswordFileParam, kTokenFileParam}));
