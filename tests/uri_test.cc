@@ -435,12 +435,17 @@ TEST(PostgresUri, BadHostsNameTheBadPartWithoutThePassword) {
 // unknown. The amqp:// and nats:// parsers refused it first; every other URI
 // went through the shared check alone.
 TEST(PostgresUri, APasswordWithARawQuestionMarkIsNotEchoed) {
-  for (const char* uri : {"postgres://u:hun?ter2@h/db", "postgresql://u:x?hunter2@h:5432/db?table=t"}) {
+  const std::pair<const char*, const char*> cases[] = {
+      // No '=' after it: ParseUri's own message, which hides what is before the '@'.
+      {"postgres://u:hun?ter2@h/db", "'***@h/db'"},
+      {"postgresql://u:x?hunter2@h:5432/db?table=t", "write it %3F"},
+  };
+  for (const auto& [uri, part] : cases) {
     auto r = OpenStore(uri);
     ASSERT_FALSE(r.ok()) << uri;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << uri << ": " << r.status();
     EXPECT_EQ(r.status().message().find("ter2"), std::string::npos) << uri << ": " << r.status();
-    EXPECT_NE(r.status().message().find("%3F"), std::string::npos) << uri << ": " << r.status();
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << uri << ": " << r.status();
   }
 }
 

@@ -46,17 +46,6 @@ StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view p
   return secret;
 }
 
-Status RefuseSecretInParamNames(const Uri& uri) {
-  for (const auto& [name, value] : uri.params) {
-    if (name.find('@') != std::string::npos) {
-      return Status::InvalidArgument(uri.scheme + " URI has an '@' in a parameter name: a '?' "
-                                     "written raw in a password or token ends the host; "
-                                     "write it %3F");
-    }
-  }
-  return Status::Ok();
-}
-
 StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialRules& rules) {
   // The scheme passed ParseUri: letters, digits, '+', '-', '.' only.
   const std::string what = uri.scheme + " URI";

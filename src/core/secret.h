@@ -55,13 +55,6 @@ struct CredentialRules {
 StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view param,
                                      const std::string& file);
 
-// InvalidArgument when a parameter name of `uri` holds an '@': a '?' written
-// raw in a password or token ("amqp://u:p?ss@h?queue=q") began the query inside
-// the user-info, so that the name holds the secret's tail and the host. Called
-// before Uri::CheckParams, which would echo the name as unknown; this names
-// neither it nor the secret.
-Status RefuseSecretInParamNames(const Uri& uri);
-
 // The credentials of `uri` by the rules above.
 StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialRules& rules);
 

@@ -92,7 +92,18 @@ Status CheckParamNames(const std::vector<std::string>& names,
 
 Status Uri::CheckParams(std::initializer_list<std::string_view> known) const {
   std::vector<std::string> names;
-  for (const auto& [k, v] : params) names.push_back(k);
+  for (const auto& [k, v] : params) {
+    // "postgres://u:p?ss@h/db", "amqp://u:p?ss@h?queue=q": a '?' written raw in a
+    // password or token began the query inside the user-info, so this name holds
+    // the secret's tail and the host. No known name has an '@'; neither the name
+    // nor the secret is named.
+    if (k.find('@') != std::string::npos) {
+      return Status::InvalidArgument(scheme + " URI has an '@' in a parameter name: a '?' "
+                                     "written raw in a password or token ends the host; "
+                                     "write it %3F");
+    }
+    names.push_back(k);
+  }
   return CheckParamNames(names, known, {"parameter", scheme + " URI"});
 }
 

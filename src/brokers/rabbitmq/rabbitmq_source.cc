@@ -119,8 +119,7 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     return Status::InvalidArgument("amqp: no '//' after 'amqp:' (expected "
                                    "amqp://USER:PW@HOST:5672/VHOST?queue=Q)");
   }
-  // "amqp://u:p?ss@h?queue=q": not echoed as an unknown parameter.
-  DEDUP_RETURN_IF_ERROR(internal::RefuseSecretInParamNames(u));
+  // "amqp://u:p?ss@h?queue=q" is refused by CheckParams without being echoed.
   DEDUP_RETURN_IF_ERROR(
       u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout",
                      internal::kPasswordFileParam}));
