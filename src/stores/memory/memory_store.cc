@@ -1169,6 +1169,8 @@ std::string MemoryStoreCheckIndex(Store* store) {
   auto* m = dynamic_cast<MemoryStore*>(store);
   return m == nullptr ? "not a memory store" : m->CheckIndex();
 }
+
+uint64_t MemoryStoreKeyHash(std::string_view key) { return HashKey(key); }
 }  // namespace internal
 
 std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options) {
