@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/state_machine.h"
@@ -421,6 +422,145 @@ TEST(MemoryStore, EveryRecordIsIndexedOnceWhileTheIndexGrows) {
   auto all = store->Scan("", 1'000'000);
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), live);
+}
+
+// Keys made to collide (internal::MemoryStoreKeyHash): most of them have their
+// home in one of a few index lines, among them the last line of a table of 64
+// or 128 entries, so that probe runs are long, wrap round the table's end, and
+// straddle the position a move starts from; the rest are spread. One shard,
+// tables of 64 entries up, claims (completed, released, left leased), forced
+// forgets, and a sweep reclaiming up to 16 expired records per operation,
+// each of them erasing in the current table or in the old table's part not yet
+// moved. After every operation every record is indexed exactly once where a
+// lookup finds it, and a claim is acquired exactly when the model says the key
+// is free.
+TEST(MemoryStore, CollidingKeysStayIndexedThroughEveryStepOfAGrowth) {
+  SimulatedClock clock;
+  std::vector<std::string> pool;
+  size_t crowded = 0;
+  for (int i = 0; pool.size() < 900; ++i) {
+    std::string k = "c" + std::to_string(i);
+    const uint64_t line = (internal::MemoryStoreKeyHash(k) >> 3) & 127;  // in tables of up to 1024
+    const bool crowd = line == 0 || line == 7 || line == 15 || line == 127;
+    if (crowd || i % 128 == 0) pool.push_back(std::move(k));
+    crowded += crowd;
+  }
+  ASSERT_GT(crowded, 600u);
+  size_t checks_moving = 0, checks_filling = 0;
+  // Eight stores, each grown from empty through four doublings (64 .. 1024
+  // entries), then churned.
+  for (uint64_t round = 0; round < 8; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto store = OneShardStore(&clock, round % 2 == 0 ? 16 : 1);
+    std::unordered_map<std::string, int64_t> busy_until;  // a claim is refused before then
+    std::mt19937_64 rng(20261130 + round);
+    constexpr int kOps = 16'000;
+    for (int i = 0; i < kOps; ++i) {
+      // The keys in play grow with i, so that the shard grows through its
+      // doublings; then it holds a few hundred records, some expiring, some
+      // forgotten.
+      const size_t reach = std::min(pool.size(), static_cast<size_t>(16 + i / 12));
+      const std::string& key = pool[rng() % reach];
+      const int64_t now = clock.NowMillis();
+      const int op = static_cast<int>(rng() % 32);
+      if (op < 24) {
+        ClaimRequest r;
+        r.key = key;
+        r.lease = Millis(1 + rng() % 40);
+        auto c = store->Claim(r);
+        ASSERT_TRUE(c.ok()) << key << " at " << i;
+        const auto it = busy_until.find(key);
+        const bool busy = it != busy_until.end() && now < it->second;
+        ASSERT_EQ(c->acquired(), !busy) << key << " at " << i;
+        if (c->acquired()) {
+          busy_until[key] = now + r.lease.count();
+          const int then = static_cast<int>(rng() % 8);
+          if (then < 5) {
+            const Millis keep(then < 2 ? 3'600'000 : 1 + rng() % 60);
+            ASSERT_EQ(*store->Complete(key, c->token, keep, CompletionStatus::kOk, ""), WriteResult::kOk);
+            busy_until[key] = now + keep.count();
+          } else if (then < 7) {
+            ASSERT_EQ(*store->Release(key, c->token, Millis(1 + rng() % 60)), WriteResult::kOk);
+            busy_until[key] = now;
+          }
+        }
+      } else if (op < 29) {
+        ASSERT_TRUE(store->Forget(key, ForgetOptions{.force = true}).ok()) << key << " at " << i;
+        busy_until[key] = now;
+      } else {
+        clock.Advance(std::chrono::milliseconds(rng() % 8));
+      }
+      ASSERT_EQ(internal::MemoryStoreCheckIndex(store.get()), "") << "after operation " << i << " on " << key;
+      const internal::MemoryStoreIndexStats st = internal::MemoryStoreIndex(store.get());
+      checks_moving += st.moving;
+      checks_filling += st.filling;
+    }
+    EXPECT_GE(internal::MemoryStoreIndex(store.get()).doublings, 4u);
+  }
+  EXPECT_GT(checks_moving, 100u);
+  EXPECT_GT(checks_filling, 100u);
+}
+
+// CollidingKeysStayIndexedThroughEveryStepOfAGrowth on four shards from four
+// threads, each with its own keys (so each has its own model), while a fifth
+// checks the whole index (every shard under its lock) as they grow: under
+// TSan, the growth of one shard touches nothing of another but the store's
+// arena of index tables, under its own lock.
+TEST(MemoryStore, CollidingKeysOnSeveralShardsGrowingConcurrently) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  o.shards = 4;
+  o.reclaim_per_operation = 8;
+  auto store = NewMemoryStore(o);
+  constexpr int kThreads = 4, kKeys = 1500, kOps = 20'000;
+  std::vector<std::vector<std::string>> pools(kThreads);
+  for (int i = 0; pools.back().size() < kKeys || pools.front().size() < kKeys; ++i) {
+    std::string k = "p" + std::to_string(i);
+    const uint64_t line = (internal::MemoryStoreKeyHash(k) >> 3) & 127;
+    if (line != 0 && line != 7 && line != 127 && i % 64 != 0) continue;
+    auto& pool = pools[static_cast<size_t>(i) % kThreads];
+    if (pool.size() < kKeys) pool.push_back(std::move(k));
+  }
+  std::atomic<int> running{kThreads};
+  std::atomic<int> failed{0};
+  std::string check_error;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      std::unordered_map<std::string, bool> held;  // leased for an hour or completed for an hour
+      std::mt19937_64 rng(77 + t);
+      for (int i = 0; i < kOps && failed == 0; ++i) {
+        const auto& pool = pools[t];
+        const std::string& key = pool[rng() % std::min<size_t>(pool.size(), 16 + i / 8)];
+        if (rng() % 4 != 0) {
+          ClaimRequest r;
+          r.key = key;
+          r.lease = 1h;
+          auto c = store->Claim(r);
+          if (!c.ok() || c->acquired() == held[key]) ++failed;
+          if (c.ok() && c->acquired()) {
+            held[key] = true;
+            if (rng() % 2 == 0 && *store->Complete(key, c->token, 1h, CompletionStatus::kOk, "") != WriteResult::kOk) {
+              ++failed;
+            }
+          }
+        } else {
+          if (!store->Forget(key, ForgetOptions{.force = true}).ok()) ++failed;
+          held[key] = false;
+        }
+      }
+      --running;
+    });
+  }
+  ts.emplace_back([&] {
+    while (running > 0 && check_error.empty()) check_error = internal::MemoryStoreCheckIndex(store.get());
+  });
+  for (auto& th : ts) th.join();
+  ASSERT_EQ(failed.load(), 0);
+  ASSERT_EQ(check_error, "");
+  ASSERT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_GE(internal::MemoryStoreIndex(store.get()).doublings, 4u * 4);
 }
 
 // Many shards growing at once from several threads (each shard's growth under

@@ -620,7 +620,8 @@ class alignas(64) Shard {
 
   // For tests: "" when the index holds every live slot exactly once (in the
   // current table, or in the old table's part not yet moved) under its key's
-  // hash, where Find finds it, and nothing else; else what is wrong.
+  // hash, where Find finds it, and nothing else, and no table is fuller than
+  // growth allows; else what is wrong.
   std::string CheckIndex() {
     if (index_ == nullptr) return count_ == 0 ? "" : "records but no index";
     std::vector<uint8_t> seen(used_, 0);
@@ -646,8 +647,20 @@ class alignas(64) Shard {
       }
       ++entries;
     };
+    size_t in_current = 0;
     for (size_t i = 0; i <= mask_; ++i) {
-      if (index_[i].slot != kNoSlot) visit(index_[i], i);
+      if (index_[i].slot != kNoSlot) {
+        visit(index_[i], i);
+        ++in_current;
+      }
+    }
+    // The bound growth keeps (StartGrow, GrowStep): a table is replaced by the
+    // time its load reaches 3/4, and a move ends before the new one is half full.
+    if (err.empty() && 4 * in_current > 3 * (mask_ + 1)) {
+      err = std::to_string(in_current) + " entries in a table of " + std::to_string(mask_ + 1);
+    }
+    if (err.empty() && old_ != nullptr && 2 * count_ > mask_ + 1) {
+      err = std::to_string(count_) + " records in the middle of a move to a table of " + std::to_string(mask_ + 1);
     }
     if (old_ != nullptr) {
       for (size_t i = 0; i <= old_mask_; ++i) {
@@ -1169,6 +1182,8 @@ std::string MemoryStoreCheckIndex(Store* store) {
   auto* m = dynamic_cast<MemoryStore*>(store);
   return m == nullptr ? "not a memory store" : m->CheckIndex();
 }
+
+uint64_t MemoryStoreKeyHash(std::string_view key) { return HashKey(key); }
 }  // namespace internal
 
 std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options) {

@@ -4,7 +4,9 @@
 #define DEDUP_SRC_STORES_MEMORY_MEMORY_STORE_INTERNAL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "dedup/store.h"
 
@@ -30,6 +32,12 @@ MemoryStoreIndexStats MemoryStoreIndex(Store* store);
 // where a lookup of its key finds it (also in the middle of a doubling), and
 // nothing else; else what is wrong. "not a memory store" for any other store.
 std::string MemoryStoreCheckIndex(Store* store);
+
+// For tests: the hash a store made by NewMemoryStore gives `key` (its low 32
+// bits pick the key's home in a shard's index, the top bits its shard), so that
+// a test can make keys whose probe runs collide, wrap round a table's end or
+// straddle a move's start.
+uint64_t MemoryStoreKeyHash(std::string_view key);
 
 }  // namespace dedup::internal
 
