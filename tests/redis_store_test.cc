@@ -3142,5 +3142,58 @@ TEST_F(RedisStoreTest, ReloadsWithAFrozenNodeLeakNoThreadNorSocket) {
   EXPECT_LE(fds1, fds0) << "a socket outlived its store";
 }
 
+
+// redisreview: a redirect that names no host ("MOVED 3999 :7154": a cluster
+// with cluster-preferred-endpoint-type unknown-endpoint) goes to the host the
+// command was sent to. That host with a zone id ("fe80::1%lo", from the URI's
+// "[fe80::1%25lo]") was written into the node's name as it was,
+// "[fe80::1%lo]:7154", which does not parse (a zone id follows as "%25"): the
+// node got the whole text as its host and port 6379, and the redirected command
+// failed, where the map's own name for that node is "[fe80::1%25lo]:7154".
+// Three primaries on 7153-7155, made one cluster on 127.0.0.1, also bound to a
+// link-local address of lo (skipped without one: ip -6 addr add fe80::1/64 dev
+// lo); a slot moved after the store loaded its map.
+TEST_F(RedisStoreTest, ARedirectWithoutAHostKeepsTheZoneIdOfTheNodeAsked) {
+  std::string link_local;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) == 0) {
+    for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 ||
+          std::string(a->ifa_name) != "lo") {
+        continue;
+      }
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+      if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
+      char text[INET6_ADDRSTRLEN];
+      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
+    }
+    freeifaddrs(all);
+  }
+  if (link_local.empty()) {
+    GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
+  }
+  TestCluster cluster(Dir("zonemoved"), 7153, 3);
+  cluster.Start({"--bind", "127.0.0.1 " + link_local + "%lo", "--protected-mode", "no",
+                 "--cluster-preferred-endpoint-type", "unknown-endpoint"});
+  if (IsSkipped() || HasFatalFailure()) return;
+  const std::string h = "[" + link_local + "%25lo]:";
+  auto opened = OpenStore("redis+cluster://" + h + "7153," + h + "7154," + h + "7155?prefix=zm:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::string key;
+  for (int i = 0; key.empty(); ++i) {
+    if (cluster.PrimaryOf("zm:k" + std::to_string(i)) == 0) key = "k" + std::to_string(i);
+  }
+  // The key's (empty) slot moves from node 0 to node 1: the store's map is stale.
+  const std::string slot = std::to_string(redis::KeySlot("zm:" + key));
+  const std::string to = Admin(cluster.port(1), {"CLUSTER", "MYID"});
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_EQ(Admin(cluster.port(n), {"CLUSTER", "SETSLOT", slot, "NODE", to}), "OK");
+  }
+  auto c = (*opened)->Claim(Req(key));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(cluster.port(1), {"EXISTS", "zm:" + key}), "1");
+}
+
 }  // namespace
 }  // namespace dedup
