@@ -16,6 +16,7 @@
 // A test whose port is taken is skipped, never run against someone else's server.
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
@@ -3040,6 +3041,158 @@ TEST_F(RedisStoreTest, AScanReadsNoMoreRecordsThanItsLimitAsks) {
   auto all = store.Scan("s-", 1000);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->size(), 60u);
+}
+
+
+// redisreview: the hedged slot-map reload asks each node on a thread of its own;
+// a frozen node's ask outlives its reload. Over many reloads (a claim on a
+// stopped primary's slot asks for one each time, every 100 ms at most) with one
+// node frozen, the threads and sockets of the process stay bounded (the frozen
+// node is not asked again while asked; the asks that ended are joined), and a
+// store closed while an ask still waits gives them all back. Open and closed
+// many times too, each close racing a reload that waits on the frozen node.
+// Three primaries on 7150-7152 (node timeout 60 s: nobody takes over).
+int CountEntries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+TEST_F(RedisStoreTest, ReloadsWithAFrozenNodeLeakNoThreadNorSocket) {
+  TestCluster cluster(Dir("leak"), 7150, 3);
+  cluster.Start({}, 0, "60000");
+  if (IsSkipped() || HasFatalFailure()) return;
+  const std::string uri =
+      "redis+cluster://127.0.0.1:7150,127.0.0.1:7151,127.0.0.1:7152?prefix=lk:&timeout=300ms";
+  std::string on_stopped;
+  for (int i = 0; on_stopped.empty(); ++i) {
+    const std::string k = "k" + std::to_string(i);
+    if (cluster.PrimaryOf("lk:" + k) == 2) on_stopped = k;
+  }
+  const int tasks0 = CountEntries("/proc/self/task"), fds0 = CountEntries("/proc/self/fd");
+  // Every primary answers an open: the stores are opened first.
+  constexpr int kRaced = 30;
+  auto opened = OpenStore(uri);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::vector<std::unique_ptr<Store>> raced;
+  for (int i = 0; i < kRaced; ++i) {
+    auto o = OpenStore(uri);
+    ASSERT_TRUE(o.ok()) << o.status();
+    raced.push_back(std::move(*o));
+  }
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { kill(pid, SIGCONT); }
+  } thaw{cluster.server(0).pid()};
+  cluster.server(2).Stop();
+  ASSERT_EQ(kill(thaw.pid, SIGSTOP), 0);
+  const int tasks_open = CountEntries("/proc/self/task"), fds_open = CountEntries("/proc/self/fd");
+  int max_tasks = 0, max_fds = 0;
+  std::atomic<int> calls{0};
+  {
+    std::vector<std::thread> callers;
+    std::atomic<bool> stop{false};
+    for (int t = 0; t < 4; ++t) {
+      callers.emplace_back([&] {
+        while (!stop.load()) {
+          (void)(*opened)->Claim(Req(on_stopped));
+          ++calls;
+        }
+      });
+    }
+    const auto end = Clock_::now() + 6s;
+    while (Clock_::now() < end) {
+      std::this_thread::sleep_for(20ms);
+      max_tasks = std::max(max_tasks, CountEntries("/proc/self/task"));
+      max_fds = std::max(max_fds, CountEntries("/proc/self/fd"));
+    }
+    stop = true;
+    for (auto& th : callers) th.join();
+    const auto c0 = Clock_::now();
+    opened->reset();
+    EXPECT_LT(Clock_::now() - c0, 1s) << "closing the store waited on the frozen node";
+  }
+  // Each store closed while its reload's ask of the frozen node still waits.
+  auto slowest = Clock_::duration::zero();
+  for (auto& store : raced) {
+    (void)store->Claim(Req(on_stopped));  // fails: the next call reloads
+    std::this_thread::sleep_for(110ms);
+    (void)store->Claim(Req(on_stopped));  // the reload; its ask of the frozen node waits
+    const auto c0 = Clock_::now();
+    store.reset();
+    slowest = std::max(slowest, Clock_::now() - c0);
+  }
+  const int tasks1 = CountEntries("/proc/self/task"), fds1 = CountEntries("/proc/self/fd");
+  std::fprintf(stderr,
+               "%d claims over 6 s (4 threads): threads %d before, %d with %d stores open, "
+               "%d at most, %d after; fds %d, %d, %d at most, %d after; slowest close %lld ms\n",
+               calls.load(), tasks0, tasks_open, kRaced + 1, max_tasks, tasks1, fds0, fds_open,
+               max_fds, fds1,
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count()));
+  EXPECT_LE(max_tasks, tasks_open + 4 + 6) << "threads piled up";
+  EXPECT_LE(max_fds, fds_open + 4 * 3 + 12) << "sockets piled up";
+  EXPECT_LT(slowest, 1s) << "a close waited on the frozen node";
+  EXPECT_EQ(tasks1, tasks0) << "a thread outlived its store";
+  EXPECT_LE(fds1, fds0) << "a socket outlived its store";
+}
+
+
+// redisreview: a redirect that names no host ("MOVED 3999 :7154": a cluster
+// with cluster-preferred-endpoint-type unknown-endpoint) goes to the host the
+// command was sent to. That host with a zone id ("fe80::1%lo", from the URI's
+// "[fe80::1%25lo]") was written into the node's name as it was,
+// "[fe80::1%lo]:7154", which does not parse (a zone id follows as "%25"): the
+// node got the whole text as its host and port 6379, and the redirected command
+// failed, where the map's own name for that node is "[fe80::1%25lo]:7154".
+// Three primaries on 7153-7155, made one cluster on 127.0.0.1, also bound to a
+// link-local address of lo (skipped without one: ip -6 addr add fe80::1/64 dev
+// lo); a slot moved after the store loaded its map.
+TEST_F(RedisStoreTest, ARedirectWithoutAHostKeepsTheZoneIdOfTheNodeAsked) {
+  std::string link_local;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) == 0) {
+    for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 ||
+          std::string(a->ifa_name) != "lo") {
+        continue;
+      }
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+      if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
+      char text[INET6_ADDRSTRLEN];
+      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
+    }
+    freeifaddrs(all);
+  }
+  if (link_local.empty()) {
+    GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
+  }
+  TestCluster cluster(Dir("zonemoved"), 7153, 3);
+  cluster.Start({"--bind", "127.0.0.1 " + link_local + "%lo", "--protected-mode", "no",
+                 "--cluster-preferred-endpoint-type", "unknown-endpoint"});
+  if (IsSkipped() || HasFatalFailure()) return;
+  const std::string h = "[" + link_local + "%25lo]:";
+  auto opened = OpenStore("redis+cluster://" + h + "7153," + h + "7154," + h + "7155?prefix=zm:");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::string key;
+  for (int i = 0; key.empty(); ++i) {
+    if (cluster.PrimaryOf("zm:k" + std::to_string(i)) == 0) key = "k" + std::to_string(i);
+  }
+  // The key's (empty) slot moves from node 0 to node 1: the store's map is stale.
+  const std::string slot = std::to_string(redis::KeySlot("zm:" + key));
+  const std::string to = Admin(cluster.port(1), {"CLUSTER", "MYID"});
+  for (int n = 0; n < 3; ++n) {
+    ASSERT_EQ(Admin(cluster.port(n), {"CLUSTER", "SETSLOT", slot, "NODE", to}), "OK");
+  }
+  auto c = (*opened)->Claim(Req(key));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(cluster.port(1), {"EXISTS", "zm:" + key}), "1");
 }
 
 }  // namespace

@@ -1337,12 +1337,19 @@ bool ParseRedirect(std::string_view e, const Node* from, uint16_t* slot, std::st
   if (host.empty() || host == "?") host = from->endpoint().host;
   // Redis writes ip:port with an IPv6 address unbracketed ("ASK 3999 ::1:7117"):
   // the port is after the last colon, and the node is named as CLUSTER SLOTS's
-  // host and port are ("[::1]:7117"), so that both find one Node.
-  if (host.front() != '[' && host.find(':') != std::string_view::npos) {
-    address->assign("[").append(host).append("]").append(node.substr(colon));
-  } else {
+  // host and port are (Endpoint::Name: "[::1]:7117", a zone id as "%25":
+  // "[fe80::1%25lo]:7117"), so that both find one Node.
+  if (host.front() == '[') {
     address->assign(host).append(node.substr(colon));
+    return true;
   }
+  const std::string_view port = node.substr(colon + 1);
+  int p2 = 0;
+  auto [pe, pec] = std::from_chars(port.data(), port.data() + port.size(), p2);
+  if (pec != std::errc() || pe != port.data() + port.size() || p2 <= 0 || p2 > 65535) {
+    return false;
+  }
+  *address = Endpoint{std::string(host), p2}.Name();
   return true;
 }
 
