@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -151,12 +150,6 @@ std::string_view ReplyText(const redisReply* r) {
   return std::string_view(r->str, r->len);
 }
 
-int64_t SteadyMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // ---- CommandBuffer ------------------------------------------------------------
 
 void CommandBuffer::Clear() {
@@ -268,44 +261,6 @@ std::string_view CommandBuffer::key(size_t i) const {
   if (s.key_len == 0) return {};
   if (s.side) return std::string_view(side_keys_).substr(s.key_at, s.key_len);
   return std::string_view(buf_.get() + s.key_at, s.key_len);
-}
-
-// ---- WaitStop ------------------------------------------------------------------
-
-WaitStop::WaitStop() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
-
-WaitStop::~WaitStop() {
-  if (fd_ >= 0) close(fd_);
-}
-
-void WaitStop::Stop(Millis grace) {
-  const int64_t g = std::max<int64_t>(0, grace.count());
-  int64_t cur = grace_ms_.load();
-  while (g < cur && !grace_ms_.compare_exchange_weak(cur, g)) {
-  }
-  int64_t none = 0;
-  (void)at_ms_.compare_exchange_strong(none, std::max<int64_t>(1, SteadyMillis()),
-                                       std::memory_order_acq_rel);
-  // After at_ms_: a reader that saw "not stopped" before polling wakes up here.
-  if (fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!write(fd_, &one, sizeof one);
-  }
-}
-
-int64_t WaitStop::GiveUpAt(int64_t start_ms, const std::string& server) const {
-  const int64_t at = at_ms_.load(std::memory_order_acquire);
-  if (at == 0) return INT64_MAX;
-  {
-    std::lock_guard lock(mu_);
-    if (given_up_.count(server) != 0) return 0;
-  }
-  return std::max(at, start_ms) + grace_ms_.load();
-}
-
-void WaitStop::GaveUp(const std::string& server) const {
-  std::lock_guard lock(mu_);
-  given_up_.insert(server);
 }
 
 // ---- Connection ---------------------------------------------------------------

@@ -55,6 +55,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/wait_stop.h"
 #include "dedup/clock.h"
 #include "dedup/status.h"
 #include "redis/options.h"
@@ -66,7 +67,7 @@ struct redisReply;
 namespace dedup::redis {
 
 // The steady clock in ms: the client's reconnect backoff and the store's timing.
-int64_t SteadyMillis();
+using internal::SteadyMillis;
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const;
@@ -134,37 +135,8 @@ class CommandBuffer {
 };
 
 // What a Client's connections are told when its caller stops (Client::
-// StopWaiting): from then on no wait for a reply lasts more than the grace,
-// counted from the stop for a wait already begun, from its start for a later
-// one, and none at all on a server that already let one wait run out so. Its
-// eventfd turns readable at the stop (and stays so), waking a reader
-// in poll(2) at once so that it bounds its wait anew.
-class WaitStop {
- public:
-  WaitStop();
-  ~WaitStop();
-  WaitStop(const WaitStop&) = delete;
-  WaitStop& operator=(const WaitStop&) = delete;
-
-  // Any thread; never blocks. The first call's moment counts; the shortest
-  // grace applies.
-  void Stop(Millis grace);
-  bool stopped() const { return at_ms_.load(std::memory_order_acquire) != 0; }
-  // Steady ms (SteadyMillis) past which a call to `server` that began at
-  // `start_ms` waits no more; INT64_MAX while not stopped. Once a wait on
-  // `server` was given up (GaveUp), every later wait on it ends at once: it did
-  // not answer within the grace of the stop.
-  int64_t GiveUpAt(int64_t start_ms, const std::string& server) const;
-  void GaveUp(const std::string& server) const;
-  int fd() const { return fd_; }  // -1 if the eventfd could not be made
-
- private:
-  std::atomic<int64_t> at_ms_{0};  // 0: not stopped
-  std::atomic<int64_t> grace_ms_{INT64_MAX};
-  int fd_ = -1;
-  mutable std::mutex mu_;
-  mutable std::set<std::string> given_up_;  // servers a wait was given up on
-};
+// StopWaiting): internal::WaitStop, its servers named by Endpoint::Name().
+using internal::WaitStop;
 
 // A connected, authenticated hiredis context. Not thread-safe: one caller at a time.
 class Connection {

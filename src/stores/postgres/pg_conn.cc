@@ -4,7 +4,6 @@
 
 #include <endian.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,9 @@
 #include <cstring>
 
 namespace dedup::pg {
+
+using internal::SteadyMillis;
+
 namespace {
 
 std::string Trim(std::string s) {
@@ -52,12 +54,6 @@ Status ConnectError(const std::string& where, const std::string& msg, const std:
   return Status::Unavailable(where + ": cannot connect (" + m + ")");
 }
 
-int64_t SteadyMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // How a wait for the server ended.
 enum class Waited { kReady, kTimedOut, kGivenUp, kFailed };
 
@@ -90,34 +86,6 @@ Waited AwaitFd(int fd, short events, int64_t start_ms, int64_t limit_ms, WaitSto
 }
 
 }  // namespace
-
-WaitStop::WaitStop() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
-
-WaitStop::~WaitStop() {
-  if (fd_ >= 0) close(fd_);
-}
-
-void WaitStop::Stop(Millis grace) {
-  const int64_t g = std::max<int64_t>(0, grace.count());
-  int64_t cur = grace_ms_.load();
-  while (g < cur && !grace_ms_.compare_exchange_weak(cur, g)) {
-  }
-  int64_t none = 0;
-  (void)at_ms_.compare_exchange_strong(none, std::max<int64_t>(1, SteadyMillis()),
-                                       std::memory_order_acq_rel);
-  // After at_ms_: a wait that saw "not stopped" before polling wakes up here.
-  if (fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!write(fd_, &one, sizeof one);
-  }
-}
-
-int64_t WaitStop::GiveUpAt(int64_t start_ms) const {
-  const int64_t at = at_ms_.load(std::memory_order_acquire);
-  if (at == 0) return INT64_MAX;
-  if (gave_up_.load(std::memory_order_acquire)) return 0;
-  return std::max(at, start_ms) + grace_ms_.load();
-}
 
 Params& Params::Bytes(std::string_view b) {
   storage_.emplace_back(b);

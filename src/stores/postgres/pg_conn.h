@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/wait_stop.h"
 #include "dedup/postgres_store.h"
 #include "dedup/status.h"
 
@@ -46,34 +47,8 @@ class Params {
 };
 
 // What a store's connections are told when its caller stops (Store::StopWaiting):
-// from then on no wait for the server lasts more than the grace, counted from
-// the stop for a wait already begun, from its start for a later one, and none at
-// all once a wait was given up so (the server did not answer within the grace).
-// Its eventfd turns readable at the stop (and stays so), waking a wait in
-// poll(2) at once so that it bounds itself anew.
-class WaitStop {
- public:
-  WaitStop();
-  ~WaitStop();
-  WaitStop(const WaitStop&) = delete;
-  WaitStop& operator=(const WaitStop&) = delete;
-
-  // Any thread; never blocks. The first call's moment counts; the shortest
-  // grace applies.
-  void Stop(Millis grace);
-  bool stopped() const { return at_ms_.load(std::memory_order_acquire) != 0; }
-  // Steady ms past which a wait that began at `start_ms` ends; INT64_MAX while
-  // not stopped, 0 once a wait was given up.
-  int64_t GiveUpAt(int64_t start_ms) const;
-  void GaveUp() { gave_up_.store(true, std::memory_order_release); }
-  int fd() const { return fd_; }  // -1 if the eventfd could not be made
-
- private:
-  std::atomic<int64_t> at_ms_{0};  // 0: not stopped
-  std::atomic<int64_t> grace_ms_{INT64_MAX};
-  std::atomic<bool> gave_up_{false};
-  int fd_ = -1;
-};
+// internal::WaitStop, for one server (no server name).
+using internal::WaitStop;
 
 // Owns a PGresult.
 struct ResultDeleter {
