@@ -56,7 +56,20 @@ def token():
     k = rnd.random()
     if k < 0.5: return bytes(rnd.choice(SPECIAL)[0] for _ in range(8))
     return bytes(rnd.randrange(256) for _ in range(8))
+# The records quick_in_progress() reads without its pattern (a first claim
+# without a fingerprint: flags 0x41, one-byte fence and attempt, then the keep to
+# the end), around the edges of that shortcut: fence or attempt 0 or of two
+# bytes, a keep of 8 bytes up to 2^53 - 1 and just past it, of 9 bytes, padded, 0,
+# a record cut before its keep.
+FIRST_KEEPS = [uv(1), uv(127), uv(128), uv(60000), uv(86400000), uv(2**35), uv(2**53 - 1),
+               b'\x80' * 7 + b'\x0f', b'\xff' * 7 + b'\x0f', b'\x80' * 7 + b'\x10',
+               b'\x81' * 8 + b'\x01', b'\x80\x00', b'\x00', b'\x80', b'']
+def first_claim(tok):
+    fence = rnd.choice([b'\x01', b'\x01', b'\x02', b'\x7f', b'\x00', b'\x80\x01', b'\xff'])
+    att = rnd.choice([b'\x01', b'\x01', b'\x7f', b'\x00', b'\x81\x01', b'\x80'])
+    return b'\x41' + tok + fence + att + rnd.choice(FIRST_KEEPS)
 def record(tok):
+    if rnd.random() < 0.25: return first_claim(tok)
     k = rnd.random()
     fp = b'' if rnd.random() < 0.5 else bytes(rnd.randrange(256) for _ in range(rnd.choice([1, 5, 64, 65])))
     fence = rnd.choice([0, 1, 2, 127, 128, 300, 2**40, 2**53 - 1, 2**49])
@@ -126,12 +139,12 @@ for chunk in range(max(1, trials // 10)):
 for trial in range(trials):
     r.cmd('FLUSHALL')
     nk = rnd.randint(1, 5)
-    toks = {}
+    toks, recs = {}, {}
     for j in range(nk):
         t = token(); toks[j] = t
         k = rnd.random()
         if k < 0.9:
-            v = record(t); px = rnd.choice([100000, 5000000])
+            v = record(t); px = rnd.choice([100000, 5000000]); recs[j] = v
             for ns in ('a', 'b'): r.cmd('SET', '%s:k%d' % (ns, j), v, 'PX', px)
         elif k < 0.95:
             for ns in ('a', 'b'): r.cmd('HSET', '%s:k%d' % (ns, j), 'f', 'v')
@@ -152,6 +165,10 @@ for trial in range(trials):
         j = rnd.randrange(nk + 1)  # nk: missing key
         t = toks.get(j, token())
         if rnd.random() < 0.2: t = token()
+        # A token that is 8 bytes of the record, but not its token (at 2): the
+        # token's check must look at its place only.
+        elif rnd.random() < 0.1 and len(recs.get(j, b'')) >= 11:
+            o = rnd.randrange(2, len(recs[j]) - 7); t = recs[j][o:o + 8]
         res = bytes(rnd.randrange(256) for _ in range(rnd.randrange(4)))
         eid = rnd.choice(ids + ['9-9']) if ids else '1-1'
         comps.append((j, t, res, eid))
