@@ -126,6 +126,10 @@ for j, v in ipairs(ARGV) do
   elseif t then
     bad[#bad + 1] = j
   end
+  -- first_claim(): exactly the records decode() takes as IN_PROGRESS format 2
+  -- with fence 1, attempt 1, a keep >= 1 and no fingerprint.
+  local first = r ~= 'skip' and want and r.fence == 1 and r.attempt == 1 and r.fp == ''
+  if r ~= 'skip' and first_claim(v) ~= (first and true or false) then bad[#bad + 1] = j end
 end
 return bad
 '''

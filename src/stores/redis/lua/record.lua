@@ -146,6 +146,18 @@ local IN_PROGRESS2 = '^([AQ])........[\128-\255]*[\1-\127]()[\128-\255]*[\1-\127
 -- flags and the result (token, fence, attempt, fingerprint), and the flags byte
 -- of COMPLETED/ok; nil when v is not such a record (load() decides).
 local function quick_in_progress(v)
+  -- First, without the pattern, the record of a first claim without a
+  -- fingerprint (what the C++ store writes with SET ... NX): flags 0x41, fence
+  -- and attempt of one byte each, then the keep (at most 8 bytes, to the end).
+  -- Two C calls instead of one pattern match with its captures (~4.9 k server
+  -- instructions, docs/PERFORMANCE.md); the keep's own check stays a pattern,
+  -- anchored at both ends, with nothing captured.
+  local fl, _, _, _, _, _, _, _, _, fe, at = str_byte(v, 1, 11)
+  if fl == 65 and at and fe > 0 and fe < 128 and at > 0 and at < 128 and #v <= 19
+      and str_find(v, '^[\128-\255]*[\1-\127]$', 12)
+      and (#v < 19 or str_byte(v, 19) <= 15) then
+    return str_sub(v, 2, 9), str_sub(v, 2, 11), 0x42
+  end
   -- The attempt starts at a, the keep at k; the fingerprint (if any) at e.
   local fl, a, k, e = str_match(v, IN_PROGRESS2)
   if not fl or a > 18 or k - a > 5 or e - k > 8 then return nil end
@@ -163,6 +175,21 @@ local function quick_in_progress(v)
   if not n or n == 0 or n > 64 or #v ~= e + n then return nil end
   return str_sub(v, 2, 9), str_sub(v, 2, k - 1) .. str_sub(v, e), 0x52
 end
+-- Whether v is the record of a first claim without a fingerprint, exactly as the
+-- C++ store writes it with SET ... NX (flags 0x41, fence 1, attempt 1, then a keep
+-- of 1 to 8 bytes, at most MAX_VARINT, to the end): a record decode() takes, whose
+-- COMPLETED record with status 0 and result res is 'B' .. token .. '\1\1' .. res.
+-- complete_ack_stream.lua keeps v itself and compares its token (the 8 bytes at
+-- 2) with str_find(v, token, 2, true) == 2: no string is made for the token or the
+-- record's body (each str_sub() measured ~1.1 k server instructions).
+local function first_claim(v)
+  local fl, _, _, _, _, _, _, _, _, fe, at = str_byte(v, 1, 11)
+  return fl == 65 and fe == 1 and at == 1 and #v <= 19
+      and str_find(v, '^[\128-\255]*[\1-\127]$', 12) ~= nil
+      and (#v < 19 or str_byte(v, 19) <= 15)
+end
+-- The flags byte quick_in_progress() gives -> that byte as a string.
+local COMPLETED_OK = {[0x42] = 'B', [0x52] = 'R'}
 -- Completion status as given -> its number (what arg_uint(s, 2) accepts).
 local STATUS = {['0'] = 0, ['1'] = 1, ['2'] = 2}
 -- Where a completion script finds completion i (i = 1..n): its record key is
