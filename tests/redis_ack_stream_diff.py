@@ -130,6 +130,14 @@ for j, v in ipairs(ARGV) do
   -- with fence 1, attempt 1, a keep >= 1 and no fingerprint.
   local first = r ~= 'skip' and want and r.fence == 1 and r.attempt == 1 and r.fp == ''
   if r ~= 'skip' and first_claim(v) ~= (first and true or false) then bad[#bad + 1] = j end
+  -- complete_many_write()'s bytes for such a record, every status.
+  if first then
+    for st = 0, 2 do
+      if COMPLETED_FIRST[st] .. r.tok .. '\1\1' ~= encode(2, st, r.tok, 1, 1, 0, '', '') then
+        bad[#bad + 1] = j
+      end
+    end
+  end
 end
 return bad
 '''

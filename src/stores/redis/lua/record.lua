@@ -190,6 +190,8 @@ local function first_claim(v)
 end
 -- The flags byte quick_in_progress() gives -> that byte as a string.
 local COMPLETED_OK = {[0x42] = 'B', [0x52] = 'R'}
+-- Completion status -> the flags byte of a COMPLETED record without a fingerprint.
+local COMPLETED_FIRST = {[0] = 'B', 'F', 'J'}
 -- Completion status as given -> its number (what arg_uint(s, 2) accepts).
 local STATUS = {['0'] = 0, ['1'] = 1, ['2'] = 2}
 -- Where a completion script finds completion i (i = 1..n): its record key is
@@ -253,18 +255,21 @@ local function complete_many_read(what, n, L, name_each)
     end
     toks[i], px[i], st[i] = tok, p, s
   end
-  -- Per key: its token, body and flags (quick read), or false and the decoded
+  -- Per key: the record of a first claim in fast[key] (first_claim(); rtok[key]
+  -- true), or its token, body and flags (quick read), or false and the decoded
   -- record in full[key] (load()), or false alone (no record).
-  local rtok, body, flags, full = {}, {}, {}, {}
+  local rtok, body, flags, full, fast = {}, {}, {}, {}, {}
   for i = 1, n do
     local key = KEYS[key0 + i]
     if rtok[key] == nil then
       local v = call('GET', key)
       local t, b, f
-      if v then t, b, f = quick_in_progress(v) end
+      if v and first_claim(v) then
+        rtok[key], fast[key] = true, v
+      elseif v then t, b, f = quick_in_progress(v) end
       if t then
         rtok[key], body[key], flags[key] = t, b, f
-      else
+      elseif not fast[key] then
         rtok[key] = false
         if v then
           local r, err = load(key, what)
@@ -275,7 +280,7 @@ local function complete_many_read(what, n, L, name_each)
     end
   end
   return {toks = toks, px = px, st = st, rtok = rtok, body = body, flags = flags, full = full,
-          L = L}
+          fast = fast, L = L}
 end
 -- Completion i of a batch read by complete_many_read(): 1 OK (COMPLETED, kept
 -- until now + retention), 0 LOST (nothing changed). A key completed here
@@ -284,6 +289,16 @@ local function complete_many_write(m, i)
   local L = m.L
   local key = KEYS[L.key0 + i]
   local t = m.rtok[key]
+  local v = m.fast[key]
+  if v then
+    -- A first claim's record: its token compared in place, its COMPLETED record
+    -- is flags, token, fence 1, attempt 1, result (what encode() writes).
+    if str_find(v, m.toks[i], 2, true) ~= 2 then return 0 end
+    call('SET', key, COMPLETED_FIRST[m.st[i]] .. m.toks[i] .. '\1\1' ..
+                     ARGV[L.base + (i - 1) * L.stride + L.res], 'PX', m.px[i])
+    m.rtok[key], m.fast[key] = nil, nil
+    return 1
+  end
   if t then
     if t ~= m.toks[i] then return 0 end
     local result = ARGV[L.base + (i - 1) * L.stride + L.res]
