@@ -2,7 +2,8 @@
 //
 // The memory store's index arena when the heap is exhausted: giving a table back
 // (a shard's destructor, a table replaced as it grows) must not allocate, or a
-// std::bad_alloc escapes a destructor and terminates the process. This binary
+// std::bad_alloc escapes a destructor and terminates the process. And a claim
+// whose key cannot be copied changes nothing. This binary
 // replaces the global operator new with one that throws while g_fail is set
 // (every other allocation goes to malloc as usual), so it has a binary of its own.
 
@@ -15,6 +16,7 @@
 
 #include "dedup/memory_store.h"
 #include "dedup/store.h"
+#include "stores/memory/memory_store_internal.h"
 
 namespace {
 std::atomic<bool> g_fail{false};
@@ -99,6 +101,41 @@ TEST(MemoryArenaOomTest, FreeingTablesWhileTheHeapRefusesDoesNotThrow) {
         std::exit(g_refused == 0 ? 0 : 4);  // 4: the free allocated but swallowed it
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+// A key longer than a record holds inline (24 bytes) is copied to the heap as
+// the claim inserts it. When that allocation fails, the claim fails
+// (std::bad_alloc) and the store is as it was. Before, the index entry was
+// written first: it stayed, pointing to a record without its key, which no
+// lookup found.
+TEST(MemoryArenaOomTest, AClaimWhoseKeyCannotBeCopiedLeavesTheStoreAsItWas) {
+  MemoryStoreOptions o;
+  o.shards = 1;
+  auto store = NewMemoryStore(o);
+  ClaimRequest r;
+  r.key = "warm";
+  r.lease = 60s;
+  r.retention = 600s;
+  ASSERT_TRUE(store->Claim(r).ok());  // the shard's index and first chunk exist
+  const std::string long_key(40, 'k');
+  r.key = long_key;
+  g_refused = 0;
+  g_fail = true;
+  bool threw = false;
+  try {
+    (void)store->Claim(r);
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  g_fail = false;
+  ASSERT_TRUE(threw);
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 1u);
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->acquired());
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 2u);
 }
 
 }  // namespace
