@@ -76,8 +76,9 @@ std::unique_ptr<Store> FilledStore() {
   o.shards = 2;
   auto store = NewMemoryStore(o);
   for (int i = 0; i < 40000; ++i) {
+    const std::string key = "key-" + std::to_string(i);
     ClaimRequest r;
-    r.key = "key-" + std::to_string(i);
+    r.key = key;
     r.lease = 60s;
     r.retention = 600s;
     auto c = store->Claim(r);

@@ -587,8 +587,9 @@ TEST_F(PostgresTxTest, AHandlerDeallocatingTheStoresStatementsCostsOneCallAtMost
                                    });
   int failed = w.ok() ? 0 : 1;  // the release after the rollback may be the one
   for (int i = 0; i < 20; ++i) {
+    const std::string key = "after-dealloc-" + std::to_string(i);
     ClaimRequest r;
-    r.key = "after-dealloc-" + std::to_string(i);
+    r.key = key;
     r.lease = 60s;
     r.retention = 600s;
     auto got = store->Claim(r);
