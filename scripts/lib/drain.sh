@@ -49,6 +49,14 @@
 #       ID_PREFIX<LATE>), so that their claims are sent and wait; 0.5 s later it
 #       stops the worker (drain_stop_timed). Sets rc and took_ms, clears
 #       worker_pid and prints them (with drain_s and timeout_s).
+#   drain_second_worker_once DEDUP STORE_URI LEASE WANT
+#       after drain_frozen_store_stop: starts a second `dedup worker` on the
+#       same stream and group (consumer w2, a handler appending its key to
+#       $tmp/ran, --lease LEASE, log $tmp/w2.log; its PID in second_pid) and
+#       waits (30 s at most) until WANT keys m-* are completed and nothing is
+#       pending; then stops it (SIGTERM) and fails unless it exited 0 and each
+#       of the WANT messages ran exactly once. Sets takeovers and busy (from its
+#       summary at exit), clears second_pid.
 
 DRAIN_KILL_VARS=${DRAIN_KILL_VARS:-}
 DRAIN_THAW_VARS=${DRAIN_THAW_VARS:-}
@@ -170,4 +178,36 @@ drain_frozen_store_stop() {
   took_ms=$DRAIN_TOOK_MS
   echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen," \
     "timeout ${timeout_s} s)"
+}
+
+drain_second_worker_once() {
+  local dedup=$1 store=$2 lease=$3 want=$4 done_all="" completed=0 rc2 runs summary
+  drain_handler "$tmp/fast.sh" <<EOF
+echo "\$DEDUP_KEY" >>"$tmp/ran"
+EOF
+  "$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w2" \
+    --store "$store" --exec "$tmp/fast.sh" --no-shell --concurrency 2 \
+    --lease "$lease" --drain-timeout 5s --summary-interval 0 >>"$tmp/w2.log" 2>&1 &
+  second_pid=$!
+  for _ in $(seq 1 300); do
+    completed=$("$dedup" inspect --store "$store" --prefix m- 2>/dev/null | grep -c completed)
+    if [ "$completed" = "$want" ] && [ "$(rcli XPENDING jobs g | head -1)" = 0 ]; then
+      done_all=1
+      break
+    fi
+    sleep 0.1
+  done
+  [ -n "$done_all" ] || fail "the second worker did not finish every message ($completed completed)"
+  kill -TERM "$second_pid"
+  wait "$second_pid"
+  rc2=$?
+  second_pid=""
+  [ "$rc2" = 0 ] || fail "second worker exit $rc2"
+  runs=$(sort "$tmp/ran" | uniq -c | awk '$1 != 1' | wc -l)
+  [ "$runs" = 0 ] || fail "a message ran more than once: $(sort "$tmp/ran" | uniq -c)"
+  [ "$(wc -l <"$tmp/ran")" = "$want" ] || fail "want $want runs: $(cat "$tmp/ran")"
+  summary=$(grep "stopped:" "$tmp/w2.log")
+  takeovers=$(sed -n 's/.* takeovers=\([0-9]*\).*/\1/p' <<<"$summary")
+  busy=$(sed -n 's/.* busy=\([0-9]*\).*/\1/p' <<<"$summary")
+  takeovers=${takeovers:-0} busy=${busy:-0}
 }
