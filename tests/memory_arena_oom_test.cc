@@ -139,5 +139,44 @@ TEST(MemoryArenaOomTest, AClaimWhoseKeyCannotBeCopiedLeavesTheStoreAsItWas) {
   EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 2u);
 }
 
+// A completion whose result needs the record's heap part (a key kept inline,
+// no fingerprint: the record had none) when that allocation fails: the
+// completion fails (std::bad_alloc) and the record is as it was, IN_PROGRESS
+// under its lease, so that the owner can complete it again. Before, the record
+// was written COMPLETED without its result: a later claim got DUPLICATE and an
+// empty result, and the owner, told its completion failed, could not redo it.
+TEST(MemoryArenaOomTest, ACompletionWhoseResultCannotBeKeptChangesNothing) {
+  MemoryStoreOptions o;
+  o.shards = 1;
+  auto store = NewMemoryStore(o);
+  ClaimRequest r;
+  r.key = "k";
+  r.lease = 60s;
+  r.retention = 600s;
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok() && c->acquired());
+  g_refused = 0;
+  g_fail = true;
+  bool threw = false;
+  try {
+    (void)store->Complete("k", c->token, 600s, CompletionStatus::kOk, "receipt");
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  g_fail = false;
+  ASSERT_TRUE(threw);
+  auto busy = store->Claim(r);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(busy->outcome, ClaimOutcome::kBusy) << "result '" << busy->result << "'";
+  auto w = store->Complete("k", c->token, 600s, CompletionStatus::kOk, "receipt");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  auto dup = store->Claim(r);
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  EXPECT_EQ(dup->outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(dup->result, "receipt");
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+}
+
 }  // namespace
 }  // namespace dedup
