@@ -368,7 +368,14 @@ struct Slot {
   }
 
   // Takes the record's fields; the key stays.
+  // The heap part a fingerprint or result needs is allocated first: when that
+  // throws, the record is as it was (never half-written).
   void FromRecord(Record&& r) {
+    const bool need_extra = !r.fingerprint.empty() || !r.result.empty();
+    if (need_extra && key_len != kKeyOut) {
+      extra = new Extra{std::string(key, key_len), {}, {}};
+      key_len = kKeyOut;
+    }
     state = r.state;
     token = r.token.value;
     fence = r.fence;
@@ -376,11 +383,6 @@ struct Slot {
     lease_deadline = r.lease_deadline;
     retention_deadline = r.retention_deadline;
     status = r.status;
-    const bool need_extra = !r.fingerprint.empty() || !r.result.empty();
-    if (need_extra && key_len != kKeyOut) {
-      extra = new Extra{std::string(key, key_len), {}, {}};
-      key_len = kKeyOut;
-    }
     if (key_len == kKeyOut) {
       extra->fingerprint = std::move(r.fingerprint);
       extra->result = std::move(r.result);
@@ -486,6 +488,10 @@ class alignas(64) Shard {
     ++count_;
     Slot& s = At(n);
     s.live = 1;
+    // Expired, so absent (fence 0: the next claim's is 1), until the caller's
+    // FromRecord writes the record; if that throws, the key reads as absent.
+    s.retention_deadline = 0;
+    s.fence = 0;
     *number = n;
     s.SetKey(key, std::move(out));
     // With the record in: a step of growth moves entries (pos is stale after it).
