@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include "dedup/memory_store.h"
 #include "dedup/store.h"
@@ -69,6 +70,36 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A store of one shard, and a claim request for `key` (a view: the caller keeps
+// the key).
+std::unique_ptr<Store> OneShardStore() {
+  MemoryStoreOptions o;
+  o.shards = 1;
+  return NewMemoryStore(o);
+}
+ClaimRequest Request(std::string_view key) {
+  ClaimRequest r;
+  r.key = key;
+  r.lease = 60s;
+  r.retention = 600s;
+  return r;
+}
+
+// Runs `fn` while the heap refuses every allocation; true when it threw
+// std::bad_alloc.
+template <typename Fn>
+bool ThrowsBadAlloc(Fn&& fn) {
+  g_fail = true;
+  bool threw = false;
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  g_fail = false;
+  return threw;
+}
+
 // A store of two shards whose index tables (40 000 records: 256 KiB each) come
 // from the arena.
 std::unique_ptr<Store> FilledStore() {
@@ -77,11 +108,7 @@ std::unique_ptr<Store> FilledStore() {
   auto store = NewMemoryStore(o);
   for (int i = 0; i < 40000; ++i) {
     const std::string key = "key-" + std::to_string(i);
-    ClaimRequest r;
-    r.key = key;
-    r.lease = 60s;
-    r.retention = 600s;
-    auto c = store->Claim(r);
+    auto c = store->Claim(Request(key));
     if (!c.ok() || !c->acquired()) std::abort();
   }
   return store;
@@ -110,26 +137,11 @@ TEST(MemoryArenaOomTest, FreeingTablesWhileTheHeapRefusesDoesNotThrow) {
 // written first: it stayed, pointing to a record without its key, which no
 // lookup found.
 TEST(MemoryArenaOomTest, AClaimWhoseKeyCannotBeCopiedLeavesTheStoreAsItWas) {
-  MemoryStoreOptions o;
-  o.shards = 1;
-  auto store = NewMemoryStore(o);
-  ClaimRequest r;
-  r.key = "warm";
-  r.lease = 60s;
-  r.retention = 600s;
-  ASSERT_TRUE(store->Claim(r).ok());  // the shard's index and first chunk exist
+  auto store = OneShardStore();
+  ASSERT_TRUE(store->Claim(Request("warm")).ok());  // the shard's index and first chunk exist
   const std::string long_key(40, 'k');
-  r.key = long_key;
-  g_refused = 0;
-  g_fail = true;
-  bool threw = false;
-  try {
-    (void)store->Claim(r);
-  } catch (const std::bad_alloc&) {
-    threw = true;
-  }
-  g_fail = false;
-  ASSERT_TRUE(threw);
+  const ClaimRequest r = Request(long_key);
+  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Claim(r); }));
   EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
   EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 1u);
   auto c = store->Claim(r);
@@ -146,25 +158,12 @@ TEST(MemoryArenaOomTest, AClaimWhoseKeyCannotBeCopiedLeavesTheStoreAsItWas) {
 // was written COMPLETED without its result: a later claim got DUPLICATE and an
 // empty result, and the owner, told its completion failed, could not redo it.
 TEST(MemoryArenaOomTest, ACompletionWhoseResultCannotBeKeptChangesNothing) {
-  MemoryStoreOptions o;
-  o.shards = 1;
-  auto store = NewMemoryStore(o);
-  ClaimRequest r;
-  r.key = "k";
-  r.lease = 60s;
-  r.retention = 600s;
+  auto store = OneShardStore();
+  const ClaimRequest r = Request("k");
   auto c = store->Claim(r);
   ASSERT_TRUE(c.ok() && c->acquired());
-  g_refused = 0;
-  g_fail = true;
-  bool threw = false;
-  try {
-    (void)store->Complete("k", c->token, 600s, CompletionStatus::kOk, "receipt");
-  } catch (const std::bad_alloc&) {
-    threw = true;
-  }
-  g_fail = false;
-  ASSERT_TRUE(threw);
+  ASSERT_TRUE(ThrowsBadAlloc(
+      [&] { (void)store->Complete("k", c->token, 600s, CompletionStatus::kOk, "receipt"); }));
   auto busy = store->Claim(r);
   ASSERT_TRUE(busy.ok()) << busy.status();
   EXPECT_EQ(busy->outcome, ClaimOutcome::kBusy) << "result '" << busy->result << "'";
