@@ -447,10 +447,10 @@ StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
     std::unique_ptr<Conn> idle;
     {
       std::unique_lock lock(mu_);
-      const auto free = [&] {
+      const auto available = [&] {
         return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
       };
-      while (!free()) {
+      while (!available()) {
         const int64_t now = SteadyMillis();
         if (start < 0) start = now;
         const int64_t give_up = stop_ != nullptr ? stop_->GiveUpAt(start) : INT64_MAX;
