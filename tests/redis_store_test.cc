@@ -47,6 +47,7 @@
 #include "dedup/store.h"
 #include "redis/client.h"
 #include "redis/options.h"
+#include "redis_admin.h"
 #include "test_process.h"
 #include "store_envs.h"
 
@@ -61,67 +62,8 @@ using Clock_ = std::chrono::steady_clock;
 using testing::PortFree;
 using testing::Spawn;
 using testing::FakePeer;
-
-// One admin command on a plain hiredis connection; returns the reply as text.
-std::string Admin(int port, const std::vector<std::string>& args) {
-  timeval tv{2, 0};
-  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
-  if (c == nullptr || c->err) {
-    if (c) redisFree(c);
-    return "(connect failed)";
-  }
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(
-      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  std::string out;
-  if (r == nullptr) {
-    out = "(io error)";
-  } else if (r->type == REDIS_REPLY_INTEGER) {
-    out = std::to_string(r->integer);
-  } else if (r->type == REDIS_REPLY_ARRAY) {
-    for (size_t i = 0; i < r->elements; ++i) {
-      if (i) out += "\n";
-      out.append(r->element[i]->str ? r->element[i]->str : "", r->element[i]->len);
-    }
-  } else if (r->str != nullptr) {
-    out.assign(r->str, r->len);
-  }
-  if (r) freeReplyObject(r);
-  redisFree(c);
-  return out;
-}
-
-// The elements of an array reply (binary-safe), or nothing.
-std::vector<std::string> AdminList(int port, const std::vector<std::string>& args) {
-  timeval tv{2, 0};
-  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
-  std::vector<std::string> out;
-  if (c == nullptr || c->err) {
-    if (c) redisFree(c);
-    return out;
-  }
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(
-      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  if (r != nullptr && r->type == REDIS_REPLY_ARRAY) {
-    for (size_t i = 0; i < r->elements; ++i) {
-      out.emplace_back(r->element[i]->str, r->element[i]->len);
-    }
-  }
-  if (r) freeReplyObject(r);
-  redisFree(c);
-  return out;
-}
+using testing::Admin;
+using testing::AdminList;
 
 // A redis-server child process on 127.0.0.1:port, stopped by PID.
 class RedisServer {

@@ -227,7 +227,7 @@ class Consumer::Impl {
   struct HeldKey {
     const Delivery* holder = nullptr;  // the copy whose outcome they wait for
     bool deferred = false;             // its outcome waits for the completer
-    std::deque<Job> waiting;           // a later delivery of the key (at most one)
+    std::optional<Job> waiting;        // a later delivery of the key (one at most)
   };
 
   struct Counters {
@@ -313,8 +313,8 @@ class Consumer::Impl {
           // broker counts as unacked (RabbitMQ's prefetch, NATS's
           // max_ack_pending): the copies of a key published many times while
           // its handler ran long took all of them, and no other key came.
-          if (!fresh && it->second.waiting.empty()) {
-            it->second.waiting.push_back(Job{std::move(d), std::nullopt});
+          if (!fresh && !it->second.waiting) {
+            it->second.waiting = Job{std::move(d), std::nullopt};
             hurry = hurry || it->second.deferred;
             ++set_aside;
             n_.waited_for_copy.fetch_add(1, std::memory_order_relaxed);
@@ -392,7 +392,7 @@ class Consumer::Impl {
   }
 
   // The copy of `key` (a Guarded delivery) has its outcome: written, its claim
-  // given up, or its claim answered without running. The first delivery
+  // given up, or its claim answered without running. The delivery
   // waiting for it goes to the front of the queue (fetched before what is
   // queued behind it), to be claimed alone; the key stays held by it. mu_ held;
   // true when a handler should be woken.
@@ -401,13 +401,13 @@ class Consumer::Impl {
   bool EndCopyLocked(const Delivery& d) {
     auto it = held_keys_.find(d.key());
     if (it == held_keys_.end() || it->second.holder != &d) return false;
-    if (it->second.waiting.empty()) {
+    if (!it->second.waiting) {
       held_keys_.erase(it);
       return false;
     }
-    it->second.holder = it->second.waiting.front().delivery.get();
-    queue_.push_front(std::move(it->second.waiting.front()));
-    it->second.waiting.pop_front();
+    it->second.holder = it->second.waiting->delivery.get();
+    queue_.push_front(std::move(*it->second.waiting));
+    it->second.waiting.reset();
     it->second.deferred = false;
     return true;
   }
@@ -428,7 +428,7 @@ class Consumer::Impl {
     auto it = held_keys_.find(d.key());
     if (it == held_keys_.end() || it->second.holder != &d) return false;
     it->second.deferred = true;
-    return !it->second.waiting.empty();
+    return it->second.waiting.has_value();
   }
 
   // Asks the completer to write what waits now (or its next outcome at once):
@@ -998,7 +998,7 @@ class Consumer::Impl {
       // Deliveries waiting for a copy of their key: nothing claimed, handed back
       // at once (the copy may still run: its end finds no key held).
       for (auto& [key, h] : held_keys_) {
-        for (Job& j : h.waiting) unstarted.push_back(std::move(j));
+        if (h.waiting) unstarted.push_back(std::move(*h.waiting));
       }
       held_keys_.clear();
     }

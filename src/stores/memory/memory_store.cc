@@ -327,12 +327,18 @@ struct Slot {
   }
   bool ExpiredAt(int64_t now) const { return now >= retention_deadline; }
 
-  void SetKey(std::string_view k) {
-    if (k.size() <= kInlineKey) {
+  // The copy a key longer than kInlineKey needs (made before anything changes:
+  // it may throw); null for a key kept inline.
+  static std::unique_ptr<Extra> KeyOut(std::string_view k) {
+    return k.size() <= kInlineKey ? nullptr : std::make_unique<Extra>(Extra{std::string(k), {}, {}});
+  }
+  // `out`: KeyOut(k). Never throws.
+  void SetKey(std::string_view k, std::unique_ptr<Extra> out) noexcept {
+    if (out == nullptr) {
       key_len = static_cast<uint8_t>(k.size());
       std::memcpy(key, k.data(), k.size());
     } else {
-      extra = new Extra{std::string(k), {}, {}};
+      extra = out.release();
       key_len = kKeyOut;
     }
   }
@@ -362,7 +368,14 @@ struct Slot {
   }
 
   // Takes the record's fields; the key stays.
+  // The heap part a fingerprint or result needs is allocated first: when that
+  // throws, the record is as it was (never half-written).
   void FromRecord(Record&& r) {
+    const bool need_extra = !r.fingerprint.empty() || !r.result.empty();
+    if (need_extra && key_len != kKeyOut) {
+      extra = new Extra{std::string(key, key_len), {}, {}};
+      key_len = kKeyOut;
+    }
     state = r.state;
     token = r.token.value;
     fence = r.fence;
@@ -370,11 +383,6 @@ struct Slot {
     lease_deadline = r.lease_deadline;
     retention_deadline = r.retention_deadline;
     status = r.status;
-    const bool need_extra = !r.fingerprint.empty() || !r.result.empty();
-    if (need_extra && key_len != kKeyOut) {
-      extra = new Extra{std::string(key, key_len), {}, {}};
-      key_len = kKeyOut;
-    }
     if (key_len == kKeyOut) {
       extra->fingerprint = std::move(r.fingerprint);
       extra->result = std::move(r.result);
@@ -465,6 +473,9 @@ class alignas(64) Shard {
     if (next_ == nullptr && old_ == nullptr && (count_ + 1) * 64 > (mask_ + 1) * grow_at_) [[unlikely]] {
       StartGrow();
     }
+    // The key's copy next (it may throw: nothing has changed yet either), so
+    // that no index entry is written for a record without its key.
+    std::unique_ptr<Extra> out = Slot::KeyOut(key);
     uint32_t n;
     if (!free_.empty()) {
       n = free_.back();
@@ -477,8 +488,12 @@ class alignas(64) Shard {
     ++count_;
     Slot& s = At(n);
     s.live = 1;
+    // Expired, so absent (fence 0: the next claim's is 1), until the caller's
+    // FromRecord writes the record; if that throws, the key reads as absent.
+    s.retention_deadline = 0;
+    s.fence = 0;
     *number = n;
-    s.SetKey(key);
+    s.SetKey(key, std::move(out));
     // With the record in: a step of growth moves entries (pos is stale after it).
     if (next_ != nullptr || old_ != nullptr) [[unlikely]] GrowStep();
     return s;
