@@ -299,7 +299,6 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
         "nats URI has a path after its host (nats:// takes none); a '/' or '?' in a "
         "token or password is written %2F, %3F");
   }
-  // "nats://TO?KEN@HOST?stream=S" is refused by CheckParams without being echoed.
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
                                              "dead", "ack_wait", "max_ack_pending", "timeout",
                                              internal::kPasswordFileParam, kTokenFileParam}));

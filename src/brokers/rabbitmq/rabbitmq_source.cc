@@ -119,7 +119,6 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     return Status::InvalidArgument("amqp: no '//' after 'amqp:' (expected "
                                    "amqp://USER:PW@HOST:5672/VHOST?queue=Q)");
   }
-  // "amqp://u:p?ss@h?queue=q" is refused by CheckParams without being echoed.
   DEDUP_RETURN_IF_ERROR(
       u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout",
                      internal::kPasswordFileParam}));
