@@ -100,6 +100,17 @@ TEST(NatsUriTest, ParsesEveryPart) {
   ASSERT_TRUE(many.ok()) << many.status();
   EXPECT_EQ(many->servers, (std::vector<std::string>{"nats://a:4222", "nats://b:4300",
                                                      "nats://[::1]:4222", "nats://[::1]:4301"}));
+  // A zone id, as RFC 6874 writes it in a URI ("%25" and the zone, itself
+  // percent-encoded), goes to nats.c with a bare '%': nats.c's natsUrl_Create
+  // (src/url.c, 3.4.1 and main) decodes only the user and password, keeps the
+  // host as written, and natsSock_ConnectTcp strips the brackets and hands
+  // "fe80::1%eth0" to getaddrinfo, which reads the zone. "%25eth0" would reach
+  // the resolver as such (no interface "25eth0"). Checked by hand against a
+  // nats-server on [fe80::1%lo] in a network namespace (tidyuri report).
+  auto zone = ParseNatsUri("nats://[fe80::1%25eth0]:4300,[fe80::2%25en%2D1]?stream=S&consumer=c");
+  ASSERT_TRUE(zone.ok()) << zone.status();
+  EXPECT_EQ(zone->servers, (std::vector<std::string>{"nats://[fe80::1%eth0]:4300",
+                                                     "nats://[fe80::2%en-1]:4222"}));
   EXPECT_EQ(o->stream, "JOBS");
   EXPECT_EQ(o->consumer, "w");
   EXPECT_EQ(o->Subject(), "jobs.in");
