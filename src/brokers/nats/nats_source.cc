@@ -36,7 +36,20 @@ Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_c
                                           "error 10054): no retry changes its size");
   }
   std::string m = what + ": " + natsStatus_GetText(s);
-  if (jerr != 0) m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  if (jerr != 0) {
+    // The server's own description, which nats.c keeps as the thread's last
+    // error text ("(js.c:535): maximum messages exceeded", nats_setError) while
+    // the status says only "Error". 10077 is any failed store: "maximum messages
+    // exceeded", "maximum bytes exceeded" (a stream full with discard new, which
+    // empties as consumers ack or messages age out: Unavailable like the rest).
+    std::string_view text = nats_GetLastError(nullptr) ? nats_GetLastError(nullptr) : "";
+    if (text.starts_with('(')) {
+      const size_t end = text.find("): ");
+      if (end != std::string_view::npos) text.remove_prefix(end + 3);
+    }
+    if (!text.empty()) m = what + ": " + internal::Printable(text.substr(0, 200));
+    m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  }
   if (jerr == JSStreamSubjectOverlapErr) {
     // A stream made on a subject another stream holds: refused every time.
     return Status::FailedPrecondition(m + ": another stream holds this subject (subjects "
