@@ -416,6 +416,15 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
                                    "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F "
                                    "(a token goes alone: nats://TOKEN@HOST or token_file=F)");
   }
+  if (!cred->user.empty() && cred->has_password && cred->password.empty()) {
+    // "nats://TOKEN:@HOST": nats.c reads it as a token (no password after an
+    // empty one, and a user without a password is sent as auth_token), the URI
+    // grammar as a user with an empty password. Not echoed: it may be a token.
+    return Status::InvalidArgument(
+        "nats URI gives an empty password (USER:@HOST), which nats.c reads as a "
+        "token and the URI as a user: write nats://TOKEN@HOST or token_file=F for a "
+        "token, nats://USER:PASSWORD@HOST or nats://USER@HOST?password_file=F for a user");
+  }
   if (!cred->user.empty() && !cred->has_password) {
     // "nats://TOKEN@HOST": a lone user-info is a token, as every NATS client
     // reads a URL (sent as a user name, nats-server --auth refused it).
