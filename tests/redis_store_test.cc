@@ -2858,6 +2858,64 @@ TEST_F(RedisStoreTest, AServerThatTurnsReplicaIsUnavailableAndTheNextCallReconne
   }
 }
 
+#if defined(DEDUP_WITH_REDIS_STREAMS)
+// tidyuri: the same failover seen by the Redis Streams source. Its connections
+// (brokers/redis_streams/stream_conn) were dropped on a transport error only:
+// the fetch connection kept to the old primary, turned replica, and every
+// XREADGROUP got READONLY for as long as it lived, never reaching the new
+// primary behind the address. A READONLY fetch is Unavailable (the Consumer backs
+// off and calls again) and the next one connects again. 6555 the old primary,
+// 6556 the new one, the relay the moving address.
+TEST_F(RedisStoreTest, TheStreamsSourceReconnectsAfterItsServerTurnsReplica) {
+  for (int port : {6555, 6556}) {
+    if (!PortFree(port)) GTEST_SKIP() << "port " << port << " in use";
+  }
+  RedisServer old_primary(6555, Dir("old")), new_primary(6556, Dir("new"));
+  ASSERT_TRUE(old_primary.Start());
+  ASSERT_TRUE(new_primary.Start());
+  ASSERT_FALSE(Admin(6555, {"XADD", "s", "*", "id", "before"}).empty());
+  // The new primary has the stream and the group (as a replica of the old one
+  // would have had them), and one entry written since.
+  ASSERT_EQ(Admin(6556, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
+  ASSERT_FALSE(Admin(6556, {"XADD", "s", "*", "id", "after"}).empty());
+  LossyRelay relay(6555);
+  ASSERT_GT(relay.port(), 0);
+  auto opened = OpenSource("redis://127.0.0.1:" + std::to_string(relay.port()) +
+                           "?stream=s&group=g&consumer=c&timeout=1s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  MessageSource& source = **opened;
+  const auto ids = [](const std::vector<std::unique_ptr<Delivery>>& ds) {
+    std::string out;
+    for (const auto& d : ds) out += (out.empty() ? "" : ",") + d->key();
+    return out;
+  };
+  // The first fetches read this consumer's pending entries, then reclaim others':
+  // none. Then new entries.
+  auto before = source.Fetch(10, 100ms);
+  for (int i = 0; i < 4 && before.ok() && before->empty(); ++i) before = source.Fetch(10, 100ms);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(ids(*before), "before");
+  ASSERT_EQ(Admin(6555, {"REPLICAOF", "127.0.0.1", "6556"}), "OK");
+  relay.SetUpstream(6556);
+  auto ro = source.Fetch(10, 100ms);
+  ASSERT_FALSE(ro.ok()) << "a replica served a fetch: " << ids(*ro);
+  EXPECT_EQ(ro.status().code(), StatusCode::kUnavailable) << ro.status();
+  EXPECT_NE(ro.status().message().find("READONLY"), std::string::npos) << ro.status();
+  // The next fetch reaches the new primary.
+  StatusOr<std::vector<std::unique_ptr<Delivery>>> after = Status::Internal("not fetched");
+  for (int i = 0; i < 3; ++i) {
+    after = source.Fetch(10, 100ms);
+    if (after.ok()) break;
+    ADD_FAILURE() << "fetch " << i << " after the failover: " << after.status();
+  }
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(ids(*after), "after");
+  EXPECT_TRUE((*after)[0]->Ack().ok());
+  EXPECT_EQ(Admin(6556, {"EVAL", "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s"}),
+            "0");
+}
+#endif  // DEDUP_WITH_REDIS_STREAMS
+
 // redisfix: a slot-map reload asked the nodes one after the other, the one that
 // failed last at the end. Another node frozen (SIGSTOP: its connection takes the
 // bytes, no answer comes) cost every reload a whole timeout: here a claim on a
