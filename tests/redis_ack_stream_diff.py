@@ -148,6 +148,33 @@ for chunk in range(max(1, trials // 10)):
     if got:
         fails += 1
         if fails <= 5: print('quick read differs from decode() on', [vals[j - 1] for j in got[:5]])
+# And not by chance alone: every record of flags 0x41 (and 0x51) whose fence and
+# attempt are one of a few encodings around the shortcuts' edges (0, 1, 2, 127,
+# 128, padded, 2 bytes), followed by every keep made of these bytes up to a length
+# past the 8 a varint may take: continuations 0x00 0x80 0xff (0x00 mid-varint ends
+# it early), a last byte 0x00 0x01 0x0f 0x10 0x7f 0x80 (0x0f / 0x10 are the edge of
+# 2^53 - 1 for a keep of 8 bytes). Checked against decode() as above.
+def keeps(maxlen):
+    out, level = [b''], [b'']
+    for _ in range(maxlen):
+        out += [p + bytes([l]) for p in level for l in (0, 1, 15, 16, 127, 128)]
+        level = [p + bytes([c]) for p in level for c in (0, 128, 255)]
+    return out
+FENCES = [b'\x01', b'\x00', b'\x02', b'\x7f', b'\x80', b'\x81\x01', b'\x80\x00', b'\x01\x01']
+sweep = [b'\x41' + b'\x01%]^-[$\xff' + b'\x01\x01' + k for k in keeps(9)]
+for k in keeps(4):
+    for fe in FENCES:
+        for at in FENCES:
+            sweep.append(b'\x41' + b'A\x01\x01\x05AAAA' + fe + at + k)
+            sweep.append(b'\x51' + b'\x00\x00\x00\x00\x00\x00\x00\x01' + fe + at + k + b'\x01x')
+swept = 0
+for j in range(0, len(sweep), 2000):
+    vals = sweep[j:j + 2000]
+    got = r.cmd('EVALSHA', qsha, 0, *vals)
+    if got:
+        swept += 1
+        if swept <= 5: print('quick read differs from decode() on', [vals[i - 1] for i in got[:5]])
+fails += swept
 for trial in range(trials):
     r.cmd('FLUSHALL')
     nk = rnd.randint(1, 5)
