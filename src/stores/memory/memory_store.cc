@@ -847,8 +847,8 @@ class alignas(64) Shard {
     next_ = AllocIndex(2 * size);  // contents undefined until filled
     filled_ = 0;
     // 2 * size entries to fill before the load reaches 3/4: kFillPerInsert a
-    // step (or more, for a shard that crossed its threshold by more than one
-    // insert: erases between, or a table of 64 entries).
+    // step, which from every threshold of grow_at_ (at most ~0.73) is done by
+    // a load of ~0.74; the bound below holds whatever the load at the start.
     const size_t room = size * 3 / 4 > count_ ? size * 3 / 4 - count_ : 1;
     fill_per_insert_ = std::max(kFillPerInsert, (2 * size + room - 1) / room);
     ++doublings_;
