@@ -344,9 +344,14 @@ class Consumer {
   [[nodiscard]] static StatusOr<std::unique_ptr<Consumer>> Make(MessageSource* source,
                                                                 Buffer* buffer, Handler handler,
                                                                 ConsumerOptions options = {});
+  // `store`, when not null: the store the Processor's calls go to (not owned,
+  // must outlive the Consumer), told to stop waiting at the drain deadline as a
+  // Buffer's store is (ConsumerOptions::stop_store_waits); without it nothing
+  // is told (`dedup worker --sql-output` passes its PostgreSQL store).
   [[nodiscard]] static StatusOr<std::unique_ptr<Consumer>> MakeWith(MessageSource* source,
                                                                     Processor process,
-                                                                    ConsumerOptions options = {});
+                                                                    ConsumerOptions options = {},
+                                                                    Store* store = nullptr);
   ~Consumer();
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
