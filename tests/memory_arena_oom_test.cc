@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "dedup/clock.h"
 #include "dedup/memory_store.h"
 #include "dedup/store.h"
 #include "stores/memory/memory_store_internal.h"
@@ -175,6 +176,43 @@ TEST(MemoryArenaOomTest, ACompletionWhoseResultCannotBeKeptChangesNothing) {
   EXPECT_EQ(dup->outcome, ClaimOutcome::kDuplicate);
   EXPECT_EQ(dup->result, "receipt");
   EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+}
+
+// A claim of a new key whose record needs its heap part (a fingerprint, the key
+// kept inline) when that allocation fails: the claim fails (std::bad_alloc) and
+// the key reads as absent (Insert marked the new slot expired). That slot must
+// not outlive the key's absence either: the sweep reclaims it like any expired
+// record. Before, its sweep deadline stayed "never" (Insert left the slot's
+// entry in the chunk's deadlines as the free slot's), so the slot stayed,
+// counted, until the same key was claimed again, which may never happen.
+TEST(MemoryArenaOomTest, AClaimWhoseRecordCannotBeWrittenLeavesNothingTheSweepKeeps) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  o.shards = 1;
+  auto store = NewMemoryStore(o);
+  ClaimRequest warm = Request("warm");
+  warm.lease = 1s;
+  warm.retention = 1s;
+  ASSERT_TRUE(store->Claim(warm).ok());  // the shard's index and first chunk exist
+  ClaimRequest r = Request("k");
+  r.fingerprint = "fp";  // short: the request's copy needs no allocation
+  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Claim(r); }));
+  auto absent = store->Inspect("k");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_FALSE(absent->has_value());
+  clock.Advance(3600s);  // "warm" expired too
+  for (int i = 0; i < 8; ++i) {  // each claim sweeps up to 4 expired records
+    const std::string key = "later-" + std::to_string(i);
+    ASSERT_TRUE(store->Claim(Request(key)).ok());
+  }
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 8u)
+      << "the expired 'warm' and the slot of the refused claim are reclaimed";
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->acquired());
+  EXPECT_EQ(c->fence, 1u);
 }
 
 }  // namespace

@@ -43,7 +43,8 @@
 #       publishes one entry (key m-1) to the stream of drain_stream_and_store,
 #       starts `dedup worker` on it (consumer w, --exec $tmp/handler.sh of
 #       drain_sleeping_handler, --concurrency 2 --prefetch 8, --lease LEASE,
-#       --drain-timeout ${drain_s}s, log $tmp/w.log; its PID in worker_pid) and
+#       --drain-timeout ${drain_s}s, the words of DRAIN_WORKER_ARGS, log
+#       $tmp/w.log; its PID in worker_pid) and
 #       waits until its handler runs; then freezes the store (SIGSTOP)
 #       and lets LATE entries arrive at once (MULTI/EXEC, keys ID_PREFIX1 to
 #       ID_PREFIX<LATE>), so that their claims are sent and wait; 0.5 s later it
@@ -63,6 +64,7 @@ DRAIN_THAW_VARS=${DRAIN_THAW_VARS:-}
 DRAIN_LOGS=${DRAIN_LOGS:-}
 DRAIN_TAIL=${DRAIN_TAIL:-20}
 DRAIN_STOP_LIMIT_S=${DRAIN_STOP_LIMIT_S:-15}
+DRAIN_WORKER_ARGS=${DRAIN_WORKER_ARGS:-}
 DRAIN_FROZEN=""
 
 drain_begin() {
@@ -156,9 +158,11 @@ drain_frozen_store_stop() {
   local dedup=$1 store=$2 lease=$3 late=$4 prefix=$5 pids=${6:-} i
   "$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count 1 \
     --id-prefix m- --quiet || fail "publish"
+  # shellcheck disable=SC2086
   "$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w" \
     --store "$store" --exec "$tmp/handler.sh" --no-shell --concurrency 2 --prefetch 8 \
-    --lease "$lease" --drain-timeout "${drain_s}s" --summary-interval 0 >>"$tmp/w.log" 2>&1 &
+    --lease "$lease" --drain-timeout "${drain_s}s" --summary-interval 0 $DRAIN_WORKER_ARGS \
+    >>"$tmp/w.log" 2>&1 &
   worker_pid=$!
   drain_wait_claimed "$dedup" "$store" 1 "$tmp/started" || fail "the first handler did not start"
   if [ -n "$pids" ]; then DRAIN_FROZEN=$("$pids"); else DRAIN_FROZEN=$store_pid; fi

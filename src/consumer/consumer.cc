@@ -80,8 +80,10 @@ constexpr size_t kMaxLoggedReasonBytes = 1024;
 class Consumer::Impl {
  public:
   Impl(MessageSource* source, Buffer* buffer, Handler handler, Processor process,
-       ConsumerOptions o, std::atomic<bool>* stop)
-      : source_(source), buffer_(buffer), handler_(std::move(handler)),
+       ConsumerOptions o, std::atomic<bool>* stop, Store* process_store = nullptr)
+      : source_(source), buffer_(buffer),
+        store_to_stop_(buffer != nullptr ? buffer->store() : process_store),
+        handler_(std::move(handler)),
         process_(std::move(process)), o_(std::move(o)), stop_(stop) {
     adaptive_prefetch_ = o_.prefetch < 0 && o_.prefetch_time.count() > 0;
     if (buffer_ != nullptr) progress_every_ = buffer_->heartbeat_interval();
@@ -872,7 +874,7 @@ class Consumer::Impl {
       draining_ = true;
     }
     work_cv_.notify_all();
-    if (buffer_ != nullptr && o_.stop_store_waits) {
+    if (store_to_stop_ != nullptr && o_.stop_store_waits) {
       store_stopper_ = std::thread([this, deadline] { StopStoreWaitsAt(deadline); });
     }
     std::thread hand_back([this] { HandBackUnstarted(); });
@@ -888,7 +890,7 @@ class Consumer::Impl {
       if (drain_cv_.wait_until(lock, deadline, [this] { return drained_; })) return;
     }
     store_told_.store(true);
-    buffer_->store()->StopWaiting(ConsumerOptions::kDrainStoreGrace);
+    store_to_stop_->StopWaiting(ConsumerOptions::kDrainStoreGrace);
   }
 
   // A store call that failed: given up, when the store was told to stop waiting
@@ -1072,6 +1074,9 @@ class Consumer::Impl {
 
   MessageSource* const source_;
   Buffer* const buffer_;
+  // Told to stop waiting at the drain deadline (stop_store_waits): the Buffer's
+  // store, or MakeWith's `store`; null: none.
+  Store* const store_to_stop_;
   const Handler handler_;
   const Processor process_;
   ConsumerOptions o_;
@@ -1190,13 +1195,13 @@ StatusOr<std::unique_ptr<Consumer>> Consumer::Make(MessageSource* source, Buffer
 }
 
 StatusOr<std::unique_ptr<Consumer>> Consumer::MakeWith(MessageSource* source, Processor process,
-                                                       ConsumerOptions options) {
+                                                       ConsumerOptions options, Store* store) {
   if (source == nullptr) return Status::InvalidArgument("consumer: no message source");
   if (!process) return Status::InvalidArgument("consumer: no processor");
   DEDUP_RETURN_IF_ERROR(ValidateConsumerOptions(options));
   std::unique_ptr<Consumer> c(new Consumer(nullptr));
   c->impl_ = std::make_unique<Impl>(source, nullptr, Handler(), std::move(process),
-                                    std::move(options), &c->stop_);
+                                    std::move(options), &c->stop_, store);
   return c;
 }
 

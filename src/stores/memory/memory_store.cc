@@ -327,10 +327,12 @@ struct Slot {
   }
   bool ExpiredAt(int64_t now) const { return now >= retention_deadline; }
 
-  // The copy a key longer than kInlineKey needs (made before anything changes:
-  // it may throw); null for a key kept inline.
-  static std::unique_ptr<Extra> KeyOut(std::string_view k) {
-    return k.size() <= kInlineKey ? nullptr : std::make_unique<Extra>(Extra{std::string(k), {}, {}});
+  // The heap part a new record needs (made before anything changes: it may
+  // throw): for a key longer than kInlineKey, or when the record has a
+  // fingerprint or result (`heap`); null for a key kept inline otherwise.
+  static std::unique_ptr<Extra> KeyOut(std::string_view k, bool heap) {
+    return k.size() <= kInlineKey && !heap ? nullptr
+                                           : std::make_unique<Extra>(Extra{std::string(k), {}, {}});
   }
   // `out`: KeyOut(k). Never throws.
   void SetKey(std::string_view k, std::unique_ptr<Extra> out) noexcept {
@@ -467,15 +469,18 @@ class alignas(64) Shard {
   }
 
   // A new slot for `key` at index position `pos` (from a Find that returned null).
-  Slot& Insert(std::string_view key, uint64_t h, size_t pos, uint32_t* number) {
+  // `heap`: the record to be written has a fingerprint or result, so that the
+  // caller's FromRecord allocates nothing (and cannot throw).
+  Slot& Insert(std::string_view key, uint64_t h, size_t pos, uint32_t* number, bool heap) {
     // Load above grow_at_ / 1024: the next table is mapped now (it may throw:
     // nothing has changed yet), and filled by this insert and the next ones.
     if (next_ == nullptr && old_ == nullptr && (count_ + 1) * 1024 > (mask_ + 1) * grow_at_) [[unlikely]] {
       StartGrow();
     }
-    // The key's copy next (it may throw: nothing has changed yet either), so
-    // that no index entry is written for a record without its key.
-    std::unique_ptr<Extra> out = Slot::KeyOut(key);
+    // The key's copy (and the record's heap part) next (it may throw: nothing
+    // has changed yet either), so that no index entry is written for a record
+    // without its key, and the record's FromRecord does not allocate.
+    std::unique_ptr<Extra> out = Slot::KeyOut(key, heap);
     uint32_t n;
     if (!free_.empty()) {
       n = free_.back();
@@ -489,7 +494,8 @@ class alignas(64) Shard {
     Slot& s = At(n);
     s.live = 1;
     // Expired, so absent (fence 0: the next claim's is 1), until the caller's
-    // FromRecord writes the record; if that throws, the key reads as absent.
+    // FromRecord writes the record. (It does not allocate, given `heap`: a slot
+    // left so would never be swept, its due[] being the free slot's kNeverDue.)
     s.retention_deadline = 0;
     s.fence = 0;
     *number = n;
@@ -1155,7 +1161,7 @@ class MemoryStore final : public Store {
     if (write) {
       uint32_t n;
       if (slot == nullptr) {
-        slot = &s.Insert(req.key, h, pos, &n);
+        slot = &s.Insert(req.key, h, pos, &n, !next.fingerprint.empty() || !next.result.empty());
       } else {
         n = s.NumberAt(pos);
       }
