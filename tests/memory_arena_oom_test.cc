@@ -201,32 +201,5 @@ TEST(MemoryArenaOomTest, AForgetWhoseSlotCannotBeListedFreeChangesNothing) {
   EXPECT_TRUE(again->acquired());
 }
 
-// A claim of a new key with a fingerprint needs the record's heap part (its key
-// is kept inline). When that allocation fails, the claim fails (std::bad_alloc)
-// and the key reads as absent; the slot the claim had taken is reclaimed by the
-// sweep like any expired record. Before, its deadline for the sweep was never
-// written (the free slot's "never due"): the sweep never read it, and the slot
-// and its index entry stayed for good unless the same key was claimed again.
-TEST(MemoryArenaOomTest, AClaimWhoseFingerprintCannotBeKeptIsReclaimed) {
-  SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.shards = 1;
-  o.clock = &clock;
-  auto store = NewMemoryStore(o);
-  ASSERT_TRUE(store->Claim(Request("warm")).ok());  // the shard's index and first chunk exist
-  ClaimRequest r = Request("fp");
-  r.fingerprint = "print";
-  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Claim(r); }));
-  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
-  auto absent = store->Inspect("fp");
-  ASSERT_TRUE(absent.ok());
-  EXPECT_FALSE(absent->has_value());
-  // Past every deadline; each claim then sweeps a few slots.
-  clock.Advance(24h);
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(store->Claim(Request("later-" + std::to_string(i))).ok());
-  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 8u) << "the warm record and the failed claim reclaimed";
-  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
-}
-
 }  // namespace
 }  // namespace dedup

@@ -489,8 +489,7 @@ class alignas(64) Shard {
     Slot& s = At(n);
     s.live = 1;
     // Expired, so absent (fence 0: the next claim's is 1), until the caller's
-    // FromRecord writes the record; if that throws, the key reads as absent
-    // (and the caller's Touched lets the sweep reclaim the slot).
+    // FromRecord writes the record; if that throws, the key reads as absent.
     s.retention_deadline = 0;
     s.fence = 0;
     *number = n;
@@ -1162,15 +1161,7 @@ class MemoryStore final : public Store {
       } else {
         n = s.NumberAt(pos);
       }
-      try {
-        slot->FromRecord(std::move(next));
-      } catch (...) {
-        // The record is as it was; a slot Insert just took reads as expired
-        // (retention 0), and only a deadline in the sweep's array lets the
-        // sweep reclaim it (a free slot's says never).
-        s.Touched(n);
-        throw;
-      }
+      slot->FromRecord(std::move(next));
       s.Touched(n);
     }
     return res;
