@@ -215,5 +215,29 @@ TEST(MemoryArenaOomTest, AClaimWhoseRecordCannotBeWrittenLeavesNothingTheSweepKe
   EXPECT_EQ(c->fence, 1u);
 }
 
+// A forget that removes a record gives its slot back (the shard's free list, a
+// vector that may grow). When that allocation fails, the forget fails
+// (std::bad_alloc) and the record is as it was. Before, the slot was freed
+// first: its index entry stayed, pointing to a free slot that a lookup of the
+// key (kept inline) still found, and that no insert or sweep would touch again.
+TEST(MemoryArenaOomTest, AForgetWhoseSlotCannotBeListedFreeChangesNothing) {
+  auto store = OneShardStore();
+  const ClaimRequest r = Request("k");
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok() && c->acquired());
+  ASSERT_EQ(*store->Complete("k", c->token, 600s, CompletionStatus::kOk, ""), WriteResult::kOk);
+  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Forget("k"); }));
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 1u);
+  auto f = store->Forget("k");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(*f);
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 0u);
+  auto again = store->Claim(r);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->acquired());
+}
+
 }  // namespace
 }  // namespace dedup

@@ -519,11 +519,13 @@ class alignas(64) Shard {
       pos &= ~kInOld;
     }
     const uint32_t n = table[pos].slot;
+    // The free list first: it may grow (and throw), and nothing has changed yet.
+    // A slot freed before it threw kept its index entry, found by its key.
+    free_.push_back(n);
     Slot& s = At(n);
     s.FreeExtra();
     s.live = 0;
     chunks_[n >> kChunkShift]->due[n & (kChunkSlots - 1)] = kNeverDue;
-    free_.push_back(n);
     --count_;
     // Backward-shift deletion: pull later entries of the cluster into the hole.
     size_t hole = pos;
