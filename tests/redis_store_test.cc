@@ -1291,6 +1291,15 @@ TEST_F(RedisLostReplyTest, AnExhaustingClaimWhoseReplyIsLostAnswersExhausted) {
 // connection is re-made, which is not an answer), and no completion answers LOST:
 // a failed one says "effect unknown", and its record is then COMPLETED or still
 // the caller's.
+// Whether a failed call says nothing of it reached the server (redis/client.h:
+// a failure in a new connection's handshake, or while its reconnect backs off).
+bool NothingWasSent(const Status& s) {
+  const std::string_view m = s.message();
+  return m.find("effect unknown") == std::string_view::npos &&
+         (m.find("nothing of the call was sent") != std::string_view::npos ||
+          m.find("next reconnect in") != std::string_view::npos);
+}
+
 TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneOnce) {
   LossyRelay& relay = *relay_;
   auto opened = OpenThroughRelay("many", "auto");
@@ -1298,10 +1307,11 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
   Store& store = **opened;
   constexpr int kThreads = 8, kMaxEach = 20000;
   std::atomic<bool> stop{false};
-  std::atomic<int> bad_claims{0}, failed_claims{0}, acquired{0}, lost{0}, unknown{0}, other{0},
-      done{0};
+  std::atomic<int> bad_claims{0}, failed_claims{0}, acquired{0}, lost{0}, unknown{0}, not_sent{0},
+      other{0}, done{0};
   std::mutex mu;
-  std::vector<std::pair<std::string, Token>> failed_completes;
+  std::vector<std::pair<std::string, Token>> failed_completes, unsent_completes;
+  std::string other_status;  // the first completion that failed otherwise
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -1326,8 +1336,17 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
             ++unknown;
             std::lock_guard lock(mu);
             failed_completes.emplace_back(key, c->token);
+          } else if (NothingWasSent(w.status())) {
+            // Failed before anything of it was written (a reset that met the
+            // new connection's handshake, or its reconnect backoff): a clean
+            // failure, checked below to have changed nothing.
+            ++not_sent;
+            std::lock_guard lock(mu);
+            unsent_completes.emplace_back(key, c->token);
           } else {
             ++other;
+            std::lock_guard lock(mu);
+            if (other_status.empty()) other_status = w.status().ToString();
           }
         }
       }
@@ -1347,7 +1366,7 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
   EXPECT_EQ(bad_claims.load(), 0) << "a claim was answered, but not ACQUIRED at attempt 1";
   EXPECT_GT(acquired.load(), 0) << failed_claims.load() << " claims failed, none acquired";
   EXPECT_EQ(lost.load(), 0) << "a caller's own completion answered LOST (sent twice)";
-  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(other.load(), 0) << "first: " << other_status;
   for (const auto& [key, token] : failed_completes) {
     auto rec = store.Inspect(key);
     // The last reset may have left the connection in its reconnect backoff.
@@ -1360,6 +1379,25 @@ TEST_F(RedisLostReplyTest, SharedConnectionResetUnderManyCallersAnswersEveryOneO
     EXPECT_TRUE((*rec)->state == RecordState::kCompleted ||
                 ((*rec)->state == RecordState::kInProgress && (*rec)->token == token))
         << key;
+  }
+  // A completion that failed with nothing sent changed nothing: the claim is
+  // still the caller's, and its own retry completes it.
+  for (const auto& [key, token] : unsent_completes) {
+    StatusOr<WriteResult> w = Status::Unavailable("not tried");
+    for (auto until = std::chrono::steady_clock::now() + 5s;
+         !w.ok() && std::chrono::steady_clock::now() < until;) {
+      auto rec = store.Inspect(key);
+      if (!rec.ok()) {
+        std::this_thread::sleep_for(20ms);
+        continue;
+      }
+      ASSERT_TRUE(rec->has_value()) << key;
+      EXPECT_EQ((*rec)->state, RecordState::kInProgress) << key << ": a completion said unsent";
+      EXPECT_EQ((*rec)->token, token) << key;
+      w = store.Complete(key, token, 600s, CompletionStatus::kOk, "r");
+    }
+    ASSERT_TRUE(w.ok()) << key << ": " << w.status();
+    EXPECT_EQ(*w, WriteResult::kOk) << key;
   }
 }
 
