@@ -145,19 +145,24 @@ local IN_PROGRESS2 = '^([AQ])........[\128-\255]*[\1-\127]()[\128-\255]*[\1-\127
 -- For a record value v: its token and the COMPLETED record's bytes between the
 -- flags and the result (token, fence, attempt, fingerprint), and the flags byte
 -- of COMPLETED/ok; nil when v is not such a record (load() decides).
-local function quick_in_progress(v)
-  -- First, without the pattern, the record of a first claim without a
-  -- fingerprint (what the C++ store writes with SET ... NX): flags 0x41, fence
-  -- and attempt of one byte each, then the keep (at most 8 bytes, to the end).
-  -- Two C calls instead of one pattern match with its captures (~4.9 k server
-  -- instructions, docs/PERFORMANCE.md); the keep's own check stays a pattern,
-  -- anchored at both ends, with nothing captured.
+-- The fence and attempt of v when v is an IN_PROGRESS record without a
+-- fingerprint whose fence and attempt take one byte each (flags 0x41, then the
+-- keep: at most 8 bytes, at most MAX_VARINT, to the end); nil otherwise. Two C
+-- calls instead of one pattern match with its captures (~4.9 k server
+-- instructions, docs/PERFORMANCE.md); the keep's own check stays a pattern,
+-- anchored at both ends, with nothing captured.
+local function short_claim(v)
   local fl, _, _, _, _, _, _, _, _, fe, at = str_byte(v, 1, 11)
   if fl == 65 and at and fe > 0 and fe < 128 and at > 0 and at < 128 and #v <= 19
       and str_find(v, '^[\128-\255]*[\1-\127]$', 12)
       and (#v < 19 or str_byte(v, 19) <= 15) then
-    return str_sub(v, 2, 9), str_sub(v, 2, 11), 0x42
+    return fe, at
   end
+end
+local function quick_in_progress(v)
+  -- First, without the pattern, such a record with one-byte fence and attempt
+  -- (what the C++ store writes with SET ... NX, and its early re-claims).
+  if short_claim(v) then return str_sub(v, 2, 9), str_sub(v, 2, 11), 0x42 end
   -- The attempt starts at a, the keep at k; the fingerprint (if any) at e.
   local fl, a, k, e = str_match(v, IN_PROGRESS2)
   if not fl or a > 18 or k - a > 5 or e - k > 8 then return nil end
@@ -183,10 +188,8 @@ end
 -- 2) with str_find(v, token, 2, true) == 2: no string is made for the token or the
 -- record's body (each str_sub() measured ~1.1 k server instructions).
 local function first_claim(v)
-  local fl, _, _, _, _, _, _, _, _, fe, at = str_byte(v, 1, 11)
-  return fl == 65 and fe == 1 and at == 1 and #v <= 19
-      and str_find(v, '^[\128-\255]*[\1-\127]$', 12) ~= nil
-      and (#v < 19 or str_byte(v, 19) <= 15)
+  local fe, at = short_claim(v)
+  return fe == 1 and at == 1
 end
 -- The flags byte quick_in_progress() gives -> that byte as a string.
 local COMPLETED_OK = {[0x42] = 'B', [0x52] = 'R'}
