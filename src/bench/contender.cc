@@ -109,8 +109,11 @@ std::function<Step(int)> StoreStep(Store* store, Buffer* buffer, const std::stri
         return true;
       };
     }
+    // A batch of claims is completed as the Consumer completes what it claimed
+    // together: one CompleteBatch (one round trip on Redis, one write on RocksDB).
     auto keys = std::make_shared<std::vector<std::string>>(static_cast<size_t>(batch));
     auto reqs = std::make_shared<std::vector<ClaimRequest>>(static_cast<size_t>(batch));
+    auto completions = std::make_shared<std::vector<CompleteRequest>>();
     return [=](uint64_t k) {
       for (int i = 0; i < batch; ++i) {
         (*keys)[static_cast<size_t>(i)] = TaskKey(k + static_cast<uint64_t>(i));
@@ -119,6 +122,7 @@ std::function<Step(int)> StoreStep(Store* store, Buffer* buffer, const std::stri
       auto r = store->ClaimBatch(*reqs);
       if (!r.ok()) return false;
       bool ok = true;
+      completions->clear();
       for (int i = 0; i < batch; ++i) {
         const ClaimResult& cr = (*r)[static_cast<size_t>(i)];
         if (!cr.acquired()) {
@@ -126,10 +130,17 @@ std::function<Step(int)> StoreStep(Store* store, Buffer* buffer, const std::stri
           continue;
         }
         if (complete) {
-          auto c =
-              store->Complete((*keys)[static_cast<size_t>(i)], cr.token, 600s, CompletionStatus::kOk, "");
-          ok = ok && c.ok() && *c == WriteResult::kOk;
+          CompleteRequest c;
+          c.key = (*keys)[static_cast<size_t>(i)];
+          c.token = cr.token;
+          c.retention = 600s;
+          completions->push_back(c);
         }
+      }
+      if (!completions->empty()) {
+        auto c = store->CompleteBatch(*completions);
+        if (!c.ok()) return false;
+        for (const AckedWrite& w : *c) ok = ok && w.write == WriteResult::kOk;
       }
       return ok;
     };
