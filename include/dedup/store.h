@@ -281,6 +281,10 @@ inline bool ClaimRequestValid(const ClaimRequest& req) {
          req.lease <= kMaxDuration && req.retention.count() > 0 && req.retention <= kMaxDuration &&
          req.fingerprint.size() <= kMaxFingerprintBytes;
 }
+// Every request of a batch, before anything is written: the first bad one's
+// error, with "batch request I" (its index) in front.
+Status ValidateClaimBatch(std::span<const ClaimRequest> reqs);
+Status ValidateCompleteBatch(std::span<const CompleteRequest> reqs);
 Status ValidateLease(Millis lease);
 Status ValidateRetention(Millis retention);
 Status ValidateToken(Token token);

@@ -63,6 +63,23 @@ Status ValidateClaim(const ClaimRequest& req) {
   return Status::Ok();
 }
 
+Status ValidateClaimBatch(std::span<const ClaimRequest> reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Status s = ValidateClaim(reqs[i]);
+    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+  }
+  return Status::Ok();
+}
+
+Status ValidateCompleteBatch(std::span<const CompleteRequest> reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const CompleteRequest& r = reqs[i];
+    Status s = ValidateComplete(r.key, r.token, r.retention, r.result);
+    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
+  }
+  return Status::Ok();
+}
+
 Status ValidateExtend(std::string_view key, Token token, Millis lease) {
   DEDUP_RETURN_IF_ERROR(ValidateKey(key));
   DEDUP_RETURN_IF_ERROR(ValidateToken(token));
@@ -84,10 +101,7 @@ Status ValidateRelease(std::string_view key, Token token, Millis retention) {
 }
 
 StatusOr<std::vector<ClaimResult>> Store::ClaimBatch(std::span<const ClaimRequest> reqs) {
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    Status s = ValidateClaim(reqs[i]);
-    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-  }
+  DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
   std::vector<ClaimResult> out;
   out.reserve(reqs.size());
   for (const ClaimRequest& r : reqs) {
@@ -111,11 +125,7 @@ StatusOr<AckedWrite> Store::CompleteWithAck(std::string_view, Token, Millis, Com
 }
 
 StatusOr<std::vector<AckedWrite>> Store::CompleteBatch(std::span<const CompleteRequest> reqs) {
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const CompleteRequest& r = reqs[i];
-    Status s = ValidateComplete(r.key, r.token, r.retention, r.result);
-    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-  }
+  DEDUP_RETURN_IF_ERROR(ValidateCompleteBatch(reqs));
   std::vector<AckedWrite> out;
   out.reserve(reqs.size());
   for (const CompleteRequest& r : reqs) {

@@ -1014,10 +1014,7 @@ class MemoryStore final : public Store {
   }
 
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      Status s = ValidateClaim(reqs[i]);
-      if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-    }
+    DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
     std::vector<ClaimResult> out;
     out.reserve(reqs.size());
     for (const ClaimRequest& r : reqs) out.push_back(ClaimValidated(r));

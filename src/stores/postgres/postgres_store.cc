@@ -189,10 +189,7 @@ class PgStore final : public PostgresStore {
   }
 
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      Status s = ValidateClaim(reqs[i]);
-      if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-    }
+    DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
     std::vector<ClaimResult> out;
     out.reserve(reqs.size());
     if (reqs.empty()) return out;

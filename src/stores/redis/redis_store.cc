@@ -195,10 +195,7 @@ class RedisStore final : public Store {
   }
 
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      Status s = ValidateClaim(reqs[i]);
-      if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-    }
+    DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
     BatchScratch& scratch = Scratch();
     redis::CommandBuffer& cmds = scratch.cmds;
     std::vector<Reply>& replies = scratch.replies;
@@ -422,11 +419,7 @@ class RedisStore final : public Store {
   // lie in many slots, so one complete.lua per key, pipelined per node (one round
   // trip per node the batch touches); acks are never fused there.
   StatusOr<std::vector<AckedWrite>> CompleteBatch(std::span<const CompleteRequest> reqs) override {
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const CompleteRequest& q = reqs[i];
-      Status s = ValidateComplete(q.key, q.token, q.retention, q.result);
-      if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-    }
+    DEDUP_RETURN_IF_ERROR(ValidateCompleteBatch(reqs));
     if (reqs.size() <= 1) return Store::CompleteBatch(reqs);  // the single scripts
     if (cluster_) return CompleteBatchCluster(reqs);
     const auto fused = [&](const CompleteRequest& q) {

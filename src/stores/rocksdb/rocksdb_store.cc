@@ -1334,10 +1334,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
 StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     std::span<const ClaimRequest> reqs) {
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    Status s = ValidateClaim(reqs[i]);
-    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-  }
+  DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
   DEDUP_RETURN_IF_ERROR(CheckWritable("claim batch"));
   std::vector<ClaimResult> out;
   if (reqs.empty()) return out;
@@ -1424,11 +1421,7 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
 
 StatusOr<std::vector<AckedWrite>> RocksDBStoreImpl::CompleteBatch(
     std::span<const CompleteRequest> reqs) {
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const CompleteRequest& q = reqs[i];
-    Status s = ValidateComplete(q.key, q.token, q.retention, q.result);
-    if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
-  }
+  DEDUP_RETURN_IF_ERROR(ValidateCompleteBatch(reqs));
   DEDUP_RETURN_IF_ERROR(CheckWritable("complete batch"));
   std::vector<AckedWrite> out;
   if (reqs.empty()) return out;
