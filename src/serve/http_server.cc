@@ -584,16 +584,6 @@ HttpServer::HttpServer() {
     }
     if (error_handler_) error_handler_(req, res);
   });
-  // Just before an answer is written: the connection takes its place among
-  // those waiting for a head now, for the wait for its next request; when
-  // max_waiting_ connections already wait, it could not wait (it is closed after
-  // its answer), so the answer says so. A client that is not told sends its next
-  // request on the connection closed under it, and fails; and the place is taken
-  // before the answer is written, not after, so that the places filling while it
-  // is written cannot close a connection its answer said was kept.
-  // And every answer after which the connection ends says so: one to a head
-  // cpp-httplib refused itself (400, 414; not handed to serve, so not
-  // answering_), or one that left the request's body unread.
   // cpp-httplib (0.11) adds "Accept-Ranges: bytes" to the answer to every HEAD
   // that has none, just before the post-routing handler, though no route serves
   // a range (a Range is ignored: HideRanges) and the GET of the same route says
@@ -608,6 +598,16 @@ HttpServer::HttpServer() {
         return pre_routing_handler_ ? pre_routing_handler_(req, res)
                                     : httplib::Server::HandlerResponse::Unhandled;
       });
+  // Just before an answer is written: the connection takes its place among
+  // those waiting for a head now, for the wait for its next request; when
+  // max_waiting_ connections already wait, it could not wait (it is closed after
+  // its answer), so the answer says so. A client that is not told sends its next
+  // request on the connection closed under it, and fails; and the place is taken
+  // before the answer is written, not after, so that the places filling while it
+  // is written cannot close a connection its answer said was kept.
+  // And every answer after which the connection ends says so: one to a head
+  // cpp-httplib refused itself (400, 414; not handed to serve, so not
+  // answering_), or one that left the request's body unread.
   httplib::Server::set_post_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) {
         if (req.method == "HEAD") {

@@ -1146,8 +1146,9 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
   auto w = store.RunInTransaction(key, g.token(), g.fence(), g.attempt(),
                                   buffer.options().retention, handler, &hr);
   // The guard's own release when it goes out of scope gives the claim back when
-  // the handler never ran; otherwise it answers LOST (the record is already
-  // completed or released) and changes nothing.
+  // the record is still this claim's (the handler never ran, or its transaction
+  // was rolled back); else it answers LOST (the record is already completed or
+  // released) and changes nothing.
   if (!w.ok()) {
     p.status = w.status();
     p.retry_after = buffer.options().retry_delay;
