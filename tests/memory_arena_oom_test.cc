@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dedup/clock.h"
 #include "dedup/memory_store.h"
@@ -237,6 +238,44 @@ TEST(MemoryArenaOomTest, AForgetWhoseSlotCannotBeListedFreeChangesNothing) {
   auto again = store->Claim(r);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->acquired());
+}
+
+// The sweep removes an expired record with Erase, which lists its slot free
+// first (the free list, a vector, may grow). When that allocation fails, the
+// operation fails (std::bad_alloc) and the record stays, expired: a later sweep
+// must still remove it. Before, the sweep's cursor had already stepped past the
+// slot, so the chunk's bound of its deadlines (min_due), made from the slots
+// the cursor read, left out the expired one: every later sweep found nothing
+// due and returned at once, and the record stayed until another record of its
+// chunk came due (here 600 s later).
+TEST(MemoryArenaOomTest, AnExpiredRecordWhoseSweepCouldNotFreeItIsSweptLater) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  o.shards = 1;
+  auto store = NewMemoryStore(o);
+  ClaimRequest brief = Request("brief");  // the slab's first slot, where the sweep starts
+  brief.lease = 1s;
+  brief.retention = 1s;
+  ASSERT_TRUE(store->Claim(brief).ok());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back("kept-" + std::to_string(i));  // 600 s each
+  for (const std::string& k : keys) ASSERT_TRUE(store->Claim(Request(k)).ok());
+  clock.Advance(2s);  // "brief" has expired; nothing has been freed yet (the free list is empty)
+  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Claim(Request(keys[0])); }));
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 9u) << "nothing was removed";
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  for (const std::string& k : keys) {  // BUSY: each sweeps, and writes nothing
+    auto c = store->Claim(Request(k));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->outcome, ClaimOutcome::kBusy);
+  }
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 8u)
+      << "the expired 'brief' is reclaimed once the heap gives again";
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  auto absent = store->Inspect("brief");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_FALSE(absent->has_value());
 }
 
 }  // namespace

@@ -1604,6 +1604,52 @@ TEST_F(PostgresTxTest, AWaitForAPooledConnectionEndsAtTheTimeoutOrAtAStop) {
   }
 }
 
+// The same wait seen through ProcessOnceInTransaction (`dedup worker
+// --sql-output`): a handler that got no pooled connection for its transaction
+// (DEADLINE_EXCEEDED: every one it may take was busy) never ran, and Processed
+// says so. Before, `ran` was set before the transaction was asked for: true for a
+// handler never called, and its reason said the outcome could not be recorded.
+// A caller counting handler runs by it (tests/postgres_chaos_worker.cc) counted
+// one, and a draining Consumer handed the message back at once (Retry(0), as one
+// whose handler the drain stopped) instead of after the retry delay.
+TEST_F(PostgresTxTest, AHandlerThatGotNoPooledConnectionDidNotRun) {
+  auto store = Open("&table=tx&pool=2&timeout=1s");
+  ASSERT_NE(store, nullptr);
+  Buffer buffer(store.get());
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> running;
+  auto holder = std::async(std::launch::async, [&] {
+    return ProcessOnceInTransaction(buffer, *store, "nr1", "", [&](PostgresTransaction&) {
+      running.set_value();
+      released.wait_for(30s);
+      return HandlerResult::Done();
+    });
+  });
+  ASSERT_EQ(running.get_future().wait_for(10s), std::future_status::ready);
+  std::atomic<int> runs{0};
+  const TransactionalHandler counted = [&](PostgresTransaction&) {
+    ++runs;
+    return HandlerResult::Done();
+  };
+  Processed p = ProcessOnceInTransaction(buffer, *store, "nr2", "", counted);
+  release.set_value();
+  Processed h = holder.get();
+  EXPECT_EQ(h.action, BrokerAction::kAck) << h.reason;
+  EXPECT_TRUE(h.ran);
+  EXPECT_EQ(runs.load(), 0);
+  EXPECT_EQ(p.status.code(), StatusCode::kDeadlineExceeded) << p.status;
+  EXPECT_EQ(p.action, BrokerAction::kRetry);
+  EXPECT_FALSE(p.ran) << "the handler was never called; reason: " << p.reason;
+  EXPECT_EQ(p.reason.find("recording the outcome"), std::string::npos) << p.reason;
+  EXPECT_NE(p.reason.find("pool"), std::string::npos) << p.reason;
+  // Its claim was given back: the next delivery runs the handler, once.
+  Processed again = ProcessOnceInTransaction(buffer, *store, "nr2", "", counted);
+  EXPECT_EQ(again.action, BrokerAction::kAck) << again.reason;
+  EXPECT_TRUE(again.ran);
+  EXPECT_EQ(runs.load(), 1);
+}
+
 // A DBA's idle_in_transaction_session_timeout shorter than a handler: the
 // transaction is idle on the server while the handler works (its program runs, it
 // waits for a service), and the server would end the session under it, so the

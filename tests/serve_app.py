@@ -72,6 +72,8 @@ class App(BaseHTTPRequestHandler):
             return self.reply(200, b"ok", "text/plain")
         if url.path == "/count":
             return self.reply(200, str(calls_so_far()).encode(), "text/plain")
+        if url.path == "/ranges":  # an application that says it serves ranges
+            return self.reply(200, b"0123456789", "text/plain", extra=[("Accept-Ranges", "bytes")])
         call = count_call(json.dumps({"method": self.command, "path": self.path,
                                       "key": self.headers.get("Idempotency-Key"),
                                       "fence": self.headers.get("Dedup-Fence")}))
@@ -100,7 +102,7 @@ class App(BaseHTTPRequestHandler):
                 "body": body.decode("utf-8", "replace")}
         return self.reply(200, json.dumps(seen).encode(), extra=[("X-App-Call", str(call))])
 
-    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = handle_any
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = handle_any
 
 
 ThreadingHTTPServer.daemon_threads = True

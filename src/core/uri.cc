@@ -186,6 +186,22 @@ StatusOr<Uri> ParseUri(std::string_view text) {
   auto path = Decode(rest, "path");
   if (!path.ok()) return path.status();
   u.path = *path;
+  // The query's parts, split once at each '&' (empty ones dropped), not yet
+  // decoded: the name before the first '=' (the whole part when it has none), the
+  // value after it, and the whole part for the message of one not name=value.
+  struct RawParam {
+    std::string_view kv, name, value;
+  };
+  std::vector<RawParam> raw;
+  for (std::string_view q = query; !q.empty();) {
+    const size_t amp = q.find('&');
+    const std::string_view kv = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (kv.empty()) continue;
+    const size_t eq = kv.find('=');
+    raw.push_back({kv, kv.substr(0, eq),
+                   eq == std::string_view::npos ? std::string_view() : kv.substr(eq + 1)});
+  }
   // "redis://u:p?ss@h?timeout=1s", "amqp://u:p?s&s@h?queue=q": a '?' written raw
   // in a password or token began the query inside the user-info, so the secret's
   // tail, cut at each '&' and '=', is read as parameters, and the host after its
@@ -194,11 +210,8 @@ StatusOr<Uri> ParseUri(std::string_view text) {
   // no query an '@' and then a '?': checked on the whole query before any name is
   // read, so that none is echoed, nor the secret. (A value may hold an '@':
   // "consumer=me@host", "password_file=/run/credentials/dedup@1.service/pw".)
-  for (std::string_view q = query; !q.empty();) {
-    const size_t amp = q.find('&');
-    const std::string_view kv = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
-    if (kv.substr(0, kv.find('=')).find('@') != std::string_view::npos) {
+  for (const RawParam& p : raw) {
+    if (p.name.find('@') != std::string_view::npos) {
       return Status::InvalidArgument(u.scheme + " URI has an '@' in a parameter name: a '?' "
                                      "written raw in a password or token ends the host; "
                                      "write it %3F");
@@ -229,19 +242,14 @@ StatusOr<Uri> ParseUri(std::string_view text) {
                                      "host; write it %3F");
     }
   }
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view kv = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (kv.empty()) continue;
-    size_t eq = kv.find('=');
-    if (eq == std::string_view::npos || eq == 0) {
-      return Status::InvalidArgument("URI parameter '" + RedactUri(kv) +
+  for (const RawParam& p : raw) {
+    if (p.name.size() == p.kv.size() || p.name.empty()) {
+      return Status::InvalidArgument("URI parameter '" + RedactUri(p.kv) +
                                      "' is not of the form name=value");
     }
-    auto k = Decode(kv.substr(0, eq), "parameter name");
+    auto k = Decode(p.name, "parameter name");
     if (!k.ok()) return k.status();
-    auto v = Decode(kv.substr(eq + 1), "parameter value");
+    auto v = Decode(p.value, "parameter value");
     if (!v.ok()) return v.status();
     const bool repeat = u.Param(*k).has_value();
     u.params.emplace_back(*k, *v);

@@ -563,6 +563,13 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   std::string malformed_;                   // MalformedLine
 };
 
+namespace {
+// A value no header sent holds (a NUL: the proxy replaces those in an
+// application's values): HttpServer's pre-routing handler's mark on a HEAD's
+// answer, never written.
+const std::string kNoRangesPlaceholder(1, '\0');
+}  // namespace
+
 HttpServer::HttpServer() {
   // cpp-httplib answers a body it could not read 400; the body's deadline is
   // what passed: 408, and the connection is closed after the answer (the
@@ -577,6 +584,20 @@ HttpServer::HttpServer() {
     }
     if (error_handler_) error_handler_(req, res);
   });
+  // cpp-httplib (0.11) adds "Accept-Ranges: bytes" to the answer to every HEAD
+  // that has none, just before the post-routing handler, though no route serves
+  // a range (a Range is ignored: HideRanges) and the GET of the same route says
+  // nothing of ranges. So a HEAD's answer gets a placeholder Accept-Ranges before
+  // routing, which keeps cpp-httplib from adding one, and the placeholder is
+  // taken out below; one a handler sets (an application's, through the proxy)
+  // stays. A HEAD's answer without the placeholder was never routed (a head
+  // cpp-httplib refused itself): no handler set the Accept-Ranges it has.
+  httplib::Server::set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (req.method == "HEAD") res.headers.emplace("Accept-Ranges", kNoRangesPlaceholder);
+        return pre_routing_handler_ ? pre_routing_handler_(req, res)
+                                    : httplib::Server::HandlerResponse::Unhandled;
+      });
   // Just before an answer is written: the connection takes its place among
   // those waiting for a head now, for the wait for its next request; when
   // max_waiting_ connections already wait, it could not wait (it is closed after
@@ -589,6 +610,18 @@ HttpServer::HttpServer() {
   // answering_), or one that left the request's body unread.
   httplib::Server::set_post_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) {
+        if (req.method == "HEAD") {
+          bool routed = false;
+          for (auto [it, end] = res.headers.equal_range("Accept-Ranges"); it != end;) {
+            if (it->second == kNoRangesPlaceholder) {
+              routed = true;
+              it = res.headers.erase(it);
+            } else {
+              ++it;
+            }
+          }
+          if (!routed) res.headers.erase("Accept-Ranges");
+        }
         bool close = true;
         {
           std::lock_guard<std::mutex> lock(answering_mu_);

@@ -138,6 +138,14 @@ class HttpServer : public httplib::Server {
   // connection's place for the wait for its next request, or says
   // Connection: close when max_waiting connections already wait for a head.
   void set_post_routing_handler(Handler handler) { post_routing_handler_ = std::move(handler); }
+  // cpp-httplib's pre-routing handler (hides httplib::Server's): called before a
+  // request is routed, after HttpServer's, which keeps cpp-httplib from adding
+  // "Accept-Ranges: bytes" to a HEAD's answer (no route serves ranges; the GET
+  // of the same route says nothing of them). An Accept-Ranges a handler sets
+  // itself (an application's, through the proxy) is sent.
+  void set_pre_routing_handler(HandlerWithResponse handler) {
+    pre_routing_handler_ = std::move(handler);
+  }
 
   const RequestDeadlines& deadlines() const { return deadlines_; }
 
@@ -159,6 +167,7 @@ class HttpServer : public httplib::Server {
   LimitHandler limit_handler_;
   Handler error_handler_;
   Handler post_routing_handler_;
+  HandlerWithResponse pre_routing_handler_;
   // The requests being answered (once cpp-httplib has parsed their head), and
   // the connection each came on: how BodyTimedOut finds a request's state.
   mutable std::mutex answering_mu_;

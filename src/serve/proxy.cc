@@ -202,13 +202,20 @@ std::string FieldValue(std::string v) {
   return v;
 }
 
-// Copies an application response (live or recorded) into ours.
-void SendUpstream(const Upstream& up, httplib::Response& res) {
+// Copies an application response (live or recorded) into ours. To a HEAD
+// (`head`), the application's Content-Length goes on too: the length its GET
+// would have (RFC 9110 9.3.2), where the empty body would make cpp-httplib
+// say 0.
+void SendUpstream(const Upstream& up, httplib::Response& res, bool head) {
   res.status = up.status;
-  std::string content_type;
+  std::string content_type, length;
   for (const auto& [kk, vv] : up.headers) {
     const std::string k = FieldValue(kk);
     const std::string v = FieldValue(vv);
+    if (head && length.empty() && Lower(k) == "content-length" && !v.empty() &&
+        v.find_first_not_of("0123456789") == std::string::npos) {
+      length = v;
+    }
     if (IsHopByHop(k)) continue;
     if (Lower(k) == "content-type") {
       content_type = v;
@@ -216,6 +223,7 @@ void SendUpstream(const Upstream& up, httplib::Response& res) {
     }
     res.headers.emplace(k, v);
   }
+  if (!length.empty()) res.set_header("Content-Length", length);
   if (!content_type.empty()) {
     res.set_content(up.body, content_type);
   } else {
@@ -442,7 +450,7 @@ void Server::Impl::RegisterProxy() {
         return s.SendProblem(res, 502, "Bad Gateway", up.status().message());
       }
       count("pass_through");
-      return SendUpstream(*up, res);
+      return SendUpstream(*up, res, req.method == "HEAD");
     }
     // The draft's header is a Structured Field string ("..."); a bare token, as
     // Stripe takes it, is accepted too. One per request: the application gets
@@ -509,7 +517,7 @@ void Server::Impl::RegisterProxy() {
                                "the recorded response of this key cannot be read");
         }
         count("replayed");
-        SendUpstream(*up, res);
+        SendUpstream(*up, res, req.method == "HEAD");
         res.set_header("Idempotent-Replayed", "true");
         return;
       }
@@ -553,7 +561,7 @@ void Server::Impl::RegisterProxy() {
       } else {
         count("released");
       }
-      return SendUpstream(*up, res);
+      return SendUpstream(*up, res, req.method == "HEAD");
     }
     auto done = lost ? StatusOr<WriteResult>(WriteResult::kLost)
                      : s.store->Complete(key, token, s.o.retention, CompletionStatus::kOk,
@@ -569,7 +577,7 @@ void Server::Impl::RegisterProxy() {
     } else {
       count("forwarded");
     }
-    SendUpstream(*up, res);
+    SendUpstream(*up, res, req.method == "HEAD");
   };
   const std::string any = R"([\s\S]*)";
   http.Get(any, handler);

@@ -607,19 +607,25 @@ class alignas(64) Shard {
         }
         c.scan_min = kNeverDue;
       }
-      ++cursor_;
       if (c.due[i] <= now_d) {  // a live record past its retention deadline
         Slot& s = At(n);
         if (s.live && s.ExpiredAt(now)) {
           const std::string_view key = s.Key();
           size_t pos;
           Find(key, HashKey(key), &pos);
-          Erase(pos);  // its due becomes kNeverDue
+          // Its due becomes kNeverDue. It may throw (std::bad_alloc: the free
+          // list could not grow) with nothing changed: the cursor is still at
+          // this slot, and the next sweep reads it again. Stepped past, its due
+          // would be missing from the chunk's scan_min, so from min_due: every
+          // later sweep would find nothing due and keep the expired record
+          // until another record of its chunk came due.
+          Erase(pos);
           ++removed;
         } else if (s.live) {  // its due was low (saturated, or lowered by a rebase)
           SetDue(n, s.retention_deadline);
         }
       }
+      ++cursor_;
       c.scan_min = std::min(c.scan_min, c.due[i]);
       if (i == kChunkSlots - 1) {  // the whole chunk was seen
         c.min_due = c.scan_min;

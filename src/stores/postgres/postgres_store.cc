@@ -1131,17 +1131,27 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
   ClaimGuard& g = *c;
   Processed p;
   p.claim = g.result();
-  p.ran = true;
   HandlerResult hr;
-  const TransactionalHandler handler = [&](PostgresTransaction& tx) { return guarded(tx, g); };
+  // `ran` only once the handler is called: RunInTransaction can fail before it
+  // (no pooled connection within the timeout, BEGIN refused), and a handler
+  // never run must not be counted as run (a draining Consumer hands a message
+  // whose handler ran without an outcome back at once, not after the delay).
+  const TransactionalHandler handler = [&](PostgresTransaction& tx) {
+    p.ran = true;
+    return guarded(tx, g);
+  };
   auto w = store.RunInTransaction(key, g.token(), g.fence(), g.attempt(),
                                   buffer.options().retention, handler, &hr);
-  // The guard's own release when it goes out of scope answers LOST (the record is
-  // already completed or released) and changes nothing.
+  // The guard's own release when it goes out of scope gives the claim back when
+  // the record is still this claim's (the handler never ran, or its transaction
+  // was rolled back); else it answers LOST (the record is already completed or
+  // released) and changes nothing.
   if (!w.ok()) {
     p.status = w.status();
     p.retry_after = buffer.options().retry_delay;
-    p.reason = "store error recording the outcome: " + w.status().ToString();
+    p.reason = (p.ran ? "store error recording the outcome: "
+                      : "store error before the handler ran (its transaction could not begin): ") +
+               w.status().ToString();
     return p;
   }
   p.completion = *w;
