@@ -2246,6 +2246,51 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
 }
 
 
+// Two fresh keys of the slot of `prefix`a0 claimed as that slot moves from the
+// primary that serves it to another, through a store opened on the first node of
+// `cluster` (three primaries, started; `host` as a URI writes it, "127.0.0.1" or
+// "[::1]"; keys under `prefix`; timeout 1 s): the first while the slot is half
+// moved (absent on the source: ASK to the target, which must then hold it), the
+// second once it has moved (the store's map still names the source: MOVED), then
+// completed. `node`: how the source's ASK names the target, before its port
+// ("::1:", ":", "?:", "localhost:"); a server that no longer writes it so fails
+// here first.
+void ExpectAskAndMovedFollowed(TestCluster& cluster, const std::string& host,
+                               const std::string& prefix, const std::string& node) {
+  auto opened = OpenStore("redis+cluster://" + host + ":" + std::to_string(cluster.port(0)) +
+                          "?prefix=" + prefix + "&timeout=1s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const uint16_t slot = redis::KeySlot(prefix + "a0");
+  std::vector<std::string> same;
+  for (int i = 0; same.size() < 2; ++i) {
+    const std::string k = "a" + std::to_string(i);
+    if (redis::KeySlot(prefix + k) == slot) same.push_back(k);
+  }
+  const int primary = cluster.PrimaryOf(prefix + "a0");
+  ASSERT_GE(primary, 0);
+  const int from = cluster.port(primary);
+  const int to = cluster.port(primary == 0 ? 1 : 0);
+  cluster.BeginMove(slot, from, to);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(Admin(from, {"SET", prefix + same[0], "x"}),
+            "ASK " + std::to_string(slot) + " " + node + std::to_string(to))
+      << "the server no longer writes redirects so";
+  auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (a.ok()) EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
+  cluster.EndMove(slot, from, to);
+  if (::testing::Test::HasFatalFailure()) return;
+  auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return;
+  EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
+  auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+}
+
 // clusterreview: Redis writes the node of a redirect as ip:port, an IPv6 address
 // unbracketed ("ASK 3999 ::1:7117"). The client read it with the URI host
 // grammar, which needs brackets, and made a node of host "::1:7117", port 6379:
@@ -2253,43 +2298,10 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
 // connect error. Three primaries on ::1 (7116-7118); one slot is moved while a
 // fresh key of it is claimed (ASK) and, once moved, another (MOVED).
 TEST_F(RedisStoreTest, AnIpv6ClusterFollowsAskAndMovedRedirects) {
-  constexpr int kBase = 7116;
-  TestCluster cluster(Dir("v6"), kBase, 3);
+  TestCluster cluster(Dir("v6"), 7116, 3);
   cluster.Start({}, 0, "5000", "::1");
   if (IsSkipped() || HasFatalFailure()) return;
-  auto opened = OpenStore("redis+cluster://[::1]:7116?prefix=v6:&timeout=1s");
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  Store& store = **opened;
-  // Two fresh keys of one slot that 7116 serves.
-  const uint16_t slot = redis::KeySlot("v6:a0");
-  std::vector<std::string> same;
-  for (int i = 0; same.size() < 2; ++i) {
-    const std::string k = "a" + std::to_string(i);
-    if (redis::KeySlot("v6:" + k) == slot) same.push_back(k);
-  }
-  int from = -1;
-  for (int n = 0; n < 3; ++n) {
-    if (Admin(kBase + n, {"GET", "v6:a0"}).rfind("MOVED", 0) != 0) from = kBase + n;
-  }
-  ASSERT_GE(from, 0);
-  const int to = from == kBase ? kBase + 1 : kBase;
-  const std::string sl = std::to_string(slot);
-  cluster.BeginMove(slot, from, to);
-  if (HasFatalFailure()) return;
-  EXPECT_EQ(Admin(from, {"SET", "v6:" + same[0], "x"}).rfind("ASK " + sl + " ::1:", 0), 0u)
-      << "the server no longer writes IPv6 redirects unbracketed";
-  auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
-  EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
-  cluster.EndMove(slot, from, to);
-  if (HasFatalFailure()) return;
-  auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
-  auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
-  ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ(*w, WriteResult::kOk);
+  ExpectAskAndMovedFollowed(cluster, "[::1]", "v6:", "::1:");
 }
 
 // clusterfix: with cluster-preferred-endpoint-type unknown-endpoint, Redis names
@@ -2310,46 +2322,10 @@ TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
   const std::vector<std::string> shown = {":", "?:", "localhost:"};
   for (size_t kind = 0; kind < kinds.size(); ++kind) {
     SCOPED_TRACE("redirects name the node as " + shown[kind] + "port");
-    const int base = 7130 + 3 * static_cast<int>(kind);
-    TestCluster cluster(Dir("ep-" + std::to_string(kind)), base, 3);
+    TestCluster cluster(Dir("ep-" + std::to_string(kind)), 7130 + 3 * static_cast<int>(kind), 3);
     cluster.Start(kinds[kind]);
     if (IsSkipped() || HasFatalFailure()) return;
-    auto opened =
-        OpenStore("redis+cluster://127.0.0.1:" + std::to_string(base) + "?prefix=ep:&timeout=1s");
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    Store& store = **opened;
-    // Two fresh keys of one slot.
-    const uint16_t slot = redis::KeySlot("ep:a0");
-    std::vector<std::string> same;
-    for (int i = 0; same.size() < 2; ++i) {
-      const std::string k = "a" + std::to_string(i);
-      if (redis::KeySlot("ep:" + k) == slot) same.push_back(k);
-    }
-    int from = -1;
-    for (int n = 0; n < 3; ++n) {
-      if (Admin(base + n, {"GET", "ep:a0"}).rfind("MOVED", 0) != 0) from = base + n;
-    }
-    ASSERT_GE(from, 0);
-    const int to = from == base ? base + 1 : base;
-    const std::string sl = std::to_string(slot);
-    cluster.BeginMove(slot, from, to);
-    if (HasFatalFailure()) return;
-    EXPECT_EQ(Admin(from, {"SET", "ep:" + same[0], "x"}),
-              "ASK " + sl + " " + shown[kind] + std::to_string(to))
-        << "the server no longer writes redirects so";
-    auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
-    EXPECT_TRUE(a.ok()) << a.status();
-    if (a.ok()) EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
-    EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
-    cluster.EndMove(slot, from, to);
-    if (HasFatalFailure()) return;
-    auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) continue;
-    EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
-    auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
-    ASSERT_TRUE(w.ok()) << w.status();
-    EXPECT_EQ(*w, WriteResult::kOk);
+    ASSERT_NO_FATAL_FAILURE(ExpectAskAndMovedFollowed(cluster, "127.0.0.1", "ep:", shown[kind]));
   }
 }
 
@@ -3222,11 +3198,8 @@ TEST_F(RedisStoreTest, ARedirectWithoutAHostKeepsTheZoneIdOfTheNodeAsked) {
     if (cluster.PrimaryOf("zm:k" + std::to_string(i)) == 0) key = "k" + std::to_string(i);
   }
   // The key's (empty) slot moves from node 0 to node 1: the store's map is stale.
-  const std::string slot = std::to_string(redis::KeySlot("zm:" + key));
-  const std::string to = Admin(cluster.port(1), {"CLUSTER", "MYID"});
-  for (int n = 0; n < 3; ++n) {
-    ASSERT_EQ(Admin(cluster.port(n), {"CLUSTER", "SETSLOT", slot, "NODE", to}), "OK");
-  }
+  cluster.EndMove(redis::KeySlot("zm:" + key), cluster.port(0), cluster.port(1));
+  if (HasFatalFailure()) return;
   auto c = (*opened)->Claim(Req(key));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
