@@ -2977,6 +2977,25 @@ TEST_F(RedisStoreTest, AMapReloadDoesNotWaitOnAFrozenNodeWhileAnotherAnswers) {
   EXPECT_LT(Clock_::now() - c0, 1s) << "closing the store waited on the frozen node";
 }
 
+// The first link-local IPv6 address of lo ("fe80::1"), or "" when it has none (the
+// default; inside a network namespace: ip -6 addr add fe80::1/64 dev lo).
+std::string LinkLocalOnLo() {
+  std::string link_local;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return link_local;
+  for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 || std::string(a->ifa_name) != "lo") {
+      continue;
+    }
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+    if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
+    char text[INET6_ADDRSTRLEN];
+    if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
+  }
+  freeifaddrs(all);
+  return link_local;
+}
+
 // redisfix: a link-local IPv6 address with its zone, as RFC 6874 writes it in a
 // URI ("[fe80::1%25lo]"): the store connects. The "%25" was not decoded, and
 // the resolver was asked for "fe80::1%25lo" ("connect: Name or service not
@@ -2985,21 +3004,7 @@ TEST_F(RedisStoreTest, AMapReloadDoesNotWaitOnAFrozenNodeWhileAnotherAnswers) {
 TEST_F(RedisStoreTest, AnIpv6ZoneIdInTheUriReachesTheServer) {
   constexpr int kPort = 6523;
   if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
-  std::string link_local;
-  ifaddrs* all = nullptr;
-  if (getifaddrs(&all) == 0) {
-    for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
-      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 ||
-          std::string(a->ifa_name) != "lo") {
-        continue;
-      }
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
-      if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
-      char text[INET6_ADDRSTRLEN];
-      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
-    }
-    freeifaddrs(all);
-  }
+  const std::string link_local = LinkLocalOnLo();
   if (link_local.empty()) {
     GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
   }
@@ -3168,21 +3173,7 @@ TEST_F(RedisStoreTest, ReloadsWithAFrozenNodeLeakNoThreadNorSocket) {
 // link-local address of lo (skipped without one: ip -6 addr add fe80::1/64 dev
 // lo); a slot moved after the store loaded its map.
 TEST_F(RedisStoreTest, ARedirectWithoutAHostKeepsTheZoneIdOfTheNodeAsked) {
-  std::string link_local;
-  ifaddrs* all = nullptr;
-  if (getifaddrs(&all) == 0) {
-    for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
-      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 ||
-          std::string(a->ifa_name) != "lo") {
-        continue;
-      }
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
-      if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
-      char text[INET6_ADDRSTRLEN];
-      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
-    }
-    freeifaddrs(all);
-  }
+  const std::string link_local = LinkLocalOnLo();
   if (link_local.empty()) {
     GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
   }
