@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <string>
@@ -25,14 +26,18 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// One shard, reclaiming at most `most` expired records per operation, on `clock`.
-auto OneShardStore(SimulatedClock* clock, size_t most = 4) {
+// `shards` shards (rounded up to a power of two), reclaiming at most `most`
+// expired records per operation, on `clock`.
+auto ShardedStore(SimulatedClock* clock, size_t shards, size_t most = 4) {
   MemoryStoreOptions o;
   o.clock = clock;
-  o.shards = 1;
+  o.shards = shards;
   o.reclaim_per_operation = most;
   return NewMemoryStore(o);
 }
+
+// One shard, reclaiming at most `most` expired records per operation, on `clock`.
+auto OneShardStore(SimulatedClock* clock, size_t most = 4) { return ShardedStore(clock, 1, most); }
 
 // Claims `key` and expects an answer (any outcome).
 void ClaimAnswered(Store& store, const std::string& key, Millis lease, Millis retention) {
@@ -278,54 +283,78 @@ TEST(MemoryStore, KeysOfAnyLengthKeepTheirRecords) {
   }
 }
 
+// The model of the growth tests: each completed key and its retention deadline.
+using Deadlines = std::map<std::string, int64_t>;
+
+// Whether `model` has `key` completed and kept at `now`.
+bool LiveIn(const Deadlines& model, const std::string& key, int64_t now) {
+  auto it = model.find(key);
+  return it != model.end() && now < it->second;
+}
+
+// Claims `key` at `now` (operation `at`): acquired exactly when `model` has it not
+// live; then completed, kept for keep() (called only then), and so in the model.
+template <typename Keep>
+void ClaimAndCompleteAsModel(Store& store, Deadlines& model, const std::string& key, int64_t now, int at,
+                             Keep&& keep) {
+  ClaimRequest r;
+  r.key = key;
+  auto c = store.Claim(r);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->acquired(), !LiveIn(model, key, now)) << key << " at " << at;
+  if (!c->acquired()) return;
+  const Millis kept = keep();
+  ASSERT_TRUE(store.Complete(key, c->token, kept, CompletionStatus::kOk, "").ok());
+  model[key] = now + kept.count();
+}
+
+// Forgets `key` at `now` (operation `at`): forgotten exactly when `model` has it
+// live; then gone from the model.
+void ForgetAsModel(Store& store, Deadlines& model, const std::string& key, int64_t now, int at) {
+  auto f = store.Forget(key);
+  ASSERT_TRUE(f.ok());
+  ASSERT_EQ(*f, LiveIn(model, key, now)) << key << " at " << at;
+  model.erase(key);
+}
+
+// Each key of `model` is found exactly while it is kept at `now`, and a scan
+// finds those and no other record.
+void ExpectRecordsAsModel(Store& store, const Deadlines& model, int64_t now) {
+  size_t live = 0;
+  for (const auto& [k, deadline] : model) {
+    auto rec = store.Inspect(k);
+    ASSERT_TRUE(rec.ok());
+    const bool want = now < deadline;
+    ASSERT_EQ(rec->has_value(), want) << k;
+    live += want;
+  }
+  auto all = store.Scan("", 1'000'000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), live);
+}
+
 // Many keys through a few shards: the index doubles many times, and forgets and
 // reclaims delete from the middle of probe clusters. Every key answers as a map
 // of the same operations says it should.
 TEST(MemoryStore, MatchesAModelThroughGrowthAndDeletion) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 2;
-  auto store = NewMemoryStore(o);
-  std::map<std::string, int64_t> model;  // completed key -> retention deadline
+  auto store = ShardedStore(&clock, 2);
+  Deadlines model;
   std::mt19937_64 rng(7);
   for (int i = 0; i < 60'000; ++i) {
     const std::string key = "k" + std::to_string(rng() % 20'000);
     const int op = static_cast<int>(rng() % 10);
     const int64_t now = clock.NowMillis();
-    auto it = model.find(key);
-    const bool live = it != model.end() && now < it->second;
     if (op < 7) {
-      ClaimRequest r;
-      r.key = key;
-      auto c = store->Claim(r);
-      ASSERT_TRUE(c.ok());
-      ASSERT_EQ(c->acquired(), !live) << key << " at " << i;
-      if (c->acquired()) {
-        const Millis keep(1 + rng() % 3000);
-        ASSERT_TRUE(store->Complete(key, c->token, keep, CompletionStatus::kOk, "").ok());
-        model[key] = now + keep.count();
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          ClaimAndCompleteAsModel(*store, model, key, now, i, [&] { return Millis(1 + rng() % 3000); }));
     } else if (op < 9) {
-      auto f = store->Forget(key);
-      ASSERT_TRUE(f.ok());
-      ASSERT_EQ(*f, live) << key << " at " << i;
-      model.erase(key);
+      ASSERT_NO_FATAL_FAILURE(ForgetAsModel(*store, model, key, now, i));
     } else {
       clock.Advance(std::chrono::milliseconds(rng() % 200));
     }
   }
-  size_t live = 0;
-  for (auto& [k, deadline] : model) {
-    auto rec = store->Inspect(k);
-    ASSERT_TRUE(rec.ok());
-    const bool want = clock.NowMillis() < deadline;
-    EXPECT_EQ(rec->has_value(), want) << k;
-    live += want;
-  }
-  auto all = store->Scan("", 1'000'000);
-  ASSERT_TRUE(all.ok());
-  EXPECT_EQ(all->size(), live);
+  ExpectRecordsAsModel(*store, model, clock.NowMillis());
 }
 
 // A shard's index doubles as it fills. The work of a doubling (making the new
@@ -358,7 +387,7 @@ TEST(MemoryStore, IndexGrowthIsSpreadOverOperations) {
 TEST(MemoryStore, EveryRecordIsIndexedOnceWhileTheIndexGrows) {
   SimulatedClock clock;
   auto store = OneShardStore(&clock);
-  std::map<std::string, int64_t> model;  // completed key -> retention deadline
+  Deadlines model;
   std::mt19937_64 rng(11);
   size_t checks_moving = 0, checks_filling = 0;
   constexpr int kOps = 60'000;
@@ -367,27 +396,14 @@ TEST(MemoryStore, EveryRecordIsIndexedOnceWhileTheIndexGrows) {
     const std::string key = "g" + std::to_string(rng() % 4 == 0 ? rng() % (i + 1) : i);
     const int op = static_cast<int>(rng() % 16);
     const int64_t now = clock.NowMillis();
-    auto it = model.find(key);
-    const bool live = it != model.end() && now < it->second;
     if (op < 12) {
-      ClaimRequest r;
-      r.key = key;
-      auto c = store->Claim(r);
-      ASSERT_TRUE(c.ok());
-      ASSERT_EQ(c->acquired(), !live) << key << " at " << i;
-      if (c->acquired()) {
-        const Millis keep(rng() % 3 != 0 ? 3'600'000 : 1 + rng() % 2'000);  // a third expire soon
-        ASSERT_TRUE(store->Complete(key, c->token, keep, CompletionStatus::kOk, "").ok());
-        model[key] = now + keep.count();
-      }
+      ASSERT_NO_FATAL_FAILURE(ClaimAndCompleteAsModel(*store, model, key, now, i, [&] {
+        return Millis(rng() % 3 != 0 ? 3'600'000 : 1 + rng() % 2'000);  // a third expire soon
+      }));
     } else if (op < 15) {
       // An older key, likely still in the old table while a move is under way.
       const std::string older = "g" + std::to_string(rng() % (i + 1));
-      auto f = store->Forget(older);
-      ASSERT_TRUE(f.ok());
-      auto o = model.find(older);
-      ASSERT_EQ(*f, o != model.end() && now < o->second) << older << " at " << i;
-      model.erase(older);
+      ASSERT_NO_FATAL_FAILURE(ForgetAsModel(*store, model, older, now, i));
       // At once, before an insert reuses its slot: a moved entry left behind in
       // the old table must not be found.
       auto gone = store->Inspect(older);
@@ -412,17 +428,14 @@ TEST(MemoryStore, EveryRecordIsIndexedOnceWhileTheIndexGrows) {
   EXPECT_GE(st.doublings, 8u);  // 64 .. >= 2^14 entries
   EXPECT_GT(checks_moving, 500u);
   EXPECT_GT(checks_filling, 500u);
-  size_t live = 0;
-  for (auto& [k, deadline] : model) {
-    auto rec = store->Inspect(k);
-    ASSERT_TRUE(rec.ok());
-    const bool want = clock.NowMillis() < deadline;
-    ASSERT_EQ(rec->has_value(), want) << k;
-    live += want;
-  }
-  auto all = store->Scan("", 1'000'000);
-  ASSERT_TRUE(all.ok());
-  EXPECT_EQ(all->size(), live);
+  ExpectRecordsAsModel(*store, model, clock.NowMillis());
+}
+
+// Whether the home of `key` (internal::MemoryStoreKeyHash) is one of `lines`,
+// index lines of 8 entries in a table of up to 1024: keys made to collide.
+bool HomeLineIn(const std::string& key, std::initializer_list<uint64_t> lines) {
+  const uint64_t line = (internal::MemoryStoreKeyHash(key) >> 3) & 127;
+  return std::find(lines.begin(), lines.end(), line) != lines.end();
 }
 
 // Keys made to collide (internal::MemoryStoreKeyHash): most of them have their
@@ -441,8 +454,7 @@ TEST(MemoryStore, CollidingKeysStayIndexedThroughEveryStepOfAGrowth) {
   size_t crowded = 0;
   for (int i = 0; pool.size() < 900; ++i) {
     std::string k = "c" + std::to_string(i);
-    const uint64_t line = (internal::MemoryStoreKeyHash(k) >> 3) & 127;  // in tables of up to 1024
-    const bool crowd = line == 0 || line == 7 || line == 15 || line == 127;
+    const bool crowd = HomeLineIn(k, {0, 7, 15, 127});
     if (crowd || i % 128 == 0) pool.push_back(std::move(k));
     crowded += crowd;
   }
@@ -509,17 +521,12 @@ TEST(MemoryStore, CollidingKeysStayIndexedThroughEveryStepOfAGrowth) {
 // arena of index tables, under its own lock.
 TEST(MemoryStore, CollidingKeysOnSeveralShardsGrowingConcurrently) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 4;
-  o.reclaim_per_operation = 8;
-  auto store = NewMemoryStore(o);
+  auto store = ShardedStore(&clock, 4, 8);
   constexpr int kThreads = 4, kKeys = 1500, kOps = 20'000;
   std::vector<std::vector<std::string>> pools(kThreads);
   for (int i = 0; pools.back().size() < kKeys || pools.front().size() < kKeys; ++i) {
     std::string k = "p" + std::to_string(i);
-    const uint64_t line = (internal::MemoryStoreKeyHash(k) >> 3) & 127;
-    if (line != 0 && line != 7 && line != 127 && i % 64 != 0) continue;
+    if (!HomeLineIn(k, {0, 7, 127}) && i % 64 != 0) continue;
     auto& pool = pools[static_cast<size_t>(i) % kThreads];
     if (pool.size() < kKeys) pool.push_back(std::move(k));
   }
@@ -564,34 +571,47 @@ TEST(MemoryStore, CollidingKeysOnSeveralShardsGrowingConcurrently) {
   EXPECT_GE(internal::MemoryStoreIndex(store.get()).doublings, 4u * 4);
 }
 
+// From `threads` threads at once, thread t claims the new keys key(t, 0) to
+// key(t, per_thread - 1), each leased for an hour and kept for `retention`, and
+// after each claim calls also(t, i, the request) (false: a failure). Returns how
+// many claims were not acquired and how many also() calls failed.
+template <typename Key, typename Also>
+int ClaimNewKeysOnThreads(Store& store, int threads, int per_thread, Key&& key, Millis retention,
+                          Also&& also) {
+  std::atomic<int> failed{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i) {
+        ClaimRequest r;
+        const std::string k = key(t, i);
+        r.key = k;
+        r.lease = 1h;
+        r.retention = retention;
+        auto c = store.Claim(r);
+        if (!c.ok() || !c->acquired()) ++failed;
+        if (!also(t, i, r)) ++failed;
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  return failed.load();
+}
+
 // Many shards growing at once from several threads (each shard's growth under
 // its own lock; those in the middle of a move at the end stay so): the index
 // stays whole, and lookups find every record.
 TEST(MemoryStore, ShardsGrowingConcurrentlyKeepEveryRecord) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 16;
-  auto store = NewMemoryStore(o);
+  auto store = ShardedStore(&clock, 16);
   constexpr int kThreads = 4, kPerThread = 50'000;
   auto key = [](int t, int i) { return "conc:" + std::to_string(t) + ":" + std::to_string(i); };
-  std::vector<std::thread> ts;
-  std::atomic<int> failed{0};
-  for (int t = 0; t < kThreads; ++t) {
-    ts.emplace_back([&, t] {
-      for (int i = 0; i < kPerThread; ++i) {
-        ClaimRequest r;
-        const std::string k = key(t, i);
-        r.key = k;
-        r.lease = 1h;
-        auto c = store->Claim(r);
-        if (!c.ok() || !c->acquired()) ++failed;
-        if (i % 7 == 0 && !store->Forget(key(t, i / 2), ForgetOptions{.force = true}).ok()) ++failed;
-      }
-    });
-  }
-  for (auto& th : ts) th.join();
-  ASSERT_EQ(failed.load(), 0);
+  ASSERT_EQ(ClaimNewKeysOnThreads(*store, kThreads, kPerThread, key, kDefaultRetention,
+                                  [&](int t, int i, const ClaimRequest&) {
+                                    return i % 7 != 0 ||
+                                           store->Forget(key(t, i / 2), ForgetOptions{.force = true}).ok();
+                                  }),
+            0);
   ASSERT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
   EXPECT_GE(internal::MemoryStoreIndex(store.get()).doublings, 16u * 8);
   std::vector<bool> forgotten(kPerThread);  // a forced forget of a lease leaves a fence floor
@@ -660,31 +680,16 @@ TEST(MemoryStore, LargeShardKeepsEveryRecordAcrossHugePageRegions) {
 // tables), and a second store's arena beside the first.
 TEST(MemoryStore, ShardsSharingTheIndexArenaKeepEveryRecord) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 8;  // 400 k keys: ~50 k a shard, tables 64 KiB .. 1 MiB from the arena
-  auto store = NewMemoryStore(o);
-  auto other = NewMemoryStore(o);
+  // 400 k keys: ~50 k a shard, tables 64 KiB .. 1 MiB from the arena.
+  auto store = ShardedStore(&clock, 8);
+  auto other = ShardedStore(&clock, 8);
   constexpr int kThreads = 4, kPerThread = 100'000;
   auto key = [](int t, int i) { return "arena:" + std::to_string(t) + ":" + std::to_string(i); };
-  std::vector<std::thread> ts;
-  std::atomic<int> failed{0};
-  for (int t = 0; t < kThreads; ++t) {
-    ts.emplace_back([&, t] {
-      for (int i = 0; i < kPerThread; ++i) {
-        ClaimRequest r;
-        const std::string k = key(t, i);
-        r.key = k;
-        r.lease = 1h;
-        r.retention = 1s;
-        auto c = store->Claim(r);
-        if (!c.ok() || !c->acquired()) ++failed;
-        if (i % 4 == 0 && !(other->Claim(r).ok())) ++failed;
-      }
-    });
-  }
-  for (auto& th : ts) th.join();
-  ASSERT_EQ(failed.load(), 0);
+  ASSERT_EQ(ClaimNewKeysOnThreads(*store, kThreads, kPerThread, key, 1s,
+                                  [&](int, int i, const ClaimRequest& r) {
+                                    return i % 4 != 0 || other->Claim(r).ok();
+                                  }),
+            0);
   EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), size_t{kThreads * kPerThread});
   EXPECT_EQ(internal::MemoryStorePhysicalRecords(other.get()), size_t{kThreads * kPerThread / 4});
   for (int t = 0; t < kThreads; ++t) {
@@ -1274,11 +1279,7 @@ TEST(MemoryStore, MatchesTheStateMachineThroughGrowthWithCollidingKeys) {
                  (cfg.last_shard ? ", keys of the last shard" : ""));
     const std::vector<std::string>& pool = cfg.last_shard ? last : spread;
     SimulatedClock clock;
-    MemoryStoreOptions o;
-    o.clock = &clock;
-    o.shards = cfg.shards;
-    o.reclaim_per_operation = cfg.reclaim;
-    auto store = NewMemoryStore(o);
+    auto store = ShardedStore(&clock, cfg.shards, cfg.reclaim);
     ReferenceStore ref;
     std::mt19937_64 rng(cfg.shards * 1000 + cfg.reclaim);
     // Keys used lately come again often: a record erased (forgotten, reclaimed)

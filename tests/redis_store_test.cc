@@ -2246,6 +2246,51 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
 }
 
 
+// Two fresh keys of the slot of `prefix`a0 claimed as that slot moves from the
+// primary that serves it to another, through a store opened on the first node of
+// `cluster` (three primaries, started; `host` as a URI writes it, "127.0.0.1" or
+// "[::1]"; keys under `prefix`; timeout 1 s): the first while the slot is half
+// moved (absent on the source: ASK to the target, which must then hold it), the
+// second once it has moved (the store's map still names the source: MOVED), then
+// completed. `node`: how the source's ASK names the target, before its port
+// ("::1:", ":", "?:", "localhost:"); a server that no longer writes it so fails
+// here first.
+void ExpectAskAndMovedFollowed(TestCluster& cluster, const std::string& host,
+                               const std::string& prefix, const std::string& node) {
+  auto opened = OpenStore("redis+cluster://" + host + ":" + std::to_string(cluster.port(0)) +
+                          "?prefix=" + prefix + "&timeout=1s");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Store& store = **opened;
+  const uint16_t slot = redis::KeySlot(prefix + "a0");
+  std::vector<std::string> same;
+  for (int i = 0; same.size() < 2; ++i) {
+    const std::string k = "a" + std::to_string(i);
+    if (redis::KeySlot(prefix + k) == slot) same.push_back(k);
+  }
+  const int primary = cluster.PrimaryOf(prefix + "a0");
+  ASSERT_GE(primary, 0);
+  const int from = cluster.port(primary);
+  const int to = cluster.port(primary == 0 ? 1 : 0);
+  cluster.BeginMove(slot, from, to);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(Admin(from, {"SET", prefix + same[0], "x"}),
+            "ASK " + std::to_string(slot) + " " + node + std::to_string(to))
+      << "the server no longer writes redirects so";
+  auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (a.ok()) EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
+  cluster.EndMove(slot, from, to);
+  if (::testing::Test::HasFatalFailure()) return;
+  auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return;
+  EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
+  auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+}
+
 // clusterreview: Redis writes the node of a redirect as ip:port, an IPv6 address
 // unbracketed ("ASK 3999 ::1:7117"). The client read it with the URI host
 // grammar, which needs brackets, and made a node of host "::1:7117", port 6379:
@@ -2253,43 +2298,10 @@ TEST_F(RedisStoreTest, AClaimOutlastingAStallOfUnderTwoTimeoutsIsAcquired) {
 // connect error. Three primaries on ::1 (7116-7118); one slot is moved while a
 // fresh key of it is claimed (ASK) and, once moved, another (MOVED).
 TEST_F(RedisStoreTest, AnIpv6ClusterFollowsAskAndMovedRedirects) {
-  constexpr int kBase = 7116;
-  TestCluster cluster(Dir("v6"), kBase, 3);
+  TestCluster cluster(Dir("v6"), 7116, 3);
   cluster.Start({}, 0, "5000", "::1");
   if (IsSkipped() || HasFatalFailure()) return;
-  auto opened = OpenStore("redis+cluster://[::1]:7116?prefix=v6:&timeout=1s");
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  Store& store = **opened;
-  // Two fresh keys of one slot that 7116 serves.
-  const uint16_t slot = redis::KeySlot("v6:a0");
-  std::vector<std::string> same;
-  for (int i = 0; same.size() < 2; ++i) {
-    const std::string k = "a" + std::to_string(i);
-    if (redis::KeySlot("v6:" + k) == slot) same.push_back(k);
-  }
-  int from = -1;
-  for (int n = 0; n < 3; ++n) {
-    if (Admin(kBase + n, {"GET", "v6:a0"}).rfind("MOVED", 0) != 0) from = kBase + n;
-  }
-  ASSERT_GE(from, 0);
-  const int to = from == kBase ? kBase + 1 : kBase;
-  const std::string sl = std::to_string(slot);
-  cluster.BeginMove(slot, from, to);
-  if (HasFatalFailure()) return;
-  EXPECT_EQ(Admin(from, {"SET", "v6:" + same[0], "x"}).rfind("ASK " + sl + " ::1:", 0), 0u)
-      << "the server no longer writes IPv6 redirects unbracketed";
-  auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
-  EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
-  cluster.EndMove(slot, from, to);
-  if (HasFatalFailure()) return;
-  auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
-  auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
-  ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ(*w, WriteResult::kOk);
+  ExpectAskAndMovedFollowed(cluster, "[::1]", "v6:", "::1:");
 }
 
 // clusterfix: with cluster-preferred-endpoint-type unknown-endpoint, Redis names
@@ -2310,46 +2322,10 @@ TEST_F(RedisStoreTest, RedirectsNamingNoHostGoToTheHostAsked) {
   const std::vector<std::string> shown = {":", "?:", "localhost:"};
   for (size_t kind = 0; kind < kinds.size(); ++kind) {
     SCOPED_TRACE("redirects name the node as " + shown[kind] + "port");
-    const int base = 7130 + 3 * static_cast<int>(kind);
-    TestCluster cluster(Dir("ep-" + std::to_string(kind)), base, 3);
+    TestCluster cluster(Dir("ep-" + std::to_string(kind)), 7130 + 3 * static_cast<int>(kind), 3);
     cluster.Start(kinds[kind]);
     if (IsSkipped() || HasFatalFailure()) return;
-    auto opened =
-        OpenStore("redis+cluster://127.0.0.1:" + std::to_string(base) + "?prefix=ep:&timeout=1s");
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    Store& store = **opened;
-    // Two fresh keys of one slot.
-    const uint16_t slot = redis::KeySlot("ep:a0");
-    std::vector<std::string> same;
-    for (int i = 0; same.size() < 2; ++i) {
-      const std::string k = "a" + std::to_string(i);
-      if (redis::KeySlot("ep:" + k) == slot) same.push_back(k);
-    }
-    int from = -1;
-    for (int n = 0; n < 3; ++n) {
-      if (Admin(base + n, {"GET", "ep:a0"}).rfind("MOVED", 0) != 0) from = base + n;
-    }
-    ASSERT_GE(from, 0);
-    const int to = from == base ? base + 1 : base;
-    const std::string sl = std::to_string(slot);
-    cluster.BeginMove(slot, from, to);
-    if (HasFatalFailure()) return;
-    EXPECT_EQ(Admin(from, {"SET", "ep:" + same[0], "x"}),
-              "ASK " + sl + " " + shown[kind] + std::to_string(to))
-        << "the server no longer writes redirects so";
-    auto a = store.Claim(Req(same[0]));  // absent on the source: ASK to the target
-    EXPECT_TRUE(a.ok()) << a.status();
-    if (a.ok()) EXPECT_EQ(a->outcome, ClaimOutcome::kAcquired);
-    EXPECT_EQ(Admin(to, {"DBSIZE"}), "1") << "the claim did not land on the importing node";
-    cluster.EndMove(slot, from, to);
-    if (HasFatalFailure()) return;
-    auto m = store.Claim(Req(same[1]));  // the store's map still names the source: MOVED
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) continue;
-    EXPECT_EQ(m->outcome, ClaimOutcome::kAcquired);
-    auto w = store.Complete(same[1], m->token, 600s, CompletionStatus::kOk, "r");
-    ASSERT_TRUE(w.ok()) << w.status();
-    EXPECT_EQ(*w, WriteResult::kOk);
+    ASSERT_NO_FATAL_FAILURE(ExpectAskAndMovedFollowed(cluster, "127.0.0.1", "ep:", shown[kind]));
   }
 }
 
@@ -3001,6 +2977,25 @@ TEST_F(RedisStoreTest, AMapReloadDoesNotWaitOnAFrozenNodeWhileAnotherAnswers) {
   EXPECT_LT(Clock_::now() - c0, 1s) << "closing the store waited on the frozen node";
 }
 
+// The first link-local IPv6 address of lo ("fe80::1"), or "" when it has none (the
+// default; inside a network namespace: ip -6 addr add fe80::1/64 dev lo).
+std::string LinkLocalOnLo() {
+  std::string link_local;
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return link_local;
+  for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 || std::string(a->ifa_name) != "lo") {
+      continue;
+    }
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+    if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
+    char text[INET6_ADDRSTRLEN];
+    if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
+  }
+  freeifaddrs(all);
+  return link_local;
+}
+
 // redisfix: a link-local IPv6 address with its zone, as RFC 6874 writes it in a
 // URI ("[fe80::1%25lo]"): the store connects. The "%25" was not decoded, and
 // the resolver was asked for "fe80::1%25lo" ("connect: Name or service not
@@ -3009,21 +3004,7 @@ TEST_F(RedisStoreTest, AMapReloadDoesNotWaitOnAFrozenNodeWhileAnotherAnswers) {
 TEST_F(RedisStoreTest, AnIpv6ZoneIdInTheUriReachesTheServer) {
   constexpr int kPort = 6523;
   if (!PortFree(kPort)) GTEST_SKIP() << "port " << kPort << " in use";
-  std::string link_local;
-  ifaddrs* all = nullptr;
-  if (getifaddrs(&all) == 0) {
-    for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
-      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 ||
-          std::string(a->ifa_name) != "lo") {
-        continue;
-      }
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
-      if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
-      char text[INET6_ADDRSTRLEN];
-      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
-    }
-    freeifaddrs(all);
-  }
+  const std::string link_local = LinkLocalOnLo();
   if (link_local.empty()) {
     GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
   }
@@ -3192,21 +3173,7 @@ TEST_F(RedisStoreTest, ReloadsWithAFrozenNodeLeakNoThreadNorSocket) {
 // link-local address of lo (skipped without one: ip -6 addr add fe80::1/64 dev
 // lo); a slot moved after the store loaded its map.
 TEST_F(RedisStoreTest, ARedirectWithoutAHostKeepsTheZoneIdOfTheNodeAsked) {
-  std::string link_local;
-  ifaddrs* all = nullptr;
-  if (getifaddrs(&all) == 0) {
-    for (ifaddrs* a = all; a != nullptr && link_local.empty(); a = a->ifa_next) {
-      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET6 ||
-          std::string(a->ifa_name) != "lo") {
-        continue;
-      }
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
-      if (!IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) continue;
-      char text[INET6_ADDRSTRLEN];
-      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) link_local = text;
-    }
-    freeifaddrs(all);
-  }
+  const std::string link_local = LinkLocalOnLo();
   if (link_local.empty()) {
     GTEST_SKIP() << "no link-local IPv6 address on lo (ip -6 addr add fe80::1/64 dev lo)";
   }
@@ -3222,11 +3189,8 @@ TEST_F(RedisStoreTest, ARedirectWithoutAHostKeepsTheZoneIdOfTheNodeAsked) {
     if (cluster.PrimaryOf("zm:k" + std::to_string(i)) == 0) key = "k" + std::to_string(i);
   }
   // The key's (empty) slot moves from node 0 to node 1: the store's map is stale.
-  const std::string slot = std::to_string(redis::KeySlot("zm:" + key));
-  const std::string to = Admin(cluster.port(1), {"CLUSTER", "MYID"});
-  for (int n = 0; n < 3; ++n) {
-    ASSERT_EQ(Admin(cluster.port(n), {"CLUSTER", "SETSLOT", slot, "NODE", to}), "OK");
-  }
+  cluster.EndMove(redis::KeySlot("zm:" + key), cluster.port(0), cluster.port(1));
+  if (HasFatalFailure()) return;
   auto c = (*opened)->Claim(Req(key));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
