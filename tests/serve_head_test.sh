@@ -108,8 +108,4 @@ if [ "$with_worker" = worker ]; then
   same_as_get "http://127.0.0.1:8122/" "the worker's metrics listener, another path (404)"
 fi
 
-# serve_report stops serve's processes only when a check failed: the worker
-# and Redis first.
-stop_worker
-redis_stop_all
 serve_report "$tmp"

@@ -88,12 +88,13 @@ serve_stop() {
 }
 
 # serve_report TMP: the end of a test made of checks. When one failed: says so,
-# keeps TMP (its logs), stops every process and exits 1.
+# sets SERVE_KEEP_TMP (the test's EXIT trap, serve_test_cleanup, then stops every
+# process it started, Redis and workers included, and keeps TMP with its logs)
+# and exits 1.
 serve_report() {
   if ((FAILS > 0)); then
     echo "$FAILS check(s) failed; logs in $1" >&2
-    trap - EXIT
-    serve_stop_all
+    SERVE_KEEP_TMP=1
     exit 1
   fi
   echo "all checks passed"

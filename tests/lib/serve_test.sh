@@ -17,7 +17,7 @@ source "$root/scripts/lib/redis.sh"
 # serve_test_begin NAME DEDUP_BINARY: sets dedup (the binary's absolute path)
 # and tmp (a new directory NAME.XXXXXX under $TMPDIR). At exit
 # (serve_test_cleanup), every server and client started through serve.sh and
-# redis.sh is stopped and tmp removed; serve_report keeps tmp when a check failed.
+# redis.sh is stopped and tmp removed (kept when serve_report found a failed check).
 # A test with more to stop sets its own trap, ending in serve_test_cleanup.
 serve_test_begin() {
   dedup=$(realpath "$2")
@@ -28,7 +28,7 @@ serve_test_begin() {
 serve_test_cleanup() {
   serve_stop_all
   redis_stop_all
-  rm -rf "$tmp"
+  [[ -n "${SERVE_KEEP_TMP:-}" ]] || rm -rf "$tmp"
 }
 
 # metric PORT NAME_AND_LABELS [BASE]: the value of one sample of
