@@ -479,4 +479,17 @@ out=$(timeout 20 "$dedup" worker --broker "redis://127.0.0.1:1?stream=x" --store
 set -e
 [[ "$out" == *"warning: --store memory:"*"run again"* ]] && ok "the worker warns of memory:" || fail "worker memory: no warning: $out"
 
+# A flag's bad value is named escaped, as a key is: an ESC byte in it would reach
+# the terminal (recolour it, move the cursor) through CLI11's message.
+esc=$'\e'
+for args in "exec --store memory: --key k --lease 5${esc}[31ms -- true" \
+            "exec --store memory: --key k --max-attempts 5${esc}[2J -- true" \
+            "worker --broker redis://127.0.0.1:1?stream=s --store memory: --exec true --concurrency 5${esc}[2J"; do
+  read -ra argv <<<"$args"
+  set +e; out=$("$dedup" "${argv[@]}" 2>&1 </dev/null); rc=$?; set -e
+  [[ $rc -eq 2 && "$out" != *"$esc"* && "$out" == *'\x1b'* ]] &&
+    ok "a bad flag value is shown escaped: ${argv[0]}" ||
+    fail "a bad flag value with an ESC byte: rc $rc: $(printf '%q' "$out")"
+done
+
 check_done "cli hardening"

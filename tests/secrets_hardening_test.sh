@@ -114,6 +114,23 @@ out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "redis://127.0.0.1:$port
 out=$(timeout 60 "$dedup" bench --redis "redis://:wrong$P@127.0.0.1:$port" --quick 2>&1) || true
 [[ "$out" == *WRONGPASS* && "$out" != *"$P"* ]] && echo "ok   bench --redis with a wrong password says so" ||
   fail "bench wrong password: $out"
+# bench --redis with password_file=: the store's rows use that password, and
+# redis-benchmark, which takes one only on its command line (which ps shows to
+# every user), is not given it. A stand-in redis-benchmark records its arguments.
+mkdir "$tmp/bin"
+printf '#!/bin/sh\nprintf "%%s\\n" "$*" >>"%s"\nexit 1\n' "$tmp/benchmark-args" >"$tmp/bin/redis-benchmark"
+chmod +x "$tmp/bin/redis-benchmark"
+out=$(PATH="$tmp/bin:$PATH" timeout 120 "$dedup" bench --redis "redis://127.0.0.1:$port?password_file=$tmp/pw" \
+        --quick --no-rocksdb --phase throughput --no-progress 2>&1) || true
+[[ "$out" == *"| redis | dedup claim |"* && "$out" != *NOAUTH* ]] &&
+  echo "ok   bench --redis with password_file= measures the Redis store with it" ||
+  fail "bench --redis password_file=: the Redis store's rows: $(grep -m3 -E 'NOAUTH|redis' <<<"$out")"
+if [[ -e "$tmp/benchmark-args" ]] && grep -q "$P" "$tmp/benchmark-args"; then
+  fail "bench --redis password_file=: redis-benchmark got the password on its command line: $(sed "s/$P/PASSWORD/g" "$tmp/benchmark-args" | head -1)"
+else
+  echo "ok   bench --redis with password_file= puts the password on no command line"
+fi
+[[ "$out" != *"$P"* ]] || fail "bench --redis password_file= printed the password"
 out=$(timeout 60 "$dedup" bench --redis "redis://127.0.0.1:1" --quick 2>&1) || true
 [[ "$out" == *"onnection refused"* ]] && echo "ok   bench --redis with the server down says so" ||
   fail "bench server down: $out"

@@ -2,7 +2,7 @@
 # Security of `dedup serve`: loopback unless a token is given; the token checked
 # by the API, /metrics, the page and the proxy; the store URI's password in no
 # answer, error, log line or metric.
-#   serve_security_test.sh DEDUP_BINARY     (ports 8074-8079, docs/PORTS.md)
+#   serve_security_test.sh DEDUP_BINARY     (ports 8074-8079, 8126 and 6540, docs/PORTS.md)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/serve_test.sh
@@ -112,6 +112,21 @@ curl -s "$b/metrics" >"$tmp/metrics"
 check "/metrics counts the errors" grep -q 'dedup_serve_claims_total{outcome="error"} [1-9]' "$tmp/metrics"
 check "/metrics does not show the password" bash -c "! grep -q '$pw' '$tmp/metrics'"
 check "serve's log does not show the password" bash -c "! grep -q '$pw' '$tmp/pw.log'"
+
+# ---- a password that is also an ordinary word changes no answer and no metric
+# (the data and the metric names are not messages: no password is in them).
+REDIS_CLI_AUTH="-a dedup --no-auth-warning" redis_start 6540 "$tmp/redis-word" --requirepass dedup
+serve_start 8126 "$tmp/word.log" "$dedup" serve --store "redis://:dedup@127.0.0.1:6540?prefix=w:" \
+  --listen 127.0.0.1:8126
+w=http://127.0.0.1:8126
+check "a password that is a word: a claim of dedup-job-1 is 201" \
+  [ "$(status -X POST -d "{}" "$w/v1/keys/dedup-job-1/claim")" = 201 ]
+status "$w/v1/keys/dedup-job-1" >/dev/null
+check "... its record names the key as it is" grep -q '"key":"dedup-job-1"' "$tmp/body"
+status "$w/v1/keys" >/dev/null
+check "... so does the list of records" grep -q '"key":"dedup-job-1"' "$tmp/body"
+curl -s "$w/metrics" >"$tmp/word-metrics"
+check "... /metrics keeps its names" grep -q '^dedup_serve_claims_total' "$tmp/word-metrics"
 
 if [ $FAILS -gt 0 ]; then
   echo "serve_security_test: $FAILS check(s) failed"

@@ -579,6 +579,63 @@ TEST(Uri, ARawQuestionMarkInAPasswordIsRefusedByTheParserForEveryScheme) {
   EXPECT_TRUE(ParseUri("redis://Qz1?x=Hunt3r@h:1").ok());
 }
 
+// secrets: what the rule above cannot refuse must still not be echoed. A raw '?'
+// or '/' in a password whose head reads as a host (a lone password "Qz1", a port
+// "48613"), with no user-info left before the host: the tail is a parameter
+// name ("unknown parameter 'Hunt3r'"), a repeated name, a name without '=', or
+// the path (a Redis database "'Qz1'***@...", cut at the quote by the redaction of
+// words; a PostgreSQL database or AMQP vhost sent to the server, and the head
+// sent to the resolver as a host: "rabbitmq Qz1:5672: connect").
+TEST(Uri, APasswordCutByARawQuestionMarkOrSlashBeforeItsHostIsNeverEchoed) {
+  const char* const kPieces[] = {"Qz1", "Hunt3r", "Vv7"};
+  const char* const kUris[] = {
+      "redis://Qz1?Hunt3r=Vv7@127.0.0.1:1",           // a lone password
+      "redis+cluster://Qz1?Hunt3r=Vv7@127.0.0.1:1",
+      "redis://u:48613?Hunt3r=Vv7@127.0.0.1:1",       // a head that reads as a port
+      "redis://:48613?Hunt3r=Vv7@127.0.0.1:1",
+      "redis://Qz1?Hunt3r&x=Vv7@127.0.0.1:1",         // a name without '='
+      "redis://Qz1?Hunt3r=1&Hunt3r=Vv7@127.0.0.1:1",  // a name given twice
+      "redis://48613/Qz1?Hunt3r=Vv7@127.0.0.1:1",     // '/' then '?': a path too
+      "redis://48613/Qz1'Hunt3r@127.0.0.1:1",         // '/': the path holds the '@'
+      "redis://48613/Qz1 Hunt3r@127.0.0.1:1",
+      "redis://u:48613/Qz1\"Hunt3r@127.0.0.1:1",
+      "redis://Qz1/Hunt3r/Vv7@127.0.0.1:1",
+      "postgres://Qz1?Hunt3r=Vv7@127.0.0.1:1/db",
+      "postgres://u:5432/Qz1\"Hunt3r@127.0.0.1:1/db",
+      "postgresql://Qz1/Hunt3r/Vv7@127.0.0.1:1/db?table=t",
+      "rocksdb://Qz1/Hunt3r@h/x",
+      "memory://Qz1?Hunt3r=Vv7@h",
+  };
+  const char* const kBrokers[] = {
+      "redis://Qz1?Hunt3r=Vv7@127.0.0.1:1",  // no stream=: the names come first
+      "amqp://u:48613?Hunt3r=Vv7@127.0.0.1:1",
+      "amqp://Qz1/Hunt3r/Vv7@127.0.0.1:1/?queue=q",
+      "amqp://u:5672/Qz1@127.0.0.1:1/?queue=q",
+      "nats://Qz1?Hunt3r=Vv7@127.0.0.1:1",
+      "nats://u:48613?Hunt3r=Vv7@127.0.0.1:1",
+  };
+  const auto check = [&](const std::string& uri, const Status& s) {
+    ASSERT_FALSE(s.ok()) << uri;
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << uri << ": " << s;
+    for (const char* piece : kPieces) {
+      EXPECT_EQ(s.message().find(piece), std::string::npos) << uri << ": " << s;
+    }
+  };
+  for (const char* uri : kUris) check(uri, OpenStore(uri).status());
+  for (const char* uri : kBrokers) {
+    check(uri, CheckSourceUri(uri).status());
+    check(uri, CheckSourceUri(uri, SourceUse::kPublish).status());
+  }
+  // An '@' in a value is still a value, after a path too when the path is a Redis
+  // database; an unknown name in a URI without such an '@' is still named.
+  for (const char* uri : {"nats://h:4222?stream=s&consumer=me@host",
+                          "redis://h:6379/2?password_file=/run/credentials/dedup@1.service/pw"}) {
+    EXPECT_TRUE(ParseUri(uri).ok()) << uri << ": " << ParseUri(uri).status();
+  }
+  Status named = OpenStore("redis://h:1?bogus=1").status();
+  EXPECT_NE(named.message().find("'bogus'"), std::string::npos) << named;
+}
+
 // A value that is no URI this build knows is named by its scheme alone.
 TEST(Uri, AnUnknownSchemeIsNamedAloneNeverWhatFollowsIt) {
   EXPECT_EQ(UriScheme("a+b.c-1:rest:more").value_or("none"), "a+b.c-1");

@@ -18,6 +18,7 @@
 #ifndef DEDUP_BENCH_BENCH_H_
 #define DEDUP_BENCH_BENCH_H_
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -42,7 +43,12 @@ struct BenchContext {
   void Say(const std::string& what) const {
     if (progress) progress(what);
   }
-  void Skip(const std::string& what) const { results.skipped.push_back(what); }
+  // Once each: a reason met by every worker count is listed once.
+  void Skip(const std::string& what) const {
+    if (std::find(results.skipped.begin(), results.skipped.end(), what) == results.skipped.end()) {
+      results.skipped.push_back(what);
+    }
+  }
   bool Stop() const { return StopRequested(); }
 };
 

@@ -165,7 +165,7 @@ double WorkerRun(const BenchContext& ctx, RedisConn& redis, const std::string& s
   for (uint64_t i = 1; i <= n; ++i) {
     xadds.push_back({"XADD", stream, "*", "id", "m" + std::to_string(i), "payload", "x"});
   }
-  const std::string broker = ctx.redis_target.base_uri + "?stream=" + stream + "&group=g";
+  const std::string broker = ctx.redis_target.Uri("stream=" + stream + "&group=g");
   const pid_t pid = SpawnSelf({"worker", "--broker", broker, "--store", "memory:", "--exec", kCommand,
                                "--no-shell", "--concurrency", std::to_string(concurrency),
                                "--summary-interval", "0"},

@@ -17,6 +17,8 @@
 #include <thread>
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
 #include <hiredis/hiredis.h>
+
+#include "core/secret.h"
 #endif
 
 namespace dedup::bench {
@@ -40,12 +42,34 @@ std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* er
   t.port = c.endpoints.front().port;
   t.user = c.user;
   if (c.has_password) t.password = c.password;
-  t.base_uri = uri.substr(0, uri.find('?'));
+  const size_t q = uri.find('?');
+  t.base_uri = uri.substr(0, q);
+  // The parser took this query: '&'-separated name=value, names as written.
+  for (std::string_view rest = q == std::string::npos ? "" : std::string_view(uri).substr(q + 1);
+       !rest.empty();) {
+    const size_t amp = rest.find('&');
+    const std::string_view kv = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    if (name == "timeout" || name == internal::kPasswordFileParam) {
+      t.keep_params += (t.keep_params.empty() ? "" : "&") + std::string(kv);
+    }
+  }
+  const internal::Uri& u = parsed->uri;
+  const bool in_uri =
+      u.has_password || (!u.user.empty() && !u.Param(internal::kPasswordFileParam));
+  t.password_off_command_line = c.has_password && !in_uri;
   return t;
 #else
   *error = "--redis '" + uri.substr(0, uri.find('@')) + "...': Redis is not compiled in";
   return std::nullopt;
 #endif
+}
+
+std::string RedisTarget::Uri(const std::string& params) const {
+  std::string q = keep_params;
+  if (!params.empty()) q += (q.empty() ? "" : "&") + params;
+  return q.empty() ? base_uri : base_uri + "?" + q;
 }
 
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)

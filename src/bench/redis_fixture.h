@@ -27,8 +27,18 @@ struct RedisTarget {
   std::string host = "127.0.0.1";
   int port = 0;
   std::string user, password;
-  std::string base_uri;  // redis://[auth@]host:port
+  std::string base_uri;  // redis://[auth@]host:port[/db], without its query
+  // The --redis URI's parameters that every URI made from it keeps, as written:
+  // timeout= and password_file= ("" or e.g. "timeout=2s&password_file=/run/pw");
+  // the store's pool= and spin= are the bench's own.
+  std::string keep_params;
+  // The password came from password_file= or $DEDUP_REDIS_PASSWORD, not from the
+  // URI: redis-benchmark, which takes one only on its command line (which ps
+  // shows to every user), is left out.
+  bool password_off_command_line = false;
   bool own = false;      // started by this command: free to FLUSHALL
+  // base_uri with keep_params and `params` ("prefix=x&pool=4") as its query.
+  std::string Uri(const std::string& params) const;
 };
 
 // --redis, read by the one Redis URI parser (src/redis/options.h): one server.

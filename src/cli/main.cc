@@ -147,11 +147,18 @@ int main(int argc, char** argv) {
       return dedup::cli::kExitUsage;
     }
     // --help and --version are "errors" with exit code 0.
-    // CLI11 echoes unexpected arguments (a URI split by a blank): redacted.
+    // CLI11 echoes unexpected arguments (a URI split by a blank): redacted. It
+    // echoes a flag's bad value too: escaped, line by line, as a key is (an ESC
+    // byte in "--lease 5<ESC>[2J" would reach the terminal).
     std::ostringstream out, err;
     const int code = app.exit(e, out, err);
     std::fputs(out.str().c_str(), stdout);
-    std::fputs(dedup::internal::RedactWords(err.str()).c_str(), stderr);
+    std::string shown;
+    std::istringstream lines(err.str());
+    for (std::string line; std::getline(lines, line);) {
+      shown += dedup::internal::RedactWords(dedup::internal::Printable(line)) + "\n";
+    }
+    std::fputs(shown.c_str(), stderr);
     return code == 0 ? dedup::cli::kExitOk : dedup::cli::kExitUsage;
   }
   return ctx.exit_code;

@@ -59,9 +59,18 @@ std::optional<std::string> Uri::Param(std::string_view name) const {
   return std::nullopt;
 }
 
+// Why a name is not shown (ParamPlace::hide_names).
+constexpr char kHiddenName[] =
+    " (not shown: with no user-info before the host, it may be the tail of a password or "
+    "token whose '?' or '/' was written raw, which ends the host: write them %3F, %2F)";
+
 Status CheckParamRepeats(const std::vector<std::string>& names, ParamPlace place) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (std::find(names.begin(), names.begin() + i, names[i]) == names.begin() + i) continue;
+    if (place.hide_names) {
+      return Status::InvalidArgument("a " + std::string(place.noun) + " is given twice in " +
+                                     std::string(place.where) + kHiddenName);
+    }
     return Status::InvalidArgument(std::string(place.noun) + " '" +
                                    Printable(names[i].substr(0, 64)) + "' is given twice in " +
                                    std::string(place.where) + " (give it once)");
@@ -82,6 +91,11 @@ Status CheckParamNames(const std::vector<std::string>& names,
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
     std::string list;
     for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+    if (place.hide_names) {
+      return Status::InvalidArgument("unknown " + std::string(place.noun) + " in " +
+                                     std::string(place.where) + kHiddenName + " (known: " +
+                                     (list.empty() ? "none" : list) + ")");
+    }
     return Status::InvalidArgument("unknown " + std::string(place.noun) + " '" +
                                    Printable(std::string_view(name).substr(0, 64)) + "' in " +
                                    std::string(place.where) + " (known: " +
@@ -95,7 +109,7 @@ Status Uri::CheckParams(std::initializer_list<std::string_view> known) const {
   // No name holds the tail of a password whose '?' was written raw: ParseUri
   // refused those.
   for (const auto& [k, v] : params) names.push_back(k);
-  return CheckParamNames(names, known, {"parameter", scheme + " URI"});
+  return CheckParamNames(names, known, {"parameter", scheme + " URI", names_may_hold_secret});
 }
 
 std::string Uri::Redacted() const {
@@ -217,20 +231,20 @@ StatusOr<Uri> ParseUri(std::string_view text) {
                                      "write it %3F");
     }
   }
-  if (const size_t at = query.find('@'); at != std::string_view::npos) {
-    // "redis://u:p?s=s@h": no user-info before the '?', and a "host" whose port is
-    // no number: the user and the head of the password.
-    bool userinfo_as_host = false;
-    if (u.has_authority && !had_userinfo && u.hosts.find('[') == std::string::npos) {
-      for (std::string_view h : SplitHosts(u.hosts)) {
-        const size_t c = h.find(':');
-        if (c != std::string_view::npos &&
-            (c + 1 == h.size() ||
-             h.find_first_not_of("0123456789", c + 1) != std::string_view::npos)) {
-          userinfo_as_host = true;
-        }
+  // "redis://u:p?s=s@h", "redis://u:pw?x": no user-info before the '?', and a
+  // "host" whose port is no number: the user and the head of the password.
+  bool userinfo_as_host = false;
+  if (u.has_authority && !had_userinfo && u.hosts.find('[') == std::string::npos) {
+    for (std::string_view h : SplitHosts(u.hosts)) {
+      const size_t c = h.find(':');
+      if (c != std::string_view::npos &&
+          (c + 1 == h.size() ||
+           h.find_first_not_of("0123456789", c + 1) != std::string_view::npos)) {
+        userinfo_as_host = true;
       }
     }
+  }
+  if (const size_t at = query.find('@'); at != std::string_view::npos) {
     if (userinfo_as_host) {
       return Status::InvalidArgument(u.scheme + " URI has an '@' in its query after a host "
                                      "whose port is no number: a '?' written raw in a "
@@ -242,8 +256,39 @@ StatusOr<Uri> ParseUri(std::string_view text) {
                                      "host; write it %3F");
     }
   }
+  // "redis://48613/Qz1'Hunt3r@h", "amqp://Qz1/Hunt3r@h/?queue=q": a '/' written
+  // raw in a password or token whose head reads as a host ends the host, and the
+  // path holds the tail, the '@' and the host (a Redis database echoed, a
+  // PostgreSQL database or AMQP vhost sent to the server, the head resolved as a
+  // host). Nor may a path come before an '@' of the query ("redis://48613/Qz1?
+  // Hunt3r=Vv7@h"), but for a Redis database ("/2?password_file=/run/x@1/pw").
+  // Checked on the text as written: an '@' written %40 is the path's own.
+  if (u.has_authority && !had_userinfo) {
+    if (rest.find('@') != std::string_view::npos) {
+      return Status::InvalidArgument(u.scheme + " URI has an '@' in its path and no user-info "
+                                     "before its host: a '/' written raw in a password or token "
+                                     "ends the host; write it %2F (an '@' of the path is "
+                                     "written %40)");
+    }
+    const std::string_view db = rest.empty() ? rest : rest.substr(1);
+    if (query.find('@') != std::string_view::npos && !db.empty() &&
+        db.find_first_not_of("0123456789") != std::string_view::npos) {
+      return Status::InvalidArgument(u.scheme + " URI has a path, then an '@' in its query, and "
+                                     "no user-info before its host: a '/' or '?' written raw in "
+                                     "a password or token ends the host; write them %2F, %3F "
+                                     "(an '@' of a value is written %40)");
+    }
+  }
+  // What ends the host early leaves the names of the query unfit to show.
+  u.names_may_hold_secret = (!had_userinfo && query.find('@') != std::string_view::npos) ||
+                            query.find('?') != std::string_view::npos ||
+                            userinfo_as_host;  // "u:pw?x": the '@host' forgotten
   for (const RawParam& p : raw) {
     if (p.name.size() == p.kv.size() || p.name.empty()) {
+      if (u.names_may_hold_secret) {
+        return Status::InvalidArgument(std::string("URI parameter is not of the form name=value") +
+                                       kHiddenName);
+      }
       return Status::InvalidArgument("URI parameter '" + RedactUri(p.kv) +
                                      "' is not of the form name=value");
     }
@@ -256,7 +301,7 @@ StatusOr<Uri> ParseUri(std::string_view text) {
     if (repeat) {
       std::vector<std::string> names;
       for (const auto& [name, value] : u.params) names.push_back(name);
-      return CheckParamRepeats(names, {"parameter", u.scheme + " URI"});
+      return CheckParamRepeats(names, {"parameter", u.scheme + " URI", u.names_may_hold_secret});
     }
   }
   return u;

@@ -25,6 +25,12 @@ struct Uri {
   std::string hosts;                  // "h1:p1,h2:p2" as written
   std::string path;                   // after the hosts, before '?'
   std::vector<std::pair<std::string, std::string>> params;
+  // The parameter names may hold the tail of a password or token whose '?' was
+  // written raw, which ends the host: no user-info before the host and an '@' in
+  // the query ("redis://Qz1?Hunt3r=Vv7@h", host "Qz1"), a second '?' in the
+  // query, or a host whose port is no number ("redis://u:pw?x", the '@host'
+  // forgotten). Messages then name no parameter (ParamPlace::hide_names).
+  bool names_may_hold_secret = false;
 
   std::optional<std::string> Param(std::string_view name) const;
   // InvalidArgument naming the first parameter not in `known` and listing those
@@ -43,6 +49,9 @@ struct Uri {
 struct ParamPlace {
   std::string_view noun;   // "parameter", "field"
   std::string_view where;  // "redis URI", "the query", "the request body"
+  // The names are not shown (Uri::names_may_hold_secret): "unknown <noun> in
+  // <where> (not shown: ...) (known: a, b)", "a <noun> is given twice in <where> ...".
+  bool hide_names = false;
 };
 Status CheckParamNames(const std::vector<std::string>& names,
                        std::initializer_list<std::string_view> known, ParamPlace place);

@@ -161,7 +161,8 @@ StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
   std::vector<std::string_view> known(caller_params);
   known.insert(known.end(), std::begin(kConnectionParams), std::end(kConnectionParams));
   DEDUP_RETURN_IF_ERROR(
-      internal::CheckParamNames(names, known, {"parameter", uri.scheme + " URI"}));
+      internal::CheckParamNames(names, known,
+                                {"parameter", uri.scheme + " URI", uri.names_may_hold_secret}));
 
   // Inline (a lone user-info is the password, as redis-cli reads it), a
   // password_file= or $DEDUP_REDIS_PASSWORD: core/secret.h.

@@ -289,16 +289,20 @@ std::string Server::Impl::Redact(std::string text) const {
 void Server::Impl::SendJson(httplib::Response& res, int status,
                             const nlohmann::json& body) const {
   res.status = status;
-  res.set_content(Redact(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
+  // Not redacted: records, keys, results and names are data, not messages, and
+  // hold no URI (/v1/info's store is Describe(), redacted where it is made). A
+  // password that is also a word ("dedup") would change them.
+  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                   "application/json");
 }
 
 void Server::Impl::SendProblem(httplib::Response& res, int status, const std::string& title,
                                const std::string& detail) const {
   res.status = status;
+  // The message alone: the rest is the answer's own words.
   nlohmann::json j = {{"type", "about:blank"}, {"title", title}, {"status", status},
-                      {"detail", detail}};
-  res.set_content(Redact(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
+                      {"detail", Redact(detail)}};
+  res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                   "application/problem+json");
 }
 
@@ -542,7 +546,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
     res.set_content("ok\n", "text/plain");
   });
   s.http.Get(s.base + "/metrics", [&s](const httplib::Request&, httplib::Response& res) {
-    res.set_content(s.Redact(s.RenderMetrics()), "text/plain; version=0.0.4; charset=utf-8");
+    // Names, labels and numbers: no message, no URI, nothing to redact.
+    res.set_content(s.RenderMetrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
   s.RegisterApi();
   s.RegisterPage();

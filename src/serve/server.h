@@ -90,8 +90,10 @@ struct ServeOptions {
   // does not read its answers, or reads a large one slowly, holds a thread.
   // Default: 30 s.
   Millis response_timeout{30'000};
-  // The store URI's password, replaced by "***" in anything sent or logged, in
-  // case a store's message ever carries it. Empty = none.
+  // The store URI's password, replaced by "***" in every error message sent (a
+  // problem's detail), in case a store's message ever carries it. Not in data
+  // (records, keys, results) nor /metrics, which carry no message: a password
+  // that is also a word ("dedup") changed them. Empty = none.
   std::string secret_to_redact;
   // "0.1.0", for dedup_build_info and /v1/info.
   std::string version = "dev";
