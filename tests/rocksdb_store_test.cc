@@ -26,6 +26,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
 #include "store_envs.h"
+#include "stores/rocksdb/claim_log.h"
 #include "stores/rocksdb/record_codec.h"
 
 extern char** environ;
@@ -915,6 +916,54 @@ TEST(RecordCodecTest, RoundTripsAndRejectsDamage) {
   bad_state[37] = 9;
   EXPECT_FALSE(internal::DecodeRecord(bad_state, &back, &why));
   EXPECT_EQ(why, "bad state 9");
+}
+
+// The claim log's reader hands on whole, undamaged frames only, and stops at the
+// first one that is not: cut short (a crash in the write) or changed.
+TEST(ClaimLogTest, ReadsWholeFramesAndStopsAtACutOrDamage) {
+  EXPECT_EQ(internal::Crc32c("123456789"), 0xE3069283u);  // the check value of CRC-32C
+  EXPECT_EQ(internal::Crc32c(std::string(1000, 'x')), internal::Crc32c(std::string(1000, 'x')));
+  const std::string dir = testing::MakeTempDir("claimlog");
+  const std::string path = dir + "/" + internal::ClaimLogName(7);
+  EXPECT_EQ(internal::ClaimLogName(7), "CLAIMLOG-000007");
+  std::string bytes;
+  internal::ClaimLogFrame f;
+  for (int frame = 0; frame < 3; ++frame) {
+    f.Clear();
+    for (int e = 0; e < 3; ++e) {
+      const std::string k = "k" + std::to_string(frame) + "." + std::to_string(e);
+      f.AddClaim(k, "value of " + k);
+    }
+    if (frame == 2) f.AddForget("k0.0", 42);
+    bytes += f.Finish();
+  }
+  const auto read = [&](const std::string& content) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    std::vector<std::string> got;
+    EXPECT_TRUE(internal::ReadClaimLog(path, [&](uint8_t type, std::string_view k, std::string_view v) {
+                  got.push_back(std::to_string(type) + " " + std::string(k) + " " +
+                                (type == internal::kClaimEntry ? std::string(v) : std::to_string(v.size())));
+                }).ok());
+    return got;
+  };
+  std::vector<std::string> all = read(bytes);
+  ASSERT_EQ(all.size(), 10u);
+  EXPECT_EQ(all[0], "1 k0.0 value of k0.0");
+  EXPECT_EQ(all[9], "2 k0.0 8");
+  std::vector<uint64_t> numbers;
+  ASSERT_TRUE(internal::ListClaimLogs(dir, &numbers).ok());
+  EXPECT_EQ(numbers, std::vector<uint64_t>{7});
+  // Every cut inside the last frame: the first two frames, whole.
+  const size_t two = bytes.size() - f.Finish().size();
+  for (size_t n = two; n < bytes.size(); ++n) EXPECT_EQ(read(bytes.substr(0, n)).size(), 6u) << n;
+  // A changed byte in the second frame: the first frame only.
+  const size_t one = two / 2;
+  for (size_t at = one; at < two; at += 5) {
+    std::string bad = bytes;
+    bad[at] ^= 0x20;
+    EXPECT_EQ(read(bad).size(), 3u) << at;
+  }
+  testing::RemoveDir(dir);
 }
 
 }  // namespace
