@@ -16,9 +16,15 @@
 // kInterval): a claim puts its record in its stripe's `pending` map and returns;
 // a background writer collects, about once a millisecond, the pending records
 // at least one such interval old (a claim completed sooner is never written)
-// and writes them in one WriteBatch, in key order. An IN_PROGRESS record has to
-// outlive this process for two things only, and both hold without a write per
-// claim:
+// and appends them as one frame to the claim log (claim_log.h), not to RocksDB:
+// a claim completed while logged never costs a memtable insert. Logged claims
+// stay in memory (`logged`) until a write of their key supersedes them; past
+// kMaxLogged of them or kMaxLogBytes of log, and at close, CompactNow and Scan,
+// they are written into the database and the logs deleted. An open folds the
+// logs an earlier process left into the database (a record there with a fence
+// as high is newer: fences only grow) before it serves. An IN_PROGRESS record
+// has to outlive this process for two things only, and both hold without a
+// write per claim:
 //   * fences keep increasing across a restart: every open makes a new fence
 //     epoch durable before it serves, and every fence handed out in this
 //     process is at least (epoch << 32) + 1, above any fence of an earlier
@@ -35,6 +41,9 @@
 
 #include "dedup/rocksdb_store.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -43,9 +52,14 @@
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <functional>
+#include <limits>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -65,9 +79,11 @@
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/options.h"
+#include "rocksdb/sst_file_writer.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
 #include "stores/open_backends.h"
+#include "stores/rocksdb/claim_log.h"
 #include "stores/rocksdb/record_codec.h"
 
 namespace dedup {
@@ -103,6 +119,16 @@ constexpr int64_t kMaxPending = 65'536;
 // A reused WriteBatch whose buffer grew past this is dropped after its write:
 // a rare huge batch does not keep its memory for the life of the store.
 constexpr size_t kMaxKeptBatchBytes = 1 << 20;
+// Claims logged and not yet completed, above this many, or a claim log past
+// kMaxLogBytes: the writer writes them all into the database and deletes the
+// logs (memory and the logs' size stay bounded).
+constexpr int64_t kMaxLogged = 131'072;
+constexpr uint64_t kMaxLogBytes = 32u << 20;
+// A commit of that many claims or more (a full log, a backlog, a close) writes
+// them as a table file of their own (IngestSorted), of fewer through the memtable.
+constexpr size_t kMinIngest = 4096;
+// log_floor_ while no claim log exists: the expiry filter drops what expired.
+constexpr int64_t kNoLogFloor = std::numeric_limits<int64_t>::max();
 // The fence epoch, made durable at every open (decimal text).
 constexpr std::string_view kMetaFenceEpochKey = "mfence_epoch";
 
@@ -308,12 +334,19 @@ class ExpiryFilter final : public rocksdb::CompactionFilter {
   const int64_t now_;
 };
 
+// Makes an ExpiryFilter per flush and compaction. While a claim log exists, records that expired after the oldest one was
+// started are kept (`floor`, the store's clock then; lowest when logs of an
+// earlier process wait to be folded in): such a record may be the completion
+// that supersedes a claim in that log, and the fold at open tells the two apart
+// only while the record is there (docs/DESIGN.md). They go at a compaction
+// after the logs are deleted.
 class ExpiryFilterFactory final : public rocksdb::CompactionFilterFactory {
  public:
-  explicit ExpiryFilterFactory(Clock* clock) : clock_(clock) {}
+  ExpiryFilterFactory(Clock* clock, const std::atomic<int64_t>* floor)
+      : clock_(clock), floor_(floor) {}
   std::unique_ptr<rocksdb::CompactionFilter> CreateCompactionFilter(
       const rocksdb::CompactionFilter::Context& /*context*/) override {
-    return std::make_unique<ExpiryFilter>(clock_->NowMillis());
+    return std::make_unique<ExpiryFilter>(std::min(clock_->NowMillis(), floor_->load()));
   }
   // Flushes too: a record that expired while in the memtable never reaches disk.
   bool ShouldFilterTableFileCreation(rocksdb::TableFileCreationReason reason) const override {
@@ -324,6 +357,7 @@ class ExpiryFilterFactory final : public rocksdb::CompactionFilterFactory {
 
  private:
   Clock* const clock_;
+  const std::atomic<int64_t>* const floor_;
 };
 
 // RocksDB's info log, written by us instead of by RocksDB's own logger, which
@@ -446,7 +480,8 @@ std::string FewNames(const std::vector<std::string>& names) {
   return out;
 }
 
-rocksdb::ColumnFamilyOptions RecordFamilyOptions(const RocksDBStoreOptions& o, Clock* clock) {
+rocksdb::ColumnFamilyOptions RecordFamilyOptions(const RocksDBStoreOptions& o, Clock* clock,
+                                                 const std::atomic<int64_t>* log_floor) {
   rocksdb::ColumnFamilyOptions cf;
   rocksdb::BlockBasedTableOptions t;
   if (o.block_cache_bytes > 0) {
@@ -467,7 +502,7 @@ rocksdb::ColumnFamilyOptions RecordFamilyOptions(const RocksDBStoreOptions& o, C
   cf.write_buffer_size = o.write_buffer_bytes;
   cf.max_write_buffer_number = 4;
   cf.level_compaction_dynamic_level_bytes = true;
-  cf.compaction_filter_factory = std::make_shared<ExpiryFilterFactory>(clock);
+  cf.compaction_filter_factory = std::make_shared<ExpiryFilterFactory>(clock, log_floor);
   // Every file goes through the filter at least daily, even without new writes.
   cf.periodic_compaction_seconds = 24 * 3600;
   for (rocksdb::CompressionType c : rocksdb::GetSupportedCompressions()) {
@@ -505,6 +540,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       (void)db_->Close();
       delete db_;
     }
+    if (log_fd_ >= 0) close(log_fd_);
   }
 
   Status OpenDb();
@@ -589,11 +625,17 @@ class RocksDBStoreImpl final : public RocksDBStore {
     {
       Stripe& st = stripes_[StripeIndex(key)];
       std::lock_guard lock(st.mu);
+      const Record* mem = nullptr;
       if (auto it = st.pending.find(key); it != st.pending.end()) {
-        if (it->second.rec.ExpiredAt(clock_->NowMillis()) || IsFenceFloor(it->second.rec)) {
+        mem = &it->second.rec;
+      } else if (auto lt = st.logged.find(key); lt != st.logged.end()) {
+        mem = &lt->second.rec;
+      }
+      if (mem != nullptr) {
+        if (mem->ExpiredAt(clock_->NowMillis()) || IsFenceFloor(*mem)) {
           return std::optional<Record>();
         }
-        Record r = it->second.rec;
+        Record r = *mem;
         r.key.assign(key);
         return std::optional<Record>(std::move(r));
       }
@@ -631,6 +673,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
     if (auto it = st.pending.find(key); it != st.pending.end()) {
       found = decoded = true;
       cur = it->second.rec;
+    } else if (auto lt = st.logged.find(key); lt != st.logged.end()) {
+      found = decoded = true;
+      cur = lt->second.rec;
     }
     rocksdb::PinnableSlice value;
     rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cf_, rkey, &value);
@@ -653,9 +698,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
       EncodeRecord(floor, &v);
       s = db_->Put(write_options_, cf_, rkey, v);
     } else {
+      // The claim logs may hold a claim of the key that this deletion leaves
+      // nothing in the database to supersede: a forget entry first, so that
+      // the fold at open does not bring it back.
+      DEDUP_RETURN_IF_ERROR(LogForget(key, decoded ? cur.fence : ~uint64_t{0}));
       s = db_->Delete(write_options_, cf_, rkey);
     }
     if (s.ok() && st.pending.erase(key) > 0) pending_count_.fetch_sub(1, std::memory_order_relaxed);
+    if (s.ok() && st.logged.erase(key) > 0) logged_count_.fetch_sub(1, std::memory_order_relaxed);
     if (!s.ok()) return FromRocks(s, Context("forget"));
     if (action == ForgetAction::kFloor) Remember(st, slot, key, floor);
     return action != ForgetAction::kNone;
@@ -706,7 +756,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
   rocksdb::ColumnFamilyHandle* records_family() override { return cf_; }
 
   Status CompactNow() override {
-    DEDUP_RETURN_IF_ERROR(CommitPending());
+    // Every claim into the database and the logs gone: the filter drops all
+    // that expired.
+    DEDUP_RETURN_IF_ERROR(MaterializeClaims());
     rocksdb::Status s = db_->Flush(rocksdb::FlushOptions(), cf_);
     if (!s.ok()) return FromRocks(s, Context("compact: flush"));
     rocksdb::CompactRangeOptions co;
@@ -738,11 +790,21 @@ class RocksDBStoreImpl final : public RocksDBStore {
     uint64_t kept = 0;
   };
 
+  // A record of CommitPending's batch: key and value back to back in commit_buf_.
+  struct CommitEntry {
+    size_t at, key_len, value_len;
+    uint64_t order;  // SortByKey's: 8 key bytes after the batch's common prefix
+  };
+
   struct alignas(64) Stripe {
     std::mutex mu;
     absl::flat_hash_set<uint32_t> present;  // fingerprints of keys with a record on disk
     RecentCopies recent;  // write-through copies
     absl::flat_hash_map<std::string, Pending, StripeHash, StripeEq> pending;  // claims to commit
+    // Claims in the claim log and nowhere else on disk (only rec and hash are
+    // used). A key is never in both maps with the same record: pending is the
+    // newer (a takeover of a logged claim) and is looked at first.
+    absl::flat_hash_map<std::string, Pending, StripeHash, StripeEq> logged;
     std::atomic<bool> dirty{false};  // pending holds records with gen 0 (see MarkDirty)
     uint64_t fence_next = 0;  // above every fence handed out in this stripe
   };
@@ -877,6 +939,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
       st.pending.erase(it);
       pending_count_.fetch_sub(1, std::memory_order_relaxed);
     }
+    // A logged claim is superseded by any record written to the database: the
+    // fold at open keeps the database's record when its fence is as high.
+    if (st.logged.empty()) {
+    } else if (auto it = st.logged.find(hk); it != st.logged.end()) {
+      st.logged.erase(it);
+      logged_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
     if (r.state != RecordState::kCompleted) {
       Remember(st, slot, key, r);
       return;
@@ -899,6 +968,25 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // perf and the bench's claim+complete tail showed those waits.) One at a time.
   Status CommitPending(bool all = true) {
     std::lock_guard run(commit_mu_);
+    // Logged claims go into the database with the rest: back into the pending
+    // maps, where this batch takes them (a claim pending for the same key is
+    // newer and replaces the logged one).
+    if (all && logged_count_.load() > 0) {
+      for (size_t i = 0; i < kStripes; ++i) {
+        Stripe& st = stripes_[i];
+        std::lock_guard lock(st.mu);
+        if (st.logged.empty()) continue;
+        int64_t moved = 0, added = 0;
+        for (auto it = st.logged.begin(); it != st.logged.end();) {
+          auto node = st.logged.extract(it++);
+          ++moved;
+          if (st.pending.insert(std::move(node)).inserted) ++added;
+        }
+        logged_count_.fetch_sub(moved, std::memory_order_relaxed);
+        pending_count_.fetch_add(added, std::memory_order_relaxed);
+        MarkDirty(st, i);
+      }
+    }
     const uint64_t g = ++last_gen_;
     const uint64_t round = commit_round_.load(std::memory_order_relaxed);
     std::vector<size_t> touched;
@@ -947,6 +1035,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       }
     }
     rocksdb::WriteBatch& batch = commit_batch_;  // its buffer kept from round to round
+    bool ingest = false;
     const bool rewrite = kept_found != 0 && kept_found == kept_count_ && commit_entries_.empty();
     if (!rewrite) {
       if (kept_found != 0) {
@@ -963,13 +1052,21 @@ class RocksDBStoreImpl final : public RocksDBStore {
       const char* buf = commit_buf_.data();
       SortByKey(buf, &commit_entries_);
       batch.Clear();
-      for (const CommitEntry& e : commit_entries_) {
-        (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
-                        rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
+      // Many records (a full log, a backlog, a close): a table file of their own.
+      ingest = commit_entries_.size() >= kMinIngest;
+      if (!ingest) {
+        for (const CommitEntry& e : commit_entries_) {
+          (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
+                          rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
+        }
       }
     }
     rocksdb::Status s;
-    if (batch.Count() > 0) s = WriteKept(write_options_, &batch, /*keep_failed=*/true);
+    if (ingest) {
+      s = IngestSorted(commit_buf_.data(), commit_entries_);
+    } else if (batch.Count() > 0) {
+      s = WriteKept(write_options_, &batch, /*keep_failed=*/true);
+    }
     // A failed batch stays encoded for the next round (its records keep kept = g).
     kept_gen_ = !s.ok() && batch.Count() > 0 ? g : 0;
     kept_count_ = kept_gen_ != 0 ? static_cast<size_t>(batch.Count()) : 0;
@@ -990,8 +1087,15 @@ class RocksDBStoreImpl final : public RocksDBStore {
           ++it;
         } else if (s.ok()) {
           // Committed: from now on an ordinary remembered record (moved, not
-          // copied: the pending entry is dropped).
-          RememberMoved(st, HashedKey{it->first, it->second.hash}, std::move(it->second.rec));
+          // copied: the pending entry is dropped). Not an ingested batch's: a
+          // full log, a backlog or a close, whose copies would only push out
+          // newer ones (an older copy of the key goes: the database's is newer).
+          const HashedKey hk{it->first, it->second.hash};
+          if (!ingest) {
+            RememberMoved(st, hk, std::move(it->second.rec));
+          } else if (auto* e = st.recent.find(hk); e != nullptr) {
+            st.recent.erase(e);
+          }
           st.pending.erase(it++);
           ++committed;
         } else {
@@ -1004,6 +1108,280 @@ class RocksDBStoreImpl final : public RocksDBStore {
     }
     if (committed != 0) pending_count_.fetch_sub(committed, std::memory_order_relaxed);
     if (!s.ok()) return FromRocks(s, Context("commit of claims"));
+    return Status::Ok();
+  }
+
+  // The writer's round: appends the pending claims made before its previous
+  // round began (at least one interval ago; a claim completed sooner is never
+  // written) to the claim log as one frame, and keeps them as logged. A claim
+  // completed while logged is never written to the database at all; the log is
+  // folded into the database at the next open. While a frame is being written
+  // its claims count as in flight, as a database batch's (WaitInFlight): a
+  // forget entry is always appended after the claims it forgets.
+  Status LogPending() {
+    std::lock_guard run(commit_mu_);
+    const uint64_t g = ++last_gen_;
+    const uint64_t round = commit_round_.load(std::memory_order_relaxed);
+    std::vector<size_t>& touched = log_touched_;
+    touched.clear();
+    log_frame_.Clear();
+    std::string& value = log_value_;
+    for (size_t w = 0; w < kStripes / 64; ++w) {
+      uint64_t bits = dirty_mask_[w].load(std::memory_order_relaxed);
+      if (bits != 0) bits = dirty_mask_[w].exchange(0, std::memory_order_relaxed);
+      for (; bits != 0; bits &= bits - 1) {
+        const size_t i = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+        Stripe& st = stripes_[i];
+        std::lock_guard lock(st.mu);
+        bool young = false, taken = false;
+        for (auto& [key, p] : st.pending) {
+          if (p.gen != 0) continue;
+          if (p.round + 1 >= round) {
+            young = true;
+            continue;
+          }
+          p.gen = g;
+          taken = true;
+          EncodeRecord(p.rec, &value);
+          log_frame_.AddClaim(key, value);
+        }
+        st.dirty.store(false, std::memory_order_relaxed);
+        if (young) MarkDirty(st, i);
+        if (taken) touched.push_back(i);
+      }
+    }
+    Status s = log_frame_.entries() == 0 ? Status::Ok() : AppendToLog(log_frame_.Finish(), false);
+    if (log_frame_.capacity() > kMaxKeptBatchBytes) log_frame_.Shrink();
+    {
+      std::lock_guard l(gen_mu_);
+      done_gen_.store(g, std::memory_order_release);
+    }
+    gen_cv_.notify_all();
+    int64_t moved = 0, logged = 0;
+    for (size_t i : touched) {
+      Stripe& st = stripes_[i];
+      std::lock_guard lock(st.mu);
+      for (auto it = st.pending.begin(); it != st.pending.end();) {
+        if (it->second.gen != g) {
+          ++it;
+        } else if (s.ok()) {
+          auto node = st.pending.extract(it++);
+          Pending& p = node.mapped();
+          p.gen = p.prior = p.kept = 0;
+          ++moved;
+          auto r = st.logged.insert(std::move(node));
+          if (r.inserted) {
+            ++logged;
+          } else {
+            r.position->second = std::move(r.node.mapped());  // an older logged claim
+          }
+        } else {
+          it->second.gen = 0;  // retried by the next round
+          MarkDirty(st, i);
+          ++it;
+        }
+      }
+    }
+    if (moved != 0) pending_count_.fetch_sub(moved, std::memory_order_relaxed);
+    if (logged != 0) logged_count_.fetch_add(logged, std::memory_order_relaxed);
+    return s;
+  }
+
+  // Writes every claim into the database (CommitPending), then deletes the claim
+  // logs that were complete before it began: everything in them is now in the
+  // database or superseded there. The next claim starts a new log.
+  Status MaterializeClaims() {
+    uint64_t cut = 0;
+    {
+      std::lock_guard l(log_mu_);
+      CloseLogFile();
+      if (!log_files_.empty()) cut = log_files_.back().number;
+    }
+    DEDUP_RETURN_IF_ERROR(CommitPending());
+    if (cut != 0) DropLogsUpTo(cut);
+    return Status::Ok();
+  }
+
+  // Writes a batch's records (sorted, each key once) as one table file and
+  // ingests it: no memtable insert and no WAL record per claim. The ingested
+  // records are newer than everything in the database (RocksDB gives the file
+  // a sequence number above all, flushing the memtable first when their keys
+  // overlap), which is right: every key of the batch is in flight (a write of
+  // it waits for this batch), so the database holds no newer record of it.
+  // Durable once ingested (the file and the MANIFEST are synced).
+  rocksdb::Status IngestSorted(const char* buf, const std::vector<CommitEntry>& entries) {
+    const std::string path = options_.path + "/" + std::string(internal::kClaimLogPrefix) + "ingest";
+    (void)unlink(path.c_str());
+    rocksdb::Options opts(db_->GetDBOptions(), db_->GetOptions(cf_));
+    rocksdb::SstFileWriter w(rocksdb::EnvOptions(), opts, cf_);
+    rocksdb::Status s = w.Open(path);
+    for (size_t i = 0; s.ok() && i < entries.size(); ++i) {
+      const CommitEntry& e = entries[i];
+      s = w.Put(rocksdb::Slice(buf + e.at, e.key_len),
+                rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
+    }
+    if (s.ok()) s = w.Finish();
+    if (s.ok()) {
+      rocksdb::IngestExternalFileOptions io;
+      io.move_files = true;
+      io.write_global_seqno = false;
+      s = db_->IngestExternalFile(cf_, {path}, io);
+    }
+    (void)unlink(path.c_str());  // moved (linked) into the database, or failed
+    return s;
+  }
+
+  // ---- the claim log's files (log_mu_) --------------------------------------
+
+  std::string LogPath(uint64_t number) const {
+    return options_.path + "/" + internal::ClaimLogName(number);
+  }
+
+  Status LogError(std::string_view what, int err) const {
+    std::string m = Context("claim log") + ": " + std::string(what) + ": " + std::strerror(err);
+    if (err == ENOSPC || err == EDQUOT) {
+      return Status::ResourceExhausted(std::move(m) + " (the disk is full: free space; this "
+                                                      "operation did not happen)");
+    }
+    return Status::Unavailable(std::move(m));
+  }
+
+  // Makes the directory's entries durable (a new or deleted log); best effort.
+  void SyncDirectory() const {
+    const int d = open(options_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d < 0) return;
+    (void)fsync(d);
+    close(d);
+  }
+
+  // With log_mu_ held.
+  Status OpenLogFile() {
+    const uint64_t number = log_number_ + 1;
+    const std::string path = LogPath(number);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return LogError("cannot create " + internal::ClaimLogName(number), errno);
+    log_number_ = number;
+    log_fd_ = fd;
+    log_size_ = 0;
+    log_files_.push_back({number, clock_->NowMillis()});
+    log_floor_.store(log_files_.front().created);
+    if (options_.sync != SyncMode::kNone) SyncDirectory();
+    return Status::Ok();
+  }
+
+  // With log_mu_ held.
+  void CloseLogFile() {
+    if (log_fd_ < 0) return;
+    close(log_fd_);
+    log_fd_ = -1;
+  }
+
+  // Appends one frame (one write) to the current log, starting one when there is
+  // none; synced when `sync`. A write that fails is cut off again, so the file
+  // never holds half a frame before a whole one; if even that fails the file is
+  // closed and the next frame starts a new one (the reader stops at the cut).
+  Status AppendToLog(std::string_view frame, bool sync) {
+    std::lock_guard l(log_mu_);
+    if (log_fd_ < 0) DEDUP_RETURN_IF_ERROR(OpenLogFile());
+    size_t done = 0;
+    while (done < frame.size()) {
+      const ssize_t n = write(log_fd_, frame.data() + done, frame.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : ENOSPC;
+        if (done != 0 && ftruncate(log_fd_, static_cast<off_t>(log_size_)) != 0) CloseLogFile();
+        return LogError("cannot append", err);
+      }
+      done += static_cast<size_t>(n);
+    }
+    log_size_ += frame.size();
+    log_bytes_.store(log_size_, std::memory_order_relaxed);
+    if (sync && fdatasync(log_fd_) != 0) return LogError("cannot sync", errno);
+    return Status::Ok();
+  }
+
+  // Before a record is deleted from the database: while any claim log exists,
+  // appends (and, unless sync=none, syncs) a forget entry for `key` up to `fence`.
+  Status LogForget(std::string_view key, uint64_t fence) {
+    {
+      std::lock_guard l(log_mu_);
+      if (log_files_.empty()) return Status::Ok();
+    }
+    internal::ClaimLogFrame f;
+    f.AddForget(key, fence);
+    return AppendToLog(f.Finish(), options_.sync != SyncMode::kNone);
+  }
+
+  // Deletes the logs numbered up to `cut` (stops at one that cannot be).
+  void DropLogsUpTo(uint64_t cut) {
+    std::lock_guard l(log_mu_);
+    bool dropped = false;
+    while (!log_files_.empty() && log_files_.front().number <= cut) {
+      if (log_files_.front().number == log_number_) CloseLogFile();
+      if (unlink(LogPath(log_files_.front().number).c_str()) != 0 && errno != ENOENT) break;
+      log_files_.pop_front();
+      dropped = true;
+    }
+    log_floor_.store(log_files_.empty() ? kNoLogFloor : log_files_.front().created);
+    log_bytes_.store(log_fd_ >= 0 ? log_size_ : 0, std::memory_order_relaxed);
+    if (dropped) SyncDirectory();
+  }
+
+  // At open, before the index is loaded: every claim of the logs an earlier
+  // process left goes into the database, unless the database holds a record of
+  // its key with a fence as high (a later completion, extend, release, floor or
+  // claim: fences only grow) or a forget entry after it removed it; in one
+  // synced write. Then the logs are deleted. Run again after a crash in between,
+  // it writes nothing new.
+  Status FoldClaimLogs(const std::vector<uint64_t>& numbers) {
+    std::map<std::string, std::optional<Record>> last;
+    for (uint64_t n : numbers) {
+      DEDUP_RETURN_IF_ERROR(internal::ReadClaimLog(
+          LogPath(n), [&](uint8_t type, std::string_view key, std::string_view value) {
+            std::optional<Record>& slot = last[std::string(key)];
+            if (type == internal::kClaimEntry) {
+              Record r;
+              std::string why;
+              if (!DecodeRecord(value, &r, &why)) return;  // (a whole frame: never)
+              if (!slot || r.fence >= slot->fence) slot = std::move(r);
+            } else if (type == internal::kForgetEntry && value.size() == 8) {
+              uint64_t fence = 0;
+              for (int i = 0; i < 8; ++i) {
+                fence |= static_cast<uint64_t>(static_cast<unsigned char>(value[i])) << (8 * i);
+              }
+              if (slot && slot->fence <= fence) slot.reset();
+            }
+          }));
+    }
+    rocksdb::WriteBatch batch;
+    std::string rkey, value;
+    for (const auto& [key, rec] : last) {
+      if (!rec) continue;
+      EncodeRecordKey(key, &rkey);
+      Record on_disk;
+      bool found = false;
+      Status read = Read(rkey, key, "open: folding the claim log", &on_disk, &found);
+      if (read.code() == StatusCode::kDataLoss) continue;  // left as it is, for an operator
+      DEDUP_RETURN_IF_ERROR(read);
+      if (found && on_disk.fence >= rec->fence) continue;
+      EncodeRecord(*rec, &value);
+      rocksdb::Status s = batch.Put(cf_, rkey, value);
+      if (!s.ok()) return FromRocks(s, Context("open: folding the claim log"));
+    }
+    if (batch.Count() > 0) {
+      rocksdb::WriteOptions wo;
+      wo.sync = true;
+      rocksdb::Status s = db_->Write(wo, &batch);
+      if (!s.ok()) return FromRocks(s, Context("open: folding the claim log"));
+    }
+    for (uint64_t n : numbers) {
+      if (unlink(LogPath(n).c_str()) != 0 && errno != ENOENT) {
+        return LogError("open: cannot delete " + internal::ClaimLogName(n), errno);
+      }
+    }
+    SyncDirectory();
+    log_number_ = numbers.empty() ? 0 : numbers.back();
+    log_floor_.store(kNoLogFloor);
     return Status::Ok();
   }
 
@@ -1033,7 +1411,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // While commits fail (a full disk) the rounds back off, doubling up to
       // kMaxCommitBackoff, and write the kept batch again (CommitPending).
       commit_round_.fetch_add(1, std::memory_order_relaxed);
-      const bool ok = CommitPending(/*all=*/false).ok();
+      bool ok = LogPending().ok();
+      if (ok && (logged_count_.load(std::memory_order_relaxed) > kMaxLogged ||
+                 log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes)) {
+        ok = MaterializeClaims().ok();
+      }
       interval = ok ? kGroupCommitInterval : std::min(interval * 2, kMaxCommitBackoff);
       l.lock();
     }
@@ -1048,7 +1430,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
       commit_cv_.notify_all();
       committer_.join();
     }
-    if (db_ != nullptr) (void)CommitPending();
+    // Claims into the database and the logs deleted: a clean close leaves no log
+    // (unless the write failed: then the next open folds them in).
+    if (db_ != nullptr) (void)MaterializeClaims();
   }
 
   // Makes epoch + 1 durable and takes it for this process's fences.
@@ -1093,12 +1477,20 @@ class RocksDBStoreImpl final : public RocksDBStore {
       *cur = &it->second.rec;
       return Status::Ok();
     }
+    *cur = nullptr;
+    // Every key with a record anywhere (logged, remembered, on disk) has its
+    // fingerprint here: a new key stops at this one lookup.
+    if (!st.present.contains(slot.fingerprint)) return Status::Ok();
+    // A logged claim before the copies: a copy of the key there is older.
+    if (auto it = st.logged.empty() ? st.logged.end() : st.logged.find(hk);
+        it != st.logged.end()) {
+      *cur = &it->second.rec;
+      return Status::Ok();
+    }
     if (auto it = st.recent.find(hk); it != st.recent.end()) {
       *cur = &it->second;
       return Status::Ok();
     }
-    *cur = nullptr;
-    if (!st.present.contains(slot.fingerprint)) return Status::Ok();
     bool found = false;
     DEDUP_RETURN_IF_ERROR(Read(rkey, key, op, scratch, &found));
     if (found) *cur = scratch;
@@ -1248,6 +1640,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // A failed sync is retried on the next tick; RocksDB also records the
       // error and fails later writes if the log can no longer be written.
       if (!write_errors_->failed()) (void)db_->SyncWAL();
+      {
+        std::lock_guard ll(log_mu_);
+        if (log_fd_ >= 0) (void)fdatasync(log_fd_);
+      }
       l.lock();
     }
   }
@@ -1279,13 +1675,6 @@ class RocksDBStoreImpl final : public RocksDBStore {
   std::atomic<uint64_t> commit_round_{0};  // the background writer's rounds
   std::atomic<bool> writer_idle_{false};   // the writer sleeps until a claim wakes it
   std::atomic<uint64_t> dirty_mask_[kStripes / 64] = {};  // a bit per stripe (MarkDirty)
-  // CommitPending's scratch (guarded by commit_mu_): the batch's keys and values
-  // back to back, and where each one starts.
-  struct CommitEntry {
-    size_t at, key_len, value_len;
-    uint64_t order;  // SortByKey's: 8 key bytes after the batch's common prefix
-  };
-
   // Sorts a batch's entries into key order. Keys compared as strings made the
   // sort a fifth of the writer's instructions (callgrind, claims alone): they
   // share long prefixes ("r" + "task_id:0000..."), so every comparison was a
@@ -1317,6 +1706,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
       return std::string_view(buf + a.at, a.key_len) < std::string_view(buf + b.at, b.key_len);
     });
   }
+  // CommitPending's scratch (guarded by commit_mu_): the batch's keys and values
+  // back to back, and where each one starts.
   std::string commit_buf_;
   std::vector<CommitEntry> commit_entries_;
   rocksdb::WriteBatch commit_batch_;
@@ -1325,6 +1716,26 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // writes it again without encoding them. Guarded by commit_mu_.
   uint64_t kept_gen_ = 0;
   size_t kept_count_ = 0;
+
+  // The claim log (LogPending). log_mu_ is taken last, after any other lock.
+  struct LogFile {
+    uint64_t number;
+    int64_t created;  // the store's clock when it was started
+  };
+  std::mutex log_mu_;
+  int log_fd_ = -1;                  // the current log, appended to (-1: none open)
+  uint64_t log_number_ = 0;          // the highest log number used
+  uint64_t log_size_ = 0;            // bytes in the current log
+  std::deque<LogFile> log_files_;    // logs on disk, oldest first (this process's)
+  std::atomic<uint64_t> log_bytes_{0};     // log_size_, for the writer's bound
+  std::atomic<int64_t> logged_count_{0};   // claims in the stripes' logged maps
+  // For the expiry filter: when the oldest log on disk was started (kNoLogFloor:
+  // none; lowest while an earlier process's logs wait for the fold).
+  std::atomic<int64_t> log_floor_{kNoLogFloor};
+  // LogPending's scratch (commit_mu_).
+  internal::ClaimLogFrame log_frame_;
+  std::string log_value_;
+  std::vector<size_t> log_touched_;
 
   std::thread syncer_;
   std::mutex sync_mu_;
@@ -1367,9 +1778,14 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     if (auto it = st.pending.empty() ? st.pending.end() : st.pending.find(hk);
         it != st.pending.end()) {
       cur[k] = it->second.rec;
+    } else if (!st.present.contains(b.slots[k].fingerprint)) {
+      // a new key
+    } else if (auto lt = st.logged.empty() ? st.logged.end() : st.logged.find(hk);
+               lt != st.logged.end()) {
+      cur[k] = lt->second.rec;
     } else if (auto e = st.recent.find(hk); e != st.recent.end()) {
       cur[k] = e->second;
-    } else if (st.present.contains(b.slots[k].fingerprint)) {
+    } else {
       to_read.push_back(k);
     }
   }
@@ -1556,6 +1972,15 @@ Status RocksDBStoreImpl::OpenDb() {
     }
   }
 
+  // Claim logs of an earlier process: until they are folded in (below), the
+  // expiry filter drops nothing (RocksDB may flush what it recovers during the
+  // open), since a dropped record could be what supersedes a logged claim.
+  std::vector<uint64_t> claim_logs;
+  if (!read_only) {
+    DEDUP_RETURN_IF_ERROR(internal::ListClaimLogs(path, &claim_logs));
+    if (!claim_logs.empty()) log_floor_.store(std::numeric_limits<int64_t>::min());
+  }
+
   rocksdb::DBOptions dbo;
   dbo.create_if_missing = !facts.has_current;
   dbo.create_missing_column_families = !read_only;
@@ -1623,7 +2048,7 @@ Status RocksDBStoreImpl::OpenDb() {
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == internal::kColumnFamily) {
       dedup_index = i;
-      descs.emplace_back(names[i], RecordFamilyOptions(options_, clock_));
+      descs.emplace_back(names[i], RecordFamilyOptions(options_, clock_, &log_floor_));
     } else {
       descs.emplace_back(names[i], rocksdb::ColumnFamilyOptions());
     }
@@ -1702,6 +2127,7 @@ Status RocksDBStoreImpl::OpenDb() {
     }
   }
 
+  if (!claim_logs.empty()) DEDUP_RETURN_IF_ERROR(FoldClaimLogs(claim_logs));
   DEDUP_RETURN_IF_ERROR(LoadIndex());
   if (read_only) return Status::Ok();  // nothing is written: no epoch, no writer threads
   DEDUP_RETURN_IF_ERROR(AdvanceFenceEpoch());  // and starts the group commit of claims
