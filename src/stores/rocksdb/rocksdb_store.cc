@@ -714,7 +714,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
     std::vector<Record> out;
     if (limit == 0) return out;
-    DEDUP_RETURN_IF_ERROR(CommitPending());  // claims not yet committed, too
+    // Claims not yet committed, too (a read-only store writes nothing: it lists
+    // what the database holds).
+    if (!options_.read_only) DEDUP_RETURN_IF_ERROR(CommitPending());
     std::string start;
     EncodeRecordKey(prefix, &start);
     const int64_t now = clock_->NowMillis();
@@ -1191,6 +1193,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // logs that were complete before it began: everything in them is now in the
   // database or superseded there. The next claim starts a new log.
   Status MaterializeClaims() {
+    if (options_.read_only) return Status::Ok();  // nothing to write, nothing written
     uint64_t cut = 0;
     {
       std::lock_guard l(log_mu_);
@@ -1333,9 +1336,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // claim: fences only grow) or a forget entry after it removed it; in one
   // synced write. Then the logs are deleted. Run again after a crash in between,
   // it writes nothing new.
-  Status FoldClaimLogs(const std::vector<uint64_t>& numbers) {
-    std::map<std::string, std::optional<Record>> last;
+  // Each key's last claim in the logs `numbers` (none when a forget entry
+  // after it removed it). With `gone_ok`, a log deleted meanwhile is skipped.
+  Status LastClaims(const std::vector<uint64_t>& numbers, bool gone_ok,
+                    std::map<std::string, std::optional<Record>>* out) {
+    std::map<std::string, std::optional<Record>>& last = *out;
     for (uint64_t n : numbers) {
+      if (gone_ok && access(LogPath(n).c_str(), F_OK) != 0) continue;
       DEDUP_RETURN_IF_ERROR(internal::ReadClaimLog(
           LogPath(n), [&](uint8_t type, std::string_view key, std::string_view value) {
             std::optional<Record>& slot = last[std::string(key)];
@@ -1353,6 +1360,36 @@ class RocksDBStoreImpl final : public RocksDBStore {
             }
           }));
     }
+    return Status::Ok();
+  }
+
+  // A read-only open (dedup inspect beside a running writer): the logs' claims
+  // that the database does not hold yet are kept in memory, as logged claims,
+  // so that Inspect sees them; nothing is written or deleted.
+  Status OverlayClaimLogs(const std::vector<uint64_t>& numbers) {
+    std::map<std::string, std::optional<Record>> last;
+    DEDUP_RETURN_IF_ERROR(LastClaims(numbers, /*gone_ok=*/true, &last));
+    std::string rkey;
+    for (auto& [key, rec] : last) {
+      if (!rec) continue;
+      EncodeRecordKey(key, &rkey);
+      Record on_disk;
+      bool found = false;
+      Status read = Read(rkey, key, "open: reading the claim log", &on_disk, &found);
+      if (read.code() == StatusCode::kDataLoss) continue;
+      DEDUP_RETURN_IF_ERROR(read);
+      if (found && on_disk.fence >= rec->fence) continue;
+      const KeySlot slot = SlotOf(key);
+      Stripe& st = stripes_[slot.stripe];
+      st.present.insert(slot.fingerprint);
+      st.logged.insert_or_assign(key, Pending(std::move(*rec), 0, slot.hash));
+    }
+    return Status::Ok();
+  }
+
+  Status FoldClaimLogs(const std::vector<uint64_t>& numbers) {
+    std::map<std::string, std::optional<Record>> last;
+    DEDUP_RETURN_IF_ERROR(LastClaims(numbers, /*gone_ok=*/false, &last));
     rocksdb::WriteBatch batch;
     std::string rkey, value;
     for (const auto& [key, rec] : last) {
@@ -1976,10 +2013,8 @@ Status RocksDBStoreImpl::OpenDb() {
   // expiry filter drops nothing (RocksDB may flush what it recovers during the
   // open), since a dropped record could be what supersedes a logged claim.
   std::vector<uint64_t> claim_logs;
-  if (!read_only) {
-    DEDUP_RETURN_IF_ERROR(internal::ListClaimLogs(path, &claim_logs));
-    if (!claim_logs.empty()) log_floor_.store(std::numeric_limits<int64_t>::min());
-  }
+  DEDUP_RETURN_IF_ERROR(internal::ListClaimLogs(path, &claim_logs));
+  if (!read_only && !claim_logs.empty()) log_floor_.store(std::numeric_limits<int64_t>::min());
 
   rocksdb::DBOptions dbo;
   dbo.create_if_missing = !facts.has_current;
@@ -2127,9 +2162,9 @@ Status RocksDBStoreImpl::OpenDb() {
     }
   }
 
-  if (!claim_logs.empty()) DEDUP_RETURN_IF_ERROR(FoldClaimLogs(claim_logs));
+  if (!read_only && !claim_logs.empty()) DEDUP_RETURN_IF_ERROR(FoldClaimLogs(claim_logs));
   DEDUP_RETURN_IF_ERROR(LoadIndex());
-  if (read_only) return Status::Ok();  // nothing is written: no epoch, no writer threads
+  if (read_only) return OverlayClaimLogs(claim_logs);  // nothing is written: no epoch, no writer threads
   DEDUP_RETURN_IF_ERROR(AdvanceFenceEpoch());  // and starts the group commit of claims
   if (options_.sync == SyncMode::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   return Status::Ok();
