@@ -13,9 +13,10 @@
 //                               returned ACQUIRED: written before it returned
 //         U KEY FENCE   a claim without max_attempts took over a key whose lease
 //                       ran out: committed in the background
-//         L KEY FENCE ATTEMPT   a claim without max_attempts (lease 20 ms) made
-//                       200 ms earlier and neither extended nor completed: by
-//                       then in the claim log, and nowhere else on disk
+//         L KEY FENCE ATTEMPT   a claim without max_attempts (lease 20 ms),
+//                       neither extended nor completed, once the claim log
+//                       holds it (read back from the log; sync=always: at once,
+//                       it was written before it returned)
 //       The P, U and L keys ("poison/N", "unlimited/N", "logged/N") are shared
 //       by every round; each claim of them takes over from the last.
 //       Each line is one write(2) of less than PIPE_BUF bytes, so lines from the
@@ -121,17 +122,21 @@ void Takeovers(dedup::Store* store, std::chrono::steady_clock::time_point end) {
   }
 }
 
+void WaitLogged(const std::string& dir, const std::map<std::string, uint64_t>& want);
+
 // Takes over "logged/N" again and again without max_attempts, never extending
-// or completing: each claim lives in the claim log only. Printed 200 ms after
-// the claim (the writer logs it within a round or two, about 2 ms).
-void LoggedTakeovers(dedup::Store* store, std::chrono::steady_clock::time_point end) {
+// or completing: each claim lives in the claim log only. Printed once the log
+// holds it.
+void LoggedTakeovers(dedup::Store* store, const std::string& dir, bool logged,
+                     std::chrono::steady_clock::time_point end) {
   for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
     const std::string key = "logged/" + std::to_string(i % 3);
     ClaimRequest r = Req(key);
     r.lease = 20ms;
     auto c = store->Claim(r);
     if (!c.ok()) Fail("logged claim: " + c.status().ToString());
-    std::this_thread::sleep_for(200ms);
+    if (logged && c->outcome == ClaimOutcome::kAcquired) WaitLogged(dir, {{key, c->fence}});
+    std::this_thread::sleep_for(50ms);
     if (c->outcome == ClaimOutcome::kAcquired) {
       Line("L " + key + " " + std::to_string(c->fence) + " " + std::to_string(c->attempt));
     }
@@ -162,7 +167,7 @@ void WaitLogged(const std::string& dir, const std::map<std::string, uint64_t>& w
       all = all && it != seen.end() && it->second == fence;
     }
     if (all) return;
-    std::this_thread::sleep_for(2ms);
+    std::this_thread::sleep_for(5ms);
   }
   Fail("the claims never reached the claim log");
 }
@@ -317,7 +322,7 @@ int main(int argc, char** argv) {
   std::thread t2(Batches, store->get(), std::string(argv[4]), end);
   std::thread t3(Takeovers, store->get(), end);
   std::thread t4(BatchCompletions, store->get(), std::string(argv[4]), end);
-  std::thread t5(LoggedTakeovers, store->get(), end);
+  std::thread t5(LoggedTakeovers, store->get(), std::string(argv[2]), sync != "always", end);
   t1.join();
   t2.join();
   t3.join();
