@@ -1686,9 +1686,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // A failed sync is retried on the next tick; RocksDB also records the
       // error and fails later writes if the log can no longer be written.
       if (!write_errors_->failed()) (void)db_->SyncWAL();
+      // The claim log too, on a descriptor of its own: appends do not wait for
+      // the sync (holding log_mu_ through it held up the writer's rounds).
+      int fd = -1;
       {
         std::lock_guard ll(log_mu_);
-        if (log_fd_ >= 0) (void)fdatasync(log_fd_);
+        if (log_fd_ >= 0) fd = dup(log_fd_);
+      }
+      if (fd >= 0) {
+        (void)fdatasync(fd);
+        close(fd);
       }
       l.lock();
     }
