@@ -806,7 +806,7 @@ class MaxFetchSource final : public MessageSource {
     }
     return s_->Fetch(max, wait);
   }
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
     return s_->AckBatch(deliveries);
   }
   std::string Describe() const override { return s_->Describe(); }
@@ -1411,14 +1411,14 @@ class SlowFirstAckSource final : public MessageSource {
   StatusOr<std::vector<std::unique_ptr<Delivery>>> Fetch(size_t max, Millis wait) override {
     return s_->Fetch(max, wait);
   }
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
     if (!slowed_.exchange(true)) {
       first_started_ = true;
       std::this_thread::sleep_for(first_slow_);
       std::lock_guard lock(mu_);
       first_ended_ = SteadyClock::now();
     }
-    Status s = s_->AckBatch(deliveries);
+    std::vector<Status> s = s_->AckBatch(deliveries);
     std::lock_guard lock(mu_);
     for (Delivery* d : deliveries) acked_at_[d->key()] = SteadyClock::now();
     return s;
@@ -1613,9 +1613,13 @@ TEST_P(ConsumerConformance, AKeyInALaterFetchWaitsForItsCopyStillHeldHere) {
     EXPECT_LT(took, 5s) << "the later copy waited for the lease";
     EXPECT_EQ(runs.load(), 1);
     EXPECT_EQ(others.load(), 2);
-    EXPECT_EQ(c->metrics().duplicates, 1u) << c->metrics().Summary();
+    // At least the later copy is a DUPLICATE that waited; on a busy machine the
+    // broker may also redeliver the first copy (its 400 ms redelivery against the
+    // 300 ms handler plus the ack delay), and that copy is one more of each. What
+    // the test is about holds either way: one run, no BUSY against our own claim.
+    EXPECT_GE(c->metrics().duplicates, 1u) << c->metrics().Summary();
     EXPECT_EQ(c->metrics().busy, 0u) << c->metrics().Summary();
-    EXPECT_EQ(c->metrics().waited_for_copy, 1u) << c->metrics().Summary();
+    EXPECT_GE(c->metrics().waited_for_copy, 1u) << c->metrics().Summary();
     if (batch) EXPECT_GE(c->metrics().claim_batches, 1u) << c->metrics().Summary();
   }
 }

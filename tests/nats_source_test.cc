@@ -135,6 +135,14 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
       {"nats://a:4222,h:99999?stream=S&consumer=c", "host 'h:99999'"},
       {"nats://h:abc?stream=S&consumer=c", "the port is not a number"},
       {"nats://h?stream=S&consumer=c&stream=T", "'stream' is given twice"},
+      // JetStream refuses these names at the first connect (error 10103, an
+      // invalid subject), which answered UNAVAILABLE: a worker exited 75 (try
+      // again later) and was restarted for ever on a typo.
+      {"nats://h?stream=S&consumer=a.b", "consumer name"},
+      {"nats://h?stream=S&consumer=a*", "consumer name"},
+      {"nats://h?stream=S&consumer=c&subject=jobs..in", "subject"},
+      {"nats://h?stream=S&consumer=c&subject=jobs%20in", "subject"},
+      {"nats://h?stream=S&consumer=c&subject=.jobs", "subject"},
   };
   for (const Case& c : cases) {
     auto o = ParseNatsUri(c.uri);
@@ -142,6 +150,88 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
     EXPECT_NE(o.status().message().find(c.says), std::string::npos)
         << c.uri << ": " << o.status().ToString();
   }
+}
+
+// Token authentication (nats-server --auth): a lone user-info is the token, as
+// every NATS client reads a URL; token_file= reads it from a file; neither goes
+// with a user or a password, and no message shows it.
+TEST(NatsUriTest, ALoneUserInfoIsATokenAndTokenFileReadsOne) {
+  auto t = ParseNatsUri("nats://s3cr3t-tok@h:4999?stream=S&consumer=c");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->token, "s3cr3t-tok");
+  EXPECT_EQ(t->user, "");
+  EXPECT_FALSE(t->has_password);
+  EXPECT_EQ(t->Describe().find("s3cr3t"), std::string::npos);
+  // With a password it is the user name, as before.
+  auto up = ParseNatsUri("nats://u:pw@h?stream=S&consumer=c");
+  ASSERT_TRUE(up.ok());
+  EXPECT_EQ(up->user, "u");
+  EXPECT_EQ(up->token, "");
+  char path[] = "/tmp/dedup-token-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "file-tok\n", 9), 9);
+  close(fd);
+  auto f = ParseNatsUri(std::string("nats://h?stream=S&consumer=c&token_file=") + path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->token, "file-tok");
+  for (const std::string bad : {std::string("nats://x@h?stream=S&consumer=c&token_file=") + path,
+                                std::string("nats://u:file-tok@h?stream=S&consumer=c&token_file=") + path,
+                                std::string("nats://h?stream=S&consumer=c&token_file=") + path +
+                                    "&password_file=" + path,
+                                std::string("nats://h?stream=S&consumer=c&token_file=")}) {
+    auto o = ParseNatsUri(bad);
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find("token_file="), std::string::npos) << o.status();
+    EXPECT_EQ(o.status().message().find("file-tok"), std::string::npos) << o.status();
+  }
+  unlink(path);
+}
+
+// A token holding a '/' (or '?', '#') written raw: the authority ends there, so
+// its head was read as the host and the rest as a path nats:// ignored: the
+// URI was taken, and the token's head shown as the host of every connect error
+// and of Describe() ("nats tok: connect: ..."). A path means nothing to
+// nats://: refused, naming neither it nor the host before it.
+TEST(NatsUriTest, APathIsRefusedSoATokenWithASlashIsNotReadAsAHost) {
+  for (const char* uri : {"nats://s3cr3t/tok@h:4999?stream=S&consumer=c",
+                          "nats://s3cr3t/@h?stream=S&consumer=c",
+                          "nats://h:4999/s3cr3t?stream=S&consumer=c"}) {
+    auto o = ParseNatsUri(uri);
+    ASSERT_FALSE(o.ok()) << uri << " was taken, host " << o->host_port;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+    EXPECT_NE(o.status().message().find("path"), std::string::npos) << o.status().ToString();
+    EXPECT_EQ(o.status().message().find("s3cr3t"), std::string::npos) << o.status().ToString();
+  }
+  // Escaped, the '/' is the token's; a lone '/' after the host is no path.
+  auto t = ParseNatsUri("nats://s3cr3t%2Ftok@h:4999/?stream=S&consumer=c");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->token, "s3cr3t/tok");
+  EXPECT_EQ(t->host_port, "h:4999");
+  // '@' and ':' in a token: the last '@' ends the user-info; a ':' makes it a
+  // user and a password (as every NATS client reads it), escaped it is the token's.
+  auto at = ParseNatsUri("nats://s3@cr3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  EXPECT_EQ(at->token, "s3@cr3t");
+  auto colon = ParseNatsUri("nats://s3%3Acr3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(colon.ok()) << colon.status().ToString();
+  EXPECT_EQ(colon->token, "s3:cr3t");
+  // A raw '?' ends the authority as well: the token's tail and the host became
+  // the first parameter's name, echoed as unknown ("unknown parameter
+  // 'r3t@h?stream'"). A '#' is the token's (nats:// reads no fragment).
+  auto q = ParseNatsUri("nats://s3c?r3t@h?stream=S&consumer=c");
+  ASSERT_FALSE(q.ok()) << "taken, host " << q->host_port;
+  EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument) << q.status().ToString();
+  EXPECT_EQ(q.status().message().find("r3t"), std::string::npos) << q.status().ToString();
+  EXPECT_EQ(q.status().message().find("s3c"), std::string::npos) << q.status().ToString();
+  EXPECT_NE(q.status().message().find("%3F"), std::string::npos) << q.status().ToString();
+  auto hash = ParseNatsUri("nats://s3c#r3t@h?stream=S&consumer=c");
+  ASSERT_TRUE(hash.ok()) << hash.status().ToString();
+  EXPECT_EQ(hash->token, "s3c#r3t");
+  auto bad = ParseNatsUri("nats://s3cr3t%zz@h?stream=S&consumer=c");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().find("s3cr3t"), std::string::npos) << bad.status().ToString();
 }
 
 // "nats://user:pass" with the "@host" forgotten: the password was echoed as the
@@ -166,7 +256,7 @@ TEST_F(NatsSourceTest, DeliversWithKeyAndCountAndAckRemovesIt) {
   EXPECT_EQ(got[0]->delivery_count(), 1u);
   EXPECT_EQ(got[1]->key(), "m-2");
   std::vector<Delivery*> all = {got[0].get(), got[1].get()};
-  ASSERT_TRUE((*src)->AckBatch(all).ok());
+  for (const Status& st : (*src)->AckBatch(all)) ASSERT_TRUE(st.ok()) << st.ToString();
   auto later = FetchAll(**src, 1, Millis(700));
   EXPECT_TRUE(later.empty());
 }
@@ -343,6 +433,23 @@ class RawNats {
     ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
     jsStreamInfo_Destroy(si);
   }
+  // Adds stream `name` on `subject` that refuses a message (data and headers)
+  // over `max_msg_size` bytes.
+  void AddSizedStream(const std::string& name, const std::string& subject, int32_t max_msg_size) {
+    jsStreamConfig cfg;
+    jsStreamConfig_Init(&cfg);
+    cfg.Name = name.c_str();
+    const char* subjects[] = {subject.c_str()};
+    cfg.Subjects = subjects;
+    cfg.SubjectsLen = 1;
+    cfg.MaxMsgSize = max_msg_size;
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    ASSERT_EQ(js_AddStream(&si, js_, &cfg, nullptr, &jerr), NATS_OK) << "jerr " << jerr;
+    jsStreamInfo_Destroy(si);
+  }
+  // The server's max_payload.
+  int64_t MaxPayload() { return natsConnection_GetMaxPayload(nc_); }
   void DeleteConsumer(const std::string& stream, const std::string& name) {
     jsErrCode jerr = static_cast<jsErrCode>(0);
     ASSERT_EQ(js_DeleteConsumer(js_, stream.c_str(), name.c_str(), nullptr, &jerr), NATS_OK)
@@ -573,6 +680,146 @@ TEST_F(NatsSourceTest, AFailedDeadLetterCopyIsNotRedeliveredAtOnce) {
   EXPECT_GE(steady_clock::now() - t0, Millis(1900));
   EXPECT_EQ(back[0]->key(), "full");
   ASSERT_TRUE(back[0]->Ack().ok());
+}
+
+// ---- dead letters too large for a copy (brokerfix) --------------------------------
+
+std::map<std::string, std::string> Headers(const Delivery& d) {
+  return std::map<std::string, std::string>(d.attributes().begin(), d.attributes().end());
+}
+
+// A message near max_payload: its dead-letter copy (the data, its headers, and
+// Dedup-Reason, -Stream, -Sequence) is over max_payload whatever the reason's
+// length, nats.c refuses it (NATS_MAX_PAYLOAD), the original is NAKed back and
+// is dead-lettered again after every AckWait, for ever: never recorded in the
+// dead stream, never settled. Now the copy goes without the data, saying so
+// (Dedup-Payload-Dropped), and the original is terminated once it is stored.
+// On main:
+//   dl.ok() Actual: false  INVALID_ARGUMENT: nats ...: dead letter to
+//   dedup.dead.T...: Maximum Payload Exceeded
+TEST_F(NatsSourceTest, ADeadLetterOfAMessageNearMaxPayloadIsStoredWithoutItsData) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const int64_t max_payload = RawNats().MaxPayload();
+  ASSERT_GT(max_payload, 4096);
+  // The original (the data, and "NATS/1.0", Nats-Msg-Id: big) fits; the copy's
+  // headers (Dedup-Original-Msg-Id, -Reason, -Stream, -Sequence) take more than
+  // the 64 bytes left.
+  const std::string data(static_cast<size_t>(max_payload - 64), 'x');
+  Publish("big", data);
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0]->payload().size(), data.size());
+  const std::string seq = got[0]->id();
+  Status dl = got[0]->DeadLetter("EXHAUSTED: 3 attempts");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  // Terminated once the copy was stored: not redelivered after AckWait.
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "big");
+  EXPECT_EQ(d[0]->payload().size(), 0u);
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Reason"], "EXHAUSTED: 3 attempts");
+  EXPECT_EQ(h["Dedup-Stream"], stream_);
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find(std::to_string(data.size()) + " bytes"),
+            std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("max_payload"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// The dead stream's own max_msg_size (an operator's stream holding the dead
+// subject) below the message's size: the stream refused every copy (JetStream
+// error 10054), and the original came back after every AckWait, for ever. Now
+// the copy goes without the data, as over max_payload. On main:
+//   dl.ok() Actual: false  UNAVAILABLE: ... (JetStream error 10054)
+TEST_F(NatsSourceTest, ADeadLetterOverTheDeadStreamsMaxMsgSizeIsStoredWithoutItsData) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1024);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const std::string data(2000, 'y');
+  Publish("sized", data);
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string seq = got[0]->id();
+  Status dl = got[0]->DeadLetter("failed: exit 1");
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "sized");
+  EXPECT_EQ(d[0]->payload(), "");
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Reason"], "failed: exit 1");
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("2000 bytes"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  EXPECT_NE(h["Dedup-Payload-Dropped"].find("max_msg_size"), std::string::npos)
+      << h["Dedup-Payload-Dropped"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// Headers too large for the dead stream even without the data (a header
+// block near the limit, and a long reason): the copy keeps only what names
+// the message (its id, stream, sequence) and the reason cut short, and says
+// how much was left off; the original is still terminated only once it is
+// stored. On main: refused as above.
+TEST_F(NatsSourceTest, ADeadLetterWhoseHeadersDoNotFitKeepsWhatNamesTheMessage) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 1024);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  raw.Publish(stream_ + ".in", "data",
+              {{"Nats-Msg-Id", "wide"}, {"Trace", std::string(700, 't')}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string seq = got[0]->id();
+  const std::string reason(3000, 'r');
+  Status dl = got[0]->DeadLetter(reason);
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(1800)).empty()) << "the original came back";
+  auto d = DeadLetters(1);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "wide");
+  auto h = Headers(*d[0]);
+  EXPECT_EQ(h["Dedup-Sequence"], seq);
+  EXPECT_EQ(h["Dedup-Stream"], stream_);
+  EXPECT_EQ(h.count("Trace"), 0u);
+  EXPECT_FALSE(h["Dedup-Headers-Dropped"].empty());
+  EXPECT_TRUE(h["Dedup-Reason"].starts_with("rrr")) << h["Dedup-Reason"];
+  EXPECT_NE(h["Dedup-Reason"].find("3000 bytes in all"), std::string::npos) << h["Dedup-Reason"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+}
+
+// A dead stream so small that even the bare copy (what names the message)
+// is refused: no copy, so the original is not terminated; it is given back
+// after ack_wait (not at once: a loop), and nothing reached the dead stream
+// (brokerreview: what held when both smaller copies fail).
+TEST_F(NatsSourceTest, ADeadLetterNoCopyFitsIsGivenBackAfterAckWaitNotTerminated) {
+  RawNats raw;
+  raw.AddSizedStream(stream_ + "_DEAD", "dedup.dead." + stream_, 64);
+  auto src = OpenNatsSource(Uri("&ack_wait=1s"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("tiny", std::string(2000, 'z'));
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status dl = got[0]->DeadLetter("failed: exit 1");
+  ASSERT_FALSE(dl.ok());
+  EXPECT_NE(dl.message().find("max_msg_size"), std::string::npos) << dl.ToString();
+  got.clear();
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "given back at once";
+  auto back = FetchAll(**src, 1, Millis(3000));
+  ASSERT_EQ(back.size(), 1u) << "terminated without a copy";
+  EXPECT_EQ(back[0]->key(), "tiny");
+  ASSERT_TRUE(back[0]->Ack().ok());
+  auto dead = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "_DEAD&consumer=d&subject=dedup.dead." +
+                             stream_ + "&key=header:Dedup-Original-Msg-Id");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  EXPECT_TRUE(FetchAll(**dead, 1, Millis(1000)).empty()) << "a copy reached the dead stream";
 }
 
 // ---- edges (brokeredge) ---------------------------------------------------------

@@ -20,8 +20,12 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <future>
+#include <mutex>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -83,6 +87,25 @@ class PgServer {
     int st;
     waitpid(pid_, &st, 0);
     pid_ = -1;
+  }
+  // Sends `sig` to the server and to every process it started (backends
+  // included), by PID from /proc: SIGSTOP freezes the whole server, SIGCONT thaws it.
+  void SignalAll(int sig) const {
+    if (pid_ <= 0) return;
+    kill(pid_, sig);  // first: a frozen postmaster starts no new backend
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+      std::ifstream f(e.path() / "stat");
+      std::string stat;
+      std::getline(f, stat);
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos || close + 2 > stat.size()) continue;
+      std::istringstream rest(stat.substr(close + 2));
+      char state = 0;
+      long ppid = 0;
+      if (rest >> state >> ppid && ppid == pid_) kill(static_cast<pid_t>(std::stol(name)), sig);
+    }
   }
   ~PgServer() {
     Stop();
@@ -252,6 +275,67 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ((*good)->Describe().find(kPassword), std::string::npos) << (*good)->Describe();
   EXPECT_NE((*good)->Describe().find("127.0.0.1:5441/" + Db()), std::string::npos);
+}
+
+// A table changed by hand to other column types than dedup made it with. A
+// `result` of type text took the bytes through an assignment cast and handed
+// back their escaped text (a completion's result not the one recorded); a fence
+// of type integer was read as no fence, so every claim wrote its row and then
+// answered DataLoss ("cannot be decoded"). Refused at open, naming the column.
+TEST_F(PostgresStoreTest, ATableWhoseColumnsHaveOtherTypesIsRefusedAtOpen) {
+  struct Case {
+    std::string column, type, alter;
+  };
+  const std::vector<Case> cases = {
+      {"result", "text", "ALTER COLUMN result TYPE text USING encode(result, 'escape')"},
+      {"fence", "integer", "ALTER COLUMN fence TYPE integer USING fence::integer"},
+  };
+  for (const Case& k : cases) {
+    const std::string table = "typed_" + k.column;
+    ASSERT_NE(Open("&table=" + table), nullptr);
+    ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE " + table + " " + k.alter));
+    auto s = OpenStore(Uri("&table=" + table));
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition)
+        << k.column << ": " << (s.ok() ? "opened" : s.status().ToString());
+    EXPECT_NE(s.status().message().find("column " + k.column + " is " + k.type), std::string::npos)
+        << s.status();
+    if (!s.ok()) continue;
+    // Opened: what a claim, a completion and a second claim then do.
+    auto first = (*s)->Claim(ClaimRequest{.key = "k"});
+    std::string seen = first.ok() ? "claim outcome " + std::to_string(static_cast<int>(first->outcome))
+                                  : "claim: " + first.status().ToString();
+    if (first.ok() && first->acquired()) {
+      (void)(*s)->Complete("k", first->token, 600s, CompletionStatus::kOk, std::string("r\0\x01", 3));
+      auto again = (*s)->Claim(ClaimRequest{.key = "k"});
+      seen += again.ok() ? "; then result '" + internal::Printable(again->result) + "'"
+                         : "; then " + again.status().ToString();
+    }
+    ADD_FAILURE() << k.column << " " << k.type << ": " << seen << "; row: "
+                  << PgServer::Value("SELECT state || ' ' || fence FROM " + table + " WHERE key = 'k'");
+  }
+}
+
+// The column check reads the table the store names, schema included: a table of
+// the same name in another schema (changed by hand) changes nothing here, and a
+// view of the right columns with dedup's comment, where the table should be, is
+// refused (a view has no unique key), never written through.
+TEST_F(PostgresStoreTest, TheColumnCheckReadsTheNamedTableNotAViewOrAnotherSchemas) {
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SCHEMA other"));
+  ASSERT_NE(Open("&schema=other&table=same"), nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE other.same ALTER COLUMN result TYPE text "
+                                  "USING encode(result, 'escape')"));
+  auto mine = Open("&table=same");  // public.same: made, and checked, on its own
+  ASSERT_NE(mine, nullptr);
+  EXPECT_TRUE(MustClaim(*mine, "k").acquired());
+  auto other = OpenStore(Uri("&schema=other&table=same"));
+  EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition) << other.status();
+
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE SCHEMA v"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE VIEW v.same AS SELECT * FROM public.same"));
+  ASSERT_TRUE(PgServer::Sql(Db(), "COMMENT ON VIEW v.same IS 'dedup store records, format 1'"));
+  auto view = OpenStore(Uri("&schema=v&table=same"));
+  EXPECT_EQ(view.status().code(), StatusCode::kFailedPrecondition)
+      << (view.ok() ? "opened over a view" : view.status().ToString());
 }
 
 // The usual least-privilege setup: an application role that may create tables
@@ -816,6 +900,237 @@ TEST_F(PostgresTxTest, ConnectionKilledMidTransactionLeavesNothingThenRunsOnce) 
   EXPECT_EQ(Orders("cut"), "1");
 }
 
+// What arrives while a handler's statement waits, on the asynchronous connection:
+// a NOTIFY from another session (the handler LISTENs), warnings raised mid-wait,
+// and a result of many rows and megabytes that comes in pieces. Each statement
+// gets its whole answer, the next one finds the connection ready, and the commit
+// goes through.
+TEST_F(PostgresTxTest, NotifiesNoticesAndALargeResultMidWaitAreAllConsumed) {
+  ClaimResult c = MustClaim(*store_, "mid");
+  ASSERT_TRUE(c.acquired());
+  std::string why;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto fail = [&](const std::string& w) {
+      why = w;
+      return HandlerResult::Retry(w);
+    };
+    if (auto r = tx.Exec("LISTEN dedup_mid"); !r.ok()) return fail(r.status().ToString());
+    std::thread notifier([] {
+      std::this_thread::sleep_for(150ms);
+      EXPECT_TRUE(PgServer::Sql(Db(), "NOTIFY dedup_mid, 'hello'"));
+    });
+    auto slept = tx.Exec(
+        "SELECT pg_sleep(0.4), (SELECT count(*) FROM (SELECT 1 FROM generate_series(1, 3)) g)::text");
+    notifier.join();
+    if (!slept.ok()) return fail("pg_sleep: " + slept.status().ToString());
+    auto warned = tx.Exec(
+        "DO $$ BEGIN FOR i IN 1..200 LOOP RAISE WARNING 'w %', i; PERFORM pg_sleep(0.001); "
+        "END LOOP; END $$");
+    if (!warned.ok()) return fail("warnings: " + warned.status().ToString());
+    auto big = tx.Exec("SELECT i::text, repeat('x', 100000) FROM generate_series(1, 300) i");
+    if (!big.ok()) return fail("big: " + big.status().ToString());
+    if (big->size() != 300 || !(*big)[299][1] || (*big)[299][1]->size() != 100000) {
+      return fail("big: " + std::to_string(big->size()) + " rows");
+    }
+    auto many = tx.Exec("SELECT i::text FROM generate_series(1, 200000) i");
+    if (!many.ok() || many->size() != 200000) return fail("many rows");
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('mid')");
+    if (!ins.ok()) return fail(ins.status().ToString());
+    return HandlerResult::Done("ok");
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("mid", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk) << why;
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kDone) << why;
+  EXPECT_EQ(Orders("mid"), "1");
+  EXPECT_EQ(MustClaim(*store_, "mid").outcome, ClaimOutcome::kDuplicate);
+}
+
+// Signals delivered to the waiting thread (poll(2) fails with EINTR whatever
+// SA_RESTART says): the wait goes on, bounded from its start, and the answer
+// comes back as if nothing happened.
+TEST_F(PostgresTxTest, SignalsDuringAWaitAreNotFailures) {
+  struct sigaction sa = {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old = {};
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  ClaimResult c = MustClaim(*store_, "eintr");
+  ASSERT_TRUE(c.acquired());
+  std::atomic<bool> done{false};
+  const pthread_t me = pthread_self();
+  std::thread pester([&] {
+    while (!done.load()) {
+      pthread_kill(me, SIGUSR1);
+      std::this_thread::sleep_for(2ms);
+    }
+  });
+  Status slept;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto r = tx.Exec("SELECT pg_sleep(0.5)");
+    slept = r.status();
+    if (!r.ok()) return HandlerResult::Retry(r.status().ToString());
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('eintr')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("eintr", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  auto claim = store_->Claim(ClaimRequest{.key = "eintr-2"});
+  done = true;
+  pester.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_TRUE(slept.ok()) << slept;
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(Orders("eintr"), "1");
+  EXPECT_TRUE(claim.ok()) << claim.status();
+}
+
+// pg_terminate_backend while a handler's statement waits for its answer: the
+// wait ends at once with Unavailable (not a DeadlineExceeded timeout + 1 s
+// later), nothing commits, and the next delivery runs once.
+TEST_F(PostgresTxTest, ABackendTerminatedDuringAWaitIsUnavailableAtOnce) {
+  ClaimResult c = MustClaim(*store_, "term");
+  ASSERT_TRUE(c.acquired());
+  Status slept;
+  std::chrono::steady_clock::duration took{};
+  auto handler = [&](PostgresTransaction& tx) {
+    auto pid = tx.Exec("SELECT pg_backend_pid()::text");
+    if (!pid.ok() || pid->empty()) return HandlerResult::Retry("no pid");
+    const std::string p = *(*pid)[0][0];
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('term')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    std::thread killer([p] {
+      std::this_thread::sleep_for(300ms);
+      EXPECT_TRUE(PgServer::Sql(Db(), "SELECT pg_terminate_backend(" + p + ")"));
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = tx.Exec("SELECT pg_sleep(3)");
+    took = std::chrono::steady_clock::now() - t0;
+    killer.join();
+    slept = r.status();
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("term", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_EQ(slept.code(), StatusCode::kUnavailable) << slept;
+  EXPECT_LT(took, 2s);
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_TRUE(w.ok()) << w.status();  // the claim released on another connection
+  EXPECT_EQ(Orders("term"), "0");
+  ClaimResult again = MustClaim(*store_, "term");
+  EXPECT_TRUE(again.acquired());
+}
+
+// A handler that ends the transaction itself through Exec ("COMMIT": the
+// extended protocol runs it, where ExecScript refuses it) has committed its
+// effect without the completion. The store cannot undo that; what it must not do
+// is release the claim, so that the next delivery runs the handler again and
+// applies the effect twice: the statement is an error naming it, the key is
+// completed as failed (dead-lettered), and later statements are refused.
+TEST_F(PostgresTxTest, AHandlerCommittingThroughExecIsNeverRunAgain) {
+  ClaimResult c = MustClaim(*store_, "selfcommit");
+  ASSERT_TRUE(c.acquired());
+  Status committed, after;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('selfcommit')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    committed = tx.Exec("COMMIT").status();
+    after = tx.Exec("INSERT INTO orders (msg) VALUES ('selfcommit')").status();
+    return HandlerResult::Retry("try again");
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("selfcommit", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_EQ(committed.code(), StatusCode::kFailedPrecondition) << committed;
+  EXPECT_FALSE(after.ok()) << "a statement after the handler's COMMIT ran on its own";
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kFail) << hr.result;
+  EXPECT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(Orders("selfcommit"), "1");
+  ClaimResult again = MustClaim(*store_, "selfcommit");
+  EXPECT_EQ(again.outcome, ClaimOutcome::kDuplicate) << "the handler would run again";
+}
+
+// A COPY through Exec: the protocol enters a copy that nobody feeds. The handler
+// hears an error naming COPY, nothing commits, and the next message on the store
+// works.
+TEST_F(PostgresTxTest, ACopyThroughExecIsAnErrorNamingIt) {
+  ClaimResult c = MustClaim(*store_, "copy");
+  ASSERT_TRUE(c.acquired());
+  Status copy_status;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto r = tx.Exec("COPY orders (msg) FROM STDIN");
+    copy_status = r.status();
+    return HandlerResult::Done();
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("copy", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  EXPECT_FALSE(copy_status.ok());
+  EXPECT_NE(copy_status.message().find("COPY"), std::string::npos) << copy_status;
+  EXPECT_EQ(hr.kind, HandlerResult::Kind::kRetry);
+  EXPECT_TRUE(w.ok()) << w.status();
+  ClaimResult again = MustClaim(*store_, "copy");
+  EXPECT_TRUE(again.acquired());
+  EXPECT_EQ(Orders("copy"), "0");
+}
+
+// A COMMIT whose answer is lost: the effect and the completion commit on the server
+// while the worker hears nothing (here: a deferred trigger holds the COMMIT on a
+// lock, the caller stops waiting, then the lock is freed). The worker cannot know
+// (Aborted: effect unknown); what decides is the record, read back by the next
+// claim: DUPLICATE with the result, the broker acks, the handler never runs again.
+TEST_F(PostgresTxTest, ACommitWhoseAnswerIsLostIsReadBackAndNeverRunsTwice) {
+  ASSERT_TRUE(PgServer::Sql(
+      Db(), "CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$; "
+            "CREATE CONSTRAINT TRIGGER orders_hold AFTER INSERT ON orders DEFERRABLE INITIALLY "
+            "DEFERRED FOR EACH ROW EXECUTE FUNCTION hold_commit()"));
+  PGconn* holder = PQconnectdb(("host=127.0.0.1 port=" + std::to_string(kPort) + " dbname=" + Db() +
+                                " user=dedup password=" + kPassword).c_str());
+  PGresult* locked = PQexec(holder, "SELECT pg_advisory_lock(4242)");
+  ASSERT_EQ(PQresultStatus(locked), PGRES_TUPLES_OK) << PQerrorMessage(holder);
+  PQclear(locked);
+  auto store = Open("&table=tx&timeout=30s");
+  ASSERT_NE(store, nullptr);
+  ClaimResult c = MustClaim(*store, "lostcommit");
+  ASSERT_TRUE(c.acquired());
+  std::atomic<int> runs{0};
+  auto handler = InsertThen("lostcommit", [&] {
+    ++runs;
+    return HandlerResult::Done("receipt");
+  });
+  auto tx = std::async(std::launch::async, [&] {
+    return store->RunInTransaction("lostcommit", c.token, c.fence, c.attempt, 600s, handler);
+  });
+  bool commit_waits = false;
+  for (int i = 0; i < 100 && !commit_waits; ++i, std::this_thread::sleep_for(50ms)) {
+    commit_waits = PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE wait_event = "
+                                   "'advisory' AND datname = current_database()") == "1";
+  }
+  if (commit_waits) store->StopWaiting(250ms);
+  const bool answered = tx.wait_for(5s) == std::future_status::ready;
+  PQfinish(holder);  // the lock is free: the server finishes the COMMIT nobody hears
+  auto w = tx.get();
+  ASSERT_TRUE(commit_waits) << "the COMMIT never waited on the trigger's lock";
+  ASSERT_TRUE(answered) << "RunInTransaction still waited 5 s after StopWaiting(250ms)";
+  EXPECT_EQ(w.status().code(), StatusCode::kAborted) << (w.ok() ? "answered" : w.status().ToString());
+  for (int i = 0; i < 100 && Orders("lostcommit") != "1"; ++i) std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(Orders("lostcommit"), "1") << "the COMMIT did not complete on the server";
+
+  auto fresh = Open("&table=tx");  // the stopped store is done; a restarted worker's
+  ASSERT_NE(fresh, nullptr);
+  ClaimResult d = MustClaim(*fresh, "lostcommit");
+  EXPECT_EQ(d.outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(d.result, "receipt");
+  Buffer buffer(fresh.get());
+  Processed p = ProcessOnceInTransaction(buffer, *fresh, "lostcommit", "", handler);
+  EXPECT_EQ(p.action, BrokerAction::kAck) << p.reason;
+  EXPECT_FALSE(p.ran);
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(Orders("lostcommit"), "1");
+}
+
 // ---- fences where the effect lands ------------------------------------------------
 
 TEST_F(PostgresStoreTest, FenceHelperRefusesALowerFence) {
@@ -891,6 +1206,59 @@ TEST_F(PostgresStoreTest, ExpiryDeletesInBoundedBatchesAndSparesLiveRecords) {
   EXPECT_EQ(bg->stats().expired_rows, 120u);
 }
 
+// The reclaim racing claims of the records it deletes: a claim of a key whose
+// retention is over is ACQUIRED at attempt 1 whether it meets the row (taking it
+// over), waits for the reclaim's row lock (then inserts anew) or comes after the
+// delete, never an error or BUSY; and the reclaim never deletes a row a claim has
+// just renewed (SKIP LOCKED, and the recheck of the retention on the row's newest
+// version).
+TEST_F(PostgresStoreTest, ClaimsRacingTheReclaimOfTheirExpiredRecordsAreAcquired) {
+  auto store = Open("&table=reclaim&pool=4");
+  ASSERT_NE(store, nullptr);
+  constexpr int kKeys = 1200;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::string key = "e:" + std::to_string(i);
+    ClaimResult c = MustClaim(*store, key);
+    ASSERT_TRUE(store->Complete(key, c.token, 1ms, CompletionStatus::kOk, "").ok());
+  }
+  std::this_thread::sleep_for(20ms);
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> reclaimed{0};
+  std::thread reaper([&] {
+    while (!done.load()) {
+      auto n = store->ExpireNow(20, 1);
+      if (n.ok()) reclaimed += *n;
+    }
+  });
+  std::atomic<int> bad{0};
+  std::mutex mu;
+  std::string first_bad;
+  std::vector<std::thread> claimers;
+  for (int t = 0; t < 3; ++t) {
+    claimers.emplace_back([&, t] {
+      for (int i = t; i < kKeys; i += 3) {
+        const std::string key = "e:" + std::to_string(i);
+        auto c = store->Claim(ClaimRequest{.key = key, .lease = 60s});
+        if (c.ok() && c->acquired() && c->attempt == 1) continue;
+        ++bad;
+        std::lock_guard lock(mu);
+        if (first_bad.empty()) {
+          first_bad = key + ": " + (c.ok() ? "outcome " + std::to_string(static_cast<int>(c->outcome)) +
+                                                 " attempt " + std::to_string(c->attempt)
+                                           : c.status().ToString());
+        }
+      }
+    });
+  }
+  for (auto& th : claimers) th.join();
+  done = true;
+  reaper.join();
+  EXPECT_EQ(bad.load(), 0) << first_bad;
+  EXPECT_GT(reclaimed.load(), 0u) << "the reclaim never ran beside the claims";
+  EXPECT_EQ(PgServer::Value("SELECT count(*) FROM reclaim WHERE state = 1"), std::to_string(kKeys))
+      << "a claimed record was reclaimed";
+}
+
 // ---- batches ------------------------------------------------------------------------
 
 // store.h: "A batch that fails (a status) leaves none of its claims held: those it
@@ -947,6 +1315,96 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
               before)
         << damage[i] << ": the claim changed a record it cannot decode";
   }
+}
+
+// A fence or an attempt count at the largest its column holds (bigint 2^63 - 1,
+// integer 2^31 - 1) cannot be raised by a takeover. The claim failed with the
+// server's bare "bigint out of range" as InvalidArgument, naming neither the key
+// nor what is out of range (the Redis store refuses its own limits as a record
+// it cannot take further, DataLoss). Nothing may change; one below the limit
+// still works.
+TEST_F(PostgresStoreTest, AFenceOrAttemptAtItsLargestIsRefusedNamingItNothingChanged) {
+  auto store = Open("&table=limits");
+  ASSERT_NE(store, nullptr);
+  struct Case {
+    std::string key, set, word, value;
+  };
+  const std::vector<Case> cases = {
+      {"lf", "fence = 9223372036854775807", "fence", "9223372036854775807"},
+      {"la", "attempt = 2147483647", "attempt", "2147483647"},
+  };
+  for (const Case& k : cases) {
+    ClaimResult c = MustClaim(*store, k.key);
+    ASSERT_TRUE(c.acquired());
+    ASSERT_TRUE(store->Release(k.key, c.token, 600s).ok());
+    ASSERT_TRUE(PgServer::Sql(Db(), "UPDATE limits SET " + k.set + " WHERE key = '" + k.key + "'::bytea"));
+    const std::string row = "SELECT md5(limits::text) FROM limits WHERE key = '" + k.key + "'::bytea";
+    const std::string before = PgServer::Value(row);
+    auto again = store->Claim(ClaimRequest{.key = k.key});
+    EXPECT_EQ(again.status().code(), StatusCode::kDataLoss)
+        << k.word << ": " << (again.ok() ? "answered outcome " + std::to_string(static_cast<int>(again->outcome))
+                                         : again.status().ToString());
+    EXPECT_NE(again.status().message().find(k.word + " " + k.value), std::string::npos) << again.status();
+    EXPECT_NE(again.status().message().find("\"" + k.key + "\""), std::string::npos) << again.status();
+    EXPECT_EQ(PgServer::Value(row), before) << k.word << ": the refused claim changed the record";
+  }
+  // One below the largest: the takeover gets the largest.
+  ASSERT_TRUE(PgServer::Sql(Db(), "UPDATE limits SET fence = 9223372036854775806, attempt = 5 "
+                                  "WHERE key = 'lf'::bytea; UPDATE limits SET attempt = 2147483646, "
+                                  "fence = 5 WHERE key = 'la'::bytea"));
+  ClaimResult f = MustClaim(*store, "lf");
+  EXPECT_TRUE(f.acquired());
+  EXPECT_EQ(f.fence, 9223372036854775807ull);
+  ClaimResult a = MustClaim(*store, "la");
+  EXPECT_TRUE(a.acquired());
+  EXPECT_EQ(a.attempt, 2147483647u);
+}
+
+// A read-only server (a hot standby, or default_transaction_read_only on for the
+// database or the role) cannot take a claim: every claim writes. The store
+// opened on a table made before, and then every claim failed as INTERNAL ("cannot
+// execute INSERT in a read-only transaction"); a new table failed the migration as
+// INTERNAL. Refused at open, naming it, like any other setting a worker cannot
+// run with.
+TEST_F(PostgresStoreTest, AReadOnlyDatabaseIsRefusedAtOpenNamingIt) {
+  ASSERT_NE(Open("&table=ro"), nullptr);  // the table exists
+  ASSERT_TRUE(PgServer::Sql("postgres", "ALTER DATABASE " + Db() +
+                                            " SET default_transaction_read_only = on"));
+  for (const std::string table : {"ro", "ro_new"}) {
+    auto s = OpenStore(Uri("&table=" + table));
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition)
+        << table << ": " << (s.ok() ? "opened" : s.status().ToString());
+    EXPECT_NE(s.status().message().find("read-only"), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("default_transaction_read_only"), std::string::npos)
+        << s.status();
+    if (s.ok()) {
+      auto c = (*s)->Claim(ClaimRequest{.key = "k"});
+      EXPECT_TRUE(c.ok()) << "opened, then the claim failed: " << c.status();
+    }
+  }
+  // Opened to read (`dedup inspect`), a read-only server is what a replica is.
+  auto reader = OpenStore(Uri("&table=ro"), OpenOptions{.read_only = true});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto rec = (*reader)->Inspect("k");
+  EXPECT_TRUE(rec.ok()) << rec.status();
+}
+
+// `dedup inspect` and `dedup forget` open their store with must_exist (store.h:
+// "a mistyped path must not create one"). The PostgreSQL store ignored it: a
+// mistyped ?table= (or ?schema=) made a new, empty table (and schema) and then
+// reported every key absent.
+TEST_F(PostgresStoreTest, AnAdminOpenOfAMissingTableCreatesNothing) {
+  for (const OpenOptions& o : {OpenOptions{.must_exist = true}, OpenOptions{.read_only = true}}) {
+    auto s = OpenStore(Uri("&schema=typo_schema&table=typo"), o);
+    EXPECT_EQ(s.status().code(), StatusCode::kNotFound)
+        << "read_only=" << o.read_only << ": " << (s.ok() ? "opened" : s.status().ToString());
+    EXPECT_NE(s.status().message().find("typo_schema.typo"), std::string::npos) << s.status();
+    EXPECT_EQ(PgServer::Value("SELECT to_regnamespace('typo_schema') IS NULL"), "t")
+        << "read_only=" << o.read_only << ": the open made a schema";
+  }
+  ASSERT_NE(Open("&table=there"), nullptr);
+  auto s = OpenStore(Uri("&table=there"), OpenOptions{.must_exist = true});
+  EXPECT_TRUE(s.ok()) << s.status();
 }
 
 // ---- options checked at construction ------------------------------------------------
@@ -1209,6 +1667,128 @@ TEST_F(PostgresStoreTest, ServerRestartIsUnavailableFailsClosedThenResumes) {
   EXPECT_EQ(buffer.ProcessOnce("before", "", handler).action, BrokerAction::kAck);
   EXPECT_EQ(runs, 2) << "'before' is a duplicate after the restart, 'during' ran once";
   EXPECT_EQ(buffer.ProcessOnce("during", "", handler).claim.outcome, ClaimOutcome::kDuplicate);
+}
+
+
+// A restart (fast shutdown) while the pool sits idle: no call was in flight, so
+// none should fail. Each idle connection already heard the server's goodbye
+// (FATAL 57P01, then the end of the stream) before the next call; taking it from
+// the pool as it was made the next call fail with Unavailable (one call per dead
+// connection), though the server was back and nothing had been sent. The same
+// for a pooled connection ended by pg_terminate_backend.
+TEST_F(PostgresStoreTest, AServerRestartWhileThePoolIsIdleFailsNoLaterCall) {
+  auto store = Open("&table=idlerestart&pool=2&timeout=2s");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "before").acquired());
+  g_server->Stop();
+  ASSERT_TRUE(g_server->Start());
+  auto after = store->Claim(ClaimRequest{.key = "after-restart"});
+  ASSERT_TRUE(after.ok()) << "the first call after the restart: " << after.status();
+  EXPECT_TRUE(after->acquired());
+
+  ASSERT_TRUE(PgServer::Sql(Db(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE application_name = 'dedup'"));
+  for (int i = 0; i < 100; ++i) {  // until the backends are gone
+    if (PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                        "'dedup'") == "0") {
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  auto terminated = store->Claim(ClaimRequest{.key = "after-terminate"});
+  ASSERT_TRUE(terminated.ok()) << "the first call after pg_terminate_backend: "
+                               << terminated.status();
+  EXPECT_TRUE(terminated->acquired());
+}
+
+
+// ---- a frozen server ------------------------------------------------------------------
+
+// statement_timeout is the server's own clock: a server that does not run at all
+// (SIGSTOP, a suspended VM, a network cut that drops packets) never sends its
+// cancellation, and a call waited for its answer for as long as TCP let it (for
+// ever on a quiet loopback). The store's `timeout` now bounds the wait on the
+// client too: the call fails, its connection is closed, the effect unknown.
+TEST_F(PostgresStoreTest, AClaimOnAFrozenServerFailsWithinItsTimeout) {
+  auto store = Open("&table=frozen&pool=1&timeout=1s");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "warm").acquired());  // its one connection is open
+  g_server->SignalAll(SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto claim = std::async(std::launch::async, [&] { return store->Claim(ClaimRequest{.key = "f1"}); });
+  const bool answered = claim.wait_for(8s) == std::future_status::ready;
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  g_server->SignalAll(SIGCONT);
+  auto c = claim.get();
+  ASSERT_TRUE(answered) << "the claim still waited on the frozen server after 8 s (timeout=1s)";
+  EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded)
+      << (c.ok() ? "answered outcome " + std::to_string(static_cast<int>(c->outcome)) : c.status().ToString());
+  EXPECT_LT(waited, 3s) << "timeout=1s";
+  EXPECT_EQ(c.status().ToString().find(kPassword), std::string::npos) << c.status();
+  // Thawed: the next call opens a new connection and works.
+  StatusOr<ClaimResult> after = Status::Unavailable("not tried");
+  for (int i = 0; i < 50 && !after.ok(); ++i, std::this_thread::sleep_for(100ms)) {
+    after = store->Claim(ClaimRequest{.key = "f2"});
+  }
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(after->acquired());
+}
+
+// Store::StopWaiting (a worker draining after SIGTERM, store.h): a call waiting on
+// a frozen server is given up `grace` after the stop, with Aborted; a later one,
+// on the server that let a call wait out its grace, at once, sending nothing.
+// The PostgreSQL store kept its own timeouts, and on a frozen server waited for
+// ever.
+TEST_F(PostgresStoreTest, AClaimWaitingOnAFrozenServerIsGivenUpWhenItsCallerStops) {
+  auto store = Open("&table=stopwait&pool=2&timeout=20s");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "warm").acquired());
+  g_server->SignalAll(SIGSTOP);
+  auto claim = std::async(std::launch::async, [&] { return store->Claim(ClaimRequest{.key = "s1"}); });
+  std::this_thread::sleep_for(300ms);
+  const auto stop = std::chrono::steady_clock::now();
+  store->StopWaiting(250ms);
+  const bool answered = claim.wait_for(5s) == std::future_status::ready;
+  const auto took = std::chrono::steady_clock::now() - stop;
+  StatusOr<ClaimResult> later = Status::Unavailable("not tried");
+  auto later_took = 0ms;
+  if (answered) {
+    const auto t1 = std::chrono::steady_clock::now();
+    later = store->Claim(ClaimRequest{.key = "s2"});
+    later_took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t1);
+  }
+  g_server->SignalAll(SIGCONT);
+  auto c = claim.get();
+  ASSERT_TRUE(answered) << "the claim still waited on the frozen server 5 s after StopWaiting(250ms)";
+  EXPECT_EQ(c.status().code(), StatusCode::kAborted)
+      << (c.ok() ? "answered outcome " + std::to_string(static_cast<int>(c->outcome)) : c.status().ToString());
+  EXPECT_NE(c.status().message().find("given up"), std::string::npos) << c.status();
+  EXPECT_LT(took, 1s) << "grace 250ms";
+  EXPECT_EQ(later.status().code(), StatusCode::kAborted) << later.status();
+  EXPECT_LT(later_took, 500ms) << "a call after a give-up on that server waits no more";
+}
+
+// Destroying a store whose server froze: its background expiry is waiting on the
+// server (a DELETE sent, no answer), its idle connections hold nothing. The
+// destructor joins the expiry thread; nothing should make it wait on the server
+// (a worker exiting after a drain would hang there for timeout + 1 s).
+TEST_F(PostgresStoreTest, DestroyingAStoreOnAFrozenServerDoesNotWaitForIt) {
+  auto store = Open("&table=frozendtor&pool=2&timeout=5s&expire_interval=20ms");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(MustClaim(*store, "warm").acquired());
+  std::this_thread::sleep_for(100ms);  // the expiry runs every 20 ms
+  g_server->SignalAll(SIGSTOP);
+  std::this_thread::sleep_for(200ms);  // an expiry round is waiting now
+  const auto t0 = std::chrono::steady_clock::now();
+  auto done = std::async(std::launch::async, [&] { store.reset(); });
+  const bool ended = done.wait_for(10s) == std::future_status::ready;
+  const auto took = std::chrono::steady_clock::now() - t0;
+  g_server->SignalAll(SIGCONT);
+  done.get();
+  ASSERT_TRUE(ended) << "the destructor still waited 10 s after the server froze";
+  EXPECT_LT(took, 1s) << "waited "
+                      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms on a frozen server";
 }
 
 }  // namespace

@@ -10,17 +10,25 @@
 #             publish and the worker; a wrong, missing or empty file and a password
 #             given twice are refused naming the problem, never the password; a
 #             publish to a stream that is not there says it made it (as to Redis);
-#             a message over max_payload, or to a subject the existing stream does
-#             not hold, is 2, not 'try again later'.
+#             a message over max_payload, over the stream's own max_msg_size, or
+#             to a subject the existing stream does not hold, is 2, not 'try again
+#             later'.
+#   nats-token  a nats-server with token authentication (--auth TOKEN): the token
+#             as NATS clients read a URL (nats://TOKEN@HOST) or from token_file=
+#             authenticates the publish and the worker; a wrong token, a missing
+#             or empty file, and a token with a user or given twice are refused,
+#             never echoing the token (nor does the worker's log).
 #   rabbitmq  the same password_file= checks against a RabbitMQ node (user dedup);
-#             a full queue (reject-publish nacks) is 75, a refused write 2.
+#             a full queue (reject-publish nacks) is 75, a refused write 2, a
+#             message over the node's max_message_size (406) 2.
 #
-# Ports (docs/PORTS.md): Redis 6520, NATS 4239, RabbitMQ 5684 (dist 25684, epmd
-# 4374). Servers run in a temporary directory and are stopped by PID at exit.
+# Ports (docs/PORTS.md): Redis 6520, NATS 4239, NATS with a token 4245, RabbitMQ
+# 5684 (dist 25684, epmd 4374). Servers run in a temporary directory and are
+# stopped by PID at exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-dedup=${1:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq}
-broker=${2:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq}
+dedup=${1:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq}
+broker=${2:?usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq}
 source "$here/../scripts/lib/check.sh"
 tmp=$(mktemp -d)
 # The servers stop (by PID) before their directories go: this trap alone.
@@ -38,6 +46,37 @@ expect_rc() {
   local name=$1 want=$2; shift 2
   set +e; out=$(timeout 60 "$@" 2>&1); local rc=$?; set -e
   [[ $rc -eq $want ]] && ok "$name (rc $rc)" || fail "$name: rc $rc, want $want: $out"
+}
+
+# nats_add_stream PORT USER PASS NAME SUBJECT MAX_MSG_SIZE: makes a JetStream
+# stream with a max_msg_size of its own, over the NATS protocol itself (no NATS
+# client tool is installed): CONNECT, then a request to $JS.API.STREAM.CREATE.
+nats_add_stream() {
+  python3 - "$@" <<'PY'
+import json, socket, sys
+port, user, pw, name, subject, size = sys.argv[1:]
+s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
+f = s.makefile("rb")
+f.readline()  # INFO
+cfg = json.dumps({"name": name, "subjects": [subject], "max_msg_size": int(size),
+                  "storage": "file", "retention": "limits", "discard": "old",
+                  "max_msgs": -1, "max_bytes": -1, "max_consumers": -1,
+                  "num_replicas": 1}).encode()
+connect = json.dumps({"verbose": False, "pedantic": False, "user": user, "pass": pw}).encode()
+s.sendall(b"CONNECT " + connect + b"\r\nSUB _INBOX.mk 1\r\nPUB $JS.API.STREAM.CREATE." +
+          name.encode() + b" _INBOX.mk " + str(len(cfg)).encode() + b"\r\n" + cfg + b"\r\n")
+while True:
+    line = f.readline()
+    if not line or line.startswith(b"-ERR"):
+        sys.exit("nats: %r" % line)
+    if line.startswith(b"PING"):
+        s.sendall(b"PONG\r\n")
+    if line.startswith(b"MSG"):
+        reply = json.loads(f.read(int(line.split()[-1]) + 2))
+        if "error" in reply:
+            sys.exit("stream create: %r" % reply["error"])
+        break
+PY
 }
 
 # password_file= in a URI of SCHEME: BASE is the URI before its query, without a
@@ -76,7 +115,7 @@ password_file_checks() {
 # A worker with password_file= consumes what was published: DONE names the file
 # its handler appends to, and the worker stops once it holds N lines.
 worker_consumes() {
-  local scheme=$1 uri=$2 n=$3
+  local scheme=$1 uri=$2 n=$3 how=${4:-password_file=}
   : >"$tmp/done"
   timeout 60 "$dedup" worker --broker "$uri" --store "memory:" --summary-interval 0 \
     --exec "cat >/dev/null; echo \$DEDUP_KEY >>$tmp/done" >"$tmp/worker.log" 2>&1 &
@@ -88,7 +127,7 @@ worker_consumes() {
   done
   kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
-  check "$scheme: the worker with password_file= ran every message" "$n" "$(sort -u "$tmp/done" | wc -l)"
+  check "$scheme: the worker with $how ran every message" "$n" "$(sort -u "$tmp/done" | wc -l)"
 }
 
 case $broker in
@@ -134,6 +173,31 @@ nats)
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS&subject=other.in" --id-prefix n- --quiet
   [[ "$out" == *"JBOS"* && "$out" == *"other.in"* && "$out" != *"$pw"* ]] || fail "the stream and subject are not named: $out"
 
+  # A new stream on a subject another stream holds already: JetStream refuses
+  # to make it (error 10065, subjects overlap), and will every time - 2, naming
+  # the overlap, not 'try again later' for ever (nor the worker's restart loop).
+  expect_rc "a new stream on a subject another stream holds is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=OTHER&subject=JBOS" --id-prefix n- --quiet
+  [[ "$out" == *"overlap"* && "$out" == *"OTHER"* && "$out" != *"$pw"* ]] || fail "the overlap is not named: $out"
+  expect_rc "a worker on it is refused too (2)" 2 \
+    "$dedup" worker --broker "nats://dedup:$pw@127.0.0.1:$port?stream=OTHER&consumer=w&subject=JBOS" \
+    --store "memory:" --exec true
+  [[ "$out" == *"overlap"* && "$out" != *"$pw"* ]] || fail "the worker does not name the overlap: $out"
+
+  # A subject with a wildcard is a filter, not a subject to publish to: the
+  # server stored the message under the literal subject "wild.*" (read by
+  # every consumer whose filter it matches, the dead-letter rules aside).
+  # Refused, naming the subject, before anything is made or sent.
+  expect_rc "publish to a wildcard subject is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=WILD&subject=wild.*" --id-prefix n- --quiet
+  [[ "$out" == *"wild.*"* && "$out" == *"wildcard"* && "$out" != *"$pw"* ]] || fail "the wildcard is not named: $out"
+  expect_rc "publish to a subject with '>' is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=WILD&subject=wild.>" --id-prefix n- --quiet
+  expect_rc "the refused publishes made no stream" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=WILD&subject=wild.in" --id-prefix n-
+  [[ "$out" == *"stream 'WILD' did not exist; this publish created it"* ]] ||
+    fail "a refused publish made stream WILD: $out"
+
   # A message over the server's max_payload (1 MiB by default) is refused before
   # it is sent; no later fixes its size: 2, not 'try again later' for ever.
   big=$(head -c 120000 /dev/zero | tr '\0' x)
@@ -142,10 +206,60 @@ nats)
   expect_rc "a message over max_payload is refused (2)" 2 \
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=BIG" "${fields[@]}" --quiet
   [[ "$out" == *"Maximum Payload"* || "$out" == *"max_payload"* ]] || fail "the limit is not named: $out"
+  # The stream's own limit (max_msg_size, below the server's max_payload): the
+  # server refuses the message (JetStream error 10054) and will refuse it every
+  # time - 2, naming the limit, not 'try again later' for ever.
+  nats_add_stream "$port" dedup "$pw" SMALL small.in 1000 || fail "could not make stream SMALL"
+  expect_rc "a message within the stream's max_msg_size is stored" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=SMALL&subject=small.in" --field f=short --quiet
+  expect_rc "a message over the stream's max_msg_size is refused (2)" 2 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=SMALL&subject=small.in" \
+    --field "f=$(head -c 2000 /dev/zero | tr '\0' y)" --quiet
+  [[ "$out" == *"max_msg_size"* && "$out" == *"SMALL"* && "$out" != *"$pw"* ]] ||
+    fail "the stream's limit is not named: $out"
 
   password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF&consumer=w" "$pw" \
     "nats://dedup:$pw@127.0.0.1:$port"
   worker_consumes nats "nats://dedup@127.0.0.1:$port?stream=PF&consumer=w&password_file=$tmp/pw" 3
+  ;;
+nats-token)
+  source "$here/../scripts/lib/nats.sh"
+  port=4245 token='tok-s3cret-7f1'
+  NATS_SERVER_ARGS=(--auth "$token")
+  nats_start "$port" "$tmp/nats"
+  # The token where every NATS client reads it in a URL: nats://TOKEN@HOST (it
+  # was sent as a user name, and the server refused it: 'Authorization Violation').
+  expect_rc "publish with the token in the URI (nats://TOKEN@HOST)" 0 \
+    "$dedup" publish --broker "nats://$token@127.0.0.1:$port?stream=TOK" --id-prefix t- --count 3 --quiet
+  printf '%s\n' "$token" >"$tmp/token"
+  printf 'not-%s\n' "$token" >"$tmp/wrong"
+  : >"$tmp/empty"
+  expect_rc "publish with token_file=" 0 \
+    "$dedup" publish --broker "nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/token" \
+    --id-prefix t- --start 3 --count 3 --quiet
+  expect_rc "a wrong token is refused (2)" 2 \
+    "$dedup" publish --broker "nats://not-$token@127.0.0.1:$port?stream=TOK" --id-prefix t- --quiet
+  [[ "$out" != *"$token"* ]] || fail "the wrong token was echoed: $out"
+  expect_rc "a wrong token in token_file= is refused (2)" 2 \
+    "$dedup" publish --broker "nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/wrong" --id-prefix t- --quiet
+  [[ "$out" != *"$token"* ]] || fail "the wrong token was echoed: $out"
+  for name in missing empty inline user password; do
+    case $name in
+      missing) uri="nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/none"; want="cannot read token_file" ;;
+      empty) uri="nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/empty"; want="is empty" ;;
+      inline) uri="nats://$token@127.0.0.1:$port?stream=TOK&token_file=$tmp/token"; want="token_file=" ;;
+      user) uri="nats://u:$token@127.0.0.1:$port?stream=TOK&token_file=$tmp/token"; want="token_file=" ;;
+      password) uri="nats://127.0.0.1:$port?stream=TOK&token_file=$tmp/token&password_file=$tmp/token"; want="token_file=" ;;
+    esac
+    expect_rc "token_file= $name is refused" 2 "$dedup" publish --broker "$uri" --id-prefix t- --quiet
+    [[ "$out" == *"nats URI"* && "$out" == *"$want"* ]] || fail "token_file= $name: the problem is not named: $out"
+    [[ "$out" != *"$token"* ]] || fail "token_file= $name echoed the token: $out"
+  done
+  # The worker authenticates the same way, and its log never shows the token.
+  worker_consumes nats "nats://$token@127.0.0.1:$port?stream=TOK&consumer=w" 6 "the token in the URI"
+  [[ "$(cat "$tmp/worker.log")" != *"$token"* ]] || fail "the worker's log shows the token: $(cat "$tmp/worker.log")"
+  worker_consumes nats "nats://127.0.0.1:$port?stream=TOK&consumer=w2&token_file=$tmp/token" 6 token_file=
+  [[ "$(cat "$tmp/worker.log")" != *"$token"* ]] || fail "the worker's log shows the token: $(cat "$tmp/worker.log")"
   ;;
 rabbitmq)
   source "$here/../scripts/lib/rabbitmq.sh"
@@ -173,9 +287,21 @@ rabbitmq)
   expect_rc "publish the user may not write is refused (2)" 2 \
     "$dedup" publish --broker "amqp://reader:$pw@127.0.0.1:$port/?queue=ro" --id-prefix r- --count 1 --quiet
   [[ "$out" == *"ACCESS_REFUSED"* && "$out" != *"$pw"* ]] || fail "the refusal is not named: $out"
+  # A message over the node's max_message_size: the broker closes the channel
+  # with 406 PRECONDITION_FAILED, and will for every try - 2, naming the limit,
+  # not 'try again later' for ever. (Set at run time: a channel reads it when
+  # it opens, and each publish opens its own.)
+  rabbitmqctl_node -q eval 'application:set_env(rabbit, max_message_size, 4096).' >/dev/null
+  expect_rc "a message within max_message_size is published" 0 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=sized" --field f=short --quiet
+  expect_rc "a message over max_message_size is refused (2)" 2 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=sized" \
+    --field "f=$(head -c 8000 /dev/zero | tr '\0' y)" --quiet
+  [[ "$out" == *"PRECONDITION_FAILED"* && "$out" == *"max size"* && "$out" != *"$pw"* ]] ||
+    fail "the limit is not named: $out"
   ;;
 *)
-  echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|rabbitmq" >&2
+  echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq" >&2
   exit 2
   ;;
 esac

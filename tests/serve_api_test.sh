@@ -3,12 +3,10 @@
 # (tests/serve_api_client.py), against a real server on a RocksDB store.
 #   serve_api_test.sh DEDUP_BINARY     (port 8070, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-api.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-api "$1"
 port=8070
 base="http://127.0.0.1:$port"
 serve_start $port "$tmp/serve.log" "$dedup" serve --store "rocksdb:$tmp/db" \

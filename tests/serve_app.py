@@ -14,6 +14,8 @@ tell how many times a request really ran, and with which fence.
                                 (Retry-After: 1 on 429 and 503)
   POST /big?bytes=N[&headers=H] counted; 200 with N bytes of body, an ETag (and H
                                 headers X-Big-i of 8000 bytes each)
+  GET  /header?value=V          counted; 200 with the header X-Echo-Value: V (V
+                                as the query gives it, once decoded)
   anything else[?sleep_ms=N]    counted; sleeps N ms, then 200 echoing method, path,
                                 headers and body seen
 """
@@ -90,6 +92,8 @@ class App(BaseHTTPRequestHandler):
                    for i in range(int(query.get("headers", ["0"])[0]))]
             return self.reply(200, b"x" * size, "application/octet-stream",
                               extra=big + [("ETag", '"big-%d"' % size)])
+        if url.path == "/header":
+            return self.reply(200, b"{}", extra=[("X-Echo-Value", query["value"][0])])
         time.sleep(int(query.get("sleep_ms", ["0"])[0]) / 1000)
         seen = {"call": call, "method": self.command, "path": self.path,
                 "headers": {k: v for k, v in self.headers.items()},

@@ -9,12 +9,10 @@
 # one keep-alive connection, so a context left behind by one request would be
 # seen by the next.
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-keepalive.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-keepalive "$1"
 
 api_port=8071 app_port=8072 proxy_port=8073 slow_port=8099
 serve_start $api_port "$tmp/api.log" "$dedup" serve --store memory: \
@@ -23,10 +21,6 @@ serve_start $app_port "$tmp/app.log" python3 "$root/tests/serve_app.py" $app_por
 serve_start $proxy_port "$tmp/proxy.log" "$dedup" serve --store memory: \
   --listen 127.0.0.1:$proxy_port --proxy "http://127.0.0.1:$app_port" --threads 1
 
-# metric NAME_AND_LABELS PORT [BASE]: the value of one sample of /metrics, or 0.
-metric() {
-  curl -s "http://127.0.0.1:$2${3:-}/metrics" | awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }'
-}
 
 # ---- the hidden Content-Type: a multipart upload, then a GET without a body and
 # a JSON POST, on one connection to the proxy's one thread. The application must
@@ -59,20 +53,17 @@ curl -s -o /dev/null -w '%{http_code} %{num_connects}\n' "$api/" \
 check "a page, then a 414 on the same connection (got: $(tr '\n' ' ' <"$tmp/codes"))" \
   [ "$(tr '\n' ' ' <"$tmp/codes")" = "200 1 414 0 " ]
 check "both are counted, the 414 as route other" eval \
-  '[ "$(metric "dedup_serve_requests_total{route=\"page\",code=\"200\"}" $api_port)" = 1 ] &&
-   [ "$(metric "dedup_serve_requests_total{route=\"other\",code=\"414\"}" $api_port)" = 1 ] &&
-   [ "$(metric "dedup_serve_requests_total{route=\"page\",code=\"414\"}" $api_port)" = 0 ]'
+  '[ "$(metric $api_port "dedup_serve_requests_total{route=\"page\",code=\"200\"}")" = 1 ] &&
+   [ "$(metric $api_port "dedup_serve_requests_total{route=\"other\",code=\"414\"}")" = 1 ] &&
+   [ "$(metric $api_port "dedup_serve_requests_total{route=\"page\",code=\"414\"}")" = 0 ]'
 check "only the routed one has a duration (the 414 did not inherit its start)" \
-  eval '[ "$(metric "dedup_serve_request_duration_seconds_count{route=\"page\"}" $api_port)" = 1 ]'
+  eval '[ "$(metric $api_port "dedup_serve_request_duration_seconds_count{route=\"page\"}")" = 1 ]'
 
 # slow_clients SLOW IDLE SECONDS OUT: tests/serve_slow_clients.py against
 # $slow_port in the background (its PID in slow_pid), once its connections are open.
 slow_clients() {
-  setpriv --pdeathsig KILL -- python3 "$root/tests/serve_slow_clients.py" $slow_port "$1" "$2" "$3" \
-    >"$4" 2>&1 &
-  slow_pid=$!
-  SERVE_PIDS+=("$slow_pid")
-  for _ in $(seq 100); do grep -q open "$4" && break; sleep 0.05; done
+  serve_client "$4" python3 "$root/tests/serve_slow_clients.py" $slow_port "$1" "$2" "$3"
+  slow_pid=$client_pid
   sleep 0.5
 }
 

@@ -6,14 +6,10 @@
 # (tests/serve_openapi_statuses.py).
 #   serve_openapi_test.sh DEDUP_BINARY     (ports 8110-8112, Redis 6530; docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/redis.sh
-source "$root/scripts/lib/redis.sh"
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-openapi.XXXXXX")
-trap 'serve_stop_all; redis_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-openapi "$1"
 statuses=$root/tests/serve_openapi_statuses.py
 
 token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -35,8 +31,8 @@ curl -s -H "Authorization: Bearer $token" http://127.0.0.1:8110/metrics >"$tmp/t
 curl -s http://127.0.0.1:8111/metrics >"$tmp/open.metrics"
 curl -s http://127.0.0.1:8112/metrics >"$tmp/down.metrics"
 # The provocations reached what they aimed at (else the comparison proves little).
-check "with a token: 201 200 409 410 412 422 400 401 404 413 408 414 416 431 answered ($(awk '{print $NF}' "$tmp/token.out" | sort -u | tr '\n' ' '))" \
-  eval 'for c in 201 200 409 410 412 422 400 401 404 413 408 414 416 431; do grep -q " $c\$" "$tmp/token.out" || exit 1; done'
+check "with a token: 201 200 409 410 412 422 400 401 404 413 408 414 431 answered ($(awk '{print $NF}' "$tmp/token.out" | sort -u | tr '\n' ' '))" \
+  eval 'for c in 201 200 409 410 412 422 400 401 404 413 408 414 431; do grep -q " $c\$" "$tmp/token.out" || exit 1; done'
 check "without a token: 403 and 421 answered ($(awk '{print $NF}' "$tmp/open.out" | sort -u | tr '\n' ' '))" \
   eval 'grep -q " 403$" "$tmp/open.out" && grep -q " 421$" "$tmp/open.out"'
 check "the store stopped: 503 answered ($(awk '{print $NF}' "$tmp/down.out" | sort -u | tr '\n' ' '))" \
@@ -51,6 +47,13 @@ check "a claim sent with Range: bytes=0-20 gets its whole answer ($claim)" \
 info=$(curl -s -w ' %{http_code}' "${auth[@]}" -H 'Range: bytes=0-3,5-9' http://127.0.0.1:8110/v1/info)
 check "GET /v1/info with Range: bytes=0-3,5-9 gets the whole JSON, 200 (${info:0:80}...)" \
   eval '[[ "$info" == "{"*"} 200" ]]'
+# So is one cpp-httplib cannot parse (another unit than bytes, a backwards range,
+# no range): it answered 416 itself, before serve saw the request.
+for range in 'items=0-9' 'bytes=9-0' 'bytes=x'; do
+  info=$(curl -s -w ' %{http_code}' "${auth[@]}" -H "Range: $range" http://127.0.0.1:8110/v1/info)
+  check "GET /v1/info with Range: $range gets the whole JSON, 200 (${info:0:80}...)" \
+    eval '[[ "$info" == "{"*"} 200" ]]'
+done
 if python3 "$statuses" compare "$root/docs/openapi.yaml" "$tmp"/*.metrics >"$tmp/compare.out"; then
   ok=1
 else

@@ -5,19 +5,15 @@
 # With SERVE_PAGE_MODE=proxy, the same page under /_dedup/ of a proxy (ports 8096-8098:
 # Redis, serve, the application), whose cookie is for /_dedup/ only.
 set -euo pipefail
-dedup=$(realpath "$1")
 shot=${2:+$(realpath -m "$2")}
 root=$(cd "$(dirname "$0")/.." && pwd)
 if ! command -v chromium >/dev/null && [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   echo "serve_page_test: chromium is not installed (scripts/install-deps.sh installs it)"
   exit 1
 fi
-# shellcheck source=../scripts/lib/redis.sh
-source "$root/scripts/lib/redis.sh"
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-page.XXXXXX")
-trap 'serve_stop_all; redis_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-page "$1"
 redis_port=8090
 port=8091
 proxy_args=()

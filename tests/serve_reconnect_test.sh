@@ -10,16 +10,11 @@
 # is told when its connection is not kept (tests/serve_keepalive_shed_clients.py).
 #   serve_reconnect_test.sh DEDUP_BINARY     (ports 8115-8116, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-reconnect.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-reconnect "$1"
 clients=$root/tests/serve_reconnect_clients.py
-metric() {
-  curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m { v = $2 } END { print v + 0 }'
-}
 # field NAME LINE: the value of NAME=V in a line of serve_reconnect_clients.py.
 field() { tr ' ' '\n' <<<"$2" | awk -F= -v n="$1" '$1 == n { print $2 }'; }
 

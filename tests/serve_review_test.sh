@@ -3,12 +3,10 @@
 # API, the proxy and the page, kept as a regression test.
 #   serve_review_test.sh DEDUP_BINARY      (ports 8092-8095, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-review.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-review "$1"
 port=8092
 base="http://127.0.0.1:$port"
 serve_start $port "$tmp/serve.log" "$dedup" serve --store memory: --listen 127.0.0.1:$port
@@ -19,7 +17,6 @@ req() {
   body=$(cat "$tmp/body")
   headers=$(tr -d '\r' <"$tmp/headers")
 }
-header() { grep -i "^$1:" <<<"$headers" | head -1 | cut -d' ' -f2-; }
 problem() { [ "$(header Content-Type)" = application/problem+json ]; }
 says() { grep -q -- "$1" <<<"$body"; }
 

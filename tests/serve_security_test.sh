@@ -4,14 +4,10 @@
 # answer, error, log line or metric.
 #   serve_security_test.sh DEDUP_BINARY     (ports 8074-8079, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/redis.sh
-source "$root/scripts/lib/redis.sh"
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-sec.XXXXXX")
-trap 'serve_stop_all; redis_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-sec "$1"
 
 status() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
 token="tok-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"

@@ -7,12 +7,10 @@
 # "Slow clients").
 #   serve_slow_reader_test.sh DEDUP_BINARY     (ports 8113-8114, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-slowread.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-slowread "$1"
 readers=$root/tests/serve_slow_readers.py
 
 # fill PORT: 1000 records with 1000-byte keys: a page of them is 2.5 MB of JSON.
@@ -31,10 +29,8 @@ PY
 # reader PORT MODE SECONDS OUT: a client of serve_slow_readers.py in the
 # background (PID in reader_pid), once its requests are sent.
 reader() {
-  setpriv --pdeathsig KILL -- python3 "$readers" "$1" "$2" "$3" >"$4" 2>&1 &
-  reader_pid=$!
-  SERVE_PIDS+=("$reader_pid")
-  for _ in $(seq 100); do grep -q open "$4" 2>/dev/null && break; sleep 0.05; done
+  serve_client "$4" python3 "$readers" "$1" "$2" "$3"
+  reader_pid=$client_pid
 }
 # behind PORT BOUND: GET /healthz given BOUND seconds; prints "CODE MS".
 behind() {
@@ -42,9 +38,6 @@ behind() {
   t0=$(date +%s%N)
   code=$(curl -s -m "$2" -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/healthz" || true)
   echo "$code $((($(date +%s%N) - t0) / 1000000))"
-}
-metric() {
-  curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m { v = $2 } END { print v + 0 }'
 }
 response_timeouts='dedup_serve_request_timeouts_total{part="response"}'
 

@@ -12,12 +12,10 @@
 # --body-timeout): validated at start-up, and short ones on a third server, with
 # a head too large, the counters, and keep-alive.
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-trickle.XXXXXX")
-trap 'serve_stop_all; rm -rf "$tmp"' EXIT
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-trickle "$1"
 
 head_port=8100 body_port=8101 short_port=8102
 # The defaults the bounds below rest on (docs/SERVE.md): the head within 10 s of
@@ -27,11 +25,8 @@ header_timeout=10 body_timeout=30
 # trickle PORT MODE SECONDS OUT: two trickling clients in the background (PID in
 # trickle_pid), once their connections are open.
 trickle() {
-  setpriv --pdeathsig KILL -- python3 "$root/tests/serve_trickle_clients.py" "$1" "$2" 2 "$3" \
-    >"$4" 2>&1 &
-  trickle_pid=$!
-  SERVE_PIDS+=("$trickle_pid")
-  for _ in $(seq 100); do grep -q open "$4" && break; sleep 0.05; done
+  serve_client "$4" python3 "$root/tests/serve_trickle_clients.py" "$1" "$2" 2 "$3"
+  trickle_pid=$client_pid
   sleep 0.5
 }
 
@@ -154,9 +149,6 @@ check "a head over the bound is refused 431 at once, not at the deadline" \
   awk '$1 == "big" { ok = $3 == "431" && $NF < 1 } END { exit !ok }' "$tmp/short-other.out"
 check "a claim and a GET pipelined in one write are both answered" \
   grep -qx "pipelined 201 200" "$tmp/short-other.out"
-metric() {
-  curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m { v = $2 } END { print v + 0 }'
-}
 check "the timeouts are counted by part" eval \
   '[ "$(metric $short_port "dedup_serve_request_timeouts_total{part=\"head\"}")" = 1 ] &&
    [ "$(metric $short_port "dedup_serve_request_timeouts_total{part=\"body\"}")" = 1 ]'

@@ -3,13 +3,10 @@
 # Prometheus names, claim and handler latency histograms, dedup_build_info.
 #   serve_worker_metrics_test.sh DEDUP_BINARY     (ports 8082-8083, docs/PORTS.md)
 set -euo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-# shellcheck source=../scripts/lib/redis.sh
-source "$root/scripts/lib/redis.sh"
-# shellcheck source=../scripts/lib/serve.sh
-source "$root/scripts/lib/serve.sh"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/serve-wm.XXXXXX")
+# shellcheck source=lib/serve_test.sh
+source "$root/tests/lib/serve_test.sh"
+serve_test_begin serve-wm "$1"
 worker=""
 stop_worker() {
   if [ -n "$worker" ]; then
@@ -17,7 +14,7 @@ stop_worker() {
     wait "$worker" 2>/dev/null || true
   fi
 }
-trap 'stop_worker; redis_stop_all; rm -rf "$tmp"' EXIT
+trap 'stop_worker; serve_test_cleanup' EXIT
 redis_start 8082 "$tmp/redis"
 broker='redis://127.0.0.1:8082?stream=jobs&group=g'
 "$dedup" publish --broker "$broker" --count 5 --id-prefix m- >/dev/null 2>&1

@@ -46,29 +46,11 @@ timeout_s=3
 late=20
 drain_sleeping_handler
 
-"$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count 1 \
-  --id-prefix m- --quiet || fail "publish"
+# The store is frozen, then 20 entries arrive at once (the fetch thread waits in
+# XREADGROUP BLOCK): two batches of 9 are fetched and their claims sent; the
+# worker gets SIGTERM.
 store="redis://127.0.0.1:$store_port?timeout=${timeout_s}s"
-"$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w" \
-  --store "$store" --exec "$tmp/handler.sh" --no-shell --concurrency 2 --prefetch 8 \
-  --lease 60s --drain-timeout "${drain_s}s" --summary-interval 0 >>"$tmp/w.log" 2>&1 &
-worker_pid=$!
-drain_wait_claimed "$dedup" "$store" 1 "$tmp/started" || fail "the first handler did not start"
-
-# Freeze the store, then let 20 entries arrive at once (the fetch thread waits
-# in XREADGROUP BLOCK): two batches of 9 are fetched and their claims sent.
-kill -STOP "$store_pid"
-{
-  echo MULTI
-  for i in $(seq 1 "$late"); do echo "XADD jobs * id b-$i"; done
-  echo EXEC
-} | rcli >/dev/null || fail "MULTI XADD"
-sleep 0.5
-drain_stop_timed "$worker_pid" "$store_pid"
-worker_pid=""
-rc=$DRAIN_RC
-took_ms=$DRAIN_TOOK_MS
-echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen, timeout ${timeout_s} s)"
+drain_frozen_store_stop "$dedup" "$store" 60s "$late" b-
 [ "$rc" = 75 ] || fail "worker exit $rc after SIGTERM, want 75 (store calls given up)"
 # The drain timeout, the 250 ms grace of the store calls still waiting, and a
 # margin for the busy 2-core machine. Before: 6.2-6.9 s (two store timeouts),

@@ -39,32 +39,13 @@ late=4
 lease=3s
 drain_sleeping_handler
 
-"$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count 1 \
-  --id-prefix m- --quiet || fail "publish"
 # One connection to the store (pool=1): the late claim goes on the connection
 # already open (its bytes reach the frozen server, which runs them once thawed),
-# not on a new one waiting in its handshake.
+# not on a new one waiting in its handshake. The store is frozen, then the late
+# entries arrive at once: their claim is sent to the frozen server and waits for
+# its answer; the worker gets SIGTERM.
 store="redis://127.0.0.1:$store_port?timeout=${timeout_s}s&pool=1"
-"$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w" \
-  --store "$store" --exec "$tmp/handler.sh" --no-shell --concurrency 2 --prefetch 8 \
-  --lease "$lease" --drain-timeout "${drain_s}s" --summary-interval 0 >>"$tmp/w.log" 2>&1 &
-worker_pid=$!
-drain_wait_claimed "$dedup" "$store" 1 "$tmp/started" || fail "the first handler did not start"
-
-# Freeze the store, then let the late entries arrive at once: their claim is
-# sent to the frozen server and waits for its answer.
-kill -STOP "$store_pid"
-{
-  echo MULTI
-  for i in $(seq 1 "$late"); do echo "XADD jobs * id m-late-$i"; done
-  echo EXEC
-} | rcli >/dev/null || fail "MULTI XADD"
-sleep 0.5
-drain_stop_timed "$worker_pid" "$store_pid"
-worker_pid=""
-rc=$DRAIN_RC
-took_ms=$DRAIN_TOOK_MS
-echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen, timeout ${timeout_s} s)"
+drain_frozen_store_stop "$dedup" "$store" "$lease" "$late" m-late-
 [ "$took_ms" -lt $(((drain_s + 1) * 1000)) ] || fail "the drain took ${took_ms} ms, want < $(((drain_s + 1) * 1000))"
 [ "$rc" = 75 ] || fail "worker exit $rc after SIGTERM, want 75 (store calls given up)"
 grep -q "given up at the drain deadline" "$tmp/w.log" || fail "no log line about what was given up"

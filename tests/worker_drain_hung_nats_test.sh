@@ -13,6 +13,10 @@
 #      first failed hand-back, the stopped handler's NAK) and a margin, not
 #      after one broker timeout per entry read ahead (16 s).
 #   2. Nothing is recorded: every claim is released (the store answers).
+#   3. The deliveries not handed back (the first hand-back failed, the rest were
+#      not tried) have their own count, hand_back_errors, in the summary, and
+#      one log line saying how many: they come back only on the broker's own
+#      timer (AckWait, 60 s here), which an operator must be able to see.
 set -uo pipefail
 dedup=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
@@ -60,5 +64,9 @@ echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s,
 drain_nothing_recorded "$dedup" "$store"
 held=$(grep -c in_progress "$tmp/inspect")
 [ "$held" = 0 ] || fail "$held claims still held after the drain (the store answered: want all released)"
-echo "ok: drain ${took_ms} ms with the broker frozen, nothing recorded, every claim released"
+grep -q "stopped: .*hand_back_errors=$queued" "$tmp/w.log" ||
+  fail "the summary at exit does not count $queued failed hand-backs (hand_back_errors)"
+grep -q "drain: $queued deliveries not started were not handed back" "$tmp/w.log" ||
+  fail "no log line saying $queued deliveries were not handed back"
+echo "ok: drain ${took_ms} ms with the broker frozen, nothing recorded, every claim released, $queued hand-backs counted as failed"
 echo PASS

@@ -148,14 +148,16 @@ class MessageSource {
                                                                               Millis wait) = 0;
 
   // Settles several deliveries that all get Ack(), in as few round trips as the
-  // broker allows. Default: Ack() each.
-  [[nodiscard]] virtual Status AckBatch(std::span<Delivery* const> deliveries) {
-    Status first;
-    for (Delivery* d : deliveries) {
-      Status s = d->Ack();
-      if (!s.ok() && first.ok()) first = std::move(s);
-    }
-    return first;
+  // broker allows. One Status per delivery, in their order: each one's own
+  // where the broker answers per delivery (RabbitMQ: an ack of a delivery whose
+  // connection is gone fails alone, the others are taken), one for several
+  // where one answer covers them (a Redis XACK, a NATS flush). Default: Ack()
+  // each.
+  [[nodiscard]] virtual std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) {
+    std::vector<Status> out;
+    out.reserve(deliveries.size());
+    for (Delivery* d : deliveries) out.push_back(d->Ack());
+    return out;
   }
 
   // "redis-streams 127.0.0.1:6379 stream=jobs group=billing" (never a password).
@@ -194,20 +196,25 @@ struct ConsumerMetrics {
   uint64_t broker_errors = 0;  // fetches, settlements and in-progress signals that failed
   // Of broker_errors: settlements of an outcome the broker did not take (or
   // whose answer was lost), by what they were: Ack() or AckBatch (each delivery
-  // of a failed batch), Retry(), DeadLetter(). Each such delivery is counted in
+  // whose status in the batch's answer is an error), Retry(), DeadLetter(). Each such delivery is counted in
   // one of these and not in acked, retries or dead_lettered; the broker delivers
   // it again on its own timer (its outcome, if recorded, answers DUPLICATE).
-  // The drain's hand-backs that failed count in broker_errors only.
   uint64_t ack_errors = 0;
   uint64_t retry_errors = 0;
   uint64_t dead_letter_errors = 0;
+  // Of broker_errors: deliveries the drain did not hand back (Retry(0) of what
+  // never started): its hand-back failed, or was not tried after one had (the
+  // broker does not answer). They come back only on the broker's own timer
+  // (JetStream's AckWait, the Streams reclaim min-idle, RabbitMQ's requeue when
+  // the connection closes), not at once as a hand-back would make them.
+  uint64_t hand_back_errors = 0;
   // Of `acked`: done by the store's completion in the same round trip
   // (Store::CanCompleteWithAck; docs/WORKER.md).
   uint64_t acked_with_complete = 0;
   // Batch claims sent (Buffer::ClaimBatch) and the deliveries they claimed.
   uint64_t claim_batches = 0;
   uint64_t claimed_in_batches = 0;
-  // AckBatch calls and the acks they carried.
+  // AckBatch calls and the acks they carried that the broker took.
   uint64_t ack_batches = 0;
   uint64_t acked_in_batches = 0;
   // Buffer::CompleteBatch calls of the completer and the outcomes they recorded.

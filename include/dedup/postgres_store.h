@@ -9,7 +9,8 @@
 //   schema           its schema (created when missing).             Default: public
 //   pool             connections, at most (shared by all threads).  Default: 8
 //   prefix           put before every key (a namespace).            Default: ""
-//   timeout          connect timeout and statement_timeout.         Default: 5s
+//   timeout          connect timeout, statement_timeout, and the    Default: 5s
+//                    wait for each answer (timeout + 1 s).
 //   expire_interval  time between two expiry rounds; 0 = none.      Default: 1s
 //   expire_batch     rows one expiry DELETE removes, at most.       Default: 500
 //   sslmode          libpq's sslmode.                               Default: prefer
@@ -17,8 +18,9 @@
 // One row per key (bytea primary key), created with its index on the retention
 // deadline by a versioned migration the first time a store opens the table (under
 // an advisory lock, so concurrent first opens are safe). A table written by another
-// record format, or a table of that name that dedup did not create, is refused
-// with FailedPrecondition, never misread. Errors name the problem and never the
+// record format, a table of that name that dedup did not create, or one whose
+// columns were changed by hand (missing, or of other types), is refused with
+// FailedPrecondition, never misread. Errors name the problem and never the
 // password: Unauthenticated for a wrong password, NotFound for a missing database,
 // Unavailable for a server that cannot be reached (or restarts), FailedPrecondition
 // for a peer that is not PostgreSQL 12 or later.
@@ -34,6 +36,15 @@
 // server's synchronous_commit and fsync settings make it). A server restart or a
 // dropped connection makes calls in flight return Unavailable (their effect is
 // unknown; every operation is safe to retry); the pool reconnects on the next call.
+// A server that does not answer at all (frozen, or a network that drops packets,
+// where its statement_timeout never comes back) fails a call with
+// DeadlineExceeded after timeout + 1 s, its connection closed, its effect unknown;
+// Store::StopWaiting bounds every wait by its grace from then on (Aborted).
+// A server where the session is read-only (a hot standby,
+// default_transaction_read_only) is refused at open with FailedPrecondition, unless
+// opened read_only.
+// A takeover that would raise a fence past 2^63 - 1 or an attempt past 2^31 - 1
+// is refused with DataLoss naming the key; nothing changes.
 //
 // Exactly-once effects: RunInTransaction() runs a handler's writes to the same
 // database in one transaction with the claim's completion (see below, and
@@ -81,7 +92,9 @@ struct PostgresStoreOptions {
   // FailedPrecondition with 1, and so does CanRunTransactions()). Default: 8.
   size_t pool_size = 8;
   // Bounds connecting (whole seconds, at least 2, as libpq counts) and each
-  // statement of the store's connections (statement_timeout). Default: 5 s.
+  // statement of the store's connections: on the server (statement_timeout),
+  // and on the client, which waits for an answer no longer than timeout + 1 s
+  // (a frozen server never sends its cancellation). Default: 5 s.
   Millis timeout{5'000};
   // Time between two expiry rounds; 0 = the store never deletes (run
   // ExpireNow() yourself). Default: 1 s.
@@ -95,12 +108,26 @@ struct PostgresStoreOptions {
   std::string sslmode;
   // What Describe() returns. Default: built from the fields above, no password.
   std::string description;
+  // A missing table is NotFound instead of being created, with its schema
+  // (OpenOptions::must_exist: `dedup inspect` / `forget`, where a mistyped
+  // ?table= must not make one). Default: false.
+  bool must_exist = false;
+  // Opened to read (Inspect, Scan: OpenOptions::read_only, as `dedup inspect`
+  // opens): a read-only server (a hot standby) is accepted and the background
+  // expiry does not run; implies must_exist. Otherwise a server where the
+  // session is read-only is refused at open (FailedPrecondition naming it):
+  // every claim writes. Default: false.
+  bool read_only = false;
 };
 
 // An open transaction on one of the store's connections, handed to a
 // TransactionalHandler together with its claim. Use connection() with any libpq
 // call, or Exec(); do not COMMIT, ROLLBACK or end the transaction yourself (the
-// store does, with the completion). Valid only during the handler's call.
+// store does, with the completion). One that does anyway (its writes may be
+// committed without the completion) has that statement answered
+// FailedPrecondition, every later Exec refused, and its key completed as failed
+// whatever it returns: never released, so never run again to apply the writes
+// twice. Valid only during the handler's call.
 class PostgresTransaction {
  public:
   virtual ~PostgresTransaction() = default;
@@ -114,7 +141,9 @@ class PostgresTransaction {
   using Row = std::vector<std::optional<std::string>>;  // text values, nullopt = NULL
   // Runs one statement with text parameters ($1, $2 ...; nullopt = NULL) and
   // returns its rows as text. A parameter (or the SQL) with a NUL byte is
-  // InvalidArgument: text cannot carry it (encode such bytes, e.g. as hex). A failing statement is an error, and the
+  // InvalidArgument: text cannot carry it (encode such bytes, e.g. as hex). A
+  // COPY (FROM STDIN, TO STDOUT) is FailedPrecondition naming it: nothing feeds
+  // it here (use INSERT). A failing statement is an error, and the
   // transaction is then rolled back whatever the handler returns.
   [[nodiscard]] virtual StatusOr<std::vector<Row>> Exec(
       std::string_view sql, const std::vector<std::optional<std::string>>& params = {}) = 0;

@@ -205,8 +205,8 @@ class Store {
   // over; a completion may or may not be recorded: the caller acks nothing for
   // it). A server that answers in time is not affected. Not undone; the shortest
   // grace asked for applies. Any thread, any number of times; never blocks.
-  // Default: nothing (memory and RocksDB wait on no server; the PostgreSQL store
-  // keeps its own timeouts).
+  // Default: nothing (memory and RocksDB wait on no server); the Redis and
+  // PostgreSQL stores implement it.
   virtual void StopWaiting(Millis grace) { (void)grace; }
 
   // "memory:", "rocksdb:/var/lib/dedup", "redis://127.0.0.1:6379" (no password).
@@ -303,9 +303,12 @@ struct OpenOptions {
   Clock* clock = nullptr;
   // Embedded stores: a missing store is NotFound instead of being created (admin
   // tools such as inspect and forget, where a mistyped path must not create one).
+  // PostgreSQL: so is a missing table (nor is its schema made).
   bool must_exist = false;
   // Embedded stores: open for reading only (nothing written, works on a read-only
-  // copy); writes answer FailedPrecondition. Implies must_exist.
+  // copy); writes answer FailedPrecondition. Implies must_exist. PostgreSQL: a
+  // read-only server (a hot standby) is accepted, which is refused otherwise,
+  // and the store runs no expiry.
   bool read_only = false;
   // Called once per open, with each warning about a server setting that can make
   // dedup process a message twice (Redis: an evicting maxmemory-policy, no AOF), or

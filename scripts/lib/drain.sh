@@ -32,6 +32,17 @@
 #       freezes each FROZEN_PID (SIGSTOP, by PID), sends the worker SIGTERM and
 #       waits for it, then thaws them (SIGCONT); sets DRAIN_RC (the worker's exit
 #       code) and DRAIN_TOOK_MS (SIGTERM to exit).
+#   drain_frozen_store_stop DEDUP STORE_URI LEASE LATE ID_PREFIX
+#       the run of the drain tests whose store freezes with claims in flight:
+#       publishes one entry (key m-1) to the stream of drain_stream_and_store,
+#       starts `dedup worker` on it (consumer w, --exec $tmp/handler.sh of
+#       drain_sleeping_handler, --concurrency 2 --prefetch 8, --lease LEASE,
+#       --drain-timeout ${drain_s}s, log $tmp/w.log; its PID in worker_pid) and
+#       waits until its handler runs; then freezes the store (store_pid, SIGSTOP)
+#       and lets LATE entries arrive at once (MULTI/EXEC, keys ID_PREFIX1 to
+#       ID_PREFIX<LATE>), so that their claims are sent and wait; 0.5 s later it
+#       stops the worker (drain_stop_timed). Sets rc and took_ms, clears
+#       worker_pid and prints them (with drain_s and timeout_s).
 
 DRAIN_KILL_VARS=${DRAIN_KILL_VARS:-}
 DRAIN_THAW_VARS=${DRAIN_THAW_VARS:-}
@@ -113,4 +124,28 @@ drain_stop_timed() {
   DRAIN_RC=$?
   DRAIN_TOOK_MS=$((($(date +%s%N) - t0) / 1000000))
   for p in "$@"; do kill -CONT "$p"; done
+}
+
+drain_frozen_store_stop() {
+  local dedup=$1 store=$2 lease=$3 late=$4 prefix=$5 i
+  "$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count 1 \
+    --id-prefix m- --quiet || fail "publish"
+  "$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w" \
+    --store "$store" --exec "$tmp/handler.sh" --no-shell --concurrency 2 --prefetch 8 \
+    --lease "$lease" --drain-timeout "${drain_s}s" --summary-interval 0 >>"$tmp/w.log" 2>&1 &
+  worker_pid=$!
+  drain_wait_claimed "$dedup" "$store" 1 "$tmp/started" || fail "the first handler did not start"
+  kill -STOP "$store_pid"
+  {
+    echo MULTI
+    for i in $(seq 1 "$late"); do echo "XADD jobs * id $prefix$i"; done
+    echo EXEC
+  } | rcli >/dev/null || fail "MULTI XADD"
+  sleep 0.5
+  drain_stop_timed "$worker_pid" "$store_pid"
+  worker_pid=""
+  rc=$DRAIN_RC
+  took_ms=$DRAIN_TOOK_MS
+  echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen," \
+    "timeout ${timeout_s} s)"
 }

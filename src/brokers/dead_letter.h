@@ -6,7 +6,10 @@
 // header block against max_payload (1 MiB by default) with the payload, AMQP
 // needs the whole content header in one frame (128 KiB as dedup logs in). A
 // longer reason made every copy fail, and the message came back for ever (or
-// its reason was lost). Redis Streams carries it whole (a stream field).
+// its reason was lost). Redis Streams carries it whole (a stream field). On
+// NATS a message near max_payload has no room for the copy's headers whatever
+// the reason's length: its copy then goes without the data (nats_source.cc,
+// NatsDelivery::DeadLetter).
 
 #ifndef DEDUP_SRC_BROKERS_DEAD_LETTER_H_
 #define DEDUP_SRC_BROKERS_DEAD_LETTER_H_

@@ -58,8 +58,9 @@ struct PublishFlags {
 // a Redis out of memory (OOM under maxmemory with noeviction: keys expire,
 // consumers trim, an operator raises the limit), or a RabbitMQ nack (ABORTED: a
 // queue at its length limit with reject-publish, which its consumers drain). A
-// wrong password, a refused vhost or write permission or a bad option is 2, as
-// for the worker.
+// wrong password, a refused vhost or write permission, a message the broker
+// refuses as it is (over NATS's max_payload or a stream's max_msg_size, over
+// RabbitMQ's max_message_size) or a bad option is 2, as for the worker.
 int ExitFor(const Status& s) {
   return s.retryable() || s.code() == StatusCode::kResourceExhausted ||
                  s.code() == StatusCode::kAborted

@@ -141,6 +141,7 @@ void RegisterWorkerMetrics(metrics::Registry& registry, const Consumer& w) {
       {"ack_errors", &ConsumerMetrics::ack_errors},
       {"retry_errors", &ConsumerMetrics::retry_errors},
       {"dead_letter_errors", &ConsumerMetrics::dead_letter_errors},
+      {"hand_back_errors", &ConsumerMetrics::hand_back_errors},
       {"acked_with_complete", &ConsumerMetrics::acked_with_complete},
       {"claim_batches", &ConsumerMetrics::claim_batches},
       {"claimed_in_batches", &ConsumerMetrics::claimed_in_batches},

@@ -45,6 +45,7 @@ std::string ConsumerMetrics::ToPrometheus() const {
       {"waited_for_copy", waited_for_copy},
       {"broker_errors", broker_errors}, {"ack_errors", ack_errors},
       {"retry_errors", retry_errors}, {"dead_letter_errors", dead_letter_errors},
+      {"hand_back_errors", hand_back_errors},
       {"acked_with_complete", acked_with_complete},
       {"claim_batches", claim_batches}, {"claimed_in_batches", claimed_in_batches},
       {"ack_batches", ack_batches}, {"acked_in_batches", acked_in_batches},
@@ -69,6 +70,7 @@ std::string ConsumerMetrics::Summary() const {
          " broker_errors=" + std::to_string(broker_errors) +
          " ack_errors=" + std::to_string(ack_errors) + " retry_errors=" +
          std::to_string(retry_errors) + " dead_letter_errors=" + std::to_string(dead_letter_errors) +
+         " hand_back_errors=" + std::to_string(hand_back_errors) +
          " acked_with_complete=" + std::to_string(acked_with_complete);
 }
 
@@ -183,6 +185,7 @@ class Consumer::Impl {
     m.ack_errors = n_.ack_errors.load();
     m.retry_errors = n_.retry_errors.load();
     m.dead_letter_errors = n_.dead_letter_errors.load();
+    m.hand_back_errors = n_.hand_back_errors.load();
     m.acked_with_complete = n_.acked_with_complete.load();
     m.claim_batches = n_.claim_batches.load();
     m.claimed_in_batches = n_.claimed_in_batches.load();
@@ -231,7 +234,7 @@ class Consumer::Impl {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
         lost_leases{0}, retries{0}, dead_lettered{0}, store_errors{0}, claim_errors{0}, acked{0},
         redelivered{0}, held_back{0}, waited_for_copy{0}, broker_errors{0}, ack_errors{0},
-        retry_errors{0}, dead_letter_errors{0}, acked_with_complete{0},
+        retry_errors{0}, dead_letter_errors{0}, hand_back_errors{0}, acked_with_complete{0},
         claim_batches{0}, claimed_in_batches{0}, ack_batches{0}, acked_in_batches{0},
         complete_batches{0}, completed_in_batches{0};
   };
@@ -704,19 +707,52 @@ class Consumer::Impl {
     }
   }
 
-  // One MessageSource::AckBatch, counted.
+  // One MessageSource::AckBatch, counted per delivery as the broker answered:
+  // the acks it took in acked, the others in ack_errors, with one log line per
+  // distinct error naming the deliveries it failed.
   void AckAll(std::span<Delivery* const> deliveries) {
-    Status s = source_->AckBatch(deliveries);
+    std::vector<Status> st = source_->AckBatch(deliveries);
+    if (st.size() != deliveries.size()) {
+      // A source that answers for other deliveries than it was given: none is known.
+      st.assign(deliveries.size(),
+                Status::Internal("AckBatch answered " + std::to_string(st.size()) +
+                                 " statuses for " + std::to_string(deliveries.size()) +
+                                 " deliveries"));
+    }
     n_.ack_batches.fetch_add(1, std::memory_order_relaxed);
-    if (s.ok()) {
-      n_.acked.fetch_add(deliveries.size(), std::memory_order_relaxed);
-      n_.acked_in_batches.fetch_add(deliveries.size(), std::memory_order_relaxed);
-    } else {
-      // Not acked: the broker delivers them again; their outcomes are recorded,
-      // so the next deliveries get DUPLICATE and ack.
-      n_.broker_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
-      n_.ack_errors.fetch_add(deliveries.size(), std::memory_order_relaxed);
-      Log("ack of " + std::to_string(deliveries.size()) + " deliveries: " + s.ToString());
+    size_t ok = 0;
+    // Each distinct error, the deliveries it failed (in the batch's order).
+    std::vector<std::pair<std::string, std::vector<std::string>>> failed;
+    for (size_t i = 0; i < st.size(); ++i) {
+      if (st[i].ok()) {
+        ++ok;
+        continue;
+      }
+      // Not acked: the broker delivers it again; its outcome is recorded, so
+      // the next delivery gets DUPLICATE and acks.
+      const std::string why = st[i].ToString();
+      auto it = std::find_if(failed.begin(), failed.end(),
+                             [&](const auto& f) { return f.first == why; });
+      if (it == failed.end()) {
+        failed.emplace_back(why, std::vector<std::string>());
+        it = failed.end() - 1;
+      }
+      it->second.push_back(deliveries[i]->id());
+    }
+    n_.acked.fetch_add(ok, std::memory_order_relaxed);
+    n_.acked_in_batches.fetch_add(ok, std::memory_order_relaxed);
+    const size_t errors = deliveries.size() - ok;
+    n_.broker_errors.fetch_add(errors, std::memory_order_relaxed);
+    n_.ack_errors.fetch_add(errors, std::memory_order_relaxed);
+    constexpr size_t kIdsShown = 8;
+    for (const auto& [why, ids] : failed) {
+      std::string shown;
+      for (size_t i = 0; i < ids.size() && i < kIdsShown; ++i) {
+        shown += (i == 0 ? "" : ", ") + internal::Printable(ids[i]);
+      }
+      if (ids.size() > kIdsShown) shown += ", ...";
+      Log("ack of " + std::to_string(ids.size()) + " deliveries (" + shown + ") of a batch of " +
+          std::to_string(deliveries.size()) + ": " + why);
     }
   }
 
@@ -967,7 +1003,7 @@ class Consumer::Impl {
       held_keys_.clear();
     }
     unfinished_.fetch_sub(static_cast<int>(unstarted.size()), std::memory_order_acq_rel);
-    size_t abandoned = 0, not_handed_back = 0;
+    size_t abandoned = 0, failed_hand_backs = 0, not_tried = 0;
     std::string why, broker_why;
     for (Job& j : unstarted) {
       if (j.claim.has_value() && !j.claim->ok()) NoteGivenUp(j.claim->status(), true);
@@ -990,11 +1026,14 @@ class Consumer::Impl {
         Status s = j.delivery->Retry(Millis(0));
         if (!s.ok()) {
           n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+          n_.hand_back_errors.fetch_add(1, std::memory_order_relaxed);
           broker_why = s.ToString();
+          ++failed_hand_backs;
         }
       } else {
-        ++not_handed_back;  // not settled: counted as a failed one would be
+        ++not_tried;  // not settled: counted as a failed one would be
         n_.broker_errors.fetch_add(1, std::memory_order_relaxed);
+        n_.hand_back_errors.fetch_add(1, std::memory_order_relaxed);
       }
       std::lock_guard lock(mu_);
       held_.erase(j.delivery->id());
@@ -1005,9 +1044,12 @@ class Consumer::Impl {
           "back unacked");
     }
     if (!broker_why.empty()) {
-      Log("drain: a hand-back failed (" + broker_why + "): " +
-          std::to_string(not_handed_back) + " more deliveries not started were not handed "
-          "back; the broker redelivers them unacked");
+      // One line with the count (hand_back_errors): they come back only on the
+      // broker's own timer, which may be long (an AckWait of the lease + 1 s).
+      Log("drain: " + std::to_string(failed_hand_backs + not_tried) + " deliveries not started "
+          "were not handed back (" + std::to_string(failed_hand_backs) + " hand-back failed: " +
+          broker_why + "; " + std::to_string(not_tried) + " not tried after it): the broker "
+          "redelivers them unacked on its own timer");
     }
   }
 

@@ -8,8 +8,43 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace dedup::internal {
+
+StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view param,
+                                     const std::string& file) {
+  const std::string p(param);
+  // "password_file" names a "password file", "token_file" a "token file".
+  const std::string noun = p.ends_with("_file") ? p.substr(0, p.size() - 5) : p;
+  if (file.empty()) return Status::InvalidArgument(what + ": " + p + "= is empty");
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    return Status::InvalidArgument(what + ": cannot read " + p + " '" + file +
+                                   "': " + std::strerror(errno));
+  }
+  // A directory opens, and reads as nothing; /dev/zero or a huge file would be
+  // read without end. Neither is a secret file: named for what it is.
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec)) {
+    return Status::InvalidArgument(what + ": " + p + " '" + file + "' is a directory");
+  }
+  std::string secret;
+  secret.resize(kMaxPasswordFileBytes + 1);
+  in.read(secret.data(), static_cast<std::streamsize>(secret.size()));
+  secret.resize(static_cast<size_t>(in.gcount()));
+  if (secret.size() > kMaxPasswordFileBytes) {
+    secret.clear();
+    return Status::InvalidArgument(what + ": " + p + " '" + file + "' is larger than " +
+                                   std::to_string(kMaxPasswordFileBytes / 1024) +
+                                   " KiB: not a " + noun + " file");
+  }
+  if (!secret.empty() && secret.back() == '\n') secret.pop_back();
+  if (!secret.empty() && secret.back() == '\r') secret.pop_back();
+  if (secret.empty()) return Status::InvalidArgument(what + ": " + p + " '" + file + "' is empty");
+  return secret;
+}
 
 StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialRules& rules) {
   // The scheme passed ParseUri: letters, digits, '+', '-', '.' only.
@@ -29,32 +64,9 @@ StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialR
   if (file) {
     // With a file, a lone user-info is the user name.
     c.user = uri.user;
-    if (file->empty()) return Status::InvalidArgument(what + ": password_file= is empty");
-    std::ifstream in(*file, std::ios::binary);
-    if (!in) {
-      return Status::InvalidArgument(what + ": cannot read password_file '" + *file +
-                                     "': " + std::strerror(errno));
-    }
-    // A directory opens, and reads as nothing; /dev/zero or a huge file would be
-    // read without end. Neither is a password file: named for what it is.
-    std::error_code ec;
-    if (std::filesystem::is_directory(*file, ec)) {
-      return Status::InvalidArgument(what + ": password_file '" + *file + "' is a directory");
-    }
-    c.password.resize(kMaxPasswordFileBytes + 1);
-    in.read(c.password.data(), static_cast<std::streamsize>(c.password.size()));
-    c.password.resize(static_cast<size_t>(in.gcount()));
-    if (c.password.size() > kMaxPasswordFileBytes) {
-      c.password.clear();
-      return Status::InvalidArgument(what + ": password_file '" + *file + "' is larger than " +
-                                     std::to_string(kMaxPasswordFileBytes / 1024) +
-                                     " KiB: not a password file");
-    }
-    if (!c.password.empty() && c.password.back() == '\n') c.password.pop_back();
-    if (!c.password.empty() && c.password.back() == '\r') c.password.pop_back();
-    if (c.password.empty()) {
-      return Status::InvalidArgument(what + ": password_file '" + *file + "' is empty");
-    }
+    auto pw = ReadSecretFile(what, kPasswordFileParam, *file);
+    if (!pw.ok()) return pw.status();
+    c.password = std::move(pw).value();
     c.has_password = true;
     return c;
   }

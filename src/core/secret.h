@@ -11,14 +11,17 @@
 //   3. the environment:    DEDUP_REDIS_PASSWORD, for redis:// and redis+cluster://
 //                          only, when neither of the above gives one.
 // Used by redis://, redis+cluster://, amqp:// and nats://. Giving both 1 and 2 is
-// an error. Messages name the URI's scheme ("amqp URI: password_file= is empty");
-// no message ever contains the password.
+// an error. nats:// also takes a token (nats://TOKEN@host, or token_file=, read
+// by ReadSecretFile as password_file= is: brokers/nats/nats_source.h). Messages
+// name the URI's scheme ("amqp URI: password_file= is empty"); no message ever
+// contains the password (or token).
 
 #ifndef DEDUP_SRC_CORE_SECRET_H_
 #define DEDUP_SRC_CORE_SECRET_H_
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 #include "core/uri.h"
 #include "dedup/status.h"
@@ -44,6 +47,13 @@ struct CredentialRules {
   // "scheme://secret@host" is the password (redis-cli's reading), not the user.
   bool lone_user_is_password = false;
 };
+
+// The secret in `file`, named by URI parameter `param` ("password_file",
+// "token_file"): the whole file, at most kMaxPasswordFileBytes, one trailing
+// newline (LF or CR LF) dropped. InvalidArgument "<what>: ..." naming the file
+// (missing, a directory, empty, too large), never what it holds.
+StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view param,
+                                     const std::string& file);
 
 // The credentials of `uri` by the rules above.
 StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialRules& rules);

@@ -92,7 +92,18 @@ Status CheckParamNames(const std::vector<std::string>& names,
 
 Status Uri::CheckParams(std::initializer_list<std::string_view> known) const {
   std::vector<std::string> names;
-  for (const auto& [k, v] : params) names.push_back(k);
+  for (const auto& [k, v] : params) {
+    // "postgres://u:p?ss@h/db", "amqp://u:p?ss@h?queue=q": a '?' written raw in a
+    // password or token began the query inside the user-info, so this name holds
+    // the secret's tail and the host. No known name has an '@'; neither the name
+    // nor the secret is named.
+    if (k.find('@') != std::string::npos) {
+      return Status::InvalidArgument(scheme + " URI has an '@' in a parameter name: a '?' "
+                                     "written raw in a password or token ends the host; "
+                                     "write it %3F");
+    }
+    names.push_back(k);
+  }
   return CheckParamNames(names, known, {"parameter", scheme + " URI"});
 }
 
@@ -235,6 +246,25 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
       if (port.empty()) return bad("empty port");
     }
     if (host.find(':') == std::string_view::npos) return bad("brackets hold an IPv6 address");
+    if (const size_t pct = host.find('%'); pct != std::string_view::npos) {
+      // RFC 6874: a zone id (the interface of a link-local address) follows the
+      // address as "%25" and the zone, itself percent-encoded: "[fe80::1%25eth0]".
+      // The host is what the resolver reads: "fe80::1%eth0".
+      static constexpr char kZoneForm[] = " (RFC 6874: [fe80::1%25eth0])";
+      if (host.substr(pct, 3) != "%25") {
+        return bad(std::string("a zone id follows the address as %25 and the zone") + kZoneForm);
+      }
+      if (pct + 3 == host.size()) return bad(std::string("empty zone id") + kZoneForm);
+      StatusOr<std::string> zone = Decode(host.substr(pct + 3), "zone id");
+      if (!zone.ok()) return bad(std::string("bad percent-escape in the zone id") + kZoneForm);
+      for (unsigned char ch : *zone) {
+        if (ch <= ' ' || ch >= 0x7f || ch == '/' || ch == '?' || ch == '@' || ch == '[' ||
+            ch == ']') {
+          return bad(std::string("bad character in the zone id") + kZoneForm);
+        }
+      }
+      hp.host.assign(host.substr(0, pct)).append("%").append(*zone);
+    }
   } else if (size_t c = text.find(':'); c != std::string_view::npos) {
     if (text.find(':', c + 1) != std::string_view::npos) {
       return bad("an IPv6 address must be in brackets, e.g. [::1]:PORT");
@@ -244,12 +274,13 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
     if (port.empty()) return bad("empty port");
   }
   if (host.empty()) return bad("no host name");
-  for (char ch : host) {
+  // The address before a zone id (set in hp.host above, already checked).
+  for (char ch : hp.host.empty() ? host : host.substr(0, host.find('%'))) {
     if (ch == '/' || ch == '?' || ch == '@' || ch == '[' || ch == ']' || ch == ' ') {
       return bad("bad character in the host name");
     }
   }
-  hp.host.assign(host);
+  if (hp.host.empty()) hp.host.assign(host);
   if (!port.empty()) {
     int p = 0;
     auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);

@@ -28,7 +28,8 @@ struct Uri {
 
   std::optional<std::string> Param(std::string_view name) const;
   // InvalidArgument naming the first parameter not in `known` and listing those
-  // (CheckParamNames).
+  // (CheckParamNames). A name with an '@' (the tail of a password or token whose
+  // '?' was written raw, and the host) is refused without being named.
   Status CheckParams(std::initializer_list<std::string_view> known) const;
   // The URI with any password replaced by "***", for messages and logs.
   std::string Redacted() const;

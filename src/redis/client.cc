@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -23,6 +22,7 @@
 #include <ctime>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -44,6 +44,22 @@ std::string Lower1(const char* s) {
 }
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+// READONLY: the server is a replica now (a failover made another server the
+// primary, and this one was turned into its replica: Sentinel, REPLICAOF). The
+// connection that got it is dropped, so that the next call connects to the
+// address again and reaches whatever server it leads to then (a virtual IP, a
+// proxy or a DNS name that followed the failover).
+bool AnyReadOnly(const Reply* replies, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const redisReply* r = replies[i].get();
+    if (r != nullptr && r->type == REDIS_REPLY_ERROR && r->str != nullptr &&
+        StartsWith(std::string_view(r->str, r->len), "READONLY")) {
+      return true;
+    }
+  }
+  return false;
+}
 
 // Steady ms at the kernel tick's resolution (1 to 4 ms): a few instructions, where
 // the precise clock costs a vDSO call. Enough for the idle check of LooksAlive.
@@ -132,12 +148,6 @@ bool IsError(const redisReply* r) { return r != nullptr && r->type == REDIS_REPL
 std::string_view ReplyText(const redisReply* r) {
   if (r == nullptr || r->str == nullptr) return {};
   return std::string_view(r->str, r->len);
-}
-
-int64_t SteadyMillis() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // ---- CommandBuffer ------------------------------------------------------------
@@ -251,44 +261,6 @@ std::string_view CommandBuffer::key(size_t i) const {
   if (s.key_len == 0) return {};
   if (s.side) return std::string_view(side_keys_).substr(s.key_at, s.key_len);
   return std::string_view(buf_.get() + s.key_at, s.key_len);
-}
-
-// ---- WaitStop ------------------------------------------------------------------
-
-WaitStop::WaitStop() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
-
-WaitStop::~WaitStop() {
-  if (fd_ >= 0) close(fd_);
-}
-
-void WaitStop::Stop(Millis grace) {
-  const int64_t g = std::max<int64_t>(0, grace.count());
-  int64_t cur = grace_ms_.load();
-  while (g < cur && !grace_ms_.compare_exchange_weak(cur, g)) {
-  }
-  int64_t none = 0;
-  (void)at_ms_.compare_exchange_strong(none, std::max<int64_t>(1, SteadyMillis()),
-                                       std::memory_order_acq_rel);
-  // After at_ms_: a reader that saw "not stopped" before polling wakes up here.
-  if (fd_ >= 0) {
-    const uint64_t one = 1;
-    (void)!write(fd_, &one, sizeof one);
-  }
-}
-
-int64_t WaitStop::GiveUpAt(int64_t start_ms, const std::string& server) const {
-  const int64_t at = at_ms_.load(std::memory_order_acquire);
-  if (at == 0) return INT64_MAX;
-  {
-    std::lock_guard lock(mu_);
-    if (given_up_.count(server) != 0) return 0;
-  }
-  return std::max(at, start_ms) + grace_ms_.load();
-}
-
-void WaitStop::GaveUp(const std::string& server) const {
-  std::lock_guard lock(mu_);
-  given_up_.insert(server);
 }
 
 // ---- Connection ---------------------------------------------------------------
@@ -834,6 +806,8 @@ class SharedConnection {
       replies_.clear();
       return;
     }
+    // A replica now: the next batch connects again (AnyReadOnly).
+    if (AnyReadOnly(replies_.data(), n)) conn_.reset();
     size_t at = 0;
     for (Request* r : batch) {
       r->replies->clear();
@@ -1019,6 +993,12 @@ Status Node::PooledPipeline(const CommandBuffer& cmds, std::vector<Reply>* repli
     if (s.ok()) {
       round_trips_.fetch_add(1, std::memory_order_relaxed);
       commands_.fetch_add(cmds.size(), std::memory_order_relaxed);
+      if (AnyReadOnly(replies->data(), replies->size())) {
+        // A replica now (AnyReadOnly): this connection and the idle ones go.
+        c.value().reset();
+        Discard(/*drop_idle=*/true);
+        return s;
+      }
       Return(std::move(c).value());
       return s;
     }
@@ -1125,62 +1105,168 @@ void Router::MaybeRefresh() {
   (void)Refresh();
 }
 
+// One reload's asks: the answer of each node asked, filled by its thread.
+struct Router::SlotsAsk {
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Answer {
+    bool done = false;
+    Status status;
+    Reply reply;
+  };
+  std::vector<Answer> answers;
+};
+
+Router::~Router() {
+  // An ask still waiting (a frozen node) gives up now (its wait polls the stop's
+  // eventfd; a connect in progress ends within its timeout).
+  wait_stop_.Stop(Millis(0));
+  std::vector<Asker> askers;
+  {
+    std::lock_guard lock(askers_mu_);  // which each ask takes as it ends
+    askers.swap(askers_);
+  }
+  for (Asker& a : askers) a.thread.join();
+}
+
+void Router::AskSlots(const std::shared_ptr<SlotsAsk>& ask, Node* n, size_t i) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto body = [this, ask, n, i, done] {
+    const Command cmd{{"CLUSTER", "SLOTS"}};
+    const Command* cmds[] = {&cmd};
+    std::vector<Reply> replies;
+    Status s = n->Pipeline(cmds, &replies, "CLUSTER SLOTS");
+    {
+      std::lock_guard lock(ask->mu);
+      SlotsAsk::Answer& a = ask->answers[i];
+      if (s.ok()) a.reply = std::move(replies[0]);
+      a.status = std::move(s);
+      a.done = true;
+    }
+    ask->cv.notify_all();
+    {
+      std::lock_guard lock(askers_mu_);
+      asking_.erase(n);
+    }
+    done->store(true, std::memory_order_release);
+  };
+  {
+    std::lock_guard lock(askers_mu_);
+    asking_.insert(n);
+  }
+  std::thread t;
+  try {
+    t = std::thread(body);
+  } catch (const std::system_error&) {
+    body();  // no thread to be had: asked here, and waited for
+    return;
+  }
+  std::lock_guard lock(askers_mu_);
+  askers_.push_back(Asker{std::move(t), std::move(done)});
+}
+
 Status Router::Refresh() {
   last_refresh_ = SteadyMillis();
-  std::vector<Node*> candidates = [&] {
-    std::shared_lock lock(mu_);
-    std::vector<Node*> v;
-    for (auto& [name, node] : nodes_) v.push_back(node.get());
-    return v;
-  }();
+  std::vector<Node*> candidates;
+  {
+    std::lock_guard lock(askers_mu_);
+    for (auto it = askers_.begin(); it != askers_.end();) {  // the asks that ended
+      if (it->done->load(std::memory_order_acquire)) {
+        it->thread.join();
+        it = askers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // A node still asked by an earlier reload has not answered it: not again.
+    std::shared_lock nodes_lock(mu_);
+    for (auto& [name, node] : nodes_) {
+      if (asking_.count(node.get()) == 0) candidates.push_back(node.get());
+    }
+  }
   // A node that just failed is asked last: when it is down or stalled, the
-  // others know the new map (and a stalled one would cost a whole timeout).
+  // others know the new map.
   if (Node* f = failed_.load(); f != nullptr) {
     std::stable_partition(candidates.begin(), candidates.end(), [f](Node* n) { return n != f; });
   }
   Status last = Status::Unavailable("redis cluster: no node to ask for CLUSTER SLOTS");
-  const Command cmd{{"CLUSTER", "SLOTS"}};
-  const Command* cmds[] = {&cmd};
-  for (Node* n : candidates) {
-    std::vector<Reply> replies;
-    Status s = n->Pipeline(cmds, &replies, "CLUSTER SLOTS");
-    if (!s.ok()) {
-      last = s;
-      continue;
-    }
-    const redisReply* r = replies[0].get();
-    if (IsError(r)) {
-      last = Status::FailedPrecondition("redis " + n->name() + ": CLUSTER SLOTS: " +
-                                        std::string(ReplyText(r)) +
-                                        " (use redis:// for a server that is not a cluster)");
-      continue;
-    }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
-      last = Status::Unavailable("redis " + n->name() + ": CLUSTER SLOTS: no slot is served");
-      continue;
-    }
-    std::array<Node*, 16384> fresh{};
-    for (size_t i = 0; i < r->elements; ++i) {
-      const redisReply* range = r->element[i];
-      if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) continue;
-      const redisReply* master = range->element[2];
-      if (master->type != REDIS_REPLY_ARRAY || master->elements < 2) continue;
-      std::string host(ReplyText(master->element[0]));
-      if (host.empty() || host == "?") host = n->endpoint().host;
-      Endpoint ep{host, static_cast<int>(master->element[1]->integer)};
-      Node* owner = NodeAt(ep.Name());
-      const long long lo = std::max<long long>(0, range->element[0]->integer);
-      const long long hi = std::min<long long>(16383, range->element[1]->integer);
-      for (long long s2 = lo; s2 <= hi; ++s2) fresh[s2] = owner;
-    }
+  const size_t n = candidates.size();
+  if (n == 0) return last;
+  auto ask = std::make_shared<SlotsAsk>();
+  ask->answers.resize(n);
+  size_t started = 0, taken = 0;
+  std::vector<bool> seen(n, false);
+  std::chrono::steady_clock::time_point hedge_at;
+  const auto ask_next = [&] {
+    const size_t k = started++;
+    AskSlots(ask, candidates[k], k);
+    hedge_at = std::chrono::steady_clock::now() + kRefreshHedge;
+  };
+  ask_next();
+  for (;;) {
+    size_t i = n;
+    Reply reply;
+    Status status;
     {
-      std::unique_lock lock(mu_);
-      slots_ = fresh;
+      std::unique_lock lock(ask->mu);
+      for (;;) {
+        for (size_t k = 0; k < started && i == n; ++k) {
+          if (ask->answers[k].done && !seen[k]) i = k;
+        }
+        if (i < n || taken == n) break;
+        if (started == n) {
+          ask->cv.wait(lock);  // every node asked: the first answer, or each one's timeout
+        } else if (ask->cv.wait_until(lock, hedge_at) == std::cv_status::timeout) {
+          break;
+        }
+      }
+      if (i < n) {
+        seen[i] = true;
+        ++taken;
+        status = std::move(ask->answers[i].status);
+        reply = std::move(ask->answers[i].reply);
+      }
     }
-    stale_ = false;
-    return Status::Ok();
+    if (i == n && taken == n) return last;  // every node answered, none with a map
+    if (i < n) {
+      Status s = status.ok() ? UseSlots(candidates[i], reply.get()) : std::move(status);
+      if (s.ok()) return s;
+      last = std::move(s);
+    }
+    // A failure, or no map within kRefreshHedge: the next node is asked (too).
+    if (started < n) ask_next();
   }
-  return last;
+}
+
+Status Router::UseSlots(Node* n, const redisReply* r) {
+  if (IsError(r)) {
+    return Status::FailedPrecondition("redis " + n->name() + ": CLUSTER SLOTS: " +
+                                      std::string(ReplyText(r)) +
+                                      " (use redis:// for a server that is not a cluster)");
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
+    return Status::Unavailable("redis " + n->name() + ": CLUSTER SLOTS: no slot is served");
+  }
+  std::array<Node*, 16384> fresh{};
+  for (size_t i = 0; i < r->elements; ++i) {
+    const redisReply* range = r->element[i];
+    if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) continue;
+    const redisReply* master = range->element[2];
+    if (master->type != REDIS_REPLY_ARRAY || master->elements < 2) continue;
+    std::string host(ReplyText(master->element[0]));
+    if (host.empty() || host == "?") host = n->endpoint().host;
+    Endpoint ep{host, static_cast<int>(master->element[1]->integer)};
+    Node* owner = NodeAt(ep.Name());
+    const long long lo = std::max<long long>(0, range->element[0]->integer);
+    const long long hi = std::min<long long>(16383, range->element[1]->integer);
+    for (long long s2 = lo; s2 <= hi; ++s2) fresh[s2] = owner;
+  }
+  {
+    std::unique_lock lock(mu_);
+    slots_ = fresh;
+  }
+  stale_ = false;
+  return Status::Ok();
 }
 
 // ---- Client ---------------------------------------------------------------------
@@ -1206,12 +1292,19 @@ bool ParseRedirect(std::string_view e, const Node* from, uint16_t* slot, std::st
   if (host.empty() || host == "?") host = from->endpoint().host;
   // Redis writes ip:port with an IPv6 address unbracketed ("ASK 3999 ::1:7117"):
   // the port is after the last colon, and the node is named as CLUSTER SLOTS's
-  // host and port are ("[::1]:7117"), so that both find one Node.
-  if (host.front() != '[' && host.find(':') != std::string_view::npos) {
-    address->assign("[").append(host).append("]").append(node.substr(colon));
-  } else {
+  // host and port are (Endpoint::Name: "[::1]:7117", a zone id as "%25":
+  // "[fe80::1%25lo]:7117"), so that both find one Node.
+  if (host.front() == '[') {
     address->assign(host).append(node.substr(colon));
+    return true;
   }
+  const std::string_view port = node.substr(colon + 1);
+  int p2 = 0;
+  auto [pe, pec] = std::from_chars(port.data(), port.data() + port.size(), p2);
+  if (pec != std::errc() || pe != port.data() + port.size() || p2 <= 0 || p2 > 65535) {
+    return false;
+  }
+  *address = Endpoint{std::string(host), p2}.Name();
   return true;
 }
 
@@ -1230,8 +1323,13 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
   }
   if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
+  if (StartsWith(e, "READONLY")) {
+    return Status::Unavailable(msg + " (the server is a read-only replica now, e.g. after a "
+                                     "failover; the connection is dropped and a later call "
+                                     "connects to the address again)");
+  }
   if (StartsWith(e, "LOADING") || StartsWith(e, "BUSY") || StartsWith(e, "CLUSTERDOWN") ||
-      StartsWith(e, "READONLY") || StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||
+      StartsWith(e, "MASTERDOWN") || StartsWith(e, "TRYAGAIN") ||
       StartsWith(e, "MOVED") || StartsWith(e, "ASK")) {
     return Status::Unavailable(msg);
   }
@@ -1394,19 +1492,47 @@ Status Client::ExecMany(std::string_view op, const CommandBuffer& cmds,
     for (size_t i = 0; i < cmds.size(); ++i) groups[router_.NodeFor(cmds.key(i))].push_back(i);
     CommandBuffer part;
     std::vector<Reply> got;
-    for (auto& [node, idx] : groups) {
-      part.Clear();
-      for (size_t i : idx) part.AppendFrom(cmds, i);
-      bool reached = false;
-      if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
-        router_.OnNodeFailure(node);  // the next calls reload the map (see Run)
-        failed(std::move(s), reached);
-        if (unknown != nullptr) {
-          for (size_t i : idx) (*unknown)[i] = reached;
+    // The parts of nodes that failed before anything of them was written (down,
+    // refusing, backing off), with the failure: as Run does for one command, the
+    // map is reloaded and each goes to the node that serves its slot now (the
+    // replica that took over from a dead primary) in a second round, in this call.
+    // A batch answers all its items or none (store.h), so without this one dead
+    // primary failed the whole batch until the next call used the new map.
+    std::vector<std::pair<Node*, Status>> unsent;
+    for (int round = 0; round < 2 && !groups.empty(); ++round) {
+      std::map<Node*, std::vector<size_t>> unsent_idx;
+      for (auto& [node, idx] : groups) {
+        part.Clear();
+        for (size_t i : idx) part.AppendFrom(cmds, i);
+        bool reached = false;
+        if (Status s = node->Pipeline(part, &got, op, &reached); !s.ok()) {
+          router_.OnNodeFailure(node);  // the map is reloaded (here, or by the next call)
+          if (!reached && round == 0) {
+            unsent.emplace_back(node, std::move(s));
+            unsent_idx[node] = idx;
+            continue;
+          }
+          failed(std::move(s), reached);
+          if (unknown != nullptr) {
+            for (size_t i : idx) (*unknown)[i] = reached;
+          }
+          continue;
         }
-        continue;
+        for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
       }
-      for (size_t j = 0; j < idx.size(); ++j) (*replies)[idx[j]] = std::move(got[j]);
+      groups.clear();
+      if (unsent.empty()) break;
+      router_.MaybeRefresh();
+      for (auto& [node, s] : unsent) {
+        bool stays = false;  // some command's slot is still the failed node's
+        for (size_t i : unsent_idx[node]) {
+          Node* now = router_.NodeFor(cmds.key(i));
+          if (now != node) groups[now].push_back(i);
+          else stays = true;
+        }
+        if (stays) failed(std::move(s), false);
+      }
+      unsent.clear();
     }
   }
   for (size_t i = 0; i < cmds.size(); ++i) {

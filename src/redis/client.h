@@ -52,8 +52,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "core/wait_stop.h"
 #include "dedup/clock.h"
 #include "dedup/status.h"
 #include "redis/options.h"
@@ -65,7 +67,7 @@ struct redisReply;
 namespace dedup::redis {
 
 // The steady clock in ms: the client's reconnect backoff and the store's timing.
-int64_t SteadyMillis();
+using internal::SteadyMillis;
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const;
@@ -133,37 +135,8 @@ class CommandBuffer {
 };
 
 // What a Client's connections are told when its caller stops (Client::
-// StopWaiting): from then on no wait for a reply lasts more than the grace,
-// counted from the stop for a wait already begun, from its start for a later
-// one, and none at all on a server that already let one wait run out so. Its
-// eventfd turns readable at the stop (and stays so), waking a reader
-// in poll(2) at once so that it bounds its wait anew.
-class WaitStop {
- public:
-  WaitStop();
-  ~WaitStop();
-  WaitStop(const WaitStop&) = delete;
-  WaitStop& operator=(const WaitStop&) = delete;
-
-  // Any thread; never blocks. The first call's moment counts; the shortest
-  // grace applies.
-  void Stop(Millis grace);
-  bool stopped() const { return at_ms_.load(std::memory_order_acquire) != 0; }
-  // Steady ms (SteadyMillis) past which a call to `server` that began at
-  // `start_ms` waits no more; INT64_MAX while not stopped. Once a wait on
-  // `server` was given up (GaveUp), every later wait on it ends at once: it did
-  // not answer within the grace of the stop.
-  int64_t GiveUpAt(int64_t start_ms, const std::string& server) const;
-  void GaveUp(const std::string& server) const;
-  int fd() const { return fd_; }  // -1 if the eventfd could not be made
-
- private:
-  std::atomic<int64_t> at_ms_{0};  // 0: not stopped
-  std::atomic<int64_t> grace_ms_{INT64_MAX};
-  int fd_ = -1;
-  mutable std::mutex mu_;
-  mutable std::set<std::string> given_up_;  // servers a wait was given up on
-};
+// StopWaiting): internal::WaitStop, its servers named by Endpoint::Name().
+using internal::WaitStop;
 
 // A connected, authenticated hiredis context. Not thread-safe: one caller at a time.
 class Connection {
@@ -305,6 +278,8 @@ uint16_t KeySlot(std::string_view key);
 class Router {
  public:
   explicit Router(ConnectionOptions options);
+  // Gives up at once what a reload still waits for (Refresh), and joins it.
+  ~Router();
 
   // Connects to the seeds and (cluster) loads the slot map.
   Status Start();
@@ -328,7 +303,15 @@ class Router {
   }
   // Reloads the slot map if a MOVED asked for it (at most every 100 ms).
   void MaybeRefresh();
+  // Reloads the slot map: CLUSTER SLOTS of one node, then (no map within
+  // kRefreshHedge, or a failure) of the next as well, and so on: the first map that
+  // comes is taken. So a node that does not answer (frozen, a SIGSTOP; a lost
+  // network) costs a reload kRefreshHedge, not its whole timeout, when another
+  // answers. Each node is asked on a thread of its own; one that is still asked
+  // when the reload returns goes on until its answer or timeout (and is not asked
+  // again meanwhile), its answer dropped.
   Status Refresh();
+  static constexpr Millis kRefreshHedge{100};
 
   const ConnectionOptions& options() const { return options_; }
   WaitStop& wait_stop() { return wait_stop_; }
@@ -344,6 +327,19 @@ class Router {
   std::atomic<Node*> failed_{nullptr};  // the node OnNodeFailure named last
   std::atomic<int64_t> last_refresh_{0};
   std::mutex refresh_mu_;
+
+  // Refresh's asks, each on a thread of its own (it may outlive the Refresh).
+  struct SlotsAsk;
+  void AskSlots(const std::shared_ptr<SlotsAsk>& ask, Node* n, size_t i);
+  // The map of `n`'s CLUSTER SLOTS answer taken, or why not.
+  Status UseSlots(Node* n, const redisReply* r);
+  struct Asker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::mutex askers_mu_;
+  std::vector<Asker> askers_;   // joined once done (next Refresh) or at the end
+  std::set<Node*> asking_;      // nodes asked and not answered yet
 };
 
 // Commands by key over a Router: follows MOVED / ASK / TRYAGAIN, and answers
@@ -373,10 +369,13 @@ class Client {
                        bool* sent = nullptr);
   // Many commands, one pipeline per node, then each one answered with a redirect or
   // NOSCRIPT resent on its own. Replies are in the order of `cmds`; error replies
-  // other than redirects are left for the caller. When a node fails, the others
-  // are still asked: the status is the first failure, and `*replies` keeps the
-  // replies that came (null for the commands whose node failed), so that a caller
-  // can undo what was done on the nodes that answered.
+  // other than redirects are left for the caller. A node that fails before any of
+  // its part was written (down, refusing: a primary that died) has the map
+  // reloaded, and its commands whose slots another node serves now (the replica
+  // that took over) are sent there, once, in this call. When a node fails, the
+  // others are still asked: the status is the first failure, and `*replies` keeps
+  // the replies that came (null for the commands whose node failed), so that a
+  // caller can undo what was done on the nodes that answered.
   // `(*unknown)[i]` (if given) is true for a command that got no reply and may
   // have reached its server (its effect is unknown), false for every other.
   Status ExecMany(std::string_view op, const std::vector<std::string>& keys,

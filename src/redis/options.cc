@@ -28,8 +28,15 @@ Status TlsNotSupported(std::string_view what) {
 }  // namespace
 
 std::string Endpoint::Name() const {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
+  if (host.find(':') == std::string::npos) return host + ":" + std::to_string(port);
+  // As a URI writes it (RFC 6874): a zone id's '%' is "%25", so that the name
+  // parses back to this endpoint (ParseEndpoint; the cluster's node map).
+  std::string name = "[";
+  for (char ch : host) {
+    if (ch == '%') name += "%25";
+    else name += ch;
+  }
+  return name + "]:" + std::to_string(port);
 }
 
 StatusOr<Endpoint> ParseEndpoint(std::string_view text) {

@@ -40,9 +40,13 @@
 #include "dedup/clock.h"
 #include "dedup/status.h"
 
+namespace dedup::internal {
+class WaitStop;  // core/wait_stop.h
+}  // namespace dedup::internal
+
 namespace dedup::redis {
 
-class WaitStop;  // client.h
+using internal::WaitStop;
 
 struct Endpoint {
   std::string host;  // without brackets: "::1"

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <charconv>
 #include <cerrno>
 #include <climits>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/duration.h"
 #include "serve/connection_pool.h"
@@ -47,16 +49,28 @@ int WaitFor(int fd, short events, TimePoint until) {
 // One of at most `max` connections waiting for a request head, while held.
 class WaitingSlot {
  public:
-  WaitingSlot(std::atomic<size_t>& waiting, size_t max) : waiting_(waiting) {
-    size_t n = waiting_.load();
-    while (n < max && !waiting_.compare_exchange_weak(n, n + 1)) {
-    }
-    held_ = n < max;
-  }
+  explicit WaitingSlot(std::atomic<size_t>& waiting) : waiting_(waiting) {}
+  WaitingSlot(std::atomic<size_t>& waiting, size_t max) : waiting_(waiting) { Take(max); }
   ~WaitingSlot() { Release(); }
   WaitingSlot(const WaitingSlot&) = delete;
   WaitingSlot& operator=(const WaitingSlot&) = delete;
   bool held() const { return held_; }
+  // Takes a place, unless `max` are taken; true when one is held.
+  bool Take(size_t max) {
+    if (held_) return true;
+    size_t n = waiting_.load();
+    while (n < max && !waiting_.compare_exchange_weak(n, n + 1)) {
+    }
+    held_ = n < max;
+    return held_;
+  }
+  // Takes over the place `other` (on the same counter) holds, if any.
+  void TakeOver(WaitingSlot& other) {
+    if (!other.held_) return;
+    Release();
+    other.held_ = false;
+    held_ = true;
+  }
   void Release() {
     if (held_) waiting_.fetch_sub(1);
     held_ = false;
@@ -102,6 +116,7 @@ void IpAndPort(const sockaddr_storage& addr, socklen_t len, std::string& ip, int
 
 const char* Reason(int status) {
   switch (status) {
+    case 400: return "Bad Request";
     case 408: return "Request Timeout";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
@@ -163,17 +178,20 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int fd, std::chrono::microseconds read_timeout,
                    std::chrono::microseconds write_timeout,
-                   std::chrono::milliseconds response_timeout)
+                   std::chrono::milliseconds response_timeout, std::atomic<size_t>& waiting)
       : fd_(fd),
         read_timeout_(read_timeout),
         write_timeout_(write_timeout),
-        response_timeout_(response_timeout) {}
+        response_timeout_(response_timeout),
+        next_wait_(waiting) {}
 
   // ---- httplib::Stream
   bool is_readable() const override {
     return off_ < buf_.size() || WaitFor(fd_, POLLIN, ReadUntil()) > 0;
   }
-  bool is_writable() const override { return WaitFor(fd_, POLLOUT, WriteUntil()) > 0; }
+  bool is_writable() const override {
+    return !write_timed_out_ && WaitFor(fd_, POLLOUT, WriteUntil()) > 0;
+  }
   ssize_t read(char* ptr, size_t size) override {
     if (off_ == buf_.size() && size >= kRecvChunk) {
       if (!WaitReadable()) return -1;
@@ -195,8 +213,12 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // Writes what the socket takes now, within the write timeout and the answer's
   // deadline: never blocked in send() (the socket's SO_SNDTIMEO would let one
   // call wait past the deadline), so a client that reads slowly is given up on
-  // time, not only one that does not read at all.
+  // time, not only one that does not read at all. Once a write has timed out,
+  // every later one fails at once: cpp-httplib ignores how the write of an
+  // answer's head went and goes on to its body, whose first write waited a whole
+  // write timeout more (a head that stalled cost two).
   ssize_t write(const char* ptr, size_t size) override {
+    if (write_timed_out_) return -1;
     // The answer's first byte starts its deadline; an interim 1xx answer
     // (100 Continue, before the body is read) does not.
     static constexpr std::string_view kInterim = "HTTP/1.1 1";
@@ -239,15 +261,22 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     consumed_ = 0;
     head_bytes_ = 0;
     body_length_ = std::nullopt;
+    hidden_ranges_.clear();
+    empty_fields_.clear();
+    malformed_.clear();
     return !buf_.empty();
   }
 
-  enum class Head { kRead, kClosed, kTimedOut, kTooLarge };
+  enum class Head { kRead, kClosed, kTimedOut, kTooLarge, kMalformed };
   // Reads until the buffered bytes hold a whole request head, by `deadline` and
   // within `max_bytes`.
   Head ReadHead(TimePoint deadline, size_t max_bytes, const std::atomic<socket_t>& listener) {
     for (;;) {
       if (HeadBuffered()) {
+        if (malformed_ = MalformedLine(); !malformed_.empty()) return Head::kMalformed;
+        HideRanges();
+        KeepEmptyFields();
+        KeepFieldValues();
         head_bytes_ = head_end_ - off_;
         return Head::kRead;
       }
@@ -264,6 +293,14 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       if (r < 0 || Fill() <= 0) return Head::kClosed;
     }
   }
+  // What is wrong with the head ReadHead found kMalformed.
+  const std::string& malformed() const { return malformed_; }
+  // The values of the Range fields HideRanges took out of the request's head,
+  // in order, as sent (spaces and tabs around them trimmed).
+  std::vector<std::string> TakeHiddenRanges() { return std::move(hidden_ranges_); }
+  // The names of the header fields with an empty value KeepEmptyFields found in
+  // the request's head, in order.
+  std::vector<std::string> TakeEmptyFields() { return std::move(empty_fields_); }
   // The length of the buffered request line so far (to its '\n', or all).
   size_t RequestLineBytes() const {
     const size_t nl = buf_.find('\n', off_);
@@ -279,6 +316,14 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // A write missed the write timeout or the answer's deadline: the connection
   // cannot carry another answer.
   bool write_timed_out() const { return write_timed_out_; }
+  // A place among the connections waiting for a request head, for the wait
+  // for this connection's next request: taken as its answer is about to say the
+  // connection is kept (HttpServer's post-routing handler), not once that answer
+  // is written, when the places may have filled meanwhile and the connection
+  // would be closed after an answer that said it was kept. False when
+  // `max` are taken: the answer says Connection: close instead.
+  bool ReserveNextWait(size_t max) { return next_wait_.Take(max); }
+  WaitingSlot& next_wait() { return next_wait_; }
   // The answer being written says Connection: close, as the waiting places
   // were full (HttpServer's post-routing handler): the connection ends after it.
   void set_close_announced() { close_announced_ = true; }
@@ -343,6 +388,160 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     return true;
   }
 
+  // Why the buffered head is refused before cpp-httplib parses it, or "": a
+  // header line cpp-httplib would skip without a word, where a peer in front
+  // may read it, and the two would see different requests (a skipped
+  // "Transfer-Encoding: chunked" framed the body otherwise in front, and what
+  // was body there was a request of its own here: request smuggling). Those
+  // are a line that ends in a bare LF (RFC 9112 2.2 lets a recipient take it as
+  // a line's end), an obs-fold continuation (RFC 9112 5.2: rejected with 400,
+  // or unfolded; never dropped) and a line without a colon; and one over
+  // cpp-httplib's bound on a line, which it refused with a bare 400.
+  std::string MalformedLine() const {
+    size_t line = buf_.find('\n', off_);  // the request line's end
+    if (line == std::string::npos || line >= head_end_) return "";
+    for (++line; line + 2 < head_end_;) {  // up to the blank line
+      const size_t next = buf_.find('\n', line) + 1;  // within the head
+      const std::string_view text(buf_.data() + line, next - line);
+      line = next;
+      if (text.size() < 2 || text[text.size() - 2] != '\r') {
+        return "a header line ends in a bare LF, not CRLF (RFC 9112 2.2)";
+      }
+      if (text.front() == ' ' || text.front() == '\t') {
+        return "a header line begins with whitespace: obs-fold (RFC 9112 5.2)";
+      }
+      const size_t colon = text.find(':');
+      if (colon == std::string_view::npos) {
+        return "a header line has no colon (RFC 9112 5)";
+      }
+      // cpp-httplib's bound on a line, as it will read it: a Range line goes
+      // as sent (HideRanges), every other with each '%' in its value written
+      // "%25" (KeepFieldValues). Over it, cpp-httplib answered a bare 400.
+      size_t size = text.size();
+      if (!IsRangeLine(text)) {
+        size += 2 * static_cast<size_t>(
+                        std::count(text.begin() + static_cast<ptrdiff_t>(colon), text.end(), '%'));
+      }
+      if (size > CPPHTTPLIB_HEADER_MAX_LENGTH) {
+        return "a header line is longer than 8 KiB (" + std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) +
+               " bytes with its CRLF, each '%' in its value counted as three)";
+      }
+    }
+    return "";
+  }
+
+  // Whether a header line (with its line end) names the Range field: "Range:"
+  // in any case, as cpp-httplib reads the name.
+  static bool IsRangeLine(std::string_view text) {
+    static constexpr std::string_view kName = "range:";
+    if (text.size() < kName.size()) return false;
+    for (size_t i = 0; i < kName.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(text[i])) != kName[i]) return false;
+    }
+    return true;
+  }
+
+  // Takes the Range fields out of the buffered head (head_end_ moves back) before
+  // cpp-httplib parses it, and keeps their values for TakeHiddenRanges:
+  // cpp-httplib answers 416 to a Range it cannot parse (another unit than bytes,
+  // a backwards range) before serve sees the request, where serve ignores a
+  // Range on its own answers (RFC 9110 14.2) and in proxy mode the application
+  // must get it as sent. The lines taken are those cpp-httplib would read as a
+  // Range field: "Range:" in any case, ending in CRLF, at most
+  // CPPHTTPLIB_HEADER_MAX_LENGTH bytes (a longer one is left for it to refuse,
+  // 400), with a value once the spaces and tabs around it are trimmed (an empty
+  // one it skips).
+  void HideRanges() {
+    hidden_ranges_.clear();
+    static constexpr std::string_view kName = "range:";
+    size_t line = buf_.find('\n', off_);  // the request line's end
+    if (line == std::string::npos || line >= head_end_) return;
+    for (++line; line < head_end_;) {
+      const size_t next = buf_.find('\n', line) + 1;  // within the head
+      std::string_view text(buf_.data() + line, next - line);
+      bool range = text.size() >= kName.size() + 2 && text.size() <= CPPHTTPLIB_HEADER_MAX_LENGTH &&
+                   text.substr(text.size() - 2) == "\r\n";
+      for (size_t i = 0; range && i < kName.size(); ++i) {
+        range = std::tolower(static_cast<unsigned char>(text[i])) == kName[i];
+      }
+      if (range) {
+        std::string_view value = text.substr(kName.size(), text.size() - kName.size() - 2);
+        while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) {
+          value.remove_prefix(1);
+        }
+        while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) {
+          value.remove_suffix(1);
+        }
+        if (!value.empty()) {
+          hidden_ranges_.emplace_back(value);
+          buf_.erase(line, next - line);
+          head_end_ -= next - line;
+          continue;
+        }
+      }
+      line = next;
+    }
+  }
+
+  // Notes the names of the header fields whose value is empty, for
+  // TakeEmptyFields: cpp-httplib drops them, so that an empty Idempotency-Key
+  // sent to the proxy was no key at all, the request forwarded unprotected (a
+  // retry ran it again) where it is refused, 400. The lines cpp-httplib would
+  // have read as a field but for its empty value: ending in CRLF, at most
+  // CPPHTTPLIB_HEADER_MAX_LENGTH bytes, a name before the first ':', nothing but
+  // spaces and tabs after it.
+  void KeepEmptyFields() {
+    empty_fields_.clear();
+    size_t line = buf_.find('\n', off_);  // the request line's end
+    if (line == std::string::npos || line >= head_end_) return;
+    for (++line; line < head_end_;) {
+      const size_t next = buf_.find('\n', line) + 1;  // within the head
+      std::string_view text(buf_.data() + line, next - line);
+      line = next;
+      if (text.size() < 3 || text.size() > CPPHTTPLIB_HEADER_MAX_LENGTH ||
+          text.substr(text.size() - 2) != "\r\n") {
+        continue;
+      }
+      text.remove_suffix(2);
+      const size_t colon = text.find(':');
+      if (colon == 0 || colon == std::string_view::npos ||
+          text.find_first_not_of(" \t", colon + 1) != std::string_view::npos) {
+        continue;
+      }
+      empty_fields_.emplace_back(text.substr(0, colon));
+    }
+  }
+
+  // cpp-httplib (0.11) percent-decodes the value of every header field it reads:
+  // "a%41b" reached the handlers, and in proxy mode the application, as "aAb",
+  // two Idempotency-Keys that differ only in an escape were one key, and
+  // "%0D%0A" became a line break, forwarded as a header line of its own (a
+  // client's forged Dedup-Fence). So each '%' after the first ':' of a header
+  // line is written "%25" in the buffered head (head_end_ moves on), which that
+  // decoding gives back as '%': the values arrive as sent. In one pass, so that
+  // a head full of '%' costs its length, not its square.
+  void KeepFieldValues() {
+    const size_t line = buf_.find('\n', off_) + 1;  // after the request line
+    if (line == 0 || line >= head_end_) return;
+    const std::string_view fields(buf_.data() + line, head_end_ - line);
+    if (fields.find('%') == std::string_view::npos) return;
+    std::string out;
+    out.reserve(fields.size() + fields.size() / 4);
+    bool value = false;  // past the line's first ':'
+    for (const char c : fields) {
+      out += c;
+      if (c == '\n') {
+        value = false;
+      } else if (c == ':') {
+        value = true;
+      } else if (c == '%' && value) {
+        out += "25";
+      }
+    }
+    buf_.replace(line, fields.size(), out);
+    head_end_ = line + out.size();
+  }
+
   const int fd_;
   const std::chrono::microseconds read_timeout_, write_timeout_;
   const std::chrono::milliseconds response_timeout_;
@@ -358,6 +557,10 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   bool write_timed_out_ = false;                 // for good: the connection ends
   bool close_announced_ = false;                 // for good: the connection ends
   std::optional<uint64_t> body_length_;
+  WaitingSlot next_wait_;  // ReserveNextWait
+  std::vector<std::string> hidden_ranges_;  // HideRanges
+  std::vector<std::string> empty_fields_;   // KeepEmptyFields
+  std::string malformed_;                   // MalformedLine
 };
 
 HttpServer::HttpServer() {
@@ -374,12 +577,15 @@ HttpServer::HttpServer() {
     }
     if (error_handler_) error_handler_(req, res);
   });
-  // Just before an answer is written: when max_waiting_ connections already
-  // wait for a head, this one could not wait for its next request (it would be
-  // closed after its answer), so the answer says so. A client that is not told
-  // sends its next request on the connection closed under it, and fails.
+  // Just before an answer is written: the connection takes its place among
+  // those waiting for a head now, for the wait for its next request; when
+  // max_waiting_ connections already wait, it could not wait (it is closed after
+  // its answer), so the answer says so. A client that is not told sends its next
+  // request on the connection closed under it, and fails; and the place is taken
+  // before the answer is written, not after, so that the places filling while it
+  // is written cannot close a connection its answer said was kept.
   // And every answer after which the connection ends says so: one to a head
-  // cpp-httplib refused itself (400, 414, 416; not handed to serve, so not
+  // cpp-httplib refused itself (400, 414; not handed to serve, so not
   // answering_), or one that left the request's body unread.
   httplib::Server::set_post_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) {
@@ -388,7 +594,12 @@ HttpServer::HttpServer() {
           std::lock_guard<std::mutex> lock(answering_mu_);
           if (const auto it = answering_.find(&req); it != answering_.end()) {
             ConnectionStream& strm = *it->second;
-            if (!strm.body_left() && waiting_.load() >= max_waiting_) strm.set_close_announced();
+            // (Not for an answer cpp-httplib already says Connection: close
+            // on: the connection ends after it anyway.)
+            if (!strm.body_left() && res.get_header_value("Connection") != "close" &&
+                !strm.ReserveNextWait(max_waiting_)) {
+              strm.set_close_announced();
+            }
             close = strm.body_left() || strm.close_announced();
           }
         }
@@ -428,9 +639,13 @@ const char* HttpServer::TimeoutPart(Limit limit) {
   }
 }
 
-void HttpServer::Refuse(Limit limit, httplib::Response& res) const {
+void HttpServer::Refuse(Limit limit, httplib::Response& res, const std::string& why) const {
   std::string detail;
   switch (limit) {
+    case Limit::kMalformedHead:
+      res.status = 400;
+      detail = "the request head is malformed: " + why;
+      break;
     case Limit::kHeadTimeout:
       res.status = 408;
       detail = "the request head did not arrive within " +
@@ -479,7 +694,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream strm(
       sock, std::chrono::seconds(read_timeout_sec_) + std::chrono::microseconds(read_timeout_usec_),
       std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_),
-      deadlines_.response_timeout);
+      deadlines_.response_timeout, waiting_);
   bool ret = false;
   bool linger = false;
   bool abort = false;
@@ -487,9 +702,12 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET;
        --left, first = false) {
     const bool buffered = strm.NextRequest();
-    // Waiting for a head: one of at most max_waiting_ connections, or else only
-    // for a moment.
-    WaitingSlot slot(waiting_, max_waiting_);
+    // Waiting for a head: one of at most max_waiting_ connections (the place
+    // taken as the last answer said the connection is kept), or else only for a
+    // moment.
+    WaitingSlot slot(waiting_);
+    slot.TakeOver(strm.next_wait());
+    slot.Take(max_waiting_);
     TimePoint head_deadline;
     if (slot.held()) {
       // Idle: the first byte of the next request, for at most the keep-alive
@@ -502,8 +720,9 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       head_deadline = SteadyClock::now() + deadlines_.header_timeout;
     } else if (!first && !buffered) {
       // Kept alive, and enough connections wait: this one is closed rather than
-      // left to wait for its next request (the client opens another). Its
-      // answer said so when they were already waiting as it was written.
+      // left to wait for its next request (the client opens another). Not
+      // after an answer that said the connection is kept: that one took its
+      // place then (ReserveNextWait), and holds it here.
       httplib::Response unused;
       Refuse(Limit::kWaitingFullIdle, unused);
       break;
@@ -524,9 +743,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       httplib::Response res;
       Refuse(shed ? Limit::kWaitingFull
              : head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
+             : head == ConnectionStream::Head::kMalformed ? Limit::kMalformedHead
              : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? Limit::kUriTooLong
                                                                            : Limit::kHeadTooLarge,
-             res);
+             res, strm.malformed());
       std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + Reason(res.status) + "\r\n";
       for (const auto& [name, value] : res.headers) {
         if (name != "Connection" && name != "Content-Length") out += name + ": " + value + "\r\n";
@@ -568,15 +788,29 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                               answering_.emplace(&req, &strm);
                             }
                             answering.parsed = &req;
-                            answering.body_length = FramedBodyLength(req);
-                            strm.set_body_length(answering.body_length);
                             // Answers go whole: a Range is ignored (RFC 9110
                             // 14.2 allows it). cpp-httplib cut every answer to
                             // it under the answer's own status (a claim's 201
                             // without its token) and, in proxy mode, cut an
-                            // application's 206 again. The header itself goes on
-                            // to the application.
-                            req.ranges.clear();
+                            // application's 206 again; and answered 416 to one
+                            // it could not parse. So it never sees one
+                            // (HideRanges): req.ranges stays empty, and the
+                            // header is given back here, as sent, for the
+                            // application.
+                            for (std::string& v : strm.TakeHiddenRanges()) {
+                              req.headers.emplace("Range", std::move(v));
+                            }
+                            // And the fields it dropped for their empty value.
+                            for (std::string& name : strm.TakeEmptyFields()) {
+                              req.headers.emplace(std::move(name), "");
+                            }
+                            // The framing from every field, those given back
+                            // included: an empty Transfer-Encoding or
+                            // Content-Length cpp-httplib did not see ends the
+                            // connection as any other does (a peer in front may
+                            // have framed the body otherwise).
+                            answering.body_length = FramedBodyLength(req);
+                            strm.set_body_length(answering.body_length);
                             if (!answering.body_length) {
                               // The connection ends after this request: say so
                               // in the answer (cpp-httplib writes what the
@@ -606,7 +840,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       break;
     }
     if (answering.parsed == nullptr) {
-      // cpp-httplib answered a head it could not parse (400, 414, 416) and kept
+      // cpp-httplib answered a head it could not parse (400, 414) and kept
       // the connection, reading on from wherever it stopped: the rest of that
       // head, or a body, would be read as the next request. Where that starts is
       // unknown: end the connection (RFC 9112 9.6).

@@ -33,9 +33,10 @@
 // often they come back: when that many wait, a new connection must bring its
 // whole head at once (within kWaitingFullGrace), else it is answered 503 and
 // closed, and a kept-alive connection is closed after its answer instead of
-// waiting for the next (the answer says Connection: close when that many
-// already waited as it was written; a client not told would send its next
-// request on a closed connection, and fail). The moment counts from the connection's accept: one
+// waiting for the next (the answer says Connection: close: a connection takes
+// its place for that wait as its answer is about to say it is kept, so places
+// filling while the answer is written cannot close it; a client not told would
+// send its next request on a closed connection, and fail). The moment counts from the connection's accept: one
 // that waited its turn in the queue (where a slow client's connections that
 // come back wait too) must have its head there already, so shedding those
 // costs a thread no wait. What is left is said in docs/SERVE.md.
@@ -79,7 +80,8 @@ struct HttpServerOptions {
   // (ConnectionPool): 1 <= threads <= max_connections.
   size_t threads = 16;
   size_t max_connections = 256;
-  // Connections that may hold a thread while waiting for a request head, at
+  // Connections that may hold a thread while waiting for a request head (a
+  // kept-alive one from when its answer is about to be written), at
   // most max_connections; 0: max_connections - max(1, max_connections / 4), at
   // least 1 (so that, with more than one thread, some are always left to
   // connections whose head has come).
@@ -95,14 +97,17 @@ class HttpServer : public httplib::Server {
     kHeadTimeout,      // 408: the head missed its deadline (refused before parsing)
     kUriTooLong,       // 414: a request line over 8 KiB (refused before parsing)
     kHeadTooLarge,     // 431: a head over max_head_bytes (refused before parsing)
+    kMalformedHead,    // 400: a header line cpp-httplib would skip without a word
+                       // (a bare LF, obs-fold, no colon) or refuse with a bare 400
+                       // (over 8 KiB once its '%' are escaped); refused before parsing
     kBodyTimeout,      // 408: the body missed its deadline (the request was parsed)
     kResponseTimeout,  // the answer was not written in time: given up, no answer
     kWaitingFull,      // 503: max_waiting connections wait for a head, and this new
                        // one's did not come at once
     kWaitingFullIdle,  // a kept-alive connection closed after its answer, as
-                       // max_waiting connections wait for a head (the answer
-                       // said Connection: close when they already waited as it
-                       // was written): no answer of its own
+                       // max_waiting connections waited for a head when the
+                       // answer was about to be written (it said Connection:
+                       // close): no answer of its own
   };
   // A new connection that finds max_waiting connections waiting for a head
   // must bring its whole head within this of its accept (or of its turn, when
@@ -129,7 +134,8 @@ class HttpServer : public httplib::Server {
   // the limit handler.
   void set_error_handler(Handler handler) { error_handler_ = std::move(handler); }
   // cpp-httplib's post-routing handler (hides httplib::Server's): called just
-  // before each answer is written, after HttpServer's, which says
+  // before each answer is written, after HttpServer's, which takes the
+  // connection's place for the wait for its next request, or says
   // Connection: close when max_waiting connections already wait for a head.
   void set_post_routing_handler(Handler handler) { post_routing_handler_ = std::move(handler); }
 
@@ -144,7 +150,7 @@ class HttpServer : public httplib::Server {
   // deadline.
   bool BodyTimedOut(const httplib::Request& req) const;
   // Sets res's status and default body for `limit`, then tells the handler.
-  void Refuse(Limit limit, httplib::Response& res) const;
+  void Refuse(Limit limit, httplib::Response& res, const std::string& why = "") const;
 
   RequestDeadlines deadlines_;
   size_t max_waiting_ = SIZE_MAX;

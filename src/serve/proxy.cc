@@ -190,11 +190,25 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req,
   return up;
 }
 
+// A header value of the application's as it may go on to the client. cpp-httplib
+// (0.11) percent-decodes every header value its client reads, and an application's
+// "%0D%0A" became a line break in ours: a header line of its own (or a second
+// answer) to the client. CR, LF and NUL are replaced with SP (RFC 9110 5.5); the
+// decoding itself cannot be undone here (docs/SERVE.md).
+std::string FieldValue(std::string v) {
+  for (char& c : v) {
+    if (c == '\r' || c == '\n' || c == '\0') c = ' ';
+  }
+  return v;
+}
+
 // Copies an application response (live or recorded) into ours.
 void SendUpstream(const Upstream& up, httplib::Response& res) {
   res.status = up.status;
   std::string content_type;
-  for (const auto& [k, v] : up.headers) {
+  for (const auto& [kk, vv] : up.headers) {
+    const std::string k = FieldValue(kk);
+    const std::string v = FieldValue(vv);
     if (IsHopByHop(k)) continue;
     if (Lower(k) == "content-type") {
       content_type = v;

@@ -400,6 +400,18 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
                         "' is malformed (no whitespace before the colon, RFC 9112 5.1)");
       return httplib::Server::HandlerResponse::Handled;
     }
+    // RFC 9110 5.5: a field value with a CR, LF or NUL is refused (or each
+    // replaced with SP before forwarding). cpp-httplib ends a header line at LF
+    // only and keeps a bare CR in the value, and an application behind the proxy
+    // whose parser ends lines at a bare CR too (Python's does) read what followed
+    // as a header line of its own (a forged Dedup-Fence).
+    for (const auto& [k, v] : req.headers) {
+      if (v.find_first_of(std::string_view("\r\n\0", 3)) == std::string::npos) continue;
+      s.SendProblem(res, 400, "Bad Request",
+                    "header field '" + Shown(k) +
+                        "' holds a CR, LF or NUL in its value (RFC 9110 5.5)");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const bool proxied = s.proxy && req.path != s.base && req.path.rfind(s.base + "/", 0) != 0;
     if (proxied) {
       // The application's own Authorization header passes through; dedup's token

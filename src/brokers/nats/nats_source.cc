@@ -28,8 +28,21 @@ constexpr int64_t kNanosPerMilli = 1'000'000;
 
 Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_cast<jsErrCode>(0)) {
   if (s == NATS_OK) return Status::Ok();
+  if (jerr == JSStreamMessageExceedsMaximumErr) {
+    // The stream's own max_msg_size (below the server's max_payload): the
+    // stream refuses this message every time; no retry changes its size.
+    return Status::InvalidArgument(what + ": the message is larger than the stream's "
+                                          "max_msg_size (data and headers count; JetStream "
+                                          "error 10054): no retry changes its size");
+  }
   std::string m = what + ": " + natsStatus_GetText(s);
   if (jerr != 0) m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  if (jerr == JSStreamSubjectOverlapErr) {
+    // A stream made on a subject another stream holds: refused every time.
+    return Status::FailedPrecondition(m + ": another stream holds this subject (subjects "
+                                          "overlap); name that stream in stream=, or another "
+                                          "subject=");
+  }
   switch (s) {
     case NATS_TIMEOUT:
       return Status::DeadlineExceeded(std::move(m));
@@ -77,6 +90,7 @@ StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o) {
   if (s == NATS_OK && !o.user.empty()) {
     s = natsOptions_SetUserInfo(opts, o.user.c_str(), o.has_password ? o.password.c_str() : nullptr);
   }
+  if (s == NATS_OK && !o.token.empty()) s = natsOptions_SetToken(opts, o.token.c_str());
   if (s == NATS_OK) s = natsOptions_SetTimeout(opts, o.timeout.count());
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);  // forever
   if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts, 250);
@@ -242,6 +256,29 @@ Status CheckDeadSubject(const NatsOptions& o) {
   return Status::Ok();
 }
 
+constexpr const char* kTokenFileParam = "token_file";
+
+// subject= (a filter: '*' and '>' as whole tokens, '>' last): no empty token,
+// no white space. Refused by JetStream at the first connect otherwise, which
+// read as a server to wait for.
+Status CheckSubject(const std::string& subject) {
+  if (subject.empty()) return Status::Ok();  // the stream's name
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("nats subject='" + internal::Printable(subject) + "' " + why);
+  };
+  const auto tokens = Tokens(subject);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string_view t = tokens[i];
+    if (t.empty()) return bad("has an empty token (a leading, trailing or double '.')");
+    if (t.find_first_of(" \t\r\n\f") != std::string_view::npos) return bad("has white space");
+    if (t.find_first_of("*>") != std::string_view::npos && t != "*" && t != ">") {
+      return bad("has '*' or '>' inside a token (a wildcard is a whole token)");
+    }
+    if (t == ">" && i + 1 != tokens.size()) return bad("has '>' before its last token");
+  }
+  return Status::Ok();
+}
+
 StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
   auto parsed = internal::ParseUri(text);
   if (!parsed.ok()) return parsed.status();
@@ -254,9 +291,18 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
     return Status::InvalidArgument("nats: no '//' after 'nats:' (expected "
                                    "nats://HOST:4222?stream=S&consumer=C)");
   }
+  if (!parsed->path.empty() && parsed->path != "/") {
+    // nats:// has no path: one here is a '/' written raw in a token or password
+    // ("nats://TO/KEN@HOST" reads as host "TO", path "/KEN@HOST"), or a typo.
+    // Not echoed, nor the host before it: it may be the head of the token.
+    return Status::InvalidArgument(
+        "nats URI has a path after its host (nats:// takes none); a '/' or '?' in a "
+        "token or password is written %2F, %3F");
+  }
+  // "nats://TO?KEN@HOST?stream=S" is refused by CheckParams without being echoed.
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
                                              "dead", "ack_wait", "max_ack_pending", "timeout",
-                                             internal::kPasswordFileParam}));
+                                             internal::kPasswordFileParam, kTokenFileParam}));
   return parsed;
 }
 }  // namespace
@@ -287,7 +333,26 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   if (need_consumer && o.consumer.empty()) {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs consumer=NAME");
   }
+  // JetStream refuses these at the first connect (a durable name is a token of
+  // the API's subjects), which read as a server to wait for.
+  if (o.consumer.find_first_of(" .*>\t\r\n\f") != std::string::npos) {
+    return Status::InvalidArgument("nats consumer name '" + internal::Printable(o.consumer) +
+                                   "' may not contain '.', '*', '>' or white space");
+  }
   o.subject = u.Param("subject").value_or("");
+  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
+  if (!need_consumer) {
+    // dedup publish: a wildcard is a filter, not a subject to publish to (the
+    // server stored the message under the literal "jobs.*", where every
+    // consumer whose filter matches it read it).
+    for (std::string_view t : Tokens(o.Subject())) {
+      if (t == "*" || t == ">") {
+        return Status::InvalidArgument("nats subject='" + internal::Printable(o.Subject()) +
+                                       "' has a wildcard: a filter to consume from, not a "
+                                       "subject to publish to; name one subject");
+      }
+    }
+  }
   if (auto k = u.Param("key")) {
     // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
     // data's hash.
@@ -318,13 +383,32 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     if (*ms <= 0) return Status::InvalidArgument("nats timeout must be positive");
     o.timeout = Millis(*ms);
   }
+  // A token: token_file=, alone (no user, no password).
+  if (auto file = u.Param(kTokenFileParam)) {
+    if (!u.user.empty() || u.has_password || u.Param(internal::kPasswordFileParam)) {
+      return Status::InvalidArgument(
+          "nats URI gives token_file= and a user or password too; a token is the only "
+          "credential: give nats://HOST?token_file=F, or a user and password without it");
+    }
+    auto token = internal::ReadSecretFile("nats URI", kTokenFileParam, *file);
+    if (!token.ok()) return token.status();
+    o.token = std::move(token).value();
+    return o;
+  }
   // Inline or password_file= (core/secret.h).
   auto cred = internal::ResolveUriCredentials(u, {});
   if (!cred.ok()) return cred.status();
   if (cred->has_password && cred->user.empty()) {
     // nats.c sends a password only with a user name: it would go unused.
     return Status::InvalidArgument("nats URI gives a password without a user; give "
-                                   "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F");
+                                   "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F "
+                                   "(a token goes alone: nats://TOKEN@HOST or token_file=F)");
+  }
+  if (!cred->user.empty() && !cred->has_password) {
+    // "nats://TOKEN@HOST": a lone user-info is a token, as every NATS client
+    // reads a URL (sent as a user name, nats-server --auth refused it).
+    o.token = cred->user;
+    return o;
   }
   o.user = cred->user;
   o.password = cred->password;
@@ -338,6 +422,7 @@ struct NatsPublisher::Impl {
   NatsOptions o;
   std::unique_ptr<Conn> conn;
   bool created_stream = false;
+  int64_t max_msg_size = -1;  // the stream's, when Open() looked (-1: none, or not known)
 };
 
 bool NatsPublisher::created_stream() const { return impl_->created_stream; }
@@ -348,6 +433,7 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
   auto c = Connect(o);
   if (!c.ok()) return c.status();
   bool created = false;
+  int64_t max_msg_size = -1;
   DEDUP_RETURN_IF_ERROR(EnsureStream(**c, o, o.stream, o.Subject(), &created));
   if (!created) {
     // An existing stream is taken as it is: a subject= it does not hold would
@@ -365,6 +451,7 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
       }
       // No subjects: the server stores the stream's own name.
       if (si->Config->SubjectsLen == 0) holds = o.Subject() == o.stream;
+      max_msg_size = si->Config->MaxMsgSize;
     }
     jsStreamInfo_Destroy(si);
     if (!holds) {
@@ -377,6 +464,7 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
   p->impl_ = std::make_unique<Impl>();
   p->impl_->created_stream = created;
+  p->impl_->max_msg_size = max_msg_size;
   p->impl_->o = o;
   p->impl_->conn = std::move(*c);
   return p;
@@ -399,7 +487,17 @@ Status NatsPublisher::Publish(std::string_view key, std::string_view data, bool*
   jsErrCode jerr = static_cast<jsErrCode>(0);
   if (s == NATS_OK) s = js_PublishMsg(&pa, impl_->conn->js, msg, &po, &jerr);
   natsMsg_Destroy(msg);
-  if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": publish to " + subject, jerr);
+  if (s != NATS_OK) {
+    std::string what = "nats " + o.host_port + ": publish to " + subject;
+    if (jerr == JSStreamMessageExceedsMaximumErr) {
+      what += " (stream " + o.stream + ": " + std::to_string(data.size()) + " bytes of data" +
+              (impl_->max_msg_size > 0
+                   ? ", and it takes " + std::to_string(impl_->max_msg_size) + " bytes at most"
+                   : std::string()) +
+              ")";
+    }
+    return FromNats(s, what, jerr);
+  }
   if (duplicate != nullptr) *duplicate = pa->Duplicate;
   jsPubAck_Destroy(pa);
   return Status::Ok();
@@ -616,13 +714,22 @@ class NatsDelivery final : public Delivery {
     if (s == NATS_OK) s = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
     return FromNats(s, "nats " + s_->o.host_port + ": nak");
   }
+  // The copy, whole; refused as too large (the server's max_payload, the dead
+  // stream's max_msg_size: every later try would be refused the same way, and
+  // the message would come back after every AckWait, never recorded nor
+  // settled), the copy without the data, then without the headers too (Shape):
+  // what names the message (its stream and sequence, where the original stays
+  // while the stream's limits keep it) and why it died are always recorded.
   Status DeadLetter(std::string_view reason) override {
-    Status copied = PublishDead(reason);
-    if (copied.code() == StatusCode::kUnavailable &&
-        copied.message().find("No responders") != std::string::npos) {
-      // No stream took it (the dead stream was deleted meanwhile): make it again
-      // and send once more, instead of NAKing every delivery of it for ever.
-      if (EnsureDeadStream(*s_->conn, s_->o).ok()) copied = PublishDead(reason);
+    std::string too_large, without_data, without_headers;
+    Status copied = CopyDead(reason, Shape::kWhole, "", "", &too_large);
+    if (!copied.ok() && !too_large.empty()) {
+      without_data = too_large;
+      copied = CopyDead(reason, Shape::kNoData, without_data, "", &too_large);
+    }
+    if (!copied.ok() && !too_large.empty()) {
+      without_headers = too_large;
+      copied = CopyDead(reason, Shape::kBare, without_data, without_headers, &too_large);
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (!copied.ok()) {
@@ -650,12 +757,41 @@ class NatsDelivery final : public Delivery {
     return FromNats(s, "nats " + s_->o.host_port + ": " + what);
   }
 
-  Status PublishDead(std::string_view reason) {
+  // What a dead letter's copy carries (DeadLetter): kWhole, the data and every
+  // header; kNoData, every header (Dedup-Payload-Dropped says how many bytes of
+  // data were left off, and why); kBare, only the original Nats-Msg-Id and the
+  // Dedup-* headers, the reason cut to kBareReasonBytes (Dedup-Headers-Dropped
+  // says how many headers were left off).
+  enum class Shape { kWhole, kNoData, kBare };
+  static constexpr size_t kBareReasonBytes = 256;
+
+  // PublishDead, and once more after making the dead stream again when no
+  // stream took it (deleted meanwhile), instead of NAKing every delivery of it
+  // for ever.
+  Status CopyDead(std::string_view reason, Shape shape, const std::string& data_why,
+                  const std::string& headers_why, std::string* too_large) {
+    Status copied = PublishDead(reason, shape, data_why, headers_why, too_large);
+    if (copied.code() == StatusCode::kUnavailable &&
+        copied.message().find("No responders") != std::string::npos) {
+      if (EnsureDeadStream(*s_->conn, s_->o).ok()) {
+        copied = PublishDead(reason, shape, data_why, headers_why, too_large);
+      }
+    }
+    return copied;
+  }
+
+  // Publishes the copy and awaits its PubAck. `data_why`, `headers_why`: why a
+  // larger copy was refused (kNoData, kBare). *too_large: why this one was
+  // refused as too large (empty: it was not), which a smaller copy may get past.
+  Status PublishDead(std::string_view reason, Shape shape, const std::string& data_why,
+                     const std::string& headers_why, std::string* too_large) {
+    too_large->clear();
     const NatsOptions& o = s_->o;
     const std::string subject = o.DeadSubject();
+    const bool with_data = shape == Shape::kWhole;
     natsMsg* m = nullptr;
-    natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, payload_.data(),
-                                  static_cast<int>(payload_.size()));
+    natsStatus s = natsMsg_Create(&m, subject.c_str(), nullptr, with_data ? payload_.data() : "",
+                                  with_data ? static_cast<int>(payload_.size()) : 0);
     if (s != NATS_OK) return FromNats(s, "nats: dead-letter message");
     // JetStream's own headers travel under other names: they would act on the
     // dead stream. The original id, so that its duplicate window does not drop
@@ -677,20 +813,32 @@ class NatsDelivery final : public Delivery {
     // it turns into a space) goes escaped (core/printable.h: "\x00", a backslash
     // as "\\"), and its header is named in Dedup-Escaped-Headers.
     std::string escaped;
+    size_t dropped_headers = 0, dropped_bytes = 0;
     for (const auto& [k, v] : attributes_) {
       if (!k.starts_with("Nats-") && given.count(k) != 0) continue;
       if (k == "Dedup-Escaped-Headers" || k == "Dedup-Headers-Unreadable") continue;
-      const bool raw = v.find_first_of(std::string_view("\0\r\n", 3)) == std::string::npos;
+      std::string value = v;
+      if (shape == Shape::kBare) {
+        // Only the original id, which names the message (as its key, mostly).
+        if (k != "Nats-Msg-Id") {
+          ++dropped_headers;
+          dropped_bytes += k.size() + v.size();
+          continue;
+        }
+        value = internal::CutAtCharacter(v, kBareReasonBytes);
+      }
+      const bool raw = value.find_first_of(std::string_view("\0\r\n", 3)) == std::string::npos;
       const std::string name = renamed(k);
       if (!raw && escaped.find("," + name + ",") == std::string::npos) {
         escaped += (escaped.empty() ? "," : "") + name + ",";
       }
       if (s == NATS_OK) {
-        s = natsMsgHeader_Add(m, name.c_str(), raw ? v.c_str() : internal::Printable(v).c_str());
+        s = natsMsgHeader_Add(m, name.c_str(), raw ? value.c_str() : internal::Printable(value).c_str());
       }
     }
     // The reason too (a handler's own text), cut to what a header holds.
-    std::string why = brokers::HeaderReason(reason);
+    std::string why = shape == Shape::kBare ? internal::CutAtCharacter(reason, kBareReasonBytes)
+                                            : brokers::HeaderReason(reason);
     if (why.find_first_of(std::string_view("\0\r\n", 3)) != std::string::npos) {
       why = internal::Printable(why);
       escaped += (escaped.empty() ? "," : "") + std::string("Dedup-Reason,");
@@ -701,6 +849,19 @@ class NatsDelivery final : public Delivery {
     if (s == NATS_OK && !headers_error_.empty()) {
       s = natsMsgHeader_Set(m, "Dedup-Headers-Unreadable", headers_error_.c_str());
     }
+    if (s == NATS_OK && !with_data && !payload_.empty()) {
+      s = natsMsgHeader_Set(m, "Dedup-Payload-Dropped",
+                            (std::to_string(payload_.size()) + " bytes: the copy with them was " +
+                             data_why)
+                                .c_str());
+    }
+    if (s == NATS_OK && dropped_headers > 0) {
+      s = natsMsgHeader_Set(m, "Dedup-Headers-Dropped",
+                            (std::to_string(dropped_headers) + " headers (" +
+                             std::to_string(dropped_bytes) + " bytes): the copy with them was " +
+                             headers_why)
+                                .c_str());
+    }
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Reason", why.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Stream", o.stream.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(m, "Dedup-Sequence", id_.c_str());
@@ -709,6 +870,14 @@ class NatsDelivery final : public Delivery {
     if (s == NATS_OK) s = js_PublishMsg(&pa, s_->conn->js, m, nullptr, &jerr);
     natsMsg_Destroy(m);
     if (pa != nullptr) jsPubAck_Destroy(pa);
+    if (s == NATS_MAX_PAYLOAD) {
+      *too_large = "over the server's max_payload (" +
+                   std::to_string(natsConnection_GetMaxPayload(s_->conn->nc)) +
+                   " bytes, data and headers)";
+    } else if (s != NATS_OK && jerr == JSStreamMessageExceedsMaximumErr) {
+      *too_large = "over the max_msg_size of the stream holding " + subject +
+                   " (JetStream error 10054)";
+    }
     return FromNats(s, "nats " + o.host_port + ": dead letter to " + subject, jerr);
   }
 
@@ -766,17 +935,29 @@ class NatsSource final : public MessageSource {
   }
 
   // Every +ACK sent at once, then one flush (PING/PONG): one round trip, and the
-  // server has them all when it answers.
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
-    Status first;
-    for (Delivery* d : deliveries) {
-      auto* nd = dynamic_cast<NatsDelivery*>(d);
-      Status st = nd != nullptr ? nd->AckNoWait() : d->Ack();
-      if (!st.ok() && first.ok()) first = std::move(st);
+  // server has them all when it answers. One status per delivery: its own when
+  // its +ACK could not be sent; the flush's for those sent (a failed flush
+  // leaves each of them unknown: counted as not acked, the broker redelivers).
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
+    std::vector<Status> out;
+    out.reserve(deliveries.size());
+    std::vector<bool> queued(deliveries.size(), false);
+    bool any = false;
+    for (size_t i = 0; i < deliveries.size(); ++i) {
+      auto* nd = dynamic_cast<NatsDelivery*>(deliveries[i]);
+      out.push_back(nd != nullptr ? nd->AckNoWait() : deliveries[i]->Ack());
+      queued[i] = nd != nullptr && out.back().ok();
+      any = any || queued[i];
     }
+    if (!any) return out;
     const natsStatus f = natsConnection_FlushTimeout(s_->conn->nc, s_->o.timeout.count());
-    if (f != NATS_OK && first.ok()) first = FromNats(f, "nats " + s_->o.host_port + ": flush acks");
-    return first;
+    if (f != NATS_OK) {
+      const Status flush = FromNats(f, "nats " + s_->o.host_port + ": flush acks");
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (queued[i]) out[i] = flush;
+      }
+    }
+    return out;
   }
 
   std::string Describe() const override { return s_->o.Describe(); }

@@ -23,13 +23,26 @@
 //   ack_wait=DUR       the consumer's AckWait when it is created. Default: the
 //                      lease + 1 s through OpenSource, else 30 s
 //   max_ack_pending=N  ... its MaxAckPending. Default: 1000
+//   password_file=F    the password from file F (core/secret.h):
+//                      nats://USER@HOST?password_file=F
+//   token_file=F       a token (nats-server --auth) from file F, read as
+//                      password_file= is; the URI then names no user
+//
+// Credentials as the NATS clients read a URL (nats.c's natsOptions_SetToken,
+// nats.go, the docs' "nats://token@server:port"): nats://USER:PASS@HOST is a
+// user and password, and a lone nats://TOKEN@HOST is a token, not a user name.
+// Neither the token nor the password is ever in a message.
 //
 // How the consumer seam maps onto JetStream:
 //   Ack()            +ACK (after the outcome is recorded)
 //   Retry(after)     -NAK with a delay of `after`: the server redelivers then
 //   DeadLetter(why)  a copy (data, headers, Dedup-Reason: <why>) published to the
-//                    dead subject and stored (PubAck awaited); then +TERM. No
-//                    copy: -NAK with a delay of ack_wait (never at once: a loop)
+//                    dead subject and stored (PubAck awaited); then +TERM. A
+//                    copy too large (max_payload, the dead stream's
+//                    max_msg_size) goes without the data, then with only what
+//                    names the message (Dedup-Payload-Dropped, -Headers-
+//                    Dropped). No copy: -NAK with a delay of ack_wait (never
+//                    at once: a loop)
 //   InProgress()     +WPI: resets AckWait. The Consumer sends it every heartbeat
 //                    interval for each delivery it holds (running or fetched
 //                    ahead), so a message worked on longer than AckWait is not
@@ -72,6 +85,9 @@ struct NatsOptions {
   std::string user;      // empty: none
   std::string password;  // with has_password
   bool has_password = false;
+  // Token authentication (nats-server --auth, authorization { token: ... }):
+  // empty when none. Never with a user.
+  std::string token;
   std::string host_port = "127.0.0.1:4222";  // the URI's hosts as written, for messages
   std::string stream;
   std::string consumer;
@@ -92,7 +108,8 @@ struct NatsOptions {
   std::string Describe() const;
 };
 
-// InvalidArgument naming the problem. `need_consumer`: false for `dedup publish`.
+// InvalidArgument naming the problem. `need_consumer`: false for `dedup publish`
+// (which also needs a subject without wildcards).
 StatusOr<NatsOptions> ParseNatsUri(std::string_view uri, bool need_consumer = true);
 
 // Publishes to the stream's subject and waits for each PubAck. One caller at a

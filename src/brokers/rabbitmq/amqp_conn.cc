@@ -118,6 +118,20 @@ void AmqpConn::Drop() {
   Close();
 }
 
+void AmqpConn::KeepAlive() {
+  if (!open() || broken_) return;
+  const int heartbeat_s = amqp_get_heartbeat(state_);
+  if (heartbeat_s <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_beat_ < std::chrono::milliseconds(heartbeat_s * 1000 / 2)) return;
+  last_beat_ = now;
+  amqp_frame_t beat{};
+  beat.frame_type = AMQP_FRAME_HEARTBEAT;
+  beat.channel = 0;
+  const int rc = amqp_send_frame(state_, &beat);
+  if (rc != AMQP_STATUS_OK) (void)LibraryError(rc, "heartbeat");
+}
+
 Status AmqpConn::LibraryError(int code, std::string_view what) {
   std::string m = Name() + ": " + std::string(what) + ": " + amqp_error_string2(code);
   if (code == AMQP_STATUS_TIMEOUT) return Status::DeadlineExceeded(std::move(m));

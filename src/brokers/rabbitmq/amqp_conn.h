@@ -9,6 +9,7 @@
 
 #include <amqp.h>
 
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -66,6 +67,15 @@ class AmqpConn {
   void Close();
   // Closes the socket alone: the connection failed and nothing more can be said on it.
   void Drop();
+  // Sends a heartbeat frame when half the negotiated heartbeat interval has
+  // passed since the last one this sent (none when heartbeats are off or the
+  // connection is not open). rabbitmq-c sends heartbeats only from inside its
+  // own calls (a read, a publish): a connection nothing is done on past the
+  // heartbeat timeout (a consumer whose window is full of long handlers, a
+  // publisher between copies) was closed by the broker. Called
+  // every few hundred milliseconds by the owner, serialized as every call. A
+  // failed send drops the connection (the next Open() connects again).
+  void KeepAlive();
   // Channel 1 is open on a live connection.
   bool open() const { return state_ != nullptr && channel_open_; }
   amqp_connection_state_t get() const { return state_; }
@@ -90,6 +100,7 @@ class AmqpConn {
   amqp_connection_state_t state_ = nullptr;
   bool channel_open_ = false;
   bool broken_ = false;  // nothing more can be sent on it (Close drops it)
+  std::chrono::steady_clock::time_point last_beat_{};  // KeepAlive's last heartbeat
 };
 
 }  // namespace dedup::rabbitmq

@@ -119,6 +119,7 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     return Status::InvalidArgument("amqp: no '//' after 'amqp:' (expected "
                                    "amqp://USER:PW@HOST:5672/VHOST?queue=Q)");
   }
+  // "amqp://u:p?ss@h?queue=q" is refused by CheckParams without being echoed.
   DEDUP_RETURN_IF_ERROR(
       u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout",
                      internal::kPasswordFileParam}));
@@ -246,6 +247,7 @@ class RabbitMqPublisher::Impl {
   }
 
   void ForgetDeclared() { retry_queues_.clear(); }
+  void KeepAlive() { conn_.KeepAlive(); }
 
   Status DeclareRetryQueue(Millis step, std::string* name) {
     DEDUP_RETURN_IF_ERROR(Connect());
@@ -331,10 +333,20 @@ class RabbitMqPublisher::Impl {
           // Connect opens the channel again, with confirms counted from 1.
           // 403: the user may not write there; no later fixes that (dedup
           // publish exits 2 on it, as on a refused password).
+          // 406 PRECONDITION_FAILED: the broker refuses the message as it is
+          // (over the node's max_message_size: "message size N is larger than
+          // configured max size M"), and will every time: no retry helps
+          // (InvalidArgument: dedup publish exits 2; a dead-letter or retry copy
+          // is not sent again as for an unroutable one).
           Status closed = conn_.ServerClosed(frame.payload.method, "publish");
           if (closed.code() == StatusCode::kNotFound ||
               closed.code() == StatusCode::kPermissionDenied) {
             return closed;
+          }
+          if (closed.code() == StatusCode::kFailedPrecondition) {
+            return Status::InvalidArgument(closed.message() +
+                                           " (the broker refuses this message as it is: no "
+                                           "retry changes that)");
           }
           return Status::Unavailable(conn_.Name() + ": the server closed the publishing channel: " +
                                      closed.message());
@@ -384,6 +396,7 @@ Status RabbitMqPublisher::Send(std::string_view exchange, std::string_view routi
 }
 Status RabbitMqPublisher::WaitConfirms() { return impl_->WaitConfirms(); }
 void RabbitMqPublisher::ForgetDeclared() { impl_->ForgetDeclared(); }
+void RabbitMqPublisher::KeepAlive() { impl_->KeepAlive(); }
 
 // ---- source ------------------------------------------------------------------
 
@@ -650,18 +663,23 @@ class RabbitMqSource final : public MessageSource {
     return out;
   }
 
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
-    Status first;
-    for (Delivery* d : deliveries) {  // basic.ack needs no round trip: one lock each
-      Status st = d->Ack();
-      if (!st.ok() && first.ok()) first = std::move(st);
-    }
-    return first;
+  // basic.ack needs no round trip: one lock each, and each delivery's own
+  // answer (one of a connection that is gone fails alone).
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
+    std::vector<Status> out;
+    out.reserve(deliveries.size());
+    for (Delivery* d : deliveries) out.push_back(d->Ack());
+    return out;
   }
 
   std::string Describe() const override { return s_->o.Describe(); }
 
  private:
+  // Also sends the heartbeats of both connections (AmqpConn::KeepAlive): the
+  // consuming one may go without a Fetch for as long as handlers run (the
+  // Consumer fetches nothing while its window is full), the publishing one
+  // between copies; silent past the heartbeat timeout, the broker closed them.
+  //
   // The broker pushes up to `prefetch` messages to a consumer whether or not it
   // fetches. A source nobody fetches from any more (its Consumer stopped, the
   // process lingers) would sit on them, so that no other worker got them until
@@ -674,13 +692,21 @@ class RabbitMqSource final : public MessageSource {
     while (!closing_) {
       idle_cv_.wait_for(lk, Millis(200));
       if (closing_) break;
-      std::lock_guard<std::mutex> lock(s_->conn_mu);
-      s_->RequeueDueLocked();
-      if (s_->conn.get() != nullptr && s_->unsettled <= 0 && !s_->fetching &&
-          std::chrono::steady_clock::now() - s_->last_fetch > kIdleRelease) {
-        s_->conn.Close();
-        ++s_->generation;
+      {
+        std::lock_guard<std::mutex> lock(s_->conn_mu);
+        s_->RequeueDueLocked();
+        if (s_->conn.get() != nullptr && s_->unsettled <= 0 && !s_->fetching &&
+            std::chrono::steady_clock::now() - s_->last_fetch > kIdleRelease) {
+          s_->conn.Close();
+          ++s_->generation;
+        }
+        // Both connections beat even when nothing else is done on them (a
+        // Fetch polls the socket without the lock: a frame may be sent).
+        s_->conn.KeepAlive();
       }
+      // A copy in progress beats by itself: never waited for.
+      std::unique_lock<std::mutex> pub(s_->pub_mu, std::try_to_lock);
+      if (pub.owns_lock()) s_->publisher.KeepAlive();
     }
   }
 

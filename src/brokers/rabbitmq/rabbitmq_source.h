@@ -17,7 +17,9 @@
 //   dead=NAME        the dead-letter exchange and queue. Default: <queue>.dead
 //                    (not the queue itself nor one of its retry queues)
 //   heartbeat=DUR    AMQP heartbeat (0: none; at most 65535s, an AMQP short).
-//                    Default: 30s
+//                    Default: 30s. Sent every half interval on both connections
+//                    (consuming, publishing copies) by the source's own thread,
+//                    also while nothing is fetched or copied
 //
 // How the consumer seam maps onto AMQP:
 //   Ack()            basic.ack of the delivery tag (after the outcome is recorded)
@@ -115,11 +117,16 @@ class RabbitMqPublisher {
                             const AmqpMessage& m);
   // Waits until the broker confirmed everything sent; an error when any was
   // nacked (Aborted: it may still be in some queues), returned (FailedPrecondition:
-  // unroutable, in no queue), or the connection failed.
+  // unroutable, in no queue), refused as it is (InvalidArgument: a 406
+  // PRECONDITION_FAILED channel close, e.g. a body over the node's
+  // max_message_size), or the connection failed.
   [[nodiscard]] Status WaitConfirms();
   // Forgets which retry queues were declared: the next DeclareRetryQueue
   // declares again (one was deleted under this publisher).
   void ForgetDeclared();
+  // A heartbeat when one is due (AmqpConn::KeepAlive): a publisher kept open
+  // between rare publishes calls it every few hundred milliseconds.
+  void KeepAlive();
 
  private:
   class Impl;

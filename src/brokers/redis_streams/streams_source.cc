@@ -142,15 +142,16 @@ class StreamsSource final : public MessageSource {
            " group=" + o_.group + " consumer=" + o_.consumer;
   }
 
-  Status AckBatch(std::span<Delivery* const> deliveries) override {
-    if (deliveries.empty()) return Status::Ok();
+  // One XACK for all: its one answer is each delivery's.
+  std::vector<Status> AckBatch(std::span<Delivery* const> deliveries) override {
+    if (deliveries.empty()) return {};
     std::vector<std::string> args = {"XACK", o_.stream, o_.group};
     for (Delivery* d : deliveries) args.push_back(d->id());
     Status s = Send(args, "XACK");
     if (!s.ok()) {
       for (Delivery* d : deliveries) LeavePending(d->id(), Millis(500));
     }
-    return s;
+    return std::vector<Status>(deliveries.size(), s);
   }
 
   // ---- settlement, from any thread ----

@@ -23,7 +23,10 @@
 //    with linear probing from the start of a cache line (IndexHome) and
 //    backward-shift deletion (no tombstones), also mmapped. It grows by
 //    doubling; since an entry carries its hash bits, a doubling moves 8-byte
-//    entries and never reads a record or a key. Tables of 64 KiB to 1 MiB share
+//    entries and never reads a record or a key. A doubling is spread over the
+//    inserts that follow it, a few entries each, old and new table side by side
+//    meanwhile (Shard::GrowStep): done in one call it stalled every shard at
+//    about the same time (docs/DESIGN.md). Tables of 64 KiB to 1 MiB share
 //    the store's IndexArena of huge pages (a random probe then costs no page
 //    walk).
 //  - Reclaim sweeps the slab with a cursor: each operation looks at a few slots
@@ -173,7 +176,7 @@ void* MapHuge(size_t bytes) {
 // these sizes costs no slack beyond the arena's last region and the spares.
 //
 // Smaller tables (a store of up to ~4 k records a shard) stay on 4 KiB pages,
-// so that a small store does not take 2 MiB. Called under a shard's lock (Grow,
+// so that a small store does not take 2 MiB. Called under a shard's lock (StartGrow, GrowStep,
 // ~Shard); the arena's own lock is taken inside it, never the other way round.
 class IndexArena {
  public:
@@ -416,6 +419,8 @@ class alignas(64) Shard {
     for (Chunk* c : chunks_) delete c;
     for (const auto& [p, bytes] : maps_) UnmapBytes(p, bytes);
     if (index_ != nullptr) FreeIndex(index_, mask_ + 1);
+    if (next_ != nullptr) FreeIndex(next_, 2 * (mask_ + 1));
+    if (old_ != nullptr) FreeIndex(old_, old_mask_ + 1);
   }
 
   std::mutex mu;
@@ -432,15 +437,16 @@ class alignas(64) Shard {
   }
 
   // The slot holding `key`, or nullptr. Sets *pos to the index position where
-  // `key` is or would be inserted.
+  // `key` is (kInOld set when that is in the old table, see GrowStep) or would be
+  // inserted (always in the current table).
   Slot* Find(std::string_view key, uint64_t h, size_t* pos) {
-    if (index_ == nullptr) Grow();
+    if (index_ == nullptr) [[unlikely]] MakeFirstIndex();
     const uint32_t tag = static_cast<uint32_t>(h);
     for (size_t i = IndexHome(tag, mask_);; i = (i + 1) & mask_) {
       const IndexEntry e = index_[i];
       if (e.slot == kNoSlot) {
         *pos = i;
-        return nullptr;
+        return old_ == nullptr ? nullptr : FindOld(key, tag, pos);
       }
       if (e.hash == tag) {
         Slot& s = At(e.slot);
@@ -454,11 +460,10 @@ class alignas(64) Shard {
 
   // A new slot for `key` at index position `pos` (from a Find that returned null).
   Slot& Insert(std::string_view key, uint64_t h, size_t pos, uint32_t* number) {
-    if ((count_ + 1) * 4 > (mask_ + 1) * 3) {  // load above 3/4: double, then find the spot again
-      Grow();
-      const uint32_t tag = static_cast<uint32_t>(h);
-      pos = IndexHome(tag, mask_);
-      while (index_[pos].slot != kNoSlot) pos = (pos + 1) & mask_;
+    // Load above grow_at_ / 64: the next table is mapped now (it may throw:
+    // nothing has changed yet), and filled by this insert and the next ones.
+    if (next_ == nullptr && old_ == nullptr && (count_ + 1) * 64 > (mask_ + 1) * grow_at_) [[unlikely]] {
+      StartGrow();
     }
     uint32_t n;
     if (!free_.empty()) {
@@ -474,12 +479,25 @@ class alignas(64) Shard {
     s.live = 1;
     *number = n;
     s.SetKey(key);
+    // With the record in: a step of growth moves entries (pos is stale after it).
+    if (next_ != nullptr || old_ != nullptr) [[unlikely]] GrowStep();
     return s;
   }
 
-  // Removes the record at index position `pos`.
+  // Removes the record at index position `pos` (from Find).
   void Erase(size_t pos) {
-    const uint32_t n = index_[pos].slot;
+    IndexEntry* table = index_;
+    size_t mask = mask_;
+    if ((pos & kInOld) != 0) [[unlikely]] {
+      // In the old table's part not yet moved. The shift below only fills holes
+      // at or after pos, all in that part: it stops at the first empty entry, at
+      // the latest at move_from_ (empty when the move began, and nothing is
+      // ever inserted into the old table).
+      table = old_;
+      mask = old_mask_;
+      pos &= ~kInOld;
+    }
+    const uint32_t n = table[pos].slot;
     Slot& s = At(n);
     s.FreeExtra();
     s.live = 0;
@@ -488,18 +506,18 @@ class alignas(64) Shard {
     --count_;
     // Backward-shift deletion: pull later entries of the cluster into the hole.
     size_t hole = pos;
-    for (size_t j = (pos + 1) & mask_;; j = (j + 1) & mask_) {
-      const IndexEntry e = index_[j];
+    for (size_t j = (pos + 1) & mask;; j = (j + 1) & mask) {
+      const IndexEntry e = table[j];
       if (e.slot == kNoSlot) break;
-      const size_t home = IndexHome(e.hash, mask_);
+      const size_t home = IndexHome(e.hash, mask);
       // The entry may move to the hole if the hole lies cyclically in [home, j).
       const bool movable = hole <= j ? (home <= hole || home > j) : (home <= hole && home > j);
       if (movable) {
-        index_[hole] = e;
+        table[hole] = e;
         hole = j;
       }
     }
-    index_[hole] = {0, kNoSlot};
+    table[hole] = {0, kNoSlot};
   }
 
   // Looks at up to 4 * `most` slots after the sweep cursor and removes up to
@@ -588,16 +606,80 @@ class alignas(64) Shard {
   }
 
   // The slot number of the record Find found at index position `pos`.
-  uint32_t NumberAt(size_t pos) const { return index_[pos].slot; }
+  uint32_t NumberAt(size_t pos) const {
+    return (pos & kInOld) == 0 ? index_[pos].slot : old_[pos & ~kInOld].slot;
+  }
   // After the retention deadline of slot `n` was written.
   void Touched(uint32_t n) { SetDue(n, At(n).retention_deadline); }
 
   size_t size() const { return count_; }
-  // Once, before the first record: the store's clock now, and where index
-  // tables of middle size come from (it outlives the shard).
-  void Init(int64_t now, IndexArena* arena) {
+  size_t doublings() const { return doublings_; }
+  size_t most_growth_work() const { return most_growth_work_; }
+  bool filling() const { return next_ != nullptr; }
+  bool moving() const { return old_ != nullptr; }
+
+  // For tests: "" when the index holds every live slot exactly once (in the
+  // current table, or in the old table's part not yet moved) under its key's
+  // hash, where Find finds it, and nothing else, and no table is fuller than
+  // growth allows; else what is wrong.
+  std::string CheckIndex() {
+    if (index_ == nullptr) return count_ == 0 ? "" : "records but no index";
+    std::vector<uint8_t> seen(used_, 0);
+    size_t entries = 0;
+    std::string err;
+    auto visit = [&](const IndexEntry& e, size_t pos) {
+      if (!err.empty()) return;
+      if (e.slot >= used_ || !At(e.slot).live) {
+        err = "an entry of free slot " + std::to_string(e.slot);
+        return;
+      }
+      const std::string key(At(e.slot).Key());
+      if (seen[e.slot]++ != 0) {
+        err = "'" + key + "' indexed twice";
+        return;
+      }
+      const uint64_t h = HashKey(key);
+      size_t found = 0;
+      if (static_cast<uint32_t>(h) != e.hash) {
+        err = "'" + key + "' under another hash";
+      } else if (Find(key, h, &found) != &At(e.slot) || found != pos) {
+        err = "'" + key + "' not found where it is";
+      }
+      ++entries;
+    };
+    size_t in_current = 0;
+    for (size_t i = 0; i <= mask_; ++i) {
+      if (index_[i].slot != kNoSlot) {
+        visit(index_[i], i);
+        ++in_current;
+      }
+    }
+    // The bound growth keeps (StartGrow, GrowStep): a table is replaced by the
+    // time its load reaches 3/4, and a move ends before the new one is half full.
+    if (err.empty() && 4 * in_current > 3 * (mask_ + 1)) {
+      err = std::to_string(in_current) + " entries in a table of " + std::to_string(mask_ + 1);
+    }
+    if (err.empty() && old_ != nullptr && 2 * count_ > mask_ + 1) {
+      err = std::to_string(count_) + " records in the middle of a move to a table of " + std::to_string(mask_ + 1);
+    }
+    if (old_ != nullptr) {
+      for (size_t i = 0; i <= old_mask_; ++i) {
+        if (!Moved(i) && old_[i].slot != kNoSlot) visit(old_[i], i | kInOld);
+      }
+    }
+    if (!err.empty()) return err;
+    if (entries != count_) return std::to_string(entries) + " entries for " + std::to_string(count_) + " records";
+    for (uint32_t i = 0; i < used_; ++i) {
+      if (At(i).live && seen[i] == 0) return "live slot " + std::to_string(i) + " not indexed";
+    }
+    return "";
+  }
+  // Once, before the first record: the store's clock now, where index tables
+  // of middle size come from (it outlives the shard), and the shard's number.
+  void Init(int64_t now, IndexArena* arena, size_t number) {
     due_base_ = now;
     arena_ = arena;
+    grow_at_ = 32 + number % 8;  // see StartGrow
   }
 
   template <typename Fn>
@@ -699,26 +781,134 @@ class alignas(64) Shard {
     pass_min_ = shift(pass_min_);
   }
 
-  // Doubles the index (or makes the first one). Entries carry their hash bits,
-  // so no record is read.
-  void Grow() {
-    const size_t old_size = index_ == nullptr ? 0 : mask_ + 1;
-    const size_t size = old_size == 0 ? 64 : old_size * 2;
-    auto* fresh = AllocIndex(size);
-    for (size_t i = 0; i < size; ++i) fresh[i] = {0, kNoSlot};
-    const size_t mask = size - 1;
-    for (size_t i = 0; i < old_size; ++i) {
-      const IndexEntry e = index_[i];
-      if (e.slot == kNoSlot) continue;
-      size_t p = IndexHome(e.hash, mask);
-      while (fresh[p].slot != kNoSlot) p = (p + 1) & mask;
-      fresh[p] = e;
+  // ---- growth of the index, a few entries per insert ----
+  //
+  // The index doubles as its load nears 3/4. Doing it in one go (make a table
+  // twice the size empty, move every entry into it) made one insert per shard
+  // take milliseconds, and with keys spread evenly all shards cross the load
+  // at about the same time: 64 such calls in a row, 200 ms windows of claims at
+  // a tenth of the median (docs/DESIGN.md, "Memory store: growth without a
+  // stall"). So, as Redis's dict does, a doubling is spread over inserts:
+  //
+  //  1. Filling: at a load between 1/2 and 5/8 (grow_at_ / 64, by the shard's
+  //     number), StartGrow maps the next table (next_); each insert from then
+  //     on makes fill_per_insert_ of its entries empty, so that it is all empty
+  //     by a load of 3/4 (for the inserts alone; erases only delay that).
+  //     Meanwhile the current table takes the inserts. The fill is also what
+  //     first touches the new table's memory: a fresh 2 MiB huge page is
+  //     zeroed by the kernel at its first touch (~4.5 ms of CPU on the KVM
+  //     guest of docs/PERFORMANCE.md; a table of up to 1 MiB is in one, shared
+  //     in the arena). Done at once, 64 shards crossing 3/4 together met 32 to
+  //     128 such faults in a row; the thresholds staggered over eight loads and
+  //     a fill spread over a quarter to an eighth of a doubling's inserts put
+  //     them apart.
+  //  2. Moving: when next_ is all empty it becomes the current table (inserts
+  //     and lookups go there first) and the one before is old_; each insert
+  //     moves the entries of kMovePerInsert old positions, in order from
+  //     move_from_ (a position empty when the move began) round the table.
+  //     A lookup that misses in the current table looks in old_'s part not yet
+  //     moved (FindOld); an erase there shifts only within that part (Erase).
+  //     Moved entries stay in old_ but are never read again.
+  //  3. When every old position is moved, old_ goes back.
+  //
+  // The move ends long before the current table fills again: it takes
+  // N / kMovePerInsert inserts, and the new table of 2N entries starts at a
+  // load of 3/8 at most (below 1/2 at the move's end). A shard that takes no
+  // more inserts stays in the middle of its growth; lookups then cost a probe
+  // of both tables.
+  static constexpr size_t kMovePerInsert = 8;
+  static constexpr size_t kFirstIndex = 64;
+  static_assert(kFirstIndex * 3 / 4 + kFirstIndex / kMovePerInsert < kFirstIndex,
+                "a move ends before the new table is half full");
+  static constexpr size_t kInOld = size_t{1} << (8 * sizeof(size_t) - 1);  // Find's pos: in old_
+
+  void MakeFirstIndex() {
+    index_ = AllocIndex(kFirstIndex);
+    for (size_t i = 0; i < kFirstIndex; ++i) index_[i] = {0, kNoSlot};
+    mask_ = kFirstIndex - 1;
+    hint_base_.store(reinterpret_cast<uintptr_t>(index_), std::memory_order_relaxed);
+    hint_mask_.store(mask_, std::memory_order_relaxed);
+  }
+
+  void StartGrow() {
+    const size_t size = mask_ + 1;
+    next_ = AllocIndex(2 * size);  // contents undefined until filled
+    filled_ = 0;
+    // 2 * size entries to fill before the load reaches 3/4: 8 to 15 a step
+    // from the thresholds of grow_at_ (more in a table of 64 entries).
+    const size_t room = size * 3 / 4 > count_ ? size * 3 / 4 - count_ : 1;
+    fill_per_insert_ = (2 * size + room - 1) / room;
+    ++doublings_;
+  }
+
+  // One insert's share of the growth under way.
+  void GrowStep() {
+    size_t work = 0;
+    if (next_ != nullptr) {
+      const size_t size = 2 * (mask_ + 1);
+      const size_t end = std::min(size, filled_ + fill_per_insert_);
+      std::fill(next_ + filled_, next_ + end, IndexEntry{0, kNoSlot});
+      work = end - filled_;
+      filled_ = end;
+      if (filled_ == size) SwitchTables();
+    } else {
+      const size_t n = old_mask_ + 1;
+      const size_t end = std::min(n, moved_ + kMovePerInsert);
+      work = end - moved_;
+      for (; moved_ < end; ++moved_) {
+        const IndexEntry e = old_[(move_from_ + moved_) & old_mask_];
+        if (e.slot == kNoSlot) continue;
+        size_t p = IndexHome(e.hash, mask_);
+        while (index_[p].slot != kNoSlot) p = (p + 1) & mask_;
+        index_[p] = e;
+      }
+      if (moved_ == n) {
+        FreeIndex(old_, n);
+        old_ = nullptr;
+      }
     }
-    if (index_ != nullptr) FreeIndex(index_, old_size);
-    index_ = fresh;
-    mask_ = mask;
-    hint_base_.store(reinterpret_cast<uintptr_t>(fresh), std::memory_order_relaxed);
-    hint_mask_.store(mask, std::memory_order_relaxed);
+    most_growth_work_ = std::max(most_growth_work_, work);
+  }
+
+  // The filled next table becomes the current one; the move begins.
+  void SwitchTables() {
+    old_ = index_;
+    old_mask_ = mask_;
+    index_ = next_;
+    mask_ = 2 * old_mask_ + 1;
+    next_ = nullptr;
+    // An empty position to start from (the load is below 1): a cluster never
+    // wraps past it, so a probe in the part not yet moved stays in that part.
+    size_t from = 0;
+    while (old_[from].slot != kNoSlot) ++from;
+    move_from_ = from;
+    moved_ = 0;
+    hint_base_.store(reinterpret_cast<uintptr_t>(index_), std::memory_order_relaxed);
+    hint_mask_.store(mask_, std::memory_order_relaxed);
+  }
+
+  // Whether old position `i` has been moved to the current table.
+  bool Moved(size_t i) const { return ((i - move_from_) & old_mask_) < moved_; }
+
+  // Find's second half while a move is under way: `key` in old_'s part not yet
+  // moved. A probe from a home already moved starts where the move is: every
+  // entry of that home's cluster between the two is in the current table, and
+  // the old table is unchanged there (moved entries stay, so its clusters hold
+  // together). *pos is set only when the key is found.
+  Slot* FindOld(std::string_view key, uint32_t tag, size_t* pos) {
+    size_t i = IndexHome(tag, old_mask_);
+    if (Moved(i)) i = (move_from_ + moved_) & old_mask_;
+    for (;; i = (i + 1) & old_mask_) {
+      const IndexEntry e = old_[i];
+      if (e.slot == kNoSlot) return nullptr;
+      if (e.hash == tag) {
+        Slot& s = At(e.slot);
+        if (s.Key() == key) {
+          *pos = i | kInOld;
+          return &s;
+        }
+      }
+    }
   }
 
   // An index table of `entries` entries: from the arena in its size range,
@@ -737,11 +927,21 @@ class alignas(64) Shard {
   }
 
   IndexArena* arena_ = nullptr;
-  IndexEntry* index_ = nullptr;
+  IndexEntry* index_ = nullptr;  // the current table: inserts go here, lookups look here first
   size_t mask_ = 0;
+  IndexEntry* next_ = nullptr;  // while filling: the next table, 2 * (mask_ + 1) entries
+  size_t filled_ = 0;           // its entries made empty so far
+  size_t fill_per_insert_ = 0;  // StartGrow
+  size_t grow_at_ = 40;         // the load, in 64ths, at which the next table is made (Init)
+  IndexEntry* old_ = nullptr;   // while moving: the table before, old_mask_ + 1 entries
+  size_t old_mask_ = 0;
+  size_t move_from_ = 0;  // an old position empty when the move began
+  size_t moved_ = 0;      // old positions moved so far, from move_from_ on
   std::atomic<uintptr_t> hint_base_{0};  // index_ and mask_ for Prefetch
   std::atomic<size_t> hint_mask_{0};
   size_t count_ = 0;
+  size_t doublings_ = 0;         // internal::MemoryStoreIndex
+  size_t most_growth_work_ = 0;  // entries written or moved by one call for a doubling
   std::vector<Chunk*> chunks_;
   std::vector<Slot*> slots_;                      // chunk k's slots: slots_[k][0 .. kChunkSlots)
   std::vector<std::pair<void*, size_t>> maps_;    // the mappings slots_ point into
@@ -769,7 +969,7 @@ class MemoryStore final : public Store {
         shard_bits_(std::countr_zero(std::bit_ceil(o.shards == 0 ? size_t{1} : o.shards))),
         shards_(size_t{1} << shard_bits_) {
     const int64_t now = clock_->NowMillis();
-    for (Shard& s : shards_) s.Init(now, &arena_);
+    for (size_t i = 0; i < shards_.size(); ++i) shards_[i].Init(now, &arena_, i);
   }
 
   StatusOr<ClaimResult> Claim(const ClaimRequest& req) override {
@@ -885,6 +1085,27 @@ class MemoryStore final : public Store {
     return n;
   }
 
+  internal::MemoryStoreIndexStats IndexStats() {
+    internal::MemoryStoreIndexStats st;
+    for (Shard& s : shards_) {
+      std::lock_guard lock(s.mu);
+      st.doublings += s.doublings();
+      st.most_growth_work = std::max(st.most_growth_work, s.most_growth_work());
+      st.filling += s.filling();
+      st.moving += s.moving();
+    }
+    return st;
+  }
+
+  std::string CheckIndex() {
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      std::lock_guard lock(shards_[i].mu);
+      std::string err = shards_[i].CheckIndex();
+      if (!err.empty()) return "shard " + std::to_string(i) + ": " + err;
+    }
+    return "";
+  }
+
  private:
   // The top bits pick the shard; the index inside uses the low ones.
   Shard& ShardFor(uint64_t h) { return shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)]; }
@@ -951,6 +1172,18 @@ size_t MemoryStorePhysicalRecords(Store* store) {
   auto* m = dynamic_cast<MemoryStore*>(store);
   return m == nullptr ? 0 : m->PhysicalRecords();
 }
+
+MemoryStoreIndexStats MemoryStoreIndex(Store* store) {
+  auto* m = dynamic_cast<MemoryStore*>(store);
+  return m == nullptr ? MemoryStoreIndexStats{} : m->IndexStats();
+}
+
+std::string MemoryStoreCheckIndex(Store* store) {
+  auto* m = dynamic_cast<MemoryStore*>(store);
+  return m == nullptr ? "not a memory store" : m->CheckIndex();
+}
+
+uint64_t MemoryStoreKeyHash(std::string_view key) { return HashKey(key); }
 }  // namespace internal
 
 std::unique_ptr<Store> NewMemoryStore(const MemoryStoreOptions& options) {

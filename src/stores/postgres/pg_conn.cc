@@ -3,12 +3,19 @@
 #include "stores/postgres/pg_conn.h"
 
 #include <endian.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 namespace dedup::pg {
+
+using internal::SteadyMillis;
+
 namespace {
 
 std::string Trim(std::string s) {
@@ -47,6 +54,37 @@ Status ConnectError(const std::string& where, const std::string& msg, const std:
   return Status::Unavailable(where + ": cannot connect (" + m + ")");
 }
 
+// How a wait for the server ended.
+enum class Waited { kReady, kTimedOut, kGivenUp, kFailed };
+
+// Waits until `fd` is ready for `events`, or the wait that began at `start_ms`
+// has lasted `limit_ms`, or (once `stop` is stopped) its grace has passed.
+Waited AwaitFd(int fd, short events, int64_t start_ms, int64_t limit_ms, WaitStop* stop) {
+  if (fd < 0) return Waited::kFailed;  // no socket (libpq closed it)
+  for (;;) {
+    const int64_t now = SteadyMillis();
+    const int64_t give_up = stop != nullptr ? stop->GiveUpAt(start_ms) : INT64_MAX;
+    const int64_t timed_out = start_ms + limit_ms;
+    const int64_t until = std::min(give_up, timed_out);
+    if (now >= until) return give_up <= timed_out ? Waited::kGivenUp : Waited::kTimedOut;
+    pollfd fds[2] = {{fd, events, 0}, {-1, POLLIN, 0}};
+    nfds_t n = 1;
+    // The stop's eventfd wakes the wait at the stop; once stopped, the
+    // deadline above already holds the grace (and the fd stays readable).
+    if (stop != nullptr && stop->fd() >= 0 && !stop->stopped()) {
+      fds[1].fd = stop->fd();
+      n = 2;
+    }
+    const int64_t left = until - now;
+    const int r = poll(fds, n, static_cast<int>(std::min<int64_t>(left, 60'000)));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Waited::kFailed;
+    }
+    if (r > 0 && fds[0].revents != 0) return Waited::kReady;
+  }
+}
+
 }  // namespace
 
 Params& Params::Bytes(std::string_view b) {
@@ -82,7 +120,8 @@ std::string GetBytes(const PGresult* r, int row, int col) {
 }
 
 StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
-                                           const std::string& where, int server_version) {
+                                           const std::string& where, int server_version,
+                                           WaitStop* stop) {
   const std::string port = std::to_string(o.port);
   const std::string timeout =
       std::to_string(std::max<long long>(2, (o.timeout.count() + 999) / 1000));
@@ -121,19 +160,159 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
   }
   keys.push_back(nullptr);
   values.push_back(nullptr);
-  PGconn* c = PQconnectdbParams(keys.data(), values.data(), 0);
+  const int64_t start = SteadyMillis();
+  if (stop != nullptr && stop->GiveUpAt(start) <= start) {
+    return Status::Aborted(where + ": connect: given up: the caller is stopping, and the server "
+                           "let an earlier call wait out its grace (nothing was sent)");
+  }
+  // Connected step by step (PQconnectPoll), so that the wait is ours to bound
+  // and to give up; libpq's connect_timeout (whole seconds) is the same bound.
+  PGconn* c = PQconnectStartParams(keys.data(), values.data(), 0);
   if (c == nullptr) return Status::ResourceExhausted(where + ": libpq could not allocate a connection");
+  const int64_t limit = std::max<int64_t>(2, (o.timeout.count() + 999) / 1000) * 1000;
+  PostgresPollingStatusType st =
+      PQstatus(c) == CONNECTION_BAD ? PGRES_POLLING_FAILED : PGRES_POLLING_WRITING;
+  while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+    const Waited w = AwaitFd(PQsocket(c), st == PGRES_POLLING_READING ? POLLIN : POLLOUT, start,
+                             limit, stop);
+    if (w == Waited::kTimedOut || w == Waited::kGivenUp) {
+      PQfinish(c);
+      if (w == Waited::kGivenUp) {
+        stop->GaveUp();
+        return Status::Aborted(where + ": connect: given up: the caller is stopping and the "
+                               "server did not answer within the grace");
+      }
+      return Status::DeadlineExceeded(where + ": connect timed out (no answer within " +
+                                      std::to_string(limit) + " ms)");
+    }
+    st = PQconnectPoll(c);
+  }
   if (PQstatus(c) != CONNECTION_OK) {
     Status s = ConnectError(where, PQerrorMessage(c), o.database);
     PQfinish(c);
     return s;
   }
-  return std::unique_ptr<Conn>(new Conn(c, where));
+  return std::unique_ptr<Conn>(new Conn(c, where, o.timeout + kAnswerSlack, stop));
 }
 
-Conn::~Conn() { PQfinish(conn_); }
+Conn::~Conn() {
+  // An abandoned connection may hold bytes the server does not read: its
+  // goodbye must not wait for room (PQsetnonblocking never flushes here: what
+  // is left unsent left it non-blocking already).
+  if (abandoned_) (void)PQsetnonblocking(conn_, 1);
+  PQfinish(conn_);
+}
 
-bool Conn::broken() const { return poisoned_ || PQstatus(conn_) != CONNECTION_OK; }
+bool Conn::broken() const {
+  return poisoned_ || abandoned_ || PQstatus(conn_) != CONNECTION_OK;
+}
+
+bool Conn::ClosedWhileIdle() {
+  if (broken()) return true;
+  // A read that got bytes (the goodbye) does not look further: the end of the
+  // stream behind them is seen by the next one. A few rounds, not a loop on a
+  // stream of NOTIFYs.
+  for (int round = 0; round < 4; ++round) {
+    pollfd p{PQsocket(conn_), POLLIN, 0};
+    if (p.fd < 0) return true;
+    int r;
+    do {
+      r = poll(&p, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0 || p.revents == 0) return false;
+    // libpq's socket never blocks a read: PQconsumeInput takes what is there.
+    if (PQconsumeInput(conn_) == 0 || PQstatus(conn_) != CONNECTION_OK) return true;
+  }
+  return false;
+}
+
+Status Conn::AwaitSocket(short events, int64_t start_ms, std::string_view op) {
+  const Waited w = AwaitFd(PQsocket(conn_), events, start_ms, wait_.count(), stop_);
+  if (w == Waited::kReady) return Status::Ok();
+  abandoned_ = true;  // what was sent may still run; the connection is closed
+  if (w == Waited::kGivenUp) {
+    stop_->GaveUp();
+    return Status::Aborted(where_ + ": " + std::string(op) +
+                           ": given up: the caller is stopping and the server did not answer "
+                           "within the grace; its effect is unknown");
+  }
+  if (w == Waited::kTimedOut) {
+    return Status::DeadlineExceeded(
+        where_ + ": " + std::string(op) + ": no answer within " + std::to_string(wait_.count()) +
+        " ms (timeout + " + std::to_string(kAnswerSlack.count()) +
+        " ms: the server frozen, or the network cut?); the connection is closed, the "
+        "effect unknown");
+  }
+  return Status::Unavailable(where_ + ": " + std::string(op) + ": poll: " + std::strerror(errno));
+}
+
+StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_view op) {
+  last_sqlstate_.clear();
+  const int64_t start = SteadyMillis();
+  if (abandoned_) {
+    return Status::Unavailable(where_ + ": " + std::string(op) +
+                               ": the connection was abandoned by an earlier call");
+  }
+  if (stop_ != nullptr && stop_->GiveUpAt(start) <= start) {
+    abandoned_ = true;
+    return Status::Aborted(where_ + ": " + std::string(op) +
+                           ": given up: the caller is stopping, and the server let an earlier "
+                           "call wait out its grace (nothing was sent)");
+  }
+  // Non-blocking while ours, so that neither the send nor the wait blocks past
+  // the bound; back to blocking for a handler's own libpq calls (an abandoned
+  // connection stays non-blocking, for its goodbye in ~Conn).
+  struct Blocking {
+    Conn* c;
+    ~Blocking() {
+      if (!c->abandoned_ && PQstatus(c->conn_) == CONNECTION_OK) {
+        (void)PQsetnonblocking(c->conn_, 0);
+      }
+    }
+  } restore{this};
+  // A failure with no answer: the connection is closed (Unavailable).
+  auto lost = [&] {
+    abandoned_ = true;
+    return ErrorOf(nullptr, op);
+  };
+  if (PQsetnonblocking(conn_, 1) != 0) return lost();
+  if (send(conn_) == 0) {
+    // Refused by libpq before anything was sent (e.g. too many parameters)?
+    return PQstatus(conn_) == CONNECTION_OK ? ErrorOf(nullptr, op) : lost();
+  }
+  for (;;) {  // flush what the send left queued
+    const int f = PQflush(conn_);
+    if (f == 0) break;
+    if (f < 0) return lost();
+    DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLOUT | POLLIN, start, op));
+    if (PQconsumeInput(conn_) == 0) return lost();
+  }
+  Result last;
+  for (;;) {
+    while (PQisBusy(conn_)) {
+      DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLIN, start, op));
+      if (PQconsumeInput(conn_) == 0) return lost();
+    }
+    Result r(PQgetResult(conn_));
+    if (!r) break;
+    const ExecStatusType st = PQresultStatus(r.get());
+    // As PQexec: the first error is the answer (the server skips what follows it).
+    if (!last || PQresultStatus(last.get()) != PGRES_FATAL_ERROR) last = std::move(r);
+    if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
+      // A COPY nobody feeds or reads: the connection is of no further use, and
+      // its transaction never commits. A mistake in the SQL, never a transient
+      // failure: retrying it would do the same.
+      abandoned_ = true;
+      return Status::FailedPrecondition(
+          where_ + ": " + std::string(op) +
+          ": the statement started a COPY (FROM STDIN, TO STDOUT), which the store's calls do "
+          "not carry: write the rows with INSERT (or read them with SELECT); the connection "
+          "is closed, its transaction rolled back");
+    }
+  }
+  if (!last) return lost();
+  return last;
+}
 
 Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
   return ErrorWith(r, op, Trim(r != nullptr ? PQresultErrorMessage(r) : ""));
@@ -173,6 +352,7 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
   if (msg.empty()) msg = Trim(PQerrorMessage(conn_));
   const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const std::string code = state != nullptr ? state : "";
+  last_sqlstate_ = code;
   // Prepared statements are not transactional: a handler's DEALLOCATE dropped
   // the store's own on this connection, and every later call on it would fail.
   // Closed when handed back (broken()); the pool opens a fresh one.
@@ -188,6 +368,10 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
     return Status::Unavailable(text);
   }
   if (code == "57014") return Status::DeadlineExceeded(text);
+  if (code == "25006") {  // read_only_sql_transaction: a standby, or read-only by default
+    return Status::FailedPrecondition(
+        text + "; the server is read-only here (a hot standby, or default_transaction_read_only)");
+  }
   if (code == "42P01" || code == "42703" || code == "42883") {
     return Status::FailedPrecondition(text + "; was the table dropped or changed by hand?");
   }
@@ -196,36 +380,53 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
 }
 
 StatusOr<Result> Conn::Exec(std::string_view sql, std::string_view op) {
-  Result r(PQexec(conn_, std::string(sql).c_str()));
-  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+  const std::string text(sql);
+  auto r = Run([&](PGconn* c) { return PQsendQuery(c, text.c_str()); }, op);
+  if (!r.ok()) return r.status();
+  const ExecStatusType st = PQresultStatus(r->get());
   if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK && st != PGRES_EMPTY_QUERY) {
-    return ErrorOf(r.get(), op);
+    return ErrorOf(r->get(), op);
   }
   return r;
 }
 
 StatusOr<Result> Conn::ExecParams(std::string_view sql, Params& p, int result_format,
                                   std::string_view op) {
-  Result r(PQexecParams(conn_, std::string(sql).c_str(), p.size(), nullptr, p.values(),
-                        p.lengths(), p.formats(), result_format));
-  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
-  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return ErrorOf(r.get(), op);
+  const std::string text(sql);
+  auto r = Run(
+      [&](PGconn* c) {
+        return PQsendQueryParams(c, text.c_str(), p.size(), nullptr, p.values(), p.lengths(),
+                                 p.formats(), result_format);
+      },
+      op);
+  if (!r.ok()) return r.status();
+  const ExecStatusType st = PQresultStatus(r->get());
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return ErrorOf(r->get(), op);
   return r;
 }
 
 StatusOr<Result> Conn::ExecPrepared(const char* name, Params& p, std::string_view op) {
-  Result r(PQexecPrepared(conn_, name, p.size(), p.values(), p.lengths(), p.formats(), 1));
-  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
-  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return ErrorOf(r.get(), op);
+  auto r = Run(
+      [&](PGconn* c) {
+        return PQsendQueryPrepared(c, name, p.size(), p.values(), p.lengths(), p.formats(), 1);
+      },
+      op);
+  if (!r.ok()) return r.status();
+  const ExecStatusType st = PQresultStatus(r->get());
+  if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return ErrorOf(r->get(), op);
   return r;
 }
 
 Status Conn::Prepare(const char* name, const std::string& sql, const std::vector<unsigned>& types) {
   std::vector<Oid> oids(types.begin(), types.end());
-  Result r(PQprepare(conn_, name, sql.c_str(), static_cast<int>(oids.size()), oids.data()));
-  if (!r || PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
-    return ErrorOf(r.get(), std::string("prepare ") + name);
-  }
+  const std::string op = std::string("prepare ") + name;
+  auto r = Run(
+      [&](PGconn* c) {
+        return PQsendPrepare(c, name, sql.c_str(), static_cast<int>(oids.size()), oids.data());
+      },
+      op);
+  if (!r.ok()) return r.status();
+  if (PQresultStatus(r->get()) != PGRES_COMMAND_OK) return ErrorOf(r->get(), op);
   return Status::Ok();
 }
 
@@ -241,18 +442,28 @@ StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
   if (long_hold) {
     DEDUP_RETURN_IF_ERROR(CheckTransactions());
   }
-  {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] {
-      return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
-    });
-    if (long_hold) ++long_held_;
-    if (!idle_.empty()) {
-      std::unique_ptr<Conn> c = std::move(idle_.back());
+  for (;;) {
+    std::unique_ptr<Conn> idle;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] {
+        return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
+      });
+      if (long_hold) ++long_held_;
+      if (idle_.empty()) {
+        ++live_;
+        break;  // opened below
+      }
+      idle = std::move(idle_.back());
       idle_.pop_back();
-      return Handle(this, std::move(c), long_hold);
     }
-    ++live_;
+    // Checked outside the lock (a system call): nothing was sent on it yet.
+    if (!idle->ClosedWhileIdle()) return Handle(this, std::move(idle), long_hold);
+    idle.reset();  // closed: the server is gone from it already
+    std::lock_guard lock(mu_);
+    --live_;
+    if (long_hold) --long_held_;
+    cv_.notify_all();
   }
   auto c = open_();
   std::lock_guard lock(mu_);

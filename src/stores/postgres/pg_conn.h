@@ -9,6 +9,7 @@
 
 #include <libpq-fe.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/wait_stop.h"
 #include "dedup/postgres_store.h"
 #include "dedup/status.h"
 
@@ -44,6 +46,10 @@ class Params {
   std::vector<int> lengths_, formats_;
 };
 
+// What a store's connections are told when its caller stops (Store::StopWaiting):
+// internal::WaitStop, for one server (no server name).
+using internal::WaitStop;
+
 // Owns a PGresult.
 struct ResultDeleter {
   void operator()(PGresult* r) const { PQclear(r); }
@@ -60,13 +66,36 @@ class Conn {
   // `where` names the server in messages, e.g. "postgres 127.0.0.1:5432".
   // `server_version` (PQserverVersion, 0 = not known yet: the first connection,
   // which checks it) decides which timeouts the connection may turn off.
+  //
+  // Every wait for the server is bounded here, on the client, not only by the
+  // server's statement_timeout (which a frozen server, or a network that drops
+  // packets, never enforces): connecting by max(2 s, timeout rounded up to whole
+  // seconds), as libpq's connect_timeout did, and each exchange by timeout +
+  // kAnswerSlack. A wait that ends so fails (DeadlineExceeded; with `stop`
+  // stopped, Aborted), and the connection is abandoned: closed when handed back,
+  // never written to again, the effect of what it sent unknown. Not owned;
+  // null: no stop.
   static StatusOr<std::unique_ptr<Conn>> Open(const PostgresStoreOptions& o,
-                                              const std::string& where, int server_version = 0);
+                                              const std::string& where, int server_version = 0,
+                                              WaitStop* stop = nullptr);
+  // How much longer than statement_timeout a statement's answer is waited for:
+  // a server that runs answers by then (its own cancellation included).
+  static constexpr Millis kAnswerSlack{1'000};
   ~Conn();
   PGconn* raw() { return conn_; }
   bool broken() const;
+  // True when the server ended the session while the connection sat idle in the
+  // pool (a restart's fast shutdown, pg_terminate_backend): its goodbye (FATAL
+  // 57P01, then the end of the stream) waits unread on the socket, and a call sent
+  // on it would fail though nothing had been in flight. One poll(2) that does not
+  // wait; what an idle connection may also hear (a notice, a NOTIFY, a parameter
+  // status) is consumed and keeps it.
+  bool ClosedWhileIdle();
   // Closed when handed back: it holds session state that could not be cleared.
   void Poison() { poisoned_ = true; }
+  // The SQLSTATE of the last error of a statement ("" for none or a transport
+  // failure).
+  const std::string& last_sqlstate() const { return last_sqlstate_; }
 
   // Runs a statement; an error status unless it returned tuples or a command OK.
   StatusOr<Result> Exec(std::string_view sql, std::string_view op);
@@ -74,6 +103,12 @@ class Conn {
                               std::string_view op);
   StatusOr<Result> ExecPrepared(const char* name, Params& p, std::string_view op);
   Status Prepare(const char* name, const std::string& sql, const std::vector<unsigned>& types);
+  // Sends with `send` (a PQsend* call on raw()) and waits, bounded as Open()
+  // says, for every result: the last one, or the first error (as PQexec
+  // answers). A status only when no result came: the connection failed, or the
+  // wait ended (the connection is then abandoned); or the statement started a
+  // COPY (FailedPrecondition naming it; abandoned too: nobody feeds it).
+  StatusOr<Result> Run(const std::function<int(PGconn*)>& send, std::string_view op);
 
   // The status for a failed result (or a null one) of operation `op`.
   Status ErrorOf(const PGresult* r, std::string_view op);
@@ -85,14 +120,24 @@ class Conn {
   Status ErrorWith(const PGresult* r, std::string_view op, std::string msg);
 
  private:
-  Conn(PGconn* c, std::string where) : conn_(c), where_(std::move(where)) {}
+  Conn(PGconn* c, std::string where, Millis wait, WaitStop* stop)
+      : conn_(c), where_(std::move(where)), wait_(wait), stop_(stop) {}
+  // Waits until the socket is ready for `events` (POLLIN / POLLOUT), or the
+  // exchange that began at `start_ms` must end: OK, or the failure to return.
+  Status AwaitSocket(short events, int64_t start_ms, std::string_view op);
   PGconn* conn_;
   std::string where_;
+  Millis wait_;      // the longest wait for an answer (timeout + kAnswerSlack)
+  WaitStop* stop_;   // may be null
   bool poisoned_ = false;  // lost its prepared statements: closed when handed back
+  bool abandoned_ = false;  // an exchange was given up: the protocol state is unknown
+  std::string last_sqlstate_;
 };
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer
-// than `size` exist. A connection that broke is closed when handed back.
+// than `size` exist. A connection that broke is closed when handed back; one the
+// server closed while it sat idle (Conn::ClosedWhileIdle) is closed when taken,
+// and another taken (or opened) in its place.
 // GetForTransaction() is Get() for a connection held while a handler runs
 // (RunInTransaction): such holds take at most size - 1 connections, so that the
 // heartbeat's extend and the claims of other messages always find one.

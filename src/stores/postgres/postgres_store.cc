@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -69,6 +70,21 @@ constexpr std::string_view kDecodable =
     "AND r.attempt >= 0)";
 
 class PgTransaction;
+
+// The columns of the records' table and their types (format_type), as the
+// migration makes them.
+constexpr std::pair<const char*, const char*> kColumnTypes[] = {
+    {"key", "bytea"},
+    {"state", "smallint"},
+    {"token", "bigint"},
+    {"fence", "bigint"},
+    {"attempt", "integer"},
+    {"lease_deadline", "bigint"},
+    {"retention_deadline", "bigint"},
+    {"fingerprint", "bytea"},
+    {"status", "smallint"},
+    {"result", "bytea"},
+};
 
 // What a handler's SQL may leave on the pooled connection that neither COMMIT nor
 // ROLLBACK ends, for the next message's handler (perhaps another tenant's) to see.
@@ -140,20 +156,26 @@ class PgStore final : public PostgresStore {
       stopping_ = true;
     }
     expire_cv_.notify_all();
+    // An expiry round waiting on the server (frozen, or slow) is given up at once
+    // (Aborted, its connection closed): nothing waits for its answer any more.
+    stop_.Stop(Millis(0));
     if (expirer_.joinable()) expirer_.join();
   }
 
   Status Start() {
-    auto first = pg::Conn::Open(o_, where_);
+    auto first = pg::Conn::Open(o_, where_, 0, &stop_);
     if (!first.ok()) return first.status();
     DEDUP_RETURN_IF_ERROR(CheckServer(**first));
     DEDUP_RETURN_IF_ERROR(Migrate(**first));
-    DEDUP_RETURN_IF_ERROR(MakeSessionReset(**first));
+    // Opened to read: nothing to make (and a standby could not).
+    if (!o_.read_only) DEDUP_RETURN_IF_ERROR(MakeSessionReset(**first));
     // Statements are prepared per connection, so the first one goes through the
     // pool's opener too; this one only checked and migrated.
     auto h = pool_.Get();
     if (!h.ok()) return h.status();
-    if (o_.expire_interval.count() > 0) expirer_ = std::thread([this] { ExpireLoop(); });
+    if (o_.expire_interval.count() > 0 && !o_.read_only) {
+      expirer_ = std::thread([this] { ExpireLoop(); });
+    }
     return Status::Ok();
   }
 
@@ -263,6 +285,10 @@ class PgStore final : public PostgresStore {
     return out;
   }
 
+  // Every wait for the server is bounded by the connections (pg::Conn::Open);
+  // once stopped, by the grace too.
+  void StopWaiting(Millis grace) override { stop_.Stop(grace); }
+
   std::string Describe() const override {
     if (!o_.description.empty()) return o_.description;
     std::string s = "postgres://";
@@ -337,6 +363,31 @@ class PgStore final : public PostgresStore {
                             "\" in " + table_ + " cannot be decoded; nothing was changed");
   }
 
+  // A claim that failed because its takeover would raise the record's fence or
+  // attempt past the largest its column holds (bigint, integer): DataLoss (the
+  // record can be taken no further, as the Redis store answers past its own
+  // limits), naming the key and the number; the statement changed nothing.
+  // `failed` when the row does not show which.
+  Status AtLimit(pg::Conn& c, std::string_view key, const Status& failed) {
+    Params p;
+    p.Bytes(Key(key));
+    auto r = c.ExecParams("SELECT fence, attempt::bigint FROM " + table_ + " WHERE key = $1", p, 1,
+                          "claim");
+    if (!r.ok() || PQntuples(r->get()) != 1) return failed;
+    const int64_t fence = pg::GetInt8(r->get(), 0, 0), attempt = pg::GetInt8(r->get(), 0, 1);
+    std::string what;
+    if (fence == INT64_MAX) {
+      what = "fence " + std::to_string(fence) + " cannot be raised (the largest fence is 2^63 - 1)";
+    } else if (attempt >= INT32_MAX) {
+      what = "attempt " + std::to_string(attempt) +
+             " cannot be raised (the largest attempt the table holds is 2^31 - 1)";
+    } else {
+      return failed;
+    }
+    return Status::DataLoss(where_ + ": claim: the record of key \"" + internal::Printable(key) +
+                            "\" in " + table_ + ": its " + what + "; nothing was changed");
+  }
+
   StatusOr<WriteResult> OwnerWrite(const char* name, Params& p) {
     auto h = pool_.Get();
     if (!h.ok()) return h.status();
@@ -354,7 +405,11 @@ class PgStore final : public PostgresStore {
       p.Bytes(Key(req.key)).Int8(static_cast<int64_t>(fresh.value)).Int8(req.lease.count());
       p.Int8(req.retention.count()).Bytes(req.fingerprint).Int8(req.max_attempts);
       auto r = c.ExecPrepared("claim", p, "claim");
-      if (!r.ok()) return r.status();
+      if (!r.ok()) {
+        // numeric_value_out_of_range: the fence or attempt + 1 of a takeover.
+        if (c.last_sqlstate() == "22003") return AtLimit(c, req.key, r.status());
+        return r.status();
+      }
       if (PQntuples(r->get()) == 0) continue;  // inserted by another after our snapshot
       Record cur;
       const bool decoded = ReadRecord(r->get(), 0, 0, &cur);
@@ -382,7 +437,7 @@ class PgStore final : public PostgresStore {
   }
 
   StatusOr<std::unique_ptr<pg::Conn>> OpenConn() {
-    auto c = pg::Conn::Open(o_, where_, server_version_);
+    auto c = pg::Conn::Open(o_, where_, server_version_, &stop_);
     if (!c.ok()) return c.status();
     DEDUP_RETURN_IF_ERROR(Prepare(**c));
     return c;
@@ -400,6 +455,19 @@ class PgStore final : public PostgresStore {
     if (num < 120000) {
       return Status::FailedPrecondition(where_ + " runs " + version +
                                         "; the store needs PostgreSQL 12 or later");
+    }
+    // Every claim writes: a read-only session would fail each one.
+    if (o_.read_only) return Status::Ok();
+    r = c.Exec("SELECT current_setting('transaction_read_only'), pg_is_in_recovery()::text",
+               "read-only check");
+    if (!r.ok()) return r.status();
+    if (std::string_view(PQgetvalue(r->get(), 0, 0)) == "on") {
+      const bool standby = std::string_view(PQgetvalue(r->get(), 0, 1)) == "true";
+      return Status::FailedPrecondition(
+          where_ + ": database '" + o_.database + "' is read-only here (" +
+          (standby ? "the server is a hot standby, in recovery"
+                   : "default_transaction_read_only is on for the database or the role") +
+          "): every claim writes; point the store at a writable primary");
     }
     return Status::Ok();
   }
@@ -449,7 +517,39 @@ class PgStore final : public PostgresStore {
                                           "column; it was not made by dedup (or was changed by "
                                           "hand)");
       }
+      // And each column of the type the migration below makes: the statements
+      // accept many other types (an assignment cast to text, a narrower integer)
+      // and would then hand back other bytes, or misread a row they wrote.
+      auto cols = c.Exec("SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM "
+                         "pg_attribute a WHERE a.attrelid = " + regclass + "::regclass AND "
+                         "a.attnum > 0 AND NOT a.attisdropped",
+                         "migration check");
+      if (!cols.ok()) return cols.status();
+      std::map<std::string, std::string> have;
+      for (int i = 0; i < PQntuples(cols->get()); ++i) {
+        have[PQgetvalue(cols->get(), i, 0)] = PQgetvalue(cols->get(), i, 1);
+      }
+      for (const auto& [column, type] : kColumnTypes) {
+        const auto it = have.find(column);
+        if (it == have.end()) {
+          return Status::FailedPrecondition(where_ + ": table " + name + " has no column " +
+                                            column + " (" + type +
+                                            "); it was changed by hand (or not made by dedup)");
+        }
+        if (it->second != type) {
+          return Status::FailedPrecondition(where_ + ": table " + name + ": column " + column +
+                                            " is " + it->second + ", where dedup makes it " +
+                                            type + "; it was changed by hand (or not made by "
+                                            "dedup)");
+        }
+      }
       return Status::Ok();
+    }
+    if (o_.must_exist || o_.read_only) {
+      (void)c.Exec("ROLLBACK", "migration");
+      return Status::NotFound(where_ + ": table " + name +
+                              " does not exist; nothing was created (the store was opened to "
+                              "read or administer it: check ?schema= and ?table=)");
     }
     // CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema
     // exists, which an application role with CREATE on its schema lacks; and the
@@ -633,6 +733,7 @@ class PgStore final : public PostgresStore {
       "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; " +
       ForgetHandlerStatements(o_.schema) + "; COMMIT";
   int server_version_ = 0;  // set by Start() before the pool opens a connection
+  pg::WaitStop stop_;  // before pool_: its connections point to it
   pg::Pool pool_;
   std::atomic<uint64_t> expired_rows_{0}, expire_statements_{0}, expire_micros_{0};
   std::mutex expire_mu_;
@@ -651,10 +752,16 @@ class PgTransaction final : public PostgresTransaction {
   uint64_t fence() const override { return fence_; }
   uint32_t attempt() const override { return attempt_; }
   bool failed() const { return failed_; }
+  bool ended() const { return ended_; }
   const Status& failure() const { return failure_; }
 
   StatusOr<std::vector<Row>> Exec(std::string_view sql,
                                   const std::vector<std::optional<std::string>>& params) override {
+    if (ended_) {  // each statement would now commit on its own
+      return Fail(Status::FailedPrecondition(
+          "handler statement: refused: the handler ended the store's transaction (" +
+          ended_by_ + ")"));
+    }
     // Text travels as C strings: a NUL would cut the value short, silently.
     if (sql.find('\0') != std::string_view::npos) {
       return Fail(Status::InvalidArgument("handler statement: the SQL text contains a NUL byte"));
@@ -670,10 +777,29 @@ class PgTransaction final : public PostgresTransaction {
       }
       values.push_back(v ? v->c_str() : nullptr);
     }
-    pg::Result r(PQexecParams(c_.raw(), std::string(sql).c_str(), static_cast<int>(values.size()),
-                              nullptr, values.data(), nullptr, nullptr, 0));
-    const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    const std::string text(sql);
+    auto res = c_.Run(
+        [&](PGconn* c) {
+          return PQsendQueryParams(c, text.c_str(), static_cast<int>(values.size()), nullptr,
+                                   values.data(), nullptr, nullptr, 0);
+        },
+        "handler statement");
+    if (!res.ok()) return Fail(res.status());
+    pg::Result r = std::move(res).value();
+    const ExecStatusType st = PQresultStatus(r.get());
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.ErrorOf(r.get(), "handler statement"));
+    // A COMMIT, END or ROLLBACK (the extended protocol runs them; EXECUTE, for
+    // ExecScript, refuses them): the effect may be committed without the
+    // completion. Too late to undo; RunInTransaction never lets it run again.
+    if (PQtransactionStatus(c_.raw()) == PQTRANS_IDLE) {
+      ended_ = true;
+      ended_by_ = PQcmdStatus(r.get());
+      return Fail(Status::FailedPrecondition(
+          "handler statement: " + ended_by_ +
+          " ended the store's transaction: the handler may not COMMIT, ROLLBACK or END it "
+          "(its writes may be committed without the completion; the key is completed as "
+          "failed so that they are never applied twice)"));
+    }
     std::vector<Row> rows;
     for (int i = 0; i < PQntuples(r.get()); ++i) {
       Row row;
@@ -710,8 +836,10 @@ class PgTransaction final : public PostgresTransaction {
     q += literal;
     PQfreemem(literal);
     q += ", true); DO $dedup$ BEGIN EXECUTE current_setting('dedup.handler_sql'); END $dedup$";
-    pg::Result r(PQexec(c_.raw(), q.c_str()));
-    const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    auto res = c_.Run([&](PGconn* c) { return PQsendQuery(c, q.c_str()); }, "handler SQL");
+    if (!res.ok()) return Fail(res.status());
+    pg::Result r = std::move(res).value();
+    const ExecStatusType st = PQresultStatus(r.get());
     if (st == PGRES_COMMAND_OK) return Status::Ok();
     Status e = c_.ScriptErrorOf(r.get(), "handler SQL");
     if (e.message().find("transaction commands") != std::string::npos) {
@@ -736,6 +864,8 @@ class PgTransaction final : public PostgresTransaction {
   uint32_t attempt_;
   bool failed_ = false;
   Status failure_;
+  bool ended_ = false;    // a statement of the handler ended the transaction
+  std::string ended_by_;  // its command tag
 };
 
 StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token token,
@@ -768,6 +898,15 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     }
     if (tx.failed() && hr.kind == HandlerResult::Kind::kDone) {
       hr = HandlerResult::Retry("a statement of the handler failed: " + tx.failure().ToString());
+    }
+    // The handler ended the transaction itself (a COMMIT through Exec, or any
+    // libpq call on connection()): its writes may be committed, without the
+    // completion. Released, the claim would run the handler again and apply
+    // them twice: completed as failed instead (dead-lettered), saying why.
+    if (tx.ended() || PQtransactionStatus(c.raw()) == PQTRANS_IDLE) {
+      hr = HandlerResult::Fail(
+          "the handler ended the store's transaction itself (COMMIT, ROLLBACK or END): its "
+          "writes may be committed without the completion, so the message is not run again");
     }
     // An outcome a record cannot hold would fail the same way on every retry:
     // a permanent failure with the reason (writes rolled back), and a Fail
@@ -946,9 +1085,11 @@ StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
 }
 
 StatusOr<std::unique_ptr<Store>> OpenPostgresFromUri(const Uri& uri, std::string_view /*raw*/,
-                                                     const OpenOptions& /*options*/) {
+                                                     const OpenOptions& options) {
   auto o = PostgresOptionsFromUri(uri);
   if (!o.ok()) return o.status();
+  o->must_exist = options.must_exist;
+  o->read_only = options.read_only;
   auto s = OpenPostgresStore(*o);
   if (!s.ok()) return s.status();
   return std::unique_ptr<Store>(std::move(s).value());

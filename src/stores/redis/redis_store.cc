@@ -564,21 +564,33 @@ class RedisStore final : public Store {
           return BadReply("scan");
         }
         cursor.assign(ReplyText(r->element[0]));
-        std::vector<std::string> rkeys;
-        std::vector<Command> cmds;
+        std::vector<std::string> page;  // its keys not seen before
         for (size_t i = 0; i < r->element[1]->elements; ++i) {
           std::string k(ReplyText(r->element[1]->element[i]));
-          if (!seen.insert(k).second) continue;
-          cmds.push_back(ScriptCommand(kInspect, k, {}));
-          rkeys.push_back(std::move(k));
+          if (seen.insert(k).second) page.push_back(std::move(k));
         }
-        std::vector<Reply> recs;
-        DEDUP_RETURN_IF_ERROR(ExecMany("scan", rkeys, cmds, &recs));
-        for (size_t i = 0; i < recs.size() && out.size() < limit; ++i) {
-          StatusOr<std::optional<Record>> rec =
-              DecodeRecord("scan", recs[i].get(), std::string_view(rkeys[i]).substr(prefix_.size()));
-          if (!rec.ok()) return rec.status();
-          if (rec->has_value()) out.push_back(std::move(**rec));
+        // Inspected as many at a time as are still wanted: a page holds up to
+        // about 1000 keys and a record up to kMaxResultBytes of result, and a
+        // limit of 1 reads one record, not the page. Keys that answer no record
+        // (past their retention, fence floors) leave some still wanted: the next
+        // step takes at least twice as many, so a page of them costs a few round
+        // trips, not one per key.
+        size_t grow = 0;
+        for (size_t at = 0; at < page.size() && out.size() < limit;) {
+          const size_t step = std::min(page.size() - at, std::max(limit - out.size(), grow));
+          grow = 2 * step;
+          std::vector<std::string> rkeys(page.begin() + at, page.begin() + at + step);
+          std::vector<Command> cmds;
+          for (const std::string& k : rkeys) cmds.push_back(ScriptCommand(kInspect, k, {}));
+          at += step;
+          std::vector<Reply> recs;
+          DEDUP_RETURN_IF_ERROR(ExecMany("scan", rkeys, cmds, &recs));
+          for (size_t i = 0; i < recs.size() && out.size() < limit; ++i) {
+            StatusOr<std::optional<Record>> rec = DecodeRecord(
+                "scan", recs[i].get(), std::string_view(rkeys[i]).substr(prefix_.size()));
+            if (!rec.ok()) return rec.status();
+            if (rec->has_value()) out.push_back(std::move(**rec));
+          }
         }
         if (out.size() >= limit) return out;
       } while (cursor != "0");

@@ -25,6 +25,17 @@
 //
 // A record is kept while now <= retention deadline (Redis expires a key strictly
 // after its PEXPIREAT time), i.e. at least as long as the contract asks.
+//
+// Batches (ClaimBatch, CompleteBatch) on a cluster go out as one pipeline per
+// node. The part of a node that failed before anything of it was written (down,
+// refusing) is sent, after a reload of the slot map, to the node that serves
+// those slots now (the replica that took over), in the same call. While no node
+// does, the batch fails as a whole: the batch contract (store.h) has no answer
+// per item, and ClaimBatch releases the claims it made on the other nodes.
+//
+// A server that answers READONLY (a replica now: a Sentinel failover or REPLICAOF
+// turned it from the primary) fails the call with Unavailable naming READONLY,
+// and its connection is dropped: the next call connects to the address again.
 
 #ifndef DEDUP_SRC_STORES_REDIS_REDIS_STORE_H_
 #define DEDUP_SRC_STORES_REDIS_REDIS_STORE_H_
