@@ -1,28 +1,55 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// Runs one memory contender of `dedup bench --phase throughput` (its very Step:
-// key built in the loop, the same call) N times on one thread, with no clock or
-// histogram around it, for instruction counts:
+// Runs one memory or RocksDB contender of `dedup bench --phase throughput` (its
+// very Step: key built in the loop, the same call) N times on one thread, with
+// no clock or histogram around it, for instruction counts:
 //
 //   valgrind --tool=callgrind claim_steps memory/claim/b1 200000
+//   valgrind --tool=callgrind claim_steps rocksdb/claim/b1 200000
 //
 // The difference between two runs of N and 2N steps, divided by N, is the
 // instructions of one step without the start-up. See docs/PERFORMANCE.md.
+//
+// With a third argument `timed`, it also reads the clocks around every step and
+// prints, to stderr: the steps' wall time and the calling thread's CPU time, the
+// process's CPU time (every thread: a store's writer too), the close's, and the
+// steps that took over 1 ms (a caller that waited for something, or did a
+// writer's work), with the time spent in them. Natively, not under callgrind.
 
+#include <time.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "bench/bench.h"
 
+namespace {
+
+double CpuSeconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace dedup::bench;
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s CONTENDER_ID STEPS  (e.g. memory/claim/b1 200000)\n", argv[0]);
+  if (argc != 3 && !(argc == 4 && std::strcmp(argv[3], "timed") == 0)) {
+    std::fprintf(stderr, "usage: %s CONTENDER_ID STEPS [timed]  (e.g. memory/claim/b1 200000)\n",
+                 argv[0]);
     return 2;
   }
   const std::string id = argv[1];
+  const bool timed = argc == 4;
   char* end = nullptr;
   const unsigned long long steps = std::strtoull(argv[2], &end, 10);
   if (end == argv[2] || *end != '\0') {
@@ -31,23 +58,58 @@ int main(int argc, char** argv) {
   }
   BenchOptions options;
   Plan plan{};
+  plan.workers = {1};
   Results results;
   BenchContext ctx{options, plan, results, nullptr};
   std::vector<std::unique_ptr<Contender>> cs;
   ContenderGroup group(1, &cs);
-  AddMemoryContenders(ctx, group);
+  if (id.starts_with("rocksdb/")) {
+    AddRocksDBContenders(ctx, group);
+  } else {
+    AddMemoryContenders(ctx, group);
+  }
   for (auto& c : cs) {
     if (c->id != id || !c->make_step) continue;
     Step step = c->make_step(0);
     const uint64_t first = NextKeyBlock();
-    uint64_t failed = 0;
+    uint64_t failed = 0, slow = 0;
+    double slow_s = 0, max_s = 0;
+    const double wall0 = WallSeconds();
+    const double cpu0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+    const double proc0 = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
     for (uint64_t k = 0; k < steps; k += static_cast<uint64_t>(c->batch)) {
+      if (!timed) {
+        if (!step(first + k)) ++failed;
+        continue;
+      }
+      const double t0 = WallSeconds();
       if (!step(first + k)) ++failed;
+      const double d = WallSeconds() - t0;
+      if (d > 1e-3) {
+        ++slow;
+        slow_s += d;
+      }
+      if (d > max_s) max_s = d;
+    }
+    if (timed) {
+      const double wall = WallSeconds() - wall0;
+      const double cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+      const double proc = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - proc0;
+      group.Release();  // closes the stores: what they still hold is written
+      const double close_wall = WallSeconds() - wall0 - wall;
+      const double close_proc = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - proc0 - proc;
+      const double n = static_cast<double>(steps);
+      std::fprintf(stderr,
+                   "%s: %llu steps: wall %.3f s (%.0f/s), caller CPU %.3f s (%.3f us a step), "
+                   "process CPU %.3f s (%.3f us a step); steps over 1 ms: %llu, %.3f s in all, "
+                   "longest %.1f ms; close: wall %.3f s, process CPU %.3f s\n",
+                   id.c_str(), steps, wall, n / wall, cpu, cpu * 1e6 / n, proc, proc * 1e6 / n,
+                   static_cast<unsigned long long>(slow), slow_s, max_s * 1e3, close_wall, close_proc);
     }
     std::printf("%s: %llu steps, %llu failed\n", id.c_str(), steps, static_cast<unsigned long long>(failed));
     return failed == 0 ? 0 : 1;
   }
-  std::fprintf(stderr, "no memory contender '%s'; ids:", id.c_str());
+  std::fprintf(stderr, "no contender '%s'; ids:", id.c_str());
   for (auto& c : cs) std::fprintf(stderr, " %s", c->id.c_str());
   std::fprintf(stderr, "\n");
   return 2;
