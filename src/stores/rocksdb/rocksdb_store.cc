@@ -120,9 +120,13 @@ constexpr int64_t kMaxPending = 65'536;
 // a rare huge batch does not keep its memory for the life of the store.
 constexpr size_t kMaxKeptBatchBytes = 1 << 20;
 // Claims logged and not yet completed, above this many, or a claim log past
-// kMaxLogBytes: the writer writes them all into the database and deletes the
-// logs (memory and the logs' size stay bounded).
-constexpr int64_t kMaxLogged = 131'072;
+// kMaxLogBytes: the writer writes them into the database and deletes the logs
+// that held them (memory and the logs' size stay bounded). It does so without
+// holding up the log's rounds (MaterializeLogged), so claims go on being logged
+// meanwhile; past kMaxLoggedHard (the writer's writing has fallen behind the
+// claims), a claiming thread waits for it and writes them itself.
+constexpr int64_t kMaxLogged = 65'536;
+constexpr int64_t kMaxLoggedHard = 3 * kMaxLogged;
 constexpr uint64_t kMaxLogBytes = 32u << 20;
 // A commit of that many claims or more (a full log, a backlog, a close) writes
 // them as a table file of their own (IngestSorted), of fewer through the memtable.
@@ -560,6 +564,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     const KeySlot slot = SlotOf(req.key);
     Stripe& st = stripes_[slot.stripe];
     std::unique_lock lock(st.mu);
+    if (!Deferred(req)) AwaitMaterialized(st, HashedKey{req.key, slot.hash}, lock);
     Record* cur = nullptr;
     DEDUP_RETURN_IF_ERROR(Find(st, slot, rkey, req.key, "claim", &cur, &scratch));
     const int64_t now = clock_->NowMillis();
@@ -663,7 +668,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
     EncodeRecordKey(key, &rkey);
     const KeySlot slot = SlotOf(key);
     Stripe& st = stripes_[slot.stripe];
-    std::lock_guard lock(st.mu);
+    std::unique_lock lock(st.mu);
+    AwaitMaterialized(st, HashedKey{key, slot.hash}, lock);
     // The fingerprint stays: other keys may share it, and it only costs a Get.
     if (auto it = st.recent.find(key); it != st.recent.end()) st.recent.erase(it);
     WaitInFlight(st, HashedKey{key, slot.hash});
@@ -716,7 +722,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     if (limit == 0) return out;
     // Claims not yet committed, too (a read-only store writes nothing: it lists
     // what the database holds).
-    if (!options_.read_only) DEDUP_RETURN_IF_ERROR(CommitPending());
+    if (!options_.read_only) DEDUP_RETURN_IF_ERROR(CommitAll());
     std::string start;
     EncodeRecordKey(prefix, &start);
     const int64_t now = clock_->NowMillis();
@@ -790,6 +796,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
     // A writer batch whose write failed while carrying this very record, and
     // that is kept encoded to be written again as it is (0: none). See kept_gen_.
     uint64_t kept = 0;
+    // In the logged maps: the materialization (MaterializeLogged) writing this
+    // very record into the database (0: none), and one writing an older
+    // logged record of the key that this one replaced (0: none). A write of
+    // the key waits for both (MatInFlight): the database must get the newer
+    // record last.
+    uint64_t mgen = 0;
+    uint64_t mprior = 0;
   };
 
   // A record of CommitPending's batch: key and value back to back in commit_buf_.
@@ -803,9 +816,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
     absl::flat_hash_set<uint32_t> present;  // fingerprints of keys with a record on disk
     RecentCopies recent;  // write-through copies
     absl::flat_hash_map<std::string, Pending, StripeHash, StripeEq> pending;  // claims to commit
-    // Claims in the claim log and nowhere else on disk (only rec and hash are
-    // used). A key is never in both maps with the same record: pending is the
-    // newer (a takeover of a logged claim) and is looked at first.
+    // Claims in the claim log and nowhere else on disk (rec, hash, mgen and
+    // mprior are used). A key is never in both maps with the same record:
+    // pending is the newer (a takeover of a logged claim) and is looked at first.
     absl::flat_hash_map<std::string, Pending, StripeHash, StripeEq> logged;
     std::atomic<bool> dirty{false};  // pending holds records with gen 0 (see MarkDirty)
     uint64_t fence_next = 0;  // above every fence handed out in this stripe
@@ -829,7 +842,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
       inserted = true;
       make(std::move(node.key()), std::move(node.mapped()));
     });
-    if (!inserted && replace) it->second = std::move(node.mapped());
+    if (!inserted && replace) {
+      // The replaced record may be being written by a materialization: the
+      // newer one keeps its writes waiting for it (mprior).
+      const uint64_t older = std::max(it->second.mgen, it->second.mprior);
+      it->second = std::move(node.mapped());
+      it->second.mprior = std::max(it->second.mprior, older);
+    }
     return inserted;
   }
 
@@ -889,15 +908,66 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // Before a synchronous write of `key`, with its stripe locked: if a writer batch
   // is carrying an older record of the key, waits until that batch is done, so
   // the newer record is written after it.
+  // The same for a materialization writing an older logged record of the key
+  // (none after AwaitMaterialized, which the single-key writes call first).
   void WaitInFlight(Stripe& st, const HashedKey& key) {
-    if (const uint64_t g = InFlightOf(st, key); g != 0) WaitGen(g);
+    const InFlight f = InFlightOf(st, key);
+    if (f.gen != 0) WaitGen(f.gen);
+    if (f.mat != 0) WaitMat(f.mat);
   }
 
-  // InFlightGen of `key`'s pending entry in `st` (stripe locked), or 0.
-  uint64_t InFlightOf(const Stripe& st, const HashedKey& key) const {
-    if (st.pending.empty()) return 0;
-    auto it = st.pending.find(key);
-    return it == st.pending.end() ? 0 : InFlightGen(it->second);
+  // What a write of a key waits for first: a writer batch (gen) and a
+  // materialization (mat) carrying an older record of it; 0: nothing.
+  struct InFlight {
+    uint64_t gen = 0;
+    uint64_t mat = 0;
+  };
+
+  // InFlightGen of `key`'s pending entry in `st` (stripe locked), and
+  // MatInFlight of its logged one.
+  InFlight InFlightOf(const Stripe& st, const HashedKey& key) const {
+    InFlight f;
+    if (!st.pending.empty()) {
+      if (auto it = st.pending.find(key); it != st.pending.end()) f.gen = InFlightGen(it->second);
+    }
+    if (!st.logged.empty()) {
+      if (auto it = st.logged.find(key); it != st.logged.end()) f.mat = MatInFlight(it->second);
+    }
+    return f;
+  }
+
+  // Before a synchronous write of `key`, with its stripe locked by `lock`: while
+  // a materialization is writing an older logged record of the key, waits for
+  // it with the stripe unlocked, then locks it again (the caller then looks the
+  // record up). A materialization marks its records with their stripes locked,
+  // so none marks this key until the caller unlocks. (Waiting with the stripe
+  // locked, as for a writer batch, held every key of the stripe for the whole
+  // ingestion: a claim of another key waited behind a completion.)
+  void AwaitMaterialized(Stripe& st, const HashedKey& key, std::unique_lock<std::mutex>& lock) {
+    while (!st.logged.empty()) {
+      auto it = st.logged.find(key);
+      if (it == st.logged.end()) return;
+      const uint64_t m = MatInFlight(it->second);
+      if (m == 0) return;
+      lock.unlock();
+      WaitMat(m);
+      lock.lock();
+    }
+  }
+
+  // The materialization to wait for before writing a logged entry's key, or 0.
+  uint64_t MatInFlight(const Pending& p) const {
+    const uint64_t m = std::max(p.mgen, p.mprior);
+    return m > mat_done_.load(std::memory_order_acquire) ? m : 0;
+  }
+
+  // Waits until materialization `m` is done (written or failed); as WaitGen:
+  // only the caller's stripe may be locked (a materialization locks stripes
+  // one at a time, and marks its records done before it locks them again).
+  void WaitMat(uint64_t m) {
+    if (mat_done_.load(std::memory_order_acquire) >= m) return;
+    std::unique_lock l(gen_mu_);
+    gen_cv_.wait(l, [&] { return mat_done_.load(std::memory_order_relaxed) >= m; });
   }
 
   // Waits until writer batch `g` is done (written or failed). No stripe may be
@@ -935,13 +1005,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
     while (true) {
       for (size_t s : b.stripes) locks->emplace_back(stripes_[s].mu);
       if (!before_write) return;
-      uint64_t in_flight = 0;
+      InFlight in_flight;
       for (size_t k = 0; k < b.keys.size(); ++k) {
-        in_flight = std::max(in_flight, InFlightOf(stripes_[b.slots[k].stripe], b.Hashed(k)));
+        const InFlight f = InFlightOf(stripes_[b.slots[k].stripe], b.Hashed(k));
+        in_flight.gen = std::max(in_flight.gen, f.gen);
+        in_flight.mat = std::max(in_flight.mat, f.mat);
       }
-      if (in_flight == 0) return;
+      if (in_flight.gen == 0 && in_flight.mat == 0) return;
       locks->clear();
-      WaitGen(in_flight);
+      if (in_flight.gen != 0) WaitGen(in_flight.gen);
+      if (in_flight.mat != 0) WaitMat(in_flight.mat);
     }
   }
 
@@ -972,18 +1045,36 @@ class RocksDBStoreImpl final : public RocksDBStore {
     if (auto* e = st.recent.find(hk); e != nullptr) st.recent.erase(e);
   }
 
-  // With no stripe locked: when the writer has fallen behind, commits here.
+  // With no stripe locked: when the writer has fallen behind, does its work
+  // here. Past kMaxPending pending claims, appends them to the claim log (one
+  // frame: it does not wait for a materialization the writer may be running,
+  // which is what the claiming thread did when this wrote them all into the
+  // database: it waited for the writer's ingestion of 131,072 claims, then
+  // ingested its backlog itself); past kMaxLoggedHard logged claims, waits for
+  // the writer's materialization and writes the rest itself.
   Status CommitIfBacklogged() {
-    if (pending_count_.load(std::memory_order_relaxed) <= kMaxPending) return Status::Ok();
+    if (pending_count_.load(std::memory_order_relaxed) > kMaxPending) {
+      DEDUP_RETURN_IF_ERROR(LogPending(/*all=*/true));
+    }
+    if (logged_count_.load(std::memory_order_relaxed) > kMaxLoggedHard) {
+      return MaterializeLogged(/*hard=*/true);
+    }
+    return Status::Ok();
+  }
+
+  // CommitPending of every claim, with no materialization running.
+  Status CommitAll() {
+    std::lock_guard mat(mat_mu_);
     return CommitPending();
   }
 
-  // Writes pending claims in one batch: every one (Scan, CompactNow, close, a
-  // backlog), or, for the background writer (`all` false), those made before
-  // its previous round began, at least one interval ago. A claim completed
-  // sooner than that is never written: its completion supersedes it. (Taken
-  // the moment it was made, it made its completion wait for the writer's batch:
-  // perf and the bench's claim+complete tail showed those waits.) One at a time.
+  // Writes pending claims in one batch: every one (Scan, CompactNow, close),
+  // or (`all` false) those made before the writer's previous round began, at
+  // least one interval ago. A claim completed sooner than that is never
+  // written: its completion supersedes it. (Taken the moment it was made, it
+  // made its completion wait for the writer's batch: perf and the bench's
+  // claim+complete tail showed those waits.) One at a time; with mat_mu_ held
+  // (no materialization runs: the logged claims are all moved here).
   Status CommitPending(bool all = true) {
     std::lock_guard run(commit_mu_);
     // Logged claims go into the database with the rest: back into the pending
@@ -1135,7 +1226,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // folded into the database at the next open. While a frame is being written
   // its claims count as in flight, as a database batch's (WaitInFlight): a
   // forget entry is always appended after the claims it forgets.
-  Status LogPending() {
+  // With `all` (a claiming thread past the backlog bound), every pending claim.
+  Status LogPending(bool all = false) {
     std::lock_guard run(commit_mu_);
     const uint64_t g = ++last_gen_;
     const uint64_t round = commit_round_.load(std::memory_order_relaxed);
@@ -1153,7 +1245,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
         bool young = false, taken = false;
         for (auto& [key, p] : st.pending) {
           if (p.gen != 0) continue;
-          if (p.round + 1 >= round) {
+          if (!all && p.round + 1 >= round) {
             young = true;
             continue;
           }
@@ -1184,6 +1276,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
         } else if (s.ok()) {
           auto node = st.pending.extract(it++);
           node.mapped().gen = node.mapped().prior = node.mapped().kept = 0;
+          node.mapped().mgen = node.mapped().mprior = 0;
           ++moved;
           if (MoveNode(st.logged, std::move(node))) ++logged;  // else: over an older logged claim
         } else {
@@ -1203,6 +1296,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // database or superseded there. The next claim starts a new log.
   Status MaterializeClaims() {
     if (options_.read_only) return Status::Ok();  // nothing to write, nothing written
+    std::lock_guard mat(mat_mu_);
     uint64_t cut = 0;
     {
       std::lock_guard l(log_mu_);
@@ -1210,6 +1304,106 @@ class RocksDBStoreImpl final : public RocksDBStore {
       if (!log_files_.empty()) cut = log_files_.back().number;
     }
     DEDUP_RETURN_IF_ERROR(CommitPending());
+    if (cut != 0) DropLogsUpTo(cut);
+    return Status::Ok();
+  }
+
+  // The materializer's bound on the logged claims (and, `hard`, a claiming thread's):
+  // writes every logged claim into the database, then deletes the logs that
+  // were complete before it began. Unlike MaterializeClaims it holds up the
+  // log's rounds only while it gathers the claims (commit_mu_), not while it
+  // writes them: when the writer ingested 131,072 claims under commit_mu_,
+  // every claim stayed pending meanwhile, and a claiming thread past
+  // kMaxPending waited for the ingestion, then ingested its backlog itself (the
+  // claim rate of one thread fell: docs/PERFORMANCE.md).
+  // While the records are written they stay in the logged maps, marked with
+  // this materialization (mgen): a write of their key waits for it
+  // (WaitInFlight), so the database gets the newer record last, as for a
+  // writer batch.
+  Status MaterializeLogged(bool hard) {
+    std::lock_guard mat(mat_mu_);
+    // Re-checked under mat_mu_: one that just ran may have done it.
+    if (hard ? logged_count_.load() <= kMaxLoggedHard
+             : logged_count_.load() <= kMaxLogged &&
+                   log_bytes_.load(std::memory_order_relaxed) <= kMaxLogBytes) {
+      return Status::Ok();
+    }
+    const uint64_t m = ++last_mat_;
+    uint64_t cut = 0;
+    std::vector<size_t>& touched = mat_touched_;
+    touched.clear();
+    mat_buf_.clear();
+    mat_entries_.clear();
+    {
+      // No log round runs meanwhile: every claim of the logs up to `cut` that
+      // nothing superseded is in a logged map now, and the next round starts
+      // a new log.
+      std::lock_guard run(commit_mu_);
+      {
+        std::lock_guard l(log_mu_);
+        CloseLogFile();
+        if (!log_files_.empty()) cut = log_files_.back().number;
+      }
+      std::string& value = log_value_;
+      for (size_t i = 0; i < kStripes; ++i) {
+        Stripe& st = stripes_[i];
+        std::lock_guard lock(st.mu);
+        if (st.logged.empty()) continue;
+        for (auto& [key, p] : st.logged) {
+          p.mgen = m;
+          const size_t at = mat_buf_.size();
+          AppendRecordKey(key, &mat_buf_);
+          EncodeRecord(p.rec, &value);
+          mat_entries_.push_back({at, mat_buf_.size() - at, value.size(), 0});
+          mat_buf_ += value;
+        }
+        touched.push_back(i);
+      }
+    }
+    rocksdb::Status s;
+    if (mat_entries_.size() >= kMinIngest) {
+      SortByKey(mat_buf_.data(), &mat_entries_);
+      s = IngestSorted(mat_buf_.data(), mat_entries_);
+    } else if (!mat_entries_.empty()) {
+      rocksdb::WriteBatch batch;
+      const char* buf = mat_buf_.data();
+      for (const CommitEntry& e : mat_entries_) {
+        (void)batch.Put(cf_, rocksdb::Slice(buf + e.at, e.key_len),
+                        rocksdb::Slice(buf + e.at + e.key_len, e.value_len));
+      }
+      s = db_->Write(write_options_, &batch);
+    }
+    if (mat_buf_.capacity() > kMaxKeptBatchBytes) std::string().swap(mat_buf_);
+    if (mat_entries_.capacity() > kMaxKeptBatchBytes / sizeof(CommitEntry)) {
+      std::vector<CommitEntry>().swap(mat_entries_);
+    }
+    {
+      std::lock_guard l(gen_mu_);
+      mat_done_.store(m, std::memory_order_release);
+    }
+    gen_cv_.notify_all();
+    // Failed: the records stay logged (their mgen is done, so nothing waits),
+    // and the logs stay; the next materialization tries again.
+    if (!s.ok()) return FromRocks(s, Context("writing the claim log's claims"));
+    // Written: the database holds them (a copy of the key remembered from
+    // before is older: dropped). A record that replaced one (mgen 0) stays.
+    int64_t written = 0;
+    for (size_t i : touched) {
+      Stripe& st = stripes_[i];
+      std::lock_guard lock(st.mu);
+      for (auto it = st.logged.begin(); it != st.logged.end();) {
+        if (it->second.mgen != m) {
+          ++it;
+          continue;
+        }
+        if (auto* e = st.recent.find(HashedKey{it->first, it->second.hash}); e != nullptr) {
+          st.recent.erase(e);
+        }
+        st.logged.erase(it++);
+        ++written;
+      }
+    }
+    if (written != 0) logged_count_.fetch_sub(written, std::memory_order_relaxed);
     if (cut != 0) DropLogsUpTo(cut);
     return Status::Ok();
   }
@@ -1458,12 +1652,48 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // kMaxCommitBackoff, and write the kept batch again (CommitPending).
       commit_round_.fetch_add(1, std::memory_order_relaxed);
       bool ok = LogPending().ok();
+      // Past the bounds, the materializer writes the logged claims into the
+      // database while this thread goes on logging.
       if (ok && (logged_count_.load(std::memory_order_relaxed) > kMaxLogged ||
                  log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes)) {
-        ok = MaterializeClaims().ok();
+        WantMaterialize();
       }
       interval = ok ? kGroupCommitInterval : std::min(interval * 2, kMaxCommitBackoff);
       l.lock();
+    }
+  }
+
+  // Wakes the materializer (a thread of its own, so that the writer's log
+  // rounds go on while it writes: run by the writer, a materialization of
+  // 65,536 claims left every claim pending meanwhile, and a claiming thread
+  // then passed kMaxPending and logged them itself).
+  void WantMaterialize() {
+    {
+      std::lock_guard l(mat_loop_mu_);
+      if (mat_wanted_) return;
+      mat_wanted_ = true;
+    }
+    mat_cv_.notify_all();
+  }
+
+  void MaterializeLoop() {
+    std::unique_lock l(mat_loop_mu_);
+    std::chrono::milliseconds backoff{0};
+    while (true) {
+      mat_cv_.wait(l, [this] { return stop_mat_ || mat_wanted_; });
+      if (stop_mat_) break;
+      mat_wanted_ = false;
+      l.unlock();
+      const bool ok = MaterializeLogged(/*hard=*/false).ok();
+      l.lock();
+      if (ok) {
+        backoff = std::chrono::milliseconds(0);
+        continue;
+      }
+      // A failed write (a full disk) is tried again, backing off as the writer does.
+      backoff = std::min(std::max(backoff * 2, kGroupCommitInterval), kMaxCommitBackoff);
+      mat_cv_.wait_for(l, backoff, [this] { return stop_mat_; });
+      mat_wanted_ = true;
     }
   }
 
@@ -1475,6 +1705,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
       }
       commit_cv_.notify_all();
       committer_.join();
+    }
+    if (materializer_.joinable()) {
+      {
+        std::lock_guard l(mat_loop_mu_);
+        stop_mat_ = true;
+      }
+      mat_cv_.notify_all();
+      materializer_.join();
     }
     // Claims into the database and the logs deleted: a clean close leaves no log
     // (unless the write failed: then the next open folds them in).
@@ -1505,6 +1743,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     if (!s.ok()) return FromRocks(s, Context("open: writing the fence epoch"));
     fence_floor_ = (epoch << 32) + 1;
     committer_ = std::thread([this] { GroupCommitLoop(); });
+    materializer_ = std::thread([this] { MaterializeLoop(); });
     return Status::Ok();
   }
 
@@ -1649,7 +1888,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
     EncodeRecordKey(key, &rkey);
     const KeySlot slot = SlotOf(key);
     Stripe& st = stripes_[slot.stripe];
-    std::lock_guard lock(st.mu);
+    std::unique_lock lock(st.mu);
+    AwaitMaterialized(st, HashedKey{key, slot.hash}, lock);
     Record* cur = nullptr;
     DEDUP_RETURN_IF_ERROR(Find(st, slot, rkey, key, op, &cur, &scratch));
     if (cur == nullptr) return WriteResult::kLost;
@@ -1717,7 +1957,23 @@ class RocksDBStoreImpl final : public RocksDBStore {
   std::mutex commit_loop_mu_;
   std::condition_variable commit_cv_;
   bool stop_commit_ = false;  // guarded by commit_loop_mu_
-  std::mutex commit_mu_;      // one CommitPending at a time
+  std::mutex commit_mu_;      // one CommitPending or LogPending at a time
+  // One materialization at a time (MaterializeLogged, MaterializeClaims,
+  // CommitAll); taken before commit_mu_.
+  std::mutex mat_mu_;
+  uint64_t last_mat_ = 0;  // guarded by mat_mu_
+  std::thread materializer_;  // MaterializeLoop
+  std::mutex mat_loop_mu_;
+  std::condition_variable mat_cv_;
+  bool mat_wanted_ = false;  // guarded by mat_loop_mu_
+  bool stop_mat_ = false;    // guarded by mat_loop_mu_
+  // Materializations up to this one are done; stored under gen_mu_ (for
+  // gen_cv_), read without it.
+  std::atomic<uint64_t> mat_done_{0};
+  // MaterializeLogged's scratch (mat_mu_).
+  std::string mat_buf_;
+  std::vector<CommitEntry> mat_entries_;
+  std::vector<size_t> mat_touched_;
   uint64_t last_gen_ = 0;     // guarded by commit_mu_
   std::mutex gen_mu_;
   std::condition_variable gen_cv_;
