@@ -12,10 +12,13 @@
 //
 // With a third argument `timed`, it also reads the clocks around every step and
 // prints, to stderr: the steps' wall time and the calling thread's CPU time, the
-// process's CPU time (every thread: a store's writer too), the close's, and the
-// steps that took over 1 ms (a caller that waited for something, or did a
-// writer's work), with the time spent in them. Natively, not under callgrind.
+// process's CPU time (every thread: a store's writer too), the close's, the
+// steps that took over 1 ms (a caller that waited for something, did a writer's
+// work, or was preempted), with the time spent in them, the caller's context
+// switches (voluntary: it blocked), and the caller's wall time split into
+// blocked and preempted (schedstat). Natively, not under callgrind.
 
+#include <sys/resource.h>
 #include <time.h>
 
 #include <chrono>
@@ -33,6 +36,28 @@ double CpuSeconds(clockid_t clock) {
   timespec ts{};
   clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// The calling thread's context switches: voluntary (it blocked: a lock, a
+// condition variable, I/O) and involuntary (preempted: load, not the store).
+void Switches(long* voluntary, long* involuntary) {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  *voluntary = u.ru_nvcsw;
+  *involuntary = u.ru_nivcsw;
+}
+
+// The calling thread's time on a CPU and waiting for one (runnable, not run:
+// preempted), from /proc/thread-self/schedstat, in seconds; the rest of the
+// wall time it was blocked (a lock, a condition variable, I/O).
+void SchedSeconds(double* run, double* runnable) {
+  unsigned long long r = 0, w = 0;
+  if (FILE* f = std::fopen("/proc/thread-self/schedstat", "r")) {
+    if (std::fscanf(f, "%llu %llu", &r, &w) != 2) r = w = 0;
+    std::fclose(f);
+  }
+  *run = static_cast<double>(r) * 1e-9;
+  *runnable = static_cast<double>(w) * 1e-9;
 }
 
 double WallSeconds() {
@@ -77,6 +102,10 @@ int main(int argc, char** argv) {
     const double wall0 = WallSeconds();
     const double cpu0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
     const double proc0 = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
+    long vol0 = 0, invol0 = 0;
+    Switches(&vol0, &invol0);
+    double run0 = 0, runnable0 = 0;
+    SchedSeconds(&run0, &runnable0);
     for (uint64_t k = 0; k < steps; k += static_cast<uint64_t>(c->batch)) {
       if (!timed) {
         if (!step(first + k)) ++failed;
@@ -95,6 +124,12 @@ int main(int argc, char** argv) {
       const double wall = WallSeconds() - wall0;
       const double cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - cpu0;
       const double proc = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - proc0;
+      long vol = 0, invol = 0;
+      Switches(&vol, &invol);
+      double run = 0, runnable = 0;
+      SchedSeconds(&run, &runnable);
+      run -= run0;
+      runnable -= runnable0;
       group.Release();  // closes the stores: what they still hold is written
       const double close_wall = WallSeconds() - wall0 - wall;
       const double close_proc = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - proc0 - proc;
@@ -102,9 +137,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "%s: %llu steps: wall %.3f s (%.0f/s), caller CPU %.3f s (%.3f us a step), "
                    "process CPU %.3f s (%.3f us a step); steps over 1 ms: %llu, %.3f s in all, "
-                   "longest %.1f ms; close: wall %.3f s, process CPU %.3f s\n",
+                   "longest %.1f ms; caller's context switches: %ld voluntary (it waited), %ld "
+                   "involuntary (preempted); caller blocked %.3f s, preempted %.3f s; close: wall "
+                   "%.3f s, process CPU %.3f s\n",
                    id.c_str(), steps, wall, n / wall, cpu, cpu * 1e6 / n, proc, proc * 1e6 / n,
-                   static_cast<unsigned long long>(slow), slow_s, max_s * 1e3, close_wall, close_proc);
+                   static_cast<unsigned long long>(slow), slow_s, max_s * 1e3, vol - vol0, invol - invol0,
+                   wall - run - runnable, runnable, close_wall, close_proc);
     }
     std::printf("%s: %llu steps, %llu failed\n", id.c_str(), steps, static_cast<unsigned long long>(failed));
     return failed == 0 ? 0 : 1;
