@@ -19,8 +19,9 @@
 // and appends them as one frame to the claim log (claim_log.h), not to RocksDB:
 // a claim completed while logged never costs a memtable insert. Logged claims
 // stay in memory (`logged`) until a write of their key supersedes them; past
-// kMaxLogged of them or kMaxLogBytes of log, and at close, CompactNow and Scan,
-// they are written into the database and the logs deleted. An open folds the
+// kMaxLogged of them or kMaxLogBytes of log a materializer thread writes them
+// into the database and deletes the logs (the writer goes on logging
+// meanwhile; MaterializeLogged), as do close, CompactNow and Scan. An open folds the
 // logs an earlier process left into the database (a record there with a fence
 // as high is newer: fences only grow) before it serves. An IN_PROGRESS record
 // has to outlive this process for two things only, and both hold without a
