@@ -30,6 +30,15 @@
 //       printing "L KEY FENCE ATTEMPT" for each, waits until the claim log holds
 //       every one of them, prints "LOGGED" and sleeps until killed.
 //
+//   rocksdb_crash_child bulk DIR ROUND
+//       Claims keys "bulk/ROUND/N" from one thread without end (never completed:
+//       past 65,536 logged claims the materializer writes them into the
+//       database), and completes every third of them from another, some
+//       thousands of claims later (often while a materialization is writing
+//       it), printing "C KEY" after each completion returned OK. Prints
+//       "LOGS N" whenever the highest claim log number grows (a new log starts
+//       after each materialization).
+//
 //   rocksdb_crash_child logforget DIR
 //       Claims "forgotten" and "expired", waits until both are in the claim log,
 //       completes "forgotten" and forgets it, completes "expired" with a
@@ -39,6 +48,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -287,6 +297,44 @@ void BatchCompletions(dedup::Store* store, const std::string& round,
 
 }  // namespace
 
+int Bulk(const std::string& dir, const std::string& round) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  Line("READY");
+  constexpr int kMax = 2'000'000;  // the parent kills us long before this
+  std::vector<dedup::Token> tokens(kMax);
+  std::atomic<int> claimed{0};
+  const auto key = [&](int i) { return "bulk/" + round + "/" + std::to_string(i); };
+  std::thread completer([&] {
+    for (int i = 0; i < kMax; i += 3) {
+      while (claimed.load(std::memory_order_acquire) < i + 5'000) std::this_thread::yield();
+      auto c = store->Complete(key(i), tokens[static_cast<size_t>(i)], std::chrono::hours(24),
+                               dedup::CompletionStatus::kOk, key(i));
+      if (!c.ok() || *c != dedup::WriteResult::kOk) Fail("bulk complete of " + key(i));
+      Line("C " + key(i));
+    }
+  });
+  uint64_t highest = 0;
+  for (int i = 0; i < kMax; ++i) {
+    auto c = store->Claim(Req(key(i)));
+    if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) Fail("bulk claim of " + key(i));
+    tokens[static_cast<size_t>(i)] = c->token;
+    claimed.store(i + 1, std::memory_order_release);
+    if (i % 4096 == 0) {
+      std::vector<uint64_t> logs;
+      if (dedup::internal::ListClaimLogs(dir, &logs).ok() && !logs.empty() && logs.back() > highest) {
+        highest = logs.back();
+        Line("LOGS " + std::to_string(highest));
+      }
+    }
+  }
+  completer.join();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "open") {
     dedup::RocksDBStoreOptions o;
@@ -301,9 +349,10 @@ int main(int argc, char** argv) {
   }
   if (argc == 4 && std::string(argv[1]) == "logonly") return LogOnly(argv[2], std::atoi(argv[3]));
   if (argc == 3 && std::string(argv[1]) == "logforget") return LogForget(argv[2]);
+  if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3]);
   if (argc != 5 || std::string(argv[1]) != "work") {
     std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR | logonly DIR N | "
-                 "logforget DIR\n", argv[0]);
+                 "logforget DIR | bulk DIR ROUND\n", argv[0]);
     return 1;
   }
   dedup::RocksDBStoreOptions o;

@@ -22,6 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <map>
 #include <random>
@@ -257,6 +259,73 @@ TEST_P(RocksDBCrash, AcknowledgedOperationsSurviveSigkill) {
 
 INSTANTIATE_TEST_SUITE_P(SyncModes, RocksDBCrash, ::testing::Values("none", "interval", "always"),
                          [](const auto& info) { return info.param; });
+
+// A SIGKILL at a random moment of a stream of claims that are never completed
+// (the materializer writes them into the database past 65,536 logged, several
+// times a round) while every third is completed some thousands of claims later:
+// after each restart every completion the child reported is there, none
+// shadowed by a claim the materializer or the fold at open wrote.
+TEST(RocksDBClaimLog, CompletionsSurviveAKillDuringMaterializations) {
+  const std::string dir = testing::MakeTempDir("rocksdb-bulk");
+  std::mt19937 rng(std::random_device{}());
+  const auto count = [](const std::string& out, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (int round = 0; round < 3 && !HasFailure(); ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Child c = Spawn({DEDUP_CRASH_CHILD, "bulk", dir, std::to_string(round)});
+    ASSERT_GT(c.pid, 0);
+    std::string out;
+    bool alive = true;
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    while (alive && out.find("READY\n") == std::string::npos &&
+           std::chrono::steady_clock::now() < give_up) {
+      alive = ReadSome(c.out, &out, 20ms);
+    }
+    // Killed once the child has started a second log (a materialization ran;
+    // the numbers go on from the last process's), a random while later.
+    const auto started = std::chrono::steady_clock::now();
+    while (alive && count(out, "LOGS ") < 2 && std::chrono::steady_clock::now() < give_up) {
+      alive = ReadSome(c.out, &out, 20ms);
+    }
+    const auto kill_at = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(rng() % 1500);
+    while (alive && std::chrono::steady_clock::now() < kill_at) alive = ReadSome(c.out, &out, 5ms);
+    kill(c.pid, SIGKILL);
+    int wstatus = 0;
+    waitpid(c.pid, &wstatus, 0);
+    for (int k = 0; k < 10'000 && ReadSome(c.out, &out, 0ms); ++k) {
+    }
+    close(c.out);
+    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+        << "the child ended on its own (status " << wstatus << ") after "
+        << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+        << " s; output tail:\n" << out.substr(out.size() > 2000 ? out.size() - 2000 : 0);
+    const Acked acked = Parse(out);
+    EXPECT_GE(count(out, "LOGS "), 2u) << "no materialization before the kill: not tested";
+    ASSERT_FALSE(acked.completed.empty()) << "the child completed nothing before the kill";
+    RocksDBStoreOptions o;
+    o.path = dir;
+    auto store = RocksDBStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    int wrong = 0;
+    for (const std::string& key : acked.completed) {
+      auto r = (*store)->Inspect(key);
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (!r->has_value() || (*r)->state != RecordState::kCompleted || (*r)->result != key) {
+        if (++wrong <= 5) {
+          ADD_FAILURE() << key << ": a reported completion is "
+                        << (r->has_value() ? "state " + std::to_string(int((*r)->state))
+                                           : std::string("gone"));
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "of " << acked.completed.size() << " completions";
+  }
+  testing::RemoveDir(dir);
+}
 
 // Runs the child with `args` until it prints `until` (a whole line), then
 // SIGKILLs it; its output.
