@@ -2,7 +2,8 @@
 //
 // The memory store's index arena when the heap is exhausted: giving a table back
 // (a shard's destructor, a table replaced as it grows) must not allocate, or a
-// std::bad_alloc escapes a destructor and terminates the process. This binary
+// std::bad_alloc escapes a destructor and terminates the process. And a claim
+// whose key cannot be copied changes nothing. This binary
 // replaces the global operator new with one that throws while g_fail is set
 // (every other allocation goes to malloc as usual), so it has a binary of its own.
 
@@ -12,9 +13,12 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <string_view>
 
+#include "dedup/clock.h"
 #include "dedup/memory_store.h"
 #include "dedup/store.h"
+#include "stores/memory/memory_store_internal.h"
 
 namespace {
 std::atomic<bool> g_fail{false};
@@ -67,6 +71,36 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A store of one shard, and a claim request for `key` (a view: the caller keeps
+// the key).
+std::unique_ptr<Store> OneShardStore() {
+  MemoryStoreOptions o;
+  o.shards = 1;
+  return NewMemoryStore(o);
+}
+ClaimRequest Request(std::string_view key) {
+  ClaimRequest r;
+  r.key = key;
+  r.lease = 60s;
+  r.retention = 600s;
+  return r;
+}
+
+// Runs `fn` while the heap refuses every allocation; true when it threw
+// std::bad_alloc.
+template <typename Fn>
+bool ThrowsBadAlloc(Fn&& fn) {
+  g_fail = true;
+  bool threw = false;
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  g_fail = false;
+  return threw;
+}
+
 // A store of two shards whose index tables (40 000 records: 256 KiB each) come
 // from the arena.
 std::unique_ptr<Store> FilledStore() {
@@ -74,11 +108,8 @@ std::unique_ptr<Store> FilledStore() {
   o.shards = 2;
   auto store = NewMemoryStore(o);
   for (int i = 0; i < 40000; ++i) {
-    ClaimRequest r;
-    r.key = "key-" + std::to_string(i);
-    r.lease = 60s;
-    r.retention = 600s;
-    auto c = store->Claim(r);
+    const std::string key = "key-" + std::to_string(i);
+    auto c = store->Claim(Request(key));
     if (!c.ok() || !c->acquired()) std::abort();
   }
   return store;
@@ -99,6 +130,113 @@ TEST(MemoryArenaOomTest, FreeingTablesWhileTheHeapRefusesDoesNotThrow) {
         std::exit(g_refused == 0 ? 0 : 4);  // 4: the free allocated but swallowed it
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+// A key longer than a record holds inline (24 bytes) is copied to the heap as
+// the claim inserts it. When that allocation fails, the claim fails
+// (std::bad_alloc) and the store is as it was. Before, the index entry was
+// written first: it stayed, pointing to a record without its key, which no
+// lookup found.
+TEST(MemoryArenaOomTest, AClaimWhoseKeyCannotBeCopiedLeavesTheStoreAsItWas) {
+  auto store = OneShardStore();
+  ASSERT_TRUE(store->Claim(Request("warm")).ok());  // the shard's index and first chunk exist
+  const std::string long_key(40, 'k');
+  const ClaimRequest r = Request(long_key);
+  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Claim(r); }));
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 1u);
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->acquired());
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 2u);
+}
+
+// A completion whose result needs the record's heap part (a key kept inline,
+// no fingerprint: the record had none) when that allocation fails: the
+// completion fails (std::bad_alloc) and the record is as it was, IN_PROGRESS
+// under its lease, so that the owner can complete it again. Before, the record
+// was written COMPLETED without its result: a later claim got DUPLICATE and an
+// empty result, and the owner, told its completion failed, could not redo it.
+TEST(MemoryArenaOomTest, ACompletionWhoseResultCannotBeKeptChangesNothing) {
+  auto store = OneShardStore();
+  const ClaimRequest r = Request("k");
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok() && c->acquired());
+  ASSERT_TRUE(ThrowsBadAlloc(
+      [&] { (void)store->Complete("k", c->token, 600s, CompletionStatus::kOk, "receipt"); }));
+  auto busy = store->Claim(r);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(busy->outcome, ClaimOutcome::kBusy) << "result '" << busy->result << "'";
+  auto w = store->Complete("k", c->token, 600s, CompletionStatus::kOk, "receipt");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  auto dup = store->Claim(r);
+  ASSERT_TRUE(dup.ok()) << dup.status();
+  EXPECT_EQ(dup->outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ(dup->result, "receipt");
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+}
+
+// A claim of a new key whose record needs its heap part (a fingerprint, the key
+// kept inline) when that allocation fails: the claim fails (std::bad_alloc) and
+// the key reads as absent (Insert marked the new slot expired). That slot must
+// not outlive the key's absence either: the sweep reclaims it like any expired
+// record. Before, its sweep deadline stayed "never" (Insert left the slot's
+// entry in the chunk's deadlines as the free slot's), so the slot stayed,
+// counted, until the same key was claimed again, which may never happen.
+TEST(MemoryArenaOomTest, AClaimWhoseRecordCannotBeWrittenLeavesNothingTheSweepKeeps) {
+  SimulatedClock clock;
+  MemoryStoreOptions o;
+  o.clock = &clock;
+  o.shards = 1;
+  auto store = NewMemoryStore(o);
+  ClaimRequest warm = Request("warm");
+  warm.lease = 1s;
+  warm.retention = 1s;
+  ASSERT_TRUE(store->Claim(warm).ok());  // the shard's index and first chunk exist
+  ClaimRequest r = Request("k");
+  r.fingerprint = "fp";  // short: the request's copy needs no allocation
+  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Claim(r); }));
+  auto absent = store->Inspect("k");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_FALSE(absent->has_value());
+  clock.Advance(3600s);  // "warm" expired too
+  for (int i = 0; i < 8; ++i) {  // each claim sweeps up to 4 expired records
+    const std::string key = "later-" + std::to_string(i);
+    ASSERT_TRUE(store->Claim(Request(key)).ok());
+  }
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 8u)
+      << "the expired 'warm' and the slot of the refused claim are reclaimed";
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->acquired());
+  EXPECT_EQ(c->fence, 1u);
+}
+
+// A forget that removes a record gives its slot back (the shard's free list, a
+// vector that may grow). When that allocation fails, the forget fails
+// (std::bad_alloc) and the record is as it was. Before, the slot was freed
+// first: its index entry stayed, pointing to a free slot that a lookup of the
+// key (kept inline) still found, and that no insert or sweep would touch again.
+TEST(MemoryArenaOomTest, AForgetWhoseSlotCannotBeListedFreeChangesNothing) {
+  auto store = OneShardStore();
+  const ClaimRequest r = Request("k");
+  auto c = store->Claim(r);
+  ASSERT_TRUE(c.ok() && c->acquired());
+  ASSERT_EQ(*store->Complete("k", c->token, 600s, CompletionStatus::kOk, ""), WriteResult::kOk);
+  ASSERT_TRUE(ThrowsBadAlloc([&] { (void)store->Forget("k"); }));
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 1u);
+  auto f = store->Forget("k");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(*f);
+  EXPECT_EQ(internal::MemoryStoreCheckIndex(store.get()), "");
+  EXPECT_EQ(internal::MemoryStorePhysicalRecords(store.get()), 0u);
+  auto again = store->Claim(r);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->acquired());
 }
 
 }  // namespace

@@ -30,60 +30,31 @@ source "$here/../scripts/lib/redis.sh"
 source "$here/../scripts/lib/drain.sh"
 # shellcheck source=../scripts/lib/postgres.sh
 source "$here/../scripts/lib/postgres.sh"
-worker_pid="" second_pid="" frozen=""
+worker_pid="" second_pid=""
 DRAIN_KILL_VARS="worker_pid second_pid" DRAIN_LOGS="w.log w2.log"
 drain_begin pg_drain_frozen
 drain_need redis-server
 [ -x "$PG_BIN_DIR/postgres" ] || { echo "SKIP: no PostgreSQL server binaries"; exit 0; }
-# Thawed before anything stops it (drain_begin's trap, then pg_stop_all's).
-thaw() { [ -n "$frozen" ] && kill -CONT $frozen 2>/dev/null; frozen=""; }
-trap 'thaw; _drain_cleanup; pg_stop_all' EXIT
+# The frozen server is thawed (drain_begin's trap) before pg_stop_all stops it.
+trap '_drain_cleanup; pg_stop_all' EXIT
 
 redis_start "$stream_port" "$tmp/stream" >/dev/null || fail "redis-server did not start on $stream_port"
 rcli() { redis-cli -p "$stream_port" "$@"; }
 pg_start "$pg_port" || fail "PostgreSQL did not start on $pg_port"
 pg_pid=$PG_LAST_PID
-# The postmaster and every process it started, by PID.
+# The postmaster and every process it started (the worker's backend among them),
+# by PID.
 pg_pids() { echo "$pg_pid" $(ps -o pid= --ppid "$pg_pid"); }
 
 drain_s=1
+timeout_s=3
 late=4
 lease=3s
 drain_sleeping_handler
-"$dedup" publish --broker "redis://127.0.0.1:$stream_port?stream=jobs" --count 1 \
-  --id-prefix m- --quiet || fail "publish"
 # One connection (pool=1): the late claim goes on the connection already open,
 # where its bytes reach the frozen backend, which runs them once thawed.
-store="$PG_LAST_URI?timeout=3s&pool=1&expire_interval=0"
-"$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w" \
-  --store "$store" --exec "$tmp/handler.sh" --no-shell --concurrency 2 --prefetch 8 \
-  --lease "$lease" --drain-timeout "${drain_s}s" --summary-interval 0 >>"$tmp/w.log" 2>&1 &
-worker_pid=$!
-drain_wait_claimed "$dedup" "$store" 1 "$tmp/started" || fail "the first handler did not start"
-
-frozen=$(pg_pids)
-# shellcheck disable=SC2086
-kill -STOP $frozen
-{
-  echo MULTI
-  for i in $(seq 1 "$late"); do echo "XADD jobs * id m-late-$i"; done
-  echo EXEC
-} | rcli >/dev/null || fail "MULTI XADD"
-sleep 0.5
-t0=$(date +%s%N)
-kill -TERM "$worker_pid"
-exited=""
-for _ in $(seq 1 150); do
-  kill -0 "$worker_pid" 2>/dev/null || { exited=1; break; }
-  sleep 0.1
-done
-took_ms=$((($(date +%s%N) - t0) / 1000000))
-[ -n "$exited" ] || { thaw; fail "the worker had not exited ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen, timeout 3 s)"; }
-wait "$worker_pid"
-rc=$?
-worker_pid=""
-thaw
-echo "worker exited $rc ${took_ms} ms after SIGTERM (drain timeout ${drain_s} s, store frozen, timeout 3 s)"
+store="$PG_LAST_URI?timeout=${timeout_s}s&pool=1&expire_interval=0"
+drain_frozen_store_stop "$dedup" "$store" "$lease" "$late" m-late- pg_pids
 [ "$took_ms" -lt $(((drain_s + 1) * 1000)) ] || fail "the drain took ${took_ms} ms, want < $(((drain_s + 1) * 1000))"
 [ "$rc" = 75 ] || fail "worker exit $rc after SIGTERM, want 75 (store calls given up)"
 grep -q "given up at the drain deadline" "$tmp/w.log" || fail "no log line about what was given up"
@@ -92,34 +63,8 @@ pending=$(rcli XPENDING jobs g | head -1)
 drain_nothing_recorded "$dedup" "$store"
 
 # The second worker: each message once, a late claim taken over after its lease.
-drain_handler "$tmp/fast.sh" <<EOF2
-echo "\$DEDUP_KEY" >>"$tmp/ran"
-EOF2
-"$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w2" \
-  --store "$store" --exec "$tmp/fast.sh" --no-shell --concurrency 2 \
-  --lease "$lease" --drain-timeout 5s --summary-interval 0 >>"$tmp/w2.log" 2>&1 &
-second_pid=$!
-done_all="" completed=0
-for _ in $(seq 1 300); do
-  completed=$("$dedup" inspect --store "$store" --prefix m- 2>/dev/null | grep -c completed)
-  if [ "$completed" = $((late + 1)) ] && [ "$(rcli XPENDING jobs g | head -1)" = 0 ]; then
-    done_all=1
-    break
-  fi
-  sleep 0.1
-done
-[ -n "$done_all" ] || fail "the second worker did not finish every message ($completed completed)"
-kill -TERM "$second_pid"
-wait "$second_pid"
-rc2=$?
-second_pid=""
-[ "$rc2" = 0 ] || fail "second worker exit $rc2"
-runs=$(sort "$tmp/ran" | uniq -c | awk '$1 != 1' | wc -l)
-[ "$runs" = 0 ] || fail "a message ran more than once: $(sort "$tmp/ran" | uniq -c)"
-[ "$(wc -l <"$tmp/ran")" = $((late + 1)) ] || fail "want $((late + 1)) runs: $(cat "$tmp/ran")"
-summary=$(grep "stopped:" "$tmp/w2.log")
-takeovers=$(sed -n 's/.* takeovers=\([0-9]*\).*/\1/p' <<<"$summary")
+drain_second_worker_once "$dedup" "$store" "$lease" $((late + 1))
 # At least the stopped handler's claim (its release was given up).
-[ "${takeovers:-0}" -ge 1 ] || fail "want a takeover: $summary"
+[ "$takeovers" -ge 1 ] || fail "want a takeover: $(grep "stopped:" "$tmp/w2.log")"
 echo "ok: drain ${took_ms} ms from SIGTERM (exit $rc), nothing acked; then each of $((late + 1))" \
   "messages ran once ($takeovers takeovers)"

@@ -587,8 +587,9 @@ TEST_F(PostgresTxTest, AHandlerDeallocatingTheStoresStatementsCostsOneCallAtMost
                                    });
   int failed = w.ok() ? 0 : 1;  // the release after the rollback may be the one
   for (int i = 0; i < 20; ++i) {
+    const std::string key = "after-dealloc-" + std::to_string(i);
     ClaimRequest r;
-    r.key = "after-dealloc-" + std::to_string(i);
+    r.key = key;
     r.lease = 60s;
     r.retention = 600s;
     auto got = store->Claim(r);
@@ -1542,6 +1543,64 @@ TEST_F(PostgresTxTest, HeartbeatsAreNotStarvedByTransactionsHoldingThePool) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(done[i].action, BrokerAction::kAck) << "hb" << i << ": " << done[i].reason;
     EXPECT_EQ(Orders("hb" + std::to_string(i)), "1");
+  }
+}
+
+// A caller waiting for a pooled connection while every one it may take is busy
+// (here: a second transactional handler while a first holds pool=2's one
+// connection for transactions) waits at most the store's timeout, then
+// DEADLINE_EXCEEDED naming the pool; and a caller that stops (StopWaiting) ends
+// that wait within its grace, as any other wait of the store. Before: it waited
+// for as long as the holder held (for ever behind a handler that never ends).
+TEST_F(PostgresTxTest, AWaitForAPooledConnectionEndsAtTheTimeoutOrAtAStop) {
+  for (const bool stop : {false, true}) {
+    SCOPED_TRACE(stop ? "StopWaiting(250ms), timeout 20s" : "timeout 1s");
+    auto store = Open(std::string("&table=tx&pool=2&timeout=") + (stop ? "20s" : "1s"));
+    ASSERT_NE(store, nullptr);
+    const std::string k1 = stop ? "ps1" : "pt1", k2 = stop ? "ps2" : "pt2";
+    ClaimResult c1 = MustClaim(*store, k1);
+    ClaimResult c2 = MustClaim(*store, k2);
+    ASSERT_TRUE(c1.acquired() && c2.acquired());
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::promise<void> running;
+    auto holder = std::async(std::launch::async, [&] {
+      return store->RunInTransaction(k1, c1.token, c1.fence, c1.attempt, 600s,
+                                     [&](PostgresTransaction&) {
+                                       running.set_value();
+                                       released.wait_for(30s);
+                                       return HandlerResult::Done();
+                                     });
+    });
+    ASSERT_EQ(running.get_future().wait_for(10s), std::future_status::ready);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto waiter = std::async(std::launch::async, [&] {
+      return store->RunInTransaction(k2, c2.token, c2.fence, c2.attempt, 600s,
+                                     [](PostgresTransaction&) { return HandlerResult::Done(); });
+    });
+    auto stopped_at = t0;
+    if (stop) {
+      std::this_thread::sleep_for(300ms);
+      stopped_at = std::chrono::steady_clock::now();
+      store->StopWaiting(250ms);
+    }
+    const bool answered = waiter.wait_for(5s) == std::future_status::ready;
+    const auto took = std::chrono::steady_clock::now() - stopped_at;
+    release.set_value();
+    auto h = holder.get();
+    auto w = waiter.get();
+    ASSERT_TRUE(answered) << "the wait for a pooled connection still went on 5 s later";
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (stop) {
+      EXPECT_EQ(w.status().code(), StatusCode::kAborted) << w.status();
+      EXPECT_NE(w.status().message().find("given up"), std::string::npos) << w.status();
+      EXPECT_LT(took, 1s) << "grace 250ms";
+    } else {
+      EXPECT_EQ(w.status().code(), StatusCode::kDeadlineExceeded) << w.status();
+      EXPECT_GE(took, 900ms) << "timeout 1s";
+      EXPECT_LT(took, 2500ms) << "timeout 1s";
+    }
+    EXPECT_NE(w.status().message().find("pool"), std::string::npos) << w.status();
   }
 }
 

@@ -48,19 +48,22 @@ expect_rc() {
   [[ $rc -eq $want ]] && ok "$name (rc $rc)" || fail "$name: rc $rc, want $want: $out"
 }
 
-# nats_add_stream PORT USER PASS NAME SUBJECT MAX_MSG_SIZE: makes a JetStream
-# stream with a max_msg_size of its own, over the NATS protocol itself (no NATS
+# nats_add_stream PORT USER PASS NAME SUBJECT MAX_MSG_SIZE [MAX_MSGS DISCARD]:
+# makes a JetStream stream with a max_msg_size of its own (and a max_msgs, and
+# discard old or new; default -1, old), over the NATS protocol itself (no NATS
 # client tool is installed): CONNECT, then a request to $JS.API.STREAM.CREATE.
 nats_add_stream() {
   python3 - "$@" <<'PY'
 import json, socket, sys
-port, user, pw, name, subject, size = sys.argv[1:]
+port, user, pw, name, subject, size = sys.argv[1:7]
+max_msgs = int(sys.argv[7]) if len(sys.argv) > 7 else -1
+discard = sys.argv[8] if len(sys.argv) > 8 else "old"
 s = socket.create_connection(("127.0.0.1", int(port)), timeout=10)
 f = s.makefile("rb")
 f.readline()  # INFO
 cfg = json.dumps({"name": name, "subjects": [subject], "max_msg_size": int(size),
-                  "storage": "file", "retention": "limits", "discard": "old",
-                  "max_msgs": -1, "max_bytes": -1, "max_consumers": -1,
+                  "storage": "file", "retention": "limits", "discard": discard,
+                  "max_msgs": max_msgs, "max_bytes": -1, "max_consumers": -1,
                   "num_replicas": 1}).encode()
 connect = json.dumps({"verbose": False, "pedantic": False, "user": user, "pass": pw}).encode()
 s.sendall(b"CONNECT " + connect + b"\r\nSUB _INBOX.mk 1\r\nPUB $JS.API.STREAM.CREATE." +
@@ -217,6 +220,19 @@ nats)
     --field "f=$(head -c 2000 /dev/zero | tr '\0' y)" --quiet
   [[ "$out" == *"max_msg_size"* && "$out" == *"SMALL"* && "$out" != *"$pw"* ]] ||
     fail "the stream's limit is not named: $out"
+
+  # A stream full with discard new (max_msgs=1): the server refuses the message
+  # (JetStream error 10077, "maximum messages exceeded"). 75, as a RabbitMQ queue
+  # at its length limit with reject-publish: the stream empties when consumers
+  # ack (work-queue or interest retention), its messages age out (max_age), or
+  # an operator purges it or raises the limit. The message names the limit.
+  nats_add_stream "$port" dedup "$pw" FULL full.in -1 1 new || fail "could not make stream FULL"
+  expect_rc "a message to an empty stream of max_msgs=1 is stored" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=FULL&subject=full.in" --field id=1 --quiet
+  expect_rc "a message to a full stream with discard new is 'try again later' (75)" 75 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=FULL&subject=full.in" --field id=2 --quiet
+  [[ "$out" == *"10077"* && "$out" == *"maximum messages exceeded"* && "$out" != *"$pw"* ]] ||
+    fail "the full stream's limit is not named: $out"
 
   password_file_checks nats "nats://dedup@127.0.0.1:$port" "stream=PF&consumer=w" "$pw" \
     "nats://dedup:$pw@127.0.0.1:$port"

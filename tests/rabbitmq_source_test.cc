@@ -111,6 +111,35 @@ TEST(RabbitMqUriTest, APasswordReadAsAPortIsNotEchoed) {
   EXPECT_EQ(v6->port, 5999);
 }
 
+// tidyuri: "amqp://USER@HOST" logged in as USER with the password "guest" (the
+// guest user's, rabbitmq-c's default), as the AMQP URI spec's "absent: the
+// client's default" reads. A user named without a password is a password
+// forgotten (or a password written where the user goes, as redis:// takes a lone
+// one): refused at construction, naming the problem and not the user-info. An
+// empty password is written "USER:@"; no user-info at all is still guest:guest.
+TEST(RabbitMqUriTest, AUserWithoutAPasswordIsRefused) {
+  for (const char* uri : {"amqp://Us3rX@h/?queue=q", "amqp://S3cr3tPw@h:5672/v?queue=q",
+                          "amqp://guest@h?queue=q"}) {
+    auto o = ParseRabbitMqUri(uri);
+    ASSERT_FALSE(o.ok()) << uri << ": taken, user " << o->user << " password " << o->password;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+    EXPECT_NE(o.status().message().find("without a password"), std::string::npos)
+        << o.status().ToString();
+    EXPECT_NE(o.status().message().find("password_file="), std::string::npos)
+        << o.status().ToString();
+    EXPECT_EQ(o.status().message().find("S3cr3tPw"), std::string::npos) << o.status().ToString();
+    EXPECT_EQ(o.status().message().find("Us3rX"), std::string::npos) << o.status().ToString();
+  }
+  auto empty = ParseRabbitMqUri("amqp://app:@h/?queue=q");
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_EQ(empty->user, "app");
+  EXPECT_EQ(empty->password, "");
+  auto none = ParseRabbitMqUri("amqp://h/?queue=q");
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->user, "guest");
+  EXPECT_EQ(none->password, "guest");
+}
+
 // A '?' written raw in a password ends the authority: the password's tail and
 // the host became the first parameter's name, echoed as unknown ("unknown
 // parameter 'ss3cret@h?queue'"). Refused without the echo.

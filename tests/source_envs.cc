@@ -21,6 +21,7 @@
 
 #include "brokers/redis_streams/streams_source.h"
 #include "dedup/worker.h"
+#include "redis_admin.h"
 #endif
 
 namespace dedup::testing {
@@ -62,40 +63,6 @@ class MemoryEnv final : public SourceEnv {
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
 // ---- Redis Streams ----------------------------------------------------------------
-
-struct ReplyFree {
-  void operator()(redisReply* r) const {
-    if (r) freeReplyObject(r);
-  }
-};
-using Reply = std::unique_ptr<redisReply, ReplyFree>;
-
-StatusOr<Reply> Command(const std::string& host, int port, const std::vector<std::string>& args) {
-  timeval tv{2, 0};
-  redisContext* c = redisConnectWithTimeout(host.c_str(), port, tv);
-  if (c == nullptr || c->err) {
-    std::string why = c ? c->errstr : "out of memory";
-    if (c) redisFree(c);
-    return Status::Unavailable("redis " + host + ":" + std::to_string(port) + ": " + why);
-  }
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(
-      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  std::string why = c->errstr;
-  redisFree(c);
-  if (r == nullptr) return Status::Unavailable("redis: " + args[0] + ": " + why);
-  if (r->type == REDIS_REPLY_ERROR) {
-    std::string e(r->str, r->len);
-    freeReplyObject(r);
-    return Status::Internal("redis: " + args[0] + ": " + e);
-  }
-  return Reply(r);
-}
 
 // One redis-server for the whole test process, on the first free port in
 // 6450-6459, in a temporary directory; SIGKILLed if this process dies
@@ -146,7 +113,7 @@ class StreamsServer {
       for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
            std::chrono::steady_clock::now() < until;
            std::this_thread::sleep_for(std::chrono::milliseconds(20))) {
-        auto r = Command(host_, p, {"PING"});
+        auto r = RedisCommand(host_, p, {"PING"});
         if (r.ok()) {
           port_ = p;
           break;
@@ -208,16 +175,16 @@ class RedisStreamsEnv final : public SourceEnv {
     std::vector<std::string> args = {"XADD", options_.stream, "*"};
     if (!key.empty()) args.insert(args.end(), {"id", std::string(key)});
     args.insert(args.end(), {"body", std::string(payload)});
-    auto r = Command(options_.host, options_.port, args);
+    auto r = RedisCommand(options_.host, options_.port, args);
     return r.ok() ? Status::Ok() : r.status();
   }
 
   // Entries the group has not delivered yet, plus those pending.
   StatusOr<size_t> Outstanding() override {
-    auto groups = Command(options_.host, options_.port, {"XINFO", "GROUPS", options_.stream});
+    auto groups = RedisCommand(options_.host, options_.port, {"XINFO", "GROUPS", options_.stream});
     if (!groups.ok()) {
       // No stream or no group yet: every entry is outstanding.
-      auto len = Command(options_.host, options_.port, {"XLEN", options_.stream});
+      auto len = RedisCommand(options_.host, options_.port, {"XLEN", options_.stream});
       if (!len.ok()) return len.status();
       return static_cast<size_t>((*len)->integer);
     }
@@ -242,13 +209,13 @@ class RedisStreamsEnv final : public SourceEnv {
       }
     }
     auto undelivered =
-        Command(options_.host, options_.port, {"XRANGE", options_.stream, "(" + last_delivered, "+"});
+        RedisCommand(options_.host, options_.port, {"XRANGE", options_.stream, "(" + last_delivered, "+"});
     if (!undelivered.ok()) return undelivered.status();
     return static_cast<size_t>(pending) + (*undelivered)->elements;
   }
 
   StatusOr<std::vector<std::string>> DeadLetterReasons() override {
-    auto r = Command(options_.host, options_.port, {"XRANGE", options_.stream + ":dead", "-", "+"});
+    auto r = RedisCommand(options_.host, options_.port, {"XRANGE", options_.stream + ":dead", "-", "+"});
     if (!r.ok()) return r.status();
     std::vector<std::string> out;
     for (size_t i = 0; i < (*r)->elements; ++i) {

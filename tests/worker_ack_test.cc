@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "dedup/buffer.h"
+#include "redis_admin.h"
 #include "test_process.h"
 #include "dedup/worker.h"
 #include "stores/redis/redis_store.h"
@@ -44,36 +45,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 using testing::PortFree;
 using testing::Spawn;
-
-std::string Cmd(int port, const std::vector<std::string>& args) {
-  timeval tv{2, 0};
-  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
-  if (c == nullptr || c->err) {
-    if (c) redisFree(c);
-    return "(connect failed)";
-  }
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(
-      redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  std::string out;
-  if (r == nullptr) {
-    out = "(io error)";
-  } else if (r->type == REDIS_REPLY_INTEGER) {
-    out = std::to_string(r->integer);
-  } else if (r->str != nullptr) {
-    out.assign(r->str, r->len);
-  } else if (r->type == REDIS_REPLY_ARRAY) {
-    out = "array:" + std::to_string(r->elements);
-  }
-  if (r) freeReplyObject(r);
-  redisFree(c);
-  return out;
-}
+using testing::Admin;
+using testing::AdminList;
 
 // redis-server on the first free port in 6440-6449, stopped by PID.
 class Server {
@@ -88,7 +61,7 @@ class Server {
       if (pid_ <= 0) break;
       for (auto until = SteadyClock::now() + 5s; SteadyClock::now() < until;
            std::this_thread::sleep_for(20ms)) {
-        if (Cmd(p, {"PING"}) == "PONG") {
+        if (Admin(p, {"PING"}) == "PONG") {
           port_ = p;
           break;
         }
@@ -144,7 +117,7 @@ class Monitor {
   }
   // Waits until every command sent before this call was seen.
   void Finish(int port) {
-    Cmd(port, {"ECHO", "dedup-test-stop"});
+    Admin(port, {"ECHO", "dedup-test-stop"});
     thread_.join();
     redisFree(c_);
   }
@@ -183,7 +156,7 @@ struct RunResult {
 // Redis store on the same server, database `db`.
 RunResult RunWorker(int port, int db, const std::string& stream, int n) {
   for (int i = 0; i < n; ++i) {
-    Cmd(port, {"XADD", stream, "*", "id", stream + "-" + std::to_string(i), "v", "x"});
+    Admin(port, {"XADD", stream, "*", "id", stream + "-" + std::to_string(i), "v", "x"});
   }
   RedisStoreOptions so;
   so.hosts = {"127.0.0.1:" + std::to_string(port)};
@@ -265,9 +238,9 @@ TEST(WorkerAck, OneRoundTripForCompleteAndAckOnTheSameRedis) {
   EXPECT_GE(one.client_evalsha, static_cast<int>(one.metrics.complete_batches));
   EXPECT_LE(one.client_evalsha, static_cast<int>(one.metrics.complete_batches) + 2);
   EXPECT_EQ(one.client_set, n);
-  EXPECT_EQ(Cmd(server.port(), {"XLEN", "s-one"}), std::to_string(n));
+  EXPECT_EQ(Admin(server.port(), {"XLEN", "s-one"}), std::to_string(n));
   // Nothing pending.
-  EXPECT_EQ(Cmd(server.port(), {"EVAL",
+  EXPECT_EQ(Admin(server.port(), {"EVAL",
                                 "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s-one"}),
             "0");
 
@@ -295,11 +268,11 @@ TEST(WorkerAck, LostDoesNotAck) {
   Server server;
   if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
   const int port = server.port();
-  ASSERT_EQ(Cmd(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
-  const std::string id = Cmd(port, {"XADD", "s", "*", "id", "k"});
-  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "array:1");
+  ASSERT_EQ(Admin(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
+  const std::string id = Admin(port, {"XADD", "s", "*", "id", "k"});
+  ASSERT_EQ(AdminList(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}).size(), 1u);
   const auto pending = [&] {
-    return Cmd(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s"});
+    return Admin(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s"});
   };
   ASSERT_EQ(pending(), "1");
 
@@ -347,9 +320,9 @@ TEST(WorkerAck, LostDoesNotAck) {
   EXPECT_EQ(pending(), "0");
 
   // A failed completion is recorded but never acks (dead-letter comes first).
-  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "");
-  const std::string id2 = Cmd(port, {"XADD", "s", "*", "id", "f"});
-  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "array:1");
+  ASSERT_TRUE(AdminList(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}).empty());
+  const std::string id2 = Admin(port, {"XADD", "s", "*", "id", "f"});
+  ASSERT_EQ(AdminList(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}).size(), 1u);
   req.key = "f";
   auto f = (*store)->Claim(req);
   ASSERT_TRUE(f.ok() && f->acquired());
@@ -378,12 +351,12 @@ TEST(WorkerAck, BatchAcksOnlyWhatCompleted) {
   Server server;
   if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
   const int port = server.port();
-  ASSERT_EQ(Cmd(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
+  ASSERT_EQ(Admin(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
   std::vector<std::string> ids;
-  for (const char* k : {"a", "b", "c", "d"}) ids.push_back(Cmd(port, {"XADD", "s", "*", "id", k}));
-  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "array:1");
+  for (const char* k : {"a", "b", "c", "d"}) ids.push_back(Admin(port, {"XADD", "s", "*", "id", k}));
+  ASSERT_EQ(AdminList(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}).size(), 1u);
   const auto pending = [&] {
-    return Cmd(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s"});
+    return Admin(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], 'g')[1]", "1", "s"});
   };
   ASSERT_EQ(pending(), "4");
   RedisStoreOptions so;
@@ -419,7 +392,7 @@ TEST(WorkerAck, BatchAcksOnlyWhatCompleted) {
   EXPECT_EQ(pending(), "3");
   // c's entry is no longer pending: the XACK of c and d acks one of two, so
   // neither answers acked (the caller acks them itself); both are completed.
-  ASSERT_EQ(Cmd(port, {"XACK", "s", "g", ids[2]}), "1");
+  ASSERT_EQ(Admin(port, {"XACK", "s", "g", ids[2]}), "1");
   std::vector<CompleteRequest> second = {req(1, tokens[1]), req(2, tokens[2]), req(3, tokens[3])};
   second[0].status = CompletionStatus::kFailed;  // never fused: completed, not acked
   w = (*store)->CompleteBatch(second);
@@ -440,14 +413,14 @@ TEST(WorkerAck, FusedBatchAfterScriptFlushRunsOnce) {
   Server server;
   if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
   const int port = server.port();
-  ASSERT_EQ(Cmd(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
-  ASSERT_EQ(Cmd(port, {"XGROUP", "CREATE", "s", "h", "$"}), "OK");
+  ASSERT_EQ(Admin(port, {"XGROUP", "CREATE", "s", "g", "$", "MKSTREAM"}), "OK");
+  ASSERT_EQ(Admin(port, {"XGROUP", "CREATE", "s", "h", "$"}), "OK");
   std::vector<std::string> ids;
-  for (const char* k : {"a", "b", "c", "d", "e"}) ids.push_back(Cmd(port, {"XADD", "s", "*", "id", k}));
-  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}), "array:1");
-  ASSERT_EQ(Cmd(port, {"XREADGROUP", "GROUP", "h", "c", "STREAMS", "s", ">"}), "array:1");
+  for (const char* k : {"a", "b", "c", "d", "e"}) ids.push_back(Admin(port, {"XADD", "s", "*", "id", k}));
+  ASSERT_EQ(AdminList(port, {"XREADGROUP", "GROUP", "g", "c", "STREAMS", "s", ">"}).size(), 1u);
+  ASSERT_EQ(AdminList(port, {"XREADGROUP", "GROUP", "h", "c", "STREAMS", "s", ">"}).size(), 1u);
   const auto pending = [&](const char* group) {
-    return Cmd(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1])[1]", "1", "s",
+    return Admin(port, {"EVAL", "return redis.call('XPENDING', KEYS[1], ARGV[1])[1]", "1", "s",
                       group});
   };
   RedisStoreOptions so;
@@ -462,7 +435,7 @@ TEST(WorkerAck, FusedBatchAfterScriptFlushRunsOnce) {
   for (int i = 0; i < 5; ++i) {
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(toks[i]));
-    ASSERT_EQ(Cmd(port, {"EVAL",
+    ASSERT_EQ(Admin(port, {"EVAL",
                          "return redis.call('SET', KEYS[1], 'A' .. struct.pack('>I4I4', "
                          "tonumber(string.sub(ARGV[1], 1, 8), 16), tonumber(string.sub(ARGV[1], "
                          "9), 16)) .. '\\1\\1\\5', 'PX', 600000)",
@@ -485,7 +458,7 @@ TEST(WorkerAck, FusedBatchAfterScriptFlushRunsOnce) {
     batch.push_back(q);
   }
   batch[2].status = CompletionStatus::kFailed;  // a complete_batch run between the two
-  ASSERT_EQ(Cmd(port, {"SCRIPT", "FLUSH"}), "OK");
+  ASSERT_EQ(Admin(port, {"SCRIPT", "FLUSH"}), "OK");
   auto w = (*store)->CompleteBatch(batch);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   for (int i = 0; i < 5; ++i) {
@@ -508,7 +481,7 @@ TEST(WorkerAck, WrappedStoreKeepsTheFusedAck) {
   if (server.port() == 0) GTEST_SKIP() << "no redis-server, or no free port in 6440-6449";
   const int n = 50;
   for (int i = 0; i < n; ++i) {
-    Cmd(server.port(), {"XADD", "w", "*", "id", "w-" + std::to_string(i)});
+    Admin(server.port(), {"XADD", "w", "*", "id", "w-" + std::to_string(i)});
   }
   RedisStoreOptions so;
   so.hosts = {"127.0.0.1:" + std::to_string(server.port())};

@@ -57,36 +57,9 @@ pending=$(rcli XPENDING jobs g | head -1)
 drain_nothing_recorded "$dedup" "redis://127.0.0.1:$store_port"
 
 # The second worker: each message once, the late claims taken over after their lease.
-drain_handler "$tmp/fast.sh" <<EOF
-echo "\$DEDUP_KEY" >>"$tmp/ran"
-EOF
-"$dedup" worker --broker "redis://127.0.0.1:$stream_port?stream=jobs&group=g&consumer=w2" \
-  --store "$store" --exec "$tmp/fast.sh" --no-shell --concurrency 2 \
-  --lease "$lease" --drain-timeout 5s --summary-interval 0 >>"$tmp/w2.log" 2>&1 &
-second_pid=$!
-done_all=""
-for _ in $(seq 1 300); do
-  completed=$("$dedup" inspect --store "$store" --prefix m- 2>/dev/null | grep -c completed)
-  if [ "$completed" = $((late + 1)) ] && [ "$(rcli XPENDING jobs g | head -1)" = 0 ]; then
-    done_all=1
-    break
-  fi
-  sleep 0.1
-done
-[ -n "$done_all" ] || fail "the second worker did not finish every message ($completed completed)"
-kill -TERM "$second_pid"
-wait "$second_pid"
-rc2=$?
-second_pid=""
-[ "$rc2" = 0 ] || fail "second worker exit $rc2"
-runs=$(sort "$tmp/ran" | uniq -c | awk '$1 != 1' | wc -l)
-[ "$runs" = 0 ] || fail "a message ran more than once: $(sort "$tmp/ran" | uniq -c)"
-[ "$(wc -l <"$tmp/ran")" = $((late + 1)) ] || fail "want $((late + 1)) runs: $(cat "$tmp/ran")"
-summary=$(grep "stopped:" "$tmp/w2.log")
-takeovers=$(sed -n 's/.* takeovers=\([0-9]*\).*/\1/p' <<<"$summary")
-busy=$(sed -n 's/.* busy=\([0-9]*\).*/\1/p' <<<"$summary")
+drain_second_worker_once "$dedup" "$store" "$lease" $((late + 1))
 # Each late claim and the stopped handler's claim (its release was given up).
-[ "${takeovers:-0}" = $((late + 1)) ] || fail "want $((late + 1)) takeovers: $summary"
-[ "${busy:-0}" -ge 1 ] || fail "no claim was BUSY before its takeover: $summary"
+[ "$takeovers" = $((late + 1)) ] || fail "want $((late + 1)) takeovers: $(grep "stopped:" "$tmp/w2.log")"
+[ "$busy" -ge 1 ] || fail "no claim was BUSY before its takeover: $(grep "stopped:" "$tmp/w2.log")"
 echo "ok: drain ${took_ms} ms from SIGTERM (exit $rc), nothing acked; then each of $((late + 1))" \
   "messages ran once ($takeovers takeovers, $busy BUSY first)"

@@ -285,8 +285,8 @@ struct ConsumerOptions {
   // HandlerSupervisor::RequestStop: SIGTERM, then SIGKILL after its grace).
   // Default: empty (in-process handlers watch Delivery::stop_requested()).
   std::function<void()> stop_handlers;
-  // Once drain_timeout has passed, the Buffer's store is told that this Consumer
-  // is stopping (Store::StopWaiting with kDrainStoreGrace), unless the drain is
+  // Once drain_timeout has passed, the Buffer's store (MakeWith: its `store`,
+  // when given) is told that this Consumer is stopping (Store::StopWaiting with kDrainStoreGrace), unless the drain is
   // over by then: a claim, outcome write or release still waiting on a server
   // that hangs is given up kDrainStoreGrace later (later calls get as long), its
   // outcome unknown. Its delivery is not acked and nothing is recorded as done
@@ -344,9 +344,14 @@ class Consumer {
   [[nodiscard]] static StatusOr<std::unique_ptr<Consumer>> Make(MessageSource* source,
                                                                 Buffer* buffer, Handler handler,
                                                                 ConsumerOptions options = {});
+  // `store`, when not null: the store the Processor's calls go to (not owned,
+  // must outlive the Consumer), told to stop waiting at the drain deadline as a
+  // Buffer's store is (ConsumerOptions::stop_store_waits); without it nothing
+  // is told (`dedup worker --sql-output` passes its PostgreSQL store).
   [[nodiscard]] static StatusOr<std::unique_ptr<Consumer>> MakeWith(MessageSource* source,
                                                                     Processor process,
-                                                                    ConsumerOptions options = {});
+                                                                    ConsumerOptions options = {},
+                                                                    Store* store = nullptr);
   ~Consumer();
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;

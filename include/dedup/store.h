@@ -196,7 +196,8 @@ class Store {
 
   // Capability: told that its caller is stopping (a Consumer whose drain
   // deadline has passed, ConsumerOptions::drain_timeout), a store that waits on a
-  // server waits no longer than `grace` for any answer from then on: a call
+  // server waits no longer than `grace` for any answer (or, the PostgreSQL store,
+  // for a free connection of its pool) from then on: a call
   // already waiting gets `grace` from this call, a later one `grace` from its
   // start (connecting included). A call that got no answer in time fails with
   // Aborted saying it was given up, and is never tried again by the store: its

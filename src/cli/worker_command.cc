@@ -388,7 +388,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
                                         [&](PostgresTransaction& tx, const ClaimGuard& g) {
                                           return RunSqlHandler(exec, d, tx, g);
                                         });
-      }, co);
+      }, co, pg.get());  // told to stop waiting at the drain deadline, as Make's Buffer's store
 #endif
     } else {
       made = Consumer::Make(source->get(), buffer.get(), [&](const Delivery& d, ClaimGuard& g) {

@@ -80,8 +80,10 @@ constexpr size_t kMaxLoggedReasonBytes = 1024;
 class Consumer::Impl {
  public:
   Impl(MessageSource* source, Buffer* buffer, Handler handler, Processor process,
-       ConsumerOptions o, std::atomic<bool>* stop)
-      : source_(source), buffer_(buffer), handler_(std::move(handler)),
+       ConsumerOptions o, std::atomic<bool>* stop, Store* process_store = nullptr)
+      : source_(source), buffer_(buffer),
+        store_to_stop_(buffer != nullptr ? buffer->store() : process_store),
+        handler_(std::move(handler)),
         process_(std::move(process)), o_(std::move(o)), stop_(stop) {
     adaptive_prefetch_ = o_.prefetch < 0 && o_.prefetch_time.count() > 0;
     if (buffer_ != nullptr) progress_every_ = buffer_->heartbeat_interval();
@@ -227,7 +229,7 @@ class Consumer::Impl {
   struct HeldKey {
     const Delivery* holder = nullptr;  // the copy whose outcome they wait for
     bool deferred = false;             // its outcome waits for the completer
-    std::deque<Job> waiting;           // a later delivery of the key (at most one)
+    std::optional<Job> waiting;        // a later delivery of the key (one at most)
   };
 
   struct Counters {
@@ -313,8 +315,8 @@ class Consumer::Impl {
           // broker counts as unacked (RabbitMQ's prefetch, NATS's
           // max_ack_pending): the copies of a key published many times while
           // its handler ran long took all of them, and no other key came.
-          if (!fresh && it->second.waiting.empty()) {
-            it->second.waiting.push_back(Job{std::move(d), std::nullopt});
+          if (!fresh && !it->second.waiting) {
+            it->second.waiting = Job{std::move(d), std::nullopt};
             hurry = hurry || it->second.deferred;
             ++set_aside;
             n_.waited_for_copy.fetch_add(1, std::memory_order_relaxed);
@@ -392,7 +394,7 @@ class Consumer::Impl {
   }
 
   // The copy of `key` (a Guarded delivery) has its outcome: written, its claim
-  // given up, or its claim answered without running. The first delivery
+  // given up, or its claim answered without running. The delivery
   // waiting for it goes to the front of the queue (fetched before what is
   // queued behind it), to be claimed alone; the key stays held by it. mu_ held;
   // true when a handler should be woken.
@@ -401,13 +403,13 @@ class Consumer::Impl {
   bool EndCopyLocked(const Delivery& d) {
     auto it = held_keys_.find(d.key());
     if (it == held_keys_.end() || it->second.holder != &d) return false;
-    if (it->second.waiting.empty()) {
+    if (!it->second.waiting) {
       held_keys_.erase(it);
       return false;
     }
-    it->second.holder = it->second.waiting.front().delivery.get();
-    queue_.push_front(std::move(it->second.waiting.front()));
-    it->second.waiting.pop_front();
+    it->second.holder = it->second.waiting->delivery.get();
+    queue_.push_front(std::move(*it->second.waiting));
+    it->second.waiting.reset();
     it->second.deferred = false;
     return true;
   }
@@ -428,7 +430,7 @@ class Consumer::Impl {
     auto it = held_keys_.find(d.key());
     if (it == held_keys_.end() || it->second.holder != &d) return false;
     it->second.deferred = true;
-    return !it->second.waiting.empty();
+    return it->second.waiting.has_value();
   }
 
   // Asks the completer to write what waits now (or its next outcome at once):
@@ -872,7 +874,7 @@ class Consumer::Impl {
       draining_ = true;
     }
     work_cv_.notify_all();
-    if (buffer_ != nullptr && o_.stop_store_waits) {
+    if (store_to_stop_ != nullptr && o_.stop_store_waits) {
       store_stopper_ = std::thread([this, deadline] { StopStoreWaitsAt(deadline); });
     }
     std::thread hand_back([this] { HandBackUnstarted(); });
@@ -888,7 +890,7 @@ class Consumer::Impl {
       if (drain_cv_.wait_until(lock, deadline, [this] { return drained_; })) return;
     }
     store_told_.store(true);
-    buffer_->store()->StopWaiting(ConsumerOptions::kDrainStoreGrace);
+    store_to_stop_->StopWaiting(ConsumerOptions::kDrainStoreGrace);
   }
 
   // A store call that failed: given up, when the store was told to stop waiting
@@ -998,7 +1000,7 @@ class Consumer::Impl {
       // Deliveries waiting for a copy of their key: nothing claimed, handed back
       // at once (the copy may still run: its end finds no key held).
       for (auto& [key, h] : held_keys_) {
-        for (Job& j : h.waiting) unstarted.push_back(std::move(j));
+        if (h.waiting) unstarted.push_back(std::move(*h.waiting));
       }
       held_keys_.clear();
     }
@@ -1072,6 +1074,9 @@ class Consumer::Impl {
 
   MessageSource* const source_;
   Buffer* const buffer_;
+  // Told to stop waiting at the drain deadline (stop_store_waits): the Buffer's
+  // store, or MakeWith's `store`; null: none.
+  Store* const store_to_stop_;
   const Handler handler_;
   const Processor process_;
   ConsumerOptions o_;
@@ -1190,13 +1195,13 @@ StatusOr<std::unique_ptr<Consumer>> Consumer::Make(MessageSource* source, Buffer
 }
 
 StatusOr<std::unique_ptr<Consumer>> Consumer::MakeWith(MessageSource* source, Processor process,
-                                                       ConsumerOptions options) {
+                                                       ConsumerOptions options, Store* store) {
   if (source == nullptr) return Status::InvalidArgument("consumer: no message source");
   if (!process) return Status::InvalidArgument("consumer: no processor");
   DEDUP_RETURN_IF_ERROR(ValidateConsumerOptions(options));
   std::unique_ptr<Consumer> c(new Consumer(nullptr));
   c->impl_ = std::make_unique<Impl>(source, nullptr, Handler(), std::move(process),
-                                    std::move(options), &c->stop_);
+                                    std::move(options), &c->stop_, store);
   return c;
 }
 

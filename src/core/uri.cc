@@ -92,18 +92,9 @@ Status CheckParamNames(const std::vector<std::string>& names,
 
 Status Uri::CheckParams(std::initializer_list<std::string_view> known) const {
   std::vector<std::string> names;
-  for (const auto& [k, v] : params) {
-    // "postgres://u:p?ss@h/db", "amqp://u:p?ss@h?queue=q": a '?' written raw in a
-    // password or token began the query inside the user-info, so this name holds
-    // the secret's tail and the host. No known name has an '@'; neither the name
-    // nor the secret is named.
-    if (k.find('@') != std::string::npos) {
-      return Status::InvalidArgument(scheme + " URI has an '@' in a parameter name: a '?' "
-                                     "written raw in a password or token ends the host; "
-                                     "write it %3F");
-    }
-    names.push_back(k);
-  }
+  // No name holds the tail of a password whose '?' was written raw: ParseUri
+  // refused those.
+  for (const auto& [k, v] : params) names.push_back(k);
   return CheckParamNames(names, known, {"parameter", scheme + " URI"});
 }
 
@@ -161,6 +152,7 @@ StatusOr<Uri> ParseUri(std::string_view text) {
         "':'), e.g. redis://HOST:PORT");
   }
   std::string_view rest = text.substr(colon + 1);
+  bool had_userinfo = false;  // an '@' before the query
   std::string_view query;
   if (size_t q = rest.find('?'); q != std::string_view::npos) {
     query = rest.substr(q + 1);
@@ -173,6 +165,7 @@ StatusOr<Uri> ParseUri(std::string_view text) {
     std::string_view authority = rest.substr(0, slash);
     rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
     if (size_t at = authority.rfind('@'); at != std::string_view::npos) {
+      had_userinfo = true;
       std::string_view userinfo = authority.substr(0, at);
       authority = authority.substr(at + 1);
       std::string_view user = userinfo, pass;
@@ -193,6 +186,49 @@ StatusOr<Uri> ParseUri(std::string_view text) {
   auto path = Decode(rest, "path");
   if (!path.ok()) return path.status();
   u.path = *path;
+  // "redis://u:p?ss@h?timeout=1s", "amqp://u:p?s&s@h?queue=q": a '?' written raw
+  // in a password or token began the query inside the user-info, so the secret's
+  // tail, cut at each '&' and '=', is read as parameters, and the host after its
+  // '@' is in a name, or (a '=' in the tail: "u:p?s=s@h?queue=q") in a value
+  // followed by the URI's own '?'. No parameter name of any scheme has an '@', and
+  // no query an '@' and then a '?': checked on the whole query before any name is
+  // read, so that none is echoed, nor the secret. (A value may hold an '@':
+  // "consumer=me@host", "password_file=/run/credentials/dedup@1.service/pw".)
+  for (std::string_view q = query; !q.empty();) {
+    const size_t amp = q.find('&');
+    const std::string_view kv = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (kv.substr(0, kv.find('=')).find('@') != std::string_view::npos) {
+      return Status::InvalidArgument(u.scheme + " URI has an '@' in a parameter name: a '?' "
+                                     "written raw in a password or token ends the host; "
+                                     "write it %3F");
+    }
+  }
+  if (const size_t at = query.find('@'); at != std::string_view::npos) {
+    // "redis://u:p?s=s@h": no user-info before the '?', and a "host" whose port is
+    // no number: the user and the head of the password.
+    bool userinfo_as_host = false;
+    if (u.has_authority && !had_userinfo && u.hosts.find('[') == std::string::npos) {
+      for (std::string_view h : SplitHosts(u.hosts)) {
+        const size_t c = h.find(':');
+        if (c != std::string_view::npos &&
+            (c + 1 == h.size() ||
+             h.find_first_not_of("0123456789", c + 1) != std::string_view::npos)) {
+          userinfo_as_host = true;
+        }
+      }
+    }
+    if (userinfo_as_host) {
+      return Status::InvalidArgument(u.scheme + " URI has an '@' in its query after a host "
+                                     "whose port is no number: a '?' written raw in a "
+                                     "password or token ends the host; write it %3F");
+    }
+    if (query.find('?', at) != std::string_view::npos) {
+      return Status::InvalidArgument(u.scheme + " URI has an '@' and then a second '?' in its "
+                                     "query: a '?' written raw in a password or token ends the "
+                                     "host; write it %3F");
+    }
+  }
   while (!query.empty()) {
     size_t amp = query.find('&');
     std::string_view kv = query.substr(0, amp);

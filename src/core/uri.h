@@ -28,8 +28,7 @@ struct Uri {
 
   std::optional<std::string> Param(std::string_view name) const;
   // InvalidArgument naming the first parameter not in `known` and listing those
-  // (CheckParamNames). A name with an '@' (the tail of a password or token whose
-  // '?' was written raw, and the host) is refused without being named.
+  // (CheckParamNames).
   Status CheckParams(std::initializer_list<std::string_view> known) const;
   // The URI with any password replaced by "***", for messages and logs.
   std::string Redacted() const;
@@ -66,6 +65,9 @@ std::string SchemeForMessage(std::string_view scheme);
 
 // InvalidArgument naming what is wrong when `text` is not a URI. A parameter
 // given twice ("?ttl=1s&ttl=2s") is refused: neither copy would be sure to win.
+// A parameter name with an '@' is refused for every scheme, before any name is
+// read and without naming it: it is the tail of a password or token whose '?'
+// was written raw ("redis://u:p?ss@h"), and the host.
 StatusOr<Uri> ParseUri(std::string_view text);
 
 // The parts of a comma-separated list of hosts ("h1:p1,h2:p2"), in order, empty

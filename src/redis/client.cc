@@ -45,22 +45,6 @@ std::string Lower1(const char* s) {
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
-// READONLY: the server is a replica now (a failover made another server the
-// primary, and this one was turned into its replica: Sentinel, REPLICAOF). The
-// connection that got it is dropped, so that the next call connects to the
-// address again and reaches whatever server it leads to then (a virtual IP, a
-// proxy or a DNS name that followed the failover).
-bool AnyReadOnly(const Reply* replies, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const redisReply* r = replies[i].get();
-    if (r != nullptr && r->type == REDIS_REPLY_ERROR && r->str != nullptr &&
-        StartsWith(std::string_view(r->str, r->len), "READONLY")) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // Steady ms at the kernel tick's resolution (1 to 4 ms): a few instructions, where
 // the precise clock costs a vDSO call. Enough for the idle check of LooksAlive.
 int64_t CoarseMillis() {
@@ -144,6 +128,17 @@ void ReplyDeleter::operator()(redisReply* r) const {
 }
 
 bool IsError(const redisReply* r) { return r != nullptr && r->type == REDIS_REPLY_ERROR; }
+
+bool AnyReadOnly(const Reply* replies, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const redisReply* r = replies[i].get();
+    if (r != nullptr && r->type == REDIS_REPLY_ERROR && r->str != nullptr &&
+        StartsWith(std::string_view(r->str, r->len), "READONLY")) {
+      return true;
+    }
+  }
+  return false;
+}
 
 std::string_view ReplyText(const redisReply* r) {
   if (r == nullptr || r->str == nullptr) return {};

@@ -412,6 +412,13 @@ bool IsError(const redisReply* r);
 std::string_view ReplyText(const redisReply* r);  // string/status/error text, "" otherwise
 // An error reply that says the server does not have the script (EVALSHA).
 bool IsNoScript(const redisReply* r);
+// Whether some reply is READONLY: the server is a replica now (a failover made
+// another server the primary, and this one was turned into its replica:
+// Sentinel, REPLICAOF). Every user of a Connection drops the one that got it
+// (the pool, the cluster router, the Streams source's StreamConn), so that the
+// next call connects to the address again and reaches whatever server it leads
+// to then (a virtual IP, a proxy or a DNS name that followed the failover).
+bool AnyReadOnly(const Reply* replies, size_t n);
 // The canonical code for an error reply that is not a redirect; `where` prefixes it.
 Status ErrorReplyStatus(const std::string& where, std::string_view error);
 

@@ -36,7 +36,20 @@ Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_c
                                           "error 10054): no retry changes its size");
   }
   std::string m = what + ": " + natsStatus_GetText(s);
-  if (jerr != 0) m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  if (jerr != 0) {
+    // The server's own description, which nats.c keeps as the thread's last
+    // error text ("(js.c:535): maximum messages exceeded", nats_setError) while
+    // the status says only "Error". 10077 is any failed store: "maximum messages
+    // exceeded", "maximum bytes exceeded" (a stream full with discard new, which
+    // empties as consumers ack or messages age out: Unavailable like the rest).
+    std::string_view text = nats_GetLastError(nullptr) ? nats_GetLastError(nullptr) : "";
+    if (text.starts_with('(')) {
+      const size_t end = text.find("): ");
+      if (end != std::string_view::npos) text.remove_prefix(end + 3);
+    }
+    if (!text.empty()) m = what + ": " + internal::Printable(text.substr(0, 200));
+    m += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  }
   if (jerr == JSStreamSubjectOverlapErr) {
     // A stream made on a subject another stream holds: refused every time.
     return Status::FailedPrecondition(m + ": another stream holds this subject (subjects "
@@ -299,7 +312,6 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
         "nats URI has a path after its host (nats:// takes none); a '/' or '?' in a "
         "token or password is written %2F, %3F");
   }
-  // "nats://TO?KEN@HOST?stream=S" is refused by CheckParams without being echoed.
   DEDUP_RETURN_IF_ERROR(parsed->CheckParams({"stream", "consumer", "subject", "key", "prefix",
                                              "dead", "ack_wait", "max_ack_pending", "timeout",
                                              internal::kPasswordFileParam, kTokenFileParam}));
@@ -403,6 +415,15 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     return Status::InvalidArgument("nats URI gives a password without a user; give "
                                    "nats://USER:PASS@HOST or nats://USER@HOST?password_file=F "
                                    "(a token goes alone: nats://TOKEN@HOST or token_file=F)");
+  }
+  if (!cred->user.empty() && cred->has_password && cred->password.empty()) {
+    // "nats://TOKEN:@HOST": nats.c reads it as a token (no password after an
+    // empty one, and a user without a password is sent as auth_token), the URI
+    // grammar as a user with an empty password. Not echoed: it may be a token.
+    return Status::InvalidArgument(
+        "nats URI gives an empty password (USER:@HOST), which nats.c reads as a "
+        "token and the URI as a user: write nats://TOKEN@HOST or token_file=F for a "
+        "token, nats://USER:PASSWORD@HOST or nats://USER@HOST?password_file=F for a user");
   }
   if (!cred->user.empty() && !cred->has_password) {
     // "nats://TOKEN@HOST": a lone user-info is a token, as every NATS client

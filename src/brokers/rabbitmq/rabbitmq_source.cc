@@ -119,7 +119,6 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     return Status::InvalidArgument("amqp: no '//' after 'amqp:' (expected "
                                    "amqp://USER:PW@HOST:5672/VHOST?queue=Q)");
   }
-  // "amqp://u:p?ss@h?queue=q" is refused by CheckParams without being echoed.
   DEDUP_RETURN_IF_ERROR(
       u.CheckParams({"queue", "prefetch", "key", "prefix", "dead", "heartbeat", "timeout",
                      internal::kPasswordFileParam}));
@@ -135,9 +134,20 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     o.host = hp->host;
     if (hp->port != 0) o.port = hp->port;
   }
-  // Inline or password_file= (core/secret.h); neither: guest's password.
+  // Inline or password_file= (core/secret.h). No user-info at all: guest:guest,
+  // rabbitmq-c's and RabbitMQ's default. A user without a password is refused:
+  // the AMQP URI spec leaves an absent password to the client's default, and
+  // rabbitmq-c's is the guest user's "guest", which no other user has; it is a
+  // password forgotten, or one written where the user goes. Not echoed, for that
+  // reason. An empty password is written "USER:@".
   auto cred = internal::ResolveUriCredentials(u, {});
   if (!cred.ok()) return cred.status();
+  if (!cred->user.empty() && !cred->has_password) {
+    return Status::InvalidArgument(
+        "amqp URI names a user without a password: write USER:PASSWORD@HOST, USER@HOST "
+        "with password_file=F, or USER:@HOST for an empty one (guest:guest is the default "
+        "only when no user is named)");
+  }
   if (!cred->user.empty()) o.user = cred->user;
   if (cred->has_password) o.password = cred->password;
   // "/" or "" is the default vhost "/"; "/name" is vhost "name" ("/%2F" is "/").

@@ -61,6 +61,8 @@ namespace dedup::rabbitmq {
 struct RabbitMqOptions {
   std::string host = "127.0.0.1";
   int port = 5672;
+  // guest:guest when the URI names no user; a user needs a password (inline,
+  // possibly empty, or password_file=), else ParseRabbitMqUri refuses the URI.
   std::string user = "guest";
   std::string password = "guest";
   std::string vhost = "/";

@@ -47,6 +47,9 @@ StatusOr<std::vector<ReplyPtr>> StreamConn::Pipeline(std::span<const redis::Comm
     conn_.reset();
     return Status(s.code(), "redis " + Name() + ": " + s.message());
   }
+  // A replica now (redis::AnyReadOnly): the next command connects again. The
+  // replies go to the caller, which reads the READONLY as Unavailable.
+  if (redis::AnyReadOnly(replies.data(), replies.size())) conn_.reset();
   return replies;
 }
 

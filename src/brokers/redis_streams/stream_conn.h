@@ -4,7 +4,8 @@
 // XADD, XAUTOCLAIM) and for the textbook guard, on the Redis client layer
 // (src/redis): the same handshake (AUTH with user, SELECT db, PING), timeouts and
 // error codes as the store's. Not thread-safe: one per thread. A connection that
-// failed is dropped and reopened on the next command. Errors name the server and
+// failed, or answered READONLY (a primary turned replica behind a moving address),
+// is dropped and reopened on the next command. Errors name the server and
 // the command: "redis 127.0.0.1:6390: XACK: ...".
 
 #ifndef DEDUP_SRC_BROKERS_REDIS_STREAMS_STREAM_CONN_H_
@@ -41,8 +42,8 @@ class StreamConn {
   StreamConn& operator=(const StreamConn&) = delete;
 
   // Sends one command. An error reply is returned as a reply (type
-  // REDIS_REPLY_ERROR); a transport failure is Unavailable (or DeadlineExceeded on a
-  // timeout) and drops the connection. `extra_timeout` is added to the command's
+  // REDIS_REPLY_ERROR; READONLY drops the connection); a transport failure is
+  // Unavailable (or DeadlineExceeded on a timeout) and drops the connection. `extra_timeout` is added to the command's
   // time bound (for BLOCK reads).
   StatusOr<ReplyPtr> Run(const std::vector<std::string>& args, Millis extra_timeout = Millis(0));
   // Sends several commands in one round trip; one reply each, in order (error

@@ -327,12 +327,20 @@ struct Slot {
   }
   bool ExpiredAt(int64_t now) const { return now >= retention_deadline; }
 
-  void SetKey(std::string_view k) {
-    if (k.size() <= kInlineKey) {
+  // The heap part a new record needs (made before anything changes: it may
+  // throw): for a key longer than kInlineKey, or when the record has a
+  // fingerprint or result (`heap`); null for a key kept inline otherwise.
+  static std::unique_ptr<Extra> KeyOut(std::string_view k, bool heap) {
+    return k.size() <= kInlineKey && !heap ? nullptr
+                                           : std::make_unique<Extra>(Extra{std::string(k), {}, {}});
+  }
+  // `out`: KeyOut(k). Never throws.
+  void SetKey(std::string_view k, std::unique_ptr<Extra> out) noexcept {
+    if (out == nullptr) {
       key_len = static_cast<uint8_t>(k.size());
       std::memcpy(key, k.data(), k.size());
     } else {
-      extra = new Extra{std::string(k), {}, {}};
+      extra = out.release();
       key_len = kKeyOut;
     }
   }
@@ -362,7 +370,14 @@ struct Slot {
   }
 
   // Takes the record's fields; the key stays.
+  // The heap part a fingerprint or result needs is allocated first: when that
+  // throws, the record is as it was (never half-written).
   void FromRecord(Record&& r) {
+    const bool need_extra = !r.fingerprint.empty() || !r.result.empty();
+    if (need_extra && key_len != kKeyOut) {
+      extra = new Extra{std::string(key, key_len), {}, {}};
+      key_len = kKeyOut;
+    }
     state = r.state;
     token = r.token.value;
     fence = r.fence;
@@ -370,11 +385,6 @@ struct Slot {
     lease_deadline = r.lease_deadline;
     retention_deadline = r.retention_deadline;
     status = r.status;
-    const bool need_extra = !r.fingerprint.empty() || !r.result.empty();
-    if (need_extra && key_len != kKeyOut) {
-      extra = new Extra{std::string(key, key_len), {}, {}};
-      key_len = kKeyOut;
-    }
     if (key_len == kKeyOut) {
       extra->fingerprint = std::move(r.fingerprint);
       extra->result = std::move(r.result);
@@ -459,12 +469,18 @@ class alignas(64) Shard {
   }
 
   // A new slot for `key` at index position `pos` (from a Find that returned null).
-  Slot& Insert(std::string_view key, uint64_t h, size_t pos, uint32_t* number) {
-    // Load above grow_at_ / 64: the next table is mapped now (it may throw:
+  // `heap`: the record to be written has a fingerprint or result, so that the
+  // caller's FromRecord allocates nothing (and cannot throw).
+  Slot& Insert(std::string_view key, uint64_t h, size_t pos, uint32_t* number, bool heap) {
+    // Load above grow_at_ / 1024: the next table is mapped now (it may throw:
     // nothing has changed yet), and filled by this insert and the next ones.
-    if (next_ == nullptr && old_ == nullptr && (count_ + 1) * 64 > (mask_ + 1) * grow_at_) [[unlikely]] {
+    if (next_ == nullptr && old_ == nullptr && (count_ + 1) * 1024 > (mask_ + 1) * grow_at_) [[unlikely]] {
       StartGrow();
     }
+    // The key's copy (and the record's heap part) next (it may throw: nothing
+    // has changed yet either), so that no index entry is written for a record
+    // without its key, and the record's FromRecord does not allocate.
+    std::unique_ptr<Extra> out = Slot::KeyOut(key, heap);
     uint32_t n;
     if (!free_.empty()) {
       n = free_.back();
@@ -477,8 +493,13 @@ class alignas(64) Shard {
     ++count_;
     Slot& s = At(n);
     s.live = 1;
+    // Expired, so absent (fence 0: the next claim's is 1), until the caller's
+    // FromRecord writes the record. (It does not allocate, given `heap`: a slot
+    // left so would never be swept, its due[] being the free slot's kNeverDue.)
+    s.retention_deadline = 0;
+    s.fence = 0;
     *number = n;
-    s.SetKey(key);
+    s.SetKey(key, std::move(out));
     // With the record in: a step of growth moves entries (pos is stale after it).
     if (next_ != nullptr || old_ != nullptr) [[unlikely]] GrowStep();
     return s;
@@ -498,11 +519,13 @@ class alignas(64) Shard {
       pos &= ~kInOld;
     }
     const uint32_t n = table[pos].slot;
+    // The free list first: it may grow (and throw), and nothing has changed yet.
+    // A slot freed before it threw kept its index entry, found by its key.
+    free_.push_back(n);
     Slot& s = At(n);
     s.FreeExtra();
     s.live = 0;
     chunks_[n >> kChunkShift]->due[n & (kChunkSlots - 1)] = kNeverDue;
-    free_.push_back(n);
     --count_;
     // Backward-shift deletion: pull later entries of the cluster into the hole.
     size_t hole = pos;
@@ -679,7 +702,7 @@ class alignas(64) Shard {
   void Init(int64_t now, IndexArena* arena, size_t number) {
     due_base_ = now;
     arena_ = arena;
-    grow_at_ = 32 + number % 8;  // see StartGrow
+    grow_at_ = 512 + (number % 64) * 15 / 4;  // see StartGrow
   }
 
   template <typename Fn>
@@ -790,18 +813,28 @@ class alignas(64) Shard {
   // a tenth of the median (docs/DESIGN.md, "Memory store: growth without a
   // stall"). So, as Redis's dict does, a doubling is spread over inserts:
   //
-  //  1. Filling: at a load between 1/2 and 5/8 (grow_at_ / 64, by the shard's
-  //     number), StartGrow maps the next table (next_); each insert from then
-  //     on makes fill_per_insert_ of its entries empty, so that it is all empty
-  //     by a load of 3/4 (for the inserts alone; erases only delay that).
+  //  1. Filling: at a load between 1/2 and ~0.73 (grow_at_ / 1024, a
+  //     threshold of its own for each of 64 shards, evenly spaced), StartGrow
+  //     maps the next table (next_); each insert from then on makes
+  //     fill_per_insert_ (kFillPerInsert) of its entries empty: it is all
+  //     empty after 1/128 of the old size's inserts, before a load of 3/4.
   //     Meanwhile the current table takes the inserts. The fill is also what
   //     first touches the new table's memory: a fresh 2 MiB huge page is
   //     zeroed by the kernel at its first touch (~4.5 ms of CPU on the KVM
   //     guest of docs/PERFORMANCE.md; a table of up to 1 MiB is in one, shared
   //     in the arena). Done at once, 64 shards crossing 3/4 together met 32 to
-  //     128 such faults in a row; the thresholds staggered over eight loads and
-  //     a fill spread over a quarter to an eighth of a doubling's inserts put
-  //     them apart.
+  //     128 such faults in a row; the thresholds spread over loads 1/2 to
+  //     ~3/4 put them apart.
+  //
+  //     Each shard's growth is short (fill and move together 1/64 of its
+  //     inserts per doubling) and the thresholds are apart, so that only a few
+  //     shards grow at a time: a table of the arena then reuses the blocks
+  //     that shards grown earlier gave back. A fill of 8-15 entries an insert
+  //     from thresholds over 1/2-5/8 (the first version) kept the old tables
+  //     of every shard until all new ones were mapped: twice the fresh huge
+  //     pages of a doubling in one call, and the 3.1 M round's faults paid
+  //     from 2.1 M records on (docs/PERFORMANCE.md, "Memory store: claims
+  //     while growing").
   //  2. Moving: when next_ is all empty it becomes the current table (inserts
   //     and lookups go there first) and the one before is old_; each insert
   //     moves the entries of kMovePerInsert old positions, in order from
@@ -813,10 +846,12 @@ class alignas(64) Shard {
   //
   // The move ends long before the current table fills again: it takes
   // N / kMovePerInsert inserts, and the new table of 2N entries starts at a
-  // load of 3/8 at most (below 1/2 at the move's end). A shard that takes no
+  // load of 3/8 at most (below 1/2 at the move's end). A short move also
+  // means few lookups that probe both tables. A shard that takes no
   // more inserts stays in the middle of its growth; lookups then cost a probe
   // of both tables.
-  static constexpr size_t kMovePerInsert = 8;
+  static constexpr size_t kMovePerInsert = 128;
+  static constexpr size_t kFillPerInsert = 256;
   static constexpr size_t kFirstIndex = 64;
   static_assert(kFirstIndex * 3 / 4 + kFirstIndex / kMovePerInsert < kFirstIndex,
                 "a move ends before the new table is half full");
@@ -834,10 +869,11 @@ class alignas(64) Shard {
     const size_t size = mask_ + 1;
     next_ = AllocIndex(2 * size);  // contents undefined until filled
     filled_ = 0;
-    // 2 * size entries to fill before the load reaches 3/4: 8 to 15 a step
-    // from the thresholds of grow_at_ (more in a table of 64 entries).
+    // 2 * size entries to fill before the load reaches 3/4: kFillPerInsert a
+    // step, which from every threshold of grow_at_ (at most ~0.73) is done by
+    // a load of ~0.74; the bound below holds whatever the load at the start.
     const size_t room = size * 3 / 4 > count_ ? size * 3 / 4 - count_ : 1;
-    fill_per_insert_ = (2 * size + room - 1) / room;
+    fill_per_insert_ = std::max(kFillPerInsert, (2 * size + room - 1) / room);
     ++doublings_;
   }
 
@@ -932,7 +968,7 @@ class alignas(64) Shard {
   IndexEntry* next_ = nullptr;  // while filling: the next table, 2 * (mask_ + 1) entries
   size_t filled_ = 0;           // its entries made empty so far
   size_t fill_per_insert_ = 0;  // StartGrow
-  size_t grow_at_ = 40;         // the load, in 64ths, at which the next table is made (Init)
+  size_t grow_at_ = 640;        // the load, in 1024ths, at which the next table is made (Init)
   IndexEntry* old_ = nullptr;   // while moving: the table before, old_mask_ + 1 entries
   size_t old_mask_ = 0;
   size_t move_from_ = 0;  // an old position empty when the move began
@@ -1127,7 +1163,7 @@ class MemoryStore final : public Store {
     if (write) {
       uint32_t n;
       if (slot == nullptr) {
-        slot = &s.Insert(req.key, h, pos, &n);
+        slot = &s.Insert(req.key, h, pos, &n, !next.fingerprint.empty() || !next.result.empty());
       } else {
         n = s.NumberAt(pos);
       }

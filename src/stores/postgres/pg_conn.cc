@@ -442,13 +442,34 @@ StatusOr<Pool::Handle> Pool::Get(bool long_hold) {
   if (long_hold) {
     DEDUP_RETURN_IF_ERROR(CheckTransactions());
   }
+  int64_t start = -1;  // when this call began to wait for a free connection
   for (;;) {
     std::unique_ptr<Conn> idle;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] {
+      const auto available = [&] {
         return (!long_hold || long_held_ < size_ - 1) && (!idle_.empty() || live_ < size_);
-      });
+      };
+      while (!available()) {
+        const int64_t now = SteadyMillis();
+        if (start < 0) start = now;
+        const int64_t give_up = stop_ != nullptr ? stop_->GiveUpAt(start) : INT64_MAX;
+        const int64_t timed_out = start + wait_.count();
+        if (now >= give_up && give_up <= timed_out) {
+          return Status::Aborted(where_ + ": waiting for a free connection of the pool: given "
+                                 "up: the caller is stopping");
+        }
+        if (now >= timed_out) {
+          return Status::DeadlineExceeded(
+              where_ + ": no free connection in the pool within the timeout (" +
+              std::to_string(wait_.count()) + "ms): " +
+              (long_hold && long_held_ >= size_ - 1
+                   ? "transactions hold " + std::to_string(long_held_) + ", the most they may (pool - 1)"
+                   : "all " + std::to_string(size_) + " are busy") +
+              "; a larger pool= lets more calls run at once");
+        }
+        cv_.wait_for(lock, std::chrono::milliseconds(std::min(give_up, timed_out) - now));
+      }
       if (long_hold) ++long_held_;
       if (idle_.empty()) {
         ++live_;
@@ -490,6 +511,11 @@ void Pool::Put(std::unique_ptr<Conn> c, bool long_hold) {
   }
   // notify_all: a waiter for a transaction and a waiter for a statement wait for
   // different things, and the one woken must be able to go on.
+  cv_.notify_all();
+}
+
+void Pool::WakeWaiters() {
+  std::lock_guard lock(mu_);
   cv_.notify_all();
 }
 

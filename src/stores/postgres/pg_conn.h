@@ -135,7 +135,10 @@ class Conn {
 };
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer
-// than `size` exist. A connection that broke is closed when handed back; one the
+// than `size` exist; that wait lasts at most `wait` (the store's timeout:
+// DeadlineExceeded naming the pool), and ends as any wait of the store's
+// connections once `stop` is stopped (Aborted; WakeWaiters after the stop).
+// A connection that broke is closed when handed back; one the
 // server closed while it sat idle (Conn::ClosedWhileIdle) is closed when taken,
 // and another taken (or opened) in its place.
 // GetForTransaction() is Get() for a connection held while a handler runs
@@ -144,7 +147,9 @@ class Conn {
 class Pool {
  public:
   using Opener = std::function<StatusOr<std::unique_ptr<Conn>>()>;
-  Pool(size_t size, Opener open) : size_(size), open_(std::move(open)) {}
+  // `where` names the server in errors; `stop` may be null.
+  Pool(size_t size, Opener open, Millis wait, WaitStop* stop, std::string where)
+      : size_(size), open_(std::move(open)), wait_(wait), stop_(stop), where_(std::move(where)) {}
 
   class Handle {
    public:
@@ -174,6 +179,9 @@ class Pool {
   Status CheckTransactions() const;
   size_t size() const { return size_; }
   uint64_t opened() const;
+  // Wakes the callers waiting for a free connection so that they bound their
+  // wait anew: called after `stop` was stopped.
+  void WakeWaiters();
 
  private:
   StatusOr<Handle> Get(bool long_hold);
@@ -181,6 +189,9 @@ class Pool {
 
   const size_t size_;
   Opener open_;
+  const Millis wait_;
+  WaitStop* const stop_;
+  const std::string where_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Conn>> idle_;

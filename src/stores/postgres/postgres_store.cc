@@ -148,7 +148,7 @@ class PgStore final : public PostgresStore {
       : o_(std::move(o)),
         where_("postgres " + o_.host + ":" + std::to_string(o_.port)),
         table_(pg::Quote(o_.schema) + "." + pg::Quote(o_.table)),
-        pool_(o_.pool_size, [this] { return OpenConn(); }) {}
+        pool_(o_.pool_size, [this] { return OpenConn(); }, o_.timeout, &stop_, where_) {}
 
   ~PgStore() override {
     {
@@ -287,7 +287,10 @@ class PgStore final : public PostgresStore {
 
   // Every wait for the server is bounded by the connections (pg::Conn::Open);
   // once stopped, by the grace too.
-  void StopWaiting(Millis grace) override { stop_.Stop(grace); }
+  void StopWaiting(Millis grace) override {
+    stop_.Stop(grace);
+    pool_.WakeWaiters();  // a wait for a free connection bounds itself anew
+  }
 
   std::string Describe() const override {
     if (!o_.description.empty()) return o_.description;

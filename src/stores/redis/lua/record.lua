@@ -145,7 +145,24 @@ local IN_PROGRESS2 = '^([AQ])........[\128-\255]*[\1-\127]()[\128-\255]*[\1-\127
 -- For a record value v: its token and the COMPLETED record's bytes between the
 -- flags and the result (token, fence, attempt, fingerprint), and the flags byte
 -- of COMPLETED/ok; nil when v is not such a record (load() decides).
+-- The fence and attempt of v when v is an IN_PROGRESS record without a
+-- fingerprint whose fence and attempt take one byte each (flags 0x41, then the
+-- keep: at most 8 bytes, at most MAX_VARINT, to the end); nil otherwise. Two C
+-- calls instead of one pattern match with its captures (~4.9 k server
+-- instructions, docs/PERFORMANCE.md); the keep's own check stays a pattern,
+-- anchored at both ends, with nothing captured.
+local function short_claim(v)
+  local fl, _, _, _, _, _, _, _, _, fe, at = str_byte(v, 1, 11)
+  if fl == 65 and at and fe > 0 and fe < 128 and at > 0 and at < 128 and #v <= 19
+      and str_find(v, '^[\128-\255]*[\1-\127]$', 12)
+      and (#v < 19 or str_byte(v, 19) <= 15) then
+    return fe, at
+  end
+end
 local function quick_in_progress(v)
+  -- First, without the pattern, such a record with one-byte fence and attempt
+  -- (what the C++ store writes with SET ... NX, and its early re-claims).
+  if short_claim(v) then return str_sub(v, 2, 9), str_sub(v, 2, 11), 0x42 end
   -- The attempt starts at a, the keep at k; the fingerprint (if any) at e.
   local fl, a, k, e = str_match(v, IN_PROGRESS2)
   if not fl or a > 18 or k - a > 5 or e - k > 8 then return nil end
@@ -163,6 +180,21 @@ local function quick_in_progress(v)
   if not n or n == 0 or n > 64 or #v ~= e + n then return nil end
   return str_sub(v, 2, 9), str_sub(v, 2, k - 1) .. str_sub(v, e), 0x52
 end
+-- Whether v is the record of a first claim without a fingerprint, exactly as the
+-- C++ store writes it with SET ... NX (flags 0x41, fence 1, attempt 1, then a keep
+-- of 1 to 8 bytes, at most MAX_VARINT, to the end): a record decode() takes, whose
+-- COMPLETED record with status 0 and result res is 'B' .. token .. '\1\1' .. res.
+-- complete_ack_stream.lua keeps v itself and compares its token (the 8 bytes at
+-- 2) with str_find(v, token, 2, true) == 2: no string is made for the token or the
+-- record's body (each str_sub() measured ~1.1 k server instructions).
+local function first_claim(v)
+  local fe, at = short_claim(v)
+  return fe == 1 and at == 1
+end
+-- The flags byte quick_in_progress() gives -> that byte as a string.
+local COMPLETED_OK = {[0x42] = 'B', [0x52] = 'R'}
+-- Completion status -> the flags byte of a COMPLETED record without a fingerprint.
+local COMPLETED_FIRST = {[0] = 'B', 'F', 'J'}
 -- Completion status as given -> its number (what arg_uint(s, 2) accepts).
 local STATUS = {['0'] = 0, ['1'] = 1, ['2'] = 2}
 -- Where a completion script finds completion i (i = 1..n): its record key is
@@ -226,18 +258,21 @@ local function complete_many_read(what, n, L, name_each)
     end
     toks[i], px[i], st[i] = tok, p, s
   end
-  -- Per key: its token, body and flags (quick read), or false and the decoded
+  -- Per key: the record of a first claim in fast[key] (first_claim(); rtok[key]
+  -- true), or its token, body and flags (quick read), or false and the decoded
   -- record in full[key] (load()), or false alone (no record).
-  local rtok, body, flags, full = {}, {}, {}, {}
+  local rtok, body, flags, full, fast = {}, {}, {}, {}, {}
   for i = 1, n do
     local key = KEYS[key0 + i]
     if rtok[key] == nil then
       local v = call('GET', key)
       local t, b, f
-      if v then t, b, f = quick_in_progress(v) end
+      if v and first_claim(v) then
+        rtok[key], fast[key] = true, v
+      elseif v then t, b, f = quick_in_progress(v) end
       if t then
         rtok[key], body[key], flags[key] = t, b, f
-      else
+      elseif not fast[key] then
         rtok[key] = false
         if v then
           local r, err = load(key, what)
@@ -248,7 +283,7 @@ local function complete_many_read(what, n, L, name_each)
     end
   end
   return {toks = toks, px = px, st = st, rtok = rtok, body = body, flags = flags, full = full,
-          L = L}
+          fast = fast, L = L}
 end
 -- Completion i of a batch read by complete_many_read(): 1 OK (COMPLETED, kept
 -- until now + retention), 0 LOST (nothing changed). A key completed here
@@ -257,6 +292,16 @@ local function complete_many_write(m, i)
   local L = m.L
   local key = KEYS[L.key0 + i]
   local t = m.rtok[key]
+  local v = m.fast[key]
+  if v then
+    -- A first claim's record: its token compared in place, its COMPLETED record
+    -- is flags, token, fence 1, attempt 1, result (what encode() writes).
+    if str_find(v, m.toks[i], 2, true) ~= 2 then return 0 end
+    call('SET', key, COMPLETED_FIRST[m.st[i]] .. m.toks[i] .. '\1\1' ..
+                     ARGV[L.base + (i - 1) * L.stride + L.res], 'PX', m.px[i])
+    m.rtok[key], m.fast[key] = nil, nil
+    return 1
+  end
   if t then
     if t ~= m.toks[i] then return 0 end
     local result = ARGV[L.base + (i - 1) * L.stride + L.res]
