@@ -16,8 +16,12 @@
 // steps that took over 1 ms (a caller that waited for something, did a writer's
 // work, or was preempted), with the time spent in them, the caller's context
 // switches (voluntary: it blocked), and the caller's wall time split into
-// blocked and preempted (schedstat). Natively, not under callgrind.
+// blocked and preempted (schedstat); then every thread that ran during the
+// steps, by name (a RocksDB store's writer is dedup-claimlog, its materializer
+// dedup-materlz), with its CPU time and context switches. Natively, not under
+// callgrind.
 
+#include <dirent.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -25,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,6 +63,47 @@ void SchedSeconds(double* run, double* runnable) {
   }
   *run = static_cast<double>(r) * 1e-9;
   *runnable = static_cast<double>(w) * 1e-9;
+}
+
+// One thread of the process as /proc shows it: its name, its time on a CPU
+// (schedstat, ns) and its context switches, voluntary (it blocked) and not.
+struct TaskStat {
+  std::string name;
+  double run = 0;
+  long voluntary = 0, involuntary = 0;
+};
+
+// Every thread of this process, by id.
+std::map<long, TaskStat> Tasks() {
+  std::map<long, TaskStat> out;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const long tid = std::strtol(e->d_name, nullptr, 10);
+    const std::string dir = std::string("/proc/self/task/") + e->d_name;
+    TaskStat t;
+    if (FILE* f = std::fopen((dir + "/schedstat").c_str(), "r")) {
+      unsigned long long r = 0;
+      if (std::fscanf(f, "%llu", &r) == 1) t.run = static_cast<double>(r) * 1e-9;
+      std::fclose(f);
+    }
+    if (FILE* f = std::fopen((dir + "/status").c_str(), "r")) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f) != nullptr) {
+        if (std::strncmp(line, "Name:", 5) == 0) {
+          char name[64] = {};
+          if (std::sscanf(line + 5, "%63s", name) == 1) t.name = name;
+        }
+        std::sscanf(line, "voluntary_ctxt_switches: %ld", &t.voluntary);
+        std::sscanf(line, "nonvoluntary_ctxt_switches: %ld", &t.involuntary);
+      }
+      std::fclose(f);
+    }
+    out[tid] = t;
+  }
+  closedir(d);
+  return out;
 }
 
 double WallSeconds() {
@@ -106,6 +152,7 @@ int main(int argc, char** argv) {
     Switches(&vol0, &invol0);
     double run0 = 0, runnable0 = 0;
     SchedSeconds(&run0, &runnable0);
+    const std::map<long, TaskStat> tasks0 = timed ? Tasks() : std::map<long, TaskStat>();
     for (uint64_t k = 0; k < steps; k += static_cast<uint64_t>(c->batch)) {
       if (!timed) {
         if (!step(first + k)) ++failed;
@@ -130,6 +177,7 @@ int main(int argc, char** argv) {
       SchedSeconds(&run, &runnable);
       run -= run0;
       runnable -= runnable0;
+      const std::map<long, TaskStat> tasks1 = Tasks();
       group.Release();  // closes the stores: what they still hold is written
       const double close_wall = WallSeconds() - wall0 - wall;
       const double close_proc = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - proc0 - proc;
@@ -143,6 +191,17 @@ int main(int argc, char** argv) {
                    id.c_str(), steps, wall, n / wall, cpu, cpu * 1e6 / n, proc, proc * 1e6 / n,
                    static_cast<unsigned long long>(slow), slow_s, max_s * 1e3, vol - vol0, invol - invol0,
                    wall - run - runnable, runnable, close_wall, close_proc);
+      // Every thread that ran during the steps (the caller, a store's writer and
+      // materializer, RocksDB's own): CPU a step and context switches.
+      for (const auto& [tid, t1] : tasks1) {
+        TaskStat t0;
+        if (auto it = tasks0.find(tid); it != tasks0.end()) t0 = it->second;
+        const double run_s = t1.run - t0.run;
+        const long v = t1.voluntary - t0.voluntary, iv = t1.involuntary - t0.involuntary;
+        if (run_s <= 0 && v == 0 && iv == 0) continue;
+        std::fprintf(stderr, "  thread %ld %-16s CPU %.3f s (%.3f us a step), switches %ld voluntary, %ld involuntary\n",
+                     tid, t1.name.c_str(), run_s, run_s * 1e6 / n, v, iv);
+      }
     }
     std::printf("%s: %llu steps, %llu failed\n", id.c_str(), steps, static_cast<unsigned long long>(failed));
     return failed == 0 ? 0 : 1;
