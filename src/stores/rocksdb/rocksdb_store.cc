@@ -1420,8 +1420,21 @@ class RocksDBStoreImpl final : public RocksDBStore {
   rocksdb::Status IngestSorted(const char* buf, const std::vector<CommitEntry>& entries) {
     const std::string path = options_.path + "/" + std::string(internal::kClaimLogPrefix) + "ingest";
     (void)unlink(path.c_str());
+    // The file is built cheaper than a flush builds one (callgrind, claims alone:
+    // 8,489 -> ~6,600 instructions a claim): its data blocks are not compressed
+    // and carry no hash index (binary search only; a reader tells block by
+    // block), and its pages stay in the page cache (SstFileWriter drops them by
+    // default, every MiB, and the ingestion then reads the file back). Most of
+    // its records are superseded soon (a completion, a release); a compaction
+    // that rewrites the file compresses what is left. Its bloom filter stays.
     rocksdb::Options opts(db_->GetDBOptions(), db_->GetOptions(cf_));
-    rocksdb::SstFileWriter w(rocksdb::EnvOptions(), opts, cf_);
+    if (const auto* t = opts.table_factory->GetOptions<rocksdb::BlockBasedTableOptions>()) {
+      rocksdb::BlockBasedTableOptions bt = *t;
+      bt.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinarySearch;
+      opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(bt));
+    }
+    opts.compression = rocksdb::kNoCompression;
+    rocksdb::SstFileWriter w(rocksdb::EnvOptions(), opts, cf_, /*invalidate_page_cache=*/false);
     rocksdb::Status s = w.Open(path);
     for (size_t i = 0; s.ok() && i < entries.size(); ++i) {
       const CommitEntry& e = entries[i];
