@@ -1421,7 +1421,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     const std::string path = options_.path + "/" + std::string(internal::kClaimLogPrefix) + "ingest";
     (void)unlink(path.c_str());
     // The file is built cheaper than a flush builds one (callgrind, claims alone:
-    // 8,489 -> ~6,600 instructions a claim): its data blocks are not compressed
+    // 8,489 -> 6,241 instructions a claim): its data blocks are not compressed
     // and carry no hash index (binary search only; a reader tells block by
     // block), and its pages stay in the page cache (SstFileWriter drops them by
     // default, every MiB, and the ingestion then reads the file back). Most of
