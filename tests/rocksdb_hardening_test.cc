@@ -27,6 +27,7 @@
 #include "dedup/rocksdb_store.h"
 #include "rocksdb/db.h"
 #include "store_envs.h"
+#include "stores/rocksdb/claim_log.h"
 
 namespace dedup {
 namespace {
@@ -368,11 +369,35 @@ TEST_F(RocksDBHardeningTest, ReadOnlyOpenReadsBesideAWriterAndRefusesWrites) {
   ASSERT_TRUE(a.ok());
   ASSERT_EQ(*(*w)->Complete("a", a->token, std::chrono::minutes(10), CompletionStatus::kOk, ""),
             WriteResult::kOk);
+  // A claim still held (a handler at work): the writer puts it in the claim log,
+  // not the database; a read-only open (dedup inspect) reads it from there.
+  auto held = (*w)->Claim(Req("held"));
+  ASSERT_TRUE(held.ok() && held->acquired());
+  bool logged = false;
+  for (int i = 0; i < 5000 && !logged; ++i) {
+    std::vector<uint64_t> logs;
+    ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+    for (uint64_t n : logs) {
+      ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                         [&](uint8_t, std::string_view k, std::string_view) {
+                                           logged = logged || k == "held";
+                                         }).ok());
+    }
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(logged) << "the claim never reached the claim log";
   auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
   ASSERT_TRUE(ro.ok()) << ro.status();
   auto r = (*ro)->Inspect("a");
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->has_value());
+  auto h = (*ro)->Inspect("held");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->has_value()) << "a held claim is invisible to a read-only open";
+  EXPECT_EQ((*h)->state, RecordState::kInProgress);
+  EXPECT_EQ((*h)->fence, held->fence);
+  auto listed = (*ro)->Scan("", 10);
+  EXPECT_TRUE(listed.ok()) << listed.status();
   auto c = (*ro)->Claim(Req("b"));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
