@@ -28,6 +28,7 @@
 #include "rocksdb/db.h"
 #include "store_envs.h"
 #include "stores/rocksdb/claim_log.h"
+#include "stores/rocksdb/record_codec.h"
 
 namespace dedup {
 namespace {
@@ -401,6 +402,84 @@ TEST_F(RocksDBHardeningTest, ReadOnlyOpenReadsBesideAWriterAndRefusesWrites) {
   auto c = (*ro)->Claim(Req("b"));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
+}
+
+// A claim log whose damage is not at its end (a changed byte in a frame that is
+// followed by whole ones) is not what a crash leaves. Stopping there silently
+// dropped every later frame: here the forget of a completed claim, so the open
+// brought the forgotten claim back (a key the operator removed came back
+// IN_PROGRESS, its attempt counted). Such a log refuses the open, naming it;
+// salvage, asked for, loses only the damaged frame.
+TEST_F(RocksDBHardeningTest, DamagedFrameInTheMiddleOfAClaimLogIsAnErrorNamingTheLog) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  const uint64_t epoch1 = uint64_t{1} << 32;
+  const auto claim = [&](uint64_t fence) {
+    Record r;
+    r.state = RecordState::kInProgress;
+    r.token = Token::Random();
+    r.fence = fence;
+    r.attempt = 1;
+    r.lease_deadline = clock_.NowMillis() + 600'000;
+    r.retention_deadline = r.lease_deadline + 86'400'000;
+    std::string v;
+    internal::EncodeRecord(r, &v);
+    return v;
+  };
+  // What a process leaves: a claim; another claim; the first one's forget (it
+  // was completed, then forgotten) and a third claim.
+  std::string bytes;
+  internal::ClaimLogFrame f;
+  f.AddClaim("forgotten", claim(epoch1 + 1));
+  bytes += f.Finish();
+  const size_t second = bytes.size();
+  f.Clear();
+  f.AddClaim("middle", claim(epoch1 + 2));
+  bytes += f.Finish();
+  f.Clear();
+  f.AddForget("forgotten", epoch1 + 1);
+  f.AddClaim("after", claim(epoch1 + 3));
+  bytes += f.Finish();
+  bytes[second + 12] ^= 0x20;  // in the second frame's payload
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << bytes;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto s = TryOpen(db);
+    if (s.ok()) {
+      auto r = (*s)->Inspect("forgotten");
+      ADD_FAILURE() << "a claim log damaged before its end was read up to the damage silently; "
+                    << "the forgotten key is "
+                    << (r.ok() && r->has_value() ? "back: " + std::string(RecordStateName((**r).state))
+                                                 : std::string("gone"));
+      return;
+    }
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+    EXPECT_NE(s.status().message().find(internal::ClaimLogName(1)), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("recovery=salvage"), std::string::npos) << s.status();
+    auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false);
+    ASSERT_FALSE(ro.ok());
+    EXPECT_EQ(ro.status().code(), StatusCode::kDataLoss) << ro.status();
+  }
+  ASSERT_TRUE(fs::exists(log));
+  EXPECT_EQ(fs::file_size(log), bytes.size());
+  // Salvage, asked for: the damaged frame's claim is lost, the frames after it
+  // are not; the fences of the logged claims are never handed out again.
+  auto s = TryOpen(db, WalRecovery::kSalvage);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto gone = (*s)->Inspect("forgotten");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value()) << "the forget after the damaged frame was dropped";
+  auto after = (*s)->Inspect("after");
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE(after->has_value()) << "the claim after the damaged frame was dropped";
+  EXPECT_EQ((**after).fence, epoch1 + 3);
+  auto middle = (*s)->Claim(Req("middle"));
+  ASSERT_TRUE(middle.ok() && middle->acquired());
+  EXPECT_GT(middle->fence, epoch1 + 3);
+  EXPECT_FALSE(fs::exists(log)) << "folded in, the log is deleted";
 }
 
 TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
