@@ -39,6 +39,13 @@
 //       "LOGS N" whenever the highest claim log number grows (a new log starts
 //       after each materialization).
 //
+//   rocksdb_crash_child materialize DIR
+//       With sync=interval (20 ms), claims "kept/0".."kept/49" (never completed),
+//       waits until the claim log holds them and a few syncs have passed (the
+//       log is durable), prints "LOGGED", then CompactNow (the claims go into
+//       the database, the log is deleted), prints "DONE" and sleeps until
+//       killed. Run by rocksdb_crash_test with sync_order_preload.
+//
 //   rocksdb_crash_child logforget DIR
 //       Claims "forgotten" and "expired", waits until both are in the claim log,
 //       completes "forgotten" and forgets it, completes "expired" with a
@@ -229,6 +236,31 @@ int LogForget(const std::string& dir) {
   return 0;
 }
 
+int Materialize(const std::string& dir) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  o.sync = dedup::SyncMode::kInterval;
+  o.sync_interval = 20ms;
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  std::map<std::string, uint64_t> want;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "kept/" + std::to_string(i);
+    auto c = store->Claim(Req(key));
+    if (!c.ok() || !c->acquired()) Fail("claim of " + key);
+    want[key] = c->fence;
+  }
+  WaitLogged(dir, want);
+  std::this_thread::sleep_for(200ms);
+  Line("LOGGED");
+  auto s = store->CompactNow();
+  if (!s.ok()) Fail("compact: " + s.ToString());
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
 // ClaimBatch of 4 new keys, then complete each.
 void Batches(dedup::Store* store, const std::string& round,
              std::chrono::steady_clock::time_point end) {
@@ -349,10 +381,11 @@ int main(int argc, char** argv) {
   }
   if (argc == 4 && std::string(argv[1]) == "logonly") return LogOnly(argv[2], std::atoi(argv[3]));
   if (argc == 3 && std::string(argv[1]) == "logforget") return LogForget(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "materialize") return Materialize(argv[2]);
   if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3]);
   if (argc != 5 || std::string(argv[1]) != "work") {
     std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR | logonly DIR N | "
-                 "logforget DIR | bulk DIR ROUND\n", argv[0]);
+                 "logforget DIR | materialize DIR | bulk DIR ROUND\n", argv[0]);
     return 1;
   }
   dedup::RocksDBStoreOptions o;
