@@ -1547,6 +1547,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     std::map<std::string, std::optional<Record>>& last = *out;
     for (uint64_t n : numbers) {
       if (gone_ok && access(LogPath(n).c_str(), F_OK) != 0) continue;
+      internal::ClaimLogDamage damage;
       DEDUP_RETURN_IF_ERROR(internal::ReadClaimLog(
           LogPath(n), [&](uint8_t type, std::string_view key, std::string_view value) {
             std::optional<Record>& slot = last[std::string(key)];
@@ -1562,7 +1563,20 @@ class RocksDBStoreImpl final : public RocksDBStore {
               }
               if (slot && slot->fence <= fence) slot.reset();
             }
-          }));
+          },
+          &damage));
+      // Damage before the end is not what a crash leaves (the WAL's rule, too):
+      // the frames after it would be dropped silently, among them forgets
+      // whose claims would come back. Salvage skips only the damaged frame.
+      if (damage.at >= 0 && options_.wal_recovery != WalRecovery::kSalvage) {
+        return Status::DataLoss(
+            Context("open") + ": claim log " + internal::ClaimLogName(n) +
+            " has a damaged frame at byte " + std::to_string(damage.at) +
+            " followed by whole ones (a crash leaves damage only at the end). Nothing was "
+            "changed. To open the store anyway and lose that frame's claims and forgets (their "
+            "messages may run again, a forgotten key may come back), open rocksdb:" +
+            options_.path + "?recovery=salvage once, after copying the directory aside");
+      }
     }
     return Status::Ok();
   }
