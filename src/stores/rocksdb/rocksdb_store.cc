@@ -1519,8 +1519,20 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return AppendToLog(f.Finish(), options_.sync != SyncMode::kNone);
   }
 
-  // Deletes the logs numbered up to `cut` (stops at one that cannot be).
+  // Deletes the logs numbered up to `cut` (stops at one that cannot be), once
+  // their claims are durable in the database. Written there through the WAL
+  // (fewer than kMinIngest: CompactNow, a close, a log past kMaxLogBytes), they
+  // are not yet synced with sync=interval, whose promise is that a power loss
+  // loses the last interval only: a claim the log held synced for longer
+  // would be lost with the log. So the WAL is synced first (sync=none promises
+  // nothing on a power loss; sync=always wrote them synced; an ingested file
+  // is synced by the ingestion). If that fails the logs stay, to be folded in
+  // at the next open.
   void DropLogsUpTo(uint64_t cut) {
+    if (options_.sync == SyncMode::kInterval &&
+        (write_errors_->failed() || !db_->SyncWAL().ok())) {
+      return;
+    }
     std::lock_guard l(log_mu_);
     bool dropped = false;
     while (!log_files_.empty() && log_files_.front().number <= cut) {
