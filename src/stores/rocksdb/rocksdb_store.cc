@@ -721,26 +721,56 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
     std::vector<Record> out;
     if (limit == 0) return out;
-    // Claims not yet committed, too (a read-only store writes nothing: it lists
-    // what the database holds).
-    if (!options_.read_only) DEDUP_RETURN_IF_ERROR(CommitAll());
+    // Claims not yet committed, too. A read-only store writes nothing: the
+    // claims of the claim logs that the database does not hold yet (kept in
+    // memory at open, newer than the database's record of their key) are
+    // merged into what it lists.
+    std::map<std::string, Record> logged;
+    if (!options_.read_only) {
+      DEDUP_RETURN_IF_ERROR(CommitAll());
+    } else {
+      for (size_t i = 0; i < kStripes; ++i) {
+        Stripe& st = stripes_[i];
+        std::lock_guard lock(st.mu);
+        for (const auto& [key, p] : st.logged) {
+          if (key.starts_with(prefix)) logged.emplace(key, p.rec);
+        }
+      }
+    }
+    auto next = logged.begin();
     std::string start;
     EncodeRecordKey(prefix, &start);
     const int64_t now = clock_->NowMillis();
+    const auto add = [&](std::string_view key, Record&& r) {
+      if (r.ExpiredAt(now) || IsFenceFloor(r)) return;
+      r.key.assign(key);
+      out.push_back(std::move(r));
+    };
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_));
     for (it->Seek(start); it->Valid() && out.size() < limit; it->Next()) {
       const std::string_view k = it->key().ToStringView();
       if (!k.starts_with(start)) break;
+      const std::string_view key = k.substr(1);
+      for (; next != logged.end() && next->first < key && out.size() < limit; ++next) {
+        add(next->first, std::move(next->second));
+      }
+      if (out.size() >= limit) break;
+      if (next != logged.end() && next->first == key) {
+        add(next->first, std::move(next->second));
+        ++next;
+        continue;
+      }
       Record r;
       std::string why;
       if (!DecodeRecord(it->value().ToStringView(), &r, &why)) {
-        return Corrupt("scan", k.substr(1), why);
+        return Corrupt("scan", key, why);
       }
-      if (r.ExpiredAt(now) || IsFenceFloor(r)) continue;
-      r.key.assign(k.substr(1));
-      out.push_back(std::move(r));
+      add(key, std::move(r));
     }
     if (!it->status().ok()) return FromRocks(it->status(), Context("scan"));
+    for (; next != logged.end() && out.size() < limit; ++next) {
+      add(next->first, std::move(next->second));
+    }
     return out;
   }
 
