@@ -46,6 +46,12 @@
 //       the database, the log is deleted), prints "DONE" and sleeps until
 //       killed. Run by rocksdb_crash_test with sync_order_preload.
 //
+//   rocksdb_crash_child bulkmixed DIR ROUND
+//       As bulk, but of the keys bulk completes, every third is completed and
+//       then forgotten ("F KEY" once Forget returned true) and another third
+//       released instead ("R KEY"): forget entries and released records
+//       during the materializations.
+//
 //   rocksdb_crash_child logforget DIR
 //       Claims "forgotten" and "expired", waits until both are in the claim log,
 //       completes "forgotten" and forgets it, completes "expired" with a
@@ -329,7 +335,7 @@ void BatchCompletions(dedup::Store* store, const std::string& round,
 
 }  // namespace
 
-int Bulk(const std::string& dir, const std::string& round) {
+int Bulk(const std::string& dir, const std::string& round, bool mixed) {
   dedup::RocksDBStoreOptions o;
   o.path = dir;
   auto opened = dedup::RocksDBStore::Open(o);
@@ -339,18 +345,37 @@ int Bulk(const std::string& dir, const std::string& round) {
   constexpr int kMax = 2'000'000;  // the parent kills us long before this
   std::vector<dedup::Token> tokens(kMax);
   std::atomic<int> claimed{0};
+  std::atomic<int> handled{0};  // keys below this one the completer is done with
   const auto key = [&](int i) { return "bulk/" + round + "/" + std::to_string(i); };
   std::thread completer([&] {
     for (int i = 0; i < kMax; i += 3) {
       while (claimed.load(std::memory_order_acquire) < i + 5'000) std::this_thread::yield();
+      if (mixed && i % 9 == 3) {
+        auto r = store->Release(key(i), tokens[static_cast<size_t>(i)], std::chrono::hours(24));
+        if (!r.ok() || *r != dedup::WriteResult::kOk) Fail("bulk release of " + key(i));
+        Line("R " + key(i));
+        handled.store(i, std::memory_order_release);
+        continue;
+      }
       auto c = store->Complete(key(i), tokens[static_cast<size_t>(i)], std::chrono::hours(24),
                                dedup::CompletionStatus::kOk, key(i));
       if (!c.ok() || *c != dedup::WriteResult::kOk) Fail("bulk complete of " + key(i));
+      if (mixed && i % 9 == 0) {
+        auto f = store->Forget(key(i), dedup::ForgetOptions{});
+        if (!f.ok() || !*f) Fail("bulk forget of " + key(i));
+        Line("F " + key(i));
+        handled.store(i, std::memory_order_release);
+        continue;
+      }
       Line("C " + key(i));
+      handled.store(i, std::memory_order_release);
     }
   });
   uint64_t highest = 0;
   for (int i = 0; i < kMax; ++i) {
+    // Mixed: the completer's keys stay within the logs not yet deleted (it
+    // forgets, slower than the claims come: unbounded, it lagged past them).
+    while (mixed && handled.load(std::memory_order_acquire) + 20'000 < i) std::this_thread::yield();
     auto c = store->Claim(Req(key(i)));
     if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) Fail("bulk claim of " + key(i));
     tokens[static_cast<size_t>(i)] = c->token;
@@ -382,10 +407,11 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "logonly") return LogOnly(argv[2], std::atoi(argv[3]));
   if (argc == 3 && std::string(argv[1]) == "logforget") return LogForget(argv[2]);
   if (argc == 3 && std::string(argv[1]) == "materialize") return Materialize(argv[2]);
-  if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3]);
+  if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3], false);
+  if (argc == 4 && std::string(argv[1]) == "bulkmixed") return Bulk(argv[2], argv[3], true);
   if (argc != 5 || std::string(argv[1]) != "work") {
     std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR | logonly DIR N | "
-                 "logforget DIR | materialize DIR | bulk DIR ROUND\n", argv[0]);
+                 "logforget DIR | materialize DIR | bulk DIR ROUND | bulkmixed DIR ROUND\n", argv[0]);
     return 1;
   }
   dedup::RocksDBStoreOptions o;
