@@ -71,7 +71,8 @@ class RocksDBHardeningTest : public ::testing::Test {
     auto s = TryOpen(path);
     ASSERT_TRUE(s.ok()) << s.status();
     for (int i = 0; i < n; ++i) {
-      ClaimRequest r = Req(Key(i));
+      const std::string key = Key(i);  // Req keeps a view of it
+      ClaimRequest r = Req(key);
       r.max_attempts = 1000;
       ASSERT_TRUE((*s)->Claim(r).ok());
     }
