@@ -39,6 +39,19 @@
 //       "LOGS N" whenever the highest claim log number grows (a new log starts
 //       after each materialization).
 //
+//   rocksdb_crash_child materialize DIR
+//       With sync=interval (20 ms), claims "kept/0".."kept/49" (never completed),
+//       waits until the claim log holds them and a few syncs have passed (the
+//       log is durable), prints "LOGGED", then CompactNow (the claims go into
+//       the database, the log is deleted), prints "DONE" and sleeps until
+//       killed. Run by rocksdb_crash_test with sync_order_preload.
+//
+//   rocksdb_crash_child bulkmixed DIR ROUND
+//       As bulk, but of the keys bulk completes, every third is completed and
+//       then forgotten ("F KEY" once Forget returned true) and another third
+//       released instead ("R KEY"): forget entries and released records
+//       during the materializations.
+//
 //   rocksdb_crash_child logforget DIR
 //       Claims "forgotten" and "expired", waits until both are in the claim log,
 //       completes "forgotten" and forgets it, completes "expired" with a
@@ -229,6 +242,31 @@ int LogForget(const std::string& dir) {
   return 0;
 }
 
+int Materialize(const std::string& dir) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  o.sync = dedup::SyncMode::kInterval;
+  o.sync_interval = 20ms;
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  std::map<std::string, uint64_t> want;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "kept/" + std::to_string(i);
+    auto c = store->Claim(Req(key));
+    if (!c.ok() || !c->acquired()) Fail("claim of " + key);
+    want[key] = c->fence;
+  }
+  WaitLogged(dir, want);
+  std::this_thread::sleep_for(200ms);
+  Line("LOGGED");
+  auto s = store->CompactNow();
+  if (!s.ok()) Fail("compact: " + s.ToString());
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
 // ClaimBatch of 4 new keys, then complete each.
 void Batches(dedup::Store* store, const std::string& round,
              std::chrono::steady_clock::time_point end) {
@@ -297,7 +335,7 @@ void BatchCompletions(dedup::Store* store, const std::string& round,
 
 }  // namespace
 
-int Bulk(const std::string& dir, const std::string& round) {
+int Bulk(const std::string& dir, const std::string& round, bool mixed) {
   dedup::RocksDBStoreOptions o;
   o.path = dir;
   auto opened = dedup::RocksDBStore::Open(o);
@@ -307,18 +345,37 @@ int Bulk(const std::string& dir, const std::string& round) {
   constexpr int kMax = 2'000'000;  // the parent kills us long before this
   std::vector<dedup::Token> tokens(kMax);
   std::atomic<int> claimed{0};
+  std::atomic<int> handled{0};  // keys below this one the completer is done with
   const auto key = [&](int i) { return "bulk/" + round + "/" + std::to_string(i); };
   std::thread completer([&] {
     for (int i = 0; i < kMax; i += 3) {
       while (claimed.load(std::memory_order_acquire) < i + 5'000) std::this_thread::yield();
+      if (mixed && i % 9 == 3) {
+        auto r = store->Release(key(i), tokens[static_cast<size_t>(i)], std::chrono::hours(24));
+        if (!r.ok() || *r != dedup::WriteResult::kOk) Fail("bulk release of " + key(i));
+        Line("R " + key(i));
+        handled.store(i, std::memory_order_release);
+        continue;
+      }
       auto c = store->Complete(key(i), tokens[static_cast<size_t>(i)], std::chrono::hours(24),
                                dedup::CompletionStatus::kOk, key(i));
       if (!c.ok() || *c != dedup::WriteResult::kOk) Fail("bulk complete of " + key(i));
+      if (mixed && i % 9 == 0) {
+        auto f = store->Forget(key(i), dedup::ForgetOptions{});
+        if (!f.ok() || !*f) Fail("bulk forget of " + key(i));
+        Line("F " + key(i));
+        handled.store(i, std::memory_order_release);
+        continue;
+      }
       Line("C " + key(i));
+      handled.store(i, std::memory_order_release);
     }
   });
   uint64_t highest = 0;
   for (int i = 0; i < kMax; ++i) {
+    // Mixed: the completer's keys stay within the logs not yet deleted (it
+    // forgets, slower than the claims come: unbounded, it lagged past them).
+    while (mixed && handled.load(std::memory_order_acquire) + 20'000 < i) std::this_thread::yield();
     auto c = store->Claim(Req(key(i)));
     if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) Fail("bulk claim of " + key(i));
     tokens[static_cast<size_t>(i)] = c->token;
@@ -349,10 +406,12 @@ int main(int argc, char** argv) {
   }
   if (argc == 4 && std::string(argv[1]) == "logonly") return LogOnly(argv[2], std::atoi(argv[3]));
   if (argc == 3 && std::string(argv[1]) == "logforget") return LogForget(argv[2]);
-  if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3]);
+  if (argc == 3 && std::string(argv[1]) == "materialize") return Materialize(argv[2]);
+  if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3], false);
+  if (argc == 4 && std::string(argv[1]) == "bulkmixed") return Bulk(argv[2], argv[3], true);
   if (argc != 5 || std::string(argv[1]) != "work") {
     std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR | logonly DIR N | "
-                 "logforget DIR | bulk DIR ROUND\n", argv[0]);
+                 "logforget DIR | materialize DIR | bulk DIR ROUND | bulkmixed DIR ROUND\n", argv[0]);
     return 1;
   }
   dedup::RocksDBStoreOptions o;

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "rocksdb/db.h"
 #include "store_envs.h"
 #include "stores/rocksdb/claim_log.h"
+#include "stores/rocksdb/record_codec.h"
 
 namespace dedup {
 namespace {
@@ -69,7 +71,8 @@ class RocksDBHardeningTest : public ::testing::Test {
     auto s = TryOpen(path);
     ASSERT_TRUE(s.ok()) << s.status();
     for (int i = 0; i < n; ++i) {
-      ClaimRequest r = Req(Key(i));
+      const std::string key = Key(i);  // Req keeps a view of it
+      ClaimRequest r = Req(key);
       r.max_attempts = 1000;
       ASSERT_TRUE((*s)->Claim(r).ok());
     }
@@ -401,6 +404,135 @@ TEST_F(RocksDBHardeningTest, ReadOnlyOpenReadsBesideAWriterAndRefusesWrites) {
   auto c = (*ro)->Claim(Req("b"));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
+}
+
+// A claim log whose damage is not at its end (a changed byte in a frame that is
+// followed by whole ones) is not what a crash leaves. Stopping there silently
+// dropped every later frame: here the forget of a completed claim, so the open
+// brought the forgotten claim back (a key the operator removed came back
+// IN_PROGRESS, its attempt counted). Such a log refuses the open, naming it;
+// salvage, asked for, loses only the damaged frame.
+TEST_F(RocksDBHardeningTest, DamagedFrameInTheMiddleOfAClaimLogIsAnErrorNamingTheLog) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  const uint64_t epoch1 = uint64_t{1} << 32;
+  const auto claim = [&](uint64_t fence) {
+    Record r;
+    r.state = RecordState::kInProgress;
+    r.token = Token::Random();
+    r.fence = fence;
+    r.attempt = 1;
+    r.lease_deadline = clock_.NowMillis() + 600'000;
+    r.retention_deadline = r.lease_deadline + 86'400'000;
+    std::string v;
+    internal::EncodeRecord(r, &v);
+    return v;
+  };
+  // What a process leaves: a claim; another claim; the first one's forget (it
+  // was completed, then forgotten) and a third claim.
+  std::string bytes;
+  internal::ClaimLogFrame f;
+  f.AddClaim("forgotten", claim(epoch1 + 1));
+  bytes += f.Finish();
+  const size_t second = bytes.size();
+  f.Clear();
+  f.AddClaim("middle", claim(epoch1 + 2));
+  bytes += f.Finish();
+  f.Clear();
+  f.AddForget("forgotten", epoch1 + 1);
+  f.AddClaim("after", claim(epoch1 + 3));
+  bytes += f.Finish();
+  bytes[second + 12] ^= 0x20;  // in the second frame's payload
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << bytes;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto s = TryOpen(db);
+    if (s.ok()) {
+      auto r = (*s)->Inspect("forgotten");
+      ADD_FAILURE() << "a claim log damaged before its end was read up to the damage silently; "
+                    << "the forgotten key is "
+                    << (r.ok() && r->has_value() ? "back: " + std::string(RecordStateName((**r).state))
+                                                 : std::string("gone"));
+      return;
+    }
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+    EXPECT_NE(s.status().message().find(internal::ClaimLogName(1)), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("recovery=salvage"), std::string::npos) << s.status();
+    auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false);
+    ASSERT_FALSE(ro.ok());
+    EXPECT_EQ(ro.status().code(), StatusCode::kDataLoss) << ro.status();
+  }
+  ASSERT_TRUE(fs::exists(log));
+  EXPECT_EQ(fs::file_size(log), bytes.size());
+  // Salvage, asked for: the damaged frame's claim is lost, the frames after it
+  // are not; the fences of the logged claims are never handed out again.
+  auto s = TryOpen(db, WalRecovery::kSalvage);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto gone = (*s)->Inspect("forgotten");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value()) << "the forget after the damaged frame was dropped";
+  auto after = (*s)->Inspect("after");
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE(after->has_value()) << "the claim after the damaged frame was dropped";
+  EXPECT_EQ((**after).fence, epoch1 + 3);
+  auto middle = (*s)->Claim(Req("middle"));
+  ASSERT_TRUE(middle.ok() && middle->acquired());
+  EXPECT_GT(middle->fence, epoch1 + 3);
+  EXPECT_FALSE(fs::exists(log)) << "folded in, the log is deleted";
+}
+
+// dedup inspect --prefix beside a running worker: the claims still held (in
+// the claim log, not yet in the database) are listed, as Inspect shows them.
+// (Before the claim log, the writer's group commit put them in the WAL, which
+// a read-only open replays; a held claim is what an operator looks for.)
+TEST_F(RocksDBHardeningTest, ReadOnlyScanListsTheClaimsOnlyTheClaimLogHolds) {
+  const std::string db = dir_ + "/db";
+  auto w = TryOpen(db);
+  ASSERT_TRUE(w.ok());
+  auto done = (*w)->Claim(Req("job/1"));
+  ASSERT_TRUE(done.ok() && done->acquired());
+  ASSERT_EQ(*(*w)->Complete("job/1", done->token, 10min, CompletionStatus::kOk, ""),
+            WriteResult::kOk);
+  std::vector<uint64_t> fences;
+  for (const char* key : {"job/0", "job/2", "other"}) {
+    auto held = (*w)->Claim(Req(key));
+    ASSERT_TRUE(held.ok() && held->acquired());
+    fences.push_back(held->fence);
+  }
+  std::set<std::string> logged;
+  const auto all_logged = [&] {
+    return logged.count("job/0") + logged.count("job/2") + logged.count("other") == 3;
+  };
+  for (int i = 0; i < 5000 && !all_logged(); ++i) {
+    std::vector<uint64_t> logs;
+    ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+    for (uint64_t n : logs) {
+      ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                         [&](uint8_t, std::string_view k, std::string_view) {
+                                           logged.insert(std::string(k));
+                                         }).ok());
+    }
+    if (!all_logged()) std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_TRUE(all_logged()) << "the claims never reached the claim log";
+  auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
+  ASSERT_TRUE(ro.ok()) << ro.status();
+  const auto keys = [](const StatusOr<std::vector<Record>>& r) {
+    std::vector<std::string> k;
+    if (r.ok()) {
+      for (const Record& x : *r) k.push_back(x.key + (x.state == RecordState::kInProgress ? "*" : ""));
+    }
+    return k;
+  };
+  auto all = (*ro)->Scan("job/", 10);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(keys(all), (std::vector<std::string>{"job/0*", "job/1", "job/2*"}));
+  if (all.ok() && all->size() == 3) EXPECT_EQ((*all)[2].fence, fences[1]);
+  EXPECT_EQ(keys((*ro)->Scan("job/", 2)), (std::vector<std::string>{"job/0*", "job/1"}));
+  EXPECT_EQ(keys((*ro)->Scan("", 10)), (std::vector<std::string>{"job/0*", "job/1", "job/2*", "other*"}));
 }
 
 TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {

@@ -1105,5 +1105,63 @@ TEST(ClaimLogTest, ReadsWholeFramesAndStopsAtACutOrDamage) {
   testing::RemoveDir(dir);
 }
 
+// What the reader tells apart for the open (ClaimLogDamage): a frame whose
+// payload was changed, with a whole frame after it, is reported and skipped;
+// a frame cut short at the end, damage in the last frame, or a changed length
+// (the next frame cannot be found) ends the log as before, reported as nothing.
+TEST(ClaimLogTest, ReportsAndSkipsDamageBeforeTheEnd) {
+  const std::string dir = testing::MakeTempDir("claimlog");
+  const std::string path = dir + "/" + internal::ClaimLogName(1);
+  std::string bytes;
+  std::vector<size_t> starts;
+  internal::ClaimLogFrame f;
+  for (int frame = 0; frame < 3; ++frame) {
+    f.Clear();
+    f.AddClaim("k" + std::to_string(frame), "v" + std::to_string(frame));
+    starts.push_back(bytes.size());
+    bytes += f.Finish();
+  }
+  const auto read = [&](const std::string& content, int64_t* at) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    std::string keys;
+    internal::ClaimLogDamage damage;
+    EXPECT_TRUE(internal::ReadClaimLog(path, [&](uint8_t, std::string_view k, std::string_view) {
+                  keys += std::string(k) + " ";
+                }, &damage).ok());
+    *at = damage.at;
+    return keys;
+  };
+  int64_t at = 0;
+  EXPECT_EQ(read(bytes, &at), "k0 k1 k2 ");
+  EXPECT_EQ(at, -1);
+  std::string bad = bytes;
+  bad[starts[1] + 10] ^= 0x01;  // the second frame's payload
+  EXPECT_EQ(read(bad, &at), "k0 k2 ");
+  EXPECT_EQ(at, static_cast<int64_t>(starts[1]));
+  bad = bytes;
+  bad[starts[1]] ^= 0x01;  // its length
+  EXPECT_EQ(read(bad, &at), "k0 ");
+  EXPECT_EQ(at, -1);
+  bad = bytes;
+  bad[bytes.size() - 1] ^= 0x01;  // the last frame
+  EXPECT_EQ(read(bad, &at), "k0 k1 ");
+  EXPECT_EQ(at, -1);
+  EXPECT_EQ(read(bytes.substr(0, bytes.size() - 3), &at), "k0 k1 ");  // cut short
+  EXPECT_EQ(at, -1);
+  // Zeros after the frames (a file extended but never written): no frame, no damage.
+  EXPECT_EQ(read(bytes + std::string(64, '\0'), &at), "k0 k1 k2 ");
+  EXPECT_EQ(at, -1);
+  // Without a ClaimLogDamage the reader stops at the first damaged frame.
+  bad = bytes;
+  bad[starts[1] + 10] ^= 0x01;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+  int entries = 0;
+  EXPECT_TRUE(internal::ReadClaimLog(path, [&](uint8_t, std::string_view, std::string_view) {
+                ++entries;
+              }).ok());
+  EXPECT_EQ(entries, 1);
+  testing::RemoveDir(dir);
+}
+
 }  // namespace
 }  // namespace dedup

@@ -72,6 +72,8 @@ enum class WalRecovery : uint8_t {
   // after it (a consistent earlier state; records written after the damage are
   // gone, so their messages may run again). For an operator who has read the
   // kStrict error and chosen to lose the tail. URI: rocksdb:PATH?recovery=salvage
+  // The claim logs (PATH/CLAIMLOG-*) follow the same rule; there salvage skips
+  // only a damaged frame that whole ones follow.
   kSalvage = 1,
 };
 

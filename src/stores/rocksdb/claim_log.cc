@@ -141,8 +141,35 @@ std::string_view ClaimLogFrame::Finish() {
   return buf_;
 }
 
+namespace {
+
+// The frame at `at` of `data`: kWhole (its payload checks and its entries are
+// whole), kCut (it runs past the end of the data) or kDamaged; `len` its
+// payload's length.
+enum class Frame { kWhole, kCut, kDamaged };
+Frame CheckFrame(std::string_view data, size_t at, uint32_t* len) {
+  if (data.size() - at < kHeader) return Frame::kCut;
+  *len = GetU32(data.data() + at);
+  if (*len > data.size() - at - kHeader) return Frame::kCut;
+  const std::string_view payload(data.data() + at + kHeader, *len);
+  if (Crc32c(payload) != GetU32(data.data() + at + 4)) return Frame::kDamaged;
+  // Entries are checked whole before any is handed on: a frame is all or nothing.
+  for (size_t p = 0; p < payload.size();) {
+    if (payload.size() - p < 9) return Frame::kDamaged;
+    const uint32_t k = GetU32(payload.data() + p + 1);
+    if (payload.size() - p - 5 < static_cast<size_t>(k) + 4) return Frame::kDamaged;
+    const uint32_t v = GetU32(payload.data() + p + 5 + k);
+    if (payload.size() - p - 9 - k < v) return Frame::kDamaged;
+    p += 9 + static_cast<size_t>(k) + v;
+  }
+  return Frame::kWhole;
+}
+
+}  // namespace
+
 Status ReadClaimLog(const std::string& path,
-                    const std::function<void(uint8_t, std::string_view, std::string_view)>& fn) {
+                    const std::function<void(uint8_t, std::string_view, std::string_view)>& fn,
+                    ClaimLogDamage* damage) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return Status::Unavailable("claim log " + path + ": cannot open: " + std::strerror(errno));
@@ -162,22 +189,24 @@ Status ReadClaimLog(const std::string& path,
   }
   close(fd);
   size_t at = 0;
-  while (data.size() - at >= kHeader) {
-    const uint32_t len = GetU32(data.data() + at);
-    if (len > data.size() - at - kHeader) break;  // cut short
-    const std::string_view payload(data.data() + at + kHeader, len);
-    if (Crc32c(payload) != GetU32(data.data() + at + 4)) break;  // damaged
-    // Entries are checked whole before any is handed on: a frame is all or nothing.
-    bool whole = true;
-    for (size_t p = 0; p < payload.size();) {
-      if (payload.size() - p < 9) { whole = false; break; }
-      const uint32_t k = GetU32(payload.data() + p + 1);
-      if (payload.size() - p - 5 < static_cast<size_t>(k) + 4) { whole = false; break; }
-      const uint32_t v = GetU32(payload.data() + p + 5 + k);
-      if (payload.size() - p - 9 - k < v) { whole = false; break; }
-      p += 9 + static_cast<size_t>(k) + v;
+  while (true) {
+    uint32_t len = 0;
+    const Frame f = CheckFrame(data, at, &len);
+    if (f == Frame::kCut) break;
+    if (f == Frame::kDamaged) {
+      // Its length may be sound (the damage elsewhere): then a whole frame
+      // follows it, and the damage is not a cut at the end.
+      uint32_t next_len = 0;
+      const size_t next = at + kHeader + len;
+      if (damage == nullptr || len == 0 || CheckFrame(data, next, &next_len) != Frame::kWhole ||
+          next_len == 0) {
+        break;
+      }
+      if (damage->at < 0) damage->at = static_cast<int64_t>(at);
+      at = next;
+      continue;
     }
-    if (!whole) break;
+    const std::string_view payload(data.data() + at + kHeader, len);
     for (size_t p = 0; p < payload.size();) {
       const uint8_t type = static_cast<uint8_t>(payload[p]);
       const uint32_t k = GetU32(payload.data() + p + 1);

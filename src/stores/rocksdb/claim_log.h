@@ -65,11 +65,21 @@ class ClaimLogFrame {
   size_t entries_ = 0;
 };
 
+// Damage before a claim log's end: a frame whose bytes are all there but do not
+// check (a changed byte), followed by a whole frame. A crash (or a full disk)
+// leaves damage only at the end: the last write cut short.
+struct ClaimLogDamage {
+  int64_t at = -1;  // the first such frame's offset; -1: none
+};
+
 // Calls `fn(type, key, value)` for every entry of every whole, undamaged frame
-// of the file at `path`, up to the first frame that is not. An error only when
-// the file cannot be read.
+// of the file at `path`, up to the first frame that is not. With `damage`, a
+// damaged frame followed by a whole one is skipped instead, and the first one's
+// offset noted there (the caller refuses the log, or salvages it). An error
+// only when the file cannot be read.
 Status ReadClaimLog(const std::string& path,
-                    const std::function<void(uint8_t, std::string_view, std::string_view)>& fn);
+                    const std::function<void(uint8_t, std::string_view, std::string_view)>& fn,
+                    ClaimLogDamage* damage = nullptr);
 
 }  // namespace dedup::internal
 

@@ -722,26 +722,56 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
     std::vector<Record> out;
     if (limit == 0) return out;
-    // Claims not yet committed, too (a read-only store writes nothing: it lists
-    // what the database holds).
-    if (!options_.read_only) DEDUP_RETURN_IF_ERROR(CommitAll());
+    // Claims not yet committed, too. A read-only store writes nothing: the
+    // claims of the claim logs that the database does not hold yet (kept in
+    // memory at open, newer than the database's record of their key) are
+    // merged into what it lists.
+    std::map<std::string, Record> logged;
+    if (!options_.read_only) {
+      DEDUP_RETURN_IF_ERROR(CommitAll());
+    } else {
+      for (size_t i = 0; i < kStripes; ++i) {
+        Stripe& st = stripes_[i];
+        std::lock_guard lock(st.mu);
+        for (const auto& [key, p] : st.logged) {
+          if (key.starts_with(prefix)) logged.emplace(key, p.rec);
+        }
+      }
+    }
+    auto next = logged.begin();
     std::string start;
     EncodeRecordKey(prefix, &start);
     const int64_t now = clock_->NowMillis();
+    const auto add = [&](std::string_view key, Record&& r) {
+      if (r.ExpiredAt(now) || IsFenceFloor(r)) return;
+      r.key.assign(key);
+      out.push_back(std::move(r));
+    };
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_));
     for (it->Seek(start); it->Valid() && out.size() < limit; it->Next()) {
       const std::string_view k = it->key().ToStringView();
       if (!k.starts_with(start)) break;
+      const std::string_view key = k.substr(1);
+      for (; next != logged.end() && next->first < key && out.size() < limit; ++next) {
+        add(next->first, std::move(next->second));
+      }
+      if (out.size() >= limit) break;
+      if (next != logged.end() && next->first == key) {
+        add(next->first, std::move(next->second));
+        ++next;
+        continue;
+      }
       Record r;
       std::string why;
       if (!DecodeRecord(it->value().ToStringView(), &r, &why)) {
-        return Corrupt("scan", k.substr(1), why);
+        return Corrupt("scan", key, why);
       }
-      if (r.ExpiredAt(now) || IsFenceFloor(r)) continue;
-      r.key.assign(k.substr(1));
-      out.push_back(std::move(r));
+      add(key, std::move(r));
     }
     if (!it->status().ok()) return FromRocks(it->status(), Context("scan"));
+    for (; next != logged.end() && out.size() < limit; ++next) {
+      add(next->first, std::move(next->second));
+    }
     return out;
   }
 
@@ -1585,8 +1615,20 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return AppendToLog(f.Finish(), options_.sync != SyncMode::kNone);
   }
 
-  // Deletes the logs numbered up to `cut` (stops at one that cannot be).
+  // Deletes the logs numbered up to `cut` (stops at one that cannot be), once
+  // their claims are durable in the database. Written there through the WAL
+  // (fewer than kMinIngest: CompactNow, a close, a log past kMaxLogBytes), they
+  // are not yet synced with sync=interval, whose promise is that a power loss
+  // loses the last interval only: a claim the log held synced for longer
+  // would be lost with the log. So the WAL is synced first (sync=none promises
+  // nothing on a power loss; sync=always wrote them synced; an ingested file
+  // is synced by the ingestion). If that fails the logs stay, to be folded in
+  // at the next open.
   void DropLogsUpTo(uint64_t cut) {
+    if (options_.sync == SyncMode::kInterval &&
+        (write_errors_->failed() || !db_->SyncWAL().ok())) {
+      return;
+    }
     std::lock_guard l(log_mu_);
     bool dropped = false;
     while (!log_files_.empty() && log_files_.front().number <= cut) {
@@ -1613,6 +1655,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     std::map<std::string, std::optional<Record>>& last = *out;
     for (uint64_t n : numbers) {
       if (gone_ok && access(LogPath(n).c_str(), F_OK) != 0) continue;
+      internal::ClaimLogDamage damage;
       DEDUP_RETURN_IF_ERROR(internal::ReadClaimLog(
           LogPath(n), [&](uint8_t type, std::string_view key, std::string_view value) {
             std::optional<Record>& slot = last[std::string(key)];
@@ -1628,7 +1671,20 @@ class RocksDBStoreImpl final : public RocksDBStore {
               }
               if (slot && slot->fence <= fence) slot.reset();
             }
-          }));
+          },
+          &damage));
+      // Damage before the end is not what a crash leaves (the WAL's rule, too):
+      // the frames after it would be dropped silently, among them forgets
+      // whose claims would come back. Salvage skips only the damaged frame.
+      if (damage.at >= 0 && options_.wal_recovery != WalRecovery::kSalvage) {
+        return Status::DataLoss(
+            Context("open") + ": claim log " + internal::ClaimLogName(n) +
+            " has a damaged frame at byte " + std::to_string(damage.at) +
+            " followed by whole ones (a crash leaves damage only at the end). Nothing was "
+            "changed. To open the store anyway and lose that frame's claims and forgets (their "
+            "messages may run again, a forgotten key may come back), open rocksdb:" +
+            options_.path + "?recovery=salvage once, after copying the directory aside");
+      }
     }
     return Status::Ok();
   }
