@@ -19,14 +19,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "store_envs.h"
 #include "stores/rocksdb/claim_log.h"
 #include "stores/rocksdb/record_codec.h"
@@ -533,6 +538,67 @@ TEST_F(RocksDBHardeningTest, ReadOnlyScanListsTheClaimsOnlyTheClaimLogHolds) {
   if (all.ok() && all->size() == 3) EXPECT_EQ((*all)[2].fence, fences[1]);
   EXPECT_EQ(keys((*ro)->Scan("job/", 2)), (std::vector<std::string>{"job/0*", "job/1"}));
   EXPECT_EQ(keys((*ro)->Scan("", 10)), (std::vector<std::string>{"job/0*", "job/1", "job/2*", "other*"}));
+}
+
+// A file system that runs `hook` once, when the open first reads a MANIFEST:
+// inside DB::Open after it holds the directory's lock (and inside
+// DB::OpenForReadOnly), the moment another process's close could just have
+// finished beside the open.
+class HookAtManifestFs : public rocksdb::FileSystemWrapper {
+ public:
+  explicit HookAtManifestFs(std::function<void()> hook)
+      : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()), hook_(std::move(hook)) {}
+  const char* Name() const override { return "HookAtManifestFs"; }
+  rocksdb::IOStatus NewSequentialFile(const std::string& f, const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSSequentialFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    if (hook_ && f.find("MANIFEST") != std::string::npos) std::exchange(hook_, nullptr)();
+    return target()->NewSequentialFile(f, o, r, dbg);
+  }
+
+ private:
+  std::function<void()> hook_;
+};
+
+// An encoded IN_PROGRESS record of `fence`, held for 10 minutes.
+std::string LoggedClaim(Clock& clock, uint64_t fence) {
+  Record r;
+  r.state = RecordState::kInProgress;
+  r.token = Token::Random();
+  r.fence = fence;
+  r.attempt = 1;
+  r.lease_deadline = clock.NowMillis() + 600'000;
+  r.retention_deadline = r.lease_deadline + 86'400'000;
+  std::string v;
+  internal::EncodeRecord(r, &v);
+  return v;
+}
+
+// A writer's clean close deletes its claim logs once their claims are in the
+// database. A new writer that listed the logs before it held the directory's
+// lock may find one gone when it folds them: that is no error (the claims are
+// in the database), and the open succeeds.
+TEST_F(RocksDBHardeningTest, AClaimLogDeletedBeforeTheOpenHoldsTheLockIsNoError) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  internal::ClaimLogFrame f;
+  f.AddClaim("held", LoggedClaim(clock_, (uint64_t{1} << 32) + 1));
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << f.Finish();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
+      std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
+  RocksDBStoreOptions o;
+  o.path = db;
+  o.clock = &clock_;
+  o.env = env.get();
+  auto s = RocksDBStore::Open(o);
+  ASSERT_TRUE(s.ok()) << "the log deleted beside the open failed it: " << s.status();
+  auto c = (*s)->Claim(Req("other"));
+  ASSERT_TRUE(c.ok() && c->acquired());
+  EXPECT_GT(c->fence, uint64_t{2} << 32);
 }
 
 TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {

@@ -50,6 +50,7 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -106,6 +107,9 @@ struct RocksDBStoreOptions {
   // Decides leases and retention (and what the compaction filter drops). Not
   // owned. Default: Clock::System().
   Clock* clock = nullptr;
+  // The Env RocksDB opens the database with (tests: one whose file system does
+  // something at a chosen moment of the open). Not owned. Default: RocksDB's.
+  rocksdb::Env* env = nullptr;
 };
 
 class RocksDBStore : public Store {

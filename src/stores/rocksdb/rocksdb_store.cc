@@ -2364,6 +2364,7 @@ Status RocksDBStoreImpl::OpenDb() {
   // Durability is unchanged: the WAL is written as before.
   dbo.allow_concurrent_memtable_write = false;
   dbo.listeners.push_back(write_errors_);
+  if (options_.env != nullptr) dbo.env = options_.env;
   dbo.info_log = read_only ? InfoLog::Discard() : InfoLog::ForDirectory(path);
   // A torn tail is what a crash leaves; damage before the end is refused (below
   // it is named), unless the operator asked to salvage.
