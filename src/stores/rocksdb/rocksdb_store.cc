@@ -2455,6 +2455,16 @@ Status RocksDBStoreImpl::OpenDb() {
   }
   cf_ = handles_[dedup_index];
 
+  // Listed again now that the directory's lock is held: the list above was made
+  // before it, and an earlier process's clean close, which deletes its logs once
+  // their claims are in the database, may have finished in between (folding a
+  // log that is gone failed the open). No other writer changes them now.
+  if (!read_only) {
+    claim_logs.clear();
+    DEDUP_RETURN_IF_ERROR(internal::ListClaimLogs(path, &claim_logs));
+    if (!claim_logs.empty()) log_floor_.store(std::numeric_limits<int64_t>::min());
+  }
+
   // The format version: written once into a new directory, checked ever after.
   rocksdb::PinnableSlice v;
   s = db_->Get(rocksdb::ReadOptions(), cf_, internal::kMetaFormatKey, &v);
