@@ -601,6 +601,37 @@ TEST_F(RocksDBHardeningTest, AClaimLogDeletedBeforeTheOpenHoldsTheLockIsNoError)
   EXPECT_GT(c->fence, uint64_t{2} << 32);
 }
 
+// dedup inspect beside a writer: a claim log that the writer deletes while the
+// read-only open reads the database (its claims written there after the state
+// the open sees) must not take its claims out of what the reader shows.
+TEST_F(RocksDBHardeningTest, AReadOnlyOpenShowsTheClaimsOfALogDeletedDuringItsOpen) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  const uint64_t fence = (uint64_t{1} << 32) + 1;
+  internal::ClaimLogFrame f;
+  f.AddClaim("held", LoggedClaim(clock_, fence));
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << f.Finish();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
+      std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
+  RocksDBStoreOptions o;
+  o.path = db;
+  o.clock = &clock_;
+  o.read_only = true;
+  o.env = env.get();
+  auto s = RocksDBStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(fs::exists(log)) << "the hook did not run";
+  auto r = (*s)->Inspect("held");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value()) << "the claim of a log deleted during the read-only open is not shown";
+  EXPECT_EQ((**r).fence, fence);
+  EXPECT_EQ((**r).state, RecordState::kInProgress);
+}
+
 TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
   const std::string db = dir_ + "/db";
   Fill(db, 1);
