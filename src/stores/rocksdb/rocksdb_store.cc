@@ -1588,9 +1588,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
                     std::map<std::string, std::optional<Record>>* out) {
     std::map<std::string, std::optional<Record>>& last = *out;
     for (uint64_t n : numbers) {
-      if (gone_ok && access(LogPath(n).c_str(), F_OK) != 0) continue;
       internal::ClaimLogDamage damage;
-      DEDUP_RETURN_IF_ERROR(internal::ReadClaimLog(
+      Status read = internal::ReadClaimLog(
           LogPath(n), [&](uint8_t type, std::string_view key, std::string_view value) {
             std::optional<Record>& slot = last[std::string(key)];
             if (type == internal::kClaimEntry) {
@@ -1606,7 +1605,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
               if (slot && slot->fence <= fence) slot.reset();
             }
           },
-          &damage));
+          &damage);
+      if (!read.ok() && gone_ok && access(LogPath(n).c_str(), F_OK) != 0 && errno == ENOENT) {
+        continue;  // deleted before it could be opened
+      }
+      DEDUP_RETURN_IF_ERROR(read);
       // Damage before the end is not what a crash leaves (the WAL's rule, too):
       // the frames after it would be dropped silently, among them forgets
       // whose claims would come back. Salvage skips only the damaged frame.
@@ -1624,11 +1627,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   // A read-only open (dedup inspect beside a running writer): the logs' claims
-  // that the database does not hold yet are kept in memory, as logged claims,
-  // so that Inspect sees them; nothing is written or deleted.
-  Status OverlayClaimLogs(const std::vector<uint64_t>& numbers) {
-    std::map<std::string, std::optional<Record>> last;
-    DEDUP_RETURN_IF_ERROR(LastClaims(numbers, /*gone_ok=*/true, &last));
+  // (`last`, read before the database was opened: OpenDb) that the database
+  // does not hold yet are kept in memory, as logged claims, so that Inspect
+  // sees them; nothing is written or deleted.
+  Status OverlayClaimLogs(std::map<std::string, std::optional<Record>>& last) {
     std::string rkey;
     for (auto& [key, rec] : last) {
       if (!rec) continue;
@@ -2344,6 +2346,16 @@ Status RocksDBStoreImpl::OpenDb() {
   std::vector<uint64_t> claim_logs;
   DEDUP_RETURN_IF_ERROR(internal::ListClaimLogs(path, &claim_logs));
   if (!read_only && !claim_logs.empty()) log_floor_.store(std::numeric_limits<int64_t>::min());
+  // A read-only open takes no lock: a writer beside it goes on logging claims
+  // and deleting logs. It reads the logs before it opens the database, so that
+  // it misses none of their claims: a writer deletes a log only once its claims
+  // are in the database, so a log gone before it was read (skipped) was deleted
+  // before the database was opened, whose state then holds them; one read is
+  // kept whatever becomes of it. A log started after the listing holds claims
+  // made after it, which a reader that came a moment earlier would not see
+  // either (as a claim the writer has not logged yet is not seen).
+  std::map<std::string, std::optional<Record>> read_only_claims;
+  if (read_only) DEDUP_RETURN_IF_ERROR(LastClaims(claim_logs, /*gone_ok=*/true, &read_only_claims));
 
   rocksdb::DBOptions dbo;
   dbo.create_if_missing = !facts.has_current;
@@ -2504,7 +2516,7 @@ Status RocksDBStoreImpl::OpenDb() {
 
   if (!read_only && !claim_logs.empty()) DEDUP_RETURN_IF_ERROR(FoldClaimLogs(claim_logs));
   DEDUP_RETURN_IF_ERROR(LoadIndex());
-  if (read_only) return OverlayClaimLogs(claim_logs);  // nothing is written: no epoch, no writer threads
+  if (read_only) return OverlayClaimLogs(read_only_claims);  // nothing is written: no epoch, no writer threads
   DEDUP_RETURN_IF_ERROR(AdvanceFenceEpoch());  // and starts the group commit of claims
   if (options_.sync == SyncMode::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   return Status::Ok();
