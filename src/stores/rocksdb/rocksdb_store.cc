@@ -546,6 +546,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
       delete db_;
     }
     if (log_fd_ >= 0) close(log_fd_);
+    // Closed logs a failed materialization left: synced, as the WAL is above.
+    for (int fd : closed_unsynced_) {
+      (void)fdatasync(fd);
+      close(fd);
+    }
   }
 
   Status OpenDb();
@@ -1506,10 +1511,17 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return Status::Ok();
   }
 
-  // With log_mu_ held.
+  // With log_mu_ held. With sync=interval the descriptor goes to SyncLoop,
+  // which syncs and closes it: the log may stay (a materialization that closed
+  // it and then failed keeps it until one succeeds), and what it holds is
+  // owed a sync within the interval like the current log's.
   void CloseLogFile() {
     if (log_fd_ < 0) return;
-    close(log_fd_);
+    if (options_.sync == SyncMode::kInterval) {
+      closed_unsynced_.push_back(log_fd_);
+    } else {
+      close(log_fd_);
+    }
     log_fd_ = -1;
   }
 
@@ -1987,14 +1999,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
       if (!write_errors_->failed()) (void)db_->SyncWAL();
       // The claim log too, on a descriptor of its own: appends do not wait for
       // the sync (holding log_mu_ through it held up the writer's rounds).
+      // And the logs closed since the last tick (CloseLogFile), then closed.
       int fd = -1;
+      std::vector<int> closed;
       {
         std::lock_guard ll(log_mu_);
         if (log_fd_ >= 0) fd = dup(log_fd_);
+        closed.swap(closed_unsynced_);
       }
-      if (fd >= 0) {
-        (void)fdatasync(fd);
-        close(fd);
+      if (fd >= 0) closed.push_back(fd);
+      for (int c : closed) {
+        (void)fdatasync(c);
+        close(c);
       }
       l.lock();
     }
@@ -2095,6 +2111,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   uint64_t log_number_ = 0;          // the highest log number used
   uint64_t log_size_ = 0;            // bytes in the current log
   std::deque<LogFile> log_files_;    // logs on disk, oldest first (this process's)
+  std::vector<int> closed_unsynced_;  // sync=interval: closed logs for SyncLoop to sync
   std::atomic<uint64_t> log_bytes_{0};     // log_size_, for the writer's bound
   std::atomic<int64_t> logged_count_{0};   // claims in the stripes' logged maps
   // For the expiry filter: when the oldest log on disk was started (kNoLogFloor:
