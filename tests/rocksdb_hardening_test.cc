@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -630,6 +631,96 @@ TEST_F(RocksDBHardeningTest, AReadOnlyOpenShowsTheClaimsOfALogDeletedDuringItsOp
   ASSERT_TRUE(r->has_value()) << "the claim of a log deleted during the read-only open is not shown";
   EXPECT_EQ((**r).fence, fence);
   EXPECT_EQ((**r).state, RecordState::kInProgress);
+}
+
+// A file system whose write-ahead log appends answer "no space" while `full`.
+class FullWalFs : public rocksdb::FileSystemWrapper {
+ public:
+  explicit FullWalFs(std::atomic<bool>* full)
+      : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()), full_(full) {}
+  const char* Name() const override { return "FullWalFs"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(f, o, r, dbg);
+    if (s.ok() && f.ends_with(".log")) *r = std::make_unique<Wal>(std::move(*r), full_);
+    return s;
+  }
+
+ private:
+  class Wal : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    Wal(std::unique_ptr<rocksdb::FSWritableFile> f, std::atomic<bool>* full)
+        : rocksdb::FSWritableFileOwnerWrapper(std::move(f)), full_(full) {}
+    rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                             rocksdb::IODebugContext* dbg) override {
+      if (full_->load()) return rocksdb::IOStatus::NoSpace("full on purpose");
+      return target()->Append(d, o, dbg);
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                             const rocksdb::DataVerificationInfo& v,
+                             rocksdb::IODebugContext* dbg) override {
+      if (full_->load()) return rocksdb::IOStatus::NoSpace("full on purpose");
+      return target()->Append(d, o, v, dbg);
+    }
+
+   private:
+    std::atomic<bool>* full_;
+  };
+  std::atomic<bool>* full_;
+};
+
+// A Forget whose forget entry reached the claim log but whose deletion from
+// the database then failed (a full disk) has still happened for the next open:
+// the fold drops the logged claim it follows. Its error must not say that
+// nothing happened; it says that the forget may take effect at the next open.
+TEST_F(RocksDBHardeningTest, AForgetLoggedButNotAppliedSaysSo) {
+  const std::string db = dir_ + "/db";
+  std::atomic<bool> full{false};
+  std::unique_ptr<rocksdb::Env> env =
+      rocksdb::NewCompositeEnv(std::make_shared<FullWalFs>(&full));
+  uint64_t fence = 0;
+  {
+    RocksDBStoreOptions o;
+    o.path = db;
+    o.clock = &clock_;
+    o.env = env.get();
+    auto s = RocksDBStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ClaimRequest r = Req("gone");
+    r.lease = 1s;
+    auto c = (*s)->Claim(r);
+    ASSERT_TRUE(c.ok() && c->acquired());
+    fence = c->fence;
+    bool logged = false;
+    for (int i = 0; i < 5000 && !logged; ++i) {
+      std::vector<uint64_t> logs;
+      ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+      for (uint64_t n : logs) {
+        ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                           [&](uint8_t, std::string_view k, std::string_view) {
+                                             logged = logged || k == "gone";
+                                           }).ok());
+      }
+      if (!logged) std::this_thread::sleep_for(2ms);
+    }
+    ASSERT_TRUE(logged) << "the claim never reached the claim log";
+    clock_.Advance(2s);  // the lease is over: Forget removes it without force
+    full.store(true);
+    auto f = (*s)->Forget("gone");
+    ASSERT_FALSE(f.ok()) << "the deletion did not fail: nothing was tested";
+    EXPECT_EQ(f.status().code(), StatusCode::kResourceExhausted) << f.status();
+    EXPECT_EQ(f.status().message().find("did not happen"), std::string::npos)
+        << "the error promises that nothing happened: " << f.status();
+    EXPECT_NE(f.status().message().find("next open"), std::string::npos) << f.status();
+  }
+  full.store(false);
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = (*s)->Inspect("gone");
+  ASSERT_TRUE(r.ok()) << r.status();
+  // What the error now says can happen, did (the forget entry was folded in).
+  EXPECT_FALSE(r->has_value()) << "fence " << fence;
 }
 
 TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
