@@ -19,7 +19,9 @@
 //     older version of the key never resurfaces.
 //
 // A full disk is ResourceExhausted (never an abort): the write that hit it
-// changed nothing, and RocksDB keeps refusing writes until it is reopened.
+// changed nothing, and RocksDB keeps refusing writes until it is reopened. (One
+// exception, said in its message: a Forget whose forget entry reached the claim
+// log before the deletion failed may take effect at the next open.)
 // RocksDB's info log goes to PATH/LOG through a writer that ignores its own I/O
 // errors.
 //

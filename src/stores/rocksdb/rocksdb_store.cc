@@ -681,7 +681,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     WaitInFlight(st, HashedKey{key, slot.hash});
     const int64_t now = clock_->NowMillis();
     Record cur;
-    bool found = false, decoded = false;
+    bool found = false, decoded = false, logged = false;
     if (auto it = st.pending.find(key); it != st.pending.end()) {
       found = decoded = true;
       cur = it->second.rec;
@@ -713,12 +713,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // The claim logs may hold a claim of the key that this deletion leaves
       // nothing in the database to supersede: a forget entry first, so that
       // the fold at open does not bring it back.
-      DEDUP_RETURN_IF_ERROR(LogForget(key, decoded ? cur.fence : ~uint64_t{0}));
+      Status lf = LogForget(key, decoded ? cur.fence : ~uint64_t{0}, &logged);
+      if (!lf.ok()) return logged ? ForgetLoggedNotApplied(lf) : lf;
       s = db_->Delete(write_options_, cf_, rkey);
     }
     if (s.ok() && st.pending.erase(key) > 0) pending_count_.fetch_sub(1, std::memory_order_relaxed);
     if (s.ok() && st.logged.erase(key) > 0) logged_count_.fetch_sub(1, std::memory_order_relaxed);
-    if (!s.ok()) return FromRocks(s, Context("forget"));
+    if (!s.ok()) {
+      const Status e = FromRocks(s, Context("forget"));
+      return logged ? ForgetLoggedNotApplied(e) : e;
+    }
     if (action == ForgetAction::kFloor) Remember(st, slot, key, floor);
     return action != ForgetAction::kNone;
   }
@@ -1529,7 +1533,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // none; synced when `sync`. A write that fails is cut off again, so the file
   // never holds half a frame before a whole one; if even that fails the file is
   // closed and the next frame starts a new one (the reader stops at the cut).
-  Status AppendToLog(std::string_view frame, bool sync) {
+  Status AppendToLog(std::string_view frame, bool sync, bool* appended = nullptr) {
     std::lock_guard l(log_mu_);
     if (log_fd_ < 0) DEDUP_RETURN_IF_ERROR(OpenLogFile());
     size_t done = 0;
@@ -1545,20 +1549,37 @@ class RocksDBStoreImpl final : public RocksDBStore {
     }
     log_size_ += frame.size();
     log_bytes_.store(log_size_, std::memory_order_relaxed);
+    if (appended != nullptr) *appended = true;
     if (sync && fdatasync(log_fd_) != 0) return LogError("cannot sync", errno);
     return Status::Ok();
   }
 
   // Before a record is deleted from the database: while any claim log exists,
   // appends (and, unless sync=none, syncs) a forget entry for `key` up to `fence`.
-  Status LogForget(std::string_view key, uint64_t fence) {
+  // *logged: the entry is in the log (its sync may still have failed).
+  Status LogForget(std::string_view key, uint64_t fence, bool* logged) {
     {
       std::lock_guard l(log_mu_);
       if (log_files_.empty()) return Status::Ok();
     }
     internal::ClaimLogFrame f;
     f.AddForget(key, fence);
-    return AppendToLog(f.Finish(), options_.sync != SyncMode::kNone);
+    return AppendToLog(f.Finish(), options_.sync != SyncMode::kNone, logged);
+  }
+
+  // Forget's error once its forget entry is in a claim log (the sync or the
+  // deletion that follow failed): the record is still there, but the next
+  // open folds the entry in, and the key's logged claim is gone then. Allowed
+  // (store.h: after an error nothing about the record may be assumed; a retry
+  // is safe), but the error must not promise that nothing happened.
+  static Status ForgetLoggedNotApplied(const Status& e) {
+    std::string m = e.message();
+    constexpr std::string_view kNothing = "; this operation did not happen)";
+    if (const size_t at = m.find(kNothing); at != std::string::npos) {
+      m.replace(at, kNothing.size(), ")");
+    }
+    return Status(e.code(), m + ". The claim log already holds this forget: the key's claim may "
+                                "be gone at the store's next open even so; retry the forget");
   }
 
   // Deletes the logs numbered up to `cut` (stops at one that cannot be), once
