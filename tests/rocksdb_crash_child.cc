@@ -46,6 +46,17 @@
 //       the database, the log is deleted), prints "DONE" and sleeps until
 //       killed. Run by rocksdb_crash_test with sync_order_preload.
 //
+//   rocksdb_crash_child closedlog DIR
+//       With sync=interval (200 ms), claims "kept/0".."kept/49" (never
+//       completed), waits until the claim log holds them, makes RocksDB's
+//       write-ahead log fail (a file system of the test's, through
+//       RocksDBStoreOptions::env) and calls CompactNow at once: the log is
+//       closed, the claims' write into the database fails, the log stays, its
+//       frames not yet synced. Prints "FAILED" (or "COMPACTED": nothing was
+//       tested), waits three intervals, unlinks DIR/SYNC-PROBE (sync_order_preload
+//       then notes the claim logs with unsynced writes), prints "DONE" and
+//       sleeps until killed.
+//
 //   rocksdb_crash_child bulkmixed DIR ROUND
 //       As bulk, but of the keys bulk completes, every third is completed and
 //       then forgotten ("F KEY" once Forget returned true) and another third
@@ -65,13 +76,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "stores/rocksdb/claim_log.h"
 #include "stores/rocksdb/record_codec.h"
 
@@ -267,6 +282,76 @@ int Materialize(const std::string& dir) {
   return 0;
 }
 
+// A file system whose write-ahead log appends fail once `failing` is set.
+std::atomic<bool> failing{false};
+
+class FailingWal : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  explicit FailingWal(std::unique_ptr<rocksdb::FSWritableFile> f)
+      : rocksdb::FSWritableFileOwnerWrapper(std::move(f)) {}
+  rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                           rocksdb::IODebugContext* dbg) override {
+    if (failing.load()) return rocksdb::IOStatus::IOError("failing on purpose (closedlog)");
+    return target()->Append(d, o, dbg);
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                           const rocksdb::DataVerificationInfo& v,
+                           rocksdb::IODebugContext* dbg) override {
+    if (failing.load()) return rocksdb::IOStatus::IOError("failing on purpose (closedlog)");
+    return target()->Append(d, o, v, dbg);
+  }
+};
+
+class FailingWalFs : public rocksdb::FileSystemWrapper {
+ public:
+  FailingWalFs() : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "FailingWalFs"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(f, o, r, dbg);
+    if (s.ok() && f.ends_with(".log")) *r = std::make_unique<FailingWal>(std::move(*r));
+    return s;
+  }
+  rocksdb::IOStatus ReuseWritableFile(const std::string& f, const std::string& old,
+                                      const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->ReuseWritableFile(f, old, o, r, dbg);
+    if (s.ok() && f.ends_with(".log")) *r = std::make_unique<FailingWal>(std::move(*r));
+    return s;
+  }
+};
+
+int ClosedLog(const std::string& dir) {
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(std::make_shared<FailingWalFs>());
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  o.sync = dedup::SyncMode::kInterval;
+  o.sync_interval = 200ms;
+  o.env = env.get();
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  std::map<std::string, uint64_t> want;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "kept/" + std::to_string(i);
+    auto c = store->Claim(Req(key));
+    if (!c.ok() || !c->acquired()) Fail("claim of " + key);
+    want[key] = c->fence;
+  }
+  WaitLogged(dir, want);
+  failing.store(true);
+  Line(store->CompactNow().ok() ? "COMPACTED" : "FAILED");
+  std::this_thread::sleep_for(600ms);
+  const std::string probe = dir + "/SYNC-PROBE";
+  std::ofstream(probe) << "";
+  unlink(probe.c_str());
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
 // ClaimBatch of 4 new keys, then complete each.
 void Batches(dedup::Store* store, const std::string& round,
              std::chrono::steady_clock::time_point end) {
@@ -407,11 +492,12 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "logonly") return LogOnly(argv[2], std::atoi(argv[3]));
   if (argc == 3 && std::string(argv[1]) == "logforget") return LogForget(argv[2]);
   if (argc == 3 && std::string(argv[1]) == "materialize") return Materialize(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "closedlog") return ClosedLog(argv[2]);
   if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3], false);
   if (argc == 4 && std::string(argv[1]) == "bulkmixed") return Bulk(argv[2], argv[3], true);
   if (argc != 5 || std::string(argv[1]) != "work") {
     std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR | logonly DIR N | "
-                 "logforget DIR | materialize DIR | bulk DIR ROUND | bulkmixed DIR ROUND\n", argv[0]);
+                 "logforget DIR | materialize DIR | closedlog DIR | bulk DIR ROUND | bulkmixed DIR ROUND\n", argv[0]);
     return 1;
   }
   dedup::RocksDBStoreOptions o;

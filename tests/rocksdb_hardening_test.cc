@@ -13,20 +13,26 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "store_envs.h"
 #include "stores/rocksdb/claim_log.h"
 #include "stores/rocksdb/record_codec.h"
@@ -533,6 +539,188 @@ TEST_F(RocksDBHardeningTest, ReadOnlyScanListsTheClaimsOnlyTheClaimLogHolds) {
   if (all.ok() && all->size() == 3) EXPECT_EQ((*all)[2].fence, fences[1]);
   EXPECT_EQ(keys((*ro)->Scan("job/", 2)), (std::vector<std::string>{"job/0*", "job/1"}));
   EXPECT_EQ(keys((*ro)->Scan("", 10)), (std::vector<std::string>{"job/0*", "job/1", "job/2*", "other*"}));
+}
+
+// A file system that runs `hook` once, when the open first reads a MANIFEST:
+// inside DB::Open after it holds the directory's lock (and inside
+// DB::OpenForReadOnly), the moment another process's close could just have
+// finished beside the open.
+class HookAtManifestFs : public rocksdb::FileSystemWrapper {
+ public:
+  explicit HookAtManifestFs(std::function<void()> hook)
+      : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()), hook_(std::move(hook)) {}
+  const char* Name() const override { return "HookAtManifestFs"; }
+  rocksdb::IOStatus NewSequentialFile(const std::string& f, const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSSequentialFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    if (hook_ && f.find("MANIFEST") != std::string::npos) std::exchange(hook_, nullptr)();
+    return target()->NewSequentialFile(f, o, r, dbg);
+  }
+
+ private:
+  std::function<void()> hook_;
+};
+
+// An encoded IN_PROGRESS record of `fence`, held for 10 minutes.
+std::string LoggedClaim(Clock& clock, uint64_t fence) {
+  Record r;
+  r.state = RecordState::kInProgress;
+  r.token = Token::Random();
+  r.fence = fence;
+  r.attempt = 1;
+  r.lease_deadline = clock.NowMillis() + 600'000;
+  r.retention_deadline = r.lease_deadline + 86'400'000;
+  std::string v;
+  internal::EncodeRecord(r, &v);
+  return v;
+}
+
+// A writer's clean close deletes its claim logs once their claims are in the
+// database. A new writer that listed the logs before it held the directory's
+// lock may find one gone when it folds them: that is no error (the claims are
+// in the database), and the open succeeds.
+TEST_F(RocksDBHardeningTest, AClaimLogDeletedBeforeTheOpenHoldsTheLockIsNoError) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  internal::ClaimLogFrame f;
+  f.AddClaim("held", LoggedClaim(clock_, (uint64_t{1} << 32) + 1));
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << f.Finish();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
+      std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
+  RocksDBStoreOptions o;
+  o.path = db;
+  o.clock = &clock_;
+  o.env = env.get();
+  auto s = RocksDBStore::Open(o);
+  ASSERT_TRUE(s.ok()) << "the log deleted beside the open failed it: " << s.status();
+  auto c = (*s)->Claim(Req("other"));
+  ASSERT_TRUE(c.ok() && c->acquired());
+  EXPECT_GT(c->fence, uint64_t{2} << 32);
+}
+
+// dedup inspect beside a writer: a claim log that the writer deletes while the
+// read-only open reads the database (its claims written there after the state
+// the open sees) must not take its claims out of what the reader shows.
+TEST_F(RocksDBHardeningTest, AReadOnlyOpenShowsTheClaimsOfALogDeletedDuringItsOpen) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  const uint64_t fence = (uint64_t{1} << 32) + 1;
+  internal::ClaimLogFrame f;
+  f.AddClaim("held", LoggedClaim(clock_, fence));
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << f.Finish();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
+      std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
+  RocksDBStoreOptions o;
+  o.path = db;
+  o.clock = &clock_;
+  o.read_only = true;
+  o.env = env.get();
+  auto s = RocksDBStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(fs::exists(log)) << "the hook did not run";
+  auto r = (*s)->Inspect("held");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value()) << "the claim of a log deleted during the read-only open is not shown";
+  EXPECT_EQ((**r).fence, fence);
+  EXPECT_EQ((**r).state, RecordState::kInProgress);
+}
+
+// A file system whose write-ahead log appends answer "no space" while `full`.
+class FullWalFs : public rocksdb::FileSystemWrapper {
+ public:
+  explicit FullWalFs(std::atomic<bool>* full)
+      : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()), full_(full) {}
+  const char* Name() const override { return "FullWalFs"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(f, o, r, dbg);
+    if (s.ok() && f.ends_with(".log")) *r = std::make_unique<Wal>(std::move(*r), full_);
+    return s;
+  }
+
+ private:
+  class Wal : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    Wal(std::unique_ptr<rocksdb::FSWritableFile> f, std::atomic<bool>* full)
+        : rocksdb::FSWritableFileOwnerWrapper(std::move(f)), full_(full) {}
+    rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                             rocksdb::IODebugContext* dbg) override {
+      if (full_->load()) return rocksdb::IOStatus::NoSpace("full on purpose");
+      return target()->Append(d, o, dbg);
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                             const rocksdb::DataVerificationInfo& v,
+                             rocksdb::IODebugContext* dbg) override {
+      if (full_->load()) return rocksdb::IOStatus::NoSpace("full on purpose");
+      return target()->Append(d, o, v, dbg);
+    }
+
+   private:
+    std::atomic<bool>* full_;
+  };
+  std::atomic<bool>* full_;
+};
+
+// A Forget whose forget entry reached the claim log but whose deletion from
+// the database then failed (a full disk) has still happened for the next open:
+// the fold drops the logged claim it follows. Its error must not say that
+// nothing happened; it says that the forget may take effect at the next open.
+TEST_F(RocksDBHardeningTest, AForgetLoggedButNotAppliedSaysSo) {
+  const std::string db = dir_ + "/db";
+  std::atomic<bool> full{false};
+  std::unique_ptr<rocksdb::Env> env =
+      rocksdb::NewCompositeEnv(std::make_shared<FullWalFs>(&full));
+  uint64_t fence = 0;
+  {
+    RocksDBStoreOptions o;
+    o.path = db;
+    o.clock = &clock_;
+    o.env = env.get();
+    auto s = RocksDBStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ClaimRequest r = Req("gone");
+    r.lease = 1s;
+    auto c = (*s)->Claim(r);
+    ASSERT_TRUE(c.ok() && c->acquired());
+    fence = c->fence;
+    bool logged = false;
+    for (int i = 0; i < 5000 && !logged; ++i) {
+      std::vector<uint64_t> logs;
+      ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+      for (uint64_t n : logs) {
+        ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                           [&](uint8_t, std::string_view k, std::string_view) {
+                                             logged = logged || k == "gone";
+                                           }).ok());
+      }
+      if (!logged) std::this_thread::sleep_for(2ms);
+    }
+    ASSERT_TRUE(logged) << "the claim never reached the claim log";
+    clock_.Advance(2s);  // the lease is over: Forget removes it without force
+    full.store(true);
+    auto f = (*s)->Forget("gone");
+    ASSERT_FALSE(f.ok()) << "the deletion did not fail: nothing was tested";
+    EXPECT_EQ(f.status().code(), StatusCode::kResourceExhausted) << f.status();
+    EXPECT_EQ(f.status().message().find("did not happen"), std::string::npos)
+        << "the error promises that nothing happened: " << f.status();
+    EXPECT_NE(f.status().message().find("next open"), std::string::npos) << f.status();
+  }
+  full.store(false);
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = (*s)->Inspect("gone");
+  ASSERT_TRUE(r.ok()) << r.status();
+  // What the error now says can happen, did (the forget entry was folded in).
+  EXPECT_FALSE(r->has_value()) << "fence " << fence;
 }
 
 TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {

@@ -10,6 +10,9 @@
 // Each deletion of a CLAIMLOG-NNNNNN with an unsynced write-ahead log appends a
 // line to the file named by DEDUP_SYNC_ORDER_REPORT:
 //   deleted CLAIMLOG-000001 with unsynced /tmp/.../000004.log
+// An unlink of a file named SYNC-PROBE appends a line for each claim log that
+// holds unsynced writes at that moment:
+//   probe: unsynced /tmp/.../CLAIMLOG-000001
 // Nothing else changes: every call goes on to the C library's own.
 
 #include <dlfcn.h>
@@ -109,7 +112,25 @@ int unlink(const char* path) {
   static auto real = Real<int (*)(const char*)>("unlink");
   const char* base = std::strrchr(path, '/');
   base = base != nullptr ? base + 1 : path;
-  if (std::strncmp(base, "CLAIMLOG-0", 10) != 0) {
+  if (std::strcmp(base, "SYNC-PROBE") == 0) {
+    // The child asks: which claim logs hold writes never synced now?
+    std::string lines;
+    {
+      std::lock_guard l(Mu());
+      for (const std::string& p : Unsynced()) {
+        if (p.find("/CLAIMLOG-0") != std::string::npos) lines += "probe: unsynced " + p + "\n";
+      }
+    }
+    const char* report = std::getenv("DEDUP_SYNC_ORDER_REPORT");
+    if (!lines.empty() && report != nullptr) {
+      static auto real_write = Real<ssize_t (*)(int, const void*, size_t)>("write");
+      const int fd = open(report, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        (void)real_write(fd, lines.data(), lines.size());
+        close(fd);
+      }
+    }
+  } else if (std::strncmp(base, "CLAIMLOG-0", 10) != 0) {
     // A write-ahead log RocksDB deletes (its records are in a table file): what
     // it held unsynced no longer matters.
     char full[PATH_MAX];

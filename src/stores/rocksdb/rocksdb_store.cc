@@ -547,6 +547,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
       delete db_;
     }
     if (log_fd_ >= 0) close(log_fd_);
+    // Closed logs a failed materialization left: synced, as the WAL is above.
+    for (int fd : closed_unsynced_) {
+      (void)fdatasync(fd);
+      close(fd);
+    }
   }
 
   Status OpenDb();
@@ -677,7 +682,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     WaitInFlight(st, HashedKey{key, slot.hash});
     const int64_t now = clock_->NowMillis();
     Record cur;
-    bool found = false, decoded = false;
+    bool found = false, decoded = false, logged = false;
     if (auto it = st.pending.find(key); it != st.pending.end()) {
       found = decoded = true;
       cur = it->second.rec;
@@ -709,12 +714,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // The claim logs may hold a claim of the key that this deletion leaves
       // nothing in the database to supersede: a forget entry first, so that
       // the fold at open does not bring it back.
-      DEDUP_RETURN_IF_ERROR(LogForget(key, decoded ? cur.fence : ~uint64_t{0}));
+      Status lf = LogForget(key, decoded ? cur.fence : ~uint64_t{0}, &logged);
+      if (!lf.ok()) return logged ? ForgetLoggedNotApplied(lf) : lf;
       s = db_->Delete(write_options_, cf_, rkey);
     }
     if (s.ok() && st.pending.erase(key) > 0) pending_count_.fetch_sub(1, std::memory_order_relaxed);
     if (s.ok() && st.logged.erase(key) > 0) logged_count_.fetch_sub(1, std::memory_order_relaxed);
-    if (!s.ok()) return FromRocks(s, Context("forget"));
+    if (!s.ok()) {
+      const Status e = FromRocks(s, Context("forget"));
+      return logged ? ForgetLoggedNotApplied(e) : e;
+    }
     if (action == ForgetAction::kFloor) Remember(st, slot, key, floor);
     return action != ForgetAction::kNone;
   }
@@ -1572,10 +1581,17 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return Status::Ok();
   }
 
-  // With log_mu_ held.
+  // With log_mu_ held. With sync=interval the descriptor goes to SyncLoop,
+  // which syncs and closes it: the log may stay (a materialization that closed
+  // it and then failed keeps it until one succeeds), and what it holds is
+  // owed a sync within the interval like the current log's.
   void CloseLogFile() {
     if (log_fd_ < 0) return;
-    close(log_fd_);
+    if (options_.sync == SyncMode::kInterval) {
+      closed_unsynced_.push_back(log_fd_);
+    } else {
+      close(log_fd_);
+    }
     log_fd_ = -1;
   }
 
@@ -1583,7 +1599,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // none; synced when `sync`. A write that fails is cut off again, so the file
   // never holds half a frame before a whole one; if even that fails the file is
   // closed and the next frame starts a new one (the reader stops at the cut).
-  Status AppendToLog(std::string_view frame, bool sync) {
+  Status AppendToLog(std::string_view frame, bool sync, bool* appended = nullptr) {
     std::lock_guard l(log_mu_);
     if (log_fd_ < 0) DEDUP_RETURN_IF_ERROR(OpenLogFile());
     size_t done = 0;
@@ -1599,20 +1615,37 @@ class RocksDBStoreImpl final : public RocksDBStore {
     }
     log_size_ += frame.size();
     log_bytes_.store(log_size_, std::memory_order_relaxed);
+    if (appended != nullptr) *appended = true;
     if (sync && fdatasync(log_fd_) != 0) return LogError("cannot sync", errno);
     return Status::Ok();
   }
 
   // Before a record is deleted from the database: while any claim log exists,
   // appends (and, unless sync=none, syncs) a forget entry for `key` up to `fence`.
-  Status LogForget(std::string_view key, uint64_t fence) {
+  // *logged: the entry is in the log (its sync may still have failed).
+  Status LogForget(std::string_view key, uint64_t fence, bool* logged) {
     {
       std::lock_guard l(log_mu_);
       if (log_files_.empty()) return Status::Ok();
     }
     internal::ClaimLogFrame f;
     f.AddForget(key, fence);
-    return AppendToLog(f.Finish(), options_.sync != SyncMode::kNone);
+    return AppendToLog(f.Finish(), options_.sync != SyncMode::kNone, logged);
+  }
+
+  // Forget's error once its forget entry is in a claim log (the sync or the
+  // deletion that follow failed): the record is still there, but the next
+  // open folds the entry in, and the key's logged claim is gone then. Allowed
+  // (store.h: after an error nothing about the record may be assumed; a retry
+  // is safe), but the error must not promise that nothing happened.
+  static Status ForgetLoggedNotApplied(const Status& e) {
+    std::string m = e.message();
+    constexpr std::string_view kNothing = "; this operation did not happen)";
+    if (const size_t at = m.find(kNothing); at != std::string::npos) {
+      m.replace(at, kNothing.size(), ")");
+    }
+    return Status(e.code(), m + ". The claim log already holds this forget: the key's claim may "
+                                "be gone at the store's next open even so; retry the forget");
   }
 
   // Deletes the logs numbered up to `cut` (stops at one that cannot be), once
@@ -1654,9 +1687,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
                     std::map<std::string, std::optional<Record>>* out) {
     std::map<std::string, std::optional<Record>>& last = *out;
     for (uint64_t n : numbers) {
-      if (gone_ok && access(LogPath(n).c_str(), F_OK) != 0) continue;
       internal::ClaimLogDamage damage;
-      DEDUP_RETURN_IF_ERROR(internal::ReadClaimLog(
+      Status read = internal::ReadClaimLog(
           LogPath(n), [&](uint8_t type, std::string_view key, std::string_view value) {
             std::optional<Record>& slot = last[std::string(key)];
             if (type == internal::kClaimEntry) {
@@ -1672,7 +1704,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
               if (slot && slot->fence <= fence) slot.reset();
             }
           },
-          &damage));
+          &damage);
+      if (!read.ok() && gone_ok && access(LogPath(n).c_str(), F_OK) != 0 && errno == ENOENT) {
+        continue;  // deleted before it could be opened
+      }
+      DEDUP_RETURN_IF_ERROR(read);
       // Damage before the end is not what a crash leaves (the WAL's rule, too):
       // the frames after it would be dropped silently, among them forgets
       // whose claims would come back. Salvage skips only the damaged frame.
@@ -1690,11 +1726,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   // A read-only open (dedup inspect beside a running writer): the logs' claims
-  // that the database does not hold yet are kept in memory, as logged claims,
-  // so that Inspect sees them; nothing is written or deleted.
-  Status OverlayClaimLogs(const std::vector<uint64_t>& numbers) {
-    std::map<std::string, std::optional<Record>> last;
-    DEDUP_RETURN_IF_ERROR(LastClaims(numbers, /*gone_ok=*/true, &last));
+  // (`last`, read before the database was opened: OpenDb) that the database
+  // does not hold yet are kept in memory, as logged claims, so that Inspect
+  // sees them; nothing is written or deleted.
+  Status OverlayClaimLogs(std::map<std::string, std::optional<Record>>& last) {
     std::string rkey;
     for (auto& [key, rec] : last) {
       if (!rec) continue;
@@ -2054,14 +2089,18 @@ class RocksDBStoreImpl final : public RocksDBStore {
       if (!write_errors_->failed()) (void)db_->SyncWAL();
       // The claim log too, on a descriptor of its own: appends do not wait for
       // the sync (holding log_mu_ through it held up the writer's rounds).
+      // And the logs closed since the last tick (CloseLogFile), then closed.
       int fd = -1;
+      std::vector<int> closed;
       {
         std::lock_guard ll(log_mu_);
         if (log_fd_ >= 0) fd = dup(log_fd_);
+        closed.swap(closed_unsynced_);
       }
-      if (fd >= 0) {
-        (void)fdatasync(fd);
-        close(fd);
+      if (fd >= 0) closed.push_back(fd);
+      for (int c : closed) {
+        (void)fdatasync(c);
+        close(c);
       }
       l.lock();
     }
@@ -2162,6 +2201,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   uint64_t log_number_ = 0;          // the highest log number used
   uint64_t log_size_ = 0;            // bytes in the current log
   std::deque<LogFile> log_files_;    // logs on disk, oldest first (this process's)
+  std::vector<int> closed_unsynced_;  // sync=interval: closed logs for SyncLoop to sync
   std::atomic<uint64_t> log_bytes_{0};     // log_size_, for the writer's bound
   std::atomic<int64_t> logged_count_{0};   // claims in the stripes' logged maps
   // For the expiry filter: when the oldest log on disk was started (kNoLogFloor:
@@ -2407,6 +2447,16 @@ Status RocksDBStoreImpl::OpenDb() {
   std::vector<uint64_t> claim_logs;
   DEDUP_RETURN_IF_ERROR(internal::ListClaimLogs(path, &claim_logs));
   if (!read_only && !claim_logs.empty()) log_floor_.store(std::numeric_limits<int64_t>::min());
+  // A read-only open takes no lock: a writer beside it goes on logging claims
+  // and deleting logs. It reads the logs before it opens the database, so that
+  // it misses none of their claims: a writer deletes a log only once its claims
+  // are in the database, so a log gone before it was read (skipped) was deleted
+  // before the database was opened, whose state then holds them; one read is
+  // kept whatever becomes of it. A log started after the listing holds claims
+  // made after it, which a reader that came a moment earlier would not see
+  // either (as a claim the writer has not logged yet is not seen).
+  std::map<std::string, std::optional<Record>> read_only_claims;
+  if (read_only) DEDUP_RETURN_IF_ERROR(LastClaims(claim_logs, /*gone_ok=*/true, &read_only_claims));
 
   rocksdb::DBOptions dbo;
   dbo.create_if_missing = !facts.has_current;
@@ -2427,6 +2477,7 @@ Status RocksDBStoreImpl::OpenDb() {
   // Durability is unchanged: the WAL is written as before.
   dbo.allow_concurrent_memtable_write = false;
   dbo.listeners.push_back(write_errors_);
+  if (options_.env != nullptr) dbo.env = options_.env;
   dbo.info_log = read_only ? InfoLog::Discard() : InfoLog::ForDirectory(path);
   // A torn tail is what a crash leaves; damage before the end is refused (below
   // it is named), unless the operator asked to salvage.
@@ -2517,6 +2568,16 @@ Status RocksDBStoreImpl::OpenDb() {
   }
   cf_ = handles_[dedup_index];
 
+  // Listed again now that the directory's lock is held: the list above was made
+  // before it, and an earlier process's clean close, which deletes its logs once
+  // their claims are in the database, may have finished in between (folding a
+  // log that is gone failed the open). No other writer changes them now.
+  if (!read_only) {
+    claim_logs.clear();
+    DEDUP_RETURN_IF_ERROR(internal::ListClaimLogs(path, &claim_logs));
+    if (!claim_logs.empty()) log_floor_.store(std::numeric_limits<int64_t>::min());
+  }
+
   // The format version: written once into a new directory, checked ever after.
   rocksdb::PinnableSlice v;
   s = db_->Get(rocksdb::ReadOptions(), cf_, internal::kMetaFormatKey, &v);
@@ -2556,7 +2617,7 @@ Status RocksDBStoreImpl::OpenDb() {
 
   if (!read_only && !claim_logs.empty()) DEDUP_RETURN_IF_ERROR(FoldClaimLogs(claim_logs));
   DEDUP_RETURN_IF_ERROR(LoadIndex());
-  if (read_only) return OverlayClaimLogs(claim_logs);  // nothing is written: no epoch, no writer threads
+  if (read_only) return OverlayClaimLogs(read_only_claims);  // nothing is written: no epoch, no writer threads
   DEDUP_RETURN_IF_ERROR(AdvanceFenceEpoch());  // and starts the group commit of claims
   if (options_.sync == SyncMode::kInterval) syncer_ = std::thread([this] { SyncLoop(); });
   return Status::Ok();
