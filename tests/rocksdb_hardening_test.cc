@@ -20,6 +20,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -540,6 +542,70 @@ TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
   Fill(db, 1);
   EXPECT_TRUE(fs::exists(db + "/LOG"));
   EXPECT_GT(fs::file_size(db + "/LOG"), 0u);
+}
+
+// A forget of a key whose claim the writer is appending to the claim log waits
+// for that frame (the claim sits in the logged map, marked in flight, before
+// its frame is written): its forget entry comes after the claim in the log, or
+// the fold at the next open would bring the forgotten claim back. Each key is
+// claimed among a batch of other claims (so that frames are long), then
+// forgotten after its lease ended, at a random moment of the writer's rounds.
+TEST_F(RocksDBHardeningTest, AForgetEntryFollowsTheClaimItForgetsInTheClaimLog) {
+  const std::string db = dir_ + "/db";
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::mt19937 rng(20261201);
+  std::set<std::string> forgotten;
+  int fill = 0;
+  for (int i = 0; i < 1500; ++i) {
+    std::vector<std::string> keys;
+    for (int j = 0; j < 30; ++j) keys.push_back("fill/" + std::to_string(fill++));
+    const std::string key = "gone/" + std::to_string(i);
+    keys.push_back(key);
+    std::vector<ClaimRequest> reqs;
+    for (const std::string& k : keys) {
+      reqs.push_back(Req(k));
+      reqs.back().lease = 1s;
+    }
+    auto c = (*s)->ClaimBatch(reqs);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    clock_.Advance(2s);  // every lease so far has ended
+    auto f = (*s)->Forget(key);
+    ASSERT_TRUE(f.ok()) << f.status();
+    if (*f) forgotten.insert(key);
+  }
+  ASSERT_EQ(forgotten.size(), 1500u);
+  // Read while the store is open (a close folds the logs into the database).
+  std::vector<uint64_t> logs;
+  ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+  std::map<std::string, std::pair<uint8_t, uint64_t>> last;  // key -> last entry: type, fence
+  for (uint64_t n : logs) {
+    ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                       [&](uint8_t type, std::string_view k, std::string_view v) {
+                                         if (!k.starts_with("gone/")) return;
+                                         uint64_t fence = 0;
+                                         Record r;
+                                         std::string why;
+                                         if (type == internal::kClaimEntry && internal::DecodeRecord(v, &r, &why)) {
+                                           fence = r.fence;
+                                         }
+                                         last[std::string(k)] = {type, fence};
+                                       })
+                    .ok());
+  }
+  int claims_logged = 0, back = 0;
+  for (const auto& [key, e] : last) {
+    if (e.first == internal::kClaimEntry) {
+      ++back;
+      ADD_FAILURE() << key << ": a claim entry after its forget entry (or with none)";
+    } else {
+      ++claims_logged;
+    }
+  }
+  std::fprintf(stderr, "%zu logs; %d forgotten keys had their claim logged first\n", logs.size(),
+               claims_logged);
+  EXPECT_EQ(back, 0);
 }
 
 // Runs `fn` in a child process; true when it returned true and did not die.
