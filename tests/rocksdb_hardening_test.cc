@@ -581,18 +581,15 @@ TEST_F(RocksDBHardeningTest, AForgetEntryFollowsTheClaimItForgetsInTheClaimLog) 
   ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
   std::map<std::string, std::pair<uint8_t, uint64_t>> last;  // key -> last entry: type, fence
   for (uint64_t n : logs) {
-    ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
-                                       [&](uint8_t type, std::string_view k, std::string_view v) {
-                                         if (!k.starts_with("gone/")) return;
-                                         uint64_t fence = 0;
-                                         Record r;
-                                         std::string why;
-                                         if (type == internal::kClaimEntry && internal::DecodeRecord(v, &r, &why)) {
-                                           fence = r.fence;
-                                         }
-                                         last[std::string(k)] = {type, fence};
-                                       })
-                    .ok());
+    const auto note = [&](uint8_t type, std::string_view k, std::string_view v) {
+      if (!k.starts_with("gone/")) return;
+      uint64_t fence = 0;
+      Record r;
+      std::string why;
+      if (type == internal::kClaimEntry && internal::DecodeRecord(v, &r, &why)) fence = r.fence;
+      last[std::string(k)] = {type, fence};
+    };
+    ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n), note).ok());
   }
   int claims_logged = 0, back = 0;
   for (const auto& [key, e] : last) {
@@ -925,7 +922,9 @@ TEST_F(FullDiskTest, ClaimsOfFailedLogAppendsAreLoggedOnceTheDiskHasRoom) {
           std::this_thread::sleep_for(5ms);
           if (!logged(&fences)) return false;
           all = fences.size() == last.size();
-          for (auto f = fences.begin(); all && f != fences.end(); ++f) all = last[f->first] == f->second;
+          for (auto f = fences.begin(); all && f != fences.end(); ++f) {
+            all = last[f->first] == f->second;
+          }
         }
         if (!all) {
           for (const auto& [key, fence] : last) {
