@@ -22,7 +22,9 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -730,6 +732,67 @@ TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
   EXPECT_GT(fs::file_size(db + "/LOG"), 0u);
 }
 
+// A forget of a key whose claim the writer is appending to the claim log waits
+// for that frame (the claim sits in the logged map, marked in flight, before
+// its frame is written): its forget entry comes after the claim in the log, or
+// the fold at the next open would bring the forgotten claim back. Each key is
+// claimed among a batch of other claims (so that frames are long), then
+// forgotten after its lease ended, at a random moment of the writer's rounds.
+TEST_F(RocksDBHardeningTest, AForgetEntryFollowsTheClaimItForgetsInTheClaimLog) {
+  const std::string db = dir_ + "/db";
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::mt19937 rng(20261201);
+  std::set<std::string> forgotten;
+  int fill = 0;
+  for (int i = 0; i < 1500; ++i) {
+    std::vector<std::string> keys;
+    for (int j = 0; j < 30; ++j) keys.push_back("fill/" + std::to_string(fill++));
+    const std::string key = "gone/" + std::to_string(i);
+    keys.push_back(key);
+    std::vector<ClaimRequest> reqs;
+    for (const std::string& k : keys) {
+      reqs.push_back(Req(k));
+      reqs.back().lease = 1s;
+    }
+    auto c = (*s)->ClaimBatch(reqs);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    clock_.Advance(2s);  // every lease so far has ended
+    auto f = (*s)->Forget(key);
+    ASSERT_TRUE(f.ok()) << f.status();
+    if (*f) forgotten.insert(key);
+  }
+  ASSERT_EQ(forgotten.size(), 1500u);
+  // Read while the store is open (a close folds the logs into the database).
+  std::vector<uint64_t> logs;
+  ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+  std::map<std::string, std::pair<uint8_t, uint64_t>> last;  // key -> last entry: type, fence
+  for (uint64_t n : logs) {
+    const auto note = [&](uint8_t type, std::string_view k, std::string_view v) {
+      if (!k.starts_with("gone/")) return;
+      uint64_t fence = 0;
+      Record r;
+      std::string why;
+      if (type == internal::kClaimEntry && internal::DecodeRecord(v, &r, &why)) fence = r.fence;
+      last[std::string(k)] = {type, fence};
+    };
+    ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n), note).ok());
+  }
+  int claims_logged = 0, back = 0;
+  for (const auto& [key, e] : last) {
+    if (e.first == internal::kClaimEntry) {
+      ++back;
+      ADD_FAILURE() << key << ": a claim entry after its forget entry (or with none)";
+    } else {
+      ++claims_logged;
+    }
+  }
+  std::fprintf(stderr, "%zu logs; %d forgotten keys had their claim logged first\n", logs.size(),
+               claims_logged);
+  EXPECT_EQ(back, 0);
+}
+
 // Runs `fn` in a child process; true when it returned true and did not die.
 template <typename Fn>
 bool InChild(Fn fn, std::string* how) {
@@ -966,6 +1029,124 @@ TEST_F(FullDiskTest, AFailedWriteLeavesNothingForTheThreadsNextOne) {
       },
       &how);
   EXPECT_TRUE(ok) << how;
+}
+
+// The writer moves each claim into its logged map as it encodes the claim log's
+// frame, before the frame is written; an append that fails (the disk is full)
+// moves them back to pending, where a claim made meanwhile over one of them (a
+// takeover) is the newer and stays. Once the disk has room again, every claim's
+// last record reaches the claim log and survives a crash: none is lost, and no
+// older record comes back over a takeover made while the appends failed.
+TEST_F(FullDiskTest, ClaimsOfFailedLogAppendsAreLoggedOnceTheDiskHasRoom) {
+  const std::string db = mnt_ + "/db";
+  const std::string ledger = dir_ + "/ledger";
+  std::string how;
+  const bool ok = InChild(
+      [&] {
+        auto s = TryOpen(db);
+        if (!s.ok()) return false;
+        FillDisk(0);
+        std::map<std::string, uint64_t> last;  // key -> fence of its last claim
+        const auto claim = [&](const std::string& key, Millis lease) {
+          ClaimRequest r = Req(key);
+          r.lease = lease;
+          auto c = (*s)->Claim(r);
+          if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) {
+            std::fprintf(stderr, "claim %s: %s\n", key.c_str(),
+                         c.ok() ? "not acquired" : c.status().ToString().c_str());
+            return false;
+          }
+          last[key] = c->fence;
+          return true;
+        };
+        // Many, so that each failing round's frame takes a while to encode.
+        for (int i = 0; i < 6000; ++i) {
+          if (!claim("held/" + std::to_string(i), 1h)) return false;
+        }
+        // Taken over again and again (each lease ends) at random moments of
+        // the failing rounds (every 100 ms once they back off).
+        std::mt19937 rng(20261201);
+        const auto deadline = std::chrono::steady_clock::now() + 3s;
+        while (std::chrono::steady_clock::now() < deadline) {
+          clock_.Advance(2s);
+          for (int i = 0; i < 50; ++i) {
+            if (!claim("taken/" + std::to_string(i), 1s)) return false;
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(rng() % 250'000));
+        }
+        const auto logged = [&](std::map<std::string, uint64_t>* fences) {
+          fences->clear();
+          std::vector<uint64_t> logs;
+          if (!internal::ListClaimLogs(db, &logs).ok()) return false;
+          for (uint64_t n : logs) {
+            Status r = internal::ReadClaimLog(
+                db + "/" + internal::ClaimLogName(n),
+                [&](uint8_t type, std::string_view k, std::string_view v) {
+                  Record rec;
+                  std::string why;
+                  if (type == internal::kClaimEntry && internal::DecodeRecord(v, &rec, &why)) {
+                    (*fences)[std::string(k)] = rec.fence;
+                  }
+                });
+            if (!r.ok()) return false;
+          }
+          return true;
+        };
+        std::map<std::string, uint64_t> fences;
+        if (!logged(&fences) || !fences.empty()) {
+          std::fprintf(stderr, "the appends did not fail: %zu keys logged\n", fences.size());
+          return false;
+        }
+        for (const auto& [key, fence] : last) {
+          auto r = (*s)->Inspect(key);
+          if (!r.ok() || !r->has_value() || (*r)->fence != fence) {
+            std::fprintf(stderr, "%s: not its last claim while the appends fail\n", key.c_str());
+            return false;
+          }
+        }
+        fs::remove(mnt_ + "/ballast");
+        bool all = false;
+        for (int i = 0; i < 2000 && !all; ++i) {
+          std::this_thread::sleep_for(5ms);
+          if (!logged(&fences)) return false;
+          all = fences.size() == last.size();
+          for (auto f = fences.begin(); all && f != fences.end(); ++f) {
+            all = last[f->first] == f->second;
+          }
+        }
+        if (!all) {
+          for (const auto& [key, fence] : last) {
+            if (fences[key] != fence) {
+              std::fprintf(stderr, "%s: claim log has fence %llu, its last claim %llu\n",
+                           key.c_str(), static_cast<unsigned long long>(fences[key]),
+                           static_cast<unsigned long long>(fence));
+            }
+          }
+          return false;
+        }
+        std::ofstream out(ledger);
+        for (const auto& [key, fence] : last) out << key << ' ' << fence << '\n';
+        out.close();
+        std::fflush(stderr);
+        _exit(0);  // a crash: no close, the claims are in the claim log only
+      },
+      &how);
+  ASSERT_TRUE(ok) << how;
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::ifstream in(ledger);
+  int checked = 0;
+  for (std::string key; in >> key;) {
+    uint64_t fence = 0;
+    in >> fence;
+    auto r = (*s)->Inspect(key);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value()) << key << ": its claim is gone after the crash";
+    EXPECT_EQ((*r)->fence, fence) << key;
+    EXPECT_EQ((*r)->state, RecordState::kInProgress) << key;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6050);
 }
 
 }  // namespace
