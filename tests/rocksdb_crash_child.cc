@@ -13,24 +13,82 @@
 //                               returned ACQUIRED: written before it returned
 //         U KEY FENCE   a claim without max_attempts took over a key whose lease
 //                       ran out: committed in the background
-//       The P and U keys ("poison/N", "unlimited/N") are shared by every round;
-//       their leases last 1 ms, so each claim takes over from the last.
+//         L KEY FENCE ATTEMPT   a claim without max_attempts (lease 20 ms),
+//                       neither extended nor completed, once the claim log
+//                       holds it (read back from the log; sync=always: at once,
+//                       it was written before it returned)
+//       The P, U and L keys ("poison/N", "unlimited/N", "logged/N") are shared
+//       by every round; each claim of them takes over from the last.
 //       Each line is one write(2) of less than PIPE_BUF bytes, so lines from the
 //       threads never interleave. Exits 2 on any unexpected answer.
 //
 //   rocksdb_crash_child open DIR
 //       Tries to open the store in DIR and prints "OK" or "CODE message".
+//
+//   rocksdb_crash_child logonly DIR N
+//       Claims keys "logonly/0".."logonly/N-1" (lease 50 ms, no max_attempts),
+//       printing "L KEY FENCE ATTEMPT" for each, waits until the claim log holds
+//       every one of them, prints "LOGGED" and sleeps until killed.
+//
+//   rocksdb_crash_child bulk DIR ROUND
+//       Claims keys "bulk/ROUND/N" from one thread without end (never completed:
+//       past 65,536 logged claims the materializer writes them into the
+//       database), and completes every third of them from another, some
+//       thousands of claims later (often while a materialization is writing
+//       it), printing "C KEY" after each completion returned OK. Prints
+//       "LOGS N" whenever the highest claim log number grows (a new log starts
+//       after each materialization).
+//
+//   rocksdb_crash_child materialize DIR
+//       With sync=interval (20 ms), claims "kept/0".."kept/49" (never completed),
+//       waits until the claim log holds them and a few syncs have passed (the
+//       log is durable), prints "LOGGED", then CompactNow (the claims go into
+//       the database, the log is deleted), prints "DONE" and sleeps until
+//       killed. Run by rocksdb_crash_test with sync_order_preload.
+//
+//   rocksdb_crash_child closedlog DIR
+//       With sync=interval (200 ms), claims "kept/0".."kept/49" (never
+//       completed), waits until the claim log holds them, makes RocksDB's
+//       write-ahead log fail (a file system of the test's, through
+//       RocksDBStoreOptions::env) and calls CompactNow at once: the log is
+//       closed, the claims' write into the database fails, the log stays, its
+//       frames not yet synced. Prints "FAILED" (or "COMPACTED": nothing was
+//       tested), waits three intervals, unlinks DIR/SYNC-PROBE (sync_order_preload
+//       then notes the claim logs with unsynced writes), prints "DONE" and
+//       sleeps until killed.
+//
+//   rocksdb_crash_child bulkmixed DIR ROUND
+//       As bulk, but of the keys bulk completes, every third is completed and
+//       then forgotten ("F KEY" once Forget returned true) and another third
+//       released instead ("R KEY"): forget entries and released records
+//       during the materializations.
+//
+//   rocksdb_crash_child logforget DIR
+//       Claims "forgotten" and "expired", waits until both are in the claim log,
+//       completes "forgotten" and forgets it, completes "expired" with a
+//       retention of 1 ms and, once that has passed, flushes and compacts the
+//       records family (the expiry filter runs); prints "DONE" and sleeps until
+//       killed.
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
+#include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
+#include "stores/rocksdb/claim_log.h"
+#include "stores/rocksdb/record_codec.h"
 
 namespace {
 
@@ -102,6 +160,198 @@ void Takeovers(dedup::Store* store, std::chrono::steady_clock::time_point end) {
   }
 }
 
+void WaitLogged(const std::string& dir, const std::map<std::string, uint64_t>& want);
+
+// Takes over "logged/N" again and again without max_attempts, never extending
+// or completing: each claim lives in the claim log only. Printed once the log
+// holds it.
+void LoggedTakeovers(dedup::Store* store, const std::string& dir, bool logged,
+                     std::chrono::steady_clock::time_point end) {
+  for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+    const std::string key = "logged/" + std::to_string(i % 3);
+    ClaimRequest r = Req(key);
+    r.lease = 20ms;
+    auto c = store->Claim(r);
+    if (!c.ok()) Fail("logged claim: " + c.status().ToString());
+    if (logged && c->outcome == ClaimOutcome::kAcquired) WaitLogged(dir, {{key, c->fence}});
+    std::this_thread::sleep_for(50ms);
+    if (c->outcome == ClaimOutcome::kAcquired) {
+      Line("L " + key + " " + std::to_string(c->fence) + " " + std::to_string(c->attempt));
+    }
+  }
+}
+
+// Waits until the claim logs in `dir` hold a claim of each key with its fence.
+void WaitLogged(const std::string& dir, const std::map<std::string, uint64_t>& want) {
+  const auto give_up = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < give_up) {
+    std::vector<uint64_t> logs;
+    if (!dedup::internal::ListClaimLogs(dir, &logs).ok()) Fail("listing the claim logs");
+    std::map<std::string, uint64_t> seen;
+    for (uint64_t n : logs) {
+      (void)dedup::internal::ReadClaimLog(
+          dir + "/" + dedup::internal::ClaimLogName(n),
+          [&](uint8_t type, std::string_view key, std::string_view value) {
+            dedup::Record r;
+            std::string why;
+            if (type == dedup::internal::kClaimEntry && dedup::internal::DecodeRecord(value, &r, &why)) {
+              seen[std::string(key)] = r.fence;
+            }
+          });
+    }
+    bool all = true;
+    for (const auto& [key, fence] : want) {
+      auto it = seen.find(key);
+      all = all && it != seen.end() && it->second == fence;
+    }
+    if (all) return;
+    std::this_thread::sleep_for(5ms);
+  }
+  Fail("the claims never reached the claim log");
+}
+
+int LogOnly(const std::string& dir, int n) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  auto store = dedup::RocksDBStore::Open(o);
+  if (!store.ok()) Fail("open: " + store.status().ToString());
+  std::map<std::string, uint64_t> want;
+  for (int i = 0; i < n; ++i) {
+    const std::string key = "logonly/" + std::to_string(i);
+    ClaimRequest r = Req(key);
+    r.lease = 50ms;
+    auto c = (*store)->Claim(r);
+    if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) Fail("logonly claim of " + key);
+    Line("L " + key + " " + std::to_string(c->fence) + " " + std::to_string(c->attempt));
+    want[key] = c->fence;
+  }
+  WaitLogged(dir, want);
+  Line("LOGGED");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
+int LogForget(const std::string& dir) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  auto f = store->Claim(Req("forgotten"));
+  auto e = store->Claim(Req("expired"));
+  if (!f.ok() || !e.ok() || !f->acquired() || !e->acquired()) Fail("logforget claims");
+  WaitLogged(dir, {{"forgotten", f->fence}, {"expired", e->fence}});
+  auto done = store->Complete("forgotten", f->token, std::chrono::hours(24), CompletionStatus::kOk, "");
+  if (!done.ok() || *done != WriteResult::kOk) Fail("complete forgotten");
+  auto gone = store->Forget("forgotten", dedup::ForgetOptions{});
+  if (!gone.ok() || !*gone) Fail("forget: " + (gone.ok() ? std::string("nothing removed") : gone.status().ToString()));
+  done = store->Complete("expired", e->token, std::chrono::milliseconds(1), CompletionStatus::kOk, "");
+  if (!done.ok() || *done != WriteResult::kOk) Fail("complete expired");
+  std::this_thread::sleep_for(20ms);
+  if (!store->db()->Flush(rocksdb::FlushOptions(), store->records_family()).ok()) Fail("flush");
+  rocksdb::CompactRangeOptions co;
+  co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  if (!store->db()->CompactRange(co, store->records_family(), nullptr, nullptr).ok()) Fail("compact");
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
+int Materialize(const std::string& dir) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  o.sync = dedup::SyncMode::kInterval;
+  o.sync_interval = 20ms;
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  std::map<std::string, uint64_t> want;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "kept/" + std::to_string(i);
+    auto c = store->Claim(Req(key));
+    if (!c.ok() || !c->acquired()) Fail("claim of " + key);
+    want[key] = c->fence;
+  }
+  WaitLogged(dir, want);
+  std::this_thread::sleep_for(200ms);
+  Line("LOGGED");
+  auto s = store->CompactNow();
+  if (!s.ok()) Fail("compact: " + s.ToString());
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
+// A file system whose write-ahead log appends fail once `failing` is set.
+std::atomic<bool> failing{false};
+
+class FailingWal : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  explicit FailingWal(std::unique_ptr<rocksdb::FSWritableFile> f)
+      : rocksdb::FSWritableFileOwnerWrapper(std::move(f)) {}
+  rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                           rocksdb::IODebugContext* dbg) override {
+    if (failing.load()) return rocksdb::IOStatus::IOError("failing on purpose (closedlog)");
+    return target()->Append(d, o, dbg);
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                           const rocksdb::DataVerificationInfo& v,
+                           rocksdb::IODebugContext* dbg) override {
+    if (failing.load()) return rocksdb::IOStatus::IOError("failing on purpose (closedlog)");
+    return target()->Append(d, o, v, dbg);
+  }
+};
+
+class FailingWalFs : public rocksdb::FileSystemWrapper {
+ public:
+  FailingWalFs() : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "FailingWalFs"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(f, o, r, dbg);
+    if (s.ok() && f.ends_with(".log")) *r = std::make_unique<FailingWal>(std::move(*r));
+    return s;
+  }
+  rocksdb::IOStatus ReuseWritableFile(const std::string& f, const std::string& old,
+                                      const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->ReuseWritableFile(f, old, o, r, dbg);
+    if (s.ok() && f.ends_with(".log")) *r = std::make_unique<FailingWal>(std::move(*r));
+    return s;
+  }
+};
+
+int ClosedLog(const std::string& dir) {
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(std::make_shared<FailingWalFs>());
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  o.sync = dedup::SyncMode::kInterval;
+  o.sync_interval = 200ms;
+  o.env = env.get();
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  std::map<std::string, uint64_t> want;
+  for (int i = 0; i < 50; ++i) {
+    const std::string key = "kept/" + std::to_string(i);
+    auto c = store->Claim(Req(key));
+    if (!c.ok() || !c->acquired()) Fail("claim of " + key);
+    want[key] = c->fence;
+  }
+  WaitLogged(dir, want);
+  failing.store(true);
+  Line(store->CompactNow().ok() ? "COMPACTED" : "FAILED");
+  std::this_thread::sleep_for(600ms);
+  const std::string probe = dir + "/SYNC-PROBE";
+  std::ofstream(probe) << "";
+  unlink(probe.c_str());
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
 // ClaimBatch of 4 new keys, then complete each.
 void Batches(dedup::Store* store, const std::string& round,
              std::chrono::steady_clock::time_point end) {
@@ -170,6 +420,63 @@ void BatchCompletions(dedup::Store* store, const std::string& round,
 
 }  // namespace
 
+int Bulk(const std::string& dir, const std::string& round, bool mixed) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  dedup::RocksDBStore* store = opened->get();
+  Line("READY");
+  constexpr int kMax = 2'000'000;  // the parent kills us long before this
+  std::vector<dedup::Token> tokens(kMax);
+  std::atomic<int> claimed{0};
+  std::atomic<int> handled{0};  // keys below this one the completer is done with
+  const auto key = [&](int i) { return "bulk/" + round + "/" + std::to_string(i); };
+  std::thread completer([&] {
+    for (int i = 0; i < kMax; i += 3) {
+      while (claimed.load(std::memory_order_acquire) < i + 5'000) std::this_thread::yield();
+      if (mixed && i % 9 == 3) {
+        auto r = store->Release(key(i), tokens[static_cast<size_t>(i)], std::chrono::hours(24));
+        if (!r.ok() || *r != dedup::WriteResult::kOk) Fail("bulk release of " + key(i));
+        Line("R " + key(i));
+        handled.store(i, std::memory_order_release);
+        continue;
+      }
+      auto c = store->Complete(key(i), tokens[static_cast<size_t>(i)], std::chrono::hours(24),
+                               dedup::CompletionStatus::kOk, key(i));
+      if (!c.ok() || *c != dedup::WriteResult::kOk) Fail("bulk complete of " + key(i));
+      if (mixed && i % 9 == 0) {
+        auto f = store->Forget(key(i), dedup::ForgetOptions{});
+        if (!f.ok() || !*f) Fail("bulk forget of " + key(i));
+        Line("F " + key(i));
+        handled.store(i, std::memory_order_release);
+        continue;
+      }
+      Line("C " + key(i));
+      handled.store(i, std::memory_order_release);
+    }
+  });
+  uint64_t highest = 0;
+  for (int i = 0; i < kMax; ++i) {
+    // Mixed: the completer's keys stay within the logs not yet deleted (it
+    // forgets, slower than the claims come: unbounded, it lagged past them).
+    while (mixed && handled.load(std::memory_order_acquire) + 20'000 < i) std::this_thread::yield();
+    auto c = store->Claim(Req(key(i)));
+    if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) Fail("bulk claim of " + key(i));
+    tokens[static_cast<size_t>(i)] = c->token;
+    claimed.store(i + 1, std::memory_order_release);
+    if (i % 4096 == 0) {
+      std::vector<uint64_t> logs;
+      if (dedup::internal::ListClaimLogs(dir, &logs).ok() && !logs.empty() && logs.back() > highest) {
+        highest = logs.back();
+        Line("LOGS " + std::to_string(highest));
+      }
+    }
+  }
+  completer.join();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "open") {
     dedup::RocksDBStoreOptions o;
@@ -182,8 +489,15 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (argc == 4 && std::string(argv[1]) == "logonly") return LogOnly(argv[2], std::atoi(argv[3]));
+  if (argc == 3 && std::string(argv[1]) == "logforget") return LogForget(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "materialize") return Materialize(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "closedlog") return ClosedLog(argv[2]);
+  if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3], false);
+  if (argc == 4 && std::string(argv[1]) == "bulkmixed") return Bulk(argv[2], argv[3], true);
   if (argc != 5 || std::string(argv[1]) != "work") {
-    std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR\n", argv[0]);
+    std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR | logonly DIR N | "
+                 "logforget DIR | materialize DIR | closedlog DIR | bulk DIR ROUND | bulkmixed DIR ROUND\n", argv[0]);
     return 1;
   }
   dedup::RocksDBStoreOptions o;
@@ -202,9 +516,11 @@ int main(int argc, char** argv) {
   std::thread t2(Batches, store->get(), std::string(argv[4]), end);
   std::thread t3(Takeovers, store->get(), end);
   std::thread t4(BatchCompletions, store->get(), std::string(argv[4]), end);
+  std::thread t5(LoggedTakeovers, store->get(), std::string(argv[2]), sync != "always", end);
   t1.join();
   t2.join();
   t3.join();
   t4.join();
+  t5.join();
   return 0;
 }

@@ -11,7 +11,10 @@
 // the last millisecond or so, and then the key must be claimable again with a
 // higher fence. Across every restart fences only grow, and the attempts of
 // claims with max_attempts (a poison message that kills its worker) are never
-// forgotten. (A power loss is not simulated here.)
+// forgotten; nor are those of claims without it that the claim log holds, the
+// ones no completion, extend or database write ever touched (the "L" keys, and
+// the RocksDBClaimLog tests below, which wait until the log holds them).
+// (A power loss is not simulated here.)
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -19,8 +22,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -28,7 +36,10 @@
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
+#include "rocksdb/db.h"
 #include "store_envs.h"
+#include "stores/rocksdb/claim_log.h"
+#include "stores/rocksdb/record_codec.h"
 
 extern char** environ;
 
@@ -76,7 +87,7 @@ bool ReadSome(int fd, std::string* buf, std::chrono::milliseconds wait) {
 }
 
 struct Takeover {
-  std::string kind;  // "P": with max_attempts, "U": without
+  std::string kind;  // "P": with max_attempts, "U": without, "L": without, in the claim log
   std::string key;
   uint64_t fence = 0;
   uint32_t attempt = 0;
@@ -112,12 +123,12 @@ Acked Parse(const std::string& out) {
       a.completed.insert(key);
     } else if (kind == "R") {
       a.released.insert(key);
-    } else if (kind == "P" || kind == "U") {
+    } else if (kind == "P" || kind == "U" || kind == "L") {
       Takeover t;
       t.kind = kind;
       t.key = key;
       line >> t.fence;
-      if (kind == "P") line >> t.attempt;
+      if (kind == "P" || kind == "L") line >> t.attempt;
       a.takeovers.push_back(t);
     }
   }
@@ -201,7 +212,8 @@ void CrashRound(const std::string& dir, const std::string& sync, int round, std:
     if (claim->outcome != ClaimOutcome::kDuplicate) note(key + ": claim after completion not DUPLICATE");
   }
   // Takeovers: fences only grow, over every round; attempts of claims with
-  // max_attempts only grow too, so a crash never gives a poison message a free try.
+  // max_attempts only grow too, so a crash never gives a poison message a free
+  // try, and so do those of the claims the claim log held.
   size_t takeovers = 0;
   for (const Takeover& t : acked.takeovers) {
     ++takeovers;
@@ -209,7 +221,7 @@ void CrashRound(const std::string& dir, const std::string& sync, int round, std:
       note(t.key + ": fence " + std::to_string(t.fence) + " not above " + std::to_string(history->fence[t.key]));
     }
     history->fence[t.key] = t.fence;
-    if (t.kind == "P") {
+    if (t.kind == "P" || t.kind == "L") {
       if (history->attempt.count(t.key) != 0 && t.attempt <= history->attempt[t.key]) {
         note(t.key + ": attempt " + std::to_string(t.attempt) + " not above " +
              std::to_string(history->attempt[t.key]));
@@ -251,6 +263,336 @@ TEST_P(RocksDBCrash, AcknowledgedOperationsSurviveSigkill) {
 
 INSTANTIATE_TEST_SUITE_P(SyncModes, RocksDBCrash, ::testing::Values("none", "interval", "always"),
                          [](const auto& info) { return info.param; });
+
+// A SIGKILL at a random moment of a stream of claims that are never completed
+// (the materializer writes them into the database past 65,536 logged, several
+// times a round) while every third is completed some thousands of claims later:
+// after each restart every completion the child reported is there, none
+// shadowed by a claim the materializer or the fold at open wrote.
+TEST(RocksDBClaimLog, CompletionsSurviveAKillDuringMaterializations) {
+  const std::string dir = testing::MakeTempDir("rocksdb-bulk");
+  std::mt19937 rng(std::random_device{}());
+  const auto count = [](const std::string& out, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (int round = 0; round < 3 && !HasFailure(); ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Child c = Spawn({DEDUP_CRASH_CHILD, "bulk", dir, std::to_string(round)});
+    ASSERT_GT(c.pid, 0);
+    std::string out;
+    bool alive = true;
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    while (alive && out.find("READY\n") == std::string::npos &&
+           std::chrono::steady_clock::now() < give_up) {
+      alive = ReadSome(c.out, &out, 20ms);
+    }
+    // Killed once the child has started a second log (a materialization ran;
+    // the numbers go on from the last process's), a random while later.
+    const auto started = std::chrono::steady_clock::now();
+    while (alive && count(out, "LOGS ") < 2 && std::chrono::steady_clock::now() < give_up) {
+      alive = ReadSome(c.out, &out, 20ms);
+    }
+    const auto kill_at = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(rng() % 1500);
+    while (alive && std::chrono::steady_clock::now() < kill_at) alive = ReadSome(c.out, &out, 5ms);
+    kill(c.pid, SIGKILL);
+    int wstatus = 0;
+    waitpid(c.pid, &wstatus, 0);
+    for (int k = 0; k < 10'000 && ReadSome(c.out, &out, 0ms); ++k) {
+    }
+    close(c.out);
+    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+        << "the child ended on its own (status " << wstatus << ") after "
+        << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+        << " s; output tail:\n" << out.substr(out.size() > 2000 ? out.size() - 2000 : 0);
+    const Acked acked = Parse(out);
+    EXPECT_GE(count(out, "LOGS "), 2u) << "no materialization before the kill: not tested";
+    ASSERT_FALSE(acked.completed.empty()) << "the child completed nothing before the kill";
+    RocksDBStoreOptions o;
+    o.path = dir;
+    auto store = RocksDBStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    int wrong = 0;
+    for (const std::string& key : acked.completed) {
+      auto r = (*store)->Inspect(key);
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (!r->has_value() || (*r)->state != RecordState::kCompleted || (*r)->result != key) {
+        if (++wrong <= 5) {
+          ADD_FAILURE() << key << ": a reported completion is "
+                        << (r->has_value() ? "state " + std::to_string(int((*r)->state))
+                                           : std::string("gone"));
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "of " << acked.completed.size() << " completions";
+  }
+  testing::RemoveDir(dir);
+}
+
+// Runs the child with `args` until it prints `until` (a whole line), then
+// SIGKILLs it; its output.
+std::string RunUntilThenKill(const std::vector<std::string>& args, const std::string& until) {
+  Child c = Spawn(args);
+  EXPECT_GT(c.pid, 0) << "could not start " << DEDUP_CRASH_CHILD;
+  if (c.pid <= 0) return "";
+  std::string out;
+  const auto give_up = std::chrono::steady_clock::now() + 60s;
+  bool alive = true;
+  while (alive && out.find(until + "\n") == std::string::npos &&
+         std::chrono::steady_clock::now() < give_up) {
+    alive = ReadSome(c.out, &out, 20ms);
+  }
+  kill(c.pid, SIGKILL);
+  int wstatus = 0;
+  waitpid(c.pid, &wstatus, 0);
+  close(c.out);
+  EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+      << "the child ended on its own (status " << wstatus << "); output:\n" << out.substr(0, 2000);
+  EXPECT_NE(out.find(until + "\n"), std::string::npos) << "no " << until << " line; output:\n"
+                                                        << out.substr(0, 2000);
+  return out;
+}
+
+// The fence of `key`'s record in the database itself (RocksDB opened read-only,
+// past the store), or 0 when it has none.
+uint64_t FenceInTheDatabase(const std::string& dir, const std::string& key) {
+  std::vector<std::string> names;
+  rocksdb::DBOptions dbo;
+  EXPECT_TRUE(rocksdb::DB::ListColumnFamilies(dbo, dir, &names).ok());
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs;
+  size_t records = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == internal::kColumnFamily) records = i;
+    descs.emplace_back(names[i], rocksdb::ColumnFamilyOptions());
+  }
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(dbo, dir, descs, &handles, &db);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return 0;
+  std::string rkey, value;
+  internal::EncodeRecordKey(key, &rkey);
+  uint64_t fence = 0;
+  if (db->Get(rocksdb::ReadOptions(), handles[records], rkey, &value).ok()) {
+    Record r;
+    std::string why;
+    EXPECT_TRUE(internal::DecodeRecord(value, &r, &why)) << why;
+    fence = r.fence;
+  }
+  for (auto* h : handles) (void)db->DestroyColumnFamilyHandle(h);
+  delete db;
+  return fence;
+}
+
+// Claims that only ever lived in the claim log — never extended, completed or
+// written to the database — survive a SIGKILL: after each restart the key holds
+// the claim, its fence and its attempt, and the next claim of it (its lease of
+// 50 ms over) takes over with attempt + 1 and a higher fence, round after round.
+TEST(RocksDBClaimLog, ClaimsOnlyInTheLogKeepAttemptsAndFencesAcrossRestarts) {
+  const std::string dir = testing::MakeTempDir("rocksdb-claimlog");
+  constexpr size_t kKeys = 20;
+  std::map<std::string, Takeover> before;
+  for (int round = 0; round < 3 && !HasFailure(); ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const Acked acked =
+        Parse(RunUntilThenKill({DEDUP_CRASH_CHILD, "logonly", dir, std::to_string(kKeys)}, "LOGGED"));
+    ASSERT_EQ(acked.takeovers.size(), kKeys);
+    std::map<std::string, Takeover> now;
+    for (const Takeover& t : acked.takeovers) {
+      now[t.key] = t;
+      if (auto b = before.find(t.key); b != before.end()) {
+        EXPECT_EQ(t.attempt, b->second.attempt + 1) << t.key << ": attempt after the restart";
+        EXPECT_GT(t.fence, b->second.fence) << t.key << ": fence after the restart";
+      } else {
+        EXPECT_EQ(t.attempt, 1u) << t.key;
+      }
+      // Only in the log: the database has no record of this claim (at most the
+      // previous round's, written when the store was last closed).
+      EXPECT_LT(FenceInTheDatabase(dir, t.key), t.fence) << t.key << " is in the database";
+    }
+    {
+      RocksDBStoreOptions o;
+      o.path = dir;
+      auto store = RocksDBStore::Open(o);
+      ASSERT_TRUE(store.ok()) << store.status();
+      for (const auto& [key, t] : now) {
+        auto r = (*store)->Inspect(key);
+        ASSERT_TRUE(r.ok()) << r.status();
+        ASSERT_TRUE(r->has_value()) << key << ": the logged claim was lost";
+        EXPECT_EQ((*r)->state, RecordState::kInProgress) << key;
+        EXPECT_EQ((*r)->fence, t.fence) << key;
+        EXPECT_EQ((*r)->attempt, t.attempt) << key;
+      }
+    }
+    before = now;
+  }
+  testing::RemoveDir(dir);
+}
+
+// A claim in the log whose completion the database no longer holds is not
+// brought back by the fold: not after a forget removed the completion (a forget
+// entry follows the claim in the log), and not after the expiry filter met the
+// completion (records that expired while a log exists are kept until it is
+// deleted). Either would come back as IN_PROGRESS: the key BUSY for its lease.
+TEST(RocksDBClaimLog, ForgottenOrExpiredCompletionsStayGoneAfterACrash) {
+  const std::string dir = testing::MakeTempDir("rocksdb-claimlog");
+  RunUntilThenKill({DEDUP_CRASH_CHILD, "logforget", dir}, "DONE");
+  RocksDBStoreOptions o;
+  o.path = dir;
+  auto store = RocksDBStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto r = (*store)->Inspect("forgotten");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->has_value()) << "the forgotten key came back: " << **r;
+  for (const char* key : {"forgotten", "expired"}) {
+    ClaimRequest req;
+    req.key = key;
+    auto c = (*store)->Claim(req);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->acquired()) << key << ": " << static_cast<int>(c->outcome);
+    EXPECT_EQ(c->attempt, 1u) << key;
+  }
+  store->reset();
+  testing::RemoveDir(dir);
+}
+
+// With sync=interval a power loss may lose the last interval's operations, no
+// more (README): a claim that the claim log held, synced, for longer must
+// survive one. So a claim log may be deleted only once its claims are durable
+// in the database: written there through the WAL (fewer than 4,096 of them, as
+// CompactNow, a close or the materializer of a log grown past 32 MiB write
+// them), the WAL must be synced before the log goes. A power loss is not
+// simulated: sync_order_preload notes, at each deletion of a claim log, the
+// write-ahead logs with writes not yet synced, what a power loss then drops.
+TEST(RocksDBClaimLog, ALogIsDeletedOnlyOnceItsClaimsAreSyncedElsewhere) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
+#endif
+  const std::string dir = testing::MakeTempDir("rocksdb-claimlog");
+  const std::string report = dir + "-sync-order";
+  std::remove(report.c_str());
+  setenv("LD_PRELOAD", DEDUP_SYNC_ORDER_PRELOAD, 1);
+  setenv("DEDUP_SYNC_ORDER_REPORT", report.c_str(), 1);
+  RunUntilThenKill({DEDUP_CRASH_CHILD, "materialize", dir}, "DONE");
+  unsetenv("LD_PRELOAD");
+  unsetenv("DEDUP_SYNC_ORDER_REPORT");
+  std::vector<uint64_t> logs;
+  ASSERT_TRUE(internal::ListClaimLogs(dir, &logs).ok());
+  EXPECT_TRUE(logs.empty()) << "CompactNow left a claim log: the test tested no deletion";
+  std::ifstream in(report);
+  const std::string found((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(found, "") << "a power loss here loses claims the deleted log had made durable";
+  std::remove(report.c_str());
+  testing::RemoveDir(dir);
+}
+
+// sync=interval: a claim log closed for a materialization that then failed
+// (the write-ahead log refuses writes) stays until one succeeds; the claims it
+// alone holds must still be synced within the interval, as the current log's
+// are, or a power loss drops claims older than the interval.
+TEST(RocksDBClaimLog, AClosedLogThatStaysIsSyncedWithinTheInterval) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
+#endif
+  const std::string dir = testing::MakeTempDir("rocksdb-closedlog");
+  const std::string report = dir + "-sync-order";
+  std::remove(report.c_str());
+  setenv("LD_PRELOAD", DEDUP_SYNC_ORDER_PRELOAD, 1);
+  setenv("DEDUP_SYNC_ORDER_REPORT", report.c_str(), 1);
+  const std::string out = RunUntilThenKill({DEDUP_CRASH_CHILD, "closedlog", dir}, "DONE");
+  unsetenv("LD_PRELOAD");
+  unsetenv("DEDUP_SYNC_ORDER_REPORT");
+  EXPECT_NE(out.find("FAILED"), std::string::npos)
+      << "the materialization did not fail: nothing was tested. Output:\n" << out;
+  std::vector<uint64_t> logs;
+  ASSERT_TRUE(internal::ListClaimLogs(dir, &logs).ok());
+  EXPECT_FALSE(logs.empty()) << "the failed materialization deleted its log";
+  std::ifstream in(report);
+  const std::string found((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(found, "") << "three intervals after the failed materialization, a power loss "
+                          "loses these logs' claims";
+  std::remove(report.c_str());
+  testing::RemoveDir(dir);
+}
+
+// As CompletionsSurviveAKillDuringMaterializations, with forgets and releases
+// among the completions: after each SIGKILL a forgotten key stays gone (its
+// claim is in a claim log, followed by a forget entry, or was written into the
+// database by a materialization before the forget deleted it), a released one
+// stays released, a completed one completed.
+TEST(RocksDBClaimLog, ForgetsAndReleasesSurviveAKillDuringMaterializations) {
+  const std::string dir = testing::MakeTempDir("rocksdb-bulk");
+  std::mt19937 rng(std::random_device{}());
+  const auto count = [](const std::string& out, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (int round = 0; round < 3 && !HasFailure(); ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Child c = Spawn({DEDUP_CRASH_CHILD, "bulkmixed", dir, std::to_string(round)});
+    ASSERT_GT(c.pid, 0);
+    std::string out;
+    bool alive = true;
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    while (alive && count(out, "LOGS ") < 2 && std::chrono::steady_clock::now() < give_up) {
+      alive = ReadSome(c.out, &out, 20ms);
+    }
+    const auto kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(rng() % 1500);
+    while (alive && std::chrono::steady_clock::now() < kill_at) alive = ReadSome(c.out, &out, 5ms);
+    kill(c.pid, SIGKILL);
+    int wstatus = 0;
+    waitpid(c.pid, &wstatus, 0);
+    for (int k = 0; k < 10'000 && ReadSome(c.out, &out, 0ms); ++k) {
+    }
+    close(c.out);
+    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+        << "the child ended on its own (status " << wstatus << "); output tail:\n"
+        << out.substr(out.size() > 2000 ? out.size() - 2000 : 0);
+    std::set<std::string> forgotten;
+    size_t pos = 0;
+    for (size_t nl; (nl = out.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+      if (out.compare(pos, 2, "F ") == 0) forgotten.insert(out.substr(pos + 2, nl - pos - 2));
+    }
+    const Acked acked = Parse(out);
+    EXPECT_GE(count(out, "LOGS "), 2u) << "no materialization before the kill: not tested";
+    ASSERT_FALSE(forgotten.empty() || acked.released.empty() || acked.completed.empty())
+        << "the child forgot, released or completed nothing before the kill";
+    RocksDBStoreOptions o;
+    o.path = dir;
+    auto store = RocksDBStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    int wrong = 0;
+    const auto expect = [&](const std::string& key, const char* what, auto&& ok) {
+      auto r = (*store)->Inspect(key);
+      ASSERT_TRUE(r.ok()) << r.status();
+      if (!ok(*r) && ++wrong <= 5) {
+        ADD_FAILURE() << key << ": " << what << ", now "
+                      << (r->has_value() ? "state " + std::to_string(int((**r).state)) +
+                                               " fence " + std::to_string((**r).fence)
+                                         : std::string("gone"));
+      }
+    };
+    for (const std::string& key : forgotten) {
+      expect(key, "forgotten", [](const std::optional<Record>& r) { return !r.has_value(); });
+    }
+    for (const std::string& key : acked.released) {
+      expect(key, "released", [](const std::optional<Record>& r) {
+        return r.has_value() && r->state == RecordState::kReleased;
+      });
+    }
+    for (const std::string& key : acked.completed) {
+      expect(key, "completed", [&](const std::optional<Record>& r) {
+        return r.has_value() && r->state == RecordState::kCompleted && r->result == key;
+      });
+    }
+    EXPECT_EQ(wrong, 0) << "of " << forgotten.size() << " forgotten, " << acked.released.size()
+                        << " released, " << acked.completed.size() << " completed";
+  }
+  testing::RemoveDir(dir);
+}
 
 }  // namespace
 }  // namespace dedup

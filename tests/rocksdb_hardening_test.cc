@@ -13,20 +13,31 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "store_envs.h"
+#include "stores/rocksdb/claim_log.h"
+#include "stores/rocksdb/record_codec.h"
 
 namespace dedup {
 namespace {
@@ -68,7 +79,8 @@ class RocksDBHardeningTest : public ::testing::Test {
     auto s = TryOpen(path);
     ASSERT_TRUE(s.ok()) << s.status();
     for (int i = 0; i < n; ++i) {
-      ClaimRequest r = Req(Key(i));
+      const std::string key = Key(i);  // Req keeps a view of it
+      ClaimRequest r = Req(key);
       r.max_attempts = 1000;
       ASSERT_TRUE((*s)->Claim(r).ok());
     }
@@ -368,14 +380,349 @@ TEST_F(RocksDBHardeningTest, ReadOnlyOpenReadsBesideAWriterAndRefusesWrites) {
   ASSERT_TRUE(a.ok());
   ASSERT_EQ(*(*w)->Complete("a", a->token, std::chrono::minutes(10), CompletionStatus::kOk, ""),
             WriteResult::kOk);
+  // A claim still held (a handler at work): the writer puts it in the claim log,
+  // not the database; a read-only open (dedup inspect) reads it from there.
+  auto held = (*w)->Claim(Req("held"));
+  ASSERT_TRUE(held.ok() && held->acquired());
+  bool logged = false;
+  for (int i = 0; i < 5000 && !logged; ++i) {
+    std::vector<uint64_t> logs;
+    ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+    for (uint64_t n : logs) {
+      ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                         [&](uint8_t, std::string_view k, std::string_view) {
+                                           logged = logged || k == "held";
+                                         }).ok());
+    }
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(logged) << "the claim never reached the claim log";
   auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
   ASSERT_TRUE(ro.ok()) << ro.status();
   auto r = (*ro)->Inspect("a");
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->has_value());
+  auto h = (*ro)->Inspect("held");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->has_value()) << "a held claim is invisible to a read-only open";
+  EXPECT_EQ((*h)->state, RecordState::kInProgress);
+  EXPECT_EQ((*h)->fence, held->fence);
+  auto listed = (*ro)->Scan("", 10);
+  EXPECT_TRUE(listed.ok()) << listed.status();
   auto c = (*ro)->Claim(Req("b"));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
+}
+
+// A claim log whose damage is not at its end (a changed byte in a frame that is
+// followed by whole ones) is not what a crash leaves. Stopping there silently
+// dropped every later frame: here the forget of a completed claim, so the open
+// brought the forgotten claim back (a key the operator removed came back
+// IN_PROGRESS, its attempt counted). Such a log refuses the open, naming it;
+// salvage, asked for, loses only the damaged frame.
+TEST_F(RocksDBHardeningTest, DamagedFrameInTheMiddleOfAClaimLogIsAnErrorNamingTheLog) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  const uint64_t epoch1 = uint64_t{1} << 32;
+  const auto claim = [&](uint64_t fence) {
+    Record r;
+    r.state = RecordState::kInProgress;
+    r.token = Token::Random();
+    r.fence = fence;
+    r.attempt = 1;
+    r.lease_deadline = clock_.NowMillis() + 600'000;
+    r.retention_deadline = r.lease_deadline + 86'400'000;
+    std::string v;
+    internal::EncodeRecord(r, &v);
+    return v;
+  };
+  // What a process leaves: a claim; another claim; the first one's forget (it
+  // was completed, then forgotten) and a third claim.
+  std::string bytes;
+  internal::ClaimLogFrame f;
+  f.AddClaim("forgotten", claim(epoch1 + 1));
+  bytes += f.Finish();
+  const size_t second = bytes.size();
+  f.Clear();
+  f.AddClaim("middle", claim(epoch1 + 2));
+  bytes += f.Finish();
+  f.Clear();
+  f.AddForget("forgotten", epoch1 + 1);
+  f.AddClaim("after", claim(epoch1 + 3));
+  bytes += f.Finish();
+  bytes[second + 12] ^= 0x20;  // in the second frame's payload
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << bytes;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto s = TryOpen(db);
+    if (s.ok()) {
+      auto r = (*s)->Inspect("forgotten");
+      ADD_FAILURE() << "a claim log damaged before its end was read up to the damage silently; "
+                    << "the forgotten key is "
+                    << (r.ok() && r->has_value() ? "back: " + std::string(RecordStateName((**r).state))
+                                                 : std::string("gone"));
+      return;
+    }
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+    EXPECT_NE(s.status().message().find(internal::ClaimLogName(1)), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("recovery=salvage"), std::string::npos) << s.status();
+    auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false);
+    ASSERT_FALSE(ro.ok());
+    EXPECT_EQ(ro.status().code(), StatusCode::kDataLoss) << ro.status();
+  }
+  ASSERT_TRUE(fs::exists(log));
+  EXPECT_EQ(fs::file_size(log), bytes.size());
+  // Salvage, asked for: the damaged frame's claim is lost, the frames after it
+  // are not; the fences of the logged claims are never handed out again.
+  auto s = TryOpen(db, WalRecovery::kSalvage);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto gone = (*s)->Inspect("forgotten");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value()) << "the forget after the damaged frame was dropped";
+  auto after = (*s)->Inspect("after");
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE(after->has_value()) << "the claim after the damaged frame was dropped";
+  EXPECT_EQ((**after).fence, epoch1 + 3);
+  auto middle = (*s)->Claim(Req("middle"));
+  ASSERT_TRUE(middle.ok() && middle->acquired());
+  EXPECT_GT(middle->fence, epoch1 + 3);
+  EXPECT_FALSE(fs::exists(log)) << "folded in, the log is deleted";
+}
+
+// dedup inspect --prefix beside a running worker: the claims still held (in
+// the claim log, not yet in the database) are listed, as Inspect shows them.
+// (Before the claim log, the writer's group commit put them in the WAL, which
+// a read-only open replays; a held claim is what an operator looks for.)
+TEST_F(RocksDBHardeningTest, ReadOnlyScanListsTheClaimsOnlyTheClaimLogHolds) {
+  const std::string db = dir_ + "/db";
+  auto w = TryOpen(db);
+  ASSERT_TRUE(w.ok());
+  auto done = (*w)->Claim(Req("job/1"));
+  ASSERT_TRUE(done.ok() && done->acquired());
+  ASSERT_EQ(*(*w)->Complete("job/1", done->token, 10min, CompletionStatus::kOk, ""),
+            WriteResult::kOk);
+  std::vector<uint64_t> fences;
+  for (const char* key : {"job/0", "job/2", "other"}) {
+    auto held = (*w)->Claim(Req(key));
+    ASSERT_TRUE(held.ok() && held->acquired());
+    fences.push_back(held->fence);
+  }
+  std::set<std::string> logged;
+  const auto all_logged = [&] {
+    return logged.count("job/0") + logged.count("job/2") + logged.count("other") == 3;
+  };
+  for (int i = 0; i < 5000 && !all_logged(); ++i) {
+    std::vector<uint64_t> logs;
+    ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+    for (uint64_t n : logs) {
+      ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                         [&](uint8_t, std::string_view k, std::string_view) {
+                                           logged.insert(std::string(k));
+                                         }).ok());
+    }
+    if (!all_logged()) std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_TRUE(all_logged()) << "the claims never reached the claim log";
+  auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
+  ASSERT_TRUE(ro.ok()) << ro.status();
+  const auto keys = [](const StatusOr<std::vector<Record>>& r) {
+    std::vector<std::string> k;
+    if (r.ok()) {
+      for (const Record& x : *r) k.push_back(x.key + (x.state == RecordState::kInProgress ? "*" : ""));
+    }
+    return k;
+  };
+  auto all = (*ro)->Scan("job/", 10);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(keys(all), (std::vector<std::string>{"job/0*", "job/1", "job/2*"}));
+  if (all.ok() && all->size() == 3) EXPECT_EQ((*all)[2].fence, fences[1]);
+  EXPECT_EQ(keys((*ro)->Scan("job/", 2)), (std::vector<std::string>{"job/0*", "job/1"}));
+  EXPECT_EQ(keys((*ro)->Scan("", 10)), (std::vector<std::string>{"job/0*", "job/1", "job/2*", "other*"}));
+}
+
+// A file system that runs `hook` once, when the open first reads a MANIFEST:
+// inside DB::Open after it holds the directory's lock (and inside
+// DB::OpenForReadOnly), the moment another process's close could just have
+// finished beside the open.
+class HookAtManifestFs : public rocksdb::FileSystemWrapper {
+ public:
+  explicit HookAtManifestFs(std::function<void()> hook)
+      : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()), hook_(std::move(hook)) {}
+  const char* Name() const override { return "HookAtManifestFs"; }
+  rocksdb::IOStatus NewSequentialFile(const std::string& f, const rocksdb::FileOptions& o,
+                                      std::unique_ptr<rocksdb::FSSequentialFile>* r,
+                                      rocksdb::IODebugContext* dbg) override {
+    if (hook_ && f.find("MANIFEST") != std::string::npos) std::exchange(hook_, nullptr)();
+    return target()->NewSequentialFile(f, o, r, dbg);
+  }
+
+ private:
+  std::function<void()> hook_;
+};
+
+// An encoded IN_PROGRESS record of `fence`, held for 10 minutes.
+std::string LoggedClaim(Clock& clock, uint64_t fence) {
+  Record r;
+  r.state = RecordState::kInProgress;
+  r.token = Token::Random();
+  r.fence = fence;
+  r.attempt = 1;
+  r.lease_deadline = clock.NowMillis() + 600'000;
+  r.retention_deadline = r.lease_deadline + 86'400'000;
+  std::string v;
+  internal::EncodeRecord(r, &v);
+  return v;
+}
+
+// A writer's clean close deletes its claim logs once their claims are in the
+// database. A new writer that listed the logs before it held the directory's
+// lock may find one gone when it folds them: that is no error (the claims are
+// in the database), and the open succeeds.
+TEST_F(RocksDBHardeningTest, AClaimLogDeletedBeforeTheOpenHoldsTheLockIsNoError) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  internal::ClaimLogFrame f;
+  f.AddClaim("held", LoggedClaim(clock_, (uint64_t{1} << 32) + 1));
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << f.Finish();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
+      std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
+  RocksDBStoreOptions o;
+  o.path = db;
+  o.clock = &clock_;
+  o.env = env.get();
+  auto s = RocksDBStore::Open(o);
+  ASSERT_TRUE(s.ok()) << "the log deleted beside the open failed it: " << s.status();
+  auto c = (*s)->Claim(Req("other"));
+  ASSERT_TRUE(c.ok() && c->acquired());
+  EXPECT_GT(c->fence, uint64_t{2} << 32);
+}
+
+// dedup inspect beside a writer: a claim log that the writer deletes while the
+// read-only open reads the database (its claims written there after the state
+// the open sees) must not take its claims out of what the reader shows.
+TEST_F(RocksDBHardeningTest, AReadOnlyOpenShowsTheClaimsOfALogDeletedDuringItsOpen) {
+  const std::string db = dir_ + "/db";
+  {
+    auto s = TryOpen(db);  // fence epoch 1
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+  const uint64_t fence = (uint64_t{1} << 32) + 1;
+  internal::ClaimLogFrame f;
+  f.AddClaim("held", LoggedClaim(clock_, fence));
+  const std::string log = db + "/" + internal::ClaimLogName(1);
+  std::ofstream(log, std::ios::binary) << f.Finish();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
+      std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
+  RocksDBStoreOptions o;
+  o.path = db;
+  o.clock = &clock_;
+  o.read_only = true;
+  o.env = env.get();
+  auto s = RocksDBStore::Open(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(fs::exists(log)) << "the hook did not run";
+  auto r = (*s)->Inspect("held");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_value()) << "the claim of a log deleted during the read-only open is not shown";
+  EXPECT_EQ((**r).fence, fence);
+  EXPECT_EQ((**r).state, RecordState::kInProgress);
+}
+
+// A file system whose write-ahead log appends answer "no space" while `full`.
+class FullWalFs : public rocksdb::FileSystemWrapper {
+ public:
+  explicit FullWalFs(std::atomic<bool>* full)
+      : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()), full_(full) {}
+  const char* Name() const override { return "FullWalFs"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& f, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* r,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(f, o, r, dbg);
+    if (s.ok() && f.ends_with(".log")) *r = std::make_unique<Wal>(std::move(*r), full_);
+    return s;
+  }
+
+ private:
+  class Wal : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    Wal(std::unique_ptr<rocksdb::FSWritableFile> f, std::atomic<bool>* full)
+        : rocksdb::FSWritableFileOwnerWrapper(std::move(f)), full_(full) {}
+    rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                             rocksdb::IODebugContext* dbg) override {
+      if (full_->load()) return rocksdb::IOStatus::NoSpace("full on purpose");
+      return target()->Append(d, o, dbg);
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& d, const rocksdb::IOOptions& o,
+                             const rocksdb::DataVerificationInfo& v,
+                             rocksdb::IODebugContext* dbg) override {
+      if (full_->load()) return rocksdb::IOStatus::NoSpace("full on purpose");
+      return target()->Append(d, o, v, dbg);
+    }
+
+   private:
+    std::atomic<bool>* full_;
+  };
+  std::atomic<bool>* full_;
+};
+
+// A Forget whose forget entry reached the claim log but whose deletion from
+// the database then failed (a full disk) has still happened for the next open:
+// the fold drops the logged claim it follows. Its error must not say that
+// nothing happened; it says that the forget may take effect at the next open.
+TEST_F(RocksDBHardeningTest, AForgetLoggedButNotAppliedSaysSo) {
+  const std::string db = dir_ + "/db";
+  std::atomic<bool> full{false};
+  std::unique_ptr<rocksdb::Env> env =
+      rocksdb::NewCompositeEnv(std::make_shared<FullWalFs>(&full));
+  uint64_t fence = 0;
+  {
+    RocksDBStoreOptions o;
+    o.path = db;
+    o.clock = &clock_;
+    o.env = env.get();
+    auto s = RocksDBStore::Open(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ClaimRequest r = Req("gone");
+    r.lease = 1s;
+    auto c = (*s)->Claim(r);
+    ASSERT_TRUE(c.ok() && c->acquired());
+    fence = c->fence;
+    bool logged = false;
+    for (int i = 0; i < 5000 && !logged; ++i) {
+      std::vector<uint64_t> logs;
+      ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+      for (uint64_t n : logs) {
+        ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                           [&](uint8_t, std::string_view k, std::string_view) {
+                                             logged = logged || k == "gone";
+                                           }).ok());
+      }
+      if (!logged) std::this_thread::sleep_for(2ms);
+    }
+    ASSERT_TRUE(logged) << "the claim never reached the claim log";
+    clock_.Advance(2s);  // the lease is over: Forget removes it without force
+    full.store(true);
+    auto f = (*s)->Forget("gone");
+    ASSERT_FALSE(f.ok()) << "the deletion did not fail: nothing was tested";
+    EXPECT_EQ(f.status().code(), StatusCode::kResourceExhausted) << f.status();
+    EXPECT_EQ(f.status().message().find("did not happen"), std::string::npos)
+        << "the error promises that nothing happened: " << f.status();
+    EXPECT_NE(f.status().message().find("next open"), std::string::npos) << f.status();
+  }
+  full.store(false);
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = (*s)->Inspect("gone");
+  ASSERT_TRUE(r.ok()) << r.status();
+  // What the error now says can happen, did (the forget entry was folded in).
+  EXPECT_FALSE(r->has_value()) << "fence " << fence;
 }
 
 TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
@@ -383,6 +730,67 @@ TEST_F(RocksDBHardeningTest, InfoLogStaysInTheDirectory) {
   Fill(db, 1);
   EXPECT_TRUE(fs::exists(db + "/LOG"));
   EXPECT_GT(fs::file_size(db + "/LOG"), 0u);
+}
+
+// A forget of a key whose claim the writer is appending to the claim log waits
+// for that frame (the claim sits in the logged map, marked in flight, before
+// its frame is written): its forget entry comes after the claim in the log, or
+// the fold at the next open would bring the forgotten claim back. Each key is
+// claimed among a batch of other claims (so that frames are long), then
+// forgotten after its lease ended, at a random moment of the writer's rounds.
+TEST_F(RocksDBHardeningTest, AForgetEntryFollowsTheClaimItForgetsInTheClaimLog) {
+  const std::string db = dir_ + "/db";
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::mt19937 rng(20261201);
+  std::set<std::string> forgotten;
+  int fill = 0;
+  for (int i = 0; i < 1500; ++i) {
+    std::vector<std::string> keys;
+    for (int j = 0; j < 30; ++j) keys.push_back("fill/" + std::to_string(fill++));
+    const std::string key = "gone/" + std::to_string(i);
+    keys.push_back(key);
+    std::vector<ClaimRequest> reqs;
+    for (const std::string& k : keys) {
+      reqs.push_back(Req(k));
+      reqs.back().lease = 1s;
+    }
+    auto c = (*s)->ClaimBatch(reqs);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    clock_.Advance(2s);  // every lease so far has ended
+    auto f = (*s)->Forget(key);
+    ASSERT_TRUE(f.ok()) << f.status();
+    if (*f) forgotten.insert(key);
+  }
+  ASSERT_EQ(forgotten.size(), 1500u);
+  // Read while the store is open (a close folds the logs into the database).
+  std::vector<uint64_t> logs;
+  ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
+  std::map<std::string, std::pair<uint8_t, uint64_t>> last;  // key -> last entry: type, fence
+  for (uint64_t n : logs) {
+    const auto note = [&](uint8_t type, std::string_view k, std::string_view v) {
+      if (!k.starts_with("gone/")) return;
+      uint64_t fence = 0;
+      Record r;
+      std::string why;
+      if (type == internal::kClaimEntry && internal::DecodeRecord(v, &r, &why)) fence = r.fence;
+      last[std::string(k)] = {type, fence};
+    };
+    ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n), note).ok());
+  }
+  int claims_logged = 0, back = 0;
+  for (const auto& [key, e] : last) {
+    if (e.first == internal::kClaimEntry) {
+      ++back;
+      ADD_FAILURE() << key << ": a claim entry after its forget entry (or with none)";
+    } else {
+      ++claims_logged;
+    }
+  }
+  std::fprintf(stderr, "%zu logs; %d forgotten keys had their claim logged first\n", logs.size(),
+               claims_logged);
+  EXPECT_EQ(back, 0);
 }
 
 // Runs `fn` in a child process; true when it returned true and did not die.
@@ -621,6 +1029,124 @@ TEST_F(FullDiskTest, AFailedWriteLeavesNothingForTheThreadsNextOne) {
       },
       &how);
   EXPECT_TRUE(ok) << how;
+}
+
+// The writer moves each claim into its logged map as it encodes the claim log's
+// frame, before the frame is written; an append that fails (the disk is full)
+// moves them back to pending, where a claim made meanwhile over one of them (a
+// takeover) is the newer and stays. Once the disk has room again, every claim's
+// last record reaches the claim log and survives a crash: none is lost, and no
+// older record comes back over a takeover made while the appends failed.
+TEST_F(FullDiskTest, ClaimsOfFailedLogAppendsAreLoggedOnceTheDiskHasRoom) {
+  const std::string db = mnt_ + "/db";
+  const std::string ledger = dir_ + "/ledger";
+  std::string how;
+  const bool ok = InChild(
+      [&] {
+        auto s = TryOpen(db);
+        if (!s.ok()) return false;
+        FillDisk(0);
+        std::map<std::string, uint64_t> last;  // key -> fence of its last claim
+        const auto claim = [&](const std::string& key, Millis lease) {
+          ClaimRequest r = Req(key);
+          r.lease = lease;
+          auto c = (*s)->Claim(r);
+          if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) {
+            std::fprintf(stderr, "claim %s: %s\n", key.c_str(),
+                         c.ok() ? "not acquired" : c.status().ToString().c_str());
+            return false;
+          }
+          last[key] = c->fence;
+          return true;
+        };
+        // Many, so that each failing round's frame takes a while to encode.
+        for (int i = 0; i < 6000; ++i) {
+          if (!claim("held/" + std::to_string(i), 1h)) return false;
+        }
+        // Taken over again and again (each lease ends) at random moments of
+        // the failing rounds (every 100 ms once they back off).
+        std::mt19937 rng(20261201);
+        const auto deadline = std::chrono::steady_clock::now() + 3s;
+        while (std::chrono::steady_clock::now() < deadline) {
+          clock_.Advance(2s);
+          for (int i = 0; i < 50; ++i) {
+            if (!claim("taken/" + std::to_string(i), 1s)) return false;
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(rng() % 250'000));
+        }
+        const auto logged = [&](std::map<std::string, uint64_t>* fences) {
+          fences->clear();
+          std::vector<uint64_t> logs;
+          if (!internal::ListClaimLogs(db, &logs).ok()) return false;
+          for (uint64_t n : logs) {
+            Status r = internal::ReadClaimLog(
+                db + "/" + internal::ClaimLogName(n),
+                [&](uint8_t type, std::string_view k, std::string_view v) {
+                  Record rec;
+                  std::string why;
+                  if (type == internal::kClaimEntry && internal::DecodeRecord(v, &rec, &why)) {
+                    (*fences)[std::string(k)] = rec.fence;
+                  }
+                });
+            if (!r.ok()) return false;
+          }
+          return true;
+        };
+        std::map<std::string, uint64_t> fences;
+        if (!logged(&fences) || !fences.empty()) {
+          std::fprintf(stderr, "the appends did not fail: %zu keys logged\n", fences.size());
+          return false;
+        }
+        for (const auto& [key, fence] : last) {
+          auto r = (*s)->Inspect(key);
+          if (!r.ok() || !r->has_value() || (*r)->fence != fence) {
+            std::fprintf(stderr, "%s: not its last claim while the appends fail\n", key.c_str());
+            return false;
+          }
+        }
+        fs::remove(mnt_ + "/ballast");
+        bool all = false;
+        for (int i = 0; i < 2000 && !all; ++i) {
+          std::this_thread::sleep_for(5ms);
+          if (!logged(&fences)) return false;
+          all = fences.size() == last.size();
+          for (auto f = fences.begin(); all && f != fences.end(); ++f) {
+            all = last[f->first] == f->second;
+          }
+        }
+        if (!all) {
+          for (const auto& [key, fence] : last) {
+            if (fences[key] != fence) {
+              std::fprintf(stderr, "%s: claim log has fence %llu, its last claim %llu\n",
+                           key.c_str(), static_cast<unsigned long long>(fences[key]),
+                           static_cast<unsigned long long>(fence));
+            }
+          }
+          return false;
+        }
+        std::ofstream out(ledger);
+        for (const auto& [key, fence] : last) out << key << ' ' << fence << '\n';
+        out.close();
+        std::fflush(stderr);
+        _exit(0);  // a crash: no close, the claims are in the claim log only
+      },
+      &how);
+  ASSERT_TRUE(ok) << how;
+  auto s = TryOpen(db);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::ifstream in(ledger);
+  int checked = 0;
+  for (std::string key; in >> key;) {
+    uint64_t fence = 0;
+    in >> fence;
+    auto r = (*s)->Inspect(key);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value()) << key << ": its claim is gone after the crash";
+    EXPECT_EQ((*r)->fence, fence) << key;
+    EXPECT_EQ((*r)->state, RecordState::kInProgress) << key;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6050);
 }
 
 }  // namespace

@@ -15,10 +15,12 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <random>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
 #include "store_envs.h"
+#include "stores/rocksdb/claim_log.h"
 #include "stores/rocksdb/record_codec.h"
 
 extern char** environ;
@@ -521,6 +524,143 @@ TEST_F(RocksDBStoreTest, KeepsTheApplicationsColumnFamilies) {
 // marked a key of one stripe and then waited for another stripe the batch held.
 // Two threads race takeovers against the writer's rounds; any hang fails the
 // test (the process exits: a deadlocked thread cannot be joined).
+// Enough claims that the claim log's claims are written into the database
+// (past 65,536 logged) at least once while they are completed, taken over and
+// completed again: a write of a key whose logged claim is being written there
+// (an ingested table file lands above everything) must land after it, in memory
+// and after a reopen. The claims of a takeover replace a logged claim that a
+// materialization may be writing, and are completed too.
+TEST_F(RocksDBStoreTest, WritesDuringAMaterializationOfTheClaimLogLandLast) {
+  auto s = Open();
+  constexpr int kKeys = 300'000;  // 120,000 of them held: past 65,536 logged
+  std::vector<Token> tokens(kKeys);
+  std::vector<uint8_t> done(kKeys, 0);  // 1: completed, 2: taken over, then completed
+  std::atomic<int> claimed{0};
+  std::atomic<int> failures{0};
+  uint64_t highest_log = 0;  // the claimer's
+  const auto key = [](int i) { return "mat" + std::to_string(i); };
+  std::thread claimer([&] {
+    for (int i = 0; i < kKeys; ++i) {
+      auto r = s->Claim(Req(key(i), i % 5 == 4 ? 1ms : 10min));
+      if (!r.ok() || !r->acquired()) {
+        ++failures;
+        break;
+      }
+      tokens[static_cast<size_t>(i)] = r->token;
+      claimed.store(i + 1, std::memory_order_release);
+      if (i % 4096 == 0) {
+        std::vector<uint64_t> logs;
+        if (internal::ListClaimLogs(dir_, &logs).ok() && !logs.empty()) {
+          highest_log = std::max(highest_log, logs.back());
+        }
+      }
+    }
+  });
+  // Waits until key i was claimed `lag` claims ago (or all are).
+  const auto await = [&](int i, int lag) {
+    while (claimed.load(std::memory_order_acquire) < std::min(kKeys, i + lag) &&
+           failures.load() == 0) {
+      std::this_thread::yield();
+    }
+  };
+  const auto complete = [&](int i, Token t) {
+    auto c = s->Complete(key(i), t, 24h, CompletionStatus::kOk, "r" + std::to_string(i));
+    if (!c.ok() || *c != WriteResult::kOk) ++failures;
+  };
+  std::thread completer([&] {
+    std::mt19937 rng(7);
+    for (int i = 0; i < kKeys && failures.load() == 0; ++i) {
+      if (i % 5 != 1 && i % 5 != 2) continue;  // held, or taken over below
+      // Some time after the claim: in the log, often in a materialization.
+      await(i, 1'000 + static_cast<int>(rng() % 60'000));
+      done[static_cast<size_t>(i)] = 1;
+      complete(i, tokens[static_cast<size_t>(i)]);
+    }
+  });
+  // Takeovers on a thread of their own, completed a few milliseconds later on
+  // another (a completion waits while a materialization writes the key's older
+  // record): the takeovers go on during a materialization, the writer logs them
+  // over the claims it is writing, and their completions must wait for it too.
+  struct Taken {
+    int i;
+    Token token;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::mutex taken_mu;
+  std::deque<Taken> taken;
+  std::atomic<bool> taking{true};
+  std::thread taker([&] {
+    std::mt19937 rng(11);
+    for (int i = 4; i < kKeys && failures.load() == 0; i += 5) {
+      await(i, 1'000 + static_cast<int>(rng() % 60'000));
+      clock_.Advance(2ms);  // its 1 ms lease is over: taken over
+      auto r = s->Claim(Req(key(i), 10min));
+      if (!r.ok() || !r->acquired() || r->attempt != 2) {
+        ++failures;
+        break;
+      }
+      done[static_cast<size_t>(i)] = 2;
+      std::lock_guard l(taken_mu);
+      taken.push_back({i, r->token, std::chrono::steady_clock::now()});
+    }
+    taking.store(false);
+  });
+  std::thread late([&] {
+    while (true) {
+      std::optional<Taken> t;
+      {
+        std::lock_guard l(taken_mu);
+        if (!taken.empty() &&
+            (!taking.load() || std::chrono::steady_clock::now() - taken.front().at > 3ms)) {
+          t = taken.front();
+          taken.pop_front();
+        } else if (taken.empty() && !taking.load()) {
+          return;
+        }
+      }
+      if (t) {
+        complete(t->i, t->token);
+      } else {
+        std::this_thread::sleep_for(100us);
+      }
+    }
+  });
+  claimer.join();
+  completer.join();
+  taker.join();
+  late.join();
+  ASSERT_EQ(failures.load(), 0);
+  // A new log is started after each materialization (the first log is 1).
+  EXPECT_GE(highest_log, 2u) << "no materialization: the test did not test one";
+  const auto check = [&](RocksDBStore* st, const std::string& when) {
+    int wrong = 0;
+    for (int i = 0; i < kKeys && wrong < 5; ++i) {
+      auto r = st->Inspect(key(i));
+      ASSERT_TRUE(r.ok()) << r.status();
+      const uint8_t d = done[static_cast<size_t>(i)];
+      // Keys taken over and never completed: none (every fifth key from 4 on is).
+      const bool ok = r->has_value() &&
+                      (d != 0 ? (*r)->state == RecordState::kCompleted &&
+                                    (*r)->result == "r" + std::to_string(i) &&
+                                    (*r)->attempt == (d == 2 ? 2u : 1u)
+                              : (*r)->state == RecordState::kInProgress &&
+                                    (*r)->token == tokens[static_cast<size_t>(i)]);
+      if (!ok) {
+        ++wrong;
+        ADD_FAILURE() << when << ": key " << i << " (done " << int(d) << "): "
+                      << (r->has_value() ? "state " + std::to_string(int((*r)->state)) +
+                                               ", attempt " + std::to_string((*r)->attempt)
+                                         : std::string("no record"));
+      }
+    }
+  };
+  check(s.get(), "before the close");
+  s.reset();
+  s = Open();
+  ASSERT_NE(s, nullptr);
+  check(s.get(), "after a reopen");
+}
+
 TEST_F(RocksDBStoreTest, DurableBatchTakeoverOfKeysTheWriterCarriesDoesNotHang) {
   auto s = Open();
   std::atomic<uint64_t> progress{0};
@@ -915,6 +1055,112 @@ TEST(RecordCodecTest, RoundTripsAndRejectsDamage) {
   bad_state[37] = 9;
   EXPECT_FALSE(internal::DecodeRecord(bad_state, &back, &why));
   EXPECT_EQ(why, "bad state 9");
+}
+
+// The claim log's reader hands on whole, undamaged frames only, and stops at the
+// first one that is not: cut short (a crash in the write) or changed.
+TEST(ClaimLogTest, ReadsWholeFramesAndStopsAtACutOrDamage) {
+  EXPECT_EQ(internal::Crc32c("123456789"), 0xE3069283u);  // the check value of CRC-32C
+  EXPECT_EQ(internal::Crc32c(std::string(1000, 'x')), internal::Crc32c(std::string(1000, 'x')));
+  const std::string dir = testing::MakeTempDir("claimlog");
+  const std::string path = dir + "/" + internal::ClaimLogName(7);
+  EXPECT_EQ(internal::ClaimLogName(7), "CLAIMLOG-000007");
+  std::string bytes;
+  internal::ClaimLogFrame f;
+  for (int frame = 0; frame < 3; ++frame) {
+    f.Clear();
+    for (int e = 0; e < 3; ++e) {
+      const std::string k = "k" + std::to_string(frame) + "." + std::to_string(e);
+      f.AddClaim(k, "value of " + k);
+    }
+    if (frame == 2) f.AddForget("k0.0", 42);
+    bytes += f.Finish();
+  }
+  const auto read = [&](const std::string& content) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    std::vector<std::string> got;
+    EXPECT_TRUE(internal::ReadClaimLog(path, [&](uint8_t type, std::string_view k, std::string_view v) {
+                  got.push_back(std::to_string(type) + " " + std::string(k) + " " +
+                                (type == internal::kClaimEntry ? std::string(v) : std::to_string(v.size())));
+                }).ok());
+    return got;
+  };
+  std::vector<std::string> all = read(bytes);
+  ASSERT_EQ(all.size(), 10u);
+  EXPECT_EQ(all[0], "1 k0.0 value of k0.0");
+  EXPECT_EQ(all[9], "2 k0.0 8");
+  std::vector<uint64_t> numbers;
+  ASSERT_TRUE(internal::ListClaimLogs(dir, &numbers).ok());
+  EXPECT_EQ(numbers, std::vector<uint64_t>{7});
+  // Every cut inside the last frame: the first two frames, whole.
+  const size_t two = bytes.size() - f.Finish().size();
+  for (size_t n = two; n < bytes.size(); ++n) EXPECT_EQ(read(bytes.substr(0, n)).size(), 6u) << n;
+  // A changed byte in the second frame: the first frame only.
+  const size_t one = two / 2;
+  for (size_t at = one; at < two; at += 5) {
+    std::string bad = bytes;
+    bad[at] ^= 0x20;
+    EXPECT_EQ(read(bad).size(), 3u) << at;
+  }
+  testing::RemoveDir(dir);
+}
+
+// What the reader tells apart for the open (ClaimLogDamage): a frame whose
+// payload was changed, with a whole frame after it, is reported and skipped;
+// a frame cut short at the end, damage in the last frame, or a changed length
+// (the next frame cannot be found) ends the log as before, reported as nothing.
+TEST(ClaimLogTest, ReportsAndSkipsDamageBeforeTheEnd) {
+  const std::string dir = testing::MakeTempDir("claimlog");
+  const std::string path = dir + "/" + internal::ClaimLogName(1);
+  std::string bytes;
+  std::vector<size_t> starts;
+  internal::ClaimLogFrame f;
+  for (int frame = 0; frame < 3; ++frame) {
+    f.Clear();
+    f.AddClaim("k" + std::to_string(frame), "v" + std::to_string(frame));
+    starts.push_back(bytes.size());
+    bytes += f.Finish();
+  }
+  const auto read = [&](const std::string& content, int64_t* at) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+    std::string keys;
+    internal::ClaimLogDamage damage;
+    EXPECT_TRUE(internal::ReadClaimLog(path, [&](uint8_t, std::string_view k, std::string_view) {
+                  keys += std::string(k) + " ";
+                }, &damage).ok());
+    *at = damage.at;
+    return keys;
+  };
+  int64_t at = 0;
+  EXPECT_EQ(read(bytes, &at), "k0 k1 k2 ");
+  EXPECT_EQ(at, -1);
+  std::string bad = bytes;
+  bad[starts[1] + 10] ^= 0x01;  // the second frame's payload
+  EXPECT_EQ(read(bad, &at), "k0 k2 ");
+  EXPECT_EQ(at, static_cast<int64_t>(starts[1]));
+  bad = bytes;
+  bad[starts[1]] ^= 0x01;  // its length
+  EXPECT_EQ(read(bad, &at), "k0 ");
+  EXPECT_EQ(at, -1);
+  bad = bytes;
+  bad[bytes.size() - 1] ^= 0x01;  // the last frame
+  EXPECT_EQ(read(bad, &at), "k0 k1 ");
+  EXPECT_EQ(at, -1);
+  EXPECT_EQ(read(bytes.substr(0, bytes.size() - 3), &at), "k0 k1 ");  // cut short
+  EXPECT_EQ(at, -1);
+  // Zeros after the frames (a file extended but never written): no frame, no damage.
+  EXPECT_EQ(read(bytes + std::string(64, '\0'), &at), "k0 k1 k2 ");
+  EXPECT_EQ(at, -1);
+  // Without a ClaimLogDamage the reader stops at the first damaged frame.
+  bad = bytes;
+  bad[starts[1] + 10] ^= 0x01;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+  int entries = 0;
+  EXPECT_TRUE(internal::ReadClaimLog(path, [&](uint8_t, std::string_view, std::string_view) {
+                ++entries;
+              }).ok());
+  EXPECT_EQ(entries, 1);
+  testing::RemoveDir(dir);
 }
 
 }  // namespace

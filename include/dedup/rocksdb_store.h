@@ -19,7 +19,9 @@
 //     older version of the key never resurfaces.
 //
 // A full disk is ResourceExhausted (never an abort): the write that hit it
-// changed nothing, and RocksDB keeps refusing writes until it is reopened.
+// changed nothing, and RocksDB keeps refusing writes until it is reopened. (One
+// exception, said in its message: a Forget whose forget entry reached the claim
+// log before the deletion failed may take effect at the next open.)
 // RocksDB's info log goes to PATH/LOG through a writer that ignores its own I/O
 // errors.
 //
@@ -50,6 +52,7 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -72,6 +75,8 @@ enum class WalRecovery : uint8_t {
   // after it (a consistent earlier state; records written after the damage are
   // gone, so their messages may run again). For an operator who has read the
   // kStrict error and chosen to lose the tail. URI: rocksdb:PATH?recovery=salvage
+  // The claim logs (PATH/CLAIMLOG-*) follow the same rule; there salvage skips
+  // only a damaged frame that whole ones follow.
   kSalvage = 1,
 };
 
@@ -104,6 +109,9 @@ struct RocksDBStoreOptions {
   // Decides leases and retention (and what the compaction filter drops). Not
   // owned. Default: Clock::System().
   Clock* clock = nullptr;
+  // The Env RocksDB opens the database with (tests: one whose file system does
+  // something at a chosen moment of the open). Not owned. Default: RocksDB's.
+  rocksdb::Env* env = nullptr;
 };
 
 class RocksDBStore : public Store {

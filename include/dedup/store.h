@@ -183,6 +183,9 @@ class Store {
   //     its next claim is ACQUIRED at attempt 1 with a fence greater than the
   //     forgotten owner's, and that owner's extend / complete / release answer
   //     LOST. Forget never removes a fence floor; it ends by itself.
+  //   * An error promises nothing about the record, as for every operation: it
+  //     may be removed (now, or when a store that logged the forget reopens);
+  //     retry the forget.
   [[nodiscard]] virtual StatusOr<bool> Forget(std::string_view key,
                                               const ForgetOptions& options) = 0;
   [[nodiscard]] StatusOr<bool> Forget(std::string_view key) {

@@ -1,0 +1,222 @@
+// Copyright dedup authors. Licensed under the Apache License 2.0.
+
+#include "stores/rocksdb/claim_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+namespace dedup::internal {
+namespace {
+
+constexpr size_t kHeader = 8;
+
+constexpr std::array<uint32_t, 256> MakeCrcTable() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+constexpr std::array<uint32_t, 256> kCrcTable = MakeCrcTable();
+
+uint32_t Crc32cSoft(const unsigned char* p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) c = kCrcTable[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return ~c;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t Crc32cHard(const unsigned char* p, size_t n) {
+  uint64_t c = 0xFFFFFFFFu;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = _mm_crc32_u64(c, v);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
+  return ~c32;
+}
+bool HaveSse42() {
+  static const bool have = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("sse4.2") != 0;
+  }();
+  return have;
+}
+#endif
+
+void PutU32(char* at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) at[i] = static_cast<char>(v >> (8 * i));
+}
+void AppendU32(std::string* out, uint32_t v) {
+  char b[4];
+  PutU32(b, v);
+  out->append(b, 4);
+}
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+uint32_t Crc32c(std::string_view data) {
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+#if defined(__x86_64__)
+  if (HaveSse42()) return Crc32cHard(p, data.size());
+#endif
+  return Crc32cSoft(p, data.size());
+}
+
+std::string ClaimLogName(uint64_t number) {
+  char digits[24];
+  const int n = std::snprintf(digits, sizeof digits, "%06llu", static_cast<unsigned long long>(number));
+  return std::string(kClaimLogPrefix) + std::string(digits, static_cast<size_t>(n));
+}
+
+Status ListClaimLogs(const std::string& dir, std::vector<uint64_t>* numbers) {
+  numbers->clear();
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return Status::Ok();
+  if (ec) return Status::Unavailable("claim logs in " + dir + ": " + ec.message());
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(kClaimLogPrefix)) continue;
+    const std::string_view digits = std::string_view(name).substr(kClaimLogPrefix.size());
+    uint64_t n = 0;
+    auto [p, err] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (err != std::errc() || p != digits.data() + digits.size() || digits.empty()) continue;
+    numbers->push_back(n);
+  }
+  std::sort(numbers->begin(), numbers->end());
+  return Status::Ok();
+}
+
+void ClaimLogFrame::Clear() {
+  buf_.assign(kHeader, '\0');
+  entries_ = 0;
+}
+
+void ClaimLogFrame::Add(uint8_t type, std::string_view key, std::string_view value) {
+  buf_.push_back(static_cast<char>(type));
+  AppendU32(&buf_, static_cast<uint32_t>(key.size()));
+  buf_.append(key);
+  AppendU32(&buf_, static_cast<uint32_t>(value.size()));
+  buf_.append(value);
+  ++entries_;
+}
+
+void ClaimLogFrame::AddClaim(std::string_view key, std::string_view record) {
+  Add(kClaimEntry, key, record);
+}
+
+void ClaimLogFrame::AddForget(std::string_view key, uint64_t fence) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(fence >> (8 * i));
+  Add(kForgetEntry, key, std::string_view(b, 8));
+}
+
+std::string_view ClaimLogFrame::Finish() {
+  const std::string_view payload = std::string_view(buf_).substr(kHeader);
+  PutU32(buf_.data(), static_cast<uint32_t>(payload.size()));
+  PutU32(buf_.data() + 4, Crc32c(payload));
+  return buf_;
+}
+
+namespace {
+
+// The frame at `at` of `data`: kWhole (its payload checks and its entries are
+// whole), kCut (it runs past the end of the data) or kDamaged; `len` its
+// payload's length.
+enum class Frame { kWhole, kCut, kDamaged };
+Frame CheckFrame(std::string_view data, size_t at, uint32_t* len) {
+  if (data.size() - at < kHeader) return Frame::kCut;
+  *len = GetU32(data.data() + at);
+  if (*len > data.size() - at - kHeader) return Frame::kCut;
+  const std::string_view payload(data.data() + at + kHeader, *len);
+  if (Crc32c(payload) != GetU32(data.data() + at + 4)) return Frame::kDamaged;
+  // Entries are checked whole before any is handed on: a frame is all or nothing.
+  for (size_t p = 0; p < payload.size();) {
+    if (payload.size() - p < 9) return Frame::kDamaged;
+    const uint32_t k = GetU32(payload.data() + p + 1);
+    if (payload.size() - p - 5 < static_cast<size_t>(k) + 4) return Frame::kDamaged;
+    const uint32_t v = GetU32(payload.data() + p + 5 + k);
+    if (payload.size() - p - 9 - k < v) return Frame::kDamaged;
+    p += 9 + static_cast<size_t>(k) + v;
+  }
+  return Frame::kWhole;
+}
+
+}  // namespace
+
+Status ReadClaimLog(const std::string& path,
+                    const std::function<void(uint8_t, std::string_view, std::string_view)>& fn,
+                    ClaimLogDamage* damage) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::Unavailable("claim log " + path + ": cannot open: " + std::strerror(errno));
+  }
+  std::string data;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      close(fd);
+      return Status::Unavailable("claim log " + path + ": cannot read: " + std::strerror(e));
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  size_t at = 0;
+  while (true) {
+    uint32_t len = 0;
+    const Frame f = CheckFrame(data, at, &len);
+    if (f == Frame::kCut) break;
+    if (f == Frame::kDamaged) {
+      // Its length may be sound (the damage elsewhere): then a whole frame
+      // follows it, and the damage is not a cut at the end.
+      uint32_t next_len = 0;
+      const size_t next = at + kHeader + len;
+      if (damage == nullptr || len == 0 || CheckFrame(data, next, &next_len) != Frame::kWhole ||
+          next_len == 0) {
+        break;
+      }
+      if (damage->at < 0) damage->at = static_cast<int64_t>(at);
+      at = next;
+      continue;
+    }
+    const std::string_view payload(data.data() + at + kHeader, len);
+    for (size_t p = 0; p < payload.size();) {
+      const uint8_t type = static_cast<uint8_t>(payload[p]);
+      const uint32_t k = GetU32(payload.data() + p + 1);
+      const uint32_t v = GetU32(payload.data() + p + 5 + k);
+      fn(type, payload.substr(p + 5, k), payload.substr(p + 9 + k, v));
+      p += 9 + static_cast<size_t>(k) + v;
+    }
+    at += kHeader + len;
+  }
+  return Status::Ok();
+}
+
+}  // namespace dedup::internal
