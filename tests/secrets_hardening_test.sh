@@ -134,6 +134,21 @@ fi
 out=$(timeout 60 "$dedup" bench --redis "redis://127.0.0.1:1" --quick 2>&1) || true
 [[ "$out" == *"onnection refused"* ]] && echo "ok   bench --redis with the server down says so" ||
   fail "bench server down: $out"
+# bench --redis: the URI's user name reaches redis-benchmark as one argument, never
+# through a shell (an ACL user name may hold ';', '$' and '>').
+user="x;touch\${IFS}$tmp/injected;#"
+redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning ACL SETUSER "$user" on ">$P" '~*' '+@all' >/dev/null
+enc_user=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$user")
+out=$(timeout 120 "$dedup" bench --redis "redis://$enc_user:$P@127.0.0.1:$port" \
+        --quick --no-rocksdb --phase throughput --no-progress 2>&1) || true
+if [[ -e "$tmp/injected" ]]; then
+  fail "bench --redis: the ACL user name ran as a shell command (redis-benchmark started through a shell)"
+elif [[ "$out" != *"| redis | redis-benchmark SET NX EX (-P 1) |"*[0-9]* ]]; then
+  fail "bench --redis with an ACL user: no redis-benchmark row: $(grep -m3 -iE 'redis-benchmark|error' <<<"$out")"
+else
+  echo "ok   bench --redis passes the ACL user name to redis-benchmark as one argument, no shell"
+fi
+[[ "$out" != *"$P"* ]] || fail "bench --redis with an ACL user printed the password"
 
 # A /db in the broker URI is honoured, not ignored (issue 13, item 9).
 out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "redis://127.0.0.1:$port/3?stream=db3" \
