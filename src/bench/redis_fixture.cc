@@ -3,11 +3,13 @@
 #include "bench/redis_fixture.h"
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,10 +17,13 @@
 #include <filesystem>
 #include <sstream>
 #include <thread>
+#include <vector>
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
 #include <hiredis/hiredis.h>
 
 #include "core/secret.h"
+
+extern char** environ;
 #endif
 
 namespace dedup::bench {
@@ -187,29 +192,56 @@ void OwnRedis::Stop() {
   }
 }
 
-// Runs `redis-benchmark ... --csv SET task_id:__rand_int__ processing NX EX 60`.
+// Runs `redis-benchmark ... --csv SET task_id:__rand_int__ processing NX EX 60`,
+// with an argument vector and no shell: the URI's user name and password reach it as
+// written (an ACL user name may hold ';', '$', '>'), and nothing of them is run.
 RoundResult RunRedisBenchmark(const RedisTarget& t, int connections, int pipeline, uint64_t requests) {
-  std::string cmd = "redis-benchmark -h " + t.host + " -p " + std::to_string(t.port);
+  std::vector<std::string> args = {"redis-benchmark", "-h", t.host, "-p", std::to_string(t.port)};
   if (!t.password.empty()) {
-    // Quoted for the shell; the password is never printed.
-    std::string q = "'";
-    for (char ch : t.password) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    q += "'";
-    cmd += (t.user.empty() ? "" : " --user " + t.user) + " -a " + q + " --no-auth-warning";
+    if (!t.user.empty()) args.insert(args.end(), {"--user", t.user});
+    args.insert(args.end(), {"-a", t.password});  // redis-benchmark 7.0 has no --no-auth-warning
   }
-  cmd += " -c " + std::to_string(connections) + " -P " + std::to_string(pipeline) + " -n " +
-         std::to_string(requests) +
-         " -r 1000000000 --csv SET task_id:__rand_int__ processing NX EX 60 2>/dev/null";
+  args.insert(args.end(), {"-c", std::to_string(connections), "-P", std::to_string(pipeline), "-n",
+                           std::to_string(requests), "-r", "1000000000", "--csv", "SET",
+                           "task_id:__rand_int__", "processing", "NX", "EX", "60"});
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   RoundResult r;
-  FILE* p = popen(cmd.c_str(), "r");
+  int out_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) {
+    r.errors = 1;
+    return r;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int spawned = posix_spawnp(&pid, "redis-benchmark", &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out_pipe[1]);
+  if (spawned != 0) {
+    close(out_pipe[0]);
+    r.errors = 1;
+    return r;
+  }
+  FILE* p = fdopen(out_pipe[0], "r");
   if (p == nullptr) {
+    close(out_pipe[0]);
+    int ignored;
+    waitpid(pid, &ignored, 0);
     r.errors = 1;
     return r;
   }
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
+  fclose(p);
+  int wstatus = 0;
+  while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  const int st = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 1;
   // "SET task_id:__rand_int__ ...","rps","avg","min","p50","p95","p99","max"
   std::istringstream in(out);
   for (std::string line; std::getline(in, line);) {
