@@ -109,8 +109,12 @@ out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" inspect --store "$store" --prefix '' --js
 out=$("$dedup" inspect --store "redis://:wrong$P@127.0.0.1:$port" a 2>&1) && fail "wrong password accepted" ||
   { [[ "$out" == *UNAUTHENTICATED* && "$out" != *"$P"* ]] && echo "ok   a wrong password is UNAUTHENTICATED, not echoed" ||
     fail "wrong password: $out"; }
+# No password: UNAUTHENTICATED, and the advice is a way that keeps it out of ps
+# (password_file=, DEDUP_REDIS_PASSWORD), never a URI holding it (redis://:pass@host).
 out=$("$dedup" inspect --store "$store" a 2>&1) && fail "no password accepted" ||
   { [[ "$out" == *UNAUTHENTICATED* ]] && echo "ok   no password is UNAUTHENTICATED" || fail "no password: $out"; }
+[[ "$out" == *password_file=*DEDUP_REDIS_PASSWORD* && "$out" != *pass@host* ]] &&
+  echo "ok   NOAUTH advises password_file= or DEDUP_REDIS_PASSWORD" || fail "NOAUTH advice: $out"
 # The worker's broker URI takes the same sources.
 out=$("$dedup" publish --broker "redis://127.0.0.1:$port?stream=st&password_file=$tmp/pw" --id-prefix m --count 1 2>&1) &&
   echo "ok   broker URI with password_file= publishes" || fail "publish with password_file=: $out"
