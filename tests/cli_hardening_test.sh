@@ -6,8 +6,8 @@
 #   * keys printed to a terminal or a log are escaped (no ESC byte reaches it);
 #   * a NUL in a message key is refused (dead-lettered with the reason), never cut
 #     into DEDUP_KEY;
-#   * numeric flags reject negative and out-of-range values; an unknown subcommand
-#     is named;
+#   * numeric flags reject empty, non-numeric, negative and out-of-range values;
+#     an unknown subcommand is named;
 #   * forget refuses a key whose lease is running unless --force (item 5), and a
 #     forced forget keeps the key's fences increasing.
 #
@@ -122,6 +122,53 @@ for args in "inspect --store $db --prefix m- --limit -1" \
   set +e; out=$(timeout 20 "$dedup" "${argv[@]}" 2>&1); rc=$?; set -e
   [[ $rc -eq 2 ]] && ok "refused: dedup $args" || fail "dedup $args: rc $rc: $(head -c 300 <<<"$out")"
 done
+# An empty or non-numeric value of any numeric flag of any command is refused,
+# naming the flag: CLI11 read '' as 0 (serve --max-connections '' was the default,
+# --threads '' no thread), "nan" passed a 0-to-1 range, "010" was octal 8. The
+# flags are those --help shows as INT, UINT, FLOAT or FRACTION, so a new one is
+# checked too. An accepted value fails later (nothing listens on 127.0.0.1:1) or
+# runs until the timeout (serve, on a port of its own choosing).
+declare -A base=(
+  [inspect]="--store memory: k" [exec]="--store memory: --key k"
+  [publish]="--broker redis://127.0.0.1:1?stream=x"
+  [worker]="--broker redis://127.0.0.1:1?stream=x --store memory: --exec true"
+  [simulate]="" [bench]="--no-redis --no-rocksdb" [serve]="--store memory: --listen 127.0.0.1:0"
+)
+numeric=0 numeric_failed=$failures
+for cmd in "${!base[@]}"; do
+  # "  --max-connections INT=0  ...", "  --concurrency INT:INT in [1 - 1024]=4": a
+  # flag and its type name.
+  flags=$("$dedup" "$cmd" --help |
+            grep -oE -- '^ +(-[a-z], )?--[a-z-]+ (INT|UINT|FLOAT|FRACTION)\b' |
+            awk '{print $(NF-1) " " $NF}') || true
+  while read -r flag type; do
+    [[ -n "$flag" ]] || continue
+    numeric=$((numeric + 1))
+    read -ra b <<<"${base[$cmd]}"
+    bad=('' abc 12x 0x10); [[ $type == FLOAT || $type == FRACTION ]] && bad=('' abc nan inf 1e)
+    for v in "${bad[@]}"; do
+      tail=(); [[ $cmd == exec ]] && tail=(-- true)
+      set +e
+      out=$(timeout 10 "$dedup" "$cmd" "${b[@]}" "$flag" "$v" "${tail[@]}" 2>&1 </dev/null); rc=$?
+      set -e
+      [[ $rc -eq 2 && "$out" == *"$flag: must be"* ]] ||
+        fail "dedup $cmd $flag '$v' ($type): rc $rc: $(head -c 300 <<<"$out")"
+    done
+  done <<<"$flags"
+done
+if ((numeric < 25)); then
+  fail "only $numeric numeric flags found in --help"
+elif ((failures == numeric_failed)); then
+  ok "$numeric numeric flags refuse an empty or non-numeric value, naming the flag"
+fi
+expect_rc "serve --max-connections '' is refused" 2 timeout 5 "$dedup" serve --store memory: \
+  --listen 127.0.0.1:0 --max-connections ''
+[[ "$out" == *"--max-connections: must be a whole number, got an empty value"* ]] ||
+  fail "serve --max-connections '': $out"
+redis-cli -h 127.0.0.1 -p "$port" DEL octal >/dev/null
+"$dedup" publish --broker "redis://127.0.0.1:$port?stream=octal" --id-prefix o --count 010 --quiet
+check "publish --count 010 is ten messages (decimal, not octal)" 10 \
+  "$(redis-cli -h 127.0.0.1 -p "$port" XLEN octal)"
 # An empty --exec would run `/bin/sh -c ''`, exit 0 for every message: each one
 # recorded done and acked with nothing run. Refused, with or without a shell.
 for cmd in '' '   ' $'\t'; do

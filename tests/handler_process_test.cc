@@ -9,6 +9,7 @@
 #include "consumer/handler_process.h"
 
 #include "consumer/handler_cgroup.h"
+#include "core/secret.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -350,6 +351,36 @@ TEST(HandlerProcess, StdinStdoutAndEnvironment) {
     ASSERT_TRUE(rt.ok());
     EXPECT_EQ(rt->code, 0);
   }
+}
+
+// A handler is the user's command, not the worker: it does not inherit the
+// worker's store password (DEDUP_REDIS_PASSWORD, which the worker itself reads),
+// unless the command's own environment gives it. Everything else is inherited.
+TEST(HandlerProcess, TheWorkersSecretsAreNotInherited) {
+  ASSERT_EQ(setenv(internal::kRedisPasswordEnv, "worker-secret", 1), 0);
+  ASSERT_EQ(setenv("DEDUP_TEST_PLAIN", "plain", 1), 0);
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok()) << sup.status().ToString();
+  HandlerCommand c;
+  c.argv = {"env"};
+  c.capture_stdout = true;
+  auto r = (*sup)->Run(c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->code, 0);
+  EXPECT_EQ(r->output.find("DEDUP_REDIS_PASSWORD"), std::string::npos) << r->output;
+  EXPECT_EQ(r->output.find("worker-secret"), std::string::npos) << r->output;
+  EXPECT_NE(("\n" + r->output).find("\nDEDUP_TEST_PLAIN=plain\n"), std::string::npos)
+      << r->output;
+
+  c.env = {"DEDUP_REDIS_PASSWORD=the-handlers-own"};
+  r = (*sup)->Run(c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(("\n" + r->output).find("\nDEDUP_REDIS_PASSWORD=the-handlers-own\n"),
+            std::string::npos)
+      << r->output;
+  EXPECT_EQ(r->output.find("worker-secret"), std::string::npos) << r->output;
+  unsetenv(internal::kRedisPasswordEnv);
+  unsetenv("DEDUP_TEST_PLAIN");
 }
 
 // A handler inherits what the worker was given before the supervisor started

@@ -14,7 +14,13 @@ dedup=${1:?usage: secrets_hardening_test.sh DEDUP_CLI}
 port=${DEDUP_SECRETS_REDIS_PORT:-6491}
 source "$here/../scripts/lib/redis.sh"
 tmp=$(mktemp -d)
-trap 'redis_stop_all; rm -rf "$tmp"' EXIT
+worker_pid=
+cleanup() {
+  [[ -n "$worker_pid" ]] && kill -9 "$worker_pid" 2>/dev/null || true
+  redis_stop_all
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
 P=S3cr3tPW
 source "$here/../scripts/lib/check.sh"
 
@@ -103,13 +109,45 @@ out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" inspect --store "$store" --prefix '' --js
 out=$("$dedup" inspect --store "redis://:wrong$P@127.0.0.1:$port" a 2>&1) && fail "wrong password accepted" ||
   { [[ "$out" == *UNAUTHENTICATED* && "$out" != *"$P"* ]] && echo "ok   a wrong password is UNAUTHENTICATED, not echoed" ||
     fail "wrong password: $out"; }
+# No password: UNAUTHENTICATED, and the advice is a way that keeps it out of ps
+# (password_file=, DEDUP_REDIS_PASSWORD), never a URI holding it (redis://:pass@host).
 out=$("$dedup" inspect --store "$store" a 2>&1) && fail "no password accepted" ||
   { [[ "$out" == *UNAUTHENTICATED* ]] && echo "ok   no password is UNAUTHENTICATED" || fail "no password: $out"; }
+[[ "$out" == *password_file=*DEDUP_REDIS_PASSWORD* && "$out" != *pass@host* ]] &&
+  echo "ok   NOAUTH advises password_file= or DEDUP_REDIS_PASSWORD" || fail "NOAUTH advice: $out"
 # The worker's broker URI takes the same sources.
 out=$("$dedup" publish --broker "redis://127.0.0.1:$port?stream=st&password_file=$tmp/pw" --id-prefix m --count 1 2>&1) &&
   echo "ok   broker URI with password_file= publishes" || fail "publish with password_file=: $out"
 out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "redis://127.0.0.1:$port?stream=st" --id-prefix m --count 1 2>&1) &&
   echo "ok   broker URI with DEDUP_REDIS_PASSWORD publishes" || fail "publish with env: $out"
+# A handler is the user's command: it does not inherit the worker's (or dedup
+# exec's) store password from DEDUP_REDIS_PASSWORD, while the worker still
+# authenticates with it. Everything else of the environment is inherited.
+shown() { grep -m1 DEDUP_REDIS_PASSWORD | sed "s/$P/PASSWORD/"; }  # never the password
+export DEDUP_TEST_PLAIN=plain
+out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" exec --store "$store" --key env-exec -- env 2>&1) &&
+  [[ "$out" == *DEDUP_KEY=env-exec* && "$out" == *DEDUP_TEST_PLAIN=plain* ]] ||
+  fail "dedup exec with DEDUP_REDIS_PASSWORD: ${out:0:300}"
+[[ "$out" != *DEDUP_REDIS_PASSWORD* && "$out" != *"$P"* ]] &&
+  echo "ok   dedup exec's command does not inherit DEDUP_REDIS_PASSWORD" ||
+  fail "dedup exec's command got DEDUP_REDIS_PASSWORD: $(shown <<<"$out")"
+envs="redis://127.0.0.1:$port?stream=envs"
+DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "$envs" --field id=env-w --quiet
+DEDUP_REDIS_PASSWORD=$P "$dedup" worker --broker "$envs" --store "$store" \
+  --exec "env >$tmp/handler-env.part && mv $tmp/handler-env.part $tmp/handler-env" \
+  </dev/null >"$tmp/worker.log" 2>&1 &
+worker_pid=$!
+for _ in $(seq 100); do [[ -e "$tmp/handler-env" ]] && break; sleep 0.1; done
+kill -TERM "$worker_pid" 2>/dev/null; wait "$worker_pid" 2>/dev/null || true
+worker_pid=
+env_out=$(cat "$tmp/handler-env" 2>/dev/null) || true
+if [[ "$env_out" != *DEDUP_KEY=env-w* || "$env_out" != *DEDUP_TEST_PLAIN=plain* ]]; then
+  fail "worker --exec with DEDUP_REDIS_PASSWORD: no handler ran: $(head -c 300 "$tmp/worker.log")"
+elif [[ "$env_out" == *DEDUP_REDIS_PASSWORD* || "$env_out" == *"$P"* ]]; then
+  fail "worker --exec: the handler got DEDUP_REDIS_PASSWORD: $(shown <<<"$env_out")"
+else
+  echo "ok   worker --exec authenticates with DEDUP_REDIS_PASSWORD; its handler does not inherit it"
+fi
 # bench --redis says why it cannot use a server.
 out=$(timeout 60 "$dedup" bench --redis "redis://:wrong$P@127.0.0.1:$port" --quick 2>&1) || true
 [[ "$out" == *WRONGPASS* && "$out" != *"$P"* ]] && echo "ok   bench --redis with a wrong password says so" ||

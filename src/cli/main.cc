@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <sstream>
@@ -36,25 +37,70 @@ constexpr dedup::cli::RegisterCommand kCommands[] = {
 #endif
 };
 
-// CLI11 reads "-1" into an unsigned option as 2^64 - 1 (publish --count -1 never
-// ends, --seed -1 is a huge seed): every unsigned option, in every subcommand,
-// refuses negative numbers. Options with a range already name it.
-void RefuseNegativeUnsigned(CLI::App* app) {
-  static const CLI::Validator kWhole(
-      [](std::string& v) -> std::string {
-        uint64_t n = 0;
-        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-        if (!v.empty() && v[0] == '-') return "must not be negative, got " + v;
-        if (v.empty() || ec != std::errc() || p != v.data() + v.size()) {
-          return "must be a whole number from 0 to 18446744073709551615, got " + v;
-        }
-        return std::string();
-      },
-      "", "WHOLE");
-  for (CLI::Option* o : app->get_options()) {
-    if (o->get_type_name().rfind("UINT", 0) == 0) o->check(kWhole);
+// Every numeric option of every subcommand reads its value one way, before any
+// check of its own (a transform runs ahead of the option's Range), naming the
+// flag ("--max-connections: must be a whole number, got an empty value ..."):
+//   * an empty value (an unset "$VAR") is refused: CLI11 reads "" as 0, and
+//     `serve --max-connections ''` was the default, `--threads ''` 0 threads;
+//   * a whole number is decimal digits, after a '-' only where the type is
+//     signed: CLI11 read "-1" into an unsigned option as 2^64 - 1 (publish
+//     --count -1 never ended), "010" as octal 8 and "0x10" as 16;
+//   * a FLOAT (FRACTION: AddFractionOption) is a finite decimal number ("nan"
+//     passed CLI::Range(0.0, 1.0)).
+// Numbers are told by CLI11's type name: UINT, INT, FLOAT; an option given
+// another type name (a URI, a DURATION) checks its own value. A Range still
+// applies after (to the number as written in decimal).
+std::string CheckWhole(std::string& v, bool is_signed) {
+  if (v.empty()) {
+    return "must be a whole number, got an empty value (an unset variable?)";
   }
-  for (CLI::App* sub : app->get_subcommands({})) RefuseNegativeUnsigned(sub);
+  const char* end = v.data() + v.size();
+  if (v[0] == '-' && !is_signed) {
+    return "must not be negative, got " + v;
+  }
+  int64_t n = 0;
+  uint64_t u = 0;
+  auto [p, ec] = is_signed ? std::from_chars(v.data(), end, n) : std::from_chars(v.data(), end, u);
+  if (ec == std::errc::result_out_of_range) {
+    return "must be a whole number from " +
+           (is_signed ? std::to_string(INT64_MIN) + " to " + std::to_string(INT64_MAX)
+                      : "0 to " + std::to_string(UINT64_MAX)) +
+           ", got " + v;
+  }
+  if (ec != std::errc() || p != end) return "must be a whole number, got '" + v + "'";
+  v = is_signed ? std::to_string(n) : std::to_string(u);  // "010" is 10, not CLI11's octal 8
+  return std::string();
+}
+
+std::string CheckFloat(std::string& v) {
+  if (v.empty()) return "must be a number, got an empty value (an unset variable?)";
+  double d = 0;
+  const char* end = v.data() + v.size();
+  auto [p, ec] = std::from_chars(v.data(), end, d);
+  if (ec != std::errc() || p != end || !std::isfinite(d)) {
+    return "must be a number, got '" + v + "'";
+  }
+  return std::string();
+}
+
+void CheckNumbers(CLI::App* app) {
+  static const CLI::Validator kUnsigned(
+      [](std::string& v) { return CheckWhole(v, /*is_signed=*/false); }, "", "WHOLE");
+  static const CLI::Validator kSigned(
+      [](std::string& v) { return CheckWhole(v, /*is_signed=*/true); }, "", "WHOLE");
+  static const CLI::Validator kFloat(CheckFloat, "", "NUMBER");
+  for (CLI::Option* o : app->get_options()) {
+    std::string type = o->get_type_name();  // "INT:INT in [1 - 1024]" with a Range
+    type.resize(std::min(type.size(), type.find(':')));
+    if (type == "UINT") {
+      o->transform(kUnsigned);
+    } else if (type == "INT") {
+      o->transform(kSigned);
+    } else if (type == "FLOAT" || type == "FRACTION") {
+      o->transform(kFloat);
+    }
+  }
+  for (CLI::App* sub : app->get_subcommands({})) CheckNumbers(sub);
 }
 
 // CLI11 answers an unknown subcommand with "A subcommand is required": name it.
@@ -138,7 +184,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", DEDUP_VERSION);
   dedup::cli::CommandContext ctx;
   for (dedup::cli::RegisterCommand add : kCommands) add(app, ctx);
-  RefuseNegativeUnsigned(&app);
+  CheckNumbers(&app);
   if (argc > 1 && !KnownSubcommand(app, argv[1])) return dedup::cli::kExitUsage;
   try {
     app.parse(argc, argv);

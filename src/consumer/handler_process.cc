@@ -5,6 +5,7 @@
 #include "consumer/handler_cgroup.h"
 #include "core/printable.h"
 #include "core/redact.h"
+#include "core/secret.h"
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -792,17 +793,20 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
 
   // Everything the child needs, built before it exists: pointer arrays only.
   // execve copies the strings and writes none of them, so they point into
-  // environ, cmd and path (no copy of the environment per spawn).
+  // environ, cmd and path (no copy of the environment per spawn). The worker's
+  // secrets (DEDUP_REDIS_PASSWORD: core/secret.h) are left out; cmd.env may
+  // still give one.
   std::vector<char*> envp, argv, sh_argv;
   envp.reserve(64);
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view kv(*e);
     const std::string_view name = kv.substr(0, kv.find('='));
-    bool overridden = false;
+    bool skip = false;
+    for (const char* secret : internal::kSecretEnvVars) skip = skip || name == secret;
     for (const auto& x : cmd.env) {
-      if (std::string_view(x).substr(0, x.find('=')) == name) overridden = true;
+      if (std::string_view(x).substr(0, x.find('=')) == name) skip = true;
     }
-    if (!overridden) envp.push_back(*e);
+    if (!skip) envp.push_back(*e);
   }
   for (const auto& x : cmd.env) envp.push_back(const_cast<char*>(x.c_str()));
   envp.push_back(nullptr);

@@ -82,7 +82,10 @@ struct HandlerCommand {
   // Written to the handler's stdin, then closed. nullopt: the handler inherits
   // stdin, or gets /dev/null in place of a terminal.
   std::optional<std::string> stdin_data;
-  // NAME=VALUE entries added to (or replacing those of) the environment.
+  // NAME=VALUE entries added to (or replacing those of) the environment. The
+  // handler inherits the worker's environment except its secrets
+  // (internal::kSecretEnvVars, core/secret.h: DEDUP_REDIS_PASSWORD), which only
+  // an entry here gives it.
   std::vector<std::string> env;
   // Keep the handler's stdout, at most max_output bytes (the rest is read and
   // dropped). Default: not kept.

@@ -29,6 +29,12 @@
 namespace dedup::internal {
 
 inline constexpr const char* kRedisPasswordEnv = "DEDUP_REDIS_PASSWORD";
+// The environment variables above that hold a secret. A handler process
+// (consumer/handler_process.h: `dedup worker --exec`, `dedup exec`) does not
+// inherit them: it is the user's command, not the worker, and is given its own
+// credentials if it needs any (docs/EXEC.md). libpq's PGPASSWORD is not dedup's
+// and is inherited: a handler using psql may rely on it.
+inline constexpr const char* kSecretEnvVars[] = {kRedisPasswordEnv};
 inline constexpr const char* kPasswordFileParam = "password_file";
 // A password file larger than this is refused (not read whole: /dev/zero).
 inline constexpr size_t kMaxPasswordFileBytes = 64 * 1024;

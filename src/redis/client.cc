@@ -2,6 +2,8 @@
 
 #include "redis/client.h"
 
+#include "core/secret.h"
+
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
 #include <fcntl.h>
@@ -351,8 +353,10 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   if (IsError(pong)) {
     std::string_view e = ReplyText(pong);
     if (StartsWith(e, "NOAUTH")) {
-      return Status::Unauthenticated(
-          "server requires a password (NOAUTH); put it in the URI as redis://[user]:pass@host");
+      // Not "put it in the URI": a URI on the command line is shown by ps.
+      return Status::Unauthenticated(std::string("server requires a password (NOAUTH): add ") +
+                                     internal::kPasswordFileParam + "=FILE to the URI or set " +
+                                     internal::kRedisPasswordEnv);
     }
     // LOADING, BUSY, MASTERDOWN: the server cannot answer yet; later it will
     // (publish exits 75 on these, the stores retry), as ErrorReplyStatus says.
