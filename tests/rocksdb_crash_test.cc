@@ -33,6 +33,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
@@ -514,6 +515,62 @@ TEST(RocksDBClaimLog, AClosedLogThatStaysIsSyncedWithinTheInterval) {
   EXPECT_EQ(found, "") << "three intervals after the failed materialization, a power loss "
                           "loses these logs' claims";
   std::remove(report.c_str());
+  testing::RemoveDir(dir);
+}
+
+// Runs the child with claim_log_fault_preload (claim log appends that fail at
+// moments the child picks) until it prints DONE, then SIGKILLs it; its output.
+std::string RunWithFailingAppends(const std::vector<std::string>& args) {
+  setenv("LD_PRELOAD", DEDUP_CLAIM_LOG_FAULT_PRELOAD, 1);
+  std::string out = RunUntilThenKill(args, "DONE");
+  unsetenv("LD_PRELOAD");
+  return out;
+}
+
+// The words after `tag` of each line of `out` that starts with it.
+std::vector<std::vector<std::string>> Lines(const std::string& out, const std::string& tag) {
+  std::vector<std::vector<std::string>> found;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with(tag + " ")) continue;
+    std::istringstream words(line.substr(tag.size() + 1));
+    found.emplace_back(std::istream_iterator<std::string>(words), std::istream_iterator<std::string>());
+  }
+  return found;
+}
+
+// The writer moves a claim into the logged map before its frame is written; if
+// the append fails, the claim goes back to pending, unless a newer claim of
+// its key is there: a takeover made while the append was under way (here held
+// until the takeover is made) supersedes it. Put back over the takeover, it
+// would undo it: Inspect shows the old claim, the takeover's completion is
+// LOST, and the old claim is what gets logged.
+TEST(RocksDBClaimLog, AFailedAppendDoesNotPutItsClaimBackOverATakeoverMadeMeanwhile) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
+#endif
+  const std::string dir = testing::MakeTempDir("rocksdb-moveback");
+  const std::string out = RunWithFailingAppends({DEDUP_CRASH_CHILD, "moveback", dir});
+  const auto one = [&](const std::string& tag) {
+    const auto l = Lines(out, tag);
+    EXPECT_EQ(l.size(), 1u) << tag << " lines; output:\n" << out;
+    return l.size() == 1 && l[0].size() == 2 ? l[0][1] : std::string("?");
+  };
+  const std::string b = one("B"), c = one("C");
+  ASSERT_NE(b, c);
+  EXPECT_EQ(one("INSPECT"), c) << "Inspect shows the claim of the failed append, not the takeover";
+  EXPECT_EQ(one("COMPLETE"), "OK") << "the takeover's completion";
+  EXPECT_EQ(one("LOGGED"), c) << "the claim log got the claim of the failed append";
+  RocksDBStoreOptions o;
+  o.path = dir;
+  auto store = RocksDBStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto k = (*store)->Inspect("k");
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE(k->has_value());
+  EXPECT_EQ((**k).state, RecordState::kCompleted);
+  EXPECT_EQ(std::to_string((**k).fence), c);
+  store->reset();
   testing::RemoveDir(dir);
 }
 
