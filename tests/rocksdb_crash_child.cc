@@ -69,7 +69,34 @@
 //       retention of 1 ms and, once that has passed, flushes and compacts the
 //       records family (the expiry filter runs); prints "DONE" and sleeps until
 //       killed.
+//
+//   The three below need claim_log_fault_preload (LD_PRELOAD), which makes
+//   claim log appends fail at a chosen moment, and print "DONE" at the end,
+//   then sleep until killed:
+//
+//   rocksdb_crash_child attemptsback DIR
+//       Claims "k" and "p" (lease 20 ms) and waits until the claim log holds
+//       them; then, every append failing, takes each over twice, the second
+//       takeover of "p" with max_attempts 3 (written before it returns), and
+//       lets rounds fail for 300 ms. "H KEY FENCE ATTEMPT" for each claim.
+//
+//   rocksdb_crash_child moveback DIR
+//       Claims "k" (lease 20 ms; "B k FENCE"); the append of the frame holding
+//       it is held, and meanwhile "k" is taken over ("C k FENCE"); then the
+//       append fails. Prints what the next round logs ("LOGGED k FENCE"),
+//       what Inspect shows ("INSPECT k FENCE") and whether the takeover's
+//       completion is OK or LOST ("COMPLETE k OK|LOST").
+//
+//   rocksdb_crash_child tornread DIR
+//       Claims "first" (logged: "A first FENCE"), then "tornA", whose frame is
+//       written half and whose append then fails; a read-only open reads the
+//       log with that torn frame at its end and is held after its first read
+//       while the writer goes on: completes "tornA", logs "tornB" (a frame as
+//       long as the torn one) and "after". Then the reader goes on reading
+//       and prints "RO OPEN OK" or "RO OPEN CODE message", and "RO KEY
+//       FENCE|none" for "first", "tornB", "after".
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -181,24 +208,30 @@ void LoggedTakeovers(dedup::Store* store, const std::string& dir, bool logged,
   }
 }
 
+// Each key's last claim in the claim logs in `dir`: its fence.
+std::map<std::string, uint64_t> LoggedClaims(const std::string& dir) {
+  std::vector<uint64_t> logs;
+  if (!dedup::internal::ListClaimLogs(dir, &logs).ok()) Fail("listing the claim logs");
+  std::map<std::string, uint64_t> seen;
+  for (uint64_t n : logs) {
+    (void)dedup::internal::ReadClaimLog(
+        dir + "/" + dedup::internal::ClaimLogName(n),
+        [&](uint8_t type, std::string_view key, std::string_view value) {
+          dedup::Record r;
+          std::string why;
+          if (type == dedup::internal::kClaimEntry && dedup::internal::DecodeRecord(value, &r, &why)) {
+            seen[std::string(key)] = r.fence;
+          }
+        });
+  }
+  return seen;
+}
+
 // Waits until the claim logs in `dir` hold a claim of each key with its fence.
 void WaitLogged(const std::string& dir, const std::map<std::string, uint64_t>& want) {
   const auto give_up = std::chrono::steady_clock::now() + 30s;
   while (std::chrono::steady_clock::now() < give_up) {
-    std::vector<uint64_t> logs;
-    if (!dedup::internal::ListClaimLogs(dir, &logs).ok()) Fail("listing the claim logs");
-    std::map<std::string, uint64_t> seen;
-    for (uint64_t n : logs) {
-      (void)dedup::internal::ReadClaimLog(
-          dir + "/" + dedup::internal::ClaimLogName(n),
-          [&](uint8_t type, std::string_view key, std::string_view value) {
-            dedup::Record r;
-            std::string why;
-            if (type == dedup::internal::kClaimEntry && dedup::internal::DecodeRecord(value, &r, &why)) {
-              seen[std::string(key)] = r.fence;
-            }
-          });
-    }
+    const std::map<std::string, uint64_t> seen = LoggedClaims(dir);
     bool all = true;
     for (const auto& [key, fence] : want) {
       auto it = seen.find(key);
@@ -352,6 +385,162 @@ int ClosedLog(const std::string& dir) {
   return 0;
 }
 
+// claim_log_fault_preload's functions (the test LD_PRELOADs it): claim log
+// appends that fail, held at a chosen moment.
+struct Faults {
+  void (*fail_appends)(int);
+  void (*hold_next_append)();
+  void (*tear_next_append)();
+  int (*wait_held)();
+  void (*release)();
+  void (*pause_reader)();
+  int (*wait_reader_paused)();
+  void (*resume_reader)();
+};
+
+Faults LoadFaults() {
+  const auto get = [](const char* name) {
+    void* p = dlsym(RTLD_DEFAULT, name);
+    if (p == nullptr) Fail(std::string(name) + " not found: run with LD_PRELOAD=claim_log_fault_preload");
+    return p;
+  };
+  Faults f;
+  f.fail_appends = reinterpret_cast<void (*)(int)>(get("dedup_fault_fail_appends"));
+  f.hold_next_append = reinterpret_cast<void (*)()>(get("dedup_fault_hold_next_append"));
+  f.tear_next_append = reinterpret_cast<void (*)()>(get("dedup_fault_tear_next_append"));
+  f.wait_held = reinterpret_cast<int (*)()>(get("dedup_fault_wait_held"));
+  f.release = reinterpret_cast<void (*)()>(get("dedup_fault_release"));
+  f.pause_reader = reinterpret_cast<void (*)()>(get("dedup_fault_pause_reader"));
+  f.wait_reader_paused = reinterpret_cast<int (*)()>(get("dedup_fault_wait_reader_paused"));
+  f.resume_reader = reinterpret_cast<void (*)()>(get("dedup_fault_resume_reader"));
+  return f;
+}
+
+std::unique_ptr<dedup::RocksDBStore> OpenOrFail(const std::string& dir) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  return std::move(*opened);
+}
+
+int AttemptsBack(const std::string& dir) {
+  const Faults faults = LoadFaults();
+  auto store = OpenOrFail(dir);
+  const auto claim = [&](const std::string& key, uint32_t max_attempts) {
+    ClaimRequest r = Req(key);
+    r.lease = 20ms;
+    r.max_attempts = max_attempts;
+    auto c = store->Claim(r);
+    if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) Fail("claim of " + key + " not ACQUIRED");
+    Line("H " + key + " " + std::to_string(c->fence) + " " + std::to_string(c->attempt));
+    return *c;
+  };
+  const dedup::ClaimResult a = claim("k", 0);
+  const dedup::ClaimResult ap = claim("p", 0);
+  WaitLogged(dir, {{"k", a.fence}, {"p", ap.fence}});
+  faults.fail_appends(1);
+  std::this_thread::sleep_for(30ms);  // the leases end: each claim below takes over
+  (void)claim("k", 0);
+  (void)claim("p", 0);
+  std::this_thread::sleep_for(30ms);
+  const dedup::ClaimResult c = claim("k", 0);
+  (void)claim("p", 3);  // written before it returns
+  std::this_thread::sleep_for(300ms);  // rounds that fail, backing off to 100 ms
+  const std::map<std::string, uint64_t> logged = LoggedClaims(dir);
+  if (logged.at("k") != a.fence || logged.at("p") != ap.fence) Fail("the appends did not fail");
+  auto r = store->Inspect("k");
+  if (!r.ok() || !r->has_value() || (**r).fence != c.fence) Fail("k: not its last claim");
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
+int MoveBack(const std::string& dir) {
+  const Faults faults = LoadFaults();
+  auto store = OpenOrFail(dir);
+  faults.hold_next_append();
+  ClaimRequest r = Req("k");
+  r.lease = 20ms;
+  auto b = store->Claim(r);
+  if (!b.ok() || !b->acquired()) Fail("claim of k");
+  Line("B k " + std::to_string(b->fence));
+  if (faults.wait_held() == 0) Fail("no append was held");
+  std::this_thread::sleep_for(30ms);  // b's lease ends
+  auto c = store->Claim(Req("k"));
+  if (!c.ok() || !c->acquired()) Fail("the takeover of k was not ACQUIRED");
+  Line("C k " + std::to_string(c->fence));
+  faults.release();
+  // The round after the failed one logs k's claim: the failed one is done then.
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  std::map<std::string, uint64_t> logged;
+  while (logged.count("k") == 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(2ms);
+    logged = LoggedClaims(dir);
+  }
+  if (logged.count("k") == 0) Fail("k never reached the claim log");
+  Line("LOGGED k " + std::to_string(logged["k"]));
+  auto in = store->Inspect("k");
+  if (!in.ok() || !in->has_value()) Fail("inspect k");
+  Line("INSPECT k " + std::to_string((**in).fence));
+  auto done = store->Complete("k", c->token, std::chrono::hours(24), CompletionStatus::kOk, "k");
+  if (!done.ok()) Fail("complete k: " + done.status().ToString());
+  Line(std::string("COMPLETE k ") + (*done == WriteResult::kOk ? "OK" : "LOST"));
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
+int TornRead(const std::string& dir) {
+  const Faults faults = LoadFaults();
+  auto store = OpenOrFail(dir);
+  auto first = store->Claim(Req("first"));
+  if (!first.ok() || !first->acquired()) Fail("claim of first");
+  WaitLogged(dir, {{"first", first->fence}});
+  Line("A first " + std::to_string(first->fence));
+  faults.tear_next_append();
+  auto torn = store->Claim(Req("tornA"));
+  if (!torn.ok() || !torn->acquired()) Fail("claim of tornA");
+  if (faults.wait_held() == 0) Fail("no append was torn");
+  std::thread reader([&] {
+    faults.pause_reader();
+    dedup::RocksDBStoreOptions o;
+    o.path = dir;
+    o.read_only = true;
+    auto ro = dedup::RocksDBStore::Open(o);
+    if (!ro.ok()) {
+      Line("RO OPEN " + std::string(dedup::StatusCodeName(ro.status().code())) + " " +
+           ro.status().message());
+      return;
+    }
+    Line("RO OPEN OK");
+    for (const char* key : {"first", "tornB", "after"}) {
+      auto r = (*ro)->Inspect(key);
+      if (!r.ok()) Fail("read-only inspect: " + r.status().ToString());
+      Line(std::string("RO ") + key + " " + (r->has_value() ? std::to_string((**r).fence) : "none"));
+    }
+  });
+  // The reader has read the log with the torn frame at its end; the append
+  // then failed, and the writer has cut the frame off or given the file up.
+  if (faults.wait_reader_paused() == 0) Fail("the reader never read the claim log");
+  auto done = store->Complete("tornA", torn->token, std::chrono::hours(24), CompletionStatus::kOk, "");
+  if (!done.ok() || *done != WriteResult::kOk) Fail("complete tornA");
+  // A frame as long as the torn one, then another: what a reader that goes on
+  // from the torn frame's end reads if they are written over it.
+  auto b = store->Claim(Req("tornB"));
+  if (!b.ok() || !b->acquired()) Fail("claim of tornB");
+  faults.fail_appends(0);
+  WaitLogged(dir, {{"tornB", b->fence}});
+  auto after = store->Claim(Req("after"));
+  if (!after.ok() || !after->acquired()) Fail("claim of after");
+  WaitLogged(dir, {{"after", after->fence}});
+  faults.resume_reader();
+  reader.join();
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
 // ClaimBatch of 4 new keys, then complete each.
 void Batches(dedup::Store* store, const std::string& round,
              std::chrono::steady_clock::time_point end) {
@@ -493,11 +682,15 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "logforget") return LogForget(argv[2]);
   if (argc == 3 && std::string(argv[1]) == "materialize") return Materialize(argv[2]);
   if (argc == 3 && std::string(argv[1]) == "closedlog") return ClosedLog(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "attemptsback") return AttemptsBack(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "moveback") return MoveBack(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "tornread") return TornRead(argv[2]);
   if (argc == 4 && std::string(argv[1]) == "bulk") return Bulk(argv[2], argv[3], false);
   if (argc == 4 && std::string(argv[1]) == "bulkmixed") return Bulk(argv[2], argv[3], true);
   if (argc != 5 || std::string(argv[1]) != "work") {
     std::fprintf(stderr, "usage: %s work DIR none|always|interval ROUND | open DIR | logonly DIR N | "
-                 "logforget DIR | materialize DIR | closedlog DIR | bulk DIR ROUND | bulkmixed DIR ROUND\n", argv[0]);
+                 "logforget DIR | materialize DIR | closedlog DIR | bulk DIR ROUND | bulkmixed DIR ROUND | "
+                 "attemptsback DIR | moveback DIR | tornread DIR\n", argv[0]);
     return 1;
   }
   dedup::RocksDBStoreOptions o;

@@ -33,6 +33,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dedup/rocksdb_store.h"
@@ -514,6 +515,156 @@ TEST(RocksDBClaimLog, AClosedLogThatStaysIsSyncedWithinTheInterval) {
   EXPECT_EQ(found, "") << "three intervals after the failed materialization, a power loss "
                           "loses these logs' claims";
   std::remove(report.c_str());
+  testing::RemoveDir(dir);
+}
+
+// Runs the child with claim_log_fault_preload (claim log appends that fail at
+// moments the child picks) until it prints DONE, then SIGKILLs it; its output.
+std::string RunWithFailingAppends(const std::vector<std::string>& args) {
+  setenv("LD_PRELOAD", DEDUP_CLAIM_LOG_FAULT_PRELOAD, 1);
+  std::string out = RunUntilThenKill(args, "DONE");
+  unsetenv("LD_PRELOAD");
+  return out;
+}
+
+// The words after `tag` of each line of `out` that starts with it.
+std::vector<std::vector<std::string>> Lines(const std::string& out, const std::string& tag) {
+  std::vector<std::vector<std::string>> found;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.starts_with(tag + " ")) continue;
+    std::istringstream words(line.substr(tag.size() + 1));
+    found.emplace_back(std::istream_iterator<std::string>(words), std::istream_iterator<std::string>());
+  }
+  return found;
+}
+
+// While claim log appends fail (a full disk), claims stay pending for as long
+// as the failures last, not one round: a crash then forgets every claim made
+// since they began. Key "k", claimed and logged (attempt 1), is taken over
+// twice meanwhile (attempts 2 and 3); after a SIGKILL the log's claim is back
+// and the next claim gets attempt 2 again. DESIGN.md allows it (attempts are
+// counted across crashes for claims with max_attempts only); fences never
+// repeat. A claim with max_attempts made meanwhile is written before it
+// returns, so a poison message gets no attempt past its max_attempts ("p").
+TEST(RocksDBClaimLog, ClaimsMadeWhileAppendsFailAreForgottenByACrashButNotPastMaxAttempts) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
+#endif
+  const std::string dir = testing::MakeTempDir("rocksdb-attempts");
+  const std::string out = RunWithFailingAppends({DEDUP_CRASH_CHILD, "attemptsback", dir});
+  std::map<std::string, std::vector<std::pair<uint64_t, uint32_t>>> handed;  // fence, attempt
+  for (const auto& w : Lines(out, "H")) {
+    ASSERT_EQ(w.size(), 3u);
+    handed[w[0]].emplace_back(std::stoull(w[1]), static_cast<uint32_t>(std::stoul(w[2])));
+  }
+  ASSERT_EQ(handed["k"].size(), 3u) << out;
+  ASSERT_EQ(handed["p"].size(), 3u) << out;
+  EXPECT_EQ(handed["k"].back().second, 3u);
+  RocksDBStoreOptions o;
+  o.path = dir;
+  auto store = RocksDBStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  // "k": the claim the log held is back (not forgotten); the two takeovers
+  // made while appends failed are (the documented limit).
+  auto k = (*store)->Inspect("k");
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE(k->has_value()) << "k: the logged claim was lost";
+  EXPECT_EQ((**k).fence, handed["k"][0].first);
+  ClaimRequest req;
+  req.key = "k";
+  auto next = (*store)->Claim(req);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(next->acquired());
+  EXPECT_GT(next->fence, handed["k"].back().first) << "a fence handed out before the crash again";
+  EXPECT_EQ(next->attempt, 2u) << "attempts 1, 2, 3 were handed out before the crash";
+  std::printf("[ attempts ] k: attempts 1, 2, 3 handed out (2 and 3 while appends failed); "
+              "after the crash the next claim is attempt %u\n", next->attempt);
+  // "p": the claim with max_attempts survived, and the next one is EXHAUSTED.
+  auto p = (*store)->Inspect("p");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->has_value());
+  EXPECT_EQ((**p).fence, handed["p"].back().first);
+  EXPECT_EQ((**p).attempt, 3u);
+  req.key = "p";
+  req.max_attempts = 3;
+  auto exhausted = (*store)->Claim(req);
+  ASSERT_TRUE(exhausted.ok()) << exhausted.status();
+  EXPECT_EQ(exhausted->outcome, ClaimOutcome::kExhausted) << "a fourth attempt of a poison message";
+  store->reset();
+  testing::RemoveDir(dir);
+}
+
+// The writer moves a claim into the logged map before its frame is written; if
+// the append fails, the claim goes back to pending, unless a newer claim of
+// its key is there: a takeover made while the append was under way (here held
+// until the takeover is made) supersedes it. Put back over the takeover, it
+// would undo it: Inspect shows the old claim, the takeover's completion is
+// LOST, and the old claim is what gets logged.
+TEST(RocksDBClaimLog, AFailedAppendDoesNotPutItsClaimBackOverATakeoverMadeMeanwhile) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
+#endif
+  const std::string dir = testing::MakeTempDir("rocksdb-moveback");
+  const std::string out = RunWithFailingAppends({DEDUP_CRASH_CHILD, "moveback", dir});
+  const auto one = [&](const std::string& tag) {
+    const auto l = Lines(out, tag);
+    EXPECT_EQ(l.size(), 1u) << tag << " lines; output:\n" << out;
+    return l.size() == 1 && l[0].size() == 2 ? l[0][1] : std::string("?");
+  };
+  const std::string b = one("B"), c = one("C");
+  ASSERT_NE(b, c);
+  EXPECT_EQ(one("INSPECT"), c) << "Inspect shows the claim of the failed append, not the takeover";
+  EXPECT_EQ(one("COMPLETE"), "OK") << "the takeover's completion";
+  EXPECT_EQ(one("LOGGED"), c) << "the claim log got the claim of the failed append";
+  RocksDBStoreOptions o;
+  o.path = dir;
+  auto store = RocksDBStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto k = (*store)->Inspect("k");
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE(k->has_value());
+  EXPECT_EQ((**k).state, RecordState::kCompleted);
+  EXPECT_EQ(std::to_string((**k).fence), c);
+  store->reset();
+  testing::RemoveDir(dir);
+}
+
+// dedup inspect beside a worker whose claim log append fails half-way: the
+// read-only open reads the log while the torn frame is at its end, and goes
+// on reading after the writer has dealt with it and written two more frames.
+// If the writer cuts the torn frame off and writes the next frames where it
+// was, the reader's bytes are half the torn frame, then the rest of a frame as
+// long: a damaged frame followed by a whole one, and the open fails with
+// DataLoss for a log that was never damaged. (A frame cut off is never read as
+// whole: it fails its CRC, so no claim that never was is shown.)
+TEST(RocksDBClaimLog, AReadOnlyOpenBesideAFailedAppendSeesNoDamage) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
+#endif
+  const std::string dir = testing::MakeTempDir("rocksdb-tornread");
+  const std::string out = RunWithFailingAppends({DEDUP_CRASH_CHILD, "tornread", dir});
+  const auto first = Lines(out, "A");
+  ASSERT_EQ(first.size(), 1u) << out;
+  const auto open = Lines(out, "RO OPEN");
+  ASSERT_EQ(open.size(), 1u) << out;
+  EXPECT_EQ(open[0], std::vector<std::string>{"OK"}) << "the read-only open failed:\n" << out;
+  const auto seen = Lines(out, "RO first");
+  if (!seen.empty()) EXPECT_EQ(seen[0], std::vector<std::string>{first[0][1]}) << out;
+  // The writer's next open folds the logs in: a frame cut short at a log's
+  // end is what a crash leaves, no damage.
+  RocksDBStoreOptions o;
+  o.path = dir;
+  auto store = RocksDBStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (const char* key : {"first", "tornA", "tornB", "after"}) {
+    auto r = (*store)->Inspect(key);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->has_value()) << key;
+    EXPECT_EQ((**r).state, key == std::string("tornA") ? RecordState::kCompleted
+                                                      : RecordState::kInProgress) << key;
+  }
+  store->reset();
   testing::RemoveDir(dir);
 }
 

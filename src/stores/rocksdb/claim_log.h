@@ -14,9 +14,11 @@
 //                kClaimEntry: the claim's record as record_codec encodes it
 //                kForgetEntry: the forgotten record's fence (uint64; all ones
 //                              when it could not be decoded)
-// One frame is one write(2). A frame cut short (a crash in the write, a full
-// disk whose cut could not be undone) or damaged ends the file for the reader:
-// what follows it is not read. Frames are only appended.
+// One frame is one write(2). A frame cut short (a crash in the write, or a
+// write that failed part-way, after which the writer starts a new file) or
+// damaged ends the file for the reader: what follows it is not read. Frames are
+// only appended; bytes once written never change (a reader beside the writer
+// may have read them).
 
 #ifndef DEDUP_SRC_STORES_ROCKSDB_CLAIM_LOG_H_
 #define DEDUP_SRC_STORES_ROCKSDB_CLAIM_LOG_H_

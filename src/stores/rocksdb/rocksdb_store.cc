@@ -1596,9 +1596,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   // Appends one frame (one write) to the current log, starting one when there is
-  // none; synced when `sync`. A write that fails is cut off again, so the file
-  // never holds half a frame before a whole one; if even that fails the file is
-  // closed and the next frame starts a new one (the reader stops at the cut).
+  // none; synced when `sync`. A write that fails once part of the frame is in the
+  // file gives the file up: the part stays at its end, where every reader stops
+  // (a cut), and the next frame starts a new log. Bytes once written are never
+  // changed, since a read-only open beside the writer may have read them (it
+  // takes no lock): cutting the part off and writing the next frames in its
+  // place gave such a reader half a frame, then the rest of another, a damaged
+  // frame followed by a whole one, and its open failed with DataLoss.
   Status AppendToLog(std::string_view frame, bool sync, bool* appended = nullptr) {
     std::lock_guard l(log_mu_);
     if (log_fd_ < 0) DEDUP_RETURN_IF_ERROR(OpenLogFile());
@@ -1608,7 +1612,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         const int err = n < 0 ? errno : ENOSPC;
-        if (done != 0 && ftruncate(log_fd_, static_cast<off_t>(log_size_)) != 0) CloseLogFile();
+        if (done != 0) CloseLogFile();
         return LogError("cannot append", err);
       }
       done += static_cast<size_t>(n);
