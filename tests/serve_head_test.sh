@@ -14,14 +14,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/tests/lib/serve_test.sh"
 serve_test_begin serve-head "$1"
 with_worker=${2:-}
-worker=""
-stop_worker() {
-  if [ -n "$worker" ]; then
-    kill "$worker" 2>/dev/null || true
-    wait "$worker" 2>/dev/null || true
-  fi
-}
-trap 'stop_worker; serve_test_cleanup' EXIT
 
 # heads METHOD URL: the answer's status line, then its header lines sorted (CRs
 # removed), without Date (an application's, through the proxy: it may tick
@@ -99,7 +91,7 @@ if [ "$with_worker" = worker ]; then
   "$dedup" publish --broker "$broker" --count 1 --id-prefix m- >/dev/null 2>&1
   setpriv --pdeathsig KILL -- "$dedup" worker --broker "$broker" --store memory: \
     --exec true --metrics-port 8122 --summary-interval 0 >"$tmp/worker.log" 2>&1 &
-  worker=$!
+  SERVE_PIDS+=("$!")  # stopped at exit, before Redis
   for _ in $(seq 200); do
     curl -s -o /dev/null 127.0.0.1:8122/metrics 2>/dev/null && break
     sleep 0.1

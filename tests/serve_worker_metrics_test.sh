@@ -7,20 +7,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/serve_test.sh
 source "$root/tests/lib/serve_test.sh"
 serve_test_begin serve-wm "$1"
-worker=""
-stop_worker() {
-  if [ -n "$worker" ]; then
-    kill "$worker" 2>/dev/null || true
-    wait "$worker" 2>/dev/null || true
-  fi
-}
-trap 'stop_worker; serve_test_cleanup' EXIT
 redis_start 8082 "$tmp/redis"
 broker='redis://127.0.0.1:8082?stream=jobs&group=g'
 "$dedup" publish --broker "$broker" --count 5 --id-prefix m- >/dev/null 2>&1
 setpriv --pdeathsig KILL -- "$dedup" worker --broker "$broker" --store "rocksdb:$tmp/db" \
   --exec true --metrics-port 8083 --summary-interval 0 >"$tmp/worker.log" 2>&1 &
-worker=$!
+SERVE_PIDS+=("$!")  # stopped at exit, before Redis
 for _ in $(seq 200); do
   if curl -s 127.0.0.1:8083/metrics 2>/dev/null | grep -q '^dedup_worker_acked_total 5$'; then break; fi
   sleep 0.1
