@@ -1149,5 +1149,59 @@ TEST_F(FullDiskTest, ClaimsOfFailedLogAppendsAreLoggedOnceTheDiskHasRoom) {
   EXPECT_EQ(checked, 6050);
 }
 
+// A disk that stays all but full, where room comes back a page at a time (a
+// file deleted, a compaction): an append that fails part-way gives its file up
+// (the next frame starts a new one), and a file that holds nothing but that part
+// is deleted with it, so the page comes back. When each part stayed in a file of
+// its own, every page freed went to one more such file and the claims were never
+// logged: after 30 pages (the frame needs about 12), 30 logs of a part each.
+TEST_F(FullDiskTest, RoomThatComesBackWhileAppendsFailIsNotKeptByTheirParts) {
+  const std::string db = mnt_ + "/db";
+  std::string how;
+  const bool ok = InChild(
+      [&] {
+        auto s = TryOpen(db);
+        if (!s.ok()) return false;
+        FillDisk(0);
+        std::set<std::string> keys;
+        for (int i = 0; i < 600; ++i) {
+          const std::string key = "held/" + std::to_string(i);
+          if (!(*s)->Claim(Req(key)).ok()) return false;
+          keys.insert(key);
+        }
+        const auto logged = [&](size_t* logs) {
+          std::set<std::string> seen;
+          std::vector<uint64_t> numbers;
+          if (!internal::ListClaimLogs(db, &numbers).ok()) return false;
+          *logs = numbers.size();
+          for (uint64_t n : numbers) {
+            (void)internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
+                                         [&](uint8_t type, std::string_view k, std::string_view) {
+                                           if (type == internal::kClaimEntry) seen.emplace(k);
+                                         });
+          }
+          return seen == keys;
+        };
+        size_t logs = 0;
+        std::this_thread::sleep_for(300ms);
+        if (logged(&logs)) {
+          std::fprintf(stderr, "the disk was not full\n");
+          return false;
+        }
+        bool all = false;
+        int pages = 0;
+        for (; pages < 30 && !all; ++pages) {
+          fs::resize_file(mnt_ + "/ballast", fs::file_size(mnt_ + "/ballast") - 4096);
+          std::this_thread::sleep_for(250ms);  // the writer's rounds back off to 100 ms
+          all = logged(&logs);
+        }
+        std::fprintf(stderr, "%d pages freed: claims %s, %zu claim logs\n", pages,
+                     all ? "logged" : "not logged", logs);
+        return all && logs <= 2;
+      },
+      &how);
+  EXPECT_TRUE(ok) << how;
+}
+
 }  // namespace
 }  // namespace dedup

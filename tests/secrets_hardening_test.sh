@@ -148,6 +148,36 @@ elif [[ "$env_out" == *DEDUP_REDIS_PASSWORD* || "$env_out" == *"$P"* ]]; then
 else
   echo "ok   worker --exec authenticates with DEDUP_REDIS_PASSWORD; its handler does not inherit it"
 fi
+# Nor does a handler read it where dedup's environment is shown as it was started:
+# /proc/PID/environ of its worker ($DEDUP_WORKER_PID) or of dedup exec (its parent),
+# which the user's other processes read (ps e) and which setenv never rewrites.
+# The handlers read the rest of it there (DEDUP_TEST_PLAIN): the file was read.
+out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" exec --store "$store" --key env-proc -- \
+        sh -c 'tr "\0" "\n" </proc/$PPID/environ' 2>&1) &&
+  [[ "$out" == *DEDUP_TEST_PLAIN=plain* ]] ||
+  fail "dedup exec: its command could not read /proc/\$PPID/environ: $(sed "s/$P/PASSWORD/g" <<<"${out:0:300}")"
+[[ "$out" != *"$P"* ]] &&
+  echo "ok   dedup exec's /proc/PID/environ does not show DEDUP_REDIS_PASSWORD to its command" ||
+  fail "dedup exec's command read DEDUP_REDIS_PASSWORD in /proc/\$PPID/environ: $(shown <<<"$out")"
+# A worker running its handler without a shell (--no-shell): the same.
+printf '#!/bin/sh\n{ env; tr "\\0" "\\n" </proc/$DEDUP_WORKER_PID/environ; } >%s.part && mv %s.part %s\n' \
+  "$tmp/proc-env" "$tmp/proc-env" "$tmp/proc-env" >"$tmp/proc-env.sh"
+chmod +x "$tmp/proc-env.sh"
+DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "$envs" --field id=env-proc-w --quiet
+DEDUP_REDIS_PASSWORD=$P "$dedup" worker --broker "$envs" --store "$store" --no-shell \
+  --exec "$tmp/proc-env.sh" </dev/null >"$tmp/worker.log" 2>&1 &
+worker_pid=$!
+for _ in $(seq 100); do [[ -e "$tmp/proc-env" ]] && break; sleep 0.1; done
+kill -TERM "$worker_pid" 2>/dev/null; wait "$worker_pid" 2>/dev/null || true
+worker_pid=
+env_out=$(cat "$tmp/proc-env" 2>/dev/null) || true
+if [[ "$env_out" != *DEDUP_KEY=env-proc-w* || $(grep -c DEDUP_TEST_PLAIN=plain <<<"$env_out") != 2 ]]; then
+  fail "worker --no-shell: no handler read its worker's environ: $(head -c 300 "$tmp/worker.log")"
+elif [[ "$env_out" == *"$P"* ]]; then
+  fail "worker --no-shell: the handler read DEDUP_REDIS_PASSWORD: $(shown <<<"$env_out")"
+else
+  echo "ok   worker --no-shell: neither the handler's environment nor its worker's /proc/PID/environ shows DEDUP_REDIS_PASSWORD"
+fi
 # bench --redis says why it cannot use a server.
 out=$(timeout 60 "$dedup" bench --redis "redis://:wrong$P@127.0.0.1:$port" --quick 2>&1) || true
 [[ "$out" == *WRONGPASS* && "$out" != *"$P"* ]] && echo "ok   bench --redis with a wrong password says so" ||

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "cli/common.h"  // worker, publish, exec, inspect, forget
 #include "core/printable.h"
 #include "core/redact.h"
+#include "core/secret.h"
 
 namespace {
 
@@ -103,6 +106,24 @@ void CheckNumbers(CLI::App* app) {
   for (CLI::App* sub : app->get_subcommands({})) CheckNumbers(sub);
 }
 
+// dedup's secrets in its environment (DEDUP_REDIS_PASSWORD: core/secret.h) stay
+// readable by getenv, and leave the block /proc/PID/environ shows: that is the
+// environment as the process was started (setenv never rewrites it), and every
+// process of the same user reads it: a handler (/proc/$DEDUP_WORKER_PID/environ,
+// dedup exec's command its parent's), `ps e`. Handlers do not inherit them
+// (consumer/handler_process.cc); this keeps them from reading them there. The
+// value is copied to the heap (setenv), then its bytes in the block are zeroed.
+// Run first, before any thread.
+void HideSecretEnv() {
+  for (const char* name : dedup::internal::kSecretEnvVars) {
+    char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    const std::string copy(value);
+    if (setenv(name, copy.c_str(), 1) != 0) continue;  // kept where it was
+    if (std::getenv(name) != value) std::memset(value, 0, copy.size());
+  }
+}
+
 // CLI11 answers an unknown subcommand with "A subcommand is required": name it.
 bool KnownSubcommand(CLI::App& app, const char* arg) {
   if (arg[0] == '-') return true;  // an option: CLI11 says what is wrong
@@ -179,6 +200,7 @@ bool NameUnknownOption(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  HideSecretEnv();
   CLI::App app{"dedup: exactly-once processing over at-least-once brokers"};
   app.require_subcommand(1);
   app.set_version_flag("--version", DEDUP_VERSION);

@@ -1595,12 +1595,32 @@ class RocksDBStoreImpl final : public RocksDBStore {
     log_fd_ = -1;
   }
 
+  // With log_mu_ held, after an append wrote part of its frame: the current log
+  // is given up. One that holds no whole frame (the part is all it holds) is
+  // deleted too, giving its room back: on a disk full but for a page freed now
+  // and then, each such part stayed in a log of its own, every page freed went
+  // to the next one and the claims were never logged (tests/rocksdb_hardening_test.cc
+  // `RoomThatComesBackWhileAppendsFailIsNotKeptByTheirParts`). A reader beside
+  // reads nothing of it (a cut), or finds it gone (a read-only open skips such a
+  // log), and a crash before the unlink leaves a log the next open folds as empty.
+  void GiveUpLog() {
+    if (log_size_ != 0 || log_files_.empty() || log_files_.back().number != log_number_) {
+      CloseLogFile();
+      return;
+    }
+    close(log_fd_);  // nothing in it to sync
+    log_fd_ = -1;
+    if (unlink(LogPath(log_number_).c_str()) != 0 && errno != ENOENT) return;  // a later drop
+    log_files_.pop_back();
+    log_floor_.store(log_files_.empty() ? kNoLogFloor : log_files_.front().created);
+  }
+
   // Appends one frame (one write) to the current log, starting one when there is
   // none; synced when `sync`. A write that fails once part of the frame is in the
-  // file gives the file up: the part stays at its end, where every reader stops
-  // (a cut), and the next frame starts a new log. Bytes once written are never
-  // changed, since a read-only open beside the writer may have read them (it
-  // takes no lock): cutting the part off and writing the next frames in its
+  // file gives the file up (GiveUpLog): the part stays at its end, where every
+  // reader stops (a cut), and the next frame starts a new log. Bytes once written
+  // are never changed, since a read-only open beside the writer may have read them
+  // (it takes no lock): cutting the part off and writing the next frames in its
   // place gave such a reader half a frame, then the rest of another, a damaged
   // frame followed by a whole one, and its open failed with DataLoss.
   Status AppendToLog(std::string_view frame, bool sync, bool* appended = nullptr) {
@@ -1612,7 +1632,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         const int err = n < 0 ? errno : ENOSPC;
-        if (done != 0) CloseLogFile();
+        if (done != 0) GiveUpLog();
         return LogError("cannot append", err);
       }
       done += static_cast<size_t>(n);
