@@ -165,6 +165,12 @@ expect_rc "serve --max-connections '' is refused" 2 timeout 5 "$dedup" serve --s
   --listen 127.0.0.1:0 --max-connections ''
 [[ "$out" == *"--max-connections: must be a whole number, got an empty value"* ]] ||
   fail "serve --max-connections '': $out"
+# serve --listen's port is decimal digits: std::stoi alone took "+8130" and " 8130".
+for l in '127.0.0.1:+8130' '127.0.0.1: 8130' '127.0.0.1:8130x' '127.0.0.1:-1' \
+  '127.0.0.1:65536' '127.0.0.1:0x10'; do
+  expect_rc "serve --listen '$l' is refused" 2 timeout 5 "$dedup" serve --store memory: --listen "$l"
+  [[ "$out" == *"--listen: bad port in '$l'"* ]] || fail "serve --listen '$l': $out"
+done
 redis-cli -h 127.0.0.1 -p "$port" DEL octal >/dev/null
 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=octal" --id-prefix o --count 010 --quiet
 check "publish --count 010 is ten messages (decimal, not octal)" 10 \

@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -59,12 +60,17 @@ int RunServe(ServeFlags& f) {
                          "in brackets, [::1]:8077\n", f.listen.c_str());
     return kExitUsage;
   }
-  try {
-    size_t used = 0;
-    o.port = std::stoi(f.listen.substr(colon + 1), &used);
-    if (used != f.listen.size() - colon - 1) throw std::invalid_argument("port");
-  } catch (const std::exception&) {
-    std::fprintf(stderr, "dedup serve: --listen: bad port in '%s'\n", f.listen.c_str());
+  // Digits only: stoi alone took "+8130" and " 8130".
+  const std::string port = f.listen.substr(colon + 1);
+  o.port = -1;
+  if (port.size() <= 5 && std::all_of(port.begin(), port.end(), [](unsigned char c) {
+        return c >= '0' && c <= '9';
+      })) {
+    o.port = std::stoi(port);
+  }
+  if (o.port < 0 || o.port > 65535) {
+    std::fprintf(stderr, "dedup serve: --listen: bad port in '%s' (0 to 65535)\n",
+                 f.listen.c_str());
     return kExitUsage;
   }
   if (!f.auth_token_file.empty()) {
