@@ -28,6 +28,8 @@ struct RoundResult {
   double rate = NAN;  // messages per second
   uint64_t messages = 0;
   uint64_t errors = 0;
+  // RunRound: the wait, after the calls, for the work they left behind (counted in rate).
+  double tail_s = 0;
   // Filled by external contenders (redis-benchmark), which keep their own latency.
   double p50_us = NAN, p99_us = NAN;
 };
@@ -49,6 +51,7 @@ struct Contender {
 
   // Results.
   std::vector<double> rates;
+  std::vector<double> tails;  // RunRound's tail_s of each round (in-process contenders)
   std::vector<double> ext_p50, ext_p99;
   Hist hist;
   uint64_t errors = 0, messages = 0;
@@ -56,6 +59,15 @@ struct Contender {
 
 // Runs `c` on `threads` x c.callers threads for `seconds`; merges latencies into c.hist.
 RoundResult RunInProcess(Contender& c, int threads, double seconds);
+
+// A round of the throughput matrix: RunInProcess, then AwaitQuiet, whose wait is
+// counted in the round's time (rate = messages / (seconds + tail_s)). The work a
+// round leaves to background threads (a store's writer catching up, a RocksDB
+// flush, the claim log's materializer) is that contender's: it ran beside the
+// next contender's round before, and slowed it (docs/PERFORMANCE.md, "Merged:
+// the A/B": claims of two threads left ~140 ms of materializer and writer work
+// after their 200 ms round, which claim+complete's round paid for).
+RoundResult RunRound(Contender& c, int threads, double seconds);
 
 // The claim request every store contender makes: lease 60 s, retention 600 s.
 ClaimRequest BenchClaim(std::string_view key);

@@ -118,6 +118,8 @@ json RenderJson(const Results& r) {
                   {"p50_us", Num(ext ? Median(c->ext_p50) : c->hist.QuantileUs(0.5))},
                   {"p99_us", Num(ext ? Median(c->ext_p99) : c->hist.QuantileUs(0.99))},
                   {"p999_us", Num(ext ? NAN : c->hist.QuantileUs(0.999))},
+                  // The median wait after a round for the work it left (counted in msgs_per_s).
+                  {"tail_ms", Num(ext ? NAN : Median(c->tails) * 1000)},
                   {"ratios", json::object()}};
       for (double r : c->rates) row["rounds"].push_back(Num(r));
       for (auto& b : c->baselines) row["ratios"][b] = Num(r.Ratio(threads, c->id, b));

@@ -3,7 +3,8 @@
 // The throughput matrix. Contenders of one worker count run interleaved in short
 // rounds (A B C ... A B C ...), so that drift of a shared machine hits all of
 // them alike; a ratio to a baseline is taken per round and the median of those
-// ratios is reported.
+// ratios is reported. A round lasts until the work it left to background threads
+// is done (RunRound), so that no round runs beside an earlier contender's.
 
 #include "bench/bench.h"
 
@@ -31,7 +32,8 @@ void RunThroughput(BenchContext& ctx) {
           c.ext_p50.push_back(r.p50_us);
           c.ext_p99.push_back(r.p99_us);
         } else {
-          r = RunInProcess(c, threads, p.round_s);
+          r = RunRound(c, threads, p.round_s);
+          c.tails.push_back(r.tail_s);
         }
         c.rates.push_back(r.rate);
         c.errors += r.errors;

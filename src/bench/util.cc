@@ -2,14 +2,18 @@
 
 #include "bench/util.h"
 
+#include <dirent.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 namespace dedup::bench {
 
@@ -74,6 +78,43 @@ std::string Rate(double v) {
     s += digits[i];
   }
   return s;
+}
+
+namespace {
+// Whether a thread of this process other than `self` is R or D.
+bool OtherThreadBusy(long self) {
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return false;
+  bool busy = false;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.' || std::strtol(e->d_name, nullptr, 10) == self) continue;
+    char path[64], buf[512];
+    std::snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+    FILE* f = std::fopen(path, "r");
+    if (f == nullptr) continue;  // ended meanwhile
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    buf[n] = '\0';
+    // "tid (name) S ...": the name may hold spaces and parentheses.
+    const char* close = std::strrchr(buf, ')');
+    if (close != nullptr && close[1] == ' ' && (close[2] == 'R' || close[2] == 'D')) {
+      busy = true;
+      break;
+    }
+  }
+  closedir(d);
+  return busy;
+}
+}  // namespace
+
+double AwaitQuiet(double max_s) {
+  const long self = static_cast<long>(syscall(SYS_gettid));
+  const auto start = Clk::now();
+  for (int quiet = 0; quiet < 3 && Seconds(Clk::now() - start) < max_s;) {
+    quiet = OtherThreadBusy(self) ? 0 : quiet + 1;
+    if (quiet < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return Seconds(Clk::now() - start);
 }
 
 long RssBytes() {

@@ -39,6 +39,15 @@ json Num(double v);                        // null when not finite
 std::string Fmt(const char* f, double v);  // "-" when not finite
 std::string Rate(double v);                // "1 234 567"
 
+// Waits until no other thread of this process is running, waiting for a CPU or
+// in an uninterruptible wait (disk I/O): state R or D in /proc/self/task, three
+// looks in a row 1 ms apart, and at most `max_s`. Returns the seconds waited.
+// What it waits for is the work a round left behind in background threads (a
+// store's writer, a RocksDB flush or compaction, a materialization of the claim
+// log), which a busy machine delays but does not hide: a thread preempted by
+// another process is still R.
+double AwaitQuiet(double max_s);
+
 long RssBytes();
 uint64_t DirBytes(const std::string& dir, const std::string& suffix = "");
 std::string MakeTempDir(const std::string& tag);
