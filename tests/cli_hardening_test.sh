@@ -20,16 +20,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dedup=${1:?usage: cli_hardening_test.sh DEDUP_CLI}
 port=${DEDUP_CLI_HARDENING_REDIS_PORT:-6492}
-source "$here/../scripts/lib/redis.sh"
-tmp=$(mktemp -d)
-worker_pid=
-cleanup() {
-  [[ -n "$worker_pid" ]] && kill -9 "$worker_pid" 2>/dev/null || true
-  redis_stop_all
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-source "$here/../scripts/lib/check.sh"
+# shellcheck source=lib/cli_test.sh
+source "$here/lib/cli_test.sh"
+cli_test_begin  # $tmp; Redis and the worker (worker_pid) stopped at exit
 ok() { echo "ok   $*"; }
 # expect_rc NAME RC CMD...: runs CMD, checks its exit code; output in $out.
 expect_rc() {

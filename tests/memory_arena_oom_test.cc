@@ -72,10 +72,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A store of one shard, and a claim request for `key` (a view: the caller keeps
-// the key).
-std::unique_ptr<Store> OneShardStore() {
+// A store of one shard (on `clock`, or the system's), and a claim request for
+// `key` (a view: the caller keeps the key).
+std::unique_ptr<Store> OneShardStore(Clock* clock = nullptr) {
   MemoryStoreOptions o;
+  o.clock = clock;
   o.shards = 1;
   return NewMemoryStore(o);
 }
@@ -188,10 +189,7 @@ TEST(MemoryArenaOomTest, ACompletionWhoseResultCannotBeKeptChangesNothing) {
 // counted, until the same key was claimed again, which may never happen.
 TEST(MemoryArenaOomTest, AClaimWhoseRecordCannotBeWrittenLeavesNothingTheSweepKeeps) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 1;
-  auto store = NewMemoryStore(o);
+  auto store = OneShardStore(&clock);
   ClaimRequest warm = Request("warm");
   warm.lease = 1s;
   warm.retention = 1s;
@@ -250,10 +248,7 @@ TEST(MemoryArenaOomTest, AForgetWhoseSlotCannotBeListedFreeChangesNothing) {
 // chunk came due (here 600 s later).
 TEST(MemoryArenaOomTest, AnExpiredRecordWhoseSweepCouldNotFreeItIsSweptLater) {
   SimulatedClock clock;
-  MemoryStoreOptions o;
-  o.clock = &clock;
-  o.shards = 1;
-  auto store = NewMemoryStore(o);
+  auto store = OneShardStore(&clock);
   ClaimRequest brief = Request("brief");  // the slab's first slot, where the sweep starts
   brief.lease = 1s;
   brief.retention = 1s;

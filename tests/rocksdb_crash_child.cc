@@ -135,6 +135,25 @@ void Line(const std::string& s) {
   std::_Exit(2);
 }
 
+std::unique_ptr<dedup::RocksDBStore> OpenOrFail(const dedup::RocksDBStoreOptions& o) {
+  auto opened = dedup::RocksDBStore::Open(o);
+  if (!opened.ok()) Fail("open: " + opened.status().ToString());
+  return std::move(*opened);
+}
+
+std::unique_ptr<dedup::RocksDBStore> OpenOrFail(const std::string& dir) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  return OpenOrFail(o);
+}
+
+// Prints DONE and sleeps until killed (the parent kills it long before 60 s).
+int Done() {
+  Line("DONE");
+  std::this_thread::sleep_for(60s);
+  return 0;
+}
+
 ClaimRequest Req(const std::string& key) {
   ClaimRequest r;
   r.key = key;
@@ -244,16 +263,13 @@ void WaitLogged(const std::string& dir, const std::map<std::string, uint64_t>& w
 }
 
 int LogOnly(const std::string& dir, int n) {
-  dedup::RocksDBStoreOptions o;
-  o.path = dir;
-  auto store = dedup::RocksDBStore::Open(o);
-  if (!store.ok()) Fail("open: " + store.status().ToString());
+  auto store = OpenOrFail(dir);
   std::map<std::string, uint64_t> want;
   for (int i = 0; i < n; ++i) {
     const std::string key = "logonly/" + std::to_string(i);
     ClaimRequest r = Req(key);
     r.lease = 50ms;
-    auto c = (*store)->Claim(r);
+    auto c = store->Claim(r);
     if (!c.ok() || c->outcome != ClaimOutcome::kAcquired) Fail("logonly claim of " + key);
     Line("L " + key + " " + std::to_string(c->fence) + " " + std::to_string(c->attempt));
     want[key] = c->fence;
@@ -265,11 +281,7 @@ int LogOnly(const std::string& dir, int n) {
 }
 
 int LogForget(const std::string& dir) {
-  dedup::RocksDBStoreOptions o;
-  o.path = dir;
-  auto opened = dedup::RocksDBStore::Open(o);
-  if (!opened.ok()) Fail("open: " + opened.status().ToString());
-  dedup::RocksDBStore* store = opened->get();
+  auto store = OpenOrFail(dir);
   auto f = store->Claim(Req("forgotten"));
   auto e = store->Claim(Req("expired"));
   if (!f.ok() || !e.ok() || !f->acquired() || !e->acquired()) Fail("logforget claims");
@@ -285,19 +297,12 @@ int LogForget(const std::string& dir) {
   rocksdb::CompactRangeOptions co;
   co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
   if (!store->db()->CompactRange(co, store->records_family(), nullptr, nullptr).ok()) Fail("compact");
-  Line("DONE");
-  std::this_thread::sleep_for(60s);
-  return 0;
+  return Done();
 }
 
-int Materialize(const std::string& dir) {
-  dedup::RocksDBStoreOptions o;
-  o.path = dir;
-  o.sync = dedup::SyncMode::kInterval;
-  o.sync_interval = 20ms;
-  auto opened = dedup::RocksDBStore::Open(o);
-  if (!opened.ok()) Fail("open: " + opened.status().ToString());
-  dedup::RocksDBStore* store = opened->get();
+// Claims "kept/0".."kept/49" (never completed) and waits until the claim log
+// holds them.
+void ClaimKeptAndWaitLogged(dedup::Store* store, const std::string& dir) {
   std::map<std::string, uint64_t> want;
   for (int i = 0; i < 50; ++i) {
     const std::string key = "kept/" + std::to_string(i);
@@ -306,13 +311,20 @@ int Materialize(const std::string& dir) {
     want[key] = c->fence;
   }
   WaitLogged(dir, want);
+}
+
+int Materialize(const std::string& dir) {
+  dedup::RocksDBStoreOptions o;
+  o.path = dir;
+  o.sync = dedup::SyncMode::kInterval;
+  o.sync_interval = 20ms;
+  auto store = OpenOrFail(o);
+  ClaimKeptAndWaitLogged(store.get(), dir);
   std::this_thread::sleep_for(200ms);
   Line("LOGGED");
   auto s = store->CompactNow();
   if (!s.ok()) Fail("compact: " + s.ToString());
-  Line("DONE");
-  std::this_thread::sleep_for(60s);
-  return 0;
+  return Done();
 }
 
 // A file system whose write-ahead log appends fail once `failing` is set.
@@ -363,26 +375,15 @@ int ClosedLog(const std::string& dir) {
   o.sync = dedup::SyncMode::kInterval;
   o.sync_interval = 200ms;
   o.env = env.get();
-  auto opened = dedup::RocksDBStore::Open(o);
-  if (!opened.ok()) Fail("open: " + opened.status().ToString());
-  dedup::RocksDBStore* store = opened->get();
-  std::map<std::string, uint64_t> want;
-  for (int i = 0; i < 50; ++i) {
-    const std::string key = "kept/" + std::to_string(i);
-    auto c = store->Claim(Req(key));
-    if (!c.ok() || !c->acquired()) Fail("claim of " + key);
-    want[key] = c->fence;
-  }
-  WaitLogged(dir, want);
+  auto store = OpenOrFail(o);
+  ClaimKeptAndWaitLogged(store.get(), dir);
   failing.store(true);
   Line(store->CompactNow().ok() ? "COMPACTED" : "FAILED");
   std::this_thread::sleep_for(600ms);
   const std::string probe = dir + "/SYNC-PROBE";
   std::ofstream(probe) << "";
   unlink(probe.c_str());
-  Line("DONE");
-  std::this_thread::sleep_for(60s);
-  return 0;
+  return Done();
 }
 
 // claim_log_fault_preload's functions (the test LD_PRELOADs it): claim log
@@ -416,14 +417,6 @@ Faults LoadFaults() {
   return f;
 }
 
-std::unique_ptr<dedup::RocksDBStore> OpenOrFail(const std::string& dir) {
-  dedup::RocksDBStoreOptions o;
-  o.path = dir;
-  auto opened = dedup::RocksDBStore::Open(o);
-  if (!opened.ok()) Fail("open: " + opened.status().ToString());
-  return std::move(*opened);
-}
-
 int AttemptsBack(const std::string& dir) {
   const Faults faults = LoadFaults();
   auto store = OpenOrFail(dir);
@@ -451,9 +444,7 @@ int AttemptsBack(const std::string& dir) {
   if (logged.at("k") != a.fence || logged.at("p") != ap.fence) Fail("the appends did not fail");
   auto r = store->Inspect("k");
   if (!r.ok() || !r->has_value() || (**r).fence != c.fence) Fail("k: not its last claim");
-  Line("DONE");
-  std::this_thread::sleep_for(60s);
-  return 0;
+  return Done();
 }
 
 int MoveBack(const std::string& dir) {
@@ -486,9 +477,7 @@ int MoveBack(const std::string& dir) {
   auto done = store->Complete("k", c->token, std::chrono::hours(24), CompletionStatus::kOk, "k");
   if (!done.ok()) Fail("complete k: " + done.status().ToString());
   Line(std::string("COMPLETE k ") + (*done == WriteResult::kOk ? "OK" : "LOST"));
-  Line("DONE");
-  std::this_thread::sleep_for(60s);
-  return 0;
+  return Done();
 }
 
 int TornRead(const std::string& dir) {
@@ -536,9 +525,7 @@ int TornRead(const std::string& dir) {
   WaitLogged(dir, {{"after", after->fence}});
   faults.resume_reader();
   reader.join();
-  Line("DONE");
-  std::this_thread::sleep_for(60s);
-  return 0;
+  return Done();
 }
 
 // ClaimBatch of 4 new keys, then complete each.
@@ -610,11 +597,7 @@ void BatchCompletions(dedup::Store* store, const std::string& round,
 }  // namespace
 
 int Bulk(const std::string& dir, const std::string& round, bool mixed) {
-  dedup::RocksDBStoreOptions o;
-  o.path = dir;
-  auto opened = dedup::RocksDBStore::Open(o);
-  if (!opened.ok()) Fail("open: " + opened.status().ToString());
-  dedup::RocksDBStore* store = opened->get();
+  auto store = OpenOrFail(dir);
   Line("READY");
   constexpr int kMax = 2'000'000;  // the parent kills us long before this
   std::vector<dedup::Token> tokens(kMax);
@@ -700,16 +683,15 @@ int main(int argc, char** argv) {
            : sync == "interval" ? dedup::SyncMode::kInterval
                                 : dedup::SyncMode::kNone;
   o.sync_interval = 20ms;
-  auto store = dedup::RocksDBStore::Open(o);
-  if (!store.ok()) Fail("open: " + store.status().ToString());
+  auto store = OpenOrFail(o);
   Line("READY");
   // Bounded: the parent kills us long before this.
   const auto end = std::chrono::steady_clock::now() + 60s;
-  std::thread t1(SingleKeys, store->get(), std::string(argv[4]), end);
-  std::thread t2(Batches, store->get(), std::string(argv[4]), end);
-  std::thread t3(Takeovers, store->get(), end);
-  std::thread t4(BatchCompletions, store->get(), std::string(argv[4]), end);
-  std::thread t5(LoggedTakeovers, store->get(), std::string(argv[2]), sync != "always", end);
+  std::thread t1(SingleKeys, store.get(), std::string(argv[4]), end);
+  std::thread t2(Batches, store.get(), std::string(argv[4]), end);
+  std::thread t3(Takeovers, store.get(), end);
+  std::thread t4(BatchCompletions, store.get(), std::string(argv[4]), end);
+  std::thread t5(LoggedTakeovers, store.get(), std::string(argv[2]), sync != "always", end);
   t1.join();
   t2.join();
   t3.join();

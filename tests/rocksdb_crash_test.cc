@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -87,6 +88,57 @@ bool ReadSome(int fd, std::string* buf, std::chrono::milliseconds wait) {
   return true;
 }
 
+// SIGKILLs the child and appends what it printed until then to *out; its wait
+// status.
+int KillNow(const Child& c, std::string* out) {
+  kill(c.pid, SIGKILL);
+  int wstatus = 0;
+  waitpid(c.pid, &wstatus, 0);
+  for (int i = 0; i < 1000 && ReadSome(c.out, out, 100ms); ++i) {
+  }
+  close(c.out);
+  return wstatus;
+}
+
+// Starts the child with `args`, lets it work until its output so far makes
+// `ready` true (or `give_up` has passed), then for a random while shorter than
+// `most`, somewhere in the middle of a write, and SIGKILLs it. *out: what it
+// printed. Fails if the child ended on its own before the kill.
+void KillAtARandomMoment(const std::vector<std::string>& args,
+                         const std::function<bool(const std::string&)>& ready,
+                         std::chrono::milliseconds most, std::chrono::seconds give_up,
+                         std::mt19937* rng, std::string* out) {
+  const auto started = std::chrono::steady_clock::now();
+  Child c = Spawn(args);
+  ASSERT_GT(c.pid, 0) << "could not start " << args[0];
+  bool alive = true;
+  while (alive && !ready(*out) && std::chrono::steady_clock::now() < started + give_up) {
+    alive = ReadSome(c.out, out, 20ms);
+  }
+  const auto kill_at =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds((*rng)() % most.count());
+  while (alive && std::chrono::steady_clock::now() < kill_at) alive = ReadSome(c.out, out, 5ms);
+  const int wstatus = KillNow(c, out);
+  ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+      << "the child ended on its own (status " << wstatus << ") after "
+      << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
+      << " s; output tail:\n" << out->substr(out->size() > 2000 ? out->size() - 2000 : 0);
+}
+
+// How many times `what` stands in `out`.
+size_t Count(const std::string& out, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The store in `dir`, opened again after the child's crash.
+StatusOr<std::unique_ptr<RocksDBStore>> Reopen(const std::string& dir) {
+  RocksDBStoreOptions o;
+  o.path = dir;
+  return RocksDBStore::Open(o);
+}
+
 struct Takeover {
   std::string kind;  // "P": with max_attempts, "U": without, "L": without, in the claim log
   std::string key;
@@ -141,36 +193,16 @@ Acked Parse(const std::string& out) {
 void CrashRound(const std::string& dir, const std::string& sync, int round, std::mt19937* rng,
                 History* history) {
   SCOPED_TRACE("sync=" + sync + " round " + std::to_string(round));
-  Child c = Spawn({DEDUP_CRASH_CHILD, "work", dir, sync, "r" + std::to_string(round)});
-  ASSERT_GT(c.pid, 0) << "could not start " << DEDUP_CRASH_CHILD;
-
+  // Killed a random while after the first completion.
   std::string out;
-  const auto give_up = std::chrono::steady_clock::now() + 10s;
-  bool alive = true;
-  while (alive && out.find("\nC ") == std::string::npos &&
-         std::chrono::steady_clock::now() < give_up) {
-    alive = ReadSome(c.out, &out, 20ms);
-  }
-  // A random moment after the first completion, somewhere in the middle of a write.
-  const auto kill_at =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds((*rng)() % 300);
-  while (alive && std::chrono::steady_clock::now() < kill_at) alive = ReadSome(c.out, &out, 5ms);
-  kill(c.pid, SIGKILL);
-  int wstatus = 0;
-  waitpid(c.pid, &wstatus, 0);
-  for (int i = 0; i < 1000 && ReadSome(c.out, &out, 100ms); ++i) {
-  }
-  close(c.out);
-  ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
-      << "the child ended on its own before the kill (status " << wstatus << "); output:\n"
-      << out.substr(0, 2000);
-
+  ASSERT_NO_FATAL_FAILURE(KillAtARandomMoment(
+      {DEDUP_CRASH_CHILD, "work", dir, sync, "r" + std::to_string(round)},
+      [](const std::string& o) { return o.find("\nC ") != std::string::npos; }, 300ms, 10s, rng,
+      &out));
   const Acked acked = Parse(out);
   ASSERT_FALSE(acked.completed.empty()) << "the child completed nothing before the kill";
 
-  RocksDBStoreOptions o;
-  o.path = dir;
-  auto store = RocksDBStore::Open(o);
+  auto store = Reopen(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   // Count the losses and name the first few, rather than thousands of failures.
   std::vector<std::string> lost;
@@ -265,6 +297,16 @@ TEST_P(RocksDBCrash, AcknowledgedOperationsSurviveSigkill) {
 INSTANTIATE_TEST_SUITE_P(SyncModes, RocksDBCrash, ::testing::Values("none", "interval", "always"),
                          [](const auto& info) { return info.param; });
 
+// The bulk children: killed once the child has started a second log (a
+// materialization ran; the numbers go on from the last process's), a random
+// while later. Fails if no materialization ran before the kill.
+void KillAfterAMaterialization(const std::vector<std::string>& args, std::mt19937* rng,
+                               std::string* out) {
+  ASSERT_NO_FATAL_FAILURE(KillAtARandomMoment(
+      args, [](const std::string& o) { return Count(o, "LOGS ") >= 2; }, 1500ms, 60s, rng, out));
+  EXPECT_GE(Count(*out, "LOGS "), 2u) << "no materialization before the kill: not tested";
+}
+
 // A SIGKILL at a random moment of a stream of claims that are never completed
 // (the materializer writes them into the database past 65,536 logged, several
 // times a round) while every third is completed some thousands of claims later:
@@ -273,47 +315,14 @@ INSTANTIATE_TEST_SUITE_P(SyncModes, RocksDBCrash, ::testing::Values("none", "int
 TEST(RocksDBClaimLog, CompletionsSurviveAKillDuringMaterializations) {
   const std::string dir = testing::MakeTempDir("rocksdb-bulk");
   std::mt19937 rng(std::random_device{}());
-  const auto count = [](const std::string& out, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
-    return n;
-  };
   for (int round = 0; round < 3 && !HasFailure(); ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
-    Child c = Spawn({DEDUP_CRASH_CHILD, "bulk", dir, std::to_string(round)});
-    ASSERT_GT(c.pid, 0);
     std::string out;
-    bool alive = true;
-    const auto give_up = std::chrono::steady_clock::now() + 60s;
-    while (alive && out.find("READY\n") == std::string::npos &&
-           std::chrono::steady_clock::now() < give_up) {
-      alive = ReadSome(c.out, &out, 20ms);
-    }
-    // Killed once the child has started a second log (a materialization ran;
-    // the numbers go on from the last process's), a random while later.
-    const auto started = std::chrono::steady_clock::now();
-    while (alive && count(out, "LOGS ") < 2 && std::chrono::steady_clock::now() < give_up) {
-      alive = ReadSome(c.out, &out, 20ms);
-    }
-    const auto kill_at = std::chrono::steady_clock::now() +
-                         std::chrono::milliseconds(rng() % 1500);
-    while (alive && std::chrono::steady_clock::now() < kill_at) alive = ReadSome(c.out, &out, 5ms);
-    kill(c.pid, SIGKILL);
-    int wstatus = 0;
-    waitpid(c.pid, &wstatus, 0);
-    for (int k = 0; k < 10'000 && ReadSome(c.out, &out, 0ms); ++k) {
-    }
-    close(c.out);
-    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
-        << "the child ended on its own (status " << wstatus << ") after "
-        << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()
-        << " s; output tail:\n" << out.substr(out.size() > 2000 ? out.size() - 2000 : 0);
+    ASSERT_NO_FATAL_FAILURE(
+        KillAfterAMaterialization({DEDUP_CRASH_CHILD, "bulk", dir, std::to_string(round)}, &rng, &out));
     const Acked acked = Parse(out);
-    EXPECT_GE(count(out, "LOGS "), 2u) << "no materialization before the kill: not tested";
     ASSERT_FALSE(acked.completed.empty()) << "the child completed nothing before the kill";
-    RocksDBStoreOptions o;
-    o.path = dir;
-    auto store = RocksDBStore::Open(o);
+    auto store = Reopen(dir);
     ASSERT_TRUE(store.ok()) << store.status();
     int wrong = 0;
     for (const std::string& key : acked.completed) {
@@ -345,10 +354,7 @@ std::string RunUntilThenKill(const std::vector<std::string>& args, const std::st
          std::chrono::steady_clock::now() < give_up) {
     alive = ReadSome(c.out, &out, 20ms);
   }
-  kill(c.pid, SIGKILL);
-  int wstatus = 0;
-  waitpid(c.pid, &wstatus, 0);
-  close(c.out);
+  const int wstatus = KillNow(c, &out);
   EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
       << "the child ended on its own (status " << wstatus << "); output:\n" << out.substr(0, 2000);
   EXPECT_NE(out.find(until + "\n"), std::string::npos) << "no " << until << " line; output:\n"
@@ -414,9 +420,7 @@ TEST(RocksDBClaimLog, ClaimsOnlyInTheLogKeepAttemptsAndFencesAcrossRestarts) {
       EXPECT_LT(FenceInTheDatabase(dir, t.key), t.fence) << t.key << " is in the database";
     }
     {
-      RocksDBStoreOptions o;
-      o.path = dir;
-      auto store = RocksDBStore::Open(o);
+      auto store = Reopen(dir);
       ASSERT_TRUE(store.ok()) << store.status();
       for (const auto& [key, t] : now) {
         auto r = (*store)->Inspect(key);
@@ -440,9 +444,7 @@ TEST(RocksDBClaimLog, ClaimsOnlyInTheLogKeepAttemptsAndFencesAcrossRestarts) {
 TEST(RocksDBClaimLog, ForgottenOrExpiredCompletionsStayGoneAfterACrash) {
   const std::string dir = testing::MakeTempDir("rocksdb-claimlog");
   RunUntilThenKill({DEDUP_CRASH_CHILD, "logforget", dir}, "DONE");
-  RocksDBStoreOptions o;
-  o.path = dir;
-  auto store = RocksDBStore::Open(o);
+  auto store = Reopen(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   auto r = (*store)->Inspect("forgotten");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -459,6 +461,44 @@ TEST(RocksDBClaimLog, ForgottenOrExpiredCompletionsStayGoneAfterACrash) {
   testing::RemoveDir(dir);
 }
 
+// The two LD_PRELOAD libraries cannot run beside a sanitizer's runtime, which
+// must come first.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SKIP_UNDER_A_SANITIZER() \
+  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it"
+#else
+#define SKIP_UNDER_A_SANITIZER() (void)0
+#endif
+
+// Runs the child with `args` and LD_PRELOAD=`library` (and the environment
+// variables `env`) until it prints DONE, then SIGKILLs it; its output.
+std::string RunWithPreload(const char* library, const std::vector<std::string>& args,
+                           const std::map<std::string, std::string>& env = {}) {
+  setenv("LD_PRELOAD", library, 1);
+  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+  std::string out = RunUntilThenKill(args, "DONE");
+  unsetenv("LD_PRELOAD");
+  for (const auto& [name, value] : env) unsetenv(name.c_str());
+  return out;
+}
+
+// Runs the child on `dir` with `args` and sync_order_preload until it prints
+// DONE, then SIGKILLs it (its output in *out). What the preload noted: empty
+// when a power loss at each deletion of a claim log (or at the child's
+// SYNC-PROBE) would have lost nothing.
+std::string RunNotingSyncOrder(const std::vector<std::string>& args, const std::string& dir,
+                               std::string* out = nullptr) {
+  const std::string report = dir + "-sync-order";
+  std::remove(report.c_str());
+  const std::string printed =
+      RunWithPreload(DEDUP_SYNC_ORDER_PRELOAD, args, {{"DEDUP_SYNC_ORDER_REPORT", report}});
+  if (out != nullptr) *out = printed;
+  std::ifstream in(report);
+  const std::string found((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(report.c_str());
+  return found;
+}
+
 // With sync=interval a power loss may lose the last interval's operations, no
 // more (README): a claim that the claim log held, synced, for longer must
 // survive one. So a claim log may be deleted only once its claims are durable
@@ -468,24 +508,13 @@ TEST(RocksDBClaimLog, ForgottenOrExpiredCompletionsStayGoneAfterACrash) {
 // simulated: sync_order_preload notes, at each deletion of a claim log, the
 // write-ahead logs with writes not yet synced, what a power loss then drops.
 TEST(RocksDBClaimLog, ALogIsDeletedOnlyOnceItsClaimsAreSyncedElsewhere) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
-#endif
+  SKIP_UNDER_A_SANITIZER();
   const std::string dir = testing::MakeTempDir("rocksdb-claimlog");
-  const std::string report = dir + "-sync-order";
-  std::remove(report.c_str());
-  setenv("LD_PRELOAD", DEDUP_SYNC_ORDER_PRELOAD, 1);
-  setenv("DEDUP_SYNC_ORDER_REPORT", report.c_str(), 1);
-  RunUntilThenKill({DEDUP_CRASH_CHILD, "materialize", dir}, "DONE");
-  unsetenv("LD_PRELOAD");
-  unsetenv("DEDUP_SYNC_ORDER_REPORT");
+  const std::string found = RunNotingSyncOrder({DEDUP_CRASH_CHILD, "materialize", dir}, dir);
   std::vector<uint64_t> logs;
   ASSERT_TRUE(internal::ListClaimLogs(dir, &logs).ok());
   EXPECT_TRUE(logs.empty()) << "CompactNow left a claim log: the test tested no deletion";
-  std::ifstream in(report);
-  const std::string found((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(found, "") << "a power loss here loses claims the deleted log had made durable";
-  std::remove(report.c_str());
   testing::RemoveDir(dir);
 }
 
@@ -494,37 +523,24 @@ TEST(RocksDBClaimLog, ALogIsDeletedOnlyOnceItsClaimsAreSyncedElsewhere) {
 // alone holds must still be synced within the interval, as the current log's
 // are, or a power loss drops claims older than the interval.
 TEST(RocksDBClaimLog, AClosedLogThatStaysIsSyncedWithinTheInterval) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
-#endif
+  SKIP_UNDER_A_SANITIZER();
   const std::string dir = testing::MakeTempDir("rocksdb-closedlog");
-  const std::string report = dir + "-sync-order";
-  std::remove(report.c_str());
-  setenv("LD_PRELOAD", DEDUP_SYNC_ORDER_PRELOAD, 1);
-  setenv("DEDUP_SYNC_ORDER_REPORT", report.c_str(), 1);
-  const std::string out = RunUntilThenKill({DEDUP_CRASH_CHILD, "closedlog", dir}, "DONE");
-  unsetenv("LD_PRELOAD");
-  unsetenv("DEDUP_SYNC_ORDER_REPORT");
+  std::string out;
+  const std::string found = RunNotingSyncOrder({DEDUP_CRASH_CHILD, "closedlog", dir}, dir, &out);
   EXPECT_NE(out.find("FAILED"), std::string::npos)
       << "the materialization did not fail: nothing was tested. Output:\n" << out;
   std::vector<uint64_t> logs;
   ASSERT_TRUE(internal::ListClaimLogs(dir, &logs).ok());
   EXPECT_FALSE(logs.empty()) << "the failed materialization deleted its log";
-  std::ifstream in(report);
-  const std::string found((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(found, "") << "three intervals after the failed materialization, a power loss "
                           "loses these logs' claims";
-  std::remove(report.c_str());
   testing::RemoveDir(dir);
 }
 
 // Runs the child with claim_log_fault_preload (claim log appends that fail at
 // moments the child picks) until it prints DONE, then SIGKILLs it; its output.
 std::string RunWithFailingAppends(const std::vector<std::string>& args) {
-  setenv("LD_PRELOAD", DEDUP_CLAIM_LOG_FAULT_PRELOAD, 1);
-  std::string out = RunUntilThenKill(args, "DONE");
-  unsetenv("LD_PRELOAD");
-  return out;
+  return RunWithPreload(DEDUP_CLAIM_LOG_FAULT_PRELOAD, args);
 }
 
 // The words after `tag` of each line of `out` that starts with it.
@@ -548,9 +564,7 @@ std::vector<std::vector<std::string>> Lines(const std::string& out, const std::s
 // repeat. A claim with max_attempts made meanwhile is written before it
 // returns, so a poison message gets no attempt past its max_attempts ("p").
 TEST(RocksDBClaimLog, ClaimsMadeWhileAppendsFailAreForgottenByACrashButNotPastMaxAttempts) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
-#endif
+  SKIP_UNDER_A_SANITIZER();
   const std::string dir = testing::MakeTempDir("rocksdb-attempts");
   const std::string out = RunWithFailingAppends({DEDUP_CRASH_CHILD, "attemptsback", dir});
   std::map<std::string, std::vector<std::pair<uint64_t, uint32_t>>> handed;  // fence, attempt
@@ -561,9 +575,7 @@ TEST(RocksDBClaimLog, ClaimsMadeWhileAppendsFailAreForgottenByACrashButNotPastMa
   ASSERT_EQ(handed["k"].size(), 3u) << out;
   ASSERT_EQ(handed["p"].size(), 3u) << out;
   EXPECT_EQ(handed["k"].back().second, 3u);
-  RocksDBStoreOptions o;
-  o.path = dir;
-  auto store = RocksDBStore::Open(o);
+  auto store = Reopen(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   // "k": the claim the log held is back (not forgotten); the two takeovers
   // made while appends failed are (the documented limit).
@@ -602,9 +614,7 @@ TEST(RocksDBClaimLog, ClaimsMadeWhileAppendsFailAreForgottenByACrashButNotPastMa
 // would undo it: Inspect shows the old claim, the takeover's completion is
 // LOST, and the old claim is what gets logged.
 TEST(RocksDBClaimLog, AFailedAppendDoesNotPutItsClaimBackOverATakeoverMadeMeanwhile) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
-#endif
+  SKIP_UNDER_A_SANITIZER();
   const std::string dir = testing::MakeTempDir("rocksdb-moveback");
   const std::string out = RunWithFailingAppends({DEDUP_CRASH_CHILD, "moveback", dir});
   const auto one = [&](const std::string& tag) {
@@ -617,9 +627,7 @@ TEST(RocksDBClaimLog, AFailedAppendDoesNotPutItsClaimBackOverATakeoverMadeMeanwh
   EXPECT_EQ(one("INSPECT"), c) << "Inspect shows the claim of the failed append, not the takeover";
   EXPECT_EQ(one("COMPLETE"), "OK") << "the takeover's completion";
   EXPECT_EQ(one("LOGGED"), c) << "the claim log got the claim of the failed append";
-  RocksDBStoreOptions o;
-  o.path = dir;
-  auto store = RocksDBStore::Open(o);
+  auto store = Reopen(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   auto k = (*store)->Inspect("k");
   ASSERT_TRUE(k.ok()) << k.status();
@@ -639,9 +647,7 @@ TEST(RocksDBClaimLog, AFailedAppendDoesNotPutItsClaimBackOverATakeoverMadeMeanwh
 // DataLoss for a log that was never damaged. (A frame cut off is never read as
 // whole: it fails its CRC, so no claim that never was is shown.)
 TEST(RocksDBClaimLog, AReadOnlyOpenBesideAFailedAppendSeesNoDamage) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "a sanitizer's runtime must come first: no LD_PRELOAD library beside it";
-#endif
+  SKIP_UNDER_A_SANITIZER();
   const std::string dir = testing::MakeTempDir("rocksdb-tornread");
   const std::string out = RunWithFailingAppends({DEDUP_CRASH_CHILD, "tornread", dir});
   const auto first = Lines(out, "A");
@@ -653,9 +659,7 @@ TEST(RocksDBClaimLog, AReadOnlyOpenBesideAFailedAppendSeesNoDamage) {
   if (!seen.empty()) EXPECT_EQ(seen[0], std::vector<std::string>{first[0][1]}) << out;
   // The writer's next open folds the logs in: a frame cut short at a log's
   // end is what a crash leaves, no damage.
-  RocksDBStoreOptions o;
-  o.path = dir;
-  auto store = RocksDBStore::Open(o);
+  auto store = Reopen(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   for (const char* key : {"first", "tornA", "tornB", "after"}) {
     auto r = (*store)->Inspect(key);
@@ -676,44 +680,20 @@ TEST(RocksDBClaimLog, AReadOnlyOpenBesideAFailedAppendSeesNoDamage) {
 TEST(RocksDBClaimLog, ForgetsAndReleasesSurviveAKillDuringMaterializations) {
   const std::string dir = testing::MakeTempDir("rocksdb-bulk");
   std::mt19937 rng(std::random_device{}());
-  const auto count = [](const std::string& out, const std::string& what) {
-    size_t n = 0;
-    for (size_t at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
-    return n;
-  };
   for (int round = 0; round < 3 && !HasFailure(); ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
-    Child c = Spawn({DEDUP_CRASH_CHILD, "bulkmixed", dir, std::to_string(round)});
-    ASSERT_GT(c.pid, 0);
     std::string out;
-    bool alive = true;
-    const auto give_up = std::chrono::steady_clock::now() + 60s;
-    while (alive && count(out, "LOGS ") < 2 && std::chrono::steady_clock::now() < give_up) {
-      alive = ReadSome(c.out, &out, 20ms);
-    }
-    const auto kill_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(rng() % 1500);
-    while (alive && std::chrono::steady_clock::now() < kill_at) alive = ReadSome(c.out, &out, 5ms);
-    kill(c.pid, SIGKILL);
-    int wstatus = 0;
-    waitpid(c.pid, &wstatus, 0);
-    for (int k = 0; k < 10'000 && ReadSome(c.out, &out, 0ms); ++k) {
-    }
-    close(c.out);
-    ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
-        << "the child ended on its own (status " << wstatus << "); output tail:\n"
-        << out.substr(out.size() > 2000 ? out.size() - 2000 : 0);
+    ASSERT_NO_FATAL_FAILURE(KillAfterAMaterialization(
+        {DEDUP_CRASH_CHILD, "bulkmixed", dir, std::to_string(round)}, &rng, &out));
     std::set<std::string> forgotten;
     size_t pos = 0;
     for (size_t nl; (nl = out.find('\n', pos)) != std::string::npos; pos = nl + 1) {
       if (out.compare(pos, 2, "F ") == 0) forgotten.insert(out.substr(pos + 2, nl - pos - 2));
     }
     const Acked acked = Parse(out);
-    EXPECT_GE(count(out, "LOGS "), 2u) << "no materialization before the kill: not tested";
     ASSERT_FALSE(forgotten.empty() || acked.released.empty() || acked.completed.empty())
         << "the child forgot, released or completed nothing before the kill";
-    RocksDBStoreOptions o;
-    o.path = dir;
-    auto store = RocksDBStore::Open(o);
+    auto store = Reopen(dir);
     ASSERT_TRUE(store.ok()) << store.status();
     int wrong = 0;
     const auto expect = [&](const std::string& key, const char* what, auto&& ok) {

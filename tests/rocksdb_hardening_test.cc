@@ -45,6 +45,53 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+// An encoded IN_PROGRESS record of `fence`, held for 10 minutes.
+std::string LoggedClaim(Clock& clock, uint64_t fence) {
+  Record r;
+  r.state = RecordState::kInProgress;
+  r.token = Token::Random();
+  r.fence = fence;
+  r.attempt = 1;
+  r.lease_deadline = clock.NowMillis() + 600'000;
+  r.retention_deadline = r.lease_deadline + 86'400'000;
+  std::string v;
+  internal::EncodeRecord(r, &v);
+  return v;
+}
+
+// Each key's last claim in the claim logs of `db`: its fence. False when a log
+// cannot be listed or read.
+bool LoggedFences(const std::string& db, std::map<std::string, uint64_t>* fences) {
+  fences->clear();
+  std::vector<uint64_t> logs;
+  if (!internal::ListClaimLogs(db, &logs).ok()) return false;
+  for (uint64_t n : logs) {
+    const auto note = [&](uint8_t type, std::string_view k, std::string_view v) {
+      Record rec;
+      std::string why;
+      if (type == internal::kClaimEntry && internal::DecodeRecord(v, &rec, &why)) {
+        (*fences)[std::string(k)] = rec.fence;
+      }
+    };
+    Status r = internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n), note);
+    if (!r.ok()) return false;
+  }
+  return true;
+}
+
+// Waits (10 s at the most) until the claim logs of `db` hold a claim of each
+// of `keys`: the writer has logged them.
+::testing::AssertionResult WaitLogged(const std::string& db, const std::vector<std::string>& keys) {
+  std::map<std::string, uint64_t> fences;
+  for (int i = 0; i < 5000; ++i) {
+    if (!LoggedFences(db, &fences)) return ::testing::AssertionFailure() << "cannot read the claim logs";
+    const auto logged = [&](const std::string& k) { return fences.count(k) != 0; };
+    if (std::all_of(keys.begin(), keys.end(), logged)) return ::testing::AssertionSuccess();
+    std::this_thread::sleep_for(2ms);
+  }
+  return ::testing::AssertionFailure() << "the claims never reached the claim log";
+}
+
 class RocksDBHardeningTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = testing::MakeTempDir("rocksdb-hardening"); }
@@ -52,14 +99,26 @@ class RocksDBHardeningTest : public ::testing::Test {
 
   StatusOr<std::unique_ptr<RocksDBStore>> TryOpen(
       const std::string& path, WalRecovery rec = WalRecovery::kStrict, bool read_only = false,
-      bool create = true) {
+      bool create = true, rocksdb::Env* env = nullptr) {
     RocksDBStoreOptions o;
     o.path = path;
     o.clock = &clock_;
     o.wal_recovery = rec;
     o.read_only = read_only;
     o.create_if_missing = create;
+    o.env = env;
     return RocksDBStore::Open(o);
+  }
+
+  // A store at `path`, closed at fence epoch 1, beside a claim log that its
+  // next open folds in, holding a claim of "held" of `fence`; the log's path.
+  std::string StoreAndAClaimLog(const std::string& path, uint64_t fence) {
+    EXPECT_TRUE(TryOpen(path).ok());
+    internal::ClaimLogFrame f;
+    f.AddClaim("held", LoggedClaim(clock_, fence));
+    const std::string log = path + "/" + internal::ClaimLogName(1);
+    std::ofstream(log, std::ios::binary) << f.Finish();
+    return log;
   }
 
   static ClaimRequest Req(std::string_view key) {
@@ -384,19 +443,7 @@ TEST_F(RocksDBHardeningTest, ReadOnlyOpenReadsBesideAWriterAndRefusesWrites) {
   // not the database; a read-only open (dedup inspect) reads it from there.
   auto held = (*w)->Claim(Req("held"));
   ASSERT_TRUE(held.ok() && held->acquired());
-  bool logged = false;
-  for (int i = 0; i < 5000 && !logged; ++i) {
-    std::vector<uint64_t> logs;
-    ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
-    for (uint64_t n : logs) {
-      ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
-                                         [&](uint8_t, std::string_view k, std::string_view) {
-                                           logged = logged || k == "held";
-                                         }).ok());
-    }
-    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  ASSERT_TRUE(logged) << "the claim never reached the claim log";
+  ASSERT_TRUE(WaitLogged(db, {"held"}));
   auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
   ASSERT_TRUE(ro.ok()) << ro.status();
   auto r = (*ro)->Inspect("a");
@@ -427,31 +474,19 @@ TEST_F(RocksDBHardeningTest, DamagedFrameInTheMiddleOfAClaimLogIsAnErrorNamingTh
     ASSERT_TRUE(s.ok()) << s.status();
   }
   const uint64_t epoch1 = uint64_t{1} << 32;
-  const auto claim = [&](uint64_t fence) {
-    Record r;
-    r.state = RecordState::kInProgress;
-    r.token = Token::Random();
-    r.fence = fence;
-    r.attempt = 1;
-    r.lease_deadline = clock_.NowMillis() + 600'000;
-    r.retention_deadline = r.lease_deadline + 86'400'000;
-    std::string v;
-    internal::EncodeRecord(r, &v);
-    return v;
-  };
   // What a process leaves: a claim; another claim; the first one's forget (it
   // was completed, then forgotten) and a third claim.
   std::string bytes;
   internal::ClaimLogFrame f;
-  f.AddClaim("forgotten", claim(epoch1 + 1));
+  f.AddClaim("forgotten", LoggedClaim(clock_, epoch1 + 1));
   bytes += f.Finish();
   const size_t second = bytes.size();
   f.Clear();
-  f.AddClaim("middle", claim(epoch1 + 2));
+  f.AddClaim("middle", LoggedClaim(clock_, epoch1 + 2));
   bytes += f.Finish();
   f.Clear();
   f.AddForget("forgotten", epoch1 + 1);
-  f.AddClaim("after", claim(epoch1 + 3));
+  f.AddClaim("after", LoggedClaim(clock_, epoch1 + 3));
   bytes += f.Finish();
   bytes[second + 12] ^= 0x20;  // in the second frame's payload
   const std::string log = db + "/" + internal::ClaimLogName(1);
@@ -510,22 +545,7 @@ TEST_F(RocksDBHardeningTest, ReadOnlyScanListsTheClaimsOnlyTheClaimLogHolds) {
     ASSERT_TRUE(held.ok() && held->acquired());
     fences.push_back(held->fence);
   }
-  std::set<std::string> logged;
-  const auto all_logged = [&] {
-    return logged.count("job/0") + logged.count("job/2") + logged.count("other") == 3;
-  };
-  for (int i = 0; i < 5000 && !all_logged(); ++i) {
-    std::vector<uint64_t> logs;
-    ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
-    for (uint64_t n : logs) {
-      ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
-                                         [&](uint8_t, std::string_view k, std::string_view) {
-                                           logged.insert(std::string(k));
-                                         }).ok());
-    }
-    if (!all_logged()) std::this_thread::sleep_for(2ms);
-  }
-  ASSERT_TRUE(all_logged()) << "the claims never reached the claim log";
+  ASSERT_TRUE(WaitLogged(db, {"job/0", "job/2", "other"}));
   auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
   ASSERT_TRUE(ro.ok()) << ro.status();
   const auto keys = [](const StatusOr<std::vector<Record>>& r) {
@@ -563,41 +583,16 @@ class HookAtManifestFs : public rocksdb::FileSystemWrapper {
   std::function<void()> hook_;
 };
 
-// An encoded IN_PROGRESS record of `fence`, held for 10 minutes.
-std::string LoggedClaim(Clock& clock, uint64_t fence) {
-  Record r;
-  r.state = RecordState::kInProgress;
-  r.token = Token::Random();
-  r.fence = fence;
-  r.attempt = 1;
-  r.lease_deadline = clock.NowMillis() + 600'000;
-  r.retention_deadline = r.lease_deadline + 86'400'000;
-  std::string v;
-  internal::EncodeRecord(r, &v);
-  return v;
-}
-
 // A writer's clean close deletes its claim logs once their claims are in the
 // database. A new writer that listed the logs before it held the directory's
 // lock may find one gone when it folds them: that is no error (the claims are
 // in the database), and the open succeeds.
 TEST_F(RocksDBHardeningTest, AClaimLogDeletedBeforeTheOpenHoldsTheLockIsNoError) {
   const std::string db = dir_ + "/db";
-  {
-    auto s = TryOpen(db);  // fence epoch 1
-    ASSERT_TRUE(s.ok()) << s.status();
-  }
-  internal::ClaimLogFrame f;
-  f.AddClaim("held", LoggedClaim(clock_, (uint64_t{1} << 32) + 1));
-  const std::string log = db + "/" + internal::ClaimLogName(1);
-  std::ofstream(log, std::ios::binary) << f.Finish();
+  const std::string log = StoreAndAClaimLog(db, (uint64_t{1} << 32) + 1);
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
       std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
-  RocksDBStoreOptions o;
-  o.path = db;
-  o.clock = &clock_;
-  o.env = env.get();
-  auto s = RocksDBStore::Open(o);
+  auto s = TryOpen(db, WalRecovery::kStrict, /*read_only=*/false, /*create=*/true, env.get());
   ASSERT_TRUE(s.ok()) << "the log deleted beside the open failed it: " << s.status();
   auto c = (*s)->Claim(Req("other"));
   ASSERT_TRUE(c.ok() && c->acquired());
@@ -609,23 +604,11 @@ TEST_F(RocksDBHardeningTest, AClaimLogDeletedBeforeTheOpenHoldsTheLockIsNoError)
 // the open sees) must not take its claims out of what the reader shows.
 TEST_F(RocksDBHardeningTest, AReadOnlyOpenShowsTheClaimsOfALogDeletedDuringItsOpen) {
   const std::string db = dir_ + "/db";
-  {
-    auto s = TryOpen(db);  // fence epoch 1
-    ASSERT_TRUE(s.ok()) << s.status();
-  }
   const uint64_t fence = (uint64_t{1} << 32) + 1;
-  internal::ClaimLogFrame f;
-  f.AddClaim("held", LoggedClaim(clock_, fence));
-  const std::string log = db + "/" + internal::ClaimLogName(1);
-  std::ofstream(log, std::ios::binary) << f.Finish();
+  const std::string log = StoreAndAClaimLog(db, fence);
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(
       std::make_shared<HookAtManifestFs>([&] { fs::remove(log); }));
-  RocksDBStoreOptions o;
-  o.path = db;
-  o.clock = &clock_;
-  o.read_only = true;
-  o.env = env.get();
-  auto s = RocksDBStore::Open(o);
+  auto s = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false, env.get());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_FALSE(fs::exists(log)) << "the hook did not run";
   auto r = (*s)->Inspect("held");
@@ -683,30 +666,14 @@ TEST_F(RocksDBHardeningTest, AForgetLoggedButNotAppliedSaysSo) {
       rocksdb::NewCompositeEnv(std::make_shared<FullWalFs>(&full));
   uint64_t fence = 0;
   {
-    RocksDBStoreOptions o;
-    o.path = db;
-    o.clock = &clock_;
-    o.env = env.get();
-    auto s = RocksDBStore::Open(o);
+    auto s = TryOpen(db, WalRecovery::kStrict, /*read_only=*/false, /*create=*/true, env.get());
     ASSERT_TRUE(s.ok()) << s.status();
     ClaimRequest r = Req("gone");
     r.lease = 1s;
     auto c = (*s)->Claim(r);
     ASSERT_TRUE(c.ok() && c->acquired());
     fence = c->fence;
-    bool logged = false;
-    for (int i = 0; i < 5000 && !logged; ++i) {
-      std::vector<uint64_t> logs;
-      ASSERT_TRUE(internal::ListClaimLogs(db, &logs).ok());
-      for (uint64_t n : logs) {
-        ASSERT_TRUE(internal::ReadClaimLog(db + "/" + internal::ClaimLogName(n),
-                                           [&](uint8_t, std::string_view k, std::string_view) {
-                                             logged = logged || k == "gone";
-                                           }).ok());
-      }
-      if (!logged) std::this_thread::sleep_for(2ms);
-    }
-    ASSERT_TRUE(logged) << "the claim never reached the claim log";
+    ASSERT_TRUE(WaitLogged(db, {"gone"}));
     clock_.Advance(2s);  // the lease is over: Forget removes it without force
     full.store(true);
     auto f = (*s)->Forget("gone");
@@ -1074,26 +1041,8 @@ TEST_F(FullDiskTest, ClaimsOfFailedLogAppendsAreLoggedOnceTheDiskHasRoom) {
           }
           std::this_thread::sleep_for(std::chrono::microseconds(rng() % 250'000));
         }
-        const auto logged = [&](std::map<std::string, uint64_t>* fences) {
-          fences->clear();
-          std::vector<uint64_t> logs;
-          if (!internal::ListClaimLogs(db, &logs).ok()) return false;
-          for (uint64_t n : logs) {
-            Status r = internal::ReadClaimLog(
-                db + "/" + internal::ClaimLogName(n),
-                [&](uint8_t type, std::string_view k, std::string_view v) {
-                  Record rec;
-                  std::string why;
-                  if (type == internal::kClaimEntry && internal::DecodeRecord(v, &rec, &why)) {
-                    (*fences)[std::string(k)] = rec.fence;
-                  }
-                });
-            if (!r.ok()) return false;
-          }
-          return true;
-        };
         std::map<std::string, uint64_t> fences;
-        if (!logged(&fences) || !fences.empty()) {
+        if (!LoggedFences(db, &fences) || !fences.empty()) {
           std::fprintf(stderr, "the appends did not fail: %zu keys logged\n", fences.size());
           return false;
         }
@@ -1108,7 +1057,7 @@ TEST_F(FullDiskTest, ClaimsOfFailedLogAppendsAreLoggedOnceTheDiskHasRoom) {
         bool all = false;
         for (int i = 0; i < 2000 && !all; ++i) {
           std::this_thread::sleep_for(5ms);
-          if (!logged(&fences)) return false;
+          if (!LoggedFences(db, &fences)) return false;
           all = fences.size() == last.size();
           for (auto f = fences.begin(); all && f != fences.end(); ++f) {
             all = last[f->first] == f->second;

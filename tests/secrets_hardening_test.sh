@@ -12,17 +12,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dedup=${1:?usage: secrets_hardening_test.sh DEDUP_CLI}
 port=${DEDUP_SECRETS_REDIS_PORT:-6491}
-source "$here/../scripts/lib/redis.sh"
-tmp=$(mktemp -d)
-worker_pid=
-cleanup() {
-  [[ -n "$worker_pid" ]] && kill -9 "$worker_pid" 2>/dev/null || true
-  redis_stop_all
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=lib/cli_test.sh
+source "$here/lib/cli_test.sh"
+cli_test_begin  # $tmp; Redis and the worker (worker_pid) stopped at exit
 P=S3cr3tPW
-source "$here/../scripts/lib/check.sh"
 
 # 1. Every command, every typo: the password is never printed.
 uris=(

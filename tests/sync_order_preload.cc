@@ -69,6 +69,26 @@ void Synced(int fd) {
   Unsynced().erase(p);
 }
 
+// The unsynced paths that `pick` takes, each as the line it makes of it.
+template <typename Pick>
+std::string UnsyncedLines(Pick pick) {
+  std::string lines;
+  std::lock_guard l(Mu());
+  for (const std::string& p : Unsynced()) lines += pick(p);
+  return lines;
+}
+
+// Appends `lines` to the file named by DEDUP_SYNC_ORDER_REPORT.
+void Report(const std::string& lines) {
+  const char* report = std::getenv("DEDUP_SYNC_ORDER_REPORT");
+  if (lines.empty() || report == nullptr) return;
+  static auto real_write = Real<ssize_t (*)(int, const void*, size_t)>("write");
+  const int fd = open(report, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  (void)real_write(fd, lines.data(), lines.size());
+  close(fd);
+}
+
 }  // namespace
 
 extern "C" {
@@ -114,22 +134,9 @@ int unlink(const char* path) {
   base = base != nullptr ? base + 1 : path;
   if (std::strcmp(base, "SYNC-PROBE") == 0) {
     // The child asks: which claim logs hold writes never synced now?
-    std::string lines;
-    {
-      std::lock_guard l(Mu());
-      for (const std::string& p : Unsynced()) {
-        if (p.find("/CLAIMLOG-0") != std::string::npos) lines += "probe: unsynced " + p + "\n";
-      }
-    }
-    const char* report = std::getenv("DEDUP_SYNC_ORDER_REPORT");
-    if (!lines.empty() && report != nullptr) {
-      static auto real_write = Real<ssize_t (*)(int, const void*, size_t)>("write");
-      const int fd = open(report, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        (void)real_write(fd, lines.data(), lines.size());
-        close(fd);
-      }
-    }
+    Report(UnsyncedLines([](const std::string& p) {
+      return p.find("/CLAIMLOG-0") != std::string::npos ? "probe: unsynced " + p + "\n" : "";
+    }));
   } else if (std::strncmp(base, "CLAIMLOG-0", 10) != 0) {
     // A write-ahead log RocksDB deletes (its records are in a table file): what
     // it held unsynced no longer matters.
@@ -139,22 +146,10 @@ int unlink(const char* path) {
       Unsynced().erase(full);
     }
   } else {
-    std::string lines;
-    {
-      std::lock_guard l(Mu());
-      for (const std::string& p : Unsynced()) {
-        if (p.ends_with(".log")) lines += std::string("deleted ") + base + " with unsynced " + p + "\n";
-      }
-    }
-    const char* report = std::getenv("DEDUP_SYNC_ORDER_REPORT");
-    if (!lines.empty() && report != nullptr) {
-      static auto real_write = Real<ssize_t (*)(int, const void*, size_t)>("write");
-      const int fd = open(report, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        (void)real_write(fd, lines.data(), lines.size());
-        close(fd);
-      }
-    }
+    // A claim log deleted: which write-ahead logs hold writes never synced?
+    Report(UnsyncedLines([base](const std::string& p) {
+      return p.ends_with(".log") ? std::string("deleted ") + base + " with unsynced " + p + "\n" : "";
+    }));
   }
   return real(path);
 }

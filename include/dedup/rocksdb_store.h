@@ -7,12 +7,19 @@
 // (CompleteWithBatch): exactly-once effects for embedded state.
 //
 // What survives what:
-//   * Every operation is written to RocksDB's write-ahead log before it returns,
-//     so nothing acknowledged is lost when the process is killed (SIGKILL, crash),
-//     whatever the sync mode.
+//   * Complete, extend, release and forget, a claim with max_attempts and every
+//     claim with SyncMode::kAlways are written to RocksDB's write-ahead log before
+//     they return: a process crash (SIGKILL) loses none of them, whatever the
+//     sync mode.
+//   * Other claims are appended to a claim log (PATH/CLAIMLOG-*) by a background
+//     writer about once a millisecond: a process crash forgets those made in the
+//     last millisecond or so (while appends fail, on a full disk, every one made
+//     since they began). A forgotten claim's key is claimable again with a higher
+//     fence and an attempt number already handed out; fences never repeat.
 //   * A power loss or kernel crash can lose operations that were not yet synced:
 //     none with SyncMode::kAlways, those of the last `sync_interval` with
-//     kInterval, an unbounded recent window with kNone.
+//     kInterval (the claim log is synced with the WAL), an unbounded recent
+//     window with kNone.
 //   * Records past their retention are dropped by a compaction filter as RocksDB
 //     flushes and compacts (every file is compacted at least once a day); until
 //     then they answer as absent. A dropped record leaves a deletion marker, so an
@@ -59,10 +66,10 @@ class WriteBatch;
 namespace dedup {
 
 enum class SyncMode : uint8_t {
-  kNone = 0,      // WAL written to the OS on every operation, synced when the OS likes
-  kInterval = 1,  // WAL synced by a background thread every sync_interval
-  kAlways = 2,    // WAL synced before every operation returns (concurrent
-                  // operations share one sync: RocksDB's group commit)
+  kNone = 0,      // WAL and claim log written to the OS, synced when the OS likes
+  kInterval = 1,  // WAL and claim log synced by a background thread every sync_interval
+  kAlways = 2,    // WAL synced before every operation returns; no claim log
+                  // (concurrent operations share one sync: RocksDB's group commit)
 };
 
 // How a write-ahead log that cannot be read to its end is handled at open.

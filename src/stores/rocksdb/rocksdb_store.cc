@@ -2,7 +2,8 @@
 //
 // The RocksDB store. Every operation is read-decide-write under one of kStripes
 // mutexes picked by key hash: find the record, ask core/state_machine what to do,
-// Put the new record (or nothing). Writes go through the WAL, never around it.
+// Put the new record (or nothing). Writes go through the WAL, except deferred
+// claims: the claim log holds those (below).
 //
 // Finding the record usually costs no RocksDB read. Each stripe keeps, under its
 // mutex, (a) 32-bit fingerprints of every key with a record on disk, loaded at
@@ -33,12 +34,13 @@
 //   * attempts are counted across crashes where they decide something: a claim
 //     with max_attempts (what stops a poison message that kills its worker) is
 //     written before it returns, as is every claim with SyncMode::kAlways.
-// A claim without max_attempts that a crash catches before its group commit
-// (within about two milliseconds) is forgotten: the key is claimable again with a
-// higher fence, the same attempt number. Complete, extend and release are
-// written before they return, as before; a pending claim of the same key that a
-// writer batch is carrying is waited for first, so the newer record always lands
-// last.
+// A claim without max_attempts that a crash catches before the writer logged it
+// (made in the last millisecond or so; while appends fail, on a full disk, every
+// one made since they began) is forgotten: the key is claimable again with a
+// higher fence, the same attempt number. Complete, extend, release and forget
+// are written before they return; an older record of the same key that a writer
+// batch or a materialization is carrying is waited for first, so the newer
+// record always lands last.
 
 #include "dedup/rocksdb_store.h"
 
