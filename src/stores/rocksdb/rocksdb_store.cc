@@ -291,14 +291,19 @@ std::string_view SyncModeName(SyncMode m) {
   return "unknown";
 }
 
+// How a full-disk message ends: the write that hit it did not happen. A forget
+// whose entry already reached the claim log drops it (ForgetLoggedNotApplied).
+constexpr std::string_view kDidNotHappen = "; this operation did not happen)";
+
 // A RocksDB status as ours, prefixed with `context` ("rocksdb PATH: op").
 Status FromRocks(const rocksdb::Status& s, const std::string& context) {
   std::string m = context + ": " + s.ToString();
   if (s.IsNoSpace()) {
     // Fails closed: the write that hit it did not happen, and RocksDB refuses
     // every later write until the store is reopened with space to spare.
-    return Status::ResourceExhausted(std::move(m) + " (the disk is full: free space and reopen "
-                                                    "the store; this operation did not happen)");
+    return Status::ResourceExhausted(std::move(m) +
+                                     " (the disk is full: free space and reopen the store" +
+                                     std::string(kDidNotHappen));
   }
   if (s.IsCorruption()) return Status::DataLoss(std::move(m));
   if (s.IsInvalidArgument()) return Status::InvalidArgument(std::move(m));
@@ -1554,8 +1559,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
   Status LogError(std::string_view what, int err) const {
     std::string m = Context("claim log") + ": " + std::string(what) + ": " + std::strerror(err);
     if (err == ENOSPC || err == EDQUOT) {
-      return Status::ResourceExhausted(std::move(m) + " (the disk is full: free space; this "
-                                                      "operation did not happen)");
+      return Status::ResourceExhausted(std::move(m) + " (the disk is full: free space" +
+                                       std::string(kDidNotHappen));
     }
     return Status::Unavailable(std::move(m));
   }
@@ -1666,9 +1671,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // is safe), but the error must not promise that nothing happened.
   static Status ForgetLoggedNotApplied(const Status& e) {
     std::string m = e.message();
-    constexpr std::string_view kNothing = "; this operation did not happen)";
-    if (const size_t at = m.find(kNothing); at != std::string::npos) {
-      m.replace(at, kNothing.size(), ")");
+    if (const size_t at = m.find(kDidNotHappen); at != std::string::npos) {
+      m.replace(at, kDidNotHappen.size(), ")");
     }
     return Status(e.code(), m + ". The claim log already holds this forget: the key's claim may "
                                 "be gone at the store's next open even so; retry the forget");
