@@ -164,6 +164,16 @@ for l in '127.0.0.1:+8130' '127.0.0.1: 8130' '127.0.0.1:8130x' '127.0.0.1:-1' \
   expect_rc "serve --listen '$l' is refused" 2 timeout 5 "$dedup" serve --store memory: --listen "$l"
   [[ "$out" == *"--listen: bad port in '$l'"* ]] || fail "serve --listen '$l': $out"
 done
+# A comma-separated list with an empty item is refused, naming the flag: CLI11
+# dropped the item (`bench --workers 1,,2` ran at 1 and 2, `--phase consumer,`
+# as if the comma were not there).
+for args in "--workers 1,,2" "--workers=1," "--workers ,2" "--workers 1 2,,8" \
+  "--phase throughput,,consumer" "--phase=consumer,"; do
+  read -ra argv <<<"$args"
+  expect_rc "bench $args is refused" 2 timeout 20 "$dedup" bench --no-redis --no-rocksdb \
+    --quick --no-progress "${argv[@]}"
+  [[ "$out" == *"--"*": an empty item in '"* ]] || fail "bench $args: $out"
+done
 redis-cli -h 127.0.0.1 -p "$port" DEL octal >/dev/null
 "$dedup" publish --broker "redis://127.0.0.1:$port?stream=octal" --id-prefix o --count 010 --quiet
 check "publish --count 010 is ten messages (decimal, not octal)" 10 \

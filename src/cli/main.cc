@@ -197,6 +197,51 @@ bool NameUnknownOption(CLI::App& app, int argc, char** argv) {
   return false;
 }
 
+// CLI11 splits a comma-separated value (bench --workers 1,2,8) and drops its
+// empty items: `--workers 1,,2` ran at 1 and 2, `--phase consumer,` as if the
+// comma were not there. An empty item (a typo, an unset "$VAR" in a list) is
+// refused, naming the flag, before the parse runs the command (an empty value
+// as a whole is left to the option's own check: CheckNumbers for --workers). Walks argv as
+// NameUnknownOption does: `--name=LIST`, and the values that follow `--name`.
+bool RefuseEmptyListItem(CLI::App& app, int argc, char** argv) {
+  if (argc < 3) return false;
+  CLI::App* sub = nullptr;
+  for (CLI::App* s : app.get_subcommands({})) {
+    if (s->check_name(argv[1])) sub = s;
+  }
+  if (sub == nullptr) return false;
+  const CLI::Option* list = nullptr;  // the delimited option whose values follow
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;  // what follows is a command (dedup exec)
+    const CLI::Option* opt = list;
+    std::string value = arg;
+    if (arg.rfind("-", 0) == 0 && arg.size() > 1) {
+      list = nullptr;
+      const size_t eq = arg.find('=');
+      opt = arg.rfind("--", 0) == 0 ? sub->get_option_no_throw(arg.substr(0, eq)) : nullptr;
+      if (opt == nullptr || opt->get_delimiter() == '\0') continue;
+      if (eq == std::string::npos) {
+        list = opt;
+        continue;
+      }
+      value = arg.substr(eq + 1);
+    }
+    if (opt == nullptr) continue;
+    const char d = opt->get_delimiter();
+    if (!value.empty() && (value.front() == d || value.back() == d ||
+        value.find(std::string(2, d)) != std::string::npos)) {
+      std::fprintf(stderr,
+                   "dedup %s: %s: an empty item in '%s' (a list is values separated by '%c', "
+                   "none empty)\n",
+                   sub->get_name().c_str(), opt->get_name().c_str(),
+                   dedup::internal::RedactWords(dedup::internal::Printable(value)).c_str(), d);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,6 +253,7 @@ int main(int argc, char** argv) {
   for (dedup::cli::RegisterCommand add : kCommands) add(app, ctx);
   CheckNumbers(&app);
   if (argc > 1 && !KnownSubcommand(app, argv[1])) return dedup::cli::kExitUsage;
+  if (RefuseEmptyListItem(app, argc, argv)) return dedup::cli::kExitUsage;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
