@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config
   librocksdb-dev          # the embedded, durable default store
   libhiredis-dev          # the Redis / Redis Cluster store
   libabsl-dev             # flat_hash_map for the memory store and the RocksDB index
@@ -14,14 +14,15 @@ packages=(
   nlohmann-json3-dev      # --json output, the serve API
   libcpp-httplib-dev      # dedup serve: HTTP API, proxy, web view, /metrics (src/serve/)
   curl chromium           # serve tests: a shell client, and the page in a headless browser
-  libgtest-dev libgmock-dev googletest # tests
+  libgtest-dev            # tests (GoogleTest; GMock is not used)
   libbenchmark-dev        # microbenchmarks in bench/
   redis-server redis-tools # real servers for store and worker tests
   libpq-dev               # the PostgreSQL store (libpq: the client library PostgreSQL ships)
   postgresql              # a real PostgreSQL server for its store and chaos tests
   gnuplot-nox             # plots in docs/
   bc                      # scripts/bench_exec_spawn.sh (docs/PERFORMANCE.md, "Handler spawn") does its arithmetic with it
-  python3                 # the worker chaos test's ledger checker
+  python3                 # the chaos tests' ledger checkers, the serve tests' clients
+  python3-yaml            # tests/serve_openapi_statuses.py reads docs/openapi.yaml
   librabbitmq-dev         # the RabbitMQ source (rabbitmq-c), src/brokers/rabbitmq
   rabbitmq-server         # a real RabbitMQ node for its source test and chaos test
   libnats-dev             # the NATS JetStream source (nats.c), src/brokers/nats

@@ -468,7 +468,8 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       "worker",
       "Consume a broker (a Redis stream through a consumer group, a RabbitMQ queue, a NATS "
       "JetStream durable consumer) and run --exec once per message key (stream fields as "
-      "JSON, or the message body, on stdin; exit 0 done, 75 retry later, else dead-letter).");
+      "JSON, or the message body, on stdin; exit 0 done; 75, 126, 127 or a signal retry "
+      "later; else dead-letter).");
   app->add_option("--broker", f->broker,
                   "redis://HOST:PORT?stream=S[&group=G&consumer=C&key=id|sha256|FIELD"
                   "&dead=S:dead&prefix=P], amqp://USER:PW@HOST:PORT/VHOST?queue=Q[...] or "
