@@ -153,16 +153,22 @@ size_t Distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// The subcommand argv[1] names, when options follow it; else null.
+CLI::App* SubcommandWithOptions(CLI::App& app, int argc, char** argv) {
+  if (argc < 3) return nullptr;
+  CLI::App* sub = nullptr;
+  for (CLI::App* s : app.get_subcommands({})) {
+    if (s->check_name(argv[1])) sub = s;
+  }
+  return sub;
+}
+
 // After a failed parse: CLI11 answers a mistyped option with whatever it checks
 // first ("--broker is required" for --brokr; "The following arguments were not
 // expected: 2 --concurency"). Names the first --option the subcommand does not
 // know, and the closest one it does. False when there is none.
 bool NameUnknownOption(CLI::App& app, int argc, char** argv) {
-  if (argc < 3) return false;
-  CLI::App* sub = nullptr;
-  for (CLI::App* s : app.get_subcommands({})) {
-    if (s->check_name(argv[1])) sub = s;
-  }
+  CLI::App* sub = SubcommandWithOptions(app, argc, argv);
   if (sub == nullptr) return false;
   const CLI::Option* takes_value = nullptr;  // the option before, when it wants a value
   for (int i = 2; i < argc; ++i) {
@@ -204,11 +210,7 @@ bool NameUnknownOption(CLI::App& app, int argc, char** argv) {
 // as a whole is left to the option's own check: CheckNumbers for --workers). Walks argv as
 // NameUnknownOption does: `--name=LIST`, and the values that follow `--name`.
 bool RefuseEmptyListItem(CLI::App& app, int argc, char** argv) {
-  if (argc < 3) return false;
-  CLI::App* sub = nullptr;
-  for (CLI::App* s : app.get_subcommands({})) {
-    if (s->check_name(argv[1])) sub = s;
-  }
+  CLI::App* sub = SubcommandWithOptions(app, argc, argv);
   if (sub == nullptr) return false;
   const CLI::Option* list = nullptr;  // the delimited option whose values follow
   for (int i = 2; i < argc; ++i) {
