@@ -169,6 +169,21 @@ TEST(MemoryStore, DeadlineWrittenBehindTheCursorIsReclaimed) {
   EXPECT_FALSE(r->has_value());
 }
 
+// The factory cannot return an error: shards outside 1 to kMaxMemoryShards are
+// clamped (2^40 threw bad_alloc, SIZE_MAX went through an undefined bit_ceil).
+TEST(MemoryStore, ShardsOutOfRangeAreClamped) {
+  for (size_t shards : {size_t{0}, size_t{1} << 40, SIZE_MAX}) {
+    MemoryStoreOptions o;
+    o.shards = shards;
+    auto store = NewMemoryStore(o);
+    ClaimRequest r;
+    r.key = "k";
+    auto c = store->Claim(r);
+    ASSERT_TRUE(c.ok()) << shards << ": " << c.status();
+    EXPECT_TRUE(c->acquired());
+  }
+}
+
 // Claim checks its arguments inline, and asks ValidateClaim only for the error:
 // at every edge of every limit, it answers as ValidateClaim does.
 TEST(MemoryStore, ClaimChecksItsArgumentsAsValidateClaim) {

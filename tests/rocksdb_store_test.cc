@@ -503,6 +503,36 @@ TEST_F(RocksDBStoreTest, BadPathsAreClearErrors) {
   EXPECT_EQ(RocksDBStore::Open(o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Options from outside their enums or ranges are refused by Open, naming them:
+// sync mode 7 opened a store with the WAL unsynced and the claim log synced
+// (Describe() said sync=unknown), recovery 9 was read as strict, and a
+// sync_interval above 10 years overflowed the syncer's wait (a spinning thread).
+TEST_F(RocksDBStoreTest, OptionsOutOfRangeAreRefusedByOpen) {
+  RocksDBStoreOptions o;
+  o.path = dir_;
+  o.sync = static_cast<SyncMode>(7);
+  auto s = RocksDBStore::Open(o);
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status();
+  EXPECT_NE(s.status().message().find("sync mode 7 is not one of"), std::string::npos) << s.status();
+  o.sync = SyncMode::kNone;
+  o.wal_recovery = static_cast<WalRecovery>(9);
+  s = RocksDBStore::Open(o);
+  EXPECT_NE(s.status().message().find("WAL recovery 9 is not one of"), std::string::npos) << s.status();
+  o.wal_recovery = WalRecovery::kStrict;
+  o.sync = SyncMode::kInterval;
+  for (Millis bad : {Millis(0), Millis(-1), kMaxDuration + Millis(1), Millis::max()}) {
+    o.sync_interval = bad;
+    s = RocksDBStore::Open(o);
+    EXPECT_NE(s.status().message().find("sync_interval must be positive and at most 10 years"),
+              std::string::npos)
+        << bad.count() << ": " << s.status();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/CURRENT")) << "a refused open created the store";
+  o.sync_interval = kMaxDuration;
+  s = RocksDBStore::Open(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+}
+
 // The application's own column families are opened and kept.
 TEST_F(RocksDBStoreTest, KeepsTheApplicationsColumnFamilies) {
   {

@@ -530,6 +530,11 @@ TEST_P(StoreConformance, BadInputIsRejectedAndChangesNothing) {
   expect_invalid(store_->Complete("k", a.token, Millis(-1), CompletionStatus::kOk, "").status(),
                  "retention");
   expect_invalid(store_->Release("k", a.token, Millis(0)).status(), "retention");
+  // A status cast from outside the enum: RocksDB wrote it, then could not decode
+  // the record (DataLoss on every claim of the key until forgotten); the memory
+  // store kept it as "unknown".
+  expect_invalid(store_->Complete("k", a.token, kLong, static_cast<CompletionStatus>(7), "x").status(),
+                 "completion status 7");
   expect_invalid(store_->Inspect("").status(), "empty");
   expect_invalid(store_->Forget(std::string(kMaxKeyBytes + 1, 'x')).status(), "1024");
   // Nothing was lost: the owner still completes.
@@ -664,6 +669,12 @@ TEST_P(StoreConformance, BatchCompleteWithOneBadRequestWritesNothing) {
   reqs[1] = Completion("cb:b", b.token, too_long);
   res = store_->CompleteBatch(reqs);
   EXPECT_EQ(res.status().code(), StatusCode::kInvalidArgument) << res.status();
+  reqs[1] = Completion("cb:b", b.token);
+  reqs[1].status = static_cast<CompletionStatus>(9);
+  res = store_->CompleteBatch(reqs);
+  EXPECT_EQ(res.status().code(), StatusCode::kInvalidArgument) << res.status();
+  EXPECT_NE(res.status().message().find("batch request 1: completion status 9"), std::string::npos)
+      << res.status();
   EXPECT_EQ(MustInspect("cb:a")->state, RecordState::kInProgress);
   EXPECT_EQ(MustInspect("cb:b")->state, RecordState::kInProgress);
   EXPECT_EQ(MustComplete("cb:a", a.token), WriteResult::kOk);

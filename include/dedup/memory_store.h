@@ -22,8 +22,12 @@
 
 namespace dedup {
 
+inline constexpr size_t kMaxMemoryShards = 65536;
+
 struct MemoryStoreOptions {
   // Number of independently locked shards; rounded up to a power of two.
+  // 0 counts as 1 and anything above kMaxMemoryShards as kMaxMemoryShards (this
+  // factory cannot return an error; the URI memory:?shards=N refuses both).
   // Default: 64.
   size_t shards = 64;
   // At most this many expired records are reclaimed by each operation, from the

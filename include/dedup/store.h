@@ -292,10 +292,14 @@ Status ValidateLease(Millis lease);
 Status ValidateRetention(Millis retention);
 Status ValidateToken(Token token);
 Status ValidateResult(std::string_view result);
+// kOk, kFailed or kExhausted: a value cast from outside the enum's range is
+// refused before any store writes it (RocksDB wrote one it then could not
+// decode: the key stayed DataLoss until forgotten).
+Status ValidateStatus(CompletionStatus status);
 // The whole argument check of each owner-checked write, in the order above.
 Status ValidateExtend(std::string_view key, Token token, Millis lease);
 Status ValidateComplete(std::string_view key, Token token, Millis retention,
-                        std::string_view result);
+                        CompletionStatus status, std::string_view result);
 Status ValidateRelease(std::string_view key, Token token, Millis retention);
 
 // One CompleteRequest with the single calls: Store::CompleteWithAck when the

@@ -1146,8 +1146,10 @@ Status ValidateConsumerOptions(const ConsumerOptions& o) {
     return Status::InvalidArgument("consumer: concurrency must be 1 to 4096, got " +
                                    std::to_string(o.concurrency));
   }
-  if (o.prefetch > 65536) {
-    return Status::InvalidArgument("consumer: prefetch must be at most 65536, got " +
+  // -1 is the one negative value (concurrency, adaptive with prefetch_time);
+  // -2 and below were read as -1 without a word.
+  if (o.prefetch < -1 || o.prefetch > 65536) {
+    return Status::InvalidArgument("consumer: prefetch must be -1 (= concurrency) or 0 to 65536, got " +
                                    std::to_string(o.prefetch));
   }
   if (o.max_ack_delay.count() < 0 || o.max_ack_delay > Millis(1'000)) {

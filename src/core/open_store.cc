@@ -28,8 +28,9 @@ StatusOr<std::unique_ptr<Store>> OpenMemory(const internal::Uri& u, std::string_
   if (auto shards = u.Param("shards")) {
     auto n = internal::ParseCount(*shards, "memory: shards");
     if (!n.ok()) return n.status();
-    if (*n < 1 || *n > 65536) {
-      return Status::InvalidArgument("memory: shards must be 1 to 65536, got " + *shards);
+    if (*n < 1 || *n > static_cast<long long>(kMaxMemoryShards)) {
+      return Status::InvalidArgument("memory: shards must be 1 to " + std::to_string(kMaxMemoryShards) +
+                                     ", got " + *shards);
     }
     mo.shards = static_cast<size_t>(*n);
   }

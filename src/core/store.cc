@@ -52,6 +52,17 @@ Status ValidateResult(std::string_view result) {
   return Status::Ok();
 }
 
+Status ValidateStatus(CompletionStatus status) {
+  switch (status) {
+    case CompletionStatus::kOk:
+    case CompletionStatus::kFailed:
+    case CompletionStatus::kExhausted:
+      return Status::Ok();
+  }
+  return Status::InvalidArgument("completion status " + std::to_string(static_cast<int>(status)) +
+                                 " is not one of ok (0), failed (1), exhausted (2)");
+}
+
 Status ValidateClaim(const ClaimRequest& req) {
   DEDUP_RETURN_IF_ERROR(ValidateKey(req.key));
   DEDUP_RETURN_IF_ERROR(ValidateLease(req.lease));
@@ -74,7 +85,7 @@ Status ValidateClaimBatch(std::span<const ClaimRequest> reqs) {
 Status ValidateCompleteBatch(std::span<const CompleteRequest> reqs) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     const CompleteRequest& r = reqs[i];
-    Status s = ValidateComplete(r.key, r.token, r.retention, r.result);
+    Status s = ValidateComplete(r.key, r.token, r.retention, r.status, r.result);
     if (!s.ok()) return s.WithContext("batch request " + std::to_string(i));
   }
   return Status::Ok();
@@ -87,10 +98,11 @@ Status ValidateExtend(std::string_view key, Token token, Millis lease) {
 }
 
 Status ValidateComplete(std::string_view key, Token token, Millis retention,
-                        std::string_view result) {
+                        CompletionStatus status, std::string_view result) {
   DEDUP_RETURN_IF_ERROR(ValidateKey(key));
   DEDUP_RETURN_IF_ERROR(ValidateToken(token));
   DEDUP_RETURN_IF_ERROR(ValidateRetention(retention));
+  DEDUP_RETURN_IF_ERROR(ValidateStatus(status));
   return ValidateResult(result);
 }
 

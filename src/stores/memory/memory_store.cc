@@ -1008,7 +1008,9 @@ class MemoryStore final : public Store {
   explicit MemoryStore(const MemoryStoreOptions& o)
       : clock_(o.clock != nullptr ? o.clock : Clock::System()),
         sweep_(o.reclaim_per_operation),
-        shard_bits_(std::countr_zero(std::bit_ceil(o.shards == 0 ? size_t{1} : o.shards))),
+        // Clamped first: bit_ceil of a value above 2^63 is undefined, and 2^40
+        // shards threw bad_alloc out of a factory that returns no status.
+        shard_bits_(std::countr_zero(std::bit_ceil(std::clamp<size_t>(o.shards, 1, kMaxMemoryShards)))),
         shards_(size_t{1} << shard_bits_) {
     const int64_t now = clock_->NowMillis();
     for (size_t i = 0; i < shards_.size(); ++i) shards_[i].Init(now, &arena_, i);
@@ -1034,7 +1036,7 @@ class MemoryStore final : public Store {
 
   StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
                                  CompletionStatus status, std::string_view result) override {
-    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, status, result));
     return Update(key, [&](Record* r, int64_t now) {
       return DecideComplete(r, token, retention, status, result, now);
     });

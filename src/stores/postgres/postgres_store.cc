@@ -223,7 +223,7 @@ class PgStore final : public PostgresStore {
 
   StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
                                  CompletionStatus status, std::string_view result) override {
-    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, status, result));
     Params p;
     p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(retention.count());
     p.Int8(static_cast<int64_t>(status)).Bytes(result);
@@ -873,7 +873,7 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
                                                 Millis retention,
                                                 const TransactionalHandler& handler,
                                                 HandlerResult* handler_result) {
-  DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, {}));
+  DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, CompletionStatus::kOk, {}));
   HandlerResult hr;
   {
     auto h = pool_.GetForTransaction();  // leaves a connection for the heartbeat

@@ -115,7 +115,7 @@ class RedisStore final : public Store {
   StatusOr<AckedWrite> CompleteWithAck(std::string_view key, Token token, Millis retention,
                                        CompletionStatus status, std::string_view result,
                                        const BrokerAck& ack) override {
-    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, status, result));
     if (!CanCompleteWithAck(ack)) return Store::CompleteWithAck(key, token, retention, status, result, ack);
     std::string rkey = RedisKey(key);
     if (status != CompletionStatus::kOk) {
@@ -404,7 +404,7 @@ class RedisStore final : public Store {
 
   StatusOr<WriteResult> Complete(std::string_view key, Token token, Millis retention,
                                  CompletionStatus status, std::string_view result) override {
-    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, status, result));
     std::string rkey = RedisKey(key);
     return Write("complete", rkey,
                  ScriptCommand(kComplete, rkey,

@@ -623,7 +623,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   StatusOr<WriteResult> CompleteWithBatch(std::string_view key, Token token, Millis retention,
                                           CompletionStatus status, std::string_view result,
                                           rocksdb::WriteBatch* batch) override {
-    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, result));
+    DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, status, result));
     DEDUP_RETURN_IF_ERROR(CheckWritable("complete"));
     return Update(key, "complete", batch, [&](Record* r, int64_t now) {
       return DecideComplete(r, token, retention, status, result, now);
@@ -2666,9 +2666,26 @@ StatusOr<std::unique_ptr<RocksDBStore>> RocksDBStore::Open(const RocksDBStoreOpt
                                    options.path.substr(0, options.path.find('\0')) +
                                    "\\0...' holds a NUL byte (from %00 in a URI?)");
   }
-  if (options.sync == SyncMode::kInterval && options.sync_interval.count() <= 0) {
+  // The enums are checked too: a value cast from outside them opened a store
+  // whose Describe() said sync=unknown (which OpenStore refuses), with the WAL
+  // not synced while the claim log was, and an unknown recovery read as kStrict.
+  if (options.sync != SyncMode::kNone && options.sync != SyncMode::kInterval &&
+      options.sync != SyncMode::kAlways) {
+    return Status::InvalidArgument("rocksdb " + options.path + ": sync mode " +
+                                   std::to_string(static_cast<int>(options.sync)) +
+                                   " is not one of none (0), interval (1), always (2)");
+  }
+  if (options.wal_recovery != WalRecovery::kStrict && options.wal_recovery != WalRecovery::kSalvage) {
+    return Status::InvalidArgument("rocksdb " + options.path + ": WAL recovery " +
+                                   std::to_string(static_cast<int>(options.wal_recovery)) +
+                                   " is not one of strict (0), salvage (1)");
+  }
+  // Above 10 years (what the URI refuses), the syncer's wait_for overflowed the
+  // clock's nanoseconds and returned at once: a thread spinning on a core.
+  if (options.sync == SyncMode::kInterval &&
+      (options.sync_interval.count() <= 0 || options.sync_interval > kMaxDuration)) {
     return Status::InvalidArgument("rocksdb " + options.path +
-                                   ": sync_interval must be positive, got " +
+                                   ": sync_interval must be positive and at most 10 years, got " +
                                    std::to_string(options.sync_interval.count()) + " ms");
   }
   Clock* clock = options.clock != nullptr ? options.clock : Clock::System();
