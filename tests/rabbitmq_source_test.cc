@@ -677,6 +677,42 @@ TEST_F(RabbitMqSourceTest, AChannelExceptionWhileConsumingReopensTheChannelAndIt
   EXPECT_EQ(AbruptClosesSince(before, Options()), 1);
 }
 
+// A queue deleted under a running source: the broker cancels its consumer, but
+// tells only clients that ask (the consumer_cancel_notify capability), so the
+// source sat on a silent connection for ever: no error, and the queue, once
+// declared again by a publisher, had 0 consumers (brokers17). Now the cancel is
+// seen, and the next Fetch declares the queue again as at start and consumes it.
+TEST_F(RabbitMqSourceTest, AQueueDeletedUnderARunningSourceIsDeclaredAgainAndConsumed) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("m-1", "x");
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->Ack().ok());
+  RawAmqp raw(Options());
+  raw.Delete(queue_);
+  Status cancelled;
+  const auto end = steady_clock::now() + Millis(5000);
+  while (cancelled.ok() && steady_clock::now() < end) {
+    auto b = (*src)->Fetch(1, Millis(200));
+    if (!b.ok()) cancelled = b.status();
+    else EXPECT_TRUE(b->empty()) << "a delivery from a deleted queue";
+  }
+  ASSERT_FALSE(cancelled.ok()) << "the cancel of the consumer was not seen";
+  EXPECT_NE(cancelled.message().find("cancelled the consumer of queue"), std::string::npos)
+      << cancelled.ToString();
+  // The next Fetch declares the queue again (no one else has) and consumes it.
+  auto none = (*src)->Fetch(1, Millis(200));
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ(raw.Count(queue_), 0u);  // passive: fails if the queue is missing
+  Publish("m-2", "y");
+  auto again = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(again.size(), 1u) << "the queue declared again is not consumed";
+  EXPECT_EQ(again[0]->key(), "m-2");
+  ASSERT_TRUE(again[0]->Ack().ok());
+}
+
 // ---- per-delivery outcomes of a batch of acks (brokerfix) -----------------------
 
 // A batch of acks where the broker refuses some and takes the others: two

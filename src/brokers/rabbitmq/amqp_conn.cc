@@ -62,8 +62,21 @@ Status AmqpConn::Open() {
   amqp_set_rpc_timeout(state_, &tv);
   amqp_set_handshake_timeout(state_, &tv);
   const int heartbeat_s = static_cast<int>((o_.heartbeat.count() + 999) / 1000);
-  amqp_rpc_reply_t r = amqp_login(state_, o_.vhost.c_str(), 0, 131072, heartbeat_s,
-                                  AMQP_SASL_METHOD_PLAIN, o_.user.c_str(), o_.password.c_str());
+  // consumer_cancel_notify: without it the broker cancels a consumer whose
+  // queue is deleted without a word, and the source waited on a silent
+  // connection for ever (rabbitmq-c merges this with its own capabilities).
+  amqp_table_entry_t capability{};
+  capability.key = amqp_cstring_bytes("consumer_cancel_notify");
+  capability.value.kind = AMQP_FIELD_KIND_BOOLEAN;
+  capability.value.value.boolean = 1;
+  amqp_table_entry_t property{};
+  property.key = amqp_cstring_bytes("capabilities");
+  property.value.kind = AMQP_FIELD_KIND_TABLE;
+  property.value.value.table = amqp_table_t{1, &capability};
+  const amqp_table_t properties{1, &property};
+  amqp_rpc_reply_t r =
+      amqp_login_with_properties(state_, o_.vhost.c_str(), 0, 131072, heartbeat_s, &properties,
+                                 AMQP_SASL_METHOD_PLAIN, o_.user.c_str(), o_.password.c_str());
   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
     // Refused is the server's answer (connection.close: ACCESS_REFUSED, or
     // NOT_ALLOWED for the vhost). A peer that said nothing within the timeout,

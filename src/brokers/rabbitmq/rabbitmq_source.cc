@@ -663,6 +663,15 @@ class RabbitMqSource final : public MessageSource {
           return Broken(Status::Unavailable(closed.message()), &out);
         }
         s_->conn.Close();
+        if (frame.frame_type == AMQP_FRAME_METHOD &&
+            frame.payload.method.id == AMQP_BASIC_CANCEL_METHOD) {
+          // The queue was deleted (or its node went away): the next Fetch
+          // consumes again, declaring the queue first if it is missing.
+          return Broken(Status::Unavailable(s_->conn.Name() + ": the broker cancelled the consumer of queue '" +
+                                            internal::Printable(s_->o.queue) +
+                                            "' (was it deleted?)"),
+                        &out);
+        }
         return Broken(Status::Unavailable(s_->conn.Name() + ": the server closed the consumer (method " +
                                           std::to_string(frame.payload.method.id) + ")"),
                       &out);
@@ -720,7 +729,21 @@ class RabbitMqSource final : public MessageSource {
     }
   }
 
+  // A queue deleted under the running source (the broker cancelled its
+  // consumer) or while it was away is declared again as at start (Setup), so
+  // that consuming resumes instead of failing NOT_FOUND until someone else
+  // declares it. Lock order: conn_mu, then pub_mu; never the reverse.
   Status ConnectLocked() {
+    Status s = ConsumeLocked();
+    if (s.code() != StatusCode::kNotFound) return s;
+    {
+      std::lock_guard<std::mutex> pub(s_->pub_mu);
+      DEDUP_RETURN_IF_ERROR(s_->publisher.DeclareTopology());
+    }
+    return ConsumeLocked();
+  }
+
+  Status ConsumeLocked() {
     DEDUP_RETURN_IF_ERROR(s_->conn.Open());
     ++s_->generation;
     amqp_connection_state_t c = s_->conn.get();
