@@ -9,6 +9,7 @@
 #include "consumer/handler_process.h"
 
 #include "consumer/handler_cgroup.h"
+#include "consumer/exec_handler.h"
 #include "core/secret.h"
 
 #include <gtest/gtest.h>
@@ -320,6 +321,56 @@ TEST(HandlerProcess, ExitCodesAndVerdicts) {
     EXPECT_EQ(Judge(*r), c.verdict) << c.script;
   }
   EXPECT_EQ((*sup)->running(), 0u);
+}
+
+// A Delivery of one key, settled nowhere: ExecHandler only reads it.
+class OneDelivery final : public Delivery {
+ public:
+  explicit OneDelivery(std::string key) {
+    key_ = std::move(key);
+    id_ = "1-0";
+  }
+  Status Ack() override { return Status::Ok(); }
+  Status Retry(Millis) override { return Status::Ok(); }
+  Status DeadLetter(std::string_view) override { return Status::Ok(); }
+};
+
+// Through /bin/sh -c (the default of --exec), a handler killed by a signal
+// reached the supervisor as the shell's exit 128+n (dash forks the command) and
+// was recorded failed and dead-lettered; without the shell it was retried, as
+// documented (exec17: "handler exit 137"). Both are retried now; an ordinary
+// failure stays one.
+TEST(ExecHandler, AHandlerKilledByASignalIsRetriedWithOrWithoutTheShell) {
+  auto sup = HandlerSupervisor::Start();
+  ASSERT_TRUE(sup.ok()) << sup.status().ToString();
+  TempDir dir;
+  const std::string selfkill = dir.File("selfkill.sh"), fails = dir.File("fails.sh");
+  {
+    std::ofstream(selfkill) << "#!/bin/sh\ncat >/dev/null\nkill -KILL $$\n";
+    std::ofstream(fails) << "#!/bin/sh\ncat >/dev/null\nexit 3\n";
+  }
+  ASSERT_EQ(chmod(selfkill.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(fails.c_str(), 0755), 0);
+  auto run = [&](const std::string& command, bool shell) {
+    ExecHandlerOptions o;
+    o.command = command;
+    o.shell = shell;
+    auto argv = ExecHandler::Argv(o);
+    EXPECT_TRUE(argv.ok()) << argv.status().ToString();
+    auto h = ExecHandler::Make(sup->get(), o, *argv);
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    OneDelivery d("k");
+    return (*h)->Run(d, 1, 1);
+  };
+  for (bool shell : {true, false}) {
+    HandlerResult killed = run(selfkill, shell);
+    EXPECT_EQ(killed.kind, HandlerResult::Kind::kRetry) << "shell " << shell << ": " << killed.result;
+    EXPECT_NE(killed.result.find("killed by signal 9"), std::string::npos) << killed.result;
+    HandlerResult failed = run(fails, shell);
+    EXPECT_EQ(failed.kind, HandlerResult::Kind::kFail) << "shell " << shell << ": " << failed.result;
+    EXPECT_NE(failed.result.find("exit 3"), std::string::npos) << failed.result;
+  }
+  EXPECT_NE(run(selfkill, true).result.find("(the shell's exit 137)"), std::string::npos);
 }
 
 TEST(HandlerProcess, StdinStdoutAndEnvironment) {

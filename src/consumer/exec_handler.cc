@@ -94,6 +94,17 @@ HandlerResult ExecHandler::RunCommand(const Delivery& d, uint64_t fence, uint32_
   c.capture_stdout = keep_output;
   c.max_output = options_.max_output;
   StatusOr<HandlerExit> r = supervisor_->Run(c, claim);
+  // Debian's /bin/sh (dash) forks the command rather than replacing itself, and
+  // reports a signal that ended it as exit 128+n: read as that signal, so that a
+  // handler killed (by the OOM killer, say) is retried as it is without the
+  // shell, not recorded failed and dead-lettered. A command that itself exits
+  // 129 to 192 under the shell is read the same way (docs/WORKER.md).
+  if (r.ok() && options_.shell && r->how == HandlerExit::How::kExited && r->code > 128 &&
+      r->code <= 128 + kMaxSignal) {
+    r->how = HandlerExit::How::kSignaled;
+    r->signal = r->code - 128;
+    r->via_shell = true;
+  }
   if (r.ok() && Judge(*r) == HandlerVerdict::kDone && keep_output && r->truncated) {
     // Never keep (or, with --sql-output, run) a cut-off output.
     return HandlerResult::Fail("handler output exceeds " + std::to_string(options_.max_output) +

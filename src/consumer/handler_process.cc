@@ -412,6 +412,7 @@ std::string HandlerExit::Describe() const {
   std::string how_it_ended =
       signal != 0 ? "killed by signal " + std::to_string(signal) + " (" + SignalName(signal) + ")"
                   : "exit " + std::to_string(code);
+  if (via_shell) how_it_ended += " (the shell's exit " + std::to_string(code) + ")";
   switch (how) {
     case How::kExited:
     case How::kSignaled:

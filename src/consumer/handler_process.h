@@ -106,6 +106,9 @@ struct HandlerExit {
   StopReason reason = StopReason::kNone;
   int code = 0;    // exit code when it exited
   int signal = 0;  // signal that ended it, or 0
+  // The signal was read from the shell's exit 128+n (`code`), not seen directly
+  // (ExecHandler through /bin/sh -c).
+  bool via_shell = false;
   std::string output;  // captured stdout (bounded)
   bool truncated = false;
 
@@ -129,6 +132,7 @@ HandlerVerdict Judge(const HandlerExit& e);
 inline constexpr int kHandlerExitRetry = 75;        // sysexits.h EX_TEMPFAIL
 inline constexpr int kHandlerExitCannotExec = 126;  // the shell's "not executable"
 inline constexpr int kHandlerExitNotFound = 127;    // the shell's "not found"
+inline constexpr int kMaxSignal = 64;               // SIGRTMAX on Linux
 
 // The answer to give Buffer::ProcessOnce for a Run(): kDone → Done (with the
 // output when `keep_output`), kFail → Fail, anything else (including a command
