@@ -126,6 +126,9 @@ expect_rc 127 $? "sh -c of a missing command"
 state=$("$dedup" inspect --store "$store" shellmissing 2>&1 | awk '$1 == "state" { print $2 }')
 [[ "$state" != completed ]] && pass "sh: not found: not recorded (state ${state:-none})" ||
   fail "sh: not found was recorded"
+# An empty command is a usage error (2, as `worker --exec ''`), not "try again later" (75).
+"$dedup" exec --store "$store" --key empty -- '' 2>/dev/null
+expect_rc 2 $? "empty command"
 
 # ---- 4. exit codes ---------------------------------------------------------------
 out=$("$dedup" exec --store "$store" --key ok -- echo hello 2>/dev/null); rc=$?
@@ -192,6 +195,21 @@ if command -v redis-server >/dev/null; then
       "$dedup" exec --store "redis://127.0.0.1:$port" --key busy -- true 2>/dev/null
       expect_rc 75 $? "running elsewhere"
       kill -TERM "$busy_pid"; wait "$busy_pid" 2>/dev/null
+      # The record forgotten under the running command: it ends, its complete
+      # answers LOST, and exit 75 says "not recorded" (it was the command's 0).
+      "$dedup" exec --store "redis://127.0.0.1:$port" --key lost --lease 30s -- sleep 2 \
+        >/dev/null 2>"$tmp/lost.err" &
+      lost_pid=$!
+      bg_pids+=("$lost_pid")
+      for _ in $(seq 100); do
+        "$dedup" inspect --store "redis://127.0.0.1:$port" lost 2>/dev/null | grep -q in_progress && break
+        sleep 0.05
+      done
+      "$dedup" forget --force --store "redis://127.0.0.1:$port" lost >/dev/null 2>&1
+      wait "$lost_pid"
+      expect_rc 75 $? "the outcome could not be recorded (lease lost to a forget)"
+      grep -q 'the outcome was not recorded; exit 75' "$tmp/lost.err" ||
+        fail "no message about the unrecorded outcome: $(cat "$tmp/lost.err")"
       # The command inherits none of dedup's sockets (the store's connection).
       "$dedup" exec --store "redis://127.0.0.1:$port" --key fds -- ls -l /proc/self/fd \
         >"$tmp/fds" 2>&1

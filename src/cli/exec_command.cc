@@ -96,6 +96,9 @@ std::pair<int, std::string_view> ParseRecorded(std::string_view r) {
 }
 
 int StartFailureExit(const Status& s) {
+  // A command that can never run (`exec -- ''`) is the caller's mistake, as
+  // `worker --exec ''` says: 2, not 75 (try again later).
+  if (s.code() == StatusCode::kInvalidArgument) return kExitUsage;
   if (s.code() == StatusCode::kNotFound) return kHandlerExitNotFound;
   if (s.code() == StatusCode::kPermissionDenied || s.code() == StatusCode::kFailedPrecondition) {
     return kHandlerExitCannotExec;
@@ -267,15 +270,23 @@ int RunExec(const ExecFlags& f) {
   }
   std::string result = std::string(kHeader) + std::to_string(e.code) + "\n" + e.output;
   auto w = g.Complete(result, e.code == 0 ? CompletionStatus::kOk : CompletionStatus::kFailed);
-  if (!w.ok()) {
-    std::fprintf(stderr, "dedup exec: ran, but the outcome was not recorded: %s\n",
-                 w.status().ToString().c_str());
-  } else if (*w == WriteResult::kLost) {
-    std::fprintf(stderr, "dedup exec: ran, but the lease was lost to another owner; the "
-                         "outcome was not recorded\n");
-  }
   if (e.truncated) {
     std::fprintf(stderr, "dedup exec: output longer than 1 MiB; the recorded copy is cut\n");
+  }
+  // Exit N promises "recorded" (docs/EXEC.md): an outcome the store did not
+  // take is 75, as every other "not recorded" is (a wrapper that reads 0 as
+  // done would otherwise take a run whose record another owner holds).
+  if (!w.ok()) {
+    std::fprintf(stderr, "dedup exec: the command ran (%s), but the outcome was not recorded: "
+                         "%s; exit 75\n",
+                 e.Describe().c_str(), w.status().ToString().c_str());
+    return kExitTempFail;
+  }
+  if (*w == WriteResult::kLost) {
+    std::fprintf(stderr, "dedup exec: the command ran (%s), but the lease was lost to another "
+                         "owner; the outcome was not recorded; exit 75\n",
+                 e.Describe().c_str());
+    return kExitTempFail;
   }
   return e.code;
 }
