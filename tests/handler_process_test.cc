@@ -67,6 +67,13 @@ class TempDir {
   std::string path_;
 };
 
+std::vector<std::string> ReadLines(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
 std::vector<pid_t> ReadPids(const std::string& file) {
   std::ifstream in(file);
   std::vector<pid_t> out;
@@ -776,6 +783,43 @@ TEST(HandlerProcess, RequestStopStopsRunningHandlersAndStartsNoNewOnes) {
   auto later = (*sup)->Run(Shell("true"));
   ASSERT_FALSE(later.ok());
   EXPECT_EQ(later.status().code(), StatusCode::kAborted);
+}
+
+// Under `/bin/sh -c` (dash forks the command) the shell dies of a stop's SIGTERM
+// at once; the command it started was SIGKILLed with it, before its own TERM
+// trap could run, so the grace was void (exec17). The command now keeps the
+// grace: its trap runs to the end, and the stop ends when it exits, not when
+// the grace does.
+TEST(HandlerProcess, AStopsGraceReachesTheCommandAShellStarted) {
+  SupervisorOptions so;
+  so.grace = 5s;
+  auto sup = HandlerSupervisor::Start(so);
+  ASSERT_TRUE(sup.ok());
+  TempDir dir;
+  const std::string script = dir.File("cleanup.sh"), log = dir.File("log");
+  {
+    std::ofstream(script) << "#!/bin/sh\n"
+                             "trap 'echo term >> " << log << "; sleep 0.3; echo done >> " << log
+                          << "; exit 75' TERM\n"
+                             "echo start >> " << log << "\n"
+                             "sleep 30 & wait\n";
+  }
+  ASSERT_EQ(chmod(script.c_str(), 0755), 0);
+  std::thread stopper([&] {
+    const auto give_up = Steady::now() + 10s;
+    while (ReadLines(log).empty() && Steady::now() < give_up) std::this_thread::sleep_for(5ms);
+    (*sup)->RequestStop(SIGTERM);
+  });
+  const auto t0 = Steady::now();
+  auto r = (*sup)->Run(Shell(script));  // the shell forks the script
+  const auto took = Steady::now() - t0;
+  stopper.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->how, HandlerExit::How::kStopped);
+  EXPECT_EQ(r->reason, HandlerExit::StopReason::kStopRequested);
+  EXPECT_EQ(ReadLines(log), (std::vector<std::string>{"start", "term", "done"}))
+      << "the command's TERM trap did not run to its end";
+  EXPECT_LT(took, 4s) << "the stop waited for the whole grace";
 }
 
 // The watchdog is killed while no handler runs: the next handler's registration

@@ -7,6 +7,7 @@
 #include "core/redact.h"
 #include "core/secret.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <pthread.h>
@@ -26,6 +27,7 @@
 #include <cerrno>
 #include <climits>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -97,6 +99,39 @@ std::string Err(int e) { return std::strerror(e); }
 
 // pidfd_open(2) (Linux 5.3): a descriptor that polls readable when `pid` exits.
 // Called directly: glibc 2.36's <sys/pidfd.h> lacks C++ linkage. -1 when absent.
+// True while a process other than `leader` (exited, not reaped: it holds the
+// group's id) and not a zombie is in process group `pgid`: /proc/N/stat's state
+// and pgrp. kill(-pgid, 0) cannot tell, as the unreaped leader counts. Not
+// async-signal-safe (the owner's thread only); without /proc, false.
+bool OthersInGroup(pid_t pgid, pid_t leader) {
+  DIR* dir = opendir("/proc");
+  if (dir == nullptr) return false;
+  bool found = false;
+  char path[64], buf[512];
+  while (!found) {
+    const dirent* e = readdir(dir);
+    if (e == nullptr) break;
+    char* end = nullptr;
+    const long n = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || n <= 0 || n == leader) continue;
+    std::snprintf(path, sizeof(path), "/proc/%ld/stat", n);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (len <= 0) continue;
+    buf[len] = '\0';
+    // "pid (comm) state ppid pgrp ...": comm may hold ')' and spaces.
+    const char* rp = std::strrchr(buf, ')');
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (rp == nullptr || std::sscanf(rp + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3) continue;
+    found = pgrp == pgid && state != 'Z' && state != 'X';
+  }
+  closedir(dir);
+  return found;
+}
+
 int PidfdOpen(pid_t pid) {
 #ifdef SYS_pidfd_open
   return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
@@ -1035,7 +1070,16 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     int timeout_ms = -1;
     auto wake = Steady::time_point::max();
     if (stopping && !killed) wake = kill_at;
-    if (claim != nullptr && !killed) wake = std::min(wake, Steady::now() + kLeasePollInterval);
+    if (claim != nullptr && !killed) {
+      wake = std::min(wake, Steady::now() + kLeasePollInterval);
+      // Also at the moments themselves, not at the next look: SIGTERM when the
+      // margin is reached, SIGKILL at the lease's end (a look every 50 ms let
+      // the handler run up to ~20 ms past it, when a takeover may begin).
+      const auto deadline = claim->lease_deadline();
+      if (deadline != Steady::time_point::min()) {
+        wake = std::min(wake, stopping ? deadline : deadline - lease_margin);
+      }
+    }
     if (pidfd < 0) wake = std::min(wake, Steady::now() + Millis(10));
     if (wake != Steady::time_point::max()) {
       const auto left = std::chrono::duration_cast<Millis>(wake - Steady::now()).count();
@@ -1081,6 +1125,26 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
         info.si_code = CLD_KILLED;
         info.si_status = SIGKILL;
         exited = reaped_elsewhere = true;
+      }
+    }
+  }
+  // A stop's grace is the handler's, not only its leader's: under `/bin/sh -c`
+  // (dash forks the command) the shell dies of the SIGTERM at once, and the
+  // command it started was SIGKILLed with it before its own SIGTERM handler
+  // could run (exec17). So the rest of the group keeps the grace (and never
+  // outlives the lease); stdout is still read meanwhile.
+  if (stopping && !killed && !reaped_elsewhere) {
+    while (Steady::now() < kill_at &&
+           (claim == nullptr || Steady::now() < claim->lease_deadline()) &&
+           OthersInGroup(pid, pid)) {
+      auto until = std::min(kill_at, Steady::now() + Millis(10));
+      if (claim != nullptr) until = std::min(until, claim->lease_deadline());
+      const auto left = std::chrono::duration_cast<Millis>(until - Steady::now()).count();
+      pollfd p{out_fd, POLLIN, 0};
+      if (poll(&p, out_fd >= 0 ? 1 : 0, static_cast<int>(std::clamp<int64_t>(left + 1, 0, 10))) > 0) {
+        const ssize_t r = read(out_fd, buf, sizeof(buf));
+        if (r > 0) consume(r);
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR)) CloseFd(out_fd);
       }
     }
   }
