@@ -716,6 +716,50 @@ TEST(HandlerProcess, LostLeaseStopsTheHandler) {
   EXPECT_EQ(*g->Release(), WriteResult::kLost);
 }
 
+// An owner that cannot act (SIGSTOP, a frozen container, a debugger) could not
+// stop its handler at the lease's end: the handler ran on while another worker
+// took the key over, two runs of one key at once (exec17: 5 s of overlap). The
+// watchdog, told each lease's end, kills the group then.
+TEST(HandlerProcess, AStoppedOwnersHandlerDiesAtTheEndOfItsLease) {
+  TempDir dir;
+  const std::string pids = dir.File("pids");
+  constexpr auto kLease = 800ms;
+  const pid_t owner = fork();
+  ASSERT_GE(owner, 0);
+  if (owner == 0) {
+    auto store = NewMemoryStore();
+    BufferOptions o;
+    o.lease = kLease;
+    Buffer buffer(store.get(), o);
+    auto sup = HandlerSupervisor::Start();
+    if (!sup.ok()) _exit(3);
+    auto g = buffer.Claim("k");
+    if (!g.ok() || !g->acquired()) _exit(4);
+    (void)(*sup)->Run(Shell("trap '' TERM; echo $$ >> " + pids + "; exec sleep 300"), &*g);
+    _exit(0);
+  }
+  ASSERT_TRUE(WaitForLines(pids, 1, 10s)) << "the handler did not start";
+  const pid_t handler = ReadPids(pids).at(0);
+  std::this_thread::sleep_for(400ms);  // the lease is renewed meanwhile
+  ASSERT_FALSE(Dead(handler));
+  ASSERT_EQ(kill(owner, SIGSTOP), 0);
+  const auto stopped = Steady::now();
+  // The last renewal was at most a third of the lease before the stop.
+  const bool died = AllDeadWithin({handler}, kLease + 1200ms, /*reap=*/false);
+  const auto took = Steady::now() - stopped;
+  std::string state;
+  {
+    std::ifstream in("/proc/" + std::to_string(owner) + "/stat");
+    std::getline(in, state);
+  }
+  kill(owner, SIGKILL);
+  ASSERT_EQ(waitpid(owner, nullptr, 0), owner);
+  EXPECT_TRUE(died) << "the handler outlived its stopped owner's lease";
+  EXPECT_GE(took, kLease / 3) << "killed before its lease ended";
+  EXPECT_NE(state.find(") T "), std::string::npos) << "the owner was not stopped: " << state;
+  AllDeadWithin({handler}, 2s, /*reap=*/true);
+}
+
 class FailingExtends : public StoreWrapper {
  public:
   using StoreWrapper::StoreWrapper;

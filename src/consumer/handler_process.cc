@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,8 +45,9 @@ using Steady = std::chrono::steady_clock;
 // every write() is one whole record, never interleaved with another.
 struct WatchMsg {
   int32_t op;
-  int32_t pgid;     // kAdd, kRemove
-  uint64_t cgroup;  // kAddCgroup, kRemoveCgroup: the child's number (HandlerCgroups::Name)
+  int32_t pgid;     // kAdd, kRemove, kDeadline
+  uint64_t cgroup;  // kAddCgroup, kRemoveCgroup: the child's number (HandlerCgroups::Name);
+                    // kDeadline: CLOCK_MONOTONIC nanoseconds
 };
 static_assert(sizeof(WatchMsg) == 16 && sizeof(WatchMsg) <= PIPE_BUF);
 constexpr int32_t kAdd = 1;
@@ -58,6 +60,17 @@ constexpr int32_t kRemoveCgroup = 4;
 // reads it whole on every request it finds.
 constexpr int32_t kDrain = 5;
 constexpr uint64_t kDrainEvery = 64;
+// The end of the lease of group `pgid`'s claim, as its owner last knew it: the
+// watchdog SIGKILLs the group then, whatever state the owner is in (SIGSTOP, a
+// frozen container, a debugger), so that a handler never outlives its lease.
+// Followed by a kDrain on the socket, so that the watchdog reads it at once.
+constexpr int32_t kDeadline = 6;
+
+int64_t MonotonicNanos() {  // async-signal-safe; the clock of std::chrono::steady_clock
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 // Appends one record to the watchdog's log and, every kDrainEvery records, asks
 // it on its socket to read the log. Async-signal-safe (a handler's vfork child
@@ -214,8 +227,8 @@ void CloseFdRanges(const std::pair<unsigned, unsigned>* ranges, size_t n, bool c
 // The watchdog: a fork of the owner. Only async-signal-safe calls from here on.
 // `slots[0..n)` and `cg.slots[0..cg.n)` are the live groups and cgroups, filled
 // before the fork: the watchdog knows them from its first instruction.
-[[noreturn]] void WatchdogMain(int fd, int log_fd, pid_t* slots, size_t cap, size_t n,
-                               WatchCgroups cg) {
+[[noreturn]] void WatchdogMain(int fd, int log_fd, pid_t* slots, int64_t* deadlines, size_t cap,
+                               size_t n, WatchCgroups cg) {
   setpgid(0, 0);  // out of the owner's group: `kill -9 -<owner group>` spares it
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
@@ -262,9 +275,14 @@ void CloseFdRanges(const std::pair<unsigned, unsigned>* ranges, size_t n, bool c
     size_t i = 0;
     while (i < n && slots[i] != m.pgid) ++i;
     if (m.op == kAdd && i == n && n < cap) {
+      deadlines[n] = 0;
       slots[n++] = m.pgid;
     } else if (m.op == kRemove && i < n) {
-      slots[i] = slots[--n];
+      --n;
+      slots[i] = slots[n];
+      deadlines[i] = deadlines[n];
+    } else if (m.op == kDeadline && i < n) {
+      deadlines[i] = static_cast<int64_t>(m.cgroup);
     }
   };
   // Applies every record in the log, in the order written (one pipe: a group's
@@ -279,11 +297,34 @@ void CloseFdRanges(const std::pair<unsigned, unsigned>* ranges, size_t n, bool c
     }
   };
   for (;;) {
-    WatchMsg m{};
-    const ssize_t r = recv(3, &m, sizeof(m), 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;  // end of file: the owner is gone, however it went
-    drain();            // kDrain: the log is filling up
+    // Asleep until the owner writes, or the earliest lease ends.
+    int64_t earliest = INT64_MAX;
+    for (size_t i = 0; i < n; ++i) {
+      if (deadlines[i] > 0 && deadlines[i] < earliest) earliest = deadlines[i];
+    }
+    int timeout_ms = -1;
+    if (earliest != INT64_MAX) {
+      const int64_t left = earliest - MonotonicNanos();
+      timeout_ms = left <= 0 ? 0 : static_cast<int>(std::min<int64_t>((left + 999'999) / 1'000'000, 1'000));
+    }
+    pollfd p{3, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) > 0) {
+      WatchMsg m{};
+      const ssize_t r = recv(3, &m, sizeof(m), 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;  // end of file: the owner is gone, however it went
+    }
+    drain();  // kDrain (the log is filling up, or a deadline moved), or a deadline is due
+    // The owner says when a lease is renewed, and kills its handlers at the end
+    // of one that is not; if it cannot (stopped, frozen), this does. The leader
+    // is not reaped before its group is removed here, so the id is still its.
+    const int64_t now = MonotonicNanos();
+    for (size_t i = 0; i < n; ++i) {
+      if (deadlines[i] > 0 && deadlines[i] <= now) {
+        kill(-slots[i], SIGKILL);
+        deadlines[i] = 0;
+      }
+    }
   }
   // Every record is in the log by now: a handler writes its own before exec,
   // while it still holds a copy of the owner's end of the socket.
@@ -630,6 +671,9 @@ Status HandlerSupervisor::StartWatchdog() {
   // knows them all, there is no window in which it has yet to be told.
   std::vector<pid_t> slots(std::max(options_.max_handlers, live_.size()));
   std::copy(live_.begin(), live_.end(), slots.begin());
+  // No deadlines yet: each running handler's loop sends its own to a new
+  // watchdog (its generation changed) within one look at its lease.
+  std::vector<int64_t> deadlines(slots.size(), 0);
   // Cgroups that could not be removed stay registered: room for as many again
   // (RegisterCgroup refuses more, so the watchdog never drops one).
   std::vector<uint64_t> cg_slots(cgroups_ ? kCgroupSlotsPerHandler * options_.max_handlers : 0);
@@ -652,7 +696,7 @@ Status HandlerSupervisor::StartWatchdog() {
   if (pid == 0) {
     close(sv[0]);
     close(lp[1]);
-    WatchdogMain(sv[1], lp[0], slots.data(), slots.size(), live_.size(), cg);
+    WatchdogMain(sv[1], lp[0], slots.data(), deadlines.data(), slots.size(), live_.size(), cg);
   }
   close(sv[1]);
   close(lp[0]);  // the watchdog holds the only reader: a write after its death is EPIPE
@@ -710,6 +754,16 @@ void HandlerSupervisor::Register(pid_t pgid, uint64_t generation_before) {
   live_.push_back(pgid);
   // A new watchdog started since the child registered with the old one.
   if (generation_.load() != generation_before) Log(kAdd, pgid, 0);
+}
+
+void HandlerSupervisor::SetDeadline(pid_t pgid, Steady::time_point deadline) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         deadline.time_since_epoch()).count();
+  if (ns <= 0) return;  // nothing held: the loop itself stops the handler
+  std::lock_guard lock(mu_);
+  Log(kDeadline, pgid, static_cast<uint64_t>(ns));
+  const WatchMsg wake{kDrain, 0, 0};
+  (void)send(watch_fd_, &wake, sizeof(wake), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void HandlerSupervisor::Unregister(pid_t pgid) {
@@ -1049,8 +1103,19 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     kill_at = Steady::now() + grace;
   };
   bool exited = false, watch_restart_failed = false, reaped_elsewhere = false;
+  // The lease's end as last told to the watchdog (and to which one).
+  Steady::time_point told_deadline{};
+  uint64_t told_generation = 0;
   siginfo_t info{};
   while (!exited) {
+    if (claim != nullptr && !killed) {
+      const auto deadline = claim->lease_deadline();
+      if (deadline != told_deadline || generation_.load() != told_generation) {
+        told_generation = generation_.load();
+        told_deadline = deadline;
+        SetDeadline(pid, deadline);
+      }
+    }
     const auto now = Steady::now();
     if (!stopping) {
       if (const int sig = stop_signal_.load(); sig != 0) {

@@ -194,6 +194,9 @@ class HandlerSupervisor {
   void Log(int32_t op, pid_t pgid, uint64_t cgroup);  // mu_ held
   void Register(pid_t pgid, uint64_t generation_before);
   void Unregister(pid_t pgid);
+  // Tells the watchdog when group `pgid`'s lease ends: it SIGKILLs the group
+  // then if this process has not (stopped by SIGSTOP, frozen).
+  void SetDeadline(pid_t pgid, std::chrono::steady_clock::time_point deadline);
   // False when the watchdog's table is full (cgroups that stay populated) even
   // after the leftovers were tried again.
   [[nodiscard]] bool RegisterCgroup(uint64_t id);
