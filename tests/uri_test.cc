@@ -2,6 +2,7 @@
 
 #include "core/uri.h"
 #include "core/redact.h"
+#include "core/secret.h"
 
 #include <gtest/gtest.h>
 
@@ -505,6 +506,48 @@ TEST(BrokerUri, CheckSourceUriIsTheTablesCheck) {
 }
 
 #endif  // DEDUP_WITH_REDIS_STREAMS
+
+// brokers17: a control byte in a broker's name was taken as it came (%00 cut
+// it where nats.c read it: stream "AB%00CD" made stream "AB"; RabbitMQ stripped
+// a %0a after the queue was declared, and the publish failed), and a NUL in a
+// credential was sent cut (amqp://guest:guest%00anything@ logged in as guest).
+// Refused when the URI is read, naming the parameter; a password never echoed;
+// a bad number escaped ("prefetch=abc%1b[31m" wrote a raw ESC).
+TEST(BrokerUri, ControlBytesInNamesAndNulsInCredentialsAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+#if defined(DEDUP_WITH_NATS)
+      {"nats://h:4222?stream=AB%00CD&consumer=c", "nats stream='AB\\x00CD' holds control byte 0x00 at byte 2"},
+      {"nats://h:4222?stream=s&consumer=c%0ad", "nats consumer="},
+      {"nats://h:4222?stream=s&consumer=c&subject=a.b%00z", "nats subject="},
+      {"nats://h:4222?stream=s&consumer=c&dead=x%7fy", "nats dead="},
+      {"nats://u:Sec%00ret@h:4222?stream=s&consumer=c", "the user or password holds a NUL byte"},
+      {"nats://h:4222?stream=s&consumer=c&max_ack_pending=9%1b[31m", "'9\\x1b[31m' is not"},
+#endif
+#if defined(DEDUP_WITH_RABBITMQ)
+      {"amqp://h/?queue=lf%0aq", "amqp queue='lf\\x0aq' holds control byte 0x0a at byte 2"},
+      {"amqp://h/?queue=q&dead=d%00", "amqp dead="},
+      {"amqp://h/%2F%00junk?queue=q", "amqp vhost"},
+      {"amqp://guest:Sec%00ret@h/?queue=q", "the user or password holds a NUL byte"},
+      {"amqp://h/?queue=q&prefetch=abc%1b[31m", "amqp prefetch 'abc\\x1b[31m' is not"},
+#endif
+  };
+  for (const auto& [uri, part] : cases) {
+    for (SourceUse use : {SourceUse::kConsume, SourceUse::kPublish}) {
+      auto r = CheckSourceUri(uri, use);
+      ASSERT_FALSE(r.ok()) << uri;
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << uri;
+      EXPECT_NE(r.status().message().find(part), std::string::npos) << uri << ": " << r.status();
+      EXPECT_EQ(r.status().message().find("Sec"), std::string::npos) << r.status();
+    }
+  }
+  // Every credential path: inline, and a password_file= holding a NUL.
+  auto u = ParseUri("redis://u:Sec%00ret@h:1");
+  ASSERT_TRUE(u.ok()) << u.status();
+  auto c = ResolveUriCredentials(*u, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("NUL"), std::string::npos) << c.status();
+  EXPECT_EQ(c.status().message().find("Sec"), std::string::npos) << c.status();
+}
 
 // tidyuri: a '?' written raw in a password ends the host, and the query begins
 // inside the user-info: the secret's tail, cut at each '&' and '=', becomes

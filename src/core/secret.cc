@@ -46,7 +46,25 @@ StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view p
   return secret;
 }
 
+namespace {
+StatusOr<UriCredentials> ResolveUriCredentialsOf(const Uri& uri, const CredentialRules& rules);
+}  // namespace
+
+// A NUL in a user or password (%00 in the URI, or in a file) is refused: the
+// client libraries take them as C strings and sent only what came before it
+// (amqp://guest:guest%00anything@... logged in as guest:guest). Not echoed.
 StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialRules& rules) {
+  auto c = ResolveUriCredentialsOf(uri, rules);
+  if (c.ok() && (c->user.find('\0') != std::string::npos ||
+                 c->password.find('\0') != std::string::npos)) {
+    return Status::InvalidArgument(uri.scheme + " URI: the user or password holds a NUL byte "
+                                   "(from %00?); client libraries would cut it there");
+  }
+  return c;
+}
+
+namespace {
+StatusOr<UriCredentials> ResolveUriCredentialsOf(const Uri& uri, const CredentialRules& rules) {
   // The scheme passed ParseUri: letters, digits, '+', '-', '.' only.
   const std::string what = uri.scheme + " URI";
   UriCredentials c;
@@ -88,6 +106,7 @@ StatusOr<UriCredentials> ResolveUriCredentials(const Uri& uri, const CredentialR
   }
   return c;
 }
+}  // namespace
 
 StatusOr<RedisCredentials> ResolveRedisCredentials(const Uri& uri) {
   return ResolveUriCredentials(uri, {.env = kRedisPasswordEnv, .lone_user_is_password = true});

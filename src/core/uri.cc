@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdio>
 
 #include "core/duration.h"
 #include "core/printable.h"
@@ -385,10 +386,27 @@ StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {
   long long v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v < 0) {
-    return Status::InvalidArgument(std::string(what) + " '" + std::string(text) +
+    // Escaped and cut: the value came from a URI (an ESC or CR reached the
+    // terminal raw, a 1 MB value was printed whole).
+    return Status::InvalidArgument(std::string(what) + " '" + Printable(text.substr(0, 64)) +
+                                   (text.size() > 64 ? "..." : "") +
                                    "' is not a non-negative whole number");
   }
   return v;
+}
+
+Status RefuseControlBytes(std::string_view name, std::string_view what) {
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c >= 0x20 && c != 0x7f) continue;
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "0x%02x", c);
+    return Status::InvalidArgument(std::string(what) + "'" + Printable(name.substr(0, 64)) +
+                                   (name.size() > 64 ? "..." : "") + "' holds control byte " + hex +
+                                   " at byte " + std::to_string(i) +
+                                   " (from %" + std::string(hex + 2) + " in the URI?): names may not");
+  }
+  return Status::Ok();
 }
 
 StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what) {

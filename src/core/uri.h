@@ -98,6 +98,13 @@ StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view 
 // A non-negative integer that fits in long long.
 StatusOr<long long> ParseCount(std::string_view text, std::string_view what);
 
+// InvalidArgument naming `what` ("amqp queue=") when `name` holds a control byte
+// (below 0x20, or 0x7f), as %00 or %0a in a URI gives: a C library cut a name at
+// its NUL (nats.c made stream "AB" of "AB%00CD"), and a broker strips or refuses
+// the others only after part of the topology was declared. The name is shown
+// escaped and cut to 64 bytes.
+Status RefuseControlBytes(std::string_view name, std::string_view what);
+
 // The canonical identity of a Redis server, as BrokerAck::server carries it
 // (broker_ack.h): "host:port/db" with localhost and ::1 written 127.0.0.1.
 std::string RedisServerIdentity(std::string_view host, int port, int db);

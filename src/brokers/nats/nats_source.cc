@@ -253,6 +253,7 @@ bool FilterMatches(std::string_view filter, std::string_view subject) {
 // ever: it has no Nats-Msg-Id, so it is dead-lettered once more as keyless).
 Status CheckDeadSubject(const NatsOptions& o) {
   const std::string dead = o.DeadSubject();
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(dead, "nats dead="));
   const auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("nats dead='" + internal::Printable(dead) + "' " + why);
   };
@@ -276,6 +277,7 @@ constexpr const char* kTokenFileParam = "token_file";
 // read as a server to wait for.
 Status CheckSubject(const std::string& subject) {
   if (subject.empty()) return Status::Ok();  // the stream's name
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(subject, "nats subject="));
   const auto bad = [&](const std::string& why) {
     return Status::InvalidArgument("nats subject='" + internal::Printable(subject) + "' " + why);
   };
@@ -338,8 +340,10 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   o.stream = u.Param("stream").value_or("");
   if (o.stream.empty()) return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs stream=NAME");
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.stream, "nats stream="));
   if (o.stream.find_first_of(" .*>\t") != std::string::npos) {
-    return Status::InvalidArgument("nats stream name '" + o.stream + "' may not contain '.', '*', '>' or spaces");
+    return Status::InvalidArgument("nats stream name '" + internal::Printable(o.stream.substr(0, 64)) +
+                                   "' may not contain '.', '*', '>' or spaces");
   }
   o.consumer = u.Param("consumer").value_or("");
   if (need_consumer && o.consumer.empty()) {
@@ -347,6 +351,7 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   // JetStream refuses these at the first connect (a durable name is a token of
   // the API's subjects), which read as a server to wait for.
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.consumer, "nats consumer="));
   if (o.consumer.find_first_of(" .*>\t\r\n\f") != std::string::npos) {
     return Status::InvalidArgument("nats consumer name '" + internal::Printable(o.consumer) +
                                    "' may not contain '.', '*', '>' or white space");
@@ -1096,6 +1101,9 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   if (o.stream.empty() || o.consumer.empty()) {
     return Status::InvalidArgument("nats source: stream and consumer are required");
   }
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.stream, "nats stream="));
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.consumer, "nats consumer="));
+  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
   DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
   if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
   auto c = Connect(o);

@@ -68,6 +68,9 @@ constexpr std::string_view kRetryInfix = ".retry.";
 constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
 
 Status CheckNames(const RabbitMqOptions& o) {
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.queue, "amqp queue="));
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.dead, "amqp dead="));
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.vhost, "amqp vhost "));
   if (o.queue.size() > kMaxAmqpName - kMaxRetrySuffix) {
     return Status::InvalidArgument("amqp queue= is " + std::to_string(o.queue.size()) +
                                    " bytes; at most " +
