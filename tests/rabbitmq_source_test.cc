@@ -5,6 +5,8 @@
 // its own.
 
 #include <gtest/gtest.h>
+
+#include <map>
 #include <unistd.h>
 
 #include <chrono>
@@ -271,6 +273,36 @@ TEST_F(RabbitMqSourceTest, DeadLetterCarriesTheReasonAndLeavesTheQueue) {
   EXPECT_EQ(h, "v");
   ASSERT_TRUE(d[0]->Ack().ok());
   EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty());
+}
+
+// A message whose headers nearly fill the 128 KiB content-header frame: its
+// dead-letter copy (those headers and an 8 KiB reason) does not fit, and
+// rabbitmq-c refused it ("table too large for buffer") on every delivery, so
+// the message was never dead-lettered nor settled, back once a second for ever
+// (brokers17). The copy goes without the original's headers, saying so.
+TEST_F(RabbitMqSourceTest, ADeadLetterCopyTooLargeForAFrameGoesWithoutTheHeaders) {
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  Publish("big", "payload", {{"h", std::string(126'000, 'x')}});
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  const std::string reason(8'000, 'r');
+  Status dl = got[0]->DeadLetter(reason);
+  ASSERT_TRUE(dl.ok()) << dl.ToString();
+  auto dead = OpenRabbitMqSource(BaseUri() + "?queue=" + queue_ + ".dead");
+  ASSERT_TRUE(dead.ok()) << dead.status().ToString();
+  auto d = FetchAll(**dead, 1, Millis(5000));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->key(), "big");
+  EXPECT_EQ(d[0]->payload(), "payload");
+  std::map<std::string, std::string> h(d[0]->attributes().begin(), d[0]->attributes().end());
+  EXPECT_EQ(h["x-dedup-reason"], reason);
+  EXPECT_EQ(h["x-dedup-queue"], queue_);
+  EXPECT_EQ(h.count("h"), 0u);
+  EXPECT_NE(h["x-dedup-headers-dropped"].find("1 headers"), std::string::npos)
+      << h["x-dedup-headers-dropped"];
+  ASSERT_TRUE(d[0]->Ack().ok());
+  EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "the original was not settled";
 }
 
 TEST_F(RabbitMqSourceTest, KeyFromHeaderOrBodyHashOrMissing) {

@@ -64,6 +64,19 @@ timeval ToTimeval(Millis d) {
 constexpr Millis kRequeueAfterFailedCopy{1'000};
 
 constexpr size_t kMaxAmqpName = 255;
+
+// A copy's properties go in one content-header frame (frame_max 131072, which
+// both sides use), less that frame's and the header's own bytes and a margin.
+constexpr size_t kMaxCopyProperties = 131072 - 1024;
+
+// The bytes AmqpConn's TableBuilder and Send give a copy's properties: per
+// header a short-string key, a type byte and a long-string value; message_id;
+// the flags and delivery mode.
+size_t EncodedProperties(const AmqpMessage& m) {
+  size_t n = 2 + 1 + 1 + m.message_id.size() + 4;
+  for (const auto& [k, v] : m.headers) n += 1 + k.size() + 1 + 4 + v.size();
+  return n;
+}
 constexpr std::string_view kRetryInfix = ".retry.";
 constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
 
@@ -522,8 +535,22 @@ class RabbitMqDelivery final : public Delivery {
     Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m, bool again) {
       if (again) DEDUP_RETURN_IF_ERROR(p.DeclareTopology());
       if (!again) {
+        const size_t original = m.headers.size();
+        const size_t original_bytes = EncodedProperties(m);
         m.headers.emplace_back("x-dedup-reason", brokers::HeaderReason(reason));
         m.headers.emplace_back("x-dedup-queue", s_->o.queue);
+        if (EncodedProperties(m) > kMaxCopyProperties) {
+          // The original's headers (carried as strings) and the reason do not
+          // fit one frame: rabbitmq-c refused the copy on every delivery, so the
+          // message was never dead-lettered nor settled, back once a second for
+          // ever (brokers17). The copy goes without the original's headers.
+          std::vector<std::pair<std::string, std::string>> kept(
+              std::make_move_iterator(m.headers.end() - 2), std::make_move_iterator(m.headers.end()));
+          kept.emplace_back("x-dedup-headers-dropped",
+                            std::to_string(original) + " headers (" + std::to_string(original_bytes) +
+                                " bytes as strings): the copy with them was over one 128 KiB frame");
+          m.headers = std::move(kept);
+        }
       }
       return p.Send(s_->o.DeadName(), "", m);
     });
