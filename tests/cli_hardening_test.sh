@@ -187,6 +187,19 @@ for cmd in '' '   ' $'\t'; do
     [[ "$out" == *"empty command"* ]] || fail "empty --exec: $out"
   done
 done
+# Through the shell, a command that runs nothing but redirections (an unset
+# "$HANDLER" in front of them) recorded every message done with nothing run, and
+# one the shell cannot parse failed every message (dead-lettered): both refused
+# at start (exec17).
+for cmd in '>>/tmp/dedup-nothing.log 2>&1' '2>&1' '# comment' ' &' '> out'; do
+  expect_rc "--exec '$cmd' (runs nothing) is refused" 2 "$dedup" worker \
+    --broker "redis://127.0.0.1:$port?stream=x" --store memory: --exec "$cmd"
+  [[ "$out" == *"runs nothing"* ]] || fail "--exec '$cmd': $out"
+done
+expect_rc "--exec with a syntax error is refused" 2 "$dedup" worker \
+  --broker "redis://127.0.0.1:$port?stream=x" --store memory: --exec './handle.sh "$DEDUP_KEY'
+[[ "$out" == *"the shell cannot parse the command"*"Unterminated quoted string"* ]] ||
+  fail "--exec with a syntax error: $out"
 # A duration above the library's limit is a usage error at parse time, naming the
 # flag, even when the broker cannot be reached (port 1: refused). Before, it was
 # found only by Consumer::Make, after the broker was opened: exit 75 (a service

@@ -3,10 +3,16 @@
 #include "consumer/exec_handler.h"
 
 #include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <sstream>
 #include <utility>
+
+#include "core/printable.h"
 
 namespace dedup {
 namespace {
@@ -16,6 +22,74 @@ std::vector<std::string> SplitWords(const std::string& s) {
   std::vector<std::string> out;
   for (std::string w; in >> w;) out.push_back(w);
   return out;
+}
+
+// True when `word` is a redirection ("2>&1", ">>log", "<", "&>x"); *needs_target
+// when its target is the next word (">" alone).
+bool IsRedirection(const std::string& word, bool* needs_target) {
+  size_t i = 0;
+  while (i < word.size() && word[i] >= '0' && word[i] <= '9') ++i;
+  if (i < word.size() && word[i] == '&' && i == 0) ++i;  // &> and &>>
+  const size_t op = i;
+  while (i < word.size() && (word[i] == '<' || word[i] == '>')) ++i;
+  if (i == op) return false;
+  if (i < word.size() && (word[i] == '&' || word[i] == '|' || word[i] == '-')) ++i;
+  *needs_target = i == word.size();
+  return true;
+}
+
+// A shell command that runs nothing, only redirections, separators or a comment:
+// `"$HANDLER >>log 2>&1"` with HANDLER unset exits 0 for every message, each one
+// recorded done and acked with nothing run (exec17), as an empty one would.
+bool RunsNothing(const std::vector<std::string>& words) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w[0] == '#') return true;  // the rest is a comment
+    if (w == "&" || w == ";" || w == "&&" || w == "||") continue;
+    bool needs_target = false;
+    if (!IsRedirection(w, &needs_target)) return false;
+    if (needs_target) ++i;
+  }
+  return true;
+}
+
+// `/bin/sh -n -c command`: the shell's own syntax check, run once at start, so
+// that a command it cannot parse is refused instead of failing (exit 2) for
+// every message, each one recorded failed and dead-lettered. The shell's words
+// on stderr, when it gives any.
+Status CheckShellSyntax(const std::string& command) {
+  int err[2];
+  if (pipe2(err, O_CLOEXEC) != 0) return Status::Ok();  // not checked: the runs will say
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  const char* argv[] = {"/bin/sh", "-n", "-c", command.c_str(), nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, "/bin/sh", &fa, nullptr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(err[1]);
+  if (rc != 0) {
+    close(err[0]);
+    return Status::Ok();  // no shell to ask: the runs will say
+  }
+  std::string said;
+  char buf[512];
+  for (ssize_t r; (r = read(err[0], buf, sizeof(buf))) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    if (said.size() < 4096) said.append(buf, static_cast<size_t>(r));
+  }
+  close(err[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::Ok();
+  while (!said.empty() && (said.back() == '\n' || said.back() == '\r')) said.pop_back();
+  return Status::InvalidArgument("the shell cannot parse the command" +
+                                 (said.empty() ? std::string() : ": " + internal::Printable(said)) +
+                                 " (it would fail for every message)");
 }
 
 }  // namespace
@@ -29,6 +103,12 @@ StatusOr<std::vector<std::string>> ExecHandler::Argv(const ExecHandlerOptions& o
   }
   std::vector<std::string> words = SplitWords(options.command);
   if (options.shell) {
+    if (RunsNothing(words)) {
+      return Status::InvalidArgument(
+          "the command runs nothing, only redirections or a comment (an unset variable in "
+          "front of them?); it would record every message as done");
+    }
+    DEDUP_RETURN_IF_ERROR(CheckShellSyntax(options.command));
     // `--exec ./charge.sh` with the script missing or not executable: the shell
     // exits 127 / 126 for every message, each one retried for ever. When the
     // first word is a plain path (a '/', nothing the shell would expand or
