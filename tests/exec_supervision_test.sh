@@ -56,6 +56,13 @@ wait_lines() {  # wait_lines FILE N SECONDS
   done
   return 1
 }
+wait_in_progress() {  # wait_in_progress STORE KEY: at most 5 s, until KEY is claimed
+  local _
+  for _ in $(seq 100); do
+    "$dedup" inspect --store "$1" "$2" 2>/dev/null | grep -q in_progress && return 0
+    sleep 0.05
+  done
+}
 expect_rc() {  # expect_rc WANT GOT WHAT
   if [[ "$2" == "$1" ]]; then pass "$3: exit $2"; else fail "$3: exit $2, want $1"; fi
 }
@@ -188,10 +195,7 @@ if command -v redis-server >/dev/null; then
       "$dedup" exec --store "redis://127.0.0.1:$port" --key busy -- sleep 300 >/dev/null 2>&1 &
       busy_pid=$!
       bg_pids+=("$busy_pid")
-      for _ in $(seq 100); do
-        "$dedup" inspect --store "redis://127.0.0.1:$port" busy 2>/dev/null | grep -q in_progress && break
-        sleep 0.05
-      done
+      wait_in_progress "redis://127.0.0.1:$port" busy
       "$dedup" exec --store "redis://127.0.0.1:$port" --key busy -- true 2>/dev/null
       expect_rc 75 $? "running elsewhere"
       kill -TERM "$busy_pid"; wait "$busy_pid" 2>/dev/null
@@ -201,10 +205,7 @@ if command -v redis-server >/dev/null; then
         >/dev/null 2>"$tmp/lost.err" &
       lost_pid=$!
       bg_pids+=("$lost_pid")
-      for _ in $(seq 100); do
-        "$dedup" inspect --store "redis://127.0.0.1:$port" lost 2>/dev/null | grep -q in_progress && break
-        sleep 0.05
-      done
+      wait_in_progress "redis://127.0.0.1:$port" lost
       "$dedup" forget --force --store "redis://127.0.0.1:$port" lost >/dev/null 2>&1
       wait "$lost_pid"
       expect_rc 75 $? "the outcome could not be recorded (lease lost to a forget)"

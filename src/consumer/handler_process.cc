@@ -110,8 +110,6 @@ constexpr Millis kDrainLimit{1'000};
 
 std::string Err(int e) { return std::strerror(e); }
 
-// pidfd_open(2) (Linux 5.3): a descriptor that polls readable when `pid` exits.
-// Called directly: glibc 2.36's <sys/pidfd.h> lacks C++ linkage. -1 when absent.
 // True while a process other than `leader` (exited, not reaped: it holds the
 // group's id) and not a zombie is in process group `pgid`: /proc/N/stat's state
 // and pgrp. kill(-pgid, 0) cannot tell, as the unreaped leader counts. Not
@@ -145,6 +143,8 @@ bool OthersInGroup(pid_t pgid, pid_t leader) {
   return found;
 }
 
+// pidfd_open(2) (Linux 5.3): a descriptor that polls readable when `pid` exits.
+// Called directly: glibc 2.36's <sys/pidfd.h> lacks C++ linkage. -1 when absent.
 int PidfdOpen(pid_t pid) {
 #ifdef SYS_pidfd_open
   return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
