@@ -170,5 +170,16 @@ TEST(CutAtCharacter, SplitsNoCharacter) {
             std::string(4, '\x80') + "... [cut: 10 bytes in all]");
 }
 
+// What an error message echoes of a value it refuses: escaped, at most 64
+// bytes, "..." when cut, no character split (a cut inside the euro sign left
+// "\xe2\x82" where the URI had a whole character).
+TEST(PrintableCut, EscapesCutsAndSplitsNoCharacter) {
+  EXPECT_EQ(PrintableCut("a\x1b[31m", 64), "a\\x1b[31m");
+  EXPECT_EQ(PrintableCut(std::string(70, 'x'), 64), std::string(64, 'x') + "...");
+  EXPECT_EQ(PrintableCut("ab\xe2\x82\xac", 4), "ab...");
+  EXPECT_EQ(PrintableCut("ab\xe2\x82\xac", 5), "ab\xe2\x82\xac");
+  EXPECT_EQ(PrintableCut("ab\xff\xfe", 3), "ab\\xff...");
+}
+
 }  // namespace
 }  // namespace dedup::internal

@@ -94,6 +94,11 @@ std::string CutAtCharacter(std::string_view bytes, size_t max) {
          std::to_string(bytes.size()) + " bytes in all]";
 }
 
+std::string PrintableCut(std::string_view bytes, size_t max) {
+  if (bytes.size() <= max) return Printable(bytes);
+  return Printable(bytes.substr(0, CharacterBoundaryAtOrBefore(bytes, max))) + "...";
+}
+
 std::string CutReasonToFitARecord(std::string_view reason, size_t max) {
   if (reason.size() <= max) return std::string(reason);
   const std::string note =

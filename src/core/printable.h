@@ -29,6 +29,11 @@ bool IsValidUtf8(std::string_view bytes);
 // where space is bounded (broker headers, log lines).
 std::string CutAtCharacter(std::string_view bytes, size_t max);
 
+// Printable(bytes) for an error message that echoes what it refuses: at most
+// `max` bytes of it, cut so that no well-formed UTF-8 character is split, and
+// "..." after when it was cut (a 1 MB value is not printed whole).
+std::string PrintableCut(std::string_view bytes, size_t max);
+
 // A Fail reason that fits a record of `max` bytes: `reason` when it does; else
 // its first bytes, cut so that no well-formed UTF-8 character is split, then
 // "... [reason cut to fit a record: N bytes in all]", all within `max`. The one

@@ -73,7 +73,7 @@ Status CheckParamRepeats(const std::vector<std::string>& names, ParamPlace place
                                      std::string(place.where) + kHiddenName);
     }
     return Status::InvalidArgument(std::string(place.noun) + " '" +
-                                   Printable(names[i].substr(0, 64)) + "' is given twice in " +
+                                   PrintableCut(names[i], 64) + "' is given twice in " +
                                    std::string(place.where) + " (give it once)");
   }
   return Status::Ok();
@@ -98,7 +98,7 @@ Status CheckParamNames(const std::vector<std::string>& names,
                                      (list.empty() ? "none" : list) + ")");
     }
     return Status::InvalidArgument("unknown " + std::string(place.noun) + " '" +
-                                   Printable(std::string_view(name).substr(0, 64)) + "' in " +
+                                   PrintableCut(name, 64) + "' in " +
                                    std::string(place.where) + " (known: " +
                                    (list.empty() ? "none" : list) + ")");
   }
@@ -388,8 +388,7 @@ StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {
   if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v < 0) {
     // Escaped and cut: the value came from a URI (an ESC or CR reached the
     // terminal raw, a 1 MB value was printed whole).
-    return Status::InvalidArgument(std::string(what) + " '" + Printable(text.substr(0, 64)) +
-                                   (text.size() > 64 ? "..." : "") +
+    return Status::InvalidArgument(std::string(what) + " '" + PrintableCut(text, 64) +
                                    "' is not a non-negative whole number");
   }
   return v;
@@ -401,9 +400,8 @@ Status RefuseControlBytes(std::string_view name, std::string_view what) {
     if (c >= 0x20 && c != 0x7f) continue;
     char hex[8];
     std::snprintf(hex, sizeof(hex), "0x%02x", c);
-    return Status::InvalidArgument(std::string(what) + "'" + Printable(name.substr(0, 64)) +
-                                   (name.size() > 64 ? "..." : "") + "' holds control byte " + hex +
-                                   " at byte " + std::to_string(i) +
+    return Status::InvalidArgument(std::string(what) + "'" + PrintableCut(name, 64) +
+                                   "' holds control byte " + hex + " at byte " + std::to_string(i) +
                                    " (from %" + std::string(hex + 2) + " in the URI?): names may not");
   }
   return Status::Ok();
