@@ -163,6 +163,46 @@ TEST(NatsUriTest, RejectsBadInputNamingIt) {
   }
 }
 
+// The C++ API checks the names the URI parser checks (one CheckNames for
+// both): OpenNatsSource refused only control bytes, so a NatsOptions with the
+// stream "a.b" or the consumer "c*" reached JetStream, which refused it at the
+// first connect (read as a server to wait for), and NatsPublisher::Open checked
+// nothing (a wildcard subject was published to literally). No server runs here:
+// each is refused before any connect.
+TEST(NatsUriTest, TheCppApiRefusesTheNamesTheUriRefuses) {
+  auto base = ParseNatsUri("nats://127.0.0.1:1?stream=S&consumer=c");
+  ASSERT_TRUE(base.ok()) << base.status();
+  struct Case {
+    void (*edit)(NatsOptions&);
+    const char* says;
+  } cases[] = {
+      {[](NatsOptions& o) { o.stream = "a.b"; }, "nats stream name 'a.b'"},
+      {[](NatsOptions& o) { o.stream = "a b"; }, "nats stream name"},
+      {[](NatsOptions& o) { o.consumer = "c*"; }, "nats consumer name 'c*'"},
+      {[](NatsOptions& o) { o.consumer = "c\nd"; }, "nats consumer='c\\x0ad'"},
+      {[](NatsOptions& o) { o.subject = "jobs..in"; }, "nats subject="},
+      {[](NatsOptions& o) { o.dead = "S"; }, "nats dead='S'"},
+  };
+  for (const Case& c : cases) {
+    NatsOptions o = *base;
+    c.edit(o);
+    auto src = OpenNatsSource(o);
+    ASSERT_FALSE(src.ok()) << c.says;
+    EXPECT_EQ(src.status().code(), StatusCode::kInvalidArgument) << src.status();
+    EXPECT_NE(src.status().message().find(c.says), std::string::npos) << src.status();
+  }
+  NatsOptions pub = *base;
+  pub.subject = "jobs.*";
+  auto p = NatsPublisher::Open(pub);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("has a wildcard"), std::string::npos) << p.status();
+  pub.subject = "";
+  pub.stream = "a>b";
+  p = NatsPublisher::Open(pub);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("nats stream name"), std::string::npos) << p.status();
+}
+
 // tidyuri: "nats://TOKEN:@HOST" was read as the user TOKEN with an empty
 // password, and sent so (CONNECT user/pass), where nats.c itself reads that URL
 // as a token (natsUrl_Create keeps no password after an empty one, and the

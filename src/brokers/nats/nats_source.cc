@@ -259,8 +259,8 @@ Status CheckDeadSubject(const NatsOptions& o) {
   };
   for (std::string_view t : Tokens(dead)) {
     if (t.empty()) return bad("has an empty token (a leading, trailing or double '.')");
-    if (t.find_first_of("*> \t\r\n") != std::string_view::npos) {
-      return bad("must be a subject to publish to: no '*', '>' or white space");
+    if (t.find_first_of("*> ") != std::string_view::npos) {
+      return bad("must be a subject to publish to: no '*', '>' or space");
     }
   }
   if (FilterMatches(o.Subject(), dead)) {
@@ -285,11 +285,51 @@ Status CheckSubject(const std::string& subject) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::string_view t = tokens[i];
     if (t.empty()) return bad("has an empty token (a leading, trailing or double '.')");
-    if (t.find_first_of(" \t\r\n\f") != std::string_view::npos) return bad("has white space");
+    if (t.find(' ') != std::string_view::npos) return bad("has a space");
     if (t.find_first_of("*>") != std::string_view::npos && t != "*" && t != ">") {
       return bad("has '*' or '>' inside a token (a wildcard is a whole token)");
     }
     if (t == ">" && i + 1 != tokens.size()) return bad("has '>' before its last token");
+  }
+  return Status::Ok();
+}
+
+// A stream or durable consumer name is a token of JetStream's API subjects
+// ($JS.API.CONSUMER.INFO.<stream>.<consumer>): JetStream refuses one with a
+// '.', '*', '>' or white space at the first connect, which read as a server to
+// wait for.
+Status CheckName(std::string_view name, const char* what) {
+  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(name, std::string("nats ") + what + "="));
+  if (name.find_first_of(" .*>") != std::string_view::npos) {
+    return Status::InvalidArgument(std::string("nats ") + what + " name '" +
+                                   internal::PrintableCut(name, 64) +
+                                   "' may not contain '.', '*', '>' or white space");
+  }
+  return Status::Ok();
+}
+
+// Every name of `o` the broker would refuse or misread, checked once for the
+// URI (ParseNatsUri) and the C++ API (OpenNatsSource) alike.
+Status CheckNames(const NatsOptions& o) {
+  DEDUP_RETURN_IF_ERROR(CheckName(o.stream, "stream"));
+  DEDUP_RETURN_IF_ERROR(CheckName(o.consumer, "consumer"));
+  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
+  return CheckDeadSubject(o);
+}
+
+// What a publisher needs of `o`: a stream name, and one subject to publish to.
+// A wildcard is a filter, not a subject to publish to (the server stored the
+// message under the literal "jobs.*", where every consumer whose filter
+// matches it read it).
+Status CheckPublishNames(const NatsOptions& o) {
+  DEDUP_RETURN_IF_ERROR(CheckName(o.stream, "stream"));
+  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
+  for (std::string_view t : Tokens(o.Subject())) {
+    if (t == "*" || t == ">") {
+      return Status::InvalidArgument("nats subject='" + internal::Printable(o.Subject()) +
+                                     "' has a wildcard: a filter to consume from, not a "
+                                     "subject to publish to; name one subject");
+    }
   }
   return Status::Ok();
 }
@@ -340,36 +380,14 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   }
   o.stream = u.Param("stream").value_or("");
   if (o.stream.empty()) return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs stream=NAME");
-  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.stream, "nats stream="));
-  if (o.stream.find_first_of(" .*>\t") != std::string::npos) {
-    return Status::InvalidArgument("nats stream name '" + internal::Printable(o.stream.substr(0, 64)) +
-                                   "' may not contain '.', '*', '>' or spaces");
-  }
   o.consumer = u.Param("consumer").value_or("");
   if (need_consumer && o.consumer.empty()) {
     return Status::InvalidArgument("broker URI '" + u.Redacted() + "' needs consumer=NAME");
   }
-  // JetStream refuses these at the first connect (a durable name is a token of
-  // the API's subjects), which read as a server to wait for.
-  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.consumer, "nats consumer="));
-  if (o.consumer.find_first_of(" .*>\t\r\n\f") != std::string::npos) {
-    return Status::InvalidArgument("nats consumer name '" + internal::Printable(o.consumer) +
-                                   "' may not contain '.', '*', '>' or white space");
-  }
   o.subject = u.Param("subject").value_or("");
-  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
-  if (!need_consumer) {
-    // dedup publish: a wildcard is a filter, not a subject to publish to (the
-    // server stored the message under the literal "jobs.*", where every
-    // consumer whose filter matches it read it).
-    for (std::string_view t : Tokens(o.Subject())) {
-      if (t == "*" || t == ">") {
-        return Status::InvalidArgument("nats subject='" + internal::Printable(o.Subject()) +
-                                       "' has a wildcard: a filter to consume from, not a "
-                                       "subject to publish to; name one subject");
-      }
-    }
-  }
+  o.dead = u.Param("dead").value_or("");
+  DEDUP_RETURN_IF_ERROR(CheckNames(o));
+  if (!need_consumer) DEDUP_RETURN_IF_ERROR(CheckPublishNames(o));
   if (auto k = u.Param("key")) {
     // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
     // data's hash.
@@ -379,8 +397,6 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
-  o.dead = u.Param("dead").value_or("");
-  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
   if (auto a = u.Param("ack_wait")) {
     auto ms = internal::ParseDurationMillis(*a, "nats ack_wait");
     if (!ms.ok()) return ms.status();
@@ -456,6 +472,9 @@ bool NatsPublisher::created_stream() const { return impl_->created_stream; }
 NatsPublisher::~NatsPublisher() = default;
 
 StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& o) {
+  if (o.stream.empty()) return Status::InvalidArgument("nats publisher: a stream is required");
+  DEDUP_RETURN_IF_ERROR(CheckPublishNames(o));
+  if (o.servers.empty()) return Status::InvalidArgument("nats publisher: no server");
   auto c = Connect(o);
   if (!c.ok()) return c.status();
   bool created = false;
@@ -1101,10 +1120,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   if (o.stream.empty() || o.consumer.empty()) {
     return Status::InvalidArgument("nats source: stream and consumer are required");
   }
-  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.stream, "nats stream="));
-  DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.consumer, "nats consumer="));
-  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
-  DEDUP_RETURN_IF_ERROR(CheckDeadSubject(o));
+  DEDUP_RETURN_IF_ERROR(CheckNames(o));
   if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
   auto c = Connect(o);
   if (!c.ok()) return c.status();
