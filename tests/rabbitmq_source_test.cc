@@ -56,7 +56,7 @@ class RabbitMqSourceTest : public ::testing::Test {
                std::vector<std::pair<std::string, std::string>> headers = {}) {
     RabbitMqPublisher p(Options());
     ASSERT_TRUE(p.DeclareTopology().ok());
-    AmqpMessage m{body, id, std::move(headers)};
+    AmqpMessage m{.body = body, .message_id = id, .headers = std::move(headers)};
     ASSERT_TRUE(p.Send("", queue_, m).ok());
     Status s = p.WaitConfirms();
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -389,6 +389,130 @@ class RawAmqp {
  private:
   AmqpConn conn_;
 };
+
+// Retry and dead-letter copies were rebuilt from the headers read as strings:
+// every basic property but message_id (content type, correlation id, reply-to,
+// type, app id, priority, timestamp) was dropped, and so were headers of other
+// types (a table, a float); an integer header came back as a string. A
+// handler answering an RPC (reply_to, correlation_id) lost its address on the
+// first retry. Now a copy has the original's properties, less its expiration
+// and the broker's x-death (as RabbitMQ's own dead-lettering), with dedup's own
+// x-dedup-* headers replaced.
+TEST_F(RabbitMqSourceTest, RetryAndDeadLetterCopiesKeepTheOriginalsProperties) {
+  {
+    RabbitMqPublisher p(Options());
+    ASSERT_TRUE(p.DeclareTopology().ok());
+  }
+  AmqpConn conn(Options());
+  ASSERT_TRUE(conn.Open().ok());
+  amqp_table_entry_t inner[1];
+  inner[0].key = amqp_cstring_bytes("a");
+  inner[0].value.kind = AMQP_FIELD_KIND_UTF8;
+  inner[0].value.value.bytes = amqp_cstring_bytes("b");
+  amqp_table_entry_t h[5];
+  h[0].key = amqp_cstring_bytes("n");
+  h[0].value.kind = AMQP_FIELD_KIND_I64;
+  h[0].value.value.i64 = 42;
+  h[1].key = amqp_cstring_bytes("f");
+  h[1].value.kind = AMQP_FIELD_KIND_F64;
+  h[1].value.value.f64 = 1.5;
+  h[2].key = amqp_cstring_bytes("nested");
+  h[2].value.kind = AMQP_FIELD_KIND_TABLE;
+  h[2].value.value.table = amqp_table_t{1, inner};
+  h[3].key = amqp_cstring_bytes("s");
+  h[3].value.kind = AMQP_FIELD_KIND_UTF8;
+  h[3].value.value.bytes = amqp_cstring_bytes("text");
+  h[4].key = amqp_cstring_bytes("x-dedup-reason");
+  h[4].value.kind = AMQP_FIELD_KIND_UTF8;
+  h[4].value.value.bytes = amqp_cstring_bytes("an earlier one");
+  amqp_basic_properties_t props{};
+  props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_CORRELATION_ID_FLAG |
+                 AMQP_BASIC_REPLY_TO_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_APP_ID_FLAG |
+                 AMQP_BASIC_PRIORITY_FLAG | AMQP_BASIC_TIMESTAMP_FLAG |
+                 AMQP_BASIC_EXPIRATION_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
+                 AMQP_BASIC_HEADERS_FLAG;
+  props.content_type = amqp_cstring_bytes("application/json");
+  props.correlation_id = amqp_cstring_bytes("corr-1");
+  props.reply_to = amqp_cstring_bytes("replies");
+  props.type = amqp_cstring_bytes("charge");
+  props.app_id = amqp_cstring_bytes("billing");
+  props.priority = 3;
+  props.timestamp = 1'700'000'000;
+  props.expiration = amqp_cstring_bytes("600000");
+  props.message_id = amqp_cstring_bytes("m1");
+  props.headers = amqp_table_t{5, h};
+  ASSERT_EQ(amqp_basic_publish(conn.get(), kChannel, amqp_empty_bytes, Bytes(queue_), 0, 0, &props,
+                               amqp_cstring_bytes("{}")),
+            AMQP_STATUS_OK);
+
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->Retry(Millis(200)).ok());
+  // Back from its retry queue, through the broker's dead-lettering (which adds x-death).
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0]->key(), "m1");
+  std::map<std::string, std::string> a(back[0]->attributes().begin(), back[0]->attributes().end());
+  EXPECT_EQ(a["s"], "text");
+  EXPECT_EQ(a["n"], "42");
+  EXPECT_EQ(a.count("x-dedup-reason"), 0u) << a["x-dedup-reason"];
+  ASSERT_TRUE(back[0]->DeadLetter("the reason").ok());
+
+  const std::string dead = queue_ + ".dead";
+  amqp_rpc_reply_t r = amqp_basic_get(conn.get(), kChannel, Bytes(dead), /*no_ack=*/1);
+  for (int i = 0; i < 50 && r.reply_type == AMQP_RESPONSE_NORMAL &&
+                  r.reply.id != AMQP_BASIC_GET_OK_METHOD; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    r = amqp_basic_get(conn.get(), kChannel, Bytes(dead), /*no_ack=*/1);
+  }
+  ASSERT_EQ(r.reply_type, AMQP_RESPONSE_NORMAL);
+  ASSERT_EQ(r.reply.id, AMQP_BASIC_GET_OK_METHOD) << "no dead letter in " << dead;
+  amqp_message_t msg;
+  ASSERT_EQ(amqp_read_message(conn.get(), kChannel, &msg, 0).reply_type, AMQP_RESPONSE_NORMAL);
+  const amqp_basic_properties_t& p = msg.properties;
+  const auto text = [&](amqp_flags_t flag, amqp_bytes_t b) {
+    return (p._flags & flag) != 0 ? Str(b) : std::string("(absent)");
+  };
+  EXPECT_EQ(text(AMQP_BASIC_CONTENT_TYPE_FLAG, p.content_type), "application/json");
+  EXPECT_EQ(text(AMQP_BASIC_CORRELATION_ID_FLAG, p.correlation_id), "corr-1");
+  EXPECT_EQ(text(AMQP_BASIC_REPLY_TO_FLAG, p.reply_to), "replies");
+  EXPECT_EQ(text(AMQP_BASIC_TYPE_FLAG, p.type), "charge");
+  EXPECT_EQ(text(AMQP_BASIC_APP_ID_FLAG, p.app_id), "billing");
+  EXPECT_EQ(text(AMQP_BASIC_MESSAGE_ID_FLAG, p.message_id), "m1");
+  EXPECT_EQ(text(AMQP_BASIC_EXPIRATION_FLAG, p.expiration), "(absent)");
+  ASSERT_NE(p._flags & AMQP_BASIC_PRIORITY_FLAG, 0);
+  EXPECT_EQ(p.priority, 3);
+  ASSERT_NE(p._flags & AMQP_BASIC_TIMESTAMP_FLAG, 0);
+  EXPECT_EQ(p.timestamp, 1'700'000'000u);
+  EXPECT_EQ(p.delivery_mode, 2);
+  std::map<std::string, const amqp_field_value_t*> got_h;
+  ASSERT_NE(p._flags & AMQP_BASIC_HEADERS_FLAG, 0);
+  for (int i = 0; i < p.headers.num_entries; ++i) {
+    EXPECT_EQ(got_h.count(Str(p.headers.entries[i].key)), 0u) << Str(p.headers.entries[i].key);
+    got_h[Str(p.headers.entries[i].key)] = &p.headers.entries[i].value;
+  }
+  ASSERT_EQ(got_h.count("n"), 1u);
+  EXPECT_EQ(got_h["n"]->kind, AMQP_FIELD_KIND_I64);
+  EXPECT_EQ(got_h["n"]->value.i64, 42);
+  ASSERT_EQ(got_h.count("f"), 1u);
+  EXPECT_EQ(got_h["f"]->kind, AMQP_FIELD_KIND_F64);
+  EXPECT_EQ(got_h["f"]->value.f64, 1.5);
+  ASSERT_EQ(got_h.count("nested"), 1u);
+  ASSERT_EQ(got_h["nested"]->kind, AMQP_FIELD_KIND_TABLE);
+  ASSERT_EQ(got_h["nested"]->value.table.num_entries, 1);
+  EXPECT_EQ(Str(got_h["nested"]->value.table.entries[0].value.value.bytes), "b");
+  ASSERT_EQ(got_h.count("s"), 1u);
+  EXPECT_EQ(Str(got_h["s"]->value.bytes), "text");
+  ASSERT_EQ(got_h.count("x-dedup-reason"), 1u);
+  EXPECT_EQ(Str(got_h["x-dedup-reason"]->value.bytes), "the reason");
+  ASSERT_EQ(got_h.count("x-dedup-queue"), 1u);
+  EXPECT_EQ(Str(got_h["x-dedup-queue"]->value.bytes), queue_);
+  EXPECT_EQ(got_h.count("x-death"), 0u) << "the broker's history is not carried to a new message";
+  EXPECT_EQ(got_h.count("x-delivery-count"), 0u);
+  amqp_destroy_message(&msg);
+}
 
 // A queue that exists with arguments of its own (a quorum queue, a length
 // limit: what an operator declares) was redeclared without them, and the broker

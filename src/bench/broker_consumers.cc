@@ -102,8 +102,11 @@ json MeasureBrokers(BenchContext& ctx) {
            if (!o.ok()) return o.status();
            rabbitmq::RabbitMqPublisher p(*o);
            DEDUP_RETURN_IF_ERROR(p.DeclareTopology());
+           rabbitmq::AmqpMessage m;
+           m.body = "x";
            for (uint64_t i = 0; i < n; ++i) {
-             DEDUP_RETURN_IF_ERROR(p.Send("", q, {"x", TaskKey(first + i), {}}));
+             m.message_id = TaskKey(first + i);
+             DEDUP_RETURN_IF_ERROR(p.Send("", q, m));
              if (i % 256 == 255) DEDUP_RETURN_IF_ERROR(p.WaitConfirms());
            }
            return p.WaitConfirms();

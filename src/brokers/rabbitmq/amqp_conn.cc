@@ -6,6 +6,9 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <new>
 
 namespace dedup::rabbitmq {
 
@@ -30,6 +33,120 @@ amqp_table_t TableBuilder::Table() {
     built_.push_back(t);
   }
   return amqp_table_t{static_cast<int>(built_.size()), built_.empty() ? nullptr : built_.data()};
+}
+
+namespace {
+
+// The short-string properties, each with its flag.
+struct ShortString {
+  amqp_flags_t flag;
+  amqp_bytes_t amqp_basic_properties_t::*field;
+};
+constexpr ShortString kShortStrings[] = {
+    {AMQP_BASIC_CONTENT_TYPE_FLAG, &amqp_basic_properties_t::content_type},
+    {AMQP_BASIC_CONTENT_ENCODING_FLAG, &amqp_basic_properties_t::content_encoding},
+    {AMQP_BASIC_CORRELATION_ID_FLAG, &amqp_basic_properties_t::correlation_id},
+    {AMQP_BASIC_REPLY_TO_FLAG, &amqp_basic_properties_t::reply_to},
+    {AMQP_BASIC_EXPIRATION_FLAG, &amqp_basic_properties_t::expiration},
+    {AMQP_BASIC_MESSAGE_ID_FLAG, &amqp_basic_properties_t::message_id},
+    {AMQP_BASIC_TYPE_FLAG, &amqp_basic_properties_t::type},
+    {AMQP_BASIC_USER_ID_FLAG, &amqp_basic_properties_t::user_id},
+    {AMQP_BASIC_APP_ID_FLAG, &amqp_basic_properties_t::app_id},
+    {AMQP_BASIC_CLUSTER_ID_FLAG, &amqp_basic_properties_t::cluster_id},
+};
+
+// An original header a copy leaves off (AmqpMessage::original).
+bool LeftOffCopies(std::string_view name) {
+  return name == "x-delivery-count" || name == "x-death" || name.starts_with("x-dedup-");
+}
+
+}  // namespace
+
+OwnedProperties::OwnedProperties(const amqp_basic_properties_t& p) : p_(p) {
+  init_amqp_pool(&pool_, 512);
+  for (const ShortString& f : kShortStrings) {
+    amqp_bytes_t& b = p_.*f.field;
+    if ((p_._flags & f.flag) == 0 || b.len == 0) {
+      b = amqp_empty_bytes;
+      continue;
+    }
+    amqp_bytes_t copy;
+    amqp_pool_alloc_bytes(&pool_, b.len, &copy);
+    if (copy.bytes == nullptr) {
+      empty_amqp_pool(&pool_);
+      throw std::bad_alloc();
+    }
+    std::memcpy(copy.bytes, b.bytes, b.len);
+    b = copy;
+  }
+  p_.headers = amqp_empty_table;
+  if ((p._flags & AMQP_BASIC_HEADERS_FLAG) != 0 &&
+      amqp_table_clone(&p.headers, &p_.headers, &pool_) != AMQP_STATUS_OK) {
+    empty_amqp_pool(&pool_);
+    throw std::bad_alloc();
+  }
+}
+
+CopyProperties::CopyProperties(const AmqpMessage& m) {
+  const auto added = [&](std::string_view name) {
+    return std::any_of(m.headers.begin(), m.headers.end(),
+                       [&](const auto& kv) { return kv.first == name; });
+  };
+  if (m.original != nullptr) {
+    const amqp_basic_properties_t& o = m.original->get();
+    p_ = o;
+    p_._flags &= ~(AMQP_BASIC_EXPIRATION_FLAG | AMQP_BASIC_HEADERS_FLAG);
+    p_.headers = amqp_empty_table;
+    if ((o._flags & AMQP_BASIC_HEADERS_FLAG) != 0 && !m.drop_original_headers) {
+      for (int i = 0; i < o.headers.num_entries; ++i) {
+        const amqp_table_entry_t& e = o.headers.entries[i];
+        const std::string_view name(static_cast<const char*>(e.key.bytes), e.key.len);
+        if (!LeftOffCopies(name) && !added(name)) entries_.push_back(e);
+      }
+    }
+  }
+  p_._flags |= AMQP_BASIC_DELIVERY_MODE_FLAG;
+  p_.delivery_mode = 2;  // persistent
+  p_._flags &= ~AMQP_BASIC_MESSAGE_ID_FLAG;
+  p_.message_id = amqp_empty_bytes;
+  if (!m.message_id.empty()) {
+    p_._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+    p_.message_id = Bytes(m.message_id);
+  }
+  for (const auto& [k, v] : m.headers) {
+    amqp_table_entry_t t{};
+    t.key = Bytes(k);
+    t.value.kind = AMQP_FIELD_KIND_UTF8;
+    t.value.value.bytes = Bytes(v);
+    entries_.push_back(t);
+  }
+  if (!entries_.empty()) {
+    p_._flags |= AMQP_BASIC_HEADERS_FLAG;
+    p_.headers = amqp_table_t{static_cast<int>(entries_.size()), entries_.data()};
+  }
+}
+
+size_t CopyProperties::EncodedSize() const {
+  size_t n = 2;  // the flags
+  for (const ShortString& f : kShortStrings) {
+    if ((p_._flags & f.flag) != 0) n += 1 + (p_.*f.field).len;
+  }
+  if ((p_._flags & AMQP_BASIC_DELIVERY_MODE_FLAG) != 0) n += 1;
+  if ((p_._flags & AMQP_BASIC_PRIORITY_FLAG) != 0) n += 1;
+  if ((p_._flags & AMQP_BASIC_TIMESTAMP_FLAG) != 0) n += 8;
+  if ((p_._flags & AMQP_BASIC_HEADERS_FLAG) != 0) {
+    // Encoded by rabbitmq-c itself (its own bounds checks), into a scratch
+    // buffer of one frame: too large is too large, however much larger.
+    std::vector<char> scratch(131072);
+    size_t offset = 0;
+    amqp_table_t t = p_.headers;
+    if (amqp_encode_table(amqp_bytes_t{scratch.size(), scratch.data()}, &t, &offset) !=
+        AMQP_STATUS_OK) {
+      return SIZE_MAX;
+    }
+    n += offset;
+  }
+  return n;
 }
 
 std::string AmqpConn::Name() const { return "rabbitmq " + o_.host + ":" + std::to_string(o_.port); }

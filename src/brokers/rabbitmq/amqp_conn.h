@@ -10,6 +10,7 @@
 #include <amqp.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -44,6 +45,41 @@ class TableBuilder {
   };
   std::vector<Entry> entries_;
   std::vector<amqp_table_entry_t> built_;
+};
+
+// A deep copy of a delivered message's basic properties, headers of every field
+// type included, which outlives the envelope they were read from (freed when the
+// fetch that read it returns): its retry and dead-letter copies are sent with
+// them. Throws std::bad_alloc as `new` does.
+class OwnedProperties {
+ public:
+  explicit OwnedProperties(const amqp_basic_properties_t& p);
+  ~OwnedProperties() { empty_amqp_pool(&pool_); }
+  OwnedProperties(const OwnedProperties&) = delete;
+  OwnedProperties& operator=(const OwnedProperties&) = delete;
+  const amqp_basic_properties_t& get() const { return p_; }
+
+ private:
+  amqp_pool_t pool_;
+  amqp_basic_properties_t p_;
+};
+
+// The basic properties `m` is sent with (AmqpMessage says which), pointing into
+// `m` and its original: valid while both live and this is not moved.
+class CopyProperties {
+ public:
+  explicit CopyProperties(const AmqpMessage& m);
+  CopyProperties(const CopyProperties&) = delete;
+  CopyProperties& operator=(const CopyProperties&) = delete;
+  const amqp_basic_properties_t& get() const { return p_; }
+  // The bytes these properties take in a content-header frame (flags and
+  // fields, not the frame's or the header's own 14 + 8); SIZE_MAX when the
+  // headers alone exceed 128 KiB.
+  size_t EncodedSize() const;
+
+ private:
+  amqp_basic_properties_t p_{};
+  std::vector<amqp_table_entry_t> entries_;
 };
 
 class AmqpConn {

@@ -64,19 +64,6 @@ timeval ToTimeval(Millis d) {
 constexpr Millis kRequeueAfterFailedCopy{1'000};
 
 constexpr size_t kMaxAmqpName = 255;
-
-// A copy's properties go in one content-header frame (frame_max 131072, which
-// both sides use), less that frame's and the header's own bytes and a margin.
-constexpr size_t kMaxCopyProperties = 131072 - 1024;
-
-// The bytes AmqpConn's TableBuilder and Send give a copy's properties: per
-// header a short-string key, a type byte and a long-string value; message_id;
-// the flags and delivery mode.
-size_t EncodedProperties(const AmqpMessage& m) {
-  size_t n = 2 + 1 + 1 + m.message_id.size() + 4;
-  for (const auto& [k, v] : m.headers) n += 1 + k.size() + 1 + 4 + v.size();
-  return n;
-}
 constexpr std::string_view kRetryInfix = ".retry.";
 constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
 
@@ -291,19 +278,8 @@ class RabbitMqPublisher::Impl {
 
   Status Send(std::string_view exchange, std::string_view routing_key, const AmqpMessage& m) {
     DEDUP_RETURN_IF_ERROR(Connect());
-    TableBuilder headers;
-    for (const auto& [k, v] : m.headers) headers.AddString(k, v);
-    amqp_basic_properties_t props{};
-    props._flags = AMQP_BASIC_DELIVERY_MODE_FLAG;
-    props.delivery_mode = 2;  // persistent
-    if (!m.message_id.empty()) {
-      props._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
-      props.message_id = Bytes(m.message_id);
-    }
-    if (!m.headers.empty()) {
-      props._flags |= AMQP_BASIC_HEADERS_FLAG;
-      props.headers = headers.Table();
-    }
+    const CopyProperties copy(m);
+    const amqp_basic_properties_t props = copy.get();
     const int rc = amqp_basic_publish(conn_.get(), kChannel, Bytes(exchange), Bytes(routing_key),
                                       /*mandatory=*/1, /*immediate=*/0, &props, Bytes(m.body));
     if (rc != AMQP_STATUS_OK) return conn_.LibraryError(rc, "basic.publish");
@@ -489,13 +465,19 @@ struct Shared {
   }
 };
 
+// A copy's properties go in one content-header frame (frame_max 131072, which
+// both sides use), less that frame's and the header's own bytes and a margin.
+constexpr size_t kMaxCopyProperties = 131072 - 1024;
+
 class RabbitMqDelivery final : public Delivery {
  public:
   RabbitMqDelivery(std::shared_ptr<Shared> s, uint64_t gen, uint64_t tag, std::string message_id)
       : s_(std::move(s)), gen_(gen), tag_(tag), message_id_(std::move(message_id)) {}
 
   void Fill(std::string key, std::string key_error, std::string payload, uint32_t count,
-            std::vector<std::pair<std::string, std::string>> attrs) {
+            std::vector<std::pair<std::string, std::string>> attrs,
+            std::shared_ptr<const OwnedProperties> properties) {
+    properties_ = std::move(properties);
     key_ = std::move(key);
     key_error_ = std::move(key_error);
     payload_ = std::move(payload);
@@ -535,21 +517,19 @@ class RabbitMqDelivery final : public Delivery {
     Status sent = Copy([&](RabbitMqPublisher& p, AmqpMessage& m, bool again) {
       if (again) DEDUP_RETURN_IF_ERROR(p.DeclareTopology());
       if (!again) {
-        const size_t original = m.headers.size();
-        const size_t original_bytes = EncodedProperties(m);
         m.headers.emplace_back("x-dedup-reason", brokers::HeaderReason(reason));
         m.headers.emplace_back("x-dedup-queue", s_->o.queue);
-        if (EncodedProperties(m) > kMaxCopyProperties) {
-          // The original's headers (carried as strings) and the reason do not
-          // fit one frame: rabbitmq-c refused the copy on every delivery, so the
-          // message was never dead-lettered nor settled, back once a second for
-          // ever (brokers17). The copy goes without the original's headers.
-          std::vector<std::pair<std::string, std::string>> kept(
-              std::make_move_iterator(m.headers.end() - 2), std::make_move_iterator(m.headers.end()));
-          kept.emplace_back("x-dedup-headers-dropped",
-                            std::to_string(original) + " headers (" + std::to_string(original_bytes) +
-                                " bytes as strings): the copy with them was over one 128 KiB frame");
-          m.headers = std::move(kept);
+        if (CopyProperties(m).EncodedSize() > kMaxCopyProperties) {
+          // The original's headers and the reason do not fit one frame:
+          // rabbitmq-c refused the copy on every delivery, so the message was
+          // never dead-lettered nor settled, back once a second for ever
+          // (brokers17). The copy goes without the original's headers.
+          const amqp_basic_properties_t& o = properties_->get();
+          const int original = (o._flags & AMQP_BASIC_HEADERS_FLAG) != 0 ? o.headers.num_entries : 0;
+          m.drop_original_headers = true;
+          m.headers.emplace_back("x-dedup-headers-dropped",
+                                 std::to_string(original) +
+                                     " headers: the copy with them was over one 128 KiB frame");
         }
       }
       return p.Send(s_->o.DeadName(), "", m);
@@ -559,7 +539,8 @@ class RabbitMqDelivery final : public Delivery {
   }
 
  private:
-  // Publishes a confirmed copy of this message (same body, message_id, headers).
+  // Publishes a confirmed copy of this message (same body and properties, as
+  // AmqpMessage::original says).
   // When the broker says for sure that it did not take the copy (unroutable: the
   // queue was deleted; NOT_FOUND: the exchange was; never on a nack, a timeout or
   // a lost connection, which leave it unknown), its target is declared
@@ -570,15 +551,7 @@ class RabbitMqDelivery final : public Delivery {
     AmqpMessage m;
     m.body = payload_;
     m.message_id = message_id_;
-    // Not x-delivery-count: a quorum queue's count of the original's earlier
-    // deliveries; the copy is a new message, and its first delivery would read
-    // as a redelivery.
-    for (const auto& [k, v] : attributes_) {
-      if (k != "message_id" && k != "x-dedup-reason" && k != "x-dedup-queue" &&
-          k != "x-delivery-count") {
-        m.headers.emplace_back(k, v);
-      }
-    }
+    m.original = properties_;
     std::lock_guard<std::mutex> lock(s_->pub_mu);
     Status st = send(s_->publisher, m, false);
     if (st.ok()) st = s_->publisher.WaitConfirms();
@@ -602,6 +575,7 @@ class RabbitMqDelivery final : public Delivery {
   uint64_t gen_;
   uint64_t tag_;
   std::string message_id_;
+  std::shared_ptr<const OwnedProperties> properties_;  // for copies
   bool settled_ = false;
   bool forgotten_ = false;
 };
@@ -836,7 +810,8 @@ class RabbitMqSource final : public MessageSource {
     }
     ++s_->unsettled;
     auto d = std::make_unique<RabbitMqDelivery>(s_, s_->generation, env.delivery_tag, message_id);
-    d->Fill(std::move(key), std::move(key_error), std::move(body), count, std::move(attrs));
+    d->Fill(std::move(key), std::move(key_error), std::move(body), count, std::move(attrs),
+            std::make_shared<const OwnedProperties>(p));
     return d;
   }
 

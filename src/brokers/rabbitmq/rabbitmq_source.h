@@ -92,11 +92,25 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view uri);
 // The delay a retry actually waits: the smallest step >= after (never early).
 Millis RetryStep(Millis after);
 
+class OwnedProperties;  // amqp_conn.h
+
 // A message to publish.
 struct AmqpMessage {
   std::string body;
   std::string message_id;  // empty: none
   std::vector<std::pair<std::string, std::string>> headers;
+  // Set on a copy of a delivered message (retry, dead letter): the original's
+  // basic properties are sent as they came (content type, correlation id,
+  // reply-to, priority, timestamp, headers of every type ...), except that the
+  // copy is persistent, has no expiration (as RabbitMQ's own dead-lettering
+  // does: it does not expire again on its way), and its headers leave off the
+  // original's x-delivery-count (a quorum queue's count: the copy is a new
+  // message), x-death (the broker's dead-letter history, which it reads for
+  // cycles) and x-dedup-* (the copy gets its own); `headers` are added as
+  // strings, replacing an original header of the same name.
+  std::shared_ptr<const OwnedProperties> original;
+  // The original's headers are left off (they do not fit one frame).
+  bool drop_original_headers = false;
 };
 
 // Publishes with publisher confirms, on a connection of its own. Not
