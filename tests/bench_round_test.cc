@@ -56,8 +56,8 @@ class Leftover {
       cv_.wait(l, [this] { return stop_ || Clk::now() < until_; });
       while (!stop_ && Clk::now() < until_) {
         l.unlock();
-        for (volatile int i = 0; i < 10'000; ++i) {
-        }
+        volatile int spin = 0;
+        for (int i = 0; i < 10'000; ++i) spin = spin + i;  // busy, not optimized away
         l.lock();
       }
     }

@@ -88,7 +88,7 @@ bool OtherThreadBusy(long self) {
   bool busy = false;
   while (dirent* e = readdir(d)) {
     if (e->d_name[0] == '.' || std::strtol(e->d_name, nullptr, 10) == self) continue;
-    char path[64], buf[512];
+    char path[sizeof "/proc/self/task//stat" + sizeof e->d_name], buf[512];
     std::snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
     FILE* f = std::fopen(path, "r");
     if (f == nullptr) continue;  // ended meanwhile
