@@ -514,6 +514,65 @@ TEST_F(RabbitMqSourceTest, RetryAndDeadLetterCopiesKeepTheOriginalsProperties) {
   amqp_destroy_message(&msg);
 }
 
+// RabbitMQ validates user_id: a publish whose user_id is not the connection's
+// user is refused (406 PRECONDITION_FAILED). A copy of a message that a
+// producer sent as another user kept its user_id, so every retry and dead
+// letter of it was refused, and the message never settled.
+TEST_F(RabbitMqSourceTest, ACopyOfAnotherUsersMessageIsNotRefused) {
+  const char* ctl = std::getenv("DEDUP_TEST_RABBITMQCTL");
+  ASSERT_NE(ctl, nullptr) << "run me through tests/with_rabbitmq.sh";
+  const std::string user = "copier" + std::to_string(getpid());
+  ASSERT_EQ(std::system((std::string(ctl) + " -q add_user " + user + " pw >/dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((std::string(ctl) + " -q set_permissions -p / " + user +
+                         " '.*' '.*' '.*' >/dev/null")
+                            .c_str()),
+            0);
+  {
+    RabbitMqPublisher p(Options());
+    ASSERT_TRUE(p.DeclareTopology().ok());
+  }
+  AmqpConn conn(Options());  // guest
+  ASSERT_TRUE(conn.Open().ok());
+  amqp_basic_properties_t props{};
+  props._flags = AMQP_BASIC_USER_ID_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG;
+  props.user_id = amqp_cstring_bytes("guest");
+  props.message_id = amqp_cstring_bytes("u1");
+  ASSERT_EQ(amqp_basic_publish(conn.get(), kChannel, amqp_empty_bytes, Bytes(queue_), 0, 0, &props,
+                               amqp_cstring_bytes("{}")),
+            AMQP_STATUS_OK);
+
+  std::string uri = Uri();
+  const size_t at = uri.find("guest:guest@");
+  ASSERT_NE(at, std::string::npos) << uri;
+  uri.replace(at, 11, user + ":pw");
+  auto src = OpenRabbitMqSource(uri);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  Status retried = got[0]->Retry(Millis(100));
+  ASSERT_TRUE(retried.ok()) << retried.ToString();
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0]->key(), "u1");
+  Status dead = back[0]->DeadLetter("the reason");
+  ASSERT_TRUE(dead.ok()) << dead.ToString();
+
+  amqp_rpc_reply_t r = amqp_basic_get(conn.get(), kChannel, Bytes(queue_ + ".dead"), /*no_ack=*/1);
+  for (int i = 0; i < 50 && r.reply_type == AMQP_RESPONSE_NORMAL &&
+                  r.reply.id != AMQP_BASIC_GET_OK_METHOD; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    r = amqp_basic_get(conn.get(), kChannel, Bytes(queue_ + ".dead"), /*no_ack=*/1);
+  }
+  ASSERT_EQ(r.reply_type, AMQP_RESPONSE_NORMAL);
+  ASSERT_EQ(r.reply.id, AMQP_BASIC_GET_OK_METHOD) << "no dead letter";
+  amqp_message_t msg;
+  ASSERT_EQ(amqp_read_message(conn.get(), kChannel, &msg, 0).reply_type, AMQP_RESPONSE_NORMAL);
+  // The worker cannot vouch for guest: the copy goes without a user_id.
+  EXPECT_EQ(msg.properties._flags & AMQP_BASIC_USER_ID_FLAG, 0);
+  amqp_destroy_message(&msg);
+  std::system((std::string(ctl) + " -q delete_user " + user + " >/dev/null").c_str());
+}
+
 // A queue that exists with arguments of its own (a quorum queue, a length
 // limit: what an operator declares) was redeclared without them, and the broker
 // refused: the source could not open on it at all. On main:

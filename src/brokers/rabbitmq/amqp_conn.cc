@@ -87,7 +87,7 @@ OwnedProperties::OwnedProperties(const amqp_basic_properties_t& p) : p_(p) {
   }
 }
 
-CopyProperties::CopyProperties(const AmqpMessage& m) {
+CopyProperties::CopyProperties(const AmqpMessage& m, std::string_view sender) {
   const auto added = [&](std::string_view name) {
     return std::any_of(m.headers.begin(), m.headers.end(),
                        [&](const auto& kv) { return kv.first == name; });
@@ -96,6 +96,11 @@ CopyProperties::CopyProperties(const AmqpMessage& m) {
     const amqp_basic_properties_t& o = m.original->get();
     p_ = o;
     p_._flags &= ~(AMQP_BASIC_EXPIRATION_FLAG | AMQP_BASIC_HEADERS_FLAG);
+    if ((p_._flags & AMQP_BASIC_USER_ID_FLAG) != 0 &&
+        std::string_view(static_cast<const char*>(p_.user_id.bytes), p_.user_id.len) != sender) {
+      p_._flags &= ~AMQP_BASIC_USER_ID_FLAG;
+      p_.user_id = amqp_empty_bytes;
+    }
     p_.headers = amqp_empty_table;
     if ((o._flags & AMQP_BASIC_HEADERS_FLAG) != 0 && !m.drop_original_headers) {
       for (int i = 0; i < o.headers.num_entries; ++i) {

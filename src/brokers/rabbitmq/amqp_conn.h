@@ -65,10 +65,13 @@ class OwnedProperties {
 };
 
 // The basic properties `m` is sent with (AmqpMessage says which), pointing into
-// `m` and its original: valid while both live and this is not moved.
+// `m` and its original: valid while both live and this is not moved. `sender`
+// is the user the connection logged in as: the broker refuses a user_id that is
+// not its own (406 PRECONDITION_FAILED), so the original's is kept only when it
+// is the sender's.
 class CopyProperties {
  public:
-  explicit CopyProperties(const AmqpMessage& m);
+  CopyProperties(const AmqpMessage& m, std::string_view sender);
   CopyProperties(const CopyProperties&) = delete;
   CopyProperties& operator=(const CopyProperties&) = delete;
   const amqp_basic_properties_t& get() const { return p_; }

@@ -278,7 +278,7 @@ class RabbitMqPublisher::Impl {
 
   Status Send(std::string_view exchange, std::string_view routing_key, const AmqpMessage& m) {
     DEDUP_RETURN_IF_ERROR(Connect());
-    const CopyProperties copy(m);
+    const CopyProperties copy(m, o_.user);
     const amqp_basic_properties_t props = copy.get();
     const int rc = amqp_basic_publish(conn_.get(), kChannel, Bytes(exchange), Bytes(routing_key),
                                       /*mandatory=*/1, /*immediate=*/0, &props, Bytes(m.body));
@@ -519,7 +519,7 @@ class RabbitMqDelivery final : public Delivery {
       if (!again) {
         m.headers.emplace_back("x-dedup-reason", brokers::HeaderReason(reason));
         m.headers.emplace_back("x-dedup-queue", s_->o.queue);
-        if (CopyProperties(m).EncodedSize() > kMaxCopyProperties) {
+        if (CopyProperties(m, s_->o.user).EncodedSize() > kMaxCopyProperties) {
           // The original's headers and the reason do not fit one frame:
           // rabbitmq-c refused the copy on every delivery, so the message was
           // never dead-lettered nor settled, back once a second for ever

@@ -103,11 +103,13 @@ struct AmqpMessage {
   // basic properties are sent as they came (content type, correlation id,
   // reply-to, priority, timestamp, headers of every type ...), except that the
   // copy is persistent, has no expiration (as RabbitMQ's own dead-lettering
-  // does: it does not expire again on its way), and its headers leave off the
-  // original's x-delivery-count (a quorum queue's count: the copy is a new
-  // message), x-death (the broker's dead-letter history, which it reads for
-  // cycles) and x-dedup-* (the copy gets its own); `headers` are added as
-  // strings, replacing an original header of the same name.
+  // does: it does not expire again on its way), keeps user_id only when it is
+  // the publishing connection's own user (the broker refuses any other), and
+  // its headers leave off the original's x-delivery-count (a quorum queue's
+  // count: the copy is a new message), x-death (the broker's dead-letter
+  // history, which it reads for cycles) and x-dedup-* (the copy gets its own);
+  // `headers` are added as strings, replacing an original header of the same
+  // name.
   std::shared_ptr<const OwnedProperties> original;
   // The original's headers are left off (they do not fit one frame).
   bool drop_original_headers = false;
