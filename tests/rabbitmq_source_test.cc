@@ -510,6 +510,7 @@ TEST_F(RabbitMqSourceTest, RetryAndDeadLetterCopiesKeepTheOriginalsProperties) {
   ASSERT_EQ(got_h.count("x-dedup-queue"), 1u);
   EXPECT_EQ(Str(got_h["x-dedup-queue"]->value.bytes), queue_);
   EXPECT_EQ(got_h.count("x-death"), 0u) << "the broker's history is not carried to a new message";
+  EXPECT_EQ(got_h.count("x-first-death-queue"), 0u);
   EXPECT_EQ(got_h.count("x-delivery-count"), 0u);
   amqp_destroy_message(&msg);
 }
@@ -571,6 +572,50 @@ TEST_F(RabbitMqSourceTest, ACopyOfAnotherUsersMessageIsNotRefused) {
   EXPECT_EQ(msg.properties._flags & AMQP_BASIC_USER_ID_FLAG, 0);
   amqp_destroy_message(&msg);
   std::system((std::string(ctl) + " -q delete_user " + user + " >/dev/null").c_str());
+}
+
+// RabbitMQ routes a message also by its CC header (sender-selected
+// distribution), which stays on the delivered message: a copy that kept it
+// went again to every queue the producer had CC'd, a second delivery there.
+TEST_F(RabbitMqSourceTest, ACopyIsNotRoutedAgainByTheOriginalsCcHeader) {
+  const std::string other = queue_ + ".cc";
+  {
+    RabbitMqPublisher p(Options());
+    ASSERT_TRUE(p.DeclareTopology().ok());
+  }
+  AmqpConn conn(Options());
+  ASSERT_TRUE(conn.Open().ok());
+  amqp_queue_declare(conn.get(), kChannel, Bytes(other), 0, 0, 0, /*auto_delete=*/0, amqp_empty_table);
+  ASSERT_EQ(amqp_get_rpc_reply(conn.get()).reply_type, AMQP_RESPONSE_NORMAL);
+  amqp_field_value_t cc_keys[1];
+  cc_keys[0].kind = AMQP_FIELD_KIND_UTF8;
+  cc_keys[0].value.bytes = Bytes(other);
+  amqp_table_entry_t h[1];
+  h[0].key = amqp_cstring_bytes("CC");
+  h[0].value.kind = AMQP_FIELD_KIND_ARRAY;
+  h[0].value.value.array = amqp_array_t{1, cc_keys};
+  amqp_basic_properties_t props{};
+  props._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_HEADERS_FLAG;
+  props.message_id = amqp_cstring_bytes("c1");
+  props.headers = amqp_table_t{1, h};
+  ASSERT_EQ(amqp_basic_publish(conn.get(), kChannel, amqp_empty_bytes, Bytes(queue_), 0, 0, &props,
+                               amqp_cstring_bytes("{}")),
+            AMQP_STATUS_OK);
+
+  auto src = OpenRabbitMqSource(Uri());
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  auto got = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]->Retry(Millis(100)).ok());
+  auto back = FetchAll(**src, 1, Millis(5000));
+  ASSERT_EQ(back.size(), 1u);
+  ASSERT_TRUE(back[0]->DeadLetter("the reason").ok());
+
+  amqp_queue_declare_ok_t* ok =
+      amqp_queue_declare(conn.get(), kChannel, Bytes(other), /*passive=*/1, 0, 0, 0, amqp_empty_table);
+  ASSERT_NE(ok, nullptr);
+  EXPECT_EQ(ok->message_count, 1u) << "the producer's one CC'd delivery, and no copy of ours";
+  amqp_queue_delete(conn.get(), kChannel, Bytes(other), 0, 0);
 }
 
 // A queue that exists with arguments of its own (a quorum queue, a length

@@ -55,9 +55,14 @@ constexpr ShortString kShortStrings[] = {
     {AMQP_BASIC_CLUSTER_ID_FLAG, &amqp_basic_properties_t::cluster_id},
 };
 
-// An original header a copy leaves off (AmqpMessage::original).
+// An original header a copy leaves off (AmqpMessage::original). CC and BCC
+// (case-sensitive, as the broker reads them) route a published message to more
+// queues: the original was routed by them already, and a copy that kept them
+// would be delivered there again.
 bool LeftOffCopies(std::string_view name) {
-  return name == "x-delivery-count" || name == "x-death" || name.starts_with("x-dedup-");
+  return name == "x-delivery-count" || name == "x-death" || name.starts_with("x-first-death-") ||
+         name.starts_with("x-last-death-") || name.starts_with("x-dedup-") || name == "CC" ||
+         name == "BCC";
 }
 
 }  // namespace

@@ -106,8 +106,10 @@ struct AmqpMessage {
   // does: it does not expire again on its way), keeps user_id only when it is
   // the publishing connection's own user (the broker refuses any other), and
   // its headers leave off the original's x-delivery-count (a quorum queue's
-  // count: the copy is a new message), x-death (the broker's dead-letter
-  // history, which it reads for cycles) and x-dedup-* (the copy gets its own);
+  // count: the copy is a new message), x-death, x-first-death-* and
+  // x-last-death-* (the broker's dead-letter history, which it reads for
+  // cycles), x-dedup-* (the copy gets its own) and
+  // CC / BCC (routing keys the original was sent to already);
   // `headers` are added as strings, replacing an original header of the same
   // name.
   std::shared_ptr<const OwnedProperties> original;
