@@ -74,7 +74,45 @@ class RabbitMqSourceTest : public ::testing::Test {
     }
     return got;
   }
+  // Publishes "{}" to the queue with these properties, as a producer would.
+  void PublishWith(AmqpConn& conn, const amqp_basic_properties_t& props) {
+    ASSERT_EQ(amqp_basic_publish(conn.get(), kChannel, amqp_empty_bytes, Bytes(queue_), 0, 0,
+                                 &props, amqp_cstring_bytes("{}")),
+              AMQP_STATUS_OK);
+  }
+  // Takes the one message on the queue through a retry (back through the
+  // broker's own dead-lettering of the retry queue) and then a dead letter.
+  void RetryThenDeadLetter(const std::string& uri, const std::string& key) {
+    auto src = OpenRabbitMqSource(uri);
+    ASSERT_TRUE(src.ok()) << src.status().ToString();
+    auto got = FetchAll(**src, 1, Millis(5000));
+    ASSERT_EQ(got.size(), 1u);
+    Status retried = got[0]->Retry(Millis(100));
+    ASSERT_TRUE(retried.ok()) << retried.ToString();
+    auto back = FetchAll(**src, 1, Millis(5000));
+    ASSERT_EQ(back.size(), 1u);
+    EXPECT_EQ(back[0]->key(), key);
+    last_attributes_.assign(back[0]->attributes().begin(), back[0]->attributes().end());
+    Status dead = back[0]->DeadLetter("the reason");
+    ASSERT_TRUE(dead.ok()) << dead.ToString();
+  }
+  // Reads the dead letter RetryThenDeadLetter left (waiting up to 5 s for it).
+  void ReadDeadLetter(AmqpConn& conn, amqp_message_t* msg) {
+    const std::string dead = queue_ + ".dead";
+    amqp_rpc_reply_t r = amqp_basic_get(conn.get(), kChannel, Bytes(dead), /*no_ack=*/1);
+    for (int i = 0; i < 50 && r.reply_type == AMQP_RESPONSE_NORMAL &&
+                    r.reply.id != AMQP_BASIC_GET_OK_METHOD;
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      r = amqp_basic_get(conn.get(), kChannel, Bytes(dead), /*no_ack=*/1);
+    }
+    ASSERT_EQ(r.reply_type, AMQP_RESPONSE_NORMAL);
+    ASSERT_EQ(r.reply.id, AMQP_BASIC_GET_OK_METHOD) << "no dead letter in " << dead;
+    ASSERT_EQ(amqp_read_message(conn.get(), kChannel, msg, 0).reply_type, AMQP_RESPONSE_NORMAL);
+  }
   std::string queue_;
+  // The attributes of the delivery RetryThenDeadLetter dead-lettered.
+  std::vector<std::pair<std::string, std::string>> last_attributes_;
 };
 
 TEST(RabbitMqUriTest, ParsesEveryPart) {
@@ -441,36 +479,16 @@ TEST_F(RabbitMqSourceTest, RetryAndDeadLetterCopiesKeepTheOriginalsProperties) {
   props.expiration = amqp_cstring_bytes("600000");
   props.message_id = amqp_cstring_bytes("m1");
   props.headers = amqp_table_t{5, h};
-  ASSERT_EQ(amqp_basic_publish(conn.get(), kChannel, amqp_empty_bytes, Bytes(queue_), 0, 0, &props,
-                               amqp_cstring_bytes("{}")),
-            AMQP_STATUS_OK);
-
-  auto src = OpenRabbitMqSource(Uri());
-  ASSERT_TRUE(src.ok()) << src.status().ToString();
-  auto got = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_TRUE(got[0]->Retry(Millis(200)).ok());
-  // Back from its retry queue, through the broker's dead-lettering (which adds x-death).
-  auto back = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(back.size(), 1u);
-  EXPECT_EQ(back[0]->key(), "m1");
-  std::map<std::string, std::string> a(back[0]->attributes().begin(), back[0]->attributes().end());
+  PublishWith(conn, props);
+  RetryThenDeadLetter(Uri(), "m1");
+  // As the handler saw it back from the retry queue: the original's headers.
+  std::map<std::string, std::string> a(last_attributes_.begin(), last_attributes_.end());
   EXPECT_EQ(a["s"], "text");
   EXPECT_EQ(a["n"], "42");
   EXPECT_EQ(a.count("x-dedup-reason"), 0u) << a["x-dedup-reason"];
-  ASSERT_TRUE(back[0]->DeadLetter("the reason").ok());
 
-  const std::string dead = queue_ + ".dead";
-  amqp_rpc_reply_t r = amqp_basic_get(conn.get(), kChannel, Bytes(dead), /*no_ack=*/1);
-  for (int i = 0; i < 50 && r.reply_type == AMQP_RESPONSE_NORMAL &&
-                  r.reply.id != AMQP_BASIC_GET_OK_METHOD; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    r = amqp_basic_get(conn.get(), kChannel, Bytes(dead), /*no_ack=*/1);
-  }
-  ASSERT_EQ(r.reply_type, AMQP_RESPONSE_NORMAL);
-  ASSERT_EQ(r.reply.id, AMQP_BASIC_GET_OK_METHOD) << "no dead letter in " << dead;
   amqp_message_t msg;
-  ASSERT_EQ(amqp_read_message(conn.get(), kChannel, &msg, 0).reply_type, AMQP_RESPONSE_NORMAL);
+  ReadDeadLetter(conn, &msg);
   const amqp_basic_properties_t& p = msg.properties;
   const auto text = [&](amqp_flags_t flag, amqp_bytes_t b) {
     return (p._flags & flag) != 0 ? Str(b) : std::string("(absent)");
@@ -538,36 +556,14 @@ TEST_F(RabbitMqSourceTest, ACopyOfAnotherUsersMessageIsNotRefused) {
   props._flags = AMQP_BASIC_USER_ID_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG;
   props.user_id = amqp_cstring_bytes("guest");
   props.message_id = amqp_cstring_bytes("u1");
-  ASSERT_EQ(amqp_basic_publish(conn.get(), kChannel, amqp_empty_bytes, Bytes(queue_), 0, 0, &props,
-                               amqp_cstring_bytes("{}")),
-            AMQP_STATUS_OK);
-
+  PublishWith(conn, props);
   std::string uri = Uri();
   const size_t at = uri.find("guest:guest@");
   ASSERT_NE(at, std::string::npos) << uri;
   uri.replace(at, 11, user + ":pw");
-  auto src = OpenRabbitMqSource(uri);
-  ASSERT_TRUE(src.ok()) << src.status().ToString();
-  auto got = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(got.size(), 1u);
-  Status retried = got[0]->Retry(Millis(100));
-  ASSERT_TRUE(retried.ok()) << retried.ToString();
-  auto back = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(back.size(), 1u);
-  EXPECT_EQ(back[0]->key(), "u1");
-  Status dead = back[0]->DeadLetter("the reason");
-  ASSERT_TRUE(dead.ok()) << dead.ToString();
-
-  amqp_rpc_reply_t r = amqp_basic_get(conn.get(), kChannel, Bytes(queue_ + ".dead"), /*no_ack=*/1);
-  for (int i = 0; i < 50 && r.reply_type == AMQP_RESPONSE_NORMAL &&
-                  r.reply.id != AMQP_BASIC_GET_OK_METHOD; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    r = amqp_basic_get(conn.get(), kChannel, Bytes(queue_ + ".dead"), /*no_ack=*/1);
-  }
-  ASSERT_EQ(r.reply_type, AMQP_RESPONSE_NORMAL);
-  ASSERT_EQ(r.reply.id, AMQP_BASIC_GET_OK_METHOD) << "no dead letter";
+  RetryThenDeadLetter(uri, "u1");
   amqp_message_t msg;
-  ASSERT_EQ(amqp_read_message(conn.get(), kChannel, &msg, 0).reply_type, AMQP_RESPONSE_NORMAL);
+  ReadDeadLetter(conn, &msg);
   // The worker cannot vouch for guest: the copy goes without a user_id.
   EXPECT_EQ(msg.properties._flags & AMQP_BASIC_USER_ID_FLAG, 0);
   amqp_destroy_message(&msg);
@@ -598,18 +594,8 @@ TEST_F(RabbitMqSourceTest, ACopyIsNotRoutedAgainByTheOriginalsCcHeader) {
   props._flags = AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_HEADERS_FLAG;
   props.message_id = amqp_cstring_bytes("c1");
   props.headers = amqp_table_t{1, h};
-  ASSERT_EQ(amqp_basic_publish(conn.get(), kChannel, amqp_empty_bytes, Bytes(queue_), 0, 0, &props,
-                               amqp_cstring_bytes("{}")),
-            AMQP_STATUS_OK);
-
-  auto src = OpenRabbitMqSource(Uri());
-  ASSERT_TRUE(src.ok()) << src.status().ToString();
-  auto got = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_TRUE(got[0]->Retry(Millis(100)).ok());
-  auto back = FetchAll(**src, 1, Millis(5000));
-  ASSERT_EQ(back.size(), 1u);
-  ASSERT_TRUE(back[0]->DeadLetter("the reason").ok());
+  PublishWith(conn, props);
+  RetryThenDeadLetter(Uri(), "c1");
 
   amqp_queue_declare_ok_t* ok =
       amqp_queue_declare(conn.get(), kChannel, Bytes(other), /*passive=*/1, 0, 0, 0, amqp_empty_table);
