@@ -110,6 +110,47 @@ case("expect_continue", [b"POST /v1/keys/k6/claim HTTP/1.1\r\n" + HOST + JSON
                          + b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n", b"{}"], gap=0.2)
 case("chunked", [b"POST /v1/keys/k7/claim HTTP/1.1\r\n" + HOST + JSON
                  + b"Transfer-Encoding: chunked\r\n\r\n2;x=1\r\n{}\r\n0\r\n\r\n"])
+# ---- framing fields two readers could read apart: refused before the request
+# runs (cpp-httplib read "abc" as 0 and "3abc" as 3, and ran the claim with the
+# body cut short), then the connection ends. Each names its own key; `unrun`
+# below asks for its record.
+def claim_with(key, fields, body=b"{}"):
+    return (b"POST /v1/keys/%s/claim HTTP/1.1\r\n" % key + JSON + fields + b"\r\n" + body)
+
+
+BAD_FRAMING = {
+    "length_word": HOST + b"Content-Length: abc\r\n",
+    "length_plus": HOST + b"Content-Length: +2\r\n",
+    "length_suffix": HOST + b"Content-Length: 2x\r\n",
+    "length_list": HOST + b"Content-Length: 2, 2\r\n",
+    "te_gzip": HOST + b"Transfer-Encoding: gzip\r\n",
+    "no_host": b"Content-Length: 2\r\n",
+    "two_hosts": HOST + b"Host: evil.example\r\nContent-Length: 2\r\n",
+}
+for name, fields in BAD_FRAMING.items():
+    case(name, [claim_with(b"bad-" + name.encode(), fields) + smuggled])
+
+
+def unrun(name):
+    """NAME unrun CODE: what GET /v1/keys/bad-NAME answers (404: no record)."""
+    s = socket.create_connection(("127.0.0.1", PORT))
+    s.sendall(b"GET /v1/keys/bad-%s HTTP/1.1\r\n" % name.encode() + HOST
+              + b"Connection: close\r\n\r\n")
+    s.settimeout(5)
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    s.close()
+    m = re.match(rb"HTTP/1\.1 (\d{3}) ", got)
+    print(name, "unrun", m.group(1).decode() if m else "-", flush=True)
+
+
+for name in BAD_FRAMING:
+    unrun(name)
+
 # The same claim and GET, split once at every byte.
 def split_request(i):
     return (b"POST /v1/keys/split-%03d/claim HTTP/1.1\r\n" % i + HOST + JSON

@@ -48,16 +48,24 @@ expect get_with_body '200 CLOSED 0\.[0-9]' \
   "a GET's body is not read as the next request: one answer, then the connection ends"
 expect refused_post_body '400 CLOSED 0\.[0-9]' \
   "a POST refused before its body was read: one answer, then the connection ends"
-expect cl_and_te '201 CLOSED 0\.[0-9]' \
-  "Content-Length with Transfer-Encoding (RFC 9112 6.1): one answer, then the connection ends"
-expect two_lengths '201 CLOSED 0\.[0-9]' \
-  "two Content-Lengths that differ: one answer, then the connection ends"
+expect cl_and_te '400 CLOSED 0\.[0-9]' \
+  "Content-Length with Transfer-Encoding (RFC 9112 6.1): refused unrun (400), then the connection ends"
+expect two_lengths '400 CLOSED 0\.[0-9]' \
+  "two Content-Lengths that differ: refused unrun (400), then the connection ends"
 expect chunked_trailer '400 CLOSED 0\.[0-9]' \
   "a chunked body cpp-httplib cannot read (a trailer): one 400, then the connection ends"
 expect pipelined_after_body '201 200 OPEN 0\.[0-9]' "a claim then a GET pipelined: both, kept alive"
 expect head_then_get '200 200 OPEN 0\.[0-9]' "HEAD then GET pipelined: both, kept alive"
 expect expect_continue '100 201 OPEN 0\.[0-9]' "Expect: 100-continue: 100, then the claim"
 expect chunked '201 CLOSED 0\.[0-9]' "a chunked claim (with a chunk extension) is answered"
+# The framing fields a server in front could read otherwise (RFC 9112 3.2, 6.1,
+# 6.3): refused unrun, the connection ended.
+for name in length_word length_plus length_suffix length_list te_gzip no_host two_hosts; do
+  line=$(awk -v n="$name" '$1 == n && $2 != "announced" && $2 != "unrun"' "$tmp/out")
+  check "$name: refused (400), then the connection ends ($line)" eval '[[ $line =~ ^$name\ 400\ CLOSED ]]'
+  check "$name: the claim did not run ($(grep "^$name unrun" "$tmp/out"))" \
+    grep -qx "$name unrun 404" "$tmp/out"
+done
 check "a claim and a GET split once at every byte are both answered ($(grep split_every_byte "$tmp/out"))" \
   grep -q '^split_every_byte [0-9]* bad 0 *$' "$tmp/out"
 

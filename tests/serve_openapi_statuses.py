@@ -120,7 +120,7 @@ def provoke_token(port, token):
     seen.append(("GET", "/healthz bad field", raw(port, head.encode())))
     # Refused before the path is read: 408 (head), 414, 431; 408 (body) on claim.
     seen.append(("GET", "head trickled", raw(port, b"GET /healthz HTTP/1.1\r\n", wait=2.5)))
-    seen.append(("GET", "414", raw(port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n")))
+    seen.append(("GET", "414", raw(port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")))
     big = b"GET /healthz HTTP/1.1\r\n" + b"".join(
         b"X-Big-%d: %s\r\n" % (i, b"b" * 4000) for i in range(25))
     seen.append(("GET", "431 head", raw(port, big)))

@@ -331,5 +331,15 @@ set -e
 check "proxy mode with --lease 2ms: refused, exit 2" [ $rc = 2 ]
 check "... naming --lease" grep -q -- "--lease" "$tmp/tiny"
 
+# ---- a second serve on a port in use: exit 2. cpp-httplib's SO_REUSEPORT let it
+# bind beside the first, and the kernel split the connections between two
+# stores (a key acquired twice; requests past a token the other did not need).
+set +e
+timeout -s KILL 10 "$dedup" serve --store memory: --listen 127.0.0.1:$port >"$tmp/second" 2>&1
+rc=$?
+set -e
+check "a second serve on port $port, in use by the first: exit 2 (rc $rc)" [ $rc = 2 ]
+check "... saying it cannot listen there" grep -q "cannot listen on 127.0.0.1:$port" "$tmp/second"
+
 if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
 echo "all checks passed"

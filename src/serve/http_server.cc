@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/duration.h"
+#include "core/printable.h"
 #include "serve/connection_pool.h"
 
 namespace dedup::serve {
@@ -397,9 +398,18 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // a line's end), an obs-fold continuation (RFC 9112 5.2: rejected with 400,
   // or unfolded; never dropped) and a line without a colon; and one over
   // cpp-httplib's bound on a line, which it refused with a bare 400.
+  //
+  // And the fields that frame the request, which a server in front and this one
+  // must read alike (RFC 9112 6.3): a Content-Length that is not one run of
+  // digits ("abc", "+3", "3, 3": cpp-httplib read a prefix of it or 0, and ran
+  // the request with a body cut short), two Content-Length or Host fields, a
+  // Transfer-Encoding that is not "chunked" alone, one beside a Content-Length,
+  // and an HTTP/1.1 request without a Host (RFC 9112 3.2).
   std::string MalformedLine() const {
     size_t line = buf_.find('\n', off_);  // the request line's end
     if (line == std::string::npos || line >= head_end_) return "";
+    const std::string_view request_line(buf_.data() + off_, line - off_);
+    int content_lengths = 0, hosts = 0, transfer_encodings = 0;
     for (++line; line + 2 < head_end_;) {  // up to the blank line
       const size_t next = buf_.find('\n', line) + 1;  // within the head
       const std::string_view text(buf_.data() + line, next - line);
@@ -426,8 +436,44 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
         return "a header line is longer than 8 KiB (" + std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) +
                " bytes with its CRLF, each '%' in its value counted as three)";
       }
+      const std::string_view name = text.substr(0, colon);
+      std::string_view value = text.substr(colon + 1, text.size() - colon - 3);  // less CRLF
+      while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+      if (NameIs(name, "content-length")) {
+        if (++content_lengths > 1) return "two Content-Length fields (RFC 9112 6.3)";
+        if (value.empty() || value.size() > 18 ||
+            !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+          return "Content-Length '" + internal::PrintableCut(value, 64) +
+                 "' is not a number of bytes (RFC 9112 6.3: digits only, one value)";
+        }
+      } else if (NameIs(name, "transfer-encoding")) {
+        if (++transfer_encodings > 1) return "two Transfer-Encoding fields";
+        if (!NameIs(value, "chunked")) {
+          return "Transfer-Encoding '" + internal::PrintableCut(value, 64) +
+                 "' (only 'chunked' is read here)";
+        }
+      } else if (NameIs(name, "host")) {
+        if (++hosts > 1) return "two Host fields (RFC 9112 3.2)";
+      }
+    }
+    if (content_lengths > 0 && transfer_encodings > 0) {
+      return "both Content-Length and Transfer-Encoding (RFC 9112 6.1: the two may frame the body "
+             "differently)";
+    }
+    if (hosts == 0 && request_line.ends_with(" HTTP/1.1\r")) {
+      return "an HTTP/1.1 request without a Host field (RFC 9112 3.2)";
     }
     return "";
+  }
+
+  // Whether a field name (or token) is `lower`, in any case.
+  static bool NameIs(std::string_view name, std::string_view lower) {
+    if (name.size() != lower.size()) return false;
+    for (size_t i = 0; i < lower.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(name[i])) != lower[i]) return false;
+    }
+    return true;
   }
 
   // Whether a header line (with its line end) names the Range field: "Range:"
@@ -661,6 +707,15 @@ void HttpServer::Configure(const HttpServerOptions& o) {
   set_keep_alive_timeout(5);
   set_keep_alive_max_count(1000);
   set_tcp_nodelay(true);
+  // SO_REUSEADDR only (a restart binds at once past TIME_WAIT). cpp-httplib's
+  // default also sets SO_REUSEPORT, with which a second `dedup serve` on the
+  // same port bound without an error and the kernel split the connections
+  // between the two: two stores answering for one key, one of them perhaps
+  // without the other's token.
+  set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
 }
 
 const char* HttpServer::TimeoutPart(Limit limit) {
