@@ -1053,6 +1053,91 @@ TEST_F(PostgresTxTest, AHandlerCommittingThroughExecIsNeverRunAgain) {
   EXPECT_EQ(again.outcome, ClaimOutcome::kDuplicate) << "the handler would run again";
 }
 
+// COMMIT AND CHAIN (or ROLLBACK AND CHAIN) ends the transaction and leaves the
+// connection inside a new one, as does a "COMMIT; BEGIN" sent on connection()
+// itself: PQtransactionStatus alone did not tell, so the effect was committed,
+// the claim released, and the next delivery applied it again (3 rows after 3
+// runs); after ROLLBACK AND CHAIN and Done the key was recorded as done
+// without its effect. Each is completed as failed, never run again.
+TEST_F(PostgresTxTest, AHandlerEndingTheTransactionAndChainingIsNeverRunAgain) {
+  struct Case {
+    std::string key;
+    std::function<void(PostgresTransaction&)> end;
+    HandlerResult answer;
+    std::string rows;  // of the effect, after
+  };
+  const std::vector<Case> cases = {
+      {"chain-exec", [](PostgresTransaction& tx) { (void)tx.Exec("COMMIT AND CHAIN"); },
+       HandlerResult::Retry("again"), "1"},
+      {"rollback-chain", [](PostgresTransaction& tx) { (void)tx.Exec("ROLLBACK AND CHAIN"); },
+       HandlerResult::Done(), "0"},
+      {"raw-commit-begin",
+       [](PostgresTransaction& tx) { PQclear(PQexec(tx.connection(), "COMMIT; BEGIN")); },
+       HandlerResult::Retry("again"), "1"},
+      {"raw-chain",
+       [](PostgresTransaction& tx) { PQclear(PQexec(tx.connection(), "COMMIT AND CHAIN")); },
+       HandlerResult::Done(), "1"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.key);
+    ClaimResult c = MustClaim(*store_, k.key);
+    ASSERT_TRUE(c.acquired());
+    auto handler = [&](PostgresTransaction& tx) {
+      auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ($1)", {k.key});
+      if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+      k.end(tx);
+      return k.answer;
+    };
+    HandlerResult hr;
+    auto w = store_->RunInTransaction(k.key, c.token, c.fence, c.attempt, 600s, handler, &hr);
+    EXPECT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(hr.kind, HandlerResult::Kind::kFail) << hr.result;
+    EXPECT_EQ(Orders(k.key), k.rows);
+    ClaimResult again = MustClaim(*store_, k.key);
+    EXPECT_EQ(again.outcome, ClaimOutcome::kDuplicate) << "the handler would run again";
+  }
+}
+
+// A role the handler SETs holds for its own statements; the completion ran
+// under it too, was refused for want of privileges on the store's table, and
+// the message was retried for ever ("permission denied for table tx").
+TEST_F(PostgresTxTest, AHandlersRoleIsNotTheCompletions) {
+  ASSERT_TRUE(PgServer::Sql(Db(), "DROP ROLE IF EXISTS order_writer; "
+                                  "CREATE ROLE order_writer NOLOGIN; "
+                                  "GRANT INSERT ON orders TO order_writer; "
+                                  "GRANT order_writer TO CURRENT_USER"));
+  ClaimResult c = MustClaim(*store_, "role");
+  ASSERT_TRUE(c.acquired());
+  std::string who;
+  auto handler = [&](PostgresTransaction& tx) {
+    auto set = tx.Exec("SET ROLE order_writer");
+    if (!set.ok()) return HandlerResult::Retry(set.status().ToString());
+    auto ins = tx.Exec("INSERT INTO orders (msg) VALUES ('role')");
+    if (!ins.ok()) return HandlerResult::Retry(ins.status().ToString());
+    auto me = tx.Exec("SELECT current_user");
+    if (me.ok() && !me->empty() && (*me)[0][0]) who = *(*me)[0][0];
+    return HandlerResult::Done("ok");
+  };
+  HandlerResult hr;
+  auto w = store_->RunInTransaction("role", c.token, c.fence, c.attempt, 600s, handler, &hr);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kOk);
+  EXPECT_EQ(who, "order_writer") << "the handler's statements run under its role";
+  EXPECT_EQ(Orders("role"), "1");
+  EXPECT_EQ(MustClaim(*store_, "role").outcome, ClaimOutcome::kDuplicate);
+  // The next handler on the pooled connection starts as the connection's own role.
+  ClaimResult d = MustClaim(*store_, "role2");
+  std::string who2;
+  auto second = [&](PostgresTransaction& tx) {
+    auto me = tx.Exec("SELECT current_user");
+    if (me.ok() && !me->empty() && (*me)[0][0]) who2 = *(*me)[0][0];
+    return HandlerResult::Done();
+  };
+  ASSERT_TRUE(store_->RunInTransaction("role2", d.token, d.fence, d.attempt, 600s, second, &hr).ok());
+  EXPECT_NE(who2, "order_writer");
+  ASSERT_TRUE(PgServer::Sql(Db(), "REVOKE ALL ON orders FROM order_writer"));
+}
+
 // A COPY through Exec: the protocol enters a copy that nobody feeds. The handler
 // hears an error naming COPY, nothing commits, and the next message on the store
 // works.

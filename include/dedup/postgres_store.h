@@ -124,7 +124,9 @@ struct PostgresStoreOptions {
 // TransactionalHandler together with its claim. Use connection() with any libpq
 // call, or Exec(); do not COMMIT, ROLLBACK or end the transaction yourself (the
 // store does, with the completion). One that does anyway (its writes may be
-// committed without the completion) has that statement answered
+// committed without the completion; COMMIT AND CHAIN and a "COMMIT; BEGIN" on
+// connection() included, which leave the connection inside a new transaction)
+// has that statement answered
 // FailedPrecondition, every later Exec refused, and its key completed as failed
 // whatever it returns: never released, so never run again to apply the writes
 // twice. Valid only during the handler's call.

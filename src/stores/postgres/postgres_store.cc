@@ -728,8 +728,9 @@ class PgStore final : public PostgresStore {
   // with the COMMIT in its round trip.
   const std::string release_ =
       "SELECT pg_advisory_unlock_all(); DISCARD SEQUENCES; " + ForgetHandlerStatements(o_.schema);
+  static constexpr const char* kResetRole = "RESET ROLE; RESET SESSION AUTHORIZATION";
   const std::string reset_and_commit_ =
-      "RESET ALL; RESET ROLE; RESET SESSION AUTHORIZATION; UNLISTEN *; CLOSE ALL; "
+      "RESET ALL; UNLISTEN *; CLOSE ALL; "
       "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; " +
       ForgetHandlerStatements(o_.schema) + "; COMMIT";
   int server_version_ = 0;  // set by Start() before the pool opens a connection
@@ -746,13 +747,36 @@ class PgTransaction final : public PostgresTransaction {
  public:
   PgTransaction(pg::Conn& c, std::string_view key, Token token, uint64_t fence, uint32_t attempt)
       : c_(c), key_(key), token_(token), fence_(fence), attempt_(attempt) {}
-  PGconn* connection() override { return c_.raw(); }
+  // The raw connection: the handler's libpq calls on it are not seen here, so
+  // the transaction's id is read first (one round trip, for such handlers
+  // only), and compared after the handler (EndedUnseen): a "COMMIT; BEGIN" or
+  // COMMIT AND CHAIN leaves the connection inside a new transaction, and
+  // PQtransactionStatus alone does not tell.
+  PGconn* connection() override {
+    if (!xid_.has_value() && !ended_) {
+      auto x = CurrentXid();
+      if (x.ok()) {
+        xid_ = *x;
+      } else {
+        (void)Fail(x.status());  // a Done becomes a Retry (RunInTransaction)
+      }
+    }
+    return c_.raw();
+  }
   std::string_view key() const override { return key_; }
   Token token() const override { return token_; }
   uint64_t fence() const override { return fence_; }
   uint32_t attempt() const override { return attempt_; }
   bool failed() const { return failed_; }
   bool ended() const { return ended_; }
+  // Whether the transaction the handler was given is not the one the
+  // connection is in now (the handler ended it through connection()), or that
+  // cannot be told.
+  bool EndedUnseen() {
+    if (!xid_.has_value() || PQtransactionStatus(c_.raw()) != PQTRANS_INTRANS) return false;
+    auto now = CurrentXid();
+    return !now.ok() || *now != *xid_;
+  }
   const Status& failure() const { return failure_; }
 
   StatusOr<std::vector<Row>> Exec(std::string_view sql,
@@ -791,7 +815,10 @@ class PgTransaction final : public PostgresTransaction {
     // A COMMIT, END or ROLLBACK (the extended protocol runs them; EXECUTE, for
     // ExecScript, refuses them): the effect may be committed without the
     // completion. Too late to undo; RunInTransaction never lets it run again.
-    if (PQtransactionStatus(c_.raw()) == PQTRANS_IDLE) {
+    // COMMIT AND CHAIN and ROLLBACK AND CHAIN (tagged COMMIT and ROLLBACK) end
+    // it too, and leave the connection inside a new one.
+    const std::string_view tag = PQcmdStatus(r.get());
+    if (PQtransactionStatus(c_.raw()) == PQTRANS_IDLE || tag == "COMMIT" || tag == "ROLLBACK") {
       ended_ = true;
       ended_by_ = PQcmdStatus(r.get());
       return Fail(Status::FailedPrecondition(
@@ -864,8 +891,16 @@ class PgTransaction final : public PostgresTransaction {
   uint32_t attempt_;
   bool failed_ = false;
   Status failure_;
+  StatusOr<std::string> CurrentXid() {
+    auto r = c_.Exec("SELECT txid_current()", "transaction id");
+    if (!r.ok()) return r.status();
+    if (PQntuples(r->get()) != 1) return Status::Internal("transaction id: no row");
+    return std::string(PQgetvalue(r->get(), 0, 0));
+  }
+
   bool ended_ = false;    // a statement of the handler ended the transaction
   std::string ended_by_;  // its command tag
+  std::optional<std::string> xid_;  // read when the handler asked for connection()
 };
 
 StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token token,
@@ -900,10 +935,11 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       hr = HandlerResult::Retry("a statement of the handler failed: " + tx.failure().ToString());
     }
     // The handler ended the transaction itself (a COMMIT through Exec, or any
-    // libpq call on connection()): its writes may be committed, without the
+    // libpq call on connection(), COMMIT AND CHAIN included, which leaves the
+    // connection in a new transaction): its writes may be committed, without the
     // completion. Released, the claim would run the handler again and apply
     // them twice: completed as failed instead (dead-lettered), saying why.
-    if (tx.ended() || PQtransactionStatus(c.raw()) == PQTRANS_IDLE) {
+    if (tx.ended() || PQtransactionStatus(c.raw()) == PQTRANS_IDLE || tx.EndedUnseen()) {
       hr = HandlerResult::Fail(
           "the handler ended the store's transaction itself (COMMIT, ROLLBACK or END): its "
           "writes may be committed without the completion, so the message is not run again");
@@ -924,6 +960,14 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       Params p;
       p.Bytes(Key(key)).Int8(static_cast<int64_t>(token.value)).Int8(retention.count());
       p.Int8(static_cast<int64_t>(CompletionStatus::kOk)).Bytes(hr.result);
+      // As the connection's own role: under a role the handler SET (which
+      // holds for its own statements), the completion was refused for want of
+      // privileges on the store's table, and the message retried for ever.
+      // RESET is transactional, and undone with the rest on a rollback.
+      if (auto reset = c.Exec(kResetRole, "reset role"); !reset.ok()) {
+        rollback();
+        return reset.status();
+      }
       auto w = OwnerWriteOn(c, "complete", p);
       if (!w.ok() || *w == WriteResult::kLost) {
         rollback();
