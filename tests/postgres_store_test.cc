@@ -270,6 +270,19 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad << ": " << s.status();
   }
   EXPECT_EQ(OpenStore("postgres://127.0.0.1:5441").status().code(), StatusCode::kInvalidArgument);
+  // Quoted, "PUBLIC" and "DEDUP_RECORDS" were a second schema and table beside
+  // the ones an unquoted name means (a key ran once in each); dedup_fences was
+  // taken from the fence helper, whose CREATE TABLE IF NOT EXISTS then skipped.
+  for (const std::string bad : {"&schema=PUBLIC", "&table=DEDUP_RECORDS", "&table=Inbox"}) {
+    auto s = OpenStore(Uri(bad));
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad << ": " << s.status();
+    EXPECT_NE(s.status().message().find("lower case"), std::string::npos) << s.status();
+  }
+  auto fences = OpenStore(Uri("&table=dedup_fences"));
+  EXPECT_EQ(fences.status().code(), StatusCode::kInvalidArgument) << fences.status();
+  EXPECT_EQ(FenceHelperSql("ops\"; DROP TABLE orders; --").status().code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(FenceHelperSql("ops").ok());
 
   auto good = OpenStore(Uri());
   ASSERT_TRUE(good.ok()) << good.status();

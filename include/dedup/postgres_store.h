@@ -232,8 +232,9 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
                                    const GuardedTransactionalHandler& handler);
 
 // The SQL of the fence helper (a table and a function), for a downstream database
-// that is not the store's: run it there once. `schema` as in the options.
-std::string FenceHelperSql(std::string_view schema);
+// that is not the store's: run it there once. `schema` as in the options (a
+// plain lower-case identifier; InvalidArgument naming it otherwise).
+StatusOr<std::string> FenceHelperSql(std::string_view schema);
 
 }  // namespace dedup
 

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/printable.h"
+
 namespace dedup::pg {
 
 using internal::SteadyMillis;
@@ -526,9 +528,23 @@ uint64_t Pool::opened() const {
 
 bool ValidIdentifier(std::string_view s) {
   if (s.empty() || s.size() > 63) return false;
-  auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  // Lower case only: quoted (Quote), "Billing" is not the billing that an
+  // unquoted name in anyone's SQL means, and two spellings made two stores.
+  auto alpha = [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; };
   if (!alpha(s[0])) return false;
   return std::all_of(s.begin(), s.end(), [&](char c) { return alpha(c) || (c >= '0' && c <= '9'); });
+}
+
+std::string IdentifierError(std::string_view what, std::string_view ident, size_t max) {
+  std::string e = "postgres: " + std::string(what) + " '" + internal::PrintableCut(ident, 64) +
+                  "' is not a plain identifier ([a-z_][a-z0-9_]*, at most " + std::to_string(max) +
+                  " bytes)";
+  if (std::any_of(ident.begin(), ident.end(), [](char c) { return c >= 'A' && c <= 'Z'; })) {
+    e += ": write it in lower case, as PostgreSQL folds an unquoted name (quoted, '" +
+         internal::PrintableCut(ident, 64) + "' would be a second " + std::string(what) +
+         " beside the one your SQL means)";
+  }
+  return e;
 }
 
 std::string Quote(std::string_view ident) { return "\"" + std::string(ident) + "\""; }

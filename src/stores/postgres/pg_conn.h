@@ -202,7 +202,11 @@ class Pool {
 
 // "\"name\"" for a plain identifier already checked by ValidIdentifier.
 std::string Quote(std::string_view ident);
+// [a-z_][a-z0-9_]*, 1 to 63 bytes: what an unquoted name folds to.
 bool ValidIdentifier(std::string_view ident);
+// Why `ident`, a schema or table name, is refused (ValidIdentifier), naming it
+// escaped: "postgres: schema 'Billing' is not ...".
+std::string IdentifierError(std::string_view what, std::string_view ident, size_t max);
 
 }  // namespace dedup::pg
 

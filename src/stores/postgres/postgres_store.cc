@@ -1021,12 +1021,15 @@ StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(const PostgresStoreOp
     return Status::InvalidArgument("postgres: port must be 1 to 65535, got " + std::to_string(o.port));
   }
   if (!pg::ValidIdentifier(o.schema)) {
-    return Status::InvalidArgument("postgres: schema '" + o.schema +
-                                   "' is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)");
+    return Status::InvalidArgument(pg::IdentifierError("schema", o.schema, 63));
   }
   if (!pg::ValidIdentifier(o.table) || o.table.size() > 53) {
-    return Status::InvalidArgument("postgres: table '" + o.table +
-                                   "' is not a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 53 bytes)");
+    return Status::InvalidArgument(pg::IdentifierError("table", o.table, 53));
+  }
+  if (o.table == "dedup_fences") {  // FenceHelperBody's, beside it in the schema
+    return Status::InvalidArgument(
+        "postgres: table 'dedup_fences' is the fence helper's own, in the same schema: name "
+        "the records' table otherwise");
   }
   if (o.pool_size < 1 || o.pool_size > 1024) {
     return Status::InvalidArgument("postgres: pool must be 1 to 1024, got " + std::to_string(o.pool_size));
@@ -1222,7 +1225,10 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
   return p;
 }
 
-std::string FenceHelperSql(std::string_view schema) {
+StatusOr<std::string> FenceHelperSql(std::string_view schema) {
+  if (!pg::ValidIdentifier(schema)) {
+    return Status::InvalidArgument(pg::IdentifierError("schema", schema, 63));
+  }
   return "CREATE SCHEMA IF NOT EXISTS " + pg::Quote(schema) + ";\n" + FenceHelperBody(schema);
 }
 
