@@ -12,8 +12,9 @@
 #   (pool=1): the late claim goes on the connection already open, where its bytes
 #   reach the frozen backend, which runs them once thawed. Ports (docs/PORTS.md):
 #   the stream in Redis on 6553, the store in PostgreSQL on 5445.
-# MODE sql-output: `dedup worker --sql-output`, pool=2 (a transactional handler
-#   holds one, claims and heartbeats take the other). Ports: 6558 and 5446.
+# MODE sql-output: `dedup worker --sql-output`, pool=3 (each of the concurrency 2
+#   transactional handlers may hold one, claims and heartbeats take the third: a
+#   smaller pool is refused at start-up). Ports: 6558 and 5446.
 # PG_DRAIN_STREAM_PORT and PG_DRAIN_STORE_PORT override the ports.
 #
 # Real servers on 127.0.0.1, store timeout 3 s. One handler runs (`sleep 30`,
@@ -39,7 +40,7 @@ mode=${2:-store}
 here=$(cd "$(dirname "$0")" && pwd)
 case "$mode" in
   store) ports=(6553 5445) pool=1 worker_args="" ;;
-  sql-output) ports=(6558 5446) pool=2 worker_args=--sql-output ;;
+  sql-output) ports=(6558 5446) pool=3 worker_args=--sql-output ;;
   *) echo "usage: $0 DEDUP [store|sql-output] (not '$mode')" >&2; exit 2 ;;
 esac
 stream_port=${PG_DRAIN_STREAM_PORT:-${ports[0]}}

@@ -180,10 +180,13 @@ class PostgresStore : public Store {
   // reported as Retry with the exception's text), after those two rules. A non-OK status means the
   // transaction's fate could not be decided (connection lost around COMMIT): a
   // later claim answers DUPLICATE if it committed, and takes over otherwise.
-  // OK when RunInTransaction can run here; FailedPrecondition naming pool when
-  // the pool is too small for it (pool=1). Check it at start-up, as `dedup worker
-  // --sql-output` does, rather than fail every message.
-  [[nodiscard]] virtual Status CanRunTransactions() const = 0;
+  // OK when `concurrent` RunInTransaction calls can run here at once;
+  // FailedPrecondition naming pool when the pool is too small for them (each
+  // holds a connection, and one is kept for heartbeats: pool >= concurrent + 1).
+  // Check it at start-up, as `dedup worker --sql-output` does with its
+  // --concurrency, rather than have handlers wait for a connection until their
+  // timeout and count it as an attempt.
+  [[nodiscard]] virtual Status CanRunTransactions(int concurrent) const = 0;
 
   [[nodiscard]] virtual StatusOr<WriteResult> RunInTransaction(
       std::string_view key, Token token, uint64_t fence, uint32_t attempt, Millis retention,

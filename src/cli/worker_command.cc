@@ -313,7 +313,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
       return opened.status().retryable() ? kExitTempFail : kExitUsage;
     }
     pg = std::move(opened).value();
-    if (Status s = pg->CanRunTransactions(); !s.ok()) {
+    if (Status s = pg->CanRunTransactions(f.concurrency); !s.ok()) {
       std::fprintf(stderr, "dedup worker: --store (--sql-output): %s\n", s.ToString().c_str());
       return kExitUsage;
     }

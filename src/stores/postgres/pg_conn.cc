@@ -432,12 +432,22 @@ Status Conn::Prepare(const char* name, const std::string& sql, const std::vector
   return Status::Ok();
 }
 
-Status Pool::CheckTransactions() const {
-  if (size_ >= 2) return Status::Ok();
+Status Pool::CheckTransactions(int concurrent) const {
+  if (size_ >= 2 && static_cast<int64_t>(size_) >= static_cast<int64_t>(concurrent) + 1) {
+    return Status::Ok();
+  }
+  if (concurrent <= 1) {
+    return Status::FailedPrecondition(
+        "postgres: pool=1 is too small for transactions: a transaction holds its connection "
+        "while the handler runs, and pool=1 would leave none for the heartbeat that keeps its "
+        "lease; use pool=2 or more");
+  }
   return Status::FailedPrecondition(
-      "postgres: pool=1 is too small for transactions: a transaction holds its connection while "
-      "the handler runs, and pool=1 would leave none for the heartbeat that keeps its lease; use "
-      "pool=2 or more");
+      "postgres: pool=" + std::to_string(size_) + " is too small for " + std::to_string(concurrent) +
+      " transactions at once: each holds a connection while its handler runs, and one is kept for "
+      "the heartbeats; use pool=" + std::to_string(concurrent + 1) +
+      " or more (else handlers wait for a connection until the timeout, each wait counted as an "
+      "attempt)");
 }
 
 StatusOr<Pool::Handle> Pool::Get(bool long_hold) {

@@ -176,7 +176,7 @@ class Pool {
   // Needs a pool of 2 or more (FailedPrecondition otherwise).
   StatusOr<Handle> GetForTransaction() { return Get(true); }
   // OK when GetForTransaction can ever succeed (a pool of 2 or more).
-  Status CheckTransactions() const;
+  Status CheckTransactions(int concurrent = 1) const;
   size_t size() const { return size_; }
   uint64_t opened() const;
   // Wakes the callers waiting for a free connection so that they bound their

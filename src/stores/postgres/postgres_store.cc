@@ -301,7 +301,9 @@ class PgStore final : public PostgresStore {
 
   // ---- transactions -----------------------------------------------------------
 
-  Status CanRunTransactions() const override { return pool_.CheckTransactions(); }
+  Status CanRunTransactions(int concurrent) const override {
+    return pool_.CheckTransactions(concurrent);
+  }
 
   StatusOr<WriteResult> RunInTransaction(std::string_view key, Token token, uint64_t fence,
                                          uint32_t attempt, Millis retention,
