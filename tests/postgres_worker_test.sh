@@ -9,7 +9,8 @@
 #   4. `dedup simulate --store postgres://...` runs;
 #   5. with --sql-output, a handler whose lease is lost is stopped, its SQL never run;
 #   6. with --sql-output, a key that is not UTF-8 is dead-lettered, never retried for ever;
-#   7. with --sql-output, pool=1 is refused at start-up, naming pool.
+#   7. with --sql-output, pool=1 is refused at start-up, naming pool;
+#   8. a server notice (a handler's RAISE WARNING) reaches stderr escaped.
 #
 #   tests/postgres_worker_test.sh DEDUP_BIN
 set -euo pipefail
@@ -201,6 +202,30 @@ set -e
 [ "$pool_rc" != 0 ] || fail "a --sql-output worker with pool=1 exited 0"
 grep -q "pool=1" "$work/pool1.log" || fail "the error does not name pool: $(cat "$work/pool1.log")"
 echo "sql-output: pool=1 refused at start-up (exit $pool_rc): $(head -1 "$work/pool1.log")"
+
+# 8. A server notice (a handler's RAISE WARNING) is printed escaped: libpq's
+# default printed it byte for byte, and a handler's escape sequences reached the
+# terminal (ESC [2J cleared it).
+cat >"$work/notice.sh" <<'EOF'
+#!/bin/sh
+cat >/dev/null
+echo "DO \$\$ BEGIN RAISE WARNING E'clear\\x1b[2J here'; END \$\$;"
+EOF
+chmod +x "$work/notice.sh"
+rcli XADD noticejobs '*' id n1 >/dev/null
+"$dedup" worker --broker "redis://127.0.0.1:$redis_port?stream=noticejobs&group=g&consumer=n" \
+  --store "$pg?table=notice_buf" --sql-output --exec "$work/notice.sh" --no-shell \
+  --summary-interval 0 >"$work/notice.log" 2>&1 &
+worker_pid=$!
+for i in $(seq 1 50); do
+  grep -q 'clear' "$work/notice.log" && break
+  sleep 0.1
+done
+kill -TERM "$worker_pid"; wait "$worker_pid" || true; worker_pid=""
+grep -q 'server says: WARNING:  clear\\x1b\[2J here' "$work/notice.log" ||
+  fail "the notice is not printed escaped: $(od -c "$work/notice.log" | head -20)"
+if grep -q $'\x1b' "$work/notice.log"; then fail "a raw ESC reached the log"; fi
+echo "sql-output: a handler's RAISE WARNING printed escaped: $(grep -m1 'server says' "$work/notice.log")"
 
 # 4. The simulation on PostgreSQL.
 "$dedup" simulate --store "$pg?table=sim_buf" --messages 200 >"$work/sim.log" 2>&1 \

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,6 +20,16 @@ namespace dedup::pg {
 using internal::SteadyMillis;
 
 namespace {
+
+// A server's NOTICE or WARNING (a handler's RAISE, "there is no transaction in
+// progress"): libpq's default printed it to stderr byte for byte, so a
+// handler's escape sequences reached the terminal. Escaped, one line each.
+void PrintNotice(void*, const char* message) {
+  std::string_view m(message);
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.remove_suffix(1);
+  const std::string line = "dedup: postgres server says: " + internal::PrintableCut(m, 4096) + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
 
 std::string Trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
@@ -171,6 +182,7 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
   // and to give up; libpq's connect_timeout (whole seconds) is the same bound.
   PGconn* c = PQconnectStartParams(keys.data(), values.data(), 0);
   if (c == nullptr) return Status::ResourceExhausted(where + ": libpq could not allocate a connection");
+  PQsetNoticeProcessor(c, PrintNotice, nullptr);
   const int64_t limit = std::max<int64_t>(2, (o.timeout.count() + 999) / 1000) * 1000;
   PostgresPollingStatusType st =
       PQstatus(c) == CONNECTION_BAD ? PGRES_POLLING_FAILED : PGRES_POLLING_WRITING;
