@@ -50,6 +50,19 @@ check "same key, different body: 422, not forwarded" [ "$code" = 422 -a "$(calls
 check "the 422 is a problem+json" [ "$(header Content-Type)" = application/problem+json ]
 post /refund k-1 '{"amount":7}'
 check "same key, different path: 422" [ "$code" = 422 -a "$(calls)" = 1 ]
+# Another client's key with its own credentials was answered with the first
+# client's recorded response (its data): 422 now, nothing replayed.
+post /charge k-auth '{"amount":7}' -H 'Authorization: Bearer user-a'
+check "a request with credentials is forwarded" [ "$code" = 201 -a "$(calls)" = 2 ]
+post /charge k-auth '{"amount":7}' -H 'Authorization: Bearer user-b'
+check "the same key with other credentials: 422, not user-a's response ($code)" \
+  [ "$code" = 422 -a "$(calls)" = 2 -a -z "$(header Idempotent-Replayed)" ]
+post /charge k-auth '{"amount":7}' -H 'Authorization: Bearer user-a'
+check "... and user-a's own retry is still replayed" \
+  [ "$code" = 201 -a "$(header Idempotent-Replayed)" = true -a "$(calls)" = 2 ]
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$base/charge" -H 'Idempotency-Key: k-1' \
+  -H 'Content-Type: text/xml' --data-binary '{"amount":7}')
+check "same key and bytes as another Content-Type: 422 ($code, $(calls) calls)" [ "$code" = 422 -a "$(calls)" = 2 ]
 
 # ---- a concurrent repeat while the first is in flight (longer than the lease)
 post '/charge?sleep_ms=5000' k-2 '{"amount":9}' &
@@ -61,14 +74,14 @@ sleep 3  # now past the 3 s lease: only heartbeats keep the claim
 post '/charge?sleep_ms=5000' k-2 '{"amount":9}'
 check "a repeat after the first lease would have ended: still 409 (heartbeat)" [ "$code" = 409 ]
 wait $slow
-check "the slow request ran once" [ "$(calls)" = 2 ]
+check "the slow request ran once" [ "$(calls)" = 3 ]
 post '/charge?sleep_ms=5000' k-2 '{"amount":9}'
-check "its repeat afterwards is replayed at once" [ "$code" = 201 -a "$(header Idempotent-Replayed)" = true -a "$(calls)" = 2 ]
+check "its repeat afterwards is replayed at once" [ "$code" = 201 -a "$(header Idempotent-Replayed)" = true -a "$(calls)" = 3 ]
 
 # ---- no Idempotency-Key: untouched pass-through
 post /echo '' 'plain' -H 'X-Test: 1' -H 'Authorization: Bearer app-token'
 post /echo '' 'plain' -H 'X-Test: 1' -H 'Authorization: Bearer app-token'
-check "requests without the header are forwarded every time" [ "$code" = 200 -a "$(calls)" = 4 ]
+check "requests without the header are forwarded every time" [ "$code" = 200 -a "$(calls)" = 5 ]
 check "... with their headers as sent" python3 -c '
 import json,sys; b=json.loads(sys.argv[1]); h={k.lower():v for k,v in b["headers"].items()}
 assert b["method"]=="POST" and b["path"]=="/echo" and b["body"]=="plain"

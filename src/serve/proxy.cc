@@ -4,7 +4,7 @@
 // claims. A request with an Idempotency-Key header is
 //
 //   claimed      key = key_prefix + the header's value; the fingerprint is the
-//                SHA-256 of method, target and body;
+//                SHA-256 of method, target, Authorization, Content-Type and body;
 //   ACQUIRED  -> forwarded once, the claim heartbeated (extend every lease/3)
 //                while the application works; its response (status, headers
 //                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
@@ -477,8 +477,14 @@ void Server::Impl::RegisterProxy() {
                                " bytes");
     }
     const std::string key = s.o.key_prefix + idem;
+    // Authorization and Content-Type are part of the request: the same key sent
+    // with another client's credentials was answered with the first client's
+    // recorded response (its data), and the same bytes as another type replayed
+    // too. Now such a request is a mismatch (422). A field's value holds no LF.
     const std::string fingerprint =
-        Sha256(req.method + '\n' + req.target + '\n' + req.body);
+        Sha256(req.method + '\n' + req.target + "\nauthorization:" +
+               req.get_header_value("Authorization") +
+               "\ncontent-type:" + req.get_header_value("Content-Type") + '\n' + req.body);
     ClaimRequest c;
     c.key = key;
     c.lease = s.o.lease;
