@@ -150,6 +150,13 @@ first=$code
 post /charge '' '{"amount":5}' -H 'Idempotency-Key;'
 check "an empty Idempotency-Key: 400, twice, nothing forwarded (got $first, $code; $(($(calls) - before)) calls)" \
   [ "$first" = 400 -a "$code" = 400 -a "$(calls)" = "$before" ]
+# An unterminated quote was the key '"a' and a tab was part of a key: 400, naming it.
+for value in '"a' $'a\tb'; do
+  post /charge '' '{"amount":5}' -H "Idempotency-Key: $value"
+  check "Idempotency-Key '${value//$'\t'/<TAB>}': 400 naming the problem ($code: $body)" \
+    eval '[ "$code" = 400 ] && grep -q -e "must end with one" -e "control byte" <<<"$body"'
+done
+check "... nothing forwarded" [ "$(calls)" = "$before" ]
 
 # ---- responses too large to record
 post '/big?bytes=5000' k-3 ''

@@ -44,6 +44,8 @@ base=http://127.0.0.1:8074
 check "API without the token: 401" [ "$(status -X POST "$base/v1/keys/k/claim")" = 401 ]
 check "API with a wrong token: 401" [ "$(status -H "Authorization: Bearer ${token}x" "$base/v1/info")" = 401 ]
 check "API with the token: 201" [ "$(status -H "Authorization: Bearer $token" -X POST -d "{}" "$base/v1/keys/k/claim")" = 201 ]
+# The scheme is case-insensitive (RFC 9110 11.1): "bearer" was refused, 401.
+check "API with the token, scheme 'bearer': 200" [ "$(status -H "Authorization: bearer $token" "$base/v1/info")" = 200 ]
 check "API with the token in Dedup-Token: 200" [ "$(status -H "Dedup-Token: $token" "$base/v1/keys/k")" = 200 ]
 check "/metrics without the token: 401" [ "$(status "$base/metrics")" = 401 ]
 check "/metrics with the token: 200" [ "$(status -H "Authorization: Bearer $token" "$base/metrics")" = 200 ]

@@ -104,6 +104,19 @@ std::optional<std::string> WithoutDedupCookie(const std::string& cookies) {
 // repeated header lines with ", ", and an application that splits them would take
 // another key than ours.
 std::optional<std::string> IdempotencyKeyOf(const std::string& value, std::string* why) {
+  // A control byte (a TAB inside the value: a field's value may hold one) in
+  // either form: a key a client could not have meant.
+  for (char c : value) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      *why = "Idempotency-Key: the value holds a control byte (a tab?)";
+      return std::nullopt;
+    }
+  }
+  if (!value.empty() && value.front() == '"' && (value.size() < 2 || value.back() != '"')) {
+    *why = "Idempotency-Key: a value that begins with a quote is a Structured Field string "
+           "and must end with one";
+    return std::nullopt;
+  }
   if (value.size() < 2 || value.front() != '"' || value.back() != '"') {
     if (value.find(',') == std::string::npos) return value;
     *why = "Idempotency-Key: a bare value holds no comma (repeated header lines are joined "

@@ -3,6 +3,7 @@
 #include "serve/server.h"
 
 #include <arpa/inet.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <chrono>
@@ -325,8 +326,10 @@ void Server::Impl::SendStatus(httplib::Response& res, const Status& s) const {
 
 bool Server::Impl::HasToken(const httplib::Request& req, bool allow_cookie) const {
   if (o.auth_token.empty()) return true;
+  // The scheme in any case (RFC 9110 11.1): "bearer T" was refused with 401.
   const std::string bearer = req.get_header_value("Authorization");
-  if (bearer.rfind("Bearer ", 0) == 0 && ConstantTimeEquals(bearer.substr(7), o.auth_token)) {
+  if (bearer.size() > 7 && strncasecmp(bearer.c_str(), "Bearer ", 7) == 0 &&
+      ConstantTimeEquals(bearer.substr(7), o.auth_token)) {
     return true;
   }
   if (req.has_header("Dedup-Token") &&
