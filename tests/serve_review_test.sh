@@ -305,7 +305,8 @@ check 'the draft'"'"'s "q\"uote" is the same key as the bare q"uote: replayed' \
 req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "bad\q"' -d 1
 check 'a quoted value with an escape other than \" or \\: 400' [ "$code" = 400 ]
 req -X POST "$proxy/charge" "${ptok[@]}" -H 'Idempotency-Key: "unterminated' -d 1
-check 'a quoted value without its closing quote is a bare value: forwarded' [ "$code" = 201 ]
+check 'a quoted value without its closing quote: 400 (a Structured Field string cut short, not a key of its own)' \
+  [ "$code" = 400 ]
 # Frameworks join repeated header lines with ", ": an application that splits takes
 # "a" from "a, b", while a bare value was claimed as the key "a, b".
 before=$(calls)
@@ -330,6 +331,19 @@ rc=$?
 set -e
 check "proxy mode with --lease 2ms: refused, exit 2" [ $rc = 2 ]
 check "... naming --lease" grep -q -- "--lease" "$tmp/tiny"
+
+# ---- a '%' without two hex digits was the byte itself (a% and a%25 named one
+# key), and ?limit=+5 or %205 read as 5: each is 400 now, nothing claimed.
+for target in "/v1/keys/a%/claim" "/v1/keys/%zz/claim" "/v1/keys/a%2/claim"; do
+  req -X POST "$base$target" -d '{}'
+  check "POST $target: 400 naming the percent sign ($code)" eval '[ "$code" = 400 ] && says "%25"'
+done
+req "$base/v1/keys/a%25"
+check "... and no key 'a%' was claimed ($code)" [ "$code" = 404 ]
+for limit in +5 %205 5x; do
+  req "$base/v1/keys?limit=$limit"
+  check "GET /v1/keys?limit=$limit: 400 ($code)" eval '[ "$code" = 400 ] && says limit'
+done
 
 # ---- a second serve on a port in use: exit 2. cpp-httplib's SO_REUSEPORT let it
 # bind beside the first, and the kernel split the connections between two

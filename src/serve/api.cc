@@ -331,10 +331,12 @@ void Server::Impl::RegisterApi() {
     const std::string prefix = Param(*q, "prefix");
     size_t limit = 100;
     if (q->count("limit")) {
+      // Digits only: strtoul took "+5" and " 5" (from ?limit=%205) as 5.
       const std::string l = Param(*q, "limit");
-      char* end = nullptr;
-      const unsigned long v = std::strtoul(l.c_str(), &end, 10);
-      if (l.empty() || *end != '\0' || v < 1 || v > kMaxPage) {
+      const bool digits = !l.empty() && l.size() <= 4 &&
+                          std::all_of(l.begin(), l.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const unsigned long v = digits ? std::stoul(l) : 0;
+      if (!digits || v < 1 || v > kMaxPage) {
         return s.SendStatus(res, Status::InvalidArgument("limit must be 1 to 1000"));
       }
       limit = v;

@@ -6,6 +6,7 @@
 #include <strings.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <thread>
 
@@ -406,6 +407,23 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
                     "header field name '" + Shown(k) +
                         "' is malformed (no whitespace before the colon, RFC 9112 5.1)");
       return httplib::Server::HandlerResponse::Handled;
+    }
+    // A '%' not followed by two hex digits (RFC 3986 2.1) was taken as the
+    // byte itself: /v1/keys/a%/claim and /v1/keys/a%25/claim named one key.
+    // The API's own routes only; the proxy hands the target on as sent.
+    if (s.o.proxy.empty() || req.target.rfind("/_dedup/", 0) == 0) {
+      const std::string& t = req.target;
+      for (size_t i = t.find('%'); i != std::string::npos; i = t.find('%', i + 1)) {
+        if (i + 2 < t.size() && std::isxdigit(static_cast<unsigned char>(t[i + 1])) &&
+            std::isxdigit(static_cast<unsigned char>(t[i + 2]))) {
+          continue;
+        }
+        s.SendProblem(res, 400, "Bad Request",
+                      "the request target has a '%' at byte " + std::to_string(i) +
+                          " that is not followed by two hex digits (RFC 3986 2.1: write '%25' "
+                          "for a percent sign)");
+        return httplib::Server::HandlerResponse::Handled;
+      }
     }
     // RFC 9110 5.5: a field value with a CR, LF or NUL is refused (or each
     // replaced with SP before forwarding). cpp-httplib ends a header line at LF
