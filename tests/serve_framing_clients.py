@@ -131,6 +131,15 @@ for name, fields in BAD_FRAMING.items():
     case(name, [claim_with(b"bad-" + name.encode(), fields) + smuggled])
 
 
+# A Content-Length over the body bound: 413 at once, before any 100 Continue and
+# without waiting for a body (it came after the 10 s read timeout, once
+# cpp-httplib had read and dropped as much of the body as came).
+case("too_large_continue", [b"POST /v1/keys/big/claim HTTP/1.1\r\n" + HOST + JSON
+                            + b"Content-Length: 3000000\r\nExpect: 100-continue\r\n\r\n"])
+case("too_large", [b"POST /v1/keys/big/claim HTTP/1.1\r\n" + HOST + JSON
+                   + b"Content-Length: 3000000\r\n\r\n{}"])
+
+
 def unrun(name):
     """NAME unrun CODE: what GET /v1/keys/bad-NAME answers (404: no record)."""
     s = socket.create_connection(("127.0.0.1", PORT))

@@ -58,6 +58,10 @@ expect pipelined_after_body '201 200 OPEN 0\.[0-9]' "a claim then a GET pipeline
 expect head_then_get '200 200 OPEN 0\.[0-9]' "HEAD then GET pipelined: both, kept alive"
 expect expect_continue '100 201 OPEN 0\.[0-9]' "Expect: 100-continue: 100, then the claim"
 expect chunked '201 CLOSED 0\.[0-9]' "a chunked claim (with a chunk extension) is answered"
+expect too_large_continue '413 CLOSED 0\.[0-9]' \
+  "Content-Length over --max-body-bytes with Expect: 100-continue: 413 at once, no 100"
+expect too_large '413 CLOSED 0\.[0-9]' \
+  "Content-Length over --max-body-bytes, the body never sent: 413 at once, not after the read timeout"
 # The framing fields a server in front could read otherwise (RFC 9112 3.2, 6.1,
 # 6.3): refused unrun, the connection ended.
 for name in length_word length_plus length_suffix length_list te_gzip no_host two_hosts; do

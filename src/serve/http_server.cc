@@ -119,6 +119,7 @@ const char* Reason(int status) {
   switch (status) {
     case 400: return "Bad Request";
     case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
@@ -268,13 +269,15 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     return !buf_.empty();
   }
 
-  enum class Head { kRead, kClosed, kTimedOut, kTooLarge, kMalformed };
+  enum class Head { kRead, kClosed, kTimedOut, kTooLarge, kMalformed, kBodyTooLarge };
   // Reads until the buffered bytes hold a whole request head, by `deadline` and
-  // within `max_bytes`.
-  Head ReadHead(TimePoint deadline, size_t max_bytes, const std::atomic<socket_t>& listener) {
+  // within `max_bytes`. kBodyTooLarge: its Content-Length is over `max_body`.
+  Head ReadHead(TimePoint deadline, size_t max_bytes, size_t max_body,
+                const std::atomic<socket_t>& listener) {
     for (;;) {
       if (HeadBuffered()) {
         if (malformed_ = MalformedLine(); !malformed_.empty()) return Head::kMalformed;
+        if (declared_length_ > max_body) return Head::kBodyTooLarge;
         HideRanges();
         KeepEmptyFields();
         KeepFieldValues();
@@ -296,6 +299,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   }
   // What is wrong with the head ReadHead found kMalformed.
   const std::string& malformed() const { return malformed_; }
+  // The head's Content-Length (0 when it has none).
+  uint64_t declared_length() const { return declared_length_; }
   // The values of the Range fields HideRanges took out of the request's head,
   // in order, as sent (spaces and tabs around them trimmed).
   std::vector<std::string> TakeHiddenRanges() { return std::move(hidden_ranges_); }
@@ -405,7 +410,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // the request with a body cut short), two Content-Length or Host fields, a
   // Transfer-Encoding that is not "chunked" alone, one beside a Content-Length,
   // and an HTTP/1.1 request without a Host (RFC 9112 3.2).
-  std::string MalformedLine() const {
+  std::string MalformedLine() {
+    declared_length_ = 0;
     size_t line = buf_.find('\n', off_);  // the request line's end
     if (line == std::string::npos || line >= head_end_) return "";
     const std::string_view request_line(buf_.data() + off_, line - off_);
@@ -447,6 +453,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
           return "Content-Length '" + internal::PrintableCut(value, 64) +
                  "' is not a number of bytes (RFC 9112 6.3: digits only, one value)";
         }
+        declared_length_ = std::stoull(std::string(value));
       } else if (NameIs(name, "transfer-encoding")) {
         if (++transfer_encodings > 1) return "two Transfer-Encoding fields";
         if (!NameIs(value, "chunked")) {
@@ -607,6 +614,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   std::vector<std::string> hidden_ranges_;  // HideRanges
   std::vector<std::string> empty_fields_;   // KeepEmptyFields
   std::string malformed_;                   // MalformedLine
+  uint64_t declared_length_ = 0;            // MalformedLine: the Content-Length
 };
 
 namespace {
@@ -699,6 +707,7 @@ void HttpServer::Configure(const HttpServerOptions& o) {
                                                std::max<size_t>(1, o.max_connections / 4));
   new_task_queue = [n = o.threads, m = o.max_connections] { return new ConnectionPool(n, m); };
   set_payload_max_length(o.max_body_bytes);
+  max_body_bytes_ = o.max_body_bytes;
   // Per read or write; the whole head, body and answer have their deadlines.
   set_read_timeout(std::chrono::seconds(10));
   set_write_timeout(std::chrono::seconds(10));
@@ -747,6 +756,11 @@ void HttpServer::Refuse(Limit limit, httplib::Response& res, const std::string& 
     case Limit::kUriTooLong:
       res.status = 414;
       detail = "the request line is longer than 8 KiB";
+      break;
+    case Limit::kBodyTooLarge:
+      res.status = 413;
+      detail = "the request body (Content-Length: " + why + ") is larger than " +
+               std::to_string(max_body_bytes_) + " bytes";
       break;
     case Limit::kHeadTooLarge:
       res.status = 431;
@@ -823,7 +837,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       head_deadline = std::min(accepted + kWaitingFullGrace, now + deadlines_.header_timeout);
     }
     const ConnectionStream::Head head =
-        strm.ReadHead(head_deadline, deadlines_.max_head_bytes, svr_sock_);
+        strm.ReadHead(head_deadline, deadlines_.max_head_bytes, max_body_bytes_, svr_sock_);
     const bool shed = !slot.held() && head == ConnectionStream::Head::kTimedOut;
     slot.Release();
     if (head == ConnectionStream::Head::kClosed) break;
@@ -832,9 +846,12 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       Refuse(shed ? Limit::kWaitingFull
              : head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
              : head == ConnectionStream::Head::kMalformed ? Limit::kMalformedHead
+             : head == ConnectionStream::Head::kBodyTooLarge ? Limit::kBodyTooLarge
              : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? Limit::kUriTooLong
                                                                            : Limit::kHeadTooLarge,
-             res, strm.malformed());
+             res, head == ConnectionStream::Head::kBodyTooLarge
+                      ? std::to_string(strm.declared_length())
+                      : strm.malformed());
       std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + Reason(res.status) + "\r\n";
       for (const auto& [name, value] : res.headers) {
         if (name != "Connection" && name != "Content-Length") out += name + ": " + value + "\r\n";

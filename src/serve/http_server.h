@@ -97,6 +97,8 @@ class HttpServer : public httplib::Server {
     kHeadTimeout,      // 408: the head missed its deadline (refused before parsing)
     kUriTooLong,       // 414: a request line over 8 KiB (refused before parsing)
     kHeadTooLarge,     // 431: a head over max_head_bytes (refused before parsing)
+    kBodyTooLarge,     // 413: a Content-Length over max_body_bytes (refused before
+                       // the body is read, and before any 100 Continue)
     kMalformedHead,    // 400: a header line cpp-httplib would skip without a word
                        // (a bare LF, obs-fold, no colon) or refuse with a bare 400
                        // (over 8 KiB once its '%' are escaped); refused before parsing
@@ -162,6 +164,7 @@ class HttpServer : public httplib::Server {
 
   RequestDeadlines deadlines_;
   size_t max_waiting_ = SIZE_MAX;
+  size_t max_body_bytes_ = SIZE_MAX;
   // Connections holding a thread while they wait for a request head.
   std::atomic<size_t> waiting_{0};
   LimitHandler limit_handler_;
