@@ -140,11 +140,14 @@ case("too_large", [b"POST /v1/keys/big/claim HTTP/1.1\r\n" + HOST + JSON
                    + b"Content-Length: 3000000\r\n\r\n{}"])
 
 
-def unrun(name):
-    """NAME unrun CODE: what GET /v1/keys/bad-NAME answers (404: no record)."""
+def exchange(*parts):
+    """Sends PARTS on a new connection (a short pause between them) and returns
+    all it answers until the server closes it."""
     s = socket.create_connection(("127.0.0.1", PORT))
-    s.sendall(b"GET /v1/keys/bad-%s HTTP/1.1\r\n" % name.encode() + HOST
-              + b"Connection: close\r\n\r\n")
+    for i, part in enumerate(parts):
+        if i:
+            time.sleep(0.002)
+        s.sendall(part)
     s.settimeout(5)
     got = b""
     while True:
@@ -153,6 +156,13 @@ def unrun(name):
             break
         got += d
     s.close()
+    return got
+
+
+def unrun(name):
+    """NAME unrun CODE: what GET /v1/keys/bad-NAME answers (404: no record)."""
+    got = exchange(b"GET /v1/keys/bad-%s HTTP/1.1\r\n" % name.encode() + HOST
+                   + b"Connection: close\r\n\r\n")
     m = re.match(rb"HTTP/1\.1 (\d{3}) ", got)
     print(name, "unrun", m.group(1).decode() if m else "-", flush=True)
 
@@ -170,18 +180,7 @@ def split_request(i):
 bad = []
 for i in range(1, len(split_request(0))):
     req = split_request(i)
-    s = socket.create_connection(("127.0.0.1", PORT))
-    s.sendall(req[:i])
-    time.sleep(0.002)
-    s.sendall(req[i:])
-    s.settimeout(5)
-    got = b""
-    while True:
-        d = s.recv(65536)
-        if not d:
-            break
-        got += d
-    s.close()
+    got = exchange(req[:i], req[i:])
     codes = " ".join(c.decode() for c in re.findall(rb"HTTP/1\.1 (\d{3}) ", got))
     if codes not in ("201 200", "200 200"):
         bad.append("%d:%s" % (i, codes))
