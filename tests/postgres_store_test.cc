@@ -278,6 +278,9 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad << ": " << s.status();
     EXPECT_NE(s.status().message().find("lower case"), std::string::npos) << s.status();
   }
+  // The test server has no SSL: a setting to fix, not a state to wait out.
+  auto ssl = OpenStore(Uri("&sslmode=require"));
+  EXPECT_EQ(ssl.status().code(), StatusCode::kFailedPrecondition) << ssl.status();
   auto fences = OpenStore(Uri("&table=dedup_fences"));
   EXPECT_EQ(fences.status().code(), StatusCode::kInvalidArgument) << fences.status();
   EXPECT_EQ(FenceHelperSql("ops\"; DROP TABLE orders; --").status().code(),

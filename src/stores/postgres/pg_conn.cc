@@ -57,6 +57,16 @@ Status ConnectError(const std::string& where, const std::string& msg, const std:
       m.find("received invalid response") != std::string::npos) {
     return Status::FailedPrecondition(where + " does not speak the PostgreSQL protocol (" + m + ")");
   }
+  // A setting, not a passing state: sslmode=require (or verify-*) against a
+  // server without SSL was UNAVAILABLE, retried for ever as if it could pass.
+  if (m.find("does not support SSL") != std::string::npos ||
+      m.find("SSL support is not compiled in") != std::string::npos) {
+    return Status::FailedPrecondition(where + ": sslmode asks for SSL, which " +
+                                      (m.find("compiled") != std::string::npos
+                                           ? "this libpq was built without"
+                                           : "the server does not accept") +
+                                      " (" + m + ")");
+  }
   if (m.find("timeout expired") != std::string::npos) {
     return Status::DeadlineExceeded(where + ": connect timed out (" + m + ")");
   }
