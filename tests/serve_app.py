@@ -15,7 +15,8 @@ tell how many times a request really ran, and with which fence.
   POST /big?bytes=N[&headers=H] counted; 200 with N bytes of body, an ETag (and H
                                 headers X-Big-i of 8000 bytes each)
   GET  /header?value=V          counted; 200 with the header X-Echo-Value: V (V
-                                as the query gives it, once decoded)
+                                as the query gives it, once decoded, each %XX one
+                                byte)
   anything else[?sleep_ms=N]    counted; sleeps N ms, then 200 echoing method, path,
                                 headers and body seen
 """
@@ -95,7 +96,10 @@ class App(BaseHTTPRequestHandler):
             return self.reply(200, b"x" * size, "application/octet-stream",
                               extra=big + [("ETag", '"big-%d"' % size)])
         if url.path == "/header":
-            return self.reply(200, b"{}", extra=[("X-Echo-Value", query["value"][0])])
+            # Byte for byte: each %XX one byte (latin-1, as the header is written),
+            # so that bytes which are not UTF-8 reach the proxy as they are.
+            raw = urllib.parse.parse_qs(url.query, encoding="latin-1")
+            return self.reply(200, b"{}", extra=[("X-Echo-Value", raw["value"][0])])
         time.sleep(int(query.get("sleep_ms", ["0"])[0]) / 1000)
         seen = {"call": call, "method": self.command, "path": self.path,
                 "headers": {k: v for k, v in self.headers.items()},

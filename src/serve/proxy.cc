@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/printable.h"
 #include "core/redact.h"
 #include "core/uri.h"
 #include "serve/bytes.h"
@@ -250,7 +251,14 @@ std::string EncodeRecording(const Upstream& up, size_t max_body) {
   for (const auto& [k, v] : up.headers) {
     const std::string l = Lower(k);
     if (IsHopByHop(k) || l == "set-cookie" || l == "date") continue;
-    headers.push_back({k, v});
+    // JSON holds text: bytes that are not UTF-8 went in as U+FFFD, and the
+    // replay differed from the live answer ("caf\xe9" came back "caf\xef\xbf\xbd").
+    // Such a field is kept as base64, byte for byte.
+    if (internal::IsValidUtf8(k) && internal::IsValidUtf8(v)) {
+      headers.push_back({k, v});
+    } else {
+      headers.push_back({{"name_b64", Base64Encode(k)}, {"value_b64", Base64Encode(v)}});
+    }
   }
   Json j = {{"v", 1}, {"status", up.status}, {"headers", headers}};
   auto dump = [&j] { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
@@ -280,12 +288,22 @@ std::optional<Upstream> DecodeRecording(const std::string& text) {
   up.status = j["status"].get<int>();
   const bool body_kept = j.contains("body_b64");
   for (const auto& h : j["headers"]) {
-    const std::string name = h[0].get<std::string>();
+    std::string name, value;
+    if (h.is_object()) {  // bytes that are not UTF-8 (EncodeRecording)
+      auto n = Base64Decode(h.value("name_b64", std::string()));
+      auto v = Base64Decode(h.value("value_b64", std::string()));
+      if (!n || !v) return std::nullopt;
+      name = std::move(*n);
+      value = std::move(*v);
+    } else {
+      name = h[0].get<std::string>();
+      value = h[1].get<std::string>();
+    }
     // Without the body, the headers that describe it (its type, coding, validators)
     // would describe the empty body sent instead: a cache or a client would take
     // it for the complete representation.
     if (!body_kept && IsRepresentationHeader(name)) continue;
-    up.headers.emplace(name, h[1].get<std::string>());
+    up.headers.emplace(std::move(name), std::move(value));
   }
   if (j.value("headers_omitted", false)) {
     up.headers.emplace("Dedup-Replay-Headers", "omitted, over the recording bound");
