@@ -140,6 +140,13 @@ case("too_large", [b"POST /v1/keys/big/claim HTTP/1.1\r\n" + HOST + JSON
                    + b"Content-Length: 3000000\r\n\r\n{}"])
 
 
+# A method cpp-httplib does not read: 501 naming it (it was a 400 that spoke of a
+# missing body). A POST with neither Content-Length nor Transfer-Encoding has an
+# empty body (RFC 9112 6.3), as "curl -X POST" sends it: answered, kept alive.
+case("unknown_method", [b"PROPFIND /v1/keys/x HTTP/1.1\r\n" + HOST + b"\r\n"])
+case("post_unframed", [b"POST /v1/keys/unframed/claim HTTP/1.1\r\n" + HOST + b"\r\n" + HEALTHZ])
+
+
 def exchange(*parts):
     """Sends PARTS on a new connection (a short pause between them) and returns
     all it answers until the server closes it."""

@@ -62,6 +62,9 @@ expect too_large_continue '413 CLOSED 0\.[0-9]' \
   "Content-Length over --max-body-bytes with Expect: 100-continue: 413 at once, no 100"
 expect too_large '413 CLOSED 0\.[0-9]' \
   "Content-Length over --max-body-bytes, the body never sent: 413 at once, not after the read timeout"
+expect unknown_method '501 CLOSED 0\.[0-9]' "PROPFIND: 501 naming the method, then the connection ends"
+expect post_unframed '201 200 OPEN 0\.[0-9]' \
+  "a POST without Content-Length or Transfer-Encoding has an empty body: the claim, then the GET behind it"
 # The framing fields a server in front could read otherwise (RFC 9112 3.2, 6.1,
 # 6.3): refused unrun, the connection ended.
 for name in length_word length_plus length_suffix length_list te_gzip no_host two_hosts; do

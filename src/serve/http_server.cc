@@ -120,6 +120,7 @@ const char* Reason(int status) {
     case 400: return "Bad Request";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
+    case 501: return "Not Implemented";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
@@ -269,15 +270,20 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     return !buf_.empty();
   }
 
-  enum class Head { kRead, kClosed, kTimedOut, kTooLarge, kMalformed, kBodyTooLarge };
+  enum class Head {
+    kRead, kClosed, kTimedOut, kTooLarge, kMalformed, kBodyTooLarge, kUnknownMethod
+  };
   // Reads until the buffered bytes hold a whole request head, by `deadline` and
-  // within `max_bytes`. kBodyTooLarge: its Content-Length is over `max_body`.
+  // within `max_bytes`. kBodyTooLarge: its Content-Length is over `max_body`;
+  // kUnknownMethod: a method cpp-httplib does not read (method()).
   Head ReadHead(TimePoint deadline, size_t max_bytes, size_t max_body,
                 const std::atomic<socket_t>& listener) {
     for (;;) {
       if (HeadBuffered()) {
         if (malformed_ = MalformedLine(); !malformed_.empty()) return Head::kMalformed;
         if (declared_length_ > max_body) return Head::kBodyTooLarge;
+        if (!KnownMethod()) return Head::kUnknownMethod;
+        if (!framed_) FrameAsEmpty();
         HideRanges();
         KeepEmptyFields();
         KeepFieldValues();
@@ -299,6 +305,12 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   }
   // What is wrong with the head ReadHead found kMalformed.
   const std::string& malformed() const { return malformed_; }
+  // The request line's method (escaped, cut), for kUnknownMethod.
+  std::string method() const {
+    const size_t sp = buf_.find(' ', off_);
+    const size_t end = std::min(sp == std::string::npos ? head_end_ : sp, head_end_);
+    return internal::PrintableCut(std::string_view(buf_).substr(off_, end - off_), 32);
+  }
   // The head's Content-Length (0 when it has none).
   uint64_t declared_length() const { return declared_length_; }
   // The values of the Range fields HideRanges took out of the request's head,
@@ -412,6 +424,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // and an HTTP/1.1 request without a Host (RFC 9112 3.2).
   std::string MalformedLine() {
     declared_length_ = 0;
+    framed_ = false;
     size_t line = buf_.find('\n', off_);  // the request line's end
     if (line == std::string::npos || line >= head_end_) return "";
     const std::string_view request_line(buf_.data() + off_, line - off_);
@@ -464,6 +477,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
         if (++hosts > 1) return "two Host fields (RFC 9112 3.2)";
       }
     }
+    framed_ = content_lengths > 0 || transfer_encodings > 0;
     if (content_lengths > 0 && transfer_encodings > 0) {
       return "both Content-Length and Transfer-Encoding (RFC 9112 6.1: the two may frame the body "
              "differently)";
@@ -472,6 +486,29 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       return "an HTTP/1.1 request without a Host field (RFC 9112 3.2)";
     }
     return "";
+  }
+
+  // Whether the method is one cpp-httplib reads; it answered any other (PROPFIND,
+  // TRACE, a typo) with a bare 400 that spoke of a missing body.
+  bool KnownMethod() const {
+    const size_t sp = buf_.find(' ', off_);
+    if (sp == std::string::npos || sp >= head_end_) return true;  // its own 400
+    const std::string_view m(buf_.data() + off_, sp - off_);
+    return m == "GET" || m == "HEAD" || m == "POST" || m == "PUT" || m == "DELETE" ||
+           m == "OPTIONS" || m == "PATCH";
+  }
+
+  // A POST, PUT or PATCH with neither Content-Length nor Transfer-Encoding has an
+  // empty body (RFC 9112 6.3), which cpp-httplib refused with 400 ("curl -X POST"
+  // sends such a request): "Content-Length: 0" is added to its head.
+  void FrameAsEmpty() {
+    const size_t sp = buf_.find(' ', off_);
+    if (sp == std::string::npos || sp >= head_end_) return;
+    const std::string_view m(buf_.data() + off_, sp - off_);
+    if (m != "POST" && m != "PUT" && m != "PATCH") return;
+    static constexpr std::string_view kZero = "Content-Length: 0\r\n";
+    buf_.insert(head_end_ - 2, kZero);
+    head_end_ += kZero.size();
   }
 
   // Whether a field name (or token) is `lower`, in any case.
@@ -615,6 +652,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   std::vector<std::string> empty_fields_;   // KeepEmptyFields
   std::string malformed_;                   // MalformedLine
   uint64_t declared_length_ = 0;            // MalformedLine: the Content-Length
+  bool framed_ = false;                     // MalformedLine: a Content-Length or
+                                            // Transfer-Encoding field
 };
 
 namespace {
@@ -757,6 +796,11 @@ void HttpServer::Refuse(Limit limit, httplib::Response& res, const std::string& 
       res.status = 414;
       detail = "the request line is longer than 8 KiB";
       break;
+    case Limit::kUnknownMethod:
+      res.status = 501;
+      detail = "the method '" + why +
+               "' is not one serve reads (GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH)";
+      break;
     case Limit::kBodyTooLarge:
       res.status = 413;
       detail = "the request body (Content-Length: " + why + ") is larger than " +
@@ -779,9 +823,16 @@ void HttpServer::Refuse(Limit limit, httplib::Response& res, const std::string& 
       if (limit_handler_) limit_handler_(limit, nullptr);
       return;
   }
+  // The detail may echo the request (a method, a Content-Length), escaped
+  // already (no control byte); its quotes and backslashes are escaped for JSON.
+  std::string json_detail;
+  for (char c : detail) {
+    if (c == '"' || c == '\\') json_detail += '\\';
+    json_detail += c;
+  }
   res.set_content(std::string("{\"type\":\"about:blank\",\"title\":\"") + Reason(res.status) +
-                      "\",\"status\":" + std::to_string(res.status) + ",\"detail\":\"" + detail +
-                      "\"}",
+                      "\",\"status\":" + std::to_string(res.status) + ",\"detail\":\"" +
+                      json_detail + "\"}",
                   "application/problem+json");
   if (limit_handler_) limit_handler_(limit, &res);
 }
@@ -847,11 +898,12 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
              : head == ConnectionStream::Head::kTimedOut ? Limit::kHeadTimeout
              : head == ConnectionStream::Head::kMalformed ? Limit::kMalformedHead
              : head == ConnectionStream::Head::kBodyTooLarge ? Limit::kBodyTooLarge
+             : head == ConnectionStream::Head::kUnknownMethod ? Limit::kUnknownMethod
              : strm.RequestLineBytes() > CPPHTTPLIB_REQUEST_URI_MAX_LENGTH ? Limit::kUriTooLong
                                                                            : Limit::kHeadTooLarge,
-             res, head == ConnectionStream::Head::kBodyTooLarge
-                      ? std::to_string(strm.declared_length())
-                      : strm.malformed());
+             res, head == ConnectionStream::Head::kBodyTooLarge ? std::to_string(strm.declared_length())
+                  : head == ConnectionStream::Head::kUnknownMethod ? strm.method()
+                                                                   : strm.malformed());
       std::string out = "HTTP/1.1 " + std::to_string(res.status) + " " + Reason(res.status) + "\r\n";
       for (const auto& [name, value] : res.headers) {
         if (name != "Connection" && name != "Content-Length") out += name + ": " + value + "\r\n";

@@ -99,6 +99,8 @@ class HttpServer : public httplib::Server {
     kHeadTooLarge,     // 431: a head over max_head_bytes (refused before parsing)
     kBodyTooLarge,     // 413: a Content-Length over max_body_bytes (refused before
                        // the body is read, and before any 100 Continue)
+    kUnknownMethod,    // 501: a method cpp-httplib does not read (refused before
+                       // parsing)
     kMalformedHead,    // 400: a header line cpp-httplib would skip without a word
                        // (a bare LF, obs-fold, no colon) or refuse with a bare 400
                        // (over 8 KiB once its '%' are escaped); refused before parsing

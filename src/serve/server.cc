@@ -557,7 +557,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Store* store, ServeOptions opti
       s.SendProblem(res, 404, "Not Found", "no such route");
     } else if (res.status == 400) {
       s.SendProblem(res, 400, "Bad Request",
-                    "the request could not be read (a POST needs a body, or Content-Length: 0)");
+                    "the request could not be read (cpp-httplib refused its head or its body)");
     } else if (res.status >= 400) {
       s.SendProblem(res, res.status, "Error", "HTTP " + std::to_string(res.status));
     }
