@@ -157,6 +157,16 @@ TEST(Uri, HostPortDecodesAnIpv6ZoneId) {
   }
 }
 
+// Digits only: from_chars took "-0" as 0 (serve's Content-Length and ?limit=
+// use this parser too).
+TEST(Uri, ParseCountTakesDigitsOnly) {
+  EXPECT_EQ(*internal::ParseCount("0", "n"), 0);
+  EXPECT_EQ(*internal::ParseCount("1200", "n"), 1200);
+  for (const char* bad : {"", "-0", "-1", "+1", " 1", "1 ", "1x", "99999999999999999999"}) {
+    EXPECT_FALSE(internal::ParseCount(bad, "n").ok()) << "'" << bad << "'";
+  }
+}
+
 TEST(OpenStore, NamesWhatIsWrong) {
   auto bad_scheme = OpenStore("mongo://x");
   EXPECT_EQ(bad_scheme.status().code(), StatusCode::kInvalidArgument);

@@ -385,7 +385,9 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
 StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {
   long long v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v < 0) {
+  // A digit first: from_chars takes "-0" as 0.
+  if (text.empty() || text.front() < '0' || text.front() > '9' || ec != std::errc() ||
+      p != text.data() + text.size() || v < 0) {
     // Escaped and cut: the value came from a URI (an ESC or CR reached the
     // terminal raw, a 1 MB value was printed whole).
     return Status::InvalidArgument(std::string(what) + " '" + PrintableCut(text, 64) +

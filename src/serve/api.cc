@@ -331,15 +331,13 @@ void Server::Impl::RegisterApi() {
     const std::string prefix = Param(*q, "prefix");
     size_t limit = 100;
     if (q->count("limit")) {
-      // Digits only: strtoul took "+5" and " 5" (from ?limit=%205) as 5.
-      const std::string l = Param(*q, "limit");
-      const bool digits = !l.empty() && l.size() <= 4 &&
-                          std::all_of(l.begin(), l.end(), [](char c) { return c >= '0' && c <= '9'; });
-      const unsigned long v = digits ? std::stoul(l) : 0;
-      if (!digits || v < 1 || v > kMaxPage) {
+      // Digits only (the one count parser): strtoul took "+5" and " 5" (from
+      // ?limit=%205) as 5.
+      const auto v = internal::ParseCount(Param(*q, "limit"), "limit");
+      if (!v.ok() || *v < 1 || *v > static_cast<long long>(kMaxPage)) {
         return s.SendStatus(res, Status::InvalidArgument("limit must be 1 to 1000"));
       }
-      limit = v;
+      limit = static_cast<size_t>(*v);
     }
     std::string after;
     bool has_after = false;

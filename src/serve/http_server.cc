@@ -23,6 +23,7 @@
 
 #include "core/duration.h"
 #include "core/printable.h"
+#include "core/uri.h"
 #include "serve/connection_pool.h"
 
 namespace dedup::serve {
@@ -120,9 +121,9 @@ const char* Reason(int status) {
     case 400: return "Bad Request";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
-    case 501: return "Not Implemented";
     case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
+    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     default: return "Error";
   }
@@ -306,11 +307,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // What is wrong with the head ReadHead found kMalformed.
   const std::string& malformed() const { return malformed_; }
   // The request line's method (escaped, cut), for kUnknownMethod.
-  std::string method() const {
-    const size_t sp = buf_.find(' ', off_);
-    const size_t end = std::min(sp == std::string::npos ? head_end_ : sp, head_end_);
-    return internal::PrintableCut(std::string_view(buf_).substr(off_, end - off_), 32);
-  }
+  std::string method() const { return internal::PrintableCut(Method(), 32); }
   // The head's Content-Length (0 when it has none).
   uint64_t declared_length() const { return declared_length_; }
   // The values of the Range fields HideRanges took out of the request's head,
@@ -461,12 +458,13 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
       while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
       if (NameIs(name, "content-length")) {
         if (++content_lengths > 1) return "two Content-Length fields (RFC 9112 6.3)";
-        if (value.empty() || value.size() > 18 ||
-            !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        // Digits only ("+3", "-0", "3, 3" are refused), within a long long.
+        auto length = internal::ParseCount(value, "Content-Length");
+        if (!length.ok()) {
           return "Content-Length '" + internal::PrintableCut(value, 64) +
                  "' is not a number of bytes (RFC 9112 6.3: digits only, one value)";
         }
-        declared_length_ = std::stoull(std::string(value));
+        declared_length_ = static_cast<uint64_t>(*length);
       } else if (NameIs(name, "transfer-encoding")) {
         if (++transfer_encodings > 1) return "two Transfer-Encoding fields";
         if (!NameIs(value, "chunked")) {
@@ -491,9 +489,8 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // Whether the method is one cpp-httplib reads; it answered any other (PROPFIND,
   // TRACE, a typo) with a bare 400 that spoke of a missing body.
   bool KnownMethod() const {
-    const size_t sp = buf_.find(' ', off_);
-    if (sp == std::string::npos || sp >= head_end_) return true;  // its own 400
-    const std::string_view m(buf_.data() + off_, sp - off_);
+    const std::string_view m = Method();
+    if (m.size() == head_end_ - off_) return true;  // no space in the head: its own 400
     return m == "GET" || m == "HEAD" || m == "POST" || m == "PUT" || m == "DELETE" ||
            m == "OPTIONS" || m == "PATCH";
   }
@@ -502,13 +499,18 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // empty body (RFC 9112 6.3), which cpp-httplib refused with 400 ("curl -X POST"
   // sends such a request): "Content-Length: 0" is added to its head.
   void FrameAsEmpty() {
-    const size_t sp = buf_.find(' ', off_);
-    if (sp == std::string::npos || sp >= head_end_) return;
-    const std::string_view m(buf_.data() + off_, sp - off_);
+    const std::string_view m = Method();
     if (m != "POST" && m != "PUT" && m != "PATCH") return;
     static constexpr std::string_view kZero = "Content-Length: 0\r\n";
     buf_.insert(head_end_ - 2, kZero);
     head_end_ += kZero.size();
+  }
+
+  // The buffered head's method: up to the request line's first space (the whole
+  // head when it has none).
+  std::string_view Method() const {
+    const size_t sp = std::min(buf_.find(' ', off_), head_end_);
+    return std::string_view(buf_).substr(off_, sp - off_);
   }
 
   // Whether a field name (or token) is `lower`, in any case.
@@ -524,11 +526,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
   // in any case, as cpp-httplib reads the name.
   static bool IsRangeLine(std::string_view text) {
     static constexpr std::string_view kName = "range:";
-    if (text.size() < kName.size()) return false;
-    for (size_t i = 0; i < kName.size(); ++i) {
-      if (std::tolower(static_cast<unsigned char>(text[i])) != kName[i]) return false;
-    }
-    return true;
+    return text.size() >= kName.size() && NameIs(text.substr(0, kName.size()), kName);
   }
 
   // Takes the Range fields out of the buffered head (head_end_ moves back) before
