@@ -317,13 +317,10 @@ Status CheckNames(const NatsOptions& o) {
   return CheckDeadSubject(o);
 }
 
-// What a publisher needs of `o`: a stream name, and one subject to publish to.
 // A wildcard is a filter, not a subject to publish to (the server stored the
 // message under the literal "jobs.*", where every consumer whose filter
 // matches it read it).
-Status CheckPublishNames(const NatsOptions& o) {
-  DEDUP_RETURN_IF_ERROR(CheckName(o.stream, "stream"));
-  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
+Status CheckNoWildcard(const NatsOptions& o) {
   for (std::string_view t : Tokens(o.Subject())) {
     if (t == "*" || t == ">") {
       return Status::InvalidArgument("nats subject='" + internal::Printable(o.Subject()) +
@@ -332,6 +329,13 @@ Status CheckPublishNames(const NatsOptions& o) {
     }
   }
   return Status::Ok();
+}
+
+// What a publisher needs of `o`: a stream name, and one subject to publish to.
+Status CheckPublishNames(const NatsOptions& o) {
+  DEDUP_RETURN_IF_ERROR(CheckName(o.stream, "stream"));
+  DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
+  return CheckNoWildcard(o);
 }
 
 StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
@@ -387,7 +391,7 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   o.subject = u.Param("subject").value_or("");
   o.dead = u.Param("dead").value_or("");
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
-  if (!need_consumer) DEDUP_RETURN_IF_ERROR(CheckPublishNames(o));
+  if (!need_consumer) DEDUP_RETURN_IF_ERROR(CheckNoWildcard(o));
   if (auto k = u.Param("key")) {
     // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
     // data's hash.

@@ -455,10 +455,9 @@ Status Conn::Prepare(const char* name, const std::string& sql, const std::vector
 }
 
 Status Pool::CheckTransactions(int concurrent) const {
-  if (size_ >= 2 && static_cast<int64_t>(size_) >= static_cast<int64_t>(concurrent) + 1) {
-    return Status::Ok();
-  }
-  if (concurrent <= 1) {
+  const int64_t need = std::max<int64_t>(2, int64_t{concurrent} + 1);
+  if (static_cast<int64_t>(size_) >= need) return Status::Ok();
+  if (need == 2) {
     return Status::FailedPrecondition(
         "postgres: pool=1 is too small for transactions: a transaction holds its connection "
         "while the handler runs, and pool=1 would leave none for the heartbeat that keeps its "
@@ -467,7 +466,7 @@ Status Pool::CheckTransactions(int concurrent) const {
   return Status::FailedPrecondition(
       "postgres: pool=" + std::to_string(size_) + " is too small for " + std::to_string(concurrent) +
       " transactions at once: each holds a connection while its handler runs, and one is kept for "
-      "the heartbeats; use pool=" + std::to_string(concurrent + 1) +
+      "the heartbeats; use pool=" + std::to_string(need) +
       " or more (else handlers wait for a connection until the timeout, each wait counted as an "
       "attempt)");
 }

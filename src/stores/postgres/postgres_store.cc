@@ -822,7 +822,7 @@ class PgTransaction final : public PostgresTransaction {
     const std::string_view tag = PQcmdStatus(r.get());
     if (PQtransactionStatus(c_.raw()) == PQTRANS_IDLE || tag == "COMMIT" || tag == "ROLLBACK") {
       ended_ = true;
-      ended_by_ = PQcmdStatus(r.get());
+      ended_by_ = tag;
       return Fail(Status::FailedPrecondition(
           "handler statement: " + ended_by_ +
           " ended the store's transaction: the handler may not COMMIT, ROLLBACK or END it "
