@@ -46,6 +46,20 @@ check "DELETE ?force=false&force=true (which one?): 400 naming force" eval '[ "$
 # parameter given twice is refused.
 req -X DELETE "$base/v1/keys/q3?force=true&force=true"
 check "DELETE ?force=true&force=true (an exact repeat): 400 naming force" eval '[ "$code" = 400 ] && says force'
+# A body member given twice: the JSON parser keeps the last, so a completion with
+# "status":"ok" then "status":"failed" was recorded as failed (and one with the
+# order swapped as ok); which one the client meant is unknown.
+req -X POST "$base/v1/keys/q4/claim" -d '{}'
+q4_token=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])' <"$tmp/body")
+req -X POST "$base/v1/keys/q4/complete" -d "{\"token\":\"$q4_token\",\"status\":\"ok\",\"status\":\"failed\"}"
+check "complete with \"status\" given twice: 400 naming status" eval '[ "$code" = 400 ] && problem && says status'
+req "$base/v1/keys/q4"
+check "... and the key is still in progress" eval '[ "$code" = 200 ] && says in_progress'
+req -X POST "$base/v1/keys/q5/claim" -d '{"lease_ms":60000,"lease_ms":1}'
+check "a claim with \"lease_ms\" given twice: 400, and nothing claimed" \
+  eval '[ "$code" = 400 ] && says lease_ms && [ "$(curl -s -o /dev/null -w "%{http_code}" "$base/v1/keys/q5")" = 404 ]'
+req -X POST "$base/v1/keys/q4/complete" -d "{\"token\":\"$q4_token\",\"status\":\"ok\"}"
+check "... the same completion with status once: 200" [ "$code" = 200 ]
 
 # ---- a web page the operator visits reaches loopback too. Without a token, a
 # cross-site form or fetch could claim, complete or release keys (a text/plain

@@ -61,18 +61,54 @@ StatusOr<std::optional<std::string>> GetBytes(const Json& j, const std::string& 
 }
 
 
-// The body as a JSON object of the fields in `known` only: a misspelt field
-// ("lease": 5000) is named, not ignored in favour of the default.
+// The body as a JSON object of the fields in `known` only, each at most once: a
+// misspelt field ("lease": 5000) is named, not ignored in favour of the default,
+// and a repeated one ({"status":"ok","status":"failed"}) is refused, where the
+// parser alone keeps the last and the client meant one of them (as a repeated
+// query parameter is refused). A repeat inside a nested value is refused too.
 StatusOr<Json> ParseBody(const httplib::Request& req,
                          std::initializer_list<std::string_view> known) {
   if (req.body.empty()) return Json::object();
-  Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::vector<std::string>> open;  // the names of each object being read
+  std::vector<std::string> names;              // the body's own, in order, repeats kept
+  std::string nested_repeat;
+  bool repeated = false;
+  const Json::parser_callback_t note = [&](int, Json::parse_event_t ev, Json& parsed) {
+    switch (ev) {
+      case Json::parse_event_t::object_start:
+        open.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (open.size() == 1) names = std::move(open.back());
+        if (!open.empty()) open.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        if (open.empty() || !parsed.is_string()) break;
+        std::vector<std::string>& here = open.back();
+        const std::string& name = parsed.get_ref<const std::string&>();
+        if (open.size() > 1 && !repeated &&
+            std::find(here.begin(), here.end(), name) != here.end()) {
+          repeated = true;
+          nested_repeat = name;
+        }
+        here.push_back(name);
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  Json j = Json::parse(req.body, note, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("the request body must be a JSON object");
   }
-  std::vector<std::string> names;
-  for (const auto& [name, value] : j.items()) names.push_back(name);
   DEDUP_RETURN_IF_ERROR(internal::CheckParamNames(names, known, {"field", "the request body"}));
+  if (repeated) {
+    return Status::InvalidArgument("member '" + internal::PrintableCut(nested_repeat, 64) +
+                                   "' is given twice in one object of the request body "
+                                   "(give it once)");
+  }
   return j;
 }
 
