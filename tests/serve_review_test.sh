@@ -289,10 +289,16 @@ check "... four calls for the four requests" [ "$(calls)" = $((before + 4)) ]
 outcome() { curl -s "$proxy/_dedup/metrics" -H "Authorization: Bearer $token" |
   awk -v o="outcome=\"$1\"" 'index($0, "dedup_proxy_requests_total{") == 1 && index($0, o) { n = $2 } END { print n + 0 }'; }
 released=$(outcome released)
-curl -s -o /dev/null -X POST "$proxy/status?code=429&sleep_ms=1200" "${ptok[@]}" \
+curl -s -o /dev/null -X POST "$proxy/status?code=429&sleep_ms=3000" "${ptok[@]}" \
   -H 'Idempotency-Key: lost-429' -d 1 &
 client=$!
-sleep 0.4
+# Forgotten once claimed (a fixed 0.4 s was too short on a loaded machine: the
+# forget came before the claim, and the release then found its claim in place).
+for _ in $(seq 100); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$proxy/_dedup/v1/keys/idem:lost-429" \
+    -H "Authorization: Bearer $token")" = 200 ] && break
+  sleep 0.05
+done
 req -X DELETE "$proxy/_dedup/v1/keys/idem:lost-429?force=true" -H "Authorization: Bearer $token"
 wait $client
 check "a 429 whose claim was lost meanwhile: not counted released, counted unreleased" \
