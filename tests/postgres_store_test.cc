@@ -81,6 +81,8 @@ class PgServer {
     }
     return false;
   }
+  // The server's directory, where its Unix socket is too (scripts/lib/postgres.sh).
+  const std::string& dir() const { return dir_; }
   void Stop() {  // fast shutdown (SIGINT), waited for by PID
     if (pid_ <= 0) return;
     kill(pid_, SIGINT);
@@ -298,6 +300,34 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
 // back their escaped text (a completion's result not the one recorded); a fence
 // of type integer was read as no fence, so every claim wrote its row and then
 // answered DataLoss ("cannot be decoded"). Refused at open, naming the column.
+// libpq's URI form for a Unix socket: the directory, percent-encoded, as the host.
+// It was passed to libpq raw, which looked "%2Ftmp%2F..." up as a host name.
+TEST_F(PostgresStoreTest, APercentEncodedHostIsTheUnixSocketDirectory) {
+  std::string host;
+  for (char c : g_server->dir()) host += c == '/' ? std::string("%2F") : std::string(1, c);
+  const std::string uri = "postgres://dedup:" + std::string(kPassword) + "@" + host + ":" +
+                          std::to_string(kPort) + "/" + Db() + "?expire_interval=0";
+  auto s = OpenStore(uri);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ClaimRequest req;
+  req.key = "socket-1";
+  req.lease = Millis(60000);
+  auto c = (*s)->Claim(req);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->outcome, ClaimOutcome::kAcquired);
+  // Over the socket, not TCP: the server sees a client without an address (this
+  // test's own query comes over TCP).
+  EXPECT_NE(PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE datname = '" + Db() +
+                            "' AND client_addr IS NULL AND backend_type = 'client backend'"),
+            "0");
+
+  auto bad = OpenStore("postgres://dedup@%2Ftmp%ZZ:" + std::to_string(kPort) + "/" + Db());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("percent-escape"), std::string::npos) << bad.status();
+  auto nul = OpenStore("postgres://dedup@%2Ftmp%00x:" + std::to_string(kPort) + "/" + Db());
+  EXPECT_EQ(nul.status().code(), StatusCode::kInvalidArgument) << nul.status();
+}
+
 TEST_F(PostgresStoreTest, ATableWhoseColumnsHaveOtherTypesIsRefusedAtOpen) {
   struct Case {
     std::string column, type, alter;

@@ -382,6 +382,10 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
   return hp;
 }
 
+StatusOr<std::string> PercentDecode(std::string_view text, std::string_view part) {
+  return Decode(text, part);
+}
+
 StatusOr<long long> ParseCount(std::string_view text, std::string_view what) {
   long long v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);

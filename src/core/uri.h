@@ -93,6 +93,12 @@ struct HostPort {
 // is a number: in "user:pass" (a URI whose "@host" was forgotten) it is a password.
 StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme);
 
+// `text` with its percent-escapes decoded (the rule ParseUri applies to the user,
+// password, path and query); InvalidArgument "bad percent-escape in URI `part`"
+// for a '%' without two hex digits. For a part a scheme reads itself: a
+// PostgreSQL host that is a Unix socket directory ("%2Fvar%2Frun%2Fpostgresql").
+StatusOr<std::string> PercentDecode(std::string_view text, std::string_view part);
+
 // ParseDuration (core/duration.h, the one grammar) as a count of milliseconds.
 StatusOr<long long> ParseDurationMillis(std::string_view text, std::string_view what);
 // A non-negative integer that fits in long long.

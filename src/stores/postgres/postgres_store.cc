@@ -1092,6 +1092,19 @@ StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
   if (!hp.ok()) return hp.status();
   if (hp->port != 0) o.port = hp->port;
   o.host = std::move(hp->host);
+  if (o.host.find('%') != std::string::npos) {
+    // libpq's URI form: a Unix socket directory is the host percent-encoded
+    // ("postgres://u@%2Fvar%2Frun%2Fpostgresql:5432/db"); passed on raw, libpq
+    // looked "%2Fvar..." up as a host name. Decoded, a host that begins with '/'
+    // is the socket's directory to libpq, and any other is a name or address.
+    auto decoded = PercentDecode(o.host, "host");
+    if (!decoded.ok()) {
+      return Status::InvalidArgument("postgres: host: bad percent-escape (a Unix socket "
+                                     "directory is written %2Fvar%2Frun%2Fpostgresql)");
+    }
+    DEDUP_RETURN_IF_ERROR(RefuseControlBytes(*decoded, "postgres: host"));
+    o.host = std::move(*decoded);
+  }
   if (uri.path.size() <= 1) {
     return Status::InvalidArgument("postgres URI '" + uri.Redacted() +
                                    "' names no database (expected postgres://HOST:PORT/DB)");
