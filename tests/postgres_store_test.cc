@@ -1123,6 +1123,20 @@ TEST_F(PostgresTxTest, AHandlerEndingTheTransactionAndChainingIsNeverRunAgain) {
       {"raw-chain",
        [](PostgresTransaction& tx) { PQclear(PQexec(tx.connection(), "COMMIT AND CHAIN")); },
        HandlerResult::Done(), "1"},
+      // A chain, then a statement that fails: the connection is in an aborted
+      // transaction, whose id cannot be read to compare. The effect was
+      // committed, the claim released and the handler run again (2 rows).
+      {"raw-chain-then-error",
+       [](PostgresTransaction& tx) {
+         PQclear(PQexec(tx.connection(), "COMMIT AND CHAIN"));
+         PQclear(PQexec(tx.connection(), "SELECT 1/0"));
+       },
+       HandlerResult::Retry("again"), "1"},
+      {"raw-chain-then-error-done",
+       [](PostgresTransaction& tx) {
+         PQclear(PQexec(tx.connection(), "COMMIT; BEGIN; SELECT 1/0"));
+       },
+       HandlerResult::Done(), "1"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.key);

@@ -779,6 +779,18 @@ class PgTransaction final : public PostgresTransaction {
     auto now = CurrentXid();
     return !now.ok() || *now != *xid_;
   }
+  // The same question when the connection is in an aborted transaction (a
+  // statement failed after the handler took connection()), where no id can be
+  // read: asked after the rollback, of the transaction the handler was given.
+  // True when it committed (a chain, then the failing statement) or that
+  // cannot be told.
+  bool CommittedBeforeAbort() {
+    if (!xid_.has_value()) return false;
+    auto r = c_.Exec("SELECT txid_status(" + *xid_ + ")", "transaction status");
+    if (!r.ok() || PQntuples(r->get()) != 1) return true;
+    return std::string_view(PQgetvalue(r->get(), 0, 0)) != "aborted";
+  }
+  bool read_xid() const { return xid_.has_value(); }
   const Status& failure() const { return failure_; }
 
   StatusOr<std::vector<Row>> Exec(std::string_view sql,
@@ -941,7 +953,21 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
     // connection in a new transaction): its writes may be committed, without the
     // completion. Released, the claim would run the handler again and apply
     // them twice: completed as failed instead (dead-lettered), saying why.
-    if (tx.ended() || PQtransactionStatus(c.raw()) == PQTRANS_IDLE || tx.EndedUnseen()) {
+    bool rolled_back = false;
+    if (tx.read_xid() && PQtransactionStatus(c.raw()) == PQTRANS_INERROR) {
+      // Aborted: nothing of this transaction can commit; whether the one the
+      // handler was given already did is read after the rollback.
+      rollback();
+      rolled_back = true;
+      if (tx.CommittedBeforeAbort()) {
+        hr = HandlerResult::Fail(
+            "the handler ended the store's transaction itself (COMMIT, ROLLBACK or END) and a "
+            "statement failed after: its writes may be committed without the completion, so "
+            "the message is not run again");
+      } else if (hr.kind == HandlerResult::Kind::kDone) {
+        hr = HandlerResult::Retry("a statement of the handler failed: the transaction was aborted");
+      }
+    } else if (tx.ended() || PQtransactionStatus(c.raw()) == PQTRANS_IDLE || tx.EndedUnseen()) {
       hr = HandlerResult::Fail(
           "the handler ended the store's transaction itself (COMMIT, ROLLBACK or END): its "
           "writes may be committed without the completion, so the message is not run again");
@@ -993,7 +1019,7 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       }
       return WriteResult::kOk;
     }
-    rollback();
+    if (!rolled_back) rollback();
   }
   if (hr.kind == HandlerResult::Kind::kFail) {
     return Complete(key, token, retention, CompletionStatus::kFailed, hr.result);
