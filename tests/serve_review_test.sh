@@ -365,6 +365,45 @@ for limit in +5 %205 5x; do
   check "GET /v1/keys?limit=$limit: 400 ($code)" eval '[ "$code" = 400 ] && says limit'
 done
 
+# ---- a target in absolute-form (RFC 9112 3.2.2: a server must accept it, and take
+# the host from it): the API answered 404 "no such route", and the proxy forwarded
+# "GET http://host/..." to the application as sent, past its checks of /_dedup/.
+# raw PORT REQUEST: the answer to bytes sent as they are (printf escapes).
+raw() {
+  python3 - "$1" "$2" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(sys.argv[2].encode().decode("unicode_escape").encode("latin1"))
+s.settimeout(5)
+out = b""
+try:
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        out += d
+except OSError:
+    pass
+sys.stdout.write(out.decode("latin1"))
+PY
+}
+ans=$(raw $port "POST http://127.0.0.1:$port/v1/keys/abs-1/claim HTTP/1.1\r\nHost: 127.0.0.1:$port\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+check "POST http://127.0.0.1:$port/v1/keys/abs-1/claim (absolute-form): 201" grep -q "^HTTP/1.1 201" <<<"$ans"
+ans=$(raw $port "GET HTTP://localhost:$port/v1/keys/abs-1 HTTP/1.0\r\n\r\n")
+check "... GET HTTP://localhost:PORT/v1/keys/abs-1 over HTTP/1.0 (no Host): the record" \
+  eval 'grep -q "^HTTP/1.1 200" <<<"$ans" && grep -q in_progress <<<"$ans"'
+ans=$(raw $port "GET http://evil.example/v1/keys/abs-1 HTTP/1.1\r\nHost: 127.0.0.1:$port\r\nConnection: close\r\n\r\n")
+check "... the target's host is the request's, not Host's: http://evil.example is 421" \
+  grep -q "^HTTP/1.1 421" <<<"$ans"
+ans=$(raw $port "GET http://u:pw@127.0.0.1:$port/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+check "... a target with user information: 400" grep -q "^HTTP/1.1 400" <<<"$ans"
+ans=$(raw $proxy_port "GET http://127.0.0.1:$proxy_port/_dedup/v1/keys?prefix=idem HTTP/1.1\r\nHost: 127.0.0.1:$proxy_port\r\nAuthorization: Bearer $token\r\nConnection: close\r\n\r\n")
+check "proxy: GET http://HOST/_dedup/v1/keys (absolute-form) is served by dedup, not forwarded" \
+  eval 'grep -q "^HTTP/1.1 200" <<<"$ans" && grep -q "\"records\"" <<<"$ans"'
+ans=$(raw $proxy_port "POST http://127.0.0.1:$proxy_port/echo HTTP/1.1\r\nHost: 127.0.0.1:$proxy_port\r\nDedup-Token: $token\r\nIdempotency-Key: abs-2\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx")
+check "proxy: POST http://HOST/echo reaches the application as /echo" \
+  eval 'grep -q "^HTTP/1.1 200" <<<"$ans" && grep -q "\"path\": \"/echo\"" <<<"$ans"'
+
 # ---- a second serve on a port in use: exit 2. cpp-httplib's SO_REUSEPORT let it
 # bind beside the first, and the kernel split the connections between two
 # stores (a key acquired twice; requests past a token the other did not need).

@@ -282,6 +282,7 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     for (;;) {
       if (HeadBuffered()) {
         if (malformed_ = MalformedLine(); !malformed_.empty()) return Head::kMalformed;
+        if (malformed_ = OriginForm(); !malformed_.empty()) return Head::kMalformed;
         if (declared_length_ > max_body) return Head::kBodyTooLarge;
         if (!KnownMethod()) return Head::kUnknownMethod;
         if (!framed_) FrameAsEmpty();
@@ -483,6 +484,60 @@ class HttpServer::ConnectionStream final : public httplib::Stream {
     if (hosts == 0 && request_line.ends_with(" HTTP/1.1\r")) {
       return "an HTTP/1.1 request without a Host field (RFC 9112 3.2)";
     }
+    return "";
+  }
+
+  // RFC 9112 3.2.2: a server accepts a target in absolute-form ("POST
+  // http://127.0.0.1:8077/v1/keys/a/claim HTTP/1.1", what a client set up for a
+  // forward proxy sends) and takes the host from it, ignoring Host. cpp-httplib
+  // read the whole URL as the path: the API answered 404 "no such route", and
+  // the proxy forwarded it to the application as sent, past its checks of
+  // dedup's own paths (/_dedup/...). The target is rewritten to origin-form
+  // ("/v1/keys/a/claim", "/" for none) and the Host field's value (or a Host
+  // field added, for HTTP/1.0) to the target's authority, before cpp-httplib
+  // reads the head: every check after sees the request as if sent to the host
+  // named. Only "http" and "https" targets; "*" and other schemes go as sent.
+  std::string OriginForm() {
+    const size_t nl = buf_.find('\n', off_);
+    if (nl == std::string::npos || nl >= head_end_) return "";
+    const size_t sp1 = buf_.find(' ', off_);
+    if (sp1 == std::string::npos || sp1 >= nl) return "";
+    const size_t start = sp1 + 1;
+    const size_t end = std::min(buf_.find(' ', start), nl);
+    const std::string_view target(buf_.data() + start, end - start);
+    size_t scheme = 0;
+    if (target.size() > 7 && NameIs(target.substr(0, 7), "http://")) scheme = 7;
+    if (target.size() > 8 && NameIs(target.substr(0, 8), "https://")) scheme = 8;
+    if (scheme == 0) return "";
+    const size_t auth_end = std::min(target.find_first_of("/?#", scheme), target.size());
+    const std::string authority(target.substr(scheme, auth_end - scheme));
+    if (authority.empty()) return "an absolute-form request target without a host (RFC 9112 3.2.2)";
+    if (authority.find('@') != std::string::npos) {
+      return "a request target with user information (RFC 9110 4.2.4: not sent in http URIs)";
+    }
+    for (unsigned char c : authority) {
+      if (c <= ' ' || c >= 0x7f) return "a control byte or space in the request target's host";
+    }
+    std::string path(target.substr(auth_end));
+    if (path.empty() || path.front() != '/') path.insert(0, "/");
+    buf_.replace(start, end - start, path);
+    head_end_ = head_end_ + path.size() - target.size();
+    // The Host field: its value replaced (MalformedLine allowed one at most).
+    size_t line = buf_.find('\n', off_) + 1;
+    while (line + 2 < head_end_) {
+      const size_t next = buf_.find('\n', line) + 1;
+      const size_t colon = buf_.find(':', line);
+      if (colon < next && NameIs(std::string_view(buf_).substr(line, colon - line), "host")) {
+        const std::string value = " " + authority;
+        buf_.replace(colon + 1, next - 2 - (colon + 1), value);
+        head_end_ = head_end_ + value.size() - (next - 2 - (colon + 1));
+        return "";
+      }
+      line = next;
+    }
+    const std::string field = "Host: " + authority + "\r\n";
+    buf_.insert(head_end_ - 2, field);
+    head_end_ += field.size();
     return "";
   }
 
