@@ -23,7 +23,7 @@ redis_start "$port" "$tmp/redis"
 cli() { redis-cli -h 127.0.0.1 -p "$port" "$@"; }
 source "$here/../scripts/lib/check.sh"
 declare -A sha
-for s in claim extend complete release inspect complete_ack forget; do
+for s in claim extend complete release inspect complete_ack forget unclaim; do
   sha[$s]=$(cli SCRIPT LOAD "$(cat "$lua_dir/$s.lua")")
 done
 run() { local s=$1; shift; cli EVALSHA "${sha[$s]}" 1 "$@" 2>&1 | lines; }
@@ -46,11 +46,13 @@ for tok in 0000000000000000 00000000000000AA 0x000000000000aa 00000000000000a 00
   check "extend token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first extend p:k "$tok" 1000)"
   check "complete token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first complete p:k "$tok" 1000 0 x)"
   check "release token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first release p:k "$tok" 1000)"
+  check "unclaim token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first unclaim p:k "$tok" 1000)"
   check "claim token '$tok' is DEDUPARGS" "DEDUPARGS" "$(first claim p:new "$tok" 1000 1000 '' 0)"
 done
 for ret in 0 -1 1.5 '' 315360000001; do
   check "complete retention '$ret' is DEDUPARGS" "DEDUPARGS" "$(first complete p:k $A "$ret" 0 x)"
   check "release retention '$ret' is DEDUPARGS" "DEDUPARGS" "$(first release p:k $A "$ret")"
+  check "unclaim retention '$ret' is DEDUPARGS" "DEDUPARGS" "$(first unclaim p:k $A "$ret")"
   check "claim retention '$ret' is DEDUPARGS" "DEDUPARGS" "$(first claim p:new $A 1000 "$ret" '' 0)"
 done
 for st in 3 -1 1.0 '' 01; do
@@ -175,11 +177,29 @@ fi
 #    it (clusterreview): answered a bare Lua error ('ERR Lua redis lib command
 #    arguments must be strings or integers ... on @user_script:92') that names
 #    no argument. Now DEDUPARGS naming the key, nothing changed.
-for s in claim extend complete release inspect forget; do
+for s in claim extend complete release inspect forget unclaim; do
   check "$s without its key is DEDUPARGS" "DEDUPARGS $s: needs 1 key (the record key), got 0" \
     "$(cli EVALSHA "${sha[$s]}" 0 $A 1000 1000 '' 0 2>&1)"
 done
 check "complete_ack without keys is DEDUPARGS" "DEDUPARGS" \
   "$(cli EVALSHA "${sha[complete_ack]}" 0 $A 1000 0 x g 1-1 2>&1 | cut -d' ' -f1)"
+
+# 6. unclaim.lua (a failed claim batch gives back its claims): the attempt the
+#    claim counted is given back and the fence kept; the first claim of a key
+#    becomes a fence floor. Another token, or a record not IN_PROGRESS: 0,
+#    nothing changed. An extra argument is refused, not ignored.
+check "claim u1" "0 1 1" "$(run claim p:u1 $A 60000 600000 '' 0)"
+check "unclaim u1 with another token: LOST" "0" "$(run unclaim p:u1 $B 600000)"
+check "unclaim u1 with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first unclaim p:u1 $A 600000 x)"
+check "unclaim u1" "1" "$(run unclaim p:u1 $A 600000)"
+check "... a fence floor: no record to inspect" "" "$(run inspect p:u1)"
+check "... the next claim: fence 2, attempt 1" "0 2 1" "$(run claim p:u1 $B 60000 600000 '' 1)"
+check "release u1, claim again: attempt 2" "0 3 2" \
+  "$(run release p:u1 $B 600000 >/dev/null; run claim p:u1 $A 60000 600000 '' 0)"
+check "unclaim u1: back to attempt 1, fence 3" "1" "$(run unclaim p:u1 $A 600000)"
+check "... the next claim with max_attempts 2: fence 4, attempt 2" "0 4 2" \
+  "$(run claim p:u1 $B 60000 600000 '' 2)"
+check "unclaim of a COMPLETED record: 0, unchanged" "0" \
+  "$(run complete p:u1 $B 600000 0 r >/dev/null; run unclaim p:u1 $B 600000)"
 
 check_done "redis hardening"

@@ -389,19 +389,40 @@ TEST_F(RedisStoreTest, ABatchFailingOnAKeyOfAnotherTypeHoldsNoneOfItsClaims) {
       ASSERT_TRUE(dup.ok() && dup->outcome == ClaimOutcome::kBusy) << dup.status();
     }
     const std::vector<std::string> good = {"before-" + n, "after-" + n + "-1", "after-" + n + "-2"};
-    auto b = s.ClaimBatch(std::vector<ClaimRequest>{Req(good[0]), Req(odd), Req(good[1]),
-                                                    Req(good[2])});
+    // One key that ran once before and was released: its one attempt is kept.
+    const std::string tried = "tried-" + n;
+    auto first = s.Claim(Req(tried));
+    ASSERT_TRUE(first.ok() && first->acquired()) << first.status();
+    ASSERT_EQ(*s.Release(tried, first->token, Millis(600000)), WriteResult::kOk);
+    auto b = s.ClaimBatch(std::vector<ClaimRequest>{Req(good[0]), Req(tried), Req(odd),
+                                                    Req(good[1]), Req(good[2])});
     ASSERT_FALSE(b.ok());
     EXPECT_EQ(b.status().code(), StatusCode::kDataLoss) << b.status();
     EXPECT_NE(b.status().message().find("key 'odd\\x00\\x0akey'"), std::string::npos)
         << b.status();
     EXPECT_EQ(b.status().message().find('\n'), std::string::npos) << b.status();
     EXPECT_EQ(b.status().message().find('\0'), std::string::npos) << b.status();
+    // Nor did it use up an attempt of the others (they were released, and with
+    // max_attempts 1 each was EXHAUSTED without a run): each is as before the
+    // batch, its fence past the one the batch's claim took.
     for (const std::string& key : good) {
-      auto again = s.Claim(Req(key));
+      auto seen = s.Inspect(key);
+      ASSERT_TRUE(seen.ok()) << seen.status();
+      EXPECT_FALSE(seen->has_value()) << key << " has a record after a batch that failed";
+      ClaimRequest once = Req(key);
+      once.max_attempts = 1;
+      auto again = s.Claim(once);
       ASSERT_TRUE(again.ok()) << again.status();
-      EXPECT_EQ(again->outcome, ClaimOutcome::kAcquired) << key << " was left held";
+      EXPECT_EQ(again->outcome, ClaimOutcome::kAcquired) << key << " was left held or exhausted";
+      EXPECT_EQ(again->attempt, 1u) << key;
+      EXPECT_EQ(again->fence, 2u) << key;
     }
+    ClaimRequest twice = Req(tried);
+    twice.max_attempts = 2;
+    auto again = s.Claim(twice);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->outcome, ClaimOutcome::kAcquired) << tried;
+    EXPECT_EQ(again->attempt, 2u);
   }
   EXPECT_EQ(Admin(6394, {"TYPE", "w:" + odd}), "hash");
 }

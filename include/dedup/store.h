@@ -114,8 +114,11 @@ class Store {
   // before the failure are released before it returns (best effort: a claim that
   // cannot be released, its server unreachable or its reply lost, stays
   // IN_PROGRESS until its lease ends, as a crashed owner's would, and is then
-  // taken over). The default runs Claim in a loop; stores override it to save
-  // round trips.
+  // taken over). The Redis store also gives back the attempt each such claim
+  // counted (unclaim.lua), so that one bad key or one stalled node in a batch
+  // uses up no attempt of the others; the default loop and the PostgreSQL store
+  // release them, which keeps it. The default runs Claim in a loop; stores
+  // override it to save round trips.
   [[nodiscard]] virtual StatusOr<std::vector<ClaimResult>> ClaimBatch(
       std::span<const ClaimRequest> reqs);
 

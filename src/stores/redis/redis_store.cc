@@ -41,7 +41,7 @@ using redis::ReplyText;
 
 enum ScriptId : size_t {
   kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kCompleteBatch,
-  kCompleteAckStream, kNumScripts
+  kCompleteAckStream, kUnclaim, kNumScripts
 };
 
 // The embedded scripts, in ScriptId order.
@@ -49,7 +49,7 @@ const redis::ScriptSet& Scripts() {
   static const redis::ScriptSet scripts = [] {
     static constexpr std::string_view kOrder[kNumScripts] = {
         "claim", "extend", "complete", "release", "inspect", "complete_ack", "forget",
-        "complete_batch", "complete_ack_stream"};
+        "complete_batch", "complete_ack_stream", "unclaim"};
     std::vector<std::pair<std::string_view, std::string_view>> list;
     for (std::string_view name : kOrder) {
       for (const auto& e : redis::kEmbeddedScripts) {
@@ -377,9 +377,13 @@ class RedisStore final : public Store {
 
   // A batch that fails as a whole must not keep the claims it made on the way:
   // nobody holds their tokens, so those keys would answer BUSY until the lease
-  // ends. Best effort, one round trip per node; what cannot be released (its
-  // server unreachable, or a claim whose reply never came) stays IN_PROGRESS
-  // until its lease ends, as a crashed owner's would, and is then taken over.
+  // ends. They are undone (unclaim.lua): back to the attempt they had, so that
+  // a batch failed by one corrupt key or one stalled node uses up no attempt
+  // of the others (release.lua kept it: with max_attempts 1 each was EXHAUSTED
+  // without a run). Best effort, one round trip per node; what cannot be undone
+  // (its server unreachable, or a claim whose reply never came) stays
+  // IN_PROGRESS until its lease ends, as a crashed owner's would, and is then
+  // taken over.
   void ReleaseAcquired(std::span<const ClaimRequest> reqs, const std::vector<Token>& tokens,
                        const std::vector<ClaimResult>& out) {
     std::vector<std::string> keys;
@@ -387,7 +391,7 @@ class RedisStore final : public Store {
     for (size_t i = 0; i < out.size(); ++i) {
       if (out[i].outcome != ClaimOutcome::kAcquired || out[i].token != tokens[i]) continue;
       keys.push_back(RedisKey(reqs[i].key));
-      cmds.push_back(ScriptCommand(kRelease, keys.back(),
+      cmds.push_back(ScriptCommand(kUnclaim, keys.back(),
                                    {tokens[i].ToHex(), std::to_string(reqs[i].retention.count())}));
     }
     if (cmds.empty()) return;
