@@ -202,4 +202,13 @@ check "... the next claim with max_attempts 2: fence 4, attempt 2" "0 4 2" \
 check "unclaim of a COMPLETED record: 0, unchanged" "0" \
   "$(run complete p:u1 $B 600000 0 r >/dev/null; run unclaim p:u1 $B 600000)"
 
+# 7. forget.lua removes a value that is not a record, also a key of another Redis
+#    type (the docs said so; GET met a hash with WRONGTYPE, and forget failed).
+cli HSET p:h f v >/dev/null
+check "forget of a hash at the key: removed" "1 0" "$(run forget p:h 0)"
+check "... and it is gone" "none" "$(cli TYPE p:h)"
+cli RPUSH p:l x >/dev/null
+check "forget of a list at the key: removed" "1 0" "$(run forget p:l 0)"
+check "forget of no key: 0" "0 0" "$(run forget p:none 0)"
+
 check_done "redis hardening"

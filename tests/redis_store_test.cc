@@ -279,6 +279,13 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     EXPECT_EQ(i.status().code(), StatusCode::kDataLoss) << i.status();
   }
   EXPECT_EQ(Admin(6394, {"GET", "c:bad"}), "not a record");
+  // A scan that meets one names it (it named no key: the operator could not
+  // tell which to forget).
+  auto scan = (*store)->Scan("", 100);
+  EXPECT_EQ(scan.status().code(), StatusCode::kDataLoss) << scan.status();
+  EXPECT_TRUE(scan.status().message().find("scan: key 'bad'") != std::string::npos ||
+              scan.status().message().find("scan: key 'hash'") != std::string::npos)
+      << scan.status();
 
   // A batch that fails on a corrupt record does not keep the claims it made on
   // the way: nobody holds their tokens, so they would answer BUSY for a lease.
@@ -291,6 +298,15 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->outcome, ClaimOutcome::kAcquired) << key;
   }
+  // Forget removes both, the hash too (its GET met WRONGTYPE: DataLoss).
+  for (const char* key : {"bad", "hash"}) {
+    auto f = (*store)->Forget(key, {});
+    ASSERT_TRUE(f.ok()) << key << ": " << f.status();
+    EXPECT_TRUE(*f) << key;
+  }
+  EXPECT_EQ(Admin(6394, {"EXISTS", "c:hash"}), "0");
+  ASSERT_EQ(Admin(6394, {"SET", "c:bad", "not a record"}), "OK");
+  ASSERT_EQ(Admin(6394, {"HSET", "c:hash", "f", "v"}), "1");
 
   // A key of another Redis type: Claim and ClaimBatch name the key and the
   // problem alike, whether the claim's SET carries GET (it then meets WRONGTYPE)

@@ -1030,10 +1030,16 @@ return denied)";
     return res;
   }
 
+  // The key is named in every error (Printable): a scan that met one value it
+  // cannot read (a hash someone wrote under the prefix, corrupt bytes) failed
+  // without saying which, and `dedup forget KEY` is how an operator removes it.
   StatusOr<std::optional<Record>> DecodeRecord(std::string_view op, const redisReply* r,
                                                std::string_view key) {
-    if (IsError(r)) return ErrorReplyStatus("redis " + description_ + ": " + std::string(op) + ": ",
-                                            ReplyText(r));
+    if (IsError(r)) {
+      return ErrorReplyStatus("redis " + description_ + ": " + std::string(op) + ": key '" +
+                                  internal::Printable(key) + "': ",
+                              ReplyText(r));
+    }
     if (r->type == REDIS_REPLY_NIL) return std::optional<Record>();
     long long state = 0, status = 0, fence = 0, attempt = 0, lease = 0, retention = 0;
     if (!IntAt(r, 0, &state) || !IntAt(r, 1, &status) || !IntAt(r, 3, &fence) ||
@@ -1043,8 +1049,8 @@ return denied)";
     }
     std::optional<Token> token = Token::FromHex(StrAt(r, 2));
     if (!token) {
-      return Status::DataLoss("redis " + description_ + ": " + std::string(op) +
-                              ": corrupt record (token 0)");
+      return Status::DataLoss("redis " + description_ + ": " + std::string(op) + ": key '" +
+                              internal::Printable(key) + "': corrupt record (token 0)");
     }
     Record rec;
     rec.key.assign(key);

@@ -9,12 +9,20 @@
 --                  3 forced on a running lease: the record became a fence floor, a
 --                    RELEASED record with attempt 0 and the same fence, kept until
 --                    that lease would have ended, so the next claim gets fence + 1
--- A value that is not a record is removed (how an operator gets rid of a corrupt one).
+-- A value that is not a record is removed (how an operator gets rid of a corrupt one),
+-- a key of another Redis type (a hash, a list) too: GET met it with WRONGTYPE, and
+-- the one tool meant to clear such a key could not.
 --@dedup-include record.lua
 local key, key_err = record_key('forget')
 if key_err then return key_err end
 local force = arg_uint(ARGV[1], 1)
 if not force then return bad_args('forget', 'force must be 0 or 1') end
+local kind = redis.call('TYPE', key).ok
+if kind == 'none' then return {0, 0} end
+if kind ~= 'string' then
+  redis.call('DEL', key)
+  return {1, 0}
+end
 local v = redis.call('GET', key)
 if not v then return {0, 0} end
 local r = decode(v)
