@@ -259,6 +259,23 @@ TEST_F(RedisStoreTest, ServerRestartIsUnavailableThenTransparent) {
   EXPECT_EQ((*b)[2].outcome, ClaimOutcome::kBusy);
 }
 
+// The prefix begins every error and the worker's banner: escaped, as keys are
+// (a raw ESC reached the terminal).
+TEST_F(RedisStoreTest, ThePrefixIsShownEscaped) {
+  if (!PortFree(6394)) GTEST_SKIP() << "port 6394 in use";
+  RedisServer server(6394, Dir("escaped-prefix"));
+  ASSERT_TRUE(server.Start());
+  auto store = OpenStore("redis://127.0.0.1:6394?prefix=%1b%5b31mP:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string d = (*store)->Describe();
+  EXPECT_EQ(d.find('\x1b'), std::string::npos) << d;
+  EXPECT_NE(d.find("prefix=\\x1b[31mP:"), std::string::npos) << d;
+  ASSERT_EQ(Admin(6394, {"SET", "\x1b[31mP:bad", "not a record"}), "OK");
+  auto r = (*store)->Claim(Req("bad"));
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_EQ(r.status().message().find('\x1b'), std::string::npos) << r.status();
+}
+
 TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
   if (!PortFree(6394)) GTEST_SKIP() << "port 6394 in use";
   RedisServer server(6394, Dir("corrupt"));

@@ -1080,8 +1080,10 @@ return denied)";
   mutable std::atomic<int64_t> get_until_ms_{0};
 };
 
+// The prefix escaped (Printable), as keys are: it begins every error and the
+// worker's banner, and "?prefix=%1b%5b31m" put a raw ESC on the terminal.
 std::string Describe(const redis::ConnectionOptions& c, const std::string& prefix) {
-  return c.Describe() + "?prefix=" + prefix;
+  return c.Describe() + "?prefix=" + internal::Printable(prefix);
 }
 
 StatusOr<std::unique_ptr<Store>> Open(redis::ConnectionOptions c, std::string prefix,
