@@ -96,6 +96,36 @@ worker_pid=
 grep -q 'NUL byte' "$tmp/worker.log" && grep -q "key 'a\\\\x00b'" "$tmp/worker.log" &&
   ok "the log names the reason and the escaped key" || fail "worker log: $(cat "$tmp/worker.log")"
 
+# 3b. An entry the handler's JSON on stdin cannot carry as it is: refused
+#     (dead-lettered with the reason), never run. The key was made from the first
+#     of two "id" fields and the JSON held the last (three keys ran "order 42"
+#     from `dedup publish --id-prefix m- --field id=42`); a repeated other field
+#     kept its last value; bytes that are not UTF-8 became U+FFFD.
+printf 'XADD jobs2 * id dup-1 id dup-2\nXADD jobs2 * id rep other 1 other 2\nXADD jobs2 * id bin data "\\xff\\xfe"\nXADD jobs2 * id ok-1 data plain\n' |
+  rcli >/dev/null
+"$dedup" worker --broker "redis://127.0.0.1:$port?stream=jobs2&group=g&dead=jobs2:dead" \
+  --store "memory:" --exec "printf '%s|' \"\$DEDUP_KEY\" >>$tmp/ran2" --retry-delay 100ms \
+  >"$tmp/worker2.log" 2>&1 &
+worker_pid=$!
+for _ in $(seq 150); do
+  [[ "$(rcli XLEN jobs2:dead)" -ge 3 && -s "$tmp/ran2" ]] && break
+  sleep 0.1
+done
+{ kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null || true
+worker_pid=
+[[ "$(cat "$tmp/ran2" 2>/dev/null)" == "ok-1|" ]] && ok "the handler ran for ok-1 only" ||
+  fail "handler ran for: $(cat "$tmp/ran2" 2>/dev/null)"
+[[ "$(rcli XLEN jobs2:dead)" == 3 ]] && ok "three entries dead-lettered" || fail "dead: $(rcli XLEN jobs2:dead)"
+grep -q "key field 'id' given twice" "$tmp/worker2.log" && grep -q "'other' is given twice" "$tmp/worker2.log" &&
+  grep -q "'data' holds bytes that are not UTF-8" "$tmp/worker2.log" &&
+  ok "the log names each reason" || fail "worker log: $(cat "$tmp/worker2.log")"
+expect_rc "publish --field id=42 beside --id-prefix (which sets id): refused" 2 \
+  "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jobs3" --id-prefix m- --field id=42
+[[ "$out" == *"'id' is given twice"* ]] || fail "publish: $out"
+expect_rc "publish --field a=1 --field a=2: refused" 2 \
+  "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jobs3" --field a=1 --field a=2
+[[ "$(rcli EXISTS jobs3)" == 0 ]] && ok "nothing was published" || fail "jobs3 exists"
+
 # 4. Numeric flags: negative and out-of-range values are refused, never wrapped.
 for args in "inspect --store $db --prefix m- --limit -1" \
             "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --count -1" \

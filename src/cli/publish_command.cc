@@ -22,6 +22,7 @@
 #ifdef DEDUP_WITH_REDIS_STREAMS
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -262,7 +263,18 @@ int RunPublish(const PublishFlags& f) {
   for (const auto& kv : f.fields) {
     auto p = SplitField(kv);
     if (!p) {
-      std::fprintf(stderr, "dedup publish: --field '%s' is not NAME=VALUE\n", kv.c_str());
+      std::fprintf(stderr, "dedup publish: --field '%s' is not NAME=VALUE\n",
+                   internal::PrintableCut(kv, 64).c_str());
+      return kExitUsage;
+    }
+    // A name given twice (or "id" beside --id-prefix, which sets it) made a
+    // Redis entry whose key and handler input disagreed: which value is meant?
+    const bool taken = std::any_of(fields.begin(), fields.end(),
+                                   [&](const auto& e) { return e.first == p->first; });
+    if (taken || (p->first == "id" && !f.id_prefix.empty())) {
+      std::fprintf(stderr, "dedup publish: --field '%s' is given twice%s\n",
+                   internal::PrintableCut(p->first, 64).c_str(),
+                   taken ? "" : " (--id-prefix sets the field id)");
       return kExitUsage;
     }
     fields.push_back(*p);

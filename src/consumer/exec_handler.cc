@@ -162,9 +162,25 @@ HandlerResult ExecHandler::RunCommand(const Delivery& d, uint64_t fence, uint32_
   HandlerCommand c;
   c.argv = argv_;
   if (options_.stdin_format == ExecHandlerOptions::Stdin::kAttributesJson) {
+    // The JSON object must say what the entry holds, or the handler acts on
+    // something else than what was claimed: a field given twice kept only its
+    // last value (the key was made from the first), and bytes that are not
+    // UTF-8 became U+FFFD. Such an entry is refused (dead-lettered), never run.
     nlohmann::json payload = nlohmann::json::object();
-    for (const auto& [k, v] : d.attributes()) payload[k] = v;
-    c.stdin_data = payload.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    for (const auto& [k, v] : d.attributes()) {
+      if (!internal::IsValidUtf8(k) || !internal::IsValidUtf8(v)) {
+        return HandlerResult::Fail("field '" + internal::PrintableCut(k, 64) +
+                                   "' holds bytes that are not UTF-8, which the JSON on the "
+                                   "handler's stdin cannot carry as they are; handler not run");
+      }
+      if (payload.contains(k)) {
+        return HandlerResult::Fail("field '" + internal::PrintableCut(k, 64) +
+                                   "' is given twice in the entry, and the JSON on the "
+                                   "handler's stdin holds one value per field; handler not run");
+      }
+      payload[k] = v;
+    }
+    c.stdin_data = payload.dump();
   } else {
     c.stdin_data = d.payload();
   }

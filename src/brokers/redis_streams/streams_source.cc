@@ -351,14 +351,24 @@ class StreamsSource final : public MessageSource {
 
   std::string KeyOf(const StreamMessage& m, std::string* error) const {
     if (o_.key_from_content) return o_.key_prefix + internal::HexSha256(m.CanonicalPayload());
+    // XADD takes a field name more than once ("id 1 id 2"): which one is the key
+    // is then a guess (the first was taken, and a handler's JSON on stdin held the
+    // last), so such an entry has no key.
+    const std::string* key = nullptr;
     for (const auto& [k, v] : m.fields) {
-      if (k == o_.key_field) {
-        if (v.empty()) *error = "empty key field '" + o_.key_field + "'";
-        return v.empty() ? std::string() : o_.key_prefix + v;
+      if (k != o_.key_field) continue;
+      if (key != nullptr) {
+        *error = "key field '" + o_.key_field + "' given twice in the entry";
+        return {};
       }
+      key = &v;
     }
-    *error = "missing key field '" + o_.key_field + "'";
-    return {};
+    if (key == nullptr) {
+      *error = "missing key field '" + o_.key_field + "'";
+      return {};
+    }
+    if (key->empty()) *error = "empty key field '" + o_.key_field + "'";
+    return key->empty() ? std::string() : o_.key_prefix + *key;
   }
 
   // Entries of a reply -> deliveries; deleted ones are XACKed here.
