@@ -126,8 +126,17 @@ expect_rc "publish --field a=1 --field a=2: refused" 2 \
   "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jobs3" --field a=1 --field a=2
 [[ "$(rcli EXISTS jobs3)" == 0 ]] && ok "nothing was published" || fail "jobs3 exists"
 
+# 3c. inspect and forget on a store that cannot be reached: 75 (try again later),
+#     as exec and worker answer it, not 2 (bad usage).
+expect_rc "inspect of an unreachable store: 75" 75 "$dedup" inspect --store redis://127.0.0.1:1 k
+expect_rc "inspect --prefix of an unreachable store: 75" 75 "$dedup" inspect --store redis://127.0.0.1:1 --prefix k
+expect_rc "forget of an unreachable store: 75" 75 "$dedup" forget --store redis://127.0.0.1:1 k
+
 # 4. Numeric flags: negative and out-of-range values are refused, never wrapped.
 for args in "inspect --store $db --prefix m- --limit -1" \
+            "inspect --store $db --prefix m- --limit 0" \
+            "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --count 0" \
+            "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --count 1000000000000" \
             "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --count -1" \
             "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --seed -1" \
             "publish --broker redis://127.0.0.1:$port?stream=x --id-prefix m --start -5" \

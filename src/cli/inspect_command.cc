@@ -80,26 +80,35 @@ StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd, b
   return s;
 }
 
+// 75 (try again later) for a store that is unreachable or slow (retryable), as
+// exec and worker answer it; 2 for the rest. A script retrying on 75 treated an
+// unreachable store as a bad command line.
+int ExitForStoreError(const Status& s) { return s.retryable() ? kExitTempFail : kExitUsage; }
+
 int RunInspect(const InspectFlags& f) {
   if (f.key.empty() == !f.has_prefix) {
     std::fprintf(stderr, "dedup inspect: give a KEY or --prefix P (not both)\n");
     return kExitUsage;
   }
+  if (f.has_prefix && f.limit == 0) {
+    std::fprintf(stderr, "dedup inspect: --limit must be at least 1\n");
+    return kExitUsage;
+  }
   auto store = Open(f.store, "inspect", /*read_only=*/true);
-  if (!store.ok()) return kExitUsage;
+  if (!store.ok()) return ExitForStoreError(store.status());
   std::vector<Record> records;
   if (!f.key.empty()) {
     auto r = (*store)->Inspect(f.key);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
-      return kExitUsage;
+      return ExitForStoreError(r.status());
     }
     if (r->has_value()) records.push_back(**r);
   } else {
     auto r = (*store)->Scan(f.prefix, f.limit);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
-      return kExitUsage;
+      return ExitForStoreError(r.status());
     }
     records = std::move(r).value();
   }
@@ -123,12 +132,13 @@ int RunInspect(const InspectFlags& f) {
 void RegisterInspect(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<InspectFlags>();
   CLI::App* app = root.add_subcommand("inspect", "Show stored records (one key, or a prefix); "
-                                                  "exit 1 when there is none");
+                                                  "exit 1 when there is none, 75 when the store "
+                                                  "is unreachable");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("key", f->key, "The key to show");
   app->add_option("--prefix", f->prefix, "Show records whose key starts with this")
       ->each([f](const std::string&) { f->has_prefix = true; });
-  app->add_option("--limit", f->limit, "At most this many records with --prefix")
+  app->add_option("--limit", f->limit, "At most this many records with --prefix (at least 1)")
       ->capture_default_str();
   app->add_flag("--json", f->json, "One JSON array");
   app->callback([f, &ctx] { ctx.exit_code = RunInspect(*f); });
@@ -147,7 +157,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
   app->callback([f, &ctx] {
     auto store = Open(f->store, "forget", /*read_only=*/false);
     if (!store.ok()) {
-      ctx.exit_code = kExitUsage;
+      ctx.exit_code = ExitForStoreError(store.status());
       return;
     }
     ForgetOptions o;
@@ -156,8 +166,9 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
     if (!r.ok()) {
       std::fprintf(stderr, "dedup forget: %s\n", r.status().ToString().c_str());
       // A running lease: not now (wait for it, or --force).
-      ctx.exit_code = r.status().code() == StatusCode::kFailedPrecondition ? kExitTempFail
-                                                                           : kExitUsage;
+      ctx.exit_code = r.status().code() == StatusCode::kFailedPrecondition
+                          ? kExitTempFail
+                          : ExitForStoreError(r.status());
       return;
     }
     std::fprintf(stderr, "dedup forget: %s\n", *r ? "removed" : "no record");

@@ -236,7 +236,7 @@ int PublishRedis(const PublishFlags& f, const Fields& fields) {
                 static_cast<unsigned long long>(published),
                 static_cast<unsigned long long>(f.count), wo->stream.c_str());
   }
-  if (!f.quiet && created) {
+  if (!f.quiet && created && published > 0) {
     std::fprintf(stderr, "dedup publish: stream '%s' did not exist; this publish created it\n",
                  internal::Printable(wo->stream).c_str());
   }
@@ -305,7 +305,12 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
   CLI::App* app = root.add_subcommand("publish", "Add messages to a Redis stream, RabbitMQ queue or NATS stream (tests, demos)");
   app->add_option("--broker", f->broker, "redis://HOST:PORT?stream=S, amqp://...?queue=Q or nats://...?stream=S")->required();
   app->add_option("--field", f->fields, "NAME=VALUE, repeatable: a field of every message");
-  app->add_option("--count", f->count, "Messages to publish")->capture_default_str();
+  // Bounded: the publish order (duplicates placed among the originals) is built
+  // before the first message; --count 10^12 aborted with bad_alloc after a minute,
+  // having published nothing. More in batches: --start.
+  app->add_option("--count", f->count, "Messages to publish, 1 to 100000000 (more: run again with --start)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))
+      ->capture_default_str();
   app->add_option("--id-prefix", f->id_prefix, "Give message n the field id=<prefix><n>");
   app->add_option("--start", f->start, "First n for --id-prefix")->capture_default_str();
   app->add_option("--duplicates", f->duplicates, "Fraction published a second time")
