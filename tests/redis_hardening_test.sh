@@ -202,6 +202,15 @@ check "... the next claim with max_attempts 2: fence 4, attempt 2" "0 4 2" \
 check "unclaim of a COMPLETED record: 0, unchanged" "0" \
   "$(run complete p:u1 $B 600000 0 r >/dev/null; run unclaim p:u1 $B 600000)"
 
+# 6b. A try again of the claim that exhausted a key (its reply lost) reads it as
+#     its own EXHAUSTED (docs/REDIS_PROTOCOL.md), as the C++ fast path does;
+#     claim.lua answered DUPLICATE. Another token: DUPLICATE.
+check "claim ex" "0 1 1" "$(run claim p:ex $A 1 600000 '' 1)"
+sleep 0.05
+check "claim ex with max_attempts 1 after the lease: EXHAUSTED" "4 1 1" "$(run claim p:ex $B 60000 600000 '' 1)"
+check "... the same claim again: EXHAUSTED" "4 1 1" "$(run claim p:ex $B 60000 600000 '' 1)"
+check "... another token: DUPLICATE" "2" "$(first claim p:ex $A 60000 600000 '' 1)"
+
 # 7. forget.lua removes a value that is not a record, also a key of another Redis
 #    type (the docs said so; GET met a hash with WRONGTYPE, and forget failed).
 cli HSET p:h f v >/dev/null

@@ -80,7 +80,8 @@ check "takeover after the lease" "0 2 2" "$(claim p:k3 $B 200 600000 '' 2)"
 check "late write of the first owner is LOST" "0" "$(complete p:k3 $A 600000 0 x)"
 sleep 0.4
 check "third attempt with max 2 is EXHAUSTED" "4 2 2" "$(claim p:k3 $A 200 600000 '' 2)"
-check "then DUPLICATE with status exhausted" "2 2 2 0 2" "$(claim p:k3 $A 200 600000 '' 2 | cut -d' ' -f1-5)"
+check "its try again (same token) reads its own EXHAUSTED" "4 2 2" "$(claim p:k3 $A 200 600000 '' 2)"
+check "then DUPLICATE with status exhausted" "2 2 2 0 2" "$(claim p:k3 $B 200 600000 '' 2 | cut -d' ' -f1-5)"
 
 # 6. Records written by hand from the document are read by the scripts.
 #    Format 2: IN_PROGRESS with fingerprint (flags 0x51), token bb, fence 300 (ac 02),

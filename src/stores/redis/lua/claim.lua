@@ -30,6 +30,11 @@ if not r then
              'PX', lease + retention)
   return {0, 1, 1}
 end
+-- A try again of the claim that exhausted the key (its reply lost) reads it as
+-- its own EXHAUSTED, as the C++ fast path does: the record holds its token.
+if r.state == 2 and r.status == 2 and r.tok == tok then
+  return {4, r.fence, r.attempt}
+end
 if fp ~= '' and r.fp ~= '' and fp ~= r.fp then
   return {3, r.fence, r.attempt}
 end
