@@ -202,6 +202,17 @@ check "... the next claim with max_attempts 2: fence 4, attempt 2" "0 4 2" \
 check "unclaim of a COMPLETED record: 0, unchanged" "0" \
   "$(run complete p:u1 $B 600000 0 r >/dev/null; run unclaim p:u1 $B 600000)"
 
+# 6a. A second key or an extra argument is refused, not ignored (only the batch
+#     scripts checked their arity).
+check "claim with 2 keys: DEDUPARGS" "DEDUPARGS claim: needs 1 key and 5 arguments, got 2 and 5" \
+  "$(cli EVALSHA "${sha[claim]}" 2 p:a1 p:a2 $A 1000 1000 '' 0 2>&1)"
+check "claim with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first claim p:a1 $A 1000 1000 '' 0 x)"
+check "extend with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first extend p:a1 $A 1000 x)"
+check "release with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first release p:a1 $A 1000 x)"
+check "inspect with an argument: DEDUPARGS" "DEDUPARGS" "$(first inspect p:a1 x)"
+check "forget with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first forget p:a1 0 x)"
+check "... nothing was created" "0" "$(cli EXISTS p:a1 p:a2)"
+
 # 6b. A try again of the claim that exhausted a key (its reply lost) reads it as
 #     its own EXHAUSTED (docs/REDIS_PROTOCOL.md), as the C++ fast path does;
 #     claim.lua answered DUPLICATE. Another token: DUPLICATE.

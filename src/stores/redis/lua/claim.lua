@@ -10,7 +10,7 @@
 -- Reply    {outcome, fence, attempt, lease_left_ms, status, result}
 --          outcome 0 ACQUIRED, 1 BUSY, 2 DUPLICATE, 3 MISMATCH, 4 EXHAUSTED
 --@dedup-include record.lua
-local key, key_err = record_key('claim')
+local key, key_err = record_key('claim', 5)
 if key_err then return key_err end
 local tok, lease, retention = arg_token(ARGV[1]), arg_ms(ARGV[2]), arg_ms(ARGV[3])
 local fp, max_attempts = ARGV[4], arg_uint(ARGV[5], 4294967295)

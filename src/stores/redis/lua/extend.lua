@@ -4,7 +4,7 @@
 -- ARGV[2]  lease, ms > 0
 -- Reply    1 OK (lease now ends at now + lease), 0 LOST (nothing changed)
 --@dedup-include record.lua
-local key, key_err = record_key('extend')
+local key, key_err = record_key('extend', 2)
 if key_err then return key_err end
 local tok, lease = arg_token(ARGV[1]), arg_ms(ARGV[2])
 if not tok then return bad_args('extend', 'token must be 16 lower-case hex digits, not all 0') end

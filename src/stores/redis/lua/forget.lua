@@ -13,7 +13,7 @@
 -- a key of another Redis type (a hash, a list) too: GET met it with WRONGTYPE, and
 -- the one tool meant to clear such a key could not.
 --@dedup-include record.lua
-local key, key_err = record_key('forget')
+local key, key_err = record_key('forget', 1)
 if key_err then return key_err end
 local force = arg_uint(ARGV[1], 1)
 if not force then return bad_args('forget', 'force must be 0 or 1') end

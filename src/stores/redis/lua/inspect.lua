@@ -6,7 +6,7 @@
 --          state 1 in_progress, 2 completed, 3 released; status 0 ok, 1 failed, 2 exhausted
 --          lease_deadline_ms is 0 for a format-2 record that is not IN_PROGRESS.
 --@dedup-include record.lua
-local key, key_err = record_key('inspect')
+local key, key_err = record_key('inspect', 0)
 if key_err then return key_err end
 local r, err = load(key, 'inspect')
 if err then return err end

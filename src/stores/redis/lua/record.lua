@@ -96,9 +96,16 @@ local function bad_args(what, why)
   return redis.error_reply('DEDUPARGS ' .. what .. ': ' .. why)
 end
 -- A single-key script's record key, or (sent with numkeys 0) nil and its error.
-local function record_key(what)
+-- With `nargs`, also nil and an error unless the call has exactly 1 key and
+-- `nargs` arguments: a second key or an extra argument was ignored, and a
+-- client's mistake went unnoticed.
+local function record_key(what, nargs)
   local k = KEYS[1]
   if k == nil then return nil, bad_args(what, 'needs 1 key (the record key), got 0') end
+  if nargs and (#KEYS ~= 1 or #ARGV ~= nargs) then
+    return nil, bad_args(what, 'needs 1 key and ' .. nargs .. ' arguments, got ' .. #KEYS ..
+                         ' and ' .. #ARGV)
+  end
   return k
 end
 -- A duration in ms: decimal digits, no sign or leading zero, 1 to MAX_MS.

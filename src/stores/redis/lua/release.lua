@@ -4,7 +4,7 @@
 -- ARGV[2]  retention, ms > 0: how long fence and attempts are kept
 -- Reply    1 OK (RELEASED: claimable at once), 0 LOST (nothing changed)
 --@dedup-include record.lua
-local key, key_err = record_key('release')
+local key, key_err = record_key('release', 2)
 if key_err then return key_err end
 local tok, retention = arg_token(ARGV[1]), arg_ms(ARGV[2])
 if not tok then return bad_args('release', 'token must be 16 lower-case hex digits, not all 0') end

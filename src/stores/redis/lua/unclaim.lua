@@ -12,12 +12,8 @@
 -- ARGV[2]  retention, ms > 0: how long fence and attempts are kept
 -- Reply    1 OK, 0 LOST (the token does not hold the key: nothing changed)
 --@dedup-include record.lua
-local key, key_err = record_key('unclaim')
+local key, key_err = record_key('unclaim', 2)
 if key_err then return key_err end
-if #KEYS ~= 1 or #ARGV ~= 2 then
-  return bad_args('unclaim', 'needs 1 key and 2 arguments (token, retention), got ' .. #KEYS ..
-                  ' and ' .. #ARGV)
-end
 local tok, retention = arg_token(ARGV[1]), arg_ms(ARGV[2])
 if not tok then return bad_args('unclaim', 'token must be 16 lower-case hex digits, not all 0') end
 if not retention then
