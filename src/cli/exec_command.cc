@@ -12,7 +12,10 @@
 // released. With --handler-cgroup DIR it also runs in a cgroup v2 child of DIR of
 // its own, killed as a whole in each of those cases (what left its group too).
 // Its stdin is inherited (/dev/null in place of a terminal); its stdout
-// passed through and kept (at most 1 MiB). The lease is extended every lease/3.
+// passed through and kept (at most 1 MiB). The copy to our stdout is written by
+// a thread of its own (src/consumer/output_copy.h): a reader that stalls holds
+// up the command's writes (past 1 MiB), never the supervision or the outcome.
+// The lease is extended every lease/3.
 //
 // Exit codes (docs/EXEC.md; sysexits.h where one fits):
 //   N        the command ran now and exited N; recorded (0: ok, else failed),
@@ -47,6 +50,7 @@
 #include "core/printable.h"
 #include "cli/flags.h"
 #include "consumer/handler_process.h"
+#include "consumer/output_copy.h"
 #include "dedup/buffer.h"
 #include "dedup/store.h"
 
@@ -106,6 +110,17 @@ int StartFailureExit(const Status& s) {
   return kExitTempFail;
 }
 
+// Writes out what the command printed and the copy still holds, once the claim
+// is settled (recorded or released): a reader of our stdout that stalls holds
+// up only this, never the outcome. A stop signal ends the wait (what is left is
+// dropped); a reader that went away gets nothing more (as a write to it would).
+void FinishOutput(OutputCopy& copy, const char* settled) {
+  if (copy.Finish([] { return g_stop_signal.load() != 0; }) || copy.failed()) return;
+  std::fprintf(stderr, "dedup exec: stopped by signal %d while the command's output was "
+                       "written to stdout (%s); the rest of it is not written\n",
+               g_stop_signal.load(), settled);
+}
+
 // Gives the claim back and says so if the store did not take it.
 void ReleaseClaim(ClaimGuard& g, const ExecFlags& f) {
   auto r = g.Release();
@@ -148,6 +163,14 @@ int RunExec(const ExecFlags& f) {
     ~Unpublish() { g_supervisor.store(nullptr); }
   } unpublish;
   if (g_stop_signal.load() != 0) sup->RequestStop(g_stop_signal.load());
+  // The command's stdout reaches ours through a copy on a thread of its own
+  // (1 MiB): supervision never waits on our stdout's reader.
+  auto copied = OutputCopy::Start(STDOUT_FILENO, kMaxResultBytes);
+  if (!copied.ok()) {
+    std::fprintf(stderr, "dedup exec: %s; nothing claimed\n", copied.status().ToString().c_str());
+    return kExitTempFail;
+  }
+  OutputCopy& copy = **copied;
 
   // A command that cannot start is refused before anything is claimed.
   auto resolved = ResolveCommand(f.command.front());
@@ -222,7 +245,7 @@ int RunExec(const ExecFlags& f) {
            "DEDUP_ATTEMPT=" + std::to_string(g.attempt())};
   c.capture_stdout = true;
   c.max_output = kMaxResultBytes - 64;
-  c.tee_fd = STDOUT_FILENO;
+  c.tee = &copy;
   auto r = sup->Run(c, &g);
   if (!r.ok()) {
     ReleaseClaim(g, f);
@@ -243,11 +266,13 @@ int RunExec(const ExecFlags& f) {
       break;
     case HandlerVerdict::kNotStarted:
       ReleaseClaim(g, f);
+      FinishOutput(copy, "claim released");
       std::fprintf(stderr, "dedup exec: command %s (not executable / not found); claim "
                            "released, nothing recorded\n", e.Describe().c_str());
       return e.code;
     case HandlerVerdict::kRetry:
       ReleaseClaim(g, f);
+      FinishOutput(copy, "claim released");
       if (e.how == HandlerExit::How::kStopped && e.reason == HandlerExit::StopReason::kLeaseLost) {
         std::fprintf(stderr, "dedup exec: '%s': the lease was lost or could not be renewed; "
                              "command %s; nothing recorded; exit 75\n",
@@ -270,6 +295,8 @@ int RunExec(const ExecFlags& f) {
   }
   std::string result = std::string(kHeader) + std::to_string(e.code) + "\n" + e.output;
   auto w = g.Complete(result, e.code == 0 ? CompletionStatus::kOk : CompletionStatus::kFailed);
+  FinishOutput(copy, w.ok() && *w == WriteResult::kOk ? "the outcome is recorded"
+                                                      : "the outcome is not recorded");
   if (e.truncated) {
     std::fprintf(stderr, "dedup exec: output longer than 1 MiB; the recorded copy is cut\n");
   }

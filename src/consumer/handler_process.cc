@@ -3,6 +3,7 @@
 #include "consumer/handler_process.h"
 
 #include "consumer/handler_cgroup.h"
+#include "consumer/output_copy.h"
 #include "core/printable.h"
 #include "core/redact.h"
 #include "core/secret.h"
@@ -430,17 +431,6 @@ char* SpawnStack() {
 void CloseFd(int& fd) {
   if (fd >= 0) close(fd);
   fd = -1;
-}
-
-bool WriteAll(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
 }
 
 // A command's name in a message: a URL with a password as the command (a
@@ -923,7 +913,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     // stop it (SIGTTIN) for good.
     devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
-  if ((cmd.capture_stdout || cmd.tee_fd >= 0) && pipe2(out_pipe, O_CLOEXEC) != 0) {
+  if ((cmd.capture_stdout || cmd.tee != nullptr) && pipe2(out_pipe, O_CLOEXEC) != 0) {
     const int e = errno;
     close_all();
     return Status::Unavailable("pipe: " + Err(e));
@@ -1082,8 +1072,17 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   }
   if (in_fd >= 0 && written == cmd.stdin_data->size()) CloseFd(in_fd);
   char buf[65536];
-  auto consume = [&](ssize_t r) {
-    if (cmd.tee_fd >= 0) (void)WriteAll(cmd.tee_fd, buf, static_cast<size_t>(r));
+  // With a copy (cmd.tee), the pipe is read only while the copy has room, and
+  // no more than that: a reader of the copy that stalls holds the handler's
+  // writes up, never this loop. Once the handler has ended (`ended`), what is
+  // left in the pipe is taken past the copy's capacity (OutputCopy::Push).
+  auto read_size = [&]() -> size_t {
+    return cmd.tee != nullptr ? std::min(sizeof(buf), cmd.tee->room()) : sizeof(buf);
+  };
+  auto consume = [&](ssize_t r, bool ended) {
+    if (cmd.tee != nullptr) {
+      (void)cmd.tee->Push(std::string_view(buf, static_cast<size_t>(r)), ended);
+    }
     if (cmd.capture_stdout) {
       const size_t room = cmd.max_output - std::min(cmd.max_output, res.output.size());
       res.output.append(buf, std::min(room, static_cast<size_t>(r)));
@@ -1150,10 +1149,11 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
       const auto left = std::chrono::duration_cast<Millis>(wake - Steady::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1'000));
     }
-    pollfd fds[5];
-    int n = 0, i_in = -1, i_out = -1, i_exit = -1, i_watch = -1;
+    pollfd fds[6];
+    int n = 0, i_in = -1, i_out = -1, i_room = -1, i_exit = -1, i_watch = -1;
     if (in_fd >= 0) i_in = n, fds[n++] = {in_fd, POLLOUT, 0};
-    if (out_fd >= 0) i_out = n, fds[n++] = {out_fd, POLLIN, 0};
+    if (out_fd >= 0 && read_size() > 0) i_out = n, fds[n++] = {out_fd, POLLIN, 0};
+    else if (out_fd >= 0) i_room = n, fds[n++] = {cmd.tee->room_fd(), POLLIN, 0};
     if (pidfd >= 0) i_exit = n, fds[n++] = {pidfd, POLLIN, 0};
     if (!stopping) fds[n++] = {stop_fd_, POLLIN, 0};  // RequestStop() wakes us
     if (watch_pidfd_ >= 0 && !watch_restart_failed) i_watch = n, fds[n++] = {watch_pidfd_, POLLIN, 0};
@@ -1169,10 +1169,11 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
       }
     }
     if (pr > 0 && i_out >= 0 && fds[i_out].revents != 0) {
-      const ssize_t r = read(out_fd, buf, sizeof(buf));
-      if (r > 0) consume(r);
+      const ssize_t r = read(out_fd, buf, read_size());
+      if (r > 0) consume(r, /*ended=*/false);
       else if (r == 0 || (errno != EAGAIN && errno != EINTR)) CloseFd(out_fd);
     }
+    if (pr > 0 && i_room >= 0 && fds[i_room].revents != 0) cmd.tee->ClearRoomFd();
     if (i_watch >= 0 && fds[i_watch].revents != 0) {
       // The watchdog died; running handlers need one. If none can be started,
       // stop looking (the next Run() tries again).
@@ -1205,10 +1206,15 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
       auto until = std::min(kill_at, Steady::now() + Millis(10));
       if (claim != nullptr) until = std::min(until, claim->lease_deadline());
       const auto left = std::chrono::duration_cast<Millis>(until - Steady::now()).count();
-      pollfd p{out_fd, POLLIN, 0};
+      const bool room = read_size() > 0;  // else wait for the copy's writer
+      pollfd p{room ? out_fd : cmd.tee->room_fd(), POLLIN, 0};
       if (poll(&p, out_fd >= 0 ? 1 : 0, static_cast<int>(std::clamp<int64_t>(left + 1, 0, 10))) > 0) {
-        const ssize_t r = read(out_fd, buf, sizeof(buf));
-        if (r > 0) consume(r);
+        if (!room) {
+          cmd.tee->ClearRoomFd();
+          continue;
+        }
+        const ssize_t r = read(out_fd, buf, read_size());
+        if (r > 0) consume(r, /*ended=*/false);
         else if (r == 0 || (errno != EAGAIN && errno != EINTR)) CloseFd(out_fd);
       }
     }
@@ -1225,7 +1231,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
       const auto left = std::chrono::duration_cast<Millis>(until - Steady::now()).count();
       if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 1))) <= 0) continue;
       const ssize_t r = read(out_fd, buf, sizeof(buf));
-      if (r > 0) consume(r);
+      if (r > 0) consume(r, /*ended=*/true);
       else if (r == 0 || (errno != EAGAIN && errno != EINTR)) break;
     }
     CloseFd(out_fd);

@@ -75,6 +75,7 @@
 namespace dedup {
 
 class HandlerCgroups;
+class OutputCopy;
 
 struct HandlerCommand {
   // argv; argv[0] is looked up in PATH when it holds no '/'.
@@ -91,8 +92,14 @@ struct HandlerCommand {
   // dropped). Default: not kept.
   bool capture_stdout = false;
   size_t max_output = 1 << 20;
-  // Also copy the handler's stdout to this fd as it arrives. Default: -1 (no).
-  int tee_fd = -1;
+  // Also copy the handler's stdout into this (`dedup exec`'s own stdout) as it
+  // arrives. Run() never waits on its reader: the handler's pipe is read only
+  // while the copy has room (src/consumer/output_copy.h), so a reader that
+  // stalls holds up the handler's writes, never the supervision (lease
+  // deadlines to the watchdog, stop signals, the handler's end). What is still
+  // in the copy when Run() returns is the caller's to wait for (Finish) or
+  // drop. Default: none.
+  OutputCopy* tee = nullptr;
 };
 
 struct HandlerExit {

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# `dedup exec`: defects found by review of the command line (docs/EXEC.md), with
+# real processes and a rocksdb: store (no server, no port).
+#
+#   tests/exec_review_test.sh build/src/cli/dedup
+#
+# 1. A reader of dedup exec's stdout that stalls does not stall supervision:
+#    a. the command writes 300 KB, runs past two lease intervals and exits 0
+#       while the reader does not read: it is not killed, and its outcome is
+#       recorded (ok) while the reader still stalls; once the reader reads, it
+#       gets every byte and dedup exec exits 0.
+#    b. the command writes more than dedup holds for the reader (3 MB, so it
+#       waits on its stdout): SIGTERM to dedup exec reaches it at once, and
+#       dedup exec exits 143 while the reader still stalls.
+set -uo pipefail
+dedup=$(realpath "$1")
+tmp=$(mktemp -d /tmp/dedup_exec_review.XXXXXX)
+failures=0
+bg_pids=()
+cleanup() {
+  local p
+  for p in "${bg_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+pass() { echo "ok: $*"; }
+expect_rc() {  # expect_rc WANT GOT WHAT
+  if [[ "$2" == "$1" ]]; then pass "$3: exit $2"; else fail "$3: exit $2, want $1"; fi
+}
+wait_file() {  # wait_file FILE SECONDS: until FILE is there and not empty
+  local deadline=$((SECONDS + $2))
+  while ((SECONDS <= deadline)); do
+    [[ -s "$1" ]] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+wait_grep() {  # wait_grep PATTERN FILE SECONDS
+  local deadline=$((SECONDS + $3))
+  while ((SECONDS <= deadline)); do
+    grep -q "$1" "$2" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+# field STORE KEY NAME: a field of `dedup inspect` (read-only: works beside a
+# running dedup exec on rocksdb:).
+field() {
+  "$dedup" inspect --store "$1" "$2" 2>/dev/null | awk -v n="$3" '$1 == n { print $2 }'
+}
+# A reader that reads nothing until GO exists, then counts the bytes into COUNT.
+stalled_reader() {  # stalled_reader GO COUNT
+  while [[ ! -e "$1" ]]; do sleep 0.05; done
+  wc -c >"$2"
+}
+
+# ---- 1a. stalled reader: the command runs past its lease, exits 0, is recorded ----
+store="rocksdb:$tmp/s1"
+(
+  "$dedup" exec --store "$store" --key stalled --lease 2s -- \
+    sh -c "head -c 300000 /dev/zero; sleep 5" 2>"$tmp/1a.err"
+  echo $? >"$tmp/1a.rc"
+) | stalled_reader "$tmp/1a.go" "$tmp/1a.count" &
+pipeline=$!
+bg_pids+=("$pipeline")
+deadline=$((SECONDS + 30))
+state=
+while ((SECONDS <= deadline)); do
+  state=$(field "$store" stalled state)
+  [[ "$state" == completed ]] && break
+  sleep 0.1
+done
+if [[ "$state" == completed ]]; then
+  [[ -e "$tmp/1a.count" ]] && fail "stalled reader: the reader read before it was let go"
+  status=$(field "$store" stalled status)
+  [[ "$status" == ok ]] && pass "stalled reader: outcome recorded ok while the reader stalls" ||
+    fail "stalled reader: recorded '$status', want ok: $(cat "$tmp/1a.err")"
+else
+  fail "stalled reader: the outcome was not recorded in 30 s (state '$state'): $(cat "$tmp/1a.err")"
+fi
+touch "$tmp/1a.go"
+wait "$pipeline"
+expect_rc 0 "$(cat "$tmp/1a.rc" 2>/dev/null)" "stalled reader: dedup exec"
+count=$(cat "$tmp/1a.count" 2>/dev/null | tr -d ' ')
+[[ "$count" == 300000 ]] && pass "stalled reader: every byte reached it once it read" ||
+  fail "stalled reader: it got ${count:-nothing} bytes, want 300000"
+grep -q 'killed by signal' "$tmp/1a.err" && fail "stalled reader: $(cat "$tmp/1a.err")"
+
+# ---- 1b. SIGTERM with a stalled reader reaches the command at once -----------------
+store="rocksdb:$tmp/s2"
+(
+  "$dedup" exec --store "$store" --key termed --lease 30s -- sh -c \
+    "trap 'echo TERM >> $tmp/1b.log; exit 1' TERM; echo \$\$ > $tmp/1b.pid; head -c 3000000 /dev/zero; while :; do sleep 0.1; done" \
+    2>"$tmp/1b.err" &
+  echo $! >"$tmp/1b.exec"
+  wait $!
+  echo $? >"$tmp/1b.rc"
+) | stalled_reader "$tmp/1b.go" "$tmp/1b.count" &
+pipeline=$!
+bg_pids+=("$pipeline")
+if wait_file "$tmp/1b.pid" 10 && wait_file "$tmp/1b.exec" 10; then
+  # The command writes 3 MB that nobody reads: once dedup holds what it may, the
+  # command's head waits in write() on its pipe (at most 10 s for that; the
+  # checks below hold either way).
+  sh_pid=$(cat "$tmp/1b.pid")
+  for _ in $(seq 200); do
+    head_pid=$(cat /proc/"$sh_pid"/task/*/children 2>/dev/null | tr ' ' '\n' | grep -m1 .)
+    [[ -n "$head_pid" ]] && grep -q pipe_write "/proc/$head_pid/wchan" 2>/dev/null && break
+    sleep 0.05
+  done
+  kill -TERM "$(cat "$tmp/1b.exec")"
+  if wait_grep TERM "$tmp/1b.log" 5; then
+    pass "stalled reader: SIGTERM reached the command"
+  else
+    fail "stalled reader: SIGTERM did not reach the command in 5 s"
+  fi
+  if wait_file "$tmp/1b.rc" 10; then
+    [[ -e "$tmp/1b.count" ]] && fail "stalled reader: the reader read before it was let go"
+    expect_rc 143 "$(cat "$tmp/1b.rc")" "stalled reader: SIGTERM of dedup exec"
+  else
+    fail "stalled reader: dedup exec did not exit in 10 s after SIGTERM"
+  fi
+else
+  fail "the command of case 1b did not start: $(cat "$tmp/1b.err")"
+fi
+touch "$tmp/1b.go"
+wait "$pipeline"
+
+if ((failures > 0)); then
+  echo "exec_review_test: $failures failure(s)" >&2
+  exit 1
+fi
+echo "exec_review_test: all passed"
