@@ -12,6 +12,10 @@
 #    b. the command writes more than dedup holds for the reader (3 MB, so it
 #       waits on its stdout): SIGTERM to dedup exec reaches it at once, and
 #       dedup exec exits 143 while the reader still stalls.
+# 2. dedup's flags stop at the command's first word: flags written after it
+#    (`echo deploying --retention 1ms`) reach the command unchanged and change
+#    none of dedup's settings (the next run replays, 79); `--` still works, and a
+#    second `--` is the command's; --key after the command is not dedup's (2).
 set -uo pipefail
 dedup=$(realpath "$1")
 tmp=$(mktemp -d /tmp/dedup_exec_review.XXXXXX)
@@ -127,6 +131,33 @@ else
 fi
 touch "$tmp/1b.go"
 wait "$pipeline"
+
+# ---- 2. flags after the command's first word are the command's -------------------
+store="rocksdb:$tmp/s3"
+out=$("$dedup" exec --store "$store" --key k1 echo deploying --retention 1ms --lease 5s 2>"$tmp/2.err")
+expect_rc 0 $? "flags after the command"
+[[ "$out" == "deploying --retention 1ms --lease 5s" ]] &&
+  pass "flags after the command reach it unchanged" ||
+  fail "the command printed '$out', want 'deploying --retention 1ms --lease 5s'"
+# A retention of 1 ms would have let the key run again; the default (24 h) replays.
+out=$("$dedup" exec --store "$store" --key k1 echo deploying --retention 1ms --lease 5s 2>/dev/null)
+expect_rc 79 $? "the same run again (dedup's retention unchanged)"
+[[ "$out" == "deploying --retention 1ms --lease 5s" ]] || fail "the replay printed '$out'"
+until=$("$dedup" inspect --store "$store" k1 2>/dev/null | awk '$1 == "retention" { print $3 }')
+if [[ -n "$until" ]] && (($(date -u -d "$until" +%s) - $(date +%s) > 23 * 3600)); then
+  pass "dedup's retention is its default (until $until)"
+else
+  fail "the record's retention is until '$until', want about 24 h from now"
+fi
+out=$("$dedup" exec --store "$store" --key k2 -- echo a -- --key b 2>/dev/null)
+expect_rc 0 $? "-- before the command"
+[[ "$out" == "a -- --key b" ]] && pass "-- still works, and a second -- is the command's" ||
+  fail "with --, the command printed '$out', want 'a -- --key b'"
+out=$("$dedup" exec --store "$store" echo hi --key k3 2>"$tmp/2.err")
+expect_rc 2 $? "--key written after the command"
+[[ -z "$out" ]] && grep -q -- '--key is required' "$tmp/2.err" &&
+  pass "--key after the command is the command's: dedup has no key and runs nothing" ||
+  fail "--key after the command: output '$out', stderr $(cat "$tmp/2.err")"
 
 if ((failures > 0)); then
   echo "exec_review_test: $failures failure(s)" >&2

@@ -349,7 +349,15 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
                   "A cgroup v2 directory this process may write and is not in: the command "
                   "runs in a child cgroup of it, killed as a whole when it ends, is stopped "
                   "or dedup exec dies (also what left its process group)");
-  app->add_option("command", f->command, "-- CMD ARGS...")->required();
+  // dedup's flags stop at the command's first word (getopt's "+"): what follows
+  // is the command's, flags included. CLI11 would otherwise take `--retention
+  // 1ms` written after `echo deploying` as dedup's own and drop it from the
+  // command (a retention of 1 ms, and the command runs again next time).
+  app->positionals_at_end();
+  app->add_option("command", f->command,
+                  "[--] CMD ARGS...: everything from CMD on is the command's, flags "
+                  "included (dedup's own flags come before it)")
+      ->required();
   app->callback([f, &ctx] { ctx.exit_code = RunExec(*f); });
 }
 
