@@ -16,6 +16,13 @@
 #    (`echo deploying --retention 1ms`) reach the command unchanged and change
 #    none of dedup's settings (the next run replays, 79); `--` still works, and a
 #    second `--` is the command's; --key after the command is not dedup's (2).
+# 3. A rocksdb: directory another dedup process has open: a second dedup exec
+#    (same key, another key), dedup forget and dedup worker at start-up exit 75
+#    (try again later), not 2 (bad usage), saying the store is open in another
+#    process; nothing of theirs runs. (The worker's broker, 127.0.0.1:6489, is
+#    never reached: the store is opened first; nothing listens there.) A store
+#    on a full disk (a 3 MiB tmpfs in a mount namespace of its own; skipped
+#    where one cannot be made) is 75 too, for dedup exec and dedup worker.
 set -uo pipefail
 dedup=$(realpath "$1")
 tmp=$(mktemp -d /tmp/dedup_exec_review.XXXXXX)
@@ -158,6 +165,59 @@ expect_rc 2 $? "--key written after the command"
 [[ -z "$out" ]] && grep -q -- '--key is required' "$tmp/2.err" &&
   pass "--key after the command is the command's: dedup has no key and runs nothing" ||
   fail "--key after the command: output '$out', stderr $(cat "$tmp/2.err")"
+
+# ---- 3. a rocksdb: store held by another process: 75, not 2 --------------------
+store="rocksdb:$tmp/s4"
+"$dedup" exec --store "$store" --key nightly -- sh -c "echo \$\$ > $tmp/3.pid; sleep 300" \
+  >/dev/null 2>&1 &
+holder=$!
+bg_pids+=("$holder")
+if wait_file "$tmp/3.pid" 10; then
+  held() {  # held WHAT EXIT ERRFILE
+    expect_rc 75 "$2" "$1 on a store open in another process"
+    grep -q 'already open in another process' "$3" &&
+      pass "$1: says the store is open in another process" ||
+      fail "$1: stderr does not say why: $(cat "$3")"
+  }
+  "$dedup" exec --store "$store" --key nightly -- touch "$tmp/3.ran" 2>"$tmp/3a.err"
+  held "dedup exec, same key" $? "$tmp/3a.err"
+  "$dedup" exec --store "$store" --key other -- touch "$tmp/3.ran" 2>"$tmp/3b.err"
+  held "dedup exec, another key" $? "$tmp/3b.err"
+  [[ -e "$tmp/3.ran" ]] && fail "a dedup exec on a store open elsewhere ran its command"
+  "$dedup" forget --store "$store" nightly 2>"$tmp/3c.err"
+  held "dedup forget" $? "$tmp/3c.err"
+  timeout 20 "$dedup" worker --broker 'redis://127.0.0.1:6489?stream=s&group=g' \
+    --store "$store" --exec "touch $tmp/3.ran" 2>"$tmp/3d.err"
+  held "dedup worker at start-up" $? "$tmp/3d.err"
+  kill -TERM "$holder"
+  wait "$holder"
+  expect_rc 143 $? "the holder, stopped"
+  "$dedup" exec --store "$store" --key nightly -- true 2>/dev/null
+  expect_rc 0 $? "once the holder is gone, the key runs"
+else
+  fail "the holder of case 3 did not start"
+fi
+
+# A full disk: nothing happened, try again once there is space (75, not 2). The
+# tmpfs lives in a mount namespace that ends with the shell below.
+mkdir -p "$tmp/fs"
+if unshare -m sh -c "mount -t tmpfs -o size=3m tmpfs '$tmp/fs'" 2>/dev/null; then
+  unshare -m bash -c '
+    mount -t tmpfs -o size=3m tmpfs "$2/fs" || exit 9
+    "$1" exec --store "rocksdb:$2/fs/db" --key first -- true 2>/dev/null || exit 8
+    dd if=/dev/zero of="$2/fs/fill" bs=4k 2>/dev/null
+    "$1" exec --store "rocksdb:$2/fs/db" --key second -- touch "$2/full.ran" 2>"$2/full.err"
+    echo $? >"$2/full.exec"
+    timeout 20 "$1" worker --broker "redis://127.0.0.1:6489?stream=s&group=g" \
+      --store "rocksdb:$2/fs/db" --exec true 2>>"$2/full.err"
+    echo $? >"$2/full.worker"' _ "$dedup" "$tmp"
+  expect_rc 75 "$(cat "$tmp/full.exec" 2>/dev/null)" "dedup exec on a full disk"
+  expect_rc 75 "$(cat "$tmp/full.worker" 2>/dev/null)" "dedup worker on a full disk"
+  [[ -e "$tmp/full.ran" ]] && fail "dedup exec on a full disk ran its command"
+  grep -q RESOURCE_EXHAUSTED "$tmp/full.err" || fail "full disk: $(cat "$tmp/full.err")"
+else
+  echo "skip: no tmpfs in a mount namespace of our own (full disk case)"
+fi
 
 if ((failures > 0)); then
   echo "exec_review_test: $failures failure(s)" >&2

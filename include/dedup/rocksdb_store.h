@@ -33,8 +33,8 @@
 // errors.
 //
 // One process at a time: a second process opening the same directory gets
-// FailedPrecondition "rocksdb store at PATH is already open in another process"
-// (a second Open in the same process is refused the same way). A directory
+// Unavailable "rocksdb store at PATH is already open in another process" (retry once
+// it closes; a second Open in the same process: FailedPrecondition). A directory
 // written by an unknown format version is refused with FailedPrecondition, never
 // misread. A record that cannot be decoded makes every operation on its key
 // return DataLoss and change nothing; Forget() removes it.

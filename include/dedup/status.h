@@ -5,12 +5,12 @@
 // MISMATCH, EXHAUSTED, LOST) are never statuses; they are values (see record.h).
 //
 // The codes follow abseil's canonical codes, with the same advice:
-//   kUnavailable       the call may be retried as it is (store down, connection lost).
+//   kUnavailable       the call may be retried as it is (store down, connection lost,
+//                      a rocksdb: directory open in another process).
 //   kDeadlineExceeded  the call timed out; its effect is unknown, retrying is safe
 //                      because every operation is idempotent or token-checked.
 //   kInvalidArgument   the caller must change the request; retrying will not help.
-//   kFailedPrecondition the store is not in a state to serve (locked by another
-//                      process, unknown format version); a person must act.
+//   kFailedPrecondition the store cannot serve (unknown format version); a person must act.
 //   kDataLoss          a record could not be decoded; nothing was changed.
 
 #ifndef DEDUP_STATUS_H_

@@ -2,6 +2,8 @@
 
 #include "cli/common.h"
 
+#include "cli/command.h"
+
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,6 +14,11 @@
 #include <ctime>
 
 namespace dedup::cli {
+
+int StoreOpenExit(const Status& s) {
+  if (s.retryable() || s.code() == StatusCode::kResourceExhausted) return kExitTempFail;
+  return kExitUsage;
+}
 
 void OnStopSignals(void (*on_stop)(int)) {
   struct sigaction sa{};

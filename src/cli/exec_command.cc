@@ -21,8 +21,9 @@
 //   N        the command ran now and exited N; recorded (0: ok, else failed),
 //            except 75, 126, 127 (below)
 //   75       EX_TEMPFAIL, nothing recorded, try again later: running elsewhere
-//            (BUSY), store unreachable, the lease was lost (command stopped), or
-//            the command itself exited 75 (claim released)
+//            (BUSY), store unreachable or open in another process (rocksdb:),
+//            its disk full, the lease was lost (command stopped), or the
+//            command itself exited 75 (claim released)
 //   126/127  the command is not executable / not found (or exited so): nothing
 //            recorded, claim released
 //   128+n    the command was killed by signal n, or `dedup exec` was stopped by
@@ -182,8 +183,10 @@ int RunExec(const ExecFlags& f) {
 
   auto opened = OpenStore(f.store, WarnOnStderr("dedup exec"));
   if (!opened.ok()) {
-    std::fprintf(stderr, "dedup exec: --store: %s\n", opened.status().ToString().c_str());
-    return opened.status().retryable() ? kExitTempFail : kExitUsage;
+    const int rc = StoreOpenExit(opened.status());
+    std::fprintf(stderr, "dedup exec: --store: %s; nothing claimed; exit %d\n",
+                 opened.status().ToString().c_str(), rc);
+    return rc;
   }
   std::unique_ptr<Store> store = std::move(opened).value();
   if (f.store.rfind("memory:", 0) == 0) {
@@ -326,11 +329,12 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
       "exec",
       "Run a command at most once per key; a repeat prints the recorded output.\n"
       "Exit codes: N the command ran now and exited N (recorded, except 75/126/127);\n"
-      "  75 not run or not recorded, try later (running elsewhere, store unreachable,\n"
-      "     lease lost, or the command exited 75); 126/127 command not executable / not\n"
-      "  found (nothing recorded); 128+n killed by signal n, or dedup exec stopped by\n"
-      "  signal n (claim released); 79 replayed, recorded ok; 80 replayed, recorded\n"
-      "  failed; 69 attempts exhausted; 65 fingerprint mismatch; 2 bad usage.");
+      "  75 not run or not recorded, try later (running elsewhere, store unreachable\n"
+      "     or open in another process, lease lost, or the command exited 75);\n"
+      "  126/127 command not executable / not found (nothing recorded); 128+n killed\n"
+      "  by signal n, or dedup exec stopped by signal n (claim released); 79 replayed,\n"
+      "  recorded ok; 80 replayed, recorded failed; 69 attempts exhausted; 65\n"
+      "  fingerprint mismatch; 2 bad usage.");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("--key", f->key, "The key (1 to 1024 bytes)")->required();
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",

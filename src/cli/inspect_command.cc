@@ -80,11 +80,6 @@ StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd, b
   return s;
 }
 
-// 75 (try again later) for a store that is unreachable or slow (retryable), as
-// exec and worker answer it; 2 for the rest. A script retrying on 75 treated an
-// unreachable store as a bad command line.
-int ExitForStoreError(const Status& s) { return s.retryable() ? kExitTempFail : kExitUsage; }
-
 int RunInspect(const InspectFlags& f) {
   if (f.key.empty() == !f.has_prefix) {
     std::fprintf(stderr, "dedup inspect: give a KEY or --prefix P (not both)\n");
@@ -95,20 +90,20 @@ int RunInspect(const InspectFlags& f) {
     return kExitUsage;
   }
   auto store = Open(f.store, "inspect", /*read_only=*/true);
-  if (!store.ok()) return ExitForStoreError(store.status());
+  if (!store.ok()) return StoreOpenExit(store.status());
   std::vector<Record> records;
   if (!f.key.empty()) {
     auto r = (*store)->Inspect(f.key);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
-      return ExitForStoreError(r.status());
+      return StoreOpenExit(r.status());
     }
     if (r->has_value()) records.push_back(**r);
   } else {
     auto r = (*store)->Scan(f.prefix, f.limit);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
-      return ExitForStoreError(r.status());
+      return StoreOpenExit(r.status());
     }
     records = std::move(r).value();
   }
@@ -157,7 +152,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
   app->callback([f, &ctx] {
     auto store = Open(f->store, "forget", /*read_only=*/false);
     if (!store.ok()) {
-      ctx.exit_code = ExitForStoreError(store.status());
+      ctx.exit_code = StoreOpenExit(store.status());  // 75: held by another process
       return;
     }
     ForgetOptions o;
@@ -168,7 +163,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
       // A running lease: not now (wait for it, or --force).
       ctx.exit_code = r.status().code() == StatusCode::kFailedPrecondition
                           ? kExitTempFail
-                          : ExitForStoreError(r.status());
+                          : StoreOpenExit(r.status());
       return;
     }
     std::fprintf(stderr, "dedup forget: %s\n", *r ? "removed" : "no record");

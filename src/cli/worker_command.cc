@@ -310,7 +310,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     if (!opened.ok()) {
       std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
                    opened.status().ToString().c_str());
-      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+      return StoreOpenExit(opened.status());
     }
     pg = std::move(opened).value();
     if (Status s = pg->CanRunTransactions(f.concurrency); !s.ok()) {
@@ -323,7 +323,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     auto opened = OpenStore(f.store, WarnOnStderr("dedup worker"));
     if (!opened.ok()) {
       std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
-      return opened.status().retryable() ? kExitTempFail : kExitUsage;
+      return StoreOpenExit(opened.status());
     }
     store = std::move(opened).value();
     if (f.store.rfind("memory:", 0) == 0) {

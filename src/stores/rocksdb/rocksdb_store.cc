@@ -2576,8 +2576,8 @@ Status RocksDBStoreImpl::OpenDb() {
         return Status::FailedPrecondition("rocksdb store at " + path +
                                           " is already open in this process (" + m + ")");
       }
-      return Status::FailedPrecondition("rocksdb store at " + path +
-                                        " is already open in another process (" + m + ")");
+      return Status::Unavailable("rocksdb store at " + path +
+                                 " is already open in another process (" + m + ")");
     }
     if (s.IsIOError() && m.find("ermission denied") != std::string::npos) {
       return Status::PermissionDenied(ctx + ": " + m);
