@@ -583,6 +583,50 @@ class HookAtManifestFs : public rocksdb::FileSystemWrapper {
   std::function<void()> hook_;
 };
 
+// A store opened by a relative path keeps its directory when the process
+// changes its working directory: the claim log's path was resolved again on
+// every append, so after a chdir every append failed (no such directory), the
+// claims were never logged, and a crash lost them all; nothing said so.
+TEST_F(RocksDBHardeningTest, ARelativePathNamesTheSameDirectoryAfterAChdir) {
+  fs::create_directories(dir_ + "/a");
+  fs::create_directories(dir_ + "/b");
+  const fs::path before = fs::current_path();
+  struct Back {
+    fs::path to;
+    ~Back() { fs::current_path(to); }
+  } back{before};
+  fs::current_path(dir_ + "/a");
+  auto s = TryOpen("store");
+  ASSERT_TRUE(s.ok()) << s.status();
+  fs::current_path(dir_ + "/b");
+  auto held = (*s)->Claim(Req("held"));
+  ASSERT_TRUE(held.ok() && held->acquired());
+  EXPECT_TRUE(WaitLogged(dir_ + "/a/store", {"held"}));
+  EXPECT_FALSE(fs::exists(dir_ + "/b/store"));
+  EXPECT_EQ((*s)->Describe(), "rocksdb:store") << "messages name the path as given";
+  s->reset();
+  auto again = TryOpen(dir_ + "/a/store");
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto h = (*again)->Inspect("held");
+  ASSERT_TRUE(h.ok() && h->has_value());
+  EXPECT_EQ((**h).fence, held->fence);
+}
+
+// A symlink whose target is missing: "cannot create the directory: File exists"
+// before; now the message says what the path is, and nothing is created.
+TEST_F(RocksDBHardeningTest, ASymlinkToAMissingDirectoryIsNamed) {
+  const std::string link = dir_ + "/dangling";
+  fs::create_symlink(dir_ + "/nowhere/deeper", link);
+  auto s = TryOpen(link);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status();
+  EXPECT_NE(s.status().message().find("is a symbolic link to " + dir_ + "/nowhere/deeper, which "
+                                      "does not exist"),
+            std::string::npos)
+      << s.status();
+  EXPECT_FALSE(fs::exists(dir_ + "/nowhere"));
+}
+
 // A writer's clean close deletes its claim logs once their claims are in the
 // database. A new writer that listed the logs before it held the directory's
 // lock may find one gone when it folds them: that is no error (the claims are

@@ -128,6 +128,64 @@ TEST_F(RocksDBStoreTest, SecondOpenInSameProcessIsRefused) {
   EXPECT_TRUE(s->Claim(Req("k")).ok());
 }
 
+// RocksDB refuses a second opener by its LOCK file, but within one process it
+// compares the file's name only: 'dir/', 'dir/.', 'dir//', a symlink to dir and
+// the absolute path after a relative one each opened a second store on the
+// directory, and a key claimed through the first was ACQUIRED through the
+// second too. Each spelling is refused while the store is open, and opens once
+// it is closed.
+TEST_F(RocksDBStoreTest, SecondOpenInSameProcessIsRefusedHoweverThePathIsSpelled) {
+  namespace fs = std::filesystem;
+  const std::string link = dir_ + "-link";
+  fs::remove(link);
+  fs::create_directory_symlink(dir_, link);
+  const std::string relative = fs::relative(dir_, fs::current_path()).string();
+  const std::vector<std::string> spellings = {dir_ + "/", dir_ + "/.", dir_ + "//", link,
+                                              relative, "./" + relative};
+  auto s = Open();
+  ASSERT_NE(s, nullptr);
+  auto first = s->Claim(Req("shared"));
+  ASSERT_TRUE(first.ok() && first->acquired());
+  for (const std::string& p : spellings) {
+    RocksDBStoreOptions o;
+    o.path = p;
+    o.clock = &clock_;
+    auto again = RocksDBStore::Open(o);
+    if (again.ok()) {
+      auto c = (*again)->Claim(Req("shared"));
+      ADD_FAILURE() << "a second store opened on the directory as '" << p << "'; its claim of "
+                    << "the key held by the first: "
+                    << (c.ok() ? std::string(ClaimOutcomeName(c->outcome)) : c.status().ToString());
+      continue;
+    }
+    EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition) << p << ": " << again.status();
+    EXPECT_NE(again.status().message().find("rocksdb store at " + p +
+                                            " is already open in this process (opened as " +
+                                            dir_ + ")"),
+              std::string::npos)
+        << again.status();
+  }
+  // The first store is unharmed.
+  EXPECT_EQ(s->Claim(Req("shared"))->outcome, ClaimOutcome::kBusy);
+  s.reset();
+  // Closed: any spelling opens it (one at a time), and a relative one first
+  // refuses the absolute path in its turn.
+  for (const std::string& p : spellings) {
+    RocksDBStoreOptions o;
+    o.path = p;
+    o.clock = &clock_;
+    auto again = RocksDBStore::Open(o);
+    ASSERT_TRUE(again.ok()) << p << ": " << again.status();
+    EXPECT_EQ((*again)->Claim(Req("shared"))->outcome, ClaimOutcome::kBusy) << p;
+    if (p == relative) {
+      RocksDBStoreOptions abs;
+      abs.path = dir_;
+      EXPECT_EQ(RocksDBStore::Open(abs).status().code(), StatusCode::kFailedPrecondition);
+    }
+  }
+  fs::remove(link);
+}
+
 // Runs `rocksdb_crash_child open DIR` and returns the line it printed.
 std::string OpenInAnotherProcess(const std::string& dir) {
   int fds[2];

@@ -34,7 +34,12 @@
 //
 // One process at a time: a second process opening the same directory gets
 // Unavailable "rocksdb store at PATH is already open in another process" (retry once
-// it closes; a second Open in the same process: FailedPrecondition). A directory
+// it closes). A second Open in the same process gets FailedPrecondition "... is
+// already open in this process", however the path is spelled ('dir/', 'dir/.', a
+// symlink to dir, the absolute path after a relative one): the directory is told
+// by its device and inode while a store has it open. A read-only Open is never
+// refused this way. A relative path is made absolute once, at Open: changing the
+// working directory later changes nothing for the store. A directory
 // written by an unknown format version is refused with FailedPrecondition, never
 // misread. A record that cannot be decoded makes every operation on its key
 // return DataLoss and change nothing; Forget() removes it.
@@ -89,10 +94,12 @@ enum class WalRecovery : uint8_t {
 
 struct RocksDBStoreOptions {
   // Directory of the database. Created when missing (unless create_if_missing is
-  // false). Required. A directory that holds RocksDB files but no CURRENT, or
-  // whose MANIFEST no longer lists the "dedup" column family while table or log
-  // files remain, is refused with DataLoss: it is never re-initialised (which
-  // would delete the old files).
+  // false); a symlink to a missing directory is InvalidArgument naming its target.
+  // A relative path is resolved against the working directory at Open. Required.
+  // A directory that holds RocksDB files but no CURRENT, or whose MANIFEST no
+  // longer lists the "dedup" column family while table or log files remain, is
+  // refused with DataLoss: it is never re-initialised (which would delete the old
+  // files).
   std::string path;
   // False: a missing directory, or one without a store, is NotFound instead of
   // a new empty store (admin tools: a mistyped path must not create one).

@@ -46,6 +46,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -434,6 +435,23 @@ class WriteErrorListener final : public rocksdb::EventListener {
   std::atomic<bool> failed_{false};
 };
 
+// The directories the writable stores of this process have open, by identity
+// (device and inode), each with the path it was opened by. RocksDB refuses a
+// second opener of a directory by its LOCK file, but within one process it
+// tells them apart by the file's name only (the fcntl lock underneath belongs
+// to the process, so it is granted again): 'db/', 'db/.', 'db//', a symlink to
+// db, or the absolute path after a relative one opened a second store on the
+// same directory, and both handed out the same key. Never destroyed: a store
+// may be closed after static destructors ran.
+struct OpenDirectories {
+  std::mutex mu;
+  std::map<std::pair<dev_t, ino_t>, std::string> held;  // guarded by mu
+};
+OpenDirectories& OpenDirs() {
+  static auto* dirs = new OpenDirectories;
+  return *dirs;
+}
+
 // What a directory holds, looked at before RocksDB touches it.
 struct DirectoryFacts {
   bool exists = false;
@@ -526,8 +544,10 @@ rocksdb::ColumnFamilyOptions RecordFamilyOptions(const RocksDBStoreOptions& o, C
 
 class RocksDBStoreImpl final : public RocksDBStore {
  public:
-  RocksDBStoreImpl(const RocksDBStoreOptions& o, Clock* clock)
-      : options_(o), clock_(clock), stripes_(new Stripe[kStripes]) {
+  // `dir`: o.path made absolute, for every file the store touches (o.path, as
+  // given, is what messages and Describe() show).
+  RocksDBStoreImpl(const RocksDBStoreOptions& o, std::string dir, Clock* clock)
+      : options_(o), dir_(std::move(dir)), clock_(clock), stripes_(new Stripe[kStripes]) {
     write_options_.sync = o.sync == SyncMode::kAlways;
     write_options_.disableWAL = false;  // never: the WAL is what survives a crash
     // Batches are written in key order: the memtable's skip list (inserted into
@@ -558,6 +578,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
     for (int fd : closed_unsynced_) {
       (void)fdatasync(fd);
       close(fd);
+    }
+    // Last: the directory may be opened again once nothing of this store uses it.
+    if (dir_id_) {
+      std::lock_guard l(OpenDirs().mu);
+      OpenDirs().held.erase(*dir_id_);
     }
   }
 
@@ -1516,7 +1541,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // it waits for this batch), so the database holds no newer record of it.
   // Durable once ingested (the file and the MANIFEST are synced).
   rocksdb::Status IngestSorted(const char* buf, const std::vector<CommitEntry>& entries) {
-    const std::string path = options_.path + "/" + std::string(internal::kClaimLogPrefix) + "ingest";
+    const std::string path = dir_ + "/" + std::string(internal::kClaimLogPrefix) + "ingest";
     (void)unlink(path.c_str());
     // The file is built cheaper than a flush builds one (callgrind, claims alone:
     // 8,489 -> 6,241 instructions a claim): its data blocks are not compressed
@@ -1553,7 +1578,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // ---- the claim log's files (log_mu_) --------------------------------------
 
   std::string LogPath(uint64_t number) const {
-    return options_.path + "/" + internal::ClaimLogName(number);
+    return dir_ + "/" + internal::ClaimLogName(number);
   }
 
   Status LogError(std::string_view what, int err) const {
@@ -1567,7 +1592,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   // Makes the directory's entries durable (a new or deleted log); best effort.
   void SyncDirectory() const {
-    const int d = open(options_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int d = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d < 0) return;
     (void)fsync(d);
     close(d);
@@ -2137,6 +2162,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
   }
 
   const RocksDBStoreOptions options_;
+  // options_.path made absolute at Open: resolved again against the working
+  // directory on every append, a relative path sent the claim log elsewhere once
+  // the process changed directory (every append failed; the claims were never
+  // logged and nothing said so).
+  const std::string dir_;
+  // The directory's entry in OpenDirs(), held until the store is destroyed.
+  std::optional<std::pair<dev_t, ino_t>> dir_id_;
   Clock* const clock_;
   rocksdb::DB* db_ = nullptr;
   rocksdb::ColumnFamilyHandle* cf_ = nullptr;  // "dedup", owned through handles_
@@ -2412,7 +2444,8 @@ Status RocksDBStoreImpl::WriteBatchOf(const BatchKeys& b,
 }
 
 Status RocksDBStoreImpl::OpenDb() {
-  const std::string& path = options_.path;
+  const std::string& path = dir_;
+  const std::string& shown = options_.path;  // as given, for messages
   const std::string ctx = Context("open");
   const bool read_only = options_.read_only;
   const bool may_create = options_.create_if_missing && !read_only;
@@ -2460,6 +2493,13 @@ Status RocksDBStoreImpl::OpenDb() {
                             "from a backup");
   }
   if (!facts.exists) {
+    // create_directories fails with EEXIST on a symlink whose target is missing.
+    if (std::filesystem::is_symlink(path, ec)) {
+      const std::filesystem::path target = std::filesystem::read_symlink(path, ec);
+      return Status::InvalidArgument(ctx + ": the path is a symbolic link to " + target.string() +
+                                     ", which does not exist; create that directory or point "
+                                     "the link at one");
+    }
     std::filesystem::create_directories(path, ec);
     if (ec) {
       std::string m = ctx + ": cannot create the directory: " + ec.message();
@@ -2469,6 +2509,25 @@ Status RocksDBStoreImpl::OpenDb() {
       if (ec == std::errc::no_space_on_device) return Status::ResourceExhausted(std::move(m));
       return Status::InvalidArgument(std::move(m));
     }
+  }
+
+  // One writable store per directory in this process, whatever the path's
+  // spelling (OpenDirs). Taken before RocksDB opens the directory: a second
+  // DB::Open beside a live one replays and deletes files under it.
+  if (!read_only) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+      return Status::Unavailable(ctx + ": cannot look at the directory: " + std::strerror(errno));
+    }
+    const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+    std::lock_guard l(OpenDirs().mu);
+    auto [it, inserted] = OpenDirs().held.try_emplace(id, shown);
+    if (!inserted) {
+      return Status::FailedPrecondition(
+          "rocksdb store at " + shown + " is already open in this process" +
+          (it->second != shown ? " (opened as " + it->second + ")" : std::string()));
+    }
+    dir_id_ = id;
   }
 
   // Claim logs of an earlier process: until they are folded in (below), the
@@ -2573,10 +2632,10 @@ Status RocksDBStoreImpl::OpenDb() {
     }
     if (s.IsIOError() && m.find("lock") != std::string::npos) {
       if (m.find("current process") != std::string::npos) {
-        return Status::FailedPrecondition("rocksdb store at " + path +
+        return Status::FailedPrecondition("rocksdb store at " + shown +
                                           " is already open in this process (" + m + ")");
       }
-      return Status::Unavailable("rocksdb store at " + path +
+      return Status::Unavailable("rocksdb store at " + shown +
                                  " is already open in another process (" + m + ")");
     }
     if (s.IsIOError() && m.find("ermission denied") != std::string::npos) {
@@ -2591,7 +2650,7 @@ Status RocksDBStoreImpl::OpenDb() {
           ctx + ": " + m + where +
           ". Nothing was changed. If a write-ahead log has a corrupt record before its end, "
           "the records after it cannot be replayed: to open the store anyway and lose them "
-          "(their messages may then run again), open rocksdb:" + path +
+          "(their messages may then run again), open rocksdb:" + shown +
           "?recovery=salvage once, after copying the directory aside");
     }
     return Status::FailedPrecondition(ctx + ": " + m);
@@ -2688,8 +2747,14 @@ StatusOr<std::unique_ptr<RocksDBStore>> RocksDBStore::Open(const RocksDBStoreOpt
                                    ": sync_interval must be positive and at most 10 years, got " +
                                    std::to_string(options.sync_interval.count()) + " ms");
   }
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::absolute(options.path, ec);
+  if (ec) {
+    return Status::Unavailable("rocksdb " + options.path +
+                               ": open: cannot make the path absolute: " + ec.message());
+  }
   Clock* clock = options.clock != nullptr ? options.clock : Clock::System();
-  auto store = std::make_unique<RocksDBStoreImpl>(options, clock);
+  auto store = std::make_unique<RocksDBStoreImpl>(options, dir.string(), clock);
   DEDUP_RETURN_IF_ERROR(store->OpenDb());
   return std::unique_ptr<RocksDBStore>(std::move(store));
 }
