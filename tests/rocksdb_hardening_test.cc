@@ -28,6 +28,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -525,6 +526,92 @@ TEST_F(RocksDBHardeningTest, DamagedFrameInTheMiddleOfAClaimLogIsAnErrorNamingTh
   ASSERT_TRUE(middle.ok() && middle->acquired());
   EXPECT_GT(middle->fence, epoch1 + 3);
   EXPECT_FALSE(fs::exists(log)) << "folded in, the log is deleted";
+}
+
+// The same with the changed byte in a frame's length: read larger, the frame
+// seemed to run past the end of the file; read smaller, the next frame was
+// looked for at the wrong offset. Both were taken for a crash's torn tail: the
+// open succeeded and dropped every later frame (the forget of "forgotten",
+// which came back IN_PROGRESS, and the claims after it). A torn tail, the last
+// frame cut short anywhere, still opens with the frames before it.
+TEST_F(RocksDBHardeningTest, AChangedLengthInTheMiddleOfAClaimLogIsAnErrorATornTailIsNot) {
+  const uint64_t epoch1 = uint64_t{1} << 32;
+  std::string bytes;
+  internal::ClaimLogFrame f;
+  f.AddClaim("forgotten", LoggedClaim(clock_, epoch1 + 1));
+  bytes += f.Finish();
+  const size_t second = bytes.size();
+  f.Clear();
+  f.AddClaim("middle", LoggedClaim(clock_, epoch1 + 2));
+  bytes += f.Finish();
+  f.Clear();
+  f.AddForget("forgotten", epoch1 + 1);
+  f.AddClaim("after", LoggedClaim(clock_, epoch1 + 3));
+  bytes += f.Finish();
+  const size_t last = bytes.size();
+  f.Clear();
+  f.AddClaim("last", LoggedClaim(clock_, epoch1 + 4));
+  bytes += f.Finish();
+  // A store at fence epoch 1 beside a claim log holding `content`; the log's path.
+  int stores = 0;
+  const auto store_with_log = [&](const std::string& content, std::string* db) {
+    *db = dir_ + "/db" + std::to_string(stores++);
+    EXPECT_TRUE(TryOpen(*db).ok());
+    const std::string log = *db + "/" + internal::ClaimLogName(1);
+    std::ofstream(log, std::ios::binary) << content;
+    return log;
+  };
+  const auto fence_of = [](Store* s, std::string_view key) -> int64_t {
+    auto r = s->Inspect(key);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() && r->has_value() ? static_cast<int64_t>((**r).fence) : -1;
+  };
+
+  for (const auto& [what, at, bit] : {std::tuple<const char*, size_t, char>{"larger", second + 3, 0x40},
+                                      {"smaller", second, 0x01}}) {
+    SCOPED_TRACE(what);
+    std::string bad = bytes;
+    bad[at] ^= bit;
+    std::string db;
+    const std::string log = store_with_log(bad, &db);
+    auto s = TryOpen(db);
+    if (s.ok()) {
+      ADD_FAILURE() << "a claim log whose second frame's length changed was read as a torn "
+                    << "tail; the forgotten key's fence is now " << fence_of(s->get(), "forgotten")
+                    << ", the claim after it " << fence_of(s->get(), "after");
+      continue;
+    }
+    EXPECT_EQ(s.status().code(), StatusCode::kDataLoss) << s.status();
+    EXPECT_NE(s.status().message().find(internal::ClaimLogName(1) + " has a damaged frame at byte " +
+                                        std::to_string(second)),
+              std::string::npos)
+        << s.status();
+    EXPECT_NE(s.status().message().find("recovery=salvage"), std::string::npos) << s.status();
+    auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false);
+    ASSERT_FALSE(ro.ok());
+    EXPECT_EQ(ro.status().code(), StatusCode::kDataLoss) << ro.status();
+    ASSERT_TRUE(fs::exists(log));
+    EXPECT_EQ(fs::file_size(log), bad.size());
+    // Salvage: the damaged frame's claim is lost, the frames after it are not.
+    auto salvaged = TryOpen(db, WalRecovery::kSalvage);
+    ASSERT_TRUE(salvaged.ok()) << salvaged.status();
+    EXPECT_EQ(fence_of(salvaged->get(), "forgotten"), -1);
+    EXPECT_EQ(fence_of(salvaged->get(), "middle"), -1);
+    EXPECT_EQ(fence_of(salvaged->get(), "after"), static_cast<int64_t>(epoch1 + 3));
+    EXPECT_EQ(fence_of(salvaged->get(), "last"), static_cast<int64_t>(epoch1 + 4));
+  }
+
+  for (size_t cut : {last + 3, last + 8, last + 20, bytes.size() - 1}) {
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    std::string db;
+    store_with_log(bytes.substr(0, cut), &db);
+    auto s = TryOpen(db);
+    ASSERT_TRUE(s.ok()) << "a torn tail refused the open: " << s.status();
+    EXPECT_EQ(fence_of(s->get(), "forgotten"), -1);
+    EXPECT_EQ(fence_of(s->get(), "middle"), static_cast<int64_t>(epoch1 + 2));
+    EXPECT_EQ(fence_of(s->get(), "after"), static_cast<int64_t>(epoch1 + 3));
+    EXPECT_EQ(fence_of(s->get(), "last"), -1);
+  }
 }
 
 // dedup inspect --prefix beside a running worker: the claims still held (in

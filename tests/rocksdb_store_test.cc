@@ -1196,9 +1196,10 @@ TEST(ClaimLogTest, ReadsWholeFramesAndStopsAtACutOrDamage) {
 }
 
 // What the reader tells apart for the open (ClaimLogDamage): a frame whose
-// payload was changed, with a whole frame after it, is reported and skipped;
-// a frame cut short at the end, damage in the last frame, or a changed length
-// (the next frame cannot be found) ends the log as before, reported as nothing.
+// payload or length was changed, with a whole frame after it, is reported and
+// skipped (a changed length was read as a torn tail: the frames after it were
+// dropped, reported as nothing); a frame cut short at the end, wherever, or
+// damage in the last frame ends the log, reported as nothing.
 TEST(ClaimLogTest, ReportsAndSkipsDamageBeforeTheEnd) {
   const std::string dir = testing::MakeTempDir("claimlog");
   const std::string path = dir + "/" + internal::ClaimLogName(1);
@@ -1229,15 +1230,29 @@ TEST(ClaimLogTest, ReportsAndSkipsDamageBeforeTheEnd) {
   EXPECT_EQ(read(bad, &at), "k0 k2 ");
   EXPECT_EQ(at, static_cast<int64_t>(starts[1]));
   bad = bytes;
-  bad[starts[1]] ^= 0x01;  // its length
-  EXPECT_EQ(read(bad, &at), "k0 ");
-  EXPECT_EQ(at, -1);
+  bad[starts[1]] ^= 0x01;  // its length, smaller: the next frame is not where it says
+  EXPECT_EQ(read(bad, &at), "k0 k2 ");
+  EXPECT_EQ(at, static_cast<int64_t>(starts[1]));
+  bad = bytes;
+  bad[starts[1] + 3] ^= 0x40;  // its length, larger: it seems to run past the end
+  EXPECT_EQ(read(bad, &at), "k0 k2 ");
+  EXPECT_EQ(at, static_cast<int64_t>(starts[1]));
+  bad = bytes;
+  bad[starts[1] + 4] ^= 0x01;  // its CRC
+  EXPECT_EQ(read(bad, &at), "k0 k2 ");
+  EXPECT_EQ(at, static_cast<int64_t>(starts[1]));
   bad = bytes;
   bad[bytes.size() - 1] ^= 0x01;  // the last frame
   EXPECT_EQ(read(bad, &at), "k0 k1 ");
   EXPECT_EQ(at, -1);
-  EXPECT_EQ(read(bytes.substr(0, bytes.size() - 3), &at), "k0 k1 ");  // cut short
+  bad = bytes;
+  bad[starts[2] + 3] ^= 0x40;  // the last frame's length
+  EXPECT_EQ(read(bad, &at), "k0 k1 ");
   EXPECT_EQ(at, -1);
+  for (size_t n = starts[2]; n < bytes.size(); ++n) {  // cut short, anywhere in the last frame
+    EXPECT_EQ(read(bytes.substr(0, n), &at), "k0 k1 ") << n;
+    EXPECT_EQ(at, -1) << n;
+  }
   // Zeros after the frames (a file extended but never written): no frame, no damage.
   EXPECT_EQ(read(bytes + std::string(64, '\0'), &at), "k0 k1 k2 ");
   EXPECT_EQ(at, -1);

@@ -165,6 +165,19 @@ Frame CheckFrame(std::string_view data, size_t at, uint32_t* len) {
   return Frame::kWhole;
 }
 
+// The first offset after `at` that holds a frame whose payload checks, or
+// npos. Empty frames do not count: zeros (a file extended but never written)
+// read as one. Cheap: a CRC is computed only where the length fits in the rest
+// of the data, which a random length almost never does.
+size_t NextCheckingFrame(std::string_view data, size_t at) {
+  for (size_t p = at + 1; p < data.size() && data.size() - p > kHeader; ++p) {
+    const uint32_t len = GetU32(data.data() + p);
+    if (len == 0 || len > data.size() - p - kHeader) continue;
+    if (Crc32c(data.substr(p + kHeader, len)) == GetU32(data.data() + p + 4)) return p;
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 Status ReadClaimLog(const std::string& path,
@@ -192,17 +205,20 @@ Status ReadClaimLog(const std::string& path,
   while (true) {
     uint32_t len = 0;
     const Frame f = CheckFrame(data, at, &len);
-    if (f == Frame::kCut) break;
-    if (f == Frame::kDamaged) {
-      // Its length may be sound (the damage elsewhere): then a whole frame
-      // follows it, and the damage is not a cut at the end.
-      uint32_t next_len = 0;
-      const size_t next = at + kHeader + len;
-      if (damage == nullptr || len == 0 || CheckFrame(data, next, &next_len) != Frame::kWhole ||
-          next_len == 0) {
-        break;
+    if (f == Frame::kCut || f == Frame::kDamaged) {
+      // A crash (or a full disk) cuts the last frame short, and nothing follows
+      // it. A frame that checks after this one says the damage is not that: a
+      // changed byte. It is looked for at every offset, not only where this
+      // frame's length says the next one starts: a changed length (read as a
+      // frame running past the end, or as a shorter one) pointed elsewhere, and
+      // every frame after it was dropped as a torn tail.
+      if (damage == nullptr || data.size() - at <= kHeader) break;
+      const size_t next = NextCheckingFrame(data, at);
+      if (next == std::string_view::npos) break;
+      if (damage->at < 0) {
+        damage->at = static_cast<int64_t>(at);
+        damage->next = static_cast<int64_t>(next);
       }
-      if (damage->at < 0) damage->at = static_cast<int64_t>(at);
       at = next;
       continue;
     }

@@ -16,9 +16,11 @@
 //                              when it could not be decoded)
 // One frame is one write(2). A frame cut short (a crash in the write, or a
 // write that failed part-way, after which the writer starts a new file) or
-// damaged ends the file for the reader: what follows it is not read. Frames are
-// only appended; bytes once written never change (a reader beside the writer
-// may have read them).
+// damaged with no frame that checks after it ends the file for the reader: a
+// torn tail. A frame that checks further on, wherever it starts, says the
+// damage is a changed byte instead (ClaimLogDamage). Frames are only appended;
+// bytes once written never change (a reader beside the writer may have read
+// them).
 
 #ifndef DEDUP_SRC_STORES_ROCKSDB_CLAIM_LOG_H_
 #define DEDUP_SRC_STORES_ROCKSDB_CLAIM_LOG_H_
@@ -67,18 +69,21 @@ class ClaimLogFrame {
   size_t entries_ = 0;
 };
 
-// Damage before a claim log's end: a frame whose bytes are all there but do not
-// check (a changed byte), followed by a whole frame. A crash (or a full disk)
+// Damage before a claim log's end: a frame that does not check (a changed byte
+// in its payload or its CRC) or that seems to run past the end (a changed
+// length), with a frame that checks somewhere after it. A crash (or a full disk)
 // leaves damage only at the end: the last write cut short.
 struct ClaimLogDamage {
-  int64_t at = -1;  // the first such frame's offset; -1: none
+  int64_t at = -1;    // the first such frame's offset; -1: none
+  int64_t next = -1;  // where the first frame that checks after it starts
 };
 
 // Calls `fn(type, key, value)` for every entry of every whole, undamaged frame
-// of the file at `path`, up to the first frame that is not. With `damage`, a
-// damaged frame followed by a whole one is skipped instead, and the first one's
-// offset noted there (the caller refuses the log, or salvages it). An error
-// only when the file cannot be read.
+// of the file at `path`, up to the first frame that is not. With `damage`, the
+// bytes from a damaged frame to the next frame that checks (found at any
+// offset: the damaged frame's length may be what changed) are skipped instead,
+// and the first damage noted there (the caller refuses the log, or salvages
+// it). An error only when the file cannot be read.
 Status ReadClaimLog(const std::string& path,
                     const std::function<void(uint8_t, std::string_view, std::string_view)>& fn,
                     ClaimLogDamage* damage = nullptr);

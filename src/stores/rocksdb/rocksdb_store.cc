@@ -1766,12 +1766,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
       DEDUP_RETURN_IF_ERROR(read);
       // Damage before the end is not what a crash leaves (the WAL's rule, too):
       // the frames after it would be dropped silently, among them forgets
-      // whose claims would come back. Salvage skips only the damaged frame.
+      // whose claims would come back. Salvage skips only the damaged bytes.
       if (damage.at >= 0 && options_.wal_recovery != WalRecovery::kSalvage) {
         return Status::DataLoss(
             Context("open") + ": claim log " + internal::ClaimLogName(n) +
             " has a damaged frame at byte " + std::to_string(damage.at) +
-            " followed by whole ones (a crash leaves damage only at the end). Nothing was "
+            " followed by whole ones from byte " + std::to_string(damage.next) +
+            " (a crash leaves damage only at the end). Nothing was "
             "changed. To open the store anyway and lose that frame's claims and forgets (their "
             "messages may run again, a forgotten key may come back), open rocksdb:" +
             options_.path + "?recovery=salvage once, after copying the directory aside");
