@@ -19,6 +19,7 @@
 #include <random>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -421,6 +422,70 @@ TEST_F(RocksDBStoreTest, CompleteWithBatchCommitsTogether) {
   ASSERT_TRUE(s->db()->Get({}, "ledger/1", &v).ok());
   EXPECT_EQ(v, "-10");
   EXPECT_EQ(s->Claim(Req("payment-1"))->outcome, ClaimOutcome::kDuplicate);
+}
+
+// A batch that writes to the store's own column family was written as given:
+// deleting another key's completed record made that key ACQUIRED again (its
+// message ran twice), and a Put could plant an undecodable record or lower the
+// fence epoch. Such a batch is refused before anything is written; the claim
+// stays held and completes with a proper batch.
+TEST_F(RocksDBStoreTest, CompleteWithBatchRefusesWritesToTheStoresOwnFamily) {
+  auto s = Open();
+  rocksdb::DB* db = s->db();
+  rocksdb::ColumnFamilyHandle* own = s->records_family();
+  auto v = s->Claim(Req("victim"));
+  ASSERT_EQ(*s->Complete("victim", v->token, 24h, CompletionStatus::kOk, "done"), WriteResult::kOk);
+  const std::optional<std::string> victim_before = Raw(s.get(), "victim");
+  ASSERT_TRUE(victim_before.has_value());
+  std::string epoch_before;
+  ASSERT_TRUE(db->Get({}, own, "mfence_epoch", &epoch_before).ok());
+  auto k = s->Claim(Req("k"));
+  ASSERT_TRUE(k.ok() && k->acquired());
+  std::string victim_key;
+  internal::EncodeRecordKey("victim", &victim_key);
+
+  std::vector<std::pair<std::string, std::function<void(rocksdb::WriteBatch&)>>> bad = {
+      {"a Delete", [&](rocksdb::WriteBatch& b) { ASSERT_TRUE(b.Delete(own, victim_key).ok()); }},
+      {"a Put", [&](rocksdb::WriteBatch& b) { ASSERT_TRUE(b.Put(own, "rinjected", "garbage").ok()); }},
+      {"a Put", [&](rocksdb::WriteBatch& b) { ASSERT_TRUE(b.Put(own, "mfence_epoch", "0").ok()); }},
+      {"a SingleDelete",
+       [&](rocksdb::WriteBatch& b) { ASSERT_TRUE(b.SingleDelete(own, victim_key).ok()); }},
+      {"a DeleteRange", [&](rocksdb::WriteBatch& b) { ASSERT_TRUE(b.DeleteRange(own, "r", "s").ok()); }},
+  };
+  for (auto& [what, add] : bad) {
+    SCOPED_TRACE(what);
+    rocksdb::WriteBatch batch;
+    ASSERT_TRUE(batch.Put("appkey", "app-value").ok());
+    add(batch);
+    auto r = s->CompleteWithBatch("k", k->token, 24h, CompletionStatus::kOk, "k-done", &batch);
+    ASSERT_FALSE(r.ok()) << "a batch writing to the dedup column family was written";
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("entry 2 of the batch (" + what +
+                                        ") writes to the \"dedup\" column family"),
+              std::string::npos)
+        << r.status();
+    EXPECT_EQ(batch.Count(), 2u) << "the batch must be left as given";
+    std::string app;
+    EXPECT_TRUE(db->Get({}, "appkey", &app).IsNotFound()) << "the application's write landed";
+    EXPECT_EQ(Raw(s.get(), "victim"), victim_before);
+    EXPECT_FALSE(Raw(s.get(), "injected").has_value());
+    std::string epoch;
+    ASSERT_TRUE(db->Get({}, own, "mfence_epoch", &epoch).ok());
+    EXPECT_EQ(epoch, epoch_before);
+    auto held = s->Inspect("k");
+    ASSERT_TRUE(held.ok() && held->has_value());
+    EXPECT_EQ((**held).state, RecordState::kInProgress);
+    EXPECT_EQ((**held).token, k->token);
+  }
+  EXPECT_EQ(s->Claim(Req("victim"))->outcome, ClaimOutcome::kDuplicate);
+  rocksdb::WriteBatch good;
+  ASSERT_TRUE(good.Put("appkey", "app-value").ok());
+  ASSERT_EQ(*s->CompleteWithBatch("k", k->token, 24h, CompletionStatus::kOk, "k-done", &good),
+            WriteResult::kOk);
+  std::string app;
+  ASSERT_TRUE(db->Get({}, "appkey", &app).ok());
+  EXPECT_EQ(app, "app-value");
+  EXPECT_EQ(s->Claim(Req("k"))->outcome, ClaimOutcome::kDuplicate);
 }
 
 TEST_F(RocksDBStoreTest, ClaimBatchAnswersInOrder) {

@@ -146,6 +146,9 @@ class RocksDBStore : public Store {
   // one atomic RocksDB write. On kLost nothing in `batch` is written. On kOk the
   // batch is consumed (written); the caller may reuse it after Clear(). On kLost or
   // an error `batch` is left as it was given. A null `batch` is plain Complete().
+  // A batch with any entry in the "dedup" column family (records_family()) is
+  // refused with InvalidArgument naming the entry, before anything is written:
+  // the claim stays held, and may be completed with a proper batch.
   [[nodiscard]] virtual StatusOr<WriteResult> CompleteWithBatch(
       std::string_view key, Token token, Millis retention, CompletionStatus status,
       std::string_view result, rocksdb::WriteBatch* batch) = 0;

@@ -435,6 +435,63 @@ class WriteErrorListener final : public rocksdb::EventListener {
   std::atomic<bool> failed_{false};
 };
 
+// Walks a caller's WriteBatch (CompleteWithBatch) for the first entry in the
+// column family `id`, the store's own: one such write goes past the store's
+// per-key locks and its index, and can delete another key's completed record
+// (claimed again: its message runs twice) or rewrite metadata (the fence epoch,
+// lowered: fences repeat after the next open).
+class FamilyWriteFinder final : public rocksdb::WriteBatch::Handler {
+ public:
+  explicit FamilyWriteFinder(uint32_t id) : id_(id) {}
+
+  // Which entry (from 1) and what it does; null when none writes there.
+  const char* found() const { return found_; }
+  size_t entry() const { return entry_; }
+
+  rocksdb::Status PutCF(uint32_t cf, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return Note(cf, "a Put");
+  }
+  rocksdb::Status PutEntityCF(uint32_t cf, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return Note(cf, "a PutEntity");
+  }
+  rocksdb::Status DeleteCF(uint32_t cf, const rocksdb::Slice&) override {
+    return Note(cf, "a Delete");
+  }
+  rocksdb::Status SingleDeleteCF(uint32_t cf, const rocksdb::Slice&) override {
+    return Note(cf, "a SingleDelete");
+  }
+  rocksdb::Status DeleteRangeCF(uint32_t cf, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return Note(cf, "a DeleteRange");
+  }
+  rocksdb::Status MergeCF(uint32_t cf, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return Note(cf, "a Merge");
+  }
+  rocksdb::Status PutBlobIndexCF(uint32_t cf, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return Note(cf, "a blob index");
+  }
+  // Markers (two-phase commit, no-ops) write nothing themselves.
+  rocksdb::Status MarkBeginPrepare(bool) override { return rocksdb::Status::OK(); }
+  rocksdb::Status MarkEndPrepare(const rocksdb::Slice&) override { return rocksdb::Status::OK(); }
+  rocksdb::Status MarkNoop(bool) override { return rocksdb::Status::OK(); }
+  rocksdb::Status MarkRollback(const rocksdb::Slice&) override { return rocksdb::Status::OK(); }
+  rocksdb::Status MarkCommit(const rocksdb::Slice&) override { return rocksdb::Status::OK(); }
+  rocksdb::Status MarkCommitWithTimestamp(const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return rocksdb::Status::OK();
+  }
+
+ private:
+  rocksdb::Status Note(uint32_t cf, const char* what) {
+    ++entry_;
+    if (cf != id_) return rocksdb::Status::OK();
+    found_ = what;
+    return rocksdb::Status::Aborted();  // ends the walk
+  }
+
+  const uint32_t id_;
+  size_t entry_ = 0;
+  const char* found_ = nullptr;
+};
+
 // The directories the writable stores of this process have open, by identity
 // (device and inode), each with the path it was opened by. RocksDB refuses a
 // second opener of a directory by its LOCK file, but within one process it
@@ -650,6 +707,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
                                           rocksdb::WriteBatch* batch) override {
     DEDUP_RETURN_IF_ERROR(ValidateComplete(key, token, retention, status, result));
     DEDUP_RETURN_IF_ERROR(CheckWritable("complete"));
+    if (batch != nullptr) DEDUP_RETURN_IF_ERROR(CheckCallersBatch(*batch));
     return Update(key, "complete", batch, [&](Record* r, int64_t now) {
       return DecideComplete(r, token, retention, status, result, now);
     });
@@ -2065,6 +2123,26 @@ class RocksDBStoreImpl final : public RocksDBStore {
       stripes_[slot.stripe].present.insert(slot.fingerprint);
     }
     if (!it->status().ok()) return FromRocks(it->status(), Context("open: loading the key index"));
+    return Status::Ok();
+  }
+
+  // A batch given to CompleteWithBatch may not write to the "dedup" column
+  // family (FamilyWriteFinder says why); checked before anything is locked or
+  // written. Its entries are named by position and kind, never by key or value.
+  Status CheckCallersBatch(const rocksdb::WriteBatch& batch) const {
+    FamilyWriteFinder finder(cf_->GetID());
+    const rocksdb::Status s = batch.Iterate(&finder);
+    if (finder.found() != nullptr) {
+      return Status::InvalidArgument(
+          Context("complete") + ": entry " + std::to_string(finder.entry()) + " of the batch (" +
+          finder.found() + ") writes to the \"dedup\" column family, which only the store may "
+          "write; nothing was written, and the claim is unchanged");
+    }
+    if (!s.ok()) {
+      return Status::InvalidArgument(Context("complete") + ": the batch cannot be read (" +
+                                     s.ToString() + "); nothing was written, and the claim is "
+                                     "unchanged");
+    }
     return Status::Ok();
   }
 
