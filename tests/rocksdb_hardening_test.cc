@@ -614,6 +614,101 @@ TEST_F(RocksDBHardeningTest, AChangedLengthInTheMiddleOfAClaimLogIsAnErrorATornT
   }
 }
 
+void AppendU32(std::string* out, uint32_t n) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(n >> (8 * i)));
+}
+
+// A claim-log entry as the writer lays it out (claim_log.h), of any type.
+std::string LogEntry(uint8_t type, std::string_view key, std::string_view value) {
+  std::string e(1, static_cast<char>(type));
+  AppendU32(&e, static_cast<uint32_t>(key.size()));
+  e += key;
+  AppendU32(&e, static_cast<uint32_t>(value.size()));
+  e += value;
+  return e;
+}
+
+// A frame holding `entries`, its length and CRC right: it checks.
+std::string CheckingFrame(std::string_view entries) {
+  std::string f;
+  AppendU32(&f, static_cast<uint32_t>(entries.size()));
+  AppendU32(&f, internal::Crc32c(entries));
+  f += entries;
+  return f;
+}
+
+// Entries that no build of dedup writes, in a frame whose CRC matches (so not
+// damage the CRC would catch), were skipped silently, even as the log's last
+// frame: an entry of an unknown type (a newer format: its forgets and claims
+// ignored), a forget entry whose fence is not 8 bytes, a claim whose record
+// does not decode. An unknown type refuses the open with FailedPrecondition, as
+// an unknown format version does, salvage or not; the others are damage:
+// DataLoss naming the log, and salvage skips them.
+TEST_F(RocksDBHardeningTest, AClaimLogEntryOfAnUnknownTypeOrBrokenFormatIsRefusedNotSkipped) {
+  const uint64_t epoch1 = uint64_t{1} << 32;
+  internal::ClaimLogFrame f;
+  f.AddClaim("a", LoggedClaim(clock_, epoch1 + 1));
+  const std::string first(f.Finish());
+  int stores = 0;
+  const auto store_with_log = [&](const std::string& second) {
+    const std::string db = dir_ + "/db" + std::to_string(stores++);
+    EXPECT_TRUE(TryOpen(db).ok());
+    std::ofstream(db + "/" + internal::ClaimLogName(1), std::ios::binary) << first + second;
+    return db;
+  };
+  const auto expect_refused = [&](const std::string& db, StatusCode code, const std::string& says,
+                                  WalRecovery rec) {
+    auto s = TryOpen(db, rec);
+    if (s.ok()) {
+      auto a = (*s)->Inspect("a");
+      ADD_FAILURE() << "opened, the entry skipped; key a is "
+                    << (a.ok() && a->has_value() ? "present" : "absent");
+      return;
+    }
+    EXPECT_EQ(s.status().code(), code) << s.status();
+    EXPECT_NE(s.status().message().find(internal::ClaimLogName(1)), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find(says), std::string::npos) << s.status();
+  };
+
+  {
+    SCOPED_TRACE("unknown type");
+    const std::string db = store_with_log(
+        CheckingFrame(LogEntry(7, "a", "x") + LogEntry(internal::kForgetEntry, "a", "12345678")));
+    expect_refused(db, StatusCode::kFailedPrecondition,
+                   "holds an entry of unknown type 7 at byte " + std::to_string(first.size() + 8) +
+                       " (written by a newer dedup?)",
+                   WalRecovery::kStrict);
+    expect_refused(db, StatusCode::kFailedPrecondition, "unknown type 7", WalRecovery::kSalvage);
+    auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, /*create=*/false);
+    EXPECT_EQ(ro.status().code(), StatusCode::kFailedPrecondition) << ro.status();
+  }
+  {
+    SCOPED_TRACE("forget of 4 bytes");
+    const std::string db =
+        store_with_log(CheckingFrame(LogEntry(internal::kForgetEntry, "a", "1234")));
+    expect_refused(db, StatusCode::kDataLoss,
+                   "has a frame at byte " + std::to_string(first.size()) +
+                       " whose checksum matches but which holds a forget entry of 4 bytes",
+                   WalRecovery::kStrict);
+    auto s = TryOpen(db, WalRecovery::kSalvage);
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto a = (*s)->Inspect("a");
+    ASSERT_TRUE(a.ok() && a->has_value()) << "salvage dropped the frame before the broken one";
+    EXPECT_EQ((**a).fence, epoch1 + 1);
+  }
+  {
+    SCOPED_TRACE("claim that does not decode");
+    const std::string db = store_with_log(
+        CheckingFrame(LogEntry(internal::kClaimEntry, "b", "not a record")));
+    expect_refused(db, StatusCode::kDataLoss,
+                   "has a claim of key 'b' whose record cannot be decoded", WalRecovery::kStrict);
+    auto s = TryOpen(db, WalRecovery::kSalvage);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_TRUE((*s)->Inspect("a")->has_value());
+    EXPECT_FALSE((*s)->Inspect("b")->has_value());
+  }
+}
+
 // dedup inspect --prefix beside a running worker: the claims still held (in
 // the claim log, not yet in the database) are listed, as Inspect shows them.
 // (Before the claim log, the writer's group commit put them in the WAL, which

@@ -41,8 +41,11 @@
 // refused this way. A relative path is made absolute once, at Open: changing the
 // working directory later changes nothing for the store. A directory
 // written by an unknown format version is refused with FailedPrecondition, never
-// misread. A record that cannot be decoded makes every operation on its key
-// return DataLoss and change nothing; Forget() removes it.
+// misread, as is a claim log holding an entry of a type this build does not
+// know; one holding an entry that breaks the format (in a frame whose checksum
+// matches) is refused with DataLoss, as damage. A record that cannot be decoded
+// makes every operation on its key return DataLoss and change nothing; Forget()
+// removes it.
 //
 // Memory: the store keeps a 32-bit fingerprint of every key on disk (about 8 to
 // 16 bytes per record), so that a claim of a key never seen needs no read, and

@@ -144,22 +144,41 @@ std::string_view ClaimLogFrame::Finish() {
 namespace {
 
 // The frame at `at` of `data`: kWhole (its payload checks and its entries are
-// whole), kCut (it runs past the end of the data) or kDamaged; `len` its
-// payload's length.
-enum class Frame { kWhole, kCut, kDamaged };
-Frame CheckFrame(std::string_view data, size_t at, uint32_t* len) {
+// whole), kCut (it runs past the end of the data), kDamaged (its payload does
+// not check), kMalformed (it checks, but its entries break the format: no
+// crash and no changed byte leaves that) or kUnknownType (it checks and holds
+// an entry of a type this build does not know); `len` its payload's length,
+// `why` what is wrong with a kMalformed or kUnknownType one.
+enum class Frame { kWhole, kCut, kDamaged, kMalformed, kUnknownType };
+Frame CheckFrame(std::string_view data, size_t at, uint32_t* len, std::string* why = nullptr) {
   if (data.size() - at < kHeader) return Frame::kCut;
   *len = GetU32(data.data() + at);
   if (*len > data.size() - at - kHeader) return Frame::kCut;
   const std::string_view payload(data.data() + at + kHeader, *len);
   if (Crc32c(payload) != GetU32(data.data() + at + 4)) return Frame::kDamaged;
+  const auto bad = [&](Frame f, size_t p, const std::string& what) {
+    if (why != nullptr) *why = what + " at byte " + std::to_string(at + kHeader + p);
+    return f;
+  };
   // Entries are checked whole before any is handed on: a frame is all or nothing.
   for (size_t p = 0; p < payload.size();) {
-    if (payload.size() - p < 9) return Frame::kDamaged;
+    const uint8_t type = static_cast<uint8_t>(payload[p]);
+    if (type != kClaimEntry && type != kForgetEntry) {
+      return bad(Frame::kUnknownType, p, "an entry of unknown type " + std::to_string(type));
+    }
+    if (payload.size() - p < 9) return bad(Frame::kMalformed, p, "an entry cut short");
     const uint32_t k = GetU32(payload.data() + p + 1);
-    if (payload.size() - p - 5 < static_cast<size_t>(k) + 4) return Frame::kDamaged;
+    if (payload.size() - p - 5 < static_cast<size_t>(k) + 4) {
+      return bad(Frame::kMalformed, p, "an entry whose key runs past its frame");
+    }
     const uint32_t v = GetU32(payload.data() + p + 5 + k);
-    if (payload.size() - p - 9 - k < v) return Frame::kDamaged;
+    if (payload.size() - p - 9 - k < v) {
+      return bad(Frame::kMalformed, p, "an entry whose value runs past its frame");
+    }
+    if (type == kForgetEntry && v != 8) {
+      return bad(Frame::kMalformed, p,
+                 "a forget entry of " + std::to_string(v) + " bytes, not an 8-byte fence,");
+    }
     p += 9 + static_cast<size_t>(k) + v;
   }
   return Frame::kWhole;
@@ -204,7 +223,28 @@ Status ReadClaimLog(const std::string& path,
   size_t at = 0;
   while (true) {
     uint32_t len = 0;
-    const Frame f = CheckFrame(data, at, &len);
+    std::string why;
+    const Frame f = CheckFrame(data, at, &len, &why);
+    // Not damage: a format this build does not read.
+    if (f == Frame::kUnknownType) {
+      return Status::FailedPrecondition("claim log " + path + " holds " + why +
+                                        " (written by a newer dedup?); refusing to misread it. "
+                                        "Nothing was changed");
+    }
+    // Its checksum matches, so its length is right: what follows is read. A
+    // crash cannot leave it, so it is damage wherever it is, even last.
+    if (f == Frame::kMalformed) {
+      if (damage == nullptr) break;
+      if (damage->at < 0) {
+        damage->at = static_cast<int64_t>(at);
+        damage->next = static_cast<int64_t>(at + kHeader + len);
+        damage->what = "a frame at byte " + std::to_string(at) +
+                       " whose checksum matches but which holds " + why +
+                       " (not what any crash or writer leaves)";
+      }
+      at += kHeader + len;
+      continue;
+    }
     if (f == Frame::kCut || f == Frame::kDamaged) {
       // A crash (or a full disk) cuts the last frame short, and nothing follows
       // it. A frame that checks after this one says the damage is not that: a
@@ -218,6 +258,9 @@ Status ReadClaimLog(const std::string& path,
       if (damage->at < 0) {
         damage->at = static_cast<int64_t>(at);
         damage->next = static_cast<int64_t>(next);
+        damage->what = "a damaged frame at byte " + std::to_string(at) +
+                       " followed by whole ones from byte " + std::to_string(next) +
+                       " (a crash leaves damage only at the end)";
       }
       at = next;
       continue;

@@ -71,19 +71,24 @@ class ClaimLogFrame {
 
 // Damage before a claim log's end: a frame that does not check (a changed byte
 // in its payload or its CRC) or that seems to run past the end (a changed
-// length), with a frame that checks somewhere after it. A crash (or a full disk)
-// leaves damage only at the end: the last write cut short.
+// length), with a frame that checks somewhere after it; or, anywhere, a frame
+// that checks but breaks the format (an entry running past its frame, a forget
+// entry whose fence is not 8 bytes). A crash (or a full disk) leaves damage
+// only at the end: the last write cut short.
 struct ClaimLogDamage {
   int64_t at = -1;    // the first such frame's offset; -1: none
   int64_t next = -1;  // where the first frame that checks after it starts
+  std::string what;   // the first damage, for a message ("a damaged frame at byte ...")
 };
 
 // Calls `fn(type, key, value)` for every entry of every whole, undamaged frame
 // of the file at `path`, up to the first frame that is not. With `damage`, the
 // bytes from a damaged frame to the next frame that checks (found at any
-// offset: the damaged frame's length may be what changed) are skipped instead,
-// and the first damage noted there (the caller refuses the log, or salvages
-// it). An error only when the file cannot be read.
+// offset: the damaged frame's length may be what changed), and a frame that
+// checks but breaks the format, are skipped instead, and the first damage
+// noted there (the caller refuses the log, or salvages it). An error when the
+// file cannot be read, and FailedPrecondition for a frame that checks and holds
+// an entry of a type this build does not know (a newer format): never skipped.
 Status ReadClaimLog(const std::string& path,
                     const std::function<void(uint8_t, std::string_view, std::string_view)>& fn,
                     ClaimLogDamage* damage = nullptr);

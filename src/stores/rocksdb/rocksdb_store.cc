@@ -1801,15 +1801,26 @@ class RocksDBStoreImpl final : public RocksDBStore {
     std::map<std::string, std::optional<Record>>& last = *out;
     for (uint64_t n : numbers) {
       internal::ClaimLogDamage damage;
+      std::string undecodable;  // the first claim whose record does not decode
       Status read = internal::ReadClaimLog(
           LogPath(n), [&](uint8_t type, std::string_view key, std::string_view value) {
-            std::optional<Record>& slot = last[std::string(key)];
             if (type == internal::kClaimEntry) {
               Record r;
               std::string why;
-              if (!DecodeRecord(value, &r, &why)) return;  // (a whole frame: never)
+              // In a frame whose checksum matches: no crash leaves it (skipped
+              // silently before, the claim lost). Salvage skips it.
+              if (!DecodeRecord(value, &r, &why)) {
+                if (undecodable.empty()) {
+                  undecodable = "a claim of key " + QuoteBytes(key) +
+                                " whose record cannot be decoded (" + why +
+                                ") in a frame whose checksum matches";
+                }
+                return;
+              }
+              std::optional<Record>& slot = last[std::string(key)];
               if (!slot || r.fence >= slot->fence) slot = std::move(r);
-            } else if (type == internal::kForgetEntry && value.size() == 8) {
+            } else {  // kForgetEntry, of 8 bytes (ReadClaimLog checked both)
+              std::optional<Record>& slot = last[std::string(key)];
               uint64_t fence = 0;
               for (int i = 0; i < 8; ++i) {
                 fence |= static_cast<uint64_t>(static_cast<unsigned char>(value[i])) << (8 * i);
@@ -1825,12 +1836,11 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // Damage before the end is not what a crash leaves (the WAL's rule, too):
       // the frames after it would be dropped silently, among them forgets
       // whose claims would come back. Salvage skips only the damaged bytes.
-      if (damage.at >= 0 && options_.wal_recovery != WalRecovery::kSalvage) {
+      if ((damage.at >= 0 || !undecodable.empty()) &&
+          options_.wal_recovery != WalRecovery::kSalvage) {
         return Status::DataLoss(
-            Context("open") + ": claim log " + internal::ClaimLogName(n) +
-            " has a damaged frame at byte " + std::to_string(damage.at) +
-            " followed by whole ones from byte " + std::to_string(damage.next) +
-            " (a crash leaves damage only at the end). Nothing was "
+            Context("open") + ": claim log " + internal::ClaimLogName(n) + " has " +
+            (damage.at >= 0 ? damage.what : undecodable) + ". Nothing was "
             "changed. To open the store anyway and lose that frame's claims and forgets (their "
             "messages may run again, a forgotten key may come back), open rocksdb:" +
             options_.path + "?recovery=salvage once, after copying the directory aside");
