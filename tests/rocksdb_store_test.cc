@@ -115,6 +115,51 @@ TEST_F(RocksDBStoreTest, ReopenKeepsRecords) {
   EXPECT_EQ(g->attempt, 2u);
 }
 
+// The expiry filter drops nothing that expired after the oldest claim log was
+// made, and a log lived until 65,536 outstanding claims or 32 MiB: weeks in a
+// quiet process, with every expired record kept on disk meanwhile (100 of 100
+// after a week, RocksDB's own flush and compaction run). A log older than an
+// hour is now written into the database and deleted.
+TEST_F(RocksDBStoreTest, AnHourOldClaimLogIsFoldedAndExpiredRecordsAreDropped) {
+  auto s = Open();
+  for (int i = 0; i < 100; ++i) {
+    const std::string key = "old-" + std::to_string(i);
+    auto c = s->Claim(Req(key));
+    ASSERT_TRUE(c.ok() && c->acquired()) << c.status();
+    std::this_thread::sleep_for(3ms);  // outlives a round: logged
+    ASSERT_EQ(*s->Complete(key, c->token, 1s, CompletionStatus::kOk, "x"), WriteResult::kOk);
+  }
+  std::vector<uint64_t> logs;
+  ASSERT_TRUE(internal::ListClaimLogs(dir_, &logs).ok());
+  ASSERT_FALSE(logs.empty()) << "no claim was logged: the test tests nothing";
+  const uint64_t oldest = logs.front();
+  clock_.Advance(2h);
+  // The next log round sees the age (in a store with no claims at all, the
+  // materializer looks every 10 minutes of wall time).
+  auto tick = s->Claim(Req("tick"));
+  ASSERT_TRUE(tick.ok() && tick->acquired()) << tick.status();
+  bool gone = false;
+  for (auto until = std::chrono::steady_clock::now() + 20s;
+       !gone && std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(10ms)) {
+    logs.clear();
+    ASSERT_TRUE(internal::ListClaimLogs(dir_, &logs).ok());
+    gone = logs.empty() || logs.front() > oldest;
+  }
+  ASSERT_TRUE(gone) << "CLAIMLOG " << oldest << " still there two hours on";
+  // What RocksDB's own flushes and compactions do (CompactNow would fold the
+  // logs itself and hide it).
+  ASSERT_TRUE(s->db()->Flush(rocksdb::FlushOptions(), s->records_family()).ok());
+  rocksdb::CompactRangeOptions co;
+  co.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  ASSERT_TRUE(s->db()->CompactRange(co, s->records_family(), nullptr, nullptr).ok());
+  int left = 0;
+  for (int i = 0; i < 100; ++i) left += Raw(s.get(), "old-" + std::to_string(i)).has_value();
+  EXPECT_EQ(left, 0) << "expired records kept on disk";
+  auto again = s->Claim(Req("tick"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->outcome, ClaimOutcome::kBusy) << "the claim made after the fold is kept";
+}
+
 TEST_F(RocksDBStoreTest, SecondOpenInSameProcessIsRefused) {
   auto s = Open();
   RocksDBStoreOptions o;

@@ -21,8 +21,9 @@
 //     kInterval (the claim log is synced with the WAL), an unbounded recent
 //     window with kNone.
 //   * Records past their retention are dropped by a compaction filter as RocksDB
-//     flushes and compacts (every file is compacted at least once a day); until
-//     then they answer as absent. A dropped record leaves a deletion marker, so an
+//     flushes and compacts (every file is compacted at least once a day; a record
+//     that expired while a claim log existed, at the first compaction after it is
+//     deleted: within about an hour); until then they answer as absent. A dropped record leaves a deletion marker, so an
 //     older version of the key never resurfaces.
 //
 // A full disk is ResourceExhausted (never an abort): the write that hit it

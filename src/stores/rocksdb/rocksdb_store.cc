@@ -138,6 +138,15 @@ constexpr uint64_t kMaxLogBytes = 32u << 20;
 constexpr size_t kMinIngest = 4096;
 // log_floor_ while no claim log exists: the expiry filter drops what expired.
 constexpr int64_t kNoLogFloor = std::numeric_limits<int64_t>::max();
+// The expiry filter drops nothing that expired after the oldest claim log was
+// made (log_floor_), and under ordinary traffic (claims completed soon after)
+// a log reaches neither kMaxLogged nor kMaxLogBytes for weeks: expired records
+// stayed on disk all that time. A log older than this (the store's clock) is
+// written into the database and deleted as the bounds do (MaterializeLogged),
+// checked after each log round and, while no claims come, every
+// kLogAgeCheckEvery of wall time by the materializer.
+constexpr int64_t kMaxLogAgeMs = 3'600'000;  // 1 h
+constexpr std::chrono::minutes kLogAgeCheckEvery{10};
 // The fence epoch, made durable at every open (decimal text).
 constexpr std::string_view kMetaFenceEpochKey = "mfence_epoch";
 
@@ -1503,14 +1512,14 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // this materialization (mgen): a write of their key waits for it
   // (WaitInFlight), so the database gets the newer record last, as for a
   // writer batch.
-  Status MaterializeLogged(bool hard) {
+  // `aged`: also when the oldest log is older than kMaxLogAgeMs (LogTooOld).
+  Status MaterializeLogged(bool hard, bool aged = false) {
     std::lock_guard mat(mat_mu_);
     // Re-checked under mat_mu_: one that just ran may have done it.
-    if (hard ? logged_count_.load() <= kMaxLoggedHard
-             : logged_count_.load() <= kMaxLogged &&
-                   log_bytes_.load(std::memory_order_relaxed) <= kMaxLogBytes) {
-      return Status::Ok();
-    }
+    const bool bound = hard ? logged_count_.load() > kMaxLoggedHard
+                            : logged_count_.load() > kMaxLogged ||
+                                  log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes;
+    if (!bound && !(aged && LogTooOld())) return Status::Ok();
     const uint64_t m = ++last_mat_;
     uint64_t cut = 0;
     std::vector<size_t>& touched = mat_touched_;
@@ -1937,12 +1946,20 @@ class RocksDBStoreImpl final : public RocksDBStore {
       // Past the bounds, the materializer writes the logged claims into the
       // database while this thread goes on logging.
       if (ok && (logged_count_.load(std::memory_order_relaxed) > kMaxLogged ||
-                 log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes)) {
+                 log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes || LogTooOld())) {
         WantMaterialize();
       }
       interval = ok ? kGroupCommitInterval : std::min(interval * 2, kMaxCommitBackoff);
       l.lock();
     }
+  }
+
+  // Whether the oldest claim log is older than kMaxLogAgeMs by the store's
+  // clock (none: false; min() is the floor of an open still folding).
+  bool LogTooOld() const {
+    const int64_t floor = log_floor_.load();
+    if (floor == kNoLogFloor || floor == std::numeric_limits<int64_t>::min()) return false;
+    return clock_->NowMillis() - floor >= kMaxLogAgeMs;
   }
 
   // Wakes the materializer (a thread of its own, so that the writer's log
@@ -1962,11 +1979,13 @@ class RocksDBStoreImpl final : public RocksDBStore {
     std::unique_lock l(mat_loop_mu_);
     std::chrono::milliseconds backoff{0};
     while (true) {
-      mat_cv_.wait(l, [this] { return stop_mat_ || mat_wanted_; });
+      // Woken for the bounds or an old log (WantMaterialize), or every
+      // kLogAgeCheckEvery to look at the oldest log's age while no claim comes.
+      mat_cv_.wait_for(l, kLogAgeCheckEvery, [this] { return stop_mat_ || mat_wanted_; });
       if (stop_mat_) break;
       mat_wanted_ = false;
       l.unlock();
-      const bool ok = MaterializeLogged(/*hard=*/false).ok();
+      const bool ok = MaterializeLogged(/*hard=*/false, /*aged=*/true).ok();
       l.lock();
       if (ok) {
         backoff = std::chrono::milliseconds(0);
