@@ -149,7 +149,9 @@ for args in "inspect --store $db --prefix m- --limit -1" \
             "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --prefetch -2" \
             "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --corrupt-record-tries 0" \
             "worker --broker redis://127.0.0.1:$port?stream=x --store memory: --exec true --corrupt-record-tries 1001" \
-            "simulate --seed -1" "simulate --messages -5" "bench --workers -2 --no-redis"; do
+            "simulate --seed -1" "simulate --messages -5" "bench --workers -2 --no-redis" \
+            "simulate --timeout 0" "simulate --visibility-timeout 0" "simulate --textbook-ttl 0" \
+            "bench --round 0 --no-redis"; do
   read -ra argv <<<"$args"
   set +e; out=$(timeout 20 "$dedup" "${argv[@]}" 2>&1); rc=$?; set -e
   [[ $rc -eq 2 ]] && ok "refused: dedup $args" || fail "dedup $args: rc $rc: $(head -c 300 <<<"$out")"

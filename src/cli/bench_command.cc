@@ -138,7 +138,8 @@ void RegisterBench(CLI::App& root, CommandContext& ctx) {
                   "Interleaved rounds per contender (default 5; --quick 2, --full 9)")
       ->check(CLI::Range(1, 100));
   AddDurationOption(*app, "--round", &flags->round,
-                    "Length of one contender's round (default 200ms; --quick 50ms, --full 300ms)")
+                    "Length of one contender's round (default 200ms; --quick 50ms, --full 300ms)",
+                    DurationBound::kPositive)
       ->default_str("");
   app->add_flag("--json", flags->json, "Print everything as JSON instead of the table");
   app->add_option("--plots", flags->plots_dir, "Write PNG plots (gnuplot) into this directory")

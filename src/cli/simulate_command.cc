@@ -117,10 +117,12 @@ void RegisterSimulate(CLI::App& root, CommandContext& ctx) {
                     DurationBound::kPositive)
       ->group("Timing");
   AddDurationOption(*app, "--textbook-ttl", &o.textbook_ttl,
-                    "Textbook pattern: the key's one TTL (lease and memory of done)")
+                    "Textbook pattern: the key's one TTL (lease and memory of done)",
+                    DurationBound::kPositive)
       ->group("Timing");
   AddDurationOption(*app, "--visibility-timeout", &o.visibility_timeout,
-                    "Broker redelivers a message not acked within this")
+                    "Broker redelivers a message not acked within this",
+                    DurationBound::kPositive)
       ->group("Timing");
   AddDurationOption(*app, "--retry-delay", &o.retry_delay,
                     "Redelivery delay after a transient failure or a store error",
@@ -133,7 +135,8 @@ void RegisterSimulate(CLI::App& root, CommandContext& ctx) {
                     "How long a slow handler runs (longer than the lease)")
       ->group("Timing");
   AddDurationOption(*app, "--timeout", &o.timeout,
-                    "Stop the run after this; what is left counts as unfinished")
+                    "Stop the run after this; what is left counts as unfinished",
+                    DurationBound::kPositive)
       ->group("Timing");
 
   AddFractionOption(*app, "--duplicates", &o.duplicate_fraction,
