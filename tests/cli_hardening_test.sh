@@ -78,18 +78,25 @@ sleep 1
 expect_rc "exec of a running key says so" 75 "$dedup" exec --store "$rs" --key $'busy-\e[31m' -- true
 wait "$busy_pid"
 [[ "$out" != *$'\e'* && "$out" == *'\x1b'* ]] && ok "exec prints the key escaped" || fail "exec: $(printf %q "$out")"
+# run_worker STREAM DEAD RAN LOG: a worker on STREAM (memory store; its handler
+# appends "$DEDUP_KEY|" to RAN) until STREAM:dead holds DEAD entries and RAN is
+# not empty, at most 15 s; then SIGKILLed.
+run_worker() {
+  local stream=$1 dead=$2 ran=$3 log=$4
+  "$dedup" worker --broker "redis://127.0.0.1:$port?stream=$stream&group=g&dead=$stream:dead" \
+    --store "memory:" --exec "printf '%s|' \"\$DEDUP_KEY\" >>$ran" --retry-delay 100ms \
+    >"$log" 2>&1 &
+  worker_pid=$!
+  for _ in $(seq 150); do
+    [[ "$(rcli XLEN "$stream:dead")" -ge "$dead" && -s "$ran" ]] && break
+    sleep 0.1
+  done
+  kill -0 "$worker_pid" 2>/dev/null || echo "worker exited early ($(wait "$worker_pid"; echo rc $?)): $(cat "$log")"
+  { kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null || true
+  worker_pid=
+}
 printf 'XADD jobs * id "a\\x00b"\nXADD jobs * id "a"\n' | rcli >/dev/null
-"$dedup" worker --broker "redis://127.0.0.1:$port?stream=jobs&group=g&dead=jobs:dead" \
-  --store "memory:" --exec "printf '%s|' \"\$DEDUP_KEY\" >>$tmp/ran" --retry-delay 100ms \
-  >"$tmp/worker.log" 2>&1 &
-worker_pid=$!
-for _ in $(seq 100); do
-  [[ "$(rcli XLEN jobs:dead)" -ge 1 && -s "$tmp/ran" ]] && break
-  sleep 0.1
-done
-kill -0 "$worker_pid" 2>/dev/null || echo "worker exited early ($(wait "$worker_pid"; echo rc $?)): $(cat "$tmp/worker.log")"
-{ kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null || true
-worker_pid=
+run_worker jobs 1 "$tmp/ran" "$tmp/worker.log"
 [[ "$(cat "$tmp/ran" 2>/dev/null)" == "a|" ]] && ok "the handler ran for 'a' only, never for a cut 'a\\0b'" ||
   fail "handler ran for: $(cat "$tmp/ran" 2>/dev/null | od -c | head -2)"
 [[ "$(rcli XLEN jobs:dead)" == 1 ]] && ok "the NUL key was dead-lettered" || fail "dead: $(rcli XLEN jobs:dead)"
@@ -103,16 +110,7 @@ grep -q 'NUL byte' "$tmp/worker.log" && grep -q "key 'a\\\\x00b'" "$tmp/worker.l
 #     kept its last value; bytes that are not UTF-8 became U+FFFD.
 printf 'XADD jobs2 * id dup-1 id dup-2\nXADD jobs2 * id rep other 1 other 2\nXADD jobs2 * id bin data "\\xff\\xfe"\nXADD jobs2 * id ok-1 data plain\n' |
   rcli >/dev/null
-"$dedup" worker --broker "redis://127.0.0.1:$port?stream=jobs2&group=g&dead=jobs2:dead" \
-  --store "memory:" --exec "printf '%s|' \"\$DEDUP_KEY\" >>$tmp/ran2" --retry-delay 100ms \
-  >"$tmp/worker2.log" 2>&1 &
-worker_pid=$!
-for _ in $(seq 150); do
-  [[ "$(rcli XLEN jobs2:dead)" -ge 3 && -s "$tmp/ran2" ]] && break
-  sleep 0.1
-done
-{ kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null || true
-worker_pid=
+run_worker jobs2 3 "$tmp/ran2" "$tmp/worker2.log"
 [[ "$(cat "$tmp/ran2" 2>/dev/null)" == "ok-1|" ]] && ok "the handler ran for ok-1 only" ||
   fail "handler ran for: $(cat "$tmp/ran2" 2>/dev/null)"
 [[ "$(rcli XLEN jobs2:dead)" == 3 ]] && ok "three entries dead-lettered" || fail "dead: $(rcli XLEN jobs2:dead)"

@@ -60,6 +60,26 @@ std::string LoggedClaim(Clock& clock, uint64_t fence) {
   return v;
 }
 
+// What a process leaves in a claim log at fence epoch 1: a claim of
+// "forgotten"; a claim of "middle" (the frame at `*second`); "forgotten"'s
+// forget (it was completed, then forgotten) and a claim of "after".
+std::string ThreeFrames(Clock& clock, size_t* second) {
+  const uint64_t epoch1 = uint64_t{1} << 32;
+  std::string bytes;
+  internal::ClaimLogFrame f;
+  f.AddClaim("forgotten", LoggedClaim(clock, epoch1 + 1));
+  bytes += f.Finish();
+  *second = bytes.size();
+  f.Clear();
+  f.AddClaim("middle", LoggedClaim(clock, epoch1 + 2));
+  bytes += f.Finish();
+  f.Clear();
+  f.AddForget("forgotten", epoch1 + 1);
+  f.AddClaim("after", LoggedClaim(clock, epoch1 + 3));
+  bytes += f.Finish();
+  return bytes;
+}
+
 // Each key's last claim in the claim logs of `db`: its fence. False when a log
 // cannot be listed or read.
 bool LoggedFences(const std::string& db, std::map<std::string, uint64_t>* fences) {
@@ -475,20 +495,8 @@ TEST_F(RocksDBHardeningTest, DamagedFrameInTheMiddleOfAClaimLogIsAnErrorNamingTh
     ASSERT_TRUE(s.ok()) << s.status();
   }
   const uint64_t epoch1 = uint64_t{1} << 32;
-  // What a process leaves: a claim; another claim; the first one's forget (it
-  // was completed, then forgotten) and a third claim.
-  std::string bytes;
-  internal::ClaimLogFrame f;
-  f.AddClaim("forgotten", LoggedClaim(clock_, epoch1 + 1));
-  bytes += f.Finish();
-  const size_t second = bytes.size();
-  f.Clear();
-  f.AddClaim("middle", LoggedClaim(clock_, epoch1 + 2));
-  bytes += f.Finish();
-  f.Clear();
-  f.AddForget("forgotten", epoch1 + 1);
-  f.AddClaim("after", LoggedClaim(clock_, epoch1 + 3));
-  bytes += f.Finish();
+  size_t second = 0;
+  std::string bytes = ThreeFrames(clock_, &second);
   bytes[second + 12] ^= 0x20;  // in the second frame's payload
   const std::string log = db + "/" + internal::ClaimLogName(1);
   std::ofstream(log, std::ios::binary) << bytes;
@@ -536,20 +544,10 @@ TEST_F(RocksDBHardeningTest, DamagedFrameInTheMiddleOfAClaimLogIsAnErrorNamingTh
 // frame cut short anywhere, still opens with the frames before it.
 TEST_F(RocksDBHardeningTest, AChangedLengthInTheMiddleOfAClaimLogIsAnErrorATornTailIsNot) {
   const uint64_t epoch1 = uint64_t{1} << 32;
-  std::string bytes;
-  internal::ClaimLogFrame f;
-  f.AddClaim("forgotten", LoggedClaim(clock_, epoch1 + 1));
-  bytes += f.Finish();
-  const size_t second = bytes.size();
-  f.Clear();
-  f.AddClaim("middle", LoggedClaim(clock_, epoch1 + 2));
-  bytes += f.Finish();
-  f.Clear();
-  f.AddForget("forgotten", epoch1 + 1);
-  f.AddClaim("after", LoggedClaim(clock_, epoch1 + 3));
-  bytes += f.Finish();
+  size_t second = 0;
+  std::string bytes = ThreeFrames(clock_, &second);
   const size_t last = bytes.size();
-  f.Clear();
+  internal::ClaimLogFrame f;
   f.AddClaim("last", LoggedClaim(clock_, epoch1 + 4));
   bytes += f.Finish();
   // A store at fence epoch 1 beside a claim log holding `content`; the log's path.
