@@ -24,22 +24,10 @@
 #    on a full disk (a 3 MiB tmpfs in a mount namespace of its own; skipped
 #    where one cannot be made) is 75 too, for dedup exec and dedup worker.
 set -uo pipefail
-dedup=$(realpath "$1")
-tmp=$(mktemp -d /tmp/dedup_exec_review.XXXXXX)
-failures=0
-bg_pids=()
-cleanup() {
-  local p
-  for p in "${bg_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=lib/exec_test.sh
+source "$(dirname "$0")/lib/exec_test.sh"
+exec_test_begin exec_review "$1"
 
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-pass() { echo "ok: $*"; }
-expect_rc() {  # expect_rc WANT GOT WHAT
-  if [[ "$2" == "$1" ]]; then pass "$3: exit $2"; else fail "$3: exit $2, want $1"; fi
-}
 wait_file() {  # wait_file FILE SECONDS: until FILE is there and not empty
   local deadline=$((SECONDS + $2))
   while ((SECONDS <= deadline)); do

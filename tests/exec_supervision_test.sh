@@ -14,20 +14,10 @@
 #    its lease ends; exit 75; the next run after the lease takes over; a key
 #    running in another `dedup exec` gives 75; the command inherits no socket.
 set -uo pipefail
-dedup=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d /tmp/dedup_exec_test.XXXXXX)
-failures=0
-bg_pids=()
-cleanup() {
-  local p
-  for p in "${bg_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-pass() { echo "ok: $*"; }
+# shellcheck source=lib/exec_test.sh
+source "$(dirname "$0")/lib/exec_test.sh"
+exec_test_begin exec_test "$1"
 
 # dead PID: gone, or a zombie waiting for its reaper.
 dead() {
@@ -62,9 +52,6 @@ wait_in_progress() {  # wait_in_progress STORE KEY: at most 5 s, until KEY is cl
     "$dedup" inspect --store "$1" "$2" 2>/dev/null | grep -q in_progress && return 0
     sleep 0.05
   done
-}
-expect_rc() {  # expect_rc WANT GOT WHAT
-  if [[ "$2" == "$1" ]]; then pass "$3: exit $2"; else fail "$3: exit $2, want $1"; fi
 }
 # The watchdog of a `dedup exec` is its child named dedup-watchdog.
 watchdog_of() {
