@@ -414,5 +414,25 @@ set -e
 check "a second serve on port $port, in use by the first: exit 2 (rc $rc)" [ $rc = 2 ]
 check "... saying it cannot listen there" grep -q "cannot listen on 127.0.0.1:$port" "$tmp/second"
 
+# ---- a store that cannot be reached, or a RocksDB directory another process
+# holds: 75 (try again later), as for exec, worker, inspect and forget. serve
+# said 2, and a supervisor reading 2 as "fix the flags" gave up on it.
+set +e
+timeout -s KILL 10 "$dedup" serve --store redis://127.0.0.1:1 --listen 127.0.0.1:$port >"$tmp/unreachable" 2>&1
+rc=$?
+set -e
+check "serve on a store that cannot be reached: exit 75 (rc $rc)" [ $rc = 75 ]
+"$dedup" exec --store "rocksdb:$tmp/held" --key h -- sh -c "touch '$tmp/holding'; sleep 30" >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 200); do [ -e "$tmp/holding" ] && break; sleep 0.05; done
+set +e
+timeout -s KILL 10 "$dedup" serve --store "rocksdb:$tmp/held" --listen 127.0.0.1:$port >"$tmp/held.log" 2>&1
+rc=$?
+set -e
+kill "$holder" 2>/dev/null || true
+wait "$holder" 2>/dev/null || true
+check "serve on a RocksDB directory another process holds: exit 75 (rc $rc)" [ $rc = 75 ]
+check "... saying so" grep -q "already open in another process" "$tmp/held.log"
+
 if [ "$FAILS" -ne 0 ]; then echo "$FAILS check(s) failed"; exit 1; fi
 echo "all checks passed"

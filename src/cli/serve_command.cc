@@ -104,7 +104,7 @@ int RunServe(ServeFlags& f) {
   auto store = OpenStore(f.store, WarnOnStderr("dedup serve"));
   if (!store.ok()) {
     std::fprintf(stderr, "dedup serve: --store: %s\n", store.status().ToString().c_str());
-    return kExitUsage;
+    return StoreOpenExit(store.status());  // 75: unreachable, or held by another process
   }
   auto server = serve::Server::Create(store->get(), o);
   if (!server.ok()) {
