@@ -239,6 +239,12 @@ expect_rc "--exec with a syntax error is refused" 2 "$dedup" worker \
   --broker "redis://127.0.0.1:$port?stream=x" --store memory: --exec './handle.sh "$DEDUP_KEY'
 [[ "$out" == *"the shell cannot parse the command"*"Unterminated quoted string"* ]] ||
   fail "--exec with a syntax error: $out"
+# A first word that is an unset variable: the shell ran the next word as the
+# command, or (alone) nothing, exit 0: every message recorded done, nothing run.
+expect_rc "--exec '\$UNSET_HANDLER' is refused at start" 2 env -u DEDUP_UNSET_HANDLER "$dedup" worker \
+  --broker "redis://127.0.0.1:$port?stream=x" --store memory: --exec '$DEDUP_UNSET_HANDLER'
+[[ "$out" == *'$DEDUP_UNSET_HANDLER, is unset'*"record every message as done"* ]] ||
+  fail "--exec '\$DEDUP_UNSET_HANDLER': $out"
 # A duration above the library's limit is a usage error at parse time, naming the
 # flag, even when the broker cannot be reached (port 1: refused). Before, it was
 # found only by Consumer::Make, after the broker was opened: exit 75 (a service
@@ -264,6 +270,14 @@ for flag in "--textbook-ttl 5s" "--textbook-redis redis://127.0.0.1:1"; do
   [[ "$out" == *"${fl[0]} needs --pattern textbook"* ]] || fail "$flag: $out"
 done
 # --textbook-redis on a redis:// broker was ignored too (the stream's Redis keeps the keys).
+# The Buffer's flags given with --pattern textbook were ignored: a comparison
+# run with another lease or store than the one asked for.
+for flag in "--store memory:" "--lease 5s" "--max-attempts 3" "--keep-output" "--fingerprint"; do
+  read -ra fl <<<"$flag"
+  expect_rc "$flag with --pattern textbook is refused" 2 timeout 20 "$dedup" worker \
+    --broker "redis://127.0.0.1:1?stream=x" --pattern textbook --exec true "${fl[@]}"
+  [[ "$out" == *"${fl[0]} is not used by --pattern textbook"* ]] || fail "$flag with textbook: $out"
+done
 expect_rc "--textbook-redis on a redis:// broker is refused" 2 timeout 20 "$dedup" worker \
   --broker "redis://127.0.0.1:1?stream=x" --pattern textbook --exec true \
   --textbook-redis redis://127.0.0.1:1
@@ -493,7 +507,7 @@ for case in "--broker|worker --broker u:$secret --store memory: --exec true|redi
 done
 # The Redis-only URIs too (--textbook-redis, bench --redis): "u:x?PASSWORD" was
 # parsed before its scheme was looked at, and the parser quoted the parameter.
-for args in "worker --broker nats://127.0.0.1:1?stream=s&consumer=c --store memory: --exec true --pattern textbook --textbook-redis u:x?$secret" \
+for args in "worker --broker nats://127.0.0.1:1?stream=s&consumer=c --exec true --pattern textbook --textbook-redis u:x?$secret" \
             "bench --quick --redis u:x?$secret"; do
   read -ra argv <<<"$args"
   expect_rc "a Redis URI flag with scheme u: is refused: dedup ${argv[0]}" 2 timeout 20 "$dedup" "${argv[@]}"

@@ -342,6 +342,43 @@ class OneDelivery final : public Delivery {
   Status DeadLetter(std::string_view) override { return Status::Ok(); }
 };
 
+// `--exec '$HANDLER --verbose'` with HANDLER unset where the worker starts: the
+// shell ran `--verbose` as the command (every message failed), and `$HANDLER`
+// alone ran nothing and exited 0 (every message recorded done, nothing run).
+// Refused at start, naming the variable; a set one, a variable set per message
+// and a word that is more than an expansion pass.
+TEST(ExecHandler, AFirstWordThatExpandsToNothingIsRefusedAtStart) {
+  ASSERT_EQ(unsetenv("DEDUP_TEST_UNSET_HANDLER"), 0);
+  ASSERT_EQ(setenv("DEDUP_TEST_EMPTY_HANDLER", "", 1), 0);
+  ASSERT_EQ(setenv("DEDUP_TEST_SET_HANDLER", "/bin/true", 1), 0);
+  auto argv = [](const std::string& command) {
+    ExecHandlerOptions o;
+    o.command = command;
+    return ExecHandler::Argv(o);
+  };
+  for (const std::string c : {"$DEDUP_TEST_UNSET_HANDLER", "${DEDUP_TEST_UNSET_HANDLER} --verbose",
+                              "\"$DEDUP_TEST_UNSET_HANDLER\" a b", ">>log 2>&1 $DEDUP_TEST_UNSET_HANDLER",
+                              "> log ${DEDUP_TEST_UNSET_HANDLER}"}) {
+    auto r = argv(c);
+    ASSERT_FALSE(r.ok()) << c;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c;
+    EXPECT_NE(r.status().message().find("unset"), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("set DEDUP_TEST_UNSET_HANDLER"), std::string::npos)
+        << r.status().ToString();
+  }
+  auto empty = argv("$DEDUP_TEST_EMPTY_HANDLER");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("empty"), std::string::npos) << empty.status().ToString();
+  EXPECT_NE(empty.status().message().find("record every message as done"), std::string::npos);
+  for (const std::string c : {"$DEDUP_TEST_SET_HANDLER", "\"${DEDUP_TEST_SET_HANDLER}\" -x",
+                              "echo $DEDUP_TEST_UNSET_HANDLER", "$DEDUP_KEY", "$PWD/x",
+                              "${DEDUP_TEST_UNSET_HANDLER:-/bin/true}", "$1"}) {
+    EXPECT_TRUE(argv(c).ok()) << c << ": " << argv(c).status().ToString();
+  }
+  unsetenv("DEDUP_TEST_EMPTY_HANDLER");
+  unsetenv("DEDUP_TEST_SET_HANDLER");
+}
+
 // Through /bin/sh -c (the default of --exec), a handler killed by a signal
 // reached the supervisor as the shell's exit 128+n (dash forks the command) and
 // was recorded failed and dead-lettered; without the shell it was retried, as

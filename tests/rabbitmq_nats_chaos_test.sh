@@ -99,17 +99,16 @@ published=$(echo "$publish_out" | awk '{print $2}')
 export LEDGER=$work/ledger WORK_MS=2 SLOW_EVERY=500 SLOW_MS=3500
 touch "$LEDGER" "$work/kills" "$work/outage"
 
-# The textbook flags are refused without --pattern textbook.
-textbook_flags=()
+# The textbook flags are refused without --pattern textbook, the Buffer's with it.
+pattern_flags=(--store "$store" --lease "$lease")
 if [ "$pattern" = textbook ]; then
-  textbook_flags=(--textbook-redis "redis://127.0.0.1:$redis_port" --textbook-ttl "$textbook_ttl")
+  pattern_flags=(--textbook-redis "redis://127.0.0.1:$redis_port" --textbook-ttl "$textbook_ttl")
 fi
 
 start_worker() {  # start_worker I
   local i=$1
-  "$dedup" worker --broker "$broker" --store "$store" --pattern "$pattern" \
-    "${textbook_flags[@]}" \
-    --exec "$handler" --no-shell --concurrency 4 --lease "$lease" --retry-delay 200ms \
+  "$dedup" worker --broker "$broker" --pattern "$pattern" "${pattern_flags[@]}" \
+    --exec "$handler" --no-shell --concurrency 4 --retry-delay 200ms \
     --summary-interval 5s >>"$work/worker$i.log" 2>&1 &
   worker_pids[$i]=$!
 }

@@ -78,13 +78,13 @@ store="redis://127.0.0.1:$proxy_port?prefix=dedup:"
 export LEDGER=$work/ledger WORK_MS=2 SLOW_EVERY=50 SLOW_MS=5000
 touch "$LEDGER" "$work/kills" "$work/outage"
 nworkers=2
-# The textbook flags are refused without --pattern textbook.
-textbook_flags=()
-if [ "$pattern" = textbook ]; then textbook_flags=(--textbook-ttl "${lease_s}s"); fi
+# The textbook flags are refused without --pattern textbook, the Buffer's with it.
+pattern_flags=(--store "$store" --lease "${lease_s}s")
+if [ "$pattern" = textbook ]; then pattern_flags=(--textbook-ttl "${lease_s}s"); fi
 for i in $(seq 0 $((nworkers - 1))); do
-  "$dedup" worker --broker "$broker&consumer=w$i" --store "$store" --pattern "$pattern" \
-    "${textbook_flags[@]}" --exec "$handler" \
-    --no-shell --concurrency 4 --lease "${lease_s}s" --retry-delay 200ms \
+  "$dedup" worker --broker "$broker&consumer=w$i" --pattern "$pattern" \
+    "${pattern_flags[@]}" --exec "$handler" \
+    --no-shell --concurrency 4 --retry-delay 200ms \
     --summary-interval 10s >>"$work/worker$i.log" 2>&1 &
   worker_pids[$i]=$!
   echo "${worker_pids[$i]}" >>"$work/pids"

@@ -113,15 +113,15 @@ published=$(rcli XLEN jobs)
 export LEDGER=$work/ledger WORK_MS=2 SLOW_EVERY=500 SLOW_MS=3500
 touch "$LEDGER" "$work/kills" "$work/outage"
 
-# The textbook flags are refused without --pattern textbook.
-textbook_flags=()
-if [ "$pattern" = textbook ]; then textbook_flags=(--textbook-ttl "$textbook_ttl"); fi
+# The textbook flags are refused without --pattern textbook, the Buffer's with it.
+pattern_flags=(--store "$store" --lease "$lease")
+if [ "$pattern" = textbook ]; then pattern_flags=(--textbook-ttl "$textbook_ttl"); fi
 
 start_worker() {  # start_worker I
   local i=$1
-  "$dedup" worker --broker "$broker&consumer=w$i" --store "$store" --pattern "$pattern" \
-    "${textbook_flags[@]}" --exec "$handler" --no-shell --concurrency "$concurrency" \
-    --lease "$lease" --retry-delay 200ms --summary-interval 5s \
+  "$dedup" worker --broker "$broker&consumer=w$i" --pattern "$pattern" \
+    "${pattern_flags[@]}" --exec "$handler" --no-shell --concurrency "$concurrency" \
+    --retry-delay 200ms --summary-interval 5s \
     >>"$work/worker$i.log" 2>&1 &
   worker_pids[$i]=$!
 }

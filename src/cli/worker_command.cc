@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "brokers/redis_streams/streams_source.h"
 #include "cli/command.h"
@@ -251,6 +252,23 @@ int RunWorkerCommand(const WorkerFlags& f) {
     return kExitUsage;
   }
   const ExecHandler& exec = **made_exec;
+  // The metrics port is bound before the store and the broker are opened: a port
+  // in use is refused before anything is created (a RocksDB directory, a
+  // consumer group). It answers once the Consumer exists.
+#ifdef DEDUP_WITH_SERVE
+  serve::MetricsEndpoint metrics;
+  if (f.metrics_port > 0) {
+    if (Status s = metrics.Bind(f.metrics_port); !s.ok()) {
+      std::fprintf(stderr, "dedup worker: --metrics-port: %s\n", s.ToString().c_str());
+      return kExitUsage;
+    }
+  }
+#else
+  if (f.metrics_port > 0) {
+    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
+    return kExitUsage;
+  }
+#endif
   // The textbook guard keeps its keys in the stream's Redis, or in --textbook-redis.
   streams::ConnOptions textbook_conn;
   if (f.pattern == "textbook" && redis_broker) {
@@ -403,19 +421,14 @@ int RunWorkerCommand(const WorkerFlags& f) {
   Consumer& c = **made;
 
 #ifdef DEDUP_WITH_SERVE
-  serve::MetricsEndpoint metrics;
+  // Stopped before the Consumer whose counters its answers read is destroyed.
+  struct StopMetrics {
+    serve::MetricsEndpoint& endpoint;
+    ~StopMetrics() { endpoint.Stop(); }
+  } stop_metrics{metrics};
   if (f.metrics_port > 0) {
     RegisterWorkerMetrics(registry, c);
-    Status s = metrics.Start(f.metrics_port, [&registry] { return registry.Render(); });
-    if (!s.ok()) {
-      std::fprintf(stderr, "dedup worker: %s\n", s.ToString().c_str());
-      return kExitUsage;
-    }
-  }
-#else
-  if (f.metrics_port > 0) {
-    std::fprintf(stderr, "dedup worker: --metrics-port needs a build with DEDUP_WITH_SERVE\n");
-    return kExitUsage;
+    metrics.Serve([&registry] { return registry.Render(); });
   }
 #endif
   g_stopper.Attach(&c);
@@ -475,9 +488,11 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                   "&dead=S:dead&prefix=P], amqp://USER:PW@HOST:PORT/VHOST?queue=Q[...] or "
                   "nats://HOST:PORT?stream=S&consumer=C[...] (docs/WORKER.md)")
       ->required();
-  app->add_option("--store", f->store, "Store URI of the buffer (memory:, rocksdb:PATH, "
-                                       "redis://HOST:PORT, redis+cluster://..., postgres://...); "
-                                       "not used by --pattern textbook");
+  std::vector<CLI::Option*> dedup_only;  // refused with --pattern textbook
+  dedup_only.push_back(app->add_option(
+      "--store", f->store,
+      "Store URI of the buffer (memory:, rocksdb:PATH, redis://HOST:PORT, "
+      "redis+cluster://..., postgres://...); not used by --pattern textbook"));
   app->add_option("--exec", f->exec, "Command run per message (via /bin/sh -c)")->required();
   app->add_flag("--no-shell", f->no_shell,
                 "Run --exec directly, split on spaces (saves a shell per message)");
@@ -498,32 +513,37 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
                     "in about this long (their average time), from --concurrency up to 16 x "
                     "--concurrency; 0 = --concurrency only (default 5ms)",
                     DurationBound::kNonNegative, ConsumerOptions::kMaxPrefetchTime);
-  AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
-                    DurationBound::kPositive);
-  AddDurationOption(*app, "--retention", &f->retention, "How long a completed key is kept",
-                    DurationBound::kPositive);
+  dedup_only.push_back(AddDurationOption(*app, "--lease", &f->lease,
+                                         "Claim lease (heartbeat every lease/3)",
+                                         DurationBound::kPositive));
+  dedup_only.push_back(AddDurationOption(*app, "--retention", &f->retention,
+                                         "How long a completed key is kept",
+                                         DurationBound::kPositive));
   AddDurationOption(*app, "--retry-delay", &f->retry_delay,
                     "Delay before a retried message is delivered again", DurationBound::kPositive);
-  app->add_option("--max-attempts", f->max_attempts, "Dead-letter after this many attempts "
-                                                     "(0 = unlimited)")
-      ->capture_default_str();
-  app->add_option("--corrupt-record-tries", f->corrupt_record_tries,
-                  "Dead-letter a message whose record the store cannot read after this many "
-                  "such answers in a row")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
-  AddDurationOption(*app, "--complete-retry-time", &f->complete_retry_time,
-                    "How long an outcome (complete, release) the store refuses as unavailable "
-                    "is tried again, never past the claim's lease (0 = 3 tries)");
-  app->add_flag("--keep-output", f->keep_output,
-                "Store the command's stdout (at most 1 MiB) as the result");
+  dedup_only.push_back(app->add_option("--max-attempts", f->max_attempts,
+                                       "Dead-letter after this many attempts (0 = unlimited)")
+                           ->capture_default_str());
+  dedup_only.push_back(
+      app->add_option("--corrupt-record-tries", f->corrupt_record_tries,
+                      "Dead-letter a message whose record the store cannot read after this "
+                      "many such answers in a row")
+          ->check(CLI::Range(1, 1000))
+          ->capture_default_str());
+  dedup_only.push_back(AddDurationOption(
+      *app, "--complete-retry-time", &f->complete_retry_time,
+      "How long an outcome (complete, release) the store refuses as unavailable is tried "
+      "again, never past the claim's lease (0 = 3 tries)"));
+  dedup_only.push_back(app->add_flag("--keep-output", f->keep_output,
+                                     "Store the command's stdout (at most 1 MiB) as the result"));
 #ifdef DEDUP_WITH_POSTGRES
   app->add_flag("--sql-output", f->sql_output,
                 "The command prints SQL; it runs in the transaction that records the "
                 "completion (postgres:// --store only): its effect happens exactly once");
 #endif
-  app->add_flag("--fingerprint", f->fingerprint,
-                "Same key with a different payload is dead-lettered (MISMATCH)");
+  dedup_only.push_back(app->add_flag("--fingerprint", f->fingerprint,
+                                     "Same key with a different payload is dead-lettered "
+                                     "(MISMATCH)"));
   app->add_option("--metrics-port", f->metrics_port,
                   "Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 = off)")
       ->check(CLI::Range(0, 65535))
@@ -549,7 +569,20 @@ void RegisterWorker(CLI::App& root, CommandContext& ctx) {
       "--textbook-redis", f->textbook_redis,
       "--pattern textbook on amqp:// or nats://: the Redis that keeps its keys "
       "(redis://HOST:PORT[/DB][?timeout=D&password_file=F])");
-  app->callback([f, &ctx, textbook_ttl, textbook_redis] {
+  app->callback([f, &ctx, textbook_ttl, textbook_redis, dedup_only] {
+    // The textbook guard has no store, lease, retention, attempts or result: a
+    // flag of the Buffer's given with it would be ignored, and a comparison run
+    // would not be the one asked for.
+    for (const CLI::Option* opt : dedup_only) {
+      if (opt->count() > 0 && f->pattern == "textbook") {
+        std::fprintf(stderr,
+                     "dedup worker: %s is not used by --pattern textbook (its guard is one "
+                     "SET NX EX with --textbook-ttl; leave %s out)\n",
+                     opt->get_name().c_str(), opt->get_name().c_str());
+        ctx.exit_code = kExitUsage;
+        return;
+      }
+    }
     // The textbook flags do nothing under --pattern dedup: refused, so that a
     // forgotten --pattern textbook is not a run of the other pattern.
     for (const CLI::Option* opt : {textbook_ttl, textbook_redis}) {

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "core/printable.h"
@@ -51,6 +53,55 @@ bool RunsNothing(const std::vector<std::string>& words) {
     if (needs_target) ++i;
   }
   return true;
+}
+
+// The variable a command word names when the word is nothing but its expansion
+// (`$NAME`, `${NAME}`, either in double quotes), else empty.
+std::string PlainVariable(std::string_view w) {
+  if (w.size() >= 2 && w.front() == '"' && w.back() == '"') w = w.substr(1, w.size() - 2);
+  if (w.size() < 2 || w[0] != '$') return {};
+  w.remove_prefix(1);
+  if (w.front() == '{') {
+    if (w.back() != '}') return {};
+    w = w.substr(1, w.size() - 2);
+  }
+  if (w.empty() || (w[0] >= '0' && w[0] <= '9')) return {};
+  for (char c : w) {
+    if (!(c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) {
+      return {};
+    }
+  }
+  return std::string(w);
+}
+
+// `--exec '$HANDLER --verbose'` with HANDLER unset or empty where the worker
+// starts (the handler inherits that environment): the shell runs `--verbose` as
+// the command, failing every message, or, with nothing after it, runs nothing
+// and exits 0, recording every message done. Refused at start, naming it. The
+// variables set per message, and those the shell sets itself, are left alone.
+Status CheckFirstWordIsSet(const std::vector<std::string>& words) {
+  size_t i = 0;
+  for (bool needs_target = false; i < words.size() && IsRedirection(words[i], &needs_target);) {
+    i += needs_target ? 2 : 1;
+  }
+  if (i >= words.size()) return Status::Ok();
+  const std::string name = PlainVariable(words[i]);
+  static const char* const kSetForTheCommand[] = {
+      "DEDUP_KEY", "DEDUP_FENCE", "DEDUP_ATTEMPT", "DEDUP_ENTRY_ID", "DEDUP_WORKER_PID",
+      "PPID",      "PWD",         "IFS",           "OPTIND",         "PS1", "PS2", "PS4"};
+  if (name.empty()) return Status::Ok();
+  for (const char* set : kSetForTheCommand) {
+    if (name == set) return Status::Ok();
+  }
+  const char* value = std::getenv(name.c_str());
+  if (value != nullptr && *value != '\0') return Status::Ok();
+  return Status::InvalidArgument(
+      "the command's first word, " + internal::Printable(words[i]) + ", is " +
+      (value == nullptr ? "unset" : "empty") +
+      " in the environment the command runs in: the shell would run " +
+      (i + 1 < words.size() ? "the next word as the command (failing every message)"
+                            : "nothing and record every message as done") +
+      "; set " + name + " or name the program");
 }
 
 // `/bin/sh -n -c command`: the shell's own syntax check, run once at start, so
@@ -108,6 +159,7 @@ StatusOr<std::vector<std::string>> ExecHandler::Argv(const ExecHandlerOptions& o
           "the command runs nothing, only redirections or a comment (an unset variable in "
           "front of them?); it would record every message as done");
     }
+    DEDUP_RETURN_IF_ERROR(CheckFirstWordIsSet(words));
     DEDUP_RETURN_IF_ERROR(CheckShellSyntax(options.command));
     // `--exec ./charge.sh` with the script missing or not executable: the shell
     // exits 127 / 126 for every message, each one retried for ever. When the

@@ -18,13 +18,20 @@ namespace dedup::serve {
 class MetricsEndpoint {
  public:
   MetricsEndpoint();
-  ~MetricsEndpoint();  // stops the listener and joins its thread
+  ~MetricsEndpoint();  // Stop()
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
 
-  // Answers GET /metrics on 127.0.0.1:port with body() (Prometheus text format)
-  // from a thread of its own. Unavailable when the port cannot be bound.
-  Status Start(int port, std::function<std::string()> body);
+  // Binds 127.0.0.1:port, answering nothing yet (connections wait in the
+  // backlog). Unavailable when the port cannot be bound. Separate from Serve()
+  // so that a caller can find a port in use before it creates anything else.
+  Status Bind(int port);
+  // After Bind(): answers GET /metrics with body() (Prometheus text format)
+  // from a thread of its own until Stop().
+  void Serve(std::function<std::string()> body);
+  // Stops the listener and joins its thread; body() is not called after.
+  // Idempotent; the destructor calls it.
+  void Stop();
 
  private:
   struct Impl;
