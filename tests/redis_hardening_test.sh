@@ -83,8 +83,8 @@ check "complete_ack refuses bad arguments too" "DEDUPARGS" \
 # missing result is a Lua runtime error and a missing retention is blamed on the
 # status).
 check "complete without a result is DEDUPARGS" "DEDUPARGS" "$(first complete p:k $A 1000 0)"
-check "complete without a retention names the retention" \
-  "DEDUPARGS complete: retention must be an integer of ms, 1 to 315360000000" \
+check "complete without a retention names the arguments it needs" \
+  "DEDUPARGS complete: needs 1 key and 4 arguments, got 1 and 1" \
   "$(run complete p:k $A)"
 
 # 2. Decoders refuse what the document refuses, with DEDUPCORRUPT, nothing changed.
@@ -203,7 +203,7 @@ check "unclaim of a COMPLETED record: 0, unchanged" "0" \
   "$(run complete p:u1 $B 600000 0 r >/dev/null; run unclaim p:u1 $B 600000)"
 
 # 6a. A second key or an extra argument is refused, not ignored (only the batch
-#     scripts checked their arity).
+#     scripts checked their arity; complete and complete_ack since 2026-12-02).
 check "claim with 2 keys: DEDUPARGS" "DEDUPARGS claim: needs 1 key and 5 arguments, got 2 and 5" \
   "$(cli EVALSHA "${sha[claim]}" 2 p:a1 p:a2 $A 1000 1000 '' 0 2>&1)"
 check "claim with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first claim p:a1 $A 1000 1000 '' 0 x)"
@@ -211,6 +211,13 @@ check "extend with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first extend p:a
 check "release with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first release p:a1 $A 1000 x)"
 check "inspect with an argument: DEDUPARGS" "DEDUPARGS" "$(first inspect p:a1 x)"
 check "forget with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first forget p:a1 0 x)"
+check "complete with an extra argument: DEDUPARGS" "DEDUPARGS" "$(first complete p:a1 $A 1000 0 r x)"
+check "complete with 2 keys: DEDUPARGS" "DEDUPARGS complete: needs 1 key and 4 arguments, got 2 and 4" \
+  "$(cli EVALSHA "${sha[complete]}" 2 p:a1 p:a2 $A 1000 0 r 2>&1)"
+check "complete_ack with 1 key: DEDUPARGS" "DEDUPARGS complete_ack: needs 2 keys and 6 arguments, got 1 and 6" \
+  "$(cli EVALSHA "${sha[complete_ack]}" 1 p:a1 $A 1000 0 r g 1-1 2>&1)"
+check "complete_ack with an extra argument: DEDUPARGS" "DEDUPARGS" \
+  "$(cli EVALSHA "${sha[complete_ack]}" 2 p:a1 s $A 1000 0 r g 1-1 x 2>&1 | cut -d' ' -f1)"
 check "... nothing was created" "0" "$(cli EXISTS p:a1 p:a2)"
 
 # 6b. A try again of the claim that exhausted a key (its reply lost) reads it as

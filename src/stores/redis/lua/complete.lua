@@ -6,7 +6,7 @@
 -- ARGV[4]  result bytes, may be empty
 -- Reply    1 OK (COMPLETED, kept until now + retention), 0 LOST (nothing changed)
 --@dedup-include record.lua
-local _, key_err = record_key('complete')
+local _, key_err = record_key('complete', 4)
 if key_err then return key_err end
 local m, err = complete_many_read('complete', 1, LAYOUT4, false)
 if err then return err end

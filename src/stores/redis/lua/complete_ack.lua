@@ -10,13 +10,13 @@
 --          entry is no longer pending or the group is missing); 0 LOST (nothing
 --          changed, not acked: the entry stays pending); an error reply as
 --          complete.lua (nothing changed, not acked).
--- This file is a template: the build replaces the include line below with the
--- text of complete.lua (src/stores/redis/CMakeLists.txt), so there is one copy of
--- the complete logic. Run the generated script, not this file.
-local function complete()
---@dedup-include complete.lua
-end
-local done = complete()
+-- The completion is complete.lua's: the same read and write of record.lua.
+--@dedup-include record.lua
+local arity_err = arity_error('complete_ack', 2, 6)
+if arity_err then return arity_err end
+local m, err = complete_many_read('complete_ack', 1, LAYOUT4, false)
+if err then return err end
+local done = complete_many_write(m, 1)
 if done ~= 1 then return done end
 local ok, n = pcall(redis.call, 'XACK', KEYS[2], ARGV[5], ARGV[6])
 if ok and n == 1 then return 2 end

@@ -99,12 +99,19 @@ end
 -- With `nargs`, also nil and an error unless the call has exactly 1 key and
 -- `nargs` arguments: a second key or an extra argument was ignored, and a
 -- client's mistake went unnoticed.
+-- The error of a call that has not exactly `nkeys` keys and `nargs` arguments,
+-- else nil.
+local function arity_error(what, nkeys, nargs)
+  if #KEYS == nkeys and #ARGV == nargs then return nil end
+  return bad_args(what, 'needs ' .. nkeys .. (nkeys == 1 and ' key' or ' keys') .. ' and ' ..
+                  nargs .. ' arguments, got ' .. #KEYS .. ' and ' .. #ARGV)
+end
 local function record_key(what, nargs)
   local k = KEYS[1]
   if k == nil then return nil, bad_args(what, 'needs 1 key (the record key), got 0') end
-  if nargs and (#KEYS ~= 1 or #ARGV ~= nargs) then
-    return nil, bad_args(what, 'needs 1 key and ' .. nargs .. ' arguments, got ' .. #KEYS ..
-                         ' and ' .. #ARGV)
+  if nargs then
+    local err = arity_error(what, 1, nargs)
+    if err then return nil, err end
   end
   return k
 end
