@@ -1516,9 +1516,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
   Status MaterializeLogged(bool hard, bool aged = false) {
     std::lock_guard mat(mat_mu_);
     // Re-checked under mat_mu_: one that just ran may have done it.
-    const bool bound = hard ? logged_count_.load() > kMaxLoggedHard
-                            : logged_count_.load() > kMaxLogged ||
-                                  log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes;
+    const bool bound = hard ? logged_count_.load() > kMaxLoggedHard : PastLogBounds();
     if (!bound && !(aged && LogTooOld())) return Status::Ok();
     const uint64_t m = ++last_mat_;
     uint64_t cut = 0;
@@ -1945,13 +1943,19 @@ class RocksDBStoreImpl final : public RocksDBStore {
       bool ok = LogPending().ok();
       // Past the bounds, the materializer writes the logged claims into the
       // database while this thread goes on logging.
-      if (ok && (logged_count_.load(std::memory_order_relaxed) > kMaxLogged ||
-                 log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes || LogTooOld())) {
+      if (ok && (PastLogBounds() || LogTooOld())) {
         WantMaterialize();
       }
       interval = ok ? kGroupCommitInterval : std::min(interval * 2, kMaxCommitBackoff);
       l.lock();
     }
+  }
+
+  // Whether the logged claims, or their logs' bytes, passed the bounds at which
+  // the materializer writes them into the database.
+  bool PastLogBounds() const {
+    return logged_count_.load(std::memory_order_relaxed) > kMaxLogged ||
+           log_bytes_.load(std::memory_order_relaxed) > kMaxLogBytes;
   }
 
   // Whether the oldest claim log is older than kMaxLogAgeMs by the store's
