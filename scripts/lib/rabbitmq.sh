@@ -106,10 +106,21 @@ EOF
 }
 
 _rabbitmq_boot() {
-  local t0=$SECONDS
-  "$EPMD_BIN" -port $((4370 + RABBITMQ_PORT - 5680)) -address 127.0.0.1 \
+  local t0=$SECONDS epmd_port=$((4370 + RABBITMQ_PORT - 5680)) i
+  "$EPMD_BIN" -port "$epmd_port" -address 127.0.0.1 \
     >>"$RABBITMQ_DIR/log/epmd.log" 2>&1 &
   RABBITMQ_EPMD_PID=$!
+  # An Erlang VM that finds no epmd listening starts an `epmd -daemon` of its
+  # own, which nobody stops (it outlived a test, and the next start on this port
+  # found it in use): the node starts once this one listens.
+  for i in $(seq 1 200); do
+    _rabbitmq_port_free "$epmd_port" || break
+    if ! kill -0 "$RABBITMQ_EPMD_PID" 2>/dev/null; then
+      _rabbitmq_log "epmd on port $epmd_port exited at start-up; see $RABBITMQ_DIR/log/epmd.log"
+      return 1
+    fi
+    sleep 0.05
+  done
   _rabbitmq_env "$RABBITMQ_HOME_BIN/rabbitmq-server" </dev/null \
     >>"$RABBITMQ_DIR/log/server.out" 2>&1 &
   RABBITMQ_PID=$!
