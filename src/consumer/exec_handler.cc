@@ -40,19 +40,26 @@ bool IsRedirection(const std::string& word, bool* needs_target) {
   return true;
 }
 
+// The index of the first word the shell would run as a command, past
+// redirections (and their targets) and separators; words.size() when there is
+// none, or a comment comes first.
+size_t CommandWord(const std::vector<std::string>& words) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w[0] == '#') return words.size();  // the rest is a comment
+    if (w == "&" || w == ";" || w == "&&" || w == "||") continue;
+    bool needs_target = false;
+    if (!IsRedirection(w, &needs_target)) return i;
+    if (needs_target) ++i;
+  }
+  return words.size();
+}
+
 // A shell command that runs nothing, only redirections, separators or a comment:
 // `"$HANDLER >>log 2>&1"` with HANDLER unset exits 0 for every message, each one
 // recorded done and acked with nothing run (exec17), as an empty one would.
 bool RunsNothing(const std::vector<std::string>& words) {
-  for (size_t i = 0; i < words.size(); ++i) {
-    const std::string& w = words[i];
-    if (w[0] == '#') return true;  // the rest is a comment
-    if (w == "&" || w == ";" || w == "&&" || w == "||") continue;
-    bool needs_target = false;
-    if (!IsRedirection(w, &needs_target)) return false;
-    if (needs_target) ++i;
-  }
-  return true;
+  return CommandWord(words) == words.size();
 }
 
 // The variable a command word names when the word is nothing but its expansion
@@ -80,11 +87,8 @@ std::string PlainVariable(std::string_view w) {
 // and exits 0, recording every message done. Refused at start, naming it. The
 // variables set per message, and those the shell sets itself, are left alone.
 Status CheckFirstWordIsSet(const std::vector<std::string>& words) {
-  size_t i = 0;
-  for (bool needs_target = false; i < words.size() && IsRedirection(words[i], &needs_target);) {
-    i += needs_target ? 2 : 1;
-  }
-  if (i >= words.size()) return Status::Ok();
+  const size_t i = CommandWord(words);
+  if (i == words.size()) return Status::Ok();
   const std::string name = PlainVariable(words[i]);
   static const char* const kSetForTheCommand[] = {
       "DEDUP_KEY", "DEDUP_FENCE", "DEDUP_ATTEMPT", "DEDUP_ENTRY_ID", "DEDUP_WORKER_PID",
