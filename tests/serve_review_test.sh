@@ -404,15 +404,28 @@ ans=$(raw $proxy_port "POST http://127.0.0.1:$proxy_port/echo HTTP/1.1\r\nHost: 
 check "proxy: POST http://HOST/echo reaches the application as /echo" \
   eval 'grep -q "^HTTP/1.1 200" <<<"$ans" && grep -q "\"path\": \"/echo\"" <<<"$ans"'
 
-# ---- a second serve on a port in use: exit 2. cpp-httplib's SO_REUSEPORT let it
+# ---- a second serve on a port in use: refused. cpp-httplib's SO_REUSEPORT let it
 # bind beside the first, and the kernel split the connections between two
 # stores (a key acquired twice; requests past a token the other did not need).
+# Exit 75 (try again later), as for a store another process holds: a supervisor
+# restarting serve while the old one is on its way out tries again; it said 2
+# ("fix the flags").
 set +e
 timeout -s KILL 10 "$dedup" serve --store memory: --listen 127.0.0.1:$port >"$tmp/second" 2>&1
 rc=$?
 set -e
-check "a second serve on port $port, in use by the first: exit 2 (rc $rc)" [ $rc = 2 ]
-check "... saying it cannot listen there" grep -q "cannot listen on 127.0.0.1:$port" "$tmp/second"
+check "a second serve on port $port, in use by the first: exit 75 (rc $rc)" [ $rc = 75 ]
+check "... saying it cannot listen there, and why" \
+  grep -q -- "--listen: .*cannot listen on 127.0.0.1:$port: address in use" "$tmp/second"
+# An address that is not this host's (TEST-NET-1) is for a person to fix: 2.
+set +e
+timeout -s KILL 10 "$dedup" serve --store memory: --listen 192.0.2.1:$port \
+  --auth-token-file "$tmp/token" >"$tmp/foreign" 2>&1
+rc=$?
+set -e
+check "serve on an address that is not this host's: exit 2 (rc $rc)" [ $rc = 2 ]
+check "... saying so" grep -q "cannot listen on 192.0.2.1:$port: not an address of this host" \
+  "$tmp/foreign"
 
 # ---- a store that cannot be reached, or a RocksDB directory another process
 # holds: 75 (try again later), as for exec, worker, inspect and forget. serve

@@ -59,16 +59,16 @@ check "a head trickled to the worker's /metrics: 408 after 10-13 s, closed ($(gr
 check "a body trickled to the worker's /metrics: 408 after 30-33 s, closed ($(grep -vx open "$tmp/metrics-body.out"))" \
   awk '$1 == "0" { ok = $2 == "408" && $3 >= 30 && $3 <= 33 && $4 == "closed" } END { exit !ok }' "$tmp/metrics-body.out"
 check "a head over the bound: 431 at once ($big)" eval '[[ "$big" =~ ^431\ 0\. ]]'
-# A second worker on the port the first holds: refused (2) before it opens its
-# store or the broker. It made the RocksDB directory and the consumer group
-# first, and then failed.
+# A second worker on the port the first holds: refused (75, try again later)
+# before it opens its store or the broker. It made the RocksDB directory and the
+# consumer group first, and then failed.
 set +e
 "$dedup" worker --broker 'redis://127.0.0.1:8082?stream=other&group=g2' --store "rocksdb:$tmp/db2" \
   --exec true --metrics-port 8083 >"$tmp/second.log" 2>&1
 rc=$?
 set -e
-check "a worker on a metrics port in use: exit 2 (rc $rc), naming the flag" \
-  eval '[ $rc = 2 ] && grep -q -- "--metrics-port: .*cannot listen on 127.0.0.1:8083" "$tmp/second.log"'
+check "a worker on a metrics port in use: exit 75 (rc $rc), naming the flag and why" \
+  eval '[ $rc = 75 ] && grep -q -- "--metrics-port: .*cannot listen on 127.0.0.1:8083: address in use" "$tmp/second.log"'
 check "... its store was not created" [ ! -e "$tmp/db2" ]
 check "... nor its stream and group" [ "$(redis-cli -p 8082 EXISTS other)" = 0 ]
 if [ $FAILS -gt 0 ]; then

@@ -15,7 +15,7 @@
 
 namespace dedup::cli {
 
-int StoreOpenExit(const Status& s) {
+int ExitCodeFor(const Status& s) {
   if (s.retryable() || s.code() == StatusCode::kResourceExhausted) return kExitTempFail;
   return kExitUsage;
 }

@@ -38,13 +38,14 @@ void RegisterForget(CLI::App& root, CommandContext& ctx);
 // asking for a retry, or `dedup exec` finding the key in progress elsewhere.
 inline constexpr int kExitTempFail = 75;
 
-// The exit code for a store that could not be opened: 75 (try again later) when
-// waiting can help: the store is unreachable, or held by another process (a
-// rocksdb: directory serves one process at a time), both Unavailable; or its
-// disk is full (ResourceExhausted: nothing happened, free space). Else 2: the
-// URI, its options or the store's state are for a person to fix. inspect and
-// forget answer a failed call on an open store the same way.
-int StoreOpenExit(const Status& s);
+// The exit code for a resource that could not be had at start-up (a store that
+// could not be opened, a port that could not be bound) or a failed call on an
+// open store (inspect, forget): 75 (try again later) when waiting can help: the
+// store is unreachable, it or the port is held by another process (a rocksdb:
+// directory serves one process at a time), both Unavailable; or the disk is
+// full (ResourceExhausted: nothing happened, free space). Else 2: the URI, the
+// address, their options or the store's state are for a person to fix.
+int ExitCodeFor(const Status& s);
 
 // SIGTERM / SIGINT call `on_stop` from a signal handler: it must be
 // async-signal-safe (e.g. store an atomic). Later signals call it again.

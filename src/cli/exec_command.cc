@@ -183,7 +183,7 @@ int RunExec(const ExecFlags& f) {
 
   auto opened = OpenStore(f.store, WarnOnStderr("dedup exec"));
   if (!opened.ok()) {
-    const int rc = StoreOpenExit(opened.status());
+    const int rc = ExitCodeFor(opened.status());
     std::fprintf(stderr, "dedup exec: --store: %s; nothing claimed; exit %d\n",
                  opened.status().ToString().c_str(), rc);
     return rc;

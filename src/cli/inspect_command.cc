@@ -90,20 +90,20 @@ int RunInspect(const InspectFlags& f) {
     return kExitUsage;
   }
   auto store = Open(f.store, "inspect", /*read_only=*/true);
-  if (!store.ok()) return StoreOpenExit(store.status());
+  if (!store.ok()) return ExitCodeFor(store.status());
   std::vector<Record> records;
   if (!f.key.empty()) {
     auto r = (*store)->Inspect(f.key);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
-      return StoreOpenExit(r.status());
+      return ExitCodeFor(r.status());
     }
     if (r->has_value()) records.push_back(**r);
   } else {
     auto r = (*store)->Scan(f.prefix, f.limit);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
-      return StoreOpenExit(r.status());
+      return ExitCodeFor(r.status());
     }
     records = std::move(r).value();
   }
@@ -152,7 +152,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
   app->callback([f, &ctx] {
     auto store = Open(f->store, "forget", /*read_only=*/false);
     if (!store.ok()) {
-      ctx.exit_code = StoreOpenExit(store.status());  // 75: held by another process
+      ctx.exit_code = ExitCodeFor(store.status());  // 75: held by another process
       return;
     }
     ForgetOptions o;
@@ -163,7 +163,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
       // A running lease: not now (wait for it, or --force).
       ctx.exit_code = r.status().code() == StatusCode::kFailedPrecondition
                           ? kExitTempFail
-                          : StoreOpenExit(r.status());
+                          : ExitCodeFor(r.status());
       return;
     }
     std::fprintf(stderr, "dedup forget: %s\n", *r ? "removed" : "no record");

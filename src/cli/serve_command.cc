@@ -104,7 +104,7 @@ int RunServe(ServeFlags& f) {
   auto store = OpenStore(f.store, WarnOnStderr("dedup serve"));
   if (!store.ok()) {
     std::fprintf(stderr, "dedup serve: --store: %s\n", store.status().ToString().c_str());
-    return StoreOpenExit(store.status());  // 75: unreachable, or held by another process
+    return ExitCodeFor(store.status());  // 75: unreachable, or held by another process
   }
   auto server = serve::Server::Create(store->get(), o);
   if (!server.ok()) {
@@ -112,8 +112,8 @@ int RunServe(ServeFlags& f) {
     return kExitUsage;
   }
   if (Status s = (*server)->Bind(); !s.ok()) {
-    std::fprintf(stderr, "dedup serve: %s\n", s.ToString().c_str());
-    return kExitUsage;
+    std::fprintf(stderr, "dedup serve: --listen: %s\n", s.ToString().c_str());
+    return ExitCodeFor(s);  // 75: in use by another process
   }
   serve::Server* srv = server->get();
   std::thread stopper([stop_signals, srv] {

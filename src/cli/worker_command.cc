@@ -260,7 +260,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
   if (f.metrics_port > 0) {
     if (Status s = metrics.Bind(f.metrics_port); !s.ok()) {
       std::fprintf(stderr, "dedup worker: --metrics-port: %s\n", s.ToString().c_str());
-      return kExitUsage;
+      return ExitCodeFor(s);  // 75: in use by another process
     }
   }
 #else
@@ -328,7 +328,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     if (!opened.ok()) {
       std::fprintf(stderr, "dedup worker: --store (--sql-output needs postgres://): %s\n",
                    opened.status().ToString().c_str());
-      return StoreOpenExit(opened.status());
+      return ExitCodeFor(opened.status());
     }
     pg = std::move(opened).value();
     if (Status s = pg->CanRunTransactions(f.concurrency); !s.ok()) {
@@ -341,7 +341,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     auto opened = OpenStore(f.store, WarnOnStderr("dedup worker"));
     if (!opened.ok()) {
       std::fprintf(stderr, "dedup worker: --store: %s\n", opened.status().ToString().c_str());
-      return StoreOpenExit(opened.status());
+      return ExitCodeFor(opened.status());
     }
     store = std::move(opened).value();
     if (f.store.rfind("memory:", 0) == 0) {

@@ -819,6 +819,74 @@ void HttpServer::Configure(const HttpServerOptions& o) {
   });
 }
 
+namespace {
+// Why `host`:`port` cannot be bound, as errno after the attempt cpp-httplib makes
+// (getaddrinfo with AI_PASSIVE, then per address: socket, SO_REUSEADDR as set
+// in Configure(), bind); cpp-httplib itself answers only false. 0 when one of
+// the addresses binds now (the port came free in between).
+int BindErrno(const std::string& host, int port, std::string* resolve_error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0) {
+    *resolve_error = gai_strerror(rc);
+    return EINVAL;
+  }
+  int err = EADDRNOTAVAIL;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    const int rc = ::bind(fd, a->ai_addr, a->ai_addrlen);
+    err = rc == 0 ? 0 : errno;
+    ::close(fd);
+    if (rc == 0) break;
+  }
+  freeaddrinfo(res);
+  return err;
+}
+}  // namespace
+
+Status HttpServer::Bind(const std::string& host, int port, int* bound) {
+  if (port == 0) {
+    const int p = bind_to_any_port(host);
+    if (p > 0) {
+      *bound = p;
+      return Status::Ok();
+    }
+  } else if (bind_to_port(host, port)) {
+    *bound = port;
+    return Status::Ok();
+  }
+  const std::string where = (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
+                            ":" + std::to_string(port);
+  std::string resolve_error;
+  const int err = BindErrno(host, port, &resolve_error);
+  if (!resolve_error.empty()) {
+    return Status::InvalidArgument("cannot listen on " + where + ": the host does not resolve (" +
+                                   resolve_error + ")");
+  }
+  if (err == EADDRINUSE) {
+    return Status::Unavailable("cannot listen on " + where +
+                               ": address in use (another process listens there)");
+  }
+  if (err == EADDRNOTAVAIL) {
+    return Status::InvalidArgument("cannot listen on " + where + ": not an address of this host");
+  }
+  if (err == 0) {
+    // Free when asked again: whatever held it has let go; a second try may bind.
+    return Status::Unavailable("cannot listen on " + where + ": it was in use a moment ago");
+  }
+  return Status::InvalidArgument("cannot listen on " + where + ": " + std::strerror(err));
+}
+
 const char* HttpServer::TimeoutPart(Limit limit) {
   switch (limit) {
     case Limit::kHeadTimeout: return "head";

@@ -54,7 +54,10 @@
 #include <cstddef>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+
+#include "dedup/status.h"
 
 namespace dedup::serve {
 
@@ -132,6 +135,12 @@ class HttpServer : public httplib::Server {
   // servers: the options, cpp-httplib's read and write timeouts (10 s each), the
   // keep-alive timeout (5 s, 1000 requests), TCP_NODELAY, a ConnectionPool.
   void Configure(const HttpServerOptions& options);
+  // Binds `host`:`port` (0: a free port, whose number goes to *bound). Errors
+  // name the address and why: kUnavailable when another socket holds it (a
+  // supervisor may try again: the other process may be on its way out),
+  // kInvalidArgument when it cannot be bound here at all (not an address of this
+  // host, a name that does not resolve, a port below 1024 without the right).
+  Status Bind(const std::string& host, int port, int* bound);
   void set_limit_handler(LimitHandler handler) { limit_handler_ = std::move(handler); }
   // cpp-httplib's error handler (hides httplib::Server's): called for every
   // answer >= 400 but the 408 of a body that missed its deadline, which goes to

@@ -31,10 +31,8 @@ Status MetricsEndpoint::Bind(int port) {
   options.max_connections = 2;
   options.max_body_bytes = 1024;
   impl_->http.Configure(options);
-  if (!impl_->http.bind_to_port("127.0.0.1", port)) {
-    return Status::Unavailable("metrics: cannot listen on 127.0.0.1:" + std::to_string(port));
-  }
-  return Status::Ok();
+  int bound = 0;
+  return impl_->http.Bind("127.0.0.1", port, &bound);
 }
 
 void MetricsEndpoint::Serve(std::function<std::string()> body) {

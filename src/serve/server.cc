@@ -587,19 +587,7 @@ Status Server::Bind() {
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  if (impl_->o.port == 0) {
-    impl_->bound_port = impl_->http.bind_to_any_port(host);
-    if (impl_->bound_port <= 0) {
-      return Status::Unavailable("serve: cannot listen on " + impl_->o.host + ":0");
-    }
-  } else if (!impl_->http.bind_to_port(host, impl_->o.port)) {
-    return Status::Unavailable("serve: cannot listen on " + impl_->o.host + ":" +
-                               std::to_string(impl_->o.port) +
-                               " (address in use, or not an address of this host)");
-  } else {
-    impl_->bound_port = impl_->o.port;
-  }
-  return Status::Ok();
+  return impl_->http.Bind(host, impl_->o.port, &impl_->bound_port);
 }
 
 int Server::port() const { return impl_->bound_port; }
