@@ -83,6 +83,17 @@ headers=$(curl -s -I --max-time 10 "$proxy/ranges" | tr -d '\r')
 check "HEAD through the proxy: the application's answer (200)" grep -q '^HTTP/1.1 200' <<<"$headers"
 check "... with the application's own Accept-Ranges, once" \
   [ "$(grep -ci '^accept-ranges:' <<<"$headers")" = 1 -a "$(header Accept-Ranges)" = bytes ]
+# A HEAD with an Idempotency-Key: recorded, and replayed with the Content-Length
+# the application gave (its GET's length), not 0 for the replay's empty body.
+live=$(curl -s -I --max-time 10 -H 'Idempotency-Key: head-1' "$proxy/charge" | tr -d '\r')
+again=$(curl -s -I --max-time 10 -H 'Idempotency-Key: head-1' "$proxy/charge" | tr -d '\r')
+live_len=$(awk -F': ' 'tolower($1) == "content-length" { print $2 }' <<<"$live")
+again_len=$(awk -F': ' 'tolower($1) == "content-length" { print $2 }' <<<"$again")
+check "HEAD with an Idempotency-Key: the application's 201, Content-Length $live_len" \
+  eval '[[ "$live" == "HTTP/1.1 201"* && "$live_len" -gt 0 ]]'
+check "... replayed with the same Content-Length ($again_len), Idempotent-Replayed" \
+  eval '[[ "$again" == "HTTP/1.1 201"* && "$again_len" == "$live_len" ]] &&
+        grep -qi "^idempotent-replayed: true" <<<"$again"'
 
 # ---- the worker's --metrics-port (serve's HTTP server too).
 if [ "$with_worker" = worker ]; then

@@ -245,12 +245,15 @@ void SendUpstream(const Upstream& up, httplib::Response& res, bool head) {
   }
 }
 
-// The recorded form of a response, kept as the claim's result.
-std::string EncodeRecording(const Upstream& up, size_t max_body) {
+// The recorded form of a response, kept as the claim's result. The answer to a
+// HEAD (`head`) keeps its Content-Length: it is the length its GET would have,
+// not its own (empty) body's, and a replay without it said 0.
+std::string EncodeRecording(const Upstream& up, size_t max_body, bool head) {
   Json headers = Json::array();
   for (const auto& [k, v] : up.headers) {
     const std::string l = Lower(k);
-    if (IsHopByHop(k) || l == "set-cookie" || l == "date") continue;
+    const bool kept_length = head && l == "content-length";
+    if ((IsHopByHop(k) && !kept_length) || l == "set-cookie" || l == "date") continue;
     // JSON holds text: bytes that are not UTF-8 went in as U+FFFD, and the
     // replay differed from the live answer ("caf\xe9" came back "caf\xef\xbf\xbd").
     // Such a field is kept as base64, byte for byte.
@@ -602,7 +605,8 @@ void Server::Impl::RegisterProxy() {
     }
     auto done = lost ? StatusOr<WriteResult>(WriteResult::kLost)
                      : s.store->Complete(key, token, s.o.retention, CompletionStatus::kOk,
-                                         EncodeRecording(*up, s.o.max_response_bytes));
+                                         EncodeRecording(*up, s.o.max_response_bytes,
+                                                         req.method == "HEAD"));
     if (!done.ok() || *done != WriteResult::kOk) {
       // The application answered but the answer could not be recorded (lease
       // lost to a takeover, or the store failed): the client still gets it.
