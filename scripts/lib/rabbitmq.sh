@@ -121,6 +121,11 @@ _rabbitmq_boot() {
     fi
     sleep 0.05
   done
+  if _rabbitmq_port_free "$epmd_port"; then
+    # A node started now would find no epmd and start the daemon nobody stops.
+    _rabbitmq_log "epmd on port $epmd_port did not listen within 10 s; see $RABBITMQ_DIR/log/epmd.log"
+    return 1
+  fi
   _rabbitmq_env "$RABBITMQ_HOME_BIN/rabbitmq-server" </dev/null \
     >>"$RABBITMQ_DIR/log/server.out" 2>&1 &
   RABBITMQ_PID=$!
@@ -145,22 +150,24 @@ _rabbitmq_boot() {
 
 # rabbitmq_stop: stops the node (rabbitmqctl stop, then by PID) and its epmd.
 rabbitmq_stop() {
-  [[ -n "$RABBITMQ_PID" ]] || return 0
   local beam="" i
-  [[ -f "$RABBITMQ_DIR/beam.pid" ]] && beam=$(cat "$RABBITMQ_DIR/beam.pid" 2>/dev/null)
-  if kill -0 "$RABBITMQ_PID" 2>/dev/null; then
-    rabbitmqctl_node -q stop >/dev/null 2>&1 || kill -TERM "$RABBITMQ_PID" 2>/dev/null
-    for i in $(seq 1 200); do
-      kill -0 "$RABBITMQ_PID" 2>/dev/null || break
-      sleep 0.05
-    done
-    kill -0 "$RABBITMQ_PID" 2>/dev/null && kill -KILL "$RABBITMQ_PID" 2>/dev/null
-    wait "$RABBITMQ_PID" 2>/dev/null || true
+  if [[ -n "$RABBITMQ_PID" ]]; then
+    [[ -f "$RABBITMQ_DIR/beam.pid" ]] && beam=$(cat "$RABBITMQ_DIR/beam.pid" 2>/dev/null)
+    if kill -0 "$RABBITMQ_PID" 2>/dev/null; then
+      rabbitmqctl_node -q stop >/dev/null 2>&1 || kill -TERM "$RABBITMQ_PID" 2>/dev/null
+      for i in $(seq 1 200); do
+        kill -0 "$RABBITMQ_PID" 2>/dev/null || break
+        sleep 0.05
+      done
+      kill -0 "$RABBITMQ_PID" 2>/dev/null && kill -KILL "$RABBITMQ_PID" 2>/dev/null
+      wait "$RABBITMQ_PID" 2>/dev/null || true
+    fi
+    if [[ -n "$beam" ]] && kill -0 "$beam" 2>/dev/null; then
+      kill -KILL "$beam" 2>/dev/null || true
+    fi
+    RABBITMQ_PID=""
   fi
-  if [[ -n "$beam" ]] && kill -0 "$beam" 2>/dev/null; then
-    kill -KILL "$beam" 2>/dev/null || true
-  fi
-  RABBITMQ_PID=""
+  # Also when the node never started (its epmd did not come up in time).
   if [[ -n "$RABBITMQ_EPMD_PID" ]]; then
     kill -TERM "$RABBITMQ_EPMD_PID" 2>/dev/null
     wait "$RABBITMQ_EPMD_PID" 2>/dev/null || true
