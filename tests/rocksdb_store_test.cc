@@ -115,6 +115,48 @@ TEST_F(RocksDBStoreTest, ReopenKeepsRecords) {
   EXPECT_EQ(g->attempt, 2u);
 }
 
+// A fence past what the next open starts above (2^32 fences handed out in one
+// stripe of one process; here a takeover of a record planted that high) first
+// makes a higher epoch durable: a later process's fences start above it, also
+// on keys it never saw. The next open took epoch + 1 and started below it.
+TEST_F(RocksDBStoreTest, FencesPastTheEpochStayBelowTheNextOpensFences) {
+  const uint64_t high = (uint64_t{7} << 32) + 5;
+  uint64_t taken = 0;
+  {
+    // Planted, then read at the next open as any record is.
+    auto s = Open();
+    Record r;
+    r.state = RecordState::kInProgress;
+    r.token = Token{0x1234};
+    r.fence = high;
+    r.attempt = 1;
+    r.lease_deadline = clock_.NowMillis() - 1;  // lease over: claimable
+    r.retention_deadline = clock_.NowMillis() + 86'400'000;
+    std::string rkey, v;
+    internal::EncodeRecordKey("hot", &rkey);
+    internal::EncodeRecord(r, &v);
+    PutRaw(s.get(), rkey, v);
+  }
+  {
+    auto s = Open();
+    auto c = s->Claim(Req("hot"));
+    ASSERT_TRUE(c.ok() && c->acquired()) << c.status();
+    taken = c->fence;
+    EXPECT_EQ(taken, high + 1);
+    // The stripe goes on above it.
+    auto again = s->Claim(Req("hot"));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->outcome, ClaimOutcome::kBusy);
+  }
+  auto s = Open();
+  auto fresh = s->Claim(Req("never-seen"));
+  ASSERT_TRUE(fresh.ok() && fresh->acquired()) << fresh.status();
+  EXPECT_GT(fresh->fence, taken);
+  auto batch = s->ClaimBatch(std::vector<ClaimRequest>{Req("b1"), Req("b2")});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  for (const ClaimResult& r : *batch) EXPECT_GT(r.fence, taken);
+}
+
 // The expiry filter drops nothing that expired after the oldest claim log was
 // made, and a log lived until 65,536 outstanding claims or 32 MiB: weeks in a
 // quiet process, with every expired record kept on disk meanwhile (100 of 100

@@ -677,7 +677,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     bool write = false;
     ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
     if (write) {
-      ApplyFenceFloor(st, &next, &res);
+      DEDUP_RETURN_IF_ERROR(ApplyFenceFloor(st, &next, &res));
       if (Deferred(req)) {
         Defer(st, slot, req.key, std::move(next));
         return res;
@@ -996,15 +996,39 @@ class RocksDBStoreImpl final : public RocksDBStore {
   // processes (the epoch), and above every fence it handed out before in the
   // key's stripe: a key whose record is gone (expired and compacted away, and
   // not in the write-through copies) starts again above its last fence, not at
-  // the epoch's first. With the stripe locked.
-  void ApplyFenceFloor(Stripe& st, Record* next, ClaimResult* res) const {
-    if (res->outcome != ClaimOutcome::kAcquired) return;
+  // the epoch's first. A fence past the durable ceiling (a stripe that handed
+  // out 2^32 fences in this process, or a takeover of a record that high) first
+  // makes a higher epoch durable, so that the next open starts above it too,
+  // written or not; if that write fails, so does the claim, and nothing is
+  // written. With the stripe locked.
+  Status ApplyFenceFloor(Stripe& st, Record* next, ClaimResult* res) {
+    if (res->outcome != ClaimOutcome::kAcquired) return Status::Ok();
     const uint64_t floor = std::max(fence_floor_, st.fence_next);
-    if (next->fence < floor) {
-      next->fence = floor;
-      res->fence = floor;
+    const uint64_t fence = std::max(next->fence, floor);
+    if (fence > fence_ceiling_.load(std::memory_order_acquire)) {
+      DEDUP_RETURN_IF_ERROR(RaiseFenceCeiling(fence));
     }
-    st.fence_next = next->fence + 1;
+    next->fence = fence;
+    res->fence = fence;
+    st.fence_next = fence + 1;
+    return Status::Ok();
+  }
+
+  // Makes epoch fence >> 32 durable: the next open takes the one after, whose
+  // fences start above `fence`.
+  Status RaiseFenceCeiling(uint64_t fence) {
+    std::lock_guard lock(fence_epoch_mu_);
+    if (fence <= fence_ceiling_.load(std::memory_order_relaxed)) return Status::Ok();
+    const uint64_t epoch = fence >> 32;
+    if (epoch + 1 >= (uint64_t{1} << 31)) {
+      return Status::FailedPrecondition(Context("claim") + ": fence epoch exhausted");
+    }
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    rocksdb::Status s = db_->Put(wo, cf_, kMetaFenceEpochKey, std::to_string(epoch));
+    if (!s.ok()) return FromRocks(s, Context("claim: writing the fence epoch"));
+    fence_ceiling_.store((epoch + 1) << 32, std::memory_order_release);
+    return Status::Ok();
   }
 
   // A claim's record, to be committed by the background writer. Stripe locked.
@@ -2047,6 +2071,7 @@ class RocksDBStoreImpl final : public RocksDBStore {
     s = db_->Put(wo, cf_, kMetaFenceEpochKey, std::to_string(epoch));
     if (!s.ok()) return FromRocks(s, Context("open: writing the fence epoch"));
     fence_floor_ = (epoch << 32) + 1;
+    fence_ceiling_.store((epoch + 1) << 32, std::memory_order_release);
     committer_ = std::thread([this] { GroupCommitLoop(); });
     materializer_ = std::thread([this] { MaterializeLoop(); });
     // Named, so that top -H, perf and /proc tell them apart (15 characters at most).
@@ -2292,6 +2317,10 @@ class RocksDBStoreImpl final : public RocksDBStore {
 
   // Group commit of claims (see the top of this file).
   uint64_t fence_floor_ = 1;  // (epoch << 32) + 1, set at open
+  // The highest fence the next open starts above: (durable epoch + 1) << 32.
+  // Raised (RaiseFenceCeiling) under fence_epoch_mu_, read by claims without it.
+  std::atomic<uint64_t> fence_ceiling_{uint64_t{1} << 32};
+  std::mutex fence_epoch_mu_;
   std::thread committer_;
   std::mutex commit_loop_mu_;
   std::condition_variable commit_cv_;
@@ -2470,7 +2499,7 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     bool write = false;
     out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write));
     if (write) {
-      ApplyFenceFloor(stripes_[b.slots[k].stripe], &next, &out.back());
+      DEDUP_RETURN_IF_ERROR(ApplyFenceFloor(stripes_[b.slots[k].stripe], &next, &out.back()));
       c = std::move(next);
       written[k] = true;
     }
