@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <barrier>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -1407,10 +1408,11 @@ TEST_F(PostgresStoreTest, ClaimsRacingTheReclaimOfTheirExpiredRecordsAreAcquired
 
 // ---- batches ------------------------------------------------------------------------
 
-// store.h: "A batch that fails (a status) leaves none of its claims held: those it
-// made before the failure are released before it returns."
-TEST_F(PostgresStoreTest, FailedClaimBatchReleasesTheClaimsItMade) {
-  auto store = Open("&table=batch");
+// store.h: "A batch that fails (a status) leaves none of its claims held". The
+// PostgreSQL store's batch is one transaction: the claims before the failure are
+// rolled back with it, and count no attempt (they were released, attempt kept).
+TEST_F(PostgresStoreTest, FailedClaimBatchLeavesNothingOfItself) {
+  auto store = Open("&table=batch&pool=1");
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE batch"));
   (void)MustClaim(*store, "b2");
@@ -1426,7 +1428,81 @@ TEST_F(PostgresStoreTest, FailedClaimBatchReleasesTheClaimsItMade) {
   ClaimResult b1 = MustClaim(*store, "b1");
   EXPECT_TRUE(b1.acquired()) << "b1 is still held by a batch that returned an error (outcome "
                              << static_cast<int>(b1.outcome) << ")";
-  EXPECT_EQ(b1.attempt, 2u) << "released, attempts kept";
+  EXPECT_EQ(b1.attempt, 1u) << "the failed batch counted an attempt";
+  EXPECT_EQ(b1.fence, 1u);
+  // The pooled connection is usable after the rollback: not left in a transaction.
+  // Left in one, its next claim would be seen by no other session.
+  ClaimResult b3 = MustClaim(*store, "b3");
+  EXPECT_TRUE(b3.acquired());
+  std::string seen;
+  ASSERT_TRUE(PgServer::Sql(Db(), "SELECT count(*) FROM batch WHERE key = 'b3'::bytea", &seen));
+  EXPECT_EQ(seen, "1") << "b3's claim is not committed: the connection was left in a transaction";
+}
+
+// Answers in the order asked, a repeated key BUSY the second time, although the
+// keys are claimed in byte order inside the batch's transaction.
+TEST_F(PostgresStoreTest, ClaimBatchAnswersInTheOrderAsked) {
+  auto store = Open("&table=batch_order");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE batch_order"));
+  ClaimResult done = MustClaim(*store, "m");
+  ASSERT_EQ(*store->Complete("m", done.token, 1h, CompletionStatus::kOk, "r"), WriteResult::kOk);
+  std::vector<ClaimRequest> reqs(4);
+  for (auto& r : reqs) r.lease = 60s, r.retention = 1h;
+  reqs[0].key = "z";
+  reqs[1].key = "m";
+  reqs[2].key = "a";
+  reqs[3].key = "z";
+  auto res = store->ClaimBatch(reqs);
+  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_EQ(res->size(), 4u);
+  EXPECT_TRUE((*res)[0].acquired());
+  EXPECT_EQ((*res)[1].outcome, ClaimOutcome::kDuplicate);
+  EXPECT_EQ((*res)[1].result, "r");
+  EXPECT_TRUE((*res)[2].acquired());
+  EXPECT_EQ((*res)[3].outcome, ClaimOutcome::kBusy);
+  EXPECT_EQ(*store->Complete("z", (*res)[0].token, 1h, CompletionStatus::kOk, ""), WriteResult::kOk);
+}
+
+// Two workers' batches holding the same keys in opposite orders: each batch's
+// transaction locks rows as it claims, so claimed in the order given they could
+// wait for each other (PostgreSQL breaks the cycle after deadlock_timeout, 1 s,
+// with an error). In byte order they never do: every batch answers, every key is
+// acquired exactly once.
+TEST_F(PostgresStoreTest, ClaimBatchesInOppositeOrdersNeverDeadlock) {
+  auto store = Open("&table=batch_cross&pool=4");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE batch_cross"));
+  constexpr int kRounds = 100;
+  std::atomic<int> acquired{0}, failed{0};
+  std::string first_error;
+  std::mutex mu;
+  std::barrier round_start(2);  // both batches of a round start together
+  auto run = [&](bool reversed) {
+    for (int i = 0; i < kRounds; ++i) {
+      round_start.arrive_and_wait();
+      std::vector<ClaimRequest> reqs(3);
+      const std::string keys[3] = {"x" + std::to_string(i), "y" + std::to_string(i),
+                                   "w" + std::to_string(i)};
+      for (int j = 0; j < 3; ++j) {
+        reqs[j].key = keys[reversed ? 2 - j : j];
+        reqs[j].lease = 60s;
+        reqs[j].retention = 1h;
+      }
+      auto res = store->ClaimBatch(reqs);
+      if (!res.ok()) {
+        std::lock_guard lock(mu);
+        if (failed++ == 0) first_error = res.status().ToString();
+        continue;
+      }
+      for (const ClaimResult& r : *res) acquired += r.acquired() ? 1 : 0;
+    }
+  };
+  std::thread a(run, false), b(run, true);
+  a.join();
+  b.join();
+  EXPECT_EQ(failed.load(), 0) << first_error;
+  EXPECT_EQ(acquired.load(), kRounds * 3) << "each key acquired exactly once";
 }
 
 // ---- records that cannot be decoded ------------------------------------------------

@@ -115,10 +115,10 @@ class Store {
   // cannot be released, its server unreachable or its reply lost, stays
   // IN_PROGRESS until its lease ends, as a crashed owner's would, and is then
   // taken over). The Redis store also gives back the attempt each such claim
-  // counted (unclaim.lua), so that one bad key or one stalled node in a batch
-  // uses up no attempt of the others; the default loop and the PostgreSQL store
-  // release them, which keeps it. The default runs Claim in a loop; stores
-  // override it to save round trips.
+  // counted (unclaim.lua), and the PostgreSQL store's batch is one transaction,
+  // rolled back, so that one bad key or one stalled node in a batch uses up no
+  // attempt of the others; the default loop releases them, which keeps it. The
+  // default runs Claim in a loop; stores override it to save round trips.
   [[nodiscard]] virtual StatusOr<std::vector<ClaimResult>> ClaimBatch(
       std::span<const ClaimRequest> reqs);
 

@@ -8,6 +8,7 @@
 
 #include "dedup/postgres_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -188,30 +189,51 @@ class PgStore final : public PostgresStore {
     return ClaimOn(**h, req);
   }
 
+  // One transaction on one connection: a batch that fails leaves nothing of
+  // itself behind (no claim held, no attempt counted), and its claims cost one
+  // commit, not one each. Keys are claimed in their byte order (a repeated key
+  // in the order given), so that two batches never wait for each other's rows
+  // in a cycle; the answers come back in the order asked.
   StatusOr<std::vector<ClaimResult>> ClaimBatch(std::span<const ClaimRequest> reqs) override {
     DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
-    std::vector<ClaimResult> out;
-    out.reserve(reqs.size());
+    std::vector<ClaimResult> out(reqs.size());
     if (reqs.empty()) return out;
-    Status failed;
+    std::vector<size_t> order(reqs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return reqs[a].key < reqs[b].key; });
+    Status commit_failed;
     {
-      auto h = pool_.Get();  // one connection for the whole batch
+      auto h = pool_.Get();
       if (!h.ok()) return h.status();
-      for (const ClaimRequest& r : reqs) {
-        auto res = ClaimOn(**h, r);
+      pg::Conn& c = **h;
+      DEDUP_RETURN_IF_ERROR(
+          c.Exec("BEGIN ISOLATION LEVEL READ COMMITTED", "claim batch").status());
+      for (size_t i : order) {
+        auto res = ClaimOn(c, reqs[i], /*in_transaction=*/true);
         if (!res.ok()) {
-          failed = res.status();
-          break;
+          const bool at_limit = c.last_sqlstate() == "22003";
+          // A connection that cannot roll back is closed when handed back: the
+          // server then rolls the transaction back itself.
+          if (!c.Exec("ROLLBACK", "claim batch").ok()) {
+            c.Poison();
+            return res.status();
+          }
+          return at_limit ? AtLimit(c, reqs[i].key, res.status()) : res.status();
         }
-        out.push_back(std::move(res).value());
+        out[i] = std::move(res).value();
       }
+      auto commit = c.Exec("COMMIT", "claim batch");
+      if (commit.ok()) return out;
+      c.Poison();
+      commit_failed = commit.status();
     }  // handed back first: the releases may need a connection (pool=1)
-    if (failed.ok()) return out;
-    // Nobody will hold the claims made so far: released, best effort (store.h).
+    // The COMMIT's answer did not come: the claims may be held. Released, best
+    // effort (store.h); a release of a claim that was not committed is LOST.
     for (size_t i = 0; i < out.size(); ++i) {
       if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
     }
-    return failed;
+    return commit_failed;
   }
 
   StatusOr<WriteResult> Extend(std::string_view key, Token token, Millis lease) override {
@@ -396,7 +418,11 @@ class PgStore final : public PostgresStore {
     return OwnerWriteOn(**h, name, p);
   }
 
-  StatusOr<ClaimResult> ClaimOn(pg::Conn& c, const ClaimRequest& req) {
+  // In a transaction (`in_transaction`), a claim at the fence's or attempt's
+  // limit returns the statement's error as it is: the transaction is aborted,
+  // and the caller reads the record for the message (AtLimit) after its rollback.
+  StatusOr<ClaimResult> ClaimOn(pg::Conn& c, const ClaimRequest& req,
+                                bool in_transaction = false) {
     // The statement's read of the row, when it did not write, comes from the
     // statement's snapshot, which may predate a claim that committed while this
     // one waited for the row: the state machine then says "would write", and the
@@ -409,7 +435,7 @@ class PgStore final : public PostgresStore {
       auto r = c.ExecPrepared("claim", p, "claim");
       if (!r.ok()) {
         // numeric_value_out_of_range: the fence or attempt + 1 of a takeover.
-        if (c.last_sqlstate() == "22003") return AtLimit(c, req.key, r.status());
+        if (c.last_sqlstate() == "22003" && !in_transaction) return AtLimit(c, req.key, r.status());
         return r.status();
       }
       if (PQntuples(r->get()) == 0) continue;  // inserted by another after our snapshot
