@@ -7,6 +7,8 @@
 //
 //   claim                 Claim of a new key
 //   claim+complete        Claim then Complete
+//   claim (ClaimBatch 16) ClaimBatch of 16 new keys (one transaction), counted
+//                         as 16 claims
 //   insert alone          the business INSERT on its own (autocommit): the effect
 //                         with no guard at all
 //   insert, then complete ProcessOnce (Buffer) whose handler INSERTs in autocommit:
@@ -35,11 +37,13 @@ namespace dedup::bench {
 namespace {
 
 struct PgContender {
-  PgContender(std::string n, std::function<bool(int, uint64_t)> f) : name(std::move(n)), op(std::move(f)) {}
+  PgContender(std::string n, std::function<bool(int, uint64_t)> f, int per = 1)
+      : name(std::move(n)), op(std::move(f)), per_call(per) {}
   std::string name;
   // One call (one message); false when it failed.
   std::function<bool(int thread, uint64_t n)> op;
-  std::vector<double> rates;  // ops/s per round
+  int per_call = 1;            // messages one call handles (op's n .. n + per_call - 1)
+  std::vector<double> rates;  // messages/s per round
   uint64_t errors = 0;
 };
 
@@ -60,7 +64,7 @@ double Measure(PgContender& c, int threads, double seconds) {
       uint64_t n = 0, e = 0;
       while (!stop.load(std::memory_order_relaxed)) {
         if (!c.op(t, base + n)) ++e;
-        ++n;
+        n += static_cast<uint64_t>(c.per_call);
       }
       done += n;
       errors += e;
@@ -151,6 +155,18 @@ void RunPostgres(BenchContext& ctx) {
                   });
                   return p.action == BrokerAction::kAck;
                 }});
+  cs.push_back({"claim (ClaimBatch 16)",
+                [&](int, uint64_t n) {
+                  std::vector<std::string> keys;
+                  std::vector<ClaimRequest> reqs;
+                  keys.reserve(16);
+                  for (uint64_t i = 0; i < 16; ++i) keys.push_back(TaskKey(n + i));
+                  for (const std::string& k : keys) reqs.push_back(BenchClaim(k));
+                  auto r = store.ClaimBatch(reqs);
+                  return r.ok() && std::all_of(r->begin(), r->end(),
+                                               [](const ClaimResult& c) { return c.acquired(); });
+                },
+                16});
 
   const int rounds = std::max(3, std::min(ctx.plan.rounds, 5));
   const double round_s = std::clamp(ctx.plan.round_s, 1.0, 2.0);
@@ -200,19 +216,22 @@ void RunPostgres(BenchContext& ctx) {
   std::string md = "### PostgreSQL store and exactly-once effects\n\n";
   md += std::to_string(threads) + " threads, " + std::to_string(rounds) + " interleaved rounds of " +
         Fmt("%.1f", round_s) + " s; medians of the rounds.\n\n";
-  md += "| operation | ops/s (median) | failed calls |\n|---|---:|---:|\n";
+  md += "| operation | messages/s (median) | failed calls |\n|---|---:|---:|\n";
   for (auto& c : cs) {
     const double med = Median(c.rates);
     s.data["ops"][c.name] = {{"ops_per_s", Num(med)}, {"errors", c.errors}};
     md += "| " + c.name + " | " + Rate(med) + " | " + std::to_string(c.errors) + " |\n";
   }
   const double exactly_once = ratio(4, 2), guard_beside = ratio(3, 2), tx_vs_beside = ratio(4, 3);
+  const double batch_vs_claim = ratio(5, 0);
   s.data["ratios"] = {{"tx_vs_insert_alone", Num(exactly_once)},
                       {"insert_then_complete_vs_insert_alone", Num(guard_beside)},
-                      {"tx_vs_insert_then_complete", Num(tx_vs_beside)}};
+                      {"tx_vs_insert_then_complete", Num(tx_vs_beside)},
+                      {"claim_batch16_vs_claim", Num(batch_vs_claim)}};
   md += "\nMedian per-round ratios: insert + complete in 1 tx / insert alone = " + Fmt("%.2f", exactly_once) +
         "x; insert, then complete / insert alone = " + Fmt("%.2f", guard_beside) +
-        "x; 1 tx / insert, then complete = " + Fmt("%.2f", tx_vs_beside) + "x.\n";
+        "x; 1 tx / insert, then complete = " + Fmt("%.2f", tx_vs_beside) +
+        "x; claims in ClaimBatch 16 / single claims = " + Fmt("%.2f", batch_vs_claim) + "x.\n";
   s.data["expiry"] = {{"rows", expired},
                       {"seconds", Num(expire_s)},
                       {"rows_per_s", Num(static_cast<double>(expired) / expire_s)},
