@@ -124,6 +124,7 @@ _rabbitmq_boot() {
   if _rabbitmq_port_free "$epmd_port"; then
     # A node started now would find no epmd and start the daemon nobody stops.
     _rabbitmq_log "epmd on port $epmd_port did not listen within 10 s; see $RABBITMQ_DIR/log/epmd.log"
+    rabbitmq_stop  # its epmd (no node yet): a retried start would find the port taken
     return 1
   fi
   _rabbitmq_env "$RABBITMQ_HOME_BIN/rabbitmq-server" </dev/null \

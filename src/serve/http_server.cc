@@ -822,8 +822,11 @@ void HttpServer::Configure(const HttpServerOptions& o) {
 namespace {
 // Why `host`:`port` cannot be bound, as errno after the attempt cpp-httplib makes
 // (getaddrinfo with AI_PASSIVE, then per address: socket, SO_REUSEADDR as set
-// in Configure(), bind); cpp-httplib itself answers only false. 0 when one of
-// the addresses binds now (the port came free in between).
+// in Configure(), bind); cpp-httplib itself answers only false. EADDRINUSE if
+// any address is in use (a name of two addresses, one held by another process
+// and one not this host's, such as localhost with ::1 and no IPv6: the held one
+// is what to report); else the last address's. 0 when one binds now (the port
+// came free in between).
 int BindErrno(const std::string& host, int port, std::string* resolve_error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -836,6 +839,7 @@ int BindErrno(const std::string& host, int port, std::string* resolve_error) {
     return EINVAL;
   }
   int err = EADDRNOTAVAIL;
+  bool in_use = false;
   for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
@@ -848,9 +852,10 @@ int BindErrno(const std::string& host, int port, std::string* resolve_error) {
     err = rc == 0 ? 0 : errno;
     ::close(fd);
     if (rc == 0) break;
+    in_use = in_use || err == EADDRINUSE;
   }
   freeaddrinfo(res);
-  return err;
+  return err != 0 && in_use ? EADDRINUSE : err;
 }
 }  // namespace
 
@@ -876,6 +881,10 @@ Status HttpServer::Bind(const std::string& host, int port, int* bound) {
   if (err == EADDRINUSE) {
     return Status::Unavailable("cannot listen on " + where +
                                ": address in use (another process listens there)");
+  }
+  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+    // Out of descriptors or memory for now: nothing wrong with the address.
+    return Status::ResourceExhausted("cannot listen on " + where + ": " + std::strerror(err));
   }
   if (err == EADDRNOTAVAIL) {
     return Status::InvalidArgument("cannot listen on " + where + ": not an address of this host");

@@ -7,8 +7,9 @@
 //                SHA-256 of method, target, Authorization, Content-Type and body;
 //   ACQUIRED  -> forwarded once, the claim heartbeated (extend every lease/3)
 //                while the application works; its response (status, headers
-//                but hop-by-hop, Set-Cookie, Date and Content-Length, and the
-//                body up to max_response_bytes) is recorded with complete, then
+//                but hop-by-hop, Set-Cookie, Date and Content-Length (kept for
+//                a HEAD: its GET's length), and the body up to
+//                max_response_bytes) is recorded with complete, then
 //                sent. No answer from the application, or a 429 / 503 (retry
 //                later; a gateway's 503 is an unknown outcome, as no answer is):
 //                the claim is released (a retry forwards again) and the client
