@@ -1430,13 +1430,81 @@ TEST_F(PostgresStoreTest, FailedClaimBatchLeavesNothingOfItself) {
                              << static_cast<int>(b1.outcome) << ")";
   EXPECT_EQ(b1.attempt, 1u) << "the failed batch counted an attempt";
   EXPECT_EQ(b1.fence, 1u);
-  // The pooled connection is usable after the rollback: not left in a transaction.
-  // Left in one, its next claim would be seen by no other session.
-  ClaimResult b3 = MustClaim(*store, "b3");
-  EXPECT_TRUE(b3.acquired());
-  std::string seen;
-  ASSERT_TRUE(PgServer::Sql(Db(), "SELECT count(*) FROM batch WHERE key = 'b3'::bytea", &seen));
-  EXPECT_EQ(seen, "1") << "b3's claim is not committed: the connection was left in a transaction";
+  // (A connection handed back inside a transaction would be closed by the pool,
+  // which keeps only idle ones: pg_conn.cc, Pool::Put.)
+}
+
+// A worker that stops between its batch's round trips (SIGSTOP here: a frozen
+// container, a cut network) leaves its transaction open on the server, holding
+// the rows it claimed. The batch's SET LOCAL idle_in_transaction_session_timeout
+// (timeout + 1 s) ends it: another worker's claim of such a key gets it within
+// seconds, where it timed out for as long as the first one stayed stopped.
+TEST_F(PostgresStoreTest, AClaimBatchOfAStoppedWorkerDoesNotHoldItsRows) {
+  const std::string extra = "&table=batch_stall&timeout=1s&pool=1";
+  auto store = Open(extra);
+  ASSERT_NE(store, nullptr);
+  ClaimResult b = MustClaim(*store, "sb", 1ms);  // a row to lock; its lease soon over
+  ASSERT_TRUE(b.acquired());
+  store.reset();
+  // Holds sb's row, so that the child's batch waits in the server for it.
+  const std::string conninfo = "host=127.0.0.1 port=" + std::to_string(kPort) + " dbname=" +
+                               Db() + " user=dedup password=" + kPassword;
+  PGconn* holder = PQconnectdb(conninfo.c_str());
+  ASSERT_EQ(PQstatus(holder), CONNECTION_OK);
+  auto exec = [&](const char* sql) {
+    PGresult* r = PQexec(holder, sql);
+    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
+    PQclear(r);
+    return ok;
+  };
+  ASSERT_TRUE(exec("BEGIN"));
+  ASSERT_TRUE(exec("SELECT 1 FROM batch_stall WHERE key = 'sb'::bytea FOR UPDATE"));
+  const std::string uri = Uri(extra);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto s = OpenPostgresStore(uri);
+    if (!s.ok()) _exit(3);
+    std::vector<ClaimRequest> reqs(2);
+    reqs[0].key = "sa";  // claimed first (byte order), then it waits for sb
+    reqs[1].key = "sb";
+    for (auto& r : reqs) r.lease = 60s, r.retention = 600s;
+    (void)(*s)->ClaimBatch(reqs);
+    _exit(0);
+  }
+  bool waiting = false;
+  for (int i = 0; i < 400 && !waiting; ++i) {
+    waiting = PgServer::Value("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                              "'Lock' AND datname = current_database()") == "1";
+    if (!waiting) std::this_thread::sleep_for(2ms);
+  }
+  EXPECT_TRUE(waiting) << "the child's batch never waited for sb's row";
+  kill(child, SIGSTOP);
+  ASSERT_TRUE(exec("COMMIT"));  // sb free: the child's batch ends its statements, then stalls
+  PQfinish(holder);
+  auto other = Open(extra);
+  ASSERT_NE(other, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool acquired = false;
+  std::string last;
+  while (!acquired && std::chrono::steady_clock::now() - t0 < 15s) {
+    ClaimRequest r;
+    r.key = "sa";
+    r.lease = 60s;
+    r.retention = 600s;
+    auto c = other->Claim(r);
+    acquired = c.ok() && c->acquired();
+    last = c.ok() ? "outcome " + std::to_string(static_cast<int>(c->outcome)) : c.status().ToString();
+    if (!acquired) std::this_thread::sleep_for(100ms);
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(acquired) << "sa still held by the stopped worker's batch after " << waited
+                        << " s; last answer: " << last;
+  EXPECT_LT(waited, 8.0);
 }
 
 // Answers in the order asked, a repeated key BUSY the second time, although the
@@ -1580,6 +1648,31 @@ TEST_F(PostgresStoreTest, AFenceOrAttemptAtItsLargestIsRefusedNamingItNothingCha
   ClaimResult a = MustClaim(*store, "la");
   EXPECT_TRUE(a.acquired());
   EXPECT_EQ(a.attempt, 2147483647u);
+}
+
+// The same in a batch (one pipeline, one transaction): the limit named as a single
+// claim names it, the connection rolled back and usable, and the batch's other
+// claim (made before it, in byte order) not held.
+TEST_F(PostgresStoreTest, ABatchWithAnAttemptAtItsLargestFailsNamingItAndHoldsNothing) {
+  auto store = Open("&table=limits_batch&pool=1");
+  ASSERT_NE(store, nullptr);
+  ClaimResult c = MustClaim(*store, "lb");
+  ASSERT_TRUE(store->Release("lb", c.token, 600s).ok());
+  ASSERT_TRUE(PgServer::Sql(Db(), "UPDATE limits_batch SET attempt = 2147483647 WHERE key = 'lb'::bytea"));
+  std::vector<ClaimRequest> reqs(3);
+  reqs[0].key = "lz";
+  reqs[1].key = "lb";
+  reqs[2].key = "la";  // claimed first (byte order), then lb fails
+  auto res = store->ClaimBatch(reqs);
+  ASSERT_FALSE(res.ok());
+  EXPECT_EQ(res.status().code(), StatusCode::kDataLoss) << res.status();
+  EXPECT_NE(res.status().message().find("attempt 2147483647"), std::string::npos) << res.status();
+  EXPECT_NE(res.status().message().find("\"lb\""), std::string::npos) << res.status();
+  for (const char* key : {"la", "lz"}) {
+    ClaimResult r = MustClaim(*store, key);
+    EXPECT_TRUE(r.acquired()) << key << " is held by the failed batch";
+    EXPECT_EQ(r.attempt, 1u) << key;
+  }
 }
 
 // A read-only server (a hot standby, or default_transaction_read_only on for the

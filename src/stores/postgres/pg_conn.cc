@@ -338,6 +338,84 @@ StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_
   return last;
 }
 
+StatusOr<std::vector<Result>> Conn::RunPipeline(size_t n,
+                                                const std::function<int(PGconn*, size_t)>& send,
+                                                std::string_view op) {
+  last_sqlstate_.clear();
+  const int64_t start = SteadyMillis();
+  if (abandoned_) {
+    return Status::Unavailable(where_ + ": " + std::string(op) +
+                               ": the connection was abandoned by an earlier call");
+  }
+  if (stop_ != nullptr && stop_->GiveUpAt(start) <= start) {
+    abandoned_ = true;
+    return Status::Aborted(where_ + ": " + std::string(op) +
+                           ": given up: the caller is stopping, and the server let an earlier "
+                           "call wait out its grace (nothing was sent)");
+  }
+  // Non-blocking, as Run (libpq's pipeline mode also needs it: blocking, the
+  // client can wait to send while the server waits to send its answers).
+  struct Blocking {
+    Conn* c;
+    ~Blocking() {
+      if (!c->abandoned_ && PQstatus(c->conn_) == CONNECTION_OK) {
+        (void)PQsetnonblocking(c->conn_, 0);
+      }
+    }
+  } restore{this};
+  // Anything short of every answer leaves the protocol state unknown: the
+  // connection is closed (Unavailable), its transaction rolled back by the server.
+  auto lost = [&] {
+    abandoned_ = true;
+    return ErrorOf(nullptr, op);
+  };
+  if (PQsetnonblocking(conn_, 1) != 0 || PQenterPipelineMode(conn_) == 0) return lost();
+  for (size_t i = 0; i < n; ++i) {
+    if (send(conn_, i) == 0) return lost();
+  }
+  if (PQpipelineSync(conn_) == 0) return lost();
+  for (;;) {
+    const int f = PQflush(conn_);
+    if (f == 0) break;
+    if (f < 0) return lost();
+    DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLOUT | POLLIN, start, op));
+    if (PQconsumeInput(conn_) == 0) return lost();
+  }
+  // The next result, waiting for it; null at the end of a statement's results.
+  auto next = [&](Result* out) -> Status {
+    while (PQisBusy(conn_)) {
+      DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLIN, start, op));
+      if (PQconsumeInput(conn_) == 0) return lost();
+    }
+    out->reset(PQgetResult(conn_));
+    return Status::Ok();
+  };
+  std::vector<Result> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    Result r;
+    DEDUP_RETURN_IF_ERROR(next(&r));
+    if (!r) return lost();
+    const ExecStatusType st = PQresultStatus(r.get());
+    if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH ||
+        st == PGRES_PIPELINE_SYNC) {
+      return lost();  // not what the statements sent can answer
+    }
+    // Each statement's results end with a null (one result each here).
+    for (Result extra;;) {
+      DEDUP_RETURN_IF_ERROR(next(&extra));
+      if (!extra) break;
+      if (PQresultStatus(extra.get()) == PGRES_PIPELINE_SYNC) return lost();
+    }
+    out.push_back(std::move(r));
+  }
+  Result sync;
+  DEDUP_RETURN_IF_ERROR(next(&sync));
+  if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) return lost();
+  if (PQexitPipelineMode(conn_) == 0) return lost();
+  return out;
+}
+
 Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
   return ErrorWith(r, op, Trim(r != nullptr ? PQresultErrorMessage(r) : ""));
 }

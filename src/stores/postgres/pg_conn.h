@@ -109,6 +109,16 @@ class Conn {
   // wait ended (the connection is then abandoned); or the statement started a
   // COPY (FailedPrecondition naming it; abandoned too: nobody feeds it).
   StatusOr<Result> Run(const std::function<int(PGconn*)>& send, std::string_view op);
+  // Sends `n` statements in one pipeline (send(raw(), i) queues statement i with
+  // PQsendQueryParams or PQsendQueryPrepared), then a sync, and waits, bounded
+  // as Run is (the whole pipeline within one wait), for every answer: one round
+  // trip. One Result per statement, in order: its result, its error (the first
+  // that failed: ErrorOf() makes its status), or PGRES_PIPELINE_ABORTED for each
+  // after it (the server skipped them). A status only when not every answer
+  // came: the connection is then abandoned.
+  StatusOr<std::vector<Result>> RunPipeline(size_t n,
+                                            const std::function<int(PGconn*, size_t)>& send,
+                                            std::string_view op);
 
   // The status for a failed result (or a null one) of operation `op`.
   Status ErrorOf(const PGresult* r, std::string_view op);
