@@ -835,8 +835,9 @@ void ClaimBoth(Store& store, Model& model, const ClaimRequest& r, int64_t now, c
   auto it = model.find(std::string(r.key));
   Record next;
   bool write = false;
-  const ClaimResult want =
-      internal::DecideClaim(it == model.end() ? nullptr : &it->second, r, now, c->token, &next, &write);
+  std::string at_limit;  // the model's fences and attempts stay small
+  const ClaimResult want = internal::DecideClaim(it == model.end() ? nullptr : &it->second, r, now,
+                                                 c->token, &next, &write, &at_limit);
   ASSERT_EQ(static_cast<int>(c->outcome), static_cast<int>(want.outcome)) << at;
   ASSERT_EQ(c->attempt, want.attempt) << at;
   *acquired = c->acquired();
@@ -1167,8 +1168,9 @@ class ReferenceStore {
     auto it = records_.find(key);
     Record next;
     bool write = false;
+    std::string at_limit;  // nothing gets near the limits here
     ClaimResult res = internal::DecideClaim(it == records_.end() ? nullptr : &it->second, req, now,
-                                            fresh, &next, &write);
+                                            fresh, &next, &write, &at_limit);
     if (write) {
       next.key = key;
       records_[key] = std::move(next);

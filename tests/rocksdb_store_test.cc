@@ -157,6 +157,55 @@ TEST_F(RocksDBStoreTest, FencesPastTheEpochStayBelowTheNextOpensFences) {
   for (const ClaimResult& r : *batch) EXPECT_GT(r.fence, taken);
 }
 
+// A record whose fence or attempt is the largest its type holds (only a corrupt
+// or hand-written one): a takeover wrapped it to 0, and the fence floor then
+// handed out a fence below the key's last. Refused, DataLoss naming it, and
+// nothing changed, single or in a batch.
+TEST_F(RocksDBStoreTest, AFenceOrAttemptAtItsLargestIsRefusedNothingChanged) {
+  struct Case {
+    const char* key;
+    uint64_t fence;
+    uint32_t attempt;
+    const char* says;
+  };
+  const Case cases[] = {{"top-fence", ~uint64_t{0}, 2, "fence 18446744073709551615"},
+                        {"top-attempt", 9, ~uint32_t{0}, "attempt 4294967295"}};
+  {
+    auto s = Open();
+    for (const Case& c : cases) {
+      Record r;
+      r.state = RecordState::kReleased;
+      r.token = Token{0x99};
+      r.fence = c.fence;
+      r.attempt = c.attempt;
+      r.lease_deadline = clock_.NowMillis() - 1;
+      r.retention_deadline = clock_.NowMillis() + 86'400'000;
+      std::string rkey, v;
+      internal::EncodeRecordKey(c.key, &rkey);
+      internal::EncodeRecord(r, &v);
+      PutRaw(s.get(), rkey, v);
+    }
+  }
+  auto s = Open();
+  for (const Case& c : cases) {
+    const std::optional<std::string> before = Raw(s.get(), c.key);
+    auto one = s->Claim(Req(c.key));
+    EXPECT_EQ(one.status().code(), StatusCode::kDataLoss) << c.key;
+    EXPECT_NE(one.status().message().find(c.says), std::string::npos) << one.status();
+    auto batch = s->ClaimBatch(std::vector<ClaimRequest>{Req("beside"), Req(c.key)});
+    EXPECT_EQ(batch.status().code(), StatusCode::kDataLoss) << c.key;
+    EXPECT_EQ(Raw(s.get(), c.key), before) << c.key << ": the refused claim changed the record";
+    auto rec = s->Inspect(c.key);
+    ASSERT_TRUE(rec.ok() && rec->has_value());
+    EXPECT_EQ((*rec)->fence, c.fence);
+    EXPECT_EQ((*rec)->attempt, c.attempt);
+  }
+  // The batch that failed holds nothing.
+  auto beside = s->Claim(Req("beside"));
+  ASSERT_TRUE(beside.ok());
+  EXPECT_TRUE(beside->acquired());
+}
+
 // The expiry filter drops nothing that expired after the oldest claim log was
 // made, and a log lived until 65,536 outstanding claims or 32 MiB: weeks in a
 // quiet process, with every expired record kept on disk meanwhile (100 of 100

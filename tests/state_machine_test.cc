@@ -12,6 +12,9 @@
 namespace dedup::internal {
 namespace {
 
+// DecideClaim's at-limit words; empty but in the tests of the limits.
+std::string g_limit;
+
 ClaimRequest Req(Millis lease = Millis(1000), Millis retention = Millis(5000)) {
   ClaimRequest r;
   r.key = "k";
@@ -23,7 +26,7 @@ ClaimRequest Req(Millis lease = Millis(1000), Millis retention = Millis(5000)) {
 TEST(StateMachine, AbsentKeyIsAcquiredWithDeadlines) {
   Record next;
   bool write = false;
-  ClaimResult r = DecideClaim(nullptr, Req(), 100, Token{7}, &next, &write);
+  ClaimResult r = DecideClaim(nullptr, Req(), 100, Token{7}, &next, &write, &g_limit);
   EXPECT_TRUE(write);
   EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
   EXPECT_EQ(next.state, RecordState::kInProgress);
@@ -40,7 +43,7 @@ TEST(StateMachine, ExpiredRecordCarriesItsFence) {
   old.retention_deadline = 50;
   Record next;
   bool write = false;
-  ClaimResult r = DecideClaim(&old, Req(), 100, Token{9}, &next, &write);
+  ClaimResult r = DecideClaim(&old, Req(), 100, Token{9}, &next, &write, &g_limit);
   EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
   EXPECT_EQ(r.fence, 42u);
   EXPECT_EQ(r.attempt, 1u);
@@ -72,7 +75,7 @@ TEST(StateMachine, AbsentOrExpiredKeyStartsEveryFieldOfAReusedRecord) {
       ClaimRequest req = Req();
       req.fingerprint = fp;
       bool write = false;
-      const ClaimResult r = DecideClaim(cur, req, 100, Token{7}, &stale, &write);
+      const ClaimResult r = DecideClaim(cur, req, 100, Token{7}, &stale, &write, &g_limit);
       Record want;
       want.key = "other";  // left alone
       want.state = RecordState::kInProgress;
@@ -94,11 +97,11 @@ TEST(StateMachine, AbsentOrExpiredKeyStartsEveryFieldOfAReusedRecord) {
 TEST(StateMachine, LeaseBoundaryIsExclusive) {
   Record cur;
   bool write = false;
-  DecideClaim(nullptr, Req(Millis(10)), 0, Token{1}, &cur, &write);
+  DecideClaim(nullptr, Req(Millis(10)), 0, Token{1}, &cur, &write, &g_limit);
   Record next;
-  EXPECT_EQ(DecideClaim(&cur, Req(), 9, Token{2}, &next, &write).outcome, ClaimOutcome::kBusy);
+  EXPECT_EQ(DecideClaim(&cur, Req(), 9, Token{2}, &next, &write, &g_limit).outcome, ClaimOutcome::kBusy);
   EXPECT_FALSE(write);
-  EXPECT_EQ(DecideClaim(&cur, Req(), 10, Token{2}, &next, &write).outcome,
+  EXPECT_EQ(DecideClaim(&cur, Req(), 10, Token{2}, &next, &write, &g_limit).outcome,
             ClaimOutcome::kAcquired);
   EXPECT_TRUE(write);
 }
@@ -106,7 +109,7 @@ TEST(StateMachine, LeaseBoundaryIsExclusive) {
 TEST(StateMachine, ExtendKeepsTheRetentionGap) {
   Record cur;
   bool write = false;
-  DecideClaim(nullptr, Req(Millis(10), Millis(100)), 0, Token{1}, &cur, &write);
+  DecideClaim(nullptr, Req(Millis(10), Millis(100)), 0, Token{1}, &cur, &write, &g_limit);
   EXPECT_EQ(DecideExtend(&cur, Token{1}, Millis(50), 5), WriteResult::kOk);
   EXPECT_EQ(cur.lease_deadline, 55);
   EXPECT_EQ(cur.retention_deadline, 155);
@@ -117,7 +120,7 @@ TEST(StateMachine, ExtendKeepsTheRetentionGap) {
 TEST(StateMachine, OwnerWritesOnExpiredRecordAreLost) {
   Record cur;
   bool write = false;
-  DecideClaim(nullptr, Req(Millis(10), Millis(100)), 0, Token{1}, &cur, &write);
+  DecideClaim(nullptr, Req(Millis(10), Millis(100)), 0, Token{1}, &cur, &write, &g_limit);
   Record copy = cur;
   EXPECT_EQ(DecideComplete(&cur, Token{1}, Millis(5), CompletionStatus::kOk, "", 110),
             WriteResult::kLost);
@@ -129,10 +132,10 @@ TEST(StateMachine, ExhaustedKeepsFence) {
   bool write = false;
   ClaimRequest req = Req();
   req.max_attempts = 1;
-  DecideClaim(nullptr, req, 0, Token{1}, &cur, &write);
+  DecideClaim(nullptr, req, 0, Token{1}, &cur, &write, &g_limit);
   ASSERT_EQ(DecideRelease(&cur, Token{1}, Millis(100), 1), WriteResult::kOk);
   Record next;
-  ClaimResult r = DecideClaim(&cur, req, 2, Token{2}, &next, &write);
+  ClaimResult r = DecideClaim(&cur, req, 2, Token{2}, &next, &write, &g_limit);
   EXPECT_EQ(r.outcome, ClaimOutcome::kExhausted);
   EXPECT_TRUE(write);
   EXPECT_EQ(next.fence, cur.fence);
@@ -143,7 +146,7 @@ TEST(StateMachine, ExhaustedKeepsFence) {
 TEST(StateMachine, ForgetRefusesARunningLeaseAndRemovesTheRest) {
   Record cur;
   bool write = false;
-  DecideClaim(nullptr, Req(Millis(10)), 0, Token{1}, &cur, &write);
+  DecideClaim(nullptr, Req(Millis(10)), 0, Token{1}, &cur, &write, &g_limit);
   Record floor;
   EXPECT_EQ(DecideForget(nullptr, false, 5, &floor), ForgetAction::kNone);
   EXPECT_EQ(DecideForget(&cur, false, 9, &floor), ForgetAction::kRefuse);
@@ -160,7 +163,7 @@ TEST(StateMachine, ForcedForgetLeavesAFloorThatClaimsStepOver) {
   fp.max_attempts = 1;
   Record cur;
   bool write = false;
-  DecideClaim(nullptr, fp, 0, Token{1}, &cur, &write);
+  DecideClaim(nullptr, fp, 0, Token{1}, &cur, &write, &g_limit);
   cur.fence = 41;
   Record floor;
   ASSERT_EQ(DecideForget(&cur, true, 4, &floor), ForgetAction::kFloor);
@@ -173,12 +176,59 @@ TEST(StateMachine, ForcedForgetLeavesAFloorThatClaimsStepOver) {
             WriteResult::kLost);
   fp.fingerprint = "B";
   Record next;
-  ClaimResult r = DecideClaim(&floor, fp, 5, Token{2}, &next, &write);
+  ClaimResult r = DecideClaim(&floor, fp, 5, Token{2}, &next, &write, &g_limit);
   EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
   EXPECT_EQ(r.fence, 42u);
   EXPECT_EQ(r.attempt, 1u);
   EXPECT_EQ(next.fingerprint, "B");
   EXPECT_FALSE(IsFenceFloor(next));
+}
+
+}  // namespace
+}  // namespace dedup::internal
+
+namespace dedup::internal {
+namespace {
+
+// A fence or attempt at the largest its type holds (only a corrupt or
+// hand-written record): a takeover would wrap it to 0, a fence smaller than
+// every one before. Nothing is written, and the words say which.
+TEST(StateMachine, AFenceOrAttemptAtItsLargestIsNotRaised) {
+  Record cur;
+  cur.state = RecordState::kReleased;
+  cur.token = Token{3};
+  cur.fence = ~uint64_t{0};
+  cur.attempt = 2;
+  cur.lease_deadline = 0;
+  cur.retention_deadline = 1000;
+  Record next;
+  bool write = true;
+  std::string limit;
+  ClaimResult r = DecideClaim(&cur, Req(), 10, Token{4}, &next, &write, &limit);
+  EXPECT_FALSE(write);
+  EXPECT_NE(r.outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(limit, "fence 18446744073709551615 cannot be raised (the largest fence is 2^64 - 1)");
+  // Past its retention (absent), the fence still goes on: refused too.
+  (void)DecideClaim(&cur, Req(), 5000, Token{4}, &next, &write, &limit);
+  EXPECT_FALSE(write);
+  EXPECT_NE(limit.find("fence 18446744073709551615"), std::string::npos);
+  cur.fence = 7;
+  cur.attempt = ~uint32_t{0};
+  r = DecideClaim(&cur, Req(), 10, Token{4}, &next, &write, &limit);
+  EXPECT_FALSE(write);
+  EXPECT_EQ(limit, "attempt 4294967295 cannot be raised (the largest attempt is 2^32 - 1)");
+  // Past its retention the attempt starts again at 1: taken.
+  r = DecideClaim(&cur, Req(), 5000, Token{4}, &next, &write, &limit);
+  EXPECT_TRUE(write);
+  EXPECT_TRUE(limit.empty());
+  EXPECT_EQ(r.outcome, ClaimOutcome::kAcquired);
+  EXPECT_EQ(next.fence, 8u);
+  EXPECT_EQ(next.attempt, 1u);
+  // One below: raised to the largest.
+  cur.attempt = ~uint32_t{0} - 1;
+  r = DecideClaim(&cur, Req(), 10, Token{4}, &next, &write, &limit);
+  EXPECT_TRUE(write && limit.empty());
+  EXPECT_EQ(next.attempt, ~uint32_t{0});
 }
 
 }  // namespace

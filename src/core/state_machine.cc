@@ -28,10 +28,23 @@ void StartLease(Record* r, Token token, const ClaimRequest& req, int64_t now) {
 }  // namespace
 
 ClaimResult DecideClaim(const Record* cur, const ClaimRequest& req, int64_t now,
-                        Token fresh_token, Record* next, bool* write) {
+                        Token fresh_token, Record* next, bool* write, std::string* at_limit) {
   ClaimResult res;
   *write = false;
+  at_limit->clear();
+  // Not an answer (the store fails the claim): BUSY, so that nothing would run.
+  auto refuse = [&](std::string what) {
+    *at_limit = std::move(what);
+    res.outcome = ClaimOutcome::kBusy;
+    return res;
+  };
+  constexpr uint64_t kMaxFence = ~uint64_t{0};
+  constexpr uint32_t kMaxAttempt = ~uint32_t{0};
+  constexpr const char* kFenceLimit = " cannot be raised (the largest fence is 2^64 - 1)";
   if (cur == nullptr || cur->ExpiredAt(now)) {
+    if (cur != nullptr && cur->fence == kMaxFence) {
+      return refuse("fence " + std::to_string(cur->fence) + kFenceLimit);
+    }
     // No record, or its retention is over: the key is ABSENT (again), but the
     // fence goes on. StartLease sets every field of *next but these (and the
     // key, which is not ours): no whole Record is built and moved in.
@@ -76,6 +89,13 @@ ClaimResult DecideClaim(const Record* cur, const ClaimRequest& req, int64_t now,
     *write = true;
     res.outcome = ClaimOutcome::kExhausted;
     return res;
+  }
+  if (cur->fence == kMaxFence) {
+    return refuse("fence " + std::to_string(cur->fence) + kFenceLimit);
+  }
+  if (cur->attempt == kMaxAttempt) {
+    return refuse("attempt " + std::to_string(cur->attempt) +
+                  " cannot be raised (the largest attempt is 2^32 - 1)");
   }
   next->fence = cur->fence + 1;
   next->attempt = cur->attempt + 1;

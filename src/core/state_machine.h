@@ -10,6 +10,7 @@
 #define DEDUP_SRC_CORE_STATE_MACHINE_H_
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "dedup/record.h"
@@ -22,8 +23,14 @@ namespace dedup::internal {
 // fences never repeat while a trace is kept. When the claim changes the record,
 // *next is the record to store and true is returned in *write. Record::key is
 // neither read nor set: stores keep the key beside the record.
+//
+// A claim that would raise the fence past 2^64 - 1 or the attempt past 2^32 - 1
+// (only a corrupt or hand-written record is that high) changes nothing: *write
+// is false, and *at_limit says which and why, for the store's DataLoss error
+// (nothing changed), as the Redis and PostgreSQL stores refuse their own limits;
+// the result is then not an answer. *at_limit is empty otherwise.
 ClaimResult DecideClaim(const Record* cur, const ClaimRequest& req, int64_t now,
-                        Token fresh_token, Record* next, bool* write);
+                        Token fresh_token, Record* next, bool* write, std::string* at_limit);
 
 // Owner-checked writes: kOk and *rec updated when `token` owns the IN_PROGRESS
 // record (even if its lease has ended, as long as nobody has taken over), kLost and

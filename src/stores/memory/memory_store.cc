@@ -54,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/printable.h"
 #include "core/state_machine.h"
 #include "stores/memory/memory_store_internal.h"
 
@@ -1025,7 +1026,17 @@ class MemoryStore final : public Store {
     DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
     std::vector<ClaimResult> out;
     out.reserve(reqs.size());
-    for (const ClaimRequest& r : reqs) out.push_back(ClaimValidated(r));
+    for (const ClaimRequest& r : reqs) {
+      StatusOr<ClaimResult> res = ClaimValidated(r);
+      if (!res.ok()) [[unlikely]] {
+        // Nobody will hold the claims made so far: released (store.h).
+        for (size_t i = 0; i < out.size(); ++i) {
+          if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
+        }
+        return res.status();
+      }
+      out.push_back(std::move(res).value());
+    }
     return out;
   }
 
@@ -1151,7 +1162,9 @@ class MemoryStore final : public Store {
   // The top bits pick the shard; the index inside uses the low ones.
   Shard& ShardFor(uint64_t h) { return shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)]; }
 
-  ClaimResult ClaimValidated(const ClaimRequest& req) {
+  // DataLoss, nothing changed, for a record whose fence or attempt is at the
+  // largest it holds (DecideClaim).
+  StatusOr<ClaimResult> ClaimValidated(const ClaimRequest& req) {
     const uint64_t h = HashKey(req.key);
     Shard& s = ShardFor(h);
     s.Prefetch(h);
@@ -1162,9 +1175,16 @@ class MemoryStore final : public Store {
     size_t pos;
     Slot* slot = s.Find(req.key, h, &pos);
     thread_local Record cur, next;
+    thread_local std::string at_limit;
     if (slot != nullptr) slot->ToRecord(&cur);
     bool write = false;
-    ClaimResult res = DecideClaim(slot == nullptr ? nullptr : &cur, req, now, fresh, &next, &write);
+    ClaimResult res =
+        DecideClaim(slot == nullptr ? nullptr : &cur, req, now, fresh, &next, &write, &at_limit);
+    if (!at_limit.empty()) [[unlikely]] {
+      return Status::DataLoss("memory store: claim: the record of key \"" +
+                              internal::Printable(req.key) + "\": its " + at_limit +
+                              "; nothing was changed");
+    }
     if (write) {
       uint32_t n;
       if (slot == nullptr) {

@@ -522,7 +522,13 @@ class PgStore final : public PostgresStore {
     }
     Record next;
     bool write = false;
-    res = internal::DecideClaim(&cur, req, now, fresh, &next, &write);
+    std::string at_limit;  // the statement refuses its limits first (22003, AtLimit)
+    res = internal::DecideClaim(&cur, req, now, fresh, &next, &write, &at_limit);
+    if (!at_limit.empty()) {
+      return Status::DataLoss(where_ + ": claim: the record of key \"" +
+                              internal::Printable(req.key) + "\" in " + table_ + ": its " +
+                              at_limit + "; nothing was changed");
+    }
     if (!write) return std::optional<ClaimResult>(std::move(res));
     return std::optional<ClaimResult>();
   }

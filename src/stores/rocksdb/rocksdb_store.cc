@@ -675,7 +675,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
     const int64_t now = clock_->NowMillis();
     Record next;
     bool write = false;
-    ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write);
+    thread_local std::string at_limit;
+    ClaimResult res = DecideClaim(cur, req, now, fresh, &next, &write, &at_limit);
+    if (!at_limit.empty()) [[unlikely]] return AtLimit("claim", req.key, at_limit);
     if (write) {
       DEDUP_RETURN_IF_ERROR(ApplyFenceFloor(st, &next, &res));
       if (Deferred(req)) {
@@ -2213,6 +2215,12 @@ class RocksDBStoreImpl final : public RocksDBStore {
                             " cannot be decoded (" + why + "); nothing was changed");
   }
 
+  // A claim DecideClaim refused: the record's fence or attempt at its largest.
+  Status AtLimit(std::string_view op, std::string_view key, const std::string& what) const {
+    return Status::DataLoss(Context(op) + ": the record of key " + QuoteBytes(key) + ": its " +
+                            what + "; nothing was changed");
+  }
+
   // Reads and decodes the record at `rkey` ('r' + key). *found false when none.
   Status Read(std::string_view rkey, std::string_view key, std::string_view op, Record* r,
               bool* found) {
@@ -2497,7 +2505,10 @@ StatusOr<std::vector<ClaimResult>> RocksDBStoreImpl::ClaimBatch(
     std::optional<Record>& c = cur[k];
     Record next;
     bool write = false;
-    out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write));
+    std::string at_limit;
+    out.push_back(DecideClaim(c ? &*c : nullptr, reqs[i], now, fresh[i], &next, &write, &at_limit));
+    // Before anything of the batch is written: it fails unchanged.
+    if (!at_limit.empty()) [[unlikely]] return AtLimit("claim batch", reqs[i].key, at_limit);
     if (write) {
       DEDUP_RETURN_IF_ERROR(ApplyFenceFloor(stripes_[b.slots[k].stripe], &next, &out.back()));
       c = std::move(next);
