@@ -117,8 +117,10 @@ class Store {
   // taken over). The Redis store also gives back the attempt each such claim
   // counted (unclaim.lua), and the PostgreSQL store's batch is one transaction,
   // rolled back, so that one bad key or one stalled node in a batch uses up no
-  // attempt of the others; the default loop releases them, which keeps it. The
-  // default runs Claim in a loop; stores override it to save round trips.
+  // attempt of the others; the default loop releases them, which keeps it (as
+  // does the memory store, whose batch fails only on a record at its fence's or
+  // attempt's limit). The default runs Claim in a loop; stores override it to
+  // save round trips.
   [[nodiscard]] virtual StatusOr<std::vector<ClaimResult>> ClaimBatch(
       std::span<const ClaimRequest> reqs);
 
