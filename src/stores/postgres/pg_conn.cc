@@ -270,9 +270,8 @@ Status Conn::AwaitSocket(short events, int64_t start_ms, std::string_view op) {
   return Status::Unavailable(where_ + ": " + std::string(op) + ": poll: " + std::strerror(errno));
 }
 
-StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_view op) {
+Status Conn::BeginExchange(int64_t start, std::string_view op) {
   last_sqlstate_.clear();
-  const int64_t start = SteadyMillis();
   if (abandoned_) {
     return Status::Unavailable(where_ + ": " + std::string(op) +
                                ": the connection was abandoned by an earlier call");
@@ -284,40 +283,59 @@ StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_
                            "call wait out its grace (nothing was sent)");
   }
   // Non-blocking while ours, so that neither the send nor the wait blocks past
-  // the bound; back to blocking for a handler's own libpq calls (an abandoned
-  // connection stays non-blocking, for its goodbye in ~Conn).
-  struct Blocking {
+  // the bound (EndExchange goes back to blocking).
+  if (PQsetnonblocking(conn_, 1) != 0) return Lost(op);
+  return Status::Ok();
+}
+
+void Conn::EndExchange() {
+  // Back to blocking for a handler's own libpq calls (an abandoned connection
+  // stays non-blocking, for its goodbye in ~Conn).
+  if (!abandoned_ && PQstatus(conn_) == CONNECTION_OK) (void)PQsetnonblocking(conn_, 0);
+}
+
+Status Conn::Lost(std::string_view op) {
+  abandoned_ = true;
+  return ErrorOf(nullptr, op);
+}
+
+Status Conn::FlushSent(int64_t start, std::string_view op) {
+  for (;;) {
+    const int f = PQflush(conn_);
+    if (f == 0) return Status::Ok();
+    if (f < 0) return Lost(op);
+    DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLOUT | POLLIN, start, op));
+    if (PQconsumeInput(conn_) == 0) return Lost(op);
+  }
+}
+
+Status Conn::NextResult(int64_t start, std::string_view op, Result* out) {
+  while (PQisBusy(conn_)) {
+    DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLIN, start, op));
+    if (PQconsumeInput(conn_) == 0) return Lost(op);
+  }
+  out->reset(PQgetResult(conn_));
+  return Status::Ok();
+}
+
+StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_view op) {
+  const int64_t start = SteadyMillis();
+  DEDUP_RETURN_IF_ERROR(BeginExchange(start, op));
+  struct End {
     Conn* c;
-    ~Blocking() {
-      if (!c->abandoned_ && PQstatus(c->conn_) == CONNECTION_OK) {
-        (void)PQsetnonblocking(c->conn_, 0);
-      }
-    }
-  } restore{this};
+    ~End() { c->EndExchange(); }
+  } end{this};
   // A failure with no answer: the connection is closed (Unavailable).
-  auto lost = [&] {
-    abandoned_ = true;
-    return ErrorOf(nullptr, op);
-  };
-  if (PQsetnonblocking(conn_, 1) != 0) return lost();
+  auto lost = [&] { return Lost(op); };
   if (send(conn_) == 0) {
     // Refused by libpq before anything was sent (e.g. too many parameters)?
     return PQstatus(conn_) == CONNECTION_OK ? ErrorOf(nullptr, op) : lost();
   }
-  for (;;) {  // flush what the send left queued
-    const int f = PQflush(conn_);
-    if (f == 0) break;
-    if (f < 0) return lost();
-    DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLOUT | POLLIN, start, op));
-    if (PQconsumeInput(conn_) == 0) return lost();
-  }
+  DEDUP_RETURN_IF_ERROR(FlushSent(start, op));
   Result last;
   for (;;) {
-    while (PQisBusy(conn_)) {
-      DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLIN, start, op));
-      if (PQconsumeInput(conn_) == 0) return lost();
-    }
-    Result r(PQgetResult(conn_));
+    Result r;
+    DEDUP_RETURN_IF_ERROR(NextResult(start, op, &r));
     if (!r) break;
     const ExecStatusType st = PQresultStatus(r.get());
     // As PQexec: the first error is the answer (the server skips what follows it).
@@ -341,60 +359,28 @@ StatusOr<Result> Conn::Run(const std::function<int(PGconn*)>& send, std::string_
 StatusOr<std::vector<Result>> Conn::RunPipeline(size_t n,
                                                 const std::function<int(PGconn*, size_t)>& send,
                                                 std::string_view op) {
-  last_sqlstate_.clear();
   const int64_t start = SteadyMillis();
-  if (abandoned_) {
-    return Status::Unavailable(where_ + ": " + std::string(op) +
-                               ": the connection was abandoned by an earlier call");
-  }
-  if (stop_ != nullptr && stop_->GiveUpAt(start) <= start) {
-    abandoned_ = true;
-    return Status::Aborted(where_ + ": " + std::string(op) +
-                           ": given up: the caller is stopping, and the server let an earlier "
-                           "call wait out its grace (nothing was sent)");
-  }
-  // Non-blocking, as Run (libpq's pipeline mode also needs it: blocking, the
+  // Non-blocking, as Run (libpq's pipeline mode needs it too: blocking, the
   // client can wait to send while the server waits to send its answers).
-  struct Blocking {
+  DEDUP_RETURN_IF_ERROR(BeginExchange(start, op));
+  struct End {
     Conn* c;
-    ~Blocking() {
-      if (!c->abandoned_ && PQstatus(c->conn_) == CONNECTION_OK) {
-        (void)PQsetnonblocking(c->conn_, 0);
-      }
-    }
-  } restore{this};
+    ~End() { c->EndExchange(); }
+  } end{this};
   // Anything short of every answer leaves the protocol state unknown: the
   // connection is closed (Unavailable), its transaction rolled back by the server.
-  auto lost = [&] {
-    abandoned_ = true;
-    return ErrorOf(nullptr, op);
-  };
-  if (PQsetnonblocking(conn_, 1) != 0 || PQenterPipelineMode(conn_) == 0) return lost();
+  auto lost = [&] { return Lost(op); };
+  if (PQenterPipelineMode(conn_) == 0) return lost();
   for (size_t i = 0; i < n; ++i) {
     if (send(conn_, i) == 0) return lost();
   }
   if (PQpipelineSync(conn_) == 0) return lost();
-  for (;;) {
-    const int f = PQflush(conn_);
-    if (f == 0) break;
-    if (f < 0) return lost();
-    DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLOUT | POLLIN, start, op));
-    if (PQconsumeInput(conn_) == 0) return lost();
-  }
-  // The next result, waiting for it; null at the end of a statement's results.
-  auto next = [&](Result* out) -> Status {
-    while (PQisBusy(conn_)) {
-      DEDUP_RETURN_IF_ERROR(AwaitSocket(POLLIN, start, op));
-      if (PQconsumeInput(conn_) == 0) return lost();
-    }
-    out->reset(PQgetResult(conn_));
-    return Status::Ok();
-  };
+  DEDUP_RETURN_IF_ERROR(FlushSent(start, op));
   std::vector<Result> out;
   out.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     Result r;
-    DEDUP_RETURN_IF_ERROR(next(&r));
+    DEDUP_RETURN_IF_ERROR(NextResult(start, op, &r));
     if (!r) return lost();
     const ExecStatusType st = PQresultStatus(r.get());
     if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH ||
@@ -403,14 +389,14 @@ StatusOr<std::vector<Result>> Conn::RunPipeline(size_t n,
     }
     // Each statement's results end with a null (one result each here).
     for (Result extra;;) {
-      DEDUP_RETURN_IF_ERROR(next(&extra));
+      DEDUP_RETURN_IF_ERROR(NextResult(start, op, &extra));
       if (!extra) break;
       if (PQresultStatus(extra.get()) == PGRES_PIPELINE_SYNC) return lost();
     }
     out.push_back(std::move(r));
   }
   Result sync;
-  DEDUP_RETURN_IF_ERROR(next(&sync));
+  DEDUP_RETURN_IF_ERROR(NextResult(start, op, &sync));
   if (!sync || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC) return lost();
   if (PQexitPipelineMode(conn_) == 0) return lost();
   return out;

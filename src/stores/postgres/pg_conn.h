@@ -135,6 +135,16 @@ class Conn {
   // Waits until the socket is ready for `events` (POLLIN / POLLOUT), or the
   // exchange that began at `start_ms` must end: OK, or the failure to return.
   Status AwaitSocket(short events, int64_t start_ms, std::string_view op);
+  // The steps Run and RunPipeline share. BeginExchange: OK and the connection
+  // non-blocking, or why nothing may be sent (abandoned earlier, the caller
+  // stopping); EndExchange (always, after): back to blocking. Lost: the
+  // connection abandoned, and its status. FlushSent: what the sends queued is
+  // written. NextResult: the next result (null at the end of a statement's).
+  Status BeginExchange(int64_t start, std::string_view op);
+  void EndExchange();
+  Status Lost(std::string_view op);
+  Status FlushSent(int64_t start, std::string_view op);
+  Status NextResult(int64_t start, std::string_view op, Result* out);
   PGconn* conn_;
   std::string where_;
   Millis wait_;      // the longest wait for an answer (timeout + kAnswerSlack)
