@@ -292,6 +292,11 @@ inline bool ClaimRequestValid(const ClaimRequest& req) {
 // Every request of a batch, before anything is written: the first bad one's
 // error, with "batch request I" (its index) in front.
 Status ValidateClaimBatch(std::span<const ClaimRequest> reqs);
+// For a ClaimBatch that fails after some of its claims were made: releases,
+// best effort, each of made[i] that acquired reqs[i] (made may be shorter than
+// reqs, or hold default results for the requests not reached).
+void ReleaseAcquired(Store& store, std::span<const ClaimRequest> reqs,
+                     std::span<const ClaimResult> made);
 Status ValidateCompleteBatch(std::span<const CompleteRequest> reqs);
 Status ValidateLease(Millis lease);
 Status ValidateRetention(Millis retention);

@@ -112,6 +112,13 @@ Status ValidateRelease(std::string_view key, Token token, Millis retention) {
   return ValidateRetention(retention);
 }
 
+void ReleaseAcquired(Store& store, std::span<const ClaimRequest> reqs,
+                     std::span<const ClaimResult> made) {
+  for (size_t i = 0; i < made.size() && i < reqs.size(); ++i) {
+    if (made[i].acquired()) (void)store.Release(reqs[i].key, made[i].token, reqs[i].retention);
+  }
+}
+
 StatusOr<std::vector<ClaimResult>> Store::ClaimBatch(std::span<const ClaimRequest> reqs) {
   DEDUP_RETURN_IF_ERROR(ValidateClaimBatch(reqs));
   std::vector<ClaimResult> out;
@@ -120,9 +127,7 @@ StatusOr<std::vector<ClaimResult>> Store::ClaimBatch(std::span<const ClaimReques
     StatusOr<ClaimResult> res = Claim(r);
     if (!res.ok()) {
       // Nobody will hold the claims made so far: released, best effort (store.h).
-      for (size_t i = 0; i < out.size(); ++i) {
-        if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
-      }
+      ReleaseAcquired(*this, reqs, out);
       return res.status();
     }
     out.push_back(std::move(res).value());

@@ -1029,10 +1029,7 @@ class MemoryStore final : public Store {
     for (const ClaimRequest& r : reqs) {
       StatusOr<ClaimResult> res = ClaimValidated(r);
       if (!res.ok()) [[unlikely]] {
-        // Nobody will hold the claims made so far: released (store.h).
-        for (size_t i = 0; i < out.size(); ++i) {
-          if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
-        }
+        ReleaseAcquired(*this, reqs, out);  // nobody will hold them (store.h)
         return res.status();
       }
       out.push_back(std::move(res).value());

@@ -216,14 +216,19 @@ class PgStore final : public PostgresStore {
       auto h = pool_.Get();
       if (!h.ok()) return h.status();
       pg::Conn& c = **h;
-      // A failed claim: rolled back, its status (AtLimit's words at a limit). A
-      // connection that cannot roll back is closed when handed back: the server
-      // then rolls the transaction back itself.
-      auto fail = [&](size_t i, const Status& s, bool at_limit) -> Status {
-        if (!c.Exec("ROLLBACK", "claim batch").ok()) {
-          c.Poison();
-          return s;
+      // Ends the batch's transaction, if one is open: true when it is rolled
+      // back. A connection that cannot roll back is closed when handed back: the
+      // server then rolls the transaction back itself.
+      auto rollback = [&] {
+        if (PQtransactionStatus(c.raw()) == PQTRANS_IDLE || c.Exec("ROLLBACK", "claim batch").ok()) {
+          return true;
         }
+        c.Poison();
+        return false;
+      };
+      // A failed claim: rolled back, its status (AtLimit's words at a limit).
+      auto fail = [&](size_t i, const Status& s, bool at_limit) -> Status {
+        if (!rollback()) return s;
         return at_limit ? AtLimit(c, reqs[i].key, s) : s;
       };
       std::vector<Token> fresh(reqs.size());
@@ -248,10 +253,7 @@ class PgStore final : public PostgresStore {
       for (size_t k = 0; k < kBegin; ++k) {
         if (PQresultStatus((*answers)[k].get()) != PGRES_COMMAND_OK) {
           Status s = c.ErrorOf((*answers)[k].get(), "claim batch: begin");
-          if (PQtransactionStatus(c.raw()) != PQTRANS_IDLE &&
-              !c.Exec("ROLLBACK", "claim batch").ok()) {
-            c.Poison();
-          }
+          (void)rollback();
           return s;
         }
       }
@@ -275,16 +277,12 @@ class PgStore final : public PostgresStore {
         }
       }
       if (again) {
-        if (!c.Exec("ROLLBACK", "claim batch").ok()) {
-          c.Poison();
+        if (!rollback()) {
           return Status::Unavailable(where_ + ": claim batch: cannot roll back to claim again");
         }
         for (const std::string& sql : begin) {
           if (auto b = c.Exec(sql, "claim batch"); !b.ok()) {
-            if (PQtransactionStatus(c.raw()) != PQTRANS_IDLE &&
-                !c.Exec("ROLLBACK", "claim batch").ok()) {
-              c.Poison();
-            }
+            (void)rollback();
             return b.status();
           }
         }
@@ -301,9 +299,7 @@ class PgStore final : public PostgresStore {
     }  // handed back first: the releases may need a connection (pool=1)
     // The COMMIT's answer did not come: the claims may be held. Released, best
     // effort (store.h); a release of a claim that was not committed is LOST.
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (out[i].acquired()) (void)Release(reqs[i].key, out[i].token, reqs[i].retention);
-    }
+    ReleaseAcquired(*this, reqs, out);
     return commit_failed;
   }
 
