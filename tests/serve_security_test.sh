@@ -26,6 +26,27 @@ set +e
 rc=$?
 set -e
 check "a token under 16 characters: exit 2" [ $rc = 2 ]
+# An empty token file (a secret not mounted yet, a truncated one) must not turn the
+# token check off: refused at start, on loopback and on any address; a file that
+# never ends is not read to its end.
+: >"$tmp/empty"
+printf '\n' >"$tmp/newline"
+for file in "$tmp/empty" "$tmp/newline" /dev/null; do
+  for listen in 127.0.0.1:8074 0.0.0.0:8074; do
+    set +e
+    timeout 10 "$dedup" serve --store memory: --listen "$listen" --auth-token-file "$file" >"$tmp/out" 2>&1
+    rc=$?
+    set -e
+    check "token file $(basename "$file"), --listen $listen: exit 2" [ $rc = 2 ]
+    check "... saying it holds no token" grep -q "holds no token" "$tmp/out"
+  done
+done
+set +e
+timeout 10 "$dedup" serve --store memory: --listen 127.0.0.1:8074 --auth-token-file /dev/zero >"$tmp/out" 2>&1
+rc=$?
+set -e
+check "token file /dev/zero: exit 2, not read to its end" [ $rc = 2 ]
+check "... saying it is not a token file" grep -q "not a token file" "$tmp/out"
 # A malformed address is named as malformed, not as "not a loopback address"
 # (which suggested that a token would make it work).
 for listen in '[::1' '[::1]x:8074' '[nope]:8074' '::1]:8074'; do

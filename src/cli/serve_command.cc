@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include "cli/command.h"
@@ -80,12 +79,28 @@ int RunServe(ServeFlags& f) {
                    f.auth_token_file.c_str());
       return kExitUsage;
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string token = ss.str();
+    // A token is a line; a file far longer than one (or endless, /dev/zero) is
+    // not a token file, and is not read to its end.
+    constexpr size_t kMaxTokenFile = 4096;
+    std::string token(kMaxTokenFile + 1, '\0');
+    in.read(token.data(), static_cast<std::streamsize>(token.size()));
+    token.resize(static_cast<size_t>(in.gcount()));
+    if (token.size() > kMaxTokenFile) {
+      std::fprintf(stderr, "dedup serve: --auth-token-file: %s is longer than %zu bytes: "
+                   "not a token file\n", f.auth_token_file.c_str(), kMaxTokenFile);
+      return kExitUsage;
+    }
     while (!token.empty() && (token.back() == '\n' || token.back() == '\r' ||
                               token.back() == ' ')) {
       token.pop_back();
+    }
+    // An empty file (a secret not mounted yet, a truncated one) must not turn
+    // the token check off: without a token serve would answer anyone.
+    if (token.empty()) {
+      std::fprintf(stderr, "dedup serve: --auth-token-file: %s holds no token (empty or "
+                   "only line ends); write one of at least 16 printable characters\n",
+                   f.auth_token_file.c_str());
+      return kExitUsage;
     }
     o.auth_token = token;
   }
