@@ -8,7 +8,8 @@
 # 2. SIGTERM of `dedup exec`: exit 143, the claim is released, the next run runs.
 # 3. A command that is missing / not executable: 127 / 126, nothing recorded.
 # 4. Exit codes: ran (N), replayed ok (79), replayed failed (80), command exit 75
-#    (released), exhausted (69, and 69 again on every later run); busy (75) in 5.
+#    (released), exhausted (69, and 69 again on every later run), a lease shorter
+#    than the first look (75); busy (75) in 5.
 # 5. With a Redis store on 127.0.0.1:6470 (docs/PORTS.md; skipped without
 #    redis-server): the store stalls (SIGSTOP) and the command is stopped before
 #    its lease ends; exit 75; the next run after the lease takes over; a key
@@ -144,6 +145,16 @@ expect_rc 75 $? "attempt 1 of 1 asks for a retry"
 expect_rc 69 $? "attempts exhausted"
 "$dedup" exec --store "$store" --max-attempts 1 --key tired -- true 2>/dev/null
 expect_rc 69 $? "exhausted again, consistently"
+# A lease shorter than the supervisor's first look: the watchdog's SIGKILL at the
+# lease's end is the lease ending, exit 75 as for any lost lease, not 137 as if
+# something else had killed the command.
+for lease in 1ms 2ms; do
+  "$dedup" exec --store "$store" --lease "$lease" --key "short-$lease" -- sh -c 'sleep 0.3; echo done' \
+    >/dev/null 2>"$tmp/short.err"
+  expect_rc 75 $? "--lease $lease: the command outlives its lease"
+  grep -q 'lease was lost or could not be renewed' "$tmp/short.err" &&
+    pass "... and the message says the lease ended" || fail "... message: $(cat "$tmp/short.err")"
+done
 "$dedup" exec --help | grep -q '79 replayed' && pass "--help has the exit-code table" ||
   fail "--help lacks the exit-code table"
 

@@ -1104,6 +1104,9 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
   bool exited = false, watch_restart_failed = false, reaped_elsewhere = false;
   // The lease's end as last told to the watchdog (and to which one).
   Steady::time_point told_deadline{};
+  // The first deadline told: the watchdog may still act on any one told since
+  // (it reads them asynchronously), the first being the earliest.
+  Steady::time_point first_told_deadline{};
   uint64_t told_generation = 0;
   siginfo_t info{};
   while (!exited) {
@@ -1112,6 +1115,7 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
       if (deadline != told_deadline || generation_.load() != told_generation) {
         told_generation = generation_.load();
         told_deadline = deadline;
+        if (first_told_deadline == Steady::time_point{}) first_told_deadline = deadline;
         SetDeadline(pid, deadline);
       }
     }
@@ -1246,6 +1250,19 @@ StatusOr<HandlerExit> HandlerSupervisor::Run(const HandlerCommand& cmd, const Cl
     res.code = info.si_status;
   } else {
     res.signal = info.si_status;
+  }
+  if (!stopping && res.signal != 0 && claim != nullptr &&
+      (claim->lost() || Steady::now() >= claim->lease_deadline() ||
+       (res.signal == SIGKILL && first_told_deadline != Steady::time_point{} &&
+        Steady::now() >= first_told_deadline))) {
+    // Killed at or past the lease's end before this loop began the stop itself:
+    // the watchdog's SIGKILL at a deadline it was told, which a lease shorter
+    // than this loop's look (renewed every lease/3) can reach before the
+    // watchdog has read the renewed one. The lease ended as far as the handler's
+    // supervision knew, which is what a stop for a lost lease says (exit 75 from
+    // dedup exec, not 137 as if something else had killed the command).
+    stopping = true;
+    res.reason = HandlerExit::StopReason::kLeaseLost;
   }
   if (stopping) {
     res.how = HandlerExit::How::kStopped;
