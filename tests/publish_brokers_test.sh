@@ -165,6 +165,15 @@ nats)
   expect_rc "publish to the stream, now there" 0 \
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS" --id-prefix n- --count 2
   [[ "$out" != *"did not exist"* ]] || fail "an existing stream was said to be made: $out"
+  # --field id=VALUE is the key, as on a Redis stream: it goes to Nats-Msg-Id, so the
+  # worker has a key (it dead-lettered a keyless message) and the stream's duplicate
+  # window drops the same id published again.
+  expect_rc "--field id=42: stored" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS" --field id=42 --field amount=7
+  [[ "$out" == *"1 stored, 0 dropped"* ]] || fail "--field id=42 was not stored once: $out"
+  expect_rc "--field id=42 again: dropped by the duplicate window" 0 \
+    "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=JBOS" --field id=42 --field amount=7
+  [[ "$out" == *"0 stored, 1 dropped"* ]] || fail "--field id=42 did not set Nats-Msg-Id: $out"
   expect_rc "--quiet says nothing, not even that" 0 \
     "$dedup" publish --broker "nats://dedup:$pw@127.0.0.1:$port?stream=QUIET" --id-prefix n- --quiet
   [[ -z "$out" ]] || fail "--quiet printed: $out"

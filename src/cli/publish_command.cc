@@ -15,7 +15,8 @@
 // key=header:NAME names), each publish waits for its PubAck, and repeats the
 // stream dropped inside its duplicate window are counted.
 //
-// With --id-prefix every message gets id=<prefix><n>, n from --start. With
+// With --id-prefix every message gets id=<prefix><n>, n from --start; without it,
+// --field id=VALUE is the key RabbitMQ and NATS carry (message_id, Nats-Msg-Id). With
 // --duplicates F a fraction F of them is published a second time, a little later
 // in the stream (as a broker redelivery or a producer retry would).
 
@@ -92,6 +93,18 @@ std::vector<uint64_t> PublishOrder(const PublishFlags& f) {
   return order;
 }
 
+// The key of message n on brokers that carry it beside the body (RabbitMQ's
+// message_id or a header, NATS's Nats-Msg-Id or a header): <prefix><n> with
+// --id-prefix, else the value of --field id=VALUE (the field a Redis stream's
+// worker reads the key from), else none.
+std::string MessageKey(const PublishFlags& f, const Fields& fields, uint64_t n) {
+  if (!f.id_prefix.empty()) return f.id_prefix + std::to_string(n);
+  for (const auto& [k, v] : fields) {
+    if (k == "id") return v;
+  }
+  return "";
+}
+
 // The message body for brokers without fields: the --field list as NAME=VALUE
 // lines, or the id when there are none.
 std::string Body(const Fields& fields,
@@ -114,7 +127,7 @@ int PublishAmqp(const PublishFlags& f, const Fields& fields) {
   const std::vector<uint64_t> order = PublishOrder(f);
   uint64_t confirmed = 0, sent = 0;
   for (size_t i = 0; st.ok() && i < order.size(); ++i) {
-    const std::string id = f.id_prefix.empty() ? "" : f.id_prefix + std::to_string(order[i]);
+    const std::string id = MessageKey(f, fields, order[i]);
     rabbitmq::AmqpMessage m;
     m.body = Body(fields, id);
     if (o->key.kind == brokers::KeyKind::kHeader) {
@@ -162,7 +175,7 @@ int PublishNats(const PublishFlags& f, const Fields& fields) {
   }
   uint64_t stored = 0, dropped = 0;
   for (uint64_t n : PublishOrder(f)) {
-    const std::string id = f.id_prefix.empty() ? "" : f.id_prefix + std::to_string(n);
+    const std::string id = MessageKey(f, fields, n);
     bool duplicate = false;
     Status st = (*p)->Publish(id, Body(fields, id), &duplicate);
     if (!st.ok()) {
