@@ -14,13 +14,14 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/flags.h"
+#include "core/secret.h"
 #include "core/uri.h"
 #include "dedup/store.h"
 #include "serve/server.h"
@@ -32,6 +33,7 @@ struct ServeFlags {
   std::string store;
   std::string listen = "127.0.0.1:8077";
   std::string auth_token_file;
+  bool auth_token_given = false;
   bool quiet = false;
   serve::ServeOptions o;
 };
@@ -72,37 +74,16 @@ int RunServe(ServeFlags& f) {
                  f.listen.c_str());
     return kExitUsage;
   }
-  if (!f.auth_token_file.empty()) {
-    std::ifstream in(f.auth_token_file);
-    if (!in) {
-      std::fprintf(stderr, "dedup serve: --auth-token-file: cannot read %s\n",
-                   f.auth_token_file.c_str());
+  // Given, even as "", the file must hold a token: an empty one (a secret not
+  // mounted yet) must not turn the token check off. Read as every secret file is.
+  if (f.auth_token_given) {
+    auto token = internal::ReadSecretFile("--auth-token-file", "--auth-token-file",
+                                          f.auth_token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "dedup serve: %s\n", token.status().message().c_str());
       return kExitUsage;
     }
-    // A token is a line; a file far longer than one (or endless, /dev/zero) is
-    // not a token file, and is not read to its end.
-    constexpr size_t kMaxTokenFile = 4096;
-    std::string token(kMaxTokenFile + 1, '\0');
-    in.read(token.data(), static_cast<std::streamsize>(token.size()));
-    token.resize(static_cast<size_t>(in.gcount()));
-    if (token.size() > kMaxTokenFile) {
-      std::fprintf(stderr, "dedup serve: --auth-token-file: %s is longer than %zu bytes: "
-                   "not a token file\n", f.auth_token_file.c_str(), kMaxTokenFile);
-      return kExitUsage;
-    }
-    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' ||
-                              token.back() == ' ')) {
-      token.pop_back();
-    }
-    // An empty file (a secret not mounted yet, a truncated one) must not turn
-    // the token check off: without a token serve would answer anyone.
-    if (token.empty()) {
-      std::fprintf(stderr, "dedup serve: --auth-token-file: %s holds no token (empty or "
-                   "only line ends); write one of at least 16 printable characters\n",
-                   f.auth_token_file.c_str());
-      return kExitUsage;
-    }
-    o.auth_token = token;
+    o.auth_token = std::move(token).value();
   }
   // Known before the store is opened, so that no message of serve carries it.
   if (auto u = internal::ParseUri(f.store); u.ok() && u->has_password) {
@@ -160,7 +141,7 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
   app->add_option("--listen", f->listen,
                   "HOST:PORT to listen on; not loopback needs --auth-token-file")
       ->capture_default_str();
-  app->add_option("--auth-token-file", f->auth_token_file,
+  CLI::Option* token_file = app->add_option("--auth-token-file", f->auth_token_file,
                   "File holding the token (16 or more printable characters) every request "
                   "must carry, as Authorization: Bearer T or Dedup-Token: T");
   CLI::Option* proxy = app->add_option(
@@ -207,7 +188,10 @@ void RegisterServe(CLI::App& root, CommandContext& ctx) {
                     "given up and the connection reset (a client that does not read)",
                     DurationBound::kPositive);
   app->add_flag("--quiet", f->quiet, "No line per request on stderr");
-  app->callback([f, &ctx] { ctx.exit_code = RunServe(*f); });
+  app->callback([f, token_file, &ctx] {
+    f->auth_token_given = token_file->count() > 0;
+    ctx.exit_code = RunServe(*f);
+  });
 }
 
 }  // namespace dedup::cli

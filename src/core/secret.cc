@@ -16,19 +16,29 @@ namespace dedup::internal {
 StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view param,
                                      const std::string& file) {
   const std::string p(param);
-  // "password_file" names a "password file", "token_file" a "token file".
-  const std::string noun = p.ends_with("_file") ? p.substr(0, p.size() - 5) : p;
-  if (file.empty()) return Status::InvalidArgument(what + ": " + p + "= is empty");
+  // "password_file" names a "password file", "token_file" and "--auth-token-file"
+  // a "token file": the last word before "file".
+  std::string noun = p;
+  if (noun.ends_with("_file") || noun.ends_with("-file")) noun.resize(noun.size() - 5);
+  if (size_t cut = noun.find_last_of("-_"); cut != std::string::npos) noun.erase(0, cut + 1);
+  // A URI parameter is named as written in the URI (password_file=), a flag as a flag.
+  const bool flag = p.starts_with("--");
+  if (file.empty()) {
+    return Status::InvalidArgument(what + ": " + (flag ? "no file named (the value is empty)"
+                                                       : p + "= is empty"));
+  }
+  // "password_file '/x'"; a flag is already named by `what`: "'/x'".
+  const std::string named = (flag ? "" : p + " ") + "'" + file + "'";
   std::ifstream in(file, std::ios::binary);
   if (!in) {
-    return Status::InvalidArgument(what + ": cannot read " + p + " '" + file +
-                                   "': " + std::strerror(errno));
+    return Status::InvalidArgument(what + ": cannot read " + named + ": " +
+                                   std::strerror(errno));
   }
   // A directory opens, and reads as nothing; /dev/zero or a huge file would be
   // read without end. Neither is a secret file: named for what it is.
   std::error_code ec;
   if (std::filesystem::is_directory(file, ec)) {
-    return Status::InvalidArgument(what + ": " + p + " '" + file + "' is a directory");
+    return Status::InvalidArgument(what + ": " + named + " is a directory");
   }
   std::string secret;
   secret.resize(kMaxPasswordFileBytes + 1);
@@ -36,13 +46,17 @@ StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view p
   secret.resize(static_cast<size_t>(in.gcount()));
   if (secret.size() > kMaxPasswordFileBytes) {
     secret.clear();
-    return Status::InvalidArgument(what + ": " + p + " '" + file + "' is larger than " +
+    return Status::InvalidArgument(what + ": " + named + " is larger than " +
                                    std::to_string(kMaxPasswordFileBytes / 1024) +
                                    " KiB: not a " + noun + " file");
   }
   if (!secret.empty() && secret.back() == '\n') secret.pop_back();
   if (!secret.empty() && secret.back() == '\r') secret.pop_back();
-  if (secret.empty()) return Status::InvalidArgument(what + ": " + p + " '" + file + "' is empty");
+  // An empty file (a secret not mounted yet, a truncated one) is refused: read as
+  // "no secret" it would turn a password or token check off.
+  if (secret.empty()) {
+    return Status::InvalidArgument(what + ": " + named + " is empty: it holds no " + noun);
+  }
   return secret;
 }
 

@@ -55,9 +55,10 @@ struct CredentialRules {
 };
 
 // The secret in `file`, named by URI parameter `param` ("password_file",
-// "token_file"): the whole file, at most kMaxPasswordFileBytes, one trailing
-// newline (LF or CR LF) dropped. InvalidArgument "<what>: ..." naming the file
-// (missing, a directory, empty, too large), never what it holds.
+// "token_file") or by a flag ("--auth-token-file", dedup serve): the whole file,
+// at most kMaxPasswordFileBytes, one trailing newline (LF or CR LF) dropped.
+// InvalidArgument "<what>: ..." naming the file (missing, a directory, empty,
+// too large), never what it holds. One rule for every secret file dedup reads.
 StatusOr<std::string> ReadSecretFile(const std::string& what, std::string_view param,
                                      const std::string& file);
 
