@@ -148,6 +148,16 @@ call POST /v1/keys/bad-2/claim '{not json'
 check "a body that is not JSON: 400" [ "$code" = 400 ]
 call POST /v1/keys/bad-3/claim '{"lease_ms":"soon"}'
 check "a lease that is not a number: 400" [ "$code" = 400 ]
+# One message for every lease or retention that is not one (0 was "lease must be
+# positive", 1.5 "lease_ms must be a non-negative integer"), naming the value.
+for v in 0 1.5 -5 '"30s"'; do
+  call POST /v1/keys/bad-3/claim "{\"lease_ms\":$v}"
+  check "lease_ms $v: 400, a whole number of milliseconds" eval '[ "$code" = 400 ] && grep -q "lease_ms must be a whole number of milliseconds from 1" <<<"$body"'
+done
+call POST /v1/keys/bad-3/claim '{"retention_ms":2.5}'
+check "retention_ms 2.5: 400, the same words" eval '[ "$code" = 400 ] && grep -q "retention_ms must be a whole number of milliseconds from 1" <<<"$body"'
+call GET /v1/keys/bad-3
+check "... and nothing was written" [ "$code" = 404 ]
 long=$(head -c 1025 /dev/zero | tr '\0' k)
 call POST "/v1/keys/$long/claim" '{}'
 check "a 1025-byte key: 400 naming the key" eval '[ "$code" = 400 ] && grep -qi key <<<"$body"' 

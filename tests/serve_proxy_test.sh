@@ -180,6 +180,9 @@ check "its repeat is not forwarded and says the body was not kept" \
 serve_stop $app_pid
 post /charge k-4 '{"amount":1}'
 check "the app down: 502" [ "$code" = 502 ]
+# Said in words (cpp-httplib's own name for it was the one word "Connection"),
+# without the application's address, which the proxy's clients need not know.
+check "... saying it could not connect, not where" eval 'grep -q "could not connect" <<<"$body" && ! grep -q "$app_port" <<<"$body"'
 serve_start $app_port "$tmp/app2.log" python3 "$root/tests/serve_app.py" $app_port "$tmp/calls"
 before=$(calls)
 post /charge k-4 '{"amount":1}'

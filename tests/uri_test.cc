@@ -73,6 +73,14 @@ TEST(Uri, Malformed) {
   EXPECT_EQ(ParseUri("rocksdb:/x%4").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseUri("rocksdb:/x?novalue").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseUri("ro cks:/x").status().code(), StatusCode::kInvalidArgument);
+  // RFC 3986: a scheme starts with a letter. "127.0.0.1:6379" is a host and port
+  // whose scheme was left out, not a URI of scheme "127.0.0.1".
+  auto hp = ParseUri("127.0.0.1:6379");
+  ASSERT_FALSE(hp.ok());
+  EXPECT_NE(hp.status().message().find("does not start with a scheme"), std::string::npos)
+      << hp.status();
+  EXPECT_FALSE(UriScheme("127.0.0.1:6379").has_value());
+  EXPECT_EQ(UriScheme("redis+cluster://h:1"), "redis+cluster");
 }
 
 // A parameter given twice is refused by name, on every scheme: before, the first

@@ -43,7 +43,10 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
 
 // Letters, digits, '+', '-', '.': what a scheme is made of (RFC 3986 allows no
 // more; its first-letter rule is not enforced here).
+// RFC 3986: a letter, then letters, digits, '+', '-' and '.'. "127.0.0.1:6379"
+// (a host and port, the scheme forgotten) is not a URI whose scheme is "127.0.0.1".
 bool IsSchemeText(std::string_view s) {
+  if (s.empty() || !std::isalpha(static_cast<unsigned char>(s[0]))) return false;
   for (char c : s) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.')) {
       return false;
@@ -163,8 +166,8 @@ StatusOr<Uri> ParseUri(std::string_view text) {
   u.scheme.assign(text.substr(0, colon));
   if (!IsSchemeText(u.scheme)) {
     return Status::InvalidArgument(
-        "URI does not start with a scheme (letters, digits, '+', '-', '.' before the first "
-        "':'), e.g. redis://HOST:PORT");
+        "URI does not start with a scheme (a letter, then letters, digits, '+', '-', '.' "
+        "before the first ':'), e.g. redis://HOST:PORT");
   }
   std::string_view rest = text.substr(colon + 1);
   bool had_userinfo = false;  // an '@' before the query
@@ -375,7 +378,14 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
     int p = 0;
     auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
     if (ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535) {
-      return bad("the port is not a number from 1 to 65535");
+      // Not echoed (see above): said why, so that '***' is not read as a redaction
+      // of something the user did not write.
+      const bool shown = !port.empty() && std::all_of(port.begin(), port.end(), [](char ch) {
+        return ch >= '0' && ch <= '9';
+      });
+      return bad(shown ? "the port is not a number from 1 to 65535"
+                       : "the port is not a number from 1 to 65535 (what follows ':' is not "
+                         "shown: it may be a password whose host was left out)");
     }
     hp.port = p;
   }

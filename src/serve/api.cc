@@ -160,6 +160,20 @@ StatusOr<int64_t> GetInt(const Json& j, const char* name, int64_t def) {
   return v.get<int64_t>();
 }
 
+// A duration field in milliseconds, or `def` when absent: one message for every
+// value that is not one (0, -5, 1.5, "30s"), naming the field and the value.
+StatusOr<Millis> GetMillis(const Json& j, const char* name, int64_t def) {
+  if (!j.contains(name)) return Millis(def);
+  const Json& v = j[name];
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0 || Millis(v.get<int64_t>()) > kMaxDuration) {
+    return Status::InvalidArgument(std::string(name) +
+                                   " must be a whole number of milliseconds from 1 to " +
+                                   std::to_string(kMaxDuration.count()) + " (10 years), got " +
+                                   internal::PrintableCut(v.dump(), 32));
+  }
+  return Millis(v.get<int64_t>());
+}
+
 StatusOr<Token> GetToken(const Json& j) {
   if (!j.contains("token") || !j["token"].is_string()) {
     return Status::InvalidArgument("token (16 hex digits, from the claim) is required");
@@ -219,11 +233,11 @@ void Server::Impl::RegisterApi() {
       const auto t0 = std::chrono::steady_clock::now();
       StatusOr<WriteResult> r = Status::Internal("unreachable");
       if (op == "extend") {
-        auto lease = GetInt(*body, "lease_ms", 30'000);
+        auto lease = GetMillis(*body, "lease_ms", 30'000);
         if (!lease.ok()) return s.SendStatus(res, lease.status());
-        r = s.store->Extend(key, *token, Millis(*lease));
+        r = s.store->Extend(key, *token, *lease);
       } else if (op == "complete") {
-        auto retention = GetInt(*body, "retention_ms", 86'400'000);
+        auto retention = GetMillis(*body, "retention_ms", 86'400'000);
         if (!retention.ok()) return s.SendStatus(res, retention.status());
         CompletionStatus cs = CompletionStatus::kOk;
         if (body->contains("status")) {
@@ -237,12 +251,12 @@ void Server::Impl::RegisterApi() {
         }
         auto result = GetBytes(*body, "result");
         if (!result.ok()) return s.SendStatus(res, result.status());
-        r = s.store->Complete(key, *token, Millis(*retention), cs,
+        r = s.store->Complete(key, *token, *retention, cs,
                               result->value_or(std::string()));
       } else {
-        auto retention = GetInt(*body, "retention_ms", 86'400'000);
+        auto retention = GetMillis(*body, "retention_ms", 86'400'000);
         if (!retention.ok()) return s.SendStatus(res, retention.status());
-        r = s.store->Release(key, *token, Millis(*retention));
+        r = s.store->Release(key, *token, *retention);
       }
       write_seconds->Observe(SecondsSince(t0));
       if (!r.ok()) {
@@ -269,8 +283,8 @@ void Server::Impl::RegisterApi() {
     ClaimRequest c;
     const std::string key = req.matches[1];
     c.key = key;
-    auto lease = GetInt(*body, "lease_ms", 30'000);
-    auto retention = GetInt(*body, "retention_ms", 86'400'000);
+    auto lease = GetMillis(*body, "lease_ms", 30'000);
+    auto retention = GetMillis(*body, "retention_ms", 86'400'000);
     auto max_attempts = GetInt(*body, "max_attempts", 0);
     auto fingerprint = GetBytes(*body, "fingerprint");
     for (const Status& st : {lease.status(), retention.status(), max_attempts.status(),
@@ -280,8 +294,8 @@ void Server::Impl::RegisterApi() {
     if (*max_attempts > UINT32_MAX) {
       return s.SendStatus(res, Status::InvalidArgument("max_attempts is too large"));
     }
-    c.lease = Millis(*lease);
-    c.retention = Millis(*retention);
+    c.lease = *lease;
+    c.retention = *retention;
     c.max_attempts = static_cast<uint32_t>(*max_attempts);
     const std::string fp = fingerprint->value_or(std::string());
     c.fingerprint = fp;

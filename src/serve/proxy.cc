@@ -23,6 +23,9 @@
 // the header pass through, but for hop-by-hop headers and dedup's own
 // Dedup-Token, Dedup-Fence (their '_' variants too) and dedup_token cookie.
 
+#include <arpa/inet.h>
+
+#include <cctype>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -146,6 +149,21 @@ struct Upstream {
   std::string body;
 };
 
+// cpp-httplib names its errors by their enumerator ("Connection"): said in words.
+std::string DescribeError(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection:
+      return "could not connect (nothing listening, or unreachable)";
+    case httplib::Error::ConnectionTimeout: return "connecting timed out (5 s)";
+    case httplib::Error::Read:
+      return "no whole response: the connection closed, failed or timed out (60 s) while "
+             "reading it";
+    case httplib::Error::Write: return "the request could not be sent (connection failed)";
+    case httplib::Error::Canceled: return "the request was cancelled";
+    default: return "cpp-httplib error " + httplib::to_string(e);
+  }
+}
+
 // Sends the request on to the application, with the Content-Type serve hid from
 // cpp-httplib given back (RequestContext::hidden_content_type) and the claim's
 // fence in Dedup-Fence when it has one (0: not claimed). Unavailable when no
@@ -194,8 +212,8 @@ StatusOr<Upstream> Forward(ProxyTarget& t, const httplib::Request& req,
   fwd.body = req.body;
   auto res = cli->send(fwd);
   if (!res) {
-    return Status::Unavailable("the application did not answer: " +
-                               httplib::to_string(res.error()));
+    // The application's address is not in it: the 502 goes to the proxy's clients.
+    return Status::Unavailable("the application did not answer: " + DescribeError(res.error()));
   }
   Upstream up{res->status, res->headers, std::move(res->body)};
   {
@@ -416,6 +434,30 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Whether a connection to `target` reaches a listener bound to `listen`: the same
+// name, or a loopback name where serve listens on loopback or on every address.
+bool SameHostForListener(std::string listen, std::string target) {
+  auto unbracket = [](std::string h) {
+    if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+    for (char& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return h;
+  };
+  listen = unbracket(listen);
+  target = unbracket(target);
+  if (listen == target) return true;
+  auto loopback = [](const std::string& h) {
+    if (h == "localhost" || h == "::1") return true;
+    in_addr a{};
+    return inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+  };
+  // "localhost" is 127.0.0.1 or ::1 (127.0.0.2 is another address).
+  auto localhost = [](const std::string& a, const std::string& b) {
+    return a == "localhost" && (b == "127.0.0.1" || b == "::1");
+  };
+  const bool any = listen == "0.0.0.0" || listen == "::" || listen.empty();
+  return (any && loopback(target)) || localhost(listen, target) || localhost(target, listen);
+}
+
 }  // namespace
 
 ProxyTarget::ProxyTarget() = default;
@@ -427,9 +469,17 @@ Status Server::Impl::SetUpProxy() {
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
   auto t = std::make_unique<ProxyTarget>();
   // Echoed redacted: "http://user:pass@h" holds a password.
-  if (rest.empty() || rest.find('/') != std::string::npos || rest.find('@') != std::string::npos) {
+  if (rest.empty() || rest.find('@') != std::string::npos) {
     return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT, got '" +
                                    internal::RedactUri(o.proxy) + "'");
+  }
+  // Each request's own path and query are forwarded: a base path or query here
+  // would be dropped, so it is named rather than read as part of the port.
+  if (rest.find_first_of("/?#") != std::string::npos) {
+    return Status::InvalidArgument(
+        "--proxy: give the application as http://HOST:PORT, without a path, query or "
+        "fragment (each request's own are forwarded), got '" + internal::RedactUri(o.proxy) +
+        "'");
   }
   // The one host grammar (core/uri.h): it never echoes a port that is not a number
   // ("http://user:pass", the "@host" forgotten).
@@ -437,6 +487,13 @@ Status Server::Impl::SetUpProxy() {
   if (!hp.ok()) return hp.status();
   t->host = hp->host;
   if (hp->port != 0) t->port = hp->port;
+  // Pointed at serve's own listener, every request would be forwarded to itself
+  // until every connection thread waits on another: refused at start.
+  if (t->port == o.port && SameHostForListener(o.host, t->host)) {
+    return Status::InvalidArgument("--proxy " + internal::RedactUri(o.proxy) +
+                                   " is this server's own --listen address: give the "
+                                   "application's");
+  }
   t->heartbeats = std::make_unique<Heartbeats>(store);
   proxy = std::move(t);
   return Status::Ok();
@@ -546,7 +603,7 @@ void Server::Impl::RegisterProxy() {
         count("mismatch");
         return s.SendProblem(res, 422, "Unprocessable Content",
                              "this Idempotency-Key was used with a different request "
-                             "(method, target or body)");
+                             "(method, target, Authorization, Content-Type or body)");
       case ClaimOutcome::kExhausted:
         count("exhausted");
         return s.SendProblem(res, 410, "Gone", "this Idempotency-Key ran out of attempts");

@@ -211,6 +211,13 @@ Status ValidateServeOptions(const ServeOptions& o) {
       return Status::InvalidArgument(
           "--proxy: give the application as http://HOST:PORT (the value given has no scheme)");
     }
+    // "localhost:3000": a host and port, http:// left out.
+    const std::string_view after = std::string_view(o.proxy).substr(scheme->size() + 1);
+    if (!after.empty() && after.find_first_not_of("0123456789") == std::string_view::npos) {
+      return Status::InvalidArgument(
+          "--proxy: give the application as http://HOST:PORT (the value given has no scheme: "
+          "write http://" + o.proxy + ")");
+    }
     if (*scheme != "http") {
       return Status::InvalidArgument("--proxy: give the application as http://HOST:PORT (scheme " +
                                      internal::SchemeForMessage(*scheme) + " is not http)");
