@@ -15,7 +15,8 @@
 #
 # Starts its own redis-server on 127.0.0.1:${DEDUP_CLI_HARDENING_REDIS_PORT:-6492}
 # (docs/PORTS.md) in a temporary directory and stops it, and the worker it starts,
-# by PID on exit.
+# by PID on exit. The serve cases are refused before serve binds 127.0.0.1:8139
+# (docs/PORTS.md); one that were not would hold it only until its 5 s timeout.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dedup=${1:?usage: cli_hardening_test.sh DEDUP_CLI}
@@ -308,6 +309,41 @@ for flag in "--lease 5s" "--retention 1h" "--key-prefix p:" "--max-response-byte
     --listen 127.0.0.1:0 "${fl[@]}"
   [[ "$out" == *--proxy* ]] || fail "serve $flag: $out"
 done
+# --proxy values that are not an application's address, each named for what is
+# wrong: a query was "the port is not a number", host:PORT without http:// was
+# "scheme '127.0.0.1' is not http", and serve's own address was accepted (every
+# request forwarded to itself until no connection thread was left).
+for case in "http://localhost:3000?x=1|without a path, query" \
+            "http://127.0.0.1:3000/api|without a path, query" \
+            "127.0.0.1:3000|has no scheme" \
+            "http://127.0.0.1:8139|own --listen address" \
+            "http://localhost:8139|own --listen address"; do
+  IFS='|' read -r value want <<<"$case"
+  expect_rc "serve --proxy $value is refused" 2 timeout 5 "$dedup" serve --store memory: \
+    --listen 127.0.0.1:8139 --proxy "$value"
+  [[ "$out" == *"$want"* ]] || fail "serve --proxy $value: want '$want': $out"
+done
+printf 'tok-%s\n' 0123456789abcdef >"$tmp/token16"
+expect_rc "serve --proxy to its own port on 0.0.0.0 is refused" 2 timeout 5 "$dedup" serve \
+  --store memory: --listen 0.0.0.0:8139 --auth-token-file "$tmp/token16" --proxy http://127.0.0.1:8139
+[[ "$out" == *"own --listen address"* ]] || fail "0.0.0.0 self-proxy: $out"
+# A --auth-token-file given as "" was read as no token file at all.
+expect_rc 'serve --auth-token-file "" is refused' 2 timeout 5 "$dedup" serve --store memory: \
+  --listen 127.0.0.1:8139 --auth-token-file ""
+[[ "$out" == *--auth-token-file* && "$out" == *empty* ]] || fail 'auth-token-file "": '"$out"
+# A port that is not a number is hidden (it may be a password) and the message says
+# why, instead of showing '***' as if the user had typed a secret there.
+expect_rc "redis://127.0.0.1:abc is refused" 2 "$dedup" exec --store "redis://127.0.0.1:abc" --key k -- true
+[[ "$out" == *"not shown"* && "$out" != *abc* ]] || fail "redis port abc: $out"
+# --textbook-ttl without --pattern textbook was accepted by simulate (and ignored).
+expect_rc "simulate --textbook-ttl without --pattern textbook is refused" 2 \
+  "$dedup" simulate --messages 10 --textbook-ttl 5s
+[[ "$out" == *"needs --pattern textbook"* ]] || fail "simulate --textbook-ttl: $out"
+# A lease under 1s ("30ms" typed for "30s") runs, with a warning saying so.
+expect_rc "exec --lease 30ms runs" 0 "$dedup" exec --store memory: --key k --lease 30ms -- true
+[[ "$out" == *"warning: --lease 30ms is under 1s"* ]] || fail "exec --lease 30ms: no warning: $out"
+expect_rc "exec --lease 30s gives no such warning" 0 "$dedup" exec --store memory: --key k --lease 30s -- true
+[[ "$out" != *"--lease"* ]] || fail "exec --lease 30s warned: $out"
 # A %00 in a RocksDB path: the file system cut the path at the NUL and created the
 # directory before it.
 expect_rc "a NUL in a rocksdb: path is refused" 2 "$dedup" exec --store "rocksdb:$tmp/nul%00x" --key k -- true

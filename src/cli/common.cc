@@ -53,4 +53,12 @@ OpenOptions WarnOnStderr(std::string who) {
   return o;
 }
 
+void WarnIfShortLease(const char* who, Millis lease) {
+  if (lease >= Millis(1000)) return;
+  std::fprintf(stderr,
+               "%s: warning: --lease %lldms is under 1s: work still running when it ends is "
+               "stopped and retried (was %llds meant?)\n",
+               who, static_cast<long long>(lease.count()), static_cast<long long>(lease.count()));
+}
+
 }  // namespace dedup::cli

@@ -58,6 +58,11 @@ std::string FormatMillisUtc(int64_t millis);
 // "<who>: warning: ..." (e.g. Redis with an evicting maxmemory-policy or no AOF).
 OpenOptions WarnOnStderr(std::string who);
 
+// A --lease under 1 s given to a command that runs real work (`dedup exec`,
+// `dedup worker`) is legal but rarely meant ("30ms" typed for "30s"): the work is
+// stopped when it outlives it. Says so on stderr, as "<who>: warning: ...".
+void WarnIfShortLease(const char* who, Millis lease);
+
 // Parses "name=value".
 std::optional<std::pair<std::string, std::string>> SplitField(const std::string& kv);
 

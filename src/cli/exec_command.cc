@@ -143,6 +143,7 @@ int RunExec(const ExecFlags& f) {
   sa.sa_handler = OnStop;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+  WarnIfShortLease("dedup exec", f.lease);
   // Before anything else: the watchdog is a fork of this process.
   SupervisorOptions so;
   so.grace = f.stop_grace;

@@ -116,10 +116,11 @@ void RegisterSimulate(CLI::App& root, CommandContext& ctx) {
   AddDurationOption(*app, "--retention", &o.retention, "How long a completed record is kept",
                     DurationBound::kPositive)
       ->group("Timing");
-  AddDurationOption(*app, "--textbook-ttl", &o.textbook_ttl,
-                    "Textbook pattern: the key's one TTL (lease and memory of done)",
-                    DurationBound::kPositive)
-      ->group("Timing");
+  CLI::Option* textbook_ttl =
+      AddDurationOption(*app, "--textbook-ttl", &o.textbook_ttl,
+                        "Textbook pattern: the key's one TTL (lease and memory of done)",
+                        DurationBound::kPositive)
+          ->group("Timing");
   AddDurationOption(*app, "--visibility-timeout", &o.visibility_timeout,
                     "Broker redelivers a message not acked within this",
                     DurationBound::kPositive)
@@ -161,7 +162,16 @@ void RegisterSimulate(CLI::App& root, CommandContext& ctx) {
                     "Per message: the handler always fails permanently (dead-letter)")
       ->group("Faults");
 
-  app->callback([flags, &ctx] { ctx.exit_code = RunSimulateCommand(*flags); });
+  app->callback([flags, textbook_ttl, &ctx] {
+    // Ignored by the dedup pattern: refused, so that a forgotten --pattern textbook
+    // is not a run of the other pattern (as dedup worker refuses it).
+    if (textbook_ttl->count() > 0 && flags->options.pattern != Pattern::kTextbook) {
+      std::fprintf(stderr, "dedup simulate: --textbook-ttl needs --pattern textbook\n");
+      ctx.exit_code = kExitUsage;
+      return;
+    }
+    ctx.exit_code = RunSimulateCommand(*flags);
+  });
 }
 
 }  // namespace dedup::cli

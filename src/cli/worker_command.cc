@@ -209,6 +209,7 @@ int RunWorkerCommand(const WorkerFlags& f) {
     return kExitUsage;
   }
   const bool redis_broker = *scheme == "redis";
+  if (f.pattern == "dedup") WarnIfShortLease("dedup worker", f.lease);
   ExecHandlerOptions eo;
   eo.command = f.exec;
   eo.shell = !f.no_shell;
