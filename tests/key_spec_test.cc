@@ -136,6 +136,31 @@ std::string ErrorOf(const StatusOr<Options>& o) {
   return o.ok() ? "(accepted)" : o.status().message();
 }
 
+// prefix= leaves room for a key on every broker: a prefix of 1024 bytes (961
+// before key=sha256's 64 hex digits) made every key longer than a store takes,
+// and the whole queue was dead-lettered. Refused when the URI is read.
+TEST(KeySpec, APrefixThatLeavesNoRoomForAKeyIsRefused) {
+  EXPECT_TRUE(CheckKeyPrefix(std::string(1023, 'p'), false, "x").ok());
+  EXPECT_FALSE(CheckKeyPrefix(std::string(1024, 'p'), false, "x").ok());
+  EXPECT_TRUE(CheckKeyPrefix(std::string(960, 'p'), true, "x").ok());
+  EXPECT_FALSE(CheckKeyPrefix(std::string(961, 'p'), true, "x").ok());
+  const std::string p1024 = "&prefix=" + std::string(1024, 'p');
+  auto w = WorkerOptionsFromUri("redis://127.0.0.1:1?stream=s&group=g" + p1024);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("prefix= is 1024 bytes"), std::string::npos) << w.status();
+  EXPECT_EQ(w.status().message().find("pppp"), std::string::npos) << "the prefix is not echoed";
+#ifdef DEDUP_WITH_RABBITMQ
+  auto a = rabbitmq::ParseRabbitMqUri("amqp://h?queue=q" + p1024);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("prefix= is 1024 bytes"), std::string::npos) << a.status();
+  rabbitmq::RabbitMqOptions built = *rabbitmq::ParseRabbitMqUri("amqp://h?queue=q");
+  built.key_prefix = std::string(1024, 'p');
+  auto src = rabbitmq::OpenRabbitMqSource(built);
+  ASSERT_FALSE(src.ok());
+  EXPECT_EQ(src.status().code(), StatusCode::kInvalidArgument) << src.status();
+#endif
+}
+
 #ifdef DEDUP_WITH_RABBITMQ
 TEST(KeySpec, AmqpUri) {
   auto parse = [](const std::string& key) {

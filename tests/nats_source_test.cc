@@ -308,6 +308,45 @@ TEST(NatsUriTest, APathIsRefusedSoATokenWithASlashIsNotReadAsAHost) {
 
 // "nats://user:pass" with the "@host" forgotten: the password was echoed as the
 // host of the connect error ("nats default:hunter2: connect: Invalid Argument").
+// nats.c puts the user, password and token into its CONNECT JSON unescaped: a
+// password 'x","pass":"real' logged in with "real", and a backslash or a line
+// end made every connect a "Protocol Error" (exit 75, for ever). Refused when
+// the URI is read (and by Connect, for options built in C++), never echoed.
+TEST(NatsUriTest, ACredentialThatWouldBreakTheConnectJsonIsRefused) {
+  for (const std::string uri :
+       {"nats://alice:x%22,%22pass%22:%22Secret9@127.0.0.1:1?stream=S&consumer=c",
+        "nats://alice:x%5CSecret9@127.0.0.1:1?stream=S&consumer=c",
+        "nats://alice:x%0D%0ASecret9@127.0.0.1:1?stream=S&consumer=c",
+        "nats://al%22ice:Secret9@127.0.0.1:1?stream=S&consumer=c",
+        "nats://tok%22Secret9@127.0.0.1:1?stream=S&consumer=c"}) {
+    auto o = ParseNatsUri(uri);
+    ASSERT_FALSE(o.ok()) << uri;
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << o.status().ToString();
+    EXPECT_NE(o.status().message().find("CONNECT"), std::string::npos) << o.status().ToString();
+    EXPECT_EQ(o.status().message().find("Secret9"), std::string::npos) << o.status().ToString();
+  }
+  auto fine = ParseNatsUri("nats://alice:Sec%2Fret@127.0.0.1:1?stream=S&consumer=c");
+  ASSERT_TRUE(fine.ok()) << fine.status().ToString();
+  NatsOptions built = *fine;
+  built.password = "a\"b";
+  auto src = OpenNatsSource(built);
+  ASSERT_FALSE(src.ok());
+  EXPECT_EQ(src.status().code(), StatusCode::kInvalidArgument) << src.status().ToString();
+}
+
+// prefix= of 1024 bytes or more (1024 - 64 before key=sha256) makes every key
+// longer than a store takes: every message was dead-lettered. Refused at start.
+TEST(NatsUriTest, APrefixThatLeavesNoRoomForAKeyIsRefused) {
+  const std::string base = "nats://127.0.0.1:1?stream=S&consumer=c&prefix=";
+  EXPECT_TRUE(ParseNatsUri(base + std::string(1023, 'p')).ok());
+  auto o = ParseNatsUri(base + std::string(1024, 'p'));
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("prefix= is 1024 bytes"), std::string::npos)
+      << o.status().ToString();
+  EXPECT_FALSE(ParseNatsUri(base + std::string(961, 'p') + "&key=sha256").ok());
+  EXPECT_TRUE(ParseNatsUri(base + std::string(960, 'p') + "&key=sha256").ok());
+}
+
 TEST(NatsUriTest, APasswordReadAsAPortIsNotEchoed) {
   auto o = ParseNatsUri("nats://default:hunter2?stream=S&consumer=c");
   ASSERT_FALSE(o.ok());
@@ -474,12 +513,14 @@ class RawNats {
     if (js_ != nullptr) jsCtx_Destroy(js_);
     if (nc_ != nullptr) natsConnection_Destroy(nc_);
   }
-  // Adds durable pull consumer `name` on `stream`, filtered on `subject`.
+  // Adds durable pull consumer `name` on `stream`, filtered on `subject` (a push
+  // consumer when `deliver_subject` is given).
   void AddConsumer(const std::string& stream, const std::string& name, const std::string& subject,
-                   jsAckPolicy policy, int64_t max_deliver) {
+                   jsAckPolicy policy, int64_t max_deliver, const std::string& deliver_subject = "") {
     jsConsumerConfig cc;
     jsConsumerConfig_Init(&cc);
     cc.Durable = name.c_str();
+    cc.DeliverSubject = deliver_subject.empty() ? nullptr : deliver_subject.c_str();
     cc.AckPolicy = policy;
     cc.MaxDeliver = max_deliver;
     cc.FilterSubject = subject.empty() ? nullptr : subject.c_str();
@@ -587,6 +628,39 @@ TEST_F(NatsSourceTest, AnExistingConsumerThatAcksOrDropsUnrecordedWorkIsRefused)
   ASSERT_TRUE(OpenNatsSource(Uri()).ok());
   auto again = OpenNatsSource(Uri());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A push consumer (with a deliver subject): nats.c's pull subscribe failed with
+// "pull subscribe push1: Error", UNAVAILABLE, which the worker read as "try
+// again later" (exit 75) every time. Refused naming what it is.
+TEST_F(NatsSourceTest, AnExistingPushConsumerIsRefusedNamingIt) {
+  Publish("m", "x");  // creates the stream
+  RawNats raw;
+  raw.AddConsumer(stream_, "push1", stream_ + ".in", js_AckExplicit, -1, "deliver." + stream_);
+  auto src = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "&subject=" + stream_ +
+                            ".in&consumer=push1");
+  ASSERT_FALSE(src.ok()) << "a push consumer was accepted";
+  EXPECT_EQ(src.status().code(), StatusCode::kFailedPrecondition) << src.status().ToString();
+  EXPECT_NE(src.status().message().find("push consumer"), std::string::npos)
+      << src.status().ToString();
+}
+
+// A subject= the existing stream does not hold (the default, the stream's own
+// name, among them) was refused by the server as "add consumer nosub: Not Found
+// (JetStream error 10014)"; publish named the stream's subjects. Now both do.
+TEST_F(NatsSourceTest, ASubjectTheStreamDoesNotHoldIsNamedAtOpen) {
+  Publish("m", "x");  // stream_ holds stream_.in
+  for (const std::string& extra : {std::string(), "&subject=" + stream_ + ".typo"}) {
+    auto src = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "&consumer=nosub" + extra);
+    ASSERT_FALSE(src.ok()) << "subject not held, accepted: " << extra;
+    EXPECT_EQ(src.status().code(), StatusCode::kFailedPrecondition) << src.status().ToString();
+    EXPECT_NE(src.status().message().find("holds subjects " + stream_ + ".in"), std::string::npos)
+        << src.status().ToString();
+  }
+  // A filter with a wildcard that selects the stream's subject is one it holds.
+  auto wild = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "&consumer=wild&subject=" +
+                             stream_ + ".*");
+  EXPECT_TRUE(wild.ok()) << wild.status().ToString();
 }
 
 // A consumer with no filter reads every subject of its stream. On a stream that
@@ -1045,6 +1119,22 @@ TEST_F(NatsSourceTest, AKeyHeaderWithANulByteIsRefusedNotCut) {
   EXPECT_NE(got[3]->key_error().find("k-end\\x00"), std::string::npos) << got[3]->key_error();
   EXPECT_EQ(got[4]->key(), "");
   EXPECT_NE(got[4]->key_error().find("cannot be read"), std::string::npos) << got[4]->key_error();
+  for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
+}
+
+// A key header given twice: the first value was the key, so "K: a / K: b" ran as
+// a and "K: b / K: a" as b, two keys for one message. Now it has no key (dead-
+// lettered with the reason), as a Redis entry whose key field is given twice.
+TEST_F(NatsSourceTest, AKeyHeaderGivenTwiceGivesNoKey) {
+  auto src = OpenNatsSource(Uri("&ack_wait=1s&key=header:Idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  PublishRawHeaders(stream_ + ".in", "Idem: a\r\nIdem: b\r\n", "1");
+  PublishRawHeaders(stream_ + ".in", "Idem: once\r\nOther: x\r\n", "2");
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0]->key(), "");
+  EXPECT_NE(got[0]->key_error().find("2 Idem headers"), std::string::npos) << got[0]->key_error();
+  EXPECT_EQ(got[1]->key(), "once");
   for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
 }
 

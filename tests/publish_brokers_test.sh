@@ -324,6 +324,19 @@ rabbitmq)
     --field "f=$(head -c 8000 /dev/zero | tr '\0' y)" --quiet
   [[ "$out" == *"PRECONDITION_FAILED"* && "$out" == *"max size"* && "$out" != *"$pw"* ]] ||
     fail "the limit is not named: $out"
+  # A message_id over 255 bytes (an AMQP short string): rabbitmq-c's "invalid AMQP
+  # data", UNAVAILABLE, was 'try again later' (75) for ever. Refused, 2, naming it.
+  expect_rc "a message_id of 256 bytes is refused (2)" 2 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=longid" \
+    --field "id=$(head -c 256 /dev/zero | tr '\0' L)" --quiet
+  [[ "$out" == *"message_id is 256 bytes"* && "$out" == *"255"* ]] || fail "the limit is not named: $out"
+  # The same key as a header value goes (key=header:NAME), and the count says
+  # one distinct message (it said 3: --count, whatever the key).
+  expect_rc "a 256-byte key in a header is published" 0 \
+    "$dedup" publish --broker "amqp://dedup:$pw@127.0.0.1:$port/?queue=longid&key=header:k" \
+    --field "id=$(head -c 256 /dev/zero | tr '\0' L)" --count 3
+  [[ "$out" == *"published 3 messages (1 distinct)"* && "$out" == *"vhost=/ "* ]] ||
+    fail "one key published 3 times: $out"
   ;;
 *)
   echo "usage: publish_brokers_test.sh DEDUP_CLI redis|nats|nats-token|rabbitmq" >&2

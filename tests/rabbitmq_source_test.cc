@@ -343,6 +343,35 @@ TEST_F(RabbitMqSourceTest, ADeadLetterCopyTooLargeForAFrameGoesWithoutTheHeaders
   EXPECT_TRUE(FetchAll(**src, 1, Millis(600)).empty()) << "the original was not settled";
 }
 
+// A headers table that names the key header twice (the AMQP wire allows it): the
+// first was the key. Now the message has no key, as on NATS and Redis Streams.
+TEST_F(RabbitMqSourceTest, AKeyHeaderGivenTwiceGivesNoKey) {
+  Publish("", "twice", {{"idem", "a"}, {"idem", "b"}});
+  Publish("", "once", {{"idem", "k-1"}});
+  auto src = OpenRabbitMqSource(Uri("&key=header:idem"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  auto got = FetchAll(**src, 2, Millis(5000));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0]->key(), "");
+  EXPECT_NE(got[0]->key_error().find("2 headers 'idem'"), std::string::npos) << got[0]->key_error();
+  EXPECT_EQ(got[1]->key(), "k-1");
+  for (auto& d : got) EXPECT_TRUE(d->Ack().ok());
+}
+
+// A message_id over 255 bytes (an AMQP short string) made rabbitmq-c's "invalid
+// AMQP data", UNAVAILABLE ("try again later", for ever). Refused, naming it.
+TEST_F(RabbitMqSourceTest, AMessageIdOver255BytesIsRefusedNotRetried) {
+  RabbitMqPublisher p(Options());
+  ASSERT_TRUE(p.DeclareTopology().ok());
+  AmqpMessage m{.body = "x", .message_id = std::string(256, 'i'), .headers = {}};
+  Status s = p.Send("", queue_, m);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("255"), std::string::npos) << s.ToString();
+  m.message_id = std::string(255, 'i');
+  EXPECT_TRUE(p.Send("", queue_, m).ok());
+  EXPECT_TRUE(p.WaitConfirms().ok());
+}
+
 TEST_F(RabbitMqSourceTest, KeyFromHeaderOrBodyHashOrMissing) {
   Publish("", "hello", {{"idem", "k-7"}});
   auto by_header = OpenRabbitMqSource(Uri("&key=header:idem&prefix=ns:"));

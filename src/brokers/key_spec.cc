@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/printable.h"
+#include "dedup/store.h"
 
 namespace dedup::brokers {
 namespace {
@@ -82,6 +83,17 @@ StatusOr<KeySpec> ParseKeySpec(std::string_view text, const KeyGrammar& g) {
     return KeySpec{KeyKind::kField, std::string(text)};
   }
   return Bad(g, text, "not a form this broker knows");
+}
+
+Status CheckKeyPrefix(std::string_view prefix, bool sha256_key, std::string_view broker) {
+  const size_t room = sha256_key ? kMaxKeyBytes - 64 : kMaxKeyBytes - 1;
+  if (prefix.size() <= room) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string(broker) + ": prefix= is " + std::to_string(prefix.size()) +
+      " bytes: with it every key would be longer than " + std::to_string(kMaxKeyBytes) +
+      " bytes (at most " + std::to_string(room) + " bytes of prefix" +
+      (sha256_key ? " before key=sha256's 64 hex digits)" : ")") +
+      ", and every message would be dead-lettered");
 }
 
 }  // namespace dedup::brokers

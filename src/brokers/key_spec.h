@@ -53,6 +53,13 @@ struct KeyGrammar {
 // naming the broker, the value and the accepted forms otherwise.
 StatusOr<KeySpec> ParseKeySpec(std::string_view text, const KeyGrammar& grammar);
 
+// prefix= (put before every key) leaves room for a key: a key is 1 to
+// kMaxKeyBytes bytes, so a prefix of kMaxKeyBytes or more (or more than
+// kMaxKeyBytes - 64 before a hex SHA-256, key=sha256) would make every message's
+// key too long and dead-letter the whole queue. InvalidArgument naming `broker`
+// and the sizes otherwise; the prefix is not echoed (it may be long).
+Status CheckKeyPrefix(std::string_view prefix, bool sha256_key, std::string_view broker);
+
 }  // namespace dedup::brokers
 
 #endif  // DEDUP_SRC_BROKERS_KEY_SPEC_H_

@@ -54,7 +54,12 @@ struct PublishFlags {
   double duplicates = 0;
   uint64_t seed = 1;
   bool quiet = false;
+  bool id_prefix_given = false;
 };
+
+// Distinct messages among those published: each n with --id-prefix; without
+// it every message is the same (the same --field list, the same key).
+uint64_t Distinct(const PublishFlags& f) { return f.id_prefix.empty() ? 1 : f.count; }
 
 // 75 (try again later) only when later may work: the broker unreachable or slow,
 // a Redis out of memory (OOM under maxmemory with noeviction: keys expire,
@@ -149,7 +154,7 @@ int PublishAmqp(const PublishFlags& f, const Fields& fields) {
   }
   if (!f.quiet) {
     std::printf("published %llu messages (%llu distinct) to %s, all confirmed\n",
-                static_cast<unsigned long long>(confirmed), static_cast<unsigned long long>(f.count),
+                static_cast<unsigned long long>(confirmed), static_cast<unsigned long long>(Distinct(f)),
                 o->Describe().c_str());
   }
   return kExitOk;
@@ -189,7 +194,7 @@ int PublishNats(const PublishFlags& f, const Fields& fields) {
     std::printf("published %llu messages (%llu distinct) to %s: %llu stored, %llu dropped by the "
                 "stream's duplicate window\n",
                 static_cast<unsigned long long>(stored + dropped),
-                static_cast<unsigned long long>(f.count), o->Describe().c_str(),
+                static_cast<unsigned long long>(Distinct(f)), o->Describe().c_str(),
                 static_cast<unsigned long long>(stored), static_cast<unsigned long long>(dropped));
   }
   return kExitOk;
@@ -247,7 +252,7 @@ int PublishRedis(const PublishFlags& f, const Fields& fields) {
   if (!f.quiet && order.size() > 1) {
     std::printf("published %llu messages (%llu distinct) to %s\n",
                 static_cast<unsigned long long>(published),
-                static_cast<unsigned long long>(f.count), wo->stream.c_str());
+                static_cast<unsigned long long>(Distinct(f)), wo->stream.c_str());
   }
   if (!f.quiet && created && published > 0) {
     std::fprintf(stderr, "dedup publish: stream '%s' did not exist; this publish created it\n",
@@ -292,8 +297,32 @@ int RunPublish(const PublishFlags& f) {
     }
     fields.push_back(*p);
   }
+  if (f.id_prefix_given && f.id_prefix.empty()) {
+    std::fprintf(stderr, "dedup publish: --id-prefix is empty (message n would get id=<n>: "
+                         "give a prefix, e.g. --id-prefix m-)\n");
+    return kExitUsage;
+  }
   if (fields.empty() && f.id_prefix.empty()) {
     std::fprintf(stderr, "dedup publish: give --field NAME=VALUE or --id-prefix\n");
+    return kExitUsage;
+  }
+  // n runs from --start to --start + --count - 1: past 2^64 - 1 it wrapped to 0.
+  if (f.start > UINT64_MAX - (f.count - 1)) {
+    std::fprintf(stderr, "dedup publish: --start %llu with --count %llu runs past %llu\n",
+                 static_cast<unsigned long long>(f.start),
+                 static_cast<unsigned long long>(f.count),
+                 static_cast<unsigned long long>(UINT64_MAX));
+    return kExitUsage;
+  }
+  // A key longer than a store takes (1 to kMaxKeyBytes bytes) would be
+  // dead-lettered by every worker: refused before anything is sent.
+  const size_t longest = !f.id_prefix.empty()
+                             ? f.id_prefix.size() + std::to_string(f.start + (f.count - 1)).size()
+                             : MessageKey(f, fields, 0).size();
+  if (longest > kMaxKeyBytes) {
+    std::fprintf(stderr, "dedup publish: the message key would be %zu bytes; dedup keys are 1 to "
+                         "%zu bytes (a worker would dead-letter it)\n",
+                 longest, kMaxKeyBytes);
     return kExitUsage;
   }
   // The broker scheme table's check (src/brokers/open_source.cc), then this
@@ -324,7 +353,8 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
   app->add_option("--count", f->count, "Messages to publish, 1 to 100000000 (more: run again with --start)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{100'000'000}))
       ->capture_default_str();
-  app->add_option("--id-prefix", f->id_prefix, "Give message n the field id=<prefix><n>");
+  CLI::Option* id_prefix =
+      app->add_option("--id-prefix", f->id_prefix, "Give message n the field id=<prefix><n>");
   app->add_option("--start", f->start, "First n for --id-prefix")->capture_default_str();
   app->add_option("--duplicates", f->duplicates, "Fraction published a second time")
       ->check(CLI::Range(0.0, 1.0))
@@ -336,7 +366,10 @@ void RegisterPublish(CLI::App& root, CommandContext& ctx) {
       "  ready: loading, busy, a read-only replica, out of memory, a full queue); 2 bad\n"
       "  usage, a refused password, vhost or write, or any error a retry cannot fix.");
   app->add_flag("--quiet", f->quiet, "Print nothing on success");
-  app->callback([f, &ctx] { ctx.exit_code = RunPublish(*f); });
+  app->callback([f, id_prefix, &ctx] {
+    f->id_prefix_given = id_prefix->count() > 0;
+    ctx.exit_code = RunPublish(*f);
+  });
 }
 
 }  // namespace dedup::cli

@@ -35,6 +35,12 @@ Status FromNats(natsStatus s, const std::string& what, jsErrCode jerr = static_c
                                           "max_msg_size (data and headers count; JetStream "
                                           "error 10054): no retry changes its size");
   }
+  // A header block over the server's 64 KiB bound: refused every time.
+  if (static_cast<int>(jerr) == 10097) {
+    return Status::InvalidArgument(what + ": the message's headers are larger than the "
+                                          "server takes (64 KiB; JetStream error 10097): no "
+                                          "retry changes their size");
+  }
   std::string m = what + ": " + natsStatus_GetText(s);
   if (jerr != 0) {
     // The server's own description, which nats.c keeps as the thread's last
@@ -93,7 +99,34 @@ struct Conn {
   }
 };
 
+// nats.c writes the user, password and token into its CONNECT message's JSON as
+// they are, unescaped: a '"' in a password ended the string and what followed was
+// read as more fields ('x","pass":"other' logged in with "other"), and a backslash or a
+// control byte made the server refuse every connect (a "Protocol Error" retried
+// forever, exit 75). Refused before connecting, naming which one; never echoed.
+Status CheckCredentials(const NatsOptions& o) {
+  auto bad = [](std::string_view v) {
+    return std::any_of(v.begin(), v.end(), [](char c) {
+      const auto u = static_cast<unsigned char>(c);
+      return c == '"' || c == '\\' || u < 0x20 || u == 0x7f;
+    });
+  };
+  for (auto [value, what] : {std::pair<std::string_view, const char*>{o.user, "user"},
+                             {o.password, "password"},
+                             {o.token, "token"}}) {
+    if (bad(value)) {
+      return Status::InvalidArgument(
+          std::string("nats URI: the ") + what + " holds a '\"', a '\\' or a control byte "
+          "(from %22, %5C, %0A ... in the URI, or in its file): nats.c would send it "
+          "unescaped inside its CONNECT message, where it could change other fields; "
+          "use a " + what + " without them");
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<Conn>> Connect(const NatsOptions& o) {
+  DEDUP_RETURN_IF_ERROR(CheckCredentials(o));
   natsOptions* opts = nullptr;
   natsStatus s = natsOptions_Create(&opts);
   if (s != NATS_OK) return FromNats(s, "nats: options");
@@ -163,6 +196,13 @@ Status CheckConsumer(Conn& conn, const NatsOptions& o, const jsConsumerInfo& ci)
   if (c == nullptr) return Status::Ok();
   const std::string what = "nats " + o.host_port + ": the existing consumer '" + o.consumer +
                            "' of stream " + o.stream + " ";
+  // A push consumer (a deliver subject): nats.c's pull subscribe failed with the
+  // one word "Error", read as "try again later" (exit 75) every time.
+  if (c->DeliverSubject != nullptr && *c->DeliverSubject != '\0') {
+    return Status::FailedPrecondition(
+        what + "is a push consumer (deliver subject '" + internal::Printable(c->DeliverSubject) +
+        "'); dedup pulls, and needs a pull consumer (delete it or name another one)");
+  }
   if (c->AckPolicy != js_AckExplicit) {
     return Status::FailedPrecondition(
         what + "has AckPolicy " + (c->AckPolicy == js_AckAll ? "all" : "none") +
@@ -206,6 +246,47 @@ Status CheckConsumer(Conn& conn, const NatsOptions& o, const jsConsumerInfo& ci)
   return Status::Ok();
 }
 
+bool FilterMatches(std::string_view filter, std::string_view subject);
+bool SubjectsCollide(std::string_view a, std::string_view b);
+
+// What CheckStreamHolds asks of o.Subject(): a publish subject (no wildcards)
+// one of the stream's subjects takes, or a consumer's filter that selects some
+// subject of the stream ("jobs.*" on a stream of "jobs.in"), as the server asks.
+enum class SubjectUse { kPublish, kFilter };
+
+// FailedPrecondition when the existing stream `o.stream` does not hold
+// o.Subject() (`why` says what that would do); *max_msg_size (when given): the
+// stream's bound on a message, -1 when none.
+Status CheckStreamHolds(Conn& conn, const NatsOptions& o, SubjectUse use, const char* why,
+                        int64_t* max_msg_size = nullptr) {
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&si, conn.js, o.stream.c_str(), nullptr, &jerr);
+  if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": stream info " + o.stream, jerr);
+  bool holds = false;
+  std::string held;
+  if (si->Config != nullptr) {
+    for (int i = 0; i < si->Config->SubjectsLen; ++i) {
+      holds = holds || (use == SubjectUse::kPublish
+                            ? FilterMatches(si->Config->Subjects[i], o.Subject())
+                            : SubjectsCollide(si->Config->Subjects[i], o.Subject()));
+      held += std::string(i == 0 ? "" : ", ") + si->Config->Subjects[i];
+    }
+    // No subjects: the server stores the stream's own name.
+    if (si->Config->SubjectsLen == 0) {
+      holds = use == SubjectUse::kPublish ? o.Subject() == o.stream
+                                          : SubjectsCollide(o.stream, o.Subject());
+    }
+    if (max_msg_size != nullptr) *max_msg_size = si->Config->MaxMsgSize;
+  }
+  jsStreamInfo_Destroy(si);
+  if (holds) return Status::Ok();
+  return Status::FailedPrecondition(
+      "nats " + o.host_port + ": stream " + o.stream + " holds subjects " +
+      internal::Printable(held.empty() ? o.stream : held) + ", not subject=" +
+      internal::Printable(o.Subject()) + ": " + why);
+}
+
 // The dead subject needs a stream to store it; makes <stream>_DEAD unless a
 // stream holds it.
 Status EnsureDeadStream(Conn& conn, const NatsOptions& o) {
@@ -219,7 +300,9 @@ Status EnsureDeadStream(Conn& conn, const NatsOptions& o) {
 }  // namespace
 
 std::string NatsOptions::Describe() const {
-  return "nats " + host_port + " stream=" + stream + " consumer=" + consumer + " subject=" + Subject();
+  // A publisher's options have no consumer: not shown as "consumer= ".
+  return "nats " + host_port + " stream=" + stream + (consumer.empty() ? "" : " consumer=" + consumer) +
+         " subject=" + Subject();
 }
 
 namespace {
@@ -233,6 +316,18 @@ std::vector<std::string_view> Tokens(std::string_view subject) {
     if (dot == std::string_view::npos) return out;
     start = dot + 1;
   }
+}
+
+// True when some subject matches both `a` and `b` (either may hold wildcards):
+// token by token equal, or '*' on either side, or '>' on either side for the rest.
+bool SubjectsCollide(std::string_view a, std::string_view b) {
+  const auto x = Tokens(a);
+  const auto y = Tokens(b);
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    if (x[i] == ">" || y[i] == ">") return true;
+    if (x[i] != "*" && y[i] != "*" && x[i] != y[i]) return false;
+  }
+  return x.size() == y.size();
 }
 
 // True when a message published to `subject` (no wildcards) is one that filter
@@ -365,7 +460,18 @@ StatusOr<internal::Uri> ParseAndCheck(std::string_view text) {
 }
 }  // namespace
 
+namespace {
+StatusOr<NatsOptions> ParseNatsUriFields(std::string_view text, bool need_consumer);
+}  // namespace
+
 StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
+  StatusOr<NatsOptions> o = ParseNatsUriFields(text, need_consumer);
+  if (o.ok()) DEDUP_RETURN_IF_ERROR(CheckCredentials(*o));
+  return o;
+}
+
+namespace {
+StatusOr<NatsOptions> ParseNatsUriFields(std::string_view text, bool need_consumer) {
   auto parsed = ParseAndCheck(text);
   if (!parsed.ok()) return parsed.status();
   const internal::Uri& u = *parsed;
@@ -401,6 +507,8 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
     o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
+  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
+      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "nats URI"));
   if (auto a = u.Param("ack_wait")) {
     auto ms = internal::ParseDurationMillis(*a, "nats ack_wait");
     if (!ms.ok()) return ms.status();
@@ -461,6 +569,7 @@ StatusOr<NatsOptions> ParseNatsUri(std::string_view text, bool need_consumer) {
   o.has_password = cred->has_password;
   return o;
 }
+}  // namespace
 
 // ---- publisher ---------------------------------------------------------------
 
@@ -487,28 +596,9 @@ StatusOr<std::unique_ptr<NatsPublisher>> NatsPublisher::Open(const NatsOptions& 
   if (!created) {
     // An existing stream is taken as it is: a subject= it does not hold would
     // reach no stream ("no responders", read as a server to wait for), for ever.
-    jsStreamInfo* si = nullptr;
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    natsStatus s = js_GetStreamInfo(&si, (*c)->js, o.stream.c_str(), nullptr, &jerr);
-    if (s != NATS_OK) return FromNats(s, "nats " + o.host_port + ": stream info " + o.stream, jerr);
-    bool holds = false;
-    std::string held;
-    if (si->Config != nullptr) {
-      for (int i = 0; i < si->Config->SubjectsLen; ++i) {
-        holds = holds || FilterMatches(si->Config->Subjects[i], o.Subject());
-        held += std::string(i == 0 ? "" : ", ") + si->Config->Subjects[i];
-      }
-      // No subjects: the server stores the stream's own name.
-      if (si->Config->SubjectsLen == 0) holds = o.Subject() == o.stream;
-      max_msg_size = si->Config->MaxMsgSize;
-    }
-    jsStreamInfo_Destroy(si);
-    if (!holds) {
-      return Status::FailedPrecondition(
-          "nats " + o.host_port + ": stream " + o.stream + " holds subjects " +
-          internal::Printable(held.empty() ? o.stream : held) + ", not subject=" +
-          internal::Printable(o.Subject()) + ": a message published there reaches no stream");
-    }
+    DEDUP_RETURN_IF_ERROR(CheckStreamHolds(**c, o, SubjectUse::kPublish,
+                                           "a message published there reaches no stream",
+                                           &max_msg_size));
   }
   std::unique_ptr<NatsPublisher> p(new NatsPublisher());
   p->impl_ = std::make_unique<Impl>();
@@ -706,16 +796,20 @@ class NatsDelivery final : public Delivery {
     }
     const char* data = natsMsg_GetData(msg_);
     payload_.assign(data != nullptr ? data : "", static_cast<size_t>(natsMsg_GetDataLength(msg_)));
-    // Every value of a repeated header (the key is read from the first), whole:
-    // a NUL byte in it included. Headers that cannot be read whole give no key.
+    // Every value of a repeated header, whole: a NUL byte in it included. Headers
+    // that cannot be read whole give no key, nor does a key header given twice.
     const std::string unread = ReadHeadersWhole(msg_, &attributes_);
     if (!unread.empty()) headers_error_ = "its headers cannot be read (" + unread + ")";
     const NatsOptions& o = s_->o;
+    size_t copies = 0;  // of the key's header
     auto header = [&](const std::string& name) -> const std::string* {
+      const std::string* first = nullptr;
       for (const auto& [k, v] : attributes_) {
-        if (k == name) return &v;
+        if (k != name) continue;
+        ++copies;
+        if (first == nullptr) first = &v;
       }
-      return nullptr;
+      return first;
     };
     switch (o.key.kind) {
       case brokers::KeyKind::kContentSha256:
@@ -728,6 +822,11 @@ class NatsDelivery final : public Delivery {
           key_error_ = "message has no readable " + name + " header: " + headers_error_;
         } else if (v == nullptr || v->empty()) {
           key_error_ = "message has no " + name + " header";
+        } else if (copies > 1) {
+          // Which one is the key? Taking the first ran "K: a / K: b" as a and
+          // "K: b / K: a" as b (the Redis source's key field given twice gives no key too).
+          key_error_ = "message has " + std::to_string(copies) + " " + name +
+                       " headers: a key is one value";
         } else if (v->find('\0') != std::string::npos) {
           // Read as a C string it would be cut at the NUL: "k\0one" and "k\0two"
           // one key, the second skipped as a duplicate of the first.
@@ -1125,6 +1224,8 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
     return Status::InvalidArgument("nats source: stream and consumer are required");
   }
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
+  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
+      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "nats source"));
   if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
   auto c = Connect(o);
   if (!c.ok()) return c.status();
@@ -1132,7 +1233,15 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
   s->o = o;
   s->conn = std::move(*c);
   Conn& conn = *s->conn;
-  DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject()));
+  bool created = false;
+  DEDUP_RETURN_IF_ERROR(EnsureStream(conn, o, o.stream, o.Subject(), &created));
+  // A subject= the stream does not hold (the default, the stream's name, too) was
+  // refused by the server's "add consumer: Not Found (JetStream error 10014)".
+  if (!created) {
+    DEDUP_RETURN_IF_ERROR(CheckStreamHolds(
+        conn, o, SubjectUse::kFilter, "a consumer filtered on it would never read a message (give subject= one of "
+                 "the stream's subjects)"));
+  }
   DEDUP_RETURN_IF_ERROR(EnsureDeadStream(conn, o));
   uint64_t delivered = 0;
   DEDUP_RETURN_IF_ERROR(EnsureConsumer(conn, o, nullptr, &delivered, o.timeout));

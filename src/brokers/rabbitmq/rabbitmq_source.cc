@@ -105,7 +105,8 @@ Status CheckHeartbeat(Millis h) {
 }  // namespace
 
 std::string RabbitMqOptions::Describe() const {
-  return "rabbitmq " + host + ":" + std::to_string(port) + vhost + " queue=" + queue +
+  // The vhost as named: "/" (the default) or "v1", not "host:5672v1".
+  return "rabbitmq " + host + ":" + std::to_string(port) + " vhost=" + vhost + " queue=" + queue +
          " prefetch=" + std::to_string(prefetch);
 }
 
@@ -176,6 +177,8 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
+  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
+      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "amqp URI"));
   o.dead = u.Param("dead").value_or("");
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
   if (auto h = u.Param("heartbeat")) {
@@ -277,6 +280,20 @@ class RabbitMqPublisher::Impl {
   }
 
   Status Send(std::string_view exchange, std::string_view routing_key, const AmqpMessage& m) {
+    // AMQP short strings hold 255 bytes: a longer message_id or header name made
+    // rabbitmq-c's "invalid AMQP data", read as "try again later" every time.
+    if (m.message_id.size() > 255) {
+      return Status::InvalidArgument(
+          "amqp: message_id is " + std::to_string(m.message_id.size()) +
+          " bytes; AMQP carries at most 255 there (a short string): use a shorter key, or "
+          "key=header:NAME, whose value may be longer");
+    }
+    for (const auto& [k, v] : m.headers) {
+      if (k.size() > 255) {
+        return Status::InvalidArgument("amqp: a header name of " + std::to_string(k.size()) +
+                                       " bytes; AMQP takes at most 255");
+      }
+    }
     DEDUP_RETURN_IF_ERROR(Connect());
     const CopyProperties copy(m, o_.user);
     const amqp_basic_properties_t props = copy.get();
@@ -793,8 +810,15 @@ class RabbitMqSource final : public MessageSource {
       case brokers::KeyKind::kHeader: {
         auto it = std::find_if(attrs.begin(), attrs.end(),
                                [&](const auto& kv) { return kv.first == s_->o.key.name; });
+        const auto copies = std::count_if(attrs.begin(), attrs.end(), [&](const auto& kv) {
+          return kv.first == s_->o.key.name;
+        });
         if (it == attrs.end() || it->second.empty()) {
           key_error = "message has no header '" + s_->o.key.name + "'";
+        } else if (copies > 1) {
+          // A table with the name twice (the AMQP wire allows it): which is the key?
+          key_error = "message has " + std::to_string(copies) + " headers '" + s_->o.key.name +
+                      "': a key is one value";
         } else {
           key = s_->o.key_prefix + it->second;
         }
@@ -827,6 +851,8 @@ class RabbitMqSource final : public MessageSource {
 StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOptions& o) {
   if (o.queue.empty()) return Status::InvalidArgument("rabbitmq source: queue is empty");
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
+  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
+      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "rabbitmq source"));
   DEDUP_RETURN_IF_ERROR(CheckHeartbeat(o.heartbeat));
   if (o.prefetch < 1 || o.prefetch > 65535) {
     return Status::InvalidArgument("rabbitmq source: prefetch must be 1..65535");

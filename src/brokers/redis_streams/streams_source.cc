@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "brokers/key_spec.h"
 #include "brokers/redis_streams/stream_conn.h"
 #include "core/sha256.h"
 #include "core/uri.h"
@@ -615,6 +616,7 @@ StatusOr<std::unique_ptr<MessageSource>> OpenRedisStreamsSource(WorkerOptions o,
   if (o.stream.empty()) return Status::InvalidArgument("redis streams: stream is empty");
   if (o.group.empty()) return Status::InvalidArgument("redis streams: group is empty");
   if (o.key_field.empty()) return Status::InvalidArgument("redis streams: key field is empty");
+  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(o.key_prefix, o.key_from_content, "redis streams"));
   if (o.block.count() < 1) o.block = Millis(1);
   if (o.timeout.count() <= 0) {
     return Status::InvalidArgument("redis streams: timeout must be positive");

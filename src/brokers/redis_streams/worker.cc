@@ -77,6 +77,8 @@ StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
   }
   o.dead_stream = u.Param("dead").value_or("");
   o.key_prefix = u.Param("prefix").value_or("");
+  DEDUP_RETURN_IF_ERROR(
+      brokers::CheckKeyPrefix(o.key_prefix, o.key_from_content, "redis streams URI"));
   if (auto b = u.Param("block")) {
     auto ms = internal::ParseDurationMillis(*b, "broker block");
     if (!ms.ok()) return ms.status();
