@@ -118,6 +118,21 @@ run_worker jobs2 3 "$tmp/ran2" "$tmp/worker2.log"
 grep -q "key field 'id' given twice" "$tmp/worker2.log" && grep -q "'other' is given twice" "$tmp/worker2.log" &&
   grep -q "'data' holds bytes that are not UTF-8" "$tmp/worker2.log" &&
   ok "the log names each reason" || fail "worker log: $(cat "$tmp/worker2.log")"
+# 3c. Why a message is retried is in the worker's log: a handler that asked for a
+#     retry (exit 75) was retried for ever with only "retries=N" to show. At most
+#     one such line a second, with how many were left out.
+rcli XADD jobs4 '*' id again >/dev/null
+"$dedup" worker --broker "redis://127.0.0.1:$port?stream=jobs4&group=g" --store "memory:" \
+  --exec 'exit 75' --retry-delay 50ms >"$tmp/worker4.log" 2>&1 &
+worker_pid=$!
+sleep 3
+{ kill -9 "$worker_pid"; wait "$worker_pid"; } 2>/dev/null || true
+worker_pid=
+lines=$(grep -c "retry of .* (key 'again') in 50 ms: handler exit 75" "$tmp/worker4.log" || true)
+[[ $lines -ge 1 && $lines -le 4 ]] && ok "the retry's reason is logged, $lines lines in 3 s" ||
+  fail "retry lines: $lines: $(head -c 2000 "$tmp/worker4.log")"
+grep -q "more retries since the last such line, not shown" "$tmp/worker4.log" &&
+  ok "the lines say how many retries they left out" || fail "no count of left-out retries: $(head -c 2000 "$tmp/worker4.log")"
 expect_rc "publish --field id=42 beside --id-prefix (which sets id): refused" 2 \
   "$dedup" publish --broker "redis://127.0.0.1:$port?stream=jobs3" --id-prefix m- --field id=42
 [[ "$out" == *"'id' is given twice"* ]] || fail "publish: $out"
@@ -335,6 +350,18 @@ expect_rc 'serve --auth-token-file "" is refused' 2 timeout 5 "$dedup" serve --s
 # why, instead of showing '***' as if the user had typed a secret there.
 expect_rc "redis://127.0.0.1:abc is refused" 2 "$dedup" exec --store "redis://127.0.0.1:abc" --key k -- true
 [[ "$out" == *"not shown"* && "$out" != *abc* ]] || fail "redis port abc: $out"
+# dedup publish: an empty --id-prefix was "give --field NAME=VALUE or --id-prefix";
+# --start near 2^64 wrapped to id=x-0; a key over 1024 bytes was published for
+# every worker to dead-letter. Each refused before connecting (nothing on port 1).
+expect_rc "publish --id-prefix '' is refused" 2 "$dedup" publish \
+  --broker "redis://127.0.0.1:1?stream=s" --id-prefix '' --count 2
+[[ "$out" == *"--id-prefix is empty"* ]] || fail "publish --id-prefix '': $out"
+expect_rc "publish --start past 2^64 is refused" 2 "$dedup" publish \
+  --broker "redis://127.0.0.1:1?stream=s" --id-prefix x- --start 18446744073709551615 --count 2
+[[ "$out" == *"runs past"* ]] || fail "publish --start overflow: $out"
+expect_rc "publish of a 1025-byte key is refused" 2 "$dedup" publish \
+  --broker "redis://127.0.0.1:1?stream=s" --field "id=$(head -c 1025 /dev/zero | tr '\0' k)"
+[[ "$out" == *"would be 1025 bytes"* ]] || fail "publish 1025-byte key: $out"
 # --textbook-ttl without --pattern textbook was accepted by simulate (and ignored).
 expect_rc "simulate --textbook-ttl without --pattern textbook is refused" 2 \
   "$dedup" simulate --messages 10 --textbook-ttl 5s

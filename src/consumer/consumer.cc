@@ -76,6 +76,8 @@ std::string ConsumerMetrics::Summary() const {
 
 // A dead letter's reason in the log: a handler's failure text may be 1 MiB.
 constexpr size_t kMaxLoggedReasonBytes = 1024;
+// A key in a log line: enough to find it, not a hostile producer's 60 KB.
+constexpr size_t kMaxLoggedKeyBytes = 256;
 
 class Consumer::Impl {
  public:
@@ -231,6 +233,9 @@ class Consumer::Impl {
     bool deferred = false;             // its outcome waits for the completer
     std::optional<Job> waiting;        // a later delivery of the key (one at most)
   };
+
+  std::atomic<int64_t> last_retry_log_ns_{0};  // NoteRetry's rate bound
+  std::atomic<uint64_t> unlogged_retries_{0};
 
   struct Counters {
     std::atomic<uint64_t> messages{0}, acquired{0}, duplicates{0}, busy{0}, takeovers{0},
@@ -602,6 +607,7 @@ class Consumer::Impl {
       return;
     }
     Unhold(std::span<const std::unique_ptr<Delivery>>(&job.delivery, 1));
+    NoteRetry(d, p);
     Settle(d, p.action, p.retry_after, p.reason, p.acked_with_complete);
   }
 
@@ -680,6 +686,7 @@ class Consumer::Impl {
       if (p.action == BrokerAction::kAck && !p.acked_with_complete) {
         acks.push_back(deliveries[i].get());
       } else {
+        NoteRetry(*deliveries[i], p);
         Settle(*deliveries[i], p.action, p.retry_after, p.reason, p.acked_with_complete);
       }
     }
@@ -806,6 +813,36 @@ class Consumer::Impl {
     if (p.ran && p.completion == WriteResult::kLost) n_.lost_leases.fetch_add(1);
   }
 
+  // Why a message goes back for later, in the log: a handler that failed (its
+  // exit, a SQL error), a store error. Without it a worker retried a failing
+  // handler for ever with nothing but a counter to show. At most one line a
+  // second, saying how many were left out since the last; a claim BUSY against
+  // another owner (the normal wait for a lease) is not logged.
+  void NoteRetry(const Delivery& d, const Processed& p) {
+    if (p.action != BrokerAction::kRetry) return;
+    if (p.status.ok() && !p.ran && p.claim.outcome == ClaimOutcome::kBusy) return;
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t last = last_retry_log_ns_.load(std::memory_order_relaxed);
+    if (last != 0 && now - last < 1'000'000'000) {
+      unlogged_retries_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    if (!last_retry_log_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+      unlogged_retries_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    const uint64_t left_out = unlogged_retries_.exchange(0, std::memory_order_relaxed);
+    Log("retry of " + internal::Printable(d.id()) + " (key '" +
+        internal::Printable(internal::CutAtCharacter(d.key(), kMaxLoggedKeyBytes)) + "') in " +
+        std::to_string(p.retry_after.count()) + " ms: " +
+        internal::Printable(internal::CutAtCharacter(p.reason, kMaxLoggedReasonBytes)) +
+        (left_out == 0 ? std::string()
+                       : " (" + std::to_string(left_out) +
+                             " more retries since the last such line, not shown)"));
+  }
+
   void Settle(Delivery& d, BrokerAction action, Millis retry_after, const std::string& reason,
               bool acked_with_complete) {
     Status s;
@@ -827,8 +864,9 @@ class Consumer::Impl {
         s = d.DeadLetter(reason);
         if (s.ok()) {
           n_.dead_lettered.fetch_add(1, std::memory_order_relaxed);
+          // The key cut as the reason is: a producer's 60 KB keys made 60 KB log lines.
           Log("dead-lettered " + internal::Printable(d.id()) + " (key '" +
-              internal::Printable(d.key()) + "'): " +
+              internal::Printable(internal::CutAtCharacter(d.key(), kMaxLoggedKeyBytes)) + "'): " +
               internal::Printable(internal::CutAtCharacter(reason, kMaxLoggedReasonBytes)));
         }
         break;
