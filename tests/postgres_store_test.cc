@@ -268,7 +268,10 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
     EXPECT_NE(shaped.status().message().find(t), std::string::npos) << shaped.status();
   }
 
-  for (const std::string bad : {"&table=x;drop", "&pool=0", "&schema=", "&timeout=-1", "&nope=1"}) {
+  // pg_temp, pg_catalog: PostgreSQL's own schemas, whose CREATE SCHEMA failed as
+  // INTERNAL; timeout=5: 5 ms to this grammar, 5 s to a libpq user.
+  for (const std::string bad : {"&table=x;drop", "&pool=0", "&schema=", "&timeout=-1", "&nope=1",
+                                "&schema=pg_temp", "&schema=pg_catalog", "&timeout=5"}) {
     auto s = OpenStore(Uri(bad));
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << bad << ": " << s.status();
   }
@@ -411,6 +414,18 @@ TEST_F(PostgresStoreTest, ARoleWithCreateOnItsSchemaOnlyCanOpenTheStore) {
                      "?schema=apps&table=app1_records&expire_interval=0");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_TRUE(MustClaim(**s, "k3").acquired());
+  // A role that may only read the table: its claim was INTERNAL (exit 75 from
+  // dedup exec, for ever); a missing grant is PERMISSION_DENIED, naming it.
+  ASSERT_TRUE(PgServer::Sql(Db(), "CREATE ROLE app4 LOGIN PASSWORD 'app4pw'; "
+                                  "GRANT USAGE ON SCHEMA apps TO app4; "
+                                  "GRANT SELECT ON apps.app1_records TO app4"));
+  auto reader = OpenStore("postgres://app4:app4pw@127.0.0.1:" + std::to_string(kPort) + "/" +
+                          Db() + "?schema=apps&table=app1_records&expire_interval=0");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto denied = (*reader)->Claim(ClaimRequest{.key = "k4"});
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.status().code(), StatusCode::kPermissionDenied) << denied.status();
+  EXPECT_NE(denied.status().message().find("42501"), std::string::npos) << denied.status();
 }
 
 // ---- the transactional API ----------------------------------------------------------

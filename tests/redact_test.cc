@@ -146,6 +146,15 @@ TEST_F(Credentials, FromTheEnvironmentWhenTheUriHasNone) {
   setenv(kRedisPasswordEnv, "from-env", 1);
   EXPECT_EQ(Resolve("redis://h").password, "from-env");
   EXPECT_EQ(Resolve("redis://:inline@h").password, "inline");
+  // A lone user-info beside it is the ACL user (it was read as the password,
+  // the environment ignored: AUTH for the default user failed).
+  RedisCredentials c = Resolve("redis://alice@h");
+  EXPECT_EQ(c.user, "alice");
+  EXPECT_EQ(c.password, "from-env");
+  unsetenv(kRedisPasswordEnv);
+  c = Resolve("redis://alice@h");
+  EXPECT_EQ(c.user, "");
+  EXPECT_EQ(c.password, "alice") << "without it, redis-cli's reading";
 }
 
 // A reason cut for a header or a log line splits no character: the

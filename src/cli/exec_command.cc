@@ -207,7 +207,10 @@ int RunExec(const ExecFlags& f) {
   auto claimed = buffer.Claim(f.key);
   if (!claimed.ok()) {
     std::fprintf(stderr, "dedup exec: %s\n", claimed.status().ToString().c_str());
-    return claimed.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitTempFail;
+    // A bad key, or a store role without the rights it needs: no retry helps.
+    const StatusCode c = claimed.status().code();
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kPermissionDenied ? kExitUsage
+                                                                                   : kExitTempFail;
   }
   ClaimGuard& g = *claimed;
   switch (g.outcome()) {

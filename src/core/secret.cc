@@ -103,8 +103,17 @@ StatusOr<UriCredentials> ResolveUriCredentialsOf(const Uri& uri, const Credentia
     return c;
   }
   if (!uri.user.empty()) {
+    const char* env = rules.env != nullptr ? std::getenv(rules.env) : nullptr;
     if (!rules.lone_user_is_password) {
       c.user = uri.user;
+    } else if (env != nullptr && *env != '\0') {
+      // "redis://alice@host" with the password in the environment: alice is the
+      // ACL user, as with password_file= (read as the password, the environment
+      // was ignored and AUTH failed for the default user).
+      c.user = uri.user;
+      c.password = env;
+      c.has_password = true;
+      return c;
     } else {
       // "redis://secret@host": the part before '@' is a password, as redis-cli reads it.
       c.password = uri.user;

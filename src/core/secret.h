@@ -9,7 +9,9 @@
 //                          file, at most 64 KiB, one trailing newline dropped; USER may still be
 //                          given in the URI: scheme://USER@host?password_file=...);
 //   3. the environment:    DEDUP_REDIS_PASSWORD, for redis:// and redis+cluster://
-//                          only, when neither of the above gives one.
+//                          only, when neither of the above gives one; a lone
+//                          user-info is then the ACL user (redis://alice@host),
+//                          as with password_file=.
 // Used by redis://, redis+cluster://, amqp:// and nats://. Giving both 1 and 2 is
 // an error. nats:// also takes a token (nats://TOKEN@host, or token_file=, read
 // by ReadSecretFile as password_file= is: brokers/nats/nats_source.h). Messages

@@ -206,8 +206,12 @@ StatusOr<std::unique_ptr<Conn>> Conn::Open(const PostgresStoreOptions& o,
         return Status::Aborted(where + ": connect: given up: the caller is stopping and the "
                                "server did not answer within the grace");
       }
+      // A PostgreSQL server answers the startup packet at once; a Redis or an HTTP
+      // server at that port waits for a line that never comes.
       return Status::DeadlineExceeded(where + ": connect timed out (no answer within " +
-                                      std::to_string(limit) + " ms)");
+                                      std::to_string(limit) +
+                                      " ms; a PostgreSQL server answers at once: is this its "
+                                      "port, or is it frozen?)");
     }
     st = PQconnectPoll(c);
   }
@@ -456,6 +460,12 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
     return Status::Unavailable(text);
   }
   if (code == "57014") return Status::DeadlineExceeded(text);
+  // insufficient_privilege: the role may not read or write the table (a grant is
+  // missing). No retry changes that: named, not INTERNAL.
+  if (code == "42501") {
+    return Status::PermissionDenied(text + "; the role of the URI needs SELECT, INSERT, UPDATE "
+                                           "and DELETE on the store's tables (docs/POSTGRES.md)");
+  }
   if (code == "25006") {  // read_only_sql_transaction: a standby, or read-only by default
     return Status::FailedPrecondition(
         text + "; the server is read-only here (a hot standby, or default_transaction_read_only)");

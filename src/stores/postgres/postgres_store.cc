@@ -1167,6 +1167,13 @@ StatusOr<std::unique_ptr<PostgresStore>> OpenPostgresStore(const PostgresStoreOp
   if (!pg::ValidIdentifier(o.schema)) {
     return Status::InvalidArgument(pg::IdentifierError("schema", o.schema, 63));
   }
+  // "pg_" names are PostgreSQL's own (pg_catalog, pg_temp, pg_toast): CREATE
+  // SCHEMA refuses them, and the store's migration failed as INTERNAL.
+  if (o.schema.starts_with("pg_")) {
+    return Status::InvalidArgument("postgres: schema '" + o.schema +
+                                   "': names beginning with pg_ are PostgreSQL's own schemas; "
+                                   "name one of yours");
+  }
   if (!pg::ValidIdentifier(o.table) || o.table.size() > 53) {
     return Status::InvalidArgument(pg::IdentifierError("table", o.table, 53));
   }
@@ -1263,6 +1270,15 @@ StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
     o.pool_size = static_cast<size_t>(*n);
   }
   if (auto t = uri.Param("timeout")) {
+    // libpq's connect_timeout counts seconds, this grammar's bare number
+    // milliseconds: "timeout=5" meant 5 s and was 5 ms, every statement
+    // cancelled (exit 75, for ever). A unit is required here.
+    if (!t->empty() && t->find_first_not_of("0123456789") == std::string::npos) {
+      return Status::InvalidArgument("postgres: timeout=" + *t +
+                                     " has no unit: write timeout=" + *t + "s for seconds (or " +
+                                     *t + "ms); libpq's connect_timeout counts seconds, a bare "
+                                     "number in a dedup URI milliseconds");
+    }
     auto ms = ParseDurationMillis(*t, "postgres: timeout");
     if (!ms.ok()) return ms.status();
     if (*ms <= 0) return Status::InvalidArgument("postgres: timeout must be positive, got '" + *t + "'");
