@@ -59,6 +59,28 @@ assert b"m-\x1b[2J\x1b[31mred\x07" in recs
 assert "m-\u202eevil".encode() in recs
 PY
 then ok "inspect --json: valid JSON, ASCII only, key_hex exact for non-UTF-8 keys"; else fail "inspect --json: $json"; fi
+# A key shown escaped cannot be typed back: its exact bytes are shown (key_hex),
+# and inspect and forget take them (--key-hex). Before, such a key could not be
+# forgotten from the command line.
+expect_rc "inspect --key-hex of a non-UTF-8 key" 0 "$dedup" inspect --store "$db" --key-hex 6d2dfffe
+[[ "$out" == *"key_hex    6d2dfffe"* ]] || fail "inspect --key-hex: $out"
+expect_rc "KEY and --key-hex together are refused" 2 "$dedup" inspect --store "$db" m-plain --key-hex 6d
+expect_rc "--key-hex that is not hex is refused" 2 "$dedup" forget --store "$db" --key-hex 6d2
+[[ "$out" == *"two a byte"* ]] || fail "forget --key-hex 6d2: $out"
+expect_rc "an empty KEY is named as empty" 2 "$dedup" inspect --store "$db" ''
+[[ "$out" == *"KEY is empty"* ]] || fail "inspect '': $out"
+expect_rc "--limit without --prefix is refused" 2 "$dedup" inspect --store "$db" --limit 5 m-plain
+[[ "$out" == *"--limit is for --prefix"* ]] || fail "inspect --limit: $out"
+"$dedup" exec --store "$db" --key $'m-gone' -- true
+expect_rc "forget --key-hex of a key with a control byte" 0 "$dedup" forget --store "$db" --key-hex 6d2d01676f6e65
+expect_rc "... and it is gone" 1 "$dedup" inspect --store "$db" --key-hex 6d2d01676f6e65
+# A user:password whose '@' was left out read as "an IPv6 address must be in
+# brackets"; sslmode= (empty) was libpq's default without a word.
+expect_rc "postgres://u:PW127.0.0.1:5432 names the missing '@'" 2 \
+  "$dedup" exec --store 'postgres://shop:Hunter2x127.0.0.1:5432/shop' --key k -- true
+[[ "$out" == *"needs its '@' before the host"* && "$out" != *Hunter2x* ]] || fail "missing @: $out"
+expect_rc "postgres sslmode= is refused" 2 "$dedup" exec --store 'postgres://u@127.0.0.1:5432/d?sslmode=' --key k -- true
+[[ "$out" == *"sslmode= is empty"* ]] || fail "sslmode=: $out"
 expect_rc "inspect text output" 0 "$dedup" inspect --store "$db" --prefix m-
 if grep -q $'\e' <<<"$out" || grep -q $'\a' <<<"$out" || grep -q $'\xe2\x80\xae' <<<"$out"; then
   fail "a terminal control reached the screen: $(printf %q "$out")"

@@ -152,7 +152,10 @@ void RegisterBench(CLI::App& root, CommandContext& ctx) {
     phase_names += phase_names.empty() ? "" : ", ";
     phase_names += p.name;
   }
-  app->add_option("--phase", o.only, "Run only these phases (" + phase_names + ")")
+  app->add_option("--phase", o.only,
+                  "Run only these phases (" + phase_names +
+                      "); postgres runs on the server in DEDUP_BENCH_POSTGRES_URI, skipped "
+                      "without it (scripts/bench.sh starts one)")
       ->delimiter(',');
   // Set by bench::RunPhaseInChild in the process it starts; not for users.
   app->add_flag("--isolated-child", o.isolated_child)->group("");

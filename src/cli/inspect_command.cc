@@ -5,6 +5,7 @@
 //   dedup inspect --store rocksdb:/var/lib/dedup m-42
 //   dedup inspect --store redis://127.0.0.1:6390 --prefix m- --json
 //   dedup forget  --store rocksdb:/var/lib/dedup m-42
+//   dedup forget  --store rocksdb:/var/lib/dedup --key-hex 6e00756c   # "n\0ul"
 //
 // inspect exits 0 when something was shown, 1 when the key (or prefix) has no
 // record. forget exits 0 when a record was removed, 1 when there was none, 75
@@ -15,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "cli/command.h"
 #include "cli/common.h"
@@ -27,8 +29,12 @@ namespace {
 struct InspectFlags {
   std::string store;
   std::string key;
+  bool key_given = false;      // KEY given, even as ""
+  std::string key_hex;         // --key-hex: the key's exact bytes
+  bool key_hex_given = false;
   std::string prefix;
   bool has_prefix = false;
+  bool limit_given = false;
   size_t limit = 1000;
   bool json = false;
   bool force = false;  // forget: also a key whose lease is running
@@ -50,9 +56,43 @@ nlohmann::json ToJson(const Record& r) {
   if (r.state == RecordState::kInProgress) {
     j["lease_deadline"] = FormatMillisUtc(r.lease_deadline);
   }
-  if (!utf8) j["key_hex"] = internal::HexBytes(r.key);
+  // Also for a key that is UTF-8 but shown escaped elsewhere (a NUL, a control
+  // byte): the exact bytes forget --key-hex takes.
+  if (!utf8 || internal::Printable(r.key) != r.key) j["key_hex"] = internal::HexBytes(r.key);
   if (r.state == RecordState::kCompleted) j["status"] = CompletionStatusName(r.status);
   return j;
+}
+
+// The key named by KEY or --key-hex HEX (the exact bytes of a key that cannot
+// be typed: a NUL, bytes that are not UTF-8, as inspect shows them in key_hex);
+// one of them, not empty. False after saying what is wrong.
+bool KeyOf(const InspectFlags& f, const char* cmd, std::string* key) {
+  if (f.key_given && f.key_hex_given) {
+    std::fprintf(stderr, "dedup %s: give KEY or --key-hex HEX, not both\n", cmd);
+    return false;
+  }
+  if (f.key_hex_given) {
+    const std::string& h = f.key_hex;
+    const bool hex = h.size() % 2 == 0 && h.find_first_not_of("0123456789abcdefABCDEF") ==
+                                              std::string::npos;
+    if (h.empty() || !hex) {
+      std::fprintf(stderr, "dedup %s: --key-hex takes the key's bytes as hex digits, two a "
+                           "byte (as inspect --json shows them in key_hex), got '%s'\n",
+                   cmd, internal::PrintableCut(h, 64).c_str());
+      return false;
+    }
+    key->clear();
+    for (size_t i = 0; i < h.size(); i += 2) {
+      key->push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
+    }
+    return true;
+  }
+  if (f.key_given && f.key.empty()) {
+    std::fprintf(stderr, "dedup %s: KEY is empty (keys are 1 to %zu bytes)\n", cmd, kMaxKeyBytes);
+    return false;
+  }
+  *key = f.key;
+  return true;
 }
 
 void PrintRecord(const Record& r) {
@@ -67,6 +107,10 @@ void PrintRecord(const Record& r) {
     std::printf("  status     %s\n", std::string(CompletionStatusName(r.status)).c_str());
   }
   std::printf("  result     %zu bytes\n", r.result.size());
+  // A key shown escaped cannot be typed back: its exact bytes, for --key-hex.
+  if (internal::Printable(r.key) != r.key) {
+    std::printf("  key_hex    %s\n", internal::HexBytes(r.key).c_str());
+  }
 }
 
 // Admin commands never create a store where there is none (a mistyped path);
@@ -81,8 +125,15 @@ StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd, b
 }
 
 int RunInspect(const InspectFlags& f) {
-  if (f.key.empty() == !f.has_prefix) {
-    std::fprintf(stderr, "dedup inspect: give a KEY or --prefix P (not both)\n");
+  std::string key;
+  if (!KeyOf(f, "inspect", &key)) return kExitUsage;
+  const bool one_key = f.key_given || f.key_hex_given;
+  if (one_key == f.has_prefix) {
+    std::fprintf(stderr, "dedup inspect: give a KEY (or --key-hex HEX) or --prefix P, not both\n");
+    return kExitUsage;
+  }
+  if (f.limit_given && !f.has_prefix) {
+    std::fprintf(stderr, "dedup inspect: --limit is for --prefix (one KEY shows one record)\n");
     return kExitUsage;
   }
   if (f.has_prefix && f.limit == 0) {
@@ -92,8 +143,8 @@ int RunInspect(const InspectFlags& f) {
   auto store = Open(f.store, "inspect", /*read_only=*/true);
   if (!store.ok()) return ExitCodeFor(store.status());
   std::vector<Record> records;
-  if (!f.key.empty()) {
-    auto r = (*store)->Inspect(f.key);
+  if (one_key) {
+    auto r = (*store)->Inspect(key);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
       return ExitCodeFor(r.status());
@@ -130,11 +181,16 @@ void RegisterInspect(CLI::App& root, CommandContext& ctx) {
                                                   "exit 1 when there is none, 75 when the store "
                                                   "is unreachable");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
-  app->add_option("key", f->key, "The key to show");
+  app->add_option("key", f->key, "The key to show")
+      ->each([f](const std::string&) { f->key_given = true; });
+  app->add_option("--key-hex", f->key_hex,
+                  "The key as hex digits, two a byte (a key with bytes that cannot be typed)")
+      ->each([f](const std::string&) { f->key_hex_given = true; });
   app->add_option("--prefix", f->prefix, "Show records whose key starts with this")
       ->each([f](const std::string&) { f->has_prefix = true; });
   app->add_option("--limit", f->limit, "At most this many records with --prefix (at least 1)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([f](const std::string&) { f->limit_given = true; });
   app->add_flag("--json", f->json, "One JSON array");
   app->callback([f, &ctx] { ctx.exit_code = RunInspect(*f); });
 }
@@ -145,11 +201,25 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
                                                  "there is none, 75 while its lease runs "
                                                  "(without --force)");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
-  app->add_option("key", f->key, "The key to forget")->required();
+  app->add_option("key", f->key, "The key to forget")
+      ->each([f](const std::string&) { f->key_given = true; });
+  app->add_option("--key-hex", f->key_hex,
+                  "The key as hex digits, two a byte (as inspect shows it in key_hex)")
+      ->each([f](const std::string&) { f->key_hex_given = true; });
   app->add_flag("--force", f->force,
                 "Also forget a key whose lease is still running (its worker loses the "
                 "claim; the next claim gets a higher fence)");
   app->callback([f, &ctx] {
+    std::string key;
+    if (!KeyOf(*f, "forget", &key)) {
+      ctx.exit_code = kExitUsage;
+      return;
+    }
+    if (!f->key_given && !f->key_hex_given) {
+      std::fprintf(stderr, "dedup forget: give the KEY to forget (or --key-hex HEX)\n");
+      ctx.exit_code = kExitUsage;
+      return;
+    }
     auto store = Open(f->store, "forget", /*read_only=*/false);
     if (!store.ok()) {
       ctx.exit_code = ExitCodeFor(store.status());  // 75: held by another process
@@ -157,7 +227,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
     }
     ForgetOptions o;
     o.force = f->force;
-    auto r = (*store)->Forget(f->key, o);
+    auto r = (*store)->Forget(key, o);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup forget: %s\n", r.status().ToString().c_str());
       // A running lease: not now (wait for it, or --force).

@@ -360,6 +360,12 @@ StatusOr<HostPort> ParseHostPort(std::string_view text, std::string_view scheme)
     }
   } else if (size_t c = text.find(':'); c != std::string_view::npos) {
     if (text.find(':', c + 1) != std::string_view::npos) {
+      // Not an IPv6 address's characters ("shop:PW127.0.0.1:5432"): more likely
+      // a user:password whose '@' was left out.
+      if (text.find_first_not_of("0123456789abcdefABCDEF:.%") != std::string_view::npos) {
+        return bad("more than one ':' (an IPv6 address goes in brackets, [::1]:PORT; a "
+                   "user:password needs its '@' before the host)");
+      }
       return bad("an IPv6 address must be in brackets, e.g. [::1]:PORT");
     }
     host = text.substr(0, c);

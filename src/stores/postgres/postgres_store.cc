@@ -1262,7 +1262,15 @@ StatusOr<PostgresStoreOptions> PostgresOptionsFromUri(const Uri& uri) {
   if (auto t = uri.Param("table")) o.table = *t;
   if (auto s = uri.Param("schema")) o.schema = *s;
   if (auto p = uri.Param("prefix")) o.prefix = *p;
-  if (auto m = uri.Param("sslmode")) o.sslmode = *m;
+  if (auto m = uri.Param("sslmode")) {
+    // "sslmode=" meant libpq's default (prefer) without a word; refused as the
+    // empty value it is, as a bogus one is.
+    if (m->empty()) {
+      return Status::InvalidArgument("postgres: sslmode= is empty (give disable, allow, prefer, "
+                                     "require, verify-ca or verify-full, or leave it out)");
+    }
+    o.sslmode = *m;
+  }
   if (auto p = uri.Param("pool")) {
     auto n = ParseCount(*p, "postgres: pool");
     if (!n.ok()) return n.status();
