@@ -347,6 +347,17 @@ TEST(NatsUriTest, APrefixThatLeavesNoRoomForAKeyIsRefused) {
   EXPECT_TRUE(ParseNatsUri(base + std::string(960, 'p') + "&key=sha256").ok());
 }
 
+// A header name NATS cannot carry (a header line is "NAME: value") was accepted,
+// and every message then had no key.
+TEST(NatsUriTest, AKeyHeaderNameWithAColonOrSpaceIsRefused) {
+  for (const std::string bad : {"a:b", "a%20b", "a%09b"}) {
+    auto o = ParseNatsUri("nats://127.0.0.1:1?stream=S&consumer=c&key=header:" + bad);
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_NE(o.status().message().find("header name"), std::string::npos) << o.status().ToString();
+  }
+  EXPECT_TRUE(ParseNatsUri("nats://127.0.0.1:1?stream=S&consumer=c&key=header:Dedup-Key").ok());
+}
+
 TEST(NatsUriTest, APasswordReadAsAPortIsNotEchoed) {
   auto o = ParseNatsUri("nats://default:hunter2?stream=S&consumer=c");
   ASSERT_FALSE(o.ok());

@@ -405,7 +405,24 @@ Status CheckName(std::string_view name, const char* what) {
 
 // Every name of `o` the broker would refuse or misread, checked once for the
 // URI (ParseNatsUri) and the C++ API (OpenNatsSource) alike.
+// key=header:NAME: a NATS header line is "NAME: value", so a name with ':' or
+// white space (or a control byte) is no header any message can carry; it was
+// accepted, and every message then had no key.
+Status CheckKeyHeader(const NatsOptions& o) {
+  if (o.key.kind != brokers::KeyKind::kHeader) return Status::Ok();
+  for (char c : o.key.name) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == ':' || u <= ' ' || u >= 0x7f) {
+      return Status::InvalidArgument("nats key=header:" + internal::PrintableCut(o.key.name, 64) +
+                                     ": a header name is printable ASCII without ':' or white "
+                                     "space (a header line is NAME: value)");
+    }
+  }
+  return Status::Ok();
+}
+
 Status CheckNames(const NatsOptions& o) {
+  DEDUP_RETURN_IF_ERROR(CheckKeyHeader(o));
   DEDUP_RETURN_IF_ERROR(CheckName(o.stream, "stream"));
   DEDUP_RETURN_IF_ERROR(CheckName(o.consumer, "consumer"));
   DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
@@ -428,6 +445,7 @@ Status CheckNoWildcard(const NatsOptions& o) {
 
 // What a publisher needs of `o`: a stream name, and one subject to publish to.
 Status CheckPublishNames(const NatsOptions& o) {
+  DEDUP_RETURN_IF_ERROR(CheckKeyHeader(o));
   DEDUP_RETURN_IF_ERROR(CheckName(o.stream, "stream"));
   DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
   return CheckNoWildcard(o);
@@ -505,6 +523,7 @@ StatusOr<NatsOptions> ParseNatsUriFields(std::string_view text, bool need_consum
                                            .headers = true});
     if (!spec.ok()) return spec.status();
     o.key = *spec;
+    DEDUP_RETURN_IF_ERROR(CheckKeyHeader(o));
   }
   o.key_prefix = u.Param("prefix").value_or("");
   DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
