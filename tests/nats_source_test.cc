@@ -674,6 +674,36 @@ TEST_F(NatsSourceTest, ASubjectTheStreamDoesNotHoldIsNamedAtOpen) {
   EXPECT_TRUE(wild.ok()) << wild.status().ToString();
 }
 
+// An existing consumer is used as it is: its AckWait and MaxAckPending won over
+// the URI's without a word, and an AckWait under the lease's heartbeat made a
+// running handler's message come back between two heartbeats. Said at open.
+TEST_F(NatsSourceTest, AnExistingConsumersOwnSettingsAreToldAtOpen) {
+  Publish("m", "x");  // creates the stream
+  RawNats raw;
+  raw.AddConsumer(stream_, "own", stream_ + ".in", js_AckExplicit, -1);  // AckWait 30 s default
+  std::vector<std::string> told;
+  SourceOptions so;
+  so.lease = Millis(300'000);
+  so.on_warning = [&](const std::string& m) { told.push_back(m); };
+  auto src = OpenNatsSource(BaseUri() + "?stream=" + stream_ + "&subject=" + stream_ +
+                                ".in&consumer=own&ack_wait=10s&max_ack_pending=7",
+                            so);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_EQ(told.size(), 3u) << (told.empty() ? "" : told[0]);
+  EXPECT_NE(told[0].find("AckWait 30000ms, not ack_wait=10000ms"), std::string::npos) << told[0];
+  EXPECT_NE(told[1].find("not max_ack_pending=7"), std::string::npos) << told[1];
+  EXPECT_NE(told[2].find("under the lease's heartbeat (100000ms"), std::string::npos) << told[2];
+  // The consumer the source makes itself is the URI's: nothing to tell.
+  told.clear();
+  so.lease = Millis(30'000);  // AckWait 10 s is its heartbeat interval: fine
+  auto made = OpenNatsSource(Uri("&ack_wait=10s&max_ack_pending=7"), so);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  made->reset();
+  auto again = OpenNatsSource(Uri("&ack_wait=200s&max_ack_pending=7"), so);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(told.size(), 1u) << "only the AckWait it was made with differs";
+}
+
 // A consumer with no filter reads every subject of its stream. On a stream that
 // holds more than subject= (an operator's "jobs.>" read as subject=jobs.in) it
 // handed the workers messages the URI does not name, and with dead= under the

@@ -417,6 +417,11 @@ struct SourceOptions {
   // The Buffer's lease: sources derive their redelivery timers from it (e.g.
   // XAUTOCLAIM min-idle = lease + 5 s). Default: 30 s.
   Millis lease{30'000};
+  // Told, once at open, of broker settings that work but are likely not meant
+  // (NATS: an existing consumer whose AckWait or MaxAckPending differs from the
+  // URI's, or whose AckWait is under the lease's heartbeat interval). Unset:
+  // not told.
+  std::function<void(const std::string&)> on_warning;
 };
 
 // Opens a MessageSource from a broker URI, by scheme (src/brokers/open_source.cc):

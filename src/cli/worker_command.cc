@@ -362,6 +362,9 @@ int RunWorkerCommand(const WorkerFlags& f) {
   }
   SourceOptions so;
   so.lease = f.lease;
+  so.on_warning = [](const std::string& m) {
+    std::fprintf(stderr, "dedup worker: warning: %s\n", m.c_str());
+  };
   auto source = OpenSource(f.broker, so);
   if (!source.ok()) {
     std::fprintf(stderr, "dedup worker: --broker: %s\n", source.status().ToString().c_str());

@@ -287,6 +287,33 @@ Status CheckStreamHolds(Conn& conn, const NatsOptions& o, SubjectUse use, const 
       internal::Printable(o.Subject()) + ": " + why);
 }
 
+// An existing consumer is used as it is (CheckConsumer refuses what cannot work):
+// settings that work but are likely not meant are told through o.on_warning.
+void WarnAboutConsumer(const NatsOptions& o, const jsConsumerInfo& ci) {
+  const jsConsumerConfig* c = ci.Config;
+  if (!o.on_warning || c == nullptr) return;
+  const std::string what = "nats " + o.host_port + ": the existing consumer '" + o.consumer +
+                           "' of stream " + o.stream + " ";
+  const auto ms = [](int64_t ns) { return std::to_string(ns / kNanosPerMilli) + "ms"; };
+  const char* used = " (an existing consumer is used as it is: delete it, or edit it, to have "
+                     "the URI's)";
+  if (o.ack_wait_set && c->AckWait != o.ack_wait.count() * kNanosPerMilli) {
+    o.on_warning(what + "has AckWait " + ms(c->AckWait) + ", not ack_wait=" +
+                 std::to_string(o.ack_wait.count()) + "ms of the URI" + used);
+  }
+  if (o.max_ack_pending_set && c->MaxAckPending != o.max_ack_pending) {
+    o.on_warning(what + "has MaxAckPending " + std::to_string(c->MaxAckPending) +
+                 ", not max_ack_pending=" + std::to_string(o.max_ack_pending) + " of the URI" +
+                 used);
+  }
+  if (o.lease.count() > 0 && c->AckWait > 0 &&
+      c->AckWait < o.lease.count() / 3 * kNanosPerMilli) {
+    o.on_warning(what + "has AckWait " + ms(c->AckWait) + ", under the lease's heartbeat (" +
+                 std::to_string(o.lease.count() / 3) + "ms = lease / 3): a running handler's "
+                 "message is redelivered between two heartbeats and answered BUSY");
+  }
+}
+
 // The dead subject needs a stream to store it; makes <stream>_DEAD unless a
 // stream holds it.
 Status EnsureDeadStream(Conn& conn, const NatsOptions& o) {
@@ -540,6 +567,7 @@ StatusOr<NatsOptions> ParseNatsUriFields(std::string_view text, bool need_consum
     if (!n.ok()) return n.status();
     if (*n < 1 || *n > 1'000'000) return Status::InvalidArgument("nats max_ack_pending must be 1..1000000");
     o.max_ack_pending = static_cast<int>(*n);
+    o.max_ack_pending_set = true;
   }
   if (auto t = u.Param("timeout")) {
     auto ms = internal::ParseDurationMillis(*t, "nats timeout");
@@ -1199,6 +1227,8 @@ Status EnsureConsumer(Conn& conn, const NatsOptions& o, bool* made, uint64_t* de
   if (st == NATS_OK) {
     if (delivered != nullptr) *delivered = ci->Delivered.Consumer;
     Status usable = CheckConsumer(conn, o, *ci);
+    // At open only: the open asks for no `made`, the look while running does.
+    if (usable.ok() && made == nullptr) WarnAboutConsumer(o, *ci);
     jsConsumerInfo_Destroy(ci);
     DEDUP_RETURN_IF_ERROR(usable);
   } else if (st == NATS_NOT_FOUND || jerr == JSConsumerNotFoundErr) {
@@ -1282,6 +1312,8 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(std::string_view uri,
   auto o = ParseNatsUri(uri);
   if (!o.ok()) return o.status();
   if (!o->ack_wait_set) o->ack_wait = options.lease + Millis(1'000);
+  o->lease = options.lease;
+  o->on_warning = options.on_warning;
   return OpenNatsSource(*o);
 }
 

@@ -63,6 +63,7 @@
 #ifndef DEDUP_SRC_BROKERS_NATS_NATS_SOURCE_H_
 #define DEDUP_SRC_BROKERS_NATS_NATS_SOURCE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -100,6 +101,13 @@ struct NatsOptions {
   Millis ack_wait{30'000};
   bool ack_wait_set = false;  // ack_wait= was in the URI
   int max_ack_pending = 1000;
+  bool max_ack_pending_set = false;  // max_ack_pending= was in the URI
+  // The Buffer's lease (SourceOptions::lease; 0: not known), and where settings
+  // that work but are likely not meant are told at open: an existing consumer
+  // whose AckWait or MaxAckPending is not the URI's, or whose AckWait is under
+  // the heartbeat interval (lease / 3). Unset: not told.
+  Millis lease{0};
+  std::function<void(const std::string&)> on_warning;
   // Connect timeout and the wait for JetStream API replies and PubAcks. Default: 5 s.
   Millis timeout{5'000};
 
