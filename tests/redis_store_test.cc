@@ -345,8 +345,19 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
       EXPECT_NE(st.message().find("key 'hash'"), std::string::npos) << st;
       EXPECT_NE(st.message().find("'c:hash' holds a value of another type"), std::string::npos)
           << st;
+      // Not Redis's "script: SHA, on @user_script:N." tail.
+      EXPECT_EQ(st.message().find("user_script"), std::string::npos) << st;
     }
   }
+  // Inspect meets it in a script too: the same words, no script location.
+  auto ins = OpenStore("redis://127.0.0.1:6394?prefix=c:");
+  ASSERT_TRUE(ins.ok()) << ins.status();
+  auto read = (*ins)->Inspect("hash");
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find("holds a value of another type"), std::string::npos)
+      << read.status();
+  EXPECT_EQ(read.status().message().find("user_script"), std::string::npos) << read.status();
   EXPECT_EQ(Admin(6394, {"TYPE", "c:hash"}), "hash");
 }
 

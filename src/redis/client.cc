@@ -1313,11 +1313,27 @@ std::string Where(const Node* n, std::string_view op) {
 
 }  // namespace
 
+namespace {
+// Redis 7 ends an error raised inside a script with where it was raised
+// ("... script: b721962f..., on @user_script:91."): the script's SHA and line
+// mean nothing to a reader of dedup's message.
+std::string_view WithoutScriptLocation(std::string_view e) {
+  const size_t at = e.find(" script: ");
+  return at == std::string_view::npos ? e : e.substr(0, at);
+}
+}  // namespace
+
 Status ErrorReplyStatus(const std::string& where, std::string_view e) {
+  e = WithoutScriptLocation(e);
   const std::string msg = where + std::string(e);
   if (StartsWith(e, "NOAUTH") || StartsWith(e, "WRONGPASS")) return Status::Unauthenticated(msg);
   if (StartsWith(e, "NOPERM")) return Status::PermissionDenied(msg);
-  if (StartsWith(e, "DEDUPCORRUPT") || StartsWith(e, "WRONGTYPE")) {
+  if (StartsWith(e, "WRONGTYPE")) {
+    return Status::DataLoss(where + "corrupt record: the key holds a value of another type (a "
+                                    "hash, list, set, ...), not a dedup record; nothing changed (" +
+                            std::string(e) + ")");
+  }
+  if (StartsWith(e, "DEDUPCORRUPT")) {
     return Status::DataLoss(where + "corrupt record: " + std::string(e) + " (nothing changed)");
   }
   if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
