@@ -267,6 +267,19 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
         << t << ": " << (shaped.ok() ? "opened" : shaped.status().ToString());
     EXPECT_NE(shaped.status().message().find(t), std::string::npos) << shaped.status();
   }
+  // A column added by hand that is NOT NULL without a default: the table opened,
+  // then every claim failed with a not-null violation whose detail echoed the row
+  // (key and token), retried for ever. Refused at open; with a default it opens.
+  ASSERT_TRUE(OpenStore(Uri("&table=extra")).ok());
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE extra ADD COLUMN note text; "
+                                  "ALTER TABLE extra ADD COLUMN tenant int NOT NULL DEFAULT 0"));
+  EXPECT_TRUE(OpenStore(Uri("&table=extra")).ok());
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE extra ADD COLUMN must text; "
+                                  "ALTER TABLE extra ALTER COLUMN must SET NOT NULL"));
+  auto extra = OpenStore(Uri("&table=extra"));
+  EXPECT_EQ(extra.status().code(), StatusCode::kFailedPrecondition) << extra.status();
+  EXPECT_NE(extra.status().message().find("'must' that is NOT NULL without a default"),
+            std::string::npos) << extra.status();
 
   // pg_temp, pg_catalog: PostgreSQL's own schemas, whose CREATE SCHEMA failed as
   // INTERNAL; timeout=5: 5 ms to this grammar, 5 s to a libpq user.

@@ -638,14 +638,27 @@ class PgStore final : public PostgresStore {
       // And each column of the type the migration below makes: the statements
       // accept many other types (an assignment cast to text, a narrower integer)
       // and would then hand back other bytes, or misread a row they wrote.
-      auto cols = c.Exec("SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM "
-                         "pg_attribute a WHERE a.attrelid = " + regclass + "::regclass AND "
-                         "a.attnum > 0 AND NOT a.attisdropped",
+      auto cols = c.Exec("SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), "
+                         "a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND "
+                         "a.attgenerated = '' FROM pg_attribute a WHERE a.attrelid = " +
+                             regclass + "::regclass AND a.attnum > 0 AND NOT a.attisdropped",
                          "migration check");
       if (!cols.ok()) return cols.status();
       std::map<std::string, std::string> have;
       for (int i = 0; i < PQntuples(cols->get()); ++i) {
-        have[PQgetvalue(cols->get(), i, 0)] = PQgetvalue(cols->get(), i, 1);
+        const std::string column = PQgetvalue(cols->get(), i, 0);
+        have[column] = PQgetvalue(cols->get(), i, 1);
+        // A column added by hand that dedup's INSERT leaves NULL and may not be:
+        // every claim failed with a not-null violation (whose detail echoed the
+        // row: key and token), retried for ever. Refused at open instead.
+        const bool ours = std::any_of(std::begin(kColumnTypes), std::end(kColumnTypes),
+                                      [&](const auto& ct) { return column == ct.first; });
+        if (!ours && std::string_view(PQgetvalue(cols->get(), i, 2)) == "t") {
+          return Status::FailedPrecondition(
+              where_ + ": table " + name + " has a column '" + internal::PrintableCut(column, 64) +
+              "' that is NOT NULL without a default, which dedup does not write: every claim "
+              "would fail; give it a default or drop it (it was added by hand)");
+        }
       }
       for (const auto& [column, type] : kColumnTypes) {
         const auto it = have.find(column);
