@@ -430,8 +430,6 @@ Status CheckName(std::string_view name, const char* what) {
   return Status::Ok();
 }
 
-// Every name of `o` the broker would refuse or misread, checked once for the
-// URI (ParseNatsUri) and the C++ API (OpenNatsSource) alike.
 // key=header:NAME: a NATS header line is "NAME: value", so a name with ':' or
 // white space (or a control byte) is no header any message can carry; it was
 // accepted, and every message then had no key.
@@ -448,8 +446,13 @@ Status CheckKeyHeader(const NatsOptions& o) {
   return Status::Ok();
 }
 
+// Every name of `o` the broker would refuse or misread, and a key prefix that
+// leaves no room for a key, checked once for the URI (ParseNatsUri) and the C++
+// API (OpenNatsSource) alike.
 Status CheckNames(const NatsOptions& o) {
   DEDUP_RETURN_IF_ERROR(CheckKeyHeader(o));
+  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
+      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "nats"));
   DEDUP_RETURN_IF_ERROR(CheckName(o.stream, "stream"));
   DEDUP_RETURN_IF_ERROR(CheckName(o.consumer, "consumer"));
   DEDUP_RETURN_IF_ERROR(CheckSubject(o.subject));
@@ -541,8 +544,6 @@ StatusOr<NatsOptions> ParseNatsUriFields(std::string_view text, bool need_consum
   }
   o.subject = u.Param("subject").value_or("");
   o.dead = u.Param("dead").value_or("");
-  DEDUP_RETURN_IF_ERROR(CheckNames(o));
-  if (!need_consumer) DEDUP_RETURN_IF_ERROR(CheckNoWildcard(o));
   if (auto k = u.Param("key")) {
     // The one key= grammar (brokers/key_spec.h): Nats-Msg-Id, a header or the
     // data's hash.
@@ -550,11 +551,10 @@ StatusOr<NatsOptions> ParseNatsUriFields(std::string_view text, bool need_consum
                                            .headers = true});
     if (!spec.ok()) return spec.status();
     o.key = *spec;
-    DEDUP_RETURN_IF_ERROR(CheckKeyHeader(o));
   }
   o.key_prefix = u.Param("prefix").value_or("");
-  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
-      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "nats URI"));
+  DEDUP_RETURN_IF_ERROR(CheckNames(o));
+  if (!need_consumer) DEDUP_RETURN_IF_ERROR(CheckNoWildcard(o));
   if (auto a = u.Param("ack_wait")) {
     auto ms = internal::ParseDurationMillis(*a, "nats ack_wait");
     if (!ms.ok()) return ms.status();
@@ -1273,8 +1273,6 @@ StatusOr<std::unique_ptr<MessageSource>> OpenNatsSource(const NatsOptions& o) {
     return Status::InvalidArgument("nats source: stream and consumer are required");
   }
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
-  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
-      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "nats source"));
   if (o.servers.empty()) return Status::InvalidArgument("nats source: no server");
   auto c = Connect(o);
   if (!c.ok()) return c.status();

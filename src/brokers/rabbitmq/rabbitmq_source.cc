@@ -68,6 +68,8 @@ constexpr std::string_view kRetryInfix = ".retry.";
 constexpr size_t kMaxRetrySuffix = kRetryInfix.size() + 13;  // ms up to 10 years
 
 Status CheckNames(const RabbitMqOptions& o) {
+  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
+      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "amqp"));
   DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.queue, "amqp queue="));
   DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.dead, "amqp dead="));
   DEDUP_RETURN_IF_ERROR(internal::RefuseControlBytes(o.vhost, "amqp vhost "));
@@ -177,8 +179,6 @@ StatusOr<RabbitMqOptions> ParseRabbitMqUri(std::string_view text) {
     o.key = *spec;
   }
   o.key_prefix = u.Param("prefix").value_or("");
-  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
-      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "amqp URI"));
   o.dead = u.Param("dead").value_or("");
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
   if (auto h = u.Param("heartbeat")) {
@@ -851,8 +851,6 @@ class RabbitMqSource final : public MessageSource {
 StatusOr<std::unique_ptr<MessageSource>> OpenRabbitMqSource(const RabbitMqOptions& o) {
   if (o.queue.empty()) return Status::InvalidArgument("rabbitmq source: queue is empty");
   DEDUP_RETURN_IF_ERROR(CheckNames(o));
-  DEDUP_RETURN_IF_ERROR(brokers::CheckKeyPrefix(
-      o.key_prefix, o.key.kind == brokers::KeyKind::kContentSha256, "rabbitmq source"));
   DEDUP_RETURN_IF_ERROR(CheckHeartbeat(o.heartbeat));
   if (o.prefetch < 1 || o.prefetch > 65535) {
     return Status::InvalidArgument("rabbitmq source: prefetch must be 1..65535");
