@@ -1313,15 +1313,10 @@ std::string Where(const Node* n, std::string_view op) {
 
 }  // namespace
 
-namespace {
-// Redis 7 ends an error raised inside a script with where it was raised
-// ("... script: b721962f..., on @user_script:91."): the script's SHA and line
-// mean nothing to a reader of dedup's message.
 std::string_view WithoutScriptLocation(std::string_view e) {
   const size_t at = e.find(" script: ");
   return at == std::string_view::npos ? e : e.substr(0, at);
 }
-}  // namespace
 
 Status ErrorReplyStatus(const std::string& where, std::string_view e) {
   e = WithoutScriptLocation(e);

@@ -420,7 +420,12 @@ bool IsNoScript(const redisReply* r);
 // to then (a virtual IP, a proxy or a DNS name that followed the failover).
 bool AnyReadOnly(const Reply* replies, size_t n);
 // The canonical code for an error reply that is not a redirect; `where` prefixes it.
+// The reply is shown WithoutScriptLocation.
 Status ErrorReplyStatus(const std::string& where, std::string_view error);
+// `error` without the tail Redis 7 puts on an error raised inside a script
+// ("... script: b721962f..., on @user_script:91."): its SHA and line mean
+// nothing to a reader of dedup's message.
+std::string_view WithoutScriptLocation(std::string_view error);
 
 }  // namespace dedup::redis
 

@@ -38,6 +38,7 @@ using redis::IsError;
 using redis::Node;
 using redis::Reply;
 using redis::ReplyText;
+using redis::WithoutScriptLocation;
 
 enum ScriptId : size_t {
   kClaim = 0, kExtend, kComplete, kRelease, kInspect, kCompleteAck, kForget, kCompleteBatch,
@@ -618,11 +619,10 @@ class RedisStore final : public Store {
     const std::string where = "redis " + description_ + ": " + std::string(op) + ": key '" +
                               internal::Printable(key) + "': ";
     if (error.substr(0, 9) == "WRONGTYPE") {
-      // Without Redis's " script: SHA, on @user_script:N." (ErrorReplyStatus too).
-      const std::string_view e = error.substr(0, error.find(" script: "));
       return Status::DataLoss(where + "the Redis key '" + internal::Printable(RedisKey(key)) +
                               "' holds a value of another type (a hash, list, set, ...), not a "
-                              "dedup record; nothing changed (" + std::string(e) + ")");
+                              "dedup record; nothing changed (" +
+                              std::string(WithoutScriptLocation(error)) + ")");
     }
     return ErrorReplyStatus(where, error);
   }
