@@ -41,10 +41,9 @@ StatusOr<std::string> Decode(std::string_view s, std::string_view part) {
   return out;
 }
 
-// Letters, digits, '+', '-', '.': what a scheme is made of (RFC 3986 allows no
-// more; its first-letter rule is not enforced here).
-// RFC 3986: a letter, then letters, digits, '+', '-' and '.'. "127.0.0.1:6379"
-// (a host and port, the scheme forgotten) is not a URI whose scheme is "127.0.0.1".
+// What a scheme is made of (RFC 3986): a letter, then letters, digits, '+', '-'
+// and '.'. "127.0.0.1:6379" (a host and port, the scheme forgotten) is not a URI
+// whose scheme is "127.0.0.1".
 bool IsSchemeText(std::string_view s) {
   if (s.empty() || !std::isalpha(static_cast<unsigned char>(s[0]))) return false;
   for (char c : s) {

@@ -26,6 +26,10 @@
 
 namespace dedup::serve {
 
+// "localhost", "::1" / "[::1]" or an address of 127.0.0.0/8 (as written: the
+// caller lower-cases a name it took from a request).
+bool IsLoopback(const std::string& host);
+
 class Heartbeats;  // proxy.cc
 
 // Proxy mode: the application behind the proxy (proxy.cc).

@@ -23,8 +23,6 @@
 // the header pass through, but for hop-by-hop headers and dedup's own
 // Dedup-Token, Dedup-Fence (their '_' variants too) and dedup_token cookie.
 
-#include <arpa/inet.h>
-
 #include <cctype>
 #include <condition_variable>
 #include <map>
@@ -445,17 +443,12 @@ bool SameHostForListener(std::string listen, std::string target) {
   listen = unbracket(listen);
   target = unbracket(target);
   if (listen == target) return true;
-  auto loopback = [](const std::string& h) {
-    if (h == "localhost" || h == "::1") return true;
-    in_addr a{};
-    return inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
-  };
   // "localhost" is 127.0.0.1 or ::1 (127.0.0.2 is another address).
   auto localhost = [](const std::string& a, const std::string& b) {
     return a == "localhost" && (b == "127.0.0.1" || b == "::1");
   };
   const bool any = listen == "0.0.0.0" || listen == "::" || listen.empty();
-  return (any && loopback(target)) || localhost(listen, target) || localhost(target, listen);
+  return (any && IsLoopback(target)) || localhost(listen, target) || localhost(target, listen);
 }
 
 }  // namespace

@@ -18,7 +18,6 @@
 #include "serve/impl.h"
 
 namespace dedup::serve {
-namespace {
 
 bool IsLoopback(const std::string& host) {
   if (host == "localhost" || host == "::1" || host == "[::1]") return true;
@@ -26,6 +25,8 @@ bool IsLoopback(const std::string& host) {
   if (inet_pton(AF_INET, host.c_str(), &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
   return false;
 }
+
+namespace {
 
 // An RFC 9110 field name: a token (no whitespace, no separators).
 bool IsFieldName(const std::string& name) {
