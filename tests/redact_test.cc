@@ -97,6 +97,13 @@ TEST(Printable, NothingReachesATerminalRaw) {
   EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));  // a surrogate
   EXPECT_FALSE(IsValidUtf8("\xff"));
   EXPECT_EQ(HexBytes("m-\xff"), "6d2dff");
+  // Its inverse, as inspect / forget --key-hex read it.
+  EXPECT_EQ(BytesFromHex("6d2dff"), std::string("m-\xff"));
+  EXPECT_EQ(BytesFromHex("6D2DFF"), std::string("m-\xff"));
+  EXPECT_EQ(BytesFromHex("6e00756c"), std::string("n\0ul", 4));
+  EXPECT_EQ(BytesFromHex(""), std::string());
+  EXPECT_FALSE(BytesFromHex("6d2").has_value());
+  EXPECT_FALSE(BytesFromHex("6g").has_value());
 }
 
 class Credentials : public ::testing::Test {

@@ -16,7 +16,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "cli/command.h"
 #include "cli/common.h"
@@ -72,19 +74,14 @@ bool KeyOf(const InspectFlags& f, const char* cmd, std::string* key) {
     return false;
   }
   if (f.key_hex_given) {
-    const std::string& h = f.key_hex;
-    const bool hex = h.size() % 2 == 0 && h.find_first_not_of("0123456789abcdefABCDEF") ==
-                                              std::string::npos;
-    if (h.empty() || !hex) {
+    std::optional<std::string> bytes = internal::BytesFromHex(f.key_hex);
+    if (f.key_hex.empty() || !bytes) {
       std::fprintf(stderr, "dedup %s: --key-hex takes the key's bytes as hex digits, two a "
                            "byte (as inspect --json shows them in key_hex), got '%s'\n",
-                   cmd, internal::PrintableCut(h, 64).c_str());
+                   cmd, internal::PrintableCut(f.key_hex, 64).c_str());
       return false;
     }
-    key->clear();
-    for (size_t i = 0; i < h.size(); i += 2) {
-      key->push_back(static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16)));
-    }
+    *key = std::move(*bytes);
     return true;
   }
   if (f.key_given && f.key.empty()) {

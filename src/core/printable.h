@@ -8,6 +8,7 @@
 #ifndef DEDUP_SRC_CORE_PRINTABLE_H_
 #define DEDUP_SRC_CORE_PRINTABLE_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,6 +43,9 @@ std::string CutReasonToFitARecord(std::string_view reason, size_t max);
 
 // Lower-case hex of every byte ("6d2dff").
 std::string HexBytes(std::string_view bytes);
+// The bytes HexBytes wrote (upper-case digits too); nullopt for an odd count or
+// a character that is not a hex digit.
+std::optional<std::string> BytesFromHex(std::string_view hex);
 
 }  // namespace dedup::internal
 
