@@ -102,30 +102,23 @@ StatusOr<UriCredentials> ResolveUriCredentialsOf(const Uri& uri, const Credentia
     c.has_password = true;
     return c;
   }
-  if (!uri.user.empty()) {
-    const char* env = rules.env != nullptr ? std::getenv(rules.env) : nullptr;
-    if (!rules.lone_user_is_password) {
-      c.user = uri.user;
-    } else if (env != nullptr && *env != '\0') {
-      // "redis://alice@host" with the password in the environment: alice is the
-      // ACL user, as with password_file= (read as the password, the environment
-      // was ignored and AUTH failed for the default user).
-      c.user = uri.user;
-      c.password = env;
-      c.has_password = true;
-      return c;
-    } else {
-      // "redis://secret@host": the part before '@' is a password, as redis-cli reads it.
-      c.password = uri.user;
-      c.has_password = true;
-      return c;
-    }
+  // The environment's password, when the rules name a variable and it is set.
+  const char* env = rules.env != nullptr ? std::getenv(rules.env) : nullptr;
+  const bool from_env = env != nullptr && *env != '\0';
+  // A lone user-info is the user name, unless the rules read it as the password
+  // ("redis://secret@host", as redis-cli does) and the environment gives none:
+  // with DEDUP_REDIS_PASSWORD set, "redis://alice@host" is the ACL user alice,
+  // as with password_file= (read as the password, the environment was ignored
+  // and AUTH failed for the default user).
+  if (!uri.user.empty() && rules.lone_user_is_password && !from_env) {
+    c.password = uri.user;
+    c.has_password = true;
+    return c;
   }
-  if (rules.env != nullptr) {
-    if (const char* env = std::getenv(rules.env); env != nullptr && *env != '\0') {
-      c.password = env;
-      c.has_password = true;
-    }
+  c.user = uri.user;
+  if (from_env) {
+    c.password = env;
+    c.has_password = true;
   }
   return c;
 }
