@@ -83,4 +83,32 @@ ran=$(awk '{ print $1 }' "$LEDGER" | sort | tr '\n' ' ')
 [ "$(rcli XPENDING jobs workers | head -1)" = 0 ] || fail "messages left pending"
 [ "$(rcli GET dedup:bad-1)" = "not a record" ] || fail "the corrupt record was changed"
 grep "dead-lettered" "$work/worker.log"
-echo "PASS: 2 corrupt records dead-lettered with the reason and logged; 3 messages processed"
+
+# The operator's view: inspect --prefix lists the three records and both
+# corrupt ones with why (it failed whole on the first it met), exits 2 as
+# inspect of one of them does; forget --key-hex of the escaped key removes it.
+store="redis://127.0.0.1:$port?prefix=dedup:"
+rc=0
+"$dedup" inspect --store "$store" --prefix '' >"$work/inspect.out" 2>"$work/inspect.err" || rc=$?
+[ "$rc" = 2 ] || fail "inspect --prefix exit $rc: $(cat "$work/inspect.out" "$work/inspect.err")"
+for key in good-1 good-2 good-3; do
+  grep -qx "$key" "$work/inspect.out" || fail "inspect --prefix did not list $key: $(cat "$work/inspect.out")"
+done
+grep -q "undecodable  record is not dedup format" "$work/inspect.out" || fail "no why for bad-1: $(cat "$work/inspect.out")"
+grep -q "undecodable  the key holds a value of another type" "$work/inspect.out" ||
+  fail "no why for the hash: $(cat "$work/inspect.out")"
+grep -q "2 records cannot be decoded" "$work/inspect.err" || fail "inspect stderr: $(cat "$work/inspect.err")"
+if grep -q $'\033' "$work/inspect.out"; then fail "a raw ESC reached inspect's output"; fi
+hex=$(awk '/key_hex/ { print $2 }' "$work/inspect.out")
+[ -n "$hex" ] || fail "no key_hex for the escaped key: $(cat "$work/inspect.out")"
+"$dedup" inspect --store "$store" --prefix bad --json >"$work/inspect.json" 2>/dev/null || rc=$?
+python3 - "$work/inspect.json" <<'PY' || fail "inspect --json: $(cat "$work/inspect.json")"
+import json, sys
+entries = json.load(open(sys.argv[1]))
+assert sorted(e["key"] for e in entries) == ["bad\x1b[31m-2", "bad-1"], entries
+assert all(e["undecodable"] for e in entries), entries
+PY
+"$dedup" forget --store "$store" --key-hex "$hex" || fail "forget --key-hex $hex"
+"$dedup" forget --store "$store" bad-1 || fail "forget bad-1"
+"$dedup" inspect --store "$store" --prefix '' >/dev/null || fail "inspect --prefix after the forgets"
+echo "PASS: 2 corrupt records dead-lettered with the reason and logged; 3 messages processed; listed and forgotten"

@@ -1419,7 +1419,7 @@ TEST(MemoryStore, MatchesTheStateMachineThroughGrowthWithCollidingKeys) {
         auto all = store->Scan("", 1'000'000);
         ASSERT_TRUE(all.ok());
         std::vector<std::string> got;
-        for (const Record& r : *all) got.push_back(r.key);
+        for (const Record& r : all->records) got.push_back(r.key);
         std::sort(got.begin(), got.end());
         ASSERT_EQ(got, ref.VisibleKeys(clock.NowMillis())) << "scan after " << what;
       }

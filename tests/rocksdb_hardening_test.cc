@@ -728,17 +728,17 @@ TEST_F(RocksDBHardeningTest, ReadOnlyScanListsTheClaimsOnlyTheClaimLogHolds) {
   ASSERT_TRUE(WaitLogged(db, {"job/0", "job/2", "other"}));
   auto ro = TryOpen(db, WalRecovery::kStrict, /*read_only=*/true, false);
   ASSERT_TRUE(ro.ok()) << ro.status();
-  const auto keys = [](const StatusOr<std::vector<Record>>& r) {
+  const auto keys = [](const StatusOr<ScanResult>& r) {
     std::vector<std::string> k;
     if (r.ok()) {
-      for (const Record& x : *r) k.push_back(x.key + (x.state == RecordState::kInProgress ? "*" : ""));
+      for (const Record& x : r->records) k.push_back(x.key + (x.state == RecordState::kInProgress ? "*" : ""));
     }
     return k;
   };
   auto all = (*ro)->Scan("job/", 10);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(keys(all), (std::vector<std::string>{"job/0*", "job/1", "job/2*"}));
-  if (all.ok() && all->size() == 3) EXPECT_EQ((*all)[2].fence, fences[1]);
+  if (all.ok() && all->size() == 3) EXPECT_EQ(all->records[2].fence, fences[1]);
   EXPECT_EQ(keys((*ro)->Scan("job/", 2)), (std::vector<std::string>{"job/0*", "job/1"}));
   EXPECT_EQ(keys((*ro)->Scan("", 10)), (std::vector<std::string>{"job/0*", "job/1", "job/2*", "other*"}));
 }
@@ -1200,7 +1200,7 @@ TEST_F(FullDiskTest, AFailedWriteLeavesNothingForTheThreadsNextOne) {
         auto scan = (*b)->Scan("", 100);
         if (!scan.ok()) return false;
         std::vector<std::string> keys;
-        for (const Record& r : *scan) {
+        for (const Record& r : scan->records) {
           keys.push_back(r.key);
           const bool large = r.key == "b3" || r.key == "b4" || r.key == "b6";
           if (r.state != RecordState::kCompleted || r.result != (large ? big : "small")) {

@@ -442,7 +442,14 @@ TEST_F(RocksDBStoreTest, CorruptRecordIsDataLossAndUnchanged) {
     expect_loss(s->Complete(key, Token{42}, 1min, CompletionStatus::kOk, "").status());
     expect_loss(s->Release(key, Token{42}, 1min).status());
     expect_loss(s->Inspect(key).status());
-    expect_loss(s->Scan("bad", 10).status());
+    // A scan lists it as undecodable, with why, beside the records it reads.
+    auto scan = s->Scan("", 10);
+    ASSERT_TRUE(scan.ok()) << scan.status();
+    ASSERT_EQ(scan->undecodable.size(), 1u);
+    EXPECT_EQ(scan->undecodable[0].key, key);
+    EXPECT_FALSE(scan->undecodable[0].why.empty());
+    ASSERT_EQ(scan->records.size(), 1u);
+    EXPECT_EQ(scan->records[0].key, "fine");
     // A batch with the damaged key fails whole: "new" is not claimed either.
     std::vector<ClaimRequest> batch = {Req("new"), Req(key)};
     expect_loss(s->ClaimBatch(batch).status());
@@ -687,7 +694,7 @@ TEST_F(RocksDBStoreTest, ScanSkipsExpiredAndStaysInPrefix) {
   auto r = s->Scan("job/", 100);
   ASSERT_TRUE(r.ok()) << r.status();
   std::vector<std::string> keys;
-  for (const Record& rec : *r) keys.push_back(rec.key);
+  for (const Record& rec : r->records) keys.push_back(rec.key);
   EXPECT_EQ(keys, (std::vector<std::string>{"job/1", "job/2", "job/3"}));
   EXPECT_EQ(s->Scan("job/", 2)->size(), 2u);
   EXPECT_EQ(s->Scan("", 100)->size(), 5u);

@@ -208,6 +208,35 @@ try:
                       ".some(e => e.textContent === 'web-forget-me')")
     check("... and the page no longer lists it", gone is True)
 
+    # A record the store cannot decode is listed, with why, and can be forgotten.
+    bad = b.eval("""(() => {
+      const tr = [...document.querySelectorAll('#records tbody tr')]
+        .find(r => r.querySelector('td.key').textContent === 'web-unreadable');
+      return tr ? [...tr.children].map(td => td.textContent) : null;
+    })()""")
+    check("an undecodable record is listed as such, with why",
+          bad is not None and bad[1] == "undecodable" and "not dedup format" in bad[2], bad)
+    check("... and the page says how many",
+          "1 undecodable" in b.eval("document.getElementById('page-note').textContent"))
+    check("... and the other records are still listed", "web-completed" in keys, keys)
+    check("its own GET answers 500 DATA_LOSS", api("GET", "/v1/keys/web-unreadable") == 500)
+    req = urllib.request.Request(BASE + "/v1/keys?prefix=web-u",
+                                 headers={"Authorization": "Bearer " + TOKEN})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        listed = json.load(r)
+    check("the API lists it in undecodable, with key_b64 and why",
+          listed["records"] == [] and len(listed["undecodable"]) == 1
+          and listed["undecodable"][0]["key"] == "web-unreadable"
+          and listed["undecodable"][0]["key_b64"] == "d2ViLXVucmVhZGFibGU="
+          and listed["undecodable"][0]["why"].startswith("record is not dedup format"), listed)
+    click_forget("web-unreadable")
+    check("Forget of it does not warn of a lease",
+          b.eval("document.getElementById('confirm-leased').hidden") is True)
+    b.eval("document.getElementById('confirm-forget').click()")
+    check("Forget removes it", b.wait_for(
+        "document.body.dataset.forgotten === 'web-unreadable'") is True
+          and api("GET", "/v1/keys/web-unreadable") == 404)
+
     # Filtering by prefix.
     b.eval("document.getElementById('prefix').value = 'web-c'; "
            "document.querySelector('#filter button').click()")

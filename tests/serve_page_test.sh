@@ -42,6 +42,8 @@ claim web-stuck '{"lease_ms":300}'
 claim web-forget-me '{"lease_ms":600000}'
 claim 'web-<script>window.pwned=1</script>' '{"lease_ms":600000}'
 claim 'web-<img src=x onerror="window.pwned=2">' '{"lease_ms":600000}'
+# A record no one can read (written by hand): listed as undecodable, forgettable.
+redis-cli -p $redis_port -a "$password" --no-auth-warning SET dedup:web-unreadable "not a record" >/dev/null
 sleep 0.5  # web-stuck's lease runs out
 python3 "$root/tests/serve_page_test.py" "$base" "$token" "$password" ${shot:+"$shot"}
 if grep -q "$password" "$tmp/serve.log"; then

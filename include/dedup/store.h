@@ -78,6 +78,21 @@ struct ForgetOptions {
   bool force = false;
 };
 
+// A record a store holds under `key` but cannot decode, and why ("record is not
+// dedup format 1 or 2 (first byte 120, 12 bytes)", "state 9 is not a state").
+struct UndecodableRecord {
+  std::string key;
+  std::string why;
+  friend bool operator==(const UndecodableRecord&, const UndecodableRecord&) = default;
+};
+
+// What Store::Scan lists: live records (their key set) and undecodable ones.
+struct ScanResult {
+  std::vector<Record> records;
+  std::vector<UndecodableRecord> undecodable;
+  size_t size() const { return records.size() + undecodable.size(); }
+};
+
 // The answer to a completion fused with a broker's ack.
 struct AckedWrite {
   WriteResult write = WriteResult::kLost;  // as Complete() answers
@@ -197,10 +212,13 @@ class Store {
     return Forget(key, ForgetOptions{});
   }
 
-  // Admin: up to `limit` live records whose key starts with `prefix`, in no
-  // promised order.
-  [[nodiscard]] virtual StatusOr<std::vector<Record>> Scan(std::string_view prefix,
-                                                           size_t limit) = 0;
+  // Admin: up to `limit` entries whose key starts with `prefix`, in no promised
+  // order: the live records, and the records that cannot be decoded (written
+  // by hand, cut short, of another type), each with its key and why. One such
+  // record never fails the scan: the others are listed, and it is named so that
+  // an operator can look at it and Forget it (claims of its key answer DataLoss
+  // and change nothing). A non-OK status is a failure to read the store.
+  [[nodiscard]] virtual StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) = 0;
 
   // Capability: told that its caller is stopping (a Consumer whose drain
   // deadline has passed, ConsumerOptions::drain_timeout), a store that waits on a
@@ -265,7 +283,7 @@ class StoreWrapper : public Store {
   StatusOr<bool> Forget(std::string_view key, const ForgetOptions& options) override {
     return target_->Forget(key, options);
   }
-  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
     return target_->Scan(prefix, limit);
   }
   void StopWaiting(Millis grace) override { target_->StopWaiting(grace); }

@@ -8,7 +8,8 @@
 //   dedup forget  --store rocksdb:/var/lib/dedup --key-hex 6e00756c   # "n\0ul"
 //
 // inspect exits 0 when something was shown, 1 when the key (or prefix) has no
-// record. forget exits 0 when a record was removed, 1 when there was none, 75
+// record, 2 when a record it met cannot be decoded (with --prefix: after listing
+// every other record, and each undecodable one with why). forget exits 0 when a record was removed, 1 when there was none, 75
 // (EX_TEMPFAIL) when the key's lease is still running and --force was not given.
 
 #include <nlohmann/json.hpp>
@@ -65,6 +66,14 @@ nlohmann::json ToJson(const Record& r) {
   return j;
 }
 
+// A record the store cannot decode: its key and why; "undecodable" marks it.
+nlohmann::json ToJson(const UndecodableRecord& u) {
+  const bool utf8 = internal::IsValidUtf8(u.key);
+  nlohmann::json j = {{"key", utf8 ? u.key : internal::Printable(u.key)}, {"undecodable", u.why}};
+  if (!utf8 || internal::Printable(u.key) != u.key) j["key_hex"] = internal::HexBytes(u.key);
+  return j;
+}
+
 // The key named by KEY or --key-hex HEX (the exact bytes of a key that cannot
 // be typed: a NUL, bytes that are not UTF-8, as inspect shows them in key_hex);
 // one of them, not empty. False after saying what is wrong.
@@ -110,6 +119,14 @@ void PrintRecord(const Record& r) {
   }
 }
 
+void PrintUndecodable(const UndecodableRecord& u) {
+  std::printf("%s\n  undecodable  %s\n", internal::Printable(u.key).c_str(),
+              internal::Printable(u.why).c_str());
+  if (internal::Printable(u.key) != u.key) {
+    std::printf("  key_hex      %s\n", internal::HexBytes(u.key).c_str());
+  }
+}
+
 // Admin commands never create a store where there is none (a mistyped path);
 // inspect only reads, so it also works on a read-only copy and beside a worker.
 StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd, bool read_only) {
@@ -140,6 +157,7 @@ int RunInspect(const InspectFlags& f) {
   auto store = Open(f.store, "inspect", /*read_only=*/true);
   if (!store.ok()) return ExitCodeFor(store.status());
   std::vector<Record> records;
+  std::vector<UndecodableRecord> undecodable;
   if (one_key) {
     auto r = (*store)->Inspect(key);
     if (!r.ok()) {
@@ -153,11 +171,13 @@ int RunInspect(const InspectFlags& f) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
       return ExitCodeFor(r.status());
     }
-    records = std::move(r).value();
+    records = std::move(r->records);
+    undecodable = std::move(r->undecodable);
   }
   if (f.json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : records) arr.push_back(ToJson(r));
+    for (const auto& u : undecodable) arr.push_back(ToJson(u));
     // Every string is valid UTF-8 by now; "replace" is a last guard, never an abort.
     // ASCII only (\uXXXX escapes): nothing in it can act on a terminal.
     const std::string text =
@@ -165,7 +185,17 @@ int RunInspect(const InspectFlags& f) {
     std::printf("%s\n", text.c_str());
   } else {
     for (const auto& r : records) PrintRecord(r);
-    if (records.empty()) std::fprintf(stderr, "dedup inspect: no record\n");
+    for (const auto& u : undecodable) PrintUndecodable(u);
+    if (records.empty() && undecodable.empty()) std::fprintf(stderr, "dedup inspect: no record\n");
+  }
+  if (!undecodable.empty()) {
+    // As `inspect KEY` of one of them answers (DataLoss).
+    std::fprintf(stderr,
+                 "dedup inspect: %zu record%s cannot be decoded (claims of %s key fail and change "
+                 "nothing; `dedup forget` removes it)\n",
+                 undecodable.size(), undecodable.size() == 1 ? "" : "s",
+                 undecodable.size() == 1 ? "its" : "each");
+    return ExitCodeFor(Status::DataLoss(""));
   }
   return records.empty() ? kExitCheckFailed : kExitOk;
 }
@@ -175,8 +205,8 @@ int RunInspect(const InspectFlags& f) {
 void RegisterInspect(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<InspectFlags>();
   CLI::App* app = root.add_subcommand("inspect", "Show stored records (one key, or a prefix); "
-                                                  "exit 1 when there is none, 75 when the store "
-                                                  "is unreachable");
+                                                  "exit 1 when there is none, 2 when one cannot be "
+                                                  "decoded, 75 when the store is unreachable");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("key", f->key, "The key to show")
       ->each([f](const std::string&) { f->key_given = true; });

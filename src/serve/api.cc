@@ -399,23 +399,48 @@ void Server::Impl::RegisterApi() {
     }
     auto r = s.store->Scan(prefix, kScanCap);
     if (!r.ok()) return s.SendStatus(res, r.status());
-    std::vector<Record>& all = *r;
+    // Records and undecodable records, listed together in key order: a page
+    // holds up to `limit` of both, and its cursor is the last key it shows.
+    std::vector<Record>& all = r->records;
+    std::vector<UndecodableRecord>& bad = r->undecodable;
     std::sort(all.begin(), all.end(),
               [](const Record& a, const Record& b) { return a.key < b.key; });
+    std::sort(bad.begin(), bad.end(),
+              [](const UndecodableRecord& a, const UndecodableRecord& b) { return a.key < b.key; });
     auto it = all.begin();
+    auto bit = bad.begin();
     if (has_after) {
       it = std::upper_bound(all.begin(), all.end(), after,
                             [](const std::string& k, const Record& rec) { return k < rec.key; });
+      bit = std::upper_bound(bad.begin(), bad.end(), after,
+                             [](const std::string& k, const UndecodableRecord& u) {
+                               return k < u.key;
+                             });
     }
     const int64_t now = HostNowMillis();
-    Json records = Json::array();
-    for (; it != all.end() && records.size() < limit; ++it) {
-      records.push_back(RecordJson(*it, now, /*with_result=*/false));
+    Json records = Json::array(), undecodable = Json::array();
+    const std::string* last = nullptr;
+    for (size_t n = 0; n < limit && (it != all.end() || bit != bad.end()); ++n) {
+      if (bit == bad.end() || (it != all.end() && it->key < bit->key)) {
+        records.push_back(RecordJson(*it, now, /*with_result=*/false));
+        last = &it->key;
+        ++it;
+      } else {
+        Json u = Json::object();
+        PutBytes(u, "key", bit->key);
+        u["why"] = bit->why;
+        undecodable.push_back(std::move(u));
+        last = &bit->key;
+        ++bit;
+      }
     }
     Json j = {{"records", records},
+              {"undecodable", undecodable},
               {"now_ms", now},
-              {"truncated", all.size() >= kScanCap}};
-    j["next"] = it != all.end() ? Json(Base64Encode(std::prev(it)->key, /*url=*/true)) : Json();
+              {"truncated", r->size() >= kScanCap}};
+    j["next"] = (it != all.end() || bit != bad.end()) && last != nullptr
+                    ? Json(Base64Encode(*last, /*url=*/true))
+                    : Json();
     s.SendJson(res, 200, j);
   });
 

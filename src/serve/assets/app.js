@@ -84,6 +84,20 @@ function recordRow(rec, now, full) {
   return tr;
 }
 
+// A record the store cannot decode: its key, why, and Forget (which removes it).
+function undecodableRow(u) {
+  const tr = el('tr');
+  tr.append(el('td', keyText(u), 'key'));
+  tr.append(el('td', 'undecodable', 'state-undecodable'));
+  const why = el('td', u.why, 'error');
+  why.colSpan = 6;
+  tr.append(why);
+  const act = el('td');
+  act.append(forgetButton(u));
+  tr.append(act);
+  return tr;
+}
+
 function showError(e) {
   const p = document.getElementById('error');
   p.hidden = !e;
@@ -96,13 +110,17 @@ async function loadRecords() {
   const page = await getJson(q);
   const now = page.now_ms;
   const body = document.querySelector('#records tbody');
-  body.replaceChildren(...page.records.map((r) => recordRow(r, now, true)));
-  document.getElementById('records-empty').hidden = page.records.length > 0;
+  // Undecodable records first: they need an operator.
+  const bad = page.undecodable || [];
+  body.replaceChildren(...bad.map(undecodableRow),
+                       ...page.records.map((r) => recordRow(r, now, true)));
+  document.getElementById('records-empty').hidden = page.records.length + bad.length > 0;
   const next = document.getElementById('next');
   next.hidden = !page.next;
   next.dataset.cursor = page.next || '';
   document.getElementById('page-note').textContent =
-      page.records.length + ' shown' + (page.truncated ? ' (listing capped at 10000 records read)' : '');
+      page.records.length + ' shown' +
+      (bad.length ? ', ' + bad.length + ' undecodable' : '') + (page.truncated ? ' (listing capped at 10000 records read)' : '');
 }
 
 // In-progress records whose lease ran out (claimable by the next claim) or is

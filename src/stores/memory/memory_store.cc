@@ -1100,8 +1100,10 @@ class MemoryStore final : public Store {
     return true;
   }
 
-  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
-    std::vector<Record> out;
+  // Every record is decodable here: it is kept as a Slot, never as bytes.
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
+    ScanResult result;
+    std::vector<Record>& out = result.records;
     const int64_t now = clock_->NowMillis();
     for (Shard& s : shards_) {
       std::lock_guard lock(s.mu);
@@ -1118,9 +1120,9 @@ class MemoryStore final : public Store {
         out.back().key = k;
         return true;
       });
-      if (out.size() >= limit) return out;
+      if (out.size() >= limit) break;
     }
-    return out;
+    return result;
   }
 
   std::string Describe() const override { return "memory:"; }

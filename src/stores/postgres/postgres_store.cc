@@ -45,8 +45,10 @@ constexpr std::string_view kCols =
     "r.retention_deadline, r.fingerprint, r.status::bigint, r.result";
 
 // Reads the record of one result row into *rec; false when the row cannot be a
-// record this build wrote (kDecodable below is the same test in SQL).
-bool ReadRecord(const PGresult* r, int row, size_t prefix_len, Record* rec) {
+// record this build wrote (kDecodable below is the same test in SQL), and then
+// `*why` (if given) names what is wrong.
+bool ReadRecord(const PGresult* r, int row, size_t prefix_len, Record* rec,
+                std::string* why = nullptr) {
   const int64_t state = pg::GetInt8(r, row, 1), token = pg::GetInt8(r, row, 2);
   const int64_t fence = pg::GetInt8(r, row, 3), attempt = pg::GetInt8(r, row, 4);
   const int64_t status = pg::GetInt8(r, row, 8);
@@ -60,8 +62,21 @@ bool ReadRecord(const PGresult* r, int row, size_t prefix_len, Record* rec) {
   rec->fingerprint = pg::GetBytes(r, row, 7);
   rec->status = static_cast<CompletionStatus>(status);
   rec->result = pg::GetBytes(r, row, 9);
-  return state >= 1 && state <= 3 && status >= 0 && status <= 2 && token != 0 && fence > 0 &&
-         attempt >= 0 && attempt <= UINT32_MAX;
+  std::string bad;
+  if (state < 1 || state > 3) {
+    bad = "state " + std::to_string(state) + " is not 1 to 3";
+  } else if (status < 0 || status > 2) {
+    bad = "status " + std::to_string(status) + " is not 0 to 2";
+  } else if (token == 0) {
+    bad = "token 0";
+  } else if (fence <= 0) {
+    bad = "fence " + std::to_string(fence) + " is not positive";
+  } else if (attempt < 0 || attempt > UINT32_MAX) {
+    bad = "attempt " + std::to_string(attempt) + " is out of range";
+  }
+  if (bad.empty()) return true;
+  if (why != nullptr) *why = std::move(bad);
+  return false;
 }
 
 // The same test in SQL, on the row `r`: a claim writes only over a row that passes
@@ -336,7 +351,8 @@ class PgStore final : public PostgresStore {
     if (!r.ok()) return r.status();
     if (PQntuples(r->get()) == 0) return std::optional<Record>();
     Record rec;
-    if (!ReadRecord(r->get(), 0, o_.prefix.size(), &rec)) return Corrupt(key);
+    std::string why;
+    if (!ReadRecord(r->get(), 0, o_.prefix.size(), &rec, &why)) return Corrupt(key, why);
     return std::optional<Record>(std::move(rec));
   }
 
@@ -356,17 +372,22 @@ class PgStore final : public PostgresStore {
     return action == 1 || action == 3;
   }
 
-  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
     auto h = pool_.Get();
     if (!h.ok()) return h.status();
     Params p;
     p.Bytes(Key(prefix)).Int8(static_cast<int64_t>(std::min<size_t>(limit, INT64_MAX)));
     auto r = (*h)->ExecPrepared("scan", p, "scan");
     if (!r.ok()) return r.status();
-    std::vector<Record> out;
+    ScanResult out;
     for (int i = 0; i < PQntuples(r->get()); ++i) {
       Record rec;
-      if (ReadRecord(r->get(), i, o_.prefix.size(), &rec)) out.push_back(std::move(rec));
+      std::string why;
+      if (ReadRecord(r->get(), i, o_.prefix.size(), &rec, &why)) {
+        out.records.push_back(std::move(rec));
+      } else {
+        out.undecodable.push_back({std::move(rec.key), std::move(why)});
+      }
     }
     return out;
   }
@@ -449,9 +470,11 @@ class PgStore final : public PostgresStore {
   }
 
  private:
-  Status Corrupt(std::string_view key) const {
+  Status Corrupt(std::string_view key, std::string_view why = {}) const {
     return Status::DataLoss(where_ + ": the record of key \"" + internal::Printable(key) +
-                            "\" in " + table_ + " cannot be decoded; nothing was changed");
+                            "\" in " + table_ + " cannot be decoded" +
+                            (why.empty() ? "" : " (" + std::string(why) + ")") +
+                            "; nothing was changed");
   }
 
   // A claim that failed because its takeover would raise the record's fence or
@@ -500,10 +523,11 @@ class PgStore final : public PostgresStore {
                                                    Token fresh) {
     if (PQntuples(r) == 0) return std::optional<ClaimResult>();  // inserted by another after our snapshot
     Record cur;
-    const bool decoded = ReadRecord(r, 0, 0, &cur);
+    std::string why;
+    const bool decoded = ReadRecord(r, 0, 0, &cur, &why);
     const bool wrote = pg::GetInt8(r, 0, 10) != 0;
     const int64_t now = pg::GetInt8(r, 0, 11);
-    if (!decoded) return Corrupt(req.key);
+    if (!decoded) return Corrupt(req.key, why);
     ClaimResult res;
     res.fence = cur.fence;
     res.attempt = cur.attempt;

@@ -543,8 +543,8 @@ class RedisStore final : public Store {
     return a->element[0]->integer != 0;
   }
 
-  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
-    std::vector<Record> out;
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
+    ScanResult out;
     if (limit == 0) return out;
     const std::string pattern = GlobEscape(prefix_) + GlobEscape(prefix) + "*";
     std::set<std::string> seen;  // a migrating slot can show a key on two nodes
@@ -584,10 +584,15 @@ class RedisStore final : public Store {
           std::vector<Reply> recs;
           DEDUP_RETURN_IF_ERROR(ExecMany("scan", rkeys, cmds, &recs));
           for (size_t i = 0; i < recs.size() && out.size() < limit; ++i) {
-            StatusOr<std::optional<Record>> rec = DecodeRecord(
-                "scan", recs[i].get(), std::string_view(rkeys[i]).substr(prefix_.size()));
+            const std::string_view key = std::string_view(rkeys[i]).substr(prefix_.size());
+            std::string why;
+            StatusOr<std::optional<Record>> rec = DecodeRecord("scan", recs[i].get(), key, &why);
+            if (!why.empty()) {
+              out.undecodable.push_back({std::string(key), std::move(why)});
+              continue;
+            }
             if (!rec.ok()) return rec.status();
-            if (rec->has_value()) out.push_back(std::move(**rec));
+            if (rec->has_value()) out.records.push_back(std::move(**rec));
           }
         }
         if (out.size() >= limit) return out;
@@ -1035,8 +1040,24 @@ return denied)";
   // The key is named in every error (Printable): a scan that met one value it
   // cannot read (a hash someone wrote under the prefix, corrupt bytes) failed
   // without saying which, and `dedup forget KEY` is how an operator removes it.
+  // The record of `key` from inspect.lua's reply `r`. One that is stored but
+  // cannot be decoded (not dedup's format, a key of another type, token 0) is
+  // DataLoss, and `*undecodable` (if given) says why in a few words.
   StatusOr<std::optional<Record>> DecodeRecord(std::string_view op, const redisReply* r,
-                                               std::string_view key) {
+                                               std::string_view key,
+                                               std::string* undecodable = nullptr) {
+    if (undecodable != nullptr && IsError(r)) {
+      const std::string_view e = redis::WithoutScriptLocation(ReplyText(r));
+      if (e.starts_with("WRONGTYPE")) {
+        *undecodable = "the key holds a value of another type (a hash, list, set, ...)";
+      } else if (e.starts_with("DEDUPCORRUPT ")) {
+        std::string_view why = e.substr(std::string_view("DEDUPCORRUPT ").size());
+        if (const size_t colon = why.find(": "); colon != std::string_view::npos) {
+          why.remove_prefix(colon + 2);  // "inspect: "
+        }
+        *undecodable = why;
+      }
+    }
     if (IsError(r)) {
       return ErrorReplyStatus("redis " + description_ + ": " + std::string(op) + ": key '" +
                                   internal::Printable(key) + "': ",
@@ -1051,6 +1072,7 @@ return denied)";
     }
     std::optional<Token> token = Token::FromHex(StrAt(r, 2));
     if (!token) {
+      if (undecodable != nullptr) *undecodable = "token 0";
       return Status::DataLoss("redis " + description_ + ": " + std::string(op) + ": key '" +
                               internal::Printable(key) + "': corrupt record (token 0)");
     }

@@ -829,9 +829,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return action != ForgetAction::kNone;
   }
 
-  StatusOr<std::vector<Record>> Scan(std::string_view prefix, size_t limit) override {
-    std::vector<Record> out;
-    if (limit == 0) return out;
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
+    ScanResult result;
+    if (limit == 0) return result;
     // Claims not yet committed, too. A read-only store writes nothing: the
     // claims of the claim logs that the database does not hold yet (kept in
     // memory at open, newer than the database's record of their key) are
@@ -855,17 +855,17 @@ class RocksDBStoreImpl final : public RocksDBStore {
     const auto add = [&](std::string_view key, Record&& r) {
       if (r.ExpiredAt(now) || IsFenceFloor(r)) return;
       r.key.assign(key);
-      out.push_back(std::move(r));
+      result.records.push_back(std::move(r));
     };
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_));
-    for (it->Seek(start); it->Valid() && out.size() < limit; it->Next()) {
+    for (it->Seek(start); it->Valid() && result.size() < limit; it->Next()) {
       const std::string_view k = it->key().ToStringView();
       if (!k.starts_with(start)) break;
       const std::string_view key = k.substr(1);
-      for (; next != logged.end() && next->first < key && out.size() < limit; ++next) {
+      for (; next != logged.end() && next->first < key && result.size() < limit; ++next) {
         add(next->first, std::move(next->second));
       }
-      if (out.size() >= limit) break;
+      if (result.size() >= limit) break;
       if (next != logged.end() && next->first == key) {
         add(next->first, std::move(next->second));
         ++next;
@@ -874,15 +874,16 @@ class RocksDBStoreImpl final : public RocksDBStore {
       Record r;
       std::string why;
       if (!DecodeRecord(it->value().ToStringView(), &r, &why)) {
-        return Corrupt("scan", key, why);
+        result.undecodable.push_back({std::string(key), std::move(why)});
+        continue;
       }
       add(key, std::move(r));
     }
     if (!it->status().ok()) return FromRocks(it->status(), Context("scan"));
-    for (; next != logged.end() && out.size() < limit; ++next) {
+    for (; next != logged.end() && result.size() < limit; ++next) {
       add(next->first, std::move(next->second));
     }
-    return out;
+    return result;
   }
 
   // A store opened read-only (dedup inspect) refuses every write before it starts:
