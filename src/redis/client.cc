@@ -1329,7 +1329,12 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
                             std::string(e) + ")");
   }
   if (StartsWith(e, "DEDUPCORRUPT")) {
-    return Status::DataLoss(where + "corrupt record: " + std::string(e) + " (nothing changed)");
+    // "DEDUPCORRUPT claim: record is not ...": `where` names the operation.
+    std::string_view why = e.substr(std::string_view("DEDUPCORRUPT").size());
+    if (const size_t colon = why.find(": "); colon != std::string_view::npos) {
+      why.remove_prefix(colon + 2);
+    }
+    return Status::DataLoss(where + "corrupt record: " + std::string(why) + "; nothing changed");
   }
   if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);

@@ -290,7 +290,7 @@ class RedisStore final : public Store {
         }
       }
       if (left.empty()) return out;
-      if (failed.ok()) failed = Status::Internal("redis " + description_ +
+      if (failed.ok()) failed = Status::Internal(description_ +
                                                  ": claim batch: a reply is missing");
       if (!ClaimAgain(failed, sent, tries, start, lease)) {
         ReleaseAcquired(reqs, tokens, out);
@@ -468,7 +468,7 @@ class RedisStore final : public Store {
       }
       const redisReply* r = replies[k].get();
       if (IsError(r)) {
-        return ErrorReplyStatus("redis " + description_ + ": complete batch: ", ReplyText(r));
+        return ErrorReplyStatus(description_ + ": complete batch: ", ReplyText(r));
       }
       const long long max = run.fused ? 2 : 1;
       if (r->type != REDIS_REPLY_ARRAY || r->elements != run.end - run.begin) {
@@ -497,7 +497,7 @@ class RedisStore final : public Store {
     for (size_t k = 0; k < cmds.size(); ++k) {
       const redisReply* r = replies[k].get();
       if (IsError(r)) {
-        return ErrorReplyStatus("redis " + description_ + ": complete batch: ", ReplyText(r));
+        return ErrorReplyStatus(description_ + ": complete batch: ", ReplyText(r));
       }
       if (r->type != REDIS_REPLY_INTEGER || r->integer < 0 || r->integer > 1) {
         return BadReply("complete batch");
@@ -530,7 +530,7 @@ class RedisStore final : public Store {
     if (!r.ok()) return r.status();
     const redisReply* a = r->get();
     if (IsError(a)) {
-      return ErrorReplyStatus("redis " + description_ + ": forget: ", ReplyText(a));
+      return ErrorReplyStatus(description_ + ": forget: ", ReplyText(a));
     }
     if (a->type != REDIS_REPLY_ARRAY || a->elements != 2 ||
         a->element[0]->type != REDIS_REPLY_INTEGER || a->element[1]->type != REDIS_REPLY_INTEGER ||
@@ -621,7 +621,7 @@ class RedisStore final : public Store {
   // claim's SET ... GET or to claim.lua's GET, whichever ran: Claim and
   // ClaimBatch say the same then (DataLoss, nothing changed).
   Status ClaimError(std::string_view op, std::string_view key, std::string_view error) const {
-    const std::string where = "redis " + description_ + ": " + std::string(op) + ": key '" +
+    const std::string where = description_ + ": " + std::string(op) + ": key '" +
                               internal::Printable(key) + "': ";
     if (error.substr(0, 9) == "WRONGTYPE") {
       return Status::DataLoss(where + "the Redis key '" + internal::Printable(RedisKey(key)) +
@@ -633,7 +633,7 @@ class RedisStore final : public Store {
   }
 
   Status BadReply(std::string_view op) const {
-    return Status::Internal("redis " + description_ + ": " + std::string(op) +
+    return Status::Internal(description_ + ": " + std::string(op) +
                             ": unexpected reply from the server (is it Redis 7+?)");
   }
 
@@ -1059,7 +1059,7 @@ return denied)";
       }
     }
     if (IsError(r)) {
-      return ErrorReplyStatus("redis " + description_ + ": " + std::string(op) + ": key '" +
+      return ErrorReplyStatus(description_ + ": " + std::string(op) + ": key '" +
                                   internal::Printable(key) + "': ",
                               ReplyText(r));
     }
@@ -1073,7 +1073,7 @@ return denied)";
     std::optional<Token> token = Token::FromHex(StrAt(r, 2));
     if (!token) {
       if (undecodable != nullptr) *undecodable = "token 0";
-      return Status::DataLoss("redis " + description_ + ": " + std::string(op) + ": key '" +
+      return Status::DataLoss(description_ + ": " + std::string(op) + ": key '" +
                               internal::Printable(key) + "': corrupt record (token 0)");
     }
     Record rec;
