@@ -247,6 +247,61 @@ TEST_F(BufferTest, MismatchAndExhaustedAreDeadLettered) {
   EXPECT_FALSE(e.ran);
 }
 
+// A release records no reason in the store, so an EXHAUSTED dead letter said only
+// "attempts exhausted after N": the operator had to find the failures in the
+// log. The Buffer that ran the last attempt remembers why it was given up.
+TEST_F(BufferTest, AnExhaustedDeadLetterSaysWhyTheLastAttemptFailed) {
+  BufferOptions o;
+  o.max_attempts = 2;
+  Buffer buffer(store_.get(), o);
+  int runs = 0;
+  const auto failing = [&runs](ClaimGuard&) {
+    return HandlerResult::Retry("card declined (run " + std::to_string(++runs) + ")");
+  };
+  EXPECT_EQ(buffer.ProcessOnce("pay-1", "", failing).action, BrokerAction::kRetry);
+  EXPECT_EQ(buffer.ProcessOnce("pay-1", "", failing).action, BrokerAction::kRetry);
+  Processed e = buffer.ProcessOnce("pay-1", "", failing);
+  EXPECT_EQ(e.claim.outcome, ClaimOutcome::kExhausted);
+  EXPECT_EQ(e.action, BrokerAction::kDeadLetter);
+  EXPECT_EQ(e.reason, "attempts exhausted after 2; the last failure: card declined (run 2)");
+  EXPECT_EQ(runs, 2);
+
+  // Another worker (Buffer) that ran none of the attempts says so.
+  ASSERT_TRUE(buffer.ProcessOnce("pay-2", "", failing).action == BrokerAction::kRetry);
+  ASSERT_TRUE(buffer.ProcessOnce("pay-2", "", failing).action == BrokerAction::kRetry);
+  Buffer other(store_.get(), o);
+  Processed elsewhere = other.ProcessOnce("pay-2", "", failing);
+  EXPECT_EQ(elsewhere.claim.outcome, ClaimOutcome::kExhausted);
+  EXPECT_NE(elsewhere.reason.find("attempts exhausted after 2 (no failure of it was seen here"),
+            std::string::npos)
+      << elsewhere.reason;
+
+  // A key that failed, then succeeded, leaves nothing behind: forgotten at its
+  // outcome, so a later EXHAUSTED of it (after its retention) shows no stale reason.
+  bool fail = true;
+  const auto once = [&fail](ClaimGuard&) {
+    if (fail) {
+      fail = false;
+      return HandlerResult::Retry("transient");
+    }
+    return HandlerResult::Done();
+  };
+  EXPECT_EQ(buffer.ProcessOnce("pay-3", "", once).action, BrokerAction::kRetry);
+  EXPECT_EQ(buffer.ProcessOnce("pay-3", "", once).action, BrokerAction::kAck);
+  ASSERT_TRUE(store_->Forget("pay-3").ok());
+  ClaimRequest r;
+  r.key = "pay-3";
+  auto held = store_->Claim(r);  // attempt 1 elsewhere ...
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(store_->Release("pay-3", held->token, 1min).ok());
+  auto again = store_->Claim(r);  // ... and 2, both given up there
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(store_->Release("pay-3", again->token, 1min).ok());
+  Processed late = buffer.ProcessOnce("pay-3", "", once);
+  EXPECT_EQ(late.claim.outcome, ClaimOutcome::kExhausted);
+  EXPECT_EQ(late.reason.find("transient"), std::string::npos) << late.reason;
+}
+
 TEST_F(BufferTest, StoreDownFailsClosed) {
   FlakyStore flaky(store_.get());
   flaky.fail_claims = 1;

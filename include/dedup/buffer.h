@@ -372,7 +372,7 @@ class Buffer {
  private:
   friend class ClaimGuard;
   class Heartbeat;
-  class CorruptCounts;
+  class KeyNotes;
   // The action for a claim the store could not answer (`error` not OK).
   void OnClaimError(std::string_view key, const Status& error, Processed* p);
   ClaimRequest Request(std::string_view key, std::string_view fingerprint) const;
@@ -396,7 +396,7 @@ class Buffer {
   std::atomic<bool> outcome_breaker_open_{false};
   internal::OutcomeBreaker breaker();
   std::unique_ptr<Heartbeat> heartbeat_;
-  std::unique_ptr<CorruptCounts> corrupt_;
+  std::unique_ptr<KeyNotes> notes_;
 };
 
 }  // namespace dedup

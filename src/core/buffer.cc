@@ -247,55 +247,130 @@ class Buffer::Heartbeat {
   std::atomic<uint64_t> beats_{0}, lost_{0}, errors_{0};
 };
 
-// Per key, how many DataLoss answers to its claims came in a row (the policy of
-// BufferOptions::corrupt_record_tries). Off the hot path: a claim that was
-// answered takes the lock only while some key is being counted.
-class Buffer::CorruptCounts {
+// Per key, what this Buffer saw of its earlier claims: how many DataLoss answers
+// came in a row (the policy of BufferOptions::corrupt_record_tries; up to
+// kMaxCorruptKeys keys), and why the last attempt it ran was given up (a retry;
+// up to kMaxFailedKeys keys), for the dead letter of a later EXHAUSTED answer.
+// Off the hot path: a claim or an outcome takes the lock only while some key is
+// being counted, or some failure remembered.
+class Buffer::KeyNotes {
  public:
-  explicit CorruptCounts(Millis stale_after) : stale_after_(stale_after) {}
+  explicit KeyNotes(Millis stale_after) : stale_after_(stale_after) {}
 
   // Counts one more DataLoss answer for `key` and returns the count, or 0 when
   // kMaxCorruptKeys other keys are being counted (and none of them went stale).
-  uint32_t Add(std::string_view key) {
-    const auto now = std::chrono::steady_clock::now();
+  uint32_t AddCorrupt(std::string_view key) {
     std::lock_guard lock(mu_);
-    auto it = counts_.find(std::string(key));
-    if (it == counts_.end()) {
-      if (counts_.size() >= kMaxCorruptKeys) {
-        // Keys not seen for a long time were settled elsewhere (another worker
-        // dead-lettered them, or their record was mended and claimed there).
-        std::erase_if(counts_, [&](const auto& e) { return now - e.second.last > stale_after_; });
-        if (counts_.size() >= kMaxCorruptKeys) return 0;
-      }
-      it = counts_.emplace(std::string(key), Seen{}).first;
-      size_.store(counts_.size(), std::memory_order_relaxed);
+    auto it = notes_.find(std::string(key));
+    if ((it == notes_.end() || it->second.corrupt == 0) &&
+        corrupt_keys_.load(std::memory_order_relaxed) >= kMaxCorruptKeys) {
+      DropStale();
+      it = notes_.find(std::string(key));
+      if (corrupt_keys_.load(std::memory_order_relaxed) >= kMaxCorruptKeys) return 0;
     }
-    it->second.last = now;
-    return ++it->second.count;
+    Note& n = Get(it, key);
+    if (n.corrupt++ == 0) corrupt_keys_.fetch_add(1, std::memory_order_relaxed);
+    return n.corrupt;
   }
 
-  bool Contains(std::string_view key) {
-    if (size_.load(std::memory_order_relaxed) == 0) return false;
+  // Whether `key` is being counted (its record could not be read last time).
+  bool CorruptCounted(std::string_view key) {
+    if (corrupt_keys_.load(std::memory_order_relaxed) == 0) return false;
     std::lock_guard lock(mu_);
-    return counts_.contains(std::string(key));
+    auto it = notes_.find(std::string(key));
+    return it != notes_.end() && it->second.corrupt > 0;
   }
 
-  // The key's claim was answered (or it was dead-lettered): start again.
-  void Forget(std::string_view key) {
+  // The key's claim was answered (or it was dead-lettered): its count starts again.
+  void ClaimAnswered(std::string_view key) {
+    if (corrupt_keys_.load(std::memory_order_relaxed) == 0) return;
+    std::lock_guard lock(mu_);
+    auto it = notes_.find(std::string(key));
+    if (it == notes_.end() || it->second.corrupt == 0) return;
+    it->second.corrupt = 0;
+    corrupt_keys_.fetch_sub(1, std::memory_order_relaxed);
+    if (it->second.failure.empty()) Erase(it);
+  }
+
+  // An attempt this Buffer ran on `key` was given up, for `why` (kept cut).
+  void SetFailure(std::string_view key, std::string_view why) {
+    if (why.empty()) why = "no reason given";
+    std::lock_guard lock(mu_);
+    auto it = notes_.find(std::string(key));
+    if ((it == notes_.end() || it->second.failure.empty()) && failed_keys_ >= kMaxFailedKeys) {
+      DropStale();
+      it = notes_.find(std::string(key));
+      if (failed_keys_ >= kMaxFailedKeys) return;
+    }
+    Note& n = Get(it, key);
+    if (n.failure.empty()) ++failed_keys_;
+    n.failure.assign(why.substr(0, kMaxFailureBytes));
+  }
+
+  // Why the last attempt this Buffer ran on `key` was given up: "" when it ran
+  // none, or that one's outcome was recorded. Forgotten with it.
+  std::string TakeFailure(std::string_view key) {
+    if (size_.load(std::memory_order_relaxed) == 0) return {};
+    std::lock_guard lock(mu_);
+    auto it = notes_.find(std::string(key));
+    if (it == notes_.end() || it->second.failure.empty()) return {};
+    std::string why = std::move(it->second.failure);
+    it->second.failure.clear();
+    --failed_keys_;
+    if (it->second.corrupt == 0) Erase(it);
+    return why;
+  }
+
+  // The key's outcome was recorded: nothing of it is kept.
+  void Done(std::string_view key) {
     if (size_.load(std::memory_order_relaxed) == 0) return;
     std::lock_guard lock(mu_);
-    if (counts_.erase(std::string(key)) > 0) size_.store(counts_.size(), std::memory_order_relaxed);
+    auto it = notes_.find(std::string(key));
+    if (it != notes_.end()) Erase(it);
   }
 
+  static constexpr size_t kMaxFailedKeys = 4096;
+
  private:
-  struct Seen {
-    uint32_t count = 0;
+  static constexpr size_t kMaxFailureBytes = 512;
+  struct Note {
+    uint32_t corrupt = 0;
+    std::string failure;  // empty: none remembered
     std::chrono::steady_clock::time_point last;
   };
+  using Map = std::unordered_map<std::string, Note>;
+
+  Note& Get(Map::iterator it, std::string_view key) {
+    if (it == notes_.end()) {
+      it = notes_.emplace(std::string(key), Note{}).first;
+      size_.store(notes_.size(), std::memory_order_relaxed);
+    }
+    it->second.last = std::chrono::steady_clock::now();
+    return it->second;
+  }
+  void Erase(Map::iterator it) {
+    if (it->second.corrupt > 0) corrupt_keys_.fetch_sub(1, std::memory_order_relaxed);
+    if (!it->second.failure.empty()) --failed_keys_;
+    notes_.erase(it);
+    size_.store(notes_.size(), std::memory_order_relaxed);
+  }
+  // Keys not seen for a long time were settled elsewhere (another worker
+  // dead-lettered or completed them, or their record was mended).
+  void DropStale() {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = notes_.begin(); it != notes_.end();) {
+      auto next = std::next(it);
+      if (now - it->second.last > stale_after_) Erase(it);
+      it = next;
+    }
+  }
+
   const Millis stale_after_;
   std::mutex mu_;
-  std::unordered_map<std::string, Seen> counts_;
-  std::atomic<size_t> size_{0};
+  Map notes_;
+  std::atomic<size_t> size_{0};          // notes_.size()
+  std::atomic<size_t> corrupt_keys_{0};  // notes with corrupt > 0
+  size_t failed_keys_ = 0;               // notes with a failure
 };
 
 // ---- ClaimGuard ------------------------------------------------------------
@@ -483,7 +558,7 @@ Buffer::Buffer(Store* store, BufferOptions options)
       heartbeat_(std::make_unique<Heartbeat>(store, heartbeat_interval(), breaker())),
       // A counted key not seen for this long was settled elsewhere; its next
       // delivery comes within a retry delay or a lease (a reclaim) otherwise.
-      corrupt_(std::make_unique<CorruptCounts>(
+      notes_(std::make_unique<KeyNotes>(
           std::max(Millis(600'000), 4 * (options.retry_delay + options.lease)))) {}
 
 Buffer::~Buffer() = default;
@@ -552,7 +627,7 @@ std::vector<StatusOr<ClaimGuard>> Buffer::ClaimBatch(std::span<const ClaimItem> 
       out[i] = std::move(s);
       continue;
     }
-    if (corrupt_->Contains(items[i].key)) {
+    if (notes_->CorruptCounted(items[i].key)) {
       // Its record could not be read last time: claimed alone, so that it
       // does not fail the batch of the others again.
       out[i] = Claim(items[i].key, options_.fingerprint_payloads
@@ -612,10 +687,10 @@ void Buffer::OnClaimError(std::string_view key, const Status& error, Processed* 
   // and the handler must not run unguarded. Retry a few times (a newer worker
   // may read it; an operator may mend or forget it), then move the message
   // aside with the reason instead of leaving it pending forever.
-  const uint32_t n = corrupt_->Add(key);
+  const uint32_t n = notes_->AddCorrupt(key);
   const uint32_t limit = static_cast<uint32_t>(options_.corrupt_record_tries);
   if (n == 0 || n >= limit) {
-    corrupt_->Forget(key);
+    notes_->ClaimAnswered(key);
     p->action = BrokerAction::kDeadLetter;
     p->retry_after = Millis(0);
     p->reason = "corrupt record: " + error.message() + " (" +
@@ -669,11 +744,12 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     OnClaimError(key, c.status(), &p);
     return p;
   }
-  corrupt_->Forget(key);
+  notes_->ClaimAnswered(key);
   ClaimGuard& g = *c;
   p.claim = g.result();
   switch (g.outcome()) {
     case ClaimOutcome::kDuplicate:
+      notes_->Done(key);
       p.result = g.result().result;
       if (g.result().status == CompletionStatus::kOk) {
         p.action = BrokerAction::kAck;
@@ -694,10 +770,18 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
       p.action = BrokerAction::kDeadLetter;
       p.reason = "same key, different payload (fingerprint mismatch)";
       return p;
-    case ClaimOutcome::kExhausted:
+    case ClaimOutcome::kExhausted: {
       p.action = BrokerAction::kDeadLetter;
       p.reason = "attempts exhausted after " + std::to_string(g.attempt());
+      // A release records no reason in the store: this Buffer's own memory of
+      // the key's last failure, when it ran that attempt.
+      const std::string why = notes_->TakeFailure(key);
+      p.reason += why.empty() ? " (no failure of it was seen here: its attempts ended in "
+                                "another worker, or without an outcome: a crash, a kill, a "
+                                "lease that ran out)"
+                              : "; the last failure: " + why;
       return p;
+    }
     case ClaimOutcome::kAcquired:
       break;
   }
@@ -710,6 +794,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     // the retry policy would send no more than that either).
     Resolve(&p, HandlerResult::Retry("the lease ran out before the handler started"),
             g.ReleaseOnce(), false);
+    notes_->SetFailure(key, p.reason);
     return p;
   }
   HandlerResult hr;
@@ -726,6 +811,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     // A handler that gave its claim up itself (ReleaseOnce, Abandon: e.g. one
     // stopped by a drain whose time is gone) leaves nothing to release.
     Resolve(&p, hr, g.active() ? g.Release() : StatusOr<WriteResult>(WriteResult::kOk), false);
+    notes_->SetFailure(key, hr.result);
     return p;
   }
   // Made in the variant returned (no move of it on the way out: a PendingOutcome
@@ -855,6 +941,7 @@ std::vector<Processed> Buffer::CompleteBatch(std::span<PendingOutcome> pending) 
   for (size_t i = 0; i < n; ++i) {
     out.push_back(std::move(pending[i].processed_));
     Resolve(&out.back(), pending[i].handler_result_, w[i], acked[i]);
+    if (w[i].ok() && *w[i] == WriteResult::kOk) notes_->Done(pending[i].guard_.key_);
   }
   return out;
 }
