@@ -1654,6 +1654,33 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
       << one.status();
 }
 
+// A CHECK constraint added to the store's table by hand: the completion that
+// breaks it fails, and the server's DETAIL ("Failing row contains (...)")
+// showed the key, the owner's token and the handler's result in the error (and
+// so in the worker's log): the result may be anything the handler wrote. The
+// constraint is named instead; nothing of the row is shown.
+TEST_F(PostgresStoreTest, AnIntegrityViolationNamesTheConstraintNotTheRow) {
+  auto store = Open("&table=checked");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE checked ADD CONSTRAINT short_results "
+                                  "CHECK (length(result) < 8)"));
+  const ClaimResult c = MustClaim(*store, "order-77");
+  auto w = store->Complete("order-77", c.token, 1h, CompletionStatus::kOk, "card 4242-4242-4242");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument) << w.status();
+  const std::string m = w.status().message();
+  EXPECT_NE(m.find("constraint short_results"), std::string::npos) << m;
+  EXPECT_NE(m.find("the row's values are not shown"), std::string::npos) << m;
+  EXPECT_EQ(m.find("4242"), std::string::npos) << m;
+  EXPECT_EQ(m.find(c.token.ToHex()), std::string::npos) << m;
+  EXPECT_EQ(m.find(std::to_string(c.token.value)), std::string::npos) << m;
+  EXPECT_EQ(m.find("Failing row"), std::string::npos) << m;
+  // The record is as the claim left it.
+  auto rec = store->Inspect("order-77");
+  ASSERT_TRUE(rec.ok() && rec->has_value()) << rec.status();
+  EXPECT_EQ((*rec)->state, RecordState::kInProgress);
+}
+
 // A fence or an attempt count at the largest its column holds (bigint 2^63 - 1,
 // integer 2^31 - 1) cannot be raised by a takeover. The claim failed with the
 // server's bare "bigint out of range" as InvalidArgument, naming neither the key

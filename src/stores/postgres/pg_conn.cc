@@ -407,6 +407,22 @@ StatusOr<std::vector<Result>> Conn::RunPipeline(size_t n,
 }
 
 Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
+  const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
+  const char* primary = r != nullptr ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+  if (state != nullptr && std::string_view(state).starts_with("23") && primary != nullptr) {
+    // An integrity violation (a NOT NULL, CHECK or foreign key added to the
+    // store's table by hand) shows the failing row in its DETAIL: the key, the
+    // owner's token and the handler's result, which may be anything the handler
+    // wrote. Named by its constraint and column instead.
+    std::string msg = "ERROR:  " + std::string(primary);
+    for (const auto& [field, what] : {std::pair{PG_DIAG_CONSTRAINT_NAME, "constraint"},
+                                      std::pair{PG_DIAG_COLUMN_NAME, "column"}}) {
+      if (const char* v = PQresultErrorField(r, field); v != nullptr && *v != '\0') {
+        msg += std::string(" (") + what + " " + v + ")";
+      }
+    }
+    return ErrorWith(r, op, msg + "; the row's values are not shown");
+  }
   return ErrorWith(r, op, Trim(r != nullptr ? PQresultErrorMessage(r) : ""));
 }
 

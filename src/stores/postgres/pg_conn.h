@@ -120,11 +120,14 @@ class Conn {
                                             const std::function<int(PGconn*, size_t)>& send,
                                             std::string_view op);
 
-  // The status for a failed result (or a null one) of operation `op`.
+  // The status for a failed result (or a null one) of the store's own operation
+  // `op`. An integrity violation (SQLSTATE class 23) names its constraint and
+  // column, never the row's values (key, token, result) its DETAIL shows.
   Status ErrorOf(const PGresult* r, std::string_view op);
-  // The same, for SQL text run inside the server (PL/pgSQL EXECUTE): the server's
-  // message, detail and hint, and the line and column in that text, without the
-  // context lines, which quote the whole text back.
+  // The same, for SQL a handler wrote (its own statements, or text run inside
+  // the server by PL/pgSQL EXECUTE): the server's message, detail and hint, and
+  // the line and column in that text, without the context lines, which quote
+  // the whole text back.
   Status ScriptErrorOf(const PGresult* r, std::string_view op);
   // Classifies the error of `r` by its SQLSTATE, with `msg` as its words.
   Status ErrorWith(const PGresult* r, std::string_view op, std::string msg);

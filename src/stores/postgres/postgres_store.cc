@@ -978,7 +978,7 @@ class PgTransaction final : public PostgresTransaction {
     if (!res.ok()) return Fail(res.status());
     pg::Result r = std::move(res).value();
     const ExecStatusType st = PQresultStatus(r.get());
-    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.ErrorOf(r.get(), "handler statement"));
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.ScriptErrorOf(r.get(), "handler statement"));
     // A COMMIT, END or ROLLBACK (the extended protocol runs them; EXECUTE, for
     // ExecScript, refuses them): the effect may be committed without the
     // completion. Too late to undo; RunInTransaction never lets it run again.
