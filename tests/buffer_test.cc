@@ -300,6 +300,33 @@ TEST_F(BufferTest, AnExhaustedDeadLetterSaysWhyTheLastAttemptFailed) {
   Processed late = buffer.ProcessOnce("pay-3", "", once);
   EXPECT_EQ(late.claim.outcome, ClaimOutcome::kExhausted);
   EXPECT_EQ(late.reason.find("transient"), std::string::npos) << late.reason;
+
+  // Attempt 1 failed here, attempt 2 (the last) elsewhere: this Buffer's reason
+  // is not the last one's, and is not given as such.
+  EXPECT_EQ(buffer.ProcessOnce("pay-4", "", failing).action, BrokerAction::kRetry);
+  r.key = "pay-4";
+  auto second = store_->Claim(r);
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->attempt, 2u);
+  ASSERT_TRUE(store_->Release("pay-4", second->token, 1min).ok());
+  Processed blamed = buffer.ProcessOnce("pay-4", "", failing);
+  EXPECT_EQ(blamed.claim.outcome, ClaimOutcome::kExhausted);
+  EXPECT_NE(blamed.reason.find("no failure of it was seen here"), std::string::npos)
+      << blamed.reason;
+
+  // A long reason is kept cut at a character, not inside one.
+  const std::string long_reason = std::string(511, 'x') + "\u00e9\u00e9";  // é: 2 bytes, the first across 512
+  EXPECT_EQ(buffer.ProcessOnce("pay-5", "", [&](ClaimGuard&) {
+                  return HandlerResult::Retry(long_reason);
+                }).action,
+            BrokerAction::kRetry);
+  EXPECT_EQ(buffer.ProcessOnce("pay-5", "", [&](ClaimGuard&) {
+                  return HandlerResult::Retry(long_reason);
+                }).action,
+            BrokerAction::kRetry);
+  Processed cut = buffer.ProcessOnce("pay-5", "", failing);
+  EXPECT_NE(cut.reason.find(std::string(511, 'x') + "... [cut: "), std::string::npos) << cut.reason;
+  EXPECT_TRUE(internal::IsValidUtf8(cut.reason));
 }
 
 TEST_F(BufferTest, StoreDownFailsClosed) {

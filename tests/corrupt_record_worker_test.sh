@@ -86,7 +86,7 @@ grep "dead-lettered" "$work/worker.log"
 
 # The operator's view: inspect --prefix lists the three records and both
 # corrupt ones with why (it failed whole on the first it met), exits 2 as
-# inspect of one of them does; forget --key-hex of the escaped key removes it.
+# inspect of one of them does; forget removes them.
 store="redis://127.0.0.1:$port?prefix=dedup:"
 rc=0
 "$dedup" inspect --store "$store" --prefix '' >"$work/inspect.out" 2>"$work/inspect.err" || rc=$?
@@ -108,7 +108,15 @@ entries = json.load(open(sys.argv[1]))
 assert sorted(e["key"] for e in entries) == ["bad\x1b[31m-2", "bad-1"], entries
 assert all(e["undecodable"] for e in entries), entries
 PY
-"$dedup" forget --store "$store" --key-hex "$hex" || fail "forget --key-hex $hex"
+# The escaped key holds a hash: no record at all but another Redis type (under a
+# shared prefix it could be a broker's stream), removed only with --force.
+rc=0
+"$dedup" forget --store "$store" --key-hex "$hex" 2>"$work/forget.err" || rc=$?
+[ "$rc" = 75 ] || fail "forget of the hash without --force: exit $rc"
+grep -q "the key holds a hash, not a dedup record; force removes it" "$work/forget.err" ||
+  fail "forget of the hash: $(cat "$work/forget.err")"
+[ "$(rcli TYPE "$(printf 'dedup:bad\033[31m-2')")" = hash ] || fail "the hash was removed without --force"
+"$dedup" forget --store "$store" --force --key-hex "$hex" || fail "forget --force --key-hex $hex"
 "$dedup" forget --store "$store" bad-1 || fail "forget bad-1"
 "$dedup" inspect --store "$store" --prefix '' >/dev/null || fail "inspect --prefix after the forgets"
 echo "PASS: 2 corrupt records dead-lettered with the reason and logged; 3 messages processed; listed and forgotten"

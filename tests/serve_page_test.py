@@ -219,6 +219,8 @@ try:
     check("... and the page says how many",
           "1 undecodable" in b.eval("document.getElementById('page-note').textContent"))
     check("... and the other records are still listed", "web-completed" in keys, keys)
+    order = b.eval("[...document.querySelectorAll('#records td.key')].map(e => e.textContent)")
+    check("... in key order with them", order == sorted(order), order)
     check("its own GET answers 500 DATA_LOSS", api("GET", "/v1/keys/web-unreadable") == 500)
     req = urllib.request.Request(BASE + "/v1/keys?prefix=web-u",
                                  headers={"Authorization": "Bearer " + TOKEN})

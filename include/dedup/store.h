@@ -197,7 +197,10 @@ class Store {
   //     the lease time left, and nothing changes, unless options.force.
   //   * Any other record (COMPLETED, RELEASED, IN_PROGRESS with its lease over, or
   //     one that cannot be decoded) is removed; the key's fence may start again
-  //     from 1, as no owner is running that could hold an older one.
+  //     from 1, as no owner is running that could hold an older one. A key that
+  //     holds no record at all but something else (a Redis key of another type:
+  //     under a shared prefix, a broker's stream) is removed only with
+  //     options.force, else refused with FailedPrecondition naming it.
   //   * A forced forget of a leased record leaves a fence floor in its place
   //     until that lease would have ended: the key reads absent (Inspect, Scan),
   //     its next claim is ACQUIRED at attempt 1 with a fence greater than the

@@ -10,7 +10,8 @@
 // inspect exits 0 when something was shown, 1 when the key (or prefix) has no
 // record, 2 when a record it met cannot be decoded (with --prefix: after listing
 // every other record, and each undecodable one with why). forget exits 0 when a record was removed, 1 when there was none, 75
-// (EX_TEMPFAIL) when the key's lease is still running and --force was not given.
+// (EX_TEMPFAIL) when the key's lease is still running, or the key holds no record
+// but a Redis value of another type, and --force was not given.
 
 #include <nlohmann/json.hpp>
 
@@ -192,9 +193,9 @@ int RunInspect(const InspectFlags& f) {
     // As `inspect KEY` of one of them answers (DataLoss).
     std::fprintf(stderr,
                  "dedup inspect: %zu record%s cannot be decoded (claims of %s key fail and change "
-                 "nothing; `dedup forget` removes it)\n",
+                 "nothing; `dedup forget` removes %s)\n",
                  undecodable.size(), undecodable.size() == 1 ? "" : "s",
-                 undecodable.size() == 1 ? "its" : "each");
+                 undecodable.size() == 1 ? "its" : "each", undecodable.size() == 1 ? "it" : "one");
     return ExitCodeFor(Status::DataLoss(""));
   }
   return records.empty() ? kExitCheckFailed : kExitOk;
@@ -225,8 +226,9 @@ void RegisterInspect(CLI::App& root, CommandContext& ctx) {
 void RegisterForget(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<InspectFlags>();
   CLI::App* app = root.add_subcommand("forget", "Remove the record of one key; exit 1 when "
-                                                 "there is none, 75 while its lease runs "
-                                                 "(without --force)");
+                                                 "there is none, 75 while its lease runs or "
+                                                 "(Redis) the key holds no record but another "
+                                                 "type (without --force)");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("key", f->key, "The key to forget")
       ->each([f](const std::string&) { f->key_given = true; });
@@ -235,7 +237,8 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
       ->each([f](const std::string&) { f->key_hex_given = true; });
   app->add_flag("--force", f->force,
                 "Also forget a key whose lease is still running (its worker loses the "
-                "claim; the next claim gets a higher fence)");
+                "claim; the next claim gets a higher fence), or a Redis key of another "
+                "type (a hash, a stream: removed whole)");
   app->callback([f, &ctx] {
     std::string key;
     if (!KeyOf(*f, "forget", &key)) {

@@ -249,10 +249,11 @@ class Buffer::Heartbeat {
 
 // Per key, what this Buffer saw of its earlier claims: how many DataLoss answers
 // came in a row (the policy of BufferOptions::corrupt_record_tries; up to
-// kMaxCorruptKeys keys), and why the last attempt it ran was given up (a retry;
-// up to kMaxFailedKeys keys), for the dead letter of a later EXHAUSTED answer.
-// Off the hot path: a claim or an outcome takes the lock only while some key is
-// being counted, or some failure remembered.
+// kMaxCorruptKeys keys), and why an attempt it ran was given up, with that
+// attempt's number (a retry; up to kMaxFailedKeys keys), for the dead letter of
+// a later EXHAUSTED answer whose last attempt it was. Off the hot path: a claim
+// or an outcome takes the lock only while some key is being counted, or some
+// failure remembered; notes of keys settled elsewhere go after stale_after.
 class Buffer::KeyNotes {
  public:
   explicit KeyNotes(Millis stale_after) : stale_after_(stale_after) {}
@@ -261,12 +262,11 @@ class Buffer::KeyNotes {
   // kMaxCorruptKeys other keys are being counted (and none of them went stale).
   uint32_t AddCorrupt(std::string_view key) {
     std::lock_guard lock(mu_);
-    auto it = notes_.find(std::string(key));
+    Sweep(/*full=*/corrupt_keys_.load(std::memory_order_relaxed) >= kMaxCorruptKeys);
+    auto it = notes_.find(key);
     if ((it == notes_.end() || it->second.corrupt == 0) &&
         corrupt_keys_.load(std::memory_order_relaxed) >= kMaxCorruptKeys) {
-      DropStale();
-      it = notes_.find(std::string(key));
-      if (corrupt_keys_.load(std::memory_order_relaxed) >= kMaxCorruptKeys) return 0;
+      return 0;
     }
     Note& n = Get(it, key);
     if (n.corrupt++ == 0) corrupt_keys_.fetch_add(1, std::memory_order_relaxed);
@@ -277,7 +277,7 @@ class Buffer::KeyNotes {
   bool CorruptCounted(std::string_view key) {
     if (corrupt_keys_.load(std::memory_order_relaxed) == 0) return false;
     std::lock_guard lock(mu_);
-    auto it = notes_.find(std::string(key));
+    auto it = notes_.find(key);
     return it != notes_.end() && it->second.corrupt > 0;
   }
 
@@ -285,36 +285,37 @@ class Buffer::KeyNotes {
   void ClaimAnswered(std::string_view key) {
     if (corrupt_keys_.load(std::memory_order_relaxed) == 0) return;
     std::lock_guard lock(mu_);
-    auto it = notes_.find(std::string(key));
+    auto it = notes_.find(key);
     if (it == notes_.end() || it->second.corrupt == 0) return;
     it->second.corrupt = 0;
     corrupt_keys_.fetch_sub(1, std::memory_order_relaxed);
     if (it->second.failure.empty()) Erase(it);
   }
 
-  // An attempt this Buffer ran on `key` was given up, for `why` (kept cut).
-  void SetFailure(std::string_view key, std::string_view why) {
+  // Attempt `attempt` of `key`, run here, was given up for `why` (kept cut).
+  void SetFailure(std::string_view key, uint32_t attempt, std::string_view why) {
     if (why.empty()) why = "no reason given";
     std::lock_guard lock(mu_);
-    auto it = notes_.find(std::string(key));
+    Sweep(/*full=*/failed_keys_ >= kMaxFailedKeys);
+    auto it = notes_.find(key);
     if ((it == notes_.end() || it->second.failure.empty()) && failed_keys_ >= kMaxFailedKeys) {
-      DropStale();
-      it = notes_.find(std::string(key));
-      if (failed_keys_ >= kMaxFailedKeys) return;
+      return;
     }
     Note& n = Get(it, key);
     if (n.failure.empty()) ++failed_keys_;
-    n.failure.assign(why.substr(0, kMaxFailureBytes));
+    n.failure = internal::CutAtCharacter(why, kMaxFailureBytes);
+    n.attempt = attempt;
   }
 
-  // Why the last attempt this Buffer ran on `key` was given up: "" when it ran
-  // none, or that one's outcome was recorded. Forgotten with it.
-  std::string TakeFailure(std::string_view key) {
+  // Why attempt `attempt` of `key` was given up, when this Buffer ran it and
+  // its outcome was not recorded since; else "". Forgotten either way.
+  std::string TakeFailure(std::string_view key, uint32_t attempt) {
     if (size_.load(std::memory_order_relaxed) == 0) return {};
     std::lock_guard lock(mu_);
-    auto it = notes_.find(std::string(key));
+    auto it = notes_.find(key);
     if (it == notes_.end() || it->second.failure.empty()) return {};
-    std::string why = std::move(it->second.failure);
+    std::string why;
+    if (it->second.attempt == attempt) why = std::move(it->second.failure);
     it->second.failure.clear();
     --failed_keys_;
     if (it->second.corrupt == 0) Erase(it);
@@ -325,8 +326,9 @@ class Buffer::KeyNotes {
   void Done(std::string_view key) {
     if (size_.load(std::memory_order_relaxed) == 0) return;
     std::lock_guard lock(mu_);
-    auto it = notes_.find(std::string(key));
+    auto it = notes_.find(key);
     if (it != notes_.end()) Erase(it);
+    Sweep(/*full=*/false);
   }
 
   static constexpr size_t kMaxFailedKeys = 4096;
@@ -335,10 +337,16 @@ class Buffer::KeyNotes {
   static constexpr size_t kMaxFailureBytes = 512;
   struct Note {
     uint32_t corrupt = 0;
-    std::string failure;  // empty: none remembered
+    uint32_t attempt = 0;  // of the failure
+    std::string failure;   // empty: none remembered
     std::chrono::steady_clock::time_point last;
   };
-  using Map = std::unordered_map<std::string, Note>;
+  // Found by string_view: a lookup allocates nothing.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using Map = std::unordered_map<std::string, Note, Hash, std::equal_to<>>;
 
   Note& Get(Map::iterator it, std::string_view key) {
     if (it == notes_.end()) {
@@ -354,10 +362,17 @@ class Buffer::KeyNotes {
     notes_.erase(it);
     size_.store(notes_.size(), std::memory_order_relaxed);
   }
-  // Keys not seen for a long time were settled elsewhere (another worker
-  // dead-lettered or completed them, or their record was mended).
-  void DropStale() {
+  // Drops the notes not touched for stale_after: their keys were settled
+  // elsewhere (another worker dead-lettered or completed them, a record was
+  // mended). A walk of every note, so at most once a second when `full` (a
+  // bound is reached), else once every stale_after / 4.
+  void Sweep(bool full) {
     const auto now = std::chrono::steady_clock::now();
+    if (now - last_sweep_ < (full ? std::chrono::steady_clock::duration(std::chrono::seconds(1))
+                                  : std::chrono::steady_clock::duration(stale_after_ / 4))) {
+      return;
+    }
+    last_sweep_ = now;
     for (auto it = notes_.begin(); it != notes_.end();) {
       auto next = std::next(it);
       if (now - it->second.last > stale_after_) Erase(it);
@@ -368,6 +383,7 @@ class Buffer::KeyNotes {
   const Millis stale_after_;
   std::mutex mu_;
   Map notes_;
+  std::chrono::steady_clock::time_point last_sweep_{};
   std::atomic<size_t> size_{0};          // notes_.size()
   std::atomic<size_t> corrupt_keys_{0};  // notes with corrupt > 0
   size_t failed_keys_ = 0;               // notes with a failure
@@ -775,7 +791,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
       p.reason = "attempts exhausted after " + std::to_string(g.attempt());
       // A release records no reason in the store: this Buffer's own memory of
       // the key's last failure, when it ran that attempt.
-      const std::string why = notes_->TakeFailure(key);
+      const std::string why = notes_->TakeFailure(key, g.attempt());
       p.reason += why.empty() ? " (no failure of it was seen here: its attempts ended in "
                                 "another worker, or without an outcome: a crash, a kill, a "
                                 "lease that ran out)"
@@ -794,7 +810,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     // the retry policy would send no more than that either).
     Resolve(&p, HandlerResult::Retry("the lease ran out before the handler started"),
             g.ReleaseOnce(), false);
-    notes_->SetFailure(key, p.reason);
+    notes_->SetFailure(key, g.attempt(), p.reason);
     return p;
   }
   HandlerResult hr;
@@ -811,7 +827,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     // A handler that gave its claim up itself (ReleaseOnce, Abandon: e.g. one
     // stopped by a drain whose time is gone) leaves nothing to release.
     Resolve(&p, hr, g.active() ? g.Release() : StatusOr<WriteResult>(WriteResult::kOk), false);
-    notes_->SetFailure(key, hr.result);
+    notes_->SetFailure(key, g.attempt(), hr.result);
     return p;
   }
   // Made in the variant returned (no move of it on the way out: a PendingOutcome

@@ -1337,6 +1337,14 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
     return Status::DataLoss(where + "corrupt record: " + std::string(why) + "; nothing changed");
   }
   if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
+  if (StartsWith(e, "DEDUPTYPE")) {
+    // "DEDUPTYPE forget: the key holds a stream, ...": `where` names the operation.
+    std::string_view why = e.substr(std::string_view("DEDUPTYPE").size());
+    if (const size_t colon = why.find(": "); colon != std::string_view::npos) {
+      why.remove_prefix(colon + 2);
+    }
+    return Status::FailedPrecondition(where + std::string(why) + "; nothing changed");
+  }
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
   if (StartsWith(e, "READONLY")) {
     return Status::Unavailable(msg + " (the server is a read-only replica now, e.g. after a "

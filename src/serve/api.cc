@@ -364,7 +364,8 @@ void Server::Impl::RegisterApi() {
                 "result", result)->Inc();
     };
     auto r = s.store->Forget(std::string(req.matches[1]), o);
-    // The only refusal of a forget: the key's lease is running and force is off.
+    // The refusals of a forget, with force off: the key's lease is running, or
+    // the key holds no record but something else (a Redis key of another type).
     if (!r.ok() && r.status().code() == StatusCode::kFailedPrecondition) {
       count("refused");
       return s.SendProblem(res, 409, "Conflict", r.status().message());

@@ -30,6 +30,13 @@ function b64ToBytes(b64) {
   return out;
 }
 
+function compareBytes(x, y) {
+  for (let i = 0; i < x.length && i < y.length; i++) {
+    if (x[i] !== y[i]) return x[i] - y[i];
+  }
+  return x.length - y.length;
+}
+
 // A key's bytes, percent-encoded for its URL (/v1/keys/{key}).
 function keyPath(rec) {
   let p = '';
@@ -110,10 +117,13 @@ async function loadRecords() {
   const page = await getJson(q);
   const now = page.now_ms;
   const body = document.querySelector('#records tbody');
-  // Undecodable records first: they need an operator.
+  // Records and undecodable records in one list, in key order (bytes), as the
+  // API pages them.
   const bad = page.undecodable || [];
-  body.replaceChildren(...bad.map(undecodableRow),
-                       ...page.records.map((r) => recordRow(r, now, true)));
+  const rows = [...bad.map((u) => ({ u, k: b64ToBytes(u.key_b64) })),
+                ...page.records.map((r) => ({ r, k: b64ToBytes(r.key_b64) }))];
+  rows.sort((a, b) => compareBytes(a.k, b.k));
+  body.replaceChildren(...rows.map((e) => (e.u ? undecodableRow(e.u) : recordRow(e.r, now, true))));
   document.getElementById('records-empty').hidden = page.records.length + bad.length > 0;
   const next = document.getElementById('next');
   next.hidden = !page.next;

@@ -417,12 +417,17 @@ Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
     std::string msg = "ERROR:  " + std::string(primary);
     for (const auto& [field, what] : {std::pair{PG_DIAG_CONSTRAINT_NAME, "constraint"},
                                       std::pair{PG_DIAG_COLUMN_NAME, "column"}}) {
-      if (const char* v = PQresultErrorField(r, field); v != nullptr && *v != '\0') {
+      const char* v = PQresultErrorField(r, field);
+      if (v != nullptr && *v != '\0' && msg.find(v) == std::string::npos) {
         msg += std::string(" (") + what + " " + v + ")";
       }
     }
     return ErrorWith(r, op, msg + "; the row's values are not shown");
   }
+  return UserErrorOf(r, op);
+}
+
+Status Conn::UserErrorOf(const PGresult* r, std::string_view op) {
   return ErrorWith(r, op, Trim(r != nullptr ? PQresultErrorMessage(r) : ""));
 }
 

@@ -124,10 +124,12 @@ class Conn {
   // `op`. An integrity violation (SQLSTATE class 23) names its constraint and
   // column, never the row's values (key, token, result) its DETAIL shows.
   Status ErrorOf(const PGresult* r, std::string_view op);
-  // The same, for SQL a handler wrote (its own statements, or text run inside
-  // the server by PL/pgSQL EXECUTE): the server's message, detail and hint, and
-  // the line and column in that text, without the context lines, which quote
-  // the whole text back.
+  // The same for a statement a handler wrote: the server's whole message
+  // (detail, hint, context): its data, its debugging.
+  Status UserErrorOf(const PGresult* r, std::string_view op);
+  // The same, for SQL text run inside the server (PL/pgSQL EXECUTE): the server's
+  // message, detail and hint, and the line and column in that text, without the
+  // context lines, which quote the whole text back.
   Status ScriptErrorOf(const PGresult* r, std::string_view op);
   // Classifies the error of `r` by its SQLSTATE, with `msg` as its words.
   Status ErrorWith(const PGresult* r, std::string_view op, std::string msg);

@@ -838,6 +838,11 @@ class PgStore final : public PostgresStore {
         "forget",
         "WITH n AS MATERIALIZED (SELECT " + now + " AS ms), c AS MATERIALIZED (\n"
         "SELECT r.key, r.lease_deadline, CASE"
+        // A row that cannot be decoded is removed whatever its columns say (a
+        // lease or a fence floor of token 0 is no lease anyone holds), as the
+        // other stores remove one: forcing it made a floor that was still
+        // undecodable, hidden from Scan and failing every claim.
+        " WHEN NOT " + std::string(kDecodable) + " THEN 1"
         " WHEN r.retention_deadline <= n.ms OR (r.state = 3 AND r.attempt = 0) THEN 0"
         " WHEN r.state = 1 AND r.lease_deadline > n.ms THEN CASE WHEN $2 <> 0 THEN 3 ELSE 2 END"
         " ELSE 1 END AS action\n"
@@ -978,7 +983,7 @@ class PgTransaction final : public PostgresTransaction {
     if (!res.ok()) return Fail(res.status());
     pg::Result r = std::move(res).value();
     const ExecStatusType st = PQresultStatus(r.get());
-    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.ScriptErrorOf(r.get(), "handler statement"));
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return Fail(c_.UserErrorOf(r.get(), "handler statement"));
     // A COMMIT, END or ROLLBACK (the extended protocol runs them; EXECUTE, for
     // ExecScript, refuses them): the effect may be committed without the
     // completion. Too late to undo; RunInTransaction never lets it run again.

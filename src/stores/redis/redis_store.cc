@@ -462,7 +462,8 @@ class RedisStore final : public Store {
         Command c;
         CommandWriter w{nullptr, &c};
         WriteCompleteRun(w, reqs, run);
-        StatusOr<Reply> again = Exec("complete batch", RedisKey(reqs[run.begin].key), std::move(c));
+        StatusOr<Reply> again = Exec("complete batch", RedisKey(reqs[run.begin].key), std::move(c),
+                                     /*names_key=*/false);
         if (!again.ok()) return again.status();
         replies[k] = std::move(again).value();
       }
@@ -529,9 +530,6 @@ class RedisStore final : public Store {
         Exec("forget", rkey, ScriptCommand(kForget, rkey, {options.force ? "1" : "0"}));
     if (!r.ok()) return r.status();
     const redisReply* a = r->get();
-    if (IsError(a)) {
-      return ErrorReplyStatus(description_ + ": forget: ", ReplyText(a));
-    }
     if (a->type != REDIS_REPLY_ARRAY || a->elements != 2 ||
         a->element[0]->type != REDIS_REPLY_INTEGER || a->element[1]->type != REDIS_REPLY_INTEGER ||
         a->element[0]->integer < 0 || a->element[0]->integer > 3) {
@@ -985,8 +983,20 @@ return denied)";
                           std::to_string(req.max_attempts)});
   }
 
-  StatusOr<Reply> Exec(std::string_view op, const std::string& rkey, Command cmd) {
-    return client_.Exec(op, rkey, std::move(cmd));
+  // One command on the node of `rkey`. An error reply is a status named as
+  // every error of this store is: its description, the operation and (for a
+  // call about one key, `names_key`) the key, as the claims name theirs.
+  StatusOr<Reply> Exec(std::string_view op, const std::string& rkey, Command cmd,
+                       bool names_key = true) {
+    StatusOr<Reply> r = client_.Call(op, rkey, std::move(cmd));
+    if (r.ok() && IsError(r->get())) {
+      std::string where = description_ + ": " + std::string(op) + ": ";
+      if (names_key) {
+        where += "key '" + internal::Printable(std::string_view(rkey).substr(prefix_.size())) + "': ";
+      }
+      return ErrorReplyStatus(where, ReplyText(r->get()));
+    }
+    return r;
   }
   Status ExecMany(std::string_view op, const std::vector<std::string>& rkeys,
                   std::vector<Command>& cmds, std::vector<Reply>* replies,
@@ -1037,12 +1047,10 @@ return denied)";
     return res;
   }
 
-  // The key is named in every error (Printable): a scan that met one value it
-  // cannot read (a hash someone wrote under the prefix, corrupt bytes) failed
-  // without saying which, and `dedup forget KEY` is how an operator removes it.
   // The record of `key` from inspect.lua's reply `r`. One that is stored but
   // cannot be decoded (not dedup's format, a key of another type, token 0) is
-  // DataLoss, and `*undecodable` (if given) says why in a few words.
+  // DataLoss naming the key (Printable), and `*undecodable` (if given) says why
+  // in a few words: a scan lists it, so that `dedup forget` can remove it.
   StatusOr<std::optional<Record>> DecodeRecord(std::string_view op, const redisReply* r,
                                                std::string_view key,
                                                std::string* undecodable = nullptr) {

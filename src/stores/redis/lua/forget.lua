@@ -9,9 +9,11 @@
 --                  3 forced on a running lease: the record became a fence floor, a
 --                    RELEASED record with attempt 0 and the same fence, kept until
 --                    that lease would have ended, so the next claim gets fence + 1
--- A value that is not a record is removed (how an operator gets rid of a corrupt one),
--- a key of another Redis type (a hash, a list) too: GET met it with WRONGTYPE, and
--- the one tool meant to clear such a key could not.
+-- A value that is not a record is removed (how an operator gets rid of a corrupt one).
+-- A key of another Redis type (a hash, a list, a stream) is removed only with force 1,
+-- else the error 'DEDUPTYPE forget: the key holds a <type>, not a dedup record; force
+-- removes it' and nothing changes: under a shared or empty prefix it may be someone
+-- else's data (a broker's stream), which a listing of undecodable keys now shows.
 --@dedup-include record.lua
 local key, key_err = record_key('forget', 1)
 if key_err then return key_err end
@@ -20,6 +22,10 @@ if not force then return bad_args('forget', 'force must be 0 or 1') end
 local kind = redis.call('TYPE', key).ok
 if kind == 'none' then return {0, 0} end
 if kind ~= 'string' then
+  if force == 0 then
+    return redis.error_reply('DEDUPTYPE forget: the key holds a ' .. kind ..
+                             ', not a dedup record; force removes it')
+  end
   redis.call('DEL', key)
   return {1, 0}
 end
