@@ -329,6 +329,18 @@ TEST_F(BufferTest, AnExhaustedDeadLetterSaysWhyTheLastAttemptFailed) {
   EXPECT_TRUE(internal::IsValidUtf8(cut.reason));
 }
 
+// A Buffer constructed of bad options answered every message "retry" for ever
+// (its claims were refused as InvalidArgument); the constructor now stops the
+// process with what Buffer::Create returns as a status.
+TEST(BufferDeathTest, TheConstructorRefusesBadOptionsAsCreateDoes) {
+  auto store = NewMemoryStore();
+  BufferOptions zero;
+  zero.lease = 0ms;
+  EXPECT_FALSE(Buffer::Create(store.get(), zero).ok());
+  EXPECT_DEATH(Buffer(store.get(), zero), "Buffer constructed with INVALID_ARGUMENT: .*lease");
+  EXPECT_DEATH(Buffer(nullptr), "no store given");
+}
+
 TEST_F(BufferTest, StoreDownFailsClosed) {
   FlakyStore flaky(store_.get());
   flaky.fail_claims = 1;

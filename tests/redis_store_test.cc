@@ -276,6 +276,30 @@ TEST_F(RedisStoreTest, ThePrefixIsShownEscaped) {
   EXPECT_EQ(r.status().message().find('\x1b'), std::string::npos) << r.status();
 }
 
+// A library user who set no OpenOptions::on_warning heard nothing of a Redis
+// that forgets its keys at a restart (appendonly no): the warnings were
+// dropped. They go to stderr unless a function is given. Port 6528.
+TEST_F(RedisStoreTest, StartUpWarningsReachStderrUnlessTheCallerTakesThem) {
+  if (!PortFree(6528)) GTEST_SKIP() << "port 6528 in use";
+  RedisServer server(6528, Dir("warn"));  // appendonly no
+  ASSERT_TRUE(server.Start());
+  ::testing::internal::CaptureStderr();
+  auto plain = OpenStore("redis://127.0.0.1:6528?prefix=w:");
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_NE(printed.find("dedup: warning: "), std::string::npos) << printed;
+  EXPECT_NE(printed.find("appendonly is no"), std::string::npos) << printed;
+  std::vector<std::string> taken;
+  OpenOptions o;
+  o.on_warning = [&taken](const std::string& m) { taken.push_back(m); };
+  ::testing::internal::CaptureStderr();
+  auto quiet = OpenStore("redis://127.0.0.1:6528?prefix=w:", o);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_TRUE(quiet.ok()) << quiet.status();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_NE(taken[0].find("appendonly is no"), std::string::npos) << taken[0];
+}
+
 TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
   if (!PortFree(6394)) GTEST_SKIP() << "port 6394 in use";
   RedisServer server(6394, Dir("corrupt"));

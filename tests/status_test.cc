@@ -33,6 +33,15 @@ TEST(StatusOr, HoldsValueOrStatus) {
   EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
 }
 
+// The value of an error was an assert only: in a release build (NDEBUG, as
+// the project's own builds), `*OpenStore("bogus:")` read an empty optional.
+TEST(StatusOrDeathTest, TheValueOfAnErrorAbortsNamingIt) {
+  StatusOr<std::string> e = Status::NotFound("no such thing");
+  EXPECT_DEATH((void)e.value(), "StatusOr that holds an error was used: NOT_FOUND: no such thing");
+  EXPECT_DEATH((void)e->size(), "NOT_FOUND: no such thing");
+  EXPECT_DEATH((void)std::move(e).value(), "NOT_FOUND");
+}
+
 TEST(Token, HexRoundTrip) {
   Token t = Token::Random();
   EXPECT_TRUE(t.valid());

@@ -10,7 +10,8 @@
 //     redelivery within the retention gets DUPLICATE and the cached result.
 //
 // ProcessOnce() does all of it in one call and says what to tell the broker, per
-// the table "What a worker does with each result" of SPEC.md:
+// the worker's table (README.md, "What is guaranteed, and what is not";
+// docs/WORKER.md):
 //
 //   claim / handler                       action
 //   ACQUIRED, handler done, complete OK   kAck
@@ -147,8 +148,8 @@ inline constexpr size_t kMaxCorruptKeys = 4096;
 // OK, or InvalidArgument naming the first bad field in flag spelling ("lease",
 // "retention", "retry-delay", "heartbeat-interval", "complete-tries",
 // "complete-retry-time", "corrupt-record-tries"): lease, retention and retry delay
-// must be > 0 and at most kMaxDuration; the heartbeat 0 (= lease / 3) or between
-// 1 ms and the lease; complete_tries >= 1; complete_retry_time 0 to kMaxDuration;
+// must be > 0 and at most kMaxDuration; the heartbeat 0 (= lease / 3) or at
+// least 1 ms and shorter than the lease; complete_tries >= 1; complete_retry_time 0 to kMaxDuration;
 // corrupt_record_tries 1 to 1000.
 [[nodiscard]] Status ValidateBufferOptions(const BufferOptions& options);
 
@@ -204,7 +205,10 @@ class ClaimGuard {
   bool active() const { return held_ != nullptr; }
 
   // Records the outcome (COMPLETED, `status`, `result`). kOk or kLost; on kLost
-  // the record was not changed. Ends the guard's ownership either way. A
+  // the record was not changed. Ends the guard's ownership either way. On a
+  // guard that holds nothing (not ACQUIRED, or already ended: a second Complete,
+  // a Release after it) FailedPrecondition, and nothing is sent; so for
+  // Release, CompleteWithAck and ReleaseOnce. A
   // retryable store error is tried again as BufferOptions::complete_tries says
   // (the same for CompleteWithAck and Release); a status returned is the last
   // try's, and the outcome may or may not be recorded.
@@ -250,7 +254,11 @@ struct HandlerResult {
 
 // What ProcessOnce did and what the broker should do with the message.
 struct Processed {
-  Status status;             // not OK: the store could not be reached (action kRetry)
+  // Not OK: the store could not answer the claim or the outcome's write
+  // (action kRetry; a record that cannot be decoded: kRetry, then kDeadLetter
+  // at corrupt_record_tries), or the key is no key (InvalidArgument, empty or
+  // over kMaxKeyBytes: kDeadLetter).
+  Status status;
   ClaimResult claim;         // the store's answer to the claim (when status is OK)
   bool ran = false;          // the handler was called
   BrokerAction action = BrokerAction::kRetry;
@@ -301,7 +309,8 @@ class Buffer {
                                                                 BufferOptions options = {});
 
   // As Create, for options known to be valid (the defaults, or checked with
-  // ValidateBufferOptions); invalid ones make a Buffer that misbehaves.
+  // ValidateBufferOptions): invalid ones, or a null store, abort the process
+  // with the message Create would return.
   explicit Buffer(Store* store, BufferOptions options = {});
   ~Buffer();
   Buffer(const Buffer&) = delete;

@@ -10,8 +10,8 @@
 // delivered many times; its *key* identifies the work (never the broker's
 // delivery id, which differs for every publish or redelivery).
 //
-// What the Consumer tells the broker follows SPEC.md, "What a worker does with
-// each result", through Buffer::ProcessOnce's BrokerAction:
+// What the Consumer tells the broker follows the worker's table of what to do
+// with each result (docs/WORKER.md), through Buffer::ProcessOnce's BrokerAction:
 //
 //   kAck         Delivery::Ack() — only after the outcome is recorded (or the claim
 //                was DUPLICATE of recorded work); never for BUSY or a store error
@@ -173,7 +173,11 @@ struct ConsumerMetrics {
   uint64_t acquired = 0;       // claims ACQUIRED (handler ran)
   uint64_t duplicates = 0;     // claims DUPLICATE (acked without running)
   uint64_t busy = 0;           // claims BUSY (deferred, not acked)
-  uint64_t takeovers = 0;      // ACQUIRED with attempt > 1
+  // ACQUIRED with attempt > 1: a claim after an earlier attempt of the key,
+  // whether that one was given up (a handler's Retry, a release) or its lease
+  // ran out (a crash, a kill): every later attempt, not only takeovers of a
+  // lease. Compare with retries to tell them apart.
+  uint64_t takeovers = 0;
   uint64_t lost_leases = 0;    // outcome not recorded: another owner took over
   // Deliveries given back for a later delivery (Retry() of a retry outcome:
   // BUSY, a released claim, a store error ...), the broker took it. Not the
@@ -235,7 +239,7 @@ struct ConsumerOptions {
   // batch (at most concurrency + prefetch deliveries) may wait for or be in its
   // claim, so that the next fetch overlaps the claim. A fetch starts once half of
   // concurrency + prefetch is free, or as soon as a handler would be idle.
-  // Default: -1 = concurrency (more with prefetch_time).
+  // -1 or 0 to 65536. Default: -1 = concurrency (more with prefetch_time).
   int prefetch = -1;
   // With prefetch -1: fetch ahead as many deliveries as the handlers finish in
   // about this long (from the average time of the recent ones), at least
@@ -250,7 +254,7 @@ struct ConsumerOptions {
   static constexpr Millis kMaxPrefetchTime{60'000};
   Millis prefetch_time{0};
   // How long one Fetch waits for a first delivery; also how soon Stop() is seen
-  // by an idle consumer. Default: 250 ms.
+  // by an idle consumer. Positive. Default: 250 ms.
   Millis fetch_wait{250};
   // Claim the keys of a fetched batch with one Buffer::ClaimBatch (one store
   // round trip) instead of one claim per delivery. Default: true.
@@ -259,9 +263,10 @@ struct ConsumerOptions {
   // (one XACK for several entries): an ack waits at most this long after its
   // handler ended, less when max_ack_batch are waiting (and, while an earlier
   // AckBatch is still out, for that one: those then late go at once after it).
-  // 0 = every ack is sent by its handler's thread at once. Default: 2 ms.
+  // 0 = every ack is sent by its handler's thread at once. 0 to 1000 ms.
+  // Default: 2 ms.
   Millis max_ack_delay{2};
-  // At most this many deliveries per AckBatch. Default: 64.
+  // At most this many deliveries per AckBatch. 1 to 100000. Default: 64.
   int max_ack_batch = 64;
   // Outcomes of finished handlers (done, failed) are recorded by one completer
   // thread with one Buffer::CompleteBatch for several (one store round trip or
@@ -281,8 +286,9 @@ struct ConsumerOptions {
   Millis drain_timeout{5'000};
   // Called once, from the Consumer's drain thread (the drain starts at Stop(),
   // while Run()'s thread may still wait in a Fetch), when drain_timeout has
-  // passed with handlers still running: stops what the handlers run (the worker passes
-  // HandlerSupervisor::RequestStop: SIGTERM, then SIGKILL after its grace).
+  // passed with handlers still running: stops what the handlers run (`dedup
+  // worker --exec` passes its handler processes' stop, internal to the tool:
+  // SIGTERM, then SIGKILL after a grace).
   // Default: empty (in-process handlers watch Delivery::stop_requested()).
   std::function<void()> stop_handlers;
   // Once drain_timeout has passed, the Buffer's store (MakeWith: its `store`,

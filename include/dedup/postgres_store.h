@@ -25,7 +25,7 @@
 // Unavailable for a server that cannot be reached (or restarts), FailedPrecondition
 // for a peer that is not PostgreSQL 12 or later.
 //
-// Every SPEC operation is one SQL statement (claim: INSERT ... ON CONFLICT DO UPDATE
+// Every store operation is one SQL statement (claim: INSERT ... ON CONFLICT DO UPDATE
 // ... WHERE ... RETURNING), so it is atomic and linearizable per key; deadlines come
 // from the server's clock_timestamp(), never the caller's clock. Records past their
 // retention answer as absent at once and are deleted by the store itself in batches
@@ -226,8 +226,8 @@ Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::st
                                    std::string_view payload,
                                    const TransactionalHandler& handler);
 // The same, with the claim's guard given to the handler, which should stop once
-// guard.lost() (e.g. HandlerSupervisor::Run(cmd, &guard), as `dedup worker
-// --sql-output` does): its writes would be rolled back anyway.
+// guard.lost() (as `dedup worker --sql-output` stops its handler process
+// then): its writes would be rolled back anyway.
 using GuardedTransactionalHandler =
     std::function<HandlerResult(PostgresTransaction&, const ClaimGuard&)>;
 Processed ProcessOnceInTransaction(Buffer& buffer, PostgresStore& store, std::string_view key,

@@ -1,6 +1,6 @@
 // Copyright dedup authors. Licensed under the Apache License 2.0.
 //
-// The words of SPEC.md as types: a record's state, the claim token and fence, and
+// The words of the contract (store.h, README.md "What is guaranteed") as types: a record's state, the claim token and fence, and
 // the expected outcomes of each operation. Outcomes are values, never errors.
 
 #ifndef DEDUP_RECORD_H_

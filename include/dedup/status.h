@@ -91,7 +91,15 @@ class [[nodiscard]] Status {
 
 std::ostream& operator<<(std::ostream& os, const Status& s);
 
-// A value or the Status that explains why there is none.
+namespace internal {
+// Prints `s` and aborts: the value of a StatusOr that holds an error was asked for.
+[[noreturn]] void DieOnValueOfError(const Status& s);
+}  // namespace internal
+
+// A value or the Status that explains why there is none. Asking for the value
+// (value(), *, ->) of one that holds an error aborts the process with the
+// error's message, in every build: a forgotten ok() check is a bug to be shown,
+// not undefined behaviour in a release build.
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
@@ -104,9 +112,18 @@ class [[nodiscard]] StatusOr {
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
 
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    if (!ok()) internal::DieOnValueOfError(status_);
+    return *value_;
+  }
+  const T& value() const& {
+    if (!ok()) internal::DieOnValueOfError(status_);
+    return *value_;
+  }
+  T&& value() && {
+    if (!ok()) internal::DieOnValueOfError(status_);
+    return std::move(*value_);
+  }
 
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }

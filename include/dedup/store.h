@@ -2,7 +2,8 @@
 //
 // Store is where claims live: one abstract interface, opened from a URI, that every
 // backend (memory, RocksDB, Redis, PostgreSQL) implements and one conformance suite
-// checks (tests/store_conformance_test.cc). The contract is ../SPEC.md; in short:
+// checks (tests/store_conformance_test.cc). The contract, in short (README.md,
+// "What is guaranteed, and what is not", and docs/DESIGN.md say it in full):
 //
 //   * Every operation is atomic per key and linearizable per store.
 //   * Per key, at any instant of the store's clock, at most one token holds a valid
@@ -355,7 +356,9 @@ struct OpenOptions {
   bool read_only = false;
   // Called once per open, with each warning about a server setting that can make
   // dedup process a message twice (Redis: an evicting maxmemory-policy, no AOF), or
-  // a note that the settings could not be checked. Null: warnings are dropped.
+  // a note that the settings could not be checked. Null: each is written to
+  // stderr after "dedup: " (a library user who set nothing still hears of a
+  // Redis that can lose claims). To drop them, give a function that does nothing.
   std::function<void(const std::string&)> on_warning;
 };
 
@@ -363,8 +366,15 @@ struct OpenOptions {
 //   memory:                          a process-local store (lost on exit)
 //   rocksdb:PATH[?sync=always|interval:MS|none][&recovery=strict|salvage]
 //                                    the embedded durable store
-// Backends compiled out or URIs that cannot be parsed give InvalidArgument naming
-// the part that is wrong.
+//   redis://[USER:PASSWORD@]HOST:PORT[/DB][?prefix=..&timeout=..&pool=..]
+//   redis+cluster://HOST:PORT,HOST:PORT,...[?...]
+//                                    Redis 7+, one server or a cluster
+//   postgres://USER[:PASSWORD]@HOST:PORT/DB[?schema=..&table=..&...]
+// (every parameter: README.md, "The command line", and docs/REDIS.md,
+// docs/POSTGRES.md). Backends compiled out or URIs that cannot be parsed give
+// InvalidArgument naming the part that is wrong; a scheme named but not
+// supported (rediss://: TLS) Unimplemented; a server that cannot be reached
+// Unavailable, a wrong password Unauthenticated.
 [[nodiscard]] StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view uri,
                                                          const OpenOptions& options = {});
 

@@ -2,8 +2,9 @@
 //
 // Worker: the broker-neutral Consumer (consumer.h) over the Redis Streams
 // source (src/brokers/redis_streams/streams_source.h), in one object, for
-// programs that consume one stream. What it tells the stream follows SPEC.md,
-// "What a worker does with each result", through Buffer::ProcessOnce:
+// programs that consume one stream. What it tells the stream follows the
+// worker's table of what to do with each result (docs/WORKER.md), through
+// Buffer::ProcessOnce:
 //
 //   ProcessOnce action   stream
 //   kAck                 XACK (only after Complete() returned OK, or DUPLICATE of ok);

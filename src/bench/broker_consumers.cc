@@ -152,7 +152,7 @@ json MeasureBrokers(BenchContext& ctx) {
   if (auto s = OpenStore("rocksdb:" + rocks_dir); s.ok()) stores.emplace_back("rocksdb", std::move(s).value());
 #endif
   if (ctx.redis) {
-    if (auto s = OpenStore(ctx.redis_target.Uri("prefix=bench:brokers:&pool=8")); s.ok()) {
+    if (auto s = OpenStore(ctx.redis_target.Uri("prefix=bench:brokers:&pool=8"), QuietOpen()); s.ok()) {
       stores.emplace_back("redis", std::move(s).value());
     }
   }

@@ -114,7 +114,8 @@ json RunConsumerBench(const ConsumerBenchOptions& o) {
   std::vector<ConsumerContender> cs;
   cs.push_back(MakeContender("none", "no guard (ack only)", nullptr));
   {
-    auto s = OpenStore(redis_uri + "?prefix=bench:consumer:&pool=" + std::to_string(o.concurrency));
+    auto s = OpenStore(redis_uri + "?prefix=bench:consumer:&pool=" + std::to_string(o.concurrency),
+                       QuietOpen());
     if (s.ok()) {
       cs.push_back(MakeContender("redis", "dedup, Redis store on the stream's server", std::move(s).value()));
     }

@@ -112,7 +112,7 @@ void RunMemoryPerRecord(BenchContext& ctx) {
     RedisConn c(ctx.redis_target);
     c.Command({"FLUSHALL"});
     const long long before = c.InfoField("memory", "used_memory");
-    auto s = OpenStore(ctx.redis_target.Uri("prefix=&pool=4"));
+    auto s = OpenStore(ctx.redis_target.Uri("prefix=&pool=4"), QuietOpen());
     if (!s.ok()) {
       ctx.Skip("redis memory per record: " + s.status().ToString());
       return;

@@ -145,7 +145,7 @@ void AddRedisContenders(BenchContext& ctx, ContenderGroup& g) {
   const std::string uri = t.Uri("prefix=&pool=" + std::to_string(threads));
   g.AddStoreOps("redis",
                 [&]() -> std::unique_ptr<Store> {
-                  auto s = OpenStore(uri);
+                  auto s = OpenStore(uri, QuietOpen());
                   if (!s.ok()) {
                     ctx.Skip("redis store: " + s.status().ToString());
                     return nullptr;
@@ -156,7 +156,7 @@ void AddRedisContenders(BenchContext& ctx, ContenderGroup& g) {
   // Depth 1 with spin=50: each caller polls its socket up to 50 us for the reply
   // before it sleeps in recv (docs/PERFORMANCE.md, "Depth 1: polling for the
   // reply"), next to the default row (spin=0), so that one run shows what it does.
-  if (auto s = OpenStore(uri + "&spin=50"); s.ok()) {
+  if (auto s = OpenStore(uri + "&spin=50", QuietOpen()); s.ok()) {
     std::shared_ptr<Store> store = std::move(s).value();
     g.Keep(store);
     Contender& c = g.Add("redis", "dedup claim (spin=50: reply spin)", "claim", 1, {"redis/baseline/b1"});
@@ -165,7 +165,7 @@ void AddRedisContenders(BenchContext& ctx, ContenderGroup& g) {
   }
   // Depth 16 with single claims: 16 threads per connection calling Claim(), whose
   // calls share round trips on the auto-pipelined connections, next to -P 16.
-  if (auto s = OpenStore(uri); s.ok()) {
+  if (auto s = OpenStore(uri, QuietOpen()); s.ok()) {
     std::shared_ptr<Store> store = std::move(s).value();
     g.Keep(store);
     Contender& c = g.Add("redis", "dedup claim (16 callers per connection)", "claim", 1, {"redis/baseline/b16"});

@@ -25,6 +25,12 @@ std::atomic<bool> g_stop{false};
 std::atomic<uint64_t> g_key_block{10};
 }  // namespace
 
+OpenOptions QuietOpen() {
+  OpenOptions o;
+  o.on_warning = [](const std::string&) {};
+  return o;
+}
+
 void RequestStop() { g_stop.store(true); }
 bool StopRequested() { return g_stop.load(std::memory_order_relaxed); }
 

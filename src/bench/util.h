@@ -14,7 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "dedup/store.h"
+
 namespace dedup::bench {
+
+// Options for the bench's own stores: the bench starts its servers without
+// persistence on purpose, so the store's warnings about that are not printed.
+OpenOptions QuietOpen();
 
 using Clk = std::chrono::steady_clock;
 using nlohmann::json;

@@ -134,6 +134,8 @@ StatusOr<std::unique_ptr<Store>> Open(const std::string& uri, const char* cmd, b
   OpenOptions o;
   o.must_exist = true;
   o.read_only = read_only;
+  // What a server's settings mean for workers is the worker's to say.
+  o.on_warning = [](const std::string&) {};
   auto s = OpenStore(uri, o);
   if (!s.ok()) std::fprintf(stderr, "dedup %s: --store: %s\n", cmd, s.status().ToString().c_str());
   return s;

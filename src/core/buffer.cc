@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -569,8 +571,24 @@ Millis Buffer::heartbeat_interval() const {
                                                  : std::max(Millis(1), options_.lease / 3);
 }
 
+namespace {
+// `store`, once it and `options` are known good; else the process stops naming
+// the problem. A Buffer made of bad options (a lease of 0) answered every
+// message "retry" for ever; Buffer::Create returns the same as a status.
+Store* CheckedStore(Store* store, const BufferOptions& options) {
+  Status s = store == nullptr ? Status::InvalidArgument("buffer: no store given")
+                              : ValidateBufferOptions(options);
+  if (!s.ok()) {
+    std::fprintf(stderr, "dedup: Buffer constructed with %s (Buffer::Create returns this as a "
+                         "status)\n", s.ToString().c_str());
+    std::abort();
+  }
+  return store;
+}
+}  // namespace
+
 Buffer::Buffer(Store* store, BufferOptions options)
-    : store_(store), options_(options),
+    : store_(CheckedStore(store, options)), options_(options),
       heartbeat_(std::make_unique<Heartbeat>(store, heartbeat_interval(), breaker())),
       // A counted key not seen for this long was settled elsewhere; its next
       // delivery comes within a retry delay or a lease (a reclaim) otherwise.

@@ -2,6 +2,9 @@
 
 #include "dedup/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace dedup {
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -41,5 +44,13 @@ Status Status::WithContext(std::string_view context) const {
 }
 
 std::ostream& operator<<(std::ostream& os, const Status& s) { return os << s.ToString(); }
+
+namespace internal {
+void DieOnValueOfError(const Status& s) {
+  std::fprintf(stderr, "dedup: the value of a StatusOr that holds an error was used: %s\n",
+               s.ToString().c_str());
+  std::abort();
+}
+}  // namespace internal
 
 }  // namespace dedup

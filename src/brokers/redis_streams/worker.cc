@@ -94,7 +94,8 @@ StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
 
 StatusOr<std::unique_ptr<Worker>> Worker::Open(WorkerOptions o) {
   if (o.concurrency < 1 || o.concurrency > 4096) {
-    return Status::InvalidArgument("worker: concurrency must be 1 to 4096");
+    return Status::InvalidArgument("worker: concurrency must be 1 to 4096, got " +
+                                   std::to_string(o.concurrency));
   }
   // The group is created (and the options checked) now; Run opens the source
   // again when reclaim_min_idle follows the Buffer's lease.

@@ -1123,6 +1123,12 @@ StatusOr<std::unique_ptr<Store>> Open(redis::ConnectionOptions c, std::string pr
                                       std::function<void(const std::string&)> on_warning) {
   DEDUP_RETURN_IF_ERROR(c.Validate());
   if (description.empty()) description = Describe(c, prefix);
+  if (!on_warning) {
+    // Not dropped: a Redis that evicts keys or forgets them at a restart makes
+    // dedup process messages twice, and a library user who set nothing must
+    // still hear of it.
+    on_warning = [](const std::string& m) { std::fprintf(stderr, "dedup: %s\n", m.c_str()); };
+  }
   auto store = std::make_unique<RedisStore>(std::move(c), std::move(prefix),
                                             std::move(description), std::move(on_warning));
   DEDUP_RETURN_IF_ERROR(store->Start());

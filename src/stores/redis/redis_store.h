@@ -73,7 +73,9 @@ struct RedisStoreOptions {
   bool auto_pipeline = true;
   // What Describe() returns. Default: built from the fields above.
   std::string description;
-  // Receives the start-up warnings (OpenOptions::on_warning). Default: dropped.
+  // Receives the start-up warnings (OpenOptions::on_warning). Default (null):
+  // each is written to stderr after "dedup: ". To drop them, give a function
+  // that does nothing.
   std::function<void(const std::string&)> on_warning;
 };
 
