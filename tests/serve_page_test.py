@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 BASE, TOKEN, PASSWORD = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
@@ -226,6 +227,24 @@ try:
                                  headers={"Authorization": "Bearer " + TOKEN})
     with urllib.request.urlopen(req, timeout=10) as r:
         listed = json.load(r)
+    # Paged one entry at a time, records and undecodable keys together: each key
+    # once, in key order, the undecodable one included.
+    walked, cursor = [], ""
+    for _ in range(50):
+        req = urllib.request.Request(
+            BASE + "/v1/keys?limit=1" + ("&after=" + urllib.parse.quote(cursor) if cursor else ""),
+            headers={"Authorization": "Bearer " + TOKEN})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            page = json.load(r)
+        walked += [e["key_b64"] for e in page["records"] + page["undecodable"]]
+        check_page = len(page["records"]) + len(page["undecodable"]) == 1
+        if not check_page or not page["next"]:
+            break
+        cursor = page["next"]
+    keys_walked = [base64.b64decode(k) for k in walked]
+    check("paging by 1 walks every key once, in key order, undecodable included",
+          keys_walked == sorted(set(keys_walked)) and b"web-unreadable" in keys_walked
+          and b"web-completed" in keys_walked, keys_walked)
     check("the API lists it in undecodable, with key_b64 and why",
           listed["records"] == [] and len(listed["undecodable"]) == 1
           and listed["undecodable"][0]["key"] == "web-unreadable"
