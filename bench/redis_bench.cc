@@ -60,9 +60,18 @@ long long UsedMemory(const std::string& uri) {
   return at == std::string::npos ? -1 : std::stoll(text.substr(at + 12));
 }
 
+// The servers of redis_bench.sh run without persistence on purpose: the store's
+// warnings about that are not printed.
+OpenOptions Quiet() {
+  OpenOptions o;
+  o.on_warning = [](const std::string&) {};
+  return o;
+}
+
 int Claim(const std::string& uri, int conns, int depth, int seconds, bool batch) {
   auto store = OpenStore(uri + (uri.find('?') == std::string::npos ? "?" : "&") +
-                         "pool=" + std::to_string(conns));
+                             "pool=" + std::to_string(conns),
+                         Quiet());
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;
@@ -117,7 +126,8 @@ int Claim(const std::string& uri, int conns, int depth, int seconds, bool batch)
 
 int Memory(const std::string& uri, uint64_t records, int threads) {
   auto store = OpenStore(uri + (uri.find('?') == std::string::npos ? "?" : "&") +
-                         "pool=" + std::to_string(threads));
+                             "pool=" + std::to_string(threads),
+                         Quiet());
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;

@@ -272,7 +272,7 @@ TEST_F(BufferTest, AnExhaustedDeadLetterSaysWhyTheLastAttemptFailed) {
   Buffer other(store_.get(), o);
   Processed elsewhere = other.ProcessOnce("pay-2", "", failing);
   EXPECT_EQ(elsewhere.claim.outcome, ClaimOutcome::kExhausted);
-  EXPECT_NE(elsewhere.reason.find("attempts exhausted after 2 (no failure of it was seen here"),
+  EXPECT_NE(elsewhere.reason.find("attempts exhausted after 2 (no failure of its last attempt was seen here"),
             std::string::npos)
       << elsewhere.reason;
 
@@ -311,7 +311,7 @@ TEST_F(BufferTest, AnExhaustedDeadLetterSaysWhyTheLastAttemptFailed) {
   ASSERT_TRUE(store_->Release("pay-4", second->token, 1min).ok());
   Processed blamed = buffer.ProcessOnce("pay-4", "", failing);
   EXPECT_EQ(blamed.claim.outcome, ClaimOutcome::kExhausted);
-  EXPECT_NE(blamed.reason.find("no failure of it was seen here"), std::string::npos)
+  EXPECT_NE(blamed.reason.find("no failure of its last attempt was seen here"), std::string::npos)
       << blamed.reason;
 
   // A long reason is kept cut at a character, not inside one.

@@ -356,7 +356,8 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
   auto refused = (*store)->Forget("hash", {});
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_NE(refused.status().message().find("forget: key 'hash': the key holds a hash, not a "
-                                            "dedup record; force removes it; nothing changed"),
+                                            "dedup record; force removes it (dedup forget "
+                                            "--force, DELETE ?force=true); nothing changed"),
             std::string::npos)
       << refused.status();
   EXPECT_EQ(Admin(6394, {"EXISTS", "c:hash"}), "1");

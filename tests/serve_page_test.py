@@ -237,8 +237,10 @@ try:
         with urllib.request.urlopen(req, timeout=10) as r:
             page = json.load(r)
         walked += [e["key_b64"] for e in page["records"] + page["undecodable"]]
-        check_page = len(page["records"]) + len(page["undecodable"]) == 1
-        if not check_page or not page["next"]:
+        if len(page["records"]) + len(page["undecodable"]) != 1:
+            check("a page of limit=1 holds one entry", False, page)
+            break
+        if not page["next"]:
             break
         cursor = page["next"]
     keys_walked = [base64.b64decode(k) for k in walked]

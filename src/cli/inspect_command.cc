@@ -10,8 +10,9 @@
 // inspect exits 0 when something was shown, 1 when the key (or prefix) has no
 // record, 2 when a record it met cannot be decoded (with --prefix: after listing
 // every other record, and each undecodable one with why). forget exits 0 when a record was removed, 1 when there was none, 75
-// (EX_TEMPFAIL) when the key's lease is still running, or the key holds no record
-// but a Redis value of another type, and --force was not given.
+// (EX_TEMPFAIL) when the key's lease is still running and --force was not given,
+// 2 when the key holds no record but a Redis value of another type (--force
+// removes it) or the store refuses.
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,7 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "core/printable.h"
+#include "core/state_machine.h"
 #include "dedup/store.h"
 
 namespace dedup::cli {
@@ -195,7 +197,7 @@ int RunInspect(const InspectFlags& f) {
     // As `inspect KEY` of one of them answers (DataLoss).
     std::fprintf(stderr,
                  "dedup inspect: %zu record%s cannot be decoded (claims of %s key fail and change "
-                 "nothing; `dedup forget` removes %s)\n",
+                 "nothing; `dedup forget` removes %s, --force if it is of another Redis type)\n",
                  undecodable.size(), undecodable.size() == 1 ? "" : "s",
                  undecodable.size() == 1 ? "its" : "each", undecodable.size() == 1 ? "it" : "one");
     return ExitCodeFor(Status::DataLoss(""));
@@ -228,9 +230,9 @@ void RegisterInspect(CLI::App& root, CommandContext& ctx) {
 void RegisterForget(CLI::App& root, CommandContext& ctx) {
   auto f = std::make_shared<InspectFlags>();
   CLI::App* app = root.add_subcommand("forget", "Remove the record of one key; exit 1 when "
-                                                 "there is none, 75 while its lease runs or "
-                                                 "(Redis) the key holds no record but another "
-                                                 "type (without --force)");
+                                                 "there is none, 75 while its lease runs "
+                                                 "(without --force), 2 when the key holds no "
+                                                 "record but another Redis type (without --force)");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("key", f->key, "The key to forget")
       ->each([f](const std::string&) { f->key_given = true; });
@@ -262,10 +264,10 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
     auto r = (*store)->Forget(key, o);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup forget: %s\n", r.status().ToString().c_str());
-      // A running lease: not now (wait for it, or --force).
-      ctx.exit_code = r.status().code() == StatusCode::kFailedPrecondition
-                          ? kExitTempFail
-                          : ExitCodeFor(r.status());
+      // A running lease: not now (wait for it, or --force). Any other refusal
+      // (a Redis key of another type, a read-only store) waiting does not cure.
+      ctx.exit_code = internal::IsLeasedForgetError(r.status()) ? kExitTempFail
+                                                                 : ExitCodeFor(r.status());
       return;
     }
     std::fprintf(stderr, "dedup forget: %s\n", *r ? "removed" : "no record");

@@ -253,7 +253,8 @@ class Buffer::Heartbeat {
 // came in a row (the policy of BufferOptions::corrupt_record_tries; up to
 // kMaxCorruptKeys keys), and why an attempt it ran was given up, with that
 // attempt's number (a retry; up to kMaxFailedKeys keys), for the dead letter of
-// a later EXHAUSTED answer whose last attempt it was. Off the hot path: a claim
+// a later EXHAUSTED answer whose last attempt it was (kept only when
+// max_attempts is set: EXHAUSTED comes of nothing else). Off the hot path: a claim
 // or an outcome takes the lock only while some key is being counted, or some
 // failure remembered; notes of keys settled elsewhere go after stale_after.
 class Buffer::KeyNotes {
@@ -810,7 +811,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
       // A release records no reason in the store: this Buffer's own memory of
       // the key's last failure, when it ran that attempt.
       const std::string why = notes_->TakeFailure(key, g.attempt());
-      p.reason += why.empty() ? " (no failure of it was seen here: its attempts ended in "
+      p.reason += why.empty() ? " (no failure of its last attempt was seen here: it ended in "
                                 "another worker, or without an outcome: a crash, a kill, a "
                                 "lease that ran out)"
                               : "; the last failure: " + why;
@@ -828,7 +829,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     // the retry policy would send no more than that either).
     Resolve(&p, HandlerResult::Retry("the lease ran out before the handler started"),
             g.ReleaseOnce(), false);
-    notes_->SetFailure(key, g.attempt(), p.reason);
+    if (options_.max_attempts > 0) notes_->SetFailure(key, g.attempt(), p.reason);
     return p;
   }
   HandlerResult hr;
@@ -845,7 +846,7 @@ std::variant<Processed, PendingOutcome> Buffer::ProcessClaimedDeferred(
     // A handler that gave its claim up itself (ReleaseOnce, Abandon: e.g. one
     // stopped by a drain whose time is gone) leaves nothing to release.
     Resolve(&p, hr, g.active() ? g.Release() : StatusOr<WriteResult>(WriteResult::kOk), false);
-    notes_->SetFailure(key, g.attempt(), hr.result);
+    if (options_.max_attempts > 0) notes_->SetFailure(key, g.attempt(), hr.result);
     return p;
   }
   // Made in the variant returned (no move of it on the way out: a PendingOutcome

@@ -156,6 +156,11 @@ ForgetAction DecideForget(const Record* cur, bool force, int64_t now, Record* fl
   return ForgetAction::kFloor;
 }
 
+bool IsLeasedForgetError(const Status& s) {
+  return s.code() == StatusCode::kFailedPrecondition &&
+         s.message().find("\": its lease is still running (") != std::string::npos;
+}
+
 Status LeasedForgetError(std::string_view key, Millis left) {
   return Status::FailedPrecondition(
       "forget \"" + Printable(key) + "\": its lease is still running (" + FormatDuration(left) +

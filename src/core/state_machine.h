@@ -57,6 +57,9 @@ ForgetAction DecideForget(const Record* cur, bool force, int64_t now, Record* fl
 // FailedPrecondition for a forget refused because the lease of `key` is running
 // for `left` more, in the same words from every store.
 Status LeasedForgetError(std::string_view key, Millis left);
+// Whether `s` is a LeasedForgetError: a refusal that ends by itself when the
+// lease does (dedup forget exits 75 for it), unlike the other refusals.
+bool IsLeasedForgetError(const Status& s);
 
 }  // namespace dedup::internal
 

@@ -1343,7 +1343,8 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
     if (const size_t colon = why.find(": "); colon != std::string_view::npos) {
       why.remove_prefix(colon + 2);
     }
-    return Status::FailedPrecondition(where + std::string(why) + "; nothing changed");
+    return Status::FailedPrecondition(where + std::string(why) +
+                                      " (dedup forget --force, DELETE ?force=true); nothing changed");
   }
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);
   if (StartsWith(e, "READONLY")) {

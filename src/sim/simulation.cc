@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -74,7 +75,9 @@ class Simulation {
       MemorySource* source = sources.back().get();
       StatusOr<std::unique_ptr<Consumer>> c = Status::Internal("unset");
       if (o_.pattern == Pattern::kDedup) {
-        buffers.push_back(std::make_unique<Buffer>(store_, bo));
+        StatusOr<std::unique_ptr<Buffer>> b = Buffer::Create(store_, bo);
+        if (!b.ok()) return b.status();
+        buffers.push_back(std::move(b).value());
         c = Consumer::Make(source, buffers.back().get(),
                            [this, source](const Delivery& d, ClaimGuard& g) {
                              return Dedup(*source, d, g);
@@ -387,7 +390,11 @@ StatusOr<SimulateReport> RunSimulation(const SimulateOptions& options) {
       uri = "memory:";
 #endif
     }
-    StatusOr<std::unique_ptr<Store>> opened = OpenStore(uri);
+    OpenOptions open;
+    open.on_warning = [](const std::string& m) {
+      std::fprintf(stderr, "dedup simulate: %s\n", m.c_str());
+    };
+    StatusOr<std::unique_ptr<Store>> opened = OpenStore(uri, open);
     if (!opened.ok()) return opened.status();
     store = std::move(opened).value();
   }

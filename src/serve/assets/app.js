@@ -91,7 +91,9 @@ function recordRow(rec, now, full) {
   return tr;
 }
 
-// A record the store cannot decode: its key, why, and Forget (which removes it).
+// A record the store cannot decode: its key, why, and Forget (which removes it;
+// a Redis key of another type answers 409: only a forced forget, which the page
+// does not send for it, removes that).
 function undecodableRow(u) {
   const tr = el('tr');
   tr.append(el('td', keyText(u), 'key'));
