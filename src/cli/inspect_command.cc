@@ -50,30 +50,34 @@ struct InspectFlags {
 // it is. Any other key is "key_hex" (its exact bytes, lower-case hex) and "key"
 // (the same bytes made printable: see core/printable.h), so that every key has a
 // "key" to show and an exact form to act on.
+nlohmann::json KeyJson(const std::string& key) {
+  const bool utf8 = internal::IsValidUtf8(key);
+  nlohmann::json j = {{"key", utf8 ? key : internal::Printable(key)}};
+  // Also for a key that is UTF-8 but shown escaped elsewhere (a NUL, a control
+  // byte): the exact bytes forget --key-hex takes.
+  if (!utf8 || internal::Printable(key) != key) j["key_hex"] = internal::HexBytes(key);
+  return j;
+}
+
 nlohmann::json ToJson(const Record& r) {
-  const bool utf8 = internal::IsValidUtf8(r.key);
-  nlohmann::json j = {{"key", utf8 ? r.key : internal::Printable(r.key)},
-                      {"state", RecordStateName(r.state)},
-                      {"token", r.token.ToHex()},
-                      {"fence", r.fence},
-                      {"attempt", r.attempt},
-                      {"retention_deadline", FormatMillisUtc(r.retention_deadline)},
-                      {"result_bytes", r.result.size()}};
+  nlohmann::json j = KeyJson(r.key);
+  j["state"] = RecordStateName(r.state);
+  j["token"] = r.token.ToHex();
+  j["fence"] = r.fence;
+  j["attempt"] = r.attempt;
+  j["retention_deadline"] = FormatMillisUtc(r.retention_deadline);
+  j["result_bytes"] = r.result.size();
   if (r.state == RecordState::kInProgress) {
     j["lease_deadline"] = FormatMillisUtc(r.lease_deadline);
   }
-  // Also for a key that is UTF-8 but shown escaped elsewhere (a NUL, a control
-  // byte): the exact bytes forget --key-hex takes.
-  if (!utf8 || internal::Printable(r.key) != r.key) j["key_hex"] = internal::HexBytes(r.key);
   if (r.state == RecordState::kCompleted) j["status"] = CompletionStatusName(r.status);
   return j;
 }
 
 // A record the store cannot decode: its key and why; "undecodable" marks it.
 nlohmann::json ToJson(const UndecodableRecord& u) {
-  const bool utf8 = internal::IsValidUtf8(u.key);
-  nlohmann::json j = {{"key", utf8 ? u.key : internal::Printable(u.key)}, {"undecodable", u.why}};
-  if (!utf8 || internal::Printable(u.key) != u.key) j["key_hex"] = internal::HexBytes(u.key);
+  nlohmann::json j = KeyJson(u.key);
+  j["undecodable"] = u.why;
   return j;
 }
 

@@ -334,9 +334,8 @@ class Buffer::KeyNotes {
     Sweep(/*full=*/false);
   }
 
-  static constexpr size_t kMaxFailedKeys = 4096;
-
  private:
+  static constexpr size_t kMaxFailedKeys = 4096;
   static constexpr size_t kMaxFailureBytes = 512;
   struct Note {
     uint32_t corrupt = 0;

@@ -156,14 +156,17 @@ ForgetAction DecideForget(const Record* cur, bool force, int64_t now, Record* fl
   return ForgetAction::kFloor;
 }
 
+// What LeasedForgetError writes after the key, and IsLeasedForgetError looks for.
+constexpr std::string_view kLeaseRunning = "\": its lease is still running (";
+
 bool IsLeasedForgetError(const Status& s) {
   return s.code() == StatusCode::kFailedPrecondition &&
-         s.message().find("\": its lease is still running (") != std::string::npos;
+         s.message().find(kLeaseRunning) != std::string::npos;
 }
 
 Status LeasedForgetError(std::string_view key, Millis left) {
   return Status::FailedPrecondition(
-      "forget \"" + Printable(key) + "\": its lease is still running (" + FormatDuration(left) +
+      "forget \"" + Printable(key) + std::string(kLeaseRunning) + FormatDuration(left) +
       " left), so a worker may be processing it; forgetting it now lets a second run start "
       "beside it. Wait for the lease to end, or force it (dedup forget --force, "
       "DELETE ?force=true): the next claim then gets a higher fence and the running "

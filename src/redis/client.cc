@@ -1318,6 +1318,12 @@ std::string_view WithoutScriptLocation(std::string_view e) {
   return at == std::string_view::npos ? e : e.substr(0, at);
 }
 
+std::string_view ScriptErrorWords(std::string_view e) {
+  e = WithoutScriptLocation(e);
+  const size_t colon = e.find(": ");
+  return colon == std::string_view::npos ? e : e.substr(colon + 2);
+}
+
 Status ErrorReplyStatus(const std::string& where, std::string_view e) {
   e = WithoutScriptLocation(e);
   const std::string msg = where + std::string(e);
@@ -1329,21 +1335,13 @@ Status ErrorReplyStatus(const std::string& where, std::string_view e) {
                             std::string(e) + ")");
   }
   if (StartsWith(e, "DEDUPCORRUPT")) {
-    // "DEDUPCORRUPT claim: record is not ...": `where` names the operation.
-    std::string_view why = e.substr(std::string_view("DEDUPCORRUPT").size());
-    if (const size_t colon = why.find(": "); colon != std::string_view::npos) {
-      why.remove_prefix(colon + 2);
-    }
-    return Status::DataLoss(where + "corrupt record: " + std::string(why) + "; nothing changed");
+    // `where` names the operation.
+    return Status::DataLoss(where + "corrupt record: " + std::string(ScriptErrorWords(e)) +
+                            "; nothing changed");
   }
   if (StartsWith(e, "DEDUPARGS")) return Status::InvalidArgument(msg + " (nothing changed)");
   if (StartsWith(e, "DEDUPTYPE")) {
-    // "DEDUPTYPE forget: the key holds a stream, ...": `where` names the operation.
-    std::string_view why = e.substr(std::string_view("DEDUPTYPE").size());
-    if (const size_t colon = why.find(": "); colon != std::string_view::npos) {
-      why.remove_prefix(colon + 2);
-    }
-    return Status::FailedPrecondition(where + std::string(why) +
+    return Status::FailedPrecondition(where + std::string(ScriptErrorWords(e)) +
                                       " (dedup forget --force, DELETE ?force=true); nothing changed");
   }
   if (StartsWith(e, "OOM")) return Status::ResourceExhausted(msg);

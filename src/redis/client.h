@@ -426,6 +426,9 @@ Status ErrorReplyStatus(const std::string& where, std::string_view error);
 // ("... script: b721962f..., on @user_script:91."): its SHA and line mean
 // nothing to a reader of dedup's message.
 std::string_view WithoutScriptLocation(std::string_view error);
+// The words of a dedup script's error reply after its code and the script's
+// name: "DEDUPCORRUPT claim: record is not ..." → "record is not ...".
+std::string_view ScriptErrorWords(std::string_view error);
 
 }  // namespace dedup::redis
 

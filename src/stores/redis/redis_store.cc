@@ -1059,11 +1059,7 @@ return denied)";
       if (e.starts_with("WRONGTYPE")) {
         *undecodable = "the key holds a value of another type (a hash, list, set, ...)";
       } else if (e.starts_with("DEDUPCORRUPT ")) {
-        std::string_view why = e.substr(std::string_view("DEDUPCORRUPT ").size());
-        if (const size_t colon = why.find(": "); colon != std::string_view::npos) {
-          why.remove_prefix(colon + 2);  // "inspect: "
-        }
-        *undecodable = why;
+        *undecodable = redis::ScriptErrorWords(e);
       }
     }
     if (IsError(r)) {
