@@ -2,9 +2,13 @@
 
 #include "store_envs.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <random>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "dedup/memory_store.h"
@@ -61,6 +65,16 @@ class RocksDBEnv final : public StoreEnv {
 };
 #endif
 
+// The test servers run without persistence on purpose, so every Open() would
+// repeat the store's "appendonly is no" warning; each distinct warning is
+// printed once per test process instead.
+void WarnOnce(const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.insert(message).second) std::fprintf(stderr, "dedup: %s\n", message.c_str());
+}
+
 // A server store: every Open() gets a fresh key prefix in the same server.
 class ServerEnv final : public StoreEnv {
  public:
@@ -70,7 +84,9 @@ class ServerEnv final : public StoreEnv {
     std::string uri = uri_;
     uri += uri.find('?') == std::string::npos ? "?" : "&";
     uri += "prefix=t" + Token::Random().ToHex() + ":";
-    auto s = OpenStore(uri);
+    OpenOptions o;
+    o.on_warning = WarnOnce;
+    auto s = OpenStore(uri, o);
     if (!s.ok()) return nullptr;
     return std::move(s).value();
   }
