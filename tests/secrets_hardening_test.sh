@@ -5,9 +5,10 @@
 #
 #   tests/secrets_hardening_test.sh DEDUP_CLI
 #
-# Starts its own redis-server (requirepass) on 127.0.0.1:${DEDUP_SECRETS_REDIS_PORT:-6491}
-# (docs/PORTS.md) in a temporary directory and stops it by PID on exit. Nothing
-# listens on 127.0.0.1:1, where the mistyped URIs point.
+# Starts its own redis-server (requirepass) on 127.0.0.1:${DEDUP_SECRETS_REDIS_PORT:-6491},
+# and one without the AUTH command on ${DEDUP_SECRETS_NOAUTH_PORT:-6480} (docs/PORTS.md),
+# in temporary directories, and stops them by PID on exit. Nothing listens on
+# 127.0.0.1:1, where the mistyped URIs point.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dedup=${1:?usage: secrets_hardening_test.sh DEDUP_CLI}
@@ -217,5 +218,24 @@ out=$(DEDUP_REDIS_PASSWORD=$P "$dedup" publish --broker "redis://127.0.0.1:$port
 n3=$(redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning -n 3 XLEN db3)
 n0=$(redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning -n 0 XLEN db3)
 [[ "$n3" == 1 && "$n0" == 0 ]] && echo "ok   a /db in the broker URI is honoured" || fail "broker /3: db3=$n3 db0=$n0"
+
+# A server that does not know AUTH (renamed away in a hardened config; some RESP
+# proxies) answers "ERR unknown command 'AUTH', with args beginning with: 'user'
+# 'password'": that reply was printed as it came, password and all.
+noauth_port=${DEDUP_SECRETS_NOAUTH_PORT:-6480}
+redis_start "$noauth_port" "$tmp/noauth" --rename-command AUTH "" --appendonly yes
+for args in "inspect --store redis://usr:$P@127.0.0.1:$noauth_port k" \
+            "worker --broker redis://:$P@127.0.0.1:$noauth_port?stream=s --store memory: --exec true" \
+            "publish --broker redis://:$P@127.0.0.1:$noauth_port?stream=s --field id=1"; do
+  read -ra a <<<"$args"
+  set +e; out=$(timeout 20 "$dedup" "${a[@]}" 2>&1 </dev/null); rc=$?; set -e
+  if [[ "$out" == *"$P"* ]]; then
+    fail "dedup ${a[0]} against a server without AUTH printed the password: ${out:0:300}"
+  elif [[ $rc -eq 0 || "$out" != *"AUTH: ERR unknown command"* ]]; then
+    fail "dedup ${a[0]} against a server without AUTH: rc $rc: ${out:0:300}"
+  else
+    echo "ok   dedup ${a[0]}: a server without AUTH is named, its reply without the password"
+  fi
+done
 
 check_done "secrets"

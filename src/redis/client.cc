@@ -47,6 +47,19 @@ std::string Lower1(const char* s) {
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
+// The error reply to AUTH, fit to be shown. A server that does not know the
+// command (renamed away in a hardened config; some proxies) answers "ERR unknown
+// command 'AUTH', with args beginning with: 'user' 'password'": the arguments are
+// cut off, and a reply that still holds the password anywhere is not shown.
+std::string AuthReplyText(std::string_view e, const std::string& password) {
+  const size_t args = e.find(", with args beginning with");
+  if (args != std::string_view::npos) e = e.substr(0, args);
+  if (!password.empty() && e.find(password) != std::string_view::npos) {
+    return "(the server's reply is not shown: it holds the password)";
+  }
+  return std::string(e);
+}
+
 // Steady ms at the kernel tick's resolution (1 to 4 ms): a few instructions, where
 // the precise clock costs a vDSO call. Enough for the idle check of LooksAlive.
 int64_t CoarseMillis() {
@@ -332,14 +345,14 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   if (o.has_password) {
     const redisReply* r = replies[i++].get();
     if (IsError(r)) {
-      std::string_view e = ReplyText(r);
+      const std::string e = AuthReplyText(ReplyText(r), o.password);
       if (StartsWith(e, "WRONGPASS") || e.find("invalid") != std::string_view::npos ||
           e.find("password") != std::string_view::npos) {
-        return Status::Unauthenticated("AUTH: " + std::string(e));
+        return Status::Unauthenticated("AUTH: " + e);
       }
       // The first reply of a connection over maxclients.
-      if (ErrorReplyStatus("", e).retryable()) return Status::Unavailable("AUTH: " + std::string(e));
-      return Status::FailedPrecondition("AUTH: " + std::string(e));
+      if (ErrorReplyStatus("", e).retryable()) return Status::Unavailable("AUTH: " + e);
+      return Status::FailedPrecondition("AUTH: " + e);
     }
   }
   if (o.db != 0) {
