@@ -1670,6 +1670,47 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   }
 }
 
+// Not only class 23 quotes values: a data exception words the value it could not
+// take ("invalid input syntax for type bigint: \"<the result>\""), and a trigger
+// may RAISE anything of NEW. Both reached the worker's log whole.
+TEST_F(PostgresStoreTest, NoErrorOfTheStoresStatementsQuotesTheRow) {
+  auto store = Open("&table=cast_checked");
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE cast_checked ADD CONSTRAINT numeric_results "
+                                  "CHECK (state <> 2 OR result = ''::bytea OR "
+                                  "encode(result, 'escape')::bigint >= 0)"));
+  ClaimResult c = MustClaim(*store, "order-78");
+  auto w = store->Complete("order-78", c.token, 1h, CompletionStatus::kOk, "card=4111-1111");
+  ASSERT_FALSE(w.ok());
+  std::string m = w.status().message();
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(m.find("data exception"), std::string::npos) << m;
+  EXPECT_NE(m.find("SQLSTATE 22P02"), std::string::npos) << m;
+  EXPECT_EQ(m.find("4111"), std::string::npos) << m;
+
+  auto traced = Open("&table=raised");
+  ASSERT_NE(traced, nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(),
+      "CREATE FUNCTION raise_result() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+      "IF NEW.state = 2 THEN RAISE EXCEPTION 'refused %', encode(NEW.result, 'escape'); END IF; "
+      "RETURN NEW; END $$; "
+      "CREATE TRIGGER raise_result BEFORE UPDATE ON raised FOR EACH ROW "
+      "EXECUTE FUNCTION raise_result()"));
+  c = MustClaim(*traced, "order-79");
+  w = traced->Complete("order-79", c.token, 1h, CompletionStatus::kOk, "card=5500-0000");
+  ASSERT_FALSE(w.ok());
+  m = w.status().message();
+  EXPECT_NE(m.find("raised by PL/pgSQL"), std::string::npos) << m;
+  EXPECT_NE(m.find("SQLSTATE P0001"), std::string::npos) << m;
+  EXPECT_EQ(m.find("5500"), std::string::npos) << m;
+  // A class that names objects only is shown as the server words it.
+  ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE raised DROP COLUMN result"));
+  auto r = traced->Inspect("order-79");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("column r.result does not exist"), std::string::npos)
+      << r.status();
+}
+
 // A CHECK constraint added to the store's table by hand: the completion that
 // breaks it fails, and the server's DETAIL ("Failing row contains (...)")
 // showed the key, the owner's token and the handler's result in the error (and
@@ -1687,7 +1728,7 @@ TEST_F(PostgresStoreTest, AnIntegrityViolationNamesTheConstraintNotTheRow) {
   const std::string m = w.status().message();
   EXPECT_NE(m.find("violates check constraint \"short_results\""), std::string::npos) << m;
   EXPECT_EQ(m.find("(constraint"), std::string::npos) << "named once: " << m;
-  EXPECT_NE(m.find("the row's values are not shown"), std::string::npos) << m;
+  EXPECT_NE(m.find("it may quote the row's values"), std::string::npos) << m;
   EXPECT_EQ(m.find("4242"), std::string::npos) << m;
   EXPECT_EQ(m.find(c.token.ToHex()), std::string::npos) << m;
   EXPECT_EQ(m.find(std::to_string(c.token.value)), std::string::npos) << m;

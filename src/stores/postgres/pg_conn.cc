@@ -406,25 +406,71 @@ StatusOr<std::vector<Result>> Conn::RunPipeline(size_t n,
   return out;
 }
 
-Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
-  const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
-  const char* primary = r != nullptr ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
-  if (state != nullptr && std::string_view(state).starts_with("23") && primary != nullptr) {
-    // An integrity violation (a NOT NULL, CHECK or foreign key added to the
-    // store's table by hand) shows the failing row in its DETAIL: the key, the
-    // owner's token and the handler's result, which may be anything the handler
-    // wrote. Named by its constraint and column instead.
-    std::string msg = "ERROR:  " + std::string(primary);
-    for (const auto& [field, what] : {std::pair{PG_DIAG_CONSTRAINT_NAME, "constraint"},
-                                      std::pair{PG_DIAG_COLUMN_NAME, "column"}}) {
-      const char* v = PQresultErrorField(r, field);
-      if (v != nullptr && *v != '\0' && msg.find(v) == std::string::npos) {
-        msg += std::string(" (") + what + " " + v + ")";
-      }
-    }
-    return ErrorWith(r, op, msg + "; the row's values are not shown");
+namespace {
+
+// SQLSTATE classes whose messages name objects and states, never a row's values:
+// the store's own statements show these as the server words them.
+bool ValueFreeClass(std::string_view state) {
+  static constexpr std::string_view kClasses[] = {
+      "08", "0A", "25", "28", "2D", "3D", "3F", "40", "42", "53", "54", "55", "57", "58", "XX"};
+  for (std::string_view c : kClasses) {
+    if (state.substr(0, 2) == c) return true;
   }
-  return UserErrorOf(r, op);
+  return false;
+}
+
+// What a class of SQLSTATE is, for the ones whose messages are not shown.
+const char* ClassName(std::string_view state) {
+  const std::string_view c = state.substr(0, 2);
+  if (c == "22") return "data exception";
+  if (c == "23") return "integrity constraint violation";
+  if (c == "P0") return "an error raised by PL/pgSQL (a trigger or function on the table?)";
+  if (c == "09") return "triggered action exception";
+  if (c == "27") return "triggered data change violation";
+  if (c == "38" || c == "39") return "external routine exception";
+  if (c == "2F") return "SQL routine exception";
+  if (c == "44") return "WITH CHECK OPTION violation";
+  return "error";
+}
+
+}  // namespace
+
+Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
+  auto field = [&](int f) -> std::string_view {
+    const char* v = r != nullptr ? PQresultErrorField(r, f) : nullptr;
+    return v != nullptr ? v : "";
+  };
+  const std::string_view state = field(PG_DIAG_SQLSTATE), primary = field(PG_DIAG_MESSAGE_PRIMARY);
+  if (primary.empty()) return UserErrorOf(r, op);  // no result: the connection's message
+  if (ValueFreeClass(state)) {
+    std::string msg = "ERROR:  " + std::string(primary);
+    if (const std::string_view d = field(PG_DIAG_MESSAGE_DETAIL); !d.empty()) {
+      msg += "\nDETAIL:  " + std::string(d);
+    }
+    if (const std::string_view h = field(PG_DIAG_MESSAGE_HINT); !h.empty()) {
+      msg += "\nHINT:  " + std::string(h);
+    }
+    return ErrorWith(r, op, msg);
+  }
+  // Any other class may quote what the statement carried: an integrity violation
+  // (a NOT NULL, CHECK or foreign key added to the store's table by hand) shows
+  // the failing row in its DETAIL, a data exception the value in its message
+  // ("invalid input syntax for type bigint: \"...\""), a trigger's RAISE anything:
+  // the key, the owner's token, the handler's result. Named by its class, its
+  // constraint and column instead; the primary message only for class 23, whose
+  // words name the relation and constraint.
+  std::string msg = "ERROR:  ";
+  msg += state.starts_with("23") ? std::string(primary) : std::string(ClassName(state));
+  for (const auto& [f, what] : {std::pair{PG_DIAG_CONSTRAINT_NAME, "constraint"},
+                                std::pair{PG_DIAG_COLUMN_NAME, "column"},
+                                std::pair{PG_DIAG_DATATYPE_NAME, "type"},
+                                std::pair{PG_DIAG_TABLE_NAME, "table"}}) {
+    const std::string_view v = field(f);
+    if (!v.empty() && msg.find(v) == std::string::npos) {
+      msg += std::string(" (") + what + " " + std::string(v) + ")";
+    }
+  }
+  return ErrorWith(r, op, msg + "; the server's message is not shown: it may quote the row's values");
 }
 
 Status Conn::UserErrorOf(const PGresult* r, std::string_view op) {
@@ -466,6 +512,8 @@ Status Conn::ErrorWith(const PGresult* r, std::string_view op, std::string msg) 
   const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : nullptr;
   const std::string code = state != nullptr ? state : "";
   last_sqlstate_ = code;
+  const char* primary = r != nullptr ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : nullptr;
+  last_primary_ = primary != nullptr ? primary : "";
   // Prepared statements are not transactional: a handler's DEALLOCATE dropped
   // the store's own on this connection, and every later call on it would fail.
   // Closed when handed back (broken()); the pool opens a fresh one.

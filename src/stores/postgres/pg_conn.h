@@ -96,6 +96,9 @@ class Conn {
   // The SQLSTATE of the last error of a statement ("" for none or a transport
   // failure).
   const std::string& last_sqlstate() const { return last_sqlstate_; }
+  // Its primary message as the server worded it, for the caller to recognise
+  // an error of its own making; never shown (ErrorOf decides what is).
+  const std::string& last_primary() const { return last_primary_; }
 
   // Runs a statement; an error status unless it returned tuples or a command OK.
   StatusOr<Result> Exec(std::string_view sql, std::string_view op);
@@ -121,8 +124,11 @@ class Conn {
                                             std::string_view op);
 
   // The status for a failed result (or a null one) of the store's own operation
-  // `op`. An integrity violation (SQLSTATE class 23) names its constraint and
-  // column, never the row's values (key, token, result) its DETAIL shows.
+  // `op`. Never the row's values (key, token, result): only the SQLSTATE
+  // classes whose messages name objects and states (connection, transaction,
+  // syntax and access, resources, ...) are shown as the server words them; any
+  // other (a data exception, an integrity violation, a trigger's RAISE) is named
+  // by its class, constraint, column, type and table.
   Status ErrorOf(const PGresult* r, std::string_view op);
   // The same for a statement a handler wrote: the server's whole message
   // (detail, hint, context): its data, its debugging.
@@ -157,6 +163,7 @@ class Conn {
   bool poisoned_ = false;  // lost its prepared statements: closed when handed back
   bool abandoned_ = false;  // an exchange was given up: the protocol state is unknown
   std::string last_sqlstate_;
+  std::string last_primary_;
 };
 
 // A fixed-size pool. Get() waits for a free connection, opening one when fewer

@@ -1170,7 +1170,19 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       // statements after it (COMMIT too) are skipped: the transaction is not
       // committed, and the connection, left inside it, is closed when handed back.
       auto commit = c.Exec(reset_and_commit_, "commit");
-      if (!commit.ok()) return commit.status();
+      if (!commit.ok()) {
+        // ForgetHandlerStatements' own data exception: its words, which ErrorOf
+        // does not show (a data exception may quote values), said again.
+        if (c.last_sqlstate() == "22P02" &&
+            c.last_primary().find(std::string(kForgetFunction) + "() was replaced") !=
+                std::string::npos) {
+          return Status::InvalidArgument(
+              where_ + ": commit: " + pg::Quote(o_.schema) + "." + std::string(kForgetFunction) +
+              "() was replaced (it did not answer " + std::to_string(kForgetFunctionAnswer) +
+              "): the statements a handler prepared may remain (SQLSTATE 22P02)");
+        }
+        return commit.status();
+      }
       // COMMIT of an aborted transaction answers ROLLBACK instead of failing.
       if (std::string_view(PQcmdStatus(commit->get())) != "COMMIT") {
         return Status::Unavailable(where_ + ": commit: the transaction was rolled back");
