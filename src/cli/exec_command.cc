@@ -337,8 +337,9 @@ void RegisterExec(CLI::App& root, CommandContext& ctx) {
       "     or open in another process, lease lost, or the command exited 75);\n"
       "  126/127 command not executable / not found (nothing recorded); 128+n killed\n"
       "  by signal n, or dedup exec stopped by signal n (claim released); 79 replayed,\n"
-      "  recorded ok; 80 replayed, recorded failed; 69 attempts exhausted; 65\n"
-      "  fingerprint mismatch; 2 bad usage.");
+      "  recorded ok; 80 replayed, recorded failed; 69 attempts exhausted; 2 bad\n"
+      "  usage; 65 (fingerprint mismatch) reserved, not produced: dedup exec sends no\n"
+      "  fingerprint.");
   app->add_option("--store", f->store, "Store URI: memory:, rocksdb:PATH, redis://HOST:PORT, redis+cluster://HOST:PORT,..., postgres://USER@HOST:PORT/DB")->required();
   app->add_option("--key", f->key, "The key (1 to 1024 bytes)")->required();
   AddDurationOption(*app, "--lease", &f->lease, "Claim lease (heartbeat every lease/3)",
