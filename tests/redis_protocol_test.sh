@@ -45,6 +45,9 @@ B=00000000000000bb
 check "first claim acquires: fence 1, attempt 1" "0 1 1" "$(claim p:k1 $A 60000 600000 '' 0)"
 busy=$(claim p:k1 $B 60000 600000 '' 0)
 check "second claim is BUSY" "1 1 1" "$(cut -d' ' -f1-3 <<<"$busy")"
+# A claim sent again with its own token (its reply was lost) is its own.
+check "the first claim's try again (same token) is ACQUIRED, fence 1, attempt 1" "0 1 1" \
+  "$(claim p:k1 $A 60000 600000 '' 0)"
 left=$(cut -d' ' -f4 <<<"$busy")
 ((left > 59000 && left <= 60000)) && echo "ok   lease_left $left ms" || { echo "FAIL lease_left $left"; failures=$((failures + 1)); }
 check "wrong token cannot complete" "0" "$(complete p:k1 $B 600000 0 nope)"

@@ -45,7 +45,15 @@ if r.state == 1 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local ld = lease_deadline(key, r)
-  if now < ld then return {1, r.fence, r.attempt, ld - now} end
+  if now < ld then
+    -- A try again of a claim that was written (its reply lost) reads the record
+    -- as its own, ACQUIRED, as the C++ fast path does: the record holds its
+    -- token, and a fresh random token meets no other record. Its lease runs from
+    -- that try, which the caller's lease (counted from its first send) does not
+    -- outlast. Once that lease is over, the try again is a takeover like any.
+    if r.tok == tok then return {0, r.fence, r.attempt} end
+    return {1, r.fence, r.attempt, ld - now}
+  end
 end
 -- RELEASED, or IN_PROGRESS with its lease over: a new attempt, if one is left.
 if max_attempts > 0 and r.attempt >= max_attempts then
