@@ -117,6 +117,14 @@ grep -q "the key holds a hash, not a dedup record; force removes it" "$work/forg
   fail "forget of the hash: $(cat "$work/forget.err")"
 [ "$(rcli TYPE "$(printf 'dedup:bad\033[31m-2')")" = hash ] || fail "the hash was removed without --force"
 "$dedup" forget --store "$store" --force --key-hex "$hex" || fail "forget --force --key-hex $hex"
+# A key that holds the words of the running-lease refusal is still not a running
+# lease: 2, not 75 (those words were looked for anywhere in the message).
+lookalike='x": its lease is still running (y'
+rcli HSET "dedup:$lookalike" a b >/dev/null
+rc=0
+"$dedup" forget --store "$store" "$lookalike" 2>"$work/forget.err" || rc=$?
+[ "$rc" = 2 ] || fail "forget of a hash whose key quotes the lease refusal: exit $rc, not 2: $(cat "$work/forget.err")"
+"$dedup" forget --store "$store" --force "$lookalike" || fail "forget --force of the look-alike key"
 "$dedup" forget --store "$store" bad-1 || fail "forget bad-1"
 "$dedup" inspect --store "$store" --prefix '' >/dev/null || fail "inspect --prefix after the forgets"
 echo "PASS: 2 corrupt records dead-lettered with the reason and logged; 3 messages processed; listed and forgotten"

@@ -270,7 +270,7 @@ void RegisterForget(CLI::App& root, CommandContext& ctx) {
       std::fprintf(stderr, "dedup forget: %s\n", r.status().ToString().c_str());
       // A running lease: not now (wait for it, or --force). Any other refusal
       // (a Redis key of another type, a read-only store) waiting does not cure.
-      ctx.exit_code = internal::IsLeasedForgetError(r.status()) ? kExitTempFail
+      ctx.exit_code = internal::IsLeasedForgetError(r.status(), key) ? kExitTempFail
                                                                  : ExitCodeFor(r.status());
       return;
     }

@@ -159,9 +159,9 @@ ForgetAction DecideForget(const Record* cur, bool force, int64_t now, Record* fl
 // What LeasedForgetError writes after the key, and IsLeasedForgetError looks for.
 constexpr std::string_view kLeaseRunning = "\": its lease is still running (";
 
-bool IsLeasedForgetError(const Status& s) {
+bool IsLeasedForgetError(const Status& s, std::string_view key) {
   return s.code() == StatusCode::kFailedPrecondition &&
-         s.message().find(kLeaseRunning) != std::string::npos;
+         s.message().starts_with("forget \"" + Printable(key) + std::string(kLeaseRunning));
 }
 
 Status LeasedForgetError(std::string_view key, Millis left) {

@@ -57,9 +57,11 @@ ForgetAction DecideForget(const Record* cur, bool force, int64_t now, Record* fl
 // FailedPrecondition for a forget refused because the lease of `key` is running
 // for `left` more, in the same words from every store.
 Status LeasedForgetError(std::string_view key, Millis left);
-// Whether `s` is a LeasedForgetError: a refusal that ends by itself when the
-// lease does (dedup forget exits 75 for it), unlike the other refusals.
-bool IsLeasedForgetError(const Status& s);
+// Whether `s` is the LeasedForgetError of a Forget of `key`: a refusal that ends
+// by itself when the lease does (dedup forget exits 75 for it), unlike the other
+// refusals. Its message must begin with that error's words for `key` exactly, so
+// no other refusal that quotes the key or the store's prefix passes for it.
+bool IsLeasedForgetError(const Status& s, std::string_view key);
 
 }  // namespace dedup::internal
 
