@@ -126,5 +126,18 @@ rc=0
 [ "$rc" = 2 ] || fail "forget of a hash whose key quotes the lease refusal: exit $rc, not 2: $(cat "$work/forget.err")"
 "$dedup" forget --store "$store" --force "$lookalike" || fail "forget --force of the look-alike key"
 "$dedup" forget --store "$store" bad-1 || fail "forget bad-1"
-"$dedup" inspect --store "$store" --prefix '' >/dev/null || fail "inspect --prefix after the forgets"
+# Keys no call can name (the prefix alone, over 1024 bytes) are not listed: no
+# claim meets them and no forget could remove them.
+rcli SET "dedup:" stray >/dev/null
+rcli SET "dedup:$(printf 'L%.0s' $(seq 2000))" stray >/dev/null
+"$dedup" inspect --store "$store" --prefix '' >"$work/inspect.out" 2>&1 ||
+  fail "inspect --prefix after the forgets: $(cat "$work/inspect.out")"
+if grep -q undecodable "$work/inspect.out"; then fail "a key no call can name was listed"; fi
+# A record whose expiry was removed by hand (PERSIST) is kept for ever: "never".
+"$dedup" exec --store "$store" --key persist-1 -- true >/dev/null || fail "exec persist-1"
+rcli PERSIST dedup:persist-1 >/dev/null
+out=$("$dedup" inspect --store "$store" persist-1) || fail "inspect persist-1: $out"
+grep -q "retention  until never" <<<"$out" || fail "a record without expiry: $out"
+out=$("$dedup" inspect --store "$store" persist-1 --json)
+grep -q '"retention_deadline":"never"' <<<"$out" || fail "a record without expiry, JSON: $out"
 echo "PASS: 2 corrupt records dead-lettered with the reason and logged; 3 messages processed; listed and forgotten"

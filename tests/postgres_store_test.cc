@@ -1637,6 +1637,15 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   // A scan lists each with why, beside the records it reads (it skipped them
   // silently: inspect --prefix showed nothing of a key whose claims all failed).
   (void)MustClaim(*store, "fine");
+  // Rows whose key no call can name (empty, over 1024 bytes), written by hand,
+  // are not listed: no claim meets them and no Forget could remove them.
+  for (const std::string k : {"''::bytea", "convert_to(repeat('L', 2000), 'UTF8')"}) {
+    ASSERT_TRUE(PgServer::Sql(
+        Db(), "INSERT INTO corrupt (key, state, token, fence, attempt, lease_deadline, "
+              "retention_deadline, fingerprint, status, result) SELECT " + k +
+              ", state, token, fence, attempt, lease_deadline, retention_deadline, fingerprint, "
+              "status, result FROM corrupt WHERE key = 'fine'::bytea")) << k;
+  }
   auto scan = store->Scan("", 100);
   ASSERT_TRUE(scan.ok()) << scan.status();
   ASSERT_EQ(scan->records.size(), 1u);

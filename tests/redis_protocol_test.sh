@@ -68,6 +68,11 @@ ttl=$(cli PTTL p:k1)
 ins=$(inspect p:k1)
 check "inspect: state, status, token, fence, attempt" "2 0 $A 1 1" "$(cut -d' ' -f1-5 <<<"$ins")"
 check "inspect: fingerprint (empty) and result" "|the result" "$(cut -d' ' -f8 <<<"$ins")|$(cut -d' ' -f9- <<<"$ins")"
+lean=$(inspect p:k1 noresult)
+check "inspect noresult: the same record" "$(cut -d' ' -f1-7 <<<"$ins")" "$(cut -d' ' -f1-7 <<<"$lean")"
+check "inspect noresult: the result left out, its length (10 bytes) after it" "|10" \
+  "$(cut -d' ' -f9 <<<"$lean")|$(cut -d' ' -f10- <<<"$lean")"
+check "inspect with another argument: DEDUPARGS" "DEDUPARGS" "$(inspect p:k1 nores | cut -d' ' -f1)"
 
 # 4. Release keeps fence and attempts; the next claim is attempt 2, fence 2.
 check "claim k2" "0 1 1" "$(claim p:k2 $A 60000 600000 fp1 0)"

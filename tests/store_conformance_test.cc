@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -484,6 +485,54 @@ TEST_P(StoreConformance, ScanFindsLiveRecordsByPrefix) {
   auto limited = store_->Scan("", 2);
   ASSERT_TRUE(limited.ok());
   EXPECT_LE(limited->size(), 2u);
+}
+
+// A listing that shows no results asks for none: the same records, every one
+// with its result left empty, and the results are still kept.
+TEST_P(StoreConformance, ScanWithoutResultsListsTheSameRecordsWithoutThem) {
+  for (std::string k : {"res:1", "res:2"}) {
+    ClaimResult c = MustClaim(k);
+    ASSERT_EQ(MustComplete(k, c.token, "result of " + k), WriteResult::kOk);
+  }
+  ASSERT_EQ(MustClaim("res:3").outcome, ClaimOutcome::kAcquired);
+  auto full = store_->Scan("res:", 100);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ScanOptions o;
+  o.with_results = false;
+  auto lean = store_->Scan("res:", 100, o);
+  ASSERT_TRUE(lean.ok()) << lean.status();
+  ASSERT_EQ(full->records.size(), 3u);
+  ASSERT_EQ(lean->records.size(), 3u);
+  ASSERT_EQ(full->result_bytes.size(), 3u);
+  ASSERT_EQ(lean->result_bytes.size(), 3u);
+  // Each record with its result's size, by key.
+  auto by_key = [](const ScanResult& r) {
+    std::vector<std::pair<Record, uint64_t>> v;
+    for (size_t i = 0; i < r.records.size(); ++i) v.emplace_back(r.records[i], r.result_bytes[i]);
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first.key < b.first.key; });
+    return v;
+  };
+  const auto fs = by_key(*full), ls = by_key(*lean);
+  std::vector<Record> f, l;
+  for (size_t i = 0; i < fs.size(); ++i) {
+    f.push_back(fs[i].first);
+    l.push_back(ls[i].first);
+    EXPECT_EQ(fs[i].second, fs[i].first.result.size()) << fs[i].first.key;
+    EXPECT_EQ(ls[i].second, fs[i].first.result.size()) << fs[i].first.key;
+  }
+  for (size_t i = 0; i < f.size(); ++i) {
+    EXPECT_EQ(l[i].key, f[i].key);
+    EXPECT_EQ(l[i].state, f[i].state) << f[i].key;
+    EXPECT_EQ(l[i].fence, f[i].fence) << f[i].key;
+    EXPECT_EQ(l[i].attempt, f[i].attempt) << f[i].key;
+    EXPECT_EQ(l[i].status, f[i].status) << f[i].key;
+    EXPECT_EQ(l[i].retention_deadline, f[i].retention_deadline) << f[i].key;
+    EXPECT_TRUE(l[i].result.empty()) << f[i].key;
+  }
+  EXPECT_EQ(f[0].result, "result of res:1");
+  auto again = MustInspect("res:1");
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->result, "result of res:1");
 }
 
 TEST_P(StoreConformance, KeysAreArbitraryBytes) {

@@ -87,9 +87,20 @@ struct UndecodableRecord {
   friend bool operator==(const UndecodableRecord&, const UndecodableRecord&) = default;
 };
 
+// How Store::Scan reads.
+struct ScanOptions {
+  // Read each record's result (up to 1 MiB each). False: every Record's result
+  // is left empty, and the store reads keys and metadata only: a listing that
+  // never shows results (dedup serve's) then costs kilobytes, not gigabytes.
+  bool with_results = true;
+};
+
 // What Store::Scan lists: live records (their key set) and undecodable ones.
 struct ScanResult {
   std::vector<Record> records;
+  // The size in bytes of each record's result, in the order of `records` (with
+  // ScanOptions::with_results false the results are left empty, their sizes not).
+  std::vector<uint64_t> result_bytes;
   std::vector<UndecodableRecord> undecodable;
   size_t size() const { return records.size() + undecodable.size(); }
 };
@@ -221,8 +232,15 @@ class Store {
   // by hand, cut short, of another type), each with its key and why. One such
   // record never fails the scan: the others are listed, and it is named so that
   // an operator can look at it and Forget it (claims of its key answer DataLoss
-  // and change nothing). A non-OK status is a failure to read the store.
-  [[nodiscard]] virtual StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) = 0;
+  // and change nothing). A key no call can name (empty, or over kMaxKeyBytes:
+  // written under the store's prefix by other means) is not listed: no claim
+  // meets it, and no Forget could remove it. A non-OK status is a failure to read
+  // the store.
+  [[nodiscard]] virtual StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit,
+                                                   const ScanOptions& options) = 0;
+  [[nodiscard]] StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) {
+    return Scan(prefix, limit, ScanOptions{});
+  }
 
   // Capability: told that its caller is stopping (a Consumer whose drain
   // deadline has passed, ConsumerOptions::drain_timeout), a store that waits on a
@@ -287,8 +305,10 @@ class StoreWrapper : public Store {
   StatusOr<bool> Forget(std::string_view key, const ForgetOptions& options) override {
     return target_->Forget(key, options);
   }
-  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
-    return target_->Scan(prefix, limit);
+  using Store::Scan;
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit,
+                            const ScanOptions& options) override {
+    return target_->Scan(prefix, limit, options);
   }
   void StopWaiting(Millis grace) override { target_->StopWaiting(grace); }
   std::string Describe() const override { return target_->Describe(); }

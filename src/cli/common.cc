@@ -29,6 +29,11 @@ void OnStopSignals(void (*on_stop)(int)) {
 }
 
 std::string FormatMillisUtc(int64_t millis) {
+  // Beyond year 9999 (a record kept for ever: a Redis key whose expiry was
+  // removed by hand reads INT64_MAX), or before 1970: no date to show.
+  constexpr int64_t kYear10000Ms = 253402300800000;
+  if (millis >= kYear10000Ms) return "never";
+  if (millis < 0) return "before 1970 (" + std::to_string(millis) + " ms)";
   const time_t secs = static_cast<time_t>(millis / 1000);
   tm t{};
   gmtime_r(&secs, &t);

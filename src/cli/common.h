@@ -51,7 +51,8 @@ int ExitCodeFor(const Status& s);
 // async-signal-safe (e.g. store an atomic). Later signals call it again.
 void OnStopSignals(void (*on_stop)(int sig));
 
-// "2024-05-01T12:00:00.123Z" for store-clock milliseconds.
+// "2024-05-01T12:00:00.123Z" for store-clock milliseconds; "never" past year
+// 9999 (a record kept for ever), and a plain count of ms before 1970.
 std::string FormatMillisUtc(int64_t millis);
 
 // Open options whose on_warning prints each store warning to stderr, once, as

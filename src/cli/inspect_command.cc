@@ -59,14 +59,14 @@ nlohmann::json KeyJson(const std::string& key) {
   return j;
 }
 
-nlohmann::json ToJson(const Record& r) {
+nlohmann::json ToJson(const Record& r, uint64_t result_bytes) {
   nlohmann::json j = KeyJson(r.key);
   j["state"] = RecordStateName(r.state);
   j["token"] = r.token.ToHex();
   j["fence"] = r.fence;
   j["attempt"] = r.attempt;
   j["retention_deadline"] = FormatMillisUtc(r.retention_deadline);
-  j["result_bytes"] = r.result.size();
+  j["result_bytes"] = result_bytes;
   if (r.state == RecordState::kInProgress) {
     j["lease_deadline"] = FormatMillisUtc(r.lease_deadline);
   }
@@ -108,7 +108,7 @@ bool KeyOf(const InspectFlags& f, const char* cmd, std::string* key) {
   return true;
 }
 
-void PrintRecord(const Record& r) {
+void PrintRecord(const Record& r, uint64_t result_bytes) {
   std::printf("%s\n  state      %s\n  token      %s\n  fence      %llu\n  attempt    %u\n",
               internal::Printable(r.key).c_str(), std::string(RecordStateName(r.state)).c_str(),
               r.token.ToHex().c_str(), static_cast<unsigned long long>(r.fence), r.attempt);
@@ -119,7 +119,7 @@ void PrintRecord(const Record& r) {
   if (r.state == RecordState::kCompleted) {
     std::printf("  status     %s\n", std::string(CompletionStatusName(r.status)).c_str());
   }
-  std::printf("  result     %zu bytes\n", r.result.size());
+  std::printf("  result     %llu bytes\n", static_cast<unsigned long long>(result_bytes));
   // A key shown escaped cannot be typed back: its exact bytes, for --key-hex.
   if (internal::Printable(r.key) != r.key) {
     std::printf("  key_hex    %s\n", internal::HexBytes(r.key).c_str());
@@ -166,6 +166,7 @@ int RunInspect(const InspectFlags& f) {
   auto store = Open(f.store, "inspect", /*read_only=*/true);
   if (!store.ok()) return ExitCodeFor(store.status());
   std::vector<Record> records;
+  std::vector<uint64_t> result_bytes;  // of each record, in its order
   std::vector<UndecodableRecord> undecodable;
   if (one_key) {
     auto r = (*store)->Inspect(key);
@@ -173,19 +174,26 @@ int RunInspect(const InspectFlags& f) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
       return ExitCodeFor(r.status());
     }
-    if (r->has_value()) records.push_back(**r);
+    if (r->has_value()) {
+      result_bytes.push_back((*r)->result.size());
+      records.push_back(**r);
+    }
   } else {
-    auto r = (*store)->Scan(f.prefix, f.limit);
+    // Only the results' sizes are shown: the results (up to 1 MiB each) are not read.
+    ScanOptions so;
+    so.with_results = false;
+    auto r = (*store)->Scan(f.prefix, f.limit, so);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
       return ExitCodeFor(r.status());
     }
     records = std::move(r->records);
+    result_bytes = std::move(r->result_bytes);
     undecodable = std::move(r->undecodable);
   }
   if (f.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& r : records) arr.push_back(ToJson(r));
+    for (size_t i = 0; i < records.size(); ++i) arr.push_back(ToJson(records[i], result_bytes[i]));
     for (const auto& u : undecodable) arr.push_back(ToJson(u));
     // Every string is valid UTF-8 by now; "replace" is a last guard, never an abort.
     // ASCII only (\uXXXX escapes): nothing in it can act on a terminal.
@@ -193,7 +201,7 @@ int RunInspect(const InspectFlags& f) {
         arr.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", text.c_str());
   } else {
-    for (const auto& r : records) PrintRecord(r);
+    for (size_t i = 0; i < records.size(); ++i) PrintRecord(records[i], result_bytes[i]);
     for (const auto& u : undecodable) PrintUndecodable(u);
     if (records.empty() && undecodable.empty()) std::fprintf(stderr, "dedup inspect: no record\n");
   }

@@ -183,7 +183,8 @@ StatusOr<Token> GetToken(const Json& j) {
   return *t;
 }
 
-Json RecordJson(const Record& r, int64_t now, bool with_result) {
+// `result_bytes`: the size of a result not read (a listing); -1: r.result's.
+Json RecordJson(const Record& r, int64_t now, bool with_result, int64_t result_bytes = -1) {
   Json j = Json::object();
   PutBytes(j, "key", r.key);
   j["state"] = RecordStateName(r.state);
@@ -197,7 +198,7 @@ Json RecordJson(const Record& r, int64_t now, bool with_result) {
   j["retention_left_ms"] = std::max<int64_t>(0, r.retention_deadline - now);
   if (r.state == RecordState::kCompleted) j["status"] = CompletionStatusName(r.status);
   j["has_fingerprint"] = !r.fingerprint.empty();
-  j["result_bytes"] = r.result.size();
+  j["result_bytes"] = result_bytes >= 0 ? static_cast<uint64_t>(result_bytes) : r.result.size();
   if (with_result && r.state == RecordState::kCompleted) PutBytes(j, "result", r.result);
   return j;
 }
@@ -390,29 +391,44 @@ void Server::Impl::RegisterApi() {
       }
       limit = static_cast<size_t>(*v);
     }
+    // `after` given, even empty: the page after that key ("" is the cursor of a
+    // page that ended with the empty key, which a stray key under the store's
+    // prefix can be). Not given: the first page.
     std::string after;
     bool has_after = false;
-    if (!Param(*q, "after").empty()) {
+    if (q->count("after")) {
       auto a = Base64Decode(Param(*q, "after"));
       if (!a) return s.SendStatus(res, Status::InvalidArgument("after is not a cursor"));
       after = std::move(*a);
       has_after = true;
     }
-    auto r = s.store->Scan(prefix, kScanCap);
+    // The listing shows no results: they are not read (up to 1 MiB each, and
+    // 10,000 records a request).
+    ScanOptions so;
+    so.with_results = false;
+    auto r = s.store->Scan(prefix, kScanCap, so);
     if (!r.ok()) return s.SendStatus(res, r.status());
     // Records and undecodable records, listed together in key order: a page
     // holds up to `limit` of both, and its cursor is the last key it shows.
-    std::vector<Record>& all = r->records;
+    struct Listed {
+      Record* rec;
+      uint64_t result_bytes;
+    };
+    std::vector<Listed> all;
+    all.reserve(r->records.size());
+    for (size_t i = 0; i < r->records.size(); ++i) {
+      all.push_back({&r->records[i], i < r->result_bytes.size() ? r->result_bytes[i] : 0});
+    }
     std::vector<UndecodableRecord>& bad = r->undecodable;
     std::sort(all.begin(), all.end(),
-              [](const Record& a, const Record& b) { return a.key < b.key; });
+              [](const Listed& a, const Listed& b) { return a.rec->key < b.rec->key; });
     std::sort(bad.begin(), bad.end(),
               [](const UndecodableRecord& a, const UndecodableRecord& b) { return a.key < b.key; });
     auto it = all.begin();
     auto bit = bad.begin();
     if (has_after) {
       it = std::upper_bound(all.begin(), all.end(), after,
-                            [](const std::string& k, const Record& rec) { return k < rec.key; });
+                            [](const std::string& k, const Listed& l) { return k < l.rec->key; });
       bit = std::upper_bound(bad.begin(), bad.end(), after,
                              [](const std::string& k, const UndecodableRecord& u) {
                                return k < u.key;
@@ -422,9 +438,10 @@ void Server::Impl::RegisterApi() {
     Json records = Json::array(), undecodable = Json::array();
     const std::string* last = nullptr;
     for (size_t n = 0; n < limit && (it != all.end() || bit != bad.end()); ++n) {
-      if (bit == bad.end() || (it != all.end() && it->key < bit->key)) {
-        records.push_back(RecordJson(*it, now, /*with_result=*/false));
-        last = &it->key;
+      if (bit == bad.end() || (it != all.end() && it->rec->key < bit->key)) {
+        records.push_back(RecordJson(*it->rec, now, /*with_result=*/false,
+                                     static_cast<int64_t>(it->result_bytes)));
+        last = &it->rec->key;
         ++it;
       } else {
         Json u = Json::object();

@@ -5,7 +5,7 @@
 const REFRESH_MS = 2000;
 const ENDING_MS = 10000;  // "about to run out": lease left under this
 let prefix = '';
-let after = '';          // cursor of the current page ('' = first)
+let after = null;        // cursor of the current page (null: the first; '' is a cursor)
 let pendingForget = null;
 
 function url(path) { return new URL(path, document.baseURI).toString(); }
@@ -115,7 +115,7 @@ function showError(e) {
 
 async function loadRecords() {
   const q = 'v1/keys?limit=100&prefix=' + encodeURIComponent(prefix) +
-            (after ? '&after=' + encodeURIComponent(after) : '');
+            (after !== null ? '&after=' + encodeURIComponent(after) : '');
   const page = await getJson(q);
   const now = page.now_ms;
   const body = document.querySelector('#records tbody');
@@ -128,8 +128,9 @@ async function loadRecords() {
   body.replaceChildren(...rows.map((e) => (e.u ? undecodableRow(e.u) : recordRow(e.r, now, true))));
   document.getElementById('records-empty').hidden = page.records.length + bad.length > 0;
   const next = document.getElementById('next');
-  next.hidden = !page.next;
-  next.dataset.cursor = page.next || '';
+  // The empty key's cursor is '': only null ends the listing.
+  next.hidden = page.next === null || page.next === undefined;
+  next.dataset.cursor = page.next ?? '';
   document.getElementById('page-note').textContent =
       page.records.length + ' shown' +
       (bad.length ? ', ' + bad.length + ' undecodable' : '') + (page.truncated ? ' (listing capped at 10000 records read)' : '');
@@ -231,7 +232,7 @@ document.addEventListener('DOMContentLoaded', async () => {
   document.getElementById('filter').addEventListener('submit', (ev) => {
     ev.preventDefault();
     prefix = document.getElementById('prefix').value;
-    after = '';
+    after = null;
     refresh();
   });
   document.getElementById('next').addEventListener('click', (ev) => {

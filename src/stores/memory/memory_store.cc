@@ -1101,7 +1101,8 @@ class MemoryStore final : public Store {
   }
 
   // Every record is decodable here: it is kept as a Slot, never as bytes.
-  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit,
+                            const ScanOptions& options) override {
     ScanResult result;
     std::vector<Record>& out = result.records;
     const int64_t now = clock_->NowMillis();
@@ -1118,6 +1119,8 @@ class MemoryStore final : public Store {
           return true;
         }
         out.back().key = k;
+        result.result_bytes.push_back(out.back().result.size());
+        if (!options.with_results) std::string().swap(out.back().result);
         return true;
       });
       if (out.size() >= limit) break;

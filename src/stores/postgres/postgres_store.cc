@@ -372,19 +372,26 @@ class PgStore final : public PostgresStore {
     return action == 1 || action == 3;
   }
 
-  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit,
+                            const ScanOptions& options) override {
     auto h = pool_.Get();
     if (!h.ok()) return h.status();
     Params p;
     p.Bytes(Key(prefix)).Int8(static_cast<int64_t>(std::min<size_t>(limit, INT64_MAX)));
-    auto r = (*h)->ExecPrepared("scan", p, "scan");
+    auto r = (*h)->ExecPrepared(options.with_results ? "scan" : "scan_keys", p, "scan");
     if (!r.ok()) return r.status();
     ScanResult out;
     for (int i = 0; i < PQntuples(r->get()); ++i) {
+      // A key no call can name (the prefix alone, or over the limit; a row
+      // written by hand) is not the store's: no claim meets it, no Forget could
+      // remove it.
+      const size_t n = pg::GetBytes(r->get(), i, 0).size();
+      if (n <= o_.prefix.size() || n - o_.prefix.size() > kMaxKeyBytes) continue;
       Record rec;
       std::string why;
       if (ReadRecord(r->get(), i, o_.prefix.size(), &rec, &why)) {
         out.records.push_back(std::move(rec));
+        out.result_bytes.push_back(static_cast<uint64_t>(pg::GetInt8(r->get(), i, 10)));
       } else {
         out.undecodable.push_back({std::move(rec.key), std::move(why)});
       }
@@ -854,12 +861,19 @@ class PgStore final : public PostgresStore {
         " result = ''::bytea FROM c, n WHERE r.key = c.key AND c.action = 3 RETURNING 1)\n"
         "SELECT c.action::bigint, c.lease_deadline - n.ms FROM c, n",
         {kByteaOid, kInt8Oid}));
-    DEDUP_RETURN_IF_ERROR(c.Prepare(
-        "scan",
-        "SELECT " + cols + " FROM " + T + " r WHERE r.key >= $1 AND "
-        "substring(r.key FROM 1 FOR length($1)) = $1 AND r.retention_deadline > " + now +
-        " AND NOT (r.state = 3 AND r.attempt = 0) LIMIT $2",
-        {kByteaOid, kInt8Oid}));
+    // scan_keys: the same rows without their results (ScanOptions::with_results).
+    for (const bool with_results : {true, false}) {
+      std::string c_cols = cols;
+      c_cols.replace(c_cols.rfind("r.result"), 8,
+                     (with_results ? "r.result" : "''::bytea") +
+                         std::string(", length(r.result)::bigint"));
+      DEDUP_RETURN_IF_ERROR(c.Prepare(
+          with_results ? "scan" : "scan_keys",
+          "SELECT " + c_cols + " FROM " + T + " r WHERE r.key >= $1 AND "
+          "substring(r.key FROM 1 FOR length($1)) = $1 AND r.retention_deadline > " + now +
+          " AND NOT (r.state = 3 AND r.attempt = 0) LIMIT $2",
+          {kByteaOid, kInt8Oid}));
+    }
     // Expiry: at most $1 rows, skipping rows other sessions hold (a claim taking
     // one over), found through the retention index; a TID scan deletes them.
     DEDUP_RETURN_IF_ERROR(c.Prepare(

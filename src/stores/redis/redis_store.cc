@@ -9,6 +9,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <functional>
 #include <optional>
 #include <map>
@@ -541,7 +542,8 @@ class RedisStore final : public Store {
     return a->element[0]->integer != 0;
   }
 
-  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit,
+                            const ScanOptions& options) override {
     ScanResult out;
     if (limit == 0) return out;
     const std::string pattern = GlobEscape(prefix_) + GlobEscape(prefix) + "*";
@@ -563,6 +565,10 @@ class RedisStore final : public Store {
         std::vector<std::string> page;  // its keys not seen before
         for (size_t i = 0; i < r->element[1]->elements; ++i) {
           std::string k(ReplyText(r->element[1]->element[i]));
+          // A key no call can name (the prefix alone, or over the limit) is not
+          // the store's: no claim meets it, no Forget could remove it.
+          const size_t n = k.size() - std::min(k.size(), prefix_.size());
+          if (n == 0 || n > kMaxKeyBytes) continue;
           if (seen.insert(k).second) page.push_back(std::move(k));
         }
         // Inspected as many at a time as are still wanted: a page holds up to
@@ -577,20 +583,29 @@ class RedisStore final : public Store {
           grow = 2 * step;
           std::vector<std::string> rkeys(page.begin() + at, page.begin() + at + step);
           std::vector<Command> cmds;
-          for (const std::string& k : rkeys) cmds.push_back(ScriptCommand(kInspect, k, {}));
+          for (const std::string& k : rkeys) {
+            cmds.push_back(options.with_results ? ScriptCommand(kInspect, k, {})
+                                                : ScriptCommand(kInspect, k, {"noresult"}));
+          }
           at += step;
           std::vector<Reply> recs;
           DEDUP_RETURN_IF_ERROR(ExecMany("scan", rkeys, cmds, &recs));
           for (size_t i = 0; i < recs.size() && out.size() < limit; ++i) {
             const std::string_view key = std::string_view(rkeys[i]).substr(prefix_.size());
             std::string why;
-            StatusOr<std::optional<Record>> rec = DecodeRecord("scan", recs[i].get(), key, &why);
+            uint64_t size = 0;
+            StatusOr<std::optional<Record>> rec =
+                DecodeRecord("scan", recs[i].get(), key, &why,
+                             options.with_results ? nullptr : &size);
             if (!why.empty()) {
               out.undecodable.push_back({std::string(key), std::move(why)});
               continue;
             }
             if (!rec.ok()) return rec.status();
-            if (rec->has_value()) out.records.push_back(std::move(**rec));
+            if (rec->has_value()) {
+              out.result_bytes.push_back(options.with_results ? (*rec)->result.size() : size);
+              out.records.push_back(std::move(**rec));
+            }
           }
         }
         if (out.size() >= limit) return out;
@@ -1053,7 +1068,8 @@ return denied)";
   // in a few words: a scan lists it, so that `dedup forget` can remove it.
   StatusOr<std::optional<Record>> DecodeRecord(std::string_view op, const redisReply* r,
                                                std::string_view key,
-                                               std::string* undecodable = nullptr) {
+                                               std::string* undecodable = nullptr,
+                                               uint64_t* result_bytes = nullptr) {
     if (undecodable != nullptr && IsError(r)) {
       const std::string_view e = redis::WithoutScriptLocation(ReplyText(r));
       if (e.starts_with("WRONGTYPE")) {
@@ -1071,8 +1087,14 @@ return denied)";
     long long state = 0, status = 0, fence = 0, attempt = 0, lease = 0, retention = 0;
     if (!IntAt(r, 0, &state) || !IntAt(r, 1, &status) || !IntAt(r, 3, &fence) ||
         !IntAt(r, 4, &attempt) || !IntAt(r, 5, &lease) || !IntAt(r, 6, &retention) ||
-        r->elements != 9 || state < 1 || state > 3 || status < 0 || status > 2) {
+        r->elements != (result_bytes == nullptr ? 9u : 10u) || state < 1 || state > 3 ||
+        status < 0 || status > 2) {
       return BadReply(op);
+    }
+    if (result_bytes != nullptr) {  // inspect.lua noresult: the result's length
+      long long n = 0;
+      if (!IntAt(r, 9, &n) || n < 0) return BadReply(op);
+      *result_bytes = static_cast<uint64_t>(n);
     }
     std::optional<Token> token = Token::FromHex(StrAt(r, 2));
     if (!token) {
@@ -1087,7 +1109,8 @@ return denied)";
     rec.fence = static_cast<uint64_t>(fence);
     rec.attempt = static_cast<uint32_t>(attempt);
     rec.lease_deadline = lease;
-    rec.retention_deadline = retention;
+    // PEXPIRETIME -1: the key has no expiry (PERSIST by hand): kept for ever.
+    rec.retention_deadline = retention == -1 ? std::numeric_limits<int64_t>::max() : retention;
     rec.fingerprint = StrAt(r, 7);
     rec.status = static_cast<CompletionStatus>(status);
     rec.result = StrAt(r, 8);

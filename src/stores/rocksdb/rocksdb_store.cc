@@ -829,7 +829,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
     return action != ForgetAction::kNone;
   }
 
-  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit) override {
+  StatusOr<ScanResult> Scan(std::string_view prefix, size_t limit,
+                            const ScanOptions& options) override {
     ScanResult result;
     if (limit == 0) return result;
     // Claims not yet committed, too. A read-only store writes nothing: the
@@ -855,6 +856,8 @@ class RocksDBStoreImpl final : public RocksDBStore {
     const auto add = [&](std::string_view key, Record&& r) {
       if (r.ExpiredAt(now) || IsFenceFloor(r)) return;
       r.key.assign(key);
+      result.result_bytes.push_back(r.result.size());
+      if (!options.with_results) std::string().swap(r.result);
       result.records.push_back(std::move(r));
     };
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf_));
@@ -862,6 +865,9 @@ class RocksDBStoreImpl final : public RocksDBStore {
       const std::string_view k = it->key().ToStringView();
       if (!k.starts_with(start)) break;
       const std::string_view key = k.substr(1);
+      // A key no call can name (empty, over the limit; written by other means)
+      // is not the store's: no claim meets it, no Forget could remove it.
+      if (key.empty() || key.size() > kMaxKeyBytes) continue;
       for (; next != logged.end() && next->first < key && result.size() < limit; ++next) {
         add(next->first, std::move(next->second));
       }
