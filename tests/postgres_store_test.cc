@@ -1616,6 +1616,10 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
       "state = 3, status = 7",                           // released, no such status
       "state = 1, lease_deadline = 0, fence = -5",       // lease over, negative fence
       "state = 1, lease_deadline = 0, token = 0",        // lease over, no token
+      // Past the filters of Inspect and Scan (a fence floor's state and attempt;
+      // retention over): hidden from both, while claims of them failed for ever.
+      "state = 3, attempt = 0, token = 0",               // a floor's shape, no token
+      "state = 9, retention_deadline = 1000",            // retention long over
   };
   for (size_t i = 0; i < damage.size(); ++i) {
     const std::string key = "c" + std::to_string(i);
@@ -1655,7 +1659,12 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   EXPECT_EQ(why, (std::map<std::string, std::string>{{"c0", "state 9 is not 1 to 3"},
                                                      {"c1", "status 7 is not 0 to 2"},
                                                      {"c2", "fence -5 is not positive"},
-                                                     {"c3", "token 0"}}));
+                                                     {"c3", "token 0"},
+                                                     {"c4", "token 0"},
+                                                     {"c5", "state 9 is not 1 to 3"}}));
+  for (const std::string k : {"c4", "c5"}) {
+    EXPECT_EQ(store->Inspect(k).status().code(), StatusCode::kDataLoss) << k;
+  }
   EXPECT_EQ(store->Scan("c", 2)->size(), 2u) << "the limit counts both";
   auto one = store->Inspect("c0");
   EXPECT_EQ(one.status().code(), StatusCode::kDataLoss);

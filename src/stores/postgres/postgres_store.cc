@@ -832,10 +832,14 @@ class PgStore final : public PostgresStore {
             " r SET state = 3, lease_deadline = n.ms, retention_deadline = n.ms + $3 "
             "FROM n WHERE " + owned + " RETURNING 1",
         {kByteaOid, kInt8Oid, kInt8Oid}));
+    // What Inspect and Scan show: a live record (a fence floor is none), and any
+    // row that cannot be decoded, whatever its deadlines and state say: claims of
+    // its key answer DataLoss, so the operator must be able to find it.
+    const std::string listed = "(NOT " + std::string(kDecodable) + " OR (r.retention_deadline > " +
+                               now + " AND NOT (r.state = 3 AND r.attempt = 0)))";
     DEDUP_RETURN_IF_ERROR(c.Prepare(
         "inspect",
-        "SELECT " + cols + " FROM " + T + " r WHERE r.key = $1 AND r.retention_deadline > " + now +
-            " AND NOT (r.state = 3 AND r.attempt = 0)",  // a fence floor is no record
+        "SELECT " + cols + " FROM " + T + " r WHERE r.key = $1 AND " + listed,
         {kByteaOid}));
     // Forget: $1 key, $2 force (0 or 1). The row is locked, core/state_machine's
     // DecideForget is taken in SQL (action 0 none or a fence floor, 1 remove,
@@ -870,8 +874,7 @@ class PgStore final : public PostgresStore {
       DEDUP_RETURN_IF_ERROR(c.Prepare(
           with_results ? "scan" : "scan_keys",
           "SELECT " + c_cols + " FROM " + T + " r WHERE r.key >= $1 AND "
-          "substring(r.key FROM 1 FOR length($1)) = $1 AND r.retention_deadline > " + now +
-          " AND NOT (r.state = 3 AND r.attempt = 0) LIMIT $2",
+          "substring(r.key FROM 1 FOR length($1)) = $1 AND " + listed + " LIMIT $2",
           {kByteaOid, kInt8Oid}));
     }
     // Expiry: at most $1 rows, skipping rows other sessions hold (a claim taking
