@@ -342,10 +342,28 @@ TEST_F(RedisStoreTest, CorruptRecordIsDataLossAndUnchanged) {
   auto b = (*store)->ClaimBatch(batch);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kDataLoss) << b.status();
+  std::map<std::string, Token> held;
   for (const char* key : {"fresh-1", "fresh-2"}) {
     auto again = (*store)->Claim(Req(key));
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->outcome, ClaimOutcome::kAcquired) << key;
+    held[key] = again->token;
+  }
+  // A completion batch that meets it names its key (it said only "corrupt
+  // record"), and changes nothing: the script reads every record first.
+  std::vector<CompleteRequest> done = {{.key = "fresh-1", .token = held["fresh-1"]},
+                                       {.key = "bad", .token = held["fresh-1"]},
+                                       {.key = "fresh-2", .token = held["fresh-2"]}};
+  auto cb = (*store)->CompleteBatch(done);
+  ASSERT_FALSE(cb.ok());
+  EXPECT_EQ(cb.status().code(), StatusCode::kDataLoss) << cb.status();
+  EXPECT_NE(cb.status().message().find("complete batch: key 'bad': corrupt record"),
+            std::string::npos)
+      << cb.status();
+  for (const char* key : {"fresh-1", "fresh-2"}) {
+    auto rec = (*store)->Inspect(key);
+    ASSERT_TRUE(rec.ok() && rec->has_value()) << key;
+    EXPECT_EQ((*rec)->state, RecordState::kInProgress) << key;
   }
   // Forget removes the string that is no record. The hash is no record at all
   // but a key of another type (under a shared prefix, someone else's data, as
@@ -1961,6 +1979,25 @@ TEST_F(RedisClusterTest, BatchSpansNodesAndHashTagsShareASlot) {
   ASSERT_TRUE((*opened)->Claim(Req("{user1}b")).ok());
   EXPECT_EQ(Admin(kBase, {"CLUSTER", "KEYSLOT", "b:{user1}a"}),
             Admin(kBase, {"CLUSTER", "KEYSLOT", "user1"}));
+  // A completion batch that meets a record it cannot read names its key, and
+  // does not say nothing changed: on a cluster each key has its own script call,
+  // and the others ran (they said "nothing changed" and named no key).
+  bool planted = false;
+  for (int i = 0; i < 3 && !planted; ++i) {
+    planted = Admin(kBase + i, {"SET", "b:bad", "not a record"}) == "OK";
+  }
+  ASSERT_TRUE(planted);
+  std::vector<CompleteRequest> done = {{.key = "k1", .token = (*b)[1].token},
+                                       {.key = "bad", .token = (*b)[1].token},
+                                       {.key = "k2", .token = (*b)[2].token}};
+  auto cb = (*opened)->CompleteBatch(done);
+  ASSERT_FALSE(cb.ok());
+  EXPECT_EQ(cb.status().code(), StatusCode::kDataLoss) << cb.status();
+  const std::string m = cb.status().message();
+  EXPECT_NE(m.find("complete batch: key 'bad': corrupt record"), std::string::npos) << m;
+  EXPECT_NE(m.find("other completions were sent on their own and may be recorded"),
+            std::string::npos)
+      << m;
 }
 
 // clusterreview: ClaimBatch and CompleteBatch while slots move (ASK and MOVED for

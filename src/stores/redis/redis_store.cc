@@ -463,14 +463,15 @@ class RedisStore final : public Store {
         Command c;
         CommandWriter w{nullptr, &c};
         WriteCompleteRun(w, reqs, run);
-        StatusOr<Reply> again = Exec("complete batch", RedisKey(reqs[run.begin].key), std::move(c),
-                                     /*names_key=*/false);
+        // Error replies stay replies: answered below as the first send's are.
+        StatusOr<Reply> again =
+            client_.Call("complete batch", RedisKey(reqs[run.begin].key), std::move(c));
         if (!again.ok()) return again.status();
         replies[k] = std::move(again).value();
       }
       const redisReply* r = replies[k].get();
       if (IsError(r)) {
-        return ErrorReplyStatus(description_ + ": complete batch: ", ReplyText(r));
+        return BatchError(reqs, run.begin, run.end, ReplyText(r), /*others_sent=*/runs.size() > 1);
       }
       const long long max = run.fused ? 2 : 1;
       if (r->type != REDIS_REPLY_ARRAY || r->elements != run.end - run.begin) {
@@ -483,6 +484,31 @@ class RedisStore final : public Store {
       }
     }
     return out;
+  }
+
+  // The status of an error reply `e` to the script call of reqs[begin, end) (it
+  // changed nothing: the scripts read every record before they write). A record
+  // that cannot be read is named by its key: on this error path the call's keys
+  // are inspected to find it. `others_sent`: the batch's other calls ran apart,
+  // and may have recorded their completions.
+  Status BatchError(std::span<const CompleteRequest> reqs, size_t begin, size_t end,
+                    std::string_view e, bool others_sent) {
+    std::string where = description_ + ": complete batch: ";
+    const std::string_view bare = redis::WithoutScriptLocation(e);
+    if (bare.starts_with("WRONGTYPE") || bare.starts_with("DEDUPCORRUPT")) {
+      for (size_t i = begin; i < end; ++i) {
+        if (Inspect(reqs[i].key).status().code() == StatusCode::kDataLoss) {
+          where += "key '" + internal::Printable(reqs[i].key) + "': ";
+          break;
+        }
+      }
+    } else if (end - begin == 1) {
+      where += "key '" + internal::Printable(reqs[begin].key) + "': ";
+    }
+    Status st = ErrorReplyStatus(where, e);
+    if (!others_sent) return st;
+    return Status(st.code(), st.message() + " (the batch's other completions were sent on their "
+                                            "own and may be recorded)");
   }
 
   // A cluster: one complete.lua per key, pipelined per node.
@@ -498,9 +524,7 @@ class RedisStore final : public Store {
     std::vector<AckedWrite> out(reqs.size());
     for (size_t k = 0; k < cmds.size(); ++k) {
       const redisReply* r = replies[k].get();
-      if (IsError(r)) {
-        return ErrorReplyStatus(description_ + ": complete batch: ", ReplyText(r));
-      }
+      if (IsError(r)) return BatchError(reqs, k, k + 1, ReplyText(r), /*others_sent=*/true);
       if (r->type != REDIS_REPLY_INTEGER || r->integer < 0 || r->integer > 1) {
         return BadReply("complete batch");
       }
