@@ -227,6 +227,21 @@ TEST_F(PostgresStoreTest, ErrorsNameTheProblemAndNeverThePassword) {
   EXPECT_EQ(nodb.status().code(), StatusCode::kNotFound) << nodb.status();
   EXPECT_NE(nodb.status().message().find("no_such_db"), std::string::npos);
   EXPECT_EQ(nodb.status().ToString().find(kPassword), std::string::npos);
+  // A name with a newline or an ESC is shown escaped, on one line: it forged a
+  // line of the log (the database's, in libpq's words too), or drew on the
+  // terminal (the prefix, in the store's description: serve's log, /v1/info).
+  auto forged = OpenStore("postgres://dedup:" + std::string(kPassword) + "@127.0.0.1:" +
+                          std::to_string(kPort) + "/no%0aFAKE%20LINE");
+  EXPECT_EQ(forged.status().code(), StatusCode::kNotFound) << forged.status();
+  EXPECT_EQ(forged.status().message().find('\n'), std::string::npos) << forged.status();
+  EXPECT_NE(forged.status().message().find("no\\x0aFAKE LINE"), std::string::npos)
+      << forged.status();
+  auto painted = Open("&prefix=%1b%5b31mX%0aY");
+  ASSERT_NE(painted, nullptr);
+  const std::string d = painted->Describe();
+  EXPECT_EQ(d.find('\x1b'), std::string::npos) << d;
+  EXPECT_EQ(d.find('\n'), std::string::npos) << d;
+  EXPECT_NE(d.find("prefix=\\x1b[31mX\\x0aY"), std::string::npos) << d;
 
   int closed = 5449;
   while (!PortFree(closed)) --closed;

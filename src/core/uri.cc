@@ -121,7 +121,7 @@ std::string Uri::Redacted() const {
     s += "//";
     if (!user.empty() || has_password) {
       // "user:@" is a password typed in the user's place: hidden whole.
-      s += has_password && !password.empty() ? user + ":***@" : "***@";
+      s += has_password && !password.empty() ? Printable(user) + ":***@" : "***@";
     }
     bool first = true;
     for (std::string_view h : SplitHosts(hosts)) {
@@ -129,10 +129,13 @@ std::string Uri::Redacted() const {
       first = false;
     }
   }
-  s += path;
+  // Decoded parts are shown Printable: a prefix or database name holding an ESC
+  // or a newline drew on the terminal, or forged a log line, wherever the
+  // store's description went (serve's log and /v1/info, errors).
+  s += Printable(path);
   for (size_t i = 0; i < params.size(); ++i) {
     s += i == 0 ? "?" : "&";
-    s += params[i].first + "=" + params[i].second;
+    s += Printable(params[i].first) + "=" + Printable(params[i].second);
   }
   // Also hides a lone user-info (Redis reads it as the password) and whatever a
   // typo left in the path ("redis:///:pass@host").

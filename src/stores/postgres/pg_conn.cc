@@ -38,8 +38,19 @@ std::string Trim(std::string s) {
 
 // Classifies a connection failure by libpq's words (no SQLSTATE exists before the
 // session is up, and libpq never puts the password into them).
-Status ConnectError(const std::string& where, const std::string& msg, const std::string& db) {
-  const std::string m = Trim(msg);
+Status ConnectError(const std::string& where, const std::string& msg, const std::string& db_raw) {
+  // libpq's words on one line (its line breaks and tabs, and any a name quoted
+  // in them holds, as one space), anything else unprintable escaped: a database
+  // name with a newline forged a line of the log.
+  std::string flat;
+  for (char c : Trim(msg)) {
+    if (c == '\n' || c == '\t' || c == '\r') {
+      if (!flat.empty() && flat.back() != ' ') flat += ' ';
+    } else {
+      flat += c;
+    }
+  }
+  const std::string m = internal::Printable(flat), db = internal::Printable(db_raw);
   if (m.find("password authentication failed") != std::string::npos ||
       m.find("no password supplied") != std::string::npos ||
       m.find("SASL authentication") != std::string::npos) {
