@@ -500,6 +500,13 @@ TEST(BrokerUri, SameParserAsTheStore) {
   }
   EXPECT_EQ(WorkerOptionsFromUri("rediss://h:1?stream=s").status().code(),
             StatusCode::kUnimplemented);
+  // The known options listed are the ones the source takes: pool, pipeline and
+  // spin were listed as known, then refused.
+  const std::string bogus = WorkerOptionsFromUri("redis://h:1?stream=s&bogus=2").status().message();
+  EXPECT_NE(bogus.find("timeout"), std::string::npos) << bogus;
+  for (const char* not_taken : {"pool", "pipeline", "spin"}) {
+    EXPECT_EQ(bogus.find(not_taken), std::string::npos) << not_taken << ": " << bogus;
+  }
 }
 
 // The broker scheme table's parse-only check: the row's scheme, or OpenSource's

@@ -32,7 +32,8 @@ using namespace std::chrono_literals;
 
 std::optional<RedisTarget> ParseRedisUri(const std::string& uri, std::string* error) {
 #if defined(DEDUP_WITH_REDIS) || defined(DEDUP_WITH_REDIS_STREAMS)
-  auto parsed = redis::ParseRedisUri(uri);
+  // redis-benchmark and the bench's own connections: timeout= and password_file=.
+  auto parsed = redis::ParseRedisUri(uri, {}, redis::Connections::kSingle);
   if (!parsed.ok()) {
     *error = "--redis: " + parsed.status().message();
     return std::nullopt;

@@ -280,7 +280,10 @@ int RunWorkerCommand(const WorkerFlags& f) {
     }
     textbook_conn = StreamConnOptions(*wo);
   } else if (f.pattern == "textbook") {
-    auto u = redis::ParseRedisUri(f.textbook_redis);
+    // RedisTextbookKeys keeps plain connections of its own (ConnOptions): it
+    // honours timeout= and the db, and has no pool, auto-pipelining, spin or
+    // cluster routing. Those are refused rather than silently ignored.
+    auto u = redis::ParseRedisUri(f.textbook_redis, {}, redis::Connections::kSingle);
     if (f.textbook_redis.empty() || !u.ok() || u->connection.endpoints.size() != 1) {
       std::fprintf(stderr, "dedup worker: --pattern textbook on %s needs --textbook-redis "
                            "redis://HOST:PORT%s%s\n",
@@ -289,21 +292,10 @@ int RunWorkerCommand(const WorkerFlags& f) {
                    u.ok() || f.textbook_redis.empty() ? "" : u.status().ToString().c_str());
       return kExitUsage;
     }
-    // RedisTextbookKeys keeps plain connections of its own (ConnOptions): it
-    // honours timeout= and the db, and has no pool, auto-pipelining, spin or
-    // cluster routing. Those are refused rather than silently ignored.
     if (u->connection.cluster) {
       std::fprintf(stderr, "dedup worker: --textbook-redis: redis+cluster:// is not supported "
                            "by --pattern textbook; give one server as redis://HOST:PORT\n");
       return kExitUsage;
-    }
-    for (const auto& [name, value] : u->uri.params) {
-      if (name != "timeout" && name != "tls" && name != internal::kPasswordFileParam) {
-        std::fprintf(stderr, "dedup worker: --textbook-redis: option '%s' is not used by "
-                             "--pattern textbook (it takes timeout= and password_file= only)\n",
-                     name.c_str());
-        return kExitUsage;
-      }
     }
     textbook_conn.host = u->connection.endpoints[0].host;
     textbook_conn.port = u->connection.endpoints[0].port;

@@ -85,7 +85,8 @@ std::string ConnectionOptions::Describe() const {
 }
 
 StatusOr<RedisUri> ParseRedisUri(std::string_view text,
-                                 std::initializer_list<std::string_view> caller_params) {
+                                 std::initializer_list<std::string_view> caller_params,
+                                 Connections connections) {
   // The scheme first: the rest of a value that is no Redis URI is neither parsed
   // nor shown ("u:PASSWORD" given where a URI belongs; core/uri.h).
   if (std::optional<std::string_view> scheme = internal::UriScheme(text);
@@ -96,17 +97,19 @@ StatusOr<RedisUri> ParseRedisUri(std::string_view text,
   }
   StatusOr<internal::Uri> uri = internal::ParseUri(text);
   if (!uri.ok()) return uri.status();
-  return ParseRedisUri(*uri, caller_params);
+  return ParseRedisUri(*uri, caller_params, connections);
 }
 
 namespace {
 StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
-                                           std::initializer_list<std::string_view> caller_params);
+                                           std::initializer_list<std::string_view> caller_params,
+                                           Connections connections);
 }  // namespace
 
 StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
-                                 std::initializer_list<std::string_view> caller_params) {
-  StatusOr<RedisUri> out = ParseRedisUriUnredacted(uri, caller_params);
+                                 std::initializer_list<std::string_view> caller_params,
+                                 Connections connections) {
+  StatusOr<RedisUri> out = ParseRedisUriUnredacted(uri, caller_params, connections);
   // Host and port errors echo what they were given, and a mistyped URI
   // ("redis://:PASS" without '@') makes the password a host: redacted.
   if (!out.ok()) return Status(out.status().code(), internal::RedactWords(out.status().message()));
@@ -115,7 +118,8 @@ StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
 
 namespace {
 StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
-                                           std::initializer_list<std::string_view> caller_params) {
+                                           std::initializer_list<std::string_view> caller_params,
+                                           Connections connections) {
   RedisUri out;
   out.uri = uri;
   ConnectionOptions& o = out.connection;
@@ -159,7 +163,11 @@ StatusOr<RedisUri> ParseRedisUriUnredacted(const internal::Uri& uri,
     names.push_back(k);
   }
   std::vector<std::string_view> known(caller_params);
-  known.insert(known.end(), std::begin(kConnectionParams), std::end(kConnectionParams));
+  if (connections == Connections::kPooled) {
+    known.insert(known.end(), std::begin(kConnectionParams), std::end(kConnectionParams));
+  } else {
+    known.insert(known.end(), {"timeout", internal::kPasswordFileParam});
+  }
   DEDUP_RETURN_IF_ERROR(
       internal::CheckParamNames(names, known,
                                 {"parameter", uri.scheme + " URI", uri.names_may_hold_secret}));

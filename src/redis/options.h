@@ -98,13 +98,21 @@ struct RedisUri {
   internal::Uri uri;
 };
 
+// Which connection options a caller's connections take: a store's pooled,
+// auto-pipelined ones every one; a connection of the caller's own (a broker's
+// source, the textbook guard, the bench's redis-benchmark) only timeout= and
+// password_file=, so that pool=, pipeline= and spin= are refused, not ignored.
+enum class Connections { kPooled, kSingle };
+
 // `caller_params` are the options the caller reads itself (e.g. "prefix", or
 // "stream", "group"); any other option is refused, naming it and listing the known.
 StatusOr<RedisUri> ParseRedisUri(std::string_view text,
-                                 std::initializer_list<std::string_view> caller_params = {});
+                                 std::initializer_list<std::string_view> caller_params = {},
+                                 Connections connections = Connections::kPooled);
 // The same, from a URI already split by internal::ParseUri.
 StatusOr<RedisUri> ParseRedisUri(const internal::Uri& uri,
-                                 std::initializer_list<std::string_view> caller_params = {});
+                                 std::initializer_list<std::string_view> caller_params = {},
+                                 Connections connections = Connections::kPooled);
 
 }  // namespace dedup::redis
 

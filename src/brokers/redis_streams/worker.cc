@@ -38,19 +38,14 @@ std::string StreamMessage::CanonicalPayload() const {
 StatusOr<WorkerOptions> WorkerOptionsFromUri(std::string_view text) {
   // The one Redis URI parser (src/redis/options.h): IPv6, /db, user and password.
   auto parsed = redis::ParseRedisUri(
-      text, {"stream", "group", "consumer", "key", "dead", "prefix", "block", "reclaim"});
+      text, {"stream", "group", "consumer", "key", "dead", "prefix", "block", "reclaim"},
+      redis::Connections::kSingle);
   if (!parsed.ok()) return parsed.status();
   const internal::Uri& u = parsed->uri;
   const redis::ConnectionOptions& c = parsed->connection;
   if (c.cluster) {
     return Status::InvalidArgument("broker URI '" + c.Describe() +
                                    "': a stream lives on one server; use redis://");
-  }
-  for (const char* unused : {"pool", "pipeline", "spin"}) {
-    if (u.Param(unused)) {
-      return Status::InvalidArgument(std::string("broker URI: '") + unused +
-                                     "' is not an option of the Redis Streams source");
-    }
   }
   WorkerOptions o;
   o.host = c.endpoints.front().host;
