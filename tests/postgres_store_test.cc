@@ -1669,6 +1669,23 @@ TEST_F(PostgresStoreTest, ClaimNeverOverwritesARecordItCannotDecode) {
   ASSERT_TRUE(scan.ok()) << scan.status();
   ASSERT_EQ(scan->records.size(), 1u);
   EXPECT_EQ(scan->records[0].key, "fine");
+  // Nor do they count against the limit (LIMIT counted them, then they were
+  // dropped: a scan of 1 could list nothing). In a table of their own, written
+  // first, so that a scan meets them first.
+  auto fresh = Open("&table=unnameable");
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_TRUE(PgServer::Sql(Db(), "TRUNCATE unnameable"));
+  for (const std::string k : {"''::bytea", "convert_to(repeat('L', 2000), 'UTF8')"}) {
+    ASSERT_TRUE(PgServer::Sql(
+        Db(), "INSERT INTO unnameable (key, state, token, fence, attempt, lease_deadline, "
+              "retention_deadline, fingerprint, status, result) VALUES (" + k +
+              ", 1, 7, 1, 1, 9999999999999, 9999999999999, ''::bytea, 0, ''::bytea)")) << k;
+  }
+  (void)MustClaim(*fresh, "a");
+  auto first = fresh->Scan("", 1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->records.size(), 1u);
+  EXPECT_EQ(first->records[0].key, "a");
   std::map<std::string, std::string> why;
   for (const UndecodableRecord& u : scan->undecodable) why[u.key] = u.why;
   EXPECT_EQ(why, (std::map<std::string, std::string>{{"c0", "state 9 is not 1 to 3"},
@@ -1736,6 +1753,21 @@ TEST_F(PostgresStoreTest, NoErrorOfTheStoresStatementsQuotesTheRow) {
   EXPECT_NE(m.find("raised by PL/pgSQL"), std::string::npos) << m;
   EXPECT_NE(m.find("SQLSTATE P0001"), std::string::npos) << m;
   EXPECT_EQ(m.find("5500"), std::string::npos) << m;
+  // A RAISE may choose a SQLSTATE of a class whose own messages name objects
+  // only: raised inside a trigger, its words are hidden all the same.
+  ASSERT_TRUE(PgServer::Sql(Db(),
+      "CREATE OR REPLACE FUNCTION raise_result() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+      "IF NEW.state = 2 THEN RAISE EXCEPTION 'refused %', encode(NEW.result, 'escape') "
+      "USING ERRCODE = 'XX000', DETAIL = 'key ' || encode(NEW.key, 'escape'); END IF; "
+      "RETURN NEW; END $$"));
+  c = MustClaim(*traced, "order-80");
+  w = traced->Complete("order-80", c.token, 1h, CompletionStatus::kOk, "card=3400-0000");
+  ASSERT_FALSE(w.ok());
+  m = w.status().message();
+  EXPECT_NE(m.find("raised inside a function or trigger"), std::string::npos) << m;
+  EXPECT_NE(m.find("SQLSTATE XX000"), std::string::npos) << m;
+  EXPECT_EQ(m.find("3400"), std::string::npos) << m;
+  EXPECT_EQ(m.find("order-80"), std::string::npos) << m;
   // A class that names objects only is shown as the server words it.
   ASSERT_TRUE(PgServer::Sql(Db(), "ALTER TABLE raised DROP COLUMN result"));
   auto r = traced->Inspect("order-79");

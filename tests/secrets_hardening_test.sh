@@ -224,6 +224,11 @@ n0=$(redis-cli -h 127.0.0.1 -p "$port" -a "$P" --no-auth-warning -n 0 XLEN db3)
 # 'password'": that reply was printed as it came, password and all.
 noauth_port=${DEDUP_SECRETS_NOAUTH_PORT:-6480}
 redis_start "$noauth_port" "$tmp/noauth" --rename-command AUTH "" --appendonly yes
+# A password that is a word of the reply ("AUTH") is no sign of a wrong one.
+set +e; out=$(timeout 20 "$dedup" inspect --store "redis://:AUTH@127.0.0.1:$noauth_port" k 2>&1); rc=$?; set -e
+[[ $rc -eq 2 && "$out" == *"FAILED_PRECONDITION"*"AUTH: "* ]] &&
+  echo "ok   a password that is a word of the reply: still a server without AUTH" ||
+  fail "password AUTH against a server without AUTH: rc $rc: ${out:0:300}"
 for args in "inspect --store redis://usr:$P@127.0.0.1:$noauth_port k" \
             "worker --broker redis://:$P@127.0.0.1:$noauth_port?stream=s --store memory: --exec true" \
             "publish --broker redis://:$P@127.0.0.1:$noauth_port?stream=s --field id=1"; do

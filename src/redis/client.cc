@@ -345,14 +345,17 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   if (o.has_password) {
     const redisReply* r = replies[i++].get();
     if (IsError(r)) {
-      const std::string e = AuthReplyText(ReplyText(r), o.password);
+      // Classified by the server's words, shown without the password.
+      std::string_view e = ReplyText(r);
+      e = e.substr(0, e.find(", with args beginning with"));
+      const std::string shown = AuthReplyText(e, o.password);
       if (StartsWith(e, "WRONGPASS") || e.find("invalid") != std::string_view::npos ||
           e.find("password") != std::string_view::npos) {
-        return Status::Unauthenticated("AUTH: " + e);
+        return Status::Unauthenticated("AUTH: " + shown);
       }
       // The first reply of a connection over maxclients.
-      if (ErrorReplyStatus("", e).retryable()) return Status::Unavailable("AUTH: " + e);
-      return Status::FailedPrecondition("AUTH: " + e);
+      if (ErrorReplyStatus("", e).retryable()) return Status::Unavailable("AUTH: " + shown);
+      return Status::FailedPrecondition("AUTH: " + shown);
     }
   }
   if (o.db != 0) {

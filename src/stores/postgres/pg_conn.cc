@@ -453,13 +453,17 @@ Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
   };
   const std::string_view state = field(PG_DIAG_SQLSTATE), primary = field(PG_DIAG_MESSAGE_PRIMARY);
   if (primary.empty()) return UserErrorOf(r, op);  // no result: the connection's message
-  if (ValueFreeClass(state)) {
-    std::string msg = "ERROR:  " + std::string(primary);
+  // Raised inside a function or trigger (a context, or a query of its own): its
+  // words are whatever that code made of the row, under any SQLSTATE it chose
+  // (RAISE ... USING ERRCODE = 'XX000'), so its class says nothing about them.
+  const bool inside = !field(PG_DIAG_CONTEXT).empty() || !field(PG_DIAG_INTERNAL_QUERY).empty();
+  if (ValueFreeClass(state) && !inside) {
+    std::string msg = "ERROR:  " + internal::Printable(primary);
     if (const std::string_view d = field(PG_DIAG_MESSAGE_DETAIL); !d.empty()) {
-      msg += "\nDETAIL:  " + std::string(d);
+      msg += "\nDETAIL:  " + internal::Printable(d);
     }
     if (const std::string_view h = field(PG_DIAG_MESSAGE_HINT); !h.empty()) {
-      msg += "\nHINT:  " + std::string(h);
+      msg += "\nHINT:  " + internal::Printable(h);
     }
     return ErrorWith(r, op, msg);
   }
@@ -471,14 +475,18 @@ Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
   // constraint and column instead; the primary message only for class 23, whose
   // words name the relation and constraint.
   std::string msg = "ERROR:  ";
-  msg += state.starts_with("23") ? std::string(primary) : std::string(ClassName(state));
+  msg += state.starts_with("23") && !inside ? internal::Printable(primary)
+                                            : std::string(inside && !state.starts_with("P0")
+                                                              ? "an error raised inside a function "
+                                                                "or trigger"
+                                                              : ClassName(state));
   for (const auto& [f, what] : {std::pair{PG_DIAG_CONSTRAINT_NAME, "constraint"},
                                 std::pair{PG_DIAG_COLUMN_NAME, "column"},
                                 std::pair{PG_DIAG_DATATYPE_NAME, "type"},
                                 std::pair{PG_DIAG_TABLE_NAME, "table"}}) {
-    const std::string_view v = field(f);
+    const std::string v = internal::Printable(field(f));
     if (!v.empty() && msg.find(v) == std::string::npos) {
-      msg += std::string(" (") + what + " " + std::string(v) + ")";
+      msg += std::string(" (") + what + " " + v + ")";
     }
   }
   return ErrorWith(r, op, msg + "; the server's message is not shown: it may quote the row's values");

@@ -865,6 +865,11 @@ class PgStore final : public PostgresStore {
         " result = ''::bytea FROM c, n WHERE r.key = c.key AND c.action = 3 RETURNING 1)\n"
         "SELECT c.action::bigint, c.lease_deadline - n.ms FROM c, n",
         {kByteaOid, kInt8Oid}));
+    // Keys a call can name (1 to kMaxKeyBytes after the prefix): others, written
+    // by hand, are no record of the store's (Scan), and not counted by LIMIT.
+    const std::string nameable =
+        "length(r.key) BETWEEN " + std::to_string(o_.prefix.size() + 1) + " AND " +
+        std::to_string(o_.prefix.size() + kMaxKeyBytes);
     // scan_keys: the same rows without their results (ScanOptions::with_results).
     for (const bool with_results : {true, false}) {
       std::string c_cols = cols;
@@ -874,7 +879,8 @@ class PgStore final : public PostgresStore {
       DEDUP_RETURN_IF_ERROR(c.Prepare(
           with_results ? "scan" : "scan_keys",
           "SELECT " + c_cols + " FROM " + T + " r WHERE r.key >= $1 AND "
-          "substring(r.key FROM 1 FOR length($1)) = $1 AND " + listed + " LIMIT $2",
+          "substring(r.key FROM 1 FOR length($1)) = $1 AND " + listed + " AND " + nameable +
+          " LIMIT $2",
           {kByteaOid, kInt8Oid}));
     }
     // Expiry: at most $1 rows, skipping rows other sessions hold (a claim taking

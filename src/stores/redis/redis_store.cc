@@ -495,11 +495,21 @@ class RedisStore final : public Store {
                     std::string_view e, bool others_sent) {
     std::string where = description_ + ": complete batch: ";
     const std::string_view bare = redis::WithoutScriptLocation(e);
-    if (bare.starts_with("WRONGTYPE") || bare.starts_with("DEDUPCORRUPT")) {
+    if (end - begin > 1 && (bare.starts_with("WRONGTYPE") || bare.starts_with("DEDUPCORRUPT"))) {
+      // Every key of the call inspected in one pipeline (no results read).
+      std::vector<std::string> rkeys;
+      std::vector<Command> cmds;
       for (size_t i = begin; i < end; ++i) {
-        if (Inspect(reqs[i].key).status().code() == StatusCode::kDataLoss) {
-          where += "key '" + internal::Printable(reqs[i].key) + "': ";
-          break;
+        rkeys.push_back(RedisKey(reqs[i].key));
+        cmds.push_back(ScriptCommand(kInspect, rkeys.back(), {"noresult"}));
+      }
+      std::vector<Reply> replies;
+      if (ExecMany("complete batch", rkeys, cmds, &replies).ok()) {
+        for (size_t i = 0; i < replies.size(); ++i) {
+          if (replies[i] != nullptr && IsError(replies[i].get())) {
+            where += "key '" + internal::Printable(reqs[begin + i].key) + "': ";
+            break;
+          }
         }
       }
     } else if (end - begin == 1) {
