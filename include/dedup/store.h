@@ -103,6 +103,11 @@ struct ScanResult {
   std::vector<uint64_t> result_bytes;
   std::vector<UndecodableRecord> undecodable;
   size_t size() const { return records.size() + undecodable.size(); }
+  // The size of records[i]'s result: result_bytes[i], or, from a Store that
+  // fills no sizes, the result it read.
+  uint64_t ResultBytes(size_t i) const {
+    return i < result_bytes.size() ? result_bytes[i] : records[i].result.size();
+  }
 };
 
 // The answer to a completion fused with a broker's ack.

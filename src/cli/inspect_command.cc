@@ -165,19 +165,14 @@ int RunInspect(const InspectFlags& f) {
   }
   auto store = Open(f.store, "inspect", /*read_only=*/true);
   if (!store.ok()) return ExitCodeFor(store.status());
-  std::vector<Record> records;
-  std::vector<uint64_t> result_bytes;  // of each record, in its order
-  std::vector<UndecodableRecord> undecodable;
+  ScanResult shown;  // one key's record, or a listing's
   if (one_key) {
     auto r = (*store)->Inspect(key);
     if (!r.ok()) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
       return ExitCodeFor(r.status());
     }
-    if (r->has_value()) {
-      result_bytes.push_back((*r)->result.size());
-      records.push_back(**r);
-    }
+    if (r->has_value()) shown.records.push_back(std::move(**r));
   } else {
     // Only the results' sizes are shown: the results (up to 1 MiB each) are not read.
     ScanOptions so;
@@ -187,13 +182,13 @@ int RunInspect(const InspectFlags& f) {
       std::fprintf(stderr, "dedup inspect: %s\n", r.status().ToString().c_str());
       return ExitCodeFor(r.status());
     }
-    records = std::move(r->records);
-    result_bytes = std::move(r->result_bytes);
-    undecodable = std::move(r->undecodable);
+    shown = std::move(r).value();
   }
+  const std::vector<Record>& records = shown.records;
+  const std::vector<UndecodableRecord>& undecodable = shown.undecodable;
   if (f.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (size_t i = 0; i < records.size(); ++i) arr.push_back(ToJson(records[i], result_bytes[i]));
+    for (size_t i = 0; i < records.size(); ++i) arr.push_back(ToJson(records[i], shown.ResultBytes(i)));
     for (const auto& u : undecodable) arr.push_back(ToJson(u));
     // Every string is valid UTF-8 by now; "replace" is a last guard, never an abort.
     // ASCII only (\uXXXX escapes): nothing in it can act on a terminal.
@@ -201,7 +196,7 @@ int RunInspect(const InspectFlags& f) {
         arr.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", text.c_str());
   } else {
-    for (size_t i = 0; i < records.size(); ++i) PrintRecord(records[i], result_bytes[i]);
+    for (size_t i = 0; i < records.size(); ++i) PrintRecord(records[i], shown.ResultBytes(i));
     for (const auto& u : undecodable) PrintUndecodable(u);
     if (records.empty() && undecodable.empty()) std::fprintf(stderr, "dedup inspect: no record\n");
   }

@@ -47,13 +47,9 @@ std::string Lower1(const char* s) {
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
-// The error reply to AUTH, fit to be shown. A server that does not know the
-// command (renamed away in a hardened config; some proxies) answers "ERR unknown
-// command 'AUTH', with args beginning with: 'user' 'password'": the arguments are
-// cut off, and a reply that still holds the password anywhere is not shown.
+// The error reply to AUTH, its echoed arguments cut off, fit to be shown: not
+// if it still holds the password anywhere.
 std::string AuthReplyText(std::string_view e, const std::string& password) {
-  const size_t args = e.find(", with args beginning with");
-  if (args != std::string_view::npos) e = e.substr(0, args);
   if (!password.empty() && e.find(password) != std::string_view::npos) {
     return "(the server's reply is not shown: it holds the password)";
   }
@@ -345,7 +341,10 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const Endpoint& ep,
   if (o.has_password) {
     const redisReply* r = replies[i++].get();
     if (IsError(r)) {
-      // Classified by the server's words, shown without the password.
+      // Classified by the server's words, shown without the password. A server
+      // that does not know AUTH (renamed away in a hardened config; some
+      // proxies) answers "ERR unknown command 'AUTH', with args beginning with:
+      // 'user' 'password'": the arguments are cut off first.
       std::string_view e = ReplyText(r);
       e = e.substr(0, e.find(", with args beginning with"));
       const std::string shown = AuthReplyText(e, o.password);

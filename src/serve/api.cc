@@ -183,8 +183,8 @@ StatusOr<Token> GetToken(const Json& j) {
   return *t;
 }
 
-// `result_bytes`: the size of a result not read (a listing); -1: r.result's.
-Json RecordJson(const Record& r, int64_t now, bool with_result, int64_t result_bytes = -1) {
+// `result_bytes`: the size of the result (a listing reads none: ScanResult's).
+Json RecordJson(const Record& r, int64_t now, bool with_result, uint64_t result_bytes) {
   Json j = Json::object();
   PutBytes(j, "key", r.key);
   j["state"] = RecordStateName(r.state);
@@ -198,7 +198,7 @@ Json RecordJson(const Record& r, int64_t now, bool with_result, int64_t result_b
   j["retention_left_ms"] = std::max<int64_t>(0, r.retention_deadline - now);
   if (r.state == RecordState::kCompleted) j["status"] = CompletionStatusName(r.status);
   j["has_fingerprint"] = !r.fingerprint.empty();
-  j["result_bytes"] = result_bytes >= 0 ? static_cast<uint64_t>(result_bytes) : r.result.size();
+  j["result_bytes"] = result_bytes;
   if (with_result && r.state == RecordState::kCompleted) PutBytes(j, "result", r.result);
   return j;
 }
@@ -346,7 +346,7 @@ void Server::Impl::RegisterApi() {
     auto r = s.store->Inspect(std::string(req.matches[1]));
     if (!r.ok()) return s.SendStatus(res, r.status());
     if (!r->has_value()) return s.SendProblem(res, 404, "Not Found", "no record of this key");
-    s.SendJson(res, 200, RecordJson(**r, HostNowMillis(), /*with_result=*/true));
+    s.SendJson(res, 200, RecordJson(**r, HostNowMillis(), /*with_result=*/true, (*r)->result.size()));
   });
 
   http.Delete(keys + R"(([\s\S]+))", [&s](const httplib::Request& req, httplib::Response& res) {
@@ -417,7 +417,7 @@ void Server::Impl::RegisterApi() {
     std::vector<Listed> all;
     all.reserve(r->records.size());
     for (size_t i = 0; i < r->records.size(); ++i) {
-      all.push_back({&r->records[i], i < r->result_bytes.size() ? r->result_bytes[i] : 0});
+      all.push_back({&r->records[i], r->ResultBytes(i)});
     }
     std::vector<UndecodableRecord>& bad = r->undecodable;
     std::sort(all.begin(), all.end(),
@@ -439,8 +439,7 @@ void Server::Impl::RegisterApi() {
     const std::string* last = nullptr;
     for (size_t n = 0; n < limit && (it != all.end() || bit != bad.end()); ++n) {
       if (bit == bad.end() || (it != all.end() && it->rec->key < bit->key)) {
-        records.push_back(RecordJson(*it->rec, now, /*with_result=*/false,
-                                     static_cast<int64_t>(it->result_bytes)));
+        records.push_back(RecordJson(*it->rec, now, /*with_result=*/false, it->result_bytes));
         last = &it->rec->key;
         ++it;
       } else {

@@ -475,11 +475,13 @@ Status Conn::ErrorOf(const PGresult* r, std::string_view op) {
   // constraint and column instead; the primary message only for class 23, whose
   // words name the relation and constraint.
   std::string msg = "ERROR:  ";
-  msg += state.starts_with("23") && !inside ? internal::Printable(primary)
-                                            : std::string(inside && !state.starts_with("P0")
-                                                              ? "an error raised inside a function "
-                                                                "or trigger"
-                                                              : ClassName(state));
+  if (state.starts_with("23") && !inside) {
+    msg += internal::Printable(primary);
+  } else if (inside && !state.starts_with("P0")) {
+    msg += "an error raised inside a function or trigger";
+  } else {
+    msg += ClassName(state);
+  }
   for (const auto& [f, what] : {std::pair{PG_DIAG_CONSTRAINT_NAME, "constraint"},
                                 std::pair{PG_DIAG_COLUMN_NAME, "column"},
                                 std::pair{PG_DIAG_DATATYPE_NAME, "type"},

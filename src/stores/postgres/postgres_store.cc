@@ -144,15 +144,23 @@ std::string ForgetFunctionSql(std::string_view schema) {
          "END $dedup$";
 }
 
-// The statement that calls it, failing (22P02, with the words below) when it
-// answers anything else. The CASE holds the volatile call, so the failing branch
-// is not folded at planning.
-std::string ForgetHandlerStatements(std::string_view schema) {
-  const std::string fn = pg::Quote(schema) + "." + std::string(kForgetFunction) + "()";
-  return "SELECT pg_catalog.int4(CASE " + fn + " WHEN " + std::to_string(kForgetFunctionAnswer) +
-         " THEN '0' ELSE 'dedup: " + fn + " was replaced (it did not answer " +
+// The call of it, and what is said when it answers anything else.
+std::string ForgetFunctionCall(std::string_view schema) {
+  return pg::Quote(schema) + "." + std::string(kForgetFunction) + "()";
+}
+std::string ForgetFunctionReplaced(std::string_view schema) {
+  return ForgetFunctionCall(schema) + " was replaced (it did not answer " +
          std::to_string(kForgetFunctionAnswer) +
-         "): the statements a handler prepared may remain' END)";
+         "): the statements a handler prepared may remain";
+}
+
+// The statement that calls it, failing (22P02, with ForgetFunctionReplaced's
+// words) when it answers anything else. The CASE holds the volatile call, so the
+// failing branch is not folded at planning.
+std::string ForgetHandlerStatements(std::string_view schema) {
+  return "SELECT pg_catalog.int4(CASE " + ForgetFunctionCall(schema) + " WHEN " +
+         std::to_string(kForgetFunctionAnswer) + " THEN '0' ELSE 'dedup: " +
+         ForgetFunctionReplaced(schema) + "' END)";
 }
 
 // The fence helper without its CREATE SCHEMA (FenceHelperSql is both).
@@ -381,12 +389,8 @@ class PgStore final : public PostgresStore {
     auto r = (*h)->ExecPrepared(options.with_results ? "scan" : "scan_keys", p, "scan");
     if (!r.ok()) return r.status();
     ScanResult out;
+    // Keys no call can name are not among the rows (`nameable` in the statement).
     for (int i = 0; i < PQntuples(r->get()); ++i) {
-      // A key no call can name (the prefix alone, or over the limit; a row
-      // written by hand) is not the store's: no claim meets it, no Forget could
-      // remove it.
-      const size_t n = pg::GetBytes(r->get(), i, 0).size();
-      if (n <= o_.prefix.size() || n - o_.prefix.size() > kMaxKeyBytes) continue;
       Record rec;
       std::string why;
       if (ReadRecord(r->get(), i, o_.prefix.size(), &rec, &why)) {
@@ -1196,13 +1200,9 @@ StatusOr<WriteResult> PgStore::RunInTransaction(std::string_view key, Token toke
       if (!commit.ok()) {
         // ForgetHandlerStatements' own data exception: its words, which ErrorOf
         // does not show (a data exception may quote values), said again.
-        if (c.last_sqlstate() == "22P02" &&
-            c.last_primary().find(std::string(kForgetFunction) + "() was replaced") !=
-                std::string::npos) {
-          return Status::InvalidArgument(
-              where_ + ": commit: " + pg::Quote(o_.schema) + "." + std::string(kForgetFunction) +
-              "() was replaced (it did not answer " + std::to_string(kForgetFunctionAnswer) +
-              "): the statements a handler prepared may remain (SQLSTATE 22P02)");
+        const std::string replaced = ForgetFunctionReplaced(o_.schema);
+        if (c.last_sqlstate() == "22P02" && c.last_primary().find(replaced) != std::string::npos) {
+          return Status::InvalidArgument(where_ + ": commit: " + replaced + " (SQLSTATE 22P02)");
         }
         return commit.status();
       }
